@@ -1,0 +1,70 @@
+# Transformers from Scratch -- every command a student, an instructor or a maintainer needs.
+#
+#   make            set up .venv, execute every notebook into build/, build the site in build/html
+#   make test       package tests + strict nbval over every notebook
+#   make lab        open JupyterLab on the notebooks
+#   make help       everything else
+#
+# PYTHON picks the interpreter the virtual environment is made from (3.10 or newer).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Run with the variables that make notebook outputs reproducible (also set by conftest.py).
+export PYTHONHASHSEED := 0
+export PYTHONWARNINGS := ignore
+# pytest-xdist workers for `make test`; each worker runs whole notebooks (--dist loadscope).
+JOBS ?= 2
+# `make refresh NB=notebooks/01_attention.ipynb` refreshes one notebook.
+NB ?= notebooks
+
+.DEFAULT_GOAL := all
+.PHONY: all venv notebooks site test test-package test-notebooks lab refresh figures clean distclean help
+
+all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
+	@echo
+	@echo "Done. Open build/html/index.html, or run 'make lab' to work in the notebooks."
+
+venv: $(STAMP) ## create .venv and install requirements.txt (only when they changed)
+
+$(STAMP): requirements.txt pyproject.toml
+	@echo "==> Creating $(VENV) and installing requirements.txt (about a minute, 1.4 GB)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+notebooks: $(STAMP) ## execute notebooks/ in order, each in a fresh kernel, into build/notebooks
+	@echo "==> Executing the notebooks into build/notebooks (notebooks/ stays untouched)"
+	$(PY) -m transformer_lab.course.execute notebooks --output-dir build/notebooks
+
+site: notebooks ## build the HTML course site from the executed notebooks into build/html
+	@echo "==> Building the HTML site"
+	$(PY) -m transformer_lab.course.site --executed build/notebooks --out build/html
+
+test: test-package test-notebooks ## package tests and strict nbval over every notebook
+
+test-package: $(STAMP) ## pytest over tests/
+	$(PY) -m pytest tests -n $(JOBS)
+
+test-notebooks: $(STAMP) ## nbval, strict: every output compared with the stored one
+	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		-n $(JOBS) --dist loadscope notebooks
+
+lab: $(STAMP) ## open JupyterLab on the notebooks
+	$(VENV)/bin/jupyter lab notebooks
+
+refresh: $(STAMP) ## maintainers: re-execute notebooks in place to refresh stored outputs (NB=...)
+	$(PY) -m transformer_lab.course.execute --in-place $(NB)
+
+figures: $(STAMP) ## redraw the figures in img/ (byte-for-byte reproducible)
+	$(PY) -m transformer_lab.figures --out img
+
+clean: ## remove build/ (executed notebooks, site)
+	rm -rf build
+
+distclean: clean ## also remove .venv
+	rm -rf $(VENV)
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'

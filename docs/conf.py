@@ -1,0 +1,25 @@
+# Sphinx configuration of the course site, built offline from the executed notebooks:
+#   python -m transformer_lab.course.site      (part of `make`)
+# The notebooks are rendered as executed by `make`; Sphinx never runs them itself.
+
+project = "Transformers from Scratch"
+author = "The Transformers from Scratch maintainers"
+copyright = "2026, " + author
+
+extensions = [
+    "myst_nb",
+    "sphinx-mathjax-offline",  # ships MathJax in _static: math renders without a network
+]
+nb_execution_mode = "off"
+myst_enable_extensions = ["dollarmath", "amsmath"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+suppress_warnings = ["mystnb.unknown_mime_type"]
+
+html_theme = "sphinx_book_theme"
+html_title = project
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": True,
+}
+html_last_updated_fmt = None

@@ -1,0 +1,168 @@
+"""Tests for transformer_lab.gradient_check."""
+
+import numpy as np
+import pytest
+
+from transformer_lab.gradient_check import (
+    GradientCheckError,
+    check_gradients,
+    compare,
+    eval_numerical_gradient,
+    eval_numerical_gradient_array,
+    rel_error,
+)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def test_numerical_gradient_of_quadratic_matches_closed_form(rng):
+    A = rng.standard_normal((4, 4))
+    x = rng.standard_normal(4)
+
+    def f(v):
+        return v @ A @ v
+
+    num = eval_numerical_gradient(f, x)
+    assert rel_error(num, (A + A.T) @ x) < 1e-9
+
+
+def test_numerical_gradient_restores_its_input(rng):
+    x = rng.standard_normal((3, 2))
+    before = x.copy()
+    eval_numerical_gradient(lambda v: np.sum(np.sin(v)), x)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_numerical_gradient_of_array_function_with_upstream(rng):
+    x = rng.standard_normal((3, 5))
+    W = rng.standard_normal((5, 2))
+    dout = rng.standard_normal((3, 2))
+    num = eval_numerical_gradient_array(lambda v: v @ W, x, dout)
+    assert rel_error(num, dout @ W.T) < 1e-9
+
+
+def test_numerical_gradient_rejects_float32_and_lists():
+    with pytest.raises(TypeError, match="x must be a float64 array"):
+        eval_numerical_gradient(np.sum, np.ones(3, dtype=np.float32))
+    with pytest.raises(TypeError, match="x must be a NumPy array"):
+        eval_numerical_gradient(np.sum, [1.0, 2.0])
+
+
+def test_numerical_gradient_rejects_bad_step_and_non_scalar_f():
+    with pytest.raises(ValueError, match="h must be a positive"):
+        eval_numerical_gradient(np.sum, np.ones(3), h=0.0)
+    with pytest.raises(ValueError, match="f must return a scalar"):
+        eval_numerical_gradient(lambda v: v * 2, np.ones(3))
+
+
+def test_numerical_gradient_array_rejects_wrong_upstream_shape():
+    with pytest.raises(ValueError, match="df must have the shape of f"):
+        eval_numerical_gradient_array(lambda v: v * 2, np.ones(3), np.ones(4))
+
+
+def test_rel_error_values():
+    a = np.array([1.0, 2.0, 3.0])
+    assert rel_error(a, a) == 0.0
+    assert rel_error(a, -a) == pytest.approx(1.0)
+    assert rel_error(np.zeros(3), np.zeros(3)) == 0.0
+    assert rel_error(a, a * (1 + 1e-9)) == pytest.approx(0.5e-9, rel=1e-3)
+
+
+def test_rel_error_rejects_shape_mismatch_and_nan():
+    with pytest.raises(ValueError, match="same shape"):
+        rel_error(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="finite"):
+        rel_error(np.array([np.nan]), np.array([1.0]))
+
+
+def _linear_problem(rng):
+    params = {"x": rng.standard_normal((4, 3)), "W": rng.standard_normal((3, 2)),
+              "b": rng.standard_normal(2)}
+    dout = rng.standard_normal((4, 2))
+
+    def loss():
+        return np.sum((params["x"] @ params["W"] + params["b"]) * dout)
+
+    grads = {"x": dout @ params["W"].T, "W": params["x"].T @ dout, "b": dout.sum(axis=0)}
+    return params, grads, loss
+
+
+def test_check_gradients_passes_and_prints_aligned_table(rng, capsys):
+    params, grads, loss = _linear_problem(rng)
+    errors = check_gradients(loss, params, grads)
+    assert set(errors) == {"x", "W", "b"}
+    assert all(e < 1e-9 for e in errors.values())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["tensor", "shape", "rel.", "error", "check"]
+    rows = lines[2:]
+    assert [r.split()[0] for r in rows] == ["x", "W", "b"]
+    assert all(r.rstrip().endswith("ok") for r in rows)
+    # aligned: the error column starts at the same offset on every row
+    assert len({r.index("e-") for r in rows}) == 1
+
+
+def test_check_gradients_catches_a_wrong_gradient(rng, capsys):
+    params, grads, loss = _linear_problem(rng)
+    grads["W"] = grads["W"] * 1.01  # a 1 % error, as from a wrong scale factor
+    with pytest.raises(GradientCheckError, match=r"1 of 3 tensors.*W \("):
+        check_gradients(loss, params, grads)
+    out = capsys.readouterr().out
+    w_row = next(line for line in out.splitlines() if line.startswith("W "))
+    assert "FAIL" in w_row
+
+
+def test_check_gradients_catches_a_transposed_gradient(rng):
+    params = {"A": rng.standard_normal((3, 3))}
+    v = rng.standard_normal(3)
+
+    def loss():
+        return v @ params["A"] @ v + np.sum(params["A"] * np.arange(9).reshape(3, 3))
+
+    wrong = {"A": (np.outer(v, v) + np.arange(9).reshape(3, 3)).T}
+    with pytest.raises(GradientCheckError):
+        check_gradients(loss, params, wrong, verbose=False)
+
+
+def test_check_gradients_array_valued_with_upstream(rng):
+    params = {"x": rng.standard_normal((2, 3))}
+    dout = rng.standard_normal((2, 3))
+    errors = check_gradients(lambda: np.tanh(params["x"]), params,
+                             {"x": dout * (1 - np.tanh(params["x"]) ** 2)}, df=dout,
+                             verbose=False)
+    assert errors["x"] < 1e-9
+
+
+def test_check_gradients_rejects_unknown_names_and_wrong_shapes(rng):
+    params, grads, loss = _linear_problem(rng)
+    with pytest.raises(ValueError, match=r"grads\['V'\] has no matching entry"):
+        check_gradients(loss, params, {"V": grads["W"]})
+    with pytest.raises(ValueError, match=r"grads\['W'\] must have the shape"):
+        check_gradients(loss, params, {"W": grads["W"].T})
+    with pytest.raises(ValueError, match="at least one"):
+        check_gradients(loss, params, {})
+    with pytest.raises(ValueError, match="tol must be"):
+        check_gradients(loss, params, grads, tol=-1)
+
+
+def test_compare_prints_and_raises(capsys):
+    a = np.array([1.0, 2.0])
+    assert compare("same", a, a.copy())
+    assert compare("close", a, a + 1e-12)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split("|")[1].strip() == "exact: True"
+    assert out[1].split("|")[1].strip() == "exact: False"
+    assert "allclose: True" in out[1]
+    with pytest.raises(AssertionError, match="far: differs from the reference"):
+        compare("far", a, a + 1.0)
+    assert not compare("far", a, a + 1.0, raise_on_mismatch=False)
+    with pytest.raises(ValueError, match="shape"):
+        compare("shape", a, np.ones(3))
+
+
+def test_compare_accepts_torch_tensors():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(3.0, requires_grad=True)
+    assert compare("tensor", t.detach().numpy(), t)
