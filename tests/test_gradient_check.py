@@ -166,3 +166,25 @@ def test_compare_accepts_torch_tensors():
     torch = pytest.importorskip("torch")
     t = torch.arange(3.0, requires_grad=True)
     assert compare("tensor", t.detach().numpy(), t)
+
+
+def test_check_gradients_zero_gradient_passes_and_says_so(rng, capsys):
+    """A parameter the output ignores (softmax is shift-invariant) has a zero gradient."""
+    params = {"x": rng.standard_normal(4), "c": np.array([0.3])}
+    dout = rng.standard_normal(4)
+
+    def softmax_shifted():
+        z = params["x"] + params["c"]
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    y = softmax_shifted()
+    dx = y * (dout - np.dot(dout, y))
+    errors = check_gradients(softmax_shifted, params, {"x": dx, "c": np.array([dx.sum()])},
+                             df=dout)
+    assert errors["c"] == 0.0
+    c_row = capsys.readouterr().out.splitlines()[-1]
+    assert c_row.split() == ["c", "(1,)", "-", "ok", "(zero", "gradient)"]
+    # a gradient that is wrongly non-zero still fails
+    with pytest.raises(GradientCheckError, match="c"):
+        check_gradients(softmax_shifted, params, {"c": np.array([1e-3])}, df=dout)

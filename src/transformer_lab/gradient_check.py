@@ -21,6 +21,8 @@ import numpy as np
 DEFAULT_H = 1e-5
 #: Default tolerance on the relative error of a float64 gradient check.
 DEFAULT_TOL = 1e-7
+#: Below this in every entry, analytic and numerical gradients are both zero up to rounding.
+DEFAULT_ZERO_ATOL = 1e-8
 
 
 class GradientCheckError(AssertionError):
@@ -146,6 +148,7 @@ def check_gradients(
     df: np.ndarray | None = None,
     tol: float = DEFAULT_TOL,
     h: float = DEFAULT_H,
+    zero_atol: float = DEFAULT_ZERO_ATOL,
     verbose: bool = True,
 ) -> dict[str, float]:
     """Compare analytic gradients with numerical ones, one row per tensor, and raise on failure.
@@ -161,6 +164,9 @@ def check_gradients(
         df: upstream gradient of ``f()``'s output, for array-valued ``f``.
         tol: largest relative error (see :func:`rel_error`) that passes.
         h: step of the central difference.
+        zero_atol: a tensor whose analytic and numerical gradients are both below this in every
+            entry has a zero gradient (e.g. a key bias, which softmax ignores): the relative
+            error of two rounding noises means nothing, so it passes and its row says so.
         verbose: print the table (name, shape, relative error, ok/FAIL).
 
     Returns:
@@ -185,16 +191,23 @@ def check_gradients(
                              f"{p.shape}; got {g.shape}")
 
     errors: dict[str, float] = {}
+    zero: set[str] = set()
     for name, g in grads.items():
         x = params[name]
         if df is None:
             num = eval_numerical_gradient(lambda _: f(), x, h)
         else:
             num = eval_numerical_gradient_array(lambda _: f(), x, df, h)
-        errors[name] = rel_error(_to_numpy(g, name), num)
+        g = _to_numpy(g, name)
+        if np.max(np.abs(num), initial=0.0) <= zero_atol and \
+                np.max(np.abs(g), initial=0.0) <= zero_atol:
+            zero.add(name)
+            errors[name] = 0.0
+        else:
+            errors[name] = rel_error(g, num)
 
     if verbose:
-        print(format_check_table(errors, {n: params[n].shape for n in grads}, tol))
+        print(format_check_table(errors, {n: params[n].shape for n in grads}, tol, zero))
     failed = {n: e for n, e in errors.items() if not e <= tol}
     if failed:
         listing = ", ".join(f"{n} ({e:.2e})" for n, e in failed.items())
@@ -206,8 +219,10 @@ def check_gradients(
 
 
 def format_check_table(errors: Mapping[str, float], shapes: Mapping[str, tuple],
-                       tol: float) -> str:
-    """Format relative errors as an aligned table: name, shape, relative error, ok/FAIL."""
+                       tol: float, zero: set[str] = frozenset()) -> str:
+    """Format relative errors as an aligned table: name, shape, relative error, ok/FAIL.
+
+    Names in ``zero`` are tensors whose gradient is zero; their row says so."""
     names = list(errors)
     shape_txt = {n: str(tuple(shapes[n])) for n in names}
     w_name = max(6, *(len(n) for n in names))
@@ -215,6 +230,9 @@ def format_check_table(errors: Mapping[str, float], shapes: Mapping[str, tuple],
     lines = [f"{'tensor':<{w_name}}  {'shape':<{w_shape}}  {'rel. error':>10}  check",
              f"{'-' * w_name}  {'-' * w_shape}  {'-' * 10}  -----"]
     for n in names:
+        if n in zero:
+            lines.append(f"{n:<{w_name}}  {shape_txt[n]:<{w_shape}}  {'-':>10}  ok (zero gradient)")
+            continue
         status = "ok" if errors[n] <= tol else f"FAIL (tol {tol:.0e})"
         lines.append(f"{n:<{w_name}}  {shape_txt[n]:<{w_shape}}  {errors[n]:>10.2e}  {status}")
     return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""Input checks shared by the layers: clear errors that name the argument and what was expected.
+
+Every public function of the package validates its inputs with these helpers, so that bad input
+raises ``TypeError`` / ``ValueError`` before NumPy raises a broadcasting error or returns NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def float_array(x, name: str, *, ndim: int | None = None, min_ndim: int | None = None
+                ) -> np.ndarray:
+    """``x`` as a float32/float64 array, or a TypeError/ValueError naming ``name``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim != 1)}, "
+                         f"got shape {x.shape}")
+    if min_ndim is not None and x.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {x.shape}")
+    return x
+
+
+def same_dtype(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name_b} must have the dtype of {name_a} ({a.dtype}), got {b.dtype}")
+
+
+def shape_is(x: np.ndarray, shape: tuple, name: str, what: str = "") -> None:
+    if x.shape != tuple(shape):
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {x.shape}")
+
+
+def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
+    """``ids`` as an integer array with every value in [0, vocab_size)."""
+    ids = np.asarray(ids)
+    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name} must be an array of integer token ids, got dtype {ids.dtype}")
+    if ids.size:
+        lo, hi = ids.min(), ids.max()
+        if lo < 0:
+            raise ValueError(f"{name} must be non-negative token ids, found {lo}")
+        if hi >= vocab_size:
+            raise ValueError(f"{name} must be token ids below the vocabulary size {vocab_size}, "
+                             f"found {hi}")
+    return ids
+
+
+def positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def cache_of(cache, name: str, expected: type) -> None:
+    """A backward function called with something that is not its forward's cache."""
+    if cache is None:
+        raise ValueError(f"{name}: cache is None -- call the forward function first and pass "
+                         "the cache it returned")
+    if not isinstance(cache, expected):
+        raise TypeError(f"{name}: cache must be the {expected.__name__} returned by the forward "
+                        f"function, got {type(cache).__name__}")

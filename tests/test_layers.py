@@ -1,0 +1,326 @@
+"""transformer_lab.layers: every backward gradient-checked in float64, every forward/backward
+matched against PyTorch autograd in float32 and float64, every bad input refused clearly."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lab import layers as L
+from transformer_lab.gradient_check import check_gradients, rel_error
+
+TOL = {np.float32: 1e-5, np.float64: 1e-10}
+DTYPES = [np.float32, np.float64]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def t(x, grad=True):
+    """A torch leaf tensor sharing nothing with x."""
+    return torch.tensor(x, requires_grad=grad)
+
+
+def assert_close(ours, theirs, dtype, what):
+    theirs = theirs.detach().numpy() if hasattr(theirs, "detach") else np.asarray(theirs)
+    assert ours.dtype == dtype, f"{what}: dtype {ours.dtype}, expected {dtype}"
+    err = rel_error(ours, theirs)
+    assert err < TOL[dtype], f"{what}: relative error {err:.2e} above {TOL[dtype]:.0e}"
+
+
+# ------------------------------------------------------------------ gradient checks (float64)
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (4, 5), (2, 3, 5), (7,)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gradcheck(rng, shape, bias):
+    p = {"x": rng.standard_normal(shape), "W": rng.standard_normal((shape[-1], 2))}
+    if bias:
+        p["b"] = rng.standard_normal(2)
+    out, cache = L.linear_forward(p["x"], p["W"], p.get("b"))
+    dout = rng.standard_normal(out.shape)
+    dx, dW, db = L.linear_backward(dout, cache)
+    grads = {"x": dx, "W": dW, **({"b": db} if bias else {})}
+    assert (db is None) == (not bias)
+    check_gradients(lambda: L.linear_forward(p["x"], p["W"], p.get("b"))[0], p, grads, df=dout,
+                    verbose=False)
+
+
+@pytest.mark.parametrize("name,fwd,bwd", [
+    ("relu", L.relu_forward, L.relu_backward),
+    ("gelu", lambda x: L.gelu_forward(x, "none"), L.gelu_backward),
+    ("gelu_tanh", lambda x: L.gelu_forward(x, "tanh"), L.gelu_backward),
+])
+def test_activation_gradcheck(rng, name, fwd, bwd):
+    x = rng.standard_normal((3, 4)) * 2
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from the kink of the ReLU
+    dout = rng.standard_normal(x.shape)
+    dx = bwd(dout, fwd(x)[1])
+    p = {"x": x}
+    check_gradients(lambda: fwd(p["x"])[0], p, {"x": dx}, df=dout, verbose=False)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (2, 3, 4)])
+def test_softmax_and_log_softmax_gradcheck(rng, shape, axis):
+    if axis >= len(shape):
+        pytest.skip("axis out of range for this shape")
+    p = {"x": rng.standard_normal(shape) * 3}
+    dout = rng.standard_normal(shape)
+    for fwd, bwd in [(L.softmax_forward, L.softmax_backward),
+                     (L.log_softmax_forward, L.log_softmax_backward)]:
+        y, cache = fwd(p["x"], axis)
+        check_gradients(lambda fwd=fwd: fwd(p["x"], axis)[0], p, {"x": bwd(dout, cache)},
+                        df=dout, verbose=False)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_gradcheck_with_ignored_targets(rng, reduction):
+    p = {"logits": rng.standard_normal((2, 4, 5))}
+    targets = rng.integers(0, 5, size=(2, 4))
+    targets[0, 3] = targets[1, 1] = -100
+    loss, cache = L.cross_entropy_forward(p["logits"], targets, reduction=reduction)
+    dlogits = L.cross_entropy_backward(1.0, cache)
+    assert np.all(dlogits[0, 3] == 0) and np.all(dlogits[1, 1] == 0)
+    check_gradients(lambda: L.cross_entropy_forward(p["logits"], targets,
+                                                    reduction=reduction)[0],
+                    p, {"logits": dlogits}, verbose=False)
+
+
+@pytest.mark.parametrize("affine", ["both", "gamma", "none"])
+@pytest.mark.parametrize("shape", [(1, 1, 4), (3, 6), (2, 3, 5)])
+def test_layer_norm_gradcheck(rng, shape, affine):
+    d = shape[-1]
+    p = {"x": rng.standard_normal(shape) * 2 + 1}
+    if affine in ("both", "gamma"):
+        p["gamma"] = rng.standard_normal(d)
+    if affine == "both":
+        p["beta"] = rng.standard_normal(d)
+
+    def fwd():
+        return L.layer_norm_forward(p["x"], p.get("gamma"), p.get("beta"), eps=1e-5)[0]
+
+    dout = rng.standard_normal(shape)
+    dx, dgamma, dbeta = L.layer_norm_backward(dout, L.layer_norm_forward(
+        p["x"], p.get("gamma"), p.get("beta"))[1])
+    grads = {"x": dx, **({"gamma": dgamma} if "gamma" in p else {}),
+             **({"beta": dbeta} if "beta" in p else {})}
+    check_gradients(fwd, p, grads, df=dout, verbose=False)
+
+
+def test_embedding_gradcheck_with_repeats_and_padding_idx(rng):
+    p = {"W": rng.standard_normal((6, 3))}
+    ids = np.array([[1, 1, 0], [5, 2, 1]])
+    out, cache = L.embedding_forward(ids, p["W"])
+    dout = rng.standard_normal(out.shape)
+    check_gradients(lambda: L.embedding_forward(ids, p["W"])[0], p,
+                    {"W": L.embedding_backward(dout, cache)}, df=dout, verbose=False)
+    _, cache = L.embedding_forward(ids, p["W"], padding_idx=1)
+    dW = L.embedding_backward(dout, cache)
+    assert np.all(dW[1] == 0) and np.allclose(dW[5], dout[1, 0])
+
+
+def test_positional_encoding_forward_backward(rng):
+    table = L.positional_encoding(10, 6)
+    p = {"x": rng.standard_normal((2, 4, 6))}
+    out, cache = L.positional_encoding_forward(p["x"], table)
+    np.testing.assert_allclose(out - p["x"], np.broadcast_to(table[:4], (2, 4, 6)), atol=1e-15)
+    dout = rng.standard_normal(out.shape)
+    check_gradients(lambda: L.positional_encoding_forward(p["x"], table)[0], p,
+                    {"x": L.positional_encoding_backward(dout, cache)}, df=dout, verbose=False)
+
+
+def test_positional_encoding_values():
+    pe = L.positional_encoding(50, 8)
+    pos, i = 7, 2  # column 2i = 4 is sin(pos / 10000^(4/8)), column 5 its cosine
+    assert pe[pos, 4] == pytest.approx(np.sin(pos / 10000 ** (4 / 8)))
+    assert pe[pos, 5] == pytest.approx(np.cos(pos / 10000 ** (4 / 8)))
+    assert np.array_equal(pe[0, 0::2], np.zeros(4)) and np.array_equal(pe[0, 1::2], np.ones(4))
+    assert L.positional_encoding(3, 5).shape == (3, 5)  # odd width: 3 sines, 2 cosines
+    assert L.positional_encoding(3, 4, dtype=np.float32).dtype == np.float32
+
+
+# ------------------------------------------------------------------ PyTorch parity
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_torch(rng, dtype, bias):
+    x = rng.standard_normal((2, 3, 4)).astype(dtype)
+    lin = torch.nn.Linear(4, 5, bias=bias, dtype=torch.float64 if dtype == np.float64 else
+                          torch.float32)
+    W = lin.weight.detach().numpy().T.copy()
+    b = lin.bias.detach().numpy().copy() if bias else None
+    out, cache = L.linear_forward(x, W, b)
+    xt = t(x)
+    ref = lin(xt)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    ref.backward(torch.tensor(dout))
+    dx, dW, db = L.linear_backward(dout, cache)
+    assert_close(out, ref, dtype, "out")
+    assert_close(dx, xt.grad, dtype, "dx")
+    assert_close(dW, lin.weight.grad.T, dtype, "dW")
+    if bias:
+        assert_close(db, lin.bias.grad, dtype, "db")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
+def test_activations_match_torch(rng, dtype, name):
+    x = (rng.standard_normal((4, 6)) * 3).astype(dtype)
+    out, cache = L.activation_forward(x, name)
+    xt = t(x)
+    ref = F.relu(xt) if name == "relu" else F.gelu(xt, approximate="tanh" if name == "gelu_tanh"
+                                                   else "none")
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    ref.backward(torch.tensor(dout))
+    assert_close(out, ref, dtype, "out")
+    assert_close(L.activation_backward(dout, cache), xt.grad, dtype, "dx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_log_softmax_match_torch(rng, dtype):
+    x = (rng.standard_normal((3, 7)) * 4).astype(dtype)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    for fwd, bwd, tf in [(L.softmax_forward, L.softmax_backward, F.softmax),
+                         (L.log_softmax_forward, L.log_softmax_backward, F.log_softmax)]:
+        out, cache = fwd(x)
+        xt = t(x)
+        ref = tf(xt, dim=-1)
+        ref.backward(torch.tensor(dout))
+        assert_close(out, ref, dtype, f"{tf.__name__} out")
+        assert_close(bwd(dout, cache), xt.grad, dtype, f"{tf.__name__} dx")
+
+
+def test_softmax_is_stable_for_huge_inputs():
+    x = np.array([[1000.0, 1001.0, 1002.0], [-1000.0, -1000.0, -1000.0]])
+    y, _ = L.softmax_forward(x)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_allclose(y[0], np.exp([0, 1, 2]) / np.exp([0, 1, 2]).sum())
+    np.testing.assert_allclose(y[1], [1 / 3] * 3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_matches_torch(rng, dtype, reduction):
+    logits = rng.standard_normal((3, 4, 6)).astype(dtype)
+    targets = rng.integers(0, 6, size=(3, 4))
+    targets[2, 2:] = 0  # use padding id 0 as ignore_index
+    loss, cache = L.cross_entropy_forward(logits, targets, ignore_index=0, reduction=reduction)
+    lt = t(logits)
+    ref = F.cross_entropy(lt.reshape(-1, 6), torch.tensor(targets.reshape(-1)), ignore_index=0,
+                          reduction=reduction)
+    ref.backward()
+    assert abs(loss - ref.item()) <= TOL[dtype] * abs(ref.item())
+    assert_close(L.cross_entropy_backward(1.0, cache), lt.grad, dtype, "dlogits")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_layer_norm_matches_torch(rng, dtype, affine, bias):
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    ln = torch.nn.LayerNorm(8, eps=1e-6, elementwise_affine=affine, bias=bias, dtype=tdtype)
+    with torch.no_grad():
+        if affine:
+            ln.weight.normal_()
+        if bias:
+            ln.bias.normal_()
+    x = (rng.standard_normal((2, 5, 8)) * 3 + 1).astype(dtype)
+    gamma = ln.weight.detach().numpy().copy() if affine else None
+    beta = ln.bias.detach().numpy().copy() if bias else None
+    out, cache = L.layer_norm_forward(x, gamma, beta, eps=1e-6)
+    xt = t(x)
+    ref = ln(xt)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    ref.backward(torch.tensor(dout))
+    dx, dgamma, dbeta = L.layer_norm_backward(dout, cache)
+    assert_close(out, ref, dtype, "out")
+    assert_close(dx, xt.grad, dtype, "dx")
+    if affine:
+        assert_close(dgamma, ln.weight.grad, dtype, "dgamma")
+    if bias:
+        assert_close(dbeta, ln.bias.grad, dtype, "dbeta")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_matches_torch(rng, dtype):
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    emb = torch.nn.Embedding(7, 4, padding_idx=0, dtype=tdtype)
+    ids = rng.integers(0, 7, size=(3, 5))
+    out, cache = L.embedding_forward(ids, emb.weight.detach().numpy().copy(), padding_idx=0)
+    ref = emb(torch.tensor(ids))
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    ref.backward(torch.tensor(dout))
+    assert_close(out, ref, dtype, "out")
+    assert_close(L.embedding_backward(dout, cache), emb.weight.grad, dtype, "dW")
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_linear_rejects_bad_input(rng):
+    x, W = rng.standard_normal((2, 3)), rng.standard_normal((3, 4))
+    with pytest.raises(ValueError, match=r"W must have shape \(D_in, D_out\) with D_in"):
+        L.linear_forward(x, W.T)
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\)"):
+        L.linear_forward(x, W, np.zeros(3))
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
+        L.linear_forward(x.astype(int), W)
+    with pytest.raises(TypeError, match="x must be a NumPy array"):
+        L.linear_forward([[1.0, 2.0, 3.0]], W)
+    with pytest.raises(TypeError, match="W must have the dtype of x"):
+        L.linear_forward(x.astype(np.float32), W)
+    with pytest.raises(ValueError, match="W must have 2 dimensions"):
+        L.linear_forward(x, W[None])
+    _, cache = L.linear_forward(x, W)
+    with pytest.raises(ValueError, match=r"dout must have shape \(2, 4\)"):
+        L.linear_backward(np.ones((2, 3)), cache)
+    with pytest.raises(ValueError, match="call the forward function first"):
+        L.linear_backward(np.ones((2, 4)), None)
+    with pytest.raises(TypeError, match="cache must be the LinearCache"):
+        L.linear_backward(np.ones((2, 4)), L.softmax_forward(x)[1])
+
+
+def test_token_ids_are_validated(rng):
+    W = rng.standard_normal((5, 2))
+    with pytest.raises(ValueError, match="below the vocabulary size 5, found 5"):
+        L.embedding_forward(np.array([0, 5]), W)
+    with pytest.raises(ValueError, match="non-negative token ids, found -1"):
+        L.embedding_forward(np.array([0, -1]), W)
+    with pytest.raises(TypeError, match="integer token ids, got dtype float64"):
+        L.embedding_forward(np.array([0.0, 1.0]), W)
+    with pytest.raises(TypeError, match="integer token ids, got dtype bool"):
+        L.embedding_forward(np.array([True]), W)
+
+
+def test_cross_entropy_rejects_bad_targets(rng):
+    logits = rng.standard_normal((2, 3))
+    with pytest.raises(ValueError, match=r"class ids in \[0, 3\) or ignore_index=-100, found 3"):
+        L.cross_entropy_forward(logits, np.array([0, 3]))
+    with pytest.raises(ValueError, match=r"targets must have shape \(2,\)"):
+        L.cross_entropy_forward(logits, np.array([0, 1, 2]))
+    with pytest.raises(TypeError, match="integer array of class ids"):
+        L.cross_entropy_forward(logits, np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="every target equals ignore_index"):
+        L.cross_entropy_forward(logits, np.array([-100, -100]))
+    with pytest.raises(ValueError, match="reduction must be"):
+        L.cross_entropy_forward(logits, np.array([0, 1]), reduction="none")
+
+
+def test_other_layers_reject_bad_input(rng):
+    x = rng.standard_normal((2, 4))
+    with pytest.raises(ValueError, match=r"gamma must have shape \(4,\)"):
+        L.layer_norm_forward(x, np.ones(3))
+    with pytest.raises(ValueError, match="eps must be a non-negative"):
+        L.layer_norm_forward(x, eps=-1.0)
+    with pytest.raises(ValueError, match='approximate must be "none" or "tanh"'):
+        L.gelu_forward(x, "erf")
+    with pytest.raises(ValueError, match="activation must be"):
+        L.activation_forward(x, "swish")
+    with pytest.raises(ValueError, match="axis must be an integer"):
+        L.softmax_forward(x, axis=2)
+    with pytest.raises(ValueError, match="max_len must be a positive integer"):
+        L.positional_encoding(0, 4)
+    with pytest.raises(ValueError, match="the positional table has only 3"):
+        L.positional_encoding_forward(rng.standard_normal((1, 5, 4)), L.positional_encoding(3, 4))
+    with pytest.raises(ValueError, match="table must have x.shape"):
+        L.positional_encoding_forward(rng.standard_normal((1, 2, 4)), L.positional_encoding(3, 6))
