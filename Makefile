@@ -18,9 +18,13 @@ export PYTHONWARNINGS := ignore
 JOBS ?= 2
 # `make refresh NB=notebooks/01_attention.ipynb` refreshes one notebook.
 NB ?= notebooks
+# `make grade SUBMISSIONS=dir` grades a folder of submissions; TIMEOUT: seconds per cell.
+SUBMISSIONS ?=
+TIMEOUT ?= 60
 
 .DEFAULT_GOAL := all
-.PHONY: all venv notebooks site test test-package test-notebooks lab refresh figures clean distclean help
+.PHONY: all venv notebooks site test test-package test-notebooks lab refresh figures student grade \
+	clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
 	@echo
@@ -59,6 +63,15 @@ refresh: $(STAMP) ## maintainers: re-execute notebooks in place to refresh store
 
 figures: $(STAMP) ## redraw the figures in img/ (byte-for-byte reproducible)
 	$(PY) -m transformer_lab.figures --out img
+
+student: $(STAMP) ## instructors: student versions + package and files into build/student
+	$(PY) -m transformer_lab.course.student --source notebooks --out build/student
+
+grade: $(STAMP) ## instructors: grade SUBMISSIONS=dir (TIMEOUT=60 s a cell) into build/grades
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
+		"[TIMEOUT=<seconds per cell>]; see README, 'For instructors'" >&2; exit 2; }
+	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
+		--timeout $(TIMEOUT)
 
 clean: ## remove build/ (executed notebooks, site)
 	rm -rf build

@@ -1,0 +1,301 @@
+"""What the classroom tools share: the markers, nbgrader's cell metadata, and their checks.
+
+The solution notebooks in ``notebooks/`` are the single source of every assignment. Two kinds
+of cells matter to the tools, both declared with nbgrader's cell metadata (schema version 3):
+
+- an **exercise** cell (``metadata.nbgrader.solution: true``) holds one or more regions
+  between ``### BEGIN SOLUTION`` and ``### END SOLUTION``; the student version replaces each
+  region with a stub that raises ``NotImplementedError``. Text after the BEGIN marker
+  (``### BEGIN SOLUTION: flatten the leading axes``) is the hint the stub shows;
+- a **check** cell (``metadata.nbgrader.grade: true`` with ``points``) tests an exercise; an
+  optional region between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is removed
+  from the student version and put back for grading.
+
+``grade_id`` equals the cell id: the tools match cells by id, nbgrader by ``grade_id``.
+:func:`parse_notebook` checks all of this and reports every problem with its notebook, cell
+and line, so that a misplaced marker can never ship a solution to students.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
+END_HIDDEN = "### END HIDDEN TESTS"
+
+#: nbgrader recognises a marker by these words anywhere in a line (in any cell type), so any
+#: line that contains them, in any letter case, must be a well-formed marker in the right cell.
+_MARKER_WORDS = re.compile(r"(BEGIN|END)\s+(SOLUTION|HIDDEN\s+TESTS)", re.IGNORECASE)
+_MARKER_LINE = re.compile(
+    r"^(?P<indent>[ \t]*)### (?P<kind>BEGIN SOLUTION|END SOLUTION|BEGIN HIDDEN TESTS"
+    r"|END HIDDEN TESTS)(?P<rest>.*)$")
+_GRADE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")  # nbgrader's grade_id pattern, minus the empty id
+SCHEMA_VERSION = 3
+DEFAULT_HINT = "write this code"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a notebook's markers or metadata, and where (cells count from 1)."""
+
+    notebook: str
+    cell_number: int
+    cell_id: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.notebook}, cell {self.cell_number} (id {self.cell_id!r})"
+        if self.line is not None:
+            where += f", line {self.line}"
+        return f"{where}: {self.message}"
+
+
+class AssignmentError(ValueError):
+    """Raised with every :class:`Problem` found; the message lists them one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class Region:
+    """Lines ``begin``..``end`` (0-based, both marker lines included) of a cell's source."""
+
+    begin: int
+    end: int
+    indent: str
+    hint: str = ""
+
+
+@dataclass
+class Exercise:
+    cell_id: str
+    regions: list[Region]
+
+
+@dataclass
+class Check:
+    cell_id: str
+    points: float
+    hidden: list[Region] = field(default_factory=list)
+
+
+@dataclass
+class Assignment:
+    """The exercises and checks of one solution notebook, in notebook order."""
+
+    name: str
+    nb: nbformat.NotebookNode
+    exercises: list[Exercise]
+    checks: list[Check]
+
+    @property
+    def max_points(self) -> float:
+        return sum(c.points for c in self.checks)
+
+
+def nbgrader_meta(cell) -> dict:
+    """The cell's ``metadata.nbgrader`` (an empty dict when there is none)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_exercise(cell) -> bool:
+    return bool(nbgrader_meta(cell).get("solution"))
+
+
+def is_check(cell) -> bool:
+    return bool(nbgrader_meta(cell).get("grade"))
+
+
+def has_marker_words(line: str) -> bool:
+    """Whether nbgrader (or these tools) could take ``line`` for a marker."""
+    return _MARKER_WORDS.search(line) is not None
+
+
+def source_lines(cell) -> list[str]:
+    return cell.source.split("\n")
+
+
+def format_points(points: float) -> str:
+    """``2`` for 2.0, ``0.5`` for 0.5: points as people write them."""
+    return f"{points:g}"
+
+
+def parse_notebook(nb, name: str) -> Assignment:
+    """Check the markers and nbgrader metadata of ``nb``; return its exercises and checks.
+
+    Raises:
+        AssignmentError: listing every problem (unbalanced or nested markers, a marker outside
+            a cell with the matching metadata or in a markdown cell, a malformed marker,
+            metadata that does not follow the convention), each with notebook, cell and line.
+    """
+    problems: list[Problem] = []
+    exercises: list[Exercise] = []
+    checks: list[Check] = []
+    for number, cell in enumerate(nb.cells, 1):
+        def report(message: str, line: int | None = None, _n=number, _cell=cell) -> None:
+            problems.append(Problem(name, _n, _cell.get("id", "?"), line, message))
+
+        _check_metadata(cell, report)
+        if cell.cell_type != "code":
+            for k, line in enumerate(source_lines(cell), 1):
+                if has_marker_words(line):
+                    report(f"marker words in a {cell.cell_type} cell; solution and hidden-test "
+                           "regions belong in code cells (nbgrader would take this line for a "
+                           "marker too: rephrase it)", k)
+            continue
+        solutions = _find_regions(cell, "SOLUTION", report)
+        hidden = _find_regions(cell, "HIDDEN TESTS", report)
+        if is_exercise(cell):
+            if not solutions:
+                report(f"an exercise cell (nbgrader solution: true) needs a {BEGIN_SOLUTION} / "
+                       f"{END_SOLUTION} region")
+            exercises.append(Exercise(cell.id, solutions))
+        elif solutions:
+            report(f"{BEGIN_SOLUTION} in a cell that is not an exercise cell: add the exercise "
+                   "metadata (nbgrader solution: true) or remove the marker",
+                   solutions[0].begin + 1)
+        if is_check(cell):
+            checks.append(Check(cell.id, nbgrader_meta(cell).get("points", 0), hidden))
+        elif hidden:
+            report(f"{BEGIN_HIDDEN} in a cell that is not a check cell: add the check metadata "
+                   "(nbgrader grade: true, points) or remove the marker", hidden[0].begin + 1)
+    if problems:
+        raise AssignmentError(problems)
+    return Assignment(name, nb, exercises, checks)
+
+
+def _check_metadata(cell, report) -> None:
+    """Report where ``metadata.nbgrader`` departs from the course's use of nbgrader's schema."""
+    if "nbgrader" not in cell.get("metadata", {}):
+        return
+    meta = cell.metadata.nbgrader
+    if not isinstance(meta, dict):
+        report("metadata.nbgrader must be a mapping")
+        return
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        report(f"metadata.nbgrader.schema_version must be {SCHEMA_VERSION}, "
+               f"got {meta.get('schema_version')!r}")
+    for key in ("grade", "solution", "locked"):
+        if not isinstance(meta.get(key), bool):
+            report(f"metadata.nbgrader.{key} must be true or false, got {meta.get(key)!r}")
+    grade, solution = meta.get("grade") is True, meta.get("solution") is True
+    if grade or solution or meta.get("locked") is True:
+        grade_id = meta.get("grade_id")
+        if grade_id != cell.get("id"):
+            report(f"metadata.nbgrader.grade_id must equal the cell id {cell.get('id')!r}, "
+                   f"got {grade_id!r}")
+        elif not isinstance(grade_id, str) or not _GRADE_ID.match(grade_id):
+            report(f"metadata.nbgrader.grade_id must be letters, digits, '_' and '-', "
+                   f"got {grade_id!r}")
+    if grade and solution:
+        report("a cell cannot be both an exercise (solution: true) and a check (grade: true): "
+               "manually graded answers are not supported")
+    if (grade or solution) and cell.cell_type != "code":
+        report(f"exercise and check cells must be code cells, this one is {cell.cell_type}")
+    points = meta.get("points")
+    if grade and (isinstance(points, bool) or not isinstance(points, (int, float))
+                  or not points > 0):
+        report(f"a check cell needs metadata.nbgrader.points, a number above 0, got {points!r}")
+
+
+def _find_regions(cell, kind: str, report) -> list[Region]:
+    """The balanced ``### BEGIN <kind>`` ... ``### END <kind>`` regions of a code cell."""
+    regions: list[Region] = []
+    open_at: int | None = None
+    open_indent, hint = "", ""
+    for i, line in enumerate(source_lines(cell)):
+        words = [m for m in _MARKER_WORDS.finditer(line)
+                 if " ".join(m.group(2).upper().split()) == kind]
+        if not words:
+            continue
+        marker = _MARKER_LINE.match(line)
+        begin = words[0].group(1).upper() == "BEGIN"
+        if not marker or not _well_formed(marker) or len(_MARKER_WORDS.findall(line)) > 1:
+            expected = f"### BEGIN {kind}" if begin else f"### END {kind}"
+            report(f"malformed marker {line.strip()!r}: a marker is a line of its own, "
+                   f"exactly {expected!r}"
+                   + (" (optionally followed by ': <hint>')" if expected == BEGIN_SOLUTION
+                      else ""), i + 1)
+            continue
+        if begin and open_at is not None:
+            report(f"### BEGIN {kind} inside the region opened at line {open_at + 1}: "
+                   "regions cannot be nested", i + 1)
+        elif begin:
+            open_at, open_indent, hint = i, marker["indent"], _hint(marker["rest"])
+        elif open_at is None:
+            report(f"### END {kind} without a ### BEGIN {kind} before it", i + 1)
+        elif marker["indent"] != open_indent:
+            report(f"### END {kind} is indented differently from its ### BEGIN {kind} "
+                   f"(line {open_at + 1}): the region must sit in one block of code", i + 1)
+            open_at = None
+        else:
+            regions.append(Region(open_at, i, open_indent, hint))
+            open_at = None
+    if open_at is not None:
+        report(f"### BEGIN {kind} has no ### END {kind}", open_at + 1)
+    return regions
+
+
+def _well_formed(marker: re.Match) -> bool:
+    """Only BEGIN SOLUTION takes text after the marker (the hint, after ':' or a space)."""
+    rest = marker["rest"]
+    if marker["kind"] == "BEGIN SOLUTION":
+        return rest.strip() == "" or rest[0] in ": "
+    return rest.strip() == ""
+
+
+def _hint(rest: str) -> str:
+    return rest.strip().lstrip(":").strip()
+
+
+def load_assignments(notebooks: list[Path]) -> list[Assignment]:
+    """Read and check every notebook; raise one :class:`AssignmentError` for all of them."""
+    assignments, problems = [], []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        try:
+            assignments.append(parse_notebook(nb, str(path)))
+        except AssignmentError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise AssignmentError(problems)
+    return assignments
+
+
+def solution_notebooks(source: Path) -> list[Path]:
+    """The ``NN_topic.ipynb`` notebooks of the folder ``source``, sorted."""
+    if not source.is_dir():
+        raise SystemExit(f"error: --source must be the folder of solution notebooks, "
+                         f"{str(source)!r} is not a folder")
+    found = sorted(source.glob("*.ipynb"))
+    if not found:
+        raise SystemExit(f"error: --source {str(source)!r} holds no notebooks (*.ipynb)")
+    return found
+
+
+#: Written into every folder the classroom tools fill, so that they only ever empty their own.
+OWNER_FILE = ".written-by-transformer-lab"
+
+
+def fresh_output_dir(path: Path, option: str) -> None:
+    """Empty ``path`` for new output, refusing a non-empty folder these tools did not write."""
+    if path.exists():
+        if not path.is_dir():
+            raise SystemExit(f"error: {option} must be a folder, {str(path)!r} is a file")
+        if any(path.iterdir()) and not (path / OWNER_FILE).exists():
+            raise SystemExit(f"error: {option} {str(path)!r} is not empty and was not written "
+                             "by this tool; name a new folder or empty it yourself")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / OWNER_FILE).write_text("This folder is rewritten by the course's classroom tools.\n")
