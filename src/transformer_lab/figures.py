@@ -75,8 +75,282 @@ def draw_matmul_gradient_shapes(fig) -> None:
     fig.suptitle("Shapes decide the backward pass of a matrix product", fontsize=11)
 
 
+def draw_qkv_projections(fig) -> None:
+    """Self-attention as shapes: three projections of X, the scores, the weighted average."""
+    weight = "#55A868"  # weights in green, activations in the forward colour
+    t, d, dk, dv = 4, 5, 3, 3
+    x = (t, d, "X", FORWARD)
+    ax = fig.add_subplot(1, 1, 1)
+    rows = [
+        ("queries", [x, "@", (d, dk, "W_Q", weight), "=", (t, dk, "Q", FORWARD)]),
+        ("keys", [x, "@", (d, dk, "W_K", weight), "=", (t, dk, "K", FORWARD)]),
+        ("values", [x, "@", (d, dv, "W_V", weight), "=", (t, dv, "V", FORWARD)]),
+        ("scores", [(t, dk, "Q", FORWARD), "@", (dk, t, "Kᵀ", FORWARD), "=", (t, t, "S", FORWARD)]),
+        ("output", [(t, t, "A", FORWARD), "@", (t, dv, "V", FORWARD), "=",
+                    (t, dv, "out", FORWARD)]),
+    ]
+    y = 0.0
+    for title, terms in rows:
+        ax.text(-0.1, y - 0.7, title, ha="right", va="center", fontsize=10, style="italic")
+        _equation(ax, y, terms)
+        tallest = max(term[0] for term in terms if not isinstance(term, str))
+        y -= tallest * 0.35 + 0.75  # rows of 0.35 each, plus room for the shape labels
+    ax.text(0.2, y - 0.1, "A = softmax(S / √dₖ), row by row:  every row of A sums to 1",
+            ha="left", va="center", fontsize=10)
+    ax.set_xlim(-1.6, 7.0)
+    ax.set_ylim(y - 0.4, 0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("Self-attention in shapes (T = 4 tokens, d_model = 5, dₖ = dᵥ = 3)", fontsize=11)
+
+
+def _stacked_matrices(ax, x: float, y: float, depth: int, rows: int, cols: int, label: str, color: str,
+           shape: str, cell: float = 0.3, shift: float = 0.18) -> float:
+    """Draw ``depth`` rows x cols matrices stacked front to back (a 3-D array, batch axis in
+    depth) with the front one's top-left corner at (x, y); write ``shape`` below; return the
+    right edge of the front matrix."""
+    w, h = cols * cell, rows * cell
+    for k in reversed(range(depth)):
+        x0, y0 = x + k * shift, y + k * shift
+        ax.add_patch(Rectangle((x0, y0 - h), w, h, facecolor="white", edgecolor=color, lw=1.2,
+                               zorder=2 * (depth - k)))
+        ax.add_patch(Rectangle((x0, y0 - h), w, h, facecolor=color, alpha=0.25 if k == 0 else 0.12,
+                               edgecolor=color, lw=1.2, zorder=2 * (depth - k) + 1))
+        if k == 0:
+            for r in range(1, rows):
+                ax.plot([x0, x0 + w], [y0 - r * cell] * 2, color=color, lw=0.4, alpha=0.6,
+                        zorder=2 * depth + 2)
+            for c in range(1, cols):
+                ax.plot([x0 + c * cell] * 2, [y0, y0 - h], color=color, lw=0.4, alpha=0.6,
+                        zorder=2 * depth + 2)
+    ax.text(x + w / 2, y - h / 2, label, ha="center", va="center", fontsize=12, weight="bold",
+            zorder=3 * depth + 5)
+    ax.text(x + w / 2, y - h - 0.12, shape, ha="center", va="top", fontsize=9)
+    return x + w
+
+
+def draw_batched_matmul_shapes(fig) -> None:
+    """Batched matrix products in shapes: a weight broadcast over the batch, a batched product
+    pairing sequence b with sequence b, and the reshape trick (one tall matrix, one product)."""
+    weight = "#55A868"
+    b, t, d, e, s = 3, 4, 3, 5, 4
+    ax = fig.add_subplot(1, 1, 1)
+
+    def op(x, y, text):
+        ax.text(x + 0.25, y, text, ha="center", va="center", fontsize=16)
+        return x + 0.5
+
+    # Row 1: (B,T,D) @ (D,E) -> (B,T,E)
+    y = 0.0
+    ax.text(-0.2, y - 0.6, "weight broadcast\nover the batch", ha="right", va="center",
+            fontsize=9.5, style="italic")
+    x = _stacked_matrices(ax, 0.0, y, b, t, d, "X", FORWARD, "(B, T, D)")
+    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
+    x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
+    x = op(x + 0.05, y - t * 0.15, "=")
+    _stacked_matrices(ax, x, y, b, t, e, "Y", FORWARD, "(B, T, E)")
+    ax.text(x + 3.3, y - 0.45, "the same W for\nevery sequence b", ha="left", va="center",
+            fontsize=9)
+
+    # Row 2: (B,T,D) @ (B,D,S) -> (B,T,S)
+    y = -2.5
+    ax.text(-0.2, y - 0.6, "batched product:\nb pairs with b", ha="right", va="center",
+            fontsize=9.5, style="italic")
+    x = _stacked_matrices(ax, 0.0, y, b, t, d, "Q", FORWARD, "(B, T, D)")
+    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
+    x = _stacked_matrices(ax, x, y, b, d, s, "Kᵀ", FORWARD, "(B, D, S)")
+    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "=")
+    _stacked_matrices(ax, x, y, b, t, s, "scores", FORWARD, "(B, T, S)")
+    ax.text(x + 2.0, y - 0.45, "B independent\nmatrix products", ha="left", va="center",
+            fontsize=9)
+
+    # Row 3: the reshape trick: (B*T, D) @ (D, E)
+    y = -5.0
+    ax.text(-0.2, y - 1.6, "reshape trick:\nX.reshape(-1, D) @ W\none big product", ha="right",
+            va="center", fontsize=9.5, style="italic")
+    cell = 0.3
+    x0 = 0.0
+    for k in range(b):  # the B sequences laid one under the other: a (B*T, D) matrix
+        _stacked_matrices(ax, x0, y - k * t * cell, 1, t, d, "", FORWARD, "")
+    ax.text(x0 + d * cell / 2, y - b * t * cell / 2, "X", ha="center", va="center", fontsize=12,
+            weight="bold", zorder=20)
+    ax.text(x0 + d * cell / 2, y - b * t * cell - 0.12, "(B·T, D)", ha="center", va="top",
+            fontsize=9)
+    x = op(x0 + d * cell + 0.05, y - b * t * cell / 2, "@")
+    x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
+    x = op(x + 0.05, y - b * t * cell / 2, "=")
+    for k in range(b):
+        _stacked_matrices(ax, x, y - k * t * cell, 1, t, e, "", FORWARD, "")
+    ax.text(x + e * cell / 2, y - b * t * cell / 2, "Y", ha="center", va="center", fontsize=12,
+            weight="bold", zorder=20)
+    ax.text(x + e * cell / 2, y - b * t * cell - 0.12, "(B·T, E)", ha="center", va="top",
+            fontsize=9)
+    ax.set_xlim(-2.6, 8.4)
+    ax.set_ylim(y - b * t * cell - 0.6, 0.9)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.suptitle("Batched matrix products: the last two axes multiply, leading axes broadcast",
+                 fontsize=11)
+
+
+def draw_head_split_shapes(fig) -> None:
+    """Splitting d features into h heads: (B,T,d) -> reshape (B,T,h,d/h) -> transpose
+    (B,h,T,d/h), drawn for one sequence of the batch, one colour per head."""
+    heads = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
+    t, h, dh = 5, 4, 2
+    cell = 0.3
+    ax = fig.add_subplot(1, 1, 1)
+
+    def block(x, y, rows, cols, color, label="", alpha=0.3):
+        w, hh = cols * cell, rows * cell
+        ax.add_patch(Rectangle((x, y - hh), w, hh, facecolor=color, alpha=alpha, edgecolor=color,
+                               lw=1.2))
+        for r in range(1, rows):
+            ax.plot([x, x + w], [y - r * cell] * 2, color=color, lw=0.4, alpha=0.7)
+        for c in range(1, cols):
+            ax.plot([x + c * cell] * 2, [y, y - hh], color=color, lw=0.4, alpha=0.7)
+        if label:
+            ax.text(x + w / 2, y - hh / 2, label, ha="center", va="center", fontsize=9,
+                    weight="bold")
+
+    top = 0.0
+    # Panel 1: (T, d), the columns coloured by the head they will belong to.
+    x = 0.0
+    for k in range(h):
+        block(x + k * dh * cell, top, t, dh, heads[k])
+    ax.text(x + h * dh * cell / 2, top + 0.35, "(B, T, d)", ha="center", fontsize=10,
+            weight="bold")
+    ax.text(x + h * dh * cell / 2, top - t * cell - 0.2, "d = h · d/h features\n"
+            "(one sequence shown)", ha="center", va="top", fontsize=8.5)
+    ax.annotate("", xy=(x + h * dh * cell + 1.05, top - t * cell / 2),
+                xytext=(x + h * dh * cell + 0.15, top - t * cell / 2),
+                arrowprops={"arrowstyle": "->", "lw": 1.3})
+    ax.text(x + h * dh * cell + 0.6, top - t * cell / 2 + 0.15, "reshape", ha="center",
+            va="bottom", fontsize=9)
+
+    # Panel 2: (T, h, d/h): the same memory, the feature axis cut into h groups.
+    x = h * dh * cell + 1.2
+    gap = 0.12
+    for k in range(h):
+        block(x + k * (dh * cell + gap), top, t, dh, heads[k], f"{k}")
+    w2 = h * dh * cell + (h - 1) * gap
+    ax.text(x + w2 / 2, top + 0.35, "(B, T, h, d/h)", ha="center", fontsize=10, weight="bold")
+    ax.text(x + w2 / 2, top - t * cell - 0.2, "no data moves:\na view of the same array",
+            ha="center", va="top", fontsize=8.5)
+    ax.annotate("", xy=(x + w2 + 1.35, top - t * cell / 2), xytext=(x + w2 + 0.15,
+                top - t * cell / 2), arrowprops={"arrowstyle": "->", "lw": 1.3})
+    ax.text(x + w2 + 0.75, top - t * cell / 2 + 0.15, "swap axes\n1 and 2", ha="center",
+            va="bottom", fontsize=9)
+
+    # Panel 3: (h, T, d/h): one (T, d/h) matrix per head, stacked along the head axis.
+    x = x + w2 + 1.5
+    shift = 0.28
+    for k in reversed(range(h)):
+        x0, y0 = x + k * shift, top + k * shift
+        ax.add_patch(Rectangle((x0, y0 - t * cell), dh * cell, t * cell, facecolor="white",
+                               edgecolor=heads[k], lw=1.2))
+        block(x0, y0, t, dh, heads[k], alpha=0.35)
+        ax.text(x + (h - 1) * shift + dh * cell + 0.12, y0 - 0.14, f"head {k}", ha="left",
+                va="center", fontsize=8, color=heads[k], weight="bold")
+    ax.text(x + dh * cell / 2 + (h - 1) * shift / 2, top + 0.35 + (h - 1) * shift,
+            "(B, h, T, d/h)", ha="center", fontsize=10, weight="bold")
+    ax.text(x + dh * cell / 2 + 0.4, top - t * cell - 0.2, "h independent\n(T, d/h) matrices:\n"
+            "attention runs\nper (b, head)", ha="center", va="top", fontsize=8.5)
+    ax.set_xlim(-0.3, x + dh * cell + h * shift + 1.2)
+    ax.set_ylim(top - t * cell - 1.4, top + 0.6 + h * shift)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.suptitle("Splitting into heads: reshape, then move the head axis before time",
+                 fontsize=11)
+
+
+def draw_transformer_architecture(fig) -> None:
+    """The encoder-decoder as the course builds it (pre-norm), bottom to top, with shapes."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax = fig.add_subplot(1, 1, 1)
+    enc_c, dec_c = "#4C72B0", "#DD8452"
+
+    def box(xc, y, w, h, text, color, alpha=0.18, size=9.5, weight="normal"):
+        ax.add_patch(FancyBboxPatch((xc - w / 2, y), w, h,
+                                    boxstyle="round,pad=0.02,rounding_size=0.12",
+                                    facecolor=color, alpha=alpha, edgecolor=color, lw=1.4))
+        ax.text(xc, y + h / 2, text, ha="center", va="center", fontsize=size, weight=weight)
+
+    def arrow(x0, y0, x1, y1, color="black"):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=1.3, shrinkA=0, shrinkB=0))
+
+    w = 4.2
+    # encoder, left column
+    xe = 2.3
+    box(xe, 0.0, w, 0.55, "src: token ids  (B, S)", "gray", 0.12)
+    arrow(xe, 0.55, xe, 0.85)
+    box(xe, 0.85, w, 0.75, "token embedding × √E\n+ positional encoding   (B, S, E)", enc_c)
+    arrow(xe, 1.6, xe, 2.0)
+    ax.add_patch(FancyBboxPatch((xe - w / 2 - 0.15, 2.0), w + 0.3, 2.6,
+                                boxstyle="round,pad=0.02,rounding_size=0.15", facecolor="none",
+                                edgecolor=enc_c, lw=1.6, ls="--"))
+    box(xe, 2.25, w - 0.3, 0.85, "x + SelfAttention(LN(x))\nkeys: no source padding", enc_c)
+    arrow(xe, 3.1, xe, 3.45)
+    box(xe, 3.45, w - 0.3, 0.7, "x + FFN(LN(x))", enc_c)
+    ax.text(xe - w / 2 - 0.3, 3.3, "N ×", ha="right", va="center", fontsize=12, weight="bold",
+            color=enc_c)
+    ax.text(xe, 4.35, "encoder layer", ha="center", va="center", fontsize=9, style="italic",
+            color=enc_c)
+    arrow(xe, 4.6, xe, 4.95)
+    box(xe, 4.95, w, 0.55, "LN", enc_c)
+    arrow(xe, 5.5, xe, 5.85)
+    box(xe, 5.85, w, 0.6, "memory  (B, S, E)", enc_c, 0.35, weight="bold")
+
+    # decoder, right column
+    xd = 8.1
+    box(xd, 0.0, w, 0.55, "tgt[:, :-1]: token ids  (B, T)", "gray", 0.12)
+    arrow(xd, 0.55, xd, 0.85)
+    box(xd, 0.85, w, 0.75, "token embedding × √E\n+ positional encoding   (B, T, E)", dec_c)
+    arrow(xd, 1.6, xd, 2.0)
+    ax.add_patch(FancyBboxPatch((xd - w / 2 - 0.15, 2.0), w + 0.3, 3.65,
+                                boxstyle="round,pad=0.02,rounding_size=0.15", facecolor="none",
+                                edgecolor=dec_c, lw=1.6, ls="--"))
+    box(xd, 2.25, w - 0.3, 0.85, "y + SelfAttention(LN(y))\ncausal mask + target padding",
+        dec_c)
+    arrow(xd, 3.1, xd, 3.35)
+    box(xd, 3.35, w - 0.3, 0.85, "y + CrossAttention(LN(y), memory)\nkeys: no source padding",
+        dec_c)
+    arrow(xd, 4.2, xd, 4.45)
+    box(xd, 4.45, w - 0.3, 0.7, "y + FFN(LN(y))", dec_c)
+    ax.text(xd + w / 2 + 0.3, 3.8, "× N", ha="left", va="center", fontsize=12, weight="bold",
+            color=dec_c)
+    ax.text(xd, 5.4, "decoder layer", ha="center", va="center", fontsize=9, style="italic",
+            color=dec_c)
+    arrow(xd, 5.65, xd, 6.0)
+    box(xd, 6.0, w, 0.55, "LN", dec_c)
+    arrow(xd, 6.55, xd, 6.9)
+    box(xd, 6.9, w, 0.75, "output projection\nlogits = y W_out + b_out   (B, T, V)", dec_c)
+    arrow(xd, 7.65, xd, 8.0)
+    box(xd, 8.0, w, 0.75, "loss: cross-entropy with labels tgt[:, 1:]\n(padding skipped)",
+        "gray", 0.12)
+
+    # the memory feeds the cross-attention of every decoder layer
+    xm = (xe + xd) / 2
+    ax.plot([xe + w / 2, xm, xm], [6.15, 6.15, 3.775], color=enc_c, lw=1.6)
+    arrow(xm, 3.775, xd - (w - 0.3) / 2, 3.775, enc_c)
+    ax.text(xm + 0.1, 5.0, "memory to\nevery\ndecoder\nlayer", ha="left", va="center", fontsize=8,
+            color=enc_c)
+    ax.text(0.35, 8.2, "pre-norm (norm_first=True), as our model by default;\n"
+            "post-norm (the paper): LN(x + f(x))", ha="left", va="center", fontsize=9)
+    ax.set_xlim(-0.5, 10.9)
+    ax.set_ylim(-0.2, 9.0)
+    ax.axis("off")
+    fig.suptitle("The encoder-decoder Transformer, as notebook 06 builds it", fontsize=11)
+
+
 #: file name -> (drawing function, figure size in inches)
 FIGURES: dict[str, tuple[Callable, tuple[float, float]]] = {
+    "transformer_architecture.png": (draw_transformer_architecture, (9.0, 7.5)),
+    "batched_matmul_shapes.png": (draw_batched_matmul_shapes, (8.0, 7.0)),
+    "head_split_shapes.png": (draw_head_split_shapes, (8.5, 3.4)),
+    "qkv_projections.png": (draw_qkv_projections, (6.5, 9.0)),
     "matmul_gradient_shapes.png": (draw_matmul_gradient_shapes, (7.5, 5.6)),
 }
 
