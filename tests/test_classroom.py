@@ -182,9 +182,10 @@ def tampered_00(solution):
     deleted and the other replaced by a print: grading must put both back."""
     nb = nbformat.read(solution, as_version=4)
     cells = {c.id: c for c in nb.cells}
+    assert "    diff = P - Y" in cells["exercise-mse"].source, "00's mse_loss solution changed"
     cells["exercise-mse"].source = cells["exercise-mse"].source.replace(
-        "    diff = P - T", "    if P.ndim == 1:\n        return 0.0, np.zeros_like(P)\n"
-                            "    diff = P - T")
+        "    diff = P - Y", "    if P.ndim == 1:\n        return 0.0, np.zeros_like(P)\n"
+                            "    diff = P - Y")
     cells["check-mse"].source = 'print("Exercise 2 passed.")'
     nb.cells = [c for c in nb.cells if c.id != "check-linear-backward"]
     return nb

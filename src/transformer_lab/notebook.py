@@ -17,17 +17,25 @@ import numpy as np
 PRINT_PRECISION = 4
 
 
-def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION) -> np.random.Generator:
-    """Seed every random number generator and fix printing, warnings and plot defaults.
+def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION,
+                   threads: int | None = 1) -> np.random.Generator:
+    """Seed every random number generator and fix printing, threads, warnings and plot defaults.
 
     Seeds Python's :mod:`random`, NumPy's legacy global generator and torch (when it is
-    installed); sets the NumPy and torch print precision; turns off warnings that would make
-    stored notebook outputs depend on library versions; sets matplotlib defaults that look the
-    same in JupyterLab, in the HTML site and in nbval runs.
+    installed); sets the NumPy and torch print precision; limits NumPy's BLAS and torch to
+    ``threads`` threads; turns off warnings that would make stored notebook outputs depend on
+    library versions; sets matplotlib defaults that look the same in JupyterLab, in the HTML site
+    and in nbval runs.
+
+    Why one thread by default: the course's matrices are small, where a second BLAS thread costs
+    more in synchronisation than it saves -- and on a busy machine a multi-threaded OpenBLAS
+    product can take 10-100 times longer than a single-threaded one, which makes timings
+    meaningless. NumPy and torch get the same number of threads, so comparisons are fair.
 
     Args:
         seed: non-negative integer seed shared by all generators.
         precision: number of digits printed after the decimal point.
+        threads: threads for NumPy's BLAS and for torch; None leaves the libraries' defaults.
 
     Returns:
         A fresh ``np.random.Generator`` seeded with ``seed``; notebooks draw their data from it.
@@ -36,6 +44,9 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION) -> np.random
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)) or precision < 0:
         raise ValueError(f"precision must be a non-negative integer, got {precision!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     seed = int(seed)
 
     random.seed(seed)
@@ -43,9 +54,27 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION) -> np.random
     np.set_printoptions(precision=precision, suppress=True, linewidth=100)
 
     _quiet_warnings()
+    if threads is not None:
+        limit_threads(threads)
     _setup_torch(seed, precision)
     _setup_matplotlib()
     return np.random.default_rng(seed)
+
+
+_blas_limit = None  # keeps the threadpoolctl limit alive for the whole session
+
+
+def limit_threads(threads: int) -> None:
+    """Use ``threads`` threads in NumPy's BLAS (via threadpoolctl) and in torch, from now on."""
+    global _blas_limit
+    from threadpoolctl import threadpool_limits
+
+    _blas_limit = threadpool_limits(limits=threads, user_api="blas")
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(threads)
 
 
 def _quiet_warnings() -> None:
