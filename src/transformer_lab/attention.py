@@ -9,7 +9,8 @@ Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror
 - A query row whose keys are **all** blocked attends to nothing: its attention weights are all
   zero, its output is zero (the output projection's bias in multi-head attention), and it gets
   and passes on zero gradient. This is the behaviour of ``F.scaled_dot_product_attention``;
-  ``nn.MultiheadAttention`` returns NaN for such rows instead. No NaN ever reaches other rows.
+  ``nn.MultiheadAttention`` returns NaN for such rows when ``need_weights=True`` (its default)
+  and its output bias when ``need_weights=False``. No NaN ever reaches other rows.
 
 No Python loop runs over the batch, the heads or the positions.
 """
@@ -112,23 +113,26 @@ def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: in
     return total
 
 
-def _masked_softmax(scores: np.ndarray, mask) -> np.ndarray:
-    """Softmax over the last axis of ``scores + mask``, computed in place in ``scores``.
+def _masked_softmax(scores_t: np.ndarray, mask_t) -> np.ndarray:
+    """Softmax over the **keys**, axis -2, of ``scores_t + mask_t``, in place in ``scores_t``.
 
-    A fully blocked row (every entry -inf) gives all zeros instead of NaN.
+    The scores are laid out keys-first, (..., S, T) -- the transpose of the usual (..., T, S) --
+    because NumPy reduces over axis -2 vectorised across the contiguous query axis: about twice
+    as fast as reducing each short row along the last axis (for the sum, einsum is faster still
+    than ``sum``). A fully blocked query (a column of -inf) gives all zeros instead of NaN.
     """
-    if mask is not None:
-        scores += mask
-    row_max = scores.max(axis=-1, keepdims=True)
-    if mask is not None:
-        row_max[np.isneginf(row_max)] = 0  # exp(-inf - 0) = 0 instead of exp(nan)
-    scores -= row_max
-    np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    if mask is not None:
-        total[total == 0] = 1  # 0 / 1 = 0 for fully blocked rows
-    scores /= total
-    return scores
+    if mask_t is not None:
+        scores_t += mask_t
+    col_max = scores_t.max(axis=-2, keepdims=True)
+    if mask_t is not None:
+        col_max[np.isneginf(col_max)] = 0  # exp(-inf - 0) = 0 instead of exp(nan)
+    scores_t -= col_max
+    np.exp(scores_t, out=scores_t)
+    total = np.einsum("...st->...t", scores_t)[..., None, :]
+    if mask_t is not None:
+        total[total == 0] = 1  # 0 / 1 = 0 for fully blocked queries
+    scores_t /= total
+    return scores_t
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,9 +181,13 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
         scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[-2], k.shape[-2]
     mask = combine_masks(attn_mask, key_padding_mask, q.shape[:-2], t, s, q.dtype)
-    scores = np.matmul(q, np.swapaxes(k, -1, -2))
-    scores *= q.dtype.type(scale)
-    weights = _masked_softmax(scores, mask)  # in place: scores become the weights
+    # The scores are computed transposed, keys first: S^T = k q^T, shape (..., S, T), so that
+    # the softmax reduces over axis -2 (see _masked_softmax). The weights handed out are a
+    # transposed view, (..., T, S): the same numbers, no copy.
+    # The scale multiplies q (T x d_k numbers) rather than the scores (S x T numbers).
+    scores_t = np.matmul(k, np.swapaxes(q * q.dtype.type(scale), -1, -2))
+    mask_t = None if mask is None else np.ascontiguousarray(np.swapaxes(mask, -1, -2))
+    weights = np.swapaxes(_masked_softmax(scores_t, mask_t), -1, -2)  # in place in scores_t
     out = np.matmul(weights, v_)
     return out, AttentionCache(q, k, v_, weights, scale)
 
@@ -203,15 +211,19 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
     v.cache_of(cache, "scaled_dot_product_attention_backward", AttentionCache)
     q, k, v_, p, scale = cache
     v.shape_is(dout, (*q.shape[:-1], v_.shape[-1]), "dout", "the shape of the forward output")
-    dv = np.matmul(np.swapaxes(p, -1, -2), dout)
-    dp = np.matmul(dout, np.swapaxes(v_, -1, -2))
+    # Keys-first layout, as in the forward pass: p_t = P^T is (..., S, T), contiguous.
+    p_t = np.swapaxes(p, -1, -2)
+    dv = np.matmul(p_t, dout)
+    dp_t = np.matmul(v_, np.swapaxes(dout, -1, -2))  # dP^T = v dout^T
     if dweights is not None:
         v.shape_is(dweights, p.shape, "dweights", "the shape of the attention weights")
-        dp += dweights
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    ds *= q.dtype.type(scale)
-    dq = np.matmul(ds, k)
-    dk = np.matmul(np.swapaxes(ds, -1, -2), q)
+        dp_t += np.swapaxes(dweights, -1, -2)
+    # softmax backward over the keys, in place: dS = P * (dP - sum_keys(dP * P)), times scale
+    dp_t -= np.einsum("...st,...st->...t", dp_t, p_t)[..., None, :]
+    dp_t *= p_t
+    dp_t *= q.dtype.type(scale)
+    dq = np.matmul(np.swapaxes(dp_t, -1, -2), k)
+    dk = np.matmul(dp_t, q)
     return dq, dk, dv
 
 
@@ -338,8 +350,10 @@ def _affine(x2d: np.ndarray, W: np.ndarray, b) -> np.ndarray:
     return out
 
 
-def _heads_forward(q2, k2, v2, shape_q, s, params, h, attn_mask, key_padding_mask, average):
-    """From projected (B*T, E), (B*S, E), (B*S, E) to the output and the attention weights."""
+def _heads_forward(q2, k2, v2, shape_q, s, params, h, attn_mask, key_padding_mask, average,
+                   need_weights=True):
+    """From projected (B*T, E), (B*S, E), (B*S, E) to the output and the attention weights
+    (None with ``need_weights=False``: the layers never look at them)."""
     b, t, e = shape_q
     qh = split_heads(q2.reshape(b, t, e), h)
     kh = split_heads(k2.reshape(b, s, e), h)
@@ -347,12 +361,13 @@ def _heads_forward(q2, k2, v2, shape_q, s, params, h, attn_mask, key_padding_mas
     ctx_h, att = scaled_dot_product_attention_forward(qh, kh, vh, attn_mask, key_padding_mask)
     ctx = merge_heads(ctx_h)
     out = _affine(ctx.reshape(-1, e), params["W_o"], params.get("b_o")).reshape(b, t, e)
-    weights = att.weights.mean(axis=1) if average else att.weights
+    weights = None if not need_weights else att.weights.mean(axis=1) if average else att.weights
     return out, weights, att, ctx
 
 
 def _heads_backward(dout, cache: MHACache, params, dweights):
-    """Gradients through the output projection and the heads: (dq2, dk2, dv2) as (B*., E)."""
+    """Gradients through the output projection and the heads: dq, dk, dv per head,
+    (B, H, ., Dh), and the gradients of W_o, b_o."""
     b, t, e = cache.context.shape
     v.shape_is(dout, (b, t, e), "dout", "the shape of the forward output")
     ctx2 = cache.context.reshape(-1, e)
@@ -368,7 +383,20 @@ def _heads_backward(dout, cache: MHACache, params, dweights):
                                    cache.attention.weights.shape)
     dqh, dkh, dvh = scaled_dot_product_attention_backward(
         split_heads(dctx, cache.num_heads), cache.attention, dweights)
-    return (*(merge_heads(d).reshape(-1, e) for d in (dqh, dkh, dvh)), grads)
+    return dqh, dkh, dvh, grads
+
+
+def _merge_side_by_side(*heads: np.ndarray) -> np.ndarray:
+    """(B, H, T, Dh) arrays -> one (B*T, n*E) array ``[x_1 | x_2 | ...]``, heads merged.
+
+    The copy that :func:`merge_heads` makes anyway, made into one buffer: the packed
+    projection's gradients then need no ``np.concatenate`` (another full copy).
+    """
+    b, h, t, dh = heads[0].shape
+    out = np.empty((b, t, len(heads), h, dh), dtype=heads[0].dtype)
+    for i, x in enumerate(heads):  # over the 2 or 3 arrays, not over the batch or heads
+        out[:, :, i] = x.transpose(0, 2, 1, 3)
+    return out.reshape(b * t, len(heads) * h * dh)
 
 
 def _input_grads(grads, packed, has_bias, xs, dq2, dk2, dv2):
@@ -411,6 +439,13 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     Returns:
         out: (B, T, E); weights: (B, T, S) or (B, H, T, S); cache.
     """
+    return _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
+                                         key_padding_mask, average_attn_weights, True)
+
+
+def _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
+                                  key_padding_mask, average, need_weights):
+    """:func:`multi_head_attention_forward`; weights None with ``need_weights=False``."""
     query = v.float_array(query, "query", ndim=3)
     key = v.float_array(key, "key", ndim=3)
     value = v.float_array(value, "value", ndim=3)
@@ -430,8 +465,8 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     k2 = _affine(key.reshape(-1, key.shape[2]), wk, bk)
     v2 = _affine(value.reshape(-1, value.shape[2]), wv, bv)
     out, weights, att, ctx = _heads_forward(q2, k2, v2, query.shape, key.shape[1], params, h,
-                                            attn_mask, key_padding_mask, average_attn_weights)
-    cache = MHACache((query, key, value), packed, has_bias, h, att, ctx, average_attn_weights)
+                                            attn_mask, key_padding_mask, average, need_weights)
+    cache = MHACache((query, key, value), packed, has_bias, h, att, ctx, average)
     return out, weights, cache
 
 
@@ -453,8 +488,9 @@ def multi_head_attention_backward(dout, cache: MHACache, params: dict, dweights=
         raise ValueError("multi_head_attention_backward: cache comes from self_attention_forward;"
                          " use self_attention_backward")
     query, key, value = cache.inputs
-    dq2, dk2, dv2, grads = _heads_backward(dout, cache, params, dweights)
+    dqh, dkh, dvh, grads = _heads_backward(dout, cache, params, dweights)
     e = query.shape[2]
+    dq2, dk2, dv2 = (merge_heads(d).reshape(-1, e) for d in (dqh, dkh, dvh))
     wq, wk, wv, _, _, _ = _input_projections(params, e, cache.packed)
     _input_grads(grads, cache.packed, cache.has_bias, (query, key, value), dq2, dk2, dv2)
     dquery = (dq2 @ wq.T).reshape(query.shape)
@@ -477,6 +513,14 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     Returns:
         out: (B, T, E); weights: (B, T, T) or (B, H, T, T); cache.
     """
+    return _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask,
+                                   average_attn_weights, need_weights=True)
+
+
+def _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask, average,
+                            need_weights):
+    """:func:`self_attention_forward`; with ``need_weights=False`` the weights are None (the
+    transformer blocks use this: averaging them over the heads would be wasted work)."""
     x = v.float_array(x, "x", ndim=3)
     b, t, e = x.shape
     h = _check_heads(e, num_heads)
@@ -490,8 +534,8 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
         k2 = _affine(x2, params["W_k"], params.get("b_k"))
         v2 = _affine(x2, params["W_v"], params.get("b_v"))
     out, weights, att, ctx = _heads_forward(q2, k2, v2, x.shape, t, params, h, attn_mask,
-                                            key_padding_mask, average_attn_weights)
-    return out, weights, MHACache((x,), packed, has_bias, h, att, ctx, average_attn_weights)
+                                            key_padding_mask, average, need_weights)
+    return out, weights, MHACache((x,), packed, has_bias, h, att, ctx, average)
 
 
 def self_attention_backward(dout, cache: MHACache, params: dict, dweights=None):
@@ -508,15 +552,17 @@ def self_attention_backward(dout, cache: MHACache, params: dict, dweights=None):
         raise ValueError("self_attention_backward: cache comes from multi_head_attention_forward;"
                          " use multi_head_attention_backward")
     (x,) = cache.inputs
-    dq2, dk2, dv2, grads = _heads_backward(dout, cache, params, dweights)
-    x2 = x.reshape(-1, x.shape[2])
+    dqh, dkh, dvh, grads = _heads_backward(dout, cache, params, dweights)
+    e = x.shape[2]
+    x2 = x.reshape(-1, e)
+    dqkv = _merge_side_by_side(dqh, dkh, dvh)  # (B*T, 3E): [dQ | dK | dV]
     if cache.packed:
-        dqkv = np.concatenate([dq2, dk2, dv2], axis=1)
         grads["W_qkv"] = x2.T @ dqkv
         if cache.has_bias:
             grads["b_qkv"] = dqkv.sum(axis=0)
         dx = dqkv @ params["W_qkv"].T
     else:
+        dq2, dk2, dv2 = dqkv[:, :e], dqkv[:, e:2 * e], dqkv[:, 2 * e:]
         _input_grads(grads, False, cache.has_bias, (x, x, x), dq2, dk2, dv2)
         dx = dq2 @ params["W_q"].T + dk2 @ params["W_k"].T + dv2 @ params["W_v"].T
     return dx.reshape(x.shape), grads

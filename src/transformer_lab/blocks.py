@@ -48,7 +48,12 @@ def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
         out: (..., E); cache.
     """
     h, c1 = L.linear_forward(x, params["W1"], params.get("b1"))
-    a, ca = L.activation_forward(h, activation)
+    if activation == "relu":
+        # h belongs to this function alone: apply the ReLU in place, one (..., F) array fewer
+        ca = ("relu", h > 0)
+        a = np.maximum(h, 0, out=h)
+    else:
+        a, ca = L.activation_forward(h, activation)
     out, c2 = L.linear_forward(a, params["W2"], params.get("b2"))
     return out, FeedForwardCache(c1, ca, c2)
 
@@ -57,7 +62,10 @@ def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
     """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
     v.cache_of(cache, "feed_forward_backward", FeedForwardCache)
     da, dW2, db2 = L.linear_backward(dout, cache.lin2)
-    dh = L.activation_backward(da, cache.act)
+    if cache.act[0] == "relu":
+        dh = np.multiply(da, cache.act[1], out=da)  # da is a fresh array: ReLU's mask in place
+    else:
+        dh = L.activation_backward(da, cache.act)
     dx, dW1, db1 = L.linear_backward(dh, cache.lin1)
     grads = {"W1": dW1, "W2": dW2}
     if db1 is not None:
@@ -120,8 +128,8 @@ def _residual_backward(dout, cache: ResidualCache):
 
 def _self_attention_sublayer(params, num_heads, attn_mask, key_padding_mask):
     def forward(h):
-        out, _, cache = att.self_attention_forward(h, params, num_heads, attn_mask,
-                                                   key_padding_mask)
+        out, _, cache = att._self_attention_forward(h, params, num_heads, attn_mask,
+                                                    key_padding_mask, True, need_weights=False)
         return out, cache, backward
 
     def backward(dout, cache):
@@ -133,8 +141,9 @@ def _self_attention_sublayer(params, num_heads, attn_mask, key_padding_mask):
 
 def _cross_attention_sublayer(memory, params, num_heads, attn_mask, key_padding_mask):
     def forward(h):
-        out, _, cache = att.multi_head_attention_forward(h, memory, memory, params, num_heads,
-                                                         attn_mask, key_padding_mask)
+        out, _, cache = att._multi_head_attention_forward(h, memory, memory, params, num_heads,
+                                                          attn_mask, key_padding_mask, True,
+                                                          need_weights=False)
         return out, cache, backward
 
     def backward(dout, cache):

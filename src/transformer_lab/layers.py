@@ -349,14 +349,21 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
             v.float_array(p, name, ndim=1)
             v.same_dtype("x", x, name, p)
             v.shape_is(p, (d,), name, "x.shape[-1]")
-    mu = x.mean(axis=-1, keepdims=True)
+    # Row sums as einsum: NumPy's sum/mean over a short last axis are several times slower.
+    # The variance is each centred row's dot product with itself (no squared temporary), and
+    # xhat is computed in place in xc.
+    mu = np.einsum("...i->...", x)[..., None] / d
     xc = x - mu
-    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    var = np.einsum("...i,...i->...", xc, xc)[..., None] / d
     rstd = 1.0 / np.sqrt(var + eps)
-    xhat = xc * rstd
-    out = xhat if gamma is None else xhat * gamma
-    if beta is not None:
-        out = out + beta
+    xhat = xc
+    xhat *= rstd
+    if gamma is not None:
+        out = xhat * gamma
+        if beta is not None:
+            out += beta
+    else:
+        out = xhat if beta is None else xhat + beta
     return out, LayerNormCache(xhat, rstd, gamma, beta is not None)
 
 
@@ -376,10 +383,14 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     dout2 = dout.reshape(-1, d)
     dgamma = np.einsum("nd,nd->d", dout2, xhat.reshape(-1, d)) if gamma is not None else None
     dbeta = dout2.sum(axis=0) if has_beta else None
-    g = dout if gamma is None else dout * gamma
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
-                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
-    return dx, dgamma, dbeta
+    g = dout * gamma if gamma is not None else dout.copy()
+    mean_g = np.einsum("...i->...", g)[..., None] / d
+    mean_gx = np.einsum("...i,...i->...", g, xhat)[..., None] / d
+    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), in place in g
+    g -= mean_g
+    g -= xhat * mean_gx
+    g *= rstd
+    return g, dgamma, dbeta
 
 
 # --------------------------------------------------------------------------------------------
