@@ -1,0 +1,164 @@
+"""transformer_lab.torch_model: the course model from scratch in PyTorch and around nn.Transformer,
+asserted equal to the NumPy model -- logits, loss and every parameter gradient (float64 1e-10,
+float32 1e-5) -- for both norm orders, with and without biases, relu/gelu, padded batches."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from transformer_lab.gradient_check import rel_error
+from transformer_lab.torch_model import (
+    MultiHeadAttention,
+    ReferenceTransformer,
+    TorchTransformer,
+    nn_transformer_grads,
+    nn_transformer_state,
+)
+from transformer_lab.transformer import Transformer, TransformerConfig, check_parity
+
+PAD, BOS, EOS = 0, 1, 2
+SRC = np.array([[3, 4, 5, 6, PAD, PAD], [4, 3, PAD, PAD, PAD, PAD], [5, 3, 3, 6, 4, 8]])
+TGT = np.array([[BOS, 3, 4, EOS, PAD], [BOS, 5, EOS, PAD, PAD], [BOS, 4, 5, 3, EOS]])
+
+
+def config(**kw):
+    base = dict(src_vocab_size=9, tgt_vocab_size=7, d_model=12, num_heads=3,
+                num_encoder_layers=2, num_decoder_layers=2, d_ff=10, max_len=8,
+                dtype=np.float64)
+    base.update(kw)
+    return TransformerConfig(**base)
+
+
+def numpy_model(cfg, seed=0):
+    m = Transformer(cfg, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    for p in m.params.values():  # no zero biases, no unit gains: every parameter matters
+        p += (rng.standard_normal(p.shape) * 0.3).astype(p.dtype)
+    return m
+
+
+def run_torch(model_cls, m):
+    twin = model_cls.from_numpy(m)
+    loss = twin.loss(SRC, TGT)
+    loss.backward()
+    logits = twin(SRC, TGT[:, :-1]).detach().numpy()
+    return twin, loss.item(), logits, twin.numpy_grads()
+
+
+CASES = [
+    dict(norm_first=True, bias=True, activation="relu"),
+    dict(norm_first=False, bias=True, activation="relu"),
+    dict(norm_first=True, bias=False, activation="gelu"),
+    dict(norm_first=False, bias=False, activation="gelu", positional="learned"),
+    dict(norm_first=True, bias=True, activation="gelu_tanh", scale_embeddings=False),
+]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+@pytest.mark.parametrize("model_cls", [TorchTransformer, ReferenceTransformer])
+def test_parity_float64(model_cls, kw):
+    m = numpy_model(config(**kw))
+    loss, grads = m.loss(SRC, TGT)
+    logits, _ = m.forward(SRC, TGT[:, :-1])
+    _, tloss, tlogits, tgrads = run_torch(model_cls, m)
+    assert abs(loss - tloss) <= 1e-10 * abs(loss)
+    assert rel_error(logits, tlogits) < 1e-10
+    assert list(tgrads) == list(grads)  # the same names, in the same order
+    check_parity(grads, tgrads, tol=1e-10, verbose=False)
+
+
+@pytest.mark.parametrize("model_cls", [TorchTransformer, ReferenceTransformer])
+def test_parity_float32(model_cls):
+    m = numpy_model(config(dtype=np.float32, norm_first=False))
+    loss, grads = m.loss(SRC, TGT)
+    logits, _ = m.forward(SRC, TGT[:, :-1])
+    assert logits.dtype == np.float32
+    twin, tloss, tlogits, tgrads = run_torch(model_cls, m)
+    assert next(twin.parameters()).dtype == torch.float32
+    assert abs(loss - tloss) <= 1e-5 * abs(loss)
+    assert rel_error(logits, tlogits) < 1e-5
+    check_parity(grads, tgrads, tol=1e-5, verbose=False)
+
+
+def test_same_seed_same_start_and_weights_round_trip():
+    cfg = config(positional="learned")
+    m = Transformer(cfg, seed=3)
+    twin = TorchTransformer(cfg, seed=3)
+    assert dict(twin.named_parameters()).keys() == m.params.keys()
+    assert all(np.array_equal(p, m.params[k]) for k, p in twin.numpy_params().items())
+    assert twin.num_parameters() == m.num_parameters()
+    # export back, in place
+    with torch.no_grad():
+        twin.out_proj.W.mul_(2.0)
+    twin.export_to(m)
+    assert np.array_equal(m.params["out_proj.W"], 2 * Transformer(cfg, seed=3).params["out_proj.W"])
+    ref = ReferenceTransformer(cfg, seed=3)
+    assert all(np.array_equal(p, Transformer(cfg, seed=3).params[k])
+               for k, p in ref.numpy_params().items())
+
+
+def test_from_scratch_means_no_torch_layers():
+    twin = TorchTransformer(config())
+    forbidden = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder,
+                 nn.TransformerDecoder, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+                 nn.LayerNorm, nn.Linear)
+    assert not [m for m in twin.modules() if isinstance(m, forbidden)]
+    assert sum(isinstance(m, MultiHeadAttention) for m in twin.modules()) == 2 + 2 * 2
+
+
+def test_state_dict_loads_into_plain_nn_transformer():
+    cfg = config(norm_first=True)
+    m = numpy_model(cfg)
+    core = ReferenceTransformer.make_core(cfg)
+    core.load_state_dict(nn_transformer_state(m))  # strict: every tensor present, right shapes
+    rng = np.random.default_rng(0)
+    src, tgt = rng.standard_normal((2, 5, 12)), rng.standard_normal((2, 4, 12))
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    out = core(torch.from_numpy(src), torch.from_numpy(tgt), tgt_mask=causal)
+    out.sum().backward()
+    from transformer_lab import blocks as B
+    from transformer_lab.attention import causal_mask
+    enc, dec = m._nested()
+    mem, _ = B.encoder_forward(src, enc, 3, norm_first=True)
+    ours, _ = B.decoder_forward(tgt, mem, dec, 3, tgt_mask=causal_mask(4), norm_first=True)
+    assert rel_error(ours, out.detach().numpy()) < 1e-10
+    grads = nn_transformer_grads(core, cfg)
+    assert set(grads) == {k for k in m.params if k.startswith(("encoder.", "decoder."))}
+
+
+def test_greedy_decode_and_attention_maps_match_numpy():
+    m = numpy_model(config())
+    m.params["out_proj.b"][EOS] += 1.5
+    twin = TorchTransformer.from_numpy(m)
+    ours, theirs = m.greedy_decode(SRC), twin.greedy_decode(SRC)
+    assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert np.array_equal(m.greedy_decode(SRC, padded=True), twin.greedy_decode(SRC, padded=True))
+    maps, tmaps = m.attention_maps(SRC, TGT[:, :-1]), twin.attention_maps(SRC, TGT[:, :-1])
+    assert list(maps) == list(tmaps)
+    for k in maps:
+        assert rel_error(maps[k], tmaps[k]) < 1e-10
+
+
+def test_an_all_padding_source_gives_zeros_not_nan():
+    m = numpy_model(config())
+    src = SRC.copy()
+    src[1] = PAD  # nothing to attend to in the encoder and in the cross-attention
+    loss, grads = m.loss(src, TGT)
+    twin = TorchTransformer.from_numpy(m)
+    tloss = twin.loss(src, TGT)
+    tloss.backward()
+    assert np.isfinite(loss) and abs(loss - tloss.item()) < 1e-10
+    check_parity(grads, twin.numpy_grads(), tol=1e-10, verbose=False)
+
+
+def test_bad_input():
+    twin = TorchTransformer(config())
+    with pytest.raises(ValueError, match="src must be token ids below the vocabulary size 9"):
+        twin(SRC + 9, TGT[:, :-1])
+    with pytest.raises(ValueError, match="tgt must have at least 2 columns and start with"):
+        twin.loss(SRC, TGT[:, 1:])
+    with pytest.raises(TypeError, match="model must be a transformer_lab.transformer.Transformer"):
+        TorchTransformer.from_numpy(twin)
+    with pytest.raises(ValueError, match="missing"):
+        twin.load_numpy_params({"src_embed.W": np.zeros((9, 12))})
