@@ -36,6 +36,40 @@ def test_splits_are_seeded_disjoint_and_sized():
     assert D.make_splits(task, 300, 50, seed=4) != (train, test)
 
 
+def test_held_out_sources_are_a_random_subset_not_the_first_drawn():
+    # only 10 sources of length 1 and 100 of length 2 exist: they are drawn early and often.
+    # Holding out the first sources drawn would hold out nearly all of them; a random subset
+    # leaves most of them to train on.
+    task = D.get_task("reverse", max_len=10)
+    train, test = D.make_splits(task, 20000, 1000, seed=0)
+    short_train = sum(len(s) <= 2 for s, _ in train)
+    short_test = sum(len(s) <= 2 for s, _ in test)
+    assert short_train > 10 * short_test
+    lengths = np.bincount([len(s) for s, _ in test], minlength=11)
+    assert lengths[1:3].sum() < 0.02 * len(test) and lengths[10] > 0.1 * len(test)
+
+
+def test_bucketed_batches_cover_every_pair_once_with_little_padding():
+    task = D.get_task("copy", max_len=10)
+    pairs, _ = D.make_splits(task, 1000, 0, seed=1)
+    rng = np.random.default_rng(0)
+    batches = list(D.bucketed_batches(pairs, 32, rng, pool=8))
+    assert [b[0].shape[0] for b in batches].count(32) == 31 and len(batches) == 32
+    seen = sorted(D.strip(row) for src, _ in batches for row in src)
+    assert seen == sorted(s for s, _ in pairs)
+    targets = sorted(D.strip(row) for _, tgt in batches for row in tgt)
+    assert targets == sorted(t for _, t in pairs)
+    bucketed = np.mean([np.mean(src == D.PAD) for src, _ in batches])
+    plain = np.mean([np.mean(src == D.PAD)
+                     for src, _ in D.iterate_batches(pairs, 32, np.random.default_rng(0))])
+    assert bucketed < 0.3 * plain
+    assert len(list(D.bucketed_batches(pairs, 32, rng, drop_last=True))) == 31
+    again = list(D.bucketed_batches(pairs, 32, np.random.default_rng(0), pool=8))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(batches, again))  # seeded
+    with pytest.raises(ValueError, match="pool must be a positive integer"):
+        next(D.bucketed_batches(pairs, 32, rng, pool=0))
+
+
 def test_splits_refuse_more_than_the_task_has():
     task = D.get_task("copy", min_len=1, max_len=1, num_symbols=3)
     with pytest.raises(ValueError, match="exceeds the 3 distinct sources"):

@@ -108,8 +108,12 @@ def get_task(name: str, min_len: int = 1, max_len: int | None = None,
 def make_splits(task: Task, n_train: int, n_test: int, seed: int = 0):
     """Distinct (source, target) pairs: a training set and a held-out set sharing no source.
 
-    Sources are drawn until ``n_train + n_test`` distinct ones exist; the held-out set is the
-    first ``n_test`` of them in drawing order, the rest is the training set.
+    Sources are drawn until ``n_train + n_test`` distinct ones exist; then a random ``n_test``
+    of them (chosen with the same seed) are held out and the rest, in random order, are the
+    training set. Choosing the held-out sources at random among the distinct ones matters: the
+    few short sources (a task with 10 symbols has only 10 of length 1) are drawn again and again
+    early on, so "the first ``n_test`` drawn" would hold out nearly all of them and leave none to
+    train on.
 
     Returns:
         train, test: lists of (source, target) tuples of token ids (no special tokens).
@@ -133,7 +137,8 @@ def make_splits(task: Task, n_train: int, n_test: int, seed: int = 0):
             raise ValueError(f"could not draw {want} distinct sources for task {task.name!r}; "
                              "use longer sequences or fewer examples")
     pairs = list(seen.items())
-    return pairs[n_test:], pairs[:n_test]
+    order = rng.permutation(len(pairs))
+    return [pairs[i] for i in order[n_test:]], [pairs[i] for i in order[:n_test]]
 
 
 def _num_sources(task: Task) -> int:
@@ -183,6 +188,35 @@ def iterate_batches(pairs: Sequence[tuple], batch_size: int, rng: np.random.Gene
     for start in range(0, stop, batch_size):
         chunk = [pairs[i] for i in order[start:start + batch_size]]
         yield pad([s for s, _ in chunk]), pad([t for _, t in chunk], bos_eos=True)
+
+
+def bucketed_batches(pairs: Sequence[tuple], batch_size: int, rng: np.random.Generator,
+                     pool: int = 16, drop_last: bool = False
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Like :func:`iterate_batches` (one shuffled pass), but each batch holds sequences of
+    similar length, so that little of it is padding.
+
+    The shuffled pairs are taken ``pool * batch_size`` at a time; each such pool is sorted by
+    source length (then target length), cut into batches, and its batches are yielded in a
+    random order. Every pair still appears exactly once per pass.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
+        raise ValueError(f"pool must be a positive integer, got {pool!r}")
+    order = rng.permutation(len(pairs))
+    stop = len(pairs) - (len(pairs) % batch_size if drop_last else 0)
+    order = order[:stop]
+    chunk = pool * batch_size
+    for start in range(0, len(order), chunk):
+        idx = order[start:start + chunk]
+        keys = np.array([(len(pairs[i][0]), len(pairs[i][1])) for i in idx]).reshape(-1, 2)
+        idx = idx[np.lexsort((keys[:, 1], keys[:, 0]))]
+        batches = [idx[b:b + batch_size] for b in range(0, len(idx), batch_size)]
+        for k in rng.permutation(len(batches)):
+            group = [pairs[i] for i in batches[k]]
+            yield pad([s for s, _ in group]), pad([t for _, t in group], bos_eos=True)
 
 
 def strip(ids: Sequence[int]) -> tuple[int, ...]:
