@@ -413,3 +413,156 @@ def test_attention_rejects_bad_input(rng):
         A.multi_head_attention_backward(q, cache, params)
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 3, 4\)"):
         A.self_attention_backward(q[:, :2], cache, params)
+
+
+# ------------------------------------------------------------------ outputs, dout, NaN, init
+
+def test_per_head_weights_are_read_only_and_editing_them_cannot_change_gradients(rng):
+    params = A.mha_init(4, 2, rng=rng, dtype=np.float64)
+    q, kv = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4))
+    dout = rng.standard_normal((2, 3, 4))
+    out, w, cache = A.multi_head_attention_forward(q, kv, kv, params, 2,
+                                                   average_attn_weights=False)
+    expected = A.multi_head_attention_backward(dout, A.multi_head_attention_forward(
+        q, kv, kv, params, 2, average_attn_weights=False)[2], params)
+    assert w.shape == (2, 2, 3, 5) and not w.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        w[...] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        cache.attention.weights[:, :, 0] = 0
+    got = A.multi_head_attention_backward(dout, cache, params)
+    for a, b in zip(got[:3], expected[:3], strict=True):
+        np.testing.assert_array_equal(a, b)
+    # averaged weights are a new array, the caller's to edit
+    _, w_avg, cache = A.self_attention_forward(q, params, 2)
+    w_avg[...] = 0
+    assert cache.attention.weights.sum() > 0
+    # scaled dot-product attention: the same buffer
+    _, c = A.scaled_dot_product_attention_forward(q, kv, kv)
+    with pytest.raises(ValueError, match="read-only"):
+        c.weights[0] = 0
+
+
+def test_need_weights_false_returns_no_weights(rng):
+    params = A.mha_init(4, 2, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((2, 3, 4))
+    out, w, _ = A.self_attention_forward(x, params, 2, need_weights=False)
+    out2, w2, _ = A.multi_head_attention_forward(x, x, x, params, 2, need_weights=False)
+    assert w is None and w2 is None
+    np.testing.assert_allclose(out, A.self_attention_forward(x, params, 2)[0], rtol=1e-14)
+    np.testing.assert_allclose(out2, out, rtol=1e-12)
+    with pytest.raises(TypeError, match="need_weights must be True or False, got 'no'"):
+        A.self_attention_forward(x, params, 2, need_weights="no")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_backwards_check_dout_and_dweights(rng, dtype):
+    other = np.float64 if dtype == np.float32 else np.float32
+    q, k, v = (rng.standard_normal((2, 3, 4)).astype(dtype) for _ in range(3))
+    params = A.mha_init(4, 2, rng=rng, dtype=dtype)
+    _, sd = A.scaled_dot_product_attention_forward(q, k, v)
+    _, w, mha = A.multi_head_attention_forward(q, k, v, params, 2)
+    _, wh, mha_h = A.multi_head_attention_forward(q, k, v, params, 2, average_attn_weights=False)
+    _, _, sa = A.self_attention_forward(q, params, 2)
+    backwards = [lambda d, dw=None: A.scaled_dot_product_attention_backward(d, sd, dw),
+                 lambda d, dw=None: A.multi_head_attention_backward(d, mha, params, dw),
+                 lambda d, dw=None: A.multi_head_attention_backward(d, mha_h, params, dw),
+                 lambda d, dw=None: A.self_attention_backward(d, sa, params, dw)]
+    weights = [sd.weights, w, wh, w]
+    for bwd, wt in zip(backwards, weights, strict=True):
+        with pytest.raises(TypeError, match="dout must be a NumPy array, got list"):
+            bwd(q.tolist())
+        with pytest.raises(TypeError, match=rf"dout must have the dtype of the forward output "
+                                            rf"\({np.dtype(dtype)}\), got {np.dtype(other)}"):
+            bwd(q.astype(other))
+        with pytest.raises(ValueError, match=r"dout must have shape \(2, 3, 4\)"):
+            bwd(q[:, :2])
+        with pytest.raises(TypeError, match="dweights must be a NumPy array"):
+            bwd(q, wt.tolist())
+        with pytest.raises(TypeError, match=rf"dweights must have the dtype of the .*weights.* "
+                                            rf"\({np.dtype(dtype)}\), got {np.dtype(other)}"):
+            bwd(q, np.ones(wt.shape, other))
+        with pytest.raises(ValueError, match=rf"dweights must have shape {re_shape(wt.shape)}"):
+            bwd(q, np.ones(wt.shape[:-1], dtype))
+        assert bwd(q, np.ones(wt.shape, dtype))[0].dtype == dtype
+
+
+def re_shape(shape):
+    return str(tuple(shape)).replace("(", r"\(").replace(")", r"\)")
+
+
+def test_scale_must_be_a_finite_positive_number(rng):
+    q, k, v = (rng.standard_normal((2, 3, 4)) for _ in range(3))
+    for bad, error, message in [("a", TypeError, "scale must be a number, got 'a'"),
+                                (float("nan"), ValueError, "scale must be finite"),
+                                (np.inf, ValueError, "scale must be finite"),
+                                (0.0, ValueError, "scale must be positive"),
+                                (-0.5, ValueError, "scale must be positive"),
+                                (True, TypeError, "scale must be a number")]:
+        with pytest.raises(error, match=message):
+            A.scaled_dot_product_attention_forward(q, k, v, scale=bad)
+    out, _ = A.scaled_dot_product_attention_forward(q, k, v, scale=np.float32(0.5))
+    np.testing.assert_array_equal(out, A.scaled_dot_product_attention_forward(q, k, v,
+                                                                              scale=0.5)[0])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_nan_or_infinite_queries_or_keys_raise_instead_of_nan(rng, bad, where, masked):
+    q, k, v = (np.abs(rng.standard_normal((2, 3, 4))) + 0.1 for _ in range(3))
+    (q if where == "q" else k)[1, 2, 0] = bad  # a NaN or +inf score (q and k are positive)
+    am = A.causal_mask(3) if masked else None
+    with pytest.raises(ValueError, match="q and k must be finite"):
+        A.scaled_dot_product_attention_forward(q, k, v, attn_mask=am)
+    # a -inf score is a key with weight 0, as a mask would make it: no NaN anywhere
+    k[1, 2, 0] = -np.inf
+    q[1, 2, 0] = 1.0
+    out, cache = A.scaled_dot_product_attention_forward(q, k, v, attn_mask=am)
+    assert np.isfinite(out).all() and np.all(cache.weights[1, :, 2] == 0)
+
+
+def test_split_and_merge_heads_check_their_input(rng):
+    x = rng.standard_normal((2, 3, 4))
+    with pytest.raises(ValueError, match=r"x.shape\[-1\] = 4\) must be divisible by "
+                                         "num_heads = 3"):
+        A.split_heads(x, 3)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        A.split_heads(x, 0)
+    with pytest.raises(ValueError, match=r"x must be a NumPy array of shape \(B, T, E\), "
+                                         r"got shape \(3, 4\)"):
+        A.split_heads(x[0], 2)
+    with pytest.raises(TypeError, match=r"x must be a NumPy array .* got list"):
+        A.split_heads(x.tolist(), 2)
+    with pytest.raises(ValueError, match=r"shape \(B, H, T, Dh\), got shape \(2, 3, 4\)"):
+        A.merge_heads(x)
+    assert np.array_equal(A.merge_heads(A.split_heads(x, 2)), x)
+
+
+def test_padding_mask_checks_max_len():
+    with pytest.raises(TypeError, match="max_len must be an integer, got '3'"):
+        A.padding_mask(np.array([1, 2]), max_len="3")
+    with pytest.raises(ValueError, match="max_len must be at least 0, got -1"):
+        A.padding_mask(np.array([0]), max_len=-1)
+    assert A.padding_mask(np.array([1]), max_len=np.int64(2)).tolist() == [[False, True]]
+
+
+def test_mha_init_checks_its_arguments_and_is_deterministic(rng):
+    for kw, error, message in [(dict(kdim=-1), ValueError, "kdim must be at least 1, got -1"),
+                               (dict(kdim=0), ValueError, "kdim must be at least 1, got 0"),
+                               (dict(vdim=0), ValueError, "vdim must be at least 1, got 0"),
+                               (dict(kdim="3"), TypeError, "kdim must be an integer"),
+                               (dict(dtype=int), TypeError, "dtype must be np.float32 or "
+                                                            "np.float64"),
+                               (dict(dtype=np.float16), TypeError, "dtype must be"),
+                               (dict(rng=0), TypeError, "rng must be a NumPy random Generator")]:
+        with pytest.raises(error, match=message):
+            A.mha_init(4, 2, **kw)
+    p = A.mha_init(4, 2, kdim=np.int64(3), vdim=5)
+    assert p["W_k"].shape == (3, 4) and p["W_v"].shape == (5, 4)
+    a, b = A.mha_init(4, 2), A.mha_init(4, 2)  # default rng: np.random.default_rng(0)
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    seeded = A.mha_init(4, 2, rng=np.random.default_rng(0))
+    assert all(np.array_equal(a[n], seeded[n]) for n in a)
+    other = A.mha_init(4, 2, rng=np.random.default_rng(1))
+    assert not np.array_equal(a["W_q"], other["W_q"])

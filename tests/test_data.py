@@ -66,7 +66,7 @@ def test_bucketed_batches_cover_every_pair_once_with_little_padding():
     assert len(list(D.bucketed_batches(pairs, 32, rng, drop_last=True))) == 31
     again = list(D.bucketed_batches(pairs, 32, np.random.default_rng(0), pool=8))
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(batches, again))  # seeded
-    with pytest.raises(ValueError, match="pool must be a positive integer"):
+    with pytest.raises(ValueError, match="pool must be at least 1, got 0"):
         next(D.bucketed_batches(pairs, 32, rng, pool=0))
 
 
@@ -103,9 +103,59 @@ def test_data_rejects_bad_input():
         D.get_task("translate")
     with pytest.raises(ValueError, match="min_len must be at most max_len"):
         D.get_task("copy", min_len=5, max_len=2)
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         next(D.iterate_batches([((3,), (3,))], 0))
     with pytest.raises(ValueError, match="length must be at least the longest"):
         D.pad([(3, 4)], length=1)
     with pytest.raises(ValueError, match="same length"):
         D.exact_match([[3]], [])
+
+
+def test_splits_check_task_and_seed():
+    task = D.get_task("copy", max_len=3)
+    with pytest.raises(TypeError, match=r"task must be a Task, e.g. get_task\('copy'\)"):
+        D.make_splits("copy", 10, 2)
+    for bad, error, message in [(-1, ValueError, "seed must be at least 0, got -1"),
+                                ("x", TypeError, "seed must be an integer, got 'x'"),
+                                (None, TypeError, "seed must be an integer"),
+                                (1.0, TypeError, "seed must be an integer")]:
+        with pytest.raises(error, match=message):
+            D.make_splits(task, 10, 2, seed=bad)
+    with pytest.raises(TypeError, match="n_train must be an integer"):
+        D.make_splits(task, 10.0, 2)
+    assert D.make_splits(task, 10, 2, seed=np.int64(3)) == D.make_splits(task, 10, 2, seed=3)
+    with pytest.raises(TypeError, match="rng must be a NumPy random Generator"):
+        task.sample(0)
+
+
+def test_batches_check_their_arguments_when_called():
+    pairs = [((3, 4), (4, 3)), ((5,), (5,))]
+    with pytest.raises(TypeError, match=r"rng must be a NumPy random Generator, e.g. "
+                                        r"np.random.default_rng\(0\), got 0"):
+        D.iterate_batches(pairs, 2, rng=0)  # at the call, before the first batch
+    with pytest.raises(TypeError, match="rng must be a NumPy random Generator, .* got None"):
+        D.bucketed_batches(pairs, 2, None)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        D.bucketed_batches(pairs, 2.0, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="pool must be an integer"):
+        D.bucketed_batches(pairs, 2, np.random.default_rng(0), pool="4")
+    src, tgt = next(D.iterate_batches(pairs, np.int64(2)))
+    assert src.shape == (2, 2) and tgt.shape == (2, 4)
+
+
+def test_pad_and_detokenize_check_their_arguments():
+    with pytest.raises(TypeError, match="length must be an integer, got 2.0"):
+        D.pad([(3, 4)], length=2.0)
+    assert D.pad([(3, 4)], length=np.int64(3)).tolist() == [[3, 4, 0]]
+    task = D.get_task("reverse")  # 13 tokens
+    with pytest.raises(ValueError, match=r"ids must be token ids of task 'reverse', in "
+                                         r"\[0, 13\), found 99"):
+        D.detokenize([1, 3, 99, 2], task)
+    with pytest.raises(ValueError, match=r"found -1"):
+        D.detokenize([3, -1], task)
+    assert D.detokenize([1, 3, 4, 2, 99], task) == "a b"  # nothing after </s> is read
+    with pytest.raises(TypeError, match="task must be a Task"):
+        D.detokenize([3], "reverse")
+    with pytest.raises(TypeError, match="max_len must be an integer"):
+        D.get_task("copy", max_len=5.0)
+    assert D.get_task("copy", min_len=np.int64(2), max_len=np.int32(4)).max_len == 4

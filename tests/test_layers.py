@@ -310,7 +310,7 @@ def test_other_layers_reject_bad_input(rng):
     x = rng.standard_normal((2, 4))
     with pytest.raises(ValueError, match=r"gamma must have shape \(4,\)"):
         L.layer_norm_forward(x, np.ones(3))
-    with pytest.raises(ValueError, match="eps must be a non-negative"):
+    with pytest.raises(ValueError, match="eps must be at least 0, got -1.0"):
         L.layer_norm_forward(x, eps=-1.0)
     with pytest.raises(ValueError, match='approximate must be "none" or "tanh"'):
         L.gelu_forward(x, "erf")
@@ -324,3 +324,183 @@ def test_other_layers_reject_bad_input(rng):
         L.positional_encoding_forward(rng.standard_normal((1, 5, 4)), L.positional_encoding(3, 4))
     with pytest.raises(ValueError, match="table must have x.shape"):
         L.positional_encoding_forward(rng.standard_normal((1, 2, 4)), L.positional_encoding(3, 6))
+
+
+# ------------------------------------------------------------------ outputs, dout, NaN
+
+def _pairs(rng, dtype):
+    """(name, forward(x) -> (out, cache), backward, x) for every forward/backward pair."""
+    x = (rng.standard_normal((2, 3, 4)) * 2).astype(dtype)
+    W = rng.standard_normal((4, 5)).astype(dtype)
+    g, b = rng.standard_normal(4).astype(dtype), rng.standard_normal(4).astype(dtype)
+    table = L.positional_encoding(6, 4, dtype=dtype)
+    ids = np.array([[0, 2, 2], [1, 0, 2]])
+    return [
+        ("linear", lambda x: L.linear_forward(x, W, b[:1].repeat(5)),
+         lambda d, c: L.linear_backward(d, c)[0], x),
+        ("relu", L.relu_forward, L.relu_backward, x),
+        ("gelu", L.gelu_forward, L.gelu_backward, x),
+        ("activation", lambda x: L.activation_forward(x, "gelu_tanh"), L.activation_backward, x),
+        ("softmax", L.softmax_forward, L.softmax_backward, x),
+        ("log_softmax", L.log_softmax_forward, L.log_softmax_backward, x),
+        ("layer_norm", lambda x: L.layer_norm_forward(x, g, b),
+         lambda d, c: L.layer_norm_backward(d, c)[0], x),
+        ("layer_norm_no_affine", L.layer_norm_forward,
+         lambda d, c: L.layer_norm_backward(d, c)[0], x),
+        ("layer_norm_beta_only", lambda x: L.layer_norm_forward(x, None, b),
+         lambda d, c: L.layer_norm_backward(d, c)[0], x),
+        ("embedding", lambda W: L.embedding_forward(ids, W), L.embedding_backward, x[0]),
+        ("positional", lambda x: L.positional_encoding_forward(x, table),
+         L.positional_encoding_backward, x),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_editing_an_output_in_place_does_not_change_the_gradients(rng, dtype):
+    for name, fwd, bwd, x in _pairs(rng, dtype):
+        out, cache = fwd(x)
+        dout = rng.standard_normal(out.shape).astype(dtype)
+        expected = bwd(dout, fwd(x)[1])
+        if out.flags.writeable:
+            out[...] = 7.0
+        else:  # an output that is also the cache is read-only
+            with pytest.raises(ValueError, match="read-only"):
+                out[...] = 7.0
+        np.testing.assert_array_equal(bwd(dout, cache), expected, err_msg=name)
+
+
+def test_layer_norm_without_affine_returns_a_new_array(rng):
+    out, cache = L.layer_norm_forward(rng.standard_normal((3, 4)))
+    assert out.flags.writeable and not np.shares_memory(out, cache.xhat)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_backward_checks_dout(rng, dtype):
+    other = np.float64 if dtype == np.float32 else np.float32
+    for name, fwd, bwd, x in _pairs(rng, dtype):
+        out, cache = fwd(x)
+        with pytest.raises(TypeError, match="dout must be a NumPy array, got list"):
+            bwd(out.tolist(), cache)
+        with pytest.raises(TypeError, match=f"dout must have the dtype of the forward output "
+                                            rf"\({np.dtype(dtype)}\), got {np.dtype(other)}"):
+            bwd(np.ones(out.shape, other), cache)
+        with pytest.raises(ValueError, match=r"dout must have shape"):
+            bwd(np.ones(out.shape[1:], dtype), cache)
+        assert bwd(np.ones(out.shape, dtype), cache).dtype == dtype, name
+
+
+def test_backward_functions_refuse_a_foreign_cache(rng):
+    x = rng.standard_normal((2, 3))
+    _, soft = L.softmax_forward(x)
+    for bwd in (L.relu_backward, L.gelu_backward, L.layer_norm_backward, L.embedding_backward,
+                L.positional_encoding_backward, L.cross_entropy_backward):
+        with pytest.raises(TypeError, match="cache must be the"):
+            bwd(x, soft) if bwd is not L.cross_entropy_backward else bwd(1.0, soft)
+        with pytest.raises(ValueError, match="call the forward function first"):
+            bwd(x, None) if bwd is not L.cross_entropy_backward else bwd(1.0, None)
+    with pytest.raises(TypeError, match="activation_backward: cache must be the"):
+        L.activation_backward(x, ("swish", None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_backward_checks_dloss(rng, dtype):
+    logits = rng.standard_normal((3, 4)).astype(dtype)
+    _, cache = L.cross_entropy_forward(logits, np.array([0, 1, 3]))
+    for bad, error, message in [("1", TypeError, "dloss must be a number, got '1'"),
+                                (True, TypeError, "dloss must be a number, got True"),
+                                (np.ones(1), TypeError, "dloss must be a number"),
+                                (float("nan"), ValueError, "dloss must be finite"),
+                                (np.inf, ValueError, "dloss must be finite")]:
+        with pytest.raises(error, match=message):
+            L.cross_entropy_backward(bad, cache)
+    d1 = L.cross_entropy_backward(np.float32(2.0), cache)
+    d2 = L.cross_entropy_backward(2, cache)
+    assert d1.dtype == d2.dtype == dtype and np.array_equal(d1, d2)
+    np.testing.assert_allclose(d1, 2 * L.cross_entropy_backward(1.0, cache), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fwd", [L.softmax_forward, L.log_softmax_forward])
+@pytest.mark.parametrize("row,what", [([-np.inf, -np.inf, -np.inf], "only -inf"),
+                                      ([0.0, np.inf, 1.0], r"\+inf"),
+                                      ([0.0, np.nan, 1.0], "a NaN")])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_softmax_refuses_rows_that_would_give_nan(fwd, row, what, axis):
+    x = np.zeros((3, 3))
+    x[1] = row
+    x = x if axis == 1 else x.T.copy()
+    with pytest.raises(ValueError, match=f"every slice along axis {axis}.*holds {what}"):
+        fwd(x, axis)
+    ok = np.zeros((3, 3))
+    ok[1] = [-np.inf, 0.0, -np.inf]  # -inf entries are fine while a row has a finite one
+    out, _ = fwd(ok if axis == 1 else ok.T.copy(), axis)
+    assert not np.isnan(out).any()
+
+
+def test_layer_norm_eps_zero_refuses_constant_rows_and_eps_is_a_real_number(rng):
+    x = rng.standard_normal((3, 4))
+    x[1] = 2.5  # variance 0
+    with pytest.raises(ValueError, match=r"x has a row whose entries are all equal .* eps=0.0"):
+        L.layer_norm_forward(x, eps=0)
+    with pytest.raises(ValueError, match="x has a row .* eps=1e-50"):
+        L.layer_norm_forward(x.astype(np.float32), eps=1e-50)  # 0 in float32
+    out, _ = L.layer_norm_forward(x, eps=1e-5)
+    assert np.isfinite(out).all() and np.all(out[1] == 0)
+    np.testing.assert_allclose(L.layer_norm_forward(x[[0, 2]], eps=0)[0],
+                               L.layer_norm_forward(x[[0, 2]], eps=0.0)[0])
+    ref = L.layer_norm_forward(x, eps=1e-5)[0]
+    np.testing.assert_array_equal(L.layer_norm_forward(x, eps=np.float64(1e-5))[0], ref)
+    L.layer_norm_forward(x.astype(np.float32), eps=np.float32(1e-5))  # NumPy scalars are fine
+    for bad, error, message in [(True, TypeError, "eps must be a number, got True"),
+                                ("1e-5", TypeError, "eps must be a number"),
+                                (float("nan"), ValueError, "eps must be finite"),
+                                (-1e-5, ValueError, "eps must be at least 0")]:
+        with pytest.raises(error, match=message):
+            L.layer_norm_forward(x, eps=bad)
+
+
+def test_positional_encoding_checks_base_and_dtype():
+    for bad, error, message in [(0, ValueError, "base must be positive, got 0"),
+                                (-10.0, ValueError, "base must be positive"),
+                                (float("nan"), ValueError, "base must be finite"),
+                                ("1e4", TypeError, "base must be a number")]:
+        with pytest.raises(error, match=message):
+            L.positional_encoding(4, 6, base=bad)
+    for bad in (int, np.int64, "int32", np.float16, None, bool):
+        with pytest.raises(TypeError, match="dtype must be np.float32 or np.float64"):
+            L.positional_encoding(4, 6, dtype=bad)
+    assert L.positional_encoding(4, 6, base=np.float32(100), dtype="float32").dtype == np.float32
+
+
+def test_other_integer_arguments_are_checked(rng):
+    x = rng.standard_normal((2, 3))
+    with pytest.raises(TypeError, match="axis must be an integer, got 'a'"):
+        L.softmax_forward(x, axis="a")
+    assert L.softmax_forward(x, axis=np.int64(0))[1].axis == 0
+    with pytest.raises(TypeError, match="padding_idx must be an integer, got '1'"):
+        L.embedding_forward(np.array([0, 1]), x, padding_idx="1")
+    with pytest.raises(ValueError, match=r"padding_idx must be in \[0, 2\), got 2"):
+        L.embedding_forward(np.array([0, 1]), x, padding_idx=2)
+    with pytest.raises(TypeError, match="ignore_index must be an integer, got 'x'"):
+        L.cross_entropy_forward(x, np.array([0, 1]), ignore_index="x")
+
+
+# ------------------------------------------------------------------ embedding backward
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,vocab", [((4, 6), 5), ((64, 12), 14), ((3, 7), 1000),
+                                         ((5,), 3), ((2, 0), 4)])
+@pytest.mark.parametrize("padding_idx", [None, 1])
+def test_embedding_backward_equals_add_at(rng, dtype, shape, vocab, padding_idx):
+    W = rng.standard_normal((vocab, 8)).astype(dtype)
+    ids = rng.integers(0, min(vocab, 6), size=shape)  # many repeats, some rows unused
+    out, cache = L.embedding_forward(ids, W, padding_idx=padding_idx)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    ref = np.zeros((vocab, 8))
+    np.add.at(ref, ids.reshape(-1), dout.reshape(-1, 8).astype(np.float64))
+    if padding_idx is not None:
+        ref[padding_idx] = 0
+    dW = L.embedding_backward(dout, cache)
+    assert dW.dtype == dtype and dW.shape == W.shape
+    np.testing.assert_allclose(dW, ref, rtol=TOL[dtype], atol=10 * TOL[dtype])
+    unused = np.setdiff1d(np.arange(vocab), ids)
+    assert np.all(dW[unused] == 0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_lab.optim import SGD, Adam, AdamW, WarmupSchedule, clip_grad_norm
+from transformer_lab.optim import SGD, Adam, AdamW, WarmupSchedule, clip_grad_norm, global_norm
 
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
 
@@ -79,7 +79,7 @@ def test_warmup_schedule_shapes():
 
 def test_optimizers_reject_bad_input():
     p = {"W": np.zeros((2, 2))}
-    with pytest.raises(ValueError, match="lr must be a non-negative number"):
+    with pytest.raises(ValueError, match="lr must be at least 0, got -1"):
         SGD(p, lr=-1)
     with pytest.raises(TypeError, match="params must be a non-empty dict"):
         Adam({}, lr=0.1)
@@ -94,7 +94,7 @@ def test_optimizers_reject_bad_input():
         opt.step({"W": np.zeros(2)})
     with pytest.raises(ValueError, match="contains NaN"):
         opt.step({"W": np.full((2, 2), np.nan)})
-    with pytest.raises(ValueError, match="max_norm must be a positive"):
+    with pytest.raises(ValueError, match="max_norm must be positive, got 0"):
         clip_grad_norm({"W": np.ones(2)}, 0)
     with pytest.raises(ValueError, match="nesterov needs momentum"):
         SGD(p, lr=0.1, nesterov=True)
@@ -102,3 +102,114 @@ def test_optimizers_reject_bad_input():
         WarmupSchedule(1.0, 10, 5)
     with pytest.raises(ValueError, match="decay must be"):
         WarmupSchedule(1.0, 10, 50, decay="step")
+
+
+# ------------------------------------------------------------------ atomic steps, lr, numbers
+
+def _state(opt):
+    """Everything a step may change, copied."""
+    arrays = {f"param.{n}": p for n, p in opt.params.items()}
+    for attr in ("m", "v", "buffers"):
+        arrays.update({f"{attr}.{n}": a for n, a in getattr(opt, attr, {}).items()})
+    return {n: a.copy() for n, a in arrays.items()}, opt.steps
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+    lambda p: Adam(p, lr=0.1, weight_decay=0.01),
+    lambda p: AdamW(p, lr=0.1),
+])
+@pytest.mark.parametrize("bad", ["nan", "inf", "shape", "dtype", "list"])
+def test_a_failing_step_changes_nothing(make, bad):
+    rng = np.random.default_rng(0)
+    params = {"W": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
+    opt = make(params)
+    opt.step({"W": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)})  # state exists
+    before, steps = _state(opt)
+    b = {"nan": np.array([0.1, np.nan, 0.2, 0.3]), "inf": np.array([0.1, 0.2, np.inf, 0.3]),
+         "shape": np.zeros(3), "dtype": np.zeros(4, np.float32), "list": [0.1, 0.2, 0.3, 0.4]}[bad]
+    with pytest.raises((ValueError, TypeError), match=r"grads\['b'\]"):
+        opt.step({"W": rng.standard_normal((3, 4)), "b": b})  # W comes first and is fine
+    after, steps_after = _state(opt)
+    assert steps_after == steps == 1 and after.keys() == before.keys()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+
+
+def test_lr_is_checked_whenever_it_is_set():
+    opt = Adam({"W": np.zeros((2, 2))}, lr=0.1)
+    for bad, error, message in [(float("nan"), ValueError, "lr must be finite"),
+                                (-0.1, ValueError, "lr must be at least 0"),
+                                ("0.1", TypeError, "lr must be a number"),
+                                (None, TypeError, "lr must be a number"),
+                                (True, TypeError, "lr must be a number")]:
+        with pytest.raises(error, match=message):
+            opt.lr = bad
+        assert opt.lr == 0.1
+    opt.lr = np.float32(0.5)
+    assert opt.lr == 0.5 and type(opt.lr) is float
+    with pytest.raises(ValueError, match="lr must be finite"):
+        SGD({"W": np.zeros(2)}, lr=np.inf)
+
+
+def test_numpy_scalars_are_accepted_and_give_the_same_steps():
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal((2, 3)).astype(np.float32) * 3 for _ in range(3)]
+    results = []
+    for num in (float, np.float32, np.float64):
+        p = {"W": np.ones((2, 3), np.float32)}
+        opt = Adam(p, lr=num(0.01), betas=(num(0.9), num(0.99)), eps=num(1e-8),
+                   weight_decay=num(0.0))
+        for g in grads:
+            g = {"W": g.copy()}
+            clip_grad_norm(g, max_norm=num(1.0))
+            opt.step(g)
+        results.append(p["W"])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+    np.testing.assert_array_equal(results[2], results[0])
+    s = WarmupSchedule(np.float32(1.0), np.int64(10), np.int64(110))
+    assert s(np.int64(9)) == pytest.approx(1.0) and s(np.int32(0)) == pytest.approx(0.1)
+
+
+def test_global_norm_is_the_norm_of_everything_and_clip_uses_it():
+    rng = np.random.default_rng(0)
+    grads = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal(5).astype(np.float32)}
+    flat = np.concatenate([g.ravel().astype(np.float64) for g in grads.values()])
+    assert global_norm(grads) == pytest.approx(np.linalg.norm(flat), rel=1e-6)
+    assert isinstance(global_norm(grads), float)
+    total = global_norm(grads)
+    assert clip_grad_norm(grads, max_norm=0.5 * total) == total
+    assert global_norm(grads) == pytest.approx(0.5 * total, rel=1e-5)
+    with pytest.raises(ValueError, match="grads must be a non-empty dict"):
+        global_norm({})
+    with pytest.raises(TypeError, match=r"grads\['a'\] must be a NumPy array, got list"):
+        global_norm({"a": [1.0, 2.0]})
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        clip_grad_norm(grads, "1")
+
+
+def test_schedules_and_betas_refuse_bad_numbers():
+    s = WarmupSchedule(1.0, 10, 100)
+    with pytest.raises(ValueError, match="step must be at least 0, got -5"):
+        s(-5)
+    with pytest.raises(TypeError, match="step must be an integer, got 2.5"):
+        s(2.5)
+    with pytest.raises(TypeError, match="warmup_steps must be an integer"):
+        WarmupSchedule(1.0, 10.0, 100)
+    with pytest.raises(ValueError, match="total_steps must be at least 0"):
+        WarmupSchedule(1.0, 0, -1, decay="inverse_sqrt")
+    with pytest.raises(ValueError, match="peak_lr must be finite"):
+        WarmupSchedule(float("nan"), 10, 100)
+    p = {"W": np.zeros(2)}
+    with pytest.raises(ValueError, match=r"betas must be a pair \(beta1, beta2\), got 3 values"):
+        Adam(p, betas=(0.9, 0.99, 0.999))
+    with pytest.raises(TypeError, match="betas must be a pair"):
+        Adam(p, betas=0.9)
+    with pytest.raises(TypeError, match=r"betas\[1\] must be a number"):
+        Adam(p, betas=(0.9, "0.99"))
+    with pytest.raises(ValueError, match=r"betas\[0\] must be finite"):
+        Adam(p, betas=(float("nan"), 0.99))
+    with pytest.raises(ValueError, match="momentum must be at least 0"):
+        SGD(p, lr=0.1, momentum=-0.9)
+    with pytest.raises(TypeError, match="nesterov must be True or False"):
+        SGD(p, lr=0.1, momentum=0.9, nesterov="yes")

@@ -6,6 +6,9 @@ raises ``TypeError`` / ``ValueError`` before NumPy raises a broadcasting error o
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 
@@ -48,6 +51,68 @@ def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
             raise ValueError(f"{name} must be token ids below the vocabulary size {vocab_size}, "
                              f"found {hi}")
     return ids
+
+
+def integer(value, name: str, *, minimum: int | None = None) -> int:
+    """``value`` as a Python int (any integral type but bool), at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def real(value, name: str, *, minimum: float | None = None, positive: bool = False) -> float:
+    """``value`` as a finite Python float (any real type but bool), ``>= minimum`` / ``> 0``."""
+    if type(value) is not float and (isinstance(value, bool)  # a float: the common, fast case
+                                     or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+    return value
+
+
+def grad_like(dout, name: str, shape: tuple, dtype, what: str = "the forward output") -> np.ndarray:
+    """An upstream gradient: a NumPy array of the forward output's shape and dtype."""
+    if not isinstance(dout, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(dout).__name__}")
+    if dout.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} ({what}), got {dout.shape}")
+    if dout.dtype != dtype:
+        raise TypeError(f"{name} must have the dtype of {what} ({np.dtype(dtype)}), "
+                        f"got {dout.dtype}")
+    return dout
+
+
+def float_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """``dtype`` (np.float32, np.float64, or their names) as a NumPy dtype, or a TypeError."""
+    try:
+        dt = None if dtype is None or isinstance(dtype, bool) else np.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be np.float32 or np.float64, got {dtype!r}")
+    return dt
+
+
+def generator(rng, name: str = "rng") -> np.random.Generator:
+    """``rng`` if it is a ``np.random.Generator``, else a TypeError that says how to make one."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{name} must be a NumPy random Generator, e.g. "
+                        f"np.random.default_rng(0), got {rng!r}")
+    return rng
+
+
+def boolean(value, name: str) -> bool:
+    """``value`` if it is True or False (Python or NumPy bool), else a TypeError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def positive_int(value, name: str) -> int:

@@ -11,6 +11,10 @@ Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror
   and passes on zero gradient. This is the behaviour of ``F.scaled_dot_product_attention``;
   ``nn.MultiheadAttention`` returns NaN for such rows when ``need_weights=True`` (its default)
   and its output bias when ``need_weights=False``. No NaN ever reaches other rows.
+- Attention weights handed out (``cache.weights``, per-head weights) are read-only: the
+  backward pass reads the same buffer, so editing them in place raises instead of silently
+  changing the gradients. Backward functions refuse a ``dout`` (or ``dweights``) that is not an
+  array of the forward output's (weights') shape and dtype.
 
 No Python loop runs over the batch, the heads or the positions.
 """
@@ -61,7 +65,9 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
         raise ValueError(f"lengths must be non-negative, found {lengths.min()}")
     if max_len is None:
         max_len = int(lengths.max()) if lengths.size else 0
-    elif lengths.size and lengths.max() > max_len:
+    else:
+        max_len = v.integer(max_len, "max_len", minimum=0)
+    if lengths.size and lengths.max() > max_len:
         raise ValueError(f"lengths must be at most max_len={max_len}, found {lengths.max()}")
     return np.arange(max_len)[None, :] >= lengths[:, None]
 
@@ -120,17 +126,25 @@ def _masked_softmax(scores_t: np.ndarray, mask_t) -> np.ndarray:
     because NumPy reduces over axis -2 vectorised across the contiguous query axis: about twice
     as fast as reducing each short row along the last axis (for the sum, einsum is faster still
     than ``sum``). A fully blocked query (a column of -inf) gives all zeros instead of NaN.
+    A NaN or +inf score (from a NaN or infinite q or k) raises a ValueError: the check is one
+    test over the column maxima, S times fewer numbers than the scores.
     """
     if mask_t is not None:
         scores_t += mask_t
-    col_max = scores_t.max(axis=-2, keepdims=True)
-    if mask_t is not None:
-        col_max[np.isneginf(col_max)] = 0  # exp(-inf - 0) = 0 instead of exp(nan)
+    col_max = scores_t.max(axis=-2, keepdims=True)  # NaN if the column holds a NaN
+    blocked = None
+    if not np.isfinite(col_max).all():  # rare: fully blocked queries, or bad input
+        if mask_t is not None:
+            blocked = np.isneginf(col_max)  # every key of the query masked
+            col_max[blocked] = 0  # exp(-inf - 0) = 0 instead of exp(nan)
+        if not np.isfinite(col_max).all():
+            raise ValueError("the attention scores q k^T * scale hold NaN or +inf (or, without "
+                             "a mask, only -inf): q and k must be finite")
     scores_t -= col_max
     np.exp(scores_t, out=scores_t)
-    total = np.einsum("...st->...t", scores_t)[..., None, :]
-    if mask_t is not None:
-        total[total == 0] = 1  # 0 / 1 = 0 for fully blocked queries
+    total = np.einsum("...st->...t", scores_t)[..., None, :]  # >= 1 where not blocked
+    if blocked is not None:
+        total[blocked] = 1  # 0 / 1 = 0 for fully blocked queries
     scores_t /= total
     return scores_t
 
@@ -157,11 +171,11 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
         v_: values, shape (..., S, d_v).
         attn_mask: None, or bool (True = blocked) / float (added), broadcastable to (..., T, S).
         key_padding_mask: None, or bool / float of shape (B, S), B the first axis of q.
-        scale: multiplies the scores; default ``1 / sqrt(d_k)``.
+        scale: multiplies the scores, a finite positive number; default ``1 / sqrt(d_k)``.
 
     Returns:
-        out: shape (..., T, d_v); cache (``cache.weights``, shape (..., T, S), are the
-        attention weights).
+        out: shape (..., T, d_v); cache (``cache.weights``, shape (..., T, S), read-only, are
+        the attention weights).
     """
     q = v.float_array(q, "q", min_ndim=2)
     k = v.float_array(k, "k", min_ndim=2)
@@ -179,15 +193,22 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
                          f"{v_.shape[-2]}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        scale = v.real(scale, "scale", positive=True)
     t, s = q.shape[-2], k.shape[-2]
     mask = combine_masks(attn_mask, key_padding_mask, q.shape[:-2], t, s, q.dtype)
     # The scores are computed transposed, keys first: S^T = k q^T, shape (..., S, T), so that
     # the softmax reduces over axis -2 (see _masked_softmax). The weights handed out are a
-    # transposed view, (..., T, S): the same numbers, no copy.
+    # transposed view, (..., T, S): the same numbers, no copy -- read-only, because the
+    # backward pass reads them.
     # The scale multiplies q (T x d_k numbers) rather than the scores (S x T numbers).
-    scores_t = np.matmul(k, np.swapaxes(q * q.dtype.type(scale), -1, -2))
     mask_t = None if mask is None else np.ascontiguousarray(np.swapaxes(mask, -1, -2))
-    weights = np.swapaxes(_masked_softmax(scores_t, mask_t), -1, -2)  # in place in scores_t
+    # A NaN or infinite q or k would warn here; _masked_softmax raises a ValueError instead.
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores_t = np.matmul(k, np.swapaxes(q * q.dtype.type(scale), -1, -2))
+        _masked_softmax(scores_t, mask_t)  # in place: scores_t now holds the weights, keys first
+    scores_t.flags.writeable = False
+    weights = np.swapaxes(scores_t, -1, -2)
     out = np.matmul(weights, v_)
     return out, AttentionCache(q, k, v_, weights, scale)
 
@@ -210,13 +231,13 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
     """
     v.cache_of(cache, "scaled_dot_product_attention_backward", AttentionCache)
     q, k, v_, p, scale = cache
-    v.shape_is(dout, (*q.shape[:-1], v_.shape[-1]), "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", (*q.shape[:-1], v_.shape[-1]), q.dtype)
     # Keys-first layout, as in the forward pass: p_t = P^T is (..., S, T), contiguous.
     p_t = np.swapaxes(p, -1, -2)
     dv = np.matmul(p_t, dout)
     dp_t = np.matmul(v_, np.swapaxes(dout, -1, -2))  # dP^T = v dout^T
     if dweights is not None:
-        v.shape_is(dweights, p.shape, "dweights", "the shape of the attention weights")
+        v.grad_like(dweights, "dweights", p.shape, p.dtype, what="the attention weights")
         dp_t += np.swapaxes(dweights, -1, -2)
     # softmax backward over the keys, in place: dS = P * (dP - sum_keys(dP * P)), times scale
     dp_t -= np.einsum("...st,...st->...t", dp_t, p_t)[..., None, :]
@@ -232,15 +253,33 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """(B, T, E) -> (B, H, T, E/H): reshape the features into heads, move heads before time."""
+    """(B, T, E) -> (B, H, T, E/H): reshape the features into heads, move heads before time.
+
+    ``num_heads`` must divide E. The result is a view of ``x`` where possible (no copy).
+    """
+    _check_ndim(x, 3, "(B, T, E)")
+    return _split_heads(x, _check_heads(x.shape[2], num_heads, "x.shape[-1]"))
+
+
+def _split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """:func:`split_heads` without the checks, for the forward and backward passes, whose
+    arrays are (B, T, E) with H dividing E by construction."""
     b, t, e = x.shape
     return x.reshape(b, t, num_heads, e // num_heads).transpose(0, 2, 1, 3)
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """(B, H, T, Dh) -> (B, T, H*Dh): the inverse of :func:`split_heads` (concatenate heads)."""
+    _check_ndim(x, 4, "(B, H, T, Dh)")
     b, h, t, dh = x.shape
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
+
+
+def _check_ndim(x, ndim: int, shape: str) -> None:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a NumPy array of shape {shape}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"x must be a NumPy array of shape {shape}, got shape {x.shape}")
 
 
 class MHACache(NamedTuple):
@@ -258,6 +297,14 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
              dtype=np.float32) -> dict[str, np.ndarray]:
     """Parameters for multi-head attention, Xavier-uniform weights and zero biases like PyTorch.
 
+    Args:
+        embed_dim: E; num_heads: H, must divide E.
+        kdim, vdim: widths of the keys and values (default E, as PyTorch's None).
+        bias: with the biases; packed: one ``W_qkv`` instead of ``W_q, W_k, W_v``.
+        rng: a ``np.random.Generator``; default ``np.random.default_rng(0)``, so that two calls
+            without one return the same parameters.
+        dtype: np.float32 or np.float64.
+
     Returns a dict with ``W_q`` (E, E), ``W_k`` (kdim, E), ``W_v`` (vdim, E), ``W_o`` (E, E) and,
     with ``bias``, ``b_q``, ``b_k``, ``b_v``, ``b_o`` (E,). With ``packed`` (needs
     kdim = vdim = E), ``W_qkv`` (E, 3E) and ``b_qkv`` (3E,) replace the three input projections:
@@ -267,10 +314,12 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
     h = v.positive_int(num_heads, "num_heads")
     if e % h:
         raise ValueError(f"embed_dim must be divisible by num_heads, got {e} and {h}")
-    kdim, vdim = kdim or e, vdim or e
+    kdim = e if kdim is None else v.integer(kdim, "kdim", minimum=1)
+    vdim = e if vdim is None else v.integer(vdim, "vdim", minimum=1)
     if packed and (kdim != e or vdim != e):
         raise ValueError("packed projections need kdim == vdim == embed_dim")
-    rng = rng if rng is not None else np.random.default_rng()
+    dtype = v.float_dtype(dtype, "dtype")
+    rng = np.random.default_rng(0) if rng is None else v.generator(rng, "rng")
 
     def xavier(fan_in, fan_out):
         a = math.sqrt(6.0 / (fan_in + fan_out))
@@ -324,10 +373,10 @@ def _check_params(params, e: int, kdim: int, vdim: int, dtype) -> tuple[bool, bo
     return packed, bool(present)
 
 
-def _check_heads(e: int, num_heads) -> int:
+def _check_heads(e: int, num_heads, width: str = "query.shape[-1]") -> int:
     h = v.positive_int(num_heads, "num_heads")
     if e % h:
-        raise ValueError(f"the model width (query.shape[-1] = {e}) must be divisible by "
+        raise ValueError(f"the model width ({width} = {e}) must be divisible by "
                          f"num_heads = {h}")
     return h
 
@@ -355,9 +404,9 @@ def _heads_forward(q2, k2, v2, shape_q, s, params, h, attn_mask, key_padding_mas
     """From projected (B*T, E), (B*S, E), (B*S, E) to the output and the attention weights
     (None with ``need_weights=False``: the layers never look at them)."""
     b, t, e = shape_q
-    qh = split_heads(q2.reshape(b, t, e), h)
-    kh = split_heads(k2.reshape(b, s, e), h)
-    vh = split_heads(v2.reshape(b, s, e), h)
+    qh = _split_heads(q2.reshape(b, t, e), h)
+    kh = _split_heads(k2.reshape(b, s, e), h)
+    vh = _split_heads(v2.reshape(b, s, e), h)
     ctx_h, att = scaled_dot_product_attention_forward(qh, kh, vh, attn_mask, key_padding_mask)
     ctx = merge_heads(ctx_h)
     out = _affine(ctx.reshape(-1, e), params["W_o"], params.get("b_o")).reshape(b, t, e)
@@ -369,20 +418,23 @@ def _heads_backward(dout, cache: MHACache, params, dweights):
     """Gradients through the output projection and the heads: dq, dk, dv per head,
     (B, H, ., Dh), and the gradients of W_o, b_o."""
     b, t, e = cache.context.shape
-    v.shape_is(dout, (b, t, e), "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", (b, t, e), cache.context.dtype)
     ctx2 = cache.context.reshape(-1, e)
     dout2 = dout.reshape(-1, e)
     grads = {"W_o": ctx2.T @ dout2}
     if cache.has_bias:
         grads["b_o"] = dout2.sum(axis=0)
     dctx = (dout2 @ params["W_o"].T).reshape(b, t, e)
+    weights = cache.attention.weights  # (B, H, T, S)
     if dweights is not None and cache.average_attn_weights:
-        v.shape_is(dweights, cache.attention.weights.shape[:1] + cache.attention.weights.shape[2:],
-                   "dweights", "the shape of the averaged attention weights")
-        dweights = np.broadcast_to(dweights[:, None] / cache.num_heads,
-                                   cache.attention.weights.shape)
+        v.grad_like(dweights, "dweights", weights.shape[:1] + weights.shape[2:], weights.dtype,
+                    what="the averaged attention weights")
+        dweights = np.broadcast_to(dweights[:, None] / cache.num_heads, weights.shape)
+    elif dweights is not None:
+        v.grad_like(dweights, "dweights", weights.shape, weights.dtype,
+                    what="the attention weights per head")
     dqh, dkh, dvh = scaled_dot_product_attention_backward(
-        split_heads(dctx, cache.num_heads), cache.attention, dweights)
+        _split_heads(dctx, cache.num_heads), cache.attention, dweights)
     return dqh, dkh, dvh, grads
 
 
@@ -415,7 +467,7 @@ def _input_grads(grads, packed, has_bias, xs, dq2, dk2, dv2):
 
 def multi_head_attention_forward(query, key, value, params: dict, num_heads: int,
                                  attn_mask=None, key_padding_mask=None,
-                                 average_attn_weights: bool = True):
+                                 average_attn_weights: bool = True, need_weights: bool = True):
     """Multi-head attention, as ``nn.MultiheadAttention(batch_first=True)`` without dropout.
 
     ``Q = query W_q + b_q``, ``K = key W_k + b_k``, ``V = value W_v + b_v``; each is split into
@@ -434,13 +486,16 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
         attn_mask: None, or bool/float of shape (T, S) or broadcastable to (B, H, T, S).
         key_padding_mask: None, or bool/float of shape (B, S).
         average_attn_weights: return the weights averaged over heads, (B, T, S), instead of
-            per head, (B, H, T, S).
+            per head, (B, H, T, S) (read-only: the backward pass reads them).
+        need_weights: False returns None for the weights (saves averaging them; as PyTorch's).
 
     Returns:
-        out: (B, T, E); weights: (B, T, S) or (B, H, T, S); cache.
+        out: (B, T, E); weights: (B, T, S) or (B, H, T, S), or None; cache.
     """
     return _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
-                                         key_padding_mask, average_attn_weights, True)
+                                         key_padding_mask, v.boolean(average_attn_weights,
+                                                                     "average_attn_weights"),
+                                         v.boolean(need_weights, "need_weights"))
 
 
 def _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
@@ -500,21 +555,23 @@ def multi_head_attention_backward(dout, cache: MHACache, params: dict, dweights=
 
 
 def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
-                           key_padding_mask=None, average_attn_weights: bool = True):
+                           key_padding_mask=None, average_attn_weights: bool = True,
+                           need_weights: bool = True):
     """Multi-head self-attention: :func:`multi_head_attention_forward` with query = key = value.
 
     With packed parameters (``W_qkv``) the three projections are one matrix product.
 
     Args:
         x: (B, T, E).
-        params, num_heads, attn_mask, key_padding_mask, average_attn_weights: as for
-            :func:`multi_head_attention_forward` (masks are (T, T) and (B, T)).
+        params, num_heads, attn_mask, key_padding_mask, average_attn_weights, need_weights: as
+            for :func:`multi_head_attention_forward` (masks are (T, T) and (B, T)).
 
     Returns:
-        out: (B, T, E); weights: (B, T, T) or (B, H, T, T); cache.
+        out: (B, T, E); weights: (B, T, T) or (B, H, T, T), or None; cache.
     """
     return _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask,
-                                   average_attn_weights, need_weights=True)
+                                   v.boolean(average_attn_weights, "average_attn_weights"),
+                                   need_weights=v.boolean(need_weights, "need_weights"))
 
 
 def _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask, average,

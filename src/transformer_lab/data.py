@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transformer_lab import _validate as v
+
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<s>", "</s>")
 
@@ -57,6 +59,7 @@ class Task:
 
     def sample(self, rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """One (source, target) pair of token ids, without special tokens."""
+        v.generator(rng, "rng")
         if self.name == "add":
             digits = {str(d): 3 + d for d in range(10)}
             plus = 13
@@ -93,16 +96,16 @@ def get_task(name: str, min_len: int = 1, max_len: int | None = None,
         raise ValueError(f"name must be one of {TASKS}, got {name!r}")
     if max_len is None:
         max_len = 3 if name == "add" else 10
-    for arg, value in (("min_len", min_len), ("max_len", max_len), ("num_symbols", num_symbols)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+    min_len = v.integer(min_len, "min_len", minimum=1)
+    max_len = v.integer(max_len, "max_len", minimum=1)
+    num_symbols = v.integer(num_symbols, "num_symbols", minimum=1)
     if min_len > max_len:
         raise ValueError(f"min_len must be at most max_len, got {min_len} > {max_len}")
     if name == "add":
         symbols = tuple(str(d) for d in range(10)) + ("+",)
     else:
         symbols = tuple(chr(ord("a") + i) if i < 26 else f"t{i}" for i in range(num_symbols))
-    return Task(name, SPECIALS + symbols, int(min_len), int(max_len))
+    return Task(name, SPECIALS + symbols, min_len, max_len)
 
 
 def make_splits(task: Task, n_train: int, n_test: int, seed: int = 0):
@@ -115,15 +118,20 @@ def make_splits(task: Task, n_train: int, n_test: int, seed: int = 0):
     early on, so "the first ``n_test`` drawn" would hold out nearly all of them and leave none to
     train on.
 
+    Args:
+        task: a :class:`Task` (from :func:`get_task`).
+        n_train, n_test: sizes, integers >= 0.
+        seed: an integer >= 0.
+
     Returns:
         train, test: lists of (source, target) tuples of token ids (no special tokens).
     """
-    for arg, value in (("n_train", n_train), ("n_test", n_test)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{arg} must be a non-negative integer, got {value!r}")
-    rng = np.random.default_rng(seed)
+    _check_task(task)
+    n_train = v.integer(n_train, "n_train", minimum=0)
+    n_test = v.integer(n_test, "n_test", minimum=0)
+    rng = np.random.default_rng(v.integer(seed, "seed", minimum=0))
     want = n_train + n_test
-    capacity = _num_sources(task)
+    capacity = num_sources(task)
     if want > capacity:
         raise ValueError(f"n_train + n_test = {want} exceeds the {capacity} distinct sources of "
                          f"task {task.name!r} with lengths {task.min_len}..{task.max_len}")
@@ -141,7 +149,14 @@ def make_splits(task: Task, n_train: int, n_test: int, seed: int = 0):
     return [pairs[i] for i in order[n_test:]], [pairs[i] for i in order[:n_test]]
 
 
-def _num_sources(task: Task) -> int:
+def _check_task(task) -> Task:
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a Task, e.g. get_task({task!r}) for a task name, "
+                        f"got {type(task).__name__}")
+    return task
+
+
+def num_sources(task: Task) -> int:
     """How many distinct sources the task can produce (an upper bound for make_splits)."""
     if task.name == "add":
         numbers = sum(10 ** n - (10 ** (n - 1) if n > 1 else 0)
@@ -158,13 +173,13 @@ def pad(sequences: Sequence[Sequence[int]], bos_eos: bool = False,
     Args:
         sequences: B sequences of token ids.
         bos_eos: wrap each sequence in ``<s> ... </s>`` first (for targets).
-        length: L (default: the longest sequence).
+        length: L, an integer (default: the longest sequence).
     """
     if len(sequences) == 0:
         raise ValueError("sequences must contain at least one sequence")
     seqs = [([BOS, *s, EOS] if bos_eos else list(s)) for s in sequences]
     longest = max(map(len, seqs))
-    length = longest if length is None else length
+    length = longest if length is None else v.integer(length, "length", minimum=0)
     if length < longest:
         raise ValueError(f"length must be at least the longest sequence ({longest}), got {length}")
     out = np.full((len(seqs), length), PAD, dtype=np.int64)
@@ -177,16 +192,27 @@ def iterate_batches(pairs: Sequence[tuple], batch_size: int, rng: np.random.Gene
                     drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Padded (source, target) batches over one pass of ``pairs``, shuffled when ``rng`` is given.
 
+    The arguments are checked when the function is called (not at the first batch).
+
+    Args:
+        pairs: (source, target) pairs of token ids.
+        batch_size: B, an integer >= 1.
+        rng: a ``np.random.Generator`` that shuffles the pairs, or None (their order).
+        drop_last: leave out the last batch when it has fewer than B pairs.
+
     Yields:
         src: (B, S) int64, padded; tgt: (B, T) int64, ``<s> ... </s>`` then padding.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    order = rng.permutation(len(pairs)) if rng is not None else np.arange(len(pairs))
+    batch_size = v.integer(batch_size, "batch_size", minimum=1)
+    order = np.arange(len(pairs)) if rng is None else v.generator(rng).permutation(len(pairs))
     stop = len(pairs) - (len(pairs) % batch_size if drop_last else 0)
-    for start in range(0, stop, batch_size):
-        chunk = [pairs[i] for i in order[start:start + batch_size]]
+    return _batches(pairs, [order[i:i + batch_size] for i in range(0, stop, batch_size)])
+
+
+def _batches(pairs, batches) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(src, tgt) padded, for each array of indices into ``pairs``."""
+    for idx in batches:
+        chunk = [pairs[i] for i in idx]
         yield pad([s for s, _ in chunk]), pad([t for _, t in chunk], bos_eos=True)
 
 
@@ -199,15 +225,22 @@ def bucketed_batches(pairs: Sequence[tuple], batch_size: int, rng: np.random.Gen
     The shuffled pairs are taken ``pool * batch_size`` at a time; each such pool is sorted by
     source length (then target length), cut into batches, and its batches are yielded in a
     random order. Every pair still appears exactly once per pass.
+
+    Args:
+        pairs, batch_size, drop_last: as for :func:`iterate_batches`.
+        rng: a ``np.random.Generator`` (required).
+        pool: batches per sorted pool, an integer >= 1.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
-        raise ValueError(f"pool must be a positive integer, got {pool!r}")
+    batch_size = v.integer(batch_size, "batch_size", minimum=1)
+    pool = v.integer(pool, "pool", minimum=1)
+    rng = v.generator(rng, "rng")
     order = rng.permutation(len(pairs))
     stop = len(pairs) - (len(pairs) % batch_size if drop_last else 0)
-    order = order[:stop]
+    return _batches(pairs, _bucketed_order(pairs, order[:stop], batch_size, pool, rng))
+
+
+def _bucketed_order(pairs, order, batch_size, pool, rng) -> Iterator[np.ndarray]:
+    """The index arrays of :func:`bucketed_batches`' batches, pool after pool."""
     chunk = pool * batch_size
     for start in range(0, len(order), chunk):
         idx = order[start:start + chunk]
@@ -215,8 +248,7 @@ def bucketed_batches(pairs: Sequence[tuple], batch_size: int, rng: np.random.Gen
         idx = idx[np.lexsort((keys[:, 1], keys[:, 0]))]
         batches = [idx[b:b + batch_size] for b in range(0, len(idx), batch_size)]
         for k in rng.permutation(len(batches)):
-            group = [pairs[i] for i in batches[k]]
-            yield pad([s for s, _ in group]), pad([t for _, t in group], bos_eos=True)
+            yield batches[k]
 
 
 def strip(ids: Sequence[int]) -> tuple[int, ...]:
@@ -231,9 +263,19 @@ def strip(ids: Sequence[int]) -> tuple[int, ...]:
 
 
 def detokenize(ids: Sequence[int], task: Task) -> str:
-    """Readable string of a sequence (specials dropped, stops at ``</s>``)."""
+    """Readable string of a sequence (specials dropped, stops at ``</s>``).
+
+    Raises:
+        ValueError: for an id outside the task's vocabulary ``[0, task.vocab_size)``.
+    """
+    _check_task(task)
+    tokens = strip(ids)
+    bad = [t for t in tokens if not 0 <= t < task.vocab_size]
+    if bad:
+        raise ValueError(f"ids must be token ids of task {task.name!r}, in [0, "
+                         f"{task.vocab_size}), found {bad[0]}")
     sep = "" if task.name == "add" else " "
-    return sep.join(task.vocab[t] for t in strip(ids))
+    return sep.join(task.vocab[t] for t in tokens)
 
 
 def exact_match(predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> float:

@@ -6,7 +6,11 @@ receives the upstream gradient ``dout`` (same shape as ``out``) and returns the 
 inputs, in the order of the forward's arguments. Weights use the NumPy layout ``y = x @ W + b``
 with ``W`` of shape ``(in, out)`` (PyTorch stores the transpose).
 
-Arrays are float32 or float64 and keep their dtype; gradient checks run in float64.
+Arrays are float32 or float64 and keep their dtype; gradient checks run in float64. A backward
+function refuses a ``dout`` that is not an array of the forward output's shape and dtype (a
+float64 ``dout`` would silently turn every gradient into float64). Where a forward function
+returns an array that its backward function reads again (softmax, log-softmax), that array is
+read-only: editing it in place raises instead of silently changing the gradients.
 Attention lives in :mod:`transformer_lab.attention`.
 """
 
@@ -70,7 +74,7 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     v.cache_of(cache, "linear_backward", LinearCache)
     x, W, has_bias = cache
     d_in, d_out = W.shape
-    v.shape_is(dout, (*x.shape[:-1], d_out), "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", (*x.shape[:-1], d_out), x.dtype)
     dout2 = dout.reshape(-1, d_out)
     dx = (dout2 @ W.T).reshape(x.shape)
     dW = x.reshape(-1, d_in).T @ dout2
@@ -82,19 +86,23 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
 # Activations
 
 
+class ReluCache(NamedTuple):
+    positive: np.ndarray  # bool, shape S: x > 0
+    dtype: np.dtype  # of x and of the output
+
+
 def relu_forward(x: np.ndarray):
-    """``out = max(x, 0)``. x: any shape S -> out: shape S."""
+    """``out = max(x, 0)``. x: any shape S -> out: shape S; cache."""
     x = v.float_array(x, "x")
     out = np.maximum(x, 0)
-    return out, (x > 0)
+    return out, ReluCache(x > 0, x.dtype)
 
 
-def relu_backward(dout: np.ndarray, cache: np.ndarray):
+def relu_backward(dout: np.ndarray, cache: ReluCache):
     """Gradient of :func:`relu_forward`: ``dx = dout * [x > 0]`` (0 at x = 0, as PyTorch)."""
-    if cache is None:
-        raise ValueError("relu_backward: cache is None -- call relu_forward first")
-    v.shape_is(dout, cache.shape, "dout", "the shape of the forward output")
-    return dout * cache
+    v.cache_of(cache, "relu_backward", ReluCache)
+    v.grad_like(dout, "dout", cache.positive.shape, cache.dtype)
+    return dout * cache.positive
 
 
 _SQRT_2 = math.sqrt(2.0)
@@ -140,7 +148,7 @@ def gelu_backward(dout: np.ndarray, cache: GeluCache):
     """
     v.cache_of(cache, "gelu_backward", GeluCache)
     x, approximate, aux = cache
-    v.shape_is(dout, x.shape, "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", x.shape, x.dtype)
     c = x.dtype.type
     if approximate == "none":
         local = aux + x * c(_INV_SQRT_2PI) * np.exp(-0.5 * x * x)
@@ -148,6 +156,9 @@ def gelu_backward(dout: np.ndarray, cache: GeluCache):
         local = 0.5 * (1.0 + aux) + 0.5 * x * (1.0 - aux * aux) * c(_SQRT_2_OVER_PI) * (
             1.0 + c(3 * _GELU_C) * x * x)
     return dout * local
+
+
+_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
 
 def activation_forward(x: np.ndarray, activation: str):
@@ -164,6 +175,11 @@ def activation_forward(x: np.ndarray, activation: str):
 
 
 def activation_backward(dout: np.ndarray, cache):
+    """Gradient of :func:`activation_forward` (dout: the output's shape S -> dx: shape S)."""
+    v.cache_of(cache, "activation_backward", tuple)
+    if len(cache) != 2 or cache[0] not in _ACTIVATIONS:
+        raise TypeError("activation_backward: cache must be the (activation, cache) pair "
+                        "returned by activation_forward")
     activation, inner = cache
     return relu_backward(dout, inner) if activation == "relu" else gelu_backward(dout, inner)
 
@@ -184,16 +200,18 @@ def softmax_forward(x: np.ndarray, axis: int = -1):
     mathematically and keeps ``exp`` from overflowing.
 
     Args:
-        x: any shape S (entries may be -inf, as long as every row has a finite entry).
+        x: any shape S (entries may be -inf, as long as every row has a finite entry; NaN and
+            +inf are refused).
         axis: the axis that sums to one.
 
     Returns:
-        y: shape S; cache.
+        y: shape S, read-only (it is also the cache: copy it to modify it); cache.
     """
     x = v.float_array(x, "x", min_ndim=1)
     axis = _axis(axis, x.ndim)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    e = np.exp(x - _finite_row_max(x, axis))
     e /= e.sum(axis=axis, keepdims=True)
+    e.flags.writeable = False
     return e, SoftmaxCache(e, axis)
 
 
@@ -205,7 +223,7 @@ def softmax_backward(dout: np.ndarray, cache: SoftmaxCache):
     """
     v.cache_of(cache, "softmax_backward", SoftmaxCache)
     y, axis = cache
-    v.shape_is(dout, y.shape, "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", y.shape, y.dtype)
     return y * (dout - (dout * y).sum(axis=axis, keepdims=True))
 
 
@@ -218,16 +236,17 @@ def log_softmax_forward(x: np.ndarray, axis: int = -1):
     """``log(softmax(x))`` computed stably as ``z - log(sum(exp(z)))``, ``z = x - max(x)``.
 
     Args:
-        x: any shape S.
+        x: any shape S (as for :func:`softmax_forward`: every row needs a finite entry).
         axis: the axis of the distribution.
 
     Returns:
-        out: shape S; cache.
+        out: shape S, read-only (it is also the cache); cache.
     """
     x = v.float_array(x, "x", min_ndim=1)
     axis = _axis(axis, x.ndim)
-    z = x - x.max(axis=axis, keepdims=True)
+    z = x - _finite_row_max(x, axis)
     out = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    out.flags.writeable = False
     return out, LogSoftmaxCache(out, axis)
 
 
@@ -235,7 +254,7 @@ def log_softmax_backward(dout: np.ndarray, cache: LogSoftmaxCache):
     """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
     v.cache_of(cache, "log_softmax_backward", LogSoftmaxCache)
     out, axis = cache
-    v.shape_is(dout, out.shape, "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", out.shape, out.dtype)
     return dout - np.exp(out) * dout.sum(axis=axis, keepdims=True)
 
 
@@ -266,6 +285,7 @@ def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
         ValueError: with ``reduction="mean"`` when every target is ignored (the mean of nothing).
     """
     logits = v.float_array(logits, "logits", min_ndim=1)
+    ignore_index = v.integer(ignore_index, "ignore_index")
     if reduction not in ("mean", "sum"):
         raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
     targets = np.asarray(targets)
@@ -300,13 +320,15 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
     """Gradient of :func:`cross_entropy_forward`: ``(softmax(logits) - onehot(target)) * w``.
 
     Args:
-        dloss: upstream gradient of the scalar loss (1.0 when it is the final loss).
+        dloss: upstream gradient of the scalar loss, a finite number (1.0 when it is the final
+            loss).
         cache: from :func:`cross_entropy_forward`.
 
     Returns:
-        dlogits: shape (..., C); rows of ignored targets are zero.
+        dlogits: shape (..., C), the dtype of the logits; rows of ignored targets are zero.
     """
     v.cache_of(cache, "cross_entropy_backward", CrossEntropyCache)
+    dloss = v.real(dloss, "dloss")
     probs, t, w, shape = cache
     dlogits = probs.copy()
     dlogits[np.arange(len(t)), t] -= 1.0
@@ -335,14 +357,14 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
         x: shape (..., D).
         gamma: scale, shape (D,), or None (no elementwise affine).
         beta: shift, shape (D,), or None (no bias).
-        eps: added to the variance.
+        eps: added to the variance, a finite number >= 0 (0 refuses rows of equal entries,
+            whose variance is 0: they would give 0/0).
 
     Returns:
-        out: shape (..., D); cache.
+        out: shape (..., D), a new array (never the cache's); cache.
     """
     x = v.float_array(x, "x", min_ndim=1)
-    if not (isinstance(eps, (float, int)) and eps >= 0):
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    eps = v.real(eps, "eps", minimum=0)
     d = x.shape[-1]
     for name, p in (("gamma", gamma), ("beta", beta)):
         if p is not None:
@@ -355,15 +377,23 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
     mu = np.einsum("...i->...", x)[..., None] / d
     xc = x - mu
     var = np.einsum("...i,...i->...", xc, xc)[..., None] / d
-    rstd = 1.0 / np.sqrt(var + eps)
+    var += eps
+    # A row of equal entries has variance 0: with an eps that is 0 in x's dtype, 1/sqrt(0) = inf
+    # and xhat = 0 * inf = NaN. An eps >= 1e-30 is positive in float32 and float64 alike, so
+    # only a smaller one needs the reduction over the rows.
+    if eps < 1e-30 and not var.all():
+        raise ValueError(f"x has a row whose entries are all equal (variance 0) and eps={eps} "
+                         "adds nothing to it: its normalisation would be 0/0 = NaN; use eps > 0 "
+                         "(PyTorch's default is 1e-5)")
+    rstd = 1.0 / np.sqrt(var)
     xhat = xc
     xhat *= rstd
     if gamma is not None:
         out = xhat * gamma
         if beta is not None:
             out += beta
-    else:
-        out = xhat if beta is None else xhat + beta
+    else:  # a copy: the caller may edit out in place, the backward reads xhat
+        out = xhat.copy() if beta is None else xhat + beta
     return out, LayerNormCache(xhat, rstd, gamma, beta is not None)
 
 
@@ -378,7 +408,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     """
     v.cache_of(cache, "layer_norm_backward", LayerNormCache)
     xhat, rstd, gamma, has_beta = cache
-    v.shape_is(dout, xhat.shape, "dout", "the shape of the forward output")
+    v.grad_like(dout, "dout", xhat.shape, xhat.dtype)
     d = xhat.shape[-1]
     dout2 = dout.reshape(-1, d)
     dgamma = np.einsum("nd,nd->d", dout2, xhat.reshape(-1, d)) if gamma is not None else None
@@ -401,6 +431,8 @@ class EmbeddingCache(NamedTuple):
     ids: np.ndarray
     vocab_size: int
     padding_idx: int | None
+    dim: int  # D, the width of the table
+    dtype: np.dtype  # of the table and of the output
 
 
 def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
@@ -416,23 +448,41 @@ def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
     """
     W = v.float_array(W, "W", ndim=2)
     ids = v.token_ids(ids, "ids", W.shape[0])
-    if padding_idx is not None and not (0 <= padding_idx < W.shape[0]):
-        raise ValueError(f"padding_idx must be in [0, {W.shape[0]}), got {padding_idx}")
-    return W[ids], EmbeddingCache(ids, W.shape[0], padding_idx)
+    if padding_idx is not None:
+        padding_idx = v.integer(padding_idx, "padding_idx")
+        if not 0 <= padding_idx < W.shape[0]:
+            raise ValueError(f"padding_idx must be in [0, {W.shape[0]}), got {padding_idx}")
+    return W[ids], EmbeddingCache(ids, W.shape[0], padding_idx, W.shape[1], W.dtype)
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache):
     """Gradient of the table: each row collects the upstream gradients of its occurrences.
 
+    The rows of ``dout`` are sorted by token id (a stable sort, so each token's rows keep their
+    order) and every run of equal ids is summed by one ``np.add.reduceat``. This is faster than
+    the textbook ``np.add.at(dW, ids, dout)``, which adds one row at a time, at every size we
+    measured (median, one thread, float32; B=64, T=12, D=64: 45 us against 325 us for V=14,
+    165 us against 325 us for V=1000; B=64, T=100, D=128, V=30000: 4.8 ms against 5.9 ms).
+    A one-hot matrix product is faster still for a tiny vocabulary (23 us at V=14) but slower
+    from a few hundred tokens on (850 us at V=1000), so the sort is kept. The sums equal
+    ``np.add.at``'s up to float rounding (the additions are grouped differently).
+
+    Args:
+        dout: upstream gradient, shape ids.shape + (D,).
+        cache: from :func:`embedding_forward`.
+
     Returns:
         dW: shape (V, D); row ``padding_idx`` is zero.
     """
     v.cache_of(cache, "embedding_backward", EmbeddingCache)
-    ids, vocab_size, padding_idx = cache
-    d = dout.shape[-1]
-    v.shape_is(dout, (*ids.shape, d), "dout", "ids.shape + (D,)")
-    dW = np.zeros((vocab_size, d), dtype=dout.dtype)
-    np.add.at(dW, ids.reshape(-1), dout.reshape(-1, d))
+    ids, vocab_size, padding_idx, d, dtype = cache
+    v.grad_like(dout, "dout", (*ids.shape, d), dtype)  # ids.shape + (D,)
+    dW = np.zeros((vocab_size, d), dtype=dtype)
+    flat_ids = ids.reshape(-1)
+    if flat_ids.size:
+        order = np.argsort(flat_ids, kind="stable")
+        present, starts = np.unique(flat_ids[order], return_index=True)
+        dW[present] = np.add.reduceat(dout.reshape(-1, d)[order], starts, axis=0)
     if padding_idx is not None:
         dW[padding_idx] = 0
     return dW
@@ -447,14 +497,16 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
     Args:
         max_len: number of positions L.
         d_model: model width D (odd widths get one more sine than cosine column).
-        base: wavelength base.
-        dtype: float32 or float64.
+        base: wavelength base, a positive number.
+        dtype: np.float32 or np.float64.
 
     Returns:
         PE: shape (L, D).
     """
     max_len = v.positive_int(max_len, "max_len")
     d_model = v.positive_int(d_model, "d_model")
+    base = v.real(base, "base", positive=True)
+    dtype = v.float_dtype(dtype, "dtype")
     pos = np.arange(max_len, dtype=np.float64)[:, None]
     inv_freq = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     angles = pos * inv_freq
@@ -462,6 +514,11 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
     pe[:, 0::2] = np.sin(angles)
     pe[:, 1::2] = np.cos(angles[:, : d_model // 2])
     return pe.astype(dtype)
+
+
+class PositionalEncodingCache(NamedTuple):
+    shape: tuple  # of x and of the output
+    dtype: np.dtype
 
 
 def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
@@ -482,16 +539,34 @@ def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
     if t > table.shape[0]:
         raise ValueError(f"x has {t} positions but the positional table has only "
                          f"{table.shape[0]}: sequences may be at most {table.shape[0]} long")
-    return x + table[:t].astype(x.dtype, copy=False), x.shape
+    return (x + table[:t].astype(x.dtype, copy=False),
+            PositionalEncodingCache(x.shape, x.dtype))
 
 
-def positional_encoding_backward(dout: np.ndarray, cache):
-    """The added table is a constant: ``dx = dout``."""
-    v.shape_is(dout, cache, "dout", "the shape of the forward output")
-    return dout
+def positional_encoding_backward(dout: np.ndarray, cache: PositionalEncodingCache):
+    """The added table is a constant: ``dx = dout`` (the same array)."""
+    v.cache_of(cache, "positional_encoding_backward", PositionalEncodingCache)
+    return v.grad_like(dout, "dout", cache.shape, cache.dtype)
 
 
 def _axis(axis: int, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+    axis = v.integer(axis, "axis")
+    if not -ndim <= axis < ndim:
         raise ValueError(f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}")
-    return int(axis) % ndim
+    return axis % ndim
+
+
+def _finite_row_max(x: np.ndarray, axis: int) -> np.ndarray:
+    """``max(x)`` along ``axis`` (keepdims), or a ValueError if a row has no finite maximum.
+
+    The maximum is NaN when the row holds a NaN, +inf when it holds +inf, -inf when every entry
+    is -inf: in each case the softmax of the row is undefined (NaN). One reduction, which the
+    stable softmax needs anyway.
+    """
+    m = x.max(axis=axis, keepdims=True)
+    if not np.isfinite(m).all():
+        what = ("a NaN" if np.isnan(m).any() else "+inf" if np.isposinf(m).any()
+                else "only -inf entries (nothing to normalise)")
+        raise ValueError(f"x must have a finite entry in every slice along axis {axis} and no "
+                         f"NaN or +inf: a slice holds {what}, and its softmax would be NaN")
+    return m

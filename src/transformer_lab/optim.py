@@ -11,6 +11,10 @@
 The update rules follow PyTorch's implementations (``torch.optim.SGD``, ``torch.optim.Adam``,
 ``torch.optim.AdamW``) term by term, so that the same gradients give the same parameters;
 tests/test_optim.py asserts it.
+
+A step validates every gradient before it changes anything: a step that raises (a missing,
+misshapen or non-finite gradient) leaves the parameters, the optimiser's state and ``steps``
+as they were.
 """
 
 from __future__ import annotations
@@ -20,43 +24,52 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from transformer_lab import _validate as v
 
-def _check_params(params) -> dict[str, np.ndarray]:
+
+def _check_params(params) -> Mapping[str, np.ndarray]:
     if not isinstance(params, Mapping) or not params:
         raise TypeError("params must be a non-empty dict of name -> float array")
     for name, p in params.items():
-        if not isinstance(p, np.ndarray) or p.dtype not in (np.float32, np.float64):
-            raise TypeError(f"params[{name!r}] must be a float32 or float64 NumPy array")
+        v.float_array(p, f"params[{name!r}]")
     return params
 
 
-def _check_nonneg(value, name: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    return float(value)
-
-
 class Optimizer:
-    """Base class: holds the parameters (updated in place) and the learning rate ``lr``."""
+    """Base class: holds the parameters (updated in place), the learning rate ``lr`` (checked
+    whenever it is set: a finite number >= 0) and ``steps``, the number of updates made."""
 
     def __init__(self, params: Mapping[str, np.ndarray], lr: float):
         self.params = _check_params(params)
-        self.lr = _check_nonneg(lr, "lr")
+        self.lr = lr
         self.steps = 0
 
-    def _grads(self, grads: Mapping[str, np.ndarray]):
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = v.real(value, "lr", minimum=0)
+
+    def _checked_grads(self, grads: Mapping[str, np.ndarray]) -> list:
+        """[(name, param, grad), ...] once **every** gradient has been checked: the keys of
+        params, each an array of its parameter's shape and dtype, finite."""
+        if not isinstance(grads, Mapping):
+            raise TypeError(f"grads must be a dict of name -> array, got {type(grads).__name__}")
         missing = set(self.params) - set(grads)
         extra = set(grads) - set(self.params)
         if missing or extra:
             raise ValueError(f"grads must have exactly the keys of params: missing "
                              f"{sorted(missing)}, unexpected {sorted(extra)}")
+        checked = []
         for name, p in self.params.items():
-            g = grads[name]
-            if g.shape != p.shape:
-                raise ValueError(f"grads[{name!r}] must have shape {p.shape}, got {g.shape}")
-            if not np.all(np.isfinite(g)):
+            g = v.grad_like(grads[name], f"grads[{name!r}]", p.shape, p.dtype,
+                            what=f"params[{name!r}]")
+            if not np.isfinite(g).all():
                 raise ValueError(f"grads[{name!r}] contains NaN or infinity")
-            yield name, p, g
+            checked.append((name, p, g))
+        return checked
 
     def step(self, grads: Mapping[str, np.ndarray]) -> None:
         raise NotImplementedError
@@ -72,16 +85,16 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
-        self.momentum = _check_nonneg(momentum, "momentum")
-        self.dampening = _check_nonneg(dampening, "dampening")
-        self.weight_decay = _check_nonneg(weight_decay, "weight_decay")
-        if nesterov and (self.momentum == 0 or self.dampening != 0):
+        self.momentum = v.real(momentum, "momentum", minimum=0)
+        self.dampening = v.real(dampening, "dampening", minimum=0)
+        self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
+        self.nesterov = v.boolean(nesterov, "nesterov")
+        if self.nesterov and (self.momentum == 0 or self.dampening != 0):
             raise ValueError("nesterov needs momentum > 0 and dampening = 0")
-        self.nesterov = nesterov
         self.buffers: dict[str, np.ndarray] = {}
 
     def step(self, grads) -> None:
-        for name, p, g in self._grads(grads):
+        for name, p, g in self._checked_grads(grads):
             if self.weight_decay:
                 g = g + self.weight_decay * p
             if self.momentum:
@@ -108,35 +121,45 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False):
         super().__init__(params, lr)
-        b1, b2 = betas
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ValueError(f"betas must be in [0, 1), got {betas!r}")
-        self.betas = (float(b1), float(b2))
-        self.eps = _check_nonneg(eps, "eps")
-        self.weight_decay = _check_nonneg(weight_decay, "weight_decay")
-        self.decoupled = decoupled
+        self.betas = _betas(betas)
+        self.eps = v.real(eps, "eps", minimum=0)
+        self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
+        self.decoupled = v.boolean(decoupled, "decoupled")
         self.m = {n: np.zeros_like(p) for n, p in self.params.items()}
         self.v = {n: np.zeros_like(p) for n, p in self.params.items()}
 
     def step(self, grads) -> None:
-        self.steps += 1
+        checked = self._checked_grads(grads)
         b1, b2 = self.betas
-        t = self.steps
+        t = self.steps + 1
         bias1 = 1 - b1 ** t
         bias2_sqrt = math.sqrt(1 - b2 ** t)
-        for name, p, g in self._grads(grads):
+        for name, p, g in checked:
             c = p.dtype.type
             if self.weight_decay:
                 if self.decoupled:
                     p *= c(1 - self.lr * self.weight_decay)
                 else:
                     g = g + c(self.weight_decay) * p
-            m, v = self.m[name], self.v[name]
+            m, v_ = self.m[name], self.v[name]
             m += c(1 - b1) * (g - m)  # torch: m.lerp_(g, 1 - b1)
-            v *= c(b2)
-            v += c(1 - b2) * g * g
-            denom = np.sqrt(v) / c(bias2_sqrt) + c(self.eps)
+            v_ *= c(b2)
+            v_ += c(1 - b2) * g * g
+            denom = np.sqrt(v_) / c(bias2_sqrt) + c(self.eps)
             p -= c(self.lr / bias1) * m / denom
+        self.steps = t
+
+
+def _betas(betas) -> tuple[float, float]:
+    """(beta1, beta2), each a number in [0, 1)."""
+    if not isinstance(betas, (tuple, list)):
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {len(betas)} values")
+    b1, b2 = (v.real(b, f"betas[{i}]") for i, b in enumerate(betas))
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+    return b1, b2
 
 
 def AdamW(params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -145,19 +168,33 @@ def AdamW(params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
     return Adam(params, lr, betas, eps, weight_decay, decoupled=True)
 
 
+def global_norm(grads: Mapping[str, np.ndarray]) -> float:
+    """The L2 norm of all gradients together: ``sqrt(sum over arrays of sum(g * g))``.
+
+    Args:
+        grads: a non-empty dict of name -> float array.
+
+    Returns:
+        The norm, a Python float (NaN or inf if a gradient holds NaN or inf).
+    """
+    if not isinstance(grads, Mapping) or not grads:
+        raise ValueError("grads must be a non-empty dict of name -> float array")
+    for name, g in grads.items():
+        v.float_array(g, f"grads[{name!r}]")
+    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+
+
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     """Scale all gradients in place so that their global L2 norm is at most ``max_norm``.
 
-    As ``torch.nn.utils.clip_grad_norm_``: ``scale = min(1, max_norm / (norm + 1e-6))``.
+    As ``torch.nn.utils.clip_grad_norm_``: ``scale = min(1, max_norm / (norm + 1e-6))``, with
+    the norm of :func:`global_norm`.
 
     Returns:
         The global norm before clipping.
     """
-    if not isinstance(max_norm, (int, float)) or isinstance(max_norm, bool) or max_norm <= 0:
-        raise ValueError(f"max_norm must be a positive number, got {max_norm!r}")
-    if not grads:
-        raise ValueError("grads must contain at least one array")
-    total = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    max_norm = v.real(max_norm, "max_norm", positive=True)
+    total = global_norm(grads)
     scale = max_norm / (total + 1e-6)
     if scale < 1:
         for g in grads.values():
@@ -176,19 +213,20 @@ class WarmupSchedule:
 
     def __init__(self, peak_lr: float, warmup_steps: int, total_steps: int,
                  decay: str = "cosine", final_lr: float = 0.0):
-        self.peak_lr = _check_nonneg(peak_lr, "peak_lr")
-        self.final_lr = _check_nonneg(final_lr, "final_lr")
-        for name, value in (("warmup_steps", warmup_steps), ("total_steps", total_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        self.peak_lr = v.real(peak_lr, "peak_lr", minimum=0)
+        self.final_lr = v.real(final_lr, "final_lr", minimum=0)
+        warmup_steps = v.integer(warmup_steps, "warmup_steps", minimum=0)
+        total_steps = v.integer(total_steps, "total_steps", minimum=0)
+        if decay not in ("cosine", "linear", "inverse_sqrt"):
+            raise ValueError(f'decay must be "cosine", "linear" or "inverse_sqrt", got {decay!r}')
         if decay != "inverse_sqrt" and total_steps < warmup_steps:
             raise ValueError(f"total_steps must be at least warmup_steps, got {total_steps} < "
                              f"{warmup_steps}")
-        if decay not in ("cosine", "linear", "inverse_sqrt"):
-            raise ValueError(f'decay must be "cosine", "linear" or "inverse_sqrt", got {decay!r}')
         self.warmup_steps, self.total_steps, self.decay = warmup_steps, total_steps, decay
 
     def __call__(self, step: int) -> float:
+        """The learning rate at ``step``, an integer >= 0."""
+        step = v.integer(step, "step", minimum=0)
         if step < self.warmup_steps:
             return self.peak_lr * (step + 1) / self.warmup_steps
         if self.decay == "inverse_sqrt":
