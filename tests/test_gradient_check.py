@@ -6,6 +6,7 @@ import pytest
 from transformer_lab.gradient_check import (
     GradientCheckError,
     check_gradients,
+    check_parity,
     compare,
     eval_numerical_gradient,
     eval_numerical_gradient_array,
@@ -188,3 +189,49 @@ def test_check_gradients_zero_gradient_passes_and_says_so(rng, capsys):
     # a gradient that is wrongly non-zero still fails
     with pytest.raises(GradientCheckError, match="c"):
         check_gradients(softmax_shifted, params, {"c": np.array([1e-3])}, df=dout)
+
+
+def test_check_parity_prints_the_table_and_passes_zero_tensors(capsys):
+    a = {"w": np.ones(3), "z": np.zeros(2)}
+    b = {"w": np.ones(3) * (1 + 1e-12), "z": np.full(2, 1e-17)}
+    errors = check_parity(a, b, tol=1e-10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["tensor", "shape", "rel.", "error", "check"]
+    assert lines[2].split()[:2] == ["w", "(3,)"] and lines[2].split()[-1] == "ok"
+    assert lines[3].split() == ["z", "(2,)", "-", "ok", "(zero", "gradient)"]
+    assert list(errors) == ["w", "z"] and 0 < errors["w"] < 1e-10 and errors["z"] == 0.0
+    # float32 noise counts as zero below 1e-6 unless both are float64
+    assert check_parity({"z": np.full(2, 1e-7, np.float32)}, {"z": np.zeros(2)}, tol=1e-10,
+                        verbose=False) == {"z": 0.0}
+    with pytest.raises(AssertionError, match="1 of 1 tensors"):
+        check_parity({"z": np.full(2, 1e-7)}, {"z": np.zeros(2)}, tol=1e-10, verbose=False)
+
+
+def test_check_parity_raises_naming_every_tensor_above_tol():
+    a = {"w": np.ones(3), "v": np.arange(4.0), "z": np.zeros(2)}
+    b = {"w": np.ones(3) * 1.01, "v": -np.arange(4.0), "z": np.zeros(2)}
+    with pytest.raises(AssertionError, match=r"2 of 3 tensors differ by more than tol=1e-10: "
+                                             r"w \(4\.98e-03\), v \(1\.00e\+00\)"):
+        check_parity(a, b, tol=1e-10, verbose=False)
+
+
+def test_check_parity_accepts_torch_tensors_and_refuses_mismatches():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(3.0, dtype=torch.float64, requires_grad=True)
+    assert check_parity({"t": t}, {"t": t.detach().numpy()}, tol=1e-12,
+                        verbose=False) == {"t": 0.0}
+    with pytest.raises(ValueError, match=r"same names; only in ours: \['v'\], only in "
+                                         r"reference: \[\]"):
+        check_parity({"t": np.ones(2), "v": np.ones(2)}, {"t": np.ones(2)}, tol=1e-10)
+    with pytest.raises(ValueError, match=r"t: ours has shape \(2,\), reference \(3,\)"):
+        check_parity({"t": np.ones(2)}, {"t": np.ones(3)}, tol=1e-10)
+    with pytest.raises(ValueError, match="tol must be a positive number"):
+        check_parity({"t": np.ones(2)}, {"t": np.ones(2)}, tol=0)
+    with pytest.raises(ValueError, match="must be finite"):
+        check_parity({"t": np.array([np.nan, 1.0])}, {"t": np.ones(2)}, tol=1e-10)
+
+
+def test_check_parity_is_importable_from_transformer_for_notebook_06():
+    from transformer_lab import transformer
+
+    assert transformer.check_parity is check_parity

@@ -532,6 +532,49 @@ def test_twin_is_a_snapshot_until_refreshed(rng):
         twin.refresh(nn.Linear(3, 2, bias=False, dtype=torch.float64))
 
 
+def test_refresh_refuses_other_sizes_and_dtypes_and_copies_nothing(rng):
+    m = build(nn.Linear, np.float32, 3, 2)
+    twin = from_torch(m)
+    before = {k: p.copy() for k, p in twin.params.items()}
+    with pytest.raises(ValueError, match=r"module parameter 'weight' has shape \(4, 3\) but "
+                                         r"the twin's has shape \(2, 3\).*from_torch\(module\)"):
+        twin.refresh(nn.Linear(3, 4))
+    with pytest.raises(TypeError, match="module parameter 'weight' is float64 but the twin is "
+                                        "float32"):
+        twin.refresh(build(nn.Linear, np.float64, 3, 2, seed=1))
+    for name, p in twin.params.items():
+        np.testing.assert_array_equal(p, before[name])
+    layer = build(nn.TransformerEncoderLayer, np.float64, 4, 2, 6)
+    twin = from_torch(layer)
+    with pytest.raises(ValueError, match="'linear1.weight' has shape"):
+        twin.refresh(build(nn.TransformerEncoderLayer, np.float64, 4, 2, 8))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layout_conversion_round_trips_and_splits_the_cross_attention(rng, bias):
+    from transformer_lab import interop as I
+
+    m = build(nn.TransformerDecoder, np.float64,
+              build(nn.TransformerDecoderLayer, np.float64, 4, 2, 6, bias=bias), 2,
+              norm=nn.LayerNorm(4, bias=bias, dtype=torch.float64))
+    P = {k: p.detach().numpy() for k, p in m.named_parameters()}
+    for split in (False, True):
+        p = I.stack_from_torch(P, "", 2, 4, decoder=True, split_cross=split)
+        cross = p["layers"][1]["cross_attn"]
+        in_proj = P["layers.1.multihead_attn.in_proj_weight"]  # (3E, E) = [W_q^T; W_k^T; W_v^T]
+        if split:
+            assert set(cross) >= {"W_q", "W_k", "W_v"} and "W_qkv" not in cross
+            np.testing.assert_array_equal(cross["W_k"], in_proj[4:8].T)
+            assert np.shares_memory(cross["W_v"], in_proj)  # views, not copies
+        else:
+            np.testing.assert_array_equal(cross["W_qkv"], in_proj.T)
+        assert ("b_o" in cross) == bias and ("beta" in p["norm"]) == bias
+        back = I.stack_to_torch(p, "")
+        assert set(back) == set(P)
+        for name, value in P.items():
+            np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
 # ------------------------------------------------------------------ bad input
 
 def test_model_width_not_divisible_by_heads(rng):
@@ -603,8 +646,27 @@ def test_wrong_rank_width_or_dtype(rng):
     out = twin.forward(np.zeros((2, 3, 4), np.float32))
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 3, 4\)"):
         twin.backward(np.zeros((3, 2, 4), np.float32))
-    with pytest.raises(TypeError, match="dout must have the module's dtype"):
+    with pytest.raises(TypeError, match=r"dout must have the dtype of the forward output "
+                                        r"\(float32\), got float64"):
         twin.backward(out.astype(np.float64))
+    linear = from_torch(build(nn.Linear, np.float32, 4, 3))
+    linear.forward(np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"dout must have shape \(2, 3\)"):
+        linear.backward(np.zeros((2, 4), np.float32))
+
+
+def test_layer_norm_without_parameters_takes_the_forward_dtype_for_dout(rng):
+    twin = from_torch(nn.LayerNorm(3, elementwise_affine=False))
+    assert twin.dtype is None and twin.params == {}
+    x32 = rng.standard_normal((2, 3)).astype(np.float32)
+    out = twin.forward(x32)
+    assert out.dtype == np.float32
+    with pytest.raises(TypeError, match=r"dout must have the dtype of the forward output "
+                                        r"\(float32\), got float64"):
+        twin.backward(out.astype(np.float64))
+    assert twin.backward(out).dtype == np.float32
+    out64 = twin.forward(x32.astype(np.float64))  # float64 works too, then wants float64
+    assert twin.backward(out64).dtype == np.float64
 
 
 def test_token_ids_out_of_range_negative_or_not_integers(rng):
@@ -701,9 +763,37 @@ def test_no_python_loop_over_batch_heads_or_positions(rng):
 # ------------------------------------------------------------------ the benchmark runs
 
 def test_bench_quick_prints_a_table_with_ratios():
-    res = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--quick"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--quick",
+                          "--threads", "1"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = [line for line in res.stdout.splitlines() if "Transformer" in line and "x" in line]
     assert len(rows) >= 2, res.stdout
     assert "numpy/torch" in res.stdout
+    # --threads sets NumPy's BLAS (threadpoolctl) and torch alike
+    assert "(1 BLAS threads), torch" in res.stdout and "(1 threads)" in res.stdout
+
+
+def test_median_times_alternates_and_skips_the_warmup():
+    from transformer_lab.bench import median_times
+
+    calls = []
+    times = median_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                         repeats=3, warmup=2)
+    assert calls == ["a", "b"] * 5  # alternately, warm-up rounds included
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        median_times({"a": lambda: None}, repeats=0, warmup=0)
+
+
+def test_bench_refuses_to_time_a_twin_that_differs_from_torch(rng):
+    from transformer_lab.bench import check_twin
+
+    out = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    grads = [rng.standard_normal((2, 3, 4)).astype(np.float32)]
+    assert check_twin(out, out * (1 + 1e-6), grads, [grads[0].copy()]) < 1e-4
+    with pytest.raises(AssertionError, match=r"the NumPy twin's gradient of input 0 differs "
+                                             r"from torch's \(relative error 1.00e\+00 >= "
+                                             r"0.0001\)"):
+        check_twin(out, out, grads, [-grads[0]])
+    with pytest.raises(AssertionError, match="twin's output differs"):
+        check_twin(out, out[:, ::-1], grads, grads)

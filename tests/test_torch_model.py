@@ -7,15 +7,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from transformer_lab.gradient_check import rel_error
+from transformer_lab.gradient_check import check_parity, rel_error
 from transformer_lab.torch_model import (
     MultiHeadAttention,
     ReferenceTransformer,
     TorchTransformer,
+    _Seq2Seq,
     nn_transformer_grads,
     nn_transformer_state,
 )
-from transformer_lab.transformer import Transformer, TransformerConfig, check_parity
+from transformer_lab.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
 SRC = np.array([[3, 4, 5, 6, PAD, PAD], [4, 3, PAD, PAD, PAD, PAD], [5, 3, 3, 6, 4, 8]])
@@ -156,9 +157,124 @@ def test_bad_input():
     twin = TorchTransformer(config())
     with pytest.raises(ValueError, match="src must be token ids below the vocabulary size 9"):
         twin(SRC + 9, TGT[:, :-1])
-    with pytest.raises(ValueError, match="tgt must have at least 2 columns and start with"):
+    with pytest.raises(ValueError, match="tgt must start every sequence with bos_id=1"):
         twin.loss(SRC, TGT[:, 1:])
+    with pytest.raises(ValueError, match="tgt must have at least 2 columns"):
+        twin.loss(SRC, TGT[:, :1])
     with pytest.raises(TypeError, match="model must be a transformer_lab.transformer.Transformer"):
         TorchTransformer.from_numpy(twin)
     with pytest.raises(ValueError, match="missing"):
         twin.load_numpy_params({"src_embed.W": np.zeros((9, 12))})
+    with pytest.raises(TypeError, match="model must be a transformer_lab.transformer.Transformer"):
+        nn_transformer_state(twin)
+
+
+# The three models check their input with the same functions: the same errors, word for word.
+BAD_FORWARD = [
+    ((SRC[:2], TGT[:1, :-1]), {}, ValueError,
+     "src and tgt_in must have the same batch size, got 2 and 1"),
+    ((np.full((3, 9), 3), TGT[:, :-1]), {}, ValueError,
+     "src has 9 positions but the positional encoding covers max_len=8"),
+    ((SRC, np.full((3, 9), 3)), {}, ValueError,
+     "tgt_in has 9 positions but the positional encoding covers max_len=8"),
+    ((SRC, TGT[:, :-1]), dict(src_key_padding_mask=np.zeros((3, 5), bool)), ValueError,
+     r"src_key_padding_mask must have shape \(3, 6\) \(the shape of the token ids\), got "
+     r"\(3, 5\)"),
+    ((SRC, TGT[:, :-1]), dict(tgt_key_padding_mask=np.zeros((3, 4))), TypeError,
+     "tgt_key_padding_mask must be a bool array"),
+    ((SRC[:, :0], TGT[:, :-1]), {}, ValueError, "src must hold at least one sequence"),
+    ((np.zeros((0, 3), int), TGT[:0, :-1]), {}, ValueError, "src must hold at least one"),
+    ((SRC[0], TGT[:, :-1]), {}, ValueError, r"src must have 2 dimensions \(batch, length\)"),
+    (([[3, 4], [5]], TGT[:, :-1]), {}, ValueError, "src must be a rectangular"),
+]
+
+
+def _models():
+    m = numpy_model(config())
+    return {"numpy": m, "torch": TorchTransformer.from_numpy(m),
+            "nn.Transformer": ReferenceTransformer.from_numpy(m)}
+
+
+@pytest.mark.parametrize("args,kwargs,error,message", BAD_FORWARD)
+def test_forward_refuses_bad_input_like_the_numpy_model(args, kwargs, error, message):
+    for model in _models().values():
+        with pytest.raises(error, match=message):
+            model.forward(*args, **kwargs)
+
+
+def test_forward_takes_tensors_and_masks_like_the_numpy_model():
+    models = _models()
+    kpm = SRC == PAD
+    kpm[2, -1] = True  # a padding mask other than the default
+    logits, _ = models["numpy"].forward(SRC, TGT[:, :-1], src_key_padding_mask=kpm)
+    for name in ("torch", "nn.Transformer"):
+        theirs = models[name](torch.from_numpy(SRC), torch.from_numpy(TGT[:, :-1]),
+                              src_key_padding_mask=torch.from_numpy(kpm))
+        assert rel_error(logits, theirs) < 1e-10, name
+    with pytest.raises(TypeError, match="src_key_padding_mask must be a bool array"):
+        models["torch"](SRC, TGT[:, :-1], src_key_padding_mask=torch.zeros(3, 6))
+
+
+def test_greedy_decode_and_loss_refuse_bad_input_like_the_numpy_model():
+    for model in _models().values():
+        with pytest.raises(ValueError, match="max_len must be at most TransformerConfig.max_len"
+                                             "=8"):
+            model.greedy_decode(SRC, max_len=20)
+        with pytest.raises(ValueError, match="max_len must be at least 1"):
+            model.greedy_decode(SRC, max_len=0)
+        with pytest.raises(ValueError, match="src must hold at least one sequence"):
+            model.greedy_decode(SRC[:0])
+        with pytest.raises(ValueError, match="src and tgt must have the same batch size, got "
+                                             "2 and 3"):
+            model.loss(SRC[:2], TGT)
+        with pytest.raises(ValueError, match="tgt has no token to predict"):
+            model.loss(SRC, np.array([[BOS, PAD]] * 3))
+        with pytest.raises(ValueError, match="tgt has 10 positions: the decoder reads 9"):
+            model.loss(SRC, np.pad(TGT, ((0, 0), (0, 5))))
+
+
+@pytest.mark.parametrize("model_cls", [TorchTransformer, ReferenceTransformer])
+def test_load_numpy_params_checks_every_value_before_copying(model_cls):
+    m = numpy_model(config())
+    twin = model_cls(config())
+    before = {k: p.detach().clone() for k, p in twin.named_parameters()}
+
+    def refused(error, message, **replace):
+        with pytest.raises(error, match=message):
+            twin.load_numpy_params({**m.params, **replace})
+        assert all(torch.equal(before[k], p) for k, p in twin.named_parameters())
+
+    # Tensor.copy_ would broadcast these; the check refuses them
+    refused(ValueError, r"params\['out_proj.b'\] must have shape \(7,\), got \(1,\)",
+            **{"out_proj.b": np.zeros(1)})
+    refused(ValueError, r"params\['decoder.layers.1.cross_attn.b_k'\] must have shape \(12,\)",
+            **{"decoder.layers.1.cross_attn.b_k": np.zeros(1)})
+    refused(ValueError, r"params\['encoder.layers.0.self_attn.W_qkv'\] must have shape "
+                        r"\(12, 36\), got \(36, 12\)",
+            **{"encoder.layers.0.self_attn.W_qkv": m.params["encoder.layers.0.self_attn.W_qkv"].T})
+    refused(TypeError, r"params\['out_proj.W'\] must be a NumPy array of the model's dtype "
+                       r"float64, got float32",
+            **{"out_proj.W": m.params["out_proj.W"].astype(np.float32)})
+    refused(TypeError, r"params\['out_proj.W'\] must be a NumPy array .* got list",
+            **{"out_proj.W": m.params["out_proj.W"].tolist()})
+    refused(ValueError, r"params\['encoder.norm.gamma'\] contains NaN or infinity",
+            **{"encoder.norm.gamma": np.full(12, np.nan)})
+    twin.load_numpy_params(m.params)
+    assert all(np.array_equal(p, m.params[k]) for k, p in twin.numpy_params().items())
+
+
+def test_numpy_params_are_copies_in_the_numpy_layout():
+    m = numpy_model(config())
+    ref = ReferenceTransformer.from_numpy(m)
+    params = ref.numpy_params()
+    assert list(params) == list(m.params)
+    assert all(p.flags.c_contiguous and not np.shares_memory(p, m.params[k])
+               for k, p in params.items())
+    params["decoder.layers.0.cross_attn.W_k"][...] = 0  # a copy: the model is not changed
+    in_proj = ref.transformer.decoder.layers[0].multihead_attn.in_proj_weight
+    assert torch.count_nonzero(in_proj[12:24]) == in_proj[12:24].numel()
+
+
+def test_the_base_class_is_abstract():
+    with pytest.raises(TypeError, match="abstract"):
+        _Seq2Seq(config())

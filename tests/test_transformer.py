@@ -2,13 +2,21 @@
 whole-model gradient check in float64, the loss over non-padding tokens, greedy decoding that
 stops at EOS, attention maps, and clear errors for bad input."""
 
-import dataclasses
+import json
 
 import numpy as np
 import pytest
 
-from transformer_lab.gradient_check import check_gradients, rel_error
-from transformer_lab.transformer import Transformer, TransformerConfig, check_parity
+from transformer_lab.gradient_check import check_gradients, check_parity
+from transformer_lab.transformer import (
+    IGNORE_INDEX,
+    CheckpointError,
+    Transformer,
+    TransformerConfig,
+    config_to_dict,
+    decoded_sequences,
+    loss_labels,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -36,22 +44,32 @@ TGT = np.array([[BOS, 3, 4, EOS, PAD, PAD], [BOS, 5, EOS, PAD, PAD, PAD], [BOS, 
 # ----------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("d_model", 6, "d_model must be divisible by num_heads"),
-    ("num_heads", 0, "num_heads must be an integer >= 1"),
-    ("num_encoder_layers", 0, "num_encoder_layers must be an integer >= 1"),
-    ("d_ff", 2.5, "d_ff must be an integer"),
-    ("activation", "tanh", "activation must be one of"),
-    ("positional", "rotary", "positional must be one of"),
-    ("eps", 0.0, "eps must be a small positive number"),
-    ("bos_id", 6, "bos_id must be a target token id"),
-    ("eos_id", 1, "pad_id, bos_id and eos_id must be three different ids"),
-    ("pad_id", -1, "pad_id must be an integer >= 0"),
-    ("max_len", True, "max_len must be an integer"),
+@pytest.mark.parametrize("field,value,error,message", [
+    ("d_model", 6, ValueError, "d_model must be divisible by num_heads"),
+    ("num_heads", 0, ValueError, "TransformerConfig.num_heads must be at least 1, got 0"),
+    ("num_encoder_layers", 0, ValueError, "num_encoder_layers must be at least 1"),
+    ("d_ff", 2.5, TypeError, "TransformerConfig.d_ff must be an integer, got 2.5"),
+    ("activation", "tanh", ValueError, "activation must be one of"),
+    ("positional", "rotary", ValueError, "positional must be one of"),
+    ("eps", 0.0, ValueError, "TransformerConfig.eps must be positive, got 0.0"),
+    ("eps", 1.5, ValueError, "eps must be a small positive number"),
+    ("eps", float("nan"), ValueError, "TransformerConfig.eps must be finite"),
+    ("eps", "1e-5", TypeError, "TransformerConfig.eps must be a number"),
+    ("bos_id", 6, ValueError, "bos_id must be a target token id"),
+    ("eos_id", 1, ValueError, "pad_id, bos_id and eos_id must be three different ids"),
+    ("pad_id", -1, ValueError, "TransformerConfig.pad_id must be at least 0"),
+    ("max_len", True, TypeError, "TransformerConfig.max_len must be an integer, got True"),
 ])
-def test_config_rejects_bad_fields_naming_them(field, value, message):
-    with pytest.raises(ValueError, match=message):
+def test_config_rejects_bad_fields_naming_them(field, value, error, message):
+    with pytest.raises(error, match=message):
         tiny(**{field: value, **({"num_heads": 4} if field == "d_model" else {})})
+
+
+def test_config_stores_plain_python_numbers():
+    cfg = tiny(d_model=np.int64(4), eps=np.float32(1e-5), bias=np.bool_(True), pad_id=np.int8(0))
+    assert type(cfg.d_model) is int and type(cfg.eps) is float and cfg.bias is True
+    assert cfg == tiny(eps=float(np.float32(1e-5)))
+    json.dumps(config_to_dict(cfg))  # JSON-ready: would raise on NumPy scalars
 
 
 def test_config_types():
@@ -64,6 +82,10 @@ def test_config_types():
     assert tiny(dtype="float64").dtype is np.float64
     with pytest.raises(TypeError, match="config must be a TransformerConfig"):
         Transformer({"d_model": 4})
+    with pytest.raises(ValueError, match="seed must be at least 0, got -1"):
+        Transformer(tiny(), seed=-1)
+    with pytest.raises(TypeError, match="seed must be an integer, got 1.0"):
+        Transformer(tiny(), seed=1.0)
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -108,6 +130,34 @@ def test_updates_in_place_or_by_assignment_reach_the_model():
     m.params["out_proj.b"] = np.zeros(6)  # wrong dtype
     with pytest.raises(ValueError, match=r"model.params\['out_proj.b'\] must be a float32"):
         m.forward(SRC, TGT[:, :-1])
+
+
+def test_set_params_refuses_nan_and_non_numbers_and_copies_nothing():
+    m = Transformer(tiny())
+    before = {k: p.copy() for k, p in m.params.items()}
+    good = np.ones_like(m.params["out_proj.W"])
+    with pytest.raises(ValueError, match=r"new\['out_proj.b'\] contains NaN or infinity"):
+        m.set_params({"out_proj.W": good, "out_proj.b": np.full(6, np.nan)})
+    with pytest.raises(ValueError, match="contains NaN or infinity"):
+        m.set_params({"out_proj.b": np.array([0, 0, np.inf, 0, 0, 0])})
+    with pytest.raises(TypeError, match=r"new\['out_proj.b'\] must hold real numbers, got "
+                                        r"dtype <U1"):
+        m.set_params({"out_proj.b": np.array(list("abcdef"))})
+    with pytest.raises(TypeError, match="must hold real numbers, got dtype bool"):
+        m.set_params({"out_proj.b": np.ones(6, bool)})
+    with pytest.raises(KeyError, match="unknown parameter 'out_proj.c'"):
+        m.set_params({"out_proj.W": good, "out_proj.c": np.zeros(6)})
+    assert all(np.array_equal(before[k], m.params[k]) for k in before)  # nothing copied
+    m.set_params({"out_proj.W": good.astype(np.float64)})  # values are cast to the dtype
+    assert m.params["out_proj.W"].dtype == np.float32 and np.all(m.params["out_proj.W"] == 1)
+
+
+def test_astype_keeps_the_subclass():
+    class Mine(Transformer):
+        pass
+
+    m = Mine(tiny())
+    assert type(m.astype(np.float64)) is Mine and type(m.copy()) is Mine
 
 
 def test_astype_and_copy_are_independent():
@@ -260,10 +310,64 @@ def test_attention_maps_per_layer_and_head():
     (SRC, TGT[:, :1], ValueError, "tgt must have at least 2 columns"),
     (SRC, np.array([[BOS, PAD]] * 3), ValueError, "tgt has no token to predict"),
     ("hello", TGT, TypeError, "src must be a NumPy array of token ids"),
+    ([[3, 4, 5], [4, 3]], TGT, ValueError, r"src must be a rectangular \(batch, length\) "
+                                           r"array of token ids; got a list of sequences of "
+                                           r"different lengths"),
+    (SRC, [[BOS, 3, EOS], [BOS, 5, 3, EOS]], ValueError, "tgt must be a rectangular"),
+    (SRC[:, :0], TGT, ValueError, r"src must hold at least one sequence of at least one "
+                                  r"token, got shape \(3, 0\)"),
 ])
 def test_loss_rejects_bad_input_naming_the_argument(src, tgt, error, message):
     with pytest.raises(error, match=message):
         Transformer(tiny()).loss(src, tgt)
+
+
+def test_a_rectangular_list_is_accepted_like_an_array():
+    m = Transformer(tiny())
+    assert m.loss(SRC.tolist(), TGT.tolist(), compute_grads=False)[0] == \
+        m.loss(SRC, TGT, compute_grads=False)[0]
+
+
+def test_loss_mask_and_loss_flags_are_checked():
+    m = Transformer(tiny())
+    with pytest.raises(ValueError, match=r"tgt must have 2 dimensions \(batch, length\), got "
+                                         r"shape \(6,\)"):
+        m.loss_mask(TGT[0])
+    with pytest.raises(ValueError, match="tgt must start every sequence with bos_id=1"):
+        m.loss_mask(TGT[:, 1:])
+    for flag in ("no", 0, None):
+        with pytest.raises(TypeError, match=f"compute_grads must be True or False, got "
+                                            f"{flag!r}"):
+            m.loss(SRC, TGT, compute_grads=flag)
+
+
+def test_backward_checks_dlogits_against_the_forward():
+    m = Transformer(tiny())
+    logits, cache = m.forward(SRC, TGT[:, :-1])
+    assert logits.shape == (3, 5, 6) and logits.dtype == np.float32
+    with pytest.raises(TypeError, match=r"dlogits must have the dtype of the logits of the "
+                                        r"forward pass \(float32\), got float64"):
+        m.backward(np.ones((3, 5, 6)), cache)
+    with pytest.raises(ValueError, match=r"dlogits must have shape \(3, 5, 6\) \(the logits "
+                                         r"of the forward pass\), got \(3, 5, 7\)"):
+        m.backward(np.ones((3, 5, 7), np.float32), cache)
+    with pytest.raises(TypeError, match="dlogits must be a NumPy array, got list"):
+        m.backward([[[0.0]]], cache)
+    assert set(m.backward(np.ones((3, 5, 6), np.float32), cache)) == set(m.params)
+
+
+def test_shared_label_and_decoding_helpers():
+    cfg = tiny()
+    tgt = np.array([[BOS, 3, EOS, 4, PAD], [BOS, 5, 3, 4, EOS]])
+    assert np.array_equal(loss_labels(cfg, tgt), [[3, EOS, IGNORE_INDEX, IGNORE_INDEX],
+                                                  [5, 3, 4, EOS]])
+    with pytest.raises(ValueError, match="tgt has no token to predict"):
+        loss_labels(cfg, np.array([[BOS, PAD, PAD]]))
+    out = np.array([[BOS, 3, EOS, PAD], [BOS, 4, 4, 4], [BOS, EOS, PAD, PAD]])
+    seqs = decoded_sequences(out, EOS, padded=False)
+    assert [s.tolist() for s in seqs] == [[3, EOS], [4, 4, 4], [EOS]]
+    seqs[0][0] = 9  # copies: the buffer is not changed
+    assert out[0, 1] == 3 and decoded_sequences(out, EOS, padded=True) is out
 
 
 def test_forward_and_decode_reject_bad_input():
@@ -278,23 +382,93 @@ def test_forward_and_decode_reject_bad_input():
         m.forward(SRC, TGT[:, :-1], src_key_padding_mask=np.zeros((3, 5)))
     with pytest.raises(ValueError, match="max_len must be at most TransformerConfig.max_len=8"):
         m.greedy_decode(SRC, max_len=9)
-    with pytest.raises(ValueError, match="max_len must be a positive integer"):
+    with pytest.raises(ValueError, match="max_len must be at least 1, got 0"):
         m.greedy_decode(SRC, max_len=0)
+    with pytest.raises(TypeError, match="max_len must be an integer, got 2.0"):
+        m.greedy_decode(SRC, max_len=2.0)
+    with pytest.raises(TypeError, match="src_key_padding_mask must be a NumPy bool array"):
+        m.forward(SRC, TGT[:, :-1], src_key_padding_mask=[[False] * 5] * 3)
     with pytest.raises(ValueError, match="call the forward function first"):
         m.backward(np.zeros((3, 5, 6), np.float32), None)
     # no positional table, no length limit
     Transformer(tiny(positional="none")).forward(np.ones((1, 20), int), np.ones((1, 12), int))
 
 
-def test_check_parity_reports_and_raises(capsys):
-    a = {"w": np.ones(3), "z": np.zeros(2)}
-    b = {"w": np.ones(3) * (1 + 1e-12), "z": np.full(2, 1e-17)}
-    errors = check_parity(a, b, tol=1e-10)
-    out = capsys.readouterr().out
-    assert "ok (zero gradient)" in out and errors["w"] < 1e-10
-    with pytest.raises(AssertionError, match=r"1 of 2 tensors differ by more than tol=1e-10: w"):
-        check_parity(a, {**b, "w": np.ones(3) * 1.01}, tol=1e-10, verbose=False)
-    with pytest.raises(ValueError, match="same names"):
-        check_parity(a, {"w": a["w"]}, tol=1e-10)
-    assert rel_error(a["w"], b["w"]) < 1e-10
-    assert dataclasses.is_dataclass(tiny())
+# ----------------------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("change", [
+    dict(norm_first=False), dict(activation="gelu"), dict(positional="none"),
+    dict(scale_embeddings=False), dict(eps=1e-6), dict(eos_id=3), dict(max_len=7),
+])
+def test_load_params_refuses_a_config_that_computes_another_function(tmp_path, change):
+    """Same names, shapes and dtypes, but another function: refused, nothing copied."""
+    saved = randomized(Transformer(tiny()))
+    path = saved.save(tmp_path / "model.npz")
+    other = Transformer(tiny(**change))
+    assert {k: p.shape for k, p in other.params.items()} == \
+        {k: p.shape for k, p in saved.params.items()}
+    before = {k: p.copy() for k, p in other.params.items()}
+    field, value = next(iter(change.items()))
+    stored = getattr(saved.config, field)
+    with pytest.raises(CheckpointError, match=rf"the checkpoint's config differs in "
+                                              rf"{field}={stored!r} \(model: {value!r}\); its "
+                                              rf"parameters have the right names and shapes but "
+                                              rf"would compute a different function"):
+        other.load_params(path)
+    assert all(np.array_equal(before[k], other.params[k]) for k in before)
+    loaded = Transformer.load(path)  # the way to get it: the stored config
+    assert loaded.config == saved.config
+    assert loaded.loss(SRC, TGT, compute_grads=False) == saved.loss(SRC, TGT, compute_grads=False)
+
+
+def test_load_params_accepts_its_own_config(tmp_path):
+    saved = randomized(Transformer(tiny(norm_first=False, activation="gelu")))
+    path = saved.save(tmp_path / "model.npz", metadata={"step": 3})
+    fresh = Transformer(tiny(norm_first=False, activation="gelu"), seed=5)
+    assert fresh.load_params(path) == {"step": 3}
+    assert all(np.array_equal(fresh.params[k], saved.params[k]) for k in saved.params)
+
+
+def _write_checkpoint(path, header, arrays):
+    np.savez(path, __header__=np.array(json.dumps(header)),
+             **{f"params/{k}": a for k, a in arrays.items()})
+    return path
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda h, a: h.update(names=5), r"damaged header: 'names' must be a list, got 5"),
+    (lambda h, a: h.update(config="tiny"), r"damaged header: 'config' must be a dict"),
+    (lambda h, a: h.pop("metadata"), r"damaged header: 'metadata' must be a dict, got None"),
+    (lambda h, a: h.update(names=h["names"][:-1]), r"damaged checkpoint: the header lists the "
+                                                   r"parameters"),
+    (lambda h, a: h.update(format=2), r"unknown checkpoint format 2"),
+    (lambda h, a: h["config"].update(d_model="four"), r"the stored configuration is not valid"),
+    (lambda h, a: h["config"].update(depth=3), r"the stored configuration is not valid"),
+    (lambda h, a: a["out_proj.b"].__setitem__(0, np.nan), r"parameter 'out_proj.b' contains "
+                                                          r"NaN or infinity"),
+])
+def test_damaged_checkpoints_give_clear_errors(tmp_path, edit, message):
+    model = Transformer(tiny())
+    header = {"format": 1, "config": config_to_dict(model.config), "names": list(model.params),
+              "metadata": {}}
+    arrays = {k: p.copy() for k, p in model.params.items()}
+    edit(header, arrays)
+    path = _write_checkpoint(tmp_path / "bad.npz", header, arrays)
+    with pytest.raises(CheckpointError, match=message):
+        Transformer.load(path)
+    with pytest.raises(CheckpointError, match=message):
+        Transformer(tiny()).load_params(path)
+
+
+def test_files_that_are_not_checkpoints(tmp_path):
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    with pytest.raises(CheckpointError, match=r"array.npy is not a transformer_lab checkpoint: "
+                                              r"it holds a single array \(a .npy file\)"):
+        Transformer.load(tmp_path / "array.npy")
+    (tmp_path / "text.npz").write_text("not a zip file")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        Transformer.load(tmp_path / "text.npz")
+    np.savez(tmp_path / "header.npz", __header__=np.array("{not json"))
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        Transformer.load(tmp_path / "header.npz")

@@ -4,10 +4,17 @@ One *step* is what a training step does with the module: forward, then backward 
 ``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get
 the same weights (the twin is built with :func:`transformer_lab.interop.from_torch`), the same
 float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few
-padded positions) and the same upstream gradient. torch keeps its default thread count.
+padded positions) and the same upstream gradient. Before anything is timed, the twin's output
+and input gradients are checked against torch's (relative error below 1e-4): a benchmark of two
+computations that differ would mean nothing.
 
-The two sides are timed alternately, step after step, after a warm-up, and the table reports
-the median of each and the ratio numpy/torch (below 1: the NumPy twin is faster).
+The two sides are timed alternately, step after step, after a warm-up
+(:func:`median_times`, also used by :func:`transformer_lab.train.step_times`), and the table
+reports the median of each and the ratio numpy/torch (below 1: the NumPy twin is faster).
+
+Threads: ``--threads N`` gives NumPy's BLAS and torch N threads each
+(:func:`transformer_lab.notebook.limit_threads`, threadpoolctl); without it both keep their
+defaults (usually one thread per core).
 
 Options: ``--quick`` (tiny sizes, a few repeats: checks that everything runs), ``--d-model``,
 ``--batch``, ``--length``, ``--heads``, ``--layers``, ``--repeats``, ``--warmup``,
@@ -19,14 +26,48 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from transformer_lab import _validate as v
+from transformer_lab.gradient_check import rel_error
+
 MODULES = ("encoder_layer", "transformer")
+
+#: Largest relative error (float32) between the twin's and torch's outputs and input gradients
+#: for which timing them means something.
+PARITY_TOL = 1e-4
+
+
+def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
+                 ) -> dict[str, float]:
+    """Median seconds of each step function, timed alternately.
+
+    Each round calls every function once, in order, so that a busy moment of the machine hits
+    all of them alike; the first ``warmup`` rounds are not timed.
+
+    Args:
+        steps: name -> a function of no arguments (one step of the work to time).
+        repeats: timed rounds (at least 1).
+        warmup: untimed rounds before them (at least 0).
+
+    Returns:
+        name -> median seconds of one call.
+    """
+    repeats = v.integer(repeats, "repeats", minimum=1)
+    warmup = v.integer(warmup, "warmup", minimum=0)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(warmup + repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _build(kind: str, e: int, h: int, layers: int):
@@ -55,9 +96,25 @@ def _inputs(kind: str, b: int, t: int, e: int, rng):
                     "tgt_key_padding_mask": kpm, "memory_key_padding_mask": kpm}
 
 
+def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> float:
+    """The largest relative error between torch's output and input gradients and the twin's;
+    raises AssertionError above ``tol``."""
+    pairs = [("output", out, twin_out)] + [(f"gradient of input {i}", g, tg)
+                                           for i, (g, tg) in enumerate(zip(grads, twin_grads,
+                                                                           strict=True))]
+    errors = {what: rel_error(ours, theirs) for what, theirs, ours in pairs}
+    worst = max(errors, key=errors.get)
+    if not errors[worst] < tol:
+        raise AssertionError(f"the NumPy twin's {worst} differs from torch's (relative error "
+                             f"{errors[worst]:.2e} >= {tol:g}): timing them would compare two "
+                             f"different computations")
+    return errors[worst]
+
+
 def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int, warmup: int,
             masks: bool = True) -> tuple[float, float]:
-    """Median seconds of one forward + backward step: (torch, numpy twin)."""
+    """Median seconds of one forward + backward step: (torch, numpy twin), after checking that
+    the twin computes what torch computes (:func:`check_twin`)."""
     import torch
 
     from transformer_lab.interop import from_torch
@@ -81,21 +138,26 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
             x.grad = None
         out = module(*leaves, **tkwargs)
         (out * tdout).sum().backward()
+        return out
 
     def numpy_step():
-        twin.forward(*args, **kwargs)
-        twin.backward(dout)
+        out = twin.forward(*args, **kwargs)
+        grads = twin.backward(dout)
+        return out, grads if isinstance(grads, tuple) else (grads,)
 
-    for _ in range(warmup):
-        torch_step()
-        numpy_step()
-    times = {"torch": [], "numpy": []}
-    for _ in range(repeats):  # alternate, so that a busy moment hits both sides alike
-        for name, step in (("torch", torch_step), ("numpy", numpy_step)):
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return statistics.median(times["torch"]), statistics.median(times["numpy"])
+    out = torch_step()
+    twin_out, twin_grads = numpy_step()
+    check_twin(out.detach().numpy(), twin_out, [x.grad.numpy() for x in leaves], twin_grads)
+    times = median_times({"torch": torch_step, "numpy": numpy_step}, repeats, warmup)
+    return times["torch"], times["numpy"]
+
+
+def _blas_threads() -> str:
+    """The thread count of NumPy's BLAS, as threadpoolctl reports it."""
+    from threadpoolctl import threadpool_info
+
+    counts = {p["num_threads"] for p in threadpool_info() if p.get("user_api") == "blas"}
+    return ", ".join(map(str, sorted(counts))) or "unknown"
 
 
 def _default_heads(e: int) -> int:
@@ -123,9 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-masks", dest="masks", action="store_false",
                         help="no causal / padding masks")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads (default: torch's own, the number of cores); "
-                             "NumPy's BLAS threads are set by OPENBLAS_NUM_THREADS in the "
-                             "environment, e.g. OPENBLAS_NUM_THREADS=1 ... --threads 1")
+                        help="threads for NumPy's BLAS and for torch, each (default: the "
+                             "libraries' own, usually one per core)")
     args = parser.parse_args(argv)
     if args.quick:
         args.d_model, args.batch, args.length = [32], [4], [8]
@@ -141,10 +202,11 @@ def main(argv=None) -> int:
 
     import torch
 
+    from transformer_lab.notebook import limit_threads
+
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
-    print(f"numpy {np.__version__} (OPENBLAS_NUM_THREADS={blas_threads}), torch "
+        limit_threads(args.threads)
+    print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
           f"backward, median of {args.repeats} after {args.warmup} warm-up, masks "
           f"{'on' if args.masks else 'off'}")

@@ -1,7 +1,8 @@
 """Numerical gradients and the checks that compare them with hand-written backward passes.
 
 Every backward pass in the course is verified twice: against a central-difference numerical
-gradient (this module) and against PyTorch autograd (:func:`compare`).
+gradient (this module) and against PyTorch autograd (:func:`compare` for one array,
+:func:`check_parity` for a whole dict of gradients).
 
 The central difference of a function ``f`` at ``x`` along coordinate ``i`` is::
 
@@ -198,24 +199,86 @@ def check_gradients(
             num = eval_numerical_gradient(lambda _: f(), x, h)
         else:
             num = eval_numerical_gradient_array(lambda _: f(), x, df, h)
-        g = _to_numpy(g, name)
-        if np.max(np.abs(num), initial=0.0) <= zero_atol and \
-                np.max(np.abs(g), initial=0.0) <= zero_atol:
+        errors[name] = _error_unless_zero(_to_numpy(g, name), num, zero_atol)
+        if errors[name] is None:
             zero.add(name)
             errors[name] = 0.0
-        else:
-            errors[name] = rel_error(g, num)
 
-    if verbose:
-        print(format_check_table(errors, {n: params[n].shape for n in grads}, tol, zero))
-    failed = {n: e for n, e in errors.items() if not e <= tol}
+    failed = _report(errors, {n: params[n].shape for n in grads}, tol, zero, verbose)
     if failed:
-        listing = ", ".join(f"{n} ({e:.2e})" for n, e in failed.items())
         raise GradientCheckError(
             f"gradient check failed for {len(failed)} of {len(errors)} tensors, relative error "
-            f"above tol={tol:.0e}: {listing}"
+            f"above tol={tol:.0e}: {_listing(failed)}"
         )
     return errors
+
+
+def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
+                 zero_atol: float | None = None, verbose: bool = True) -> dict[str, float]:
+    """Compare two dicts of arrays with the same keys, one relative error per tensor.
+
+    For our gradients (or weights) against a reference's -- PyTorch's, or the same model's in
+    another dtype. Prints the table of :func:`check_gradients` (name, shape, relative error,
+    ok) and raises ``AssertionError`` naming every tensor above ``tol``. A tensor that is zero
+    up to rounding in both (every entry at most ``zero_atol``; default 1e-12 when both are
+    float64, else 1e-6) passes as "ok (zero gradient)": e.g. the gradient of an attention key
+    bias, which the softmax ignores -- the relative error of two rounding noises means nothing.
+
+    Args:
+        ours, reference: name -> array of shape S_name (NumPy arrays or torch tensors), the
+            same names and shapes.
+        tol: largest relative error that passes (1e-10 for float64, 1e-5 for float32).
+        zero_atol: see above.
+        verbose: print the table.
+
+    Returns:
+        name -> relative error (0.0 for zero tensors), in the order of ``ours``.
+    """
+    if not np.isscalar(tol) or not tol > 0:
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if set(ours) != set(reference):
+        raise ValueError(f"ours and reference must have the same names; only in ours: "
+                         f"{sorted(set(ours) - set(reference))}, only in reference: "
+                         f"{sorted(set(reference) - set(ours))}")
+    errors: dict[str, float] = {}
+    zero: set[str] = set()
+    shapes: dict[str, tuple] = {}
+    for name in ours:
+        a, b = _to_numpy(ours[name], name), _to_numpy(reference[name], name)
+        if a.shape != b.shape:
+            raise ValueError(f"{name}: ours has shape {a.shape}, reference {b.shape}")
+        shapes[name] = a.shape
+        atol = zero_atol
+        if atol is None:
+            atol = 1e-12 if a.dtype == np.float64 and b.dtype == np.float64 else 1e-6
+        errors[name] = _error_unless_zero(a, b, atol)
+        if errors[name] is None:
+            zero.add(name)
+            errors[name] = 0.0
+    failed = _report(errors, shapes, tol, zero, verbose)
+    if failed:
+        raise AssertionError(f"{len(failed)} of {len(errors)} tensors differ by more than "
+                             f"tol={tol:g}: {_listing(failed)}")
+    return errors
+
+
+def _error_unless_zero(a: np.ndarray, b: np.ndarray, atol: float) -> float | None:
+    """rel_error(a, b), or None when both are zero up to ``atol`` in every entry."""
+    if max(np.max(np.abs(a), initial=0.0), np.max(np.abs(b), initial=0.0)) <= atol:
+        return None
+    return rel_error(a, b)
+
+
+def _report(errors: Mapping[str, float], shapes: Mapping[str, tuple], tol: float,
+            zero: set[str], verbose: bool) -> dict[str, float]:
+    """Print the table (when verbose); return the tensors above ``tol``."""
+    if verbose:
+        print(format_check_table(errors, shapes, tol, zero))
+    return {n: e for n, e in errors.items() if not e <= tol}
+
+
+def _listing(failed: Mapping[str, float]) -> str:
+    return ", ".join(f"{n} ({e:.2e})" for n, e in failed.items())
 
 
 def format_check_table(errors: Mapping[str, float], shapes: Mapping[str, tuple],

@@ -67,9 +67,17 @@ The contract, and where a twin deliberately differs from torch:
   names to these copies, in torch's layout (the NumPy-layout parameters used internally are
   views of them, so writing into ``twin.params[name]`` changes the twin). After the module's
   weights change, call ``twin.refresh(module)`` (or ``from_torch`` again).
+
+**Layout conversion.** ``norm_from_torch`` / ``mha_from_torch`` / ``ff_from_torch`` /
+``layer_from_torch`` / ``stack_from_torch`` and their ``*_to_torch`` inverses are the one mapping
+between torch's parameter names and layouts and the parameter dicts of
+:mod:`transformer_lab.attention` and :mod:`transformer_lab.blocks`; the twins and
+:mod:`transformer_lab.torch_model` (the NumPy Transformer's weights in ``nn.Transformer``) use it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -81,7 +89,9 @@ from transformer_lab import layers as L
 __all__ = ["from_torch", "LinearTwin", "EmbeddingTwin", "LayerNormTwin",
            "MultiheadAttentionTwin", "TransformerEncoderLayerTwin",
            "TransformerDecoderLayerTwin", "TransformerEncoderTwin", "TransformerDecoderTwin",
-           "TransformerTwin"]
+           "TransformerTwin", "norm_from_torch", "norm_to_torch", "mha_from_torch",
+           "mha_to_torch", "ff_from_torch", "ff_to_torch", "layer_from_torch", "layer_to_torch",
+           "stack_from_torch", "stack_to_torch"]
 
 
 def from_torch(module):
@@ -147,14 +157,28 @@ class _Twin:
 
     def refresh(self, module) -> None:
         """Copy the current weights of ``module`` (the one this twin was built from, or one of
-        the same structure) into the twin."""
-        names = [n for n, _ in module.named_parameters()]
-        if names != list(self.params):
+        the same structure: parameter names, shapes and dtype) into the twin.
+
+        Everything is checked before anything is copied; for a module of another size or dtype
+        build a new twin with ``from_torch(module)``.
+        """
+        new = {name: p.detach().cpu().numpy() for name, p in module.named_parameters()}
+        if list(new) != list(self.params):
             raise ValueError(f"module must have the parameters of the twin {list(self.params)}, "
-                             f"got {names}")
+                             f"got {list(new)}")
+        for name, value in new.items():
+            mine = self.params[name]
+            if value.shape != mine.shape:
+                raise ValueError(f"module parameter {name!r} has shape {value.shape} but the "
+                                 f"twin's has shape {mine.shape}: refresh needs a module of the "
+                                 f"same sizes (build a new twin with from_torch(module))")
+            if value.dtype != mine.dtype:
+                raise TypeError(f"module parameter {name!r} is {value.dtype} but the twin is "
+                                f"{mine.dtype}: refresh needs a module of the same dtype (build a "
+                                f"new twin with from_torch(module))")
         _refuse_dropout(module)
-        for name, p in module.named_parameters():
-            np.copyto(self.params[name], p.detach().cpu().numpy())
+        for name, value in new.items():
+            np.copyto(self.params[name], value)
 
     def _last(self):
         if self._cache is None:
@@ -190,10 +214,11 @@ def _refuse_dropout(module) -> None:
                              "with dropout=0.0")
 
 
-def _dout(self_twin, dout, shape, name="dout"):
-    dout = self_twin._input(dout, name)
-    v.shape_is(dout, shape, name, "the shape of the forward output")
-    return dout
+def _dout(twin, dout, shape: tuple, dtype=None) -> np.ndarray:
+    """The upstream gradient of a twin's last forward: a NumPy array of the output's shape and
+    dtype (``dtype``: that of the forward's input, for twins without parameters)."""
+    dtype = twin.dtype if dtype is None else dtype
+    return v.grad_like(dout, "dout", shape, dtype, what="the forward output")
 
 
 def _T(a: np.ndarray) -> np.ndarray:
@@ -300,10 +325,21 @@ def _activation_name(act) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Parameter mappings: torch names (torch layout) <-> the functional code's dicts (NumPy layout)
+# The layout conversion: torch parameter names and layouts <-> the functional code's dicts
+#
+# The one mapping between the parameters of nn.LayerNorm, nn.MultiheadAttention and the
+# nn.Transformer layers and stacks (torch names; Linear weights (out, in)) and the parameter
+# dicts of transformer_lab.attention / transformer_lab.blocks (NumPy layout, W of shape
+# (in, out)). ``*_from_torch(P, prefix, ...)`` reads the torch-named arrays ``P[prefix + name]``
+# and returns the functional dict, made of views of them (no copies); ``*_to_torch(p, prefix)``
+# is the inverse and applies to parameters and to gradients alike. The twins use it for their
+# weights and gradients; transformer_lab.torch_model uses it to move the NumPy Transformer's
+# weights into nn.Transformer and nn.Transformer's gradients back.
 
 
-def _norm_params(P: dict, prefix: str) -> dict:
+def norm_from_torch(P: Mapping[str, np.ndarray], prefix: str) -> dict:
+    """``weight``, ``bias`` (any normalized_shape) -> ``{"gamma", "beta"}`` (flattened views);
+    a norm without affine parameters gives ``{}``."""
     p = {}
     if prefix + "weight" in P:
         p["gamma"] = P[prefix + "weight"].reshape(-1)
@@ -312,28 +348,39 @@ def _norm_params(P: dict, prefix: str) -> dict:
     return p
 
 
-def _norm_grads(g: dict, prefix: str, P: dict) -> dict:
+def norm_to_torch(p: Mapping[str, np.ndarray], prefix: str, shape: tuple | None = None) -> dict:
+    """``{"gamma", "beta"}`` -> ``weight``, ``bias`` (reshaped to ``shape``, the
+    normalized_shape, when given)."""
     out = {}
-    if "gamma" in g:
-        out[prefix + "weight"] = g["gamma"].reshape(P[prefix + "weight"].shape)
-    if "beta" in g:
-        out[prefix + "bias"] = g["beta"].reshape(P[prefix + "bias"].shape)
+    for key, name in (("gamma", "weight"), ("beta", "bias")):
+        if key in p:
+            out[prefix + name] = p[key] if shape is None else p[key].reshape(shape)
     return out
 
 
-def _mha_params(P: dict, prefix: str, e: int) -> dict:
-    """``in_proj_weight`` (3E, E) is ``W_qkv`` (E, 3E) transposed; with kdim/vdim != E torch has
-    ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` instead. Biases: ``in_proj_bias``
-    is ``b_qkv``, or ``b_q, b_k, b_v`` (views of it) with separate weights."""
-    packed = prefix + "in_proj_weight" in P
-    if packed:
-        p = {"W_qkv": _T(P[prefix + "in_proj_weight"])}
+def mha_from_torch(P: Mapping[str, np.ndarray], prefix: str, e: int,
+                   split: bool = False) -> dict:
+    """``nn.MultiheadAttention`` weights -> the dict of :mod:`transformer_lab.attention`.
+
+    ``in_proj_weight`` (3E, E) is ``W_qkv`` (E, 3E) transposed -- or, with ``split``, the three
+    column blocks ``W_q, W_k, W_v`` (E, E) of it (the NumPy Transformer's cross-attention). With
+    kdim/vdim != E torch has ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` instead.
+    ``in_proj_bias`` (3E,) is ``b_qkv``, or ``b_q, b_k, b_v`` with separate weights. ``out_proj``
+    is ``W_o`` (E, E), ``b_o``.
+    """
+    p = {}
+    if prefix + "in_proj_weight" in P:
+        W = _T(P[prefix + "in_proj_weight"])
+        if split:
+            p.update(W_q=W[:, :e], W_k=W[:, e:2 * e], W_v=W[:, 2 * e:])
+        else:
+            p["W_qkv"] = W
     else:
-        p = {f"W_{c}": _T(P[f"{prefix}{c}_proj_weight"]) for c in "qkv"}
+        p.update({f"W_{c}": _T(P[f"{prefix}{c}_proj_weight"]) for c in "qkv"})
     p["W_o"] = _T(P[prefix + "out_proj.weight"])
     if prefix + "in_proj_bias" in P:
         b = P[prefix + "in_proj_bias"]
-        if packed:
+        if "W_qkv" in p:
             p["b_qkv"] = b
         else:
             p.update(b_q=b[:e], b_k=b[e:2 * e], b_v=b[2 * e:])
@@ -341,22 +388,31 @@ def _mha_params(P: dict, prefix: str, e: int) -> dict:
     return p
 
 
-def _mha_grads(g: dict, prefix: str) -> dict:
+def mha_to_torch(p: Mapping[str, np.ndarray], prefix: str, packed: bool = True) -> dict:
+    """The inverse of :func:`mha_from_torch`.
+
+    ``packed``: torch keeps one ``in_proj_weight`` (kdim = vdim = E, always so in the
+    Transformer layers), built from ``W_qkv`` or from ``W_q, W_k, W_v``; otherwise
+    ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``.
+    """
     out = {}
-    if "W_qkv" in g:
-        out[prefix + "in_proj_weight"] = _T(g["W_qkv"])
+    if "W_qkv" in p:
+        out[prefix + "in_proj_weight"] = _T(p["W_qkv"])
+    elif packed:
+        out[prefix + "in_proj_weight"] = np.concatenate([_T(p[f"W_{c}"]) for c in "qkv"])
     else:
         for c in "qkv":
-            out[f"{prefix}{c}_proj_weight"] = _T(g[f"W_{c}"])
-    out[prefix + "out_proj.weight"] = _T(g["W_o"])
-    if "b_o" in g:
-        out[prefix + "in_proj_bias"] = (g["b_qkv"] if "b_qkv" in g else
-                                        np.concatenate([g["b_q"], g["b_k"], g["b_v"]]))
-        out[prefix + "out_proj.bias"] = g["b_o"]
+            out[f"{prefix}{c}_proj_weight"] = _T(p[f"W_{c}"])
+    out[prefix + "out_proj.weight"] = _T(p["W_o"])
+    if "b_o" in p:
+        out[prefix + "in_proj_bias"] = (p["b_qkv"] if "b_qkv" in p else
+                                        np.concatenate([p["b_q"], p["b_k"], p["b_v"]]))
+        out[prefix + "out_proj.bias"] = p["b_o"]
     return out
 
 
-def _ff_params(P: dict, prefix: str) -> dict:
+def ff_from_torch(P: Mapping[str, np.ndarray], prefix: str) -> dict:
+    """``linear1``, ``linear2`` of a Transformer layer -> ``{"W1", "b1", "W2", "b2"}``."""
     p = {"W1": _T(P[prefix + "linear1.weight"]), "W2": _T(P[prefix + "linear2.weight"])}
     if prefix + "linear1.bias" in P:
         p["b1"] = P[prefix + "linear1.bias"]
@@ -365,35 +421,61 @@ def _ff_params(P: dict, prefix: str) -> dict:
     return p
 
 
-def _ff_grads(g: dict, prefix: str) -> dict:
-    out = {prefix + "linear1.weight": _T(g["W1"]), prefix + "linear2.weight": _T(g["W2"])}
-    if "b1" in g:
-        out[prefix + "linear1.bias"] = g["b1"]
-    if "b2" in g:
-        out[prefix + "linear2.bias"] = g["b2"]
+def ff_to_torch(p: Mapping[str, np.ndarray], prefix: str) -> dict:
+    """The inverse of :func:`ff_from_torch`."""
+    out = {prefix + "linear1.weight": _T(p["W1"]), prefix + "linear2.weight": _T(p["W2"])}
+    if "b1" in p:
+        out[prefix + "linear1.bias"] = p["b1"]
+    if "b2" in p:
+        out[prefix + "linear2.bias"] = p["b2"]
     return out
 
 
 _ATTN = {"self_attn": "self_attn.", "cross_attn": "multihead_attn."}
 
 
-def _layer_params(P: dict, prefix: str, e: int, decoder: bool) -> dict:
-    p = {"self_attn": _mha_params(P, prefix + "self_attn.", e), "ff": _ff_params(P, prefix)}
+def layer_from_torch(P: Mapping[str, np.ndarray], prefix: str, e: int, decoder: bool,
+                     split_cross: bool = False) -> dict:
+    """An encoder/decoder layer -> ``{"self_attn", ["cross_attn",] "ff", "norm1", ...}``
+    (``split_cross``: the cross-attention's input projections as ``W_q, W_k, W_v``)."""
+    p = {"self_attn": mha_from_torch(P, prefix + "self_attn.", e), "ff": ff_from_torch(P, prefix)}
     if decoder:
-        p["cross_attn"] = _mha_params(P, prefix + "multihead_attn.", e)
+        p["cross_attn"] = mha_from_torch(P, prefix + "multihead_attn.", e, split=split_cross)
     for norm in ("norm1", "norm2", "norm3")[:2 + decoder]:
-        p[norm] = _norm_params(P, f"{prefix}{norm}.")
+        p[norm] = norm_from_torch(P, f"{prefix}{norm}.")
     return p
 
 
-def _layer_grads(g: dict, prefix: str, P: dict) -> dict:
-    out = _ff_grads(g["ff"], prefix)
+def layer_to_torch(p: Mapping[str, dict], prefix: str) -> dict:
+    """The inverse of :func:`layer_from_torch`."""
+    out = ff_to_torch(p["ff"], prefix)
     for key, name in _ATTN.items():
-        if key in g:
-            out.update(_mha_grads(g[key], prefix + name))
+        if key in p:
+            out.update(mha_to_torch(p[key], prefix + name))
     for norm in ("norm1", "norm2", "norm3"):
-        if norm in g:
-            out.update(_norm_grads(g[norm], f"{prefix}{norm}.", P))
+        if norm in p:
+            out.update(norm_to_torch(p[norm], f"{prefix}{norm}."))
+    return out
+
+
+def stack_from_torch(P: Mapping[str, np.ndarray], prefix: str, num_layers: int, e: int,
+                     decoder: bool, split_cross: bool = False, final_norm: bool = True) -> dict:
+    """An ``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` -> ``{"layers": [...],
+    "norm": {"gamma", "beta"}}`` as :func:`transformer_lab.blocks.encoder_forward` takes it
+    (``final_norm=False``: ``"norm": None``, the final norm left out)."""
+    layers = [layer_from_torch(P, f"{prefix}layers.{i}.", e, decoder, split_cross)
+              for i in range(num_layers)]
+    return {"layers": layers, "norm": norm_from_torch(P, prefix + "norm.") if final_norm
+            else None}
+
+
+def stack_to_torch(p: Mapping, prefix: str) -> dict:
+    """The inverse of :func:`stack_from_torch`."""
+    out = {}
+    for i, layer in enumerate(p["layers"]):
+        out.update(layer_to_torch(layer, f"{prefix}layers.{i}."))
+    if p.get("norm") is not None:
+        out.update(norm_to_torch(p["norm"], prefix + "norm."))
     return out
 
 
@@ -471,7 +553,8 @@ class LinearTwin(_Twin):
 
     def backward(self, dout):
         cache = self._last()
-        dx, dW, db = L.linear_backward(self._input(dout, "dout"), cache)
+        dout = _dout(self, dout, (*cache.x.shape[:-1], self.out_features))
+        dx, dW, db = L.linear_backward(dout, cache)
         self._set_grads({"weight": _T(dW), **({"bias": db} if db is not None else {})})
         return dx
 
@@ -502,10 +585,8 @@ class EmbeddingTwin(_Twin):
 
     def backward(self, dout):
         cache = self._last()
-        dout = self._input(dout, "dout")
+        dout = _dout(self, dout, (*cache.ids.shape, self.params["weight"].shape[1]))
         if self.scale_grad_by_freq:
-            v.shape_is(dout, (*cache.ids.shape, self.params["weight"].shape[1]), "dout",
-                       "the shape of the forward output")
             counts = np.bincount(cache.ids.reshape(-1), minlength=cache.vocab_size)
             dout = dout / counts[cache.ids][..., None].astype(dout.dtype)
         self._set_grads({"weight": L.embedding_backward(dout, cache)})
@@ -524,7 +605,7 @@ class LayerNormTwin(_Twin):
         super().__init__(module)
         self.normalized_shape = tuple(module.normalized_shape)
         self.eps = module.eps
-        self._p = _norm_params(self.params, "")
+        self._p = norm_from_torch(self.params, "")
 
     def forward(self, input):
         x = self._input(input, "input")
@@ -535,15 +616,15 @@ class LayerNormTwin(_Twin):
         # Normalising over several trailing axes is normalising over one axis of their product.
         x2 = x.reshape(*x.shape[:x.ndim - k], -1)
         out, cache = L.layer_norm_forward(x2, self._p.get("gamma"), self._p.get("beta"), self.eps)
-        self._cache = (cache, x.shape)
+        self._cache = (cache, x.shape, x.dtype)
         return out.reshape(x.shape)
 
     def backward(self, dout):
-        cache, shape = self._last()
-        dout = _dout(self, dout, shape)
+        cache, shape, dtype = self._last()
+        dout = _dout(self, dout, shape, dtype)
         dx, g = B._norm_backward(dout.reshape(*shape[:len(shape) - len(self.normalized_shape)],
                                               -1), cache)
-        self._set_grads(_norm_grads(g, "", self.params))
+        self._set_grads(norm_to_torch(g, "", self.normalized_shape))
         return dx.reshape(shape)
 
 
@@ -584,7 +665,7 @@ class MultiheadAttentionTwin(_Twin):
             raise ValueError(f"num_heads: embed_dim = {self.embed_dim} must be divisible by "
                              f"num_heads, got num_heads = {self.num_heads}")
         self.batch_first = bool(module.batch_first)
-        self._p = _mha_params(self.params, "", self.embed_dim)
+        self._p = mha_from_torch(self.params, "", self.embed_dim)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
@@ -621,7 +702,7 @@ class MultiheadAttentionTwin(_Twin):
             dweights = self._input(dweights, "dweights")
             dweights = dweights if batched else dweights[None]
         dq, dk, dv, g = att.multi_head_attention_backward(d, cache, self._p, dweights)
-        self._set_grads(_mha_grads(g, ""))
+        self._set_grads(mha_to_torch(g, "", packed="in_proj_weight" in self.params))
         return tuple(_unseq(x, batched, self.batch_first) for x in (dq, dk, dv))
 
 
@@ -678,7 +759,7 @@ class TransformerEncoderLayerTwin(_LayerTwin):
     def __init__(self, module):
         super().__init__(module)
         self._configure(_layer_config(module, "the layer"))
-        self._p = _layer_params(self.params, "", self.d_model, decoder=False)
+        self._p = layer_from_torch(self.params, "", self.d_model, decoder=False)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         x, batched = self._seqs(src=src)
@@ -692,7 +773,7 @@ class TransformerEncoderLayerTwin(_LayerTwin):
         cache, batched, shape = self._last()
         d = _seq(self, _dout(self, dout, shape), "dout", self.d_model, self.batch_first)
         dx, g = B.encoder_layer_backward(d, cache)
-        self._set_grads(_layer_grads(g, "", self.params))
+        self._set_grads(layer_to_torch(g, ""))
         return _unseq(dx, batched, self.batch_first)
 
 
@@ -709,7 +790,7 @@ class TransformerDecoderLayerTwin(_LayerTwin):
     def __init__(self, module):
         super().__init__(module)
         self._configure(_layer_config(module, "the layer"))
-        self._p = _layer_params(self.params, "", self.d_model, decoder=True)
+        self._p = layer_from_torch(self.params, "", self.d_model, decoder=True)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
@@ -728,7 +809,7 @@ class TransformerDecoderLayerTwin(_LayerTwin):
         cache, batched, shape = self._last()
         d = _seq(self, _dout(self, dout, shape), "dout", self.d_model, self.batch_first)
         dx, dmem, g = B.decoder_layer_backward(d, cache)
-        self._set_grads(_layer_grads(g, "", self.params))
+        self._set_grads(layer_to_torch(g, ""))
         return _unseq(dx, batched, self.batch_first), _unseq(dmem, batched, self.batch_first)
 
 
@@ -748,10 +829,10 @@ class _Stack:
         self.cfg = _stack_config(module.layers, where)
         e = self.cfg["d_model"]
         self.prefix, self.decoder = prefix, decoder
-        self.params = {"layers": [_layer_params(P, f"{prefix}layers.{i}.", e, decoder)
-                                  for i in range(len(module.layers))], "norm": None}
+        self.params = stack_from_torch(P, prefix, len(module.layers), e, decoder,
+                                       final_norm=False)
         self.norm_eps = _final_norm(module.norm, where, e)
-        self.norm = None if self.norm_eps is None else _norm_params(P, prefix + "norm.")
+        self.norm = None if self.norm_eps is None else norm_from_torch(P, prefix + "norm.")
         self.kw = {"norm_first": self.cfg["norm_first"], "activation": self.cfg["activation"],
                    "eps": self.cfg["eps"]}
 
@@ -767,19 +848,17 @@ class _Stack:
                                                self.norm.get("beta"), self.norm_eps)
         return out, (cache, ncache)
 
-    def backward(self, dout, caches, P: dict):
+    def backward(self, dout, caches):
         """Returns dx, dmemory (decoders; None for encoders) and torch-named grads."""
         cache, ncache = caches
-        grads = {}
+        norm_grads = None
         if ncache is not None:
-            dout, g = B._norm_backward(dout, ncache)
-            grads.update(_norm_grads(g, self.prefix + "norm.", P))
+            dout, norm_grads = B._norm_backward(dout, ncache)
         if self.decoder:
             dx, dmem, g = B.decoder_backward(dout, cache)
         else:
             (dx, g), dmem = B.encoder_backward(dout, cache), None
-        for i, gl in enumerate(g["layers"]):
-            grads.update(_layer_grads(gl, f"{self.prefix}layers.{i}.", P))
+        grads = stack_to_torch({"layers": g["layers"], "norm": norm_grads}, self.prefix)
         return dx, dmem, grads
 
 
@@ -808,7 +887,7 @@ class TransformerEncoderTwin(_LayerTwin):
     def backward(self, dout):
         cache, batched, shape = self._last()
         d = _seq(self, _dout(self, dout, shape), "dout", self.d_model, self.batch_first)
-        dx, _, grads = self._stack.backward(d, cache, self.params)
+        dx, _, grads = self._stack.backward(d, cache)
         self._set_grads(grads)
         return _unseq(dx, batched, self.batch_first)
 
@@ -841,7 +920,7 @@ class TransformerDecoderTwin(_LayerTwin):
     def backward(self, dout):
         cache, batched, shape = self._last()
         d = _seq(self, _dout(self, dout, shape), "dout", self.d_model, self.batch_first)
-        dx, dmem, grads = self._stack.backward(d, cache, self.params)
+        dx, dmem, grads = self._stack.backward(d, cache)
         self._set_grads(grads)
         return _unseq(dx, batched, self.batch_first), _unseq(dmem, batched, self.batch_first)
 
@@ -896,7 +975,7 @@ class TransformerTwin(_LayerTwin):
     def backward(self, dout):
         ecache, dcache, batched, shape = self._last()
         d = _seq(self, _dout(self, dout, shape), "dout", self.d_model, self.batch_first)
-        dtgt, dmem, grads = self._dec.backward(d, dcache, self.params)
-        dsrc, _, egrads = self._enc.backward(dmem, ecache, self.params)
+        dtgt, dmem, grads = self._dec.backward(d, dcache)
+        dsrc, _, egrads = self._enc.backward(dmem, ecache)
         self._set_grads({**grads, **egrads})
         return _unseq(dsrc, batched, self.batch_first), _unseq(dtgt, batched, self.batch_first)

@@ -27,6 +27,7 @@ config and seed start equal -- to train both on the same batches and compare los
 
 from __future__ import annotations
 
+import abc
 import math
 import warnings
 from collections.abc import Mapping
@@ -38,6 +39,8 @@ import torch.nn.functional as F
 
 from transformer_lab import _validate as v
 from transformer_lab import layers as L
+from transformer_lab import transformer as T
+from transformer_lab.interop import stack_from_torch, stack_to_torch
 from transformer_lab.transformer import Transformer, TransformerConfig, parameter_names
 
 __all__ = ["LayerNorm", "FeedForward", "MultiHeadAttention", "EncoderLayer", "DecoderLayer",
@@ -161,7 +164,7 @@ class MultiHeadAttention(nn.Module):
         self.last_weights = None
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, E) -> (B, H, T, E/H): H chunks of the features, heads before time."""
+        """(B, T, E) -> (B, h, T, E/h): h chunks of the features, heads before time."""
         b, t, e = x.shape
         return x.view(b, t, self.num_heads, e // self.num_heads).transpose(1, 2)
 
@@ -182,8 +185,8 @@ class MultiHeadAttention(nn.Module):
         return q, k, v_
 
     def attend(self, q, k, v_, blocked):
-        """Scaled dot-product attention over (B, H, T, Dh) tensors; ``blocked`` broadcasts to
-        (B, H, T, S) or is None."""
+        """Scaled dot-product attention over (B, h, T, d_h) tensors; ``blocked`` broadcasts to
+        (B, h, T, S) or is None."""
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         if blocked is None:
             weights = torch.softmax(scores, dim=-1)
@@ -295,8 +298,19 @@ class Decoder(nn.Module):
 # What both torch models share: embeddings, output projection, loss, decoding, weight transfer
 
 
-class _Seq2Seq(nn.Module):
-    """Embeddings, output projection and everything around the encoder-decoder core."""
+def _to_numpy(x):
+    """A torch tensor as a NumPy array (other inputs unchanged, for the shared checks)."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+class _Seq2Seq(nn.Module, abc.ABC):
+    """Embeddings, output projection and everything around the encoder-decoder core.
+
+    Inputs are checked by the very functions the NumPy model uses
+    (:func:`transformer_lab.transformer.check_inputs`, ...): same rules, same messages.
+    Subclasses provide the core (:meth:`core`) and the mapping between their parameters and the
+    NumPy model's names and layouts (:meth:`_numpy_layout`, :meth:`_torch_layout`).
+    """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -314,16 +328,24 @@ class _Seq2Seq(nn.Module):
         self.register_buffer("pe", None if pe is None else torch.from_numpy(pe),
                              persistent=False)
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- the parts a subclass provides -------------------------------------------------------
 
-    def _ids(self, ids, name: str, vocab: int) -> torch.Tensor:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.detach().cpu().numpy()
-        ids = np.asarray(ids)
-        if ids.ndim != 2:
-            raise ValueError(f"{name} must have 2 dimensions (batch, length), got shape "
-                             f"{ids.shape}")
-        return torch.from_numpy(np.ascontiguousarray(v.token_ids(ids, name, vocab))).long()
+    @abc.abstractmethod
+    def core(self, x_src: torch.Tensor, x_tgt: torch.Tensor, src_kpm: torch.Tensor,
+             tgt_kpm: torch.Tensor) -> torch.Tensor:
+        """Embedded source (B, S, E) and decoder input (B, T, E), key padding masks (B, S) and
+        (B, T) (True = padding) -> the final decoder states (B, T, E), causal."""
+
+    @abc.abstractmethod
+    def _numpy_layout(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Arrays named and laid out like ``self.named_parameters()`` -> the NumPy model's names
+        and layouts (views where possible)."""
+
+    @abc.abstractmethod
+    def _torch_layout(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inverse of :meth:`_numpy_layout`."""
+
+    # -- forward, loss, decoding ------------------------------------------------------------
 
     def embed(self, ids: torch.Tensor, side: str) -> torch.Tensor:
         x = getattr(self, f"{side}_embed")(ids)
@@ -336,42 +358,32 @@ class _Seq2Seq(nn.Module):
             x = x + getattr(self, f"{side}_pos").W[:t]
         return x
 
-    def core(self, x_src, x_tgt, src_kpm, tgt_kpm):  # pragma: no cover - overridden
-        raise NotImplementedError
-
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
-        """Logits (B, T, tgt_vocab_size), as :meth:`Transformer.forward`."""
-        c = self.config
-        src = self._ids(src, "src", c.src_vocab_size)
-        tgt_in = self._ids(tgt_in, "tgt_in", c.tgt_vocab_size)
-        src_kpm = src == c.pad_id if src_key_padding_mask is None else \
-            torch.as_tensor(src_key_padding_mask, dtype=torch.bool)
-        tgt_kpm = tgt_in == c.pad_id if tgt_key_padding_mask is None else \
-            torch.as_tensor(tgt_key_padding_mask, dtype=torch.bool)
-        y = self.core(self.embed(src, "src"), self.embed(tgt_in, "tgt"), src_kpm, tgt_kpm)
+        """Logits (B, T, tgt_vocab_size), as :meth:`Transformer.forward` (ids and masks as NumPy
+        arrays or tensors)."""
+        src, tgt_in, src_kpm, tgt_kpm = (
+            torch.from_numpy(np.ascontiguousarray(a)) for a in T.check_inputs(
+                self.config, _to_numpy(src), _to_numpy(tgt_in),
+                _to_numpy(src_key_padding_mask), _to_numpy(tgt_key_padding_mask)))
+        y = self.core(self.embed(src.long(), "src"), self.embed(tgt_in.long(), "tgt"), src_kpm,
+                      tgt_kpm)
         return self.out_proj(y)
 
     def loss(self, src, tgt) -> torch.Tensor:
         """Mean cross-entropy over the labels ``tgt[:, 1:]`` up to each first EOS, padding
         skipped: the same loss as :meth:`Transformer.loss` (call ``.backward()`` on it)."""
-        c = self.config
-        tgt_np = self._ids(tgt, "tgt", c.tgt_vocab_size).numpy()
-        if tgt_np.shape[1] < 2 or (tgt_np[:, 0] != c.bos_id).any():
-            raise ValueError(f"tgt must have at least 2 columns and start with bos_id={c.bos_id}")
-        labels = tgt_np[:, 1:]
-        is_eos = labels == c.eos_id
-        keep = (labels != c.pad_id) & ~((np.cumsum(is_eos, axis=1) - is_eos) > 0)
-        labels = torch.from_numpy(np.where(keep, labels, -1))
-        logits = self(src, tgt_np[:, :-1])
+        src, tgt, labels = T.check_loss_inputs(self.config, _to_numpy(src), _to_numpy(tgt))
+        labels = torch.from_numpy(labels).long()
+        logits = self(src, tgt[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                               ignore_index=-1)
+                               ignore_index=T.IGNORE_INDEX)
 
     @torch.no_grad()
     def greedy_decode(self, src, max_len: int | None = None, padded: bool = False):
         """Greedy decoding, as :meth:`Transformer.greedy_decode` (same arguments and results)."""
         c = self.config
-        max_len = c.max_len if max_len is None else v.positive_int(max_len, "max_len")
-        src = self._ids(src, "src", c.src_vocab_size)
+        src = T.check_ids(_to_numpy(src), "src", c.src_vocab_size, T.length_limit(c))
+        max_len = T.check_decode_length(c, max_len)
         b = src.shape[0]
         out = torch.full((b, max_len + 1), c.pad_id, dtype=torch.long)
         out[:, 0] = c.bos_id
@@ -385,48 +397,58 @@ class _Seq2Seq(nn.Module):
             steps = t + 1
             if bool(done.all()):
                 break
-        out = out[:, :steps + 1].numpy()
-        if padded:
-            return out
-        ends = (out[:, 1:] == c.eos_id)
-        lengths = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, steps)
-        return [out[i, 1:1 + lengths[i]].copy() for i in range(b)]
+        return T.decoded_sequences(out[:, :steps + 1].numpy(), c.eos_id, padded)
 
     # -- weights and gradients in the NumPy model's names and layouts ------------------------
 
-    def _to_torch_layout(self) -> dict:
-        """numpy name -> (torch parameter, function numpy array -> tensor for it, inverse)."""
-        raise NotImplementedError  # pragma: no cover
+    def _arrays(self, grads: bool = False) -> dict[str, np.ndarray]:
+        """``named_parameters()`` (or their ``.grad``, zeros where None) as NumPy arrays that
+        share memory with the tensors."""
+        out = {}
+        for name, p in self.named_parameters():
+            t = p if not grads else p.grad if p.grad is not None else torch.zeros_like(p)
+            out[name] = t.detach().numpy()
+        return out
 
-    def load_numpy_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Copy every parameter from a NumPy model's ``params`` dict (names must match)."""
-        mapping = self._to_torch_layout()
-        missing = set(mapping) - set(params)
-        extra = set(params) - set(mapping)
-        if missing or extra:
-            raise ValueError(f"params must have exactly the model's parameter names; missing "
-                             f"{sorted(missing)}, unexpected {sorted(extra)}")
-        with torch.no_grad():
-            for name, (param, to_torch, _) in mapping.items():
-                value = to_torch(torch.from_numpy(np.asarray(params[name])))
-                if value.shape != param.shape:
-                    raise ValueError(f"params[{name!r}] has shape {tuple(value.shape)} after "
-                                     f"conversion, expected {tuple(param.shape)}")
-                param.copy_(value)
+    def _numpy_copies(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """NumPy names and layouts, C-contiguous copies, in the NumPy model's order."""
+        views = self._numpy_layout(arrays)
+        return {name: np.array(views[name], order="C") for name in parameter_names(self.config)}
 
     def numpy_params(self) -> dict[str, np.ndarray]:
         """The parameters as a NumPy model's ``params`` dict (copies, NumPy names/layouts)."""
-        return {name: from_torch(param.detach()).numpy().copy()
-                for name, (param, _, from_torch) in self._to_torch_layout().items()}
+        return self._numpy_copies(self._arrays())
 
     def numpy_grads(self) -> dict[str, np.ndarray]:
         """The gradients of the last ``backward()`` under the NumPy model's names and layouts
         (zeros where a parameter got no gradient)."""
-        out = {}
-        for name, (param, _, from_torch) in self._to_torch_layout().items():
-            g = param.grad if param.grad is not None else torch.zeros_like(param)
-            out[name] = from_torch(g.detach()).numpy().copy()
-        return out
+        return self._numpy_copies(self._arrays(grads=True))
+
+    def load_numpy_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Copy every parameter from a NumPy model's ``params`` dict.
+
+        Refuses (nothing copied) other names, a value that is not a NumPy array of the model's
+        dtype and of the parameter's shape, or one that holds NaN or infinity.
+        """
+        expected = self._numpy_layout(self._arrays())  # names and shapes, NumPy layout
+        missing, extra = set(expected) - set(params), set(params) - set(expected)
+        if missing or extra:
+            raise ValueError(f"params must have exactly the model's parameter names; missing "
+                             f"{sorted(missing)}, unexpected {sorted(extra)}")
+        dtype = np.dtype(self.config.dtype)
+        for name, want in expected.items():
+            value = params[name]
+            if not isinstance(value, np.ndarray) or value.dtype != dtype:
+                got = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+                raise TypeError(f"params[{name!r}] must be a NumPy array of the model's dtype "
+                                f"{dtype}, got {got}")
+            v.shape_is(value, want.shape, f"params[{name!r}]")
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"params[{name!r}] contains NaN or infinity")
+        arrays = self._torch_layout(params)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.copy_(torch.from_numpy(np.ascontiguousarray(arrays[name])))
 
     def export_to(self, model: Transformer) -> None:
         """Copy these weights into a NumPy model, in place."""
@@ -446,12 +468,9 @@ class _Seq2Seq(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def _identity(t):
-    return t
-
-
-def _transpose(t):
-    return t.T
+def _causal_mask(t: int) -> torch.Tensor:
+    """(T, T) bool, True above the diagonal: the future, blocked."""
+    return torch.ones(t, t, dtype=torch.bool).triu(1)
 
 
 class TorchTransformer(_Seq2Seq):
@@ -472,13 +491,14 @@ class TorchTransformer(_Seq2Seq):
             self.load_numpy_params(Transformer(config, seed).params)
 
     def core(self, x_src, x_tgt, src_kpm, tgt_kpm):
-        t = x_tgt.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
         memory = self.encoder(x_src, src_kpm)
-        return self.decoder(x_tgt, memory, causal, tgt_kpm, src_kpm)
+        return self.decoder(x_tgt, memory, _causal_mask(x_tgt.shape[1]), tgt_kpm, src_kpm)
 
-    def _to_torch_layout(self):
-        return {name: (p, _identity, _identity) for name, p in self.named_parameters()}
+    def _numpy_layout(self, arrays):
+        return dict(arrays)  # the same names and layouts by construction
+
+    def _torch_layout(self, arrays):
+        return dict(arrays)
 
     @torch.no_grad()
     def attention_maps(self, src, tgt_in) -> dict[str, np.ndarray]:
@@ -492,104 +512,54 @@ class TorchTransformer(_Seq2Seq):
 
 
 # --------------------------------------------------------------------------------------------
-# The same model around nn.Transformer
+# The same model around nn.Transformer. The encoder-decoder weights move between the NumPy
+# model (flat names, NumPy layout) and nn.Transformer (torch names and layout) through the
+# layout conversion of transformer_lab.interop, the one the twins use.
 
 
-def _core_names(c: TransformerConfig) -> dict[str, tuple[str, str]]:
-    """NumPy name -> (nn.Transformer parameter name, conversion), for the encoder-decoder core.
-
-    Conversions: "T" (transpose: nn.Linear stores (out, in)), "=" (same), and for the
-    cross-attention input projections, which nn.MultiheadAttention packs into one
-    ``in_proj_weight`` (3E, E) = [W_q^T; W_k^T; W_v^T]: "q", "k", "v" (a third of it).
-    """
-    names = {}
-
-    def attn(np_prefix, t_prefix, packed):
-        if packed:
-            names[f"{np_prefix}.W_qkv"] = (f"{t_prefix}.in_proj_weight", "T")
-        else:
-            for part in "qkv":
-                names[f"{np_prefix}.W_{part}"] = (f"{t_prefix}.in_proj_weight", part)
-        names[f"{np_prefix}.W_o"] = (f"{t_prefix}.out_proj.weight", "T")
-        if c.bias:
-            if packed:
-                names[f"{np_prefix}.b_qkv"] = (f"{t_prefix}.in_proj_bias", "=")
-            else:
-                for part in "qkv":
-                    names[f"{np_prefix}.b_{part}"] = (f"{t_prefix}.in_proj_bias", part)
-            names[f"{np_prefix}.b_o"] = (f"{t_prefix}.out_proj.bias", "=")
-
-    def ff_norms(np_prefix, t_prefix, n_norms):
-        names[f"{np_prefix}.ff.W1"] = (f"{t_prefix}.linear1.weight", "T")
-        names[f"{np_prefix}.ff.W2"] = (f"{t_prefix}.linear2.weight", "T")
-        if c.bias:
-            names[f"{np_prefix}.ff.b1"] = (f"{t_prefix}.linear1.bias", "=")
-            names[f"{np_prefix}.ff.b2"] = (f"{t_prefix}.linear2.bias", "=")
-        for k in range(1, n_norms + 1):
-            norm(f"{np_prefix}.norm{k}", f"{t_prefix}.norm{k}")
-
-    def norm(np_prefix, t_prefix):
-        names[f"{np_prefix}.gamma"] = (f"{t_prefix}.weight", "=")
-        if c.bias:
-            names[f"{np_prefix}.beta"] = (f"{t_prefix}.bias", "=")
-
-    for i in range(c.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        attn(f"{p}.self_attn", f"{p}.self_attn", True)
-        ff_norms(p, p, 2)
-    norm("encoder.norm", "encoder.norm")
-    for i in range(c.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        attn(f"{p}.self_attn", f"{p}.self_attn", True)
-        attn(f"{p}.cross_attn", f"{p}.multihead_attn", False)
-        ff_norms(p, p, 3)
-    norm("decoder.norm", "decoder.norm")
-    return names
+def _is_core(name: str) -> bool:
+    return name.startswith(("encoder.", "decoder."))
 
 
-def _part(t: torch.Tensor, part: str) -> torch.Tensor:
-    e = t.shape[0] // 3
-    return t[{"q": 0, "k": 1, "v": 2}[part] * e:][:e]
+def _core_to_torch(config: TransformerConfig, params: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+    """The NumPy model's encoder/decoder parameters (or gradients) -> nn.Transformer's names
+    and layouts."""
+    encoder, decoder = T.nest_params(config, params)
+    return {**stack_to_torch(encoder, "encoder."), **stack_to_torch(decoder, "decoder.")}
+
+
+def _core_to_numpy(config: TransformerConfig, state: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+    """nn.Transformer's parameters (or gradients) -> the NumPy model's names and layouts."""
+    e = config.d_model
+    encoder = stack_from_torch(state, "encoder.", config.num_encoder_layers, e, decoder=False)
+    decoder = stack_from_torch(state, "decoder.", config.num_decoder_layers, e, decoder=True,
+                               split_cross=True)
+    return T.flatten_params(config, encoder, decoder)
 
 
 def nn_transformer_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """The NumPy model's encoder-decoder weights as an ``nn.Transformer`` state dict.
+    """The NumPy model's encoder-decoder weights as an ``nn.Transformer`` state dict (copies).
 
     Load with ``core.load_state_dict(nn_transformer_state(model))`` into an ``nn.Transformer``
     made with the model's sizes, ``batch_first=True``, ``norm_first``, ``bias`` and
     ``layer_norm_eps`` (see :meth:`ReferenceTransformer.make_core`).
     """
-    c, params = model.config, model.params
-    state: dict[str, torch.Tensor] = {}
-    pieces: dict[str, dict[str, torch.Tensor]] = {}
-    for np_name, (t_name, conv) in _core_names(c).items():
-        value = torch.from_numpy(np.ascontiguousarray(params[np_name]))
-        if conv == "T":
-            state[t_name] = value.T.contiguous()
-        elif conv == "=":
-            state[t_name] = value.clone()
-        else:  # cross-attention: q, k, v stacked into in_proj_weight / in_proj_bias
-            pieces.setdefault(t_name, {})[conv] = value.T if value.ndim == 2 else value
-    for t_name, parts in pieces.items():
-        state[t_name] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0).contiguous()
-    return state
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a transformer_lab.transformer.Transformer, got "
+                        f"{type(model).__name__}")
+    state = _core_to_torch(model.config, model.params)
+    return {name: torch.from_numpy(np.array(a, order="C")) for name, a in state.items()}
 
 
 def nn_transformer_grads(core: nn.Transformer, config: TransformerConfig
                          ) -> dict[str, np.ndarray]:
-    """The gradients of an ``nn.Transformer`` core under the NumPy model's names and layouts."""
-    tparams = dict(core.named_parameters())
-    out = {}
-    for np_name, (t_name, conv) in _core_names(config).items():
-        g = tparams[t_name].grad
-        g = torch.zeros_like(tparams[t_name]) if g is None else g.detach()
-        if conv == "T":
-            g = g.T
-        elif conv != "=":
-            g = _part(g, conv)
-            g = g.T if g.ndim == 2 else g
-        out[np_name] = g.numpy().copy()
-    return out
+    """The gradients of an ``nn.Transformer`` core under the NumPy model's names and layouts
+    (copies; zeros where a parameter got no gradient)."""
+    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy()
+             for name, p in core.named_parameters()}
+    return {name: np.array(g, order="C") for name, g in _core_to_numpy(config, grads).items()}
 
 
 class ReferenceTransformer(_Seq2Seq):
@@ -626,52 +596,18 @@ class ReferenceTransformer(_Seq2Seq):
                                   dtype=_torch_dtype(c.dtype))
 
     def core(self, x_src, x_tgt, src_kpm, tgt_kpm):
-        t = x_tgt.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        return self.transformer(x_src, x_tgt, tgt_mask=causal, src_key_padding_mask=src_kpm,
-                                tgt_key_padding_mask=tgt_kpm, memory_key_padding_mask=src_kpm)
+        return self.transformer(x_src, x_tgt, tgt_mask=_causal_mask(x_tgt.shape[1]),
+                                src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm,
+                                memory_key_padding_mask=src_kpm)
 
-    def _to_torch_layout(self):
-        mapping = {name: (p, _identity, _identity) for name, p in self.named_parameters()
-                   if not name.startswith("transformer.")}
-        tparams = dict(self.transformer.named_parameters())
-        for np_name, (t_name, conv) in _core_names(self.config).items():
-            mapping[np_name] = (tparams[t_name], *_CONVERSIONS[conv])
-        return {name: mapping[name] for name in parameter_names(self.config)}
+    _CORE = "transformer."
 
-    def load_numpy_params(self, params: Mapping[str, np.ndarray]) -> None:
-        outer = {k: p for k, p in params.items() if not _is_core(k)}
-        super_mapping = {name: (p, _identity, _identity) for name, p in self.named_parameters()
-                         if not name.startswith("transformer.")}
-        core_names = _core_names(self.config)
-        missing = (set(super_mapping) | set(core_names)) - set(params)
-        extra = set(params) - set(super_mapping) - set(core_names)
-        if missing or extra:
-            raise ValueError(f"params must have exactly the model's parameter names; missing "
-                             f"{sorted(missing)}, unexpected {sorted(extra)}")
-        with torch.no_grad():
-            for name, value in outer.items():
-                super_mapping[name][0].copy_(torch.from_numpy(np.asarray(value)))
-            fake = _ParamsView(self.config, params)
-            self.transformer.load_state_dict(nn_transformer_state(fake))
+    def _numpy_layout(self, arrays):
+        core = {k[len(self._CORE):]: a for k, a in arrays.items() if k.startswith(self._CORE)}
+        outer = {k: a for k, a in arrays.items() if not k.startswith(self._CORE)}
+        return {**outer, **_core_to_numpy(self.config, core)}
 
-
-def _is_core(name: str) -> bool:
-    return name.startswith(("encoder.", "decoder."))
-
-
-class _ParamsView:
-    """Just enough of a Transformer (config and params) for :func:`nn_transformer_state`."""
-
-    def __init__(self, config, params):
-        self.config, self.params = config, params
-
-
-# from torch's layout to NumPy's (the load direction goes through nn_transformer_state)
-_CONVERSIONS = {
-    "T": (_transpose, _transpose),
-    "=": (_identity, _identity),
-    "q": (None, lambda t: _part(t, "q").T if t.ndim == 2 else _part(t, "q")),
-    "k": (None, lambda t: _part(t, "k").T if t.ndim == 2 else _part(t, "k")),
-    "v": (None, lambda t: _part(t, "v").T if t.ndim == 2 else _part(t, "v")),
-}
+    def _torch_layout(self, arrays):
+        outer = {k: a for k, a in arrays.items() if not _is_core(k)}
+        core = _core_to_torch(self.config, arrays)
+        return {**outer, **{self._CORE + k: a for k, a in core.items()}}

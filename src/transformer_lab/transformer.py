@@ -35,7 +35,13 @@ follows a sequence's EOS changes neither the loss nor the gradients.
 **Checkpoints.** ``model.save("model.npz")`` stores the config and every parameter (NumPy
 ``.npz``, no pickle); ``Transformer.load("model.npz")`` rebuilds the model, and
 ``model.load_params(path)`` copies the parameters into an existing model, refusing a file whose
-names, shapes or dtypes differ (:class:`CheckpointError`, naming the tensor and both shapes).
+names, shapes or dtypes differ (:class:`CheckpointError`, naming the tensor and both shapes) or
+whose config differs in any other field (``norm_first``, ``activation``, ``eps``, ...).
+
+**Input checks** are module functions (:func:`check_inputs`, :func:`check_loss_inputs`,
+:func:`check_decode_length`, :func:`decoded_sequences`, ...), shared with the
+PyTorch versions of the model in :mod:`transformer_lab.torch_model`: the three models accept the
+same input and refuse bad input with the same messages.
 
 Everything is vectorised over the batch, the heads and the positions. float32 by default;
 ``TransformerConfig(dtype=np.float64)`` (or :meth:`Transformer.astype`) for gradient checks.
@@ -46,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import zipfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -55,6 +62,10 @@ from transformer_lab import _validate as v
 from transformer_lab import attention as att
 from transformer_lab import blocks as B
 from transformer_lab import layers as L
+
+# check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
+# is importable from here too (notebook 06 does: from transformer_lab.transformer import ...).
+from transformer_lab.gradient_check import check_parity  # noqa: F401
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL = ("sinusoidal", "learned", "none")
@@ -110,9 +121,12 @@ class TransformerConfig:
     bias: bool = True
 
     def __post_init__(self):
+        # Numbers are stored as plain Python ints/floats/bools (np.int64(4) becomes 4), so that
+        # equal configs compare equal and config_to_dict is JSON-ready.
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
                      "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
-            _config_int(getattr(self, name), name, minimum=1)
+            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
+                                      minimum=1))
         if self.d_model % self.num_heads:
             raise ValueError(f"TransformerConfig.d_model must be divisible by num_heads, got "
                              f"d_model={self.d_model} and num_heads={self.num_heads}")
@@ -120,18 +134,20 @@ class TransformerConfig:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"TransformerConfig.{name} must be True or False, got "
                                 f"{getattr(self, name)!r}")
+            self._set(name, bool(getattr(self, name)))
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TransformerConfig.activation must be one of {ACTIVATIONS}, got "
                              f"{self.activation!r}")
         if self.positional not in POSITIONAL:
             raise ValueError(f"TransformerConfig.positional must be one of {POSITIONAL}, got "
                              f"{self.positional!r}")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or \
-                not 0 < self.eps < 1:
-            raise ValueError(f"TransformerConfig.eps must be a small positive number, got "
-                             f"{self.eps!r}")
+        self._set("eps", v.real(self.eps, "TransformerConfig.eps", positive=True))
+        if not self.eps < 1:
+            raise ValueError(f"TransformerConfig.eps must be a small positive number (below 1), "
+                             f"got {self.eps!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
-            _config_int(getattr(self, name), name, minimum=0)
+            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
+                                      minimum=0))
             if getattr(self, name) >= self.tgt_vocab_size:
                 raise ValueError(f"TransformerConfig.{name} must be a target token id, below "
                                  f"tgt_vocab_size={self.tgt_vocab_size}, got "
@@ -149,18 +165,14 @@ class TransformerConfig:
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"TransformerConfig.dtype must be np.float32 or np.float64, got "
                             f"{self.dtype!r}")
-        object.__setattr__(self, "dtype", dtype.type)
+        self._set("dtype", dtype.type)
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
-
-
-def _config_int(value, name: str, minimum: int) -> None:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or \
-            value < minimum:
-        raise ValueError(f"TransformerConfig.{name} must be an integer >= {minimum}, got "
-                         f"{value!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +230,29 @@ def parameter_names(config: TransformerConfig) -> list[str]:
     names += list(flat)
     names += ["out_proj.W", "out_proj.b"] if config.bias else ["out_proj.W"]
     return names
+
+
+def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The encoder's and the decoder's parameters (or gradients) as :mod:`transformer_lab.blocks`
+    takes them, from a flat dict with the names of :func:`parameter_names`.
+
+    ``flat["encoder.layers.0.ff.W1"]`` becomes ``encoder["layers"][0]["ff"]["W1"]`` (the same
+    array object, no copy); ``"decoder.norm.gamma"`` becomes ``decoder["norm"]["gamma"]``.
+    Embeddings and the output projection are not part of either.
+
+    Returns:
+        (encoder, decoder): ``{"layers": [layer dicts], "norm": {"gamma", "beta"}}`` each.
+    """
+    enc_t, dec_t = _templates(config)
+    return _resolve(enc_t, flat), _resolve(dec_t, flat)
+
+
+def flatten_params(config: TransformerConfig, encoder: dict, decoder: dict) -> dict:
+    """The inverse of :func:`nest_params`: dotted name -> array (the same array objects)."""
+    out: dict = {}
+    for template, nested in zip(_templates(config), (encoder, decoder), strict=True):
+        _flatten_grads(template, nested, out)
+    return out
 
 
 def _resolve(template, params):
@@ -279,16 +314,171 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
+# Inputs, labels and decoded sequences: the checks and conventions shared with the PyTorch
+# versions of the model (transformer_lab.torch_model), so that all of them accept and refuse
+# exactly the same input with the same messages.
+
+#: Label of a position that does not count in the loss (padding, or after the first EOS).
+IGNORE_INDEX = -1
+
+
+def length_limit(config: TransformerConfig) -> int | None:
+    """Longest sequence the model reads: ``config.max_len``, or None without a positional table."""
+    return None if config.positional == "none" else config.max_len
+
+
+def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None) -> np.ndarray:
+    """A batch of token ids, or a clear error naming ``name``.
+
+    Args:
+        ids: (B, T) integer token ids: a NumPy array or a rectangular list of lists.
+        name: the argument's name, for the messages.
+        vocab_size: every id must be in [0, vocab_size).
+        max_len: the longest T allowed (None: any).
+
+    Returns:
+        ids: (B, T) integer NumPy array, B >= 1, T >= 1.
+    """
+    if isinstance(ids, (list, tuple)):
+        try:
+            ids = np.asarray(ids)
+        except ValueError:  # NumPy: "setting an array element with a sequence ..."
+            raise ValueError(f"{name} must be a rectangular (batch, length) array of token ids; "
+                             f"got a list of sequences of different lengths (pad them to one "
+                             f"length first, e.g. with transformer_lab.data.pad)") from None
+    if not isinstance(ids, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array of token ids, got {type(ids).__name__}")
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have 2 dimensions (batch, length), got shape {ids.shape}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one sequence of at least one token, "
+                         f"got shape {ids.shape}")
+    ids = v.token_ids(ids, name, vocab_size)
+    if max_len is not None and ids.shape[1] > max_len:
+        raise ValueError(f"{name} has {ids.shape[1]} positions but the positional encoding "
+                         f"covers max_len={max_len} (TransformerConfig.max_len)")
+    return ids
+
+
+def check_padding_mask(mask, ids: np.ndarray, name: str, pad_id: int) -> np.ndarray:
+    """A key padding mask (B, T) bool, True = padding, of the shape of ``ids``; None gives
+    ``ids == pad_id``."""
+    if mask is None:
+        return ids == pad_id
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy bool array (True = padding), got "
+                        f"{type(mask).__name__}")
+    if mask.dtype != bool:
+        raise TypeError(f"{name} must be a bool array (True = padding), got dtype {mask.dtype}")
+    v.shape_is(mask, ids.shape, name, "the shape of the token ids")
+    return mask
+
+
+def _same_batch(src: np.ndarray, tgt: np.ndarray, tgt_name: str) -> None:
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src and {tgt_name} must have the same batch size, got "
+                         f"{src.shape[0]} and {tgt.shape[0]}")
+
+
+def check_inputs(config: TransformerConfig, src, tgt_in, src_key_padding_mask=None,
+                 tgt_key_padding_mask=None) -> tuple[np.ndarray, ...]:
+    """The arguments of a forward pass, checked: (src (B, S), tgt_in (B, T), src padding mask
+    (B, S), tgt padding mask (B, T)), the masks defaulting to ``ids == pad_id``."""
+    limit = length_limit(config)
+    src = check_ids(src, "src", config.src_vocab_size, limit)
+    tgt_in = check_ids(tgt_in, "tgt_in", config.tgt_vocab_size, limit)
+    _same_batch(src, tgt_in, "tgt_in")
+    src_kpm = check_padding_mask(src_key_padding_mask, src, "src_key_padding_mask",
+                                 config.pad_id)
+    tgt_kpm = check_padding_mask(tgt_key_padding_mask, tgt_in, "tgt_key_padding_mask",
+                                 config.pad_id)
+    return src, tgt_in, src_kpm, tgt_kpm
+
+
+def check_target(config: TransformerConfig, tgt) -> np.ndarray:
+    """A target batch (B, T): ``BOS y_1 ... y_n EOS`` then padding; the decoder reads T - 1."""
+    tgt = check_ids(tgt, "tgt", config.tgt_vocab_size)
+    if tgt.shape[1] < 2:
+        raise ValueError(f"tgt must have at least 2 columns (BOS and one token to predict), "
+                         f"got shape {tgt.shape}")
+    limit = length_limit(config)
+    if limit is not None and tgt.shape[1] - 1 > limit:
+        raise ValueError(f"tgt has {tgt.shape[1]} positions: the decoder reads "
+                         f"{tgt.shape[1] - 1} of them but the positional encoding covers "
+                         f"max_len={limit} (TransformerConfig.max_len)")
+    bad = np.flatnonzero(tgt[:, 0] != config.bos_id)
+    if bad.size:
+        raise ValueError(f"tgt must start every sequence with bos_id={config.bos_id}; "
+                         f"sequence {bad[0]} starts with {tgt[bad[0], 0]}")
+    return tgt
+
+
+def label_mask(config: TransformerConfig, tgt: np.ndarray) -> np.ndarray:
+    """(B, T-1) bool: which labels ``tgt[:, 1:]`` of a checked target batch count in the loss --
+    those that are not padding and come no later than the first EOS of their sequence."""
+    labels = tgt[:, 1:]
+    is_eos = labels == config.eos_id
+    after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
+    return (labels != config.pad_id) & ~after_eos
+
+
+def loss_labels(config: TransformerConfig, tgt: np.ndarray) -> np.ndarray:
+    """(B, T-1) int labels of a checked target batch: ``tgt[:, 1:]``, with
+    :data:`IGNORE_INDEX` where :func:`label_mask` is False."""
+    keep = label_mask(config, tgt)
+    if not keep.any():
+        raise ValueError("tgt has no token to predict: every label is padding")
+    return np.where(keep, tgt[:, 1:], IGNORE_INDEX)
+
+
+def check_loss_inputs(config: TransformerConfig, src, tgt) -> tuple[np.ndarray, ...]:
+    """The arguments of a loss, checked: (src (B, S), tgt (B, T), labels (B, T-1) as
+    :func:`loss_labels` gives them)."""
+    tgt = check_target(config, tgt)
+    src = check_ids(src, "src", config.src_vocab_size, length_limit(config))
+    _same_batch(src, tgt, "tgt")
+    return src, tgt, loss_labels(config, tgt)
+
+
+def check_decode_length(config: TransformerConfig, max_len) -> int:
+    """The number of tokens greedy decoding may generate: ``max_len`` (default
+    ``config.max_len``), at most the positional table's length."""
+    if max_len is None:
+        return config.max_len
+    max_len = v.integer(max_len, "max_len", minimum=1)
+    limit = length_limit(config)
+    if limit is not None and max_len > limit:
+        raise ValueError(f"max_len must be at most TransformerConfig.max_len={limit} (the "
+                         f"positional encoding's length), got {max_len}")
+    return max_len
+
+
+def decoded_sequences(out: np.ndarray, eos_id: int, padded: bool):
+    """What greedy decoding returns, from its buffer.
+
+    Args:
+        out: (B, 1 + steps) int64: BOS, then the generated tokens, padding after each EOS.
+        eos_id: the end token.
+        padded: return ``out`` itself.
+
+    Returns:
+        ``out``, or a list of B arrays: each sequence's tokens after BOS, up to and including
+        its first EOS (all ``steps`` tokens when it has none).
+    """
+    if padded:
+        return out
+    ends = out[:, 1:] == eos_id
+    lengths = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, out.shape[1] - 1)
+    return [out[i, 1:1 + n].copy() for i, n in enumerate(lengths)]
+
+
+# --------------------------------------------------------------------------------------------
 # The model
 
 
-class EmbedCache(NamedTuple):
-    ids: np.ndarray  # (B, T)
-
-
 class ModelCache(NamedTuple):
-    src: EmbedCache
-    tgt: EmbedCache
+    src: L.EmbeddingCache
+    tgt: L.EmbeddingCache
     encoder: B.StackCache
     decoder: B.StackCache
     out: L.LinearCache
@@ -311,9 +501,7 @@ class Transformer:
     def __init__(self, config: TransformerConfig, seed: int = 0):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        self._setup(config, _init_params(config, int(seed)))
+        self._setup(config, _init_params(config, v.integer(seed, "seed", minimum=0)))
 
     def _setup(self, config: TransformerConfig, params: dict[str, np.ndarray]) -> None:
         self.config = config
@@ -331,18 +519,31 @@ class Transformer:
         return int(sum(p.size for p in self.params.values()))
 
     def set_params(self, new: Mapping[str, np.ndarray]) -> None:
-        """Copy values into the parameter arrays, in place (any subset of the names)."""
-        for name, value in new.items():
-            if name not in self.params:
-                raise KeyError(f"set_params: unknown parameter {name!r}")
-            value = np.asarray(value)
-            v.shape_is(value, self._shapes[name], f"new[{name!r}]")
+        """Copy values into the parameter arrays, in place (any subset of the names).
+
+        Every value is checked before anything is copied: a known name, the parameter's shape,
+        real numbers (converted to the model's dtype), all finite.
+        """
+        checked = {name: self._checked_value(name, value) for name, value in new.items()}
+        for name, value in checked.items():
             self.params[name][...] = value
+
+    def _checked_value(self, name: str, value) -> np.ndarray:
+        if name not in self.params:
+            raise KeyError(f"set_params: unknown parameter {name!r}")
+        value = np.asarray(value)
+        if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
+                np.issubdtype(value.dtype, np.complexfloating):
+            raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
+        v.shape_is(value, self._shapes[name], f"new[{name!r}]")
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"new[{name!r}] contains NaN or infinity")
+        return value
 
     def astype(self, dtype) -> Transformer:
         """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
         config = dataclasses.replace(self.config, dtype=dtype)
-        twin = Transformer.__new__(Transformer)
+        twin = type(self).__new__(type(self))
         twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
         return twin
 
@@ -363,47 +564,11 @@ class Transformer:
                                  f"shape {shape}, got {p.dtype} {p.shape}")
         return _resolve(self._enc_t, params), _resolve(self._dec_t, params)
 
-    # ---------------------------------------------------------------------------- inputs
-
-    def _ids(self, ids, name: str, vocab: int, check_length: bool = True) -> np.ndarray:
-        if isinstance(ids, (list, tuple)):
-            ids = np.asarray(ids)
-        if not isinstance(ids, np.ndarray):
-            raise TypeError(f"{name} must be a NumPy array of token ids, got "
-                            f"{type(ids).__name__}")
-        if ids.ndim != 2:
-            raise ValueError(f"{name} must have 2 dimensions (batch, length), got shape "
-                             f"{ids.shape}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"{name} must hold at least one sequence of at least one token, "
-                             f"got shape {ids.shape}")
-        ids = v.token_ids(ids, name, vocab)
-        if check_length and self.config.positional != "none" and \
-                ids.shape[1] > self.config.max_len:
-            raise ValueError(f"{name} has {ids.shape[1]} positions but the positional encoding "
-                             f"covers max_len={self.config.max_len} (TransformerConfig.max_len)")
-        return ids
-
-    def _padding(self, mask, ids: np.ndarray, name: str) -> np.ndarray:
-        if mask is None:
-            return ids == self.config.pad_id
-        mask = np.asarray(mask)
-        if mask.dtype != bool:
-            raise TypeError(f"{name} must be a bool array (True = padding), got dtype "
-                            f"{mask.dtype}")
-        v.shape_is(mask, ids.shape, name, "the shape of the token ids")
-        return mask
-
-    @staticmethod
-    def _same_batch(src, tgt, tgt_name):
-        if src.shape[0] != tgt.shape[0]:
-            raise ValueError(f"src and {tgt_name} must have the same batch size, got "
-                             f"{src.shape[0]} and {tgt.shape[0]}")
-
     # ---------------------------------------------------------------------------- forward
 
-    def _embed(self, ids: np.ndarray, side: str) -> np.ndarray:
-        x = self.params[f"{side}_embed.W"][ids]  # (B, T, E), a new array
+    def _embed(self, ids: np.ndarray, side: str) -> tuple[np.ndarray, L.EmbeddingCache]:
+        """(B, T) ids -> (B, T, E) scaled token embeddings + positions; the lookup's cache."""
+        x, cache = L.embedding_forward(ids, self.params[f"{side}_embed.W"])  # x: a new array
         if self._scale is not None:
             x *= self._scale
         t = ids.shape[1]
@@ -411,19 +576,24 @@ class Transformer:
             x += self.pe[:t]
         elif self.config.positional == "learned":
             x += self.params[f"{side}_pos.W"][:t]
-        return x
+        return x, cache
 
     def _encode(self, src, src_kpm, enc):
+        """memory (B, S, E), encoder stack cache, embedding cache."""
         c = self.config
-        x = self._embed(src, "src")
-        return B.encoder_forward(x, enc, c.num_heads, None, src_kpm, c.norm_first,
-                                 c.activation, c.eps)
+        x, embed_cache = self._embed(src, "src")
+        memory, cache = B.encoder_forward(x, enc, c.num_heads, None, src_kpm, c.norm_first,
+                                          c.activation, c.eps)
+        return memory, cache, embed_cache
 
     def _decode(self, tgt_in, memory, src_kpm, tgt_kpm, dec):
+        """decoder output (B, T, E) before the projection, decoder cache, embedding cache."""
         c = self.config
-        y = self._embed(tgt_in, "tgt")
-        return B.decoder_forward(y, memory, dec, c.num_heads, att.causal_mask(tgt_in.shape[1]),
-                                 None, tgt_kpm, src_kpm, c.norm_first, c.activation, c.eps)
+        y, embed_cache = self._embed(tgt_in, "tgt")
+        y, cache = B.decoder_forward(y, memory, dec, c.num_heads,
+                                     att.causal_mask(tgt_in.shape[1]), None, tgt_kpm, src_kpm,
+                                     c.norm_first, c.activation, c.eps)
+        return y, cache, embed_cache
 
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
         """Logits for every position of the decoder input.
@@ -438,38 +608,30 @@ class Transformer:
         Returns:
             logits: (B, T, tgt_vocab_size) in the model's dtype; cache for :meth:`backward`.
         """
-        src = self._ids(src, "src", self.config.src_vocab_size)
-        tgt_in = self._ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
-        self._same_batch(src, tgt_in, "tgt_in")
-        src_kpm = self._padding(src_key_padding_mask, src, "src_key_padding_mask")
-        tgt_kpm = self._padding(tgt_key_padding_mask, tgt_in, "tgt_key_padding_mask")
+        src, tgt_in, src_kpm, tgt_kpm = check_inputs(self.config, src, tgt_in,
+                                                     src_key_padding_mask, tgt_key_padding_mask)
         enc, dec = self._nested()
-        memory, enc_cache = self._encode(src, src_kpm, enc)
-        y, dec_cache = self._decode(tgt_in, memory, src_kpm, tgt_kpm, dec)
+        memory, enc_cache, src_cache = self._encode(src, src_kpm, enc)
+        y, dec_cache, tgt_cache = self._decode(tgt_in, memory, src_kpm, tgt_kpm, dec)
         logits, out_cache = L.linear_forward(y, self.params["out_proj.W"],
                                              self.params.get("out_proj.b"))
-        return logits, ModelCache(EmbedCache(src), EmbedCache(tgt_in), enc_cache, dec_cache,
-                                  out_cache)
+        return logits, ModelCache(src_cache, tgt_cache, enc_cache, dec_cache, out_cache)
 
     __call__ = forward
 
     # ---------------------------------------------------------------------------- backward
 
-    def _embed_backward(self, dx: np.ndarray, ids: np.ndarray, side: str, grads: dict) -> None:
-        table = self.params[f"{side}_embed.W"]
-        d = dx.shape[-1]
-        flat_ids = ids.reshape(-1)
-        order = np.argsort(flat_ids, kind="stable")
-        sorted_ids = flat_ids[order]
-        present, starts = np.unique(sorted_ids, return_index=True)
-        dW = np.zeros(table.shape, dtype=dx.dtype)
-        dW[present] = np.add.reduceat(dx.reshape(-1, d)[order], starts, axis=0)
+    def _embed_backward(self, dx: np.ndarray, cache: L.EmbeddingCache, side: str,
+                        grads: dict) -> None:
+        """dx (B, T, E), the gradient of :meth:`_embed`'s output -> the table's gradient (and
+        the learned positions'), into ``grads``."""
+        dW = L.embedding_backward(dx, cache)
         if self._scale is not None:
-            dW *= self._scale
+            dW *= self._scale  # V x E multiplications instead of B x T x E
         grads[f"{side}_embed.W"] = dW
         if self.config.positional == "learned":
             dpos = np.zeros(self._shapes[f"{side}_pos.W"], dtype=dx.dtype)
-            dpos[:ids.shape[1]] = dx.sum(axis=0)
+            dpos[:dx.shape[1]] = dx.sum(axis=0)
             grads[f"{side}_pos.W"] = dpos
 
     def backward(self, dlogits: np.ndarray, cache: ModelCache) -> dict[str, np.ndarray]:
@@ -483,13 +645,15 @@ class Transformer:
             grads: name -> array, exactly the keys (and shapes) of ``model.params``.
         """
         v.cache_of(cache, "Transformer.backward", ModelCache)
-        dlogits = v.float_array(dlogits, "dlogits", ndim=3)
+        logits_shape = (*cache.tgt.ids.shape, self.config.tgt_vocab_size)
+        dlogits = v.grad_like(dlogits, "dlogits", logits_shape, cache.out.W.dtype,
+                              what="the logits of the forward pass")
         dy, dW, db = L.linear_backward(dlogits, cache.out)
         dtgt, dmemory, gdec = B.decoder_backward(dy, cache.decoder)
         dsrc, genc = B.encoder_backward(dmemory, cache.encoder)
         grads: dict[str, np.ndarray] = {}
-        self._embed_backward(dsrc, cache.src.ids, "src", grads)
-        self._embed_backward(dtgt, cache.tgt.ids, "tgt", grads)
+        self._embed_backward(dsrc, cache.src, "src", grads)
+        self._embed_backward(dtgt, cache.tgt, "tgt", grads)
         _flatten_grads(self._enc_t, genc, grads)
         _flatten_grads(self._dec_t, gdec, grads)
         grads["out_proj.W"] = dW
@@ -499,31 +663,16 @@ class Transformer:
 
     # ---------------------------------------------------------------------------- loss
 
-    def _check_tgt(self, tgt) -> np.ndarray:
-        tgt = self._ids(tgt, "tgt", self.config.tgt_vocab_size, check_length=False)
-        if tgt.shape[1] < 2:
-            raise ValueError(f"tgt must have at least 2 columns (BOS and one token to "
-                             f"predict), got shape {tgt.shape}")
-        if tgt.shape[1] - 1 > self.config.max_len and self.config.positional != "none":
-            raise ValueError(f"tgt has {tgt.shape[1]} positions: the decoder reads "
-                             f"{tgt.shape[1] - 1} of them but the positional encoding covers "
-                             f"max_len={self.config.max_len} (TransformerConfig.max_len)")
-        bad = np.flatnonzero(tgt[:, 0] != self.config.bos_id)
-        if bad.size:
-            raise ValueError(f"tgt must start every sequence with bos_id={self.config.bos_id}; "
-                             f"sequence {bad[0]} starts with {tgt[bad[0], 0]}")
-        return tgt
-
     def loss_mask(self, tgt) -> np.ndarray:
         """(B, T-1) bool: which labels ``tgt[:, 1:]`` count in the loss.
+
+        Args:
+            tgt: (B, T) target batch, as for :meth:`loss`.
 
         A label counts when it is not padding and comes no later than the first EOS of its
         sequence.
         """
-        labels = np.asarray(tgt)[:, 1:]
-        is_eos = labels == self.config.eos_id
-        after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
-        return (labels != self.config.pad_id) & ~after_eos
+        return label_mask(self.config, check_target(self.config, tgt))
 
     def loss(self, src, tgt, compute_grads: bool = True):
         """Mean cross-entropy of the next-token predictions, and its gradients.
@@ -533,21 +682,17 @@ class Transformer:
             tgt: target token ids (B, T): ``BOS y_1 ... y_n EOS`` then padding. The decoder
                 reads ``tgt[:, :-1]``; the labels are ``tgt[:, 1:]``, counted up to and
                 including each sequence's first EOS (see :meth:`loss_mask`).
-            compute_grads: False to skip the backward pass (evaluation).
+            compute_grads: False to skip the backward pass (evaluation); True or False.
 
         Returns:
             loss: a Python float, the mean over the counted labels;
             grads: name -> array with the keys of ``params`` (None without compute_grads).
         """
-        tgt = self._check_tgt(tgt)
-        src = self._ids(src, "src", self.config.src_vocab_size)
-        self._same_batch(src, tgt, "tgt")
-        keep = self.loss_mask(tgt)
-        if not keep.any():
-            raise ValueError("tgt has no token to predict: every label is padding")
-        labels = np.where(keep, tgt[:, 1:], -1)
+        if not isinstance(compute_grads, (bool, np.bool_)):
+            raise TypeError(f"compute_grads must be True or False, got {compute_grads!r}")
+        src, tgt, labels = check_loss_inputs(self.config, src, tgt)
         logits, cache = self.forward(src, tgt[:, :-1])
-        loss, ce_cache = L.cross_entropy_forward(logits, labels, ignore_index=-1)
+        loss, ce_cache = L.cross_entropy_forward(logits, labels, ignore_index=IGNORE_INDEX)
         if not compute_grads:
             return loss, None
         return loss, self.backward(L.cross_entropy_backward(1.0, ce_cache), cache)
@@ -574,16 +719,11 @@ class Transformer:
             ending with EOS unless the sequence hit ``max_len``); or the padded array.
         """
         c = self.config
-        src = self._ids(src, "src", c.src_vocab_size)
-        if max_len is None:
-            max_len = c.max_len
-        max_len = v.positive_int(max_len, "max_len")
-        if max_len > c.max_len and c.positional != "none":
-            raise ValueError(f"max_len must be at most TransformerConfig.max_len="
-                             f"{c.max_len} (the positional encoding's length), got {max_len}")
+        src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
+        max_len = check_decode_length(c, max_len)
         enc, dec = self._nested()
         src_kpm = src == c.pad_id
-        memory, _ = self._encode(src, src_kpm, enc)
+        memory, _, _ = self._encode(src, src_kpm, enc)
         b = src.shape[0]
         out = np.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
@@ -592,7 +732,7 @@ class Transformer:
         steps = 0
         for t in range(max_len):
             prefix = out[:, :t + 1]
-            y, _ = self._decode(prefix, memory, src_kpm, prefix == c.pad_id, dec)
+            y, _, _ = self._decode(prefix, memory, src_kpm, prefix == c.pad_id, dec)
             logits = y[:, -1] @ W
             if bias is not None:
                 logits += bias
@@ -602,11 +742,7 @@ class Transformer:
             steps = t + 1
             if done.all():
                 break
-        out = out[:, :steps + 1]
-        if padded:
-            return out
-        lengths = np.where(done, np.argmax(out[:, 1:] == c.eos_id, axis=1) + 1, steps)
-        return [out[i, 1:1 + lengths[i]].copy() for i in range(b)]
+        return decoded_sequences(out[:, :steps + 1], c.eos_id, padded)
 
     def attention_maps(self, src, tgt_in, src_key_padding_mask=None,
                        tgt_key_padding_mask=None) -> dict[str, np.ndarray]:
@@ -655,28 +791,44 @@ class Transformer:
     def load(cls, path) -> Transformer:
         """A model with the configuration and parameters stored by :meth:`save`."""
         header, _ = _read_checkpoint(path)
-        try:
-            config = config_from_dict(header["config"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: the stored configuration is not valid: {e}") from None
-        model = cls(config, seed=0)
+        model = cls(_stored_config(path, header), seed=0)
         model.load_params(path)
         return model
 
     def load_params(self, path) -> dict:
         """Copy the parameters stored by :meth:`save` into this model, in place.
 
-        Refuses (:class:`CheckpointError`, nothing copied) a file whose parameter names, shapes
-        or dtypes differ from this model's, naming the tensor and both shapes.
+        Refuses (:class:`CheckpointError`, nothing copied) a file that does not fit this model:
+        other parameter names, shapes or dtypes (the message names the tensor and both shapes),
+        values that are not finite, or a configuration that differs in any other field
+        (``norm_first``, ``activation``, ``positional``, ``eps``, ``max_len``, the special
+        token ids, ...): such parameters would load but compute a different function.
 
         Returns:
             The metadata stored with the parameters.
         """
         header, arrays = _read_checkpoint(path)
-        names = header.get("names", [])
+        stored = _stored_config(path, header)
+        diffs = _config_differences(stored, self.config)
+        self._check_checkpoint_arrays(path, arrays, diffs)
+        diffs.pop("dtype", None)  # a dtype difference is refused above, tensor by tensor
+        if diffs:
+            raise CheckpointError(
+                f"{path} does not fit this model: the checkpoint's config differs in "
+                f"{', '.join(diffs.values())}; its parameters have the right names and shapes "
+                f"but would compute a different function here (load it with "
+                f"Transformer.load(path), which builds the model from the stored config)")
+        for name, p in self.params.items():
+            p[...] = arrays[name]
+        return header["metadata"]
+
+    def _check_checkpoint_arrays(self, path, arrays: Mapping[str, np.ndarray],
+                                 diffs: Mapping[str, str]) -> None:
+        """Names, shapes, dtypes and finiteness of the stored parameters, or CheckpointError."""
         missing = [n for n in self.params if n not in arrays]
-        extra = [n for n in names if n not in self.params]
-        hint = _config_hint(header.get("config"), self.config)
+        extra = [n for n in arrays if n not in self.params]
+        hint = f"; the checkpoint's config differs in {', '.join(diffs.values())}" if diffs \
+            else ""
         if missing or extra:
             raise CheckpointError(
                 f"{path} does not fit this model: missing parameters {missing[:5]}"
@@ -693,9 +845,8 @@ class Transformer:
                     f"{path} does not fit this model: parameter {name!r} is {stored.dtype} in "
                     f"the checkpoint but {p.dtype} in the model (convert the model with "
                     f"model.astype(np.{stored.dtype}) first, or load with Transformer.load)")
-        for name, p in self.params.items():
-            p[...] = arrays[name]
-        return header.get("metadata", {})
+            if not np.all(np.isfinite(stored)):
+                raise CheckpointError(f"{path}: parameter {name!r} contains NaN or infinity")
 
     def __repr__(self) -> str:
         c = self.config
@@ -737,34 +888,61 @@ def _npz_path(path) -> str:
 
 
 def _read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, name -> array) of a checkpoint file, or a CheckpointError saying what is wrong."""
+    """(header, name -> array) of a checkpoint file, or a CheckpointError saying what is wrong.
+
+    The header is checked: a dict with this format version, a "config" dict, "names" (a list
+    of strings, exactly the stored parameters) and a "metadata" dict.
+    """
     try:
-        with np.load(path, allow_pickle=False) as f:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise CheckpointError(f"{path} is not a transformer_lab checkpoint: it holds a single "
+                              f"array (a .npy file), not a .npz archive (save one with "
+                              f"Transformer.save)")
+    try:
+        with loaded as f:
             files = set(f.files)
             if "__header__" not in files:
                 raise CheckpointError(f"{path} is not a transformer_lab checkpoint (no header; "
                                       f"save one with Transformer.save)")
             header = json.loads(str(f["__header__"]))
             arrays = {k[len("params/"):]: f[k] for k in files if k.startswith("params/")}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    _check_header(path, header, arrays)
+    return header, {name: arrays[name] for name in header["names"]}  # in the saved order
+
+
+def _check_header(path, header, arrays: Mapping[str, np.ndarray]) -> None:
     if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: unknown checkpoint format "
                               f"{header.get('format') if isinstance(header, dict) else header!r}"
                               f" (this version reads format {CHECKPOINT_FORMAT})")
-    return header, arrays
+    for key, kind in (("config", dict), ("names", list), ("metadata", dict)):
+        if not isinstance(header.get(key), kind):
+            raise CheckpointError(f"{path}: damaged header: {key!r} must be a {kind.__name__}, "
+                                  f"got {header.get(key)!r}")
+    names = header["names"]
+    if not all(isinstance(n, str) for n in names) or sorted(names) != sorted(arrays):
+        raise CheckpointError(f"{path}: damaged checkpoint: the header lists the parameters "
+                              f"{names!r} but the file holds {sorted(arrays)}")
 
 
-def _config_hint(stored, config: TransformerConfig) -> str:
-    """'; the checkpoint's config differs in d_ff=128 (model: 256), ...' or ''."""
-    if not isinstance(stored, Mapping):
-        return ""
-    ours = config_to_dict(config)
-    diffs = [f"{k}={stored[k]!r} (model: {ours[k]!r})" for k in ours
-             if k in stored and stored[k] != ours[k]]
-    return f"; the checkpoint's config differs in {', '.join(diffs)}" if diffs else ""
+def _stored_config(path, header: Mapping) -> TransformerConfig:
+    try:
+        return config_from_dict(header["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: the stored configuration is not valid: {e}") from None
+
+
+def _config_differences(stored: TransformerConfig, config: TransformerConfig) -> dict[str, str]:
+    """Field -> 'field=stored (model: ours)' for every field in which two configs differ."""
+    theirs, ours = config_to_dict(stored), config_to_dict(config)
+    return {k: f"{k}={theirs[k]!r} (model: {ours[k]!r})" for k in ours if theirs[k] != ours[k]}
 
 
 def _attention_caches(cache) -> list:
@@ -783,57 +961,3 @@ def _attention_caches(cache) -> list:
 
     walk(cache)
     return found
-
-
-# --------------------------------------------------------------------------------------------
-# Comparing two models' parameters or gradients, tensor by tensor
-
-
-def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
-                 zero_atol: float | None = None, verbose: bool = True) -> dict[str, float]:
-    """Compare two dicts of arrays with the same keys, one relative error per tensor.
-
-    Prints a table like :func:`transformer_lab.gradient_check.check_gradients` (name, shape,
-    relative error, ok) and raises ``AssertionError`` naming every tensor above ``tol``. A
-    tensor that is zero up to rounding in both (every entry at most ``zero_atol``; default 1e-12
-    in float64, 1e-6 in float32) passes as "ok (zero gradient)": e.g. the gradient of an
-    attention key bias, which the softmax ignores -- the relative error of two rounding noises
-    means nothing.
-
-    Args:
-        ours, reference: name -> array (NumPy arrays or torch tensors), the same names/shapes.
-        tol: largest relative error that passes (1e-10 for float64, 1e-5 for float32).
-        zero_atol: see above.
-        verbose: print the table.
-
-    Returns:
-        name -> relative error.
-    """
-    from transformer_lab.gradient_check import _to_numpy, format_check_table, rel_error
-
-    if set(ours) != set(reference):
-        raise ValueError(f"ours and reference must have the same names; only in ours: "
-                         f"{sorted(set(ours) - set(reference))}, only in reference: "
-                         f"{sorted(set(reference) - set(ours))}")
-    errors, zero, shapes = {}, set(), {}
-    for name in ours:
-        a, b = _to_numpy(ours[name], name), _to_numpy(reference[name], name)
-        if a.shape != b.shape:
-            raise ValueError(f"{name}: ours has shape {a.shape}, reference {b.shape}")
-        shapes[name] = a.shape
-        atol = zero_atol
-        if atol is None:
-            atol = 1e-12 if a.dtype == np.float64 and b.dtype == np.float64 else 1e-6
-        if a.size == 0 or max(np.abs(a).max(), np.abs(b).max()) <= atol:
-            errors[name] = 0.0
-            zero.add(name)
-        else:
-            errors[name] = rel_error(a, b)
-    if verbose:
-        print(format_check_table(errors, shapes, tol, zero))
-    failed = {n: e for n, e in errors.items() if not e <= tol}
-    if failed:
-        raise AssertionError(f"{len(failed)} of {len(errors)} tensors differ by more than "
-                             f"tol={tol:g}: " + ", ".join(f"{n} ({e:.2e})"
-                                                        for n, e in failed.items()))
-    return errors
