@@ -1,12 +1,16 @@
 """The classroom tools: student versions (`make student`) and grading (`make grade`).
 
 What keeps them honest, for every notebook in notebooks/:
-- grading the solution notebooks gives full marks, grading the untouched student versions zero;
+- grading the solution notebooks gives full marks, no cell failing; the untouched student
+  versions get zero;
 - a student version holds no line of any solution region or hidden test;
 - a student version runs without errors up to its stubs;
 and, on a tiny course made here: misplaced markers fail the build with notebook, cell and line;
 edited, deleted or hidden checks are graded with the instructor's version; a crash or an endless
-loop in one submission does not stop the others.
+loop in one submission does not stop the others, nor leaves processes behind; a cell printing
+for ever keeps a bounded output; notebooks saved without cell ids are graded right; the same
+submission gives the same feedback byte for byte; output folders that are not the tools' own,
+or that overlap what they read, are never emptied.
 
 The slow parts (executing notebooks) run once per test session, also under pytest-xdist: the
 first worker that needs them writes them to the session's temporary folder, the others wait and
@@ -17,10 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
+import json
 import os
 import re
 import shutil
 import time
+import tracemalloc
 from pathlib import Path
 
 import nbformat
@@ -129,11 +136,24 @@ def write(nb, path: Path) -> Path:
     return path
 
 
+def without_ids(nb) -> str:
+    """``nb`` as older tools save it: nbformat 4.4, cells without ids (their metadata kept)."""
+    saved = json.loads(nbformat.writes(nb))
+    saved["nbformat_minor"] = 4
+    for cell in saved["cells"]:
+        del cell["id"]
+    return json.dumps(saved, indent=1)
+
+
 #: Submissions of the tiny course: (path under the submissions folder, notebook or text).
 #: The broken ones come first (students are graded in name order) to show they stop no one.
 TINY_SUBMISSIONS = {
-    "a_crash/00_tiny.ipynb": tiny_notebook(square_body="    return x * x\nimport os; os._exit(1)"),
-    "b_loop/00_tiny.ipynb": tiny_notebook(double_body="    while True:\n        pass"),
+    "a_crash/00_tiny.ipynb": tiny_notebook(square_body=(  # leaves a process behind, and dies
+        "    return x * x\nimport os, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open(os.environ['TINY_CHILD_PID_FILE'], 'w').write(str(child.pid))\nos._exit(1)")),
+    "b_loop/00_tiny.ipynb": tiny_notebook(  # prints for ever: its output must stay bounded
+        double_body="    while True:\n        print('still going', x)"),
     "c_deaf/00_tiny.ipynb": tiny_notebook(double_body=(
         "    import signal\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "    while True:\n        pass")),
@@ -144,6 +164,7 @@ TINY_SUBMISSIONS = {
     "f_unreadable/00_tiny.ipynb": "this is not a notebook",
     "g_flat_00_tiny.ipynb": tiny_notebook(),
     "h_nothing/notes.ipynb": tiny_notebook(),
+    "i_old_format/00_tiny.ipynb": without_ids(tiny_notebook(drop=("check-square",))),
 }
 TINY_EXPECTED = {  # student: (check-double, check-square, status)
     "a_crash": (2, 0, "kernel died"),
@@ -154,6 +175,7 @@ TINY_EXPECTED = {  # student: (check-double, check-square, status)
     "f_unreadable": (0, 0, "unreadable"),
     "g_flat": (2, 3, "graded"),
     "h_nothing": (0, 0, "not submitted"),
+    "i_old_format": (2, 3, "graded"),
 }
 
 
@@ -168,8 +190,16 @@ def tiny_graded(tmp_path_factory):
                 (out / "subs" / name).write_text(content)
             else:
                 write(content, out / "subs" / name)
-        status = grade.main([str(out / "subs"), "--source", str(out / "source"),
-                             "--out", str(out / "grades"), "--timeout", str(TINY_TIMEOUT)])
+        console = io.StringIO()
+        os.environ["TINY_CHILD_PID_FILE"] = str(out / "child.pid")  # kernels inherit it
+        try:
+            with contextlib.redirect_stdout(console):
+                status = grade.main([str(out / "subs"), "--source", str(out / "source"),
+                                     "--out", str(out / "grades"),
+                                     "--timeout", str(TINY_TIMEOUT)])
+        finally:
+            del os.environ["TINY_CHILD_PID_FILE"]
+        (out / "console.txt").write_text(console.getvalue())
         assert status == 0
 
     return once_per_session(tmp_path_factory, "tiny-graded", produce) / "grades"
@@ -266,7 +296,7 @@ def test_student_version_keeps_everything_else(notebook):
     exercises = {e.cell_id: e for e in parsed.exercises}
     checks = {c.cell_id: c for c in parsed.checks}
     removed = removed_lines(parsed)
-    for sol_cell, stud_cell in zip(parsed.nb.cells, stud.cells):
+    for sol_cell, stud_cell in zip(parsed.nb.cells, stud.cells, strict=True):
         if stud_cell.cell_type == "code":
             assert stud_cell.outputs == [] and stud_cell.execution_count is None
         sol_lines, stud_lines = sol_cell.source.split("\n"), stud_cell.source.split("\n")
@@ -276,7 +306,7 @@ def test_student_version_keeps_everything_else(notebook):
             regions = exercises[sol_cell.id].regions
             stubs = [line for line in stud_lines if STUB.match(line)]
             assert len(stubs) == len(regions), f"{sol_cell.id}: one stub per solution region"
-            for region, stub in zip(regions, stubs):
+            for region, stub in zip(regions, stubs, strict=True):
                 assert stub.startswith(region.indent + "raise")  # indented like the region
             assert [line for line in stud_lines if not STUB.match(line)] == kept
             assert stud_cell.metadata["deletable"] is False
@@ -449,6 +479,13 @@ def test_every_problem_is_reported_at_once():
 
 # --- the grader on the tiny course --------------------------------------------------------------
 
+def console_statuses(grades_dir: Path) -> dict[str, str]:
+    """student -> status, from the table `make grade` prints at the end."""
+    console = (grades_dir.parent / "console.txt").read_text()
+    rows = re.findall(r"^(\S+)\s+00_tiny\s+\S+/\S+\s{2}(.+)$", console, re.MULTILINE)
+    return dict(rows)
+
+
 def test_tiny_course_grades(tiny_graded):
     rows = read_grades(tiny_graded / "grades.csv")
     assert list(rows[0]) == ["student", "notebook", "check", "points", "max_points"]
@@ -459,6 +496,8 @@ def test_tiny_course_grades(tiny_graded):
         assert got[who, "check-double"] == (double, 2), who
         assert got[who, "check-square"] == (square, 3), who
     assert {r["notebook"] for r in rows} == {"00_tiny"}
+    assert console_statuses(tiny_graded) == {who: status for who, (_, _, status)
+                                             in TINY_EXPECTED.items()}
 
 
 def test_crash_and_endless_loops_stop_only_their_own_submission(tiny_graded):
@@ -468,8 +507,89 @@ def test_crash_and_endless_loops_stop_only_their_own_submission(tiny_graded):
     assert "time limit of 2 s per cell (interrupted)" in loop.cells[0].source
     deaf = feedback(tiny_graded, "c_deaf", "00_tiny")
     assert "ignored the interrupt: the kernel was stopped" in deaf.cells[0].source
-    # the submissions graded after them ran normally (g_flat comes last among the notebooks)
+    # the submissions graded after them ran normally
     assert "**g_flat: 5 / 5 points.**" in feedback(tiny_graded, "g_flat", "00_tiny").cells[0].source
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_processes_left_by_a_crashed_kernel_are_stopped(tiny_graded):
+    child = int((tiny_graded.parent / "child.pid").read_text())
+    deadline = time.monotonic() + 5  # a killed process takes a moment to go
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(os.getpid()) and not _running(child)
+
+
+def test_a_cell_that_prints_for_ever_keeps_a_bounded_output(tiny_graded):
+    path = tiny_graded / "feedback" / "b_loop" / "00_tiny.ipynb"
+    limits = grade.OutputLimits()
+    # a few MB were printed; the file stores the text kept line by line, as JSON strings
+    assert path.stat().st_size < 3 * limits.printed_per_cell
+    cell = next(c for c in nbformat.read(path, as_version=4).cells if c.id == "check-double")
+    streams = [o for o in cell.outputs if o.output_type == "stream"]
+    printed = "".join(o.text for o in streams[:-1])
+    assert printed.startswith("still going 2\nstill going 2\n")
+    assert 0.9 * limits.printed_per_cell < len(printed.encode()) <= limits.printed_per_cell
+    assert re.fullmatch(r"\[output truncated: \d+\.\d (KB|MB) of this cell's output not kept; "
+                        r"grading keeps 100\.0 KB of printed text .*\]\n", streams[-1].text)
+    assert [o.ename for o in cell.outputs if o.output_type == "error"] == ["KeyboardInterrupt"]
+
+
+def _message(kind: str, **content) -> dict:
+    return {"msg_type": kind, "header": {"msg_type": kind}, "parent_header": {"msg_id": "run"},
+            "metadata": {}, "content": content}
+
+
+def test_output_kept_while_a_cell_runs_is_bounded():
+    """Output over the limits is dropped as it arrives, not after the cell: the grader's memory
+    stays bounded however long a cell prints. Messages are fed to the client as the kernel
+    would send them (no kernel needed)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("spam()"),
+                                         nbformat.v4.new_code_cell("more()")])
+    limits = grade.OutputLimits(printed_per_cell=10_000, rich_per_cell=50_000,
+                                per_notebook=70_000, error_text=1_000)
+    client = grade.LimitedClient(nb, limits=limits)
+    client.clear_before_next_output = False  # set when a cell starts
+    first, second = nb.cells
+
+    tracemalloc.start()
+    for i in range(2_000):  # 20 MB printed, each message a new string
+        client.process_message(_message("stream", name="stdout", text=f"{i:09d}" + "x" * 9_991),
+                               first, 0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB held while 20 MB were printed"
+    printed = "".join(o.text for o in first.outputs)
+    assert printed.startswith("000000000xxx") and len(printed) <= limits.printed_per_cell
+    assert client.cell_dropped == 20_000_000 - len(printed)
+
+    figure = {"image/png": "A" * 20_000, "text/plain": "<Figure>"}
+    for _ in range(10):
+        client.process_message(_message("display_data", data=figure, metadata={}), first, 0)
+    assert sum(o.output_type == "display_data" for o in first.outputs) == 2  # 50 KB a cell
+
+    for _ in range(10):  # the next cell: what is left of the notebook's 70 KB
+        client.process_message(_message("display_data", data=figure, metadata={}), second, 1)
+    assert sum(o.output_type == "display_data" for o in second.outputs) == 0  # 60 KB kept
+    client.process_message(_message("stream", name="stdout", text="y" * 20_000), second, 1)
+    assert 0 < len(second.outputs[0].text) < 10_000
+
+    # errors decide the checks: always kept, shortened
+    client.process_message(_message("error", ename="ValueError", evalue="v" * 5_000,
+                                    traceback=["t" * 600] * 4), second, 1)
+    error = second.outputs[-1]
+    assert error.output_type == "error" and error.ename == "ValueError"
+    assert len(error.evalue) == 1_000 and len("".join(error.traceback)) < 1_100
+    assert error.traceback[-1].endswith("[traceback truncated]")
 
 
 def test_instructor_checks_are_put_back_even_when_deleted_or_edited(tiny_graded):
@@ -483,6 +603,71 @@ def test_instructor_checks_are_put_back_even_when_deleted_or_edited(tiny_graded)
         assert by_id[cell_id].source == next(c for c in source.cells if c.id == cell_id).source
     assert "AssertionError: square(3) should be 9 (line 1: `assert square(3) == 9" in \
         nb.cells[0].source
+
+
+def test_notebooks_saved_without_cell_ids_are_matched_by_grade_id(tiny_graded):
+    """Older tools save notebooks without cell ids (nbformat 4.4) but keep the cell metadata:
+    the checks are still found, and a deleted one goes back after its exercise."""
+    nb = feedback(tiny_graded, "i_old_format", "00_tiny")
+    source = tiny_notebook()
+    ids = [c.id for c in nb.cells]
+    graded = {"exercise-double", "check-double", "exercise-square", "check-square"}
+    assert [i for i in ids if i in graded] == [c.id for c in source.cells if c.id in graded]
+    assert ids.index("check-square") == ids.index("exercise-square") + 1
+    assert len(ids) == len(source.cells) + 1 and len(set(ids)) == len(ids)
+    assert "**i_old_format: 5 / 5 points.**" in nb.cells[0].source
+
+
+def test_feedback_is_the_same_on_every_run(tiny_graded, tmp_path):
+    """Grading a submission again gives the same feedback, byte for byte: no random cell ids
+    (the notebook saved without ids gets deterministic ones), no timings."""
+    subs = tiny_graded.parent / "subs"
+    for who in ("e_hidden", "i_old_format"):
+        shutil.copytree(subs / who, tmp_path / "subs" / who)
+    assert grade.main([str(tmp_path / "subs"), "--source", str(tiny_graded.parent / "source"),
+                       "--out", str(tmp_path / "grades"),
+                       "--timeout", str(TINY_TIMEOUT)]) == 0
+    for who in ("e_hidden", "i_old_format"):
+        again = tmp_path / "grades" / "feedback" / who / "00_tiny.ipynb"
+        first = tiny_graded / "feedback" / who / "00_tiny.ipynb"
+        assert again.read_bytes() == first.read_bytes(), who
+    rows = [r for r in read_grades(tiny_graded / "grades.csv")
+            if r["student"] in ("e_hidden", "i_old_format")]
+    assert read_grades(tmp_path / "grades" / "grades.csv") == rows
+
+
+def test_missing_and_repeated_cell_ids_get_deterministic_ones(tmp_path):
+    nb = tiny_notebook()
+    saved = json.loads(nbformat.writes(nb))
+    cells = saved["cells"]
+    del cells[0]["id"]  # intro: no id, no grade_id
+    cells[1]["id"] = "exercise-double"  # setup repeats a later id; the exercise keeps it
+    del cells[3]["id"]  # check-double: its grade_id is free, so it is the id
+    cells[5]["id"] = "has space"  # check-square: invalid, and its grade_id ...
+    cells[6]["id"] = "check-square"  # ... is taken by a later cell
+    path = tmp_path / "sub.ipynb"
+    path.write_text(json.dumps(saved))
+    ids = [c.id for c in grade.read_submission(path).cells]
+    assert ids == [ids[0], ids[1], "exercise-double", "check-double", "exercise-square",
+                   ids[5], "check-square"]
+    assert re.fullmatch(r"cell-1-[0-9a-f]{8}", ids[0])
+    assert re.fullmatch(r"cell-2-[0-9a-f]{8}", ids[1])
+    assert re.fullmatch(r"cell-6-[0-9a-f]{8}", ids[5])
+    assert [c.id for c in grade.read_submission(path).cells] == ids  # the same every time
+    # a new id never takes one a cell already has
+    taken = ids[0]
+    cells[6]["id"] = taken
+    path.write_text(json.dumps(saved))
+    again = [c.id for c in grade.read_submission(path).cells]
+    assert again[6] == taken and again[0] == taken + "-2"
+    # notebooks older than v4 are converted with random ids by nbformat: given anew
+    v3 = nbformat.v3.new_notebook(worksheets=[nbformat.v3.new_worksheet(cells=[
+        nbformat.v3.new_code_cell(input="x = 1"), nbformat.v3.new_code_cell(input="x = 1")])])
+    old = tmp_path / "v3.ipynb"
+    old.write_text(nbformat.v3.writes_json(v3))
+    ids = [c.id for c in grade.read_submission(old).cells]
+    assert ids == [c.id for c in grade.read_submission(old).cells]
+    assert re.fullmatch(r"cell-1-[0-9a-f]{8}", ids[0]) and ids[1].startswith("cell-2-")
 
 
 def test_hidden_tests_count(tiny_graded):
@@ -499,16 +684,25 @@ def test_unreadable_and_missing_submissions(tiny_graded):
 
 
 def test_feedback_notebooks_are_valid_and_executed(tiny_graded):
-    for path in sorted((tiny_graded / "feedback").rglob("*.ipynb")):
+    written = {p.parent.name: p for p in (tiny_graded / "feedback").rglob("*.ipynb")}
+    assert sorted(written) == sorted(w for w, (_, _, status) in TINY_EXPECTED.items()
+                                     if status != "not submitted")
+    for who, path in written.items():
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
-        assert nb.cells[0].cell_type == "markdown"
+        assert nb.cells[0].cell_type == "markdown" and nb.cells[0].id == grade.SUMMARY_CELL_ID
+        if TINY_EXPECTED[who][2] == "graded":  # ran to the end: every code cell executed
+            assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
+            assert nb.cells[-1].outputs[0].text == "the end\n"
 
 
 # --- the grader on the course's notebooks -------------------------------------------------------
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_solution_notebooks_get_full_marks(notebook, tmp_path_factory):
+    """End to end, as `make grade` grades a student: the whole solution notebook runs in a
+    fresh kernel in an empty folder (not in notebooks/, where nbval runs it), with a time
+    limit. Every check gets its points, and no cell fails."""
     grades = course_grades(notebook, tmp_path_factory)
     parsed = assignment.parse_notebook(nbformat.read(notebook, as_version=4), notebook.name)
     rows = {r["check"]: r for r in read_grades(grades / "grades.csv")
@@ -519,12 +713,18 @@ def test_solution_notebooks_get_full_marks(notebook, tmp_path_factory):
         assert float(row["points"]) == float(row["max_points"]) == check.points, \
             f"{notebook.name} {check.cell_id}: the solution loses points; see " \
             f"{grades / 'feedback' / 'solution' / notebook.name}"
+    nb = feedback(grades, "solution", notebook.stem)
+    assert all(c.execution_count is not None for c in nb.cells
+               if c.cell_type == "code" and c.source.strip()), "the notebook did not run to its end"
+    assert not error_outputs(nb), f"{notebook.name}: cells fail when graded: {error_outputs(nb)}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_untouched_student_versions_get_zero(notebook, tmp_path_factory):
     grades = course_grades(notebook, tmp_path_factory)
     rows = [r for r in read_grades(grades / "grades.csv") if r["student"] == "untouched"]
+    parsed = assignment.parse_notebook(nbformat.read(notebook, as_version=4), notebook.name)
+    assert sorted(r["check"] for r in rows) == sorted(c.cell_id for c in parsed.checks)
     passing = [r["check"] for r in rows if float(r["points"]) != 0]
     assert not passing, f"{notebook.name}: checks that pass with the exercise undone: {passing}"
 
@@ -607,3 +807,25 @@ def test_output_folders_that_are_not_ours_are_never_emptied(tmp_path):
     for _ in range(2):
         assert student.main(["--source", str(tmp_path / "src"), "--out", str(out),
                              "--project", str(ROOT)]) == 0
+
+
+def test_output_folders_that_overlap_the_inputs_are_refused(tmp_path):
+    """Even a folder these tools wrote is not emptied when it holds what they read."""
+    write(tiny_notebook(), tmp_path / "src" / "00_tiny.ipynb")
+    source = ["--source", str(tmp_path / "src")]
+    ours = tmp_path / "grades"  # say, last week's grades, which now hold submissions
+    assignment.fresh_output_dir(ours, "--out")
+    submitted = write(tiny_notebook(), ours / "ann" / "00_tiny.ipynb")
+    for subs, out in [(ours, ours), (ours / "ann", ours), (ours, ours / "ann" / "new")]:
+        with pytest.raises(SystemExit, match="overlap"):
+            grade.main([str(subs), *source, "--out", str(out)])
+        assert submitted.exists()
+    with pytest.raises(SystemExit, match="overlap"):
+        grade.main([str(ours), *source, "--out", str(tmp_path / "src")])
+    with pytest.raises(SystemExit, match="overlap"):
+        student.main([*source, "--out", str(tmp_path / "src" / "student"),
+                      "--project", str(ROOT)])
+    with pytest.raises(SystemExit, match="overlap"):
+        student.main([*source, "--out", str(ROOT / "img" / "student"), "--project", str(ROOT)])
+    assert (tmp_path / "src" / "00_tiny.ipynb").exists()
+    assert not (ROOT / "img" / "student").exists()

@@ -1,6 +1,9 @@
 """The maintainers' tools: executing notebooks into build/, the table, the site."""
 
+import hashlib
 import os
+import shutil
+import time
 from pathlib import Path
 
 import nbformat
@@ -19,7 +22,24 @@ def _notebook(path: Path, source: str) -> Path:
     return path
 
 
-def test_execute_writes_copies_leaves_sources_and_skips_fresh_ones(tmp_path, capsys):
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """A package folder standing in for transformer_lab in the freshness checks, so that other
+    people editing the real package while the tests run cannot make copies stale."""
+    package = tmp_path / "src" / "fake_lab"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data" / "vocab.json").write_text("[]")
+    monkeypatch.setattr(execute, "PACKAGE_DIR", package)
+    return package
+
+
+def _set_mtime(path: Path, t: float) -> None:
+    os.utime(path, (t, t))
+
+
+def test_execute_writes_copies_leaves_sources_and_skips_fresh_ones(tmp_path, capsys,
+                                                                   fake_package):
     src_dir, out_dir = tmp_path / "notebooks", tmp_path / "build"
     src_dir.mkdir()
     a = _notebook(src_dir / "00_a.ipynb", "print(sum(range(4)))")
@@ -49,6 +69,47 @@ def test_execute_writes_copies_leaves_sources_and_skips_fresh_ones(tmp_path, cap
     execute.main([str(src_dir), "--output-dir", str(out_dir)])
     out = capsys.readouterr().out
     assert "00_a.ipynb ... up to date" in out and "01_b.ipynb ... ok" in out
+
+
+def test_copies_are_stale_after_any_change_to_the_package_or_the_figures(tmp_path,
+                                                                         fake_package):
+    (tmp_path / "notebooks").mkdir()
+    notebook = _notebook(tmp_path / "notebooks" / "00_a.ipynb", "print(1)")
+    copy = tmp_path / "build" / "00_a.ipynb"
+    copy.parent.mkdir()
+    copy.write_text(notebook.read_text())
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "figure.png").write_bytes(b"png")
+    inputs = [notebook, *fake_package.parent.rglob("*"), fake_package.parent,
+              tmp_path / "img", tmp_path / "img" / "figure.png"]
+    t0 = time.time() - 1000
+
+    def reset() -> None:
+        for path in inputs:
+            if path.exists():
+                _set_mtime(path, t0)
+        _set_mtime(copy, t0 + 10)
+
+    reset()
+    assert execute.is_up_to_date(notebook, copy)
+    for changed in [notebook, fake_package / "__init__.py", fake_package / "data" / "vocab.json",
+                    tmp_path / "img" / "figure.png"]:
+        reset()
+        _set_mtime(changed, t0 + 20)
+        assert not execute.is_up_to_date(notebook, copy), f"{changed} changed unnoticed"
+    for removed in [fake_package / "data" / "vocab.json", tmp_path / "img" / "figure.png"]:
+        reset()
+        removed.unlink()  # its folder's time changes
+        assert not execute.is_up_to_date(notebook, copy), f"{removed} removed unnoticed"
+    # bytecode caches, written whenever Python imports the package, do not count
+    cache = fake_package / "__pycache__"
+    cache.mkdir()
+    (cache / "fake_lab.cpython-311.pyc").write_bytes(b"")
+    reset()
+    _set_mtime(cache / "fake_lab.cpython-311.pyc", t0 + 20)
+    _set_mtime(cache, t0 + 20)
+    assert execute.is_up_to_date(notebook, copy)
+    assert not execute.is_up_to_date(notebook, tmp_path / "build" / "missing.ipynb")
 
 
 def test_execute_reports_a_failing_notebook_and_goes_on(tmp_path, capsys):
@@ -84,7 +145,8 @@ def test_site_renders_every_notebook_with_math_offline(tmp_path):
         assert page.exists(), f"{nb.name} missing from the site"
         assert f"notebooks/{nb.stem}.html" in index, f"{nb.name} not linked from the landing page"
     page = (out / "notebooks" / "00_gradients.html").read_text()
-    assert "_static/mathjax/tex-chtml.js" in page and (out / "_static/mathjax/tex-chtml.js").exists()
+    mathjax = "_static/mathjax/tex-chtml.js"
+    assert mathjax in page and (out / mathjax).exists()
     assert r"\boxed{" in page  # LaTeX is handed to MathJax, not mangled
 
 
@@ -96,3 +158,78 @@ def test_failed_copy_is_kept_for_inspection_but_never_up_to_date(tmp_path, capsy
     assert kept.cells[0].outputs[0].text == "before\n"
     assert execute.main([str(bad), "--output-dir", str(out)]) == 1  # executed again, not skipped
     assert "up to date" not in capsys.readouterr().out
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` and a hash of its content."""
+    return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def site_project(tmp_path, monkeypatch):
+    """A checkout as the site tool sees it, as the current folder: docs/, build/notebooks/,
+    img/ and a folder of someone's own."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    (tmp_path / "build" / "notebooks").mkdir(parents=True)
+    _notebook(tmp_path / "build" / "notebooks" / "00_a.ipynb", "print(1)")
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "figure.png").write_bytes(b"png")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--src", "."], "overlap"),  # holds the checkout
+    (["--src", "docs"], "overlap"),
+    (["--src", "docs/site"], "overlap"),
+    (["--src", "build"], "overlap"),  # holds the executed notebooks
+    (["--src", "build/notebooks"], "overlap"),
+    (["--src", "img"], "overlap"),
+    (["--src", "build/html"], "overlap"),  # the output
+    (["--src", "/"], "overlap"),
+    (["--src", "mine"], "not empty and was not written by this tool"),
+    (["--src", "img/figure.png"], "overlap"),
+    (["--out", "."], "overlap"),
+    (["--out", "docs"], "overlap"),
+    (["--out", "build/notebooks/html"], "overlap"),
+    (["--out", "img"], "overlap"),
+    (["--out", "build/site"], "overlap"),  # the site source, emptied first
+    (["--out", "mine"], "not empty and was not written by this tool"),
+], ids=" ".join)
+def test_site_refuses_folders_it_must_not_empty_or_write_into(site_project, args, words):
+    before = _tree(site_project)
+    with pytest.raises(SystemExit, match=words):
+        site.main(args)
+    assert _tree(site_project) == before  # nothing deleted, nothing written
+
+
+def test_site_source_is_rewritten_only_when_it_is_ours(site_project):
+    src = site_project / "build" / "site"
+    args = (Path("docs"), Path("build/notebooks"), Path("img"), src)
+    assert site.assemble(*args) == [Path("build/notebooks/00_a.ipynb")]
+    assert (src / "conf.py").exists() and (src / "notebooks" / "00_a.ipynb").exists()
+    assert (src / "img" / "figure.png").exists()
+    (src / "stale.md").write_text("from an earlier run")
+    site.assemble(*args)  # ours: emptied and rewritten
+    assert not (src / "stale.md").exists()
+    # a site source written before the tools marked their folders is recognised ...
+    (src / site.OWNER_FILE).unlink()
+    site.assemble(*args)
+    # ... but not once it holds anything else
+    (src / site.OWNER_FILE).unlink()
+    (src / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not written by this tool"):
+        site.assemble(*args)
+    assert (src / "notes.txt").read_text() == "mine"
+    # an HTML folder Sphinx wrote is accepted as output, and marked
+    html = site_project / "build" / "html"
+    html.mkdir()
+    (html / site.SPHINX_BUILDINFO).write_text("# Sphinx build info version 1\n")
+    (html / "index.html").write_text("<html></html>")
+    site.check_out(html, {})
+    (html / site.SPHINX_BUILDINFO).unlink()
+    with pytest.raises(SystemExit, match="not written by this tool"):
+        site.check_out(html, {})

@@ -284,18 +284,43 @@ def solution_notebooks(source: Path) -> list[Path]:
     return found
 
 
-#: Written into every folder the classroom tools fill, so that they only ever empty their own.
+#: Written into every folder the course tools fill, so that they only ever empty their own.
 OWNER_FILE = ".written-by-transformer-lab"
 
 
-def fresh_output_dir(path: Path, option: str) -> None:
-    """Empty ``path`` for new output, refusing a non-empty folder these tools did not write."""
-    if path.exists():
-        if not path.is_dir():
-            raise SystemExit(f"error: {option} must be a folder, {str(path)!r} is a file")
-        if any(path.iterdir()) and not (path / OWNER_FILE).exists():
+def overlaps(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are the same folder or one holds the other."""
+    a, b = a.resolve(), b.resolve()
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_apart(path: Path, option: str, inputs: dict[str, Path]) -> None:
+    """Refuse an output folder ``path`` that is, holds or lies inside one of the ``inputs``
+    (option or description -> path): emptying it would delete what the tool reads."""
+    for name, given in inputs.items():
+        if overlaps(path, given):
+            raise SystemExit(f"error: {option} {str(path)!r} and {name} {str(given)!r} overlap "
+                             "(the same folder, or one inside the other); the output folder is "
+                             "emptied on each run, so it must lie apart from what is read")
+
+
+def is_ours(path: Path) -> bool:
+    """Whether ``path`` is a folder one of these tools wrote (it holds :data:`OWNER_FILE`)."""
+    return (path / OWNER_FILE).is_file()
+
+
+def fresh_output_dir(path: Path, option: str, inputs: dict[str, Path] | None = None) -> None:
+    """Empty ``path`` for new output, refusing a non-empty folder these tools did not write and
+    one that overlaps any of ``inputs`` (option -> path; see :func:`check_apart`)."""
+    check_apart(path, option, inputs or {})
+    if path.exists() or path.is_symlink():
+        if path.is_symlink() or not path.is_dir():
+            raise SystemExit(f"error: {option} must be a folder, {str(path)!r} is "
+                             f"{'a link' if path.is_symlink() else 'a file'}")
+        if any(path.iterdir()) and not is_ours(path):
             raise SystemExit(f"error: {option} {str(path)!r} is not empty and was not written "
                              "by this tool; name a new folder or empty it yourself")
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    (path / OWNER_FILE).write_text("This folder is rewritten by the course's classroom tools.\n")
+    (path / OWNER_FILE).write_text("This folder is emptied and rewritten by the course's tools "
+                                   "(transformer_lab.course).\n")

@@ -5,8 +5,9 @@
     python -m transformer_lab.course.execute notebooks/01_attention.ipynb --in-place
 
 Without ``--in-place`` the executed copies go to ``--output-dir`` and the notebooks in
-``notebooks/`` are left untouched. A copy newer than its notebook and than every file of the
-package is reported as "up to date" and not executed again (``--force`` re-executes).
+``notebooks/`` are left untouched. A copy newer than its notebook, than every file of the
+package (data files included) and than every figure in ``img/`` is reported as "up to date" and
+not executed again (``--force`` re-executes).
 Exit status 1 when any notebook fails.
 """
 
@@ -50,8 +51,34 @@ def find_notebooks(paths: list[str], default_dir: Path) -> list[Path]:
     return found
 
 
-def newest_package_mtime() -> float:
-    return max(f.stat().st_mtime for f in PACKAGE_DIR.rglob("*.py"))
+def _tree_mtimes(root: Path) -> list[float]:
+    """Modification times of ``root`` and of every file and folder under it, bytecode caches
+    left out (a folder's time changes when an entry is added, removed or renamed)."""
+    if not root.is_dir():
+        return []
+    times = [root.stat().st_mtime]
+    for path in root.rglob("*"):
+        if "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+            continue
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:  # removed since it was listed (an editor's temporary file)
+            times.append(time.time())  # a change all the same
+    return times
+
+
+def newest_input_mtime(notebook: Path, package_dir: Path | None = None) -> float:
+    """The newest modification time among what an executed copy of ``notebook`` depends on:
+    the notebook, every file of the package (not only ``*.py``: data files count too) and the
+    figures in ``img/`` beside the notebooks' folder (the notebooks show ``../img/*.png``)."""
+    package_dir = PACKAGE_DIR if package_dir is None else package_dir
+    img = notebook.resolve().parent.parent / "img"
+    return max([notebook.stat().st_mtime, *_tree_mtimes(package_dir), *_tree_mtimes(img)])
+
+
+def is_up_to_date(notebook: Path, copy: Path, package_dir: Path | None = None) -> bool:
+    """Whether ``copy`` (an executed copy of ``notebook``) is newer than all it depends on."""
+    return copy.exists() and copy.stat().st_mtime > newest_input_mtime(notebook, package_dir)
 
 
 def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = False) -> None:
@@ -95,14 +122,12 @@ def _short_error(exc: BaseException) -> str:
 
 def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) -> list[Result]:
     apply_kernel_env()
-    package_mtime = newest_package_mtime()
     results = []
     n = len(notebooks)
     for k, src in enumerate(notebooks, 1):
         dest = src if out_dir is None else out_dir / src.name
         prefix = f"[{k}/{n}] {src.name}"
-        fresh = (out_dir is not None and not force and dest.exists()
-                 and dest.stat().st_mtime > max(src.stat().st_mtime, package_mtime))
+        fresh = out_dir is not None and not force and is_up_to_date(src, dest)
         if fresh:
             print(f"{prefix} ... up to date", flush=True)
             results.append(Result(src.name, "up to date", 0.0))

@@ -14,7 +14,13 @@ id -- in place of the student's copy, or where it was if the student deleted it 
 notebook runs top to bottom in its own fresh kernel, started in an empty temporary folder, with
 a time limit per cell. A check earns its points when its cell runs without an error. A cell
 over the time limit is interrupted and the notebook goes on; a kernel that dies, or ignores the
-interrupt (and is then stopped), ends that submission only. Written to ``--out``:
+interrupt (and is then stopped), ends that submission only. Of what a cell outputs, grading
+keeps the first 100 KB of printed text and 5 MB of figures and other output, 20 MB in all per
+notebook (:class:`OutputLimits`); the rest is dropped as it arrives, with a note in the cell.
+Cells saved without ids (by older tools) are matched by their nbgrader ``grade_id``, and the
+ids given to the others are derived from the notebook, so feedback is the same on every run.
+Written to ``--out`` (emptied first; it must be a folder these tools wrote, apart from the
+submissions and the solutions):
 
 - ``grades.csv`` -- one row per student, notebook and check: student, notebook, check, points,
   max_points (a notebook a student did not hand in gets 0 for each of its checks);
@@ -29,8 +35,12 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import hashlib
+import json
 import logging
+import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -39,13 +49,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
 
 from transformer_lab.course.assignment import (
     Assignment,
     AssignmentError,
+    check_apart,
     format_points,
     fresh_output_dir,
     load_assignments,
+    nbgrader_meta,
     solution_notebooks,
 )
 from transformer_lab.course.kernel_env import apply_kernel_env
@@ -193,37 +207,218 @@ def _index_of(nb, cell_id: str) -> int | None:
     return next((i for i, c in enumerate(nb.cells) if c.get("id") == cell_id), None)
 
 
-def _ensure_ids(nb) -> None:
-    """Give every cell a unique id (notebooks saved by old tools have none)."""
-    from nbformat.corpus.words import generate_corpus_id
+_VALID_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # nbformat's cell id pattern
 
+
+def read_submission(path: Path):
+    """Read a submitted notebook, giving cells without a (unique, valid) id a deterministic one.
+
+    ``nbformat.read`` would repair missing or duplicate ids with random ones, so the same
+    submission would give different feedback on each run: the ids are settled here first.
+    """
+    nb = nbformat.reader.reads(path.read_text(encoding="utf-8"))  # no conversion, no repair
+    if nb.get("nbformat") == 4:
+        _ensure_ids(nb)
+        return nb
+    nb = nbformat.convert(nb, 4)  # from v3 or older, with random ids: give them all anew
+    _ensure_ids(nb, renew=True)
+    return nb
+
+
+def _ensure_ids(nb, renew: bool = False) -> None:
+    """Give every cell a unique, valid id, deterministically (notebooks saved by older tools
+    have none; a hand-edited one may repeat them).
+
+    Of cells sharing an id, the one whose ``metadata.nbgrader.grade_id`` is that id keeps it,
+    or else the first. A cell left without an id takes its grade_id when no cell has it -- old
+    tools keep the metadata, and the instructor's cells are matched by id -- or else
+    ``cell-<position>-<hash of its source>``. ``renew``: give every cell its id this way.
+    """
     nb.nbformat, nb.nbformat_minor = 4, max(nb.get("nbformat_minor", 5), 5)
-    seen: set[str] = set()
-    for cell in nb.cells:
-        if not cell.get("id") or cell.id in seen:
-            cell.id = generate_corpus_id()
-        seen.add(cell.id)
+
+    def usable(cell) -> bool:
+        return not renew and isinstance(cell.get("id"), str) and bool(_VALID_ID.match(cell.id))
+
+    def owns(cell) -> bool:
+        return nbgrader_meta(cell).get("grade_id") == cell.id
+
+    keep: dict[str, int] = {}  # id -> index of the cell that keeps it
+    for first_pass in (True, False):
+        for k, cell in enumerate(nb.cells):
+            if usable(cell) and owns(cell) == first_pass and cell.id not in keep:
+                keep[cell.id] = k
+    taken = set(keep)
+    for k, cell in enumerate(nb.cells):  # after every kept id is known: none is taken twice
+        if usable(cell) and keep.get(cell.id) == k:
+            continue
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        if isinstance(grade_id, str) and _VALID_ID.match(grade_id) and grade_id not in taken:
+            new_id = grade_id
+        else:
+            digest = hashlib.sha1(str(cell.get("source", "")).encode("utf-8", "replace"))
+            new_id = base = f"cell-{k + 1}-{digest.hexdigest()[:8]}"
+            n = 1
+            while new_id in taken:
+                n += 1
+                new_id = f"{base}-{n}"
+        cell.id = new_id
+        taken.add(new_id)
 
 
 # --- running a notebook -----------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class OutputLimits:
+    """How much of a submission's output grading keeps, in bytes (UTF-8 text, JSON for rich
+    output). Whatever is over a limit is dropped as it arrives -- the grader's memory stays
+    bounded however much a cell prints -- and the cell gets a note saying how much. Error
+    outputs, which decide the checks, are always kept, their text shortened to ``error_text``.
+    """
+
+    printed_per_cell: int = 100_000  # stdout and stderr together
+    rich_per_cell: int = 5_000_000  # figures, HTML, results of expressions
+    per_notebook: int = 20_000_000  # everything kept in the notebook
+    error_text: int = 20_000  # the message, and the traceback as a whole
+    per_output: int = 100  # charged for every output kept, however short its text
+
+
+_OUTPUT_MESSAGES = {"stream", "display_data", "execute_result", "update_display_data", "error"}
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _head(text: str, limit: int) -> str:
+    """The longest start of ``text`` whose UTF-8 encoding fits in ``limit`` bytes."""
+    if len(text) * 4 <= limit:
+        return text
+    return text.encode("utf-8", "surrogatepass")[:max(limit, 0)].decode("utf-8", "ignore")
+
+
+def format_size(nbytes: int) -> str:
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+class LimitedClient(NotebookClient):
+    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output.
+
+    nbclient appends each output message to the cell as it arrives; this client looks at every
+    output message first (``process_message``) and keeps it, shortens it or drops it, and adds
+    a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
+    """
+
+    def __init__(self, nb, limits: OutputLimits | None = None, **kw):
+        super().__init__(nb, **kw)
+        self.limits = limits or OutputLimits()
+        self.notebook_bytes = 0  # kept so far in the notebook
+        self._start_cell(None)
+
+    def _start_cell(self, cell_index: int | None) -> None:
+        self.cell_index = cell_index
+        self.cell_printed = self.cell_rich = self.cell_dropped = 0  # bytes kept, dropped
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None,
+                                 store_history=True):
+        self._start_cell(cell_index)
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+        finally:
+            if self.cell_dropped:
+                self._add_note(cell)
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") in _OUTPUT_MESSAGES:
+            if cell_index != self.cell_index:
+                self._start_cell(cell_index)
+            msg = self._admit(msg)
+            if msg is None:
+                return None
+        return super().process_message(msg, cell, cell_index)
+
+    def _admit(self, msg):
+        """``msg`` as it may be kept (text shortened), or None to drop it."""
+        kind, content, limits = msg["msg_type"], msg["content"], self.limits
+        if kind == "error":  # always kept: judge() reads it
+            content = {**content, "ename": _head(str(content.get("ename", "")), 200),
+                       "evalue": _head(str(content.get("evalue", "")), limits.error_text),
+                       "traceback": self._short_traceback(content.get("traceback") or [])}
+            self.notebook_bytes += limits.per_output + _nbytes(json.dumps(content))
+            return {**msg, "content": content}
+        notebook_room = limits.per_notebook - self.notebook_bytes - limits.per_output
+        if kind == "stream":
+            text = str(content.get("text", ""))
+            size = _nbytes(text)
+            room = min(limits.printed_per_cell - self.cell_printed - limits.per_output,
+                       notebook_room)
+            if size > room:
+                kept = _head(text, room) if room > 0 else ""
+                self.cell_dropped += size - _nbytes(kept)
+                if not kept:
+                    return None
+                text, size = kept, _nbytes(kept)
+                content = {**content, "text": text}
+            self.cell_printed += limits.per_output + size
+            self.notebook_bytes += limits.per_output + size
+            return {**msg, "content": content}
+        size = _nbytes(json.dumps(content.get("data", {}), default=str))
+        room = min(limits.rich_per_cell - self.cell_rich - limits.per_output, notebook_room)
+        if size > room:
+            self.cell_dropped += size
+            return None
+        self.cell_rich += limits.per_output + size
+        self.notebook_bytes += limits.per_output + size
+        return msg
+
+    def _short_traceback(self, lines: list) -> list[str]:
+        kept, room = [], self.limits.error_text
+        for line in map(str, lines):
+            if _nbytes(line) > room:
+                kept.append(_head(line, room) + "\n[traceback truncated]")
+                break
+            kept.append(line)
+            room -= _nbytes(line)
+        return kept
+
+    def _add_note(self, cell) -> None:
+        limits = self.limits
+        note = nbformat.v4.new_output("stream", name="stderr", text=(
+            f"[output truncated: {format_size(self.cell_dropped)} of this cell's output not "
+            f"kept; grading keeps {format_size(limits.printed_per_cell)} of printed text and "
+            f"{format_size(limits.rich_per_cell)} of figures and other output per cell, "
+            f"{format_size(limits.per_notebook)} per notebook]\n"))
+        streams = [k for k, o in enumerate(cell.outputs) if o.get("output_type") == "stream"]
+        cell.outputs.insert(streams[-1] + 1 if streams else len(cell.outputs), note)
+
+
 class _Watchdog:
-    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds.
+    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds, and stops
+    what the kernel left running when the notebook is done.
 
     nbclient interrupts a cell at the time limit; code that ignores the interrupt (a C loop, a
-    SIGINT handler) would otherwise keep the grader waiting for ever.
+    SIGINT handler) would otherwise keep the grader waiting for ever. Processes the student's
+    code started (``subprocess``, ``multiprocessing``) share the kernel's process group and
+    would outlive a kernel that crashed or was stopped: on leaving the ``with`` block the whole
+    group is killed (on systems with process groups).
     """
 
     def __init__(self, limit: float):
         self.limit = limit
         self.killed_cell: int | None = None
-        self._km = None
+        self._process = None  # the kernel's process, and its process group
+        self._pgid: int | None = None
         self._running: tuple[int, float] | None = None  # (cell index, start), set in one step
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def cell_started(self, client, cell_index: int) -> None:
-        self._km = client.km
+        provisioner = getattr(client.km, "provisioner", None)
+        self._process = getattr(provisioner, "process", None) or self._process
+        self._pgid = getattr(provisioner, "pgid", None) or self._pgid
         self._running = (cell_index, time.monotonic())
 
     def cell_finished(self) -> None:
@@ -236,6 +431,7 @@ class _Watchdog:
     def __exit__(self, *exc):
         self._done.set()
         self._thread.join()
+        self._kill()  # whatever is left of the kernel's process group
 
     def _watch(self) -> None:
         while not self._done.wait(0.2):
@@ -246,33 +442,41 @@ class _Watchdog:
                 return
 
     def _kill(self) -> None:
-        process = getattr(getattr(self._km, "provisioner", None), "process", None)
-        try:
-            process.kill()
-        except Exception:  # already gone
-            pass
+        """Kill the kernel's process group (the kernel alone where there are none)."""
+        own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
+        if self._pgid and self._pgid != own_group and hasattr(os, "killpg"):
+            try:
+                os.killpg(self._pgid, signal.SIGKILL)
+                return
+            except OSError:  # the group is gone already
+                pass
+        if self._process is not None:
+            try:
+                self._process.kill()
+            except Exception:  # already gone
+                pass
 
 
 _QUIET_LOG = logging.getLogger("transformer_lab.course.grade.nbclient")
 _QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported per submission
 
 
-def run_notebook(nb, timeout: int) -> Run:
+def run_notebook(nb, timeout: int, limits: OutputLimits | None = None) -> Run:
     """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
 
     A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
-    ``grace`` seconds later gets its kernel stopped. Never raises: see the returned :class:`Run`.
+    ``grace`` seconds later gets its kernel stopped. Output over ``limits`` is not kept (see
+    :class:`OutputLimits`). Never raises: see the returned :class:`Run`.
     """
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-
     grace = min(timeout, 10)
     watchdog = _Watchdog(timeout + grace)
     run, current = Run(), {"index": None}
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="grading-") as workdir, watchdog:
-        client = NotebookClient(
-            nb, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+    # A student's code may leave files behind it cannot delete: that must not cost the grade.
+    workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
+    with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
+        client = LimitedClient(
+            nb, limits=limits, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
             kernel_name="python3", record_timing=False,
             resources={"metadata": {"path": workdir}},  # the kernel's working folder
             extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
@@ -383,7 +587,7 @@ def grade_submission(submission: Submission, assignment: Assignment, timeout: in
         results = [CheckResult(c.cell_id, 0, c.points, "not submitted") for c in assignment.checks]
         return Graded(submission, results, "not submitted")
     try:
-        nb = restore_checks(nbformat.read(submission.path, as_version=4), assignment)
+        nb = restore_checks(read_submission(submission.path), assignment)
     except Exception as exc:  # not a notebook, broken JSON, ...
         reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
         results = [CheckResult(c.cell_id, 0, c.points, reason) for c in assignment.checks]
@@ -495,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
 
+    inputs = {"SUBMISSIONS": args.submissions, "--source": args.source}
+    check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
     sources = {path.stem: path for path in solution_notebooks(args.source)}
     submissions, warnings = find_submissions(args.submissions, sorted(sources))
     for warning in warnings:
@@ -507,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the solution notebooks have {len(err.problems)} problem(s) with their "
               f"markers or metadata:\n{err}", file=sys.stderr)
         return 1
-    fresh_output_dir(args.out, "--out")
+    fresh_output_dir(args.out, "--out", inputs)
     graded = grade_all(submissions, assignments, args.timeout, args.out)
     write_csv(graded, args.out / "grades.csv")
     print()

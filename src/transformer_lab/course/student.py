@@ -28,6 +28,7 @@ from transformer_lab.course.assignment import (
     Assignment,
     AssignmentError,
     Region,
+    check_apart,
     fresh_output_dir,
     has_marker_words,
     load_assignments,
@@ -205,13 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--project must be the course's folder; {str(args.project)!r} lacks "
                      f"{', '.join(missing)}")
 
+    inputs = {"--source": args.source,
+              **{f"--project's {name}/": args.project / name for name in PROJECT_DIRS}}
+    check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
     try:
         assignments = load_assignments(solution_notebooks(args.source))
     except AssignmentError as err:
         print(f"error: cannot make student versions, {len(err.problems)} problem(s) with the "
               f"markers or metadata:\n{err}", file=sys.stderr)
         return 1
-    fresh_output_dir(args.out, "--out")
+    fresh_output_dir(args.out, "--out", inputs)
     write_student_tree(assignments, args.project, args.out)
     print(format_table(assignments))
     print(f"\nstudent versions and course files: {args.out}/ (notebooks in {args.out}/notebooks)")
