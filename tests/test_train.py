@@ -26,6 +26,7 @@ from transformer_lab.train import (
     teacher_forced_accuracy,
     torch_loss_curve,
     train,
+    train_step,
 )
 from transformer_lab.transformer import CheckpointError, Transformer, TransformerConfig
 
@@ -49,38 +50,103 @@ def copy_run():
 # ----------------------------------------------------------------------------- command line
 
 
-def test_cli_plain_lines_and_one_json_line_at_the_end():
+def test_cli_progress_on_stderr_and_only_one_json_line_on_stdout():
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([sys.executable, "-m", "transformer_lab.train", "--task", "copy",
                            "--seed", "1", "--steps", "30", "--eval-every", "10",
-                           "--log-every", "10", "--target", "0", *TINY_ARGS],
+                           "--target", "0", "--examples", "2", *TINY_ARGS],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    metrics = json.loads(lines[-1])
+    # stdout is exactly one JSON line: `... > metrics.json` captures only the metrics
+    assert proc.stdout.count("\n") == 1
+    metrics = json.loads(proc.stdout)
     assert KEYS <= set(metrics)
     assert metrics["task"] == "copy" and metrics["seed"] == 1 and metrics["steps"] == 30
     assert 0 <= metrics["exact_match"] <= metrics["token_accuracy"] <= 1
     assert metrics["tokens_per_s"] > 0 and metrics["seconds"] > 0
-    # not a terminal: plain lines every 10 steps, no carriage returns
-    assert "\r" not in proc.stdout
-    assert [ln.split()[1] for ln in lines if ln.startswith("step") and "loss" in ln] == \
-        ["10/30", "20/30", "30/30"]
-    assert sum("validation exact match" in ln for ln in lines) == 3
-    assert all(not ln.startswith("{") for ln in lines[:-1])
+    # stderr is not a terminal: a header, then one plain line per evaluation (the log interval
+    # defaults to --eval-every) holding loss and validation scores, no carriage returns; then
+    # the examples
+    err = proc.stderr.splitlines()
+    assert "\r" not in proc.stderr
+    assert err[0].startswith("training copy") and "pre-norm" in err[0]
+    steps = [ln for ln in err if ln.startswith("step")]
+    assert [ln.split()[1] for ln in steps] == ["10/30", "20/30", "30/30"]
+    assert all("loss" in ln and "val exact" in ln and "(step" not in ln for ln in steps)
+    assert sum("->" in ln for ln in err) == 2
+
+
+def test_progress_lines_follow_log_every_and_name_older_validations():
+    out = io.StringIO()
+    result = train("copy", seed=0, steps=25, target=None, progress="lines", log_every=10,
+                   stream=out, **{**TINY, "eval_every": 20})
+    lines = out.getvalue().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["10/25", "20/25", "25/25"]
+    assert "val" not in lines[0]  # nothing evaluated yet
+    assert "val exact" in lines[1] and "(step" not in lines[1]
+    assert "val exact" in lines[2] and "(step" not in lines[2]  # evaluated at the last step
+    assert result.history.eval_step == [20, 25]
+    # a run stopped early by its target ends with the line of its last step
+    out = io.StringIO()
+    cfg = TrainConfig.for_task("copy", steps=400, **{**TINY, "max_len": 2, "n_train": 20,
+                                                     "n_val": 5, "n_test": 5})
+    result = train(cfg, target=0.5, progress="lines", log_every=1000, stream=out)
+    last = out.getvalue().splitlines()
+    assert result.metrics["stopped"] == "target"
+    assert last[0].split()[1] == f"{result.metrics['steps']}/400" and "val exact" in last[0]
+
+
+def test_warmup_must_be_shorter_than_the_run(capsys):
+    with pytest.raises(ValueError, match=r"warmup=100 must be less than steps=50: the learning "
+                                         r"rate would still be rising"):
+        TrainConfig(steps=50)
+    assert TrainConfig(steps=50, warmup=0).warmup == 0
+    with pytest.raises(SystemExit):
+        main(["--task", "copy", "--steps", "50"])
+    assert "warmup=100 must be less than steps=50" in capsys.readouterr().err
+
+
+def test_post_norm_option_reaches_the_model(capsys):
+    cfg = TrainConfig.for_task("copy", norm_first=False, **TINY)
+    assert make_model(cfg).config.norm_first is False
+    result = train(cfg, steps=15, target=None, progress="none")
+    assert result.model.config.norm_first is False
+    # a post-norm model is accepted as the starting point of a post-norm run
+    train(cfg, steps=12, target=None, progress="none", model=result.model)
+    with pytest.raises(TypeError, match="norm_first must be True or False"):
+        TrainConfig(norm_first="no")
+    assert main(["--task", "copy", "--steps", "12", "--progress", "none", "--post-norm",
+                 *TINY_ARGS]) == 0
+    json.loads(capsys.readouterr().out)
+
+
+def test_help_shows_defaults_and_describes_every_metric(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal width
+    assert "TASK_DEFAULTS" not in text and "see the docstring" not in text
+    for expected in ("(default: 64)", "(default: 4)", "(default: 2)", "(default: 128)",
+                     "(default: 40000)", "default: 1000; add: 3000", "--post-norm",
+                     "BLAS threads"):
+        assert expected in text, expected
+    metrics = train("copy", seed=0, steps=12, target=None, progress="none", **TINY).metrics
+    epilog = text[text.index("stdout gets one line"):]
+    for key in metrics:
+        assert f"{key}:" in epilog or f"{key}," in epilog, key
 
 
 def test_cli_in_process_checkpoint_init_examples_and_errors(tmp_path, capsys):
     path = tmp_path / "copy.npz"
     assert main(["--task", "copy", "--steps", "20", "--progress", "none", "--examples", "2",
                  "--checkpoint", str(path), *TINY_ARGS]) == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 3 and "->" in out[0]  # two examples, then the JSON line
+    captured = capsys.readouterr()
+    out, err = captured.out.strip().splitlines(), captured.err.strip().splitlines()
+    assert len(out) == 1 and len(err) == 2 and "->" in err[0]  # examples on stderr
     metrics = json.loads(out[-1])
     assert metrics["checkpoint"] == str(path) and path.exists()
     # start again from the checkpoint
     assert main(["--task", "copy", "--steps", "5", "--progress", "none", "--init", str(path),
-                 *TINY_ARGS]) == 0
+                 *TINY_ARGS, "--warmup", "2"]) == 0
     json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # a checkpoint of another size is refused with the tensor named
     with pytest.raises(SystemExit):
@@ -101,11 +167,12 @@ def test_progress_bar_on_a_terminal_and_lines_otherwise():
     tty = Terminal()
     bar = Progress(50, tty, "auto", log_every=10)
     for step in range(1, 51):
+        if step == 50:
+            bar.evaluated(50, 0.5, 0.75)
         bar.update(step, 1.0 / step, 1e-3, 0.01 * step)
-    bar.evaluated(50, 0.5, 0.75)
-    bar.close()
+    bar.finish()
     text = tty.getvalue()
-    assert bar.mode == "bar" and text.startswith("\r[") and "50/50" in text
+    assert bar.mode == "bar" and text.startswith("\r[") and "50/50" in text and "val 0.500" in text
     assert text.endswith("\n") and text.count("\n") == 1
     plain = io.StringIO()
     bar = Progress(50, plain, "auto", log_every=25)
@@ -164,6 +231,53 @@ def test_early_stopping_on_target_and_time_budget():
     assert result.metrics["stopped"] == "time" and result.metrics["steps"] == 1
 
 
+@pytest.mark.parametrize("field,value,error,message", [
+    ("target", "0.9", TypeError, "target must be a number, got '0.9'"),
+    ("target", True, TypeError, "target must be a number, got True"),
+    ("target", float("nan"), ValueError, "target must be finite"),
+    ("time_budget", "55", TypeError, "time_budget must be a number, got '55'"),
+    ("time_budget", 0, ValueError, "time_budget must be positive, got 0.0"),
+    ("time_budget", float("inf"), ValueError, "time_budget must be finite"),
+    ("lr", -1e-3, ValueError, "lr must be at least 0"),
+    ("lr", float("nan"), ValueError, "lr must be finite"),
+    ("clip", "1", TypeError, "clip must be a number"),
+    ("seed", np.int64(-1), ValueError, "seed must be at least 0"),
+])
+def test_config_checks_types_and_ranges_of_numbers(field, value, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_config_numbers_are_plain_python_numbers_and_runs_are_deterministic_by_default():
+    cfg = TrainConfig(seed=np.int64(3), lr=np.float32(0.5), time_budget=np.float64(2))
+    assert type(cfg.seed) is int and type(cfg.lr) is float and type(cfg.time_budget) is float
+    json.dumps(dataclasses.asdict(cfg))  # stored with checkpoints: must be JSON-ready
+    # no time budget unless asked for: the stopping step does not depend on the machine
+    assert TrainConfig().time_budget is None and TrainConfig.for_task("add").time_budget is None
+
+
+def test_train_step_reports_the_global_norm_with_and_without_clipping():
+    from transformer_lab.optim import Adam
+
+    cfg = TrainConfig.for_task("copy", **TINY)
+    task, tr, _, _ = make_data(cfg)
+    src, tgt = next(batch_stream(tr, 16, seed=0))
+    for clip in (0, 0.01):
+        model = make_model(cfg, task)
+        _, grads = model.copy().loss(src, tgt)
+        expected = float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads.values())))
+        before = {k: p.copy() for k, p in model.params.items()}
+        loss, norm = train_step(model, Adam(model.params, lr=1e-3), src, tgt, 1e-3, clip)
+        assert norm == pytest.approx(expected, rel=1e-5) and norm > 0.01
+        assert not np.array_equal(before["out_proj.W"], model.params["out_proj.W"])
+    before = {k: p.copy() for k, p in model.params.items()}
+    with pytest.raises(ValueError, match="clip must be at least 0"):
+        train_step(model, Adam(model.params, lr=1e-3), src, tgt, 1e-3, -1.0)
+    with pytest.raises(ValueError, match="lr must be at least 0, got -0.001"):  # the optimiser's
+        train_step(model, Adam(model.params, lr=1e-3), src, tgt, -1e-3, 1.0)
+    assert all(np.array_equal(before[k], model.params[k]) for k in before)
+
+
 def test_splits_are_disjoint_and_batches_bucketed():
     cfg = TrainConfig.for_task("reverse", n_train=2000, n_val=100, n_test=100)
     task, tr, va, te = make_data(cfg)
@@ -180,8 +294,12 @@ def test_splits_are_disjoint_and_batches_bucketed():
 def test_config_checks():
     with pytest.raises(ValueError, match="task must be one of"):
         TrainConfig(task="translate")
-    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         TrainConfig(batch_size=0)
+    with pytest.raises(TypeError, match="steps must be an integer, got 10.0"):
+        TrainConfig(steps=10.0)
+    with pytest.raises(ValueError, match="max_len must be at least 3, got 2"):
+        TrainConfig(min_len=3, max_len=2)
     with pytest.raises(ValueError, match="target must be in"):
         TrainConfig(target=1.5)
     with pytest.raises(ValueError, match="needs a validation set"):
@@ -191,6 +309,13 @@ def test_config_checks():
     with pytest.raises(TypeError, match="unknown training option"):
         TrainConfig.for_task("copy", epochs=3)
     assert TrainConfig.for_task("add").steps == 3000
+    with pytest.raises(ValueError, match=r"decay must be one of \('cosine', 'linear', "
+                                         r"'inverse_sqrt'\), got 'step'"):
+        TrainConfig(decay="step")
+    with pytest.raises(ValueError, match="positional must be one of"):
+        TrainConfig(positional="rotary")
+    with pytest.raises(TypeError, match="bucket must be True or False, got 'no'"):
+        TrainConfig(bucket="no")
     with pytest.raises(ValueError, match="config does not fit"):
         train("copy", model=Transformer(TransformerConfig(9, 9)), progress="none", **TINY)
 
@@ -248,8 +373,12 @@ def test_checkpoint_refusals_name_the_tensor_and_both_shapes(tmp_path, copy_run)
 # ----------------------------------------------------------------------------- PyTorch
 
 
-@pytest.mark.parametrize("dtype,tol", [("float64", 1e-10), ("float32", 1e-5)])
-def test_numpy_and_torch_follow_the_same_loss_curve(dtype, tol):
+# float32 with Adam: the curves drift apart by a few 1e-6 relative over 12 steps (Adam divides
+# each gradient by its own size, so rounding differences in tiny gradients become steps of about
+# lr); 1e-4 leaves a margin of more than ten for other CPUs and BLAS libraries.
+@pytest.mark.parametrize("dtype,tol,weight_atol", [("float64", 1e-10, 1e-8),
+                                                    ("float32", 1e-4, 1e-3)])
+def test_numpy_and_torch_follow_the_same_loss_curve(dtype, tol, weight_atol):
     from transformer_lab.torch_model import ReferenceTransformer, TorchTransformer
 
     cfg = TrainConfig.for_task("reverse", dtype=dtype, steps=12, warmup=4, lr=3e-3,
@@ -270,7 +399,7 @@ def test_numpy_and_torch_follow_the_same_loss_curve(dtype, tol):
     for name, p in twins[0].numpy_params().items():
         if dtype == "float32" and (name.endswith(".b_k") or name.endswith(".b_qkv")):
             continue
-        np.testing.assert_allclose(model.params[name], p, rtol=0, atol=100 * tol,
+        np.testing.assert_allclose(model.params[name], p, rtol=0, atol=weight_atol,
                                    err_msg=name)
 
 

@@ -312,13 +312,13 @@ def draw_transformer_architecture(fig) -> None:
     ax.add_patch(FancyBboxPatch((xd - w / 2 - 0.15, 2.0), w + 0.3, 3.65,
                                 boxstyle="round,pad=0.02,rounding_size=0.15", facecolor="none",
                                 edgecolor=dec_c, lw=1.6, ls="--"))
-    box(xd, 2.25, w - 0.3, 0.85, "y + SelfAttention(LN(y))\ncausal mask + target padding",
+    box(xd, 2.25, w - 0.3, 0.85, "z + SelfAttention(LN(z))\ncausal mask + target padding",
         dec_c)
     arrow(xd, 3.1, xd, 3.35)
-    box(xd, 3.35, w - 0.3, 0.85, "y + CrossAttention(LN(y), memory)\nkeys: no source padding",
+    box(xd, 3.35, w - 0.3, 0.85, "z + CrossAttention(LN(z), memory)\nkeys: no source padding",
         dec_c)
     arrow(xd, 4.2, xd, 4.45)
-    box(xd, 4.45, w - 0.3, 0.7, "y + FFN(LN(y))", dec_c)
+    box(xd, 4.45, w - 0.3, 0.7, "z + FFN(LN(z))", dec_c)
     ax.text(xd + w / 2 + 0.3, 3.8, "× N", ha="left", va="center", fontsize=12, weight="bold",
             color=dec_c)
     ax.text(xd, 5.4, "decoder layer", ha="center", va="center", fontsize=9, style="italic",
@@ -326,7 +326,7 @@ def draw_transformer_architecture(fig) -> None:
     arrow(xd, 5.65, xd, 6.0)
     box(xd, 6.0, w, 0.55, "LN", dec_c)
     arrow(xd, 6.55, xd, 6.9)
-    box(xd, 6.9, w, 0.75, "output projection\nlogits = y W_out + b_out   (B, T, V)", dec_c)
+    box(xd, 6.9, w, 0.75, "output projection  W_out, b_out\nlogits  (B, T, V_tgt)", dec_c)
     arrow(xd, 7.65, xd, 8.0)
     box(xd, 8.0, w, 0.75, "loss: cross-entropy with labels tgt[:, 1:]\n(padding skipped)",
         "gray", 0.12)
@@ -337,8 +337,9 @@ def draw_transformer_architecture(fig) -> None:
     arrow(xm, 3.775, xd - (w - 0.3) / 2, 3.775, enc_c)
     ax.text(xm + 0.1, 5.0, "memory to\nevery\ndecoder\nlayer", ha="left", va="center", fontsize=8,
             color=enc_c)
-    ax.text(0.35, 8.2, "pre-norm (norm_first=True), as our model by default;\n"
-            "post-norm (the paper): LN(x + f(x))", ha="left", va="center", fontsize=9)
+    ax.text(0.2, 8.1, "Drawn pre-norm: x + f(LN(x))\n(norm_first=True, our default).\n"
+            "Post-norm (the paper): LN(x + f(x)).\nz: the decoder's stream.", ha="left",
+            va="center", fontsize=9, linespacing=1.4)
     ax.set_xlim(-0.5, 10.9)
     ax.set_ylim(-0.2, 9.0)
     ax.axis("off")

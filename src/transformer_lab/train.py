@@ -17,15 +17,17 @@ What one run does:
    of the task, drawn from ``seed``, split into a training set, a validation set and a held-out
    test set that share no source sequence.
 2. **Model**: :class:`transformer_lab.transformer.Transformer` with ``num_layers`` encoder and
-   decoder layers (pre-norm), initialised from ``seed``.
+   decoder layers (pre-norm; ``norm_first=False``, ``--post-norm``: the paper's post-norm),
+   initialised from ``seed``.
 3. **Training**: Adam on shuffled padded batches of similar lengths (bucketed: little padding);
    learning rate warmed up linearly over ``warmup`` steps, then decayed to zero along a half
-   cosine at ``steps``; gradients clipped to global norm ``clip``.
+   cosine at ``steps`` (``warmup`` must be less than ``steps``, else the run would end at the
+   peak learning rate); gradients clipped to global norm ``clip``.
 4. **Early stopping**: every ``eval_every`` steps the model is scored on the *validation* set
-   (teacher-forced exact match, which equals greedy decoding's; see
+   (teacher-forced exact match, which equals greedy decoding's up to float rounding; see
    :func:`teacher_forced_accuracy`); training stops as soon as it reaches ``target`` (default
-   1.0: every validation sequence right), or after ``steps``, or when ``time_budget`` seconds
-   have passed. The held-out test set is used once, at the end.
+   1.0: every validation sequence right), or after ``steps``, or -- only when one is given --
+   when ``time_budget`` seconds have passed. The held-out test set is used once, at the end.
 5. **Metrics**: greedy decoding of the held-out test set: exact match (the whole sequence
    right) and token accuracy; steps, seconds, tokens per second.
 
@@ -33,11 +35,19 @@ What one run does:
 handing work between threads than computing, and on a shared 2-core machine it is several times
 *slower* than one thread. So training runs with ``threads=1`` BLAS thread by default (set with
 ``threadpoolctl`` for the duration of the run, restored afterwards); ``--threads`` changes it.
-(Notebooks get one thread for NumPy and torch from ``setup_notebook``.) With one thread, a run
-is deterministic: the same seed gives the same losses, the same stopping step, the same model.
+(Notebooks get one thread for NumPy and torch from ``setup_notebook``.)
 
-The command line prints a progress bar on a terminal (``\\r``-updated), plain lines every
-``--log-every`` steps otherwise, and ends with one JSON line of metrics.
+**Determinism.** With one thread and no time budget (the default), a run is deterministic: the
+same seed gives the same losses, the same stopping step, the same model, on any machine. A
+``time_budget`` (``--time-budget SECONDS``) makes the stopping step depend on the machine's
+speed; the metrics say why a run stopped (``"stopped"``: ``"target"``, ``"steps"`` or
+``"time"``), so a run cut short by the clock is visible in its JSON line.
+
+The command line writes its progress to **stderr** -- a bar on a terminal (``\\r``-updated),
+otherwise one plain line every ``--log-every`` steps (default: every evaluation) with the loss,
+the learning rate and the latest validation scores -- and exactly one JSON line of metrics to
+**stdout**, so that ``python -m transformer_lab.train ... > metrics.json`` captures only the JSON
+(``--help`` describes every key).
 
 **Defaults** (:class:`TrainConfig`, :data:`TASK_DEFAULTS`): d_model 64, 4 heads, 2 + 2 layers,
 d_ff 128 (170 thousand parameters); batches of 64; Adam, peak lr 3e-3, 100 warm-up steps,
@@ -55,6 +65,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,9 +73,12 @@ from contextlib import contextmanager
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from transformer_lab import _validate as v
 from transformer_lab import data as D
+from transformer_lab import optim
+from transformer_lab.bench import median_times
 from transformer_lab.optim import SGD, Adam, WarmupSchedule, clip_grad_norm
-from transformer_lab.transformer import Transformer, TransformerConfig
+from transformer_lab.transformer import POSITIONAL, Transformer, TransformerConfig
 
 __all__ = ["TrainConfig", "TrainResult", "History", "train", "evaluate", "make_model",
            "make_data", "batch_stream", "train_step", "torch_loss_curve", "numpy_loss_curve",
@@ -81,13 +95,16 @@ class TrainConfig:
     Data: ``task``, ``min_len``/``max_len`` (source lengths; for "add": digits per operand),
     ``num_symbols`` (copy/reverse/sort alphabet), ``n_train``/``n_val``/``n_test`` sequences.
     Model: ``d_model``, ``num_heads``, ``num_layers`` (encoder and decoder each), ``d_ff``,
-    ``positional`` ("sinusoidal", "learned", "none").
+    ``positional`` ("sinusoidal", "learned", "none"), ``norm_first`` (True: pre-norm; False:
+    the paper's post-norm).
     Optimisation: ``optimizer`` ("adam", "adamw" or "sgd" with ``momentum``), ``lr`` (peak),
-    ``warmup`` steps, ``decay`` ("cosine", "linear", "inverse_sqrt"), ``weight_decay``, ``clip``
+    ``warmup`` steps (fewer than ``steps``), ``decay`` ("cosine", "linear", "inverse_sqrt"),
+    ``weight_decay``, ``clip``
     (global gradient norm; 0 = off), ``batch_size``, ``bucket`` (batches of similar lengths),
     ``steps``.
     Stopping: ``target`` (validation exact match that stops training; None = never stop early),
-    ``eval_every`` steps, ``time_budget`` seconds for the training loop (None = no limit).
+    ``eval_every`` steps, ``time_budget`` seconds for the training loop (None, the default: no
+    limit, so that runs are deterministic; a budget makes the stopping step machine-dependent).
     Run: ``seed`` (data, initial weights and batch order), ``threads`` (BLAS threads),
     ``dtype`` ("float32" or "float64").
     """
@@ -105,6 +122,7 @@ class TrainConfig:
     num_layers: int = 2
     d_ff: int = 128
     positional: str = "sinusoidal"
+    norm_first: bool = True
     optimizer: str = "adam"
     lr: float = 3e-3
     warmup: int = 100
@@ -117,36 +135,15 @@ class TrainConfig:
     steps: int = 1000
     eval_every: int = 100
     target: float | None = 1.0
-    time_budget: float | None = 55.0
+    time_budget: float | None = None
     threads: int = 1
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.task not in D.TASKS:
-            raise ValueError(f"task must be one of {D.TASKS}, got {self.task!r}")
-        for name in ("seed", "n_val", "n_test"):
-            _check_int(getattr(self, name), name, 0)
-        for name in ("min_len", "num_symbols", "n_train", "d_model", "num_heads", "num_layers",
-                     "d_ff", "batch_size", "steps", "eval_every", "threads"):
-            _check_int(getattr(self, name), name, 1)
-        _check_int(self.warmup, "warmup", 0)
-        if self.max_len is not None:
-            _check_int(self.max_len, "max_len", self.min_len)
-        if self.optimizer not in ("adam", "adamw", "sgd"):
-            raise ValueError(f'optimizer must be "adam", "adamw" or "sgd", got '
-                             f'{self.optimizer!r}')
-        for name in ("lr", "weight_decay", "momentum", "clip"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-        if self.target is not None and not 0 < self.target <= 1:
-            raise ValueError(f"target must be in (0, 1] or None, got {self.target!r}")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise ValueError(f"time_budget must be positive or None, got {self.time_budget!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
+        self._check_choices()
+        self._check_numbers()
         want = self.n_train + self.n_val + self.n_test
-        capacity = D._num_sources(self.get_task())
+        capacity = D.num_sources(self.get_task())
         if want > capacity:
             raise ValueError(f"n_train + n_val + n_test = {want} exceeds the {capacity} distinct "
                              f"sources of task {self.task!r} with lengths {self.min_len}.."
@@ -154,6 +151,46 @@ class TrainConfig:
         if self.n_val == 0 and self.target is not None:
             raise ValueError("early stopping (target) needs a validation set: n_val > 0, or "
                              "target=None")
+
+    def _check_choices(self) -> None:
+        for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
+                              ("decay", ("cosine", "linear", "inverse_sqrt")),
+                              ("positional", POSITIONAL), ("dtype", ("float32", "float64"))):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        for name in ("bucket", "norm_first"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+            self._set(name, bool(value))
+
+    def _check_numbers(self) -> None:
+        """Every number has the right type and range; ints and floats are stored as Python's
+        (so that ``dataclasses.asdict`` is JSON-ready)."""
+        for name in ("seed", "n_val", "n_test", "warmup"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=0))
+        for name in ("min_len", "num_symbols", "n_train", "d_model", "num_heads", "num_layers",
+                     "d_ff", "batch_size", "steps", "eval_every", "threads"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        if self.max_len is not None:
+            self._set("max_len", v.integer(self.max_len, "max_len", minimum=self.min_len))
+        for name in ("lr", "weight_decay", "momentum", "clip"):
+            self._set(name, v.real(getattr(self, name), name, minimum=0))
+        if self.target is not None:
+            self._set("target", v.real(self.target, "target"))
+            if not 0 < self.target <= 1:
+                raise ValueError(f"target must be in (0, 1] or None, got {self.target!r}")
+        if self.time_budget is not None:
+            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}: the "
+                             f"learning rate would still be rising (or at its peak) at the last "
+                             f"step, with no decay; lower warmup (--warmup) or raise steps "
+                             f"(--steps)")
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
 
     @classmethod
     def for_task(cls, task: str = "reverse", **overrides) -> TrainConfig:
@@ -180,11 +217,6 @@ TASK_DEFAULTS: dict[str, dict] = {
 }
 
 
-def _check_int(value, name: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 # --------------------------------------------------------------------------------------------
 # Data, model, batches
 
@@ -204,7 +236,8 @@ def model_config(cfg: TrainConfig, task: D.Task) -> TransformerConfig:
         num_heads=cfg.num_heads, num_encoder_layers=cfg.num_layers,
         num_decoder_layers=cfg.num_layers, d_ff=cfg.d_ff,
         max_len=max(task.max_src_len, task.max_tgt_len - 1), positional=cfg.positional,
-        pad_id=D.PAD, bos_id=D.BOS, eos_id=D.EOS, dtype=np.dtype(cfg.dtype).type)
+        norm_first=cfg.norm_first, pad_id=D.PAD, bos_id=D.BOS, eos_id=D.EOS,
+        dtype=np.dtype(cfg.dtype).type)
 
 
 def make_model(cfg: TrainConfig, task: D.Task | None = None) -> Transformer:
@@ -242,14 +275,19 @@ def make_schedule(cfg: TrainConfig) -> WarmupSchedule:
 def train_step(model: Transformer, opt, src, tgt, lr: float, clip: float) -> tuple[float, float]:
     """One step: loss and gradients, clip to global norm ``clip`` (0: no clipping), update.
 
+    Args:
+        model: the model, updated in place.
+        opt: its optimiser (:mod:`transformer_lab.optim`), which checks ``lr``.
+        src, tgt: a padded batch (B, S), (B, T).
+        lr: the learning rate of this step.
+        clip: largest global gradient norm, >= 0 (0: no clipping).
+
     Returns:
         (loss, gradient norm before clipping).
     """
+    clip = v.real(clip, "clip", minimum=0)
     loss, grads = model.loss(src, tgt)
-    if clip:
-        norm = clip_grad_norm(grads, clip)
-    else:
-        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    norm = clip_grad_norm(grads, clip) if clip else optim.global_norm(grads)
     opt.lr = lr
     opt.step(grads)
     return loss, norm
@@ -291,11 +329,15 @@ def teacher_forced_accuracy(model: Transformer, pairs: Sequence[tuple],
                             batch_size: int = 500) -> dict:
     """Exact match and token accuracy of the next-token predictions given the *true* prefix.
 
-    One forward pass per batch instead of one per generated token. Its exact match equals
-    greedy decoding's (:func:`evaluate`): if the most likely token is right at every position
-    given the right prefix, greedy decoding, which feeds back its own tokens, feeds back exactly
-    the right prefix and produces the target -- and conversely. (Token accuracy is higher than
-    greedy decoding's: one early mistake does not derail the rest.) Used for early stopping.
+    One forward pass per batch instead of one per generated token. In exact arithmetic its
+    exact match equals greedy decoding's (:func:`evaluate`): if the most likely token is right
+    at every position given the right prefix, greedy decoding, which feeds back its own tokens,
+    feeds back exactly the right prefix and produces the target -- and conversely. In floating
+    point the two compute the same logits in different orders (one pass over the whole target
+    against one pass per prefix, in batches padded differently), so a near-tie between the two
+    most likely tokens can round differently and flip a sequence: rare, not impossible.
+    (Token accuracy is higher than greedy decoding's: one early mistake does not derail the
+    rest.) Used for early stopping.
 
     Returns:
         ``{"exact_match", "token_accuracy"}``.
@@ -321,18 +363,26 @@ def teacher_forced_accuracy(model: Transformer, pairs: Sequence[tuple],
 
 
 class Progress:
-    """A ``\\r`` progress bar on a terminal, plain lines every ``log_every`` steps otherwise.
+    """A ``\\r`` progress bar on a terminal; otherwise one plain line every ``log_every`` steps.
+
+    A plain line holds the step, the loss and learning rate of that step, the latest validation
+    scores (with the step they were measured at, when that was earlier) and the elapsed time.
 
     Args:
         total: number of steps.
-        stream: where to write (default ``sys.stdout``); None or mode "none": silent.
+        stream: where to write (default ``sys.stdout``; the command line passes
+            ``sys.stderr``); mode "none": silent.
         mode: "auto" (bar if the stream is a terminal), "bar", "lines" or "none".
         log_every: steps between plain lines.
+
+    For each step call :meth:`evaluated` first (if the step was evaluated), then
+    :meth:`update`; at the end call :meth:`finish`, which writes the last step's line if the run
+    stopped between two log steps.
     """
 
     WIDTH = 24
 
-    def __init__(self, total: int, stream=None, mode: str = "auto", log_every: int = 200):
+    def __init__(self, total: int, stream=None, mode: str = "auto", log_every: int = 100):
         if mode not in ("auto", "bar", "lines", "none"):
             raise ValueError(f'mode must be "auto", "bar", "lines" or "none", got {mode!r}')
         self.stream = sys.stdout if stream is None else stream
@@ -343,14 +393,29 @@ class Progress:
         self._last_draw = 0.0
         self._last_len = 0
         self._open_bar = False
+        self._last_line = 0  # the step of the last plain line
+        self._state = None  # (step, loss, lr, elapsed) of the last update
+        self._val = None  # (step, exact, token) of the last evaluation
         self.val = ""
 
     def _write(self, text: str) -> None:
         self.stream.write(text)
         self.stream.flush()
 
+    def _line(self) -> None:
+        step, loss, lr, elapsed = self._state
+        text = f"step {step:>5}/{self.total}  loss {loss:.4f}  lr {lr:.2e}"
+        if self._val is not None:
+            at, exact, token = self._val
+            text += f"  val exact {exact:.4f} token {token:.4f}"
+            if at != step:
+                text += f" (step {at})"
+        self._write(f"{text}  {elapsed:6.1f} s\n")
+        self._last_line = step
+
     def update(self, step: int, loss: float, lr: float, elapsed: float) -> None:
         """After ``step`` steps (1-based)."""
+        self._state = (step, loss, lr, elapsed)
         if self.mode == "bar":
             now = time.perf_counter()
             if now - self._last_draw < 0.1 and step < self.total:
@@ -366,14 +431,19 @@ class Progress:
             self._last_len = len(text)
             self._open_bar = True
         elif self.mode == "lines" and (step % self.log_every == 0 or step == self.total):
-            self._write(f"step {step:>5}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  "
-                        f"{elapsed:6.1f} s\n")
+            self._line()
 
     def evaluated(self, step: int, exact: float, token: float) -> None:
+        """The validation scores after ``step`` steps (shown from then on)."""
         self.val = f" val {exact:.3f}"
-        if self.mode == "lines":
-            self._write(f"step {step:>5}  validation exact match {exact:.4f}  "
-                        f"token accuracy {token:.4f}\n")
+        self._val = (step, exact, token)
+
+    def finish(self) -> None:
+        """The run ended: in lines mode, write the last step's line unless it was written."""
+        if self.mode == "lines" and self._state is not None \
+                and self._state[0] != self._last_line:
+            self._line()
+        self.close()
 
     def message(self, text: str) -> None:
         if self.mode == "none":
@@ -432,7 +502,7 @@ class TrainResult:
         """``n`` held-out examples as strings: (source, target, prediction, correct)."""
         out = []
         for (src, tgt), pred in zip(self.test[start:start + n],
-                                    self.test_predictions[start:start + n]):
+                                    self.test_predictions[start:start + n], strict=True):
             out.append((D.detokenize(src, self.task), D.detokenize(tgt, self.task),
                         D.detokenize(pred, self.task), tuple(pred) == tuple(tgt)))
         return out
@@ -449,16 +519,18 @@ def blas_threads(n: int | None):
         yield
 
 
-def train(task: str | TrainConfig = "reverse", *, progress: str = "auto", log_every: int = 200,
-          stream=None, checkpoint: str | None = None, model: Transformer | None = None,
+def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
+          log_every: int | None = None, stream=None, checkpoint: str | None = None,
+          model: Transformer | None = None,
           **options) -> TrainResult:
     """Train the course Transformer on a toy task; return the model, history and metrics.
 
     Args:
         task: a task name (its :data:`TASK_DEFAULTS` apply) or a whole :class:`TrainConfig`.
         progress: "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines", "none".
-        log_every: steps between plain progress lines.
-        stream: where progress goes (default ``sys.stdout``).
+        log_every: steps between plain progress lines (default: ``eval_every``, so that every
+            line has fresh validation scores).
+        stream: where progress goes (default ``sys.stdout``; the command line uses stderr).
         checkpoint: save the trained model there (``.npz``, :meth:`Transformer.save`).
         model: start from this model instead of a fresh one (its config must fit the task).
         **options: :class:`TrainConfig` fields, e.g. ``seed=1, steps=500, positional="none"``.
@@ -486,6 +558,8 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto", log_ev
     schedule = make_schedule(cfg)
     batches = batch_stream(train_pairs, cfg.batch_size, seed=[cfg.seed, 1], bucket=cfg.bucket)
     history = History()
+    log_every = cfg.eval_every if log_every is None else v.integer(log_every, "log_every",
+                                                                   minimum=1)
     bar = Progress(cfg.steps, stream, progress, log_every)
     tokens = 0
     step_seconds: list[float] = []
@@ -505,8 +579,6 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto", log_ev
             history.loss.append(loss)
             history.lr.append(lr)
             history.grad_norm.append(norm)
-            elapsed = time.perf_counter() - t_loop
-            bar.update(step + 1, loss, lr, elapsed)
             last = step + 1 == cfg.steps
             if cfg.n_val and ((step + 1) % cfg.eval_every == 0 or last):
                 ev = teacher_forced_accuracy(model, val_pairs)
@@ -516,13 +588,15 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto", log_ev
                 bar.evaluated(step + 1, ev["exact_match"], ev["token_accuracy"])
                 if cfg.target is not None and ev["exact_match"] >= cfg.target and not last:
                     stopped = "target"
-                    break
+            bar.update(step + 1, loss, lr, time.perf_counter() - t_loop)
+            if stopped == "target":
+                break
             if cfg.time_budget is not None and time.perf_counter() - t_loop > cfg.time_budget \
                     and not last:
                 stopped = "time"
                 break
         steps_taken = len(history.loss)
-        bar.close()
+        bar.finish()
         final = evaluate(model, test_pairs) if test_pairs else None
     seconds = time.perf_counter() - t_start
     train_seconds = sum(step_seconds)
@@ -601,7 +675,8 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
                reference: bool = True) -> dict:
     """Median seconds of one training step (loss, backward, clipping, Adam) on the same batch
     from the same weights: NumPy, the from-scratch ``TorchTransformer`` and (``reference``)
-    the model around ``nn.Transformer``, eager CPU, timed alternately.
+    the model around ``nn.Transformer``, eager CPU, timed alternately
+    (:func:`transformer_lab.bench.median_times`).
 
     Args:
         cfg: sizes, batch size and task (default: the reverse defaults).
@@ -639,20 +714,13 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
             topt.step()
 
         steps[name] = step
-    times = {name: [] for name in steps}
     old_torch_threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
         with blas_threads(threads):
-            for i in range(warmup + repeats):
-                for name, step in steps.items():  # alternate: a busy moment hits all alike
-                    t0 = time.perf_counter()
-                    step()
-                    if i >= warmup:
-                        times[name].append(time.perf_counter() - t0)
+            out = median_times(steps, repeats, warmup)
     finally:
         torch.set_num_threads(old_torch_threads)
-    out = {name: statistics.median(ts) for name, ts in times.items()}
     out.update(threads=threads, torch_threads=torch_threads)
     return out
 
@@ -661,55 +729,125 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
 # Command line
 
 
+#: What each key of the final JSON line means (``--help`` prints it).
+METRICS_HELP = {
+    "task": "the task trained",
+    "seed": "the seed of the data, the initial weights and the batch order",
+    "exact_match": "held-out test sequences decoded exactly right (greedy decoding), 0..1",
+    "token_accuracy": "held-out target tokens right at their position (greedy decoding), 0..1",
+    "val_exact_match": "validation exact match at the last evaluation (teacher-forced, which "
+                       "equals greedy decoding's up to near-ties of float rounding)",
+    "n_test": "number of held-out test sequences",
+    "steps": "training steps taken",
+    "stopped": 'why training stopped: "target" (validation exact match reached --target), '
+               '"steps" (all --steps done) or "time" (--time-budget used up)',
+    "seconds": "wall-clock seconds of the whole run: data, training, evaluations",
+    "train_seconds": "seconds spent in training steps only",
+    "tokens_per_s": "non-padding source and target tokens per second of training step",
+    "step_ms": "median milliseconds of one training step",
+    "final_loss": "mean training loss over the last 20 steps",
+    "params": "number of model parameters",
+    "threads": "BLAS threads used",
+    "checkpoint": "(with --checkpoint) the path of the saved model",
+    "step_ms_numpy, step_ms_torch, step_ms_nn_transformer, numpy_over_torch, "
+    "numpy_over_nn_transformer": "(with --compare-torch) median step times and their ratios",
+}
+
+
+def _default(name: str) -> str:
+    """'default: X' for a TrainConfig field, with the tasks whose default differs."""
+    value = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
+    text = f"default: {value}"
+    special = [f"{task}: {d[name]}" for task, d in TASK_DEFAULTS.items() if name in d]
+    return text + (f"; {', '.join(special)}" if special else "")
+
+
 def _parser() -> argparse.ArgumentParser:
+    epilog = ("stdout gets one line, a JSON object of metrics (progress and examples go to "
+              "stderr):\n")
+    epilog += "\n".join(textwrap.fill(f"{key}: {text}", 79, initial_indent="  ",
+                                       subsequent_indent="      ")
+                         for key, text in METRICS_HELP.items())
     p = argparse.ArgumentParser(
         prog="python -m transformer_lab.train",
-        description="Train the course Transformer (NumPy) on a toy sequence task. Prints "
-                    "progress, then one JSON line of metrics (held-out exact match, token "
-                    "accuracy, steps, seconds, tokens per second).",
-        epilog="Defaults not shown are the task's (TASK_DEFAULTS in transformer_lab/train.py).")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train the course Transformer (NumPy) on a toy sequence task. Writes "
+                    "progress to stderr and one JSON line of metrics to stdout (held-out exact "
+                    "match, token accuracy, steps, seconds, tokens per second; see below).",
+        epilog=epilog)
     g = p.add_argument_group("data")
-    g.add_argument("--task", choices=D.TASKS, default="reverse")
-    g.add_argument("--seed", type=int, default=0, help="data, initial weights, batch order")
-    g.add_argument("--min-len", type=int, help="shortest source (add: digits per operand)")
-    g.add_argument("--max-len", type=int, help="longest source (default 10; add: 3 digits)")
-    g.add_argument("--num-symbols", type=int, help="alphabet size of copy/reverse/sort")
-    g.add_argument("--n-train", type=int)
-    g.add_argument("--n-val", type=int, help="validation sequences (early stopping)")
-    g.add_argument("--n-test", type=int, help="held-out test sequences (the metrics)")
+    g.add_argument("--task", choices=D.TASKS, default="reverse", help="default: reverse")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the data, initial weights and batch order (default: 0)")
+    g.add_argument("--min-len", type=int,
+                   help=f"shortest source (add: digits per operand; {_default('min_len')})")
+    g.add_argument("--max-len", type=int,
+                   help="longest source (add: digits per operand; default: 10; add: 3)")
+    g.add_argument("--num-symbols", type=int,
+                   help=f"alphabet size of copy/reverse/sort ({_default('num_symbols')})")
+    g.add_argument("--n-train", type=int,
+                   help=f"training sequences, all distinct ({_default('n_train')})")
+    g.add_argument("--n-val", type=int,
+                   help=f"validation sequences, for early stopping ({_default('n_val')})")
+    g.add_argument("--n-test", type=int,
+                   help=f"held-out test sequences, for the metrics ({_default('n_test')})")
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=int)
-    g.add_argument("--heads", dest="num_heads", type=int)
+    g.add_argument("--d-model", type=int,
+                   help=f"model width E, divisible by --heads ({_default('d_model')})")
+    g.add_argument("--heads", dest="num_heads", type=int,
+                   help=f"attention heads per attention layer ({_default('num_heads')})")
     g.add_argument("--layers", dest="num_layers", type=int,
-                   help="encoder layers = decoder layers")
-    g.add_argument("--d-ff", type=int)
-    g.add_argument("--positional", choices=("sinusoidal", "learned", "none"))
-    g.add_argument("--dtype", choices=("float32", "float64"))
+                   help=f"encoder layers = decoder layers ({_default('num_layers')})")
+    g.add_argument("--d-ff", type=int,
+                   help=f"hidden width of the feed-forward networks ({_default('d_ff')})")
+    g.add_argument("--positional", choices=("sinusoidal", "learned", "none"),
+                   help=f"positional encoding ({_default('positional')})")
+    g.add_argument("--post-norm", dest="norm_first", action="store_const", const=False,
+                   help="post-norm layers LN(x + f(x)), as in the paper (default: pre-norm, "
+                        "x + f(LN(x)))")
+    g.add_argument("--dtype", choices=("float32", "float64"), help=_default("dtype"))
     g = p.add_argument_group("optimisation")
-    g.add_argument("--optimizer", choices=("adam", "adamw", "sgd"))
-    g.add_argument("--lr", type=float, help="peak learning rate")
-    g.add_argument("--warmup", type=int, help="linear warm-up steps")
-    g.add_argument("--decay", choices=("cosine", "linear", "inverse_sqrt"))
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--clip", type=float, help="global gradient norm (0: off)")
-    g.add_argument("--batch-size", type=int)
+    g.add_argument("--optimizer", choices=("adam", "adamw", "sgd"),
+                   help=f"{_default('optimizer')}; sgd uses momentum "
+                        f"{TrainConfig.momentum}")
+    g.add_argument("--lr", type=float, help=f"peak learning rate ({_default('lr')})")
+    g.add_argument("--warmup", type=int,
+                   help=f"linear warm-up steps, fewer than --steps ({_default('warmup')})")
+    g.add_argument("--decay", choices=("cosine", "linear", "inverse_sqrt"),
+                   help=f"learning-rate decay after the warm-up, to 0 at --steps "
+                        f"({_default('decay')})")
+    g.add_argument("--weight-decay", type=float, help=_default("weight_decay"))
+    g.add_argument("--clip", type=float,
+                   help=f"clip gradients to this global norm, 0: off ({_default('clip')})")
+    g.add_argument("--batch-size", type=int, help=_default("batch_size"))
     g.add_argument("--no-bucket", dest="bucket", action="store_const", const=False,
-                   help="random batches instead of batches of similar lengths")
-    g.add_argument("--steps", type=int, help="most training steps (the schedule's length)")
+                   help="random batches instead of batches of similar lengths (default: "
+                        "bucketed)")
+    g.add_argument("--steps", type=int,
+                   help=f"most training steps, the schedule's length ({_default('steps')})")
     g = p.add_argument_group("stopping and output")
     g.add_argument("--target", type=float,
-                   help="stop when validation exact match reaches it (0: never stop early)")
-    g.add_argument("--eval-every", type=int, help="steps between validation evaluations")
+                   help="stop when validation exact match reaches it; 0: never stop early "
+                        f"({_default('target')})")
+    g.add_argument("--eval-every", type=int,
+                   help=f"steps between validation evaluations ({_default('eval_every')})")
     g.add_argument("--time-budget", type=float,
-                   help="seconds for the training loop (0: no limit)")
-    g.add_argument("--threads", type=int, help="BLAS threads (default 1; see the docstring)")
+                   help="seconds for the training loop (default: none, also 0; a budget makes "
+                        "the stopping step depend on the machine's speed, see \"stopped\")")
+    g.add_argument("--threads", type=int,
+                   help="BLAS threads for NumPy during training (default: 1; the model's "
+                        "64 x 64 matrices are too small for more threads to pay off, and on a "
+                        "busy machine more are often slower)")
     g.add_argument("--checkpoint", help="save the trained model to this .npz file")
     g.add_argument("--init", help="start from the parameters of this checkpoint")
     g.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
-                   help="auto: a bar on a terminal, plain lines otherwise")
-    g.add_argument("--log-every", type=int, default=200, help="steps between plain lines")
+                   help="auto: a bar if stderr is a terminal, plain lines otherwise "
+                        "(default: auto)")
+    g.add_argument("--log-every", type=int,
+                   help="steps between plain progress lines (default: --eval-every)")
     g.add_argument("--examples", type=int, default=0,
-                   help="print this many held-out examples (source -> prediction)")
+                   help="print this many held-out examples (source -> prediction) to stderr "
+                        "(default: 0)")
     g.add_argument("--compare-torch", action="store_true",
                    help="also time one training step in NumPy and in PyTorch (eager CPU, "
                         "same threads) and add the ratios to the metrics")
@@ -717,9 +855,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _CONFIG_OPTIONS = ("min_len", "max_len", "num_symbols", "n_train", "n_val", "n_test",
-                   "d_model", "num_heads", "num_layers", "d_ff", "positional", "dtype",
-                   "optimizer", "lr", "warmup", "decay", "weight_decay", "clip", "batch_size", "bucket",
-                   "steps", "eval_every", "threads")
+                   "d_model", "num_heads", "num_layers", "d_ff", "positional", "norm_first",
+                   "dtype", "optimizer", "lr", "warmup", "decay", "weight_decay", "clip",
+                   "batch_size", "bucket", "steps", "eval_every", "threads")
 
 
 def main(argv=None) -> int:
@@ -733,25 +871,28 @@ def main(argv=None) -> int:
     try:
         cfg = TrainConfig.for_task(args.task, seed=args.seed, **options)
         model_config(cfg, cfg.get_task())  # checks the model's sizes before any work
+        if args.log_every is not None:
+            v.integer(args.log_every, "--log-every", minimum=1)
         init = None
         if args.init:
             init = make_model(cfg)
             init.load_params(args.init)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
-    out = sys.stdout
+    log = sys.stderr  # progress and examples; stdout gets only the JSON line
     if args.progress != "none":
         print(f"training {cfg.task} (lengths {cfg.min_len}..{cfg.get_task().max_len}), seed "
               f"{cfg.seed}: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers}+"
-              f"{cfg.num_layers} layers, batch {cfg.batch_size}, up to {cfg.steps} steps, "
-              f"{cfg.threads} BLAS thread(s)", file=out, flush=True)
-    result = train(cfg, progress=args.progress, log_every=args.log_every, stream=out,
+              f"{cfg.num_layers} {'pre' if cfg.norm_first else 'post'}-norm layers, batch "
+              f"{cfg.batch_size}, up to {cfg.steps} steps ({cfg.warmup} warm-up), "
+              f"{cfg.threads} BLAS thread(s)", file=log, flush=True)
+    result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
                    checkpoint=args.checkpoint, model=init)
     metrics = dict(result.metrics)
     if args.examples:
         for src, tgt, pred, ok in result.examples(args.examples):
             print(f"{src:>24} -> {pred:<24} {'ok' if ok else 'WRONG, expected ' + tgt}",
-                  file=out)
+                  file=log)
     if args.compare_torch:
         t = step_times(cfg, threads=cfg.threads)
         metrics["step_ms_numpy"] = round(1e3 * t["numpy"], 2)
@@ -759,7 +900,7 @@ def main(argv=None) -> int:
         metrics["step_ms_nn_transformer"] = round(1e3 * t["nn.Transformer"], 2)
         metrics["numpy_over_torch"] = round(t["numpy"] / t["torch"], 3)
         metrics["numpy_over_nn_transformer"] = round(t["numpy"] / t["nn.Transformer"], 3)
-    print(json.dumps(metrics), file=out, flush=True)
+    print(json.dumps(metrics), file=sys.stdout, flush=True)
     return 0
 
 
