@@ -785,15 +785,29 @@ def test_median_times_alternates_and_skips_the_warmup():
         median_times({"a": lambda: None}, repeats=0, warmup=0)
 
 
+def test_bench_checks_the_twin_in_float64_before_timing(monkeypatch):
+    """At this size float32 input gradients differ by more than 1e-4 on a ReLU kink; the check
+    runs in float64, where the twin equals torch to 1e-10 -- and a broken twin is refused."""
+    from transformer_lab import bench, interop
+
+    assert bench.measure("transformer", 128, 64, 64, 8, 2, repeats=1, warmup=0)[0] > 0
+
+    real = interop.TransformerEncoderLayerTwin.backward
+    monkeypatch.setattr(interop.TransformerEncoderLayerTwin, "backward",
+                        lambda self, dout: real(self, dout) * 1.001)
+    with pytest.raises(AssertionError, match="gradient of input 0 differs from torch's"):
+        bench.measure("encoder_layer", 16, 2, 4, 2, 1, repeats=1, warmup=0)
+
+
 def test_bench_refuses_to_time_a_twin_that_differs_from_torch(rng):
     from transformer_lab.bench import check_twin
 
     out = rng.standard_normal((2, 3, 4)).astype(np.float32)
     grads = [rng.standard_normal((2, 3, 4)).astype(np.float32)]
-    assert check_twin(out, out * (1 + 1e-6), grads, [grads[0].copy()]) < 1e-4
+    assert check_twin(out, out * (1 + 1e-12), grads, [grads[0].copy()]) < 1e-10
     with pytest.raises(AssertionError, match=r"the NumPy twin's gradient of input 0 differs "
                                              r"from torch's \(relative error 1.00e\+00 >= "
-                                             r"0.0001\)"):
+                                             r"1e-10\)"):
         check_twin(out, out, grads, [-grads[0]])
     with pytest.raises(AssertionError, match="twin's output differs"):
         check_twin(out, out[:, ::-1], grads, grads)
