@@ -23,7 +23,7 @@ SUBMISSIONS ?=
 TIMEOUT ?= 60
 
 .DEFAULT_GOAL := all
-.PHONY: all venv notebooks site test test-package test-notebooks lab refresh figures student grade \
+.PHONY: all venv notebooks site test test-package test-notebooks lab refresh lint figures student grade \
 	clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
@@ -60,6 +60,10 @@ lab: $(STAMP) ## open JupyterLab on the notebooks
 
 refresh: $(STAMP) ## maintainers: re-execute notebooks in place to refresh stored outputs (NB=...)
 	$(PY) -m transformer_lab.course.execute --in-place $(NB)
+
+lint: $(STAMP) ## maintainers: ruff over the code (installs ruff into .venv on first use)
+	@$(VENV)/bin/ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff==0.17.6
+	$(VENV)/bin/ruff check src tests conftest.py docs
 
 figures: $(STAMP) ## redraw the figures in img/ (byte-for-byte reproducible)
 	$(PY) -m transformer_lab.figures --out img

@@ -115,7 +115,7 @@ def test_sdpa_matches_torch(rng, dtype, mask_kind):
     grads = A.scaled_dot_product_attention_backward(dout, cache)
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
     close(out, ref, dtype, "out")
-    for name, g, tg in zip("qkv", grads, (qt, kt, vt)):
+    for name, g, tg in zip("qkv", grads, (qt, kt, vt), strict=True):
         close(g, tg.grad, dtype, f"d{name}")
 
 
@@ -318,7 +318,7 @@ def test_mha_matches_torch(rng, dtype, b, t, s, e, h, kdim, vdim, bias, average)
     dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache, params)
     close(out, ref, dtype, "out")
     close(w, ref_w, dtype, "weights")
-    for name, g, tg in zip(("query", "key", "value"), (dq, dk, dv), (qt, kt, vt)):
+    for name, g, tg in zip(("query", "key", "value"), (dq, dk, dv), (qt, kt, vt), strict=True):
         close(g, tg.grad, dtype, f"d{name}")
     compare_param_grads(grads, m, packed, dtype)
 

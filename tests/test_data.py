@@ -65,7 +65,7 @@ def test_bucketed_batches_cover_every_pair_once_with_little_padding():
     assert bucketed < 0.3 * plain
     assert len(list(D.bucketed_batches(pairs, 32, rng, drop_last=True))) == 31
     again = list(D.bucketed_batches(pairs, 32, np.random.default_rng(0), pool=8))
-    assert all(np.array_equal(a[0], b[0]) for a, b in zip(batches, again))  # seeded
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(batches, again, strict=True))  # seeded
     with pytest.raises(ValueError, match="pool must be at least 1, got 0"):
         next(D.bucketed_batches(pairs, 32, rng, pool=0))
 

@@ -133,7 +133,7 @@ def test_positional_encoding_forward_backward(rng):
 
 def test_positional_encoding_values():
     pe = L.positional_encoding(50, 8)
-    pos, i = 7, 2  # column 2i = 4 is sin(pos / 10000^(4/8)), column 5 its cosine
+    pos = 7  # column 2i = 4 (i = 2) is sin(pos / 10000^(4/8)), column 5 its cosine
     assert pe[pos, 4] == pytest.approx(np.sin(pos / 10000 ** (4 / 8)))
     assert pe[pos, 5] == pytest.approx(np.cos(pos / 10000 ** (4 / 8)))
     assert np.array_equal(pe[0, 0::2], np.zeros(4)) and np.array_equal(pe[0, 1::2], np.ones(4))

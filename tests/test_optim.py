@@ -11,18 +11,19 @@ TOL = {np.float32: 1e-6, np.float64: 1e-12}
 
 def run_both(make_ours, make_torch, dtype, steps=6, seed=0):
     rng = np.random.default_rng(seed)
-    params = {"W": rng.standard_normal((3, 4)).astype(dtype), "b": rng.standard_normal(4).astype(dtype)}
+    params = {"W": rng.standard_normal((3, 4)).astype(dtype),
+              "b": rng.standard_normal(4).astype(dtype)}
     tparams = [torch.tensor(params["W"].copy(), requires_grad=True),
                torch.tensor(params["b"].copy(), requires_grad=True)]
     ours, theirs = make_ours(params), make_torch(tparams)
     for _ in range(steps):
         grads = {"W": rng.standard_normal((3, 4)).astype(dtype),
                  "b": rng.standard_normal(4).astype(dtype)}
-        for tp, name in zip(tparams, ("W", "b")):
+        for tp, name in zip(tparams, ("W", "b"), strict=True):
             tp.grad = torch.tensor(grads[name].copy())
         ours.step(grads)
         theirs.step()
-    for tp, name in zip(tparams, ("W", "b")):
+    for tp, name in zip(tparams, ("W", "b"), strict=True):
         np.testing.assert_allclose(params[name], tp.detach().numpy(), rtol=TOL[dtype],
                                    atol=TOL[dtype])
         assert params[name].dtype == dtype
@@ -54,12 +55,12 @@ def test_clip_grad_norm_matches_torch():
         grads = {"a": rng.standard_normal((3, 3)), "b": rng.standard_normal(5)}
         ts = [torch.zeros(3, 3, dtype=torch.float64, requires_grad=True),
               torch.zeros(5, dtype=torch.float64, requires_grad=True)]
-        for t, g in zip(ts, grads.values()):
+        for t, g in zip(ts, grads.values(), strict=True):
             t.grad = torch.tensor(g.copy())
         total = clip_grad_norm(grads, max_norm)
         ref = torch.nn.utils.clip_grad_norm_(ts, max_norm)
         assert total == pytest.approx(ref.item(), rel=1e-12)
-        for t, g in zip(ts, grads.values()):
+        for t, g in zip(ts, grads.values(), strict=True):
             np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12)
         new_norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
         assert new_norm <= max_norm + 1e-9

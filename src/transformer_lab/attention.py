@@ -453,7 +453,7 @@ def _merge_side_by_side(*heads: np.ndarray) -> np.ndarray:
 
 def _input_grads(grads, packed, has_bias, xs, dq2, dk2, dv2):
     """Weight and bias gradients of the input projections, in the layout of params."""
-    gw = [x.reshape(-1, x.shape[-1]).T @ d for x, d in zip(xs, (dq2, dk2, dv2))]
+    gw = [x.reshape(-1, x.shape[-1]).T @ d for x, d in zip(xs, (dq2, dk2, dv2), strict=True)]
     if packed:
         grads["W_qkv"] = np.concatenate(gw, axis=1)
         if has_bias:

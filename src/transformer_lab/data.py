@@ -281,7 +281,8 @@ def detokenize(ids: Sequence[int], task: Task) -> str:
 def exact_match(predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> float:
     """Fraction of predictions equal to their target (both compared after :func:`strip`)."""
     _same_count(predictions, targets)
-    return float(np.mean([strip(p) == strip(t) for p, t in zip(predictions, targets)]))
+    same = [strip(p) == strip(t) for p, t in zip(predictions, targets, strict=True)]
+    return float(np.mean(same))
 
 
 def token_accuracy(predictions: Sequence[Sequence[int]],
@@ -289,9 +290,9 @@ def token_accuracy(predictions: Sequence[Sequence[int]],
     """Fraction of target tokens (``</s>`` included) predicted at the right position."""
     _same_count(predictions, targets)
     right = total = 0
-    for p, t in zip(predictions, targets):
+    for p, t in zip(predictions, targets, strict=True):
         p, t = (*strip(p), EOS), (*strip(t), EOS)
-        right += sum(a == b for a, b in zip(p, t))
+        right += sum(a == b for a, b in zip(p, t, strict=False))  # lengths may differ
         total += len(t)
     return right / total
 

@@ -104,8 +104,8 @@ def draw_qkv_projections(fig) -> None:
     ax.set_title("Self-attention in shapes (T = 4 tokens, d_model = 5, dₖ = dᵥ = 3)", fontsize=11)
 
 
-def _stacked_matrices(ax, x: float, y: float, depth: int, rows: int, cols: int, label: str, color: str,
-           shape: str, cell: float = 0.3, shift: float = 0.18) -> float:
+def _stacked_matrices(ax, x: float, y: float, depth: int, rows: int, cols: int, label: str,
+                      color: str, shape: str, cell: float = 0.3, shift: float = 0.18) -> float:
     """Draw ``depth`` rows x cols matrices stacked front to back (a 3-D array, batch axis in
     depth) with the front one's top-left corner at (x, y); write ``shape`` below; return the
     right edge of the front matrix."""
@@ -375,7 +375,8 @@ def draw(name: str, out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Redraw the course figures.")
     parser.add_argument("--out", type=Path, default=Path("img"), help="output folder (img)")
-    parser.add_argument("names", nargs="*", help=f"figures to draw (default: all of {len(FIGURES)})")
+    parser.add_argument("names", nargs="*",
+                        help=f"figures to draw (default: all of {len(FIGURES)})")
     args = parser.parse_args(argv)
     for name in args.names or sorted(FIGURES):
         print(draw(name, args.out))
