@@ -323,6 +323,39 @@ def test_transformer_parity(rng, dtype, batch_first, case):
                 tgt_key_padding_mask=tkpm, memory_key_padding_mask=skpm), dtype, rng)
 
 
+OPTION_GRID = [dict(bias=bias, norm_first=norm_first, activation=act, layer_norm_eps=eps)
+               for bias in (True, False) for norm_first in (False, True)
+               for act, eps in (("relu", 1e-5), ("gelu", 1e-3))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("opts", OPTION_GRID, ids=lambda o: "-".join(
+    [("bias" if o["bias"] else "nobias"), ("pre" if o["norm_first"] else "post"),
+     o["activation"]]))
+@pytest.mark.parametrize("kind", ["encoder_layer", "decoder_layer", "transformer"])
+def test_every_option_combination_matches_torch(rng, kind, opts, batch_first, dtype):
+    """The full grid bias x norm_first x activation (with its eps) x batch_first x dtype, with
+    causal and padding masks together, source length != target length."""
+    s, t = 5, 4
+    src_am, src_kpm = masks("bool", [5, 2, 4], s, s, dtype)
+    tgt_am, tgt_kpm = masks("bool", [4, 4, 1], t, t, dtype)
+    src, tgt = seq(rng, 3, s, 8, batch_first, dtype), seq(rng, 3, t, 8, batch_first, dtype)
+    if kind == "encoder_layer":
+        m = build(nn.TransformerEncoderLayer, dtype, 8, 2, 12, batch_first=batch_first, **opts)
+        parity(m, [src], dict(src_mask=src_am, src_key_padding_mask=src_kpm), dtype, rng)
+    elif kind == "decoder_layer":
+        m = build(nn.TransformerDecoderLayer, dtype, 8, 2, 12, batch_first=batch_first, **opts)
+        parity(m, [tgt, src], dict(tgt_mask=tgt_am, tgt_key_padding_mask=tgt_kpm,
+                                   memory_key_padding_mask=src_kpm), dtype, rng)
+    else:
+        m = build(nn.Transformer, dtype, d_model=8, nhead=2, num_encoder_layers=1,
+                  num_decoder_layers=1, dim_feedforward=12, batch_first=batch_first, **opts)
+        parity(m, [src, tgt], dict(src_mask=src_am, tgt_mask=tgt_am,
+                                   src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm,
+                                   memory_key_padding_mask=src_kpm), dtype, rng)
+
+
 def test_transformer_in_eval_mode_with_default_dropout(rng):
     m = nn.Transformer(8, 2, 1, 1, 16, dtype=torch.float64).eval()  # dropout=0.1, inactive
     src, tgt = rng.standard_normal((5, 2, 8)), rng.standard_normal((3, 2, 8))
