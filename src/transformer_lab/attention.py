@@ -492,15 +492,8 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     Returns:
         out: (B, T, E); weights: (B, T, S) or (B, H, T, S), or None; cache.
     """
-    return _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
-                                         key_padding_mask, v.boolean(average_attn_weights,
-                                                                     "average_attn_weights"),
-                                         v.boolean(need_weights, "need_weights"))
-
-
-def _multi_head_attention_forward(query, key, value, params, num_heads, attn_mask,
-                                  key_padding_mask, average, need_weights):
-    """:func:`multi_head_attention_forward`; weights None with ``need_weights=False``."""
+    average = v.boolean(average_attn_weights, "average_attn_weights")
+    need_weights = v.boolean(need_weights, "need_weights")
     query = v.float_array(query, "query", ndim=3)
     key = v.float_array(key, "key", ndim=3)
     value = v.float_array(value, "value", ndim=3)
@@ -569,15 +562,8 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     Returns:
         out: (B, T, E); weights: (B, T, T) or (B, H, T, T), or None; cache.
     """
-    return _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask,
-                                   v.boolean(average_attn_weights, "average_attn_weights"),
-                                   need_weights=v.boolean(need_weights, "need_weights"))
-
-
-def _self_attention_forward(x, params, num_heads, attn_mask, key_padding_mask, average,
-                            need_weights):
-    """:func:`self_attention_forward`; with ``need_weights=False`` the weights are None (the
-    transformer blocks use this: averaging them over the heads would be wasted work)."""
+    average = v.boolean(average_attn_weights, "average_attn_weights")
+    need_weights = v.boolean(need_weights, "need_weights")
     x = v.float_array(x, "x", ndim=3)
     b, t, e = x.shape
     h = _check_heads(e, num_heads)

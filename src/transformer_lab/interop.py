@@ -675,20 +675,14 @@ class MultiheadAttentionTwin(_Twin):
         val = _seq(self, value, "value", self.vdim, bf)
         batched = _same_rank(query=query, key=key, value=value)
         b, t, h = q.shape[0], q.shape[1], self.num_heads
-        if k.shape[0] != b or val.shape[0] != b:
-            raise ValueError(f"query, key and value must have the same batch size, got "
-                             f"{b}, {k.shape[0]} and {val.shape[0]}")
-        if k.shape[1] != val.shape[1]:
-            raise ValueError(f"key and value must have the same length S, got {k.shape[1]} and "
-                             f"{val.shape[1]}")
-        s = k.shape[1]
+        s = k.shape[1]  # batch sizes and key/value lengths are checked by the package
         kpm = _padding_mask(key_padding_mask, "key_padding_mask", b, s, batched)
         am = _attn_mask(attn_mask, "attn_mask", b, h, t, s, batched)
         am = _causal(am, is_causal, kpm, t, s, "attn_mask", "is_causal",
                      override=not need_weights)
-        out, w, cache = att._multi_head_attention_forward(q, k, val, self._p, h, am, kpm,
-                                                          bool(average_attn_weights),
-                                                          bool(need_weights))
+        out, w, cache = att.multi_head_attention_forward(
+            q, k, val, self._p, h, am, kpm, average_attn_weights=bool(average_attn_weights),
+            need_weights=bool(need_weights))
         self._cache = (cache, batched, bool(need_weights), (query.shape, key.shape, value.shape))
         return _unseq(out, batched, bf), (None if w is None else w if batched else w[0])
 
