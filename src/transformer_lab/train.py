@@ -646,28 +646,39 @@ def numpy_loss_curve(model: Transformer, batches, cfg: TrainConfig) -> list[floa
 def torch_loss_curve(twin, batches, cfg: TrainConfig) -> list[float]:
     """As :func:`numpy_loss_curve` for a torch model (``TorchTransformer`` or
     ``ReferenceTransformer``) with ``torch.optim`` and ``clip_grad_norm_``."""
-    import torch
-
     params = list(twin.parameters())
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
-    else:
-        cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        opt = cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = _torch_optimizer(cfg, params)
     schedule = make_schedule(cfg)
     losses = []
     for i, (src, tgt) in enumerate(batches):
         for group in opt.param_groups:
             group["lr"] = schedule(i)
-        opt.zero_grad(set_to_none=True)
-        loss = twin.loss(src, tgt)
-        loss.backward()
-        if cfg.clip:
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(_torch_train_step(twin, params, opt, src, tgt, cfg.clip))
     return losses
+
+
+def _torch_optimizer(cfg: TrainConfig, params):
+    """The ``torch.optim`` counterpart of :func:`make_optimizer`."""
+    import torch
+
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _torch_train_step(twin, params, opt, src, tgt, clip: float) -> float:
+    """The torch counterpart of :func:`train_step` (the learning rate is set by the caller)."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss = twin.loss(src, tgt)
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    return loss.item()
 
 
 def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 5,
@@ -704,14 +715,12 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
         twins["nn.Transformer"] = ReferenceTransformer.from_numpy(model)
     for name, twin in twins.items():
         params = list(twin.parameters())
-        topt = torch.optim.Adam(params, lr=1e-4)
+        topt = _torch_optimizer(cfg, params)
+        for group in topt.param_groups:
+            group["lr"] = 1e-4  # as the NumPy step's
 
         def step(twin=twin, params=params, topt=topt):
-            topt.zero_grad(set_to_none=True)
-            twin.loss(src, tgt).backward()
-            if cfg.clip:
-                torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            topt.step()
+            _torch_train_step(twin, params, topt, src, tgt, cfg.clip)
 
         steps[name] = step
     old_torch_threads = torch.get_num_threads()
