@@ -1,0 +1,111 @@
+"""Which notebook teaches each function of :mod:`transformer_lab.core`.
+
+The student writes every core function in the notebook listed first for it; a notebook listed
+after the first extends it (``linear_forward`` takes one sequence in 00 and any leading axes in
+03). ``make student`` names the first in the stub it leaves in the handout; ``make grade`` grades
+a notebook with the student's own version of the functions that list it, and the instructor's
+version of every other core function. ``tests/test_syllabus.py`` checks that this table, the
+solution markers in ``core/`` and the notebooks agree.
+"""
+
+from __future__ import annotations
+
+#: core module (under transformer_lab.core) -> function -> the notebooks, "NN_topic §section"
+TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
+    "layers": {
+        "linear_forward": ("00_gradients §6", "03_minibatching §3"),
+        "linear_backward": ("00_gradients §6", "03_minibatching §3"),
+        "relu_forward": ("00_gradients §4",),
+        "relu_backward": ("00_gradients §4",),
+        "softmax_forward": ("01_attention §3", "02_masking §4"),
+        "softmax_backward": ("05_backward §2",),
+        "log_softmax_forward": ("05_backward §8",),
+        "log_softmax_backward": ("05_backward §8",),
+        "cross_entropy_forward": ("05_backward §8",),
+        "cross_entropy_backward": ("05_backward §8",),
+        "layer_norm_forward": ("05_backward §7",),
+        "layer_norm_backward": ("05_backward §7",),
+        "embedding_forward": ("05_backward §9",),
+        "embedding_backward": ("05_backward §9",),
+        "gelu_forward": ("06_transformer §1",),
+        "gelu_backward": ("06_transformer §1",),
+        "activation_forward": ("06_transformer §1",),
+        "activation_backward": ("06_transformer §1",),
+        "dropout_forward": ("06_transformer §3",),
+        "dropout_backward": ("06_transformer §3",),
+        "init_uniform": ("06_transformer §4",),
+        "init_xavier": ("06_transformer §4",),
+        "positional_encoding": ("06_transformer §5",),
+    },
+    "attention": {
+        "causal_mask": ("02_masking §1",),
+        "padding_mask": ("02_masking §5",),
+        "merge_masks": ("04_multihead_attention §4",),
+        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §5"),
+        "attention_backward": ("05_backward §3",),
+    },
+    "multihead": {
+        "split_heads": ("04_multihead_attention §2",),
+        "merge_heads": ("04_multihead_attention §2",),
+        "multi_head_attention_forward": ("04_multihead_attention §3",),
+        "self_attention_forward": ("04_multihead_attention §5",),
+        "multi_head_attention_backward": ("05_backward §6",),
+        "self_attention_backward": ("05_backward §6",),
+    },
+    "blocks": {
+        "feed_forward_forward": ("06_transformer §1",),
+        "feed_forward_backward": ("06_transformer §1",),
+        "residual_forward": ("06_transformer §2",),
+        "residual_backward": ("06_transformer §2",),
+        "encoder_layer_forward": ("06_transformer §6",),
+        "encoder_layer_backward": ("06_transformer §6",),
+        "decoder_layer_forward": ("06_transformer §7",),
+        "decoder_layer_backward": ("06_transformer §7",),
+        "encoder_forward": ("06_transformer §8",),
+        "encoder_backward": ("06_transformer §8",),
+        "decoder_forward": ("06_transformer §8",),
+        "decoder_backward": ("06_transformer §8",),
+    },
+    "model": {
+        "embed_forward": ("06_transformer §5",),
+        "embed_backward": ("06_transformer §5",),
+        "transformer_forward": ("06_transformer §9",),
+        "transformer_backward": ("07_verification §1",),
+        "transformer_loss": ("07_verification §1",),
+    },
+    "optim": {
+        "sgd_step": ("08_training §4",),
+        "adam_step": ("08_training §4",),
+        "global_norm": ("08_training §4",),
+        "clip_grad_norm": ("08_training §4",),
+    },
+    "training": {
+        "train_step": ("08_training §6",),
+    },
+}
+
+
+def where_taught(function: str) -> tuple[str, str]:
+    """(core module, first "NN_topic §section") of a core function, or a KeyError."""
+    for module, functions in TAUGHT_IN.items():
+        if function in functions:
+            return module, functions[function][0]
+    raise KeyError(f"{function!r} is not a function of transformer_lab.core")
+
+
+def notebook_functions(notebook: str) -> dict[str, list[str]]:
+    """core module -> the functions that ``notebook`` ("05_backward") teaches or extends."""
+    found: dict[str, list[str]] = {}
+    for module, functions in TAUGHT_IN.items():
+        for name, places in functions.items():
+            if any(place.split(" §")[0] == notebook for place in places):
+                found.setdefault(module, []).append(name)
+    return found
+
+
+def stub_message(function: str) -> str:
+    """What the handout's stub of a core function says when it is called."""
+    module, place = where_taught(function)
+    notebook, _, section = place.partition(" §")
+    return (f"{function}() in transformer_lab/core/{module}.py is yours to write: notebook "
+            f"{notebook}, section {section}, shows how")
