@@ -716,3 +716,29 @@ def test_stubbed_and_reference_core_helpers(tmp_path):
     assert "is yours to write" in (stubs / "layers.py").read_text()
     assert (ref / "layers.py").read_text() == (ROOT / "src/transformer_lab/core/layers.py") \
         .read_text()
+
+
+def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
+    """The probe's student code sees the probe package first on sys.path, no other copy of
+    transformer_lab (the instructor's editable install included), and no reference answers."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
+        ROOT / "src" / "transformer_lab"))
+    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
+    probing.reference_free(tmp_path / "probe")
+    cell = ("import sys, transformer_lab\n"
+            "from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
+            "seen = (transformer_lab.__file__, [p for p in sys.path if p and\n"
+            "        __import__('os').path.isdir(__import__('os').path.join(p, "
+            "'transformer_lab'))], hasattr(SoftmaxForward, 'expected') and\n"
+            "        SoftmaxForward.expected is not SoftmaxForward.__mro__[1].expected)\n"
+            "def logsumexp(x, axis=-1):\n    return [seen[0], seen[1], seen[2]]")
+    spec = probing.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                             F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
+    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    assert report.cells == [("setup", None)], report
+    outcome = next(iter(report.outcomes.values()))
+    package_file, folders, has_reference = outcome.value
+    assert package_file == str(tmp_path / "probe" / "transformer_lab" / "__init__.py")
+    assert folders == [str(tmp_path / "probe")] and has_reference is False
