@@ -742,3 +742,29 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     package_file, folders, has_reference = outcome.value
     assert package_file == str(tmp_path / "probe" / "transformer_lab" / "__init__.py")
     assert folders == [str(tmp_path / "probe")] and has_reference is False
+
+
+def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
+    """Code the student's module runs when imported is timed like a case."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core", {"layers": {"softmax_forward": (
+        "def softmax_forward(x, _=WAIT):\n    y = np.exp(x - x.max(-1, keepdims=True))\n"
+        "    return y / y.sum(-1, keepdims=True), None")}})
+    source = (core / "layers.py").read_text()
+    (core / "layers.py").write_text(source + "\n\ndef _forever():\n    while True:\n"
+                                             "        pass\n\n\nWAIT = _forever()\n")
+    probing.build_probe_package(tmp_path / "handout", instructor, "01_attention",
+                                {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probing.reference_free(tmp_path / "probe")
+    specs = [probing.CheckSpec(i, (), {}, F.all_cases(F.get_check(i), hidden=False)[:1])
+             for i in ("check-softmax-forward", "check-logsumexp")]
+    cell = "import numpy as np\ndef logsumexp(x, axis=-1):\n    return 0"
+    specs[1] = probing.CheckSpec("check-logsumexp", ("logsumexp",), {}, specs[1].cases)
+    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], specs,
+                               probing.ProbeLimits(cell=30, case=3, total=120))
+    assert "ran past the time limit of 3 s, while importing the functions " \
+           "check-softmax-forward tests" in report.missing["check-softmax-forward"]
+    assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart

@@ -360,6 +360,8 @@ def _unit(line: str | None, cells, checks):
             i, j = int(parts[1]), int(parts[2])
             if 0 <= i < len(checks) and 0 <= j < len(checks[i].cases):
                 return ("case", i, j)
+        if parts[0] == "prepare" and len(parts) == 2 and 0 <= int(parts[1]) < len(checks):
+            return ("case", int(parts[1]), None)
     except ValueError:
         pass
     return None
@@ -370,6 +372,8 @@ def _during(unit, cells, checks) -> str:
         return ""
     if unit[0] == "cell":
         return f", while running your cell {cells[unit[1]][0]!r}"
+    if unit[2] is None:
+        return f", while importing the functions {checks[unit[1]].check_id} tests"
     return f", in case {checks[unit[1]].cases[unit[2]].name!r}"
 
 
