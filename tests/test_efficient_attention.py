@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from transformer_lab import efficient_attention as ea
 from transformer_lab import syllabus
+from transformer_lab.checks import CheckFailed, check
 from transformer_lab.core import attention as core_attention
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import flash as core_flash
@@ -381,3 +382,83 @@ def test_training_with_flash_attention_gives_the_same_losses(dtype):
         np.testing.assert_allclose(tiny_causal_lm(True, dtype, block_size=block_size), naive,
                                    rtol=TOL[dtype])
 
+
+
+# --------------------------------------------------------------------------------------------
+# The notebook's checks: they pass on the reference, and catch the classic mistakes
+
+
+def _check_fails(check_id):
+    with pytest.raises(CheckFailed) as err:
+        check(check_id)
+    return str(err.value)
+
+
+def test_online_softmax_check_names_the_classic_mistakes(monkeypatch):
+    original = core_flash.online_softmax_update
+
+    def inverted(m, ell, scores):
+        m_new, ell_new, p, alpha = original(m, ell, scores)
+        with np.errstate(all="ignore"):
+            return m_new, ell_new, p, np.where(alpha > 0, 1 / alpha, 0)
+
+    def not_rescaled(m, ell, scores):
+        m_new, _, p, alpha = original(m, ell, scores)
+        return m_new, ell + p.sum(-1, keepdims=True), p, alpha
+
+    def nan_when_nothing_seen(m, ell, scores):
+        m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))
+        with np.errstate(invalid="ignore"):
+            p, alpha = np.exp(scores - m_new), np.exp(m - m_new)
+        return m_new, alpha * ell + p.sum(-1, keepdims=True), p, alpha
+
+    monkeypatch.setattr(core_flash, "online_softmax_update", inverted)
+    assert "exp(m_new - m) instead of exp(m - m_new)" in _check_fails(
+        "check-online-softmax-update")
+    monkeypatch.setattr(core_flash, "online_softmax_update", not_rescaled)
+    assert "not rescaling the running sum" in _check_fails("check-online-softmax-update")
+    monkeypatch.setattr(core_flash, "online_softmax_update", nan_when_nothing_seen)
+    assert "NaN or infinite" in _check_fails("check-online-softmax-update")
+
+
+def test_forward_check_catches_a_full_score_matrix_and_a_blocked_diagonal(monkeypatch):
+    def naive(q, k, v, causal=False, block_size=64):
+        mask = core_attention.causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+        out, _ = core_attention.attention_forward(q, k, v, mask)
+        scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            scores[..., mask] = -np.inf
+        lse = torch.logsumexp(torch.from_numpy(scores), -1).numpy()
+        return out, (q, k, v, out, lse, causal, block_size)
+
+    monkeypatch.setattr(core_flash, "flash_attention_forward", naive)
+    message = _check_fails("check-flash-forward")
+    assert "memory below a tenth" in message and "expected True, got False" in message
+
+    original = core_flash.flash_attention_forward
+    monkeypatch.setattr(core_attention, "causal_mask",
+                        lambda T, S=None: np.arange(T if S is None else S)[None] >=
+                        np.arange(T)[:, None])
+    monkeypatch.setattr(core_flash, "causal_mask", core_attention.causal_mask)
+    monkeypatch.setattr(core_flash, "flash_attention_forward", original)
+    with np.errstate(all="ignore"):
+        message = _check_fails("check-flash-forward")
+    assert "causal" in message
+
+
+def test_backward_checks_catch_a_row_term_from_one_tile(monkeypatch):
+    original = core_flash.flash_attention_backward_tile
+
+    def tile_D(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask=None):
+        s = q_i @ np.swapaxes(k_j, -1, -2) * scale
+        if mask is not None:
+            s = np.where(mask, -np.inf, s)
+        p = np.exp(s - lse_i[..., None])
+        own_D = np.einsum("...ij,...ij->...i", dout_i @ np.swapaxes(v_j, -1, -2), p)
+        return original(q_i, k_j, v_j, dout_i, lse_i, own_D, scale, mask)
+
+    monkeypatch.setattr(core_flash, "flash_attention_backward_tile", tile_D)
+    assert "relative error" in _check_fails("check-flash-backward-tile")
+    assert "relative error" in _check_fails("check-flash-backward")
+    monkeypatch.setattr(core_flash, "flash_attention_backward_tile", original)
+    check("check-flash-backward")
