@@ -106,8 +106,8 @@ def flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask
     The tile's weights are recomputed exactly from the row's log-sum-exp,
     ``P = exp(q_i k_j^T * scale - lse_i)``; then, as in naive attention but with
     ``D = rowsum(dO * O)`` in place of ``rowsum(dP * P)``:
-    ``dV_j = P^T dO_i``, ``dP = dO_i V_j^T``, ``dS = P * (dP - D_i)``,
-    ``dQ_i = dS K_j * scale``, ``dK_j = dS^T Q_i * scale``.
+    ``dV_j = P^T dO_i``, ``dP = dO_i V_j^T``, ``dZ = P * (dP - D_i)``,
+    ``dQ_i = dZ K_j * scale``, ``dK_j = dZ^T Q_i * scale``.
 
     q_i: (..., b_q, d); k_j: (..., b_k, d); v_j: (..., b_k, d_v); dout_i: (..., b_q, d_v);
     lse_i, D_i: (..., b_q); scale: a number; mask: None or bool (b_q, b_k), True = blocked
@@ -121,11 +121,11 @@ def flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask
     p -= lse_i[..., None]
     np.exp(p, out=p)  # ... the weights P, in place
     dv_j = np.swapaxes(p, -1, -2) @ dout_i  # (..., b_k, d_v)
-    ds = dout_i @ np.swapaxes(v_j, -1, -2)  # dP (..., b_q, b_k) ...
-    ds -= D_i[..., None]
-    ds *= p  # ... dS = P * (dP - D), in place
-    dq_i = ds @ k_j * scale  # (..., b_q, d)
-    dk_j = np.swapaxes(ds, -1, -2) @ qs  # (..., b_k, d)
+    dz = dout_i @ np.swapaxes(v_j, -1, -2)  # dP (..., b_q, b_k) ...
+    dz -= D_i[..., None]
+    dz *= p  # ... dZ = P * (dP - D), in place
+    dq_i = dz @ k_j * scale  # (..., b_q, d)
+    dk_j = np.swapaxes(dz, -1, -2) @ qs  # (..., b_k, d)
     ### END SOLUTION
     return dq_i, dk_j, dv_j
 
