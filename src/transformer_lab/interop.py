@@ -553,9 +553,9 @@ class LinearTwin(_Twin):
 
     def backward(self, dout):
         cache = self._last()
-        dout = _dout(self, dout, (*cache.x.shape[:-1], self.out_features))
-        dx, dW, db = L.linear_backward(dout, cache)
-        self._set_grads({"weight": _T(dW), **({"bias": db} if db is not None else {})})
+        dout = _dout(self, dout, cache.shape)
+        dx, g = L.linear_backward(dout, cache)
+        self._set_grads({"weight": _T(g["W"]), **({"bias": g["b"]} if "b" in g else {})})
         return dx
 
 
@@ -589,7 +589,7 @@ class EmbeddingTwin(_Twin):
         if self.scale_grad_by_freq:
             counts = np.bincount(cache.ids.reshape(-1), minlength=cache.vocab_size)
             dout = dout / counts[cache.ids][..., None].astype(dout.dtype)
-        self._set_grads({"weight": L.embedding_backward(dout, cache)})
+        self._set_grads({"weight": L.embedding_backward(dout, cache)["W"]})
         return None
 
 
@@ -622,8 +622,8 @@ class LayerNormTwin(_Twin):
     def backward(self, dout):
         cache, shape, dtype = self._last()
         dout = _dout(self, dout, shape, dtype)
-        dx, g = B._norm_backward(dout.reshape(*shape[:len(shape) - len(self.normalized_shape)],
-                                              -1), cache)
+        lead = shape[:len(shape) - len(self.normalized_shape)]
+        dx, g = L.layer_norm_backward(dout.reshape(*lead, -1), cache)
         self._set_grads(norm_to_torch(g, "", self.normalized_shape))
         return dx.reshape(shape)
 
@@ -695,7 +695,7 @@ class MultiheadAttentionTwin(_Twin):
                                  "(need_weights=False)")
             dweights = self._input(dweights, "dweights")
             dweights = dweights if batched else dweights[None]
-        dq, dk, dv, g = att.multi_head_attention_backward(d, cache, self._p, dweights)
+        dq, dk, dv, g = att.multi_head_attention_backward(d, cache, dweights)
         self._set_grads(mha_to_torch(g, "", packed="in_proj_weight" in self.params))
         return tuple(_unseq(x, batched, self.batch_first) for x in (dq, dk, dv))
 
@@ -847,7 +847,7 @@ class _Stack:
         cache, ncache = caches
         norm_grads = None
         if ncache is not None:
-            dout, norm_grads = B._norm_backward(dout, ncache)
+            dout, norm_grads = L.layer_norm_backward(dout, ncache)
         if self.decoder:
             dx, dmem, g = B.decoder_backward(dout, cache)
         else:
