@@ -501,7 +501,9 @@ def test_scale_must_be_a_finite_positive_number(rng):
                                 (True, TypeError, "scale must be a number")]:
         with pytest.raises(error, match=message):
             A.scaled_dot_product_attention_forward(q, k, v, scale=bad)
-    out, _ = A.scaled_dot_product_attention_forward(q, k, v, scale=np.float32(0.5))
+    out, cache = A.scaled_dot_product_attention_forward(q, k, v, scale=np.float32(0.5))
+    assert cache.scale == 0.5 and type(cache.scale) is float
+    assert A.scaled_dot_product_attention_forward(q, k, v)[1].scale == 1 / np.sqrt(4)
     np.testing.assert_array_equal(out, A.scaled_dot_product_attention_forward(q, k, v,
                                                                               scale=0.5)[0])
 

@@ -190,6 +190,11 @@ class AttentionCache(NamedTuple):
         """The attention weights (..., T, S), read-only."""
         return attention_weights(self.core)
 
+    @property
+    def scale(self) -> float:
+        """The factor the scores were multiplied by."""
+        return self.core[4]
+
 
 def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_mask=None,
                                          scale: float | None = None):
