@@ -110,10 +110,16 @@ def test_forward_checks_each_argument_once_however_deep(rng, monkeypatch):
     real = _validate.float_array
     monkeypatch.setattr(_validate, "float_array",
                         lambda x, name, **kw: (names.append(name), real(x, name, **kw))[1])
-    enc = {"layers": [B.encoder_layer_init(4, 2, 6, rng=rng, dtype=np.float64) for _ in "abc"],
-           "norm": B.layer_norm_init(4, dtype=np.float64)}
-    dec = {"layers": [B.decoder_layer_init(4, 2, 6, rng=rng, dtype=np.float64) for _ in "abc"],
-           "norm": None}
+    class Params(dict):  # not a plain dict: no quick test, every parameter checked in full
+        pass
+
+    def slow(layer):
+        return {k: Params(p) for k, p in layer.items()}
+
+    enc = {"layers": [slow(B.encoder_layer_init(4, 2, 6, rng=rng, dtype=np.float64))
+                      for _ in "abc"], "norm": B.layer_norm_init(4, dtype=np.float64)}
+    dec = {"layers": [slow(B.decoder_layer_init(4, 2, 6, rng=rng, dtype=np.float64))
+                      for _ in "abc"], "norm": None}
     x, mem = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4))
     B.encoder_forward(x, enc, 2, A.causal_mask(3), A.padding_mask([3, 2], 3))
     assert [n for n in names if not n.startswith("params")] == ["x"]
