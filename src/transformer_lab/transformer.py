@@ -354,8 +354,10 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
 
 def _stack_caches(core_cache) -> tuple:
     """The encoder's and the decoder's stack caches in the cache of
-    ``core.model.transformer_forward`` ``(c_src, c_enc, c_tgt, c_dec, c_out, learned)``."""
-    return core_cache[1], core_cache[3]
+    ``core.model.transformer_forward``: ``((c_embed, c_stack), (c_embed, c_stack, c_out),
+    learned)``."""
+    (_, encoder), (_, decoder, _), _ = core_cache
+    return encoder, decoder
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,8 +551,9 @@ class Transformer:
 
         All sequences of the batch are decoded together, step by step; a sequence stops at its
         first EOS (later steps give it padding), and decoding stops when every sequence has
-        stopped or after ``max_len`` tokens. Every step runs the model's forward pass
-        (``core.model.transformer_forward``) over the prefix generated so far.
+        stopped or after ``max_len`` tokens. The encoder runs once
+        (``core.model.transformer_encode``); every step runs the decoder
+        (``core.model.transformer_decode``) over the prefix generated so far.
 
         Args:
             src: source token ids (B, S).
@@ -567,7 +570,9 @@ class Transformer:
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
         max_len = check_decode_length(c, max_len)
         params = self._nested()
-        src_kpm = src == c.pad_id
+        src_pad = src == c.pad_id
+        src_pad = src_pad if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)  # once
         b = src.shape[0]
         out = np.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
@@ -575,8 +580,9 @@ class Transformer:
         steps = 0
         for t in range(max_len):
             prefix = out[:, :t + 1]
-            logits, _ = core_model.transformer_forward(
-                params, *self._core_args(src, prefix, src_kpm, prefix == c.pad_id))
+            tgt_pad = prefix == c.pad_id
+            logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
+                                                      src_pad, tgt_pad if tgt_pad.any() else None)
             nxt = np.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
             out[:, t + 1] = nxt
             done |= nxt == c.eos_id
