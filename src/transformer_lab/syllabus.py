@@ -69,6 +69,8 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     "model": {
         "embed_forward": ("06_transformer §5",),
         "embed_backward": ("06_transformer §5",),
+        "transformer_encode": ("06_transformer §9",),
+        "transformer_decode": ("06_transformer §9",),
         "transformer_forward": ("06_transformer §9",),
         "transformer_backward": ("07_verification §1",),
         "transformer_loss": ("07_verification §1",),
