@@ -69,6 +69,8 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     "model": {
         "embed_forward": ("06_transformer §5",),
         "embed_backward": ("06_transformer §5",),
+        "transformer_encode": ("06_transformer §9",),
+        "transformer_decode": ("06_transformer §9",),
         "transformer_forward": ("06_transformer §9",),
         "transformer_backward": ("07_verification §1",),
         "transformer_loss": ("07_verification §1",),
@@ -81,6 +83,14 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "training": {
         "train_step": ("08_training §6",),
+    },
+    "flash": {
+        "online_softmax_update": ("10_long_context §2",),
+        "flash_attention_forward": ("10_long_context §3",),
+        "flash_attention_backward_tile": ("10_long_context §4",),
+        "flash_attention_backward": ("10_long_context §4",),
+        "flash_self_attention_forward": ("10_long_context §6",),
+        "flash_self_attention_backward": ("10_long_context §6",),
     },
 }
 
