@@ -8,7 +8,8 @@
       (>= 0.99 held-out exact match); with the stubs it stops with a stub's message.
 
 Notebooks not yet rewritten against the core (their check cells are not one-line check()
-calls) cannot satisfy (i): those cases are marked xfail with the notebook named. The helpers are
+calls) cannot satisfy (i), and a notebook that fails on main itself cannot satisfy (ii): those
+cases are marked xfail with the notebook named. The helpers are
 in tests/handout_tools.py; a synthetic notebook on the real checks of notebook 01 shows that the
 harness tells a notebook running on the core from one that does not.
 """
@@ -45,7 +46,19 @@ def _runs_on_the_core(path: Path) -> bool:
     return bool(parsed.checks) and not parsed.legacy_checks
 
 
+#: Notebooks that fail with the complete core for reasons of their own (they fail nbval on main
+#: too): notebook -> why. The notebooks are being rewritten; remove an entry once it passes.
+BROKEN_ON_MAIN = {
+    "05_backward": "05_backward calls self_attention_backward with the pre-boundary API (a "
+                   "dict of parameters where the boundary now takes dweights); it fails nbval "
+                   "on main as well and is being rewritten",
+}
+
+
 def _param(path: Path, needs_core: bool):
+    if not needs_core and path.stem in BROKEN_ON_MAIN:
+        return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
+            reason=BROKEN_ON_MAIN[path.stem], strict=False))
     if needs_core and not _runs_on_the_core(path):
         return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
             run=False, reason=f"{path.stem} is not yet written against the core (legacy check "
@@ -138,12 +151,8 @@ def test_the_trainer_learns_reversal_on_a_complete_core(complete_handout):
     assert metrics["exact_match"] >= 0.99, metrics
 
 
-@pytest.mark.xfail(reason="the trainer does not run on the core yet: transformer_lab.transformer "
-                          "and transformer_lab.train are being rewritten on it (branch "
-                          "boundary); today they hold their own math", strict=False)
 def test_the_trainer_stops_at_a_stub_on_the_handout(stub_handout):
-    # the first step calls the core; a short budget keeps the xfail cheap until it does
-    result = run_trainer(stub_handout, "--task", "reverse", "--seed", "0", "--time-budget", "2")
+    result = run_trainer(stub_handout, "--task", "reverse", "--seed", "0", "--time-budget", "5")
     assert result.returncode != 0
     messages = [syllabus.stub_message(n) for f in syllabus.TAUGHT_IN.values() for n in f]
     assert "NotImplementedError" in result.stderr

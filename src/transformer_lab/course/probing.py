@@ -176,6 +176,7 @@ class CheckSpec:
     args: tuple[str, ...]
     kwargs: dict[str, str]
     cases: list[F.Case]
+    module: str = ""  # the check's module, transformer_lab.checks.nbNN_topic (else: all of them)
 
 
 @dataclass
@@ -283,6 +284,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     request = {"package": str(package_root.resolve()),
                "cells": [{"id": cid, "source": src} for cid, src in cells],
                "checks": [F.encode({"index": i, "id": checks[i].check_id,
+                                    "module": checks[i].module or _module_of(checks[i]),
                                     "args": list(checks[i].args), "kwargs": checks[i].kwargs,
                                     "cases": [{"name": c.name, "args": list(c.args),
                                                "kwargs": c.kwargs} for c in checks[i].cases]},
@@ -341,6 +343,13 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     cell_errors = _read_cells(out, cells)
     _collect(out, checks, todo, report)
     return stopped, cell_errors
+
+
+def _module_of(spec: CheckSpec) -> str:
+    try:
+        return type(F.get_check(spec.check_id)).__module__
+    except KeyError:
+        return ""
 
 
 def _stop(unit, reason: str) -> tuple[str, int | None, str]:
