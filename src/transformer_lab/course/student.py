@@ -157,7 +157,7 @@ You need Python 3.10 or newer.
 ```bash
 python3 -m venv .venv
 .venv/bin/pip install -r requirements.txt    # Windows: .venv\\Scripts\\pip
-.venv/bin/jupyter lab notebooks
+.venv/bin/jupyter lab    # in this folder: notebooks/ and src/ both in its file browser
 ```
 
 `requirements.txt` also installs this folder's package (`-e .`, editable): the notebooks import
