@@ -12,8 +12,9 @@ reach.
 1. a **probe package** is made from the handout form of the instructor's package, with the
    student's own definitions of the functions N teaches, the instructor's of the functions
    earlier notebooks teach, and stubs for the rest (:mod:`.probing`);
-2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell and
-   exercise cells, then every check of N on every case the grader generated for it (public
+2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell, the
+   definitions (functions, classes, imports) of the other cells and the exercise cells,
+   then every check of N on every case the grader generated for it (public
    and hidden, with inputs the notebook never showed), and writes back what the student's
    functions returned, as plain data;
 3. the grader, in its own process, computes the expected answers with the instructor's checks
@@ -275,9 +276,11 @@ def restore_checks(submission, assignment: Assignment):
 
 
 def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str]], list[str]]:
-    """The cells the probe runs -- the submission's first code cell and its exercise cells
-    (found by id, then grade_id), in notebook order, as plain Python -- and notes on missing
-    exercise cells."""
+    """The cells the probe runs, in notebook order, as plain Python: the submission's first code
+    cell and its exercise cells (found by id, then grade_id) in full, and of every other code
+    cell that is not a check only its definitions (functions, classes, imports), so that an
+    exercise may use a helper the notebook defined earlier; and notes on missing exercise
+    cells."""
     chosen: dict[int, Any] = {}
     code = [c for c in submission.cells if c.cell_type == "code" and c.source.strip()]
     if code:
@@ -291,8 +294,27 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
                          "was found neither by its id nor by its nbgrader grade_id)")
         else:
             chosen[id(cell)] = cell
-    ordered = [c for c in submission.cells if id(c) in chosen]
-    return [(c.id, python_source(c.source)) for c in ordered], notes
+    checks = {c.cell_id for c in assignment.checks}
+    cells = []
+    for c in code:
+        if id(c) in chosen:
+            cells.append((c.id, python_source(c.source)))
+        elif c.get("id") not in checks and (defs := _definitions(python_source(c.source))):
+            cells.append((c.id, defs))
+    return cells, notes
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+
+
+def _definitions(source: str) -> str:
+    """The functions, classes and imports of a cell's source ('' if none, or unparseable)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    return "\n\n".join(ast.get_source_segment(source, node) or "" for node in tree.body
+                        if isinstance(node, _DEFINITIONS))
 
 
 def _find_by_id(nb, cell):
@@ -487,8 +509,9 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True) -> str
             text = r.message.replace("```", "'''")
             lines += ["", f"**`{r.check}`**", "", "```text", text, "```"]
     if graded.status == "graded":
-        lines += ["", "**What was graded.** The grader ran your notebook's first code cell and "
-                      "its exercise cells, then called your functions on its own inputs (the "
+        lines += ["", "**What was graded.** The grader ran your notebook's first code cell, "
+                      "the functions, classes and imports of its other cells, and its exercise "
+                      "cells, then called your functions on its own inputs (the "
                       "cases you saw and hidden ones) in a process of its own, and compared "
                       "what they returned with the reference there."]
         lines += [f"- {_table_text(n)}" for n in graded.notes]

@@ -3,8 +3,8 @@
     python -s .../transformer_lab/course/probe.py WORKDIR    (started by the grader only)
 
 ``WORKDIR/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
-probe package's folder, the notebook cells to run (the student's first code cell and exercise
-cells, IPython's magics already removed) and, for each check, the notebook names it takes and
+probe package's folder, the notebook cells to run (the student's first code cell, the
+definitions of its other cells and its exercise cells, IPython's magics already removed) and, for each check, the notebook names it takes and
 its cases as plain data. The probe
 
 1. puts the probe package first on ``sys.path`` and drops every other folder holding a

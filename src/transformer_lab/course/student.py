@@ -190,9 +190,9 @@ with its stub's message, which names the notebook and section that teach it.
 
 Some exercises are a function in a notebook cell: where your code goes, the cell holds a line
 `raise NotImplementedError("Exercise: ...")` with a hint. Replace that line with your code, keep
-the function's name and arguments, and put everything the function needs inside that cell (or
-the notebook's first cell): for grading, only the notebook's first code cell and its exercise
-cells are run. The check cell after it passes your function in: `check("check-logsumexp",
+the function's name and arguments. For grading, the notebook's first code cell, the functions,
+classes and imports of its other cells and its exercise cells are run: a helper your function
+uses must be a function (or an import), not a variable set in another cell. The check cell after it passes your function in: `check("check-logsumexp",
 logsumexp)`.
 
 ## Checks
