@@ -41,7 +41,7 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
         "causal_mask": ("02_masking §1",),
         "padding_mask": ("02_masking §5",),
         "merge_masks": ("04_multihead_attention §4",),
-        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §5"),
+        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §4"),
         "attention_backward": ("05_backward §3",),
     },
     "multihead": {
