@@ -192,8 +192,8 @@ Some exercises are a function in a notebook cell: where your code goes, the cell
 `raise NotImplementedError("Exercise: ...")` with a hint. Replace that line with your code, keep
 the function's name and arguments. For grading, the notebook's first code cell, the functions,
 classes and imports of its other cells and its exercise cells are run: a helper your function
-uses must be a function (or an import), not a variable set in another cell. The check cell after it passes your function in: `check("check-logsumexp",
-logsumexp)`.
+uses must be a function (or an import), not a variable set in another cell. The check cell
+after it passes your function in: `check("check-logsumexp", logsumexp)`.
 
 ## Checks
 
