@@ -23,3 +23,6 @@ html_theme_options = {
     "use_download_button": True,
 }
 html_last_updated_fmt = None
+# Long code lines and outputs wrap instead of being cut at the column's edge (_static/course.css).
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
