@@ -698,6 +698,7 @@ def test_feedback_notebooks_are_valid_and_executed(tiny_graded):
 
 # --- the grader on the course's notebooks -------------------------------------------------------
 
+@pytest.mark.slow  # grades the whole notebook: left out of `make test-quick`
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_solution_notebooks_get_full_marks(notebook, tmp_path_factory):
     """End to end, as `make grade` grades a student: the whole solution notebook runs in a
@@ -719,6 +720,7 @@ def test_solution_notebooks_get_full_marks(notebook, tmp_path_factory):
     assert not error_outputs(nb), f"{notebook.name}: cells fail when graded: {error_outputs(nb)}"
 
 
+@pytest.mark.slow  # grades the whole notebook: left out of `make test-quick`
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_untouched_student_versions_get_zero(notebook, tmp_path_factory):
     grades = course_grades(notebook, tmp_path_factory)
@@ -729,6 +731,7 @@ def test_untouched_student_versions_get_zero(notebook, tmp_path_factory):
     assert not passing, f"{notebook.name}: checks that pass with the exercise undone: {passing}"
 
 
+@pytest.mark.slow  # grades the whole notebook: left out of `make test-quick`
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_student_versions_run_cleanly_up_to_their_stubs(notebook, tmp_path_factory):
     """Executed (with the instructor's checks), a student version raises only its stubs'
@@ -741,6 +744,7 @@ def test_student_versions_run_cleanly_up_to_their_stubs(notebook, tmp_path_facto
             f"{notebook.name}, cell {cell_id}: {error.ename}: {error.evalue}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (ROOT / "notebooks" / "00_gradients.ipynb").exists(), reason="no 00")
 def test_hidden_tests_of_00_catch_what_the_visible_checks_miss(tmp_path_factory):
     grades = course_grades(ROOT / "notebooks" / "00_gradients.ipynb", tmp_path_factory)

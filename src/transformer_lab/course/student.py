@@ -35,6 +35,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
     source_lines,
 )
+from transformer_lab.course.standalone import has_guard
 
 #: What the student tree holds besides the notebooks, relative to the project folder.
 PROJECT_FILES = ("pyproject.toml", "requirements.txt")
@@ -121,6 +122,9 @@ def student_readme(assignments: list[Assignment]) -> str:
         f"| `notebooks/{Path(a.name).name}` | {title(a.nb)} | {len(a.exercises)} "
         f"| {len(a.checks)} | {a.max_points:g} |"
         for a in assignments)
+    guarded = (" A notebook opened without the package installed stops in its first cell and "
+               "prints the line that installs it." if assignments and all(
+                   has_guard(a.nb) for a in assignments) else "")
     return f"""# Transformers from Scratch -- your assignments
 
 You build a Transformer in NumPy, one notebook at a time, checking every step against PyTorch
@@ -132,13 +136,18 @@ and against numerical gradients.
 
 ## Set up (once)
 
-You need Python 3.10 or newer.
+You need Python 3.10, 3.11, 3.12 or 3.13. In this folder (there is no Makefile here: these
+three commands are the whole set-up):
 
 ```bash
 python3 -m venv .venv
-.venv/bin/pip install -r requirements.txt    # Windows: .venv\\Scripts\\pip
-.venv/bin/jupyter lab notebooks
+.venv/bin/pip install -r requirements.txt -e .    # Windows: .venv\\Scripts\\pip
+.venv/bin/jupyter lab notebooks                   # as root (a container): add --allow-root
 ```
+
+`-e .` installs the course package from `src/` so that your edits to it take effect (restart
+the kernel after editing). From another folder, name this one instead of `.`:
+`pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
 
 `requirements.txt` pins a CPU build of PyTorch. On Linux, pip would otherwise download several
 GB of CUDA libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
