@@ -2,7 +2,7 @@
 #
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
 #   make test       package tests + strict nbval over every notebook
-#   make test-quick the everyday subset of make test (about 2 of its 5 minutes on 2 cores)
+#   make test-quick make test without the slow grading runs: about half its time
 #   make lab        open JupyterLab on the notebooks (as root too: containers, WSL)
 #   make help       everything else
 #
