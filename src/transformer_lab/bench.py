@@ -421,8 +421,10 @@ def main(argv=None) -> int:
               f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
               flush=True)
         elapsed = time.perf_counter() - start
-        done = sum(planned[:k + 1])
-        left = sum(planned[k + 1:]) * elapsed / done
+        # The plan, corrected by how fast the run has gone so far -- weighed against a fifth of
+        # the plan, so that the first size (imports, first calls) does not swing the estimate.
+        done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
+        left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
         if k + 1 < len(sizes):
             print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
                   file=progress, flush=True)
