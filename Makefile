@@ -31,7 +31,7 @@ all: notebooks site ## set up, execute every notebook into build/notebooks, buil
 	@echo
 	@echo "Done. Open build/html/index.html, or run 'make lab' to work in the notebooks."
 
-venv: $(STAMP) ## create .venv and install requirements.txt (only when they changed)
+venv: $(STAMP) ## create .venv, install requirements.txt and the package (only when they changed)
 
 $(STAMP): requirements.txt pyproject.toml
 	@echo "==> Creating $(VENV) and installing requirements.txt and the package (about a minute, 1.4 GB)"
