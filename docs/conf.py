@@ -9,6 +9,7 @@ copyright = "2026, " + author
 extensions = [
     "myst_nb",
     "sphinx-mathjax-offline",  # ships MathJax in _static: math renders without a network
+    "transformer_lab.course.sphinx_attachments",  # figures stored in the notebooks
 ]
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath", "amsmath"]

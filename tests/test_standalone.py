@@ -174,25 +174,25 @@ def test_guard_without_a_course_folder_says_where_the_package_comes_from(tmp_pat
     assert "!unzip -q '*.zip'" in last and "run this cell again" in last
 
 
-def test_site_gets_attachments_as_files(img, tmp_path):
-    """myst-nb does not render attachments: the site's copy of a notebook points at files."""
+def test_site_shows_attachments_and_offers_the_notebook_with_them(img, tmp_path):
+    """myst-nb does not render attachments: the site's extension writes them out as files;
+    the notebook the site offers for download keeps them."""
     from transformer_lab.course import site
 
-    nb = _notebook(_figure_cell("![a](../img/other.png) and ![b](../img/head_split_shapes.png)"),
-                   _figure_cell("![c](attachment:other.png)"),
+    nb = _notebook(_figure_cell("# A page\n\n![the heads](../img/head_split_shapes.png)"),
                    nbformat.v4.new_code_cell("x = 1"))
     standalone.embed_figures(nb, img)
-    nb.cells[1].attachments = {"other.png": {"image/png": base64.b64encode(b"another").decode()}}
-    source = tmp_path / "00_x.ipynb"
-    nbformat.write(nb, source)
-    out = tmp_path / "site" / "notebooks"
-    out.mkdir(parents=True)
-    copied = nbformat.read(site.copy_notebook(source, out), as_version=4)
-    files = out / "_attachments" / "00_x"
-    assert copied.cells[0].source == ("![a](_attachments/00_x/other.png) and "
-                                      "![b](_attachments/00_x/head_split_shapes.png)")
-    assert copied.cells[1].source == "![c](_attachments/00_x/cell2-other.png)"
-    assert (files / "other.png").read_bytes() == (img / "other.png").read_bytes()
-    assert (files / "cell2-other.png").read_bytes() == b"another"
-    assert not any("attachments" in c for c in copied.cells)
-    assert nbformat.read(source, as_version=4) == nb  # the executed notebook is left alone
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    nbformat.write(nb, executed / "00_x.ipynb")
+    out = tmp_path / "html"
+    assert site.main(["--docs", str(ROOT / "docs"), "--executed", str(executed),
+                      "--img", str(tmp_path / "no-img"), "--src", str(tmp_path / "src"),
+                      "--out", str(out)]) == 0
+    page = (out / "notebooks" / "00_x.html").read_text()
+    assert 'alt="the heads" src="../_images/head_split_shapes.png"' in page
+    assert (out / "_images" / "head_split_shapes.png").read_bytes() == \
+        (img / "head_split_shapes.png").read_bytes()
+    offered = nbformat.read(out / "_sources" / "notebooks" / "00_x.ipynb", as_version=4)
+    assert standalone.figure_problems(offered, img) == []
+    assert "attachment:head_split_shapes.png" in offered.cells[0].source

@@ -6,7 +6,7 @@ The site source is assembled in ``build/site/`` (Sphinx configuration and landin
 ``docs/``, executed notebooks from ``build/notebooks/``, figures from ``img/``) and rendered by
 Sphinx with myst-nb, without executing anything and without a network. Figures a notebook
 carries as cell attachments (:mod:`transformer_lab.course.standalone`), which myst-nb does not
-render, are written out as files beside the notebook first.
+render, are shown by :mod:`transformer_lab.course.sphinx_attachments`.
 
 ``--src`` is emptied on each run, so it must be a folder this tool wrote (or a new or empty
 one), apart from the inputs and from ``--out``; ``--out`` is left to Sphinx, which updates it
@@ -55,27 +55,10 @@ def assemble(docs: Path, executed: Path, img: Path, src: Path) -> list[Path]:
     shutil.copytree(docs, src, dirs_exist_ok=True)
     (src / "notebooks").mkdir(exist_ok=True)
     for nb in notebooks:
-        copy_notebook(nb, src / "notebooks")
+        shutil.copy2(nb, src / "notebooks" / nb.name)
     if img.is_dir():
         shutil.copytree(img, src / "img")
     return notebooks
-
-
-def copy_notebook(notebook: Path, folder: Path) -> Path:
-    """Copy ``notebook`` into ``folder``; figures it carries as cell attachments (which myst-nb
-    does not render) become files in ``folder/_attachments/<name>/``, referenced from there."""
-    import nbformat
-
-    from transformer_lab.course.standalone import extract_attachments
-
-    dest = folder / notebook.name
-    nb = nbformat.read(notebook, as_version=4)
-    if extract_attachments(nb, folder / "_attachments" / notebook.stem,
-                           f"_attachments/{notebook.stem}/"):
-        nbformat.write(nb, dest)
-    else:
-        shutil.copy2(notebook, dest)
-    return dest
 
 
 def check_out(out: Path, inputs: dict[str, Path]) -> None:

@@ -144,36 +144,6 @@ def figure_problems(nb, img_dir: Path) -> list[str]:
     return problems
 
 
-def extract_attachments(nb, folder: Path, prefix: str) -> int:
-    """The reverse of :func:`embed_figures`, for tools that do not read attachments (Sphinx
-    with myst-nb): write every image attachment a Markdown cell shows into ``folder`` and point
-    the reference at ``prefix + NAME`` instead; return how many files were written. Two cells
-    attaching different images under one name get distinct files."""
-    written = 0
-    for number, cell in enumerate(nb.cells, 1):
-        if cell.cell_type != "markdown" or not cell.get("attachments"):
-            continue
-        renamed = {}
-        for name, bundle in cell.attachments.items():
-            data = _decoded(bundle)
-            if data is None:
-                continue
-            target = name
-            if (folder / target).exists() and (folder / target).read_bytes() != data:
-                target = f"cell{number}-{name}"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / target).write_bytes(data)
-            renamed[name] = target
-            written += 1
-        cell.source = ATTACHMENT_REFERENCE.sub(
-            lambda m, renamed=renamed: f"![{m['alt']}]({prefix}{renamed[m['name']]})"
-            if m["name"] in renamed else m[0], _source(cell))
-        cell.attachments = {k: b for k, b in cell.attachments.items() if k not in renamed}
-        if not cell.attachments:
-            del cell["attachments"]
-    return written
-
-
 def _first_code_cell(nb):
     return next((c for c in nb.cells if c.cell_type == "code"), None)
 
