@@ -294,10 +294,13 @@ def calibrate(seconds: float = 0.3) -> tuple[float, float]:
 
 
 #: Fitted on the course's 2-core machines: seconds of one step beyond its matrix products,
-#: in units of a small NumPy call, per attention block (both sides together); and the matrix
-#: products' efficiency against a large product (small products run slower).
+#: in units of a small NumPy call, per attention block (both sides together); the matrix
+#: products' efficiency against the calibration's product at d_model 128 (it grows with the
+#: width: the full default run took 17 min where 0.45 at every width planned 25); and the first
+#: size's imports and first calls.
 _OVERHEAD_CALLS = 260.0
 _GEMM_EFFICIENCY = 0.45
+STARTUP_SECONDS = 2.0
 
 
 def estimate_seconds(kind: str, e: int, b: int, t: int, layers: int, rounds: int,
@@ -305,7 +308,8 @@ def estimate_seconds(kind: str, e: int, b: int, t: int, layers: int, rounds: int
     """Rough seconds for one size: building, the float64 check, and ``rounds`` rounds of a
     torch and a NumPy step, from the machine's ``speed`` (:func:`calibrate`)."""
     flops_per_s, call_s = speed
-    one_side = (step_flops(kind, e, b, t, layers) / (flops_per_s * _GEMM_EFFICIENCY)
+    efficiency = min(0.8, _GEMM_EFFICIENCY * math.sqrt(max(e, 128) / 128))
+    one_side = (step_flops(kind, e, b, t, layers) / (flops_per_s * efficiency)
                 + _OVERHEAD_CALLS / 2 * call_s * step_calls(kind, layers))
     build = 0.002 * step_calls(kind, layers) + 8e-9 * e * e * step_calls(kind, layers)
     return build + 2 * one_side * (rounds + 4)  # + the float64 check (about 2 float32 steps)
@@ -392,6 +396,7 @@ def main(argv=None) -> int:
     rounds = args.repeats + args.warmup
     planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
                for kind, e, b, t in sizes]
+    planned[0] += STARTUP_SECONDS
     names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
     progress = sys.stderr
     print(f"bench: {len(sizes)} sizes, each {args.repeats} timed rounds after {args.warmup} "
