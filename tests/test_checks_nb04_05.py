@@ -352,3 +352,23 @@ def test_the_torch_reference_of_the_backward_checks_is_nn_multihead_attention():
                                    rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ours["grads"]["W_o"], mha.out_proj.weight.grad.numpy().T,
                                rtol=1e-10, atol=1e-12)
+
+
+def test_merge_masks_runs_on_stored_answers_in_the_handout(tmp_path, monkeypatch):
+    """Its reference is hidden (it would show the answer): the handout checks the public cases
+    against answers stored by make student, None for 'no mask at all' included."""
+    from transformer_lab.checks import framework as F
+
+    cls = REGISTRY["check-merge-masks"]
+    F.store_expected(cls(), tmp_path)
+
+    class Stripped(cls):  # what the handout's module holds
+        expected = F.Check.expected
+        hidden_cases = F.Check.hidden_cases
+        mistakes = F.Check.mistakes
+
+    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
+    monkeypatch.setitem(REGISTRY, cls.id, Stripped)
+    check(cls.id)
+    monkeypatch.setattr(CA, "merge_masks", lambda a=None, k=None: a)
+    assert "case 'causal (T, T) and padding (B, T), T = S = 4'" in _fails(cls.id)

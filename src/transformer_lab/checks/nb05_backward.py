@@ -476,6 +476,16 @@ def _np_layer_norm_parts(x, gamma, dout, eps):
 
 
 class _LayerNormCases:
+    """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _norm_case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
+        yield _norm_case(rng, "D = 2 (two features)", (3, 2))
+        yield _norm_case(rng, "four axes, float32, no beta", (2, 2, 3, 5), beta=False,
+                         dtype=np.float32)
+    ### END HIDDEN TESTS
+
     def cases(self, rng):
         yield _norm_case(rng, "3-D input (B, T, D) = (2, 3, 6)", (2, 3, 6))
         yield _norm_case(rng, "one vector (D = 5)", (5,))
@@ -485,14 +495,6 @@ class _LayerNormCases:
         yield _norm_case(rng, "a constant row (variance 0: xhat = 0, not NaN)", (3, 4),
                          constant_row=True)
         yield _norm_case(rng, "float32", (2, 3, 8), dtype=np.float32)
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield _norm_case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
-        yield _norm_case(rng, "D = 2 (two features)", (3, 2))
-        yield _norm_case(rng, "four axes, float32, no beta", (2, 2, 3, 5), beta=False,
-                         dtype=np.float32)
-    ### END HIDDEN TESTS
 
 
 @register
