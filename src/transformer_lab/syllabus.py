@@ -41,7 +41,7 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
         "causal_mask": ("02_masking §1",),
         "padding_mask": ("02_masking §5",),
         "merge_masks": ("04_multihead_attention §5",),
-        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §5"),
+        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §4"),
         "attention_backward": ("05_backward §5",),
     },
     "multihead": {
@@ -83,6 +83,14 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "training": {
         "train_step": ("08_training §6",),
+    },
+    "flash": {
+        "online_softmax_update": ("10_long_context §2",),
+        "flash_attention_forward": ("10_long_context §3",),
+        "flash_attention_backward_tile": ("10_long_context §4",),
+        "flash_attention_backward": ("10_long_context §4",),
+        "flash_self_attention_forward": ("10_long_context §6",),
+        "flash_self_attention_backward": ("10_long_context §6",),
     },
 }
 
