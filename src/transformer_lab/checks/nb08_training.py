@@ -614,9 +614,6 @@ class NoamSchedule(Check):
         yield Case("a (2, 2) array of steps (the shape is kept)", (np.array([[1, 2], [3, 4]]),
                                                                     64, 2))
 
-    def run(self, f, steps, d_model, warmup):
-        return f.noam_lr(steps, d_model, warmup)
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("steps in random order, up to a million",
@@ -638,6 +635,9 @@ class NoamSchedule(Check):
                 "counting the steps from 0 (s is 1 on the first step)":
                 lambda: d_model ** -0.5 * np.minimum((s + 1) ** -0.5, (s + 1) * warmup ** -1.5)}
     ### END HIDDEN TESTS
+
+    def run(self, f, steps, d_model, warmup):
+        return f.noam_lr(steps, d_model, warmup)
 
 
 # --------------------------------------------------------------------------------------------
