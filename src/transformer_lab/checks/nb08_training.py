@@ -726,7 +726,7 @@ class RMSprop(Check):
             return {RETURNS_NONE: True, SAME_ARRAYS: True,
                     **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
 
-        found = {"with eps inside the square root (a = sqrt(v) + eps)":
+        found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
                  lambda: numpy_rmsprop(eps_inside=True)}
         if hyper.get("momentum"):
             found["accumulating g in the momentum buffer and dividing afterwards (torch: "
