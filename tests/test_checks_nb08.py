@@ -288,7 +288,8 @@ def test_sampling_mistakes_fail_in_the_case_that_tests_them():
     assert "first-token frequencies at temperature 0.7" in message
     message = _fails("check-sample-decode", lambda *a: sample_decode(*a, pad=False))
     assert "case 'temperature 1e-6 is greedy decoding': output['row 0: <s>, the tokens, </s>, " \
-           "then <pad>']: expected [1 2 0 0 0 0 0], got [1 2 2" in message, message
+           "then <pad>']: 5 of 7 entries differ, the first at [2]: expected 0, got 2" in message
+    assert "expected:\n    [1 2 0 0 0 0 0]\n  got:\n    [1 2 2 2 2 2 2]" in message, message
 
 
 # -------------------------------------------------------------------------------- the handout

@@ -330,8 +330,9 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
                 return found
         return None
     if want is None or isinstance(want, (str, bool)):
-        return None if got == want else Difference(name, f"{name}: expected {want!r}, got "
-                                                         f"{_short(got)}", got, want)
+        same = got is None if want is None else (type(got) is type(want) and got == want)
+        return None if same else Difference(name, f"{name}: expected {want!r}, got "
+                                                  f"{_short(got)}", got, want)
     want_arr = np.asarray(want)
     if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not (
             np.isscalar(got) and not isinstance(got, str)):
@@ -353,8 +354,18 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
                                     f"{_both(got_arr, want_arr)}", got_arr, want_arr)
         return None
     if np.issubdtype(want_arr.dtype, np.integer):
-        if got_arr.shape != want_arr.shape or not np.array_equal(got_arr, want_arr):
-            return Difference(name, f"{name}: expected {_short(want_arr)}, got {_short(got_arr)}",
+        if got_arr.shape != want_arr.shape:
+            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
+                                    f"{got_arr.shape}", got_arr, want_arr)
+        if want_arr.ndim == 0:
+            return None if got_arr == want_arr else Difference(
+                name, f"{name}: expected {want_arr}, got {got_arr}", got_arr, want_arr)
+        wrong = np.argwhere(got_arr != want_arr)
+        if wrong.size:
+            first = tuple(wrong[0])
+            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
+                                    f"the first at {_index(first)}: expected {want_arr[first]}, "
+                                    f"got {got_arr[first]}{_both(got_arr, want_arr)}",
                               got_arr, want_arr)
         return None
     if got_arr.shape != want_arr.shape:
@@ -456,28 +467,37 @@ def _hint(check: Check, case: Case, got, want, problem: Difference) -> str:
     for description, wrong in mistakes.items():
         try:
             with np.errstate(all="ignore"):
-                if _matches(got, wrong()):
+                answer = wrong()
+                # the answer this mistake gives: the one that came back, and a wrong one here
+                # (a mistake that gives the right answer in this case tells nothing)
+                if _matches(check, got, answer) and not _matches(check, want, answer):
                     return f"this is what you get {description}."
         except Exception:
             continue
     return _generic_hint(problem)
 
 
-def _matches(got, wrong) -> bool:
-    """Whether ``got`` is (close to) the wrong answer ``wrong``, non-finite entries included."""
+def _matches(check: Check, got, wrong) -> bool:
+    """Whether ``got`` is ``wrong`` within the check's tolerance, non-finite entries included."""
     if isinstance(wrong, dict):
         return (isinstance(got, dict) and got.keys() == wrong.keys()
-                and all(_matches(got[k], wrong[k]) for k in wrong))
+                and all(_matches(check, got[k], wrong[k]) for k in wrong))
     if isinstance(wrong, (tuple, list)):
         return (isinstance(got, (tuple, list)) and len(got) == len(wrong)
-                and all(_matches(g, w) for g, w in zip(got, wrong, strict=True)))
+                and all(_matches(check, g, w) for g, w in zip(got, wrong, strict=True)))
+    if wrong is None or isinstance(wrong, str):
+        return got == wrong
     try:
         g, w = np.asarray(got), np.asarray(wrong)
         if g.shape != w.shape:
             return False
-        if g.dtype == bool or w.dtype == bool:
+        if not (np.issubdtype(g.dtype, np.floating) and np.issubdtype(w.dtype, np.floating)):
             return bool(np.array_equal(g, w))
-        return bool(np.allclose(g, w, rtol=1e-6, atol=1e-9, equal_nan=True))
+        finite = np.isfinite(w)
+        if not np.array_equal(finite, np.isfinite(g)) or not np.array_equal(
+                g[~finite], w[~finite], equal_nan=True):
+            return False
+        return _rel_error(g[finite], w[finite]) <= check.tolerance("output", w)
     except (TypeError, ValueError):
         return False
 
