@@ -1,0 +1,638 @@
+"""What every exercise check is made of: cases, a run, an expected answer, a judgement.
+
+A check is a subclass of :class:`Check`, registered under the id of the notebook cell that calls
+it (``check-softmax-forward``). It splits testing into three parts, so that the grader can run
+them in different processes:
+
+- :meth:`Check.cases` (and :meth:`Check.hidden_cases`) make the inputs: :class:`Case` objects
+  holding plain data only (arrays, numbers, strings, None, and lists, tuples and dicts of them).
+- :meth:`Check.run` calls the student's functions on one case and returns plain data. It runs
+  where the student's code lives: in the notebook's kernel, or in the grader's probe process.
+- :meth:`Check.expected` computes the right answer without the student's code (with PyTorch,
+  autograd or an independent reference); :func:`judge` compares, in the process that decides.
+
+A notebook's check cell is one line, ``check("check-softmax-forward")`` for core functions of
+the package, or ``check("check-logsumexp", logsumexp)`` for a function defined in the notebook.
+When a case fails, :class:`CheckFailed` says which case, what was expected and what came back,
+and, where it recognises one, the mistake that gives such an answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+import math
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from transformer_lab import syllabus
+
+#: The folder of stored expected answers (written into the handout by ``make student`` for
+#: checks whose reference implementation is hidden from students).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+# --------------------------------------------------------------------------------------------
+# Cases and checks
+
+
+@dataclass
+class Case:
+    """One set of inputs. ``args``/``kwargs`` hold plain data only (see the module docstring)."""
+
+    name: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+class CheckFailed(AssertionError):
+    """A check found a wrong answer; the message says which case and how it differs."""
+
+
+class Check:
+    """Base class of the course's checks. Subclasses set the class attributes and methods.
+
+    Attributes:
+        id: the id of the check cell, ``check-<something>``.
+        notebook: the notebook it belongs to, ``NN_topic``.
+        functions: names of the core functions under test (found through
+            :mod:`transformer_lab.syllabus`); ``run`` reads them as ``f.<name>``.
+        arguments: names of the notebook functions the check cell passes to :func:`check`,
+            in order; ``run`` reads them as ``f.<name>`` too.
+        tol: largest relative error accepted, by dtype of the expected array (see
+            :meth:`tolerance`).
+        check_dtype: whether a float array must come back in the expected dtype.
+    """
+
+    id: ClassVar[str] = ""
+    notebook: ClassVar[str] = ""
+    functions: ClassVar[tuple[str, ...]] = ()
+    arguments: ClassVar[tuple[str, ...]] = ()
+    tol: ClassVar[Mapping[str, float]] = {"float64": 1e-9, "float32": 2e-5, "float16": 2e-3}
+    check_dtype: ClassVar[bool] = True
+
+    def cases(self, rng: np.random.Generator) -> Iterable[Case]:
+        """The cases a student sees run in the notebook."""
+        raise NotImplementedError
+
+    def hidden_cases(self, rng: np.random.Generator) -> Iterable[Case]:
+        """Further cases, for grading only (the handout does not contain them)."""
+        return ()
+
+    def run(self, f, *args, **kwargs) -> Any:
+        """Call the student's functions (``f.<name>``) on one case; return plain data."""
+        raise NotImplementedError
+
+    def expected(self, *args, **kwargs) -> Any:
+        """The right answer for one case, computed without the student's code."""
+        raise NotImplementedError
+
+    def mistakes(self, *args, **kwargs) -> Mapping[str, Callable[[], Any]]:
+        """Common wrong answers for one case: description -> a function computing it. When a
+        wrong answer matches one of them, the failure message names the mistake."""
+        return {}
+
+    def tolerance(self, name: str, expected: np.ndarray) -> float:
+        """The largest relative error accepted for the output ``name``."""
+        return self.tol.get(expected.dtype.name, 1e-9)
+
+    @classmethod
+    def has_reference(cls) -> bool:
+        """Whether :meth:`expected` is available here (the handout strips hidden references)."""
+        return cls.expected is not Check.expected
+
+
+#: check id -> its class, filled by :func:`register` when the check modules are imported.
+REGISTRY: dict[str, type[Check]] = {}
+
+
+def register(cls: type[Check]) -> type[Check]:
+    """Class decorator: add a check to :data:`REGISTRY` under its id."""
+    if not cls.id.startswith("check-") or not cls.notebook:
+        raise ValueError(f"{cls.__name__}: a check needs an id 'check-...' and a notebook")
+    if cls.id in REGISTRY and REGISTRY[cls.id].__qualname__ != cls.__qualname__:
+        raise ValueError(f"two checks have the id {cls.id!r}")
+    REGISTRY[cls.id] = cls
+    return cls
+
+
+def load_checks() -> dict[str, type[Check]]:
+    """Import every check module of this package (``nbNN_topic.py``); return the registry."""
+    for path in sorted(Path(__file__).resolve().parent.glob("nb*.py")):
+        importlib.import_module(f"transformer_lab.checks.{path.stem}")
+    return REGISTRY
+
+
+def get_check(check_id: str) -> Check:
+    """A new instance of the check registered as ``check_id``."""
+    load_checks()
+    if check_id not in REGISTRY:
+        raise KeyError(f"no check is registered as {check_id!r}")
+    return REGISTRY[check_id]()
+
+
+def case_rng(check_id: str, salt: str = "notebook") -> np.random.Generator:
+    """The generator a check's cases are drawn from: fixed by the check's id and ``salt``
+    (the notebook and the grader use different salts, so the grader's inputs differ)."""
+    digest = hashlib.sha256(f"{salt}:{check_id}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def all_cases(check: Check, salt: str = "notebook", hidden: bool = True) -> list[Case]:
+    """The check's cases, public first, then (with ``hidden``) the hidden ones."""
+    rng = case_rng(check.id, salt)
+    cases = list(check.cases(rng))
+    if hidden:
+        cases += list(check.hidden_cases(rng))
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{check.id}: two cases have the same name in {names}")
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# The functions a run sees
+
+
+class Functions:
+    """``f`` of :meth:`Check.run`: ``f.name`` is the function under test of that name."""
+
+    def __init__(self, check_id: str, functions: Mapping[str, Callable]):
+        self._check_id = check_id
+        self._functions = dict(functions)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._functions[name]
+        except KeyError:
+            raise AttributeError(f"{self._check_id} has no function {name!r}") from None
+
+
+def core_function(name: str) -> Callable:
+    """The core function ``name`` as the package holds it now (the student's version)."""
+    module, _ = syllabus.where_taught(name)
+    return getattr(importlib.import_module(f"transformer_lab.core.{module}"), name)
+
+
+def functions_for(check: Check, given: tuple = (), named: Mapping | None = None) -> Functions:
+    """The namespace for :meth:`Check.run`: the check's core functions, live from the package,
+    and the notebook functions passed in (``given`` in the order of ``check.arguments``)."""
+    named = dict(named or {})
+    if len(given) > len(check.arguments):
+        raise TypeError(f"{check.id} takes {len(check.arguments)} function(s) "
+                        f"({', '.join(check.arguments) or 'none'}), got {len(given)}")
+    named.update(zip(check.arguments, given, strict=False))
+    missing = [n for n in check.arguments if n not in named]
+    if missing:
+        raise TypeError(f"{check.id} needs your function(s) {', '.join(missing)}: "
+                        f"call check({check.id!r}, {', '.join(check.arguments)})")
+    for name, fn in named.items():
+        if not callable(fn):
+            raise TypeError(f"{check.id}: {name} must be a function, got {type(fn).__name__}")
+    return Functions(check.id, {**{n: core_function(n) for n in check.functions}, **named})
+
+
+# --------------------------------------------------------------------------------------------
+# Running one case where the student's code lives
+
+
+@dataclass
+class Outcome:
+    """What a run gave back: ``value``, or the ``error`` it raised; and the inputs as they were
+    after the run (to notice an input modified in place)."""
+
+    value: Any = None
+    error: str | None = None
+    where: str = ""  # the student's line that raised, when it can be told
+    after: tuple = ()
+    after_kwargs: dict = field(default_factory=dict)
+
+
+def run_case(check: Check, f: Functions, case: Case) -> Outcome:
+    """Call ``check.run`` on a copy of the case's inputs; never raises for the student's errors
+    (a stub's NotImplementedError included: it comes back as the outcome's error)."""
+    args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
+    try:
+        value = check.run(f, *args, **kwargs)
+    except Exception as exc:  # the student's code: any error is a finding
+        return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
+                       after_kwargs=kwargs)
+    return Outcome(value=value, after=args, after_kwargs=kwargs)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 500:
+        text = text[:497] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _student_frame(exc: BaseException) -> str:
+    """``file, line N, in f: code`` of the innermost frame outside this package's framework."""
+    frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
+              if "transformer_lab/checks/" not in fr.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    fr = frames[-1]
+    where = Path(fr.filename).name if fr.filename.endswith(".py") else "your notebook"
+    code = f": {fr.line.strip()}" if fr.line else ""
+    return f"{where}, line {fr.lineno}, in {fr.name}{code}"
+
+
+# --------------------------------------------------------------------------------------------
+# Judging: the student's outcome against the expected answer
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    message: str = ""
+
+
+def judge(check: Check, case: Case, outcome: Outcome, want: Any) -> Verdict:
+    """Compare an outcome with the expected answer; the message teaches what went wrong."""
+    label = f"case {case.name!r}"
+    if outcome.error is not None:
+        if outcome.error.startswith("NotImplementedError"):
+            return Verdict(False, f"{label}: not written yet -- {outcome.error}")
+        where = f" (at {outcome.where})" if outcome.where else ""
+        return Verdict(False, f"{label}: your code raised {outcome.error}{where}")
+    changed = _modified_inputs(case, outcome)
+    if changed:
+        return Verdict(False, f"{label}: your function changed its input {changed} in place; "
+                              "compute into a new array (e.g. y = x - m, not x -= m)")
+    problem = _difference(check, "output", outcome.value, want)
+    if problem is None:
+        return Verdict(True)
+    hint = _hint(check, case, outcome.value, want, problem)
+    return Verdict(False, f"{label}: {problem.text}" + (f"\n  Hint: {hint}" if hint else ""))
+
+
+def _modified_inputs(case: Case, outcome: Outcome) -> str:
+    for i, (before, after) in enumerate(zip(case.args, outcome.after, strict=False)):
+        if not _same(before, after):
+            return f"(argument {i + 1})"
+    for name, before in case.kwargs.items():
+        if not _same(before, outcome.after_kwargs.get(name)):
+            return repr(name)
+    return ""
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b,
+                                                                                  equal_nan=True)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            _same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return True  # numbers, strings, None cannot be changed in place
+
+
+@dataclass
+class Difference:
+    name: str  # which output, e.g. "output['dW']"
+    text: str
+    got: Any = None
+    want: Any = None
+
+
+def _difference(check: Check, name: str, got, want) -> Difference | None:
+    """The first way ``got`` differs from ``want`` (None when it does not)."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return Difference(name, f"{name} must be a dict with keys {sorted(want)}, got "
+                                    f"{_kind(got)}")
+        if set(got) != set(want):
+            return Difference(name, f"{name} must have exactly the keys {sorted(want)}, got "
+                                    f"{sorted(got)}")
+        for key in want:
+            found = _difference(check, f"{name}[{key!r}]", got[key], want[key])
+            if found:
+                return found
+        return None
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return Difference(name, f"{name} must be a sequence of {len(want)} values, got "
+                                    f"{_kind(got)}")
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            found = _difference(check, f"{name}[{i}]", g, w)
+            if found:
+                return found
+        return None
+    if want is None or isinstance(want, (str, bool)):
+        return None if got == want else Difference(name, f"{name}: expected {want!r}, got "
+                                                         f"{_short(got)}", got, want)
+    want_arr = np.asarray(want)
+    if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not (
+            np.isscalar(got) and not isinstance(got, str)):
+        return Difference(name, f"{name} must be a NumPy array or a number like the expected "
+                                f"{_describe(want_arr)}, got {_kind(got)}", got, want)
+    got_arr = np.asarray(got)
+    if want_arr.dtype == bool or got_arr.dtype == bool:
+        if got_arr.shape != want_arr.shape:
+            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
+                                    f"{got_arr.shape}", got_arr, want_arr)
+        if got_arr.dtype != want_arr.dtype:
+            return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
+                                    f"{got_arr.dtype}", got_arr, want_arr)
+        wrong = np.argwhere(got_arr != want_arr)
+        if wrong.size:
+            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
+                                    f"the first at {_index(wrong[0])}: expected "
+                                    f"{want_arr[tuple(wrong[0])]}, got {got_arr[tuple(wrong[0])]}"
+                                    f"{_both(got_arr, want_arr)}", got_arr, want_arr)
+        return None
+    if np.issubdtype(want_arr.dtype, np.integer):
+        if got_arr.shape != want_arr.shape or not np.array_equal(got_arr, want_arr):
+            return Difference(name, f"{name}: expected {_short(want_arr)}, got {_short(got_arr)}",
+                              got_arr, want_arr)
+        return None
+    if got_arr.shape != want_arr.shape:
+        return Difference(name, f"{name}: expected shape {want_arr.shape}, got shape "
+                                f"{got_arr.shape}", got_arr, want_arr)
+    if not np.issubdtype(got_arr.dtype, np.floating) and not np.issubdtype(got_arr.dtype,
+                                                                           np.integer):
+        return Difference(name, f"{name}: expected numbers, got dtype {got_arr.dtype}",
+                          got_arr, want_arr)
+    if (check.check_dtype and isinstance(want, np.ndarray) and want_arr.ndim
+            and got_arr.dtype != want_arr.dtype):
+        return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
+                                f"{got_arr.dtype}", got_arr, want_arr)
+    if not np.all(np.isfinite(got_arr)):
+        bad = np.argwhere(~np.isfinite(got_arr))
+        count = f"{len(bad)} entries are" if len(bad) > 1 else "1 entry is"
+        return Difference(name, f"{name}: {count} NaN or infinite, the first at "
+                                f"{_index(bad[0]) if got_arr.ndim else 'the value'} (expected "
+                                f"{_num(want_arr[tuple(bad[0])])})", got_arr, want_arr)
+    tol = check.tolerance(name, want_arr.astype(want_arr.dtype))
+    err = _rel_error(got_arr, want_arr)
+    if err <= tol:
+        return None
+    return Difference(name, f"{name}: relative error {err:.1e} (tolerance {tol:.0e}); "
+                            f"{_largest(got_arr, want_arr)}", got_arr, want_arr)
+
+
+def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    """``||a - b|| / (||a|| + ||b||)``, the course's relative error (0 for two zeros)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    denom = float(np.linalg.norm(a) + np.linalg.norm(b))
+    return 0.0 if denom == 0 else float(np.linalg.norm(a - b)) / denom
+
+
+def _largest(got: np.ndarray, want: np.ndarray) -> str:
+    if got.size <= 36 and got.ndim >= 2:
+        return "the two in full:" + _both(got, want)
+    if got.size <= 12:
+        return f"expected {_short(want)}, got {_short(got)}"
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    where = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return (f"largest difference at {_index(where)}: expected {_num(want[where])}, "
+            f"got {_num(got[where])}")
+
+
+def _both(got: np.ndarray, want: np.ndarray) -> str:
+    if got.size > 36:
+        return ""
+    return f"\n  expected:\n{_indent(want)}\n  got:\n{_indent(got)}"
+
+
+def _indent(a: np.ndarray) -> str:
+    text = np.array2string(np.asarray(a).astype(int) if a.dtype == bool else a, precision=4,
+                           suppress_small=True)
+    return "\n".join("    " + line for line in text.split("\n"))
+
+
+def _index(ix) -> str:
+    return "[" + ", ".join(str(int(i)) for i in ix) + "]"
+
+
+def _num(x) -> str:
+    return f"{float(x):.6g}"
+
+
+def _short(x) -> str:
+    if isinstance(x, np.ndarray):
+        if x.size <= 12:
+            return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
+        return _describe(x)
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe(a: np.ndarray) -> str:
+    return f"a {a.dtype} array of shape {a.shape}" if a.ndim else f"the number {_num(a)}"
+
+
+def _kind(x) -> str:
+    if isinstance(x, np.ndarray):
+        return _describe(x)
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} values"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))}"
+    return f"{type(x).__name__} {_short(x)}"
+
+
+# --------------------------------------------------------------------------------------------
+# Hints: recognising common mistakes
+
+
+def _hint(check: Check, case: Case, got, want, problem: Difference) -> str:
+    """A sentence naming the likely mistake, or ''."""
+    try:
+        mistakes = check.mistakes(*case.args, **case.kwargs)
+    except Exception:  # a hint must never break the verdict
+        mistakes = {}
+    for description, wrong in mistakes.items():
+        try:
+            with np.errstate(all="ignore"):
+                if _matches(got, wrong()):
+                    return f"this is what you get {description}."
+        except Exception:
+            continue
+    return _generic_hint(problem)
+
+
+def _matches(got, wrong) -> bool:
+    """Whether ``got`` is (close to) the wrong answer ``wrong``, non-finite entries included."""
+    if isinstance(wrong, dict):
+        return (isinstance(got, dict) and got.keys() == wrong.keys()
+                and all(_matches(got[k], wrong[k]) for k in wrong))
+    if isinstance(wrong, (tuple, list)):
+        return (isinstance(got, (tuple, list)) and len(got) == len(wrong)
+                and all(_matches(g, w) for g, w in zip(got, wrong, strict=True)))
+    try:
+        g, w = np.asarray(got), np.asarray(wrong)
+        if g.shape != w.shape:
+            return False
+        if g.dtype == bool or w.dtype == bool:
+            return bool(np.array_equal(g, w))
+        return bool(np.allclose(g, w, rtol=1e-6, atol=1e-9, equal_nan=True))
+    except (TypeError, ValueError):
+        return False
+
+
+def _generic_hint(problem: Difference) -> str:
+    got, want = problem.got, problem.want
+    if not isinstance(got, np.ndarray) or not isinstance(want, np.ndarray):
+        return ""
+    if got.shape != want.shape:
+        if got.size == want.size:
+            return ("the right number of entries in the wrong shape: a reshape or transpose "
+                    "that does not match the expected layout?")
+        squeezed_g = tuple(s for s in got.shape if s != 1)
+        squeezed_w = tuple(s for s in want.shape if s != 1)
+        if squeezed_g == squeezed_w:
+            return "an axis of length 1 too many or too few: keepdims=True where you reduce?"
+        if got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape):
+            return "the axes are in another order: a transposed result or weight?"
+        return ""
+    if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):
+        if want.dtype == np.float32 and got.dtype == np.float64:
+            return ("a float32 input came back as float64: a NumPy float64 scalar promotes it "
+                    "(e.g. x / np.sqrt(d)); use a Python float (math.sqrt(d)) or x.dtype.type")
+        return ""
+    if not np.all(np.isfinite(got)):
+        return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
+                "happens (a row with nothing to attend to?)")
+    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    if _rel_error(g, -w) < 1e-6:
+        return "your answer is the negative of the expected one: a sign error?"
+    if got.ndim >= 2 and got.shape[-1] == got.shape[-2] and _rel_error(
+            np.swapaxes(got, -1, -2), want) < 1e-6:
+        return "your answer is the transpose of the expected one (the last two axes swapped)"
+    ww = float(w @ w)
+    if ww > 0:
+        c = float(g @ w) / ww
+        if c != 0 and abs(c - 1) > 1e-6 and _rel_error(g, c * w) < 1e-6:
+            return (f"your answer is {c:.4g} times the expected one everywhere: a missing or "
+                    "extra factor -- a mean where a sum belongs (or the reverse), or a scale "
+                    "such as 1/sqrt(d_k)?")
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# Plain data: encoding for the grader's probe and for stored answers
+
+
+def encode(value, arrays: dict[str, np.ndarray], prefix: str = "a") -> Any:
+    """A JSON-ready form of plain data; arrays go into ``arrays`` under generated keys."""
+    if isinstance(value, np.ndarray):
+        key = f"{prefix}{len(arrays)}"
+        arrays[key] = value
+        return {"__array__": key}
+    if isinstance(value, np.generic):
+        return {"__scalar__": value.dtype.str, "value": value.item()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [encode(v, arrays, prefix) for v in value]}
+    if isinstance(value, list):
+        return [encode(v, arrays, prefix) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("dict keys must be strings")
+        return {"__dict__": {k: encode(v, arrays, prefix) for k, v in value.items()}}
+    raise TypeError(f"cannot pass a {type(value).__name__} between processes (plain data only)")
+
+
+def decode(value, arrays: Mapping[str, np.ndarray]) -> Any:
+    """The inverse of :func:`encode`."""
+    if isinstance(value, list):
+        return [decode(v, arrays) for v in value]
+    if isinstance(value, dict):
+        if "__array__" in value:
+            return np.array(arrays[value["__array__"]])
+        if "__scalar__" in value:
+            return np.dtype(value["__scalar__"]).type(value["value"])
+        if "__float__" in value:
+            return float(value["__float__"])
+        if "__tuple__" in value:
+            return tuple(decode(v, arrays) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {k: decode(v, arrays) for k, v in value["__dict__"].items()}
+        raise ValueError(f"not an encoded value: {value!r}")
+    return value
+
+
+def save_values(path: Path, values: Mapping[str, Any]) -> None:
+    """Store named plain data in one ``.npz`` (arrays) with a JSON header; no pickle."""
+    arrays: dict[str, np.ndarray] = {}
+    header = {name: encode(v, arrays) for name, v in values.items()}
+    with open(path, "wb") as f:
+        np.savez(f, __header__=np.array(json.dumps(header)), **arrays)
+
+
+def load_values(path: Path) -> dict[str, Any]:
+    """Read what :func:`save_values` stored."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files if k != "__header__"}
+        header = json.loads(str(data["__header__"]))
+    return {name: decode(v, arrays) for name, v in header.items()}
+
+
+def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
+    """case name -> (case, expected) stored for a check whose reference is not here."""
+    path = DATA_DIR / f"{check.id}.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"{check.id}: neither its reference nor its stored answers "
+                                f"({path.name}) are here")
+    stored = load_values(path)
+    return {name: (Case(name, tuple(entry["args"]), entry["kwargs"]), entry["expected"])
+            for name, entry in stored.items()}
+
+
+def store_expected(check: Check, folder: Path) -> Path:
+    """Write the public cases of ``check`` and their expected answers to ``folder`` (used by
+    ``make student`` for checks whose reference the handout does not contain)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for case in all_cases(check, hidden=False):
+        entries[case.name] = {"args": list(case.args), "kwargs": case.kwargs,
+                              "expected": check.expected(*case.args, **case.kwargs)}
+    path = folder / f"{check.id}.npz"
+    save_values(path, entries)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The notebook's entry point
+
+
+def check(check_id: str, *functions: Callable, **named: Callable) -> None:
+    """Run the check ``check_id`` on your code; print one line when every case passes.
+
+    ``check("check-softmax-forward")`` tests core functions of the package (your
+    ``transformer_lab/core/*.py``); ``check("check-logsumexp", logsumexp)`` tests the
+    function(s) you defined in the notebook. Raises :class:`CheckFailed` naming the first case
+    that fails, what was expected and what came back.
+    """
+    chk = get_check(check_id)
+    f = functions_for(chk, functions, named)
+    if chk.has_reference():
+        cases = [(c, False, None) for c in all_cases(chk)]
+        public = len(list(chk.cases(case_rng(chk.id))))
+    else:  # the handout: the public cases and their answers are stored
+        cases = [(c, True, want) for c, want in stored_expected(chk).values()]
+        public = len(cases)
+    for case, is_stored, stored in cases:
+        outcome = run_case(chk, f, case)
+        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
+            raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")
+        want = stored if is_stored else chk.expected(*case.args, **case.kwargs)
+        verdict = judge(chk, case, outcome, want)
+        if not verdict.passed:
+            raise CheckFailed(f"{check_id} failed.\n{verdict.message}")
+    print(f"{check_id} passed ({public} case{'s' * (public != 1)}).")

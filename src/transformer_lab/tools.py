@@ -1,0 +1,98 @@
+"""Small helpers the notebooks share: a timer, a one-line agreement check, and the bridge
+between our attention parameters and ``nn.MultiheadAttention``.
+
+PyTorch's layout, explained once (notebook 01): ``nn.Linear`` stores ``weight`` as
+``(out, in)`` and computes ``x @ weight.T + bias``; we store ``W`` as ``(in, out)`` and compute
+``x @ W + b``, so every weight crosses over transposed. ``nn.MultiheadAttention`` stacks the
+three input projections into ``in_proj_weight`` of shape ``(3E, E)`` = ``[W_q^T; W_k^T; W_v^T]``
+(and ``in_proj_bias`` = ``[b_q; b_k; b_v]``), so ``x @ in_proj_weight.T`` is ``[Q | K | V]``
+side by side -- our packed ``W_qkv`` of shape ``(E, 3E)`` is exactly ``in_proj_weight.T``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from transformer_lab.gradient_check import rel_error
+
+
+def best_time(fn: Callable[[], object], repeats: int = 5, number: int = 1) -> float:
+    """Seconds per call of ``fn()``: the fastest of ``repeats`` measurements, each the mean of
+    ``number`` calls -- the measurement least disturbed by other work on the machine."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - start) / number)
+    return best
+
+
+def agree(name: str, ours, reference, tol: float, width: int = 50) -> float:
+    """Assert that ``ours`` and ``reference`` agree to a relative error below ``tol`` (the
+    course's norm-based relative error); print one line. Returns the error."""
+    err = rel_error(ours, reference)
+    if not err < tol:
+        raise AssertionError(f"{name}: relative error {err:.2e} is not below {tol:.0e}")
+    print(f"{name:<{width}} rel. error < {tol:.0e}: True")
+    return err
+
+
+def to_torch_layout(a: np.ndarray):
+    """A NumPy weight ``(in, out)`` as a torch tensor in torch's ``(out, in)`` layout; vectors
+    (biases, layer-norm parameters) unchanged."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a.T if a.ndim == 2 else a))
+
+
+def from_torch_layout(t) -> np.ndarray:
+    """The inverse of :func:`to_torch_layout`: a torch parameter as a NumPy ``(in, out)`` array."""
+    a = t.detach().cpu().numpy()
+    return np.ascontiguousarray(a.T if a.ndim == 2 else a)
+
+
+def mha_params(module, packed: bool = False) -> dict[str, np.ndarray]:
+    """Our parameter dict of an ``nn.MultiheadAttention`` (with ``kdim = vdim = E``): separate
+    ``W_q, W_k, W_v`` or, with ``packed``, ``W_qkv``; ``W_o``; the biases if it has them."""
+    e = module.embed_dim
+    w_in = from_torch_layout(module.in_proj_weight)  # (E, 3E) = [W_q | W_k | W_v]
+    p = {"W_qkv": w_in} if packed else {"W_q": w_in[:, :e].copy(), "W_k": w_in[:, e:2 * e].copy(),
+                                        "W_v": w_in[:, 2 * e:].copy()}
+    p["W_o"] = from_torch_layout(module.out_proj.weight)
+    if module.in_proj_bias is not None:
+        b_in = module.in_proj_bias.detach().cpu().numpy().copy()
+        if packed:
+            p["b_qkv"] = b_in
+        else:
+            p.update(b_q=b_in[:e], b_k=b_in[e:2 * e], b_v=b_in[2 * e:])
+        p["b_o"] = module.out_proj.bias.detach().cpu().numpy().copy()
+    return p
+
+
+def torch_mha(params: Mapping[str, np.ndarray], num_heads: int, dtype=None,
+              batch_first: bool = True):
+    """``nn.MultiheadAttention(E, num_heads)`` in eval mode holding our parameters (separate
+    ``W_q, W_k, W_v`` or packed ``W_qkv``, ``W_o``, optional biases), in ``dtype`` (default:
+    the parameters' dtype)."""
+    import torch
+
+    w_qkv = params["W_qkv"] if "W_qkv" in params else np.concatenate(
+        [params["W_q"], params["W_k"], params["W_v"]], axis=1)  # (E, 3E)
+    e = w_qkv.shape[0]
+    has_bias = "b_o" in params
+    dtype = dtype or getattr(torch, np.dtype(w_qkv.dtype).name)
+    mha = torch.nn.MultiheadAttention(e, num_heads, bias=has_bias, batch_first=batch_first,
+                                      dtype=dtype)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(to_torch_layout(w_qkv))
+        mha.out_proj.weight.copy_(to_torch_layout(params["W_o"]))
+        if has_bias:
+            b_qkv = params["b_qkv"] if "b_qkv" in params else np.concatenate(
+                [params["b_q"], params["b_k"], params["b_v"]])
+            mha.in_proj_bias.copy_(torch.from_numpy(np.asarray(b_qkv)))
+            mha.out_proj.bias.copy_(torch.from_numpy(np.asarray(params["b_o"])))
+    return mha.eval()

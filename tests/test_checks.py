@@ -1,0 +1,147 @@
+"""The exercise checks: every registered check is well formed and passes on the package's
+(instructor's) core; wrong answers fail with a message naming the case and, where the mistake is
+a common one, a hint; answers survive the trip between processes."""
+
+import numpy as np
+import pytest
+
+from transformer_lab import syllabus
+from transformer_lab.checks import CheckFailed, check, load_checks
+from transformer_lab.checks import framework as F
+from transformer_lab.core import attention as CA
+from transformer_lab.core import layers as CL
+
+REGISTRY = load_checks()
+
+
+def test_every_check_is_well_formed():
+    core = {name for functions in syllabus.TAUGHT_IN.values() for name in functions}
+    assert REGISTRY, "no checks registered"
+    for check_id, cls in REGISTRY.items():
+        chk = cls()
+        assert check_id.startswith("check-") and cls.notebook[:2].isdigit()
+        assert set(cls.functions) <= core, f"{check_id}: unknown core functions"
+        assert cls.functions or cls.arguments, f"{check_id} tests nothing"
+        public = F.all_cases(chk, hidden=False)
+        assert public, f"{check_id} has no public case"
+        for case in F.all_cases(chk):
+            F.encode((case.args, case.kwargs), {})  # plain data only
+
+
+@pytest.mark.parametrize("check_id", sorted(i for i, c in REGISTRY.items() if not c.arguments))
+def test_core_checks_pass_on_the_reference(check_id, capsys):
+    check(check_id)
+    assert capsys.readouterr().out.startswith(f"{check_id} passed (")
+
+
+def _fails(check_id, *functions):
+    with pytest.raises(CheckFailed) as err:
+        check(check_id, *functions)
+    return str(err.value)
+
+
+def test_a_named_mistake_gets_its_hint(monkeypatch):
+    original = CA.attention_forward
+    monkeypatch.setattr(CA, "attention_forward",
+                        lambda q, k, v, mask=None, scale=None: original(q, k, v, mask, 1.0))
+    message = _fails("check-attention-forward")
+    assert "case 'T = S = 4, d_k = d_v = 3'" in message and "expected:" in message
+    assert "without dividing the scores by sqrt(d_k)" in message
+
+
+def test_generic_hints(monkeypatch):
+    original = CA.attention_forward
+    monkeypatch.setattr(CA, "attention_forward",
+                        lambda q, k, v, mask=None, scale=None: (2 * original(q, k, v)[0], None))
+    assert "2 times the expected one everywhere" in _fails("check-attention-forward")
+
+    def promote(q, k, v, mask=None, scale=None):
+        return original(*(a.astype(np.float64) for a in (q, k, v)))
+    monkeypatch.setattr(CA, "attention_forward", promote)
+    message = _fails("check-attention-forward")
+    assert "expected a float32 array, got float64" in message and "math.sqrt" in message
+
+    monkeypatch.setattr(CA, "attention_forward",
+                        lambda q, k, v, mask=None, scale=None: (-original(q, k, v)[0], None))
+    assert "a sign error" in _fails("check-attention-forward")
+
+
+def test_an_input_changed_in_place_fails(monkeypatch):
+    original = CL.softmax_forward
+
+    def in_place(x):
+        x -= x.max(axis=-1, keepdims=True)
+        return original(x)
+    monkeypatch.setattr(CL, "softmax_forward", in_place)
+    assert "changed its input (argument 1) in place" in _fails("check-softmax-forward")
+
+
+def test_a_stub_fails_with_its_message(monkeypatch):
+    message = syllabus.stub_message("softmax_forward")
+
+    def stub(x):
+        raise NotImplementedError(message)
+    monkeypatch.setattr(CL, "softmax_forward", stub)
+    assert _fails("check-softmax-forward") == f"check-softmax-forward: {message}"
+
+
+def test_errors_in_the_students_code_are_reported_with_the_line(monkeypatch):
+    def broken(x):
+        return x @ np.ones((2, 2)), None
+    monkeypatch.setattr(CL, "softmax_forward", broken)
+    message = _fails("check-softmax-forward")
+    assert "your code raised ValueError" in message
+    assert "return x @ np.ones((2, 2)), None" in message
+
+
+def test_notebook_functions_and_a_named_mistake():
+    def lse(x, axis=-1):
+        c = np.max(x, axis=axis, keepdims=True)
+        return np.squeeze(c + np.log(np.sum(np.exp(x - c), axis=axis, keepdims=True)), axis)
+
+    check("check-logsumexp", lse)
+
+    def whole_array_max(x, axis=-1):
+        c = x.max()
+        with np.errstate(divide="ignore"):
+            return c + np.log(np.exp(x - c).sum(axis=axis))
+    message = _fails("check-logsumexp", whole_array_max)
+    assert "maximum of the whole array instead of each slice's" in message
+    with pytest.raises(TypeError, match="needs your function"):
+        check("check-logsumexp")
+
+
+def test_plain_data_survives_encoding():
+    value = {"a": np.arange(6.0).reshape(2, 3), "b": (1, 2.5, None, "s", [np.float32(3)]),
+             "c": float("-inf"), "d": np.array([True, False])}
+    arrays = {}
+    back = F.decode(F.encode(value, arrays), arrays)
+    assert back.keys() == value.keys() and isinstance(back["b"], tuple)
+    np.testing.assert_array_equal(back["a"], value["a"])
+    assert back["b"][4][0].dtype == np.float32 and back["c"] == float("-inf")
+    with pytest.raises(TypeError, match="plain data only"):
+        F.encode(object(), {})
+
+
+def test_stored_answers_stand_in_for_a_hidden_reference(tmp_path, monkeypatch):
+    """The handout has no reference for a variant exercise: its public cases and answers are
+    stored by make student, and the same check runs on them."""
+    cls = REGISTRY["check-cosine-attention"]
+    F.store_expected(cls(), tmp_path)
+
+    class Stripped(cls):  # what the handout's module holds: no expected(), no hidden cases
+        expected = F.Check.expected
+        hidden_cases = F.Check.hidden_cases
+
+    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
+    monkeypatch.setitem(REGISTRY, cls.id, Stripped)
+    assert not Stripped.has_reference()
+
+    def cosine_attention(q, k, v, tau=0.1):
+        qn = q / np.linalg.norm(q, axis=-1, keepdims=True)
+        kn = k / np.linalg.norm(k, axis=-1, keepdims=True)
+        w, _ = CL.softmax_forward(qn @ np.swapaxes(kn, -1, -2) / tau)
+        return w @ v, w
+
+    check(cls.id, cosine_attention)
+    assert "relative error" in _fails(cls.id, lambda q, k, v, tau=0.1: cosine_attention(q, k, v, 1))
