@@ -33,9 +33,12 @@ With one thread and no time budget a run is deterministic: the same seed gives t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -47,6 +50,10 @@ from transformer_lab.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
 
 BLOCKS = ("classic", "modern")
+#: Files the notebook reads: the trained model and the record of the block comparison.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
+BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,16 +279,28 @@ def _parser():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
                        default=getattr(d, name))
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
+    p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
+                                    "the name of its block (the notebook's block comparison)")
     p.add_argument("--samples", type=int, default=1,
                    help="greedy samples of 200 characters printed to stderr at the end")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
 
-def main(argv=None) -> int:
-    import json
-    import sys
+def _history(h: CharLMHistory) -> dict:
+    return {"loss": [round(x, 5) for x in h.loss], "lr": [float(f"{x:.4g}") for x in h.lr],
+            "val_steps": h.val_steps, "val_bits_per_char": h.val_bits_per_char,
+            "val_seconds": [round(x, 2) for x in h.val_seconds]}
 
+
+def _command(argv) -> str:
+    """The command line of this run, with any file path shortened to its name."""
+    shown = [Path(a).name if "/" in a or "\\" in a else a for a in argv]
+    return " ".join(["python -m transformer_lab.train", *shown])
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)
@@ -311,16 +330,18 @@ def main(argv=None) -> int:
     for i in range(args.samples):
         prompt = corpus.encode("Return ")
         out = result.model.generate(prompt, min(200, config.context - prompt.size),
-                                    temperature=0 if i == 0 else 0.8, seed=i, use_cache=True)
+                                    temperature=0 if i == 0 else 0.8, seed=i)
         print(f"--- sample {i} ---\n{corpus.decode(out)}", file=log, flush=True)
+    record = {"command": _command(argv), "metrics": metrics,
+              "config": dataclasses.asdict(config), "history": _history(result.history),
+              "corpus": corpus.stats()}
     if args.checkpoint:
-        h = result.history
-        result.model.save(args.checkpoint, metadata={
-            "metrics": metrics, "config": dataclasses.asdict(config),
-            "history": {"loss": [round(x, 5) for x in h.loss], "lr": h.lr,
-                        "val_steps": h.val_steps, "val_bits_per_char": h.val_bits_per_char,
-                        "val_seconds": [round(x, 2) for x in h.val_seconds]},
-            "corpus": corpus.stats()})
+        result.model.save(args.checkpoint, metadata=record)
+    if args.record:
+        path = Path(args.record)
+        runs = json.loads(path.read_text()) if path.exists() else {}
+        runs[config.block] = record
+        path.write_text(json.dumps(runs, indent=1) + "\n")
     print(json.dumps(metrics), file=sys.stdout, flush=True)
     return 0
 

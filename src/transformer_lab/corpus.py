@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 import itertools
+import json
 import math
-import warnings
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -126,17 +127,18 @@ class Corpus:
 # Reading the docstrings
 
 
-def _numpy_owned(obj) -> bool:
-    module = getattr(obj, "__module__", None)
-    return isinstance(module, str) and (module == "numpy" or module.startswith("numpy."))
+def _collect(modules) -> dict:
+    """name -> cleaned docstring (see :func:`read_docstrings`); self-contained, so that it can
+    run in a fresh interpreter."""
+    import importlib
+    import inspect
+    import warnings
 
+    def numpy_owned(obj):
+        module = getattr(obj, "__module__", None)
+        return isinstance(module, str) and (module == "numpy" or module.startswith("numpy."))
 
-def read_docstrings(modules=MODULES) -> dict[str, str]:
-    """name -> cleaned docstring of every public NumPy object of ``modules`` (see the module
-    docstring), in name order, exact duplicates kept once (under the name seen first)."""
-    found: dict[str, str] = {}
-    seen_objects: set[int] = set()
-    seen_texts: set[str] = set()
+    found, seen_objects, seen_texts = {}, set(), set()
 
     def add(name, obj):
         doc = getattr(obj, "__doc__", None)
@@ -155,7 +157,7 @@ def read_docstrings(modules=MODULES) -> dict[str, str]:
                 add(module_name, module)
             for attr in sorted(dir(module)):
                 obj = getattr(module, attr, None) if not attr.startswith("_") else None
-                if obj is None or inspect.ismodule(obj) or not _numpy_owned(obj) \
+                if obj is None or inspect.ismodule(obj) or not numpy_owned(obj) \
                         or id(obj) in seen_objects:
                     continue
                 seen_objects.add(id(obj))
@@ -169,6 +171,24 @@ def read_docstrings(modules=MODULES) -> dict[str, str]:
                             seen_objects.add(id(value))
                             add(f"{module_name}.{attr}.{member}", value)
     return dict(sorted(found.items()))
+
+
+def read_docstrings(modules=MODULES) -> dict[str, str]:
+    """name -> cleaned docstring of every public NumPy object of ``modules`` (see the module
+    docstring), in name order, exact duplicates kept once (under the name seen first).
+
+    Read in a fresh interpreter (``python -I``) that imports NumPy and nothing else: other
+    libraries edit NumPy's docstrings when they are imported (SciPy appends a section to
+    ``numpy.sinc``'s), which would make the corpus depend on what the caller imported before.
+    """
+    code = (f"import json, sys\nMIN_DOC_CHARS = {MIN_DOC_CHARS}\n"
+            f"{inspect.getsource(_collect)}\n"
+            f"json.dump(_collect({list(modules)!r}), sys.stdout)")
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                          encoding="utf-8", check=False)
+    if done.returncode:
+        raise RuntimeError(f"reading NumPy's docstrings failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
 
 
 # --------------------------------------------------------------------------------------------

@@ -272,6 +272,14 @@ def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndar
     return ids
 
 
+def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
+    """Bytes of the KV cache of a model with ``config`` for ``batch`` sequences of ``length``
+    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
+    c = config
+    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
+            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
+
+
 class ModelCache:
     """What :meth:`GPT.forward` hands to :meth:`GPT.backward`: the core's cache and the shape
     of the logits it was made for."""
@@ -422,11 +430,8 @@ class GPT:
     # ---------------------------------------------------------------------------- generation
 
     def kv_cache_bytes(self, batch: int, length: int) -> int:
-        """Bytes of the KV cache for ``batch`` sequences of ``length`` positions:
-        2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
-        c = self.config
-        return (2 * c.num_layers * batch * c.num_kv_heads * length * c.head_dim
-                * np.dtype(c.dtype).itemsize)
+        """Bytes of this model's KV cache: see :func:`kv_cache_bytes`."""
+        return kv_cache_bytes(self.config, batch, length)
 
     def new_kv_cache(self, batch: int, length: int) -> list:
         """One empty ``(K, V)`` pair per layer, each (batch, Hkv, length, Dh)."""
