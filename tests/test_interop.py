@@ -608,6 +608,136 @@ def test_layout_conversion_round_trips_and_splits_the_cross_attention(rng, bias)
             np.testing.assert_array_equal(back[name], value, err_msg=name)
 
 
+# ------------------------------------------------------------------ the twins run on the core
+
+def _spy(monkeypatch, module, name, calls):
+    """Replace ``module.name`` by a wrapper that records its calls and calls the original."""
+    real = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def test_twins_run_on_the_core(rng, monkeypatch):
+    """Every twin calls transformer_lab.core, looked up at call time: a core function replaced
+    after the twin was built is the one that runs (the student's, the grader's)."""
+    from transformer_lab.core import blocks as core_blocks
+    from transformer_lab.core import layers as core_layers
+    from transformer_lab.core import multihead as core_multihead
+
+    calls = []
+    for module, names in ((core_layers, ("linear_forward", "linear_backward",
+                                         "embedding_forward", "embedding_backward",
+                                         "layer_norm_forward", "layer_norm_backward")),
+                          (core_multihead, ("multi_head_attention_forward",
+                                            "multi_head_attention_backward")),
+                          (core_blocks, ("encoder_layer_forward", "encoder_layer_backward",
+                                         "decoder_layer_forward", "decoder_layer_backward",
+                                         "encoder_forward", "encoder_backward",
+                                         "decoder_forward", "decoder_backward"))):
+        for name in names:
+            _spy(monkeypatch, module, name, calls)
+
+    def run(m, *args, **kwargs):
+        calls.clear()
+        twin = from_torch(m)
+        out = twin.forward(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        twin.backward(np.ones_like(out, dtype=np.float64))
+        return list(calls)
+
+    x = rng.standard_normal((2, 3, 4))
+    assert run(build(nn.Linear, np.float64, 4, 2), x[..., :4]) == \
+        ["linear_forward", "linear_backward"]
+    assert run(build(nn.Embedding, np.float64, 5, 4), np.array([[1, 2]])) == \
+        ["embedding_forward", "embedding_backward"]
+    assert run(build(nn.LayerNorm, np.float64, 4), x) == \
+        ["layer_norm_forward", "layer_norm_backward"]
+    assert run(build(nn.MultiheadAttention, np.float64, 4, 2), x, x, x) == \
+        ["multi_head_attention_forward", "multi_head_attention_backward"]
+    assert run(build(nn.TransformerEncoderLayer, np.float64, 4, 2, 6), x) == \
+        ["encoder_layer_forward", "encoder_layer_backward"]
+    assert run(build(nn.TransformerDecoderLayer, np.float64, 4, 2, 6), x, x) == \
+        ["decoder_layer_forward", "decoder_layer_backward"]
+    # a stack: the core's stack, whose layers are the core's layers; its final norm
+    got = run(build(nn.Transformer, np.float64, 4, 2, 1, 1, 6), x, x)
+    assert got == ["encoder_forward", "encoder_layer_forward", "layer_norm_forward",
+                   "decoder_forward", "decoder_layer_forward", "layer_norm_forward",
+                   "layer_norm_backward", "decoder_backward", "decoder_layer_backward",
+                   "layer_norm_backward", "encoder_backward", "encoder_layer_backward"]
+
+
+@pytest.mark.parametrize("module,name,make", [
+    ("multihead", "multi_head_attention_forward",
+     lambda: build(nn.MultiheadAttention, np.float64, 4, 2)),
+    ("blocks", "encoder_layer_forward",
+     lambda: build(nn.TransformerEncoderLayer, np.float64, 4, 2, 6)),
+    ("blocks", "decoder_forward", lambda: build(nn.Transformer, np.float64, 4, 2, 1, 1, 6)),
+])
+def test_a_stub_in_the_core_stops_the_twin_with_its_message(rng, monkeypatch, module, name,
+                                                             make):
+    import importlib
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("stub message")
+
+    twin = from_torch(make())
+    monkeypatch.setattr(importlib.import_module(f"transformer_lab.core.{module}"), name, stub)
+    x = rng.standard_normal((3, 2, 4))
+    with pytest.raises(NotImplementedError, match="stub message"):
+        twin.forward(x, x, x) if module == "multihead" else \
+            twin.forward(x) if name.startswith("encoder") else twin.forward(x, x)
+
+
+def test_twin_weights_are_views_of_torchs_layout_and_chosen_per_attention(rng):
+    """No weight is copied for the core: the layers' self-attention takes the packed W_qkv, the
+    cross-attention (and nn.MultiheadAttention, which returns one gradient per argument) W_q,
+    W_k, W_v -- all views of in_proj_weight."""
+    dec = from_torch(build(nn.TransformerDecoderLayer, np.float64, 4, 2, 6))
+    in_self, in_cross = (dec.params[f"{a}.in_proj_weight"] for a in ("self_attn",
+                                                                     "multihead_attn"))
+    assert set(dec._p["self_attn"]) == {"W_qkv", "b_qkv", "W_o", "b_o"}
+    assert np.shares_memory(dec._p["self_attn"]["W_qkv"], in_self)
+    np.testing.assert_array_equal(dec._p["self_attn"]["W_qkv"], in_self.T)
+    assert set(dec._p["cross_attn"]) == {"W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o"}
+    for i, c in enumerate("qkv"):
+        assert np.shares_memory(dec._p["cross_attn"][f"W_{c}"], in_cross)
+        np.testing.assert_array_equal(dec._p["cross_attn"][f"W_{c}"], in_cross[4 * i:4 * i + 4].T)
+    mha = from_torch(build(nn.MultiheadAttention, np.float64, 4, 2))
+    assert "W_qkv" not in mha._p and np.shares_memory(mha._p["W_k"], mha.params["in_proj_weight"])
+
+
+def test_mixed_float_and_bool_masks_are_added(rng):
+    """A float attention mask with a bool key padding mask (torch: deprecated, still supported):
+    both become additive masks and are summed, as torch does."""
+    m = build(nn.TransformerEncoderLayer, np.float64, 4, 2, 6, batch_first=True)
+    am = rng.standard_normal((5, 5))  # a soft bias, not only 0 / -inf
+    am[:, 3] = -np.inf
+    kpm = A.padding_mask(np.array([5, 2]), 5)
+    parity(m, [rng.standard_normal((2, 5, 4))], dict(src_mask=am, src_key_padding_mask=kpm),
+           np.float64, rng)
+    mha = build(nn.MultiheadAttention, np.float64, 4, 2, batch_first=True)
+    x = rng.standard_normal((2, 5, 4))
+    parity(mha, [x, x, x], dict(attn_mask=A.causal_mask(5),
+                                key_padding_mask=np.where(kpm, -np.inf, 0.5)), np.float64, rng)
+
+
+def test_returned_weights_per_head_are_read_only(rng):
+    """The backward pass reads the weights again: handed out per head, they are read-only
+    (averaged ones are a new array)."""
+    twin = from_torch(build(nn.MultiheadAttention, np.float64, 4, 2, batch_first=True))
+    x = rng.standard_normal((2, 3, 4))
+    _, w = twin.forward(x, x, x, average_attn_weights=False)
+    assert w.shape == (2, 2, 3, 3) and not w.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        w[0, 0, 0, 0] = 1.0
+    _, w = twin.forward(x, x, x)
+    assert w.shape == (2, 3, 3) and w.flags.writeable
+
+
 # ------------------------------------------------------------------ bad input
 
 def test_model_width_not_divisible_by_heads(rng):
@@ -643,6 +773,39 @@ def test_masks_of_wrong_shape_or_dtype(rng):
     mha = from_torch(build(nn.MultiheadAttention, np.float64, 4, 2))
     with pytest.raises(ValueError, match=r"attn_mask must have shape"):
         mha.forward(*(rng.standard_normal((3, 2, 4)),) * 3, attn_mask=np.zeros((2, 3, 3), bool))
+    enc = from_torch(build(nn.TransformerEncoderLayer, np.float64, 4, 2, 6, batch_first=True))
+    for bad in (np.nan, np.inf):
+        mask = np.zeros((3, 3))
+        mask[0, 1] = bad
+        with pytest.raises(ValueError, match=r"attn_mask must not contain NaN or \+inf \(use "
+                                             r"-inf or True to block\)"):
+            mha.forward(*(rng.standard_normal((3, 2, 4)),) * 3, attn_mask=mask)
+        pad = np.zeros((3, 5))
+        pad[1, 2] = bad
+        with pytest.raises(ValueError, match="src_key_padding_mask must not contain NaN"):
+            enc.forward(x, src_key_padding_mask=pad)
+
+
+def test_gradient_of_the_weights_of_wrong_shape_or_without_weights(rng):
+    twin = from_torch(build(nn.MultiheadAttention, np.float64, 4, 2, batch_first=True))
+    x = rng.standard_normal((2, 3, 4))
+    out, w = twin.forward(x, x, x)
+    with pytest.raises(ValueError, match=r"dweights must have shape \(2, 3, 3\) \(the averaged "
+                                         r"attention weights\), got \(2, 2, 3, 3\)"):
+        twin.backward(out, dweights=np.zeros((2, 2, 3, 3)))
+    with pytest.raises(TypeError, match="dweights must have the module's dtype float64"):
+        twin.backward(out, dweights=w.astype(np.float32))
+    twin.forward(x, x, x, average_attn_weights=False)
+    with pytest.raises(ValueError, match=r"dweights must have shape \(2, 2, 3, 3\) \(the "
+                                         r"attention weights per head\)"):
+        twin.backward(out, dweights=w)
+    twin.forward(x[0], x[0], x[0])  # unbatched: the weights are (T, S)
+    with pytest.raises(ValueError, match=r"dweights must have shape \(3, 3\)"):
+        twin.backward(out[0], dweights=w)
+    twin.forward(x, x, x, need_weights=False)
+    with pytest.raises(ValueError, match=r"dweights: the last forward returned no weights "
+                                         r"\(need_weights=False\)"):
+        twin.backward(out, dweights=w)
 
 
 def test_key_and_value_lengths_that_differ(rng):

@@ -278,6 +278,66 @@ def test_train_step_reports_the_global_norm_with_and_without_clipping():
     assert all(np.array_equal(before[k], model.params[k]) for k in before)
 
 
+def test_training_runs_on_the_core(monkeypatch):
+    """Every step of a run is transformer_lab.core.training.train_step, and the optimisers'
+    updates are core.optim's, looked up at call time: a replaced core function is the one
+    that runs."""
+    from transformer_lab.core import optim as core_optim
+    from transformer_lab.core import training as core_training
+    from transformer_lab.optim import SGD, Adam
+
+    calls = []
+    for module, name in ((core_training, "train_step"), (core_optim, "adam_step"),
+                         (core_optim, "sgd_step"), (core_optim, "global_norm"),
+                         (core_optim, "clip_grad_norm")):
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    result = train("copy", seed=0, steps=3, target=None, progress="none", **{**TINY, "warmup": 1})
+    assert calls.count("train_step") == 3 == len(result.history.loss)
+    assert calls.count("adam_step") == 3 * len(result.model.params)
+    # the public step checks, then calls the core's; so do the optimisers and the clipping
+    cfg = TrainConfig.for_task("copy", **TINY)
+    task, tr, _, _ = make_data(cfg)
+    src, tgt = next(batch_stream(tr, 16, seed=0))
+    model = make_model(cfg, task)
+    calls.clear()
+    train_step(model, SGD(model.params, lr=0.1, momentum=0.9), src, tgt, 0.1, 0.0)
+    assert calls[0] == "train_step" and calls.count("sgd_step") == len(model.params)
+    from transformer_lab.optim import clip_grad_norm, global_norm
+
+    calls.clear()
+    grads = {"a": np.ones(3)}
+    global_norm(grads)
+    clip_grad_norm(grads, 1.0)
+    Adam({"a": np.ones(3)}).step(grads)
+    assert calls[:2] == ["global_norm", "clip_grad_norm"] and calls[-1] == "adam_step"
+
+
+@pytest.mark.parametrize("module,name", [("training", "train_step"), ("optim", "adam_step")])
+def test_cli_stops_with_the_message_of_a_core_stub(tmp_path, module, name):
+    """With a core function that raises NotImplementedError (the handout's stubs do),
+    ``python -m transformer_lab.train`` stops at once with its message and prints no metrics:
+    the trainer really runs on the core."""
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import transformer_lab.core.{module} as m\n\n"
+        "def stub(*args, **kwargs):\n"
+        "    raise NotImplementedError('stub message')\n\n"
+        f"m.{name} = stub\n")
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
+    proc = subprocess.run([sys.executable, "-m", "transformer_lab.train", "--task", "reverse",
+                           "--seed", "0", "--steps", "30", *TINY_ARGS],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.rstrip().endswith("NotImplementedError: stub message"), proc.stderr
+    assert "step " not in proc.stderr  # stopped at the first step
+
+
 def test_splits_are_disjoint_and_batches_bucketed():
     cfg = TrainConfig.for_task("reverse", n_train=2000, n_val=100, n_test=100)
     task, tr, va, te = make_data(cfg)

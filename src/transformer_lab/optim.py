@@ -15,6 +15,12 @@ tests/test_optim.py asserts it.
 A step validates every gradient before it changes anything: a step that raises (a missing,
 misshapen or non-finite gradient) leaves the parameters, the optimiser's state and ``steps``
 as they were.
+
+The classes keep the state (momentum buffers, moment estimates, the step count) and check the
+arguments; the arithmetic of an update is :func:`transformer_lab.core.optim.sgd_step` /
+:func:`~transformer_lab.core.optim.adam_step`, one parameter array at a time, and
+:func:`global_norm` / :func:`clip_grad_norm` check their arguments and call the core's -- the
+functions the student writes in notebook 08, looked up at call time.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.core import optim as core_optim
 
 
 def _check_params(params) -> Mapping[str, np.ndarray]:
@@ -95,17 +102,10 @@ class SGD(Optimizer):
 
     def step(self, grads) -> None:
         for name, p, g in self._checked_grads(grads):
-            if self.weight_decay:
-                g = g + self.weight_decay * p
-            if self.momentum:
-                buf = self.buffers.get(name)
-                if buf is None:
-                    buf = self.buffers[name] = g.astype(p.dtype, copy=True)
-                else:
-                    buf *= self.momentum
-                    buf += (1 - self.dampening) * g
-                g = g + self.momentum * buf if self.nesterov else buf
-            p -= p.dtype.type(self.lr) * g
+            buf = core_optim.sgd_step(p, g, self.buffers.get(name), self.lr, self.momentum,
+                                      self.dampening, self.weight_decay, self.nesterov)
+            if buf is not None:
+                self.buffers[name] = buf
         self.steps += 1
 
 
@@ -132,21 +132,9 @@ class Adam(Optimizer):
         checked = self._checked_grads(grads)
         b1, b2 = self.betas
         t = self.steps + 1
-        bias1 = 1 - b1 ** t
-        bias2_sqrt = math.sqrt(1 - b2 ** t)
         for name, p, g in checked:
-            c = p.dtype.type
-            if self.weight_decay:
-                if self.decoupled:
-                    p *= c(1 - self.lr * self.weight_decay)
-                else:
-                    g = g + c(self.weight_decay) * p
-            m, v_ = self.m[name], self.v[name]
-            m += c(1 - b1) * (g - m)  # torch: m.lerp_(g, 1 - b1)
-            v_ *= c(b2)
-            v_ += c(1 - b2) * g * g
-            denom = np.sqrt(v_) / c(bias2_sqrt) + c(self.eps)
-            p -= c(self.lr / bias1) * m / denom
+            core_optim.adam_step(p, g, self.m[name], self.v[name], t, self.lr, b1, b2, self.eps,
+                                 self.weight_decay, self.decoupled)
         self.steps = t
 
 
@@ -177,11 +165,15 @@ def global_norm(grads: Mapping[str, np.ndarray]) -> float:
     Returns:
         The norm, a Python float (NaN or inf if a gradient holds NaN or inf).
     """
+    _check_grads(grads)
+    return core_optim.global_norm(grads)
+
+
+def _check_grads(grads) -> None:
     if not isinstance(grads, Mapping) or not grads:
         raise ValueError("grads must be a non-empty dict of name -> float array")
     for name, g in grads.items():
         v.float_array(g, f"grads[{name!r}]")
-    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
@@ -194,12 +186,8 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
         The global norm before clipping.
     """
     max_norm = v.real(max_norm, "max_norm", positive=True)
-    total = global_norm(grads)
-    scale = max_norm / (total + 1e-6)
-    if scale < 1:
-        for g in grads.values():
-            g *= g.dtype.type(scale)
-    return total
+    _check_grads(grads)
+    return core_optim.clip_grad_norm(grads, max_norm)
 
 
 class WarmupSchedule:

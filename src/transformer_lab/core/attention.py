@@ -76,7 +76,7 @@ def attention_forward(q, k, v, mask=None, scale=None):
         np.copyto(scores, -np.inf, where=mask)  # blocked -> -inf, in place (mask broadcasts)
     elif mask is not None:
         scores += mask  # a float mask is added
-    weights, c_softmax = softmax_forward(scores)  # (..., T, S)
+    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place
     out = weights @ v  # (..., T, d_v)
     ### END SOLUTION
     return out, (q, k, v, c_softmax, scale)
@@ -97,7 +97,7 @@ def attention_backward(dout, cache, dweights=None):
     dP = dout @ np.swapaxes(v, -1, -2)  # (..., T, S)
     if dweights is not None:
         dP += dweights
-    dscores = softmax_backward(dP, c_softmax)  # (..., T, S)
+    dscores = softmax_backward(dP, c_softmax, out=dP)  # (..., T, S), in place
     dq = dscores @ k * scale  # (..., T, d_k)
     dk = np.swapaxes(dscores, -1, -2) @ q * scale  # (..., S, d_k)
     ### END SOLUTION

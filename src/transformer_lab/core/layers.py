@@ -142,37 +142,39 @@ def activation_backward(dout, cache):
 # entries, as attention's are), where NumPy's ``sum`` spends its time per row, not per entry.
 
 
-def softmax_forward(x):
+def softmax_forward(x, out=None):
     """Numerically stable softmax over the last axis.
 
     ``y = exp(x - max x) / sum exp(x - max x)``: subtracting the maximum changes nothing
     mathematically and keeps ``exp`` from overflowing. A row whose entries are all ``-inf``
     (a query whose keys are all masked) gets all zeros: it attends to nothing.
 
-    x: (..., N)  ->  y: (..., N), each row summing to one (or all zeros).
+    x: (..., N); out: None, or an array of x's shape to write y into (x itself, when the caller
+    no longer needs x: attention's scores)  ->  y: (..., N), rows summing to one (or all zeros).
     """
     ### BEGIN SOLUTION
     m = x.max(axis=-1, keepdims=True)  # (..., 1)
     m[np.isneginf(m)] = 0  # a row of -inf only: exp(-inf - 0) = 0 instead of exp(nan) ...
-    y = x - m  # a new array (x is the caller's) ...
-    np.exp(y, out=y)  # ... exponentiated in place: no second temporary
-    total = np.einsum("...j->...", y)[..., None]  # the row sums (..., 1), see below
+    y = np.subtract(x, m, out=out)  # a new array, or out
+    np.exp(y, out=y)  # in place: no second temporary
+    total = np.einsum("...j->...", y)[..., None]  # the row sums (..., 1), see above
     total[total == 0] = 1  # ... and 0 / 1 = 0
     y /= total
     ### END SOLUTION
     return y, y
 
 
-def softmax_backward(dout, cache):
+def softmax_backward(dout, cache, out=None):
     """Gradient of :func:`softmax_forward`, without the Jacobian.
 
     A row's Jacobian is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``.
-    dout: (..., N)  ->  dx: (..., N).
+    dout: (..., N); out: None, or where to write dx (dout itself, when the caller no longer
+    needs it)  ->  dx: (..., N).
     """
     y = cache
     ### BEGIN SOLUTION
     # sum(dout * y) over each row: einsum forms no (..., N) temporary
-    dx = dout - np.einsum("...j,...j->...", dout, y)[..., None]
+    dx = np.subtract(dout, np.einsum("...j,...j->...", dout, y)[..., None], out=out)
     dx *= y
     return dx
     ### END SOLUTION

@@ -1,0 +1,205 @@
+"""What a training run is made of: its configuration (:class:`TrainConfig`, the per-task
+defaults), its data, its model, its batches, its optimiser and its learning-rate schedule.
+
+Every field of :class:`TrainConfig` is checked when the config is made (the errors name the
+field), so the training loop itself checks nothing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from transformer_lab import _validate as v
+from transformer_lab import data as D
+from transformer_lab.optim import SGD, Adam, WarmupSchedule
+from transformer_lab.transformer import POSITIONAL, Transformer, TransformerConfig
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on. ``TrainConfig.for_task(name)`` gives the defaults.
+
+    Data: ``task``, ``min_len``/``max_len`` (source lengths; for "add": digits per operand),
+    ``num_symbols`` (copy/reverse/sort alphabet), ``n_train``/``n_val``/``n_test`` sequences.
+    Model: ``d_model``, ``num_heads``, ``num_layers`` (encoder and decoder each), ``d_ff``,
+    ``positional`` ("sinusoidal", "learned", "none"), ``norm_first`` (True: pre-norm; False:
+    the paper's post-norm).
+    Optimisation: ``optimizer`` ("adam", "adamw" or "sgd" with ``momentum``), ``lr`` (peak),
+    ``warmup`` steps (fewer than ``steps``), ``decay`` ("cosine", "linear", "inverse_sqrt"),
+    ``weight_decay``, ``clip``
+    (global gradient norm; 0 = off), ``batch_size``, ``bucket`` (batches of similar lengths),
+    ``steps``.
+    Stopping: ``target`` (validation exact match that stops training; None = never stop early),
+    ``eval_every`` steps, ``time_budget`` seconds for the training loop (None, the default: no
+    limit, so that runs are deterministic; a budget makes the stopping step machine-dependent).
+    Run: ``seed`` (data, initial weights and batch order), ``threads`` (BLAS threads),
+    ``dtype`` ("float32" or "float64").
+    """
+
+    task: str = "reverse"
+    seed: int = 0
+    min_len: int = 1
+    max_len: int | None = None
+    num_symbols: int = 10
+    n_train: int = 40_000
+    n_val: int = 500
+    n_test: int = 1000
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 128
+    positional: str = "sinusoidal"
+    norm_first: bool = True
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    warmup: int = 100
+    decay: str = "cosine"
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    clip: float = 1.0
+    batch_size: int = 64
+    bucket: bool = True
+    steps: int = 1000
+    eval_every: int = 100
+    target: float | None = 1.0
+    time_budget: float | None = None
+    threads: int = 1
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self._check_choices()
+        self._check_numbers()
+        want = self.n_train + self.n_val + self.n_test
+        capacity = D.num_sources(self.get_task())
+        if want > capacity:
+            raise ValueError(f"n_train + n_val + n_test = {want} exceeds the {capacity} distinct "
+                             f"sources of task {self.task!r} with lengths {self.min_len}.."
+                             f"{self.get_task().max_len}: ask for fewer sequences (n_train)")
+        if self.n_val == 0 and self.target is not None:
+            raise ValueError("early stopping (target) needs a validation set: n_val > 0, or "
+                             "target=None")
+
+    def _check_choices(self) -> None:
+        for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
+                              ("decay", ("cosine", "linear", "inverse_sqrt")),
+                              ("positional", POSITIONAL), ("dtype", ("float32", "float64"))):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        for name in ("bucket", "norm_first"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+            self._set(name, bool(value))
+
+    def _check_numbers(self) -> None:
+        """Every number has the right type and range; ints and floats are stored as Python's
+        (so that ``dataclasses.asdict`` is JSON-ready)."""
+        for name in ("seed", "n_val", "n_test", "warmup"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=0))
+        for name in ("min_len", "num_symbols", "n_train", "d_model", "num_heads", "num_layers",
+                     "d_ff", "batch_size", "steps", "eval_every", "threads"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        if self.max_len is not None:
+            self._set("max_len", v.integer(self.max_len, "max_len", minimum=self.min_len))
+        for name in ("lr", "weight_decay", "momentum", "clip"):
+            self._set(name, v.real(getattr(self, name), name, minimum=0))
+        if self.target is not None:
+            self._set("target", v.real(self.target, "target"))
+            if not 0 < self.target <= 1:
+                raise ValueError(f"target must be in (0, 1] or None, got {self.target!r}")
+        if self.time_budget is not None:
+            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}: the "
+                             f"learning rate would still be rising (or at its peak) at the last "
+                             f"step, with no decay; lower warmup (--warmup) or raise steps "
+                             f"(--steps)")
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @classmethod
+    def for_task(cls, task: str = "reverse", **overrides) -> TrainConfig:
+        """The defaults for ``task`` (see :data:`TASK_DEFAULTS`), with ``overrides``."""
+        if task not in D.TASKS:
+            raise ValueError(f"task must be one of {D.TASKS}, got {task!r}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown training option(s) {sorted(unknown)}; the options are "
+                            f"the fields of TrainConfig")
+        return cls(**{"task": task, **TASK_DEFAULTS[task], **overrides})
+
+    def get_task(self) -> D.Task:
+        return D.get_task(self.task, self.min_len, self.max_len, self.num_symbols)
+
+
+#: Per-task defaults (the rest: :class:`TrainConfig`'s). Measured on a 2-core machine: see the
+#: README and ``python -m transformer_lab.train --task NAME``.
+TASK_DEFAULTS: dict[str, dict] = {
+    "copy": {},
+    "reverse": {},
+    "sort": {},
+    "add": {"steps": 3000},
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Data, model, batches
+
+
+def make_data(cfg: TrainConfig):
+    """(task, train, val, test): three lists of (source, target) pairs sharing no source."""
+    task = cfg.get_task()
+    pool, test = D.make_splits(task, cfg.n_train + cfg.n_val, cfg.n_test, seed=cfg.seed)
+    return task, pool[cfg.n_val:], pool[:cfg.n_val], test
+
+
+def model_config(cfg: TrainConfig, task: D.Task) -> TransformerConfig:
+    """The :class:`TransformerConfig` of a run: the task's vocabulary, the run's sizes, and a
+    ``max_len`` covering the longest source and the longest decoder input."""
+    return TransformerConfig(
+        src_vocab_size=task.vocab_size, tgt_vocab_size=task.vocab_size, d_model=cfg.d_model,
+        num_heads=cfg.num_heads, num_encoder_layers=cfg.num_layers,
+        num_decoder_layers=cfg.num_layers, d_ff=cfg.d_ff,
+        max_len=max(task.max_src_len, task.max_tgt_len - 1), positional=cfg.positional,
+        norm_first=cfg.norm_first, pad_id=D.PAD, bos_id=D.BOS, eos_id=D.EOS,
+        dtype=np.dtype(cfg.dtype).type)
+
+
+def make_model(cfg: TrainConfig, task: D.Task | None = None) -> Transformer:
+    """The run's model, initialised from ``cfg.seed``."""
+    return Transformer(model_config(cfg, task or cfg.get_task()), seed=cfg.seed)
+
+
+def batch_stream(pairs: Sequence[tuple], batch_size: int, seed, bucket: bool = True
+                 ) -> Iterator[tuple]:
+    """Endless padded (src, tgt) batches: epoch after epoch, reshuffled each time, full batches
+    only (``drop_last``; a set smaller than one batch gives one smaller batch). With ``bucket``,
+    each batch holds sequences of similar length (:func:`transformer_lab.data.bucketed_batches`):
+    about half the work of random batches, whose shorter sequences are mostly padding."""
+    rng = np.random.default_rng(seed)
+    size = min(batch_size, len(pairs))
+    while True:
+        if bucket:
+            yield from D.bucketed_batches(pairs, size, rng, drop_last=True)
+        else:
+            yield from D.iterate_batches(pairs, size, rng, drop_last=True)
+
+
+def make_optimizer(cfg: TrainConfig, params):
+    if cfg.optimizer == "sgd":
+        return SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                decoupled=cfg.optimizer == "adamw")
+
+
+def make_schedule(cfg: TrainConfig) -> WarmupSchedule:
+    warmup = min(cfg.warmup, cfg.steps)
+    return WarmupSchedule(cfg.lr, warmup, cfg.steps, decay=cfg.decay)

@@ -1,0 +1,231 @@
+"""The training loop: :func:`train_step` (the core's step, checked) and :func:`train` (a whole
+run: data, model, steps, early stopping, metrics).
+
+The step that changes the model is ``transformer_lab.core.training.train_step`` -- the one the
+student writes in notebook 08 -- looked up at call time, so that the model trains on whatever
+``transformer_lab.core`` holds (the student's code in the handout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from contextlib import contextmanager
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from transformer_lab import _validate as v
+from transformer_lab import data as D
+from transformer_lab.core import training as core_training
+from transformer_lab.train.config import (
+    TrainConfig,
+    batch_stream,
+    make_data,
+    make_model,
+    make_optimizer,
+    make_schedule,
+    model_config,
+)
+from transformer_lab.train.evaluation import evaluate, teacher_forced_accuracy
+from transformer_lab.train.progress import Progress
+from transformer_lab.transformer import Transformer
+
+# --------------------------------------------------------------------------------------------
+# One step
+
+
+def train_step(model: Transformer, opt, src, tgt, lr: float, clip: float) -> tuple[float, float]:
+    """One step: loss and gradients, clip to global norm ``clip`` (0: no clipping), update.
+
+    Checks ``clip`` (the optimiser checks ``lr`` when it is set), then runs
+    ``transformer_lab.core.training.train_step``.
+
+    Args:
+        model: the model, updated in place.
+        opt: its optimiser (:mod:`transformer_lab.optim`), which checks ``lr``.
+        src, tgt: a padded batch (B, S), (B, T).
+        lr: the learning rate of this step.
+        clip: largest global gradient norm, >= 0 (0: no clipping).
+
+    Returns:
+        (loss, gradient norm before clipping).
+    """
+    clip = v.real(clip, "clip", minimum=0)
+    return core_training.train_step(model, opt, src, tgt, lr, clip)
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclasses.dataclass
+class History:
+    """What happened, step by step: ``loss``, ``lr`` and ``grad_norm`` (one per step), and the
+    validation evaluations (``eval_step``, ``val_exact``, ``val_token``)."""
+
+    loss: list = dataclasses.field(default_factory=list)
+    lr: list = dataclasses.field(default_factory=list)
+    grad_norm: list = dataclasses.field(default_factory=list)
+    eval_step: list = dataclasses.field(default_factory=list)
+    val_exact: list = dataclasses.field(default_factory=list)
+    val_token: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """The result of :func:`train`.
+
+    Attributes:
+        config: the :class:`TrainConfig`.
+        model: the trained :class:`Transformer`.
+        task: the :class:`transformer_lab.data.Task`.
+        train, val, test: the (source, target) pairs of the three splits.
+        history: a :class:`History`.
+        metrics: the JSON-ready summary the command line prints (see :func:`train`).
+        test_predictions: the greedy decodings of ``test`` (token tuples).
+    """
+
+    config: TrainConfig
+    model: Transformer
+    task: D.Task
+    train: list
+    val: list
+    test: list
+    history: History
+    metrics: dict
+    test_predictions: list
+
+    def examples(self, n: int = 8, start: int = 0) -> list[tuple[str, str, str, bool]]:
+        """``n`` held-out examples as strings: (source, target, prediction, correct)."""
+        out = []
+        for (src, tgt), pred in zip(self.test[start:start + n],
+                                    self.test_predictions[start:start + n], strict=True):
+            out.append((D.detokenize(src, self.task), D.detokenize(tgt, self.task),
+                        D.detokenize(pred, self.task), tuple(pred) == tuple(tgt)))
+        return out
+
+
+@contextmanager
+def blas_threads(n: int | None):
+    """Limit the BLAS thread pools (OpenBLAS, MKL, ...) to ``n`` threads inside the block
+    (None: leave them as they are)."""
+    if n is None:
+        yield
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
+def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
+          log_every: int | None = None, stream=None, checkpoint: str | None = None,
+          model: Transformer | None = None,
+          **options) -> TrainResult:
+    """Train the course Transformer on a toy task; return the model, history and metrics.
+
+    Args:
+        task: a task name (its :data:`TASK_DEFAULTS` apply) or a whole :class:`TrainConfig`.
+        progress: "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines", "none".
+        log_every: steps between plain progress lines (default: ``eval_every``, so that every
+            line has fresh validation scores).
+        stream: where progress goes (default ``sys.stdout``; the command line uses stderr).
+        checkpoint: save the trained model there (``.npz``, :meth:`Transformer.save`).
+        model: start from this model instead of a fresh one (its config must fit the task).
+        **options: :class:`TrainConfig` fields, e.g. ``seed=1, steps=500, positional="none"``.
+
+    Returns:
+        A :class:`TrainResult`. Its ``metrics``: task, seed, exact_match and token_accuracy
+        (greedy decoding of the held-out test set), val_exact_match, steps (taken),
+        stopped ("target", "steps" or "time"), seconds (the whole run: data, training,
+        evaluations), train_seconds (training steps only), tokens_per_s (non-padding source
+        and target tokens per second of training step), step_ms (median), final_loss,
+        params, threads.
+    """
+    t_start = time.perf_counter()
+    if isinstance(task, TrainConfig):
+        cfg = dataclasses.replace(task, **options) if options else task
+    else:
+        cfg = TrainConfig.for_task(task, **options)
+    data_task, train_pairs, val_pairs, test_pairs = make_data(cfg)
+    if model is None:
+        model = make_model(cfg, data_task)
+    elif model.config != model_config(cfg, data_task):
+        raise ValueError("model's config does not fit the run's task and sizes; expected "
+                         f"{model_config(cfg, data_task)}, got {model.config}")
+    opt = make_optimizer(cfg, model.params)
+    schedule = make_schedule(cfg)
+    batches = batch_stream(train_pairs, cfg.batch_size, seed=[cfg.seed, 1], bucket=cfg.bucket)
+    history = History()
+    log_every = cfg.eval_every if log_every is None else v.integer(log_every, "log_every",
+                                                                   minimum=1)
+    bar = Progress(cfg.steps, stream, progress, log_every)
+    tokens = 0
+    step_seconds: list[float] = []
+    stopped = "steps"
+    with blas_threads(cfg.threads):
+        t_loop = time.perf_counter()
+        for step in range(cfg.steps):
+            src, tgt = next(batches)
+            lr = schedule(step)
+            t0 = time.perf_counter()
+            # the core's step; cfg.clip and the schedule's lr are checked already
+            loss, norm = core_training.train_step(model, opt, src, tgt, lr, cfg.clip)
+            step_seconds.append(time.perf_counter() - t0)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the loss became {loss} at step {step + 1}; lower "
+                                         f"the learning rate (lr={cfg.lr}) or clip gradients")
+            tokens += int((src != D.PAD).sum() + (tgt != D.PAD).sum())
+            history.loss.append(loss)
+            history.lr.append(lr)
+            history.grad_norm.append(norm)
+            last = step + 1 == cfg.steps
+            if cfg.n_val and ((step + 1) % cfg.eval_every == 0 or last):
+                ev = teacher_forced_accuracy(model, val_pairs)
+                history.eval_step.append(step + 1)
+                history.val_exact.append(ev["exact_match"])
+                history.val_token.append(ev["token_accuracy"])
+                bar.evaluated(step + 1, ev["exact_match"], ev["token_accuracy"])
+                if cfg.target is not None and ev["exact_match"] >= cfg.target and not last:
+                    stopped = "target"
+            bar.update(step + 1, loss, lr, time.perf_counter() - t_loop)
+            if stopped == "target":
+                break
+            if cfg.time_budget is not None and time.perf_counter() - t_loop > cfg.time_budget \
+                    and not last:
+                stopped = "time"
+                break
+        steps_taken = len(history.loss)
+        bar.finish()
+        final = evaluate(model, test_pairs) if test_pairs else None
+    seconds = time.perf_counter() - t_start
+    train_seconds = sum(step_seconds)
+    if stopped == "target":
+        bar.message(f"stopped at step {steps_taken}: validation exact match "
+                    f"{history.val_exact[-1]:.4f} >= target {cfg.target}")
+    elif stopped == "time":
+        bar.message(f"stopped at step {steps_taken}: time budget of {cfg.time_budget:g} s "
+                    f"used up")
+    metrics = {
+        "task": cfg.task,
+        "seed": cfg.seed,
+        "exact_match": round(final["exact_match"], 4) if final else None,
+        "token_accuracy": round(final["token_accuracy"], 4) if final else None,
+        "val_exact_match": round(history.val_exact[-1], 4) if history.val_exact else None,
+        "n_test": len(test_pairs),
+        "steps": steps_taken,
+        "stopped": stopped,
+        "seconds": round(seconds, 2),
+        "train_seconds": round(train_seconds, 2),
+        "tokens_per_s": round(tokens / train_seconds) if train_seconds > 0 else None,
+        "step_ms": round(1e3 * statistics.median(step_seconds), 2),
+        "final_loss": round(float(np.mean(history.loss[-20:])), 4),
+        "params": model.num_parameters(),
+        "threads": cfg.threads,
+    }
+    if checkpoint:
+        metrics["checkpoint"] = model.save(checkpoint, metadata={
+            "train_config": dataclasses.asdict(cfg), "metrics": metrics})
+    return TrainResult(cfg, model, data_task, train_pairs, val_pairs, test_pairs, history,
+                       metrics, final["predictions"] if final else [])
