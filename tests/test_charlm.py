@@ -56,8 +56,9 @@ def test_training_is_deterministic_and_lowers_the_loss(corpus):
     assert a.history.loss[-1] < a.history.loss[0]
     m = a.metrics
     assert m["steps"] == 12 and m["stopped"] == "steps" and m["tokens"] == 12 * 4 * 16
-    assert {"val_bits_per_char", "train_bits_per_char", "seconds", "cpu_seconds",
-            "tokens_per_s", "parameters"} <= set(m)
+    assert {"val_bits_per_char", "train_bits_per_char", "seconds", "train_seconds",
+            "cpu_seconds", "tokens_per_s", "parameters"} <= set(m)
+    assert m["seconds"] >= m["train_seconds"] > 0
     assert m["val_bits_per_char"] < math.log2(corpus.vocab_size) + 0.5
 
 

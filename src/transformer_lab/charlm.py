@@ -24,8 +24,12 @@ What one run does:
    only when one is given -- when ``time_budget`` seconds have passed.
 4. **Metrics**: bits per character on the *whole* validation stream (every token but the first,
    each predicted once, from up to ``context - 1`` tokens before it: windows of ``context``
-   tokens overlapping by one), and on as many training tokens; the time of the training loop
-   and its tokens per second (``batch_size * context`` tokens a step).
+   tokens overlapping by one), and on as many training tokens; ``seconds``, the wall-clock time
+   of the whole run (reading the corpus, training, evaluations), ``train_seconds`` and
+   ``cpu_seconds``, the wall-clock and CPU time of the training steps alone, and
+   ``tokens_per_s`` (``batch_size * context`` tokens a step, per second of training step). On
+   a machine shared with other work the wall-clock times depend on the others; the CPU time
+   (all threads of this process) much less.
 
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 """
@@ -73,20 +77,20 @@ class CharLMConfig:
 
     seed: int = 0
     block: str = "classic"
-    d_model: int = 128
+    d_model: int = 96
     num_heads: int = 4
     num_kv_heads: int | None = None
     num_layers: int = 4
     d_ff: int | None = None
-    context: int = 128
-    batch_size: int = 32
-    steps: int = 1500
+    context: int = 64
+    batch_size: int = 16
+    steps: int = 5000
     lr: float = 3e-3
     final_lr: float = 3e-4
     warmup: int = 100
     clip: float = 1.0
     weight_decay: float = 0.0
-    eval_every: int = 250
+    eval_every: int = 500
     eval_tokens: int = 16384
     threads: int = 1
     time_budget: float | None = None
@@ -191,10 +195,13 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
         the model, its history, the metrics (``val_bits_per_char``, ``train_bits_per_char``,
         ``seconds``, ``tokens_per_s``, ``steps``, ``stopped``, ``parameters``, ...).
     """
+    start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)
     corpus = corpus or load_corpus()
     with threadpool_limits(limits=config.threads, user_api="blas"):
-        return _train(config, corpus, progress)
+        result = _train(config, corpus, progress)
+    result.metrics["seconds"] = time.perf_counter() - start
+    return result
 
 
 def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
@@ -240,8 +247,9 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         "task": "charlm", "block": c.block, "seed": c.seed, "steps": step, "stopped": stopped,
         "val_bits_per_char": bits_per_char(model, corpus.val_ids),
         "train_bits_per_char": bits_per_char(model, train_ids[:corpus.val_ids.size]),
-        "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-        "cpu_seconds": cpu,
+        "seconds": None,  # the whole run, set by train_charlm
+        "train_seconds": elapsed, "cpu_seconds": cpu,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "tokens": tokens, "parameters": model.num_parameters(), "threads": c.threads,
         "final_loss": history.loss[-1],
     }
@@ -261,9 +269,10 @@ def _parser():
         description="Train the GPT of notebook 09 on the characters of NumPy's docstrings. "
                     "Progress goes to stderr; stdout gets exactly one JSON line of metrics: "
                     "val_bits_per_char (whole validation stream), train_bits_per_char (as "
-                    "many training tokens), seconds and tokens_per_s (the training loop, "
-                    "evaluations excluded), steps, stopped ('steps' or 'time'), parameters, "
-                    "block, seed, threads.",
+                    "many training tokens), seconds (wall-clock, the whole run), "
+                    "train_seconds and cpu_seconds (wall-clock and CPU time of the training "
+                    "steps), tokens_per_s (per second of training step), steps, stopped "
+                    "('steps' or 'time'), parameters, block, seed, threads.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -294,12 +303,21 @@ def _history(h: CharLMHistory) -> dict:
 
 
 def _command(argv) -> str:
-    """The command line of this run, with any file path shortened to its name."""
-    shown = [Path(a).name if "/" in a or "\\" in a else a for a in argv]
-    return " ".join(["python -m transformer_lab.train", *shown])
+    """The command line of this run; an absolute path is shown relative to the current folder
+    when it lies inside it, else by its name only (no path of this machine is stored)."""
+    def shown(arg: str) -> str:
+        path = Path(arg)
+        if not path.is_absolute():
+            return arg
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return path.name
+    return " ".join(["python -m transformer_lab.train", *map(shown, argv)])
 
 
 def main(argv=None) -> int:
+    start = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
@@ -332,6 +350,7 @@ def main(argv=None) -> int:
         out = result.model.generate(prompt, min(200, config.context - prompt.size),
                                     temperature=0 if i == 0 else 0.8, seed=i)
         print(f"--- sample {i} ---\n{corpus.decode(out)}", file=log, flush=True)
+    metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
     record = {"command": _command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
               "corpus": corpus.stats()}
