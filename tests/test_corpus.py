@@ -90,6 +90,11 @@ def test_bigram_laplace_by_hand():
     assert np.allclose(p, [by_hand(1, 1), by_hand(1, 2)])
 
 
+def test_all_orders_at_once_equal_one_order_at_a_time(corpus):
+    at_once = C.kneser_ney_bits_per_char(corpus, 5)
+    assert at_once == [C.ngram_bits_per_char(corpus, n) for n in range(1, 6)]
+
+
 def test_baselines_on_the_corpus(corpus):
     bits = [C.ngram_bits_per_char(corpus, 1, "laplace"),
             C.ngram_bits_per_char(corpus, 2, "laplace"),

@@ -360,7 +360,8 @@ def main(argv=None) -> int:
         path = Path(args.record)
         runs = json.loads(path.read_text()) if path.exists() else {}
         runs[config.block] = record
-        path.write_text(json.dumps(runs, indent=1) + "\n")
+        path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
+                                             for k, r in runs.items()) + "\n}\n")
     print(json.dumps(metrics), file=sys.stdout, flush=True)
     return 0
 

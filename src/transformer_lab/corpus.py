@@ -336,27 +336,65 @@ def ngram_probabilities(train_ids, val_ids, order: int, vocab_size: int,
     if smoothing != "kneser-ney":
         raise ValueError(f'smoothing must be "laplace" or "kneser-ney", got {smoothing!r}')
     prob = np.full(targets.size, 1.0 / base)
+    raw_ids = train  # level n counts its n-grams after n - 1 boundaries, its (n+1)-grams after n
     for n in range(1, order + 1):
-        if n == order:  # raw counts of the n-grams
-            u, c = np.unique(_ngram_keys(train, n, base), return_counts=True)
-        else:  # continuation counts: distinct tokens seen before each n-gram
-            longer = np.unique(_ngram_keys(train, n + 1, base))
-            u, c = np.unique(longer % base ** n, return_counts=True)
-        contexts = u // base
-        uc, followers = np.unique(contexts, return_counts=True)  # N(h)
-        totals = np.bincount(np.searchsorted(uc, contexts), weights=c)  # c(h)
-        n1, n2 = np.sum(c == 1), np.sum(c == 2)
-        d = discount if discount is not None else (n1 / (n1 + 2 * n2) if n1 + n2 else 0.5)
         queries = np.zeros(targets.size, dtype=np.int64)
         for j in range(n):
             queries = queries * base + val[targets - n + 1 + j]
-        c_hw = _lookup(u, c, queries)
-        c_h = _lookup(uc, totals, queries // base)
-        n_h = _lookup(uc, followers, queries // base)
-        seen = c_h > 0
-        prob = np.where(seen, (np.maximum(c_hw - d, 0) + d * n_h * prob) / np.where(seen, c_h, 1),
-                        prob)
+        if n == order:  # raw counts of the n-grams (the stream after n - 1 boundaries)
+            counts = np.unique(_ngram_keys(raw_ids[order - n:], n, base), return_counts=True)
+        else:  # continuation counts: distinct tokens seen before each n-gram
+            longer = np.unique(_ngram_keys(raw_ids[order - 1 - n:], n + 1, base))  # n pads
+            counts = np.unique(longer % base ** n, return_counts=True)
+        prob = _kneser_ney_level(*counts, queries, prob, base)
     return prob
+
+
+def kneser_ney_bits_per_char(corpus: Corpus, max_order: int) -> list[float]:
+    """Validation bits per character of the Kneser-Ney models of every order 1 .. max_order,
+    the same numbers as :func:`ngram_bits_per_char` but in one pass: the order-n model is the
+    interpolation, with raw counts, of level n on the continuation-count model of order n - 1,
+    which the next order reuses. About the cost of the highest order alone."""
+    base = corpus.vocab_size
+    if max_order * math.log2(base) > 62:
+        raise ValueError(f"order {max_order} is too high to index {base}-token n-grams")
+    pad = np.full(max_order - 1, BOUNDARY, dtype=np.int64)
+    train = np.concatenate([pad, corpus.train_ids])
+    val = np.concatenate([pad, corpus.val_ids])
+    targets = np.arange(max_order, val.size)  # val_ids[1:] in the padded stream
+    lower = np.full(targets.size, 1.0 / base)  # the continuation model of order n - 1
+    raw = np.unique(_ngram_keys(train[max_order - 1:], 1, base), return_counts=True)
+    bits = []
+    for n in range(1, max_order + 1):
+        # the order-n n-grams, which the padding before the stream also starts
+        longer = np.unique(_ngram_keys(train[max_order - 1 - n:], n + 1, base),
+                           return_counts=True) if n < max_order else None
+        queries = np.zeros(targets.size, dtype=np.int64)
+        for j in range(n):
+            queries = queries * base + val[targets - n + 1 + j]
+        top = _kneser_ney_level(*raw, queries, lower, base)
+        bits.append(float(-np.log2(top).mean()))
+        if longer is not None:
+            continuation = np.unique(longer[0] % base ** n, return_counts=True)
+            lower = _kneser_ney_level(*continuation, queries, lower, base)
+            raw = longer
+    return bits
+
+
+def _kneser_ney_level(u, c, queries, lower, base):
+    """One level of interpolated Kneser-Ney: sorted n-gram keys ``u`` with counts ``c`` (raw or
+    continuation), the queried n-grams, the lower order's probabilities of them."""
+    contexts = u // base
+    uc, followers = np.unique(contexts, return_counts=True)  # N(h)
+    totals = np.bincount(np.searchsorted(uc, contexts), weights=c)  # c(h)
+    n1, n2 = np.sum(c == 1), np.sum(c == 2)
+    d = n1 / (n1 + 2 * n2) if n1 + n2 else 0.5
+    c_hw = _lookup(u, c, queries)
+    c_h = _lookup(uc, totals, queries // base)
+    n_h = _lookup(uc, followers, queries // base)
+    seen = c_h > 0
+    return np.where(seen, (np.maximum(c_hw - d, 0) + d * n_h * lower) / np.where(seen, c_h, 1),
+                    lower)
 
 
 def ngram_bits_per_char(corpus: Corpus, order: int, smoothing: str = "kneser-ney") -> float:
