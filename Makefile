@@ -3,6 +3,7 @@
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
 #   make test       package tests + strict nbval over every notebook
 #   make lab        open JupyterLab on the notebooks
+#   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
 #   make help       everything else
 #
 # PYTHON picks the interpreter the virtual environment is made from (3.10 or newer).
@@ -18,13 +19,18 @@ export PYTHONWARNINGS := ignore
 JOBS ?= 2
 # `make refresh NB=notebooks/01_attention.ipynb` refreshes one notebook.
 NB ?= notebooks
-# `make grade SUBMISSIONS=dir` grades a folder of submissions; TIMEOUT: seconds per cell.
+# `make grade SUBMISSIONS=dir` grades a folder of submissions; TIMEOUT: seconds per cell;
+# GRADE_ARGS: further options of transformer_lab.course.grade (--case-timeout, --no-execute ...).
 SUBMISSIONS ?=
 TIMEOUT ?= 60
+GRADE_ARGS ?=
+# `make learn`: your workspace (built once, never overwritten); LAB_ARGS go to JupyterLab.
+WORKSPACE ?= workspace
+LAB_ARGS ?=
 
 .DEFAULT_GOAL := all
-.PHONY: all venv notebooks site test test-package test-notebooks lab refresh lint figures student grade \
-	clean distclean help
+.PHONY: all venv notebooks site test test-package test-notebooks lab learn refresh lint figures student \
+	grade clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
 	@echo
@@ -58,6 +64,9 @@ test-notebooks: $(STAMP) ## nbval, strict: every output compared with the stored
 lab: $(STAMP) ## open JupyterLab on the notebooks
 	$(VENV)/bin/jupyter lab notebooks
 
+learn: $(STAMP) ## do the exercises yourself: build WORKSPACE=workspace once, open JupyterLab on it
+	$(PY) -m transformer_lab.course.learn --workspace "$(WORKSPACE)" -- $(LAB_ARGS)
+
 refresh: $(STAMP) ## maintainers: re-execute notebooks in place to refresh stored outputs (NB=...)
 	$(PY) -m transformer_lab.course.execute --in-place $(NB)
 
@@ -68,14 +77,14 @@ lint: $(STAMP) ## maintainers: ruff over the code (installs ruff into .venv on f
 figures: $(STAMP) ## redraw the figures in img/ (byte-for-byte reproducible)
 	$(PY) -m transformer_lab.figures --out img
 
-student: $(STAMP) ## instructors: student versions + package and files into build/student
+student: $(STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
 	$(PY) -m transformer_lab.course.student --source notebooks --out build/student
 
 grade: $(STAMP) ## instructors: grade SUBMISSIONS=dir (TIMEOUT=60 s a cell) into build/grades
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
-		"[TIMEOUT=<seconds per cell>]; see README, 'For instructors'" >&2; exit 2; }
+		"[TIMEOUT=<seconds per cell>] [GRADE_ARGS=...]; see README, 'For instructors'" >&2; exit 2; }
 	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
-		--timeout $(TIMEOUT)
+		--timeout $(TIMEOUT) $(GRADE_ARGS)
 
 clean: ## remove build/ (executed notebooks, site)
 	rm -rf build

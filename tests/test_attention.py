@@ -262,7 +262,7 @@ def test_mha_gradcheck(rng, b, t, s, e, h, kdim, vdim, bias, packed):
     out, _, cache = A.multi_head_attention_forward(p["query"], p["key"], p["value"], params, h,
                                                    attn_mask=am, key_padding_mask=kpm)
     dout = rng.standard_normal(out.shape)
-    dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache, params)
+    dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache)
     assert set(grads) == set(params)
     check_gradients(fwd, p, {"query": dq, "key": dk, "value": dv, **grads}, df=dout,
                     verbose=False)
@@ -286,8 +286,8 @@ def test_self_attention_gradcheck_and_equals_mha(rng, packed, h):
                                                       attn_mask=am)
     np.testing.assert_allclose(out, out2, rtol=1e-12)
     dout = rng.standard_normal(out.shape)
-    dx, grads = A.self_attention_backward(dout, cache, params)
-    dq, dk, dv, grads2 = A.multi_head_attention_backward(dout, cache2, params)
+    dx, grads = A.self_attention_backward(dout, cache)
+    dq, dk, dv, grads2 = A.multi_head_attention_backward(dout, cache2)
     np.testing.assert_allclose(dx, dq + dk + dv, rtol=1e-10, atol=1e-12)  # three paths
     for n in params:
         np.testing.assert_allclose(grads[n], grads2[n], rtol=1e-10, atol=1e-12)
@@ -315,7 +315,7 @@ def test_mha_matches_torch(rng, dtype, b, t, s, e, h, kdim, vdim, bias, average)
                    need_weights=True, average_attn_weights=average)
     dout = rng.standard_normal(out.shape).astype(dtype)
     ref.backward(torch.tensor(dout))
-    dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache, params)
+    dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache)
     close(out, ref, dtype, "out")
     close(w, ref_w, dtype, "weights")
     for name, g, tg in zip(("query", "key", "value"), (dq, dk, dv), (qt, kt, vt), strict=True):
@@ -335,7 +335,7 @@ def test_self_attention_packed_matches_torch_self_attention(rng, dtype):
                key_padding_mask=torch.tensor(kpm))
     dout = rng.standard_normal(out.shape).astype(dtype)
     ref.backward(torch.tensor(dout))
-    dx, grads = A.self_attention_backward(dout, cache, params)
+    dx, grads = A.self_attention_backward(dout, cache)
     close(out, ref, dtype, "out")
     close(dx, xt.grad, dtype, "dx")
     compare_param_grads(grads, m, True, dtype)
@@ -355,7 +355,7 @@ def test_mha_weights_gradient(rng):
                                                       average_attn_weights=average)
             return np.sum(o * dout) + np.sum(ww * dw)
 
-        dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache, params, dweights=dw)
+        dq, dk, dv, grads = A.multi_head_attention_backward(dout, cache, dweights=dw)
         check_gradients(loss, p, {"q": dq, "kv": dk + dv, **grads}, verbose=False)
 
 
@@ -366,7 +366,7 @@ def test_mha_fully_masked_row_is_bias_and_does_not_leak(rng):
     am = np.zeros((3, 3), dtype=bool)
     am[0] = True
     out, w, cache = A.self_attention_forward(x, params, 2, attn_mask=am)
-    dx, grads = A.self_attention_backward(np.ones_like(out), cache, params)
+    dx, grads = A.self_attention_backward(np.ones_like(out), cache)
     assert np.allclose(out[:, 0], params["b_o"]) and np.all(w[:, 0] == 0)
     assert np.isfinite(dx).all() and all(np.isfinite(g).all() for g in grads.values())
 
@@ -407,12 +407,12 @@ def test_attention_rejects_bad_input(rng):
     with pytest.raises(ValueError, match="all of the biases"):
         A.multi_head_attention_forward(q, k, v, {n: a for n, a in params.items() if n != "b_k"}, 2)
     with pytest.raises(ValueError, match="call the forward function first"):
-        A.multi_head_attention_backward(q, None, params)
+        A.multi_head_attention_backward(q, None)
     _, _, cache = A.self_attention_forward(q, params, 2)
     with pytest.raises(ValueError, match="use self_attention_backward"):
-        A.multi_head_attention_backward(q, cache, params)
+        A.multi_head_attention_backward(q, cache)
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 3, 4\)"):
-        A.self_attention_backward(q[:, :2], cache, params)
+        A.self_attention_backward(q[:, :2], cache)
 
 
 # ------------------------------------------------------------------ outputs, dout, NaN, init
@@ -424,19 +424,19 @@ def test_per_head_weights_are_read_only_and_editing_them_cannot_change_gradients
     out, w, cache = A.multi_head_attention_forward(q, kv, kv, params, 2,
                                                    average_attn_weights=False)
     expected = A.multi_head_attention_backward(dout, A.multi_head_attention_forward(
-        q, kv, kv, params, 2, average_attn_weights=False)[2], params)
+        q, kv, kv, params, 2, average_attn_weights=False)[2])
     assert w.shape == (2, 2, 3, 5) and not w.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         w[...] = 0
     with pytest.raises(ValueError, match="read-only"):
-        cache.attention.weights[:, :, 0] = 0
-    got = A.multi_head_attention_backward(dout, cache, params)
+        cache.weights[:, :, 0] = 0
+    got = A.multi_head_attention_backward(dout, cache)
     for a, b in zip(got[:3], expected[:3], strict=True):
         np.testing.assert_array_equal(a, b)
     # averaged weights are a new array, the caller's to edit
     _, w_avg, cache = A.self_attention_forward(q, params, 2)
     w_avg[...] = 0
-    assert cache.attention.weights.sum() > 0
+    assert cache.weights.sum() > 0
     # scaled dot-product attention: the same buffer
     _, c = A.scaled_dot_product_attention_forward(q, kv, kv)
     with pytest.raises(ValueError, match="read-only"):
@@ -465,9 +465,9 @@ def test_attention_backwards_check_dout_and_dweights(rng, dtype):
     _, wh, mha_h = A.multi_head_attention_forward(q, k, v, params, 2, average_attn_weights=False)
     _, _, sa = A.self_attention_forward(q, params, 2)
     backwards = [lambda d, dw=None: A.scaled_dot_product_attention_backward(d, sd, dw),
-                 lambda d, dw=None: A.multi_head_attention_backward(d, mha, params, dw),
-                 lambda d, dw=None: A.multi_head_attention_backward(d, mha_h, params, dw),
-                 lambda d, dw=None: A.self_attention_backward(d, sa, params, dw)]
+                 lambda d, dw=None: A.multi_head_attention_backward(d, mha, dw),
+                 lambda d, dw=None: A.multi_head_attention_backward(d, mha_h, dw),
+                 lambda d, dw=None: A.self_attention_backward(d, sa, dw)]
     weights = [sd.weights, w, wh, w]
     for bwd, wt in zip(backwards, weights, strict=True):
         with pytest.raises(TypeError, match="dout must be a NumPy array, got list"):
@@ -501,7 +501,9 @@ def test_scale_must_be_a_finite_positive_number(rng):
                                 (True, TypeError, "scale must be a number")]:
         with pytest.raises(error, match=message):
             A.scaled_dot_product_attention_forward(q, k, v, scale=bad)
-    out, _ = A.scaled_dot_product_attention_forward(q, k, v, scale=np.float32(0.5))
+    out, cache = A.scaled_dot_product_attention_forward(q, k, v, scale=np.float32(0.5))
+    assert cache.scale == 0.5 and type(cache.scale) is float
+    assert A.scaled_dot_product_attention_forward(q, k, v)[1].scale == 1 / np.sqrt(4)
     np.testing.assert_array_equal(out, A.scaled_dot_product_attention_forward(q, k, v,
                                                                               scale=0.5)[0])
 

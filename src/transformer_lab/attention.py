@@ -1,4 +1,6 @@
-"""Attention as forward/backward pairs: masks, scaled dot-product attention, multi-head attention.
+"""Attention as forward/backward pairs -- masks, scaled dot-product attention, multi-head
+attention: the checked public entry points to ``transformer_lab.core.attention`` and
+``transformer_lab.core.multihead``.
 
 Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror it):
 
@@ -6,6 +8,7 @@ Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror
 - A **boolean** mask is True where attention is **blocked**; a **float** mask is added to the
   scores (``-inf`` blocks). ``attn_mask`` is broadcast to the scores ``(..., T, S)``;
   ``key_padding_mask`` has shape ``(B, S)`` and blocks padded keys for every query of a sequence.
+  The two are merged here into the one mask the core takes (:func:`combine_masks`).
 - A query row whose keys are **all** blocked attends to nothing: its attention weights are all
   zero, its output is zero (the output projection's bias in multi-head attention), and it gets
   and passes on zero gradient. This is the behaviour of ``F.scaled_dot_product_attention``;
@@ -15,18 +18,27 @@ Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror
   backward pass reads the same buffer, so editing them in place raises instead of silently
   changing the gradients. Backward functions refuse a ``dout`` (or ``dweights``) that is not an
   array of the forward output's (weights') shape and dtype.
+- Backward functions follow the core's convention: ``(dout, cache[, dweights])`` ->
+  the input gradients, then ``grads`` keyed like the parameters.
 
-No Python loop runs over the batch, the heads or the positions.
+Parameters may come packed (``W_qkv``, as PyTorch stores self-attention) or separate
+(``W_q, W_k, W_v``) for either kind of attention; the core takes packed ones for
+self-attention and separate ones for cross-attention, and this module converts (views where it
+can) and returns the gradients in the layout of the parameters given.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.core import attention as core_attention
+from transformer_lab.core import layers as core_layers
+from transformer_lab.core import multihead as core_multihead
 
 # --------------------------------------------------------------------------------------------
 # Masks
@@ -44,7 +56,7 @@ def causal_mask(length: int, source_length: int | None = None) -> np.ndarray:
     """
     t = v.positive_int(length, "length")
     s = t if source_length is None else v.positive_int(source_length, "source_length")
-    return np.triu(np.ones((t, s), dtype=bool), k=1)
+    return core_attention.causal_mask(t, s)
 
 
 def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
@@ -69,26 +81,38 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
         max_len = v.integer(max_len, "max_len", minimum=0)
     if lengths.size and lengths.max() > max_len:
         raise ValueError(f"lengths must be at most max_len={max_len}, found {lengths.max()}")
-    return np.arange(max_len)[None, :] >= lengths[:, None]
+    return core_attention.padding_mask(lengths, max_len)
 
 
-def _additive_mask(mask, name: str, dtype) -> np.ndarray:
-    """A bool or float mask as a float mask to add to the scores (-inf where blocked)."""
+def _mask_array(mask, name: str) -> np.ndarray:
+    """A bool mask, or a float mask without NaN or +inf."""
     mask = np.asarray(mask)
     if mask.dtype == bool:
-        out = np.zeros(mask.shape, dtype=dtype)
-        out[mask] = -np.inf
-        return out
+        return mask
     if mask.dtype in (np.float32, np.float64):
         if np.isnan(mask).any() or np.isposinf(mask).any():
             raise ValueError(f"{name} must not contain NaN or +inf (use -inf or True to block)")
-        return mask.astype(dtype, copy=False)
+        return mask
     raise TypeError(f"{name} must be a bool mask (True = blocked) or a float mask added to the "
                     f"scores, got dtype {mask.dtype}")
 
 
+def _additive(mask: np.ndarray, dtype) -> np.ndarray:
+    """A checked mask as a float mask of ``dtype`` to add to the scores (-inf where blocked)."""
+    if mask.dtype != bool:
+        return mask.astype(dtype, copy=False)
+    out = np.zeros(mask.shape, dtype=dtype)
+    out[mask] = -np.inf
+    return out
+
+
 def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: int, dtype):
-    """Merge ``attn_mask`` and ``key_padding_mask`` into one additive mask, or None.
+    """Check ``attn_mask`` and ``key_padding_mask`` and merge them into the one mask the core's
+    attention takes, or None.
+
+    Two boolean masks stay boolean (for the scores of multi-head attention, ``(B, H, T, S)``,
+    through ``core.attention.merge_masks``); when either is a float mask, both are added as
+    float masks of ``dtype`` (``-inf`` where a boolean mask blocks).
 
     Args:
         attn_mask: None, or bool/float, broadcastable to ``batch_shape + (T, S)``.
@@ -96,57 +120,60 @@ def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: in
         batch_shape: the leading axes of the scores, e.g. (B,) or (B, H).
 
     Returns:
-        None or a float array broadcastable to ``batch_shape + (T, S)``.
+        None, or a bool or float array broadcastable to ``batch_shape + (T, S)``.
     """
     full = (*batch_shape, t, s)
-    total = None
+    am = kpm = None
     if attn_mask is not None:
-        total = _additive_mask(attn_mask, "attn_mask", dtype)
+        am = _mask_array(attn_mask, "attn_mask")
         try:
-            fits = np.broadcast_shapes(total.shape, full) == full
+            fits = am.shape in (full[-2:], full) or np.broadcast_shapes(am.shape, full) == full
         except ValueError:
             fits = False
         if not fits:
             raise ValueError(f"attn_mask must be broadcastable to the attention scores of shape "
-                             f"{full} (e.g. ({t}, {s})), got shape {total.shape}")
+                             f"{full} (e.g. ({t}, {s})), got shape {am.shape}")
     if key_padding_mask is not None:
-        kpm = _additive_mask(key_padding_mask, "key_padding_mask", dtype)
+        kpm = _mask_array(key_padding_mask, "key_padding_mask")
         if not batch_shape or kpm.shape != (batch_shape[0], s):
             raise ValueError(f"key_padding_mask must have shape (batch, source length) = "
                              f"({batch_shape[0] if batch_shape else '?'}, {s}), got {kpm.shape}")
-        kpm = kpm.reshape(kpm.shape[0], *([1] * len(batch_shape)), s)  # (B, 1.., 1, S)
-        total = kpm if total is None else total + kpm
-    return total
+    if kpm is None:
+        return am if am is None or am.dtype == bool else _additive(am, dtype)
+    if (am is None or am.dtype == bool) and kpm.dtype == bool and len(batch_shape) == 2:
+        return core_attention.merge_masks(am, kpm)  # (B, 1, T, S) or (B, 1, 1, S)
+    kpm = kpm.reshape(kpm.shape[0], *([1] * len(batch_shape)), s)  # (B, 1.., 1, S)
+    if am is None:
+        return kpm
+    if am.dtype == bool and kpm.dtype == bool:
+        return am | kpm
+    return _additive(am, dtype) + _additive(kpm, dtype)
 
 
-def _masked_softmax(scores_t: np.ndarray, mask_t) -> np.ndarray:
-    """Softmax over the **keys**, axis -2, of ``scores_t + mask_t``, in place in ``scores_t``.
+# --------------------------------------------------------------------------------------------
+# Accessors: what callers outside the core read from the core's attention caches
 
-    The scores are laid out keys-first, (..., S, T) -- the transpose of the usual (..., T, S) --
-    because NumPy reduces over axis -2 vectorised across the contiguous query axis: about twice
-    as fast as reducing each short row along the last axis (for the sum, einsum is faster still
-    than ``sum``). A fully blocked query (a column of -inf) gives all zeros instead of NaN.
-    A NaN or +inf score (from a NaN or infinite q or k) raises a ValueError: the check is one
-    test over the column maxima, S times fewer numbers than the scores.
+
+def attention_weights(core_cache) -> np.ndarray:
+    """The attention weights (..., T, S) in the cache of ``core.attention.attention_forward``."""
+    return core_cache[3]
+
+
+def multihead_weights(core_cache) -> np.ndarray:
+    """The per-head weights (B, H, T, S) in the cache of ``core.multihead``'s
+    ``multi_head_attention_forward`` or ``self_attention_forward``."""
+    return attention_weights(core_cache[-3])
+
+
+def _check_scores(out: np.ndarray, weights: np.ndarray) -> None:
+    """A ValueError if the scores held NaN or +inf (a NaN or infinite q or k).
+
+    The softmax of such a row is NaN, and so is the row of the output it multiplies: one sum
+    over the output finds it, and only then are the weights searched.
     """
-    if mask_t is not None:
-        scores_t += mask_t
-    col_max = scores_t.max(axis=-2, keepdims=True)  # NaN if the column holds a NaN
-    blocked = None
-    if not np.isfinite(col_max).all():  # rare: fully blocked queries, or bad input
-        if mask_t is not None:
-            blocked = np.isneginf(col_max)  # every key of the query masked
-            col_max[blocked] = 0  # exp(-inf - 0) = 0 instead of exp(nan)
-        if not np.isfinite(col_max).all():
-            raise ValueError("the attention scores q k^T * scale hold NaN or +inf (or, without "
-                             "a mask, only -inf): q and k must be finite")
-    scores_t -= col_max
-    np.exp(scores_t, out=scores_t)
-    total = np.einsum("...st->...t", scores_t)[..., None, :]  # >= 1 where not blocked
-    if blocked is not None:
-        total[blocked] = 1  # 0 / 1 = 0 for fully blocked queries
-    scores_t /= total
-    return scores_t
+    if not np.isfinite(np.add.reduce(out, axis=None)) and np.isnan(weights).any():
+        raise ValueError("the attention scores q k^T * scale hold NaN or +inf: q and k must be "
+                         "finite")
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,11 +181,19 @@ def _masked_softmax(scores_t: np.ndarray, mask_t) -> np.ndarray:
 
 
 class AttentionCache(NamedTuple):
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    weights: np.ndarray
-    scale: float
+    core: tuple  # core.attention.attention_forward's cache
+    shape: tuple  # of the output (..., T, d_v)
+    dtype: np.dtype
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The attention weights (..., T, S), read-only."""
+        return attention_weights(self.core)
+
+    @property
+    def scale(self) -> float:
+        """The factor the scores were multiplied by."""
+        return self.core[4]
 
 
 def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_mask=None,
@@ -191,26 +226,17 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
     if k.shape[-2] != v_.shape[-2]:
         raise ValueError(f"k and v must have the same length S (axis -2), got {k.shape[-2]} and "
                          f"{v_.shape[-2]}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    else:
-        scale = v.real(scale, "scale", positive=True)
-    t, s = q.shape[-2], k.shape[-2]
-    mask = combine_masks(attn_mask, key_padding_mask, q.shape[:-2], t, s, q.dtype)
-    # The scores are computed transposed, keys first: S^T = k q^T, shape (..., S, T), so that
-    # the softmax reduces over axis -2 (see _masked_softmax). The weights handed out are a
-    # transposed view, (..., T, S): the same numbers, no copy -- read-only, because the
-    # backward pass reads them.
-    # The scale multiplies q (T x d_k numbers) rather than the scores (S x T numbers).
-    mask_t = None if mask is None else np.ascontiguousarray(np.swapaxes(mask, -1, -2))
-    # A NaN or infinite q or k would warn here; _masked_softmax raises a ValueError instead.
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else v.real(scale, "scale",
+                                                                      positive=True)
+    mask = combine_masks(attn_mask, key_padding_mask, q.shape[:-2], q.shape[-2], k.shape[-2],
+                         q.dtype)
+    # A NaN or infinite q or k would warn inside; _check_scores raises a ValueError instead.
     with np.errstate(invalid="ignore", over="ignore"):
-        scores_t = np.matmul(k, np.swapaxes(q * q.dtype.type(scale), -1, -2))
-        _masked_softmax(scores_t, mask_t)  # in place: scores_t now holds the weights, keys first
-    scores_t.flags.writeable = False
-    weights = np.swapaxes(scores_t, -1, -2)
-    out = np.matmul(weights, v_)
-    return out, AttentionCache(q, k, v_, weights, scale)
+        out, cache = core_attention.attention_forward(q, k, v_, mask, scale)
+    weights = attention_weights(cache)
+    weights.flags.writeable = False  # the backward pass reads them
+    _check_scores(out, weights)
+    return out, AttentionCache(cache, out.shape, q.dtype)
 
 
 def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=None):
@@ -230,26 +256,15 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
         dq: shape (..., T, d_k); dk: shape (..., S, d_k); dv: shape (..., S, d_v).
     """
     v.cache_of(cache, "scaled_dot_product_attention_backward", AttentionCache)
-    q, k, v_, p, scale = cache
-    v.grad_like(dout, "dout", (*q.shape[:-1], v_.shape[-1]), q.dtype)
-    # Keys-first layout, as in the forward pass: p_t = P^T is (..., S, T), contiguous.
-    p_t = np.swapaxes(p, -1, -2)
-    dv = np.matmul(p_t, dout)
-    dp_t = np.matmul(v_, np.swapaxes(dout, -1, -2))  # dP^T = v dout^T
+    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
     if dweights is not None:
-        v.grad_like(dweights, "dweights", p.shape, p.dtype, what="the attention weights")
-        dp_t += np.swapaxes(dweights, -1, -2)
-    # softmax backward over the keys, in place: dS = P * (dP - sum_keys(dP * P)), times scale
-    dp_t -= np.einsum("...st,...st->...t", dp_t, p_t)[..., None, :]
-    dp_t *= p_t
-    dp_t *= q.dtype.type(scale)
-    dq = np.matmul(np.swapaxes(dp_t, -1, -2), k)
-    dk = np.matmul(dp_t, q)
-    return dq, dk, dv
+        w = cache.weights
+        v.grad_like(dweights, "dweights", w.shape, w.dtype, what="the attention weights")
+    return core_attention.attention_backward(dout, cache.core, dweights)
 
 
 # --------------------------------------------------------------------------------------------
-# Multi-head attention
+# Heads
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
@@ -258,21 +273,13 @@ def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     ``num_heads`` must divide E. The result is a view of ``x`` where possible (no copy).
     """
     _check_ndim(x, 3, "(B, T, E)")
-    return _split_heads(x, _check_heads(x.shape[2], num_heads, "x.shape[-1]"))
-
-
-def _split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """:func:`split_heads` without the checks, for the forward and backward passes, whose
-    arrays are (B, T, E) with H dividing E by construction."""
-    b, t, e = x.shape
-    return x.reshape(b, t, num_heads, e // num_heads).transpose(0, 2, 1, 3)
+    return core_multihead.split_heads(x, _check_heads(x.shape[2], num_heads, "x.shape[-1]"))
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """(B, H, T, Dh) -> (B, T, H*Dh): the inverse of :func:`split_heads` (concatenate heads)."""
     _check_ndim(x, 4, "(B, H, T, Dh)")
-    b, h, t, dh = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
+    return core_multihead.merge_heads(x)
 
 
 def _check_ndim(x, ndim: int, shape: str) -> None:
@@ -282,14 +289,16 @@ def _check_ndim(x, ndim: int, shape: str) -> None:
         raise ValueError(f"x must be a NumPy array of shape {shape}, got shape {x.shape}")
 
 
-class MHACache(NamedTuple):
-    inputs: tuple  # (query, key, value) as projected from; a single (x,) for self-attention
-    packed: bool
-    has_bias: bool
-    num_heads: int
-    attention: AttentionCache
-    context: np.ndarray  # (B, T, E): the heads concatenated, before the output projection
-    average_attn_weights: bool
+def _check_heads(e: int, num_heads, width: str = "query.shape[-1]") -> int:
+    h = v.positive_int(num_heads, "num_heads")
+    if e % h:
+        raise ValueError(f"the model width ({width} = {e}) must be divisible by "
+                         f"num_heads = {h}")
+    return h
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters: initialisation, checks, packed <-> separate projections
 
 
 def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int | None = None,
@@ -308,7 +317,8 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
     Returns a dict with ``W_q`` (E, E), ``W_k`` (kdim, E), ``W_v`` (vdim, E), ``W_o`` (E, E) and,
     with ``bias``, ``b_q``, ``b_k``, ``b_v``, ``b_o`` (E,). With ``packed`` (needs
     kdim = vdim = E), ``W_qkv`` (E, 3E) and ``b_qkv`` (3E,) replace the three input projections:
-    the layout of PyTorch's ``in_proj_weight``, transposed.
+    the layout of PyTorch's ``in_proj_weight``, transposed. The weights are drawn by
+    ``core.layers.init_xavier``, in the order of the keys.
     """
     e = v.positive_int(embed_dim, "embed_dim")
     h = v.positive_int(num_heads, "num_heads")
@@ -322,8 +332,7 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
     rng = np.random.default_rng(0) if rng is None else v.generator(rng, "rng")
 
     def xavier(fan_in, fan_out):
-        a = math.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-a, a, size=(fan_in, fan_out)).astype(dtype)
+        return core_layers.init_xavier(fan_in, fan_out, rng).astype(dtype)
 
     if packed:
         p = {"W_qkv": xavier(e, 3 * e)}
@@ -339,10 +348,23 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
     return p
 
 
-def _check_params(params, e: int, kdim: int, vdim: int, dtype) -> tuple[bool, bool]:
-    """Validate a parameter dict; return (packed, has_bias)."""
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
+def check_params(params, e: int, kdim: int, vdim: int, dtype, where: str = "params"
+                 ) -> tuple[bool, bool]:
+    """Validate an attention parameter dict (``where``: its name in the messages); return
+    (packed, has_bias)."""
+    if type(params) is dict:  # the quick test of every call; the messages below otherwise
+        packed = "W_qkv" in params
+        bias = len(params) > (2 if packed else 4)
+        expected = _expected_params(packed, e, kdim, vdim, bias)
+        if params.keys() == expected.keys():
+            for k, shape in expected.items():
+                a = params[k]
+                if not (type(a) is np.ndarray and a.shape == shape and a.dtype == dtype):
+                    break
+            else:
+                return packed, bias
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{where} must be a dict of arrays, got {type(params).__name__}")
     packed = "W_qkv" in params
     if packed:
         if kdim != e or vdim != e:
@@ -355,114 +377,97 @@ def _check_params(params, e: int, kdim: int, vdim: int, dtype) -> tuple[bool, bo
         biases = {"b_q": (e,), "b_k": (e,), "b_v": (e,), "b_o": (e,)}
     present = [name for name in biases if name in params]
     if present and len(present) != len(biases):
-        raise ValueError(f"params must have all of the biases {sorted(biases)} or none, "
+        raise ValueError(f"{where} must have all of the biases {sorted(biases)} or none, "
                          f"got {sorted(present)}")
     expected = {**weights, **(biases if present else {})}
     unknown = set(params) - set(expected)
     if unknown:
-        raise ValueError(f"params has unexpected entries {sorted(unknown)}; expected "
+        raise ValueError(f"{where} has unexpected entries {sorted(unknown)}; expected "
                          f"{sorted(expected)}")
     for name, shape in expected.items():
         if name not in params:
-            raise ValueError(f"params is missing {name!r} of shape {shape}")
-        arr = v.float_array(params[name], f"params[{name!r}]")
+            raise ValueError(f"{where} is missing {name!r} of shape {shape}")
+        arr = v.float_array(params[name], f"{where}[{name!r}]")
         if arr.dtype != dtype:
-            raise TypeError(f"params[{name!r}] must have the dtype of the query ({dtype}), "
+            raise TypeError(f"{where}[{name!r}] must have the dtype of the query ({dtype}), "
                             f"got {arr.dtype}")
-        v.shape_is(arr, shape, f"params[{name!r}]")
+        v.shape_is(arr, shape, f"{where}[{name!r}]")
     return packed, bool(present)
 
 
-def _check_heads(e: int, num_heads, width: str = "query.shape[-1]") -> int:
-    h = v.positive_int(num_heads, "num_heads")
-    if e % h:
-        raise ValueError(f"the model width ({width} = {e}) must be divisible by "
-                         f"num_heads = {h}")
-    return h
-
-
-def _input_projections(params, e: int, packed: bool):
-    """(W_q, W_k, W_v, b_q, b_k, b_v); views into W_qkv / b_qkv when packed, biases maybe None."""
+def _expected_params(packed: bool, e: int, kdim: int, vdim: int, bias: bool) -> dict:
     if packed:
-        w, bias = params["W_qkv"], params.get("b_qkv")
-        ws = (w[:, :e], w[:, e:2 * e], w[:, 2 * e:])
-        bs = (None,) * 3 if bias is None else (bias[:e], bias[e:2 * e], bias[2 * e:])
-        return (*ws, *bs)
-    return (params["W_q"], params["W_k"], params["W_v"],
-            params.get("b_q"), params.get("b_k"), params.get("b_v"))
+        shapes = {"W_qkv": (e, 3 * e), "W_o": (e, e)}
+        return {**shapes, "b_qkv": (3 * e,), "b_o": (e,)} if bias else shapes
+    shapes = {"W_q": (e, e), "W_k": (kdim, e), "W_v": (vdim, e), "W_o": (e, e)}
+    return {**shapes, "b_q": (e,), "b_k": (e,), "b_v": (e,), "b_o": (e,)} if bias else shapes
 
 
-def _affine(x2d: np.ndarray, W: np.ndarray, b) -> np.ndarray:
-    out = x2d @ W
-    if b is not None:
-        out += b
+def to_separate(params: Mapping, e: int) -> dict:
+    """Packed parameters (``W_qkv``, ``b_qkv``) as separate ones (``W_q, W_k, W_v``, ``b_*``):
+    views of the packed arrays, no copies."""
+    w = params["W_qkv"]
+    out = {"W_q": w[:, :e], "W_k": w[:, e:2 * e], "W_v": w[:, 2 * e:], "W_o": params["W_o"]}
+    if "b_qkv" in params:
+        b = params["b_qkv"]
+        out.update(b_q=b[:e], b_k=b[e:2 * e], b_v=b[2 * e:], b_o=params["b_o"])
     return out
 
 
-def _heads_forward(q2, k2, v2, shape_q, s, params, h, attn_mask, key_padding_mask, average,
-                   need_weights=True):
-    """From projected (B*T, E), (B*S, E), (B*S, E) to the output and the attention weights
-    (None with ``need_weights=False``: the layers never look at them)."""
-    b, t, e = shape_q
-    qh = _split_heads(q2.reshape(b, t, e), h)
-    kh = _split_heads(k2.reshape(b, s, e), h)
-    vh = _split_heads(v2.reshape(b, s, e), h)
-    ctx_h, att = scaled_dot_product_attention_forward(qh, kh, vh, attn_mask, key_padding_mask)
-    ctx = merge_heads(ctx_h)
-    out = _affine(ctx.reshape(-1, e), params["W_o"], params.get("b_o")).reshape(b, t, e)
-    weights = None if not need_weights else att.weights.mean(axis=1) if average else att.weights
-    return out, weights, att, ctx
+def to_packed(params: Mapping) -> dict:
+    """Separate parameters (``W_q, W_k, W_v``, ``b_*``) packed side by side (``W_qkv``,
+    ``b_qkv``): new arrays."""
+    out = {"W_qkv": np.concatenate([params["W_q"], params["W_k"], params["W_v"]], axis=1),
+           "W_o": params["W_o"]}
+    if "b_q" in params:
+        out["b_qkv"] = np.concatenate([params["b_q"], params["b_k"], params["b_v"]])
+        out["b_o"] = params["b_o"]
+    return out
 
 
-def _heads_backward(dout, cache: MHACache, params, dweights):
-    """Gradients through the output projection and the heads: dq, dk, dv per head,
-    (B, H, ., Dh), and the gradients of W_o, b_o."""
-    b, t, e = cache.context.shape
-    v.grad_like(dout, "dout", (b, t, e), cache.context.dtype)
-    ctx2 = cache.context.reshape(-1, e)
-    dout2 = dout.reshape(-1, e)
-    grads = {"W_o": ctx2.T @ dout2}
-    if cache.has_bias:
-        grads["b_o"] = dout2.sum(axis=0)
-    dctx = (dout2 @ params["W_o"].T).reshape(b, t, e)
-    weights = cache.attention.weights  # (B, H, T, S)
-    if dweights is not None and cache.average_attn_weights:
-        v.grad_like(dweights, "dweights", weights.shape[:1] + weights.shape[2:], weights.dtype,
-                    what="the averaged attention weights")
-        dweights = np.broadcast_to(dweights[:, None] / cache.num_heads, weights.shape)
-    elif dweights is not None:
-        v.grad_like(dweights, "dweights", weights.shape, weights.dtype,
-                    what="the attention weights per head")
-    dqh, dkh, dvh = scaled_dot_product_attention_backward(
-        _split_heads(dctx, cache.num_heads), cache.attention, dweights)
-    return dqh, dkh, dvh, grads
+def grads_to_packed(grads: Mapping) -> dict:
+    """Gradients of separate projections in the layout of packed parameters."""
+    return to_packed(grads)
 
 
-def _merge_side_by_side(*heads: np.ndarray) -> np.ndarray:
-    """(B, H, T, Dh) arrays -> one (B*T, n*E) array ``[x_1 | x_2 | ...]``, heads merged.
-
-    The copy that :func:`merge_heads` makes anyway, made into one buffer: the packed
-    projection's gradients then need no ``np.concatenate`` (another full copy).
-    """
-    b, h, t, dh = heads[0].shape
-    out = np.empty((b, t, len(heads), h, dh), dtype=heads[0].dtype)
-    for i, x in enumerate(heads):  # over the 2 or 3 arrays, not over the batch or heads
-        out[:, :, i] = x.transpose(0, 2, 1, 3)
-    return out.reshape(b * t, len(heads) * h * dh)
+def grads_to_separate(grads: Mapping, e: int) -> dict:
+    """Gradients of packed projections in the layout of separate parameters (new,
+    contiguous arrays)."""
+    return {k: np.ascontiguousarray(g) for k, g in to_separate(grads, e).items()}
 
 
-def _input_grads(grads, packed, has_bias, xs, dq2, dk2, dv2):
-    """Weight and bias gradients of the input projections, in the layout of params."""
-    gw = [x.reshape(-1, x.shape[-1]).T @ d for x, d in zip(xs, (dq2, dk2, dv2), strict=True)]
-    if packed:
-        grads["W_qkv"] = np.concatenate(gw, axis=1)
-        if has_bias:
-            grads["b_qkv"] = np.concatenate([dq2.sum(0), dk2.sum(0), dv2.sum(0)])
-    else:
-        grads.update(W_q=gw[0], W_k=gw[1], W_v=gw[2])
-        if has_bias:
-            grads.update(b_q=dq2.sum(0), b_k=dk2.sum(0), b_v=dv2.sum(0))
-    return grads
+# --------------------------------------------------------------------------------------------
+# Multi-head attention
+
+
+class MHACache(NamedTuple):
+    core: tuple  # core.multihead's cache (multi_head_attention_ or self_attention_forward's)
+    shape: tuple  # of the output (B, T, E)
+    dtype: np.dtype
+    kind: str  # "cross" (multi_head_attention_forward) or "self" (self_attention_forward)
+    convert: bool  # the parameters came in the other layout than the core's: convert the grads
+    num_heads: int
+    average_attn_weights: bool
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The attention weights per head, (B, H, T, S), read-only."""
+        return multihead_weights(self.core)
+
+
+def _check_flag_args(average_attn_weights, need_weights) -> tuple[bool, bool]:
+    return (v.boolean(average_attn_weights, "average_attn_weights"),
+            v.boolean(need_weights, "need_weights"))
+
+
+def _weights_out(out: np.ndarray, cache: tuple, average: bool, need_weights: bool):
+    """The per-head weights made read-only and checked; what the forward returns of them."""
+    weights = multihead_weights(cache)
+    weights.flags.writeable = False
+    _check_scores(out, weights)
+    if not need_weights:
+        return None
+    return weights.mean(axis=1) if average else weights
 
 
 def multi_head_attention_forward(query, key, value, params: dict, num_heads: int,
@@ -492,8 +497,7 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     Returns:
         out: (B, T, E); weights: (B, T, S) or (B, H, T, S), or None; cache.
     """
-    average = v.boolean(average_attn_weights, "average_attn_weights")
-    need_weights = v.boolean(need_weights, "need_weights")
+    average, need_weights = _check_flag_args(average_attn_weights, need_weights)
     query = v.float_array(query, "query", ndim=3)
     key = v.float_array(key, "key", ndim=3)
     value = v.float_array(value, "value", ndim=3)
@@ -507,105 +511,94 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     if key.shape[1] != value.shape[1]:
         raise ValueError(f"key and value must have the same length S, got {key.shape[1]} and "
                          f"{value.shape[1]}")
-    packed, has_bias = _check_params(params, e, key.shape[2], value.shape[2], query.dtype)
-    wq, wk, wv, bq, bk, bv = _input_projections(params, e, packed)
-    q2 = _affine(query.reshape(-1, e), wq, bq)
-    k2 = _affine(key.reshape(-1, key.shape[2]), wk, bk)
-    v2 = _affine(value.reshape(-1, value.shape[2]), wv, bv)
-    out, weights, att, ctx = _heads_forward(q2, k2, v2, query.shape, key.shape[1], params, h,
-                                            attn_mask, key_padding_mask, average, need_weights)
-    cache = MHACache((query, key, value), packed, has_bias, h, att, ctx, average)
-    return out, weights, cache
+    packed, _ = check_params(params, e, key.shape[2], value.shape[2], query.dtype)
+    mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, key.shape[1], query.dtype)
+    core_params = to_separate(params, e) if packed else params
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: _check_scores raises
+        out, cache = core_multihead.multi_head_attention_forward(query, key, value, core_params,
+                                                                 h, mask)
+    weights = _weights_out(out, cache, average, need_weights)
+    return out, weights, MHACache(cache, out.shape, query.dtype, "cross", packed, h, average)
 
 
-def multi_head_attention_backward(dout, cache: MHACache, params: dict, dweights=None):
+def _check_mha_backward(dout, cache, name: str, kind: str, dweights):
+    """The checks of the two backward functions; returns dweights per head (or None)."""
+    v.cache_of(cache, name, MHACache)
+    if cache.kind != kind:
+        other = {"self": ("self_attention_forward", "self_attention_backward"),
+                 "cross": ("multi_head_attention_forward", "multi_head_attention_backward")}
+        made, use = other[cache.kind]
+        raise ValueError(f"{name}: cache comes from {made}; use {use}")
+    if isinstance(dweights, Mapping):
+        raise TypeError(f"{name}(dout, cache, dweights=None) takes no parameter dict (the cache "
+                        "holds what the backward pass needs); got a dict for dweights")
+    v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    if dweights is None:
+        return None
+    weights = cache.weights  # (B, H, T, S)
+    if cache.average_attn_weights:
+        v.grad_like(dweights, "dweights", weights.shape[:1] + weights.shape[2:], weights.dtype,
+                    what="the averaged attention weights")
+        return np.broadcast_to(dweights[:, None] / cache.num_heads, weights.shape)
+    return v.grad_like(dweights, "dweights", weights.shape, weights.dtype,
+                       what="the attention weights per head")
+
+
+def multi_head_attention_backward(dout, cache: MHACache, dweights=None):
     """Gradients of :func:`multi_head_attention_forward`.
 
     Args:
         dout: upstream gradient of the output, (B, T, E).
         cache: from the forward pass.
-        params: the parameter dict of the forward pass.
         dweights: optional upstream gradient of the returned attention weights (same shape).
 
     Returns:
         dquery (B, T, E), dkey (B, S, kdim), dvalue (B, S, vdim), and grads: a dict with the
-        keys of ``params``, each of the shape of its parameter.
+        keys of the forward's ``params``, each of the shape of its parameter.
     """
-    v.cache_of(cache, "multi_head_attention_backward", MHACache)
-    if len(cache.inputs) != 3:
-        raise ValueError("multi_head_attention_backward: cache comes from self_attention_forward;"
-                         " use self_attention_backward")
-    query, key, value = cache.inputs
-    dqh, dkh, dvh, grads = _heads_backward(dout, cache, params, dweights)
-    e = query.shape[2]
-    dq2, dk2, dv2 = (merge_heads(d).reshape(-1, e) for d in (dqh, dkh, dvh))
-    wq, wk, wv, _, _, _ = _input_projections(params, e, cache.packed)
-    _input_grads(grads, cache.packed, cache.has_bias, (query, key, value), dq2, dk2, dv2)
-    dquery = (dq2 @ wq.T).reshape(query.shape)
-    dkey = (dk2 @ wk.T).reshape(key.shape)
-    dvalue = (dv2 @ wv.T).reshape(value.shape)
-    return dquery, dkey, dvalue, grads
+    dweights = _check_mha_backward(dout, cache, "multi_head_attention_backward", "cross",
+                                   dweights)
+    dq, dk, dv, grads = core_multihead.multi_head_attention_backward(dout, cache.core, dweights)
+    return dq, dk, dv, grads_to_packed(grads) if cache.convert else grads
 
 
 def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
                            key_padding_mask=None, average_attn_weights: bool = True,
                            need_weights: bool = True):
-    """Multi-head self-attention: :func:`multi_head_attention_forward` with query = key = value.
-
-    With packed parameters (``W_qkv``) the three projections are one matrix product.
+    """Multi-head self-attention: :func:`multi_head_attention_forward` with query = key = value,
+    the three projections one matrix product with the packed ``W_qkv``.
 
     Args:
         x: (B, T, E).
         params, num_heads, attn_mask, key_padding_mask, average_attn_weights, need_weights: as
-            for :func:`multi_head_attention_forward` (masks are (T, T) and (B, T)).
+            for :func:`multi_head_attention_forward` (masks are (T, T) and (B, T); separate
+            ``W_q, W_k, W_v`` are packed for the call, and their gradients come back separate).
 
     Returns:
         out: (B, T, E); weights: (B, T, T) or (B, H, T, T), or None; cache.
     """
-    average = v.boolean(average_attn_weights, "average_attn_weights")
-    need_weights = v.boolean(need_weights, "need_weights")
+    average, need_weights = _check_flag_args(average_attn_weights, need_weights)
     x = v.float_array(x, "x", ndim=3)
     b, t, e = x.shape
     h = _check_heads(e, num_heads)
-    packed, has_bias = _check_params(params, e, e, e, x.dtype)
-    x2 = x.reshape(-1, e)
-    if packed:
-        qkv = _affine(x2, params["W_qkv"], params.get("b_qkv"))
-        q2, k2, v2 = qkv[:, :e], qkv[:, e:2 * e], qkv[:, 2 * e:]
-    else:
-        q2 = _affine(x2, params["W_q"], params.get("b_q"))
-        k2 = _affine(x2, params["W_k"], params.get("b_k"))
-        v2 = _affine(x2, params["W_v"], params.get("b_v"))
-    out, weights, att, ctx = _heads_forward(q2, k2, v2, x.shape, t, params, h, attn_mask,
-                                            key_padding_mask, average, need_weights)
-    return out, weights, MHACache((x,), packed, has_bias, h, att, ctx, average)
+    packed, _ = check_params(params, e, e, e, x.dtype)
+    mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, t, x.dtype)
+    core_params = params if packed else to_packed(params)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out, cache = core_multihead.self_attention_forward(x, core_params, h, mask)
+    weights = _weights_out(out, cache, average, need_weights)
+    return out, weights, MHACache(cache, out.shape, x.dtype, "self", not packed, h, average)
 
 
-def self_attention_backward(dout, cache: MHACache, params: dict, dweights=None):
+def self_attention_backward(dout, cache: MHACache, dweights=None):
     """Gradients of :func:`self_attention_forward`.
 
     ``x`` feeds the queries, the keys and the values, so its gradient is the sum of the three
-    paths: ``dx = dQ W_q^T + dK W_k^T + dV W_v^T`` (one product ``dQKV W_qkv^T`` when packed).
+    paths: ``dx = dQ W_q^T + dK W_k^T + dV W_v^T``, one product ``dQKV W_qkv^T``.
 
     Returns:
-        dx (B, T, E) and grads, a dict with the keys of ``params``.
+        dx (B, T, E) and grads, a dict with the keys of the forward's ``params``.
     """
-    v.cache_of(cache, "self_attention_backward", MHACache)
-    if len(cache.inputs) != 1:
-        raise ValueError("self_attention_backward: cache comes from multi_head_attention_forward;"
-                         " use multi_head_attention_backward")
-    (x,) = cache.inputs
-    dqh, dkh, dvh, grads = _heads_backward(dout, cache, params, dweights)
-    e = x.shape[2]
-    x2 = x.reshape(-1, e)
-    dqkv = _merge_side_by_side(dqh, dkh, dvh)  # (B*T, 3E): [dQ | dK | dV]
-    if cache.packed:
-        grads["W_qkv"] = x2.T @ dqkv
-        if cache.has_bias:
-            grads["b_qkv"] = dqkv.sum(axis=0)
-        dx = dqkv @ params["W_qkv"].T
-    else:
-        dq2, dk2, dv2 = dqkv[:, :e], dqkv[:, e:2 * e], dqkv[:, 2 * e:]
-        _input_grads(grads, False, cache.has_bias, (x, x, x), dq2, dk2, dv2)
-        dx = dq2 @ params["W_q"].T + dk2 @ params["W_k"].T + dv2 @ params["W_v"].T
-    return dx.reshape(x.shape), grads
+    dweights = _check_mha_backward(dout, cache, "self_attention_backward", "self", dweights)
+    dx, grads = core_multihead.self_attention_backward(dout, cache.core, dweights)
+    return dx, grads_to_separate(grads, dx.shape[2]) if cache.convert else grads

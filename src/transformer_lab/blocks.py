@@ -1,24 +1,29 @@
-"""Transformer blocks as forward/backward pairs: feed-forward, encoder layer, decoder layer, stacks.
+"""Transformer blocks as forward/backward pairs -- feed-forward, encoder and decoder layers,
+stacks: the checked public entry points to ``transformer_lab.core.blocks``.
 
 The same computations as PyTorch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
 (without dropout), batch-first. Parameters are nested dicts of arrays in NumPy layout:
 
-- feed-forward ``{"W1": (E, F), "b1": (F,), "W2": (F, E), "b2": (E,)}`` (biases optional);
-- layer norm ``{"gamma": (E,), "beta": (E,)}`` (beta optional);
+- feed-forward ``{"W1": (E, F), "b1": (F,), "W2": (F, E), "b2": (E,)}`` (both biases or none);
+- layer norm ``{"gamma": (E,), "beta": (E,)}`` (each optional);
 - encoder layer ``{"self_attn": <attention params>, "ff": ..., "norm1": ..., "norm2": ...}``;
 - decoder layer ``{"self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"}``;
 - stacks ``{"layers": [layer params, ...], "norm": <layer norm params> or None}``.
 
-Attention parameter dicts are those of :mod:`transformer_lab.attention` (self-attention may use
-the packed ``W_qkv``). Backward functions return gradients in the same nested structure.
+Attention parameter dicts are those of :mod:`transformer_lab.attention`, packed (``W_qkv``) or
+separate (``W_q, W_k, W_v``). Backward functions follow the core's convention and return the
+gradients in the same nested structure as the parameters given.
 
 Post-norm (the paper, ``norm_first=False``): ``x = norm(x + sublayer(x))``.
 Pre-norm (``norm_first=True``): ``x = x + sublayer(norm(x))``.
 
-Each layer's forward and backward pass is written out step by step, for both norm orders; its
-cache is a NamedTuple of the sublayers' caches (and the layer's parameters, which the attention
-backward needs). The ``*_init`` functions are deterministic: without an ``rng`` they draw from
-``np.random.default_rng(0)``.
+Each public function checks everything once -- the input, every parameter of every layer, the
+masks -- then converts what the core takes differently (the two masks of an attention merged
+into one; self-attention packed and cross-attention separate; a norm without ``gamma``) and
+calls the core; the backward functions check ``dout`` and the cache and call the core's
+backward, which checks nothing. The ``*_init`` functions are deterministic: without an ``rng``
+they draw from ``np.random.default_rng(0)``, through ``core.layers.init_uniform`` and
+``init_xavier``.
 """
 
 from __future__ import annotations
@@ -31,69 +36,17 @@ import numpy as np
 from transformer_lab import _validate as v
 from transformer_lab import attention as att
 from transformer_lab import layers as L
-
-_ACTIVATIONS = L._ACTIVATIONS  # "relu", "gelu", "gelu_tanh"
+from transformer_lab.core import blocks as core_blocks
+from transformer_lab.core import layers as core_layers
 
 # --------------------------------------------------------------------------------------------
-# Feed-forward
-
-
-class FeedForwardCache(NamedTuple):
-    lin1: L.LinearCache
-    act: tuple  # (activation name, its cache)
-    lin2: L.LinearCache
-
-
-def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
-    """Position-wise feed-forward network ``act(x W1 + b1) W2 + b2``.
-
-    Args:
-        x: (..., E).
-        params: ``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,), ``b2`` (E,).
-        activation: "relu", "gelu" (exact) or "gelu_tanh".
-
-    Returns:
-        out: (..., E); cache.
-    """
-    x = v.float_array(x, "x", min_ndim=1)
-    return _feed_forward(x, params, activation, "params")
-
-
-def _feed_forward(x, params, activation, where):
-    """:func:`feed_forward_forward`, its parameters named ``where`` in error messages."""
-    _check_ff_params(params, x.shape[-1], x.dtype, where)
-    _check_activation(activation)
-    h, c1 = L.linear_forward(x, params["W1"], params.get("b1"))
-    if activation == "relu":
-        # h belongs to this function alone: apply the ReLU in place, one (..., F) array fewer
-        ca = ("relu", L.ReluCache(h > 0, h.dtype))
-        a = np.maximum(h, 0, out=h)
-    else:
-        a, ca = L.activation_forward(h, activation)
-    out, c2 = L.linear_forward(a, params["W2"], params.get("b2"))
-    return out, FeedForwardCache(c1, ca, c2)
-
-
-def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
-    """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
-    v.cache_of(cache, "feed_forward_backward", FeedForwardCache)
-    a, w2 = cache.lin2.x, cache.lin2.W
-    v.grad_like(dout, "dout", (*a.shape[:-1], w2.shape[1]), a.dtype)
-    da, dW2, db2 = L.linear_backward(dout, cache.lin2)
-    if cache.act[0] == "relu":
-        dh = np.multiply(da, cache.act[1].positive, out=da)  # da is new: ReLU's mask in place
-    else:
-        dh = L.activation_backward(da, cache.act)
-    dx, dW1, db1 = L.linear_backward(dh, cache.lin1)
-    grads = {"W1": dW1, "W2": dW2}
-    if db1 is not None:
-        grads["b1"] = db1
-    if db2 is not None:
-        grads["b2"] = db2
-    return dx, grads
+# Parameter checks (no computation): every message names the parameter's path
 
 
 _FF_KEYS = frozenset({"W1", "W2", "b1", "b2"})
+_NORM_KEYS = frozenset({"gamma", "beta"})
+_ENCODER_KEYS = ("self_attn", "ff", "norm1", "norm2")
+_DECODER_KEYS = ("self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3")
 
 
 def _ff_params_fit(params, e: int, dtype) -> bool:
@@ -101,7 +54,7 @@ def _ff_params_fit(params, e: int, dtype) -> bool:
     if not isinstance(params, dict) or not params.keys() <= _FF_KEYS:
         return False
     w1, b1, w2, b2 = params.get("W1"), params.get("b1"), params.get("W2"), params.get("b2")
-    if not (isinstance(w1, np.ndarray) and w1.ndim == 2):
+    if not (isinstance(w1, np.ndarray) and w1.ndim == 2) or (b1 is None) != (b2 is None):
         return False
     f = w1.shape[1]
     return (_fits(w1, (e, f), dtype) and _fits(w2, (f, e), dtype)
@@ -109,11 +62,12 @@ def _ff_params_fit(params, e: int, dtype) -> bool:
 
 
 def _fits(p, shape: tuple, dtype) -> bool:
-    return isinstance(p, np.ndarray) and p.dtype == dtype and p.shape == shape
+    return type(p) is np.ndarray and p.shape == shape and p.dtype == dtype
 
 
 def _check_ff_params(params, e: int, dtype, where: str) -> None:
-    """``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,), ``b2`` (E,), all of x's dtype."""
+    """``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,) and ``b2`` (E,) (both or neither),
+    all of x's dtype."""
     if _ff_params_fit(params, e, dtype):
         return
     if not isinstance(params, Mapping):
@@ -138,81 +92,48 @@ def _check_ff_params(params, e: int, dtype, where: str) -> None:
             raise TypeError(f"{where}[{name!r}] must have the dtype of x ({dtype}), "
                             f"got {arr.dtype}")
         v.shape_is(arr, shape, f"{where}[{name!r}]", what)
+    if (params.get("b1") is None) != (params.get("b2") is None):
+        raise ValueError(f"{where} must have both biases b1 and b2, or neither")
 
 
-def _check_activation(activation) -> None:
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f'activation must be "relu", "gelu" or "gelu_tanh", got {activation!r}')
-
-
-# --------------------------------------------------------------------------------------------
-# Layer norm with a parameter dict ({"gamma", "beta"}, each optional)
-
-
-_NORM_KEYS = frozenset({"gamma", "beta"})
-
-
-def _norm_forward(x, p, eps, where: str = "params"):
-    """Layer norm of ``x`` with ``p = {"gamma": (E,), "beta": (E,)}`` (either may be absent)."""
+def _check_norm(p, e: int, dtype, where: str) -> None:
+    """A layer norm's parameters: a dict with optional ``gamma`` and ``beta`` (E,)."""
+    if type(p) is dict and p.keys() <= _NORM_KEYS and all(_fits(a, (e,), dtype)
+                                                          for a in p.values()):
+        return  # the quick test of every call
     if not isinstance(p, Mapping) or not p.keys() <= _NORM_KEYS:
         raise ValueError(f"{where} must be a dict with (optional) entries 'gamma' and 'beta', "
                          f"got {sorted(p) if isinstance(p, Mapping) else type(p).__name__}")
-    return L.layer_norm_forward(x, p.get("gamma"), p.get("beta"), eps)
+    L.check_norm_params(p.get("gamma"), p.get("beta"), e, dtype, where)
 
 
-def _norm_backward(dout, cache):
-    """Gradients of :func:`_norm_forward`: dx and ``{"gamma": ..., "beta": ...}`` (those used)."""
-    dx, dgamma, dbeta = L.layer_norm_backward(dout, cache)
-    grads = {}
-    if dgamma is not None:
-        grads["gamma"] = dgamma
-    if dbeta is not None:
-        grads["beta"] = dbeta
-    return dx, grads
-
-
-# --------------------------------------------------------------------------------------------
-# Encoder and decoder layers
-
-
-class EncoderLayerCache(NamedTuple):
-    norm_first: bool
-    params: dict  # the layer's parameters: the attention backward needs its weights
-    self_attn: att.MHACache
-    norm1: L.LayerNormCache
-    ff: FeedForwardCache
-    norm2: L.LayerNormCache
-
-
-class DecoderLayerCache(NamedTuple):
-    norm_first: bool
-    params: dict
-    self_attn: att.MHACache
-    norm1: L.LayerNormCache
-    cross_attn: att.MHACache
-    norm2: L.LayerNormCache
-    ff: FeedForwardCache
-    norm3: L.LayerNormCache
-
-
-_ENCODER_KEYS = ("self_attn", "ff", "norm1", "norm2")
-_DECODER_KEYS = ("self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3")
-
-
-def _check_layer(x, params, keys, norm_first, activation):
-    """x (B, T, E); params a dict with exactly ``keys``; norm_first a bool; a known activation."""
-    x = v.float_array(x, "x", ndim=3)
+def _check_layer_params(params, keys, e: int, dtype, where: str) -> None:
+    """A layer's parameter dict: exactly ``keys``, each entry checked."""
     if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a dict with the entries {list(keys)}, got "
+        raise TypeError(f"{where} must be a dict with the entries {list(keys)}, got "
                         f"{type(params).__name__}")
     if params.keys() != set(keys):
         missing = [k for k in keys if k not in params]
         unknown = sorted(set(params) - set(keys))
-        raise ValueError(f"params must have the entries {list(keys)}: missing {missing}, "
+        raise ValueError(f"{where} must have the entries {list(keys)}: missing {missing}, "
                          f"unexpected {unknown}")
-    v.boolean(norm_first, "norm_first")
-    _check_activation(activation)
-    return x
+    for key in ("self_attn", "cross_attn"):
+        if key in params:
+            att.check_params(params[key], e, e, e, dtype, f"{where}[{key!r}]")
+    _check_ff_params(params["ff"], e, dtype, f"{where}['ff']")
+    for norm in ("norm1", "norm2", "norm3"):
+        if norm in params:
+            _check_norm(params[norm], e, dtype, f"{where}[{norm!r}]")
+
+
+def _check_options(x, num_heads, norm_first, activation, eps):
+    """x (B, T, E); heads dividing E; norm_first a bool; a known activation; eps >= 0."""
+    x = v.float_array(x, "x", ndim=3)
+    h = att._check_heads(x.shape[2], num_heads, "x.shape[-1]")
+    norm_first = v.boolean(norm_first, "norm_first")
+    L.check_activation(activation)
+    eps = v.real(eps, "eps", minimum=0)
+    return x, h, norm_first, eps
 
 
 def _check_memory(memory, x):
@@ -224,6 +145,163 @@ def _check_memory(memory, x):
         raise ValueError(f"memory must have shape (B, S, E) = ({b}, S, {e}) (the batch size and "
                          f"width of x), got {memory.shape}")
     return memory
+
+
+def _check_stack(params, keys, e: int, dtype) -> None:
+    if not isinstance(params, Mapping) or not isinstance(params.get("layers"), (list, tuple)) \
+            or not params["layers"]:
+        raise ValueError('params must be a dict {"layers": [layer params, ...] (at least one), '
+                         '"norm": <layer norm params> or None}')
+    for i, layer in enumerate(params["layers"]):
+        _check_layer_params(layer, keys, e, dtype, f"params['layers'][{i}]")
+    if params.get("norm") is not None:
+        _check_norm(params["norm"], e, dtype, "params['norm']")
+
+
+def _check_finite_norms(out: np.ndarray, eps: float) -> None:
+    """With an eps that may be 0 in the dtype, a row of equal entries normalises to 0/0."""
+    if eps < 1e-30 and not np.isfinite(out).all():
+        raise ValueError(f"a layer norm got a row whose entries are all equal (variance 0) and "
+                         f"eps={eps} adds nothing to it: its normalisation is 0/0 = NaN; use "
+                         "eps > 0 (PyTorch's default is 1e-5)")
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions between the parameters given and the ones the core takes (no copies of arrays
+# except when separate self-attention projections are packed), and back for the gradients
+
+
+def _norm_to_core(p):
+    return p if "gamma" in p else {"gamma": None, **p}
+
+
+def _layer_to_core(params: Mapping) -> tuple[Mapping, tuple]:
+    """The core's layer params (self-attention packed, cross-attention separate, every norm
+    with a ``gamma``), and what was converted, for :func:`_layer_grads`."""
+    converted = []
+    core = params
+    if "W_qkv" not in params["self_attn"]:
+        core = {**core, "self_attn": att.to_packed(params["self_attn"])}
+        converted.append("self_attn")
+    cross = params.get("cross_attn")
+    if cross is not None and "W_qkv" in cross:
+        e = cross["W_o"].shape[0]
+        core = {**core, "cross_attn": att.to_separate(cross, e)}
+        converted.append("cross_attn")
+    for norm in ("norm1", "norm2", "norm3"):
+        if norm in params and "gamma" not in params[norm]:
+            core = {**core, norm: _norm_to_core(params[norm])}
+    return core, tuple(converted)
+
+
+def _layer_grads(grads: dict, converted: tuple) -> dict:
+    """The core's gradients of a layer in the layout of the params given."""
+    if "self_attn" in converted:
+        g = grads["self_attn"]
+        grads["self_attn"] = att.grads_to_separate(g, g["W_o"].shape[0])
+    if "cross_attn" in converted:
+        grads["cross_attn"] = att.grads_to_packed(grads["cross_attn"])
+    return grads
+
+
+def _stack_to_core(params: Mapping) -> tuple[dict, tuple]:
+    layers, converted = zip(*(_layer_to_core(p) for p in params["layers"]), strict=True)
+    norm = params.get("norm")
+    return ({"layers": list(layers), "norm": None if norm is None else _norm_to_core(norm)},
+            converted)
+
+
+def _stack_grads(grads: dict, converted: tuple) -> dict:
+    for g, c in zip(grads["layers"], converted, strict=True):
+        _layer_grads(g, c)
+    return grads
+
+
+# --------------------------------------------------------------------------------------------
+# Accessors: what callers outside the core read from the core's block caches
+
+
+def layer_attention_weights(core_cache) -> list[np.ndarray]:
+    """The per-head attention weights (B, H, T, S) in the cache of ``core.blocks``'
+    ``encoder_layer_forward`` ([self-attention]) or ``decoder_layer_forward`` ([self-attention,
+    cross-attention]). A layer's cache holds one residual cache ``(norm_first, norm cache,
+    sublayer cache)`` per sublayer, the feed-forward last."""
+    return [att.multihead_weights(residual[2]) for residual in core_cache[:-1]]
+
+
+def stack_layer_caches(core_cache) -> list:
+    """The layer caches in the cache of ``core.blocks.encoder_forward`` / ``decoder_forward``."""
+    return core_cache[0]
+
+
+def stack_norm_cache(core_cache):
+    """The final norm's cache (of ``core.layers.layer_norm_forward``) in a stack's cache, or
+    None without a final norm."""
+    return core_cache[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Feed-forward
+
+
+class FeedForwardCache(NamedTuple):
+    core: tuple  # core.blocks.feed_forward_forward's cache
+    shape: tuple
+    dtype: np.dtype
+
+
+def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
+    """Position-wise feed-forward network ``act(x W1 + b1) W2 + b2``.
+
+    Args:
+        x: (..., E).
+        params: ``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,) and ``b2`` (E,).
+        activation: "relu", "gelu" (exact) or "gelu_tanh".
+
+    Returns:
+        out: (..., E); cache.
+    """
+    x = v.float_array(x, "x", min_ndim=1)
+    _check_ff_params(params, x.shape[-1], x.dtype, "params")
+    L.check_activation(activation)
+    out, cache = core_blocks.feed_forward_forward(x, params, activation)
+    return out, FeedForwardCache(cache, out.shape, x.dtype)
+
+
+def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
+    """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
+    v.cache_of(cache, "feed_forward_backward", FeedForwardCache)
+    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    return core_blocks.feed_forward_backward(dout, cache.core)
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder and decoder layers
+
+
+class EncoderLayerCache(NamedTuple):
+    core: tuple  # core.blocks.encoder_layer_forward's cache
+    shape: tuple
+    dtype: np.dtype
+    converted: tuple  # attention parameters converted for the core (see _layer_to_core)
+
+    @property
+    def attention_weights(self) -> np.ndarray:
+        """The self-attention's weights per head, (B, H, T, T)."""
+        return layer_attention_weights(self.core)[0]
+
+
+class DecoderLayerCache(NamedTuple):
+    core: tuple  # core.blocks.decoder_layer_forward's cache
+    shape: tuple
+    dtype: np.dtype
+    converted: tuple
+
+    @property
+    def attention_weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """The weights per head of the self-attention (B, H, T, T) and of the
+        cross-attention (B, H, T, S)."""
+        return tuple(layer_attention_weights(self.core))
 
 
 def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
@@ -246,22 +324,15 @@ def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
     Returns:
         out: (B, T, E); cache.
     """
-    x = _check_layer(x, params, _ENCODER_KEYS, norm_first, activation)
-    if norm_first:
-        h, n1 = _norm_forward(x, params["norm1"], eps, "params['norm1']")
-        a, _, sa = att.self_attention_forward(h, params["self_attn"], num_heads, attn_mask,
-                                              key_padding_mask, need_weights=False)
-        x1 = x + a
-        h, n2 = _norm_forward(x1, params["norm2"], eps, "params['norm2']")
-        f, ff = _feed_forward(h, params["ff"], activation, "params['ff']")
-        out = x1 + f
-    else:
-        a, _, sa = att.self_attention_forward(x, params["self_attn"], num_heads, attn_mask,
-                                              key_padding_mask, need_weights=False)
-        x1, n1 = _norm_forward(x + a, params["norm1"], eps, "params['norm1']")
-        f, ff = _feed_forward(x1, params["ff"], activation, "params['ff']")
-        out, n2 = _norm_forward(x1 + f, params["norm2"], eps, "params['norm2']")
-    return out, EncoderLayerCache(bool(norm_first), params, sa, n1, ff, n2)
+    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
+    b, t, e = x.shape
+    _check_layer_params(params, _ENCODER_KEYS, e, x.dtype, "params")
+    mask = att.combine_masks(attn_mask, key_padding_mask, (b, h), t, t, x.dtype)
+    core_params, converted = _layer_to_core(params)
+    out, cache = core_blocks.encoder_layer_forward(x, core_params, h, mask, norm_first,
+                                                   activation, eps)
+    _check_finite_norms(out, eps)
+    return out, EncoderLayerCache(cache, out.shape, x.dtype, converted)
 
 
 def encoder_layer_backward(dout, cache: EncoderLayerCache):
@@ -276,23 +347,9 @@ def encoder_layer_backward(dout, cache: EncoderLayerCache):
         dx (B, T, E) and grads (nested like params).
     """
     v.cache_of(cache, "encoder_layer_backward", EncoderLayerCache)
-    v.grad_like(dout, "dout", cache.norm1.xhat.shape, cache.norm1.xhat.dtype)  # x's
-    p = cache.params
-    if cache.norm_first:  # out = x1 + FF(norm2(x1)), x1 = x + SA(norm1(x))
-        dh, g_ff = feed_forward_backward(dout, cache.ff)
-        dx1, g_n2 = _norm_backward(dh, cache.norm2)
-        dx1 += dout
-        dh, g_sa = att.self_attention_backward(dx1, cache.self_attn, p["self_attn"])
-        dx, g_n1 = _norm_backward(dh, cache.norm1)
-        dx += dx1
-    else:  # out = norm2(x1 + FF(x1)), x1 = norm1(x + SA(x))
-        ds, g_n2 = _norm_backward(dout, cache.norm2)  # d(x1 + FF(x1))
-        dx1, g_ff = feed_forward_backward(ds, cache.ff)
-        dx1 += ds
-        ds, g_n1 = _norm_backward(dx1, cache.norm1)  # d(x + SA(x))
-        dx, g_sa = att.self_attention_backward(ds, cache.self_attn, p["self_attn"])
-        dx += ds
-    return dx, {"self_attn": g_sa, "ff": g_ff, "norm1": g_n1, "norm2": g_n2}
+    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dx, grads = core_blocks.encoder_layer_backward(dout, cache.core)
+    return dx, _layer_grads(grads, cache.converted)
 
 
 def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None,
@@ -318,33 +375,18 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
     Returns:
         out: (B, T, E); cache.
     """
-    x = _check_layer(x, params, _DECODER_KEYS, norm_first, activation)
+    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
     memory = _check_memory(memory, x)
-    sa_p, ca_p = params["self_attn"], params["cross_attn"]
-    if norm_first:
-        h, n1 = _norm_forward(x, params["norm1"], eps, "params['norm1']")
-        a, _, sa = att.self_attention_forward(h, sa_p, num_heads, tgt_mask,
-                                              tgt_key_padding_mask, need_weights=False)
-        x1 = x + a
-        h, n2 = _norm_forward(x1, params["norm2"], eps, "params['norm2']")
-        c, _, ca = att.multi_head_attention_forward(h, memory, memory, ca_p, num_heads,
-                                                    memory_mask, memory_key_padding_mask,
-                                                    need_weights=False)
-        x2 = x1 + c
-        h, n3 = _norm_forward(x2, params["norm3"], eps, "params['norm3']")
-        f, ff = _feed_forward(h, params["ff"], activation, "params['ff']")
-        out = x2 + f
-    else:
-        a, _, sa = att.self_attention_forward(x, sa_p, num_heads, tgt_mask,
-                                              tgt_key_padding_mask, need_weights=False)
-        x1, n1 = _norm_forward(x + a, params["norm1"], eps, "params['norm1']")
-        c, _, ca = att.multi_head_attention_forward(x1, memory, memory, ca_p, num_heads,
-                                                    memory_mask, memory_key_padding_mask,
-                                                    need_weights=False)
-        x2, n2 = _norm_forward(x1 + c, params["norm2"], eps, "params['norm2']")
-        f, ff = _feed_forward(x2, params["ff"], activation, "params['ff']")
-        out, n3 = _norm_forward(x2 + f, params["norm3"], eps, "params['norm3']")
-    return out, DecoderLayerCache(bool(norm_first), params, sa, n1, ca, n2, ff, n3)
+    b, t, e = x.shape
+    _check_layer_params(params, _DECODER_KEYS, e, x.dtype, "params")
+    self_mask = att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype)
+    cross_mask = att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t,
+                                   memory.shape[1], x.dtype)
+    core_params, converted = _layer_to_core(params)
+    out, cache = core_blocks.decoder_layer_forward(x, memory, core_params, h, self_mask,
+                                                   cross_mask, norm_first, activation, eps)
+    _check_finite_norms(out, eps)
+    return out, DecoderLayerCache(cache, out.shape, x.dtype, converted)
 
 
 def decoder_layer_backward(dout, cache: DecoderLayerCache):
@@ -356,35 +398,9 @@ def decoder_layer_backward(dout, cache: DecoderLayerCache):
         dx (B, T, E), dmemory (B, S, E), grads (nested like params).
     """
     v.cache_of(cache, "decoder_layer_backward", DecoderLayerCache)
-    v.grad_like(dout, "dout", cache.norm1.xhat.shape, cache.norm1.xhat.dtype)  # x's
-    p = cache.params
-    if cache.norm_first:  # out = x2 + FF(norm3(x2)), x2 = x1 + CA(norm2(x1)), x1 = x + SA(..)
-        dh, g_ff = feed_forward_backward(dout, cache.ff)
-        dx2, g_n3 = _norm_backward(dh, cache.norm3)
-        dx2 += dout
-        dh, dmemory, dvalue, g_ca = att.multi_head_attention_backward(dx2, cache.cross_attn,
-                                                                       p["cross_attn"])
-        dmemory += dvalue
-        dx1, g_n2 = _norm_backward(dh, cache.norm2)
-        dx1 += dx2
-        dh, g_sa = att.self_attention_backward(dx1, cache.self_attn, p["self_attn"])
-        dx, g_n1 = _norm_backward(dh, cache.norm1)
-        dx += dx1
-    else:  # out = norm3(x2 + FF(x2)), x2 = norm2(x1 + CA(x1)), x1 = norm1(x + SA(x))
-        ds, g_n3 = _norm_backward(dout, cache.norm3)  # d(x2 + FF(x2))
-        dx2, g_ff = feed_forward_backward(ds, cache.ff)
-        dx2 += ds
-        ds, g_n2 = _norm_backward(dx2, cache.norm2)  # d(x1 + CA(x1))
-        dx1, dmemory, dvalue, g_ca = att.multi_head_attention_backward(ds, cache.cross_attn,
-                                                                        p["cross_attn"])
-        dmemory += dvalue
-        dx1 += ds
-        ds, g_n1 = _norm_backward(dx1, cache.norm1)  # d(x + SA(x))
-        dx, g_sa = att.self_attention_backward(ds, cache.self_attn, p["self_attn"])
-        dx += ds
-    grads = {"self_attn": g_sa, "cross_attn": g_ca, "ff": g_ff, "norm1": g_n1, "norm2": g_n2,
-             "norm3": g_n3}
-    return dx, dmemory, grads
+    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dx, dmemory, grads = core_blocks.decoder_layer_backward(dout, cache.core)
+    return dx, dmemory, _layer_grads(grads, cache.converted)
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,16 +408,22 @@ def decoder_layer_backward(dout, cache: DecoderLayerCache):
 
 
 class StackCache(NamedTuple):
+    core: tuple  # core.blocks.encoder_forward's / decoder_forward's cache
+    shape: tuple
+    dtype: np.dtype
     kind: str  # "encoder" or "decoder"
-    layers: list  # one EncoderLayerCache / DecoderLayerCache per layer
-    norm: L.LayerNormCache | None
+    converted: tuple  # per layer, as in EncoderLayerCache
 
+    @property
+    def norm(self) -> L.LayerNormCache | None:
+        """The final norm's cache (``.xhat``, ``.rstd``), or None without a final norm."""
+        c = stack_norm_cache(self.core)
+        return None if c is None else L.LayerNormCache(c, self.shape, self.dtype)
 
-def _check_stack(params) -> None:
-    if not isinstance(params, Mapping) or not isinstance(params.get("layers"), (list, tuple)) \
-            or not params["layers"]:
-        raise ValueError('params must be a dict {"layers": [layer params, ...] (at least one), '
-                         '"norm": <layer norm params> or None}')
+    @property
+    def attention_weights(self) -> list:
+        """Per layer, the attention weights per head (see the layer caches')."""
+        return [layer_attention_weights(c) for c in stack_layer_caches(self.core)]
 
 
 def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask=None,
@@ -411,27 +433,22 @@ def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask
     Returns:
         out: (B, T, E); cache.
     """
-    _check_stack(params)
-    caches = []
-    for p in params["layers"]:
-        x, c = encoder_layer_forward(x, p, num_heads, mask, key_padding_mask, norm_first,
-                                     activation, eps)
-        caches.append(c)
-    ncache = None
-    if params.get("norm") is not None:
-        x, ncache = _norm_forward(x, params["norm"], eps, "params['norm']")
-    return x, StackCache("encoder", caches, ncache)
+    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
+    b, t, e = x.shape
+    _check_stack(params, _ENCODER_KEYS, e, x.dtype)
+    mask = att.combine_masks(mask, key_padding_mask, (b, h), t, t, x.dtype)
+    core_params, converted = _stack_to_core(params)
+    out, cache = core_blocks.encoder_forward(x, core_params, h, mask, norm_first, activation,
+                                             eps)
+    _check_finite_norms(out, eps)
+    return out, StackCache(cache, out.shape, x.dtype, "encoder", converted)
 
 
 def encoder_backward(dout, cache: StackCache):
     """Gradients of :func:`encoder_forward`: dx and grads ``{"layers": [...], "norm": ...}``."""
     _check_stack_backward(dout, cache, "encoder")
-    grads = {"layers": [None] * len(cache.layers), "norm": None}
-    if cache.norm is not None:
-        dout, grads["norm"] = _norm_backward(dout, cache.norm)
-    for i in reversed(range(len(cache.layers))):
-        dout, grads["layers"][i] = encoder_layer_backward(dout, cache.layers[i])
-    return dout, grads
+    dx, grads = core_blocks.encoder_backward(dout, cache.core)
+    return dx, _stack_grads(grads, cache.converted)
 
 
 def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memory_mask=None,
@@ -442,41 +459,32 @@ def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memo
     Returns:
         out: (B, T, E); cache.
     """
-    _check_stack(params)
-    caches = []
-    for p in params["layers"]:
-        x, c = decoder_layer_forward(x, memory, p, num_heads, tgt_mask, memory_mask,
-                                     tgt_key_padding_mask, memory_key_padding_mask, norm_first,
-                                     activation, eps)
-        caches.append(c)
-    ncache = None
-    if params.get("norm") is not None:
-        x, ncache = _norm_forward(x, params["norm"], eps, "params['norm']")
-    return x, StackCache("decoder", caches, ncache)
+    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
+    memory = _check_memory(memory, x)
+    b, t, e = x.shape
+    _check_stack(params, _DECODER_KEYS, e, x.dtype)
+    self_mask = att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype)
+    cross_mask = att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t,
+                                   memory.shape[1], x.dtype)
+    core_params, converted = _stack_to_core(params)
+    out, cache = core_blocks.decoder_forward(x, memory, core_params, h, self_mask, cross_mask,
+                                             norm_first, activation, eps)
+    _check_finite_norms(out, eps)
+    return out, StackCache(cache, out.shape, x.dtype, "decoder", converted)
 
 
 def decoder_backward(dout, cache: StackCache):
     """Gradients of :func:`decoder_forward`: dx, dmemory (summed over the layers) and grads."""
     _check_stack_backward(dout, cache, "decoder")
-    grads = {"layers": [None] * len(cache.layers), "norm": None}
-    if cache.norm is not None:
-        dout, grads["norm"] = _norm_backward(dout, cache.norm)
-    dmemory = None
-    for i in reversed(range(len(cache.layers))):
-        dout, dmem, grads["layers"][i] = decoder_layer_backward(dout, cache.layers[i])
-        if dmemory is None:
-            dmemory = dmem
-        else:
-            dmemory += dmem
-    return dout, dmemory, grads
+    dx, dmemory, grads = core_blocks.decoder_backward(dout, cache.core)
+    return dx, dmemory, _stack_grads(grads, cache.converted)
 
 
 def _check_stack_backward(dout, cache, kind: str) -> None:
     v.cache_of(cache, f"{kind}_backward", StackCache)
     if cache.kind != kind:
         raise ValueError(f"{kind}_backward: cache comes from {cache.kind}_forward")
-    x_like = cache.layers[0].norm1.xhat  # the stack's output has the shape and dtype of x
-    v.grad_like(dout, "dout", x_like.shape, x_like.dtype)
+    v.grad_like(dout, "dout", cache.shape, cache.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,7 +507,8 @@ def _rng(rng) -> np.random.Generator:
 
 def feed_forward_init(d_model: int, d_ff: int, bias: bool = True, rng=None,
                       dtype=np.float32) -> dict:
-    """Feed-forward parameters, uniform(+-1/sqrt(fan_in)) like ``nn.Linear``.
+    """Feed-forward parameters, uniform(+-1/sqrt(fan_in)) like ``nn.Linear``
+    (``core.layers.init_uniform``).
 
     ``rng``: a ``np.random.Generator``; default ``np.random.default_rng(0)`` (two calls without
     one give the same parameters).
@@ -510,8 +519,7 @@ def feed_forward_init(d_model: int, d_ff: int, bias: bool = True, rng=None,
     rng = _rng(rng)
 
     def uniform(fan_in, shape):
-        a = 1.0 / np.sqrt(fan_in)
-        return rng.uniform(-a, a, size=shape).astype(dtype)
+        return core_layers.init_uniform(fan_in, shape, rng).astype(dtype)
 
     p = {"W1": uniform(d_model, (d_model, d_ff)), "W2": uniform(d_ff, (d_ff, d_model))}
     if v.boolean(bias, "bias"):

@@ -1,37 +1,58 @@
-"""Layers as forward/backward pairs, in NumPy.
+"""Layers as forward/backward pairs: the checked public entry points to :mod:`transformer_lab.core`.
 
-Every operation comes as ``op_forward(...) -> (out, cache)`` and ``op_backward(dout, cache)``:
-the forward function returns what the backward function needs in ``cache``; the backward function
-receives the upstream gradient ``dout`` (same shape as ``out``) and returns the gradients of the
-inputs, in the order of the forward's arguments. Weights use the NumPy layout ``y = x @ W + b``
-with ``W`` of shape ``(in, out)`` (PyTorch stores the transpose).
+Every operation comes as ``op_forward(...) -> (out, cache)`` and ``op_backward(dout, cache)``,
+the convention of the core: a backward function returns the gradients of the forward's array
+inputs, in order, followed by a dict ``grads`` keyed like the operation's parameters when it has
+any -- ``linear_backward(dout, cache) -> (dx, {"W": dW, "b": db})``,
+``layer_norm_backward(dout, cache) -> (dx, {"gamma": ..., "beta": ...})`` (the parameters that
+were given), ``embedding_backward(dout, cache) -> {"W": dW}`` (token ids have no gradient).
+Weights use the NumPy layout ``y = x @ W + b`` with ``W`` of shape ``(in, out)`` (PyTorch stores
+the transpose).
 
-Arrays are float32 or float64 and keep their dtype; gradient checks run in float64. A backward
-function refuses a ``dout`` that is not an array of the forward output's shape and dtype (a
-float64 ``dout`` would silently turn every gradient into float64). Where a forward function
-returns an array that its backward function reads again (softmax, log-softmax), that array is
-read-only: editing it in place raises instead of silently changing the gradients.
-Attention lives in :mod:`transformer_lab.attention`.
+What this module adds to the core is the checking and the conversions, nothing of the math:
+
+- every public function checks its arguments once, with errors that name the argument and say
+  what was expected, then calls the core function (looked up on ``transformer_lab.core.layers``
+  at call time, so an edited core takes effect at once);
+- arguments the core does not take are converted here: softmax's ``axis`` (the core works on
+  the last axis), an embedding's ``padding_idx`` (its gradient row is zeroed), the dtype of the
+  positional table;
+- a cache is the core's cache wrapped with what the backward function needs to refuse a
+  ``dout`` of another shape or dtype (a float64 ``dout`` would silently turn every gradient into
+  float64) and a foreign or missing cache.
+
+Arrays are float32 or float64 and keep their dtype; gradient checks run in float64. Where a
+forward function returns an array that its backward function reads again (softmax,
+log-softmax), that array is read-only: editing it in place raises instead of silently changing
+the gradients. Attention lives in :mod:`transformer_lab.attention`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import erf
 
 from transformer_lab import _validate as v
+from transformer_lab.core import layers as core_layers
+
+#: The activations the layers know, by name.
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+def _dout(dout, cache) -> np.ndarray:
+    """The upstream gradient of a cached forward: a NumPy array of its output's shape/dtype."""
+    return v.grad_like(dout, "dout", cache.shape, cache.dtype)
+
 
 # --------------------------------------------------------------------------------------------
 # Linear
 
 
 class LinearCache(NamedTuple):
-    x: np.ndarray
-    W: np.ndarray
-    has_bias: bool
+    core: tuple  # core.layers.linear_forward's cache
+    shape: tuple  # of the output (and of dout)
+    dtype: np.dtype
 
 
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
@@ -52,13 +73,12 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
     if x.shape[-1] != W.shape[0]:
         raise ValueError(f"W must have shape (D_in, D_out) with D_in = x.shape[-1] = "
                          f"{x.shape[-1]}, got {W.shape}")
-    out = (x.reshape(-1, W.shape[0]) @ W).reshape(*x.shape[:-1], W.shape[1])
     if b is not None:
         b = v.float_array(b, "b", ndim=1)
         v.same_dtype("x", x, "b", b)
         v.shape_is(b, (W.shape[1],), "b", "D_out")
-        out += b
-    return out, LinearCache(x, W, b is not None)
+    out, cache = core_layers.linear_forward(x, W, b)
+    return out, LinearCache(cache, out.shape, x.dtype)
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -69,17 +89,11 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
         cache: from :func:`linear_forward`.
 
     Returns:
-        dx: shape (..., D_in); dW: shape (D_in, D_out); db: shape (D_out,), or None without bias.
+        dx: shape (..., D_in); grads: ``{"W": (D_in, D_out), "b": (D_out,)}`` (no ``"b"``
+        without a bias).
     """
     v.cache_of(cache, "linear_backward", LinearCache)
-    x, W, has_bias = cache
-    d_in, d_out = W.shape
-    v.grad_like(dout, "dout", (*x.shape[:-1], d_out), x.dtype)
-    dout2 = dout.reshape(-1, d_out)
-    dx = (dout2 @ W.T).reshape(x.shape)
-    dW = x.reshape(-1, d_in).T @ dout2
-    db = dout2.sum(axis=0) if has_bias else None
-    return dx, dW, db
+    return core_layers.linear_backward(_dout(dout, cache), cache.core)
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,34 +101,28 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
 
 
 class ReluCache(NamedTuple):
-    positive: np.ndarray  # bool, shape S: x > 0
-    dtype: np.dtype  # of x and of the output
+    core: np.ndarray  # core.layers.relu_forward's cache
+    shape: tuple
+    dtype: np.dtype
 
 
 def relu_forward(x: np.ndarray):
     """``out = max(x, 0)``. x: any shape S -> out: shape S; cache."""
     x = v.float_array(x, "x")
-    out = np.maximum(x, 0)
-    return out, ReluCache(x > 0, x.dtype)
+    out, cache = core_layers.relu_forward(x)
+    return out, ReluCache(cache, x.shape, x.dtype)
 
 
 def relu_backward(dout: np.ndarray, cache: ReluCache):
     """Gradient of :func:`relu_forward`: ``dx = dout * [x > 0]`` (0 at x = 0, as PyTorch)."""
     v.cache_of(cache, "relu_backward", ReluCache)
-    v.grad_like(dout, "dout", cache.positive.shape, cache.dtype)
-    return dout * cache.positive
-
-
-_SQRT_2 = math.sqrt(2.0)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_GELU_C = 0.044715
+    return core_layers.relu_backward(_dout(dout, cache), cache.core)
 
 
 class GeluCache(NamedTuple):
-    x: np.ndarray
-    approximate: str
-    aux: np.ndarray  # Phi(x) for "none", tanh(u) for "tanh"
+    core: tuple  # core.layers.gelu_forward's cache
+    shape: tuple
+    dtype: np.dtype
 
 
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
@@ -131,57 +139,46 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
         out: shape S; cache.
     """
     x = v.float_array(x, "x")
-    if approximate == "none":
-        phi = 0.5 * (1.0 + erf(x / x.dtype.type(_SQRT_2)))
-        return x * phi, GeluCache(x, approximate, phi)
-    if approximate == "tanh":
-        t = np.tanh(x.dtype.type(_SQRT_2_OVER_PI) * (x + x.dtype.type(_GELU_C) * x ** 3))
-        return 0.5 * x * (1.0 + t), GeluCache(x, approximate, t)
-    raise ValueError(f'approximate must be "none" or "tanh", got {approximate!r}')
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f'approximate must be "none" or "tanh", got {approximate!r}')
+    out, cache = core_layers.gelu_forward(x, approximate)
+    return out, GeluCache(cache, x.shape, x.dtype)
 
 
 def gelu_backward(dout: np.ndarray, cache: GeluCache):
-    """Gradient of :func:`gelu_forward`.
-
-    exact: ``d/dx [x Phi(x)] = Phi(x) + x phi(x)``, phi the standard normal density;
-    tanh: ``(1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)``.
-    """
+    """Gradient of :func:`gelu_forward` (dout: the output's shape S -> dx: shape S)."""
     v.cache_of(cache, "gelu_backward", GeluCache)
-    x, approximate, aux = cache
-    v.grad_like(dout, "dout", x.shape, x.dtype)
-    c = x.dtype.type
-    if approximate == "none":
-        local = aux + x * c(_INV_SQRT_2PI) * np.exp(-0.5 * x * x)
-    else:
-        local = 0.5 * (1.0 + aux) + 0.5 * x * (1.0 - aux * aux) * c(_SQRT_2_OVER_PI) * (
-            1.0 + c(3 * _GELU_C) * x * x)
-    return dout * local
+    return core_layers.gelu_backward(_dout(dout, cache), cache.core)
 
 
-_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+class ActivationCache(NamedTuple):
+    core: tuple  # core.layers.activation_forward's cache
+    shape: tuple
+    dtype: np.dtype
+
+
+def check_activation(activation) -> str:
+    """``activation`` if it is one of :data:`ACTIVATIONS`, else a ValueError."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f'activation must be "relu", "gelu" or "gelu_tanh", got {activation!r}')
+    return activation
 
 
 def activation_forward(x: np.ndarray, activation: str):
-    """Dispatch to relu / gelu (exact) / gelu_tanh by name; cache for activation_backward."""
-    if activation == "relu":
-        out, cache = relu_forward(x)
-    elif activation == "gelu":
-        out, cache = gelu_forward(x, "none")
-    elif activation == "gelu_tanh":
-        out, cache = gelu_forward(x, "tanh")
-    else:
-        raise ValueError(f'activation must be "relu", "gelu" or "gelu_tanh", got {activation!r}')
-    return out, (activation, cache)
+    """The activation named ``activation``: "relu", "gelu" (exact) or "gelu_tanh".
+
+    x: any shape S -> out: shape S; cache for :func:`activation_backward`.
+    """
+    x = v.float_array(x, "x")
+    check_activation(activation)
+    out, cache = core_layers.activation_forward(x, activation)
+    return out, ActivationCache(cache, x.shape, x.dtype)
 
 
-def activation_backward(dout: np.ndarray, cache):
+def activation_backward(dout: np.ndarray, cache: ActivationCache):
     """Gradient of :func:`activation_forward` (dout: the output's shape S -> dx: shape S)."""
-    v.cache_of(cache, "activation_backward", tuple)
-    if len(cache) != 2 or cache[0] not in _ACTIVATIONS:
-        raise TypeError("activation_backward: cache must be the (activation, cache) pair "
-                        "returned by activation_forward")
-    activation, inner = cache
-    return relu_backward(dout, inner) if activation == "relu" else gelu_backward(dout, inner)
+    v.cache_of(cache, "activation_backward", ActivationCache)
+    return core_layers.activation_backward(_dout(dout, cache), cache.core)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,19 +186,21 @@ def activation_backward(dout: np.ndarray, cache):
 
 
 class SoftmaxCache(NamedTuple):
-    y: np.ndarray
-    axis: int
+    core: np.ndarray  # core.layers.softmax_forward's cache, the softmax along the last axis
+    shape: tuple
+    dtype: np.dtype
+    axis: int  # the axis of the distribution, in [0, ndim)
 
 
 def softmax_forward(x: np.ndarray, axis: int = -1):
     """Numerically stable softmax along ``axis``.
 
-    ``y = exp(x - max(x)) / sum(exp(x - max(x)))``: subtracting the row maximum changes nothing
+    ``y = exp(x - max(x)) / sum(exp(x - max(x)))``: subtracting the maximum changes nothing
     mathematically and keeps ``exp`` from overflowing.
 
     Args:
-        x: any shape S (entries may be -inf, as long as every row has a finite entry; NaN and
-            +inf are refused).
+        x: any shape S (entries may be -inf, as long as every slice along ``axis`` has a finite
+            entry; NaN and +inf are refused).
         axis: the axis that sums to one.
 
     Returns:
@@ -209,26 +208,27 @@ def softmax_forward(x: np.ndarray, axis: int = -1):
     """
     x = v.float_array(x, "x", min_ndim=1)
     axis = _axis(axis, x.ndim)
-    e = np.exp(x - _finite_row_max(x, axis))
-    e /= e.sum(axis=axis, keepdims=True)
-    e.flags.writeable = False
-    return e, SoftmaxCache(e, axis)
+    _check_finite_slices(x, axis)
+    y, cache = core_layers.softmax_forward(_last(x, axis))
+    y.flags.writeable = False  # y is the cache: the backward pass reads it
+    return _unlast(y, axis), SoftmaxCache(cache, x.shape, x.dtype, axis)
 
 
 def softmax_backward(dout: np.ndarray, cache: SoftmaxCache):
     """Gradient of :func:`softmax_forward` in O(size), without the Jacobian.
 
-    The Jacobian of one row is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``
+    The Jacobian of one slice is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``
     with the sum along ``axis``.
     """
     v.cache_of(cache, "softmax_backward", SoftmaxCache)
-    y, axis = cache
-    v.grad_like(dout, "dout", y.shape, y.dtype)
-    return y * (dout - (dout * y).sum(axis=axis, keepdims=True))
+    dout = _last(_dout(dout, cache), cache.axis)
+    return _unlast(core_layers.softmax_backward(dout, cache.core), cache.axis)
 
 
 class LogSoftmaxCache(NamedTuple):
-    out: np.ndarray
+    core: np.ndarray  # core.layers.log_softmax_forward's cache, along the last axis
+    shape: tuple
+    dtype: np.dtype
     axis: int
 
 
@@ -236,7 +236,7 @@ def log_softmax_forward(x: np.ndarray, axis: int = -1):
     """``log(softmax(x))`` computed stably as ``z - log(sum(exp(z)))``, ``z = x - max(x)``.
 
     Args:
-        x: any shape S (as for :func:`softmax_forward`: every row needs a finite entry).
+        x: any shape S (as for :func:`softmax_forward`: every slice needs a finite entry).
         axis: the axis of the distribution.
 
     Returns:
@@ -244,25 +244,55 @@ def log_softmax_forward(x: np.ndarray, axis: int = -1):
     """
     x = v.float_array(x, "x", min_ndim=1)
     axis = _axis(axis, x.ndim)
-    z = x - _finite_row_max(x, axis)
-    out = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    _check_finite_slices(x, axis)
+    out, cache = core_layers.log_softmax_forward(_last(x, axis))
     out.flags.writeable = False
-    return out, LogSoftmaxCache(out, axis)
+    return _unlast(out, axis), LogSoftmaxCache(cache, x.shape, x.dtype, axis)
 
 
 def log_softmax_backward(dout: np.ndarray, cache: LogSoftmaxCache):
     """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
     v.cache_of(cache, "log_softmax_backward", LogSoftmaxCache)
-    out, axis = cache
-    v.grad_like(dout, "dout", out.shape, out.dtype)
-    return dout - np.exp(out) * dout.sum(axis=axis, keepdims=True)
+    dout = _last(_dout(dout, cache), cache.axis)
+    return _unlast(core_layers.log_softmax_backward(dout, cache.core), cache.axis)
+
+
+def _axis(axis: int, ndim: int) -> int:
+    axis = v.integer(axis, "axis")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}")
+    return axis % ndim
+
+
+def _last(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` with ``axis`` moved last (a view), the layout the core's softmax takes."""
+    return x if axis == x.ndim - 1 else np.moveaxis(x, axis, -1)
+
+
+def _unlast(y: np.ndarray, axis: int) -> np.ndarray:
+    """The inverse of :func:`_last`."""
+    return y if axis == y.ndim - 1 else np.moveaxis(y, -1, axis)
+
+
+def _check_finite_slices(x: np.ndarray, axis: int) -> None:
+    """A ValueError unless every slice of ``x`` along ``axis`` has a finite maximum.
+
+    The maximum is NaN when the slice holds a NaN, +inf when it holds +inf, -inf when every
+    entry is -inf: the softmax of such a slice is undefined (the core returns NaN for the first
+    two and zeros -- "attend to nothing", attention's convention -- for the third).
+    """
+    m = x.max(axis=axis)
+    if not np.isfinite(m).all():
+        what = ("a NaN" if np.isnan(m).any() else "+inf" if np.isposinf(m).any()
+                else "only -inf entries (nothing to normalise)")
+        raise ValueError(f"x must have a finite entry in every slice along axis {axis} and no "
+                         f"NaN or +inf: a slice holds {what}, and its softmax is undefined")
 
 
 class CrossEntropyCache(NamedTuple):
-    probs: np.ndarray  # (N, C) softmax of the logits
-    targets: np.ndarray  # (N,) with ignored entries replaced by 0
-    weight: np.ndarray  # (N,) 1/count (mean), 1 (sum) or 0 (ignored)
-    shape: tuple
+    core: tuple  # core.layers.cross_entropy_forward's cache
+    shape: tuple  # of the logits (and of dlogits)
+    dtype: np.dtype
 
 
 def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
@@ -298,22 +328,11 @@ def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
     if bad.any():
         raise ValueError(f"targets must be class ids in [0, {n_classes}) or ignore_index="
                          f"{ignore_index}, found {targets[bad].flat[0]}")
-    count = int(keep.sum())
-    if reduction == "mean" and count == 0:
+    if reduction == "mean" and not keep.any():
         raise ValueError(f"every target equals ignore_index={ignore_index}: the mean loss over "
                          "no tokens is undefined")
-
-    flat = logits.reshape(-1, n_classes)
-    t = np.where(keep, targets, 0).reshape(-1)
-    z = flat - flat.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z).sum(axis=1))
-    nll = lse - z[np.arange(len(t)), t]
-    w = keep.reshape(-1).astype(logits.dtype)
-    if reduction == "mean":
-        w /= count
-    loss = float(np.dot(nll, w))
-    probs = np.exp(z - lse[:, None])
-    return loss, CrossEntropyCache(probs, t, w, logits.shape)
+    loss, cache = core_layers.cross_entropy_forward(logits, targets, ignore_index, reduction)
+    return loss, CrossEntropyCache(cache, logits.shape, logits.dtype)
 
 
 def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
@@ -329,11 +348,7 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
     """
     v.cache_of(cache, "cross_entropy_backward", CrossEntropyCache)
     dloss = v.real(dloss, "dloss")
-    probs, t, w, shape = cache
-    dlogits = probs.copy()
-    dlogits[np.arange(len(t)), t] -= 1.0
-    dlogits *= (w * dloss)[:, None]
-    return dlogits.reshape(shape)
+    return core_layers.cross_entropy_backward(dloss, cache.core)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,10 +356,41 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
 
 
 class LayerNormCache(NamedTuple):
-    xhat: np.ndarray
-    rstd: np.ndarray
-    gamma: np.ndarray | None
-    has_beta: bool
+    core: tuple  # core.layers.layer_norm_forward's cache
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def xhat(self) -> np.ndarray:
+        """The normalised input ``(x - mean) / sqrt(var + eps)``, (..., D)."""
+        return layer_norm_xhat(self.core)
+
+    @property
+    def rstd(self) -> np.ndarray:
+        """``1 / sqrt(var + eps)`` of every row, (..., 1)."""
+        return layer_norm_rstd(self.core)
+
+
+def layer_norm_xhat(core_cache) -> np.ndarray:
+    """``xhat`` from the cache of ``core.layers.layer_norm_forward``."""
+    return core_cache[0]
+
+
+def layer_norm_rstd(core_cache) -> np.ndarray:
+    """``rstd`` (..., 1) from the cache of ``core.layers.layer_norm_forward``."""
+    return core_cache[1]
+
+
+def check_norm_params(gamma, beta, d: int, dtype, where: str = "") -> None:
+    """``gamma`` and ``beta``: None or (D,) arrays of ``dtype`` (``where`` prefixes the names,
+    e.g. ``"params['norm1']"``)."""
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p is not None:
+            full = f"{where}[{name!r}]" if where else name
+            v.float_array(p, full, ndim=1)
+            if p.dtype != dtype:
+                raise TypeError(f"{full} must have the dtype of x ({dtype}), got {p.dtype}")
+            v.shape_is(p, (d,), full, "x.shape[-1]")
 
 
 def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
@@ -365,36 +411,17 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
     """
     x = v.float_array(x, "x", min_ndim=1)
     eps = v.real(eps, "eps", minimum=0)
-    d = x.shape[-1]
-    for name, p in (("gamma", gamma), ("beta", beta)):
-        if p is not None:
-            v.float_array(p, name, ndim=1)
-            v.same_dtype("x", x, name, p)
-            v.shape_is(p, (d,), name, "x.shape[-1]")
-    # Row sums as einsum: NumPy's sum/mean over a short last axis are several times slower.
-    # The variance is each centred row's dot product with itself (no squared temporary), and
-    # xhat is computed in place in xc.
-    mu = np.einsum("...i->...", x)[..., None] / d
-    xc = x - mu
-    var = np.einsum("...i,...i->...", xc, xc)[..., None] / d
-    var += eps
-    # A row of equal entries has variance 0: with an eps that is 0 in x's dtype, 1/sqrt(0) = inf
-    # and xhat = 0 * inf = NaN. An eps >= 1e-30 is positive in float32 and float64 alike, so
-    # only a smaller one needs the reduction over the rows.
-    if eps < 1e-30 and not var.all():
-        raise ValueError(f"x has a row whose entries are all equal (variance 0) and eps={eps} "
-                         "adds nothing to it: its normalisation would be 0/0 = NaN; use eps > 0 "
-                         "(PyTorch's default is 1e-5)")
-    rstd = 1.0 / np.sqrt(var)
-    xhat = xc
-    xhat *= rstd
-    if gamma is not None:
-        out = xhat * gamma
-        if beta is not None:
-            out += beta
-    else:  # a copy: the caller may edit out in place, the backward reads xhat
-        out = xhat.copy() if beta is None else xhat + beta
-    return out, LayerNormCache(xhat, rstd, gamma, beta is not None)
+    check_norm_params(gamma, beta, x.shape[-1], x.dtype)
+    if eps >= 1e-30:  # positive in float32 and float64 alike: var + eps > 0
+        out, cache = core_layers.layer_norm_forward(x, gamma, beta, eps)
+    else:  # eps may be 0 in x's dtype: a row of equal entries would give 1/sqrt(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out, cache = core_layers.layer_norm_forward(x, gamma, beta, eps)
+        if not np.isfinite(layer_norm_rstd(cache)).all():
+            raise ValueError(f"x has a row whose entries are all equal (variance 0) and eps={eps} "
+                             "adds nothing to it: its normalisation would be 0/0 = NaN; use "
+                             "eps > 0 (PyTorch's default is 1e-5)")
+    return out, LayerNormCache(cache, x.shape, x.dtype)
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -404,23 +431,10 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     ``dgamma = sum(dout * xhat)``, ``dbeta = sum(dout)`` over all leading axes.
 
     Returns:
-        dx: shape (..., D); dgamma: shape (D,) or None; dbeta: shape (D,) or None.
+        dx: shape (..., D); grads: ``{"gamma": (D,), "beta": (D,)}``, those that were given.
     """
     v.cache_of(cache, "layer_norm_backward", LayerNormCache)
-    xhat, rstd, gamma, has_beta = cache
-    v.grad_like(dout, "dout", xhat.shape, xhat.dtype)
-    d = xhat.shape[-1]
-    dout2 = dout.reshape(-1, d)
-    dgamma = np.einsum("nd,nd->d", dout2, xhat.reshape(-1, d)) if gamma is not None else None
-    dbeta = dout2.sum(axis=0) if has_beta else None
-    g = dout * gamma if gamma is not None else dout.copy()
-    mean_g = np.einsum("...i->...", g)[..., None] / d
-    mean_gx = np.einsum("...i,...i->...", g, xhat)[..., None] / d
-    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), in place in g
-    g -= mean_g
-    g -= xhat * mean_gx
-    g *= rstd
-    return g, dgamma, dbeta
+    return core_layers.layer_norm_backward(_dout(dout, cache), cache.core)
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,11 +442,20 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
 
 
 class EmbeddingCache(NamedTuple):
-    ids: np.ndarray
-    vocab_size: int
-    padding_idx: int | None
-    dim: int  # D, the width of the table
+    core: tuple  # core.layers.embedding_forward's cache
+    shape: tuple  # of the output: ids.shape + (D,)
     dtype: np.dtype  # of the table and of the output
+    padding_idx: int | None
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The token ids of the forward pass."""
+        return self.core[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the number of rows of the table."""
+        return self.core[1][0]
 
 
 def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
@@ -452,40 +475,25 @@ def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
         padding_idx = v.integer(padding_idx, "padding_idx")
         if not 0 <= padding_idx < W.shape[0]:
             raise ValueError(f"padding_idx must be in [0, {W.shape[0]}), got {padding_idx}")
-    return W[ids], EmbeddingCache(ids, W.shape[0], padding_idx, W.shape[1], W.dtype)
+    out, cache = core_layers.embedding_forward(ids, W)
+    return out, EmbeddingCache(cache, out.shape, W.dtype, padding_idx)
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache):
     """Gradient of the table: each row collects the upstream gradients of its occurrences.
-
-    The rows of ``dout`` are sorted by token id (a stable sort, so each token's rows keep their
-    order) and every run of equal ids is summed by one ``np.add.reduceat``. This is faster than
-    the textbook ``np.add.at(dW, ids, dout)``, which adds one row at a time, at every size we
-    measured (median, one thread, float32; B=64, T=12, D=64: 45 us against 325 us for V=14,
-    165 us against 325 us for V=1000; B=64, T=100, D=128, V=30000: 4.8 ms against 5.9 ms).
-    A one-hot matrix product is faster still for a tiny vocabulary (23 us at V=14) but slower
-    from a few hundred tokens on (850 us at V=1000), so the sort is kept. The sums equal
-    ``np.add.at``'s up to float rounding (the additions are grouped differently).
 
     Args:
         dout: upstream gradient, shape ids.shape + (D,).
         cache: from :func:`embedding_forward`.
 
     Returns:
-        dW: shape (V, D); row ``padding_idx`` is zero.
+        grads: ``{"W": (V, D)}``; row ``padding_idx`` is zero.
     """
     v.cache_of(cache, "embedding_backward", EmbeddingCache)
-    ids, vocab_size, padding_idx, d, dtype = cache
-    v.grad_like(dout, "dout", (*ids.shape, d), dtype)  # ids.shape + (D,)
-    dW = np.zeros((vocab_size, d), dtype=dtype)
-    flat_ids = ids.reshape(-1)
-    if flat_ids.size:
-        order = np.argsort(flat_ids, kind="stable")
-        present, starts = np.unique(flat_ids[order], return_index=True)
-        dW[present] = np.add.reduceat(dout.reshape(-1, d)[order], starts, axis=0)
-    if padding_idx is not None:
-        dW[padding_idx] = 0
-    return dW
+    grads = core_layers.embedding_backward(_dout(dout, cache), cache.core)
+    if cache.padding_idx is not None:
+        grads["W"][cache.padding_idx] = 0
+    return grads
 
 
 def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
@@ -498,7 +506,7 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
         max_len: number of positions L.
         d_model: model width D (odd widths get one more sine than cosine column).
         base: wavelength base, a positive number.
-        dtype: np.float32 or np.float64.
+        dtype: np.float32 or np.float64 (the table is computed in float64, then rounded).
 
     Returns:
         PE: shape (L, D).
@@ -507,13 +515,7 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
     d_model = v.positive_int(d_model, "d_model")
     base = v.real(base, "base", positive=True)
     dtype = v.float_dtype(dtype, "dtype")
-    pos = np.arange(max_len, dtype=np.float64)[:, None]
-    inv_freq = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
-    angles = pos * inv_freq
-    pe = np.empty((max_len, d_model), dtype=np.float64)
-    pe[:, 0::2] = np.sin(angles)
-    pe[:, 1::2] = np.cos(angles[:, : d_model // 2])
-    return pe.astype(dtype)
+    return core_layers.positional_encoding(max_len, d_model, base).astype(dtype, copy=False)
 
 
 class PositionalEncodingCache(NamedTuple):
@@ -546,27 +548,4 @@ def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
 def positional_encoding_backward(dout: np.ndarray, cache: PositionalEncodingCache):
     """The added table is a constant: ``dx = dout`` (the same array)."""
     v.cache_of(cache, "positional_encoding_backward", PositionalEncodingCache)
-    return v.grad_like(dout, "dout", cache.shape, cache.dtype)
-
-
-def _axis(axis: int, ndim: int) -> int:
-    axis = v.integer(axis, "axis")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}")
-    return axis % ndim
-
-
-def _finite_row_max(x: np.ndarray, axis: int) -> np.ndarray:
-    """``max(x)`` along ``axis`` (keepdims), or a ValueError if a row has no finite maximum.
-
-    The maximum is NaN when the row holds a NaN, +inf when it holds +inf, -inf when every entry
-    is -inf: in each case the softmax of the row is undefined (NaN). One reduction, which the
-    stable softmax needs anyway.
-    """
-    m = x.max(axis=axis, keepdims=True)
-    if not np.isfinite(m).all():
-        what = ("a NaN" if np.isnan(m).any() else "+inf" if np.isposinf(m).any()
-                else "only -inf entries (nothing to normalise)")
-        raise ValueError(f"x must have a finite entry in every slice along axis {axis} and no "
-                         f"NaN or +inf: a slice holds {what}, and its softmax would be NaN")
-    return m
+    return _dout(dout, cache)

@@ -25,7 +25,9 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION,
     installed); sets the NumPy and torch print precision; limits NumPy's BLAS and torch to
     ``threads`` threads; turns off warnings that would make stored notebook outputs depend on
     library versions; sets matplotlib defaults that look the same in JupyterLab, in the HTML site
-    and in nbval runs.
+    and in nbval runs. In IPython (a notebook's kernel), it also turns on IPython's autoreload
+    for the modules of :mod:`transformer_lab.core`: a function you edit in
+    ``src/transformer_lab/core/*.py`` is picked up by the next cell you run, no restart needed.
 
     Why one thread by default: the course's matrices are small, where a second BLAS thread costs
     more in synchronisation than it saves -- and on a busy machine a multi-threaded OpenBLAS
@@ -58,7 +60,45 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION,
         limit_threads(threads)
     _setup_torch(seed, precision)
     _setup_matplotlib()
+    autoreload_core()
     return np.random.default_rng(seed)
+
+
+def core_modules() -> list[str]:
+    """The modules of :mod:`transformer_lab.core`, ``transformer_lab.core.layers`` ..."""
+    import pkgutil
+
+    from transformer_lab import core
+
+    return sorted(f"{core.__name__}.{m.name}" for m in pkgutil.iter_modules(core.__path__))
+
+
+def autoreload_core() -> bool:
+    """In IPython, reload the core modules before a cell runs whenever their files changed.
+
+    Loads IPython's ``autoreload`` extension and marks the core modules with ``%aimport``, in
+    mode 1 (only the marked modules are watched; a mode already set higher is kept). Returns
+    whether it did so (False outside IPython, printing nothing either way).
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "extension_manager"):
+        return False
+    try:
+        if "autoreload" not in shell.extension_manager.loaded:
+            shell.extension_manager.load_extension("autoreload")
+        magics = shell.magics_manager.registry.get("AutoreloadMagics")
+        reloader = getattr(magics, "_reloader", None)
+        if reloader is None or not (reloader.enabled and reloader.check_all):
+            shell.run_line_magic("autoreload", "1")
+        for module in core_modules():
+            shell.run_line_magic("aimport", module)
+    except Exception:  # an IPython without the extension: the notebook works, just no reload
+        return False
+    return True
 
 
 _blas_limit = None  # keeps the threadpoolctl limit alive for the whole session

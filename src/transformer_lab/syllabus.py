@@ -41,7 +41,7 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
         "causal_mask": ("02_masking §1",),
         "padding_mask": ("02_masking §5",),
         "merge_masks": ("04_multihead_attention §4",),
-        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §5"),
+        "attention_forward": ("01_attention §6", "02_masking §2", "03_minibatching §4"),
         "attention_backward": ("05_backward §3",),
     },
     "multihead": {
@@ -69,6 +69,8 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     "model": {
         "embed_forward": ("06_transformer §5",),
         "embed_backward": ("06_transformer §5",),
+        "transformer_encode": ("06_transformer §9",),
+        "transformer_decode": ("06_transformer §9",),
         "transformer_forward": ("06_transformer §9",),
         "transformer_backward": ("07_verification §1",),
         "transformer_loss": ("07_verification §1",),
@@ -114,6 +116,14 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
         "swiglu_backward": ("09_gpt §7",),
         "repeat_kv_forward": ("09_gpt §7",),
         "repeat_kv_backward": ("09_gpt §7",),
+    },
+    "flash": {
+        "online_softmax_update": ("10_long_context §2",),
+        "flash_attention_forward": ("10_long_context §3",),
+        "flash_attention_backward_tile": ("10_long_context §4",),
+        "flash_attention_backward": ("10_long_context §4",),
+        "flash_self_attention_forward": ("10_long_context §6",),
+        "flash_self_attention_backward": ("10_long_context §6",),
     },
 }
 

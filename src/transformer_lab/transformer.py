@@ -9,20 +9,25 @@
         model.params[name] -= 0.1 * g
     model.greedy_decode(src)                    # list of generated token-id arrays
 
-The model is the composition of the pieces of :mod:`transformer_lab.layers`,
-:mod:`transformer_lab.attention` and :mod:`transformer_lab.blocks`::
+The model runs on the core the course builds, ``transformer_lab.core.model`` (its forward and
+backward passes and its loss), called at call time -- an edited core takes effect at once::
 
     src ids -> token embedding (* sqrt(d_model)) + positions -> N encoder layers -> norm = memory
     tgt ids -> token embedding (* sqrt(d_model)) + positions -> N decoder layers -> norm
             -> output projection -> logits (B, T, V)
 
+This module is the model's checked boundary: it holds the configuration and the parameters,
+checks every input once, and converts between its flat parameter names and the core's nested
+parameters. Its input checks live in :mod:`transformer_lab.model_inputs` and its checkpoints in
+:mod:`transformer_lab.checkpoints`; both are importable from here too.
+
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
 ``"decoder.layers.1.cross_attn.W_q"``, ``"out_proj.W"`` (all in NumPy layout, ``y = x @ W + b``).
-The nested structures that :mod:`transformer_lab.blocks` takes are rebuilt from ``model.params``
-at every call and hold the very same arrays (no copies), so an optimiser may update
-``model.params[name]`` in place (``p -= lr * g``) or assign a new array of the same shape and
-dtype; :meth:`Transformer.set_params` copies values in with checks. ``model.backward`` and
+The nested structure that the core takes (``core.model``'s ``params``) is rebuilt from
+``model.params`` at every call and holds the very same arrays (no copies), so an optimiser may
+update ``model.params[name]`` in place (``p -= lr * g``) or assign a new array of the same shape
+and dtype; :meth:`Transformer.set_params` copies values in with checks. ``model.backward`` and
 ``model.loss`` return gradients in a dict with exactly the keys of ``model.params``.
 
 **Padding.** Token ``config.pad_id`` marks padding. Source padding is masked out of the encoder's
@@ -50,22 +55,41 @@ Everything is vectorised over the batch, the heads and the positions. float32 by
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import zipfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 from transformer_lab import _validate as v
-from transformer_lab import attention as att
 from transformer_lab import blocks as B
+from transformer_lab import checkpoints
 from transformer_lab import layers as L
+from transformer_lab.checkpoints import (  # noqa: F401  (re-exported: importable from here)
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    config_from_dict,
+    config_to_dict,
+)
+from transformer_lab.core import layers as core_layers
+from transformer_lab.core import model as core_model
 
 # check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
 # is importable from here too (notebook 06 does: from transformer_lab.transformer import ...).
 from transformer_lab.gradient_check import check_parity  # noqa: F401
+from transformer_lab.model_inputs import (  # noqa: F401  (re-exported: importable from here)
+    IGNORE_INDEX,
+    check_decode_length,
+    check_ids,
+    check_inputs,
+    check_loss_inputs,
+    check_padding_mask,
+    check_target,
+    decoded_sequences,
+    label_mask,
+    length_limit,
+    loss_labels,
+)
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL = ("sinusoidal", "learned", "none")
@@ -176,7 +200,7 @@ class TransformerConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Parameter names: one flat dict, and templates that give the nested structures of blocks.py
+# Parameter names: one flat dict, and templates that give the core's nested structures
 
 
 def _attention_names(prefix: str, packed: bool, bias: bool) -> dict:
@@ -198,8 +222,8 @@ def _norm_names(prefix: str, bias: bool) -> dict:
 
 
 def _templates(c: TransformerConfig) -> tuple[dict, dict]:
-    """Nested dicts of parameter *names*, shaped like the params of blocks.encoder_forward /
-    blocks.decoder_forward."""
+    """Nested dicts of parameter *names*, shaped like the params of the core's encoder and
+    decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
     enc = {"layers": [], "norm": _norm_names("encoder.norm", c.bias)}
     for i in range(c.num_encoder_layers):
         p = f"encoder.layers.{i}"
@@ -265,7 +289,7 @@ def _resolve(template, params):
 
 
 def _flatten_grads(template, grads, out: dict) -> None:
-    """Walk the template and the nested grads of blocks.py together; fill ``out[name]``."""
+    """Walk the template and nested params or grads together; fill ``out[name]``."""
     if isinstance(template, str):
         out[template] = grads
     elif isinstance(template, dict):
@@ -276,6 +300,17 @@ def _flatten_grads(template, grads, out: dict) -> None:
             _flatten_grads(t, g, out)
 
 
+def _model_template(c: TransformerConfig) -> dict:
+    """Nested dict of parameter *names*, shaped like the ``params`` of ``core.model``."""
+    enc, dec = _templates(c)
+    t = {"src_embed": {"W": "src_embed.W"}, "tgt_embed": {"W": "tgt_embed.W"}}
+    if c.positional == "learned":
+        t.update(src_pos={"W": "src_pos.W"}, tgt_pos={"W": "tgt_pos.W"})
+    t.update(encoder=enc, decoder=dec,
+             out_proj={"W": "out_proj.W", "b": "out_proj.b"} if c.bias else {"W": "out_proj.W"})
+    return t
+
+
 def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     """Deterministic initialisation from ``seed``, in the spirit of PyTorch's.
 
@@ -284,7 +319,8 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     norms: gamma = 1, beta = 0; token embeddings: normal with standard deviation
     1/sqrt(d_model) when they are scaled by sqrt(d_model) (so that the scaled embedding has unit
     variance), 1 otherwise (``nn.Embedding``); learned positions: normal(0, 1/sqrt(2)), the
-    variance of a sinusoidal entry. The same seed gives the same values in float32 and float64.
+    variance of a sinusoidal entry. The uniform draws are ``core.layers.init_uniform`` and
+    ``init_xavier``'s. The same seed gives the same values in float32 and float64.
     """
     rng = np.random.default_rng(seed)
     dt, d = c.dtype, c.d_model
@@ -306,170 +342,22 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     enc_t, dec_t = _templates(c)
     _flatten_grads(enc_t, nested_enc, params)
     _flatten_grads(dec_t, nested_dec, params)
-    a = 1.0 / math.sqrt(d)
-    params["out_proj.W"] = rng.uniform(-a, a, size=(d, c.tgt_vocab_size)).astype(dt)
+    params["out_proj.W"] = core_layers.init_uniform(d, (d, c.tgt_vocab_size), rng).astype(dt)
     if c.bias:
         params["out_proj.b"] = np.zeros(c.tgt_vocab_size, dt)
     return {k: np.ascontiguousarray(params[k]) for k in parameter_names(c)}
 
 
 # --------------------------------------------------------------------------------------------
-# Inputs, labels and decoded sequences: the checks and conventions shared with the PyTorch
-# versions of the model (transformer_lab.torch_model), so that all of them accept and refuse
-# exactly the same input with the same messages.
-
-#: Label of a position that does not count in the loss (padding, or after the first EOS).
-IGNORE_INDEX = -1
+# Accessors: what the model reads from the core's model cache
 
 
-def length_limit(config: TransformerConfig) -> int | None:
-    """Longest sequence the model reads: ``config.max_len``, or None without a positional table."""
-    return None if config.positional == "none" else config.max_len
-
-
-def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None) -> np.ndarray:
-    """A batch of token ids, or a clear error naming ``name``.
-
-    Args:
-        ids: (B, T) integer token ids: a NumPy array or a rectangular list of lists.
-        name: the argument's name, for the messages.
-        vocab_size: every id must be in [0, vocab_size).
-        max_len: the longest T allowed (None: any).
-
-    Returns:
-        ids: (B, T) integer NumPy array, B >= 1, T >= 1.
-    """
-    if isinstance(ids, (list, tuple)):
-        try:
-            ids = np.asarray(ids)
-        except ValueError:  # NumPy: "setting an array element with a sequence ..."
-            raise ValueError(f"{name} must be a rectangular (batch, length) array of token ids; "
-                             f"got a list of sequences of different lengths (pad them to one "
-                             f"length first, e.g. with transformer_lab.data.pad)") from None
-    if not isinstance(ids, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array of token ids, got {type(ids).__name__}")
-    if ids.ndim != 2:
-        raise ValueError(f"{name} must have 2 dimensions (batch, length), got shape {ids.shape}")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one sequence of at least one token, "
-                         f"got shape {ids.shape}")
-    ids = v.token_ids(ids, name, vocab_size)
-    if max_len is not None and ids.shape[1] > max_len:
-        raise ValueError(f"{name} has {ids.shape[1]} positions but the positional encoding "
-                         f"covers max_len={max_len} (TransformerConfig.max_len)")
-    return ids
-
-
-def check_padding_mask(mask, ids: np.ndarray, name: str, pad_id: int) -> np.ndarray:
-    """A key padding mask (B, T) bool, True = padding, of the shape of ``ids``; None gives
-    ``ids == pad_id``."""
-    if mask is None:
-        return ids == pad_id
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy bool array (True = padding), got "
-                        f"{type(mask).__name__}")
-    if mask.dtype != bool:
-        raise TypeError(f"{name} must be a bool array (True = padding), got dtype {mask.dtype}")
-    v.shape_is(mask, ids.shape, name, "the shape of the token ids")
-    return mask
-
-
-def _same_batch(src: np.ndarray, tgt: np.ndarray, tgt_name: str) -> None:
-    if src.shape[0] != tgt.shape[0]:
-        raise ValueError(f"src and {tgt_name} must have the same batch size, got "
-                         f"{src.shape[0]} and {tgt.shape[0]}")
-
-
-def check_inputs(config: TransformerConfig, src, tgt_in, src_key_padding_mask=None,
-                 tgt_key_padding_mask=None) -> tuple[np.ndarray, ...]:
-    """The arguments of a forward pass, checked: (src (B, S), tgt_in (B, T), src padding mask
-    (B, S), tgt padding mask (B, T)), the masks defaulting to ``ids == pad_id``."""
-    limit = length_limit(config)
-    src = check_ids(src, "src", config.src_vocab_size, limit)
-    tgt_in = check_ids(tgt_in, "tgt_in", config.tgt_vocab_size, limit)
-    _same_batch(src, tgt_in, "tgt_in")
-    src_kpm = check_padding_mask(src_key_padding_mask, src, "src_key_padding_mask",
-                                 config.pad_id)
-    tgt_kpm = check_padding_mask(tgt_key_padding_mask, tgt_in, "tgt_key_padding_mask",
-                                 config.pad_id)
-    return src, tgt_in, src_kpm, tgt_kpm
-
-
-def check_target(config: TransformerConfig, tgt) -> np.ndarray:
-    """A target batch (B, T): ``BOS y_1 ... y_n EOS`` then padding; the decoder reads T - 1."""
-    tgt = check_ids(tgt, "tgt", config.tgt_vocab_size)
-    if tgt.shape[1] < 2:
-        raise ValueError(f"tgt must have at least 2 columns (BOS and one token to predict), "
-                         f"got shape {tgt.shape}")
-    limit = length_limit(config)
-    if limit is not None and tgt.shape[1] - 1 > limit:
-        raise ValueError(f"tgt has {tgt.shape[1]} positions: the decoder reads "
-                         f"{tgt.shape[1] - 1} of them but the positional encoding covers "
-                         f"max_len={limit} (TransformerConfig.max_len)")
-    bad = np.flatnonzero(tgt[:, 0] != config.bos_id)
-    if bad.size:
-        raise ValueError(f"tgt must start every sequence with bos_id={config.bos_id}; "
-                         f"sequence {bad[0]} starts with {tgt[bad[0], 0]}")
-    return tgt
-
-
-def label_mask(config: TransformerConfig, tgt: np.ndarray) -> np.ndarray:
-    """(B, T-1) bool: which labels ``tgt[:, 1:]`` of a checked target batch count in the loss --
-    those that are not padding and come no later than the first EOS of their sequence."""
-    labels = tgt[:, 1:]
-    is_eos = labels == config.eos_id
-    after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
-    return (labels != config.pad_id) & ~after_eos
-
-
-def loss_labels(config: TransformerConfig, tgt: np.ndarray) -> np.ndarray:
-    """(B, T-1) int labels of a checked target batch: ``tgt[:, 1:]``, with
-    :data:`IGNORE_INDEX` where :func:`label_mask` is False."""
-    keep = label_mask(config, tgt)
-    if not keep.any():
-        raise ValueError("tgt has no token to predict: every label is padding")
-    return np.where(keep, tgt[:, 1:], IGNORE_INDEX)
-
-
-def check_loss_inputs(config: TransformerConfig, src, tgt) -> tuple[np.ndarray, ...]:
-    """The arguments of a loss, checked: (src (B, S), tgt (B, T), labels (B, T-1) as
-    :func:`loss_labels` gives them)."""
-    tgt = check_target(config, tgt)
-    src = check_ids(src, "src", config.src_vocab_size, length_limit(config))
-    _same_batch(src, tgt, "tgt")
-    return src, tgt, loss_labels(config, tgt)
-
-
-def check_decode_length(config: TransformerConfig, max_len) -> int:
-    """The number of tokens greedy decoding may generate: ``max_len`` (default
-    ``config.max_len``), at most the positional table's length."""
-    if max_len is None:
-        return config.max_len
-    max_len = v.integer(max_len, "max_len", minimum=1)
-    limit = length_limit(config)
-    if limit is not None and max_len > limit:
-        raise ValueError(f"max_len must be at most TransformerConfig.max_len={limit} (the "
-                         f"positional encoding's length), got {max_len}")
-    return max_len
-
-
-def decoded_sequences(out: np.ndarray, eos_id: int, padded: bool):
-    """What greedy decoding returns, from its buffer.
-
-    Args:
-        out: (B, 1 + steps) int64: BOS, then the generated tokens, padding after each EOS.
-        eos_id: the end token.
-        padded: return ``out`` itself.
-
-    Returns:
-        ``out``, or a list of B arrays: each sequence's tokens after BOS, up to and including
-        its first EOS (all ``steps`` tokens when it has none).
-    """
-    if padded:
-        return out
-    ends = out[:, 1:] == eos_id
-    lengths = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, out.shape[1] - 1)
-    return [out[i, 1:1 + n].copy() for i, n in enumerate(lengths)]
+def _stack_caches(core_cache) -> tuple:
+    """The encoder's and the decoder's stack caches in the cache of
+    ``core.model.transformer_forward``: ``((c_embed, c_stack), (c_embed, c_stack, c_out),
+    learned)``."""
+    (_, encoder), (_, decoder, _), _ = core_cache
+    return encoder, decoder
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,15 +365,13 @@ def decoded_sequences(out: np.ndarray, eos_id: int, padded: bool):
 
 
 class ModelCache(NamedTuple):
-    src: L.EmbeddingCache
-    tgt: L.EmbeddingCache
-    encoder: B.StackCache
-    decoder: B.StackCache
-    out: L.LinearCache
+    core: tuple  # core.model.transformer_forward's cache
+    shape: tuple  # of the logits (B, T, V)
+    dtype: np.dtype
 
 
 class Transformer:
-    """The encoder-decoder Transformer, as NumPy forward/backward passes.
+    """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core.
 
     Args:
         config: a :class:`TransformerConfig`.
@@ -507,10 +393,9 @@ class Transformer:
         self.config = config
         self.params: dict[str, np.ndarray] = params
         self._shapes = {k: p.shape for k, p in params.items()}
-        self._enc_t, self._dec_t = _templates(config)
+        self._template = _model_template(config)
         self.pe = (L.positional_encoding(config.max_len, config.d_model, dtype=config.dtype)
                    if config.positional == "sinusoidal" else None)
-        self._scale = config.dtype(math.sqrt(config.d_model)) if config.scale_embeddings else None
 
     # ---------------------------------------------------------------------------- parameters
 
@@ -551,8 +436,9 @@ class Transformer:
         """An independent copy (same config, parameters copied)."""
         return self.astype(self.config.dtype)
 
-    def _nested(self):
-        """The encoder and decoder parameters as blocks.py wants them, from self.params."""
+    def _nested(self) -> dict:
+        """``self.params`` checked (names, shapes, dtype) and nested as ``core.model`` takes
+        them: the same arrays, no copies."""
         params = self.params
         dt = self.config.dtype
         for name, shape in self._shapes.items():
@@ -562,38 +448,21 @@ class Transformer:
             if p.shape != shape or p.dtype != dt:
                 raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
                                  f"shape {shape}, got {p.dtype} {p.shape}")
-        return _resolve(self._enc_t, params), _resolve(self._dec_t, params)
+        return _resolve(self._template, params)
+
+    def _flat(self, grads: Mapping) -> dict[str, np.ndarray]:
+        """The core's nested gradients under the names of ``self.params``, in their order."""
+        flat: dict[str, np.ndarray] = {}
+        _flatten_grads(self._template, grads, flat)
+        return {k: flat[k] for k in self.params}
 
     # ---------------------------------------------------------------------------- forward
 
-    def _embed(self, ids: np.ndarray, side: str) -> tuple[np.ndarray, L.EmbeddingCache]:
-        """(B, T) ids -> (B, T, E) scaled token embeddings + positions; the lookup's cache."""
-        x, cache = L.embedding_forward(ids, self.params[f"{side}_embed.W"])  # x: a new array
-        if self._scale is not None:
-            x *= self._scale
-        t = ids.shape[1]
-        if self.pe is not None:
-            x += self.pe[:t]
-        elif self.config.positional == "learned":
-            x += self.params[f"{side}_pos.W"][:t]
-        return x, cache
-
-    def _encode(self, src, src_kpm, enc):
-        """memory (B, S, E), encoder stack cache, embedding cache."""
-        c = self.config
-        x, embed_cache = self._embed(src, "src")
-        memory, cache = B.encoder_forward(x, enc, c.num_heads, None, src_kpm, c.norm_first,
-                                          c.activation, c.eps)
-        return memory, cache, embed_cache
-
-    def _decode(self, tgt_in, memory, src_kpm, tgt_kpm, dec):
-        """decoder output (B, T, E) before the projection, decoder cache, embedding cache."""
-        c = self.config
-        y, embed_cache = self._embed(tgt_in, "tgt")
-        y, cache = B.decoder_forward(y, memory, dec, c.num_heads,
-                                     att.causal_mask(tgt_in.shape[1]), None, tgt_kpm, src_kpm,
-                                     c.norm_first, c.activation, c.eps)
-        return y, cache, embed_cache
+    def _core_args(self, src, tgt_in, src_kpm, tgt_kpm):
+        """The arguments of ``core.model.transformer_forward`` after ``params``: a padding mask
+        without padding is None (no masking to do)."""
+        return (src, tgt_in, self.config, self.pe, src_kpm if src_kpm.any() else None,
+                tgt_kpm if tgt_kpm.any() else None)
 
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
         """Logits for every position of the decoder input.
@@ -608,31 +477,14 @@ class Transformer:
         Returns:
             logits: (B, T, tgt_vocab_size) in the model's dtype; cache for :meth:`backward`.
         """
-        src, tgt_in, src_kpm, tgt_kpm = check_inputs(self.config, src, tgt_in,
-                                                     src_key_padding_mask, tgt_key_padding_mask)
-        enc, dec = self._nested()
-        memory, enc_cache, src_cache = self._encode(src, src_kpm, enc)
-        y, dec_cache, tgt_cache = self._decode(tgt_in, memory, src_kpm, tgt_kpm, dec)
-        logits, out_cache = L.linear_forward(y, self.params["out_proj.W"],
-                                             self.params.get("out_proj.b"))
-        return logits, ModelCache(src_cache, tgt_cache, enc_cache, dec_cache, out_cache)
+        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_key_padding_mask,
+                                             tgt_key_padding_mask))
+        logits, cache = core_model.transformer_forward(self._nested(), *args)
+        return logits, ModelCache(cache, logits.shape, logits.dtype)
 
     __call__ = forward
 
     # ---------------------------------------------------------------------------- backward
-
-    def _embed_backward(self, dx: np.ndarray, cache: L.EmbeddingCache, side: str,
-                        grads: dict) -> None:
-        """dx (B, T, E), the gradient of :meth:`_embed`'s output -> the table's gradient (and
-        the learned positions'), into ``grads``."""
-        dW = L.embedding_backward(dx, cache)
-        if self._scale is not None:
-            dW *= self._scale  # V x E multiplications instead of B x T x E
-        grads[f"{side}_embed.W"] = dW
-        if self.config.positional == "learned":
-            dpos = np.zeros(self._shapes[f"{side}_pos.W"], dtype=dx.dtype)
-            dpos[:dx.shape[1]] = dx.sum(axis=0)
-            grads[f"{side}_pos.W"] = dpos
 
     def backward(self, dlogits: np.ndarray, cache: ModelCache) -> dict[str, np.ndarray]:
         """Gradients of every parameter, given the gradient of the logits.
@@ -645,21 +497,9 @@ class Transformer:
             grads: name -> array, exactly the keys (and shapes) of ``model.params``.
         """
         v.cache_of(cache, "Transformer.backward", ModelCache)
-        logits_shape = (*cache.tgt.ids.shape, self.config.tgt_vocab_size)
-        dlogits = v.grad_like(dlogits, "dlogits", logits_shape, cache.out.W.dtype,
+        dlogits = v.grad_like(dlogits, "dlogits", cache.shape, cache.dtype,
                               what="the logits of the forward pass")
-        dy, dW, db = L.linear_backward(dlogits, cache.out)
-        dtgt, dmemory, gdec = B.decoder_backward(dy, cache.decoder)
-        dsrc, genc = B.encoder_backward(dmemory, cache.encoder)
-        grads: dict[str, np.ndarray] = {}
-        self._embed_backward(dsrc, cache.src, "src", grads)
-        self._embed_backward(dtgt, cache.tgt, "tgt", grads)
-        _flatten_grads(self._enc_t, genc, grads)
-        _flatten_grads(self._dec_t, gdec, grads)
-        grads["out_proj.W"] = dW
-        if db is not None:
-            grads["out_proj.b"] = db
-        return {k: grads[k] for k in self.params}
+        return self._flat(core_model.transformer_backward(dlogits, cache.core))
 
     # ---------------------------------------------------------------------------- loss
 
@@ -691,11 +531,18 @@ class Transformer:
         if not isinstance(compute_grads, (bool, np.bool_)):
             raise TypeError(f"compute_grads must be True or False, got {compute_grads!r}")
         src, tgt, labels = check_loss_inputs(self.config, src, tgt)
-        logits, cache = self.forward(src, tgt[:, :-1])
-        loss, ce_cache = L.cross_entropy_forward(logits, labels, ignore_index=IGNORE_INDEX)
-        if not compute_grads:
-            return loss, None
-        return loss, self.backward(L.cross_entropy_backward(1.0, ce_cache), cache)
+        tgt_in = tgt[:, :-1]
+        src, tgt_in, config, pe, src_pad, tgt_pad = self._core_args(
+            src, tgt_in, src == self.config.pad_id, tgt_in == self.config.pad_id)
+        params = self._nested()
+        if compute_grads:
+            loss, grads = core_model.transformer_loss(params, src, tgt_in, labels, config, pe,
+                                                      src_pad, tgt_pad, IGNORE_INDEX)
+            return loss, self._flat(grads)
+        # evaluation: the loss's forward half, without the backward pass
+        logits, _ = core_model.transformer_forward(params, src, tgt_in, config, pe, src_pad,
+                                                   tgt_pad)
+        return core_layers.cross_entropy_forward(logits, labels, IGNORE_INDEX)[0], None
 
     # ---------------------------------------------------------------------------- inference
 
@@ -704,8 +551,9 @@ class Transformer:
 
         All sequences of the batch are decoded together, step by step; a sequence stops at its
         first EOS (later steps give it padding), and decoding stops when every sequence has
-        stopped or after ``max_len`` tokens. The encoder runs once; the decoder is recomputed
-        over the prefix at every step.
+        stopped or after ``max_len`` tokens. The encoder runs once
+        (``core.model.transformer_encode``); every step runs the decoder
+        (``core.model.transformer_decode``) over the prefix generated so far.
 
         Args:
             src: source token ids (B, S).
@@ -721,22 +569,21 @@ class Transformer:
         c = self.config
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
         max_len = check_decode_length(c, max_len)
-        enc, dec = self._nested()
-        src_kpm = src == c.pad_id
-        memory, _, _ = self._encode(src, src_kpm, enc)
+        params = self._nested()
+        src_pad = src == c.pad_id
+        src_pad = src_pad if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)  # once
         b = src.shape[0]
         out = np.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
         done = np.zeros(b, dtype=bool)
-        W, bias = self.params["out_proj.W"], self.params.get("out_proj.b")
         steps = 0
         for t in range(max_len):
             prefix = out[:, :t + 1]
-            y, _, _ = self._decode(prefix, memory, src_kpm, prefix == c.pad_id, dec)
-            logits = y[:, -1] @ W
-            if bias is not None:
-                logits += bias
-            nxt = np.where(done, c.pad_id, logits.argmax(axis=-1))
+            tgt_pad = prefix == c.pad_id
+            logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
+                                                      src_pad, tgt_pad if tgt_pad.any() else None)
+            nxt = np.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
             out[:, t + 1] = nxt
             done |= nxt == c.eos_id
             steps = t + 1
@@ -753,14 +600,13 @@ class Transformer:
             (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
         """
         _, cache = self.forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
+        enc, dec = _stack_caches(cache.core)
         maps = {}
-        for i, layer in enumerate(cache.encoder.layers):
-            (self_attn,) = _attention_caches(layer)
-            maps[f"encoder.layers.{i}.self_attn"] = self_attn.attention.weights
-        for i, layer in enumerate(cache.decoder.layers):
-            self_attn, cross_attn = _attention_caches(layer)
-            maps[f"decoder.layers.{i}.self_attn"] = self_attn.attention.weights
-            maps[f"decoder.layers.{i}.cross_attn"] = cross_attn.attention.weights
+        for i, layer in enumerate(B.stack_layer_caches(enc)):
+            (maps[f"encoder.layers.{i}.self_attn"],) = B.layer_attention_weights(layer)
+        for i, layer in enumerate(B.stack_layer_caches(dec)):
+            (maps[f"decoder.layers.{i}.self_attn"],
+             maps[f"decoder.layers.{i}.cross_attn"]) = B.layer_attention_weights(layer)
         return maps
 
     # ---------------------------------------------------------------------------- checkpoints
@@ -775,25 +621,12 @@ class Transformer:
         Returns:
             The path written.
         """
-        path = _npz_path(path)
-        header = {"format": CHECKPOINT_FORMAT, "config": config_to_dict(self.config),
-                  "names": list(self.params), "metadata": dict(metadata or {})}
-        try:
-            header_json = json.dumps(header)
-        except TypeError as e:
-            raise TypeError(f"metadata must hold only what JSON can store: {e}") from None
-        arrays = {f"params/{name}": p for name, p in self.params.items()}
-        with open(path, "wb") as f:
-            np.savez(f, __header__=np.array(header_json), **arrays)
-        return path
+        return checkpoints.save(self, path, metadata)
 
     @classmethod
     def load(cls, path) -> Transformer:
         """A model with the configuration and parameters stored by :meth:`save`."""
-        header, _ = _read_checkpoint(path)
-        model = cls(_stored_config(path, header), seed=0)
-        model.load_params(path)
-        return model
+        return checkpoints.load(cls, path)
 
     def load_params(self, path) -> dict:
         """Copy the parameters stored by :meth:`save` into this model, in place.
@@ -807,46 +640,7 @@ class Transformer:
         Returns:
             The metadata stored with the parameters.
         """
-        header, arrays = _read_checkpoint(path)
-        stored = _stored_config(path, header)
-        diffs = _config_differences(stored, self.config)
-        self._check_checkpoint_arrays(path, arrays, diffs)
-        diffs.pop("dtype", None)  # a dtype difference is refused above, tensor by tensor
-        if diffs:
-            raise CheckpointError(
-                f"{path} does not fit this model: the checkpoint's config differs in "
-                f"{', '.join(diffs.values())}; its parameters have the right names and shapes "
-                f"but would compute a different function here (load it with "
-                f"Transformer.load(path), which builds the model from the stored config)")
-        for name, p in self.params.items():
-            p[...] = arrays[name]
-        return header["metadata"]
-
-    def _check_checkpoint_arrays(self, path, arrays: Mapping[str, np.ndarray],
-                                 diffs: Mapping[str, str]) -> None:
-        """Names, shapes, dtypes and finiteness of the stored parameters, or CheckpointError."""
-        missing = [n for n in self.params if n not in arrays]
-        extra = [n for n in arrays if n not in self.params]
-        hint = f"; the checkpoint's config differs in {', '.join(diffs.values())}" if diffs \
-            else ""
-        if missing or extra:
-            raise CheckpointError(
-                f"{path} does not fit this model: missing parameters {missing[:5]}"
-                f"{' ...' if len(missing) > 5 else ''}, unexpected parameters {extra[:5]}"
-                f"{' ...' if len(extra) > 5 else ''}{hint}")
-        for name, p in self.params.items():
-            stored = arrays[name]
-            if stored.shape != p.shape:
-                raise CheckpointError(
-                    f"{path} does not fit this model: parameter {name!r} has shape "
-                    f"{stored.shape} in the checkpoint but {p.shape} in the model{hint}")
-            if stored.dtype != p.dtype:
-                raise CheckpointError(
-                    f"{path} does not fit this model: parameter {name!r} is {stored.dtype} in "
-                    f"the checkpoint but {p.dtype} in the model (convert the model with "
-                    f"model.astype(np.{stored.dtype}) first, or load with Transformer.load)")
-            if not np.all(np.isfinite(stored)):
-                raise CheckpointError(f"{path}: parameter {name!r} contains NaN or infinity")
+        return checkpoints.load_params(self, path)
 
     def __repr__(self) -> str:
         c = self.config
@@ -855,109 +649,3 @@ class Transformer:
                 f"{c.src_vocab_size}->{c.tgt_vocab_size}, "
                 f"{'pre' if c.norm_first else 'post'}-norm, {np.dtype(c.dtype).name}, "
                 f"{self.num_parameters():,} parameters)")
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints: a .npz with one array per parameter and a JSON header
-
-#: Version of the checkpoint layout written by :meth:`Transformer.save`.
-CHECKPOINT_FORMAT = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read, or does not fit the model it is loaded into."""
-
-
-def config_to_dict(config: TransformerConfig) -> dict:
-    """The config as a JSON-ready dict (the dtype by name: "float32" / "float64")."""
-    d = dataclasses.asdict(config)
-    d["dtype"] = np.dtype(config.dtype).name
-    return d
-
-
-def config_from_dict(d: Mapping) -> TransformerConfig:
-    """Inverse of :func:`config_to_dict`."""
-    d = dict(d)
-    d["dtype"] = np.dtype(d.get("dtype", "float32")).type
-    return TransformerConfig(**d)
-
-
-def _npz_path(path) -> str:
-    path = str(path)
-    return path if path.endswith(".npz") else path + ".npz"
-
-
-def _read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, name -> array) of a checkpoint file, or a CheckpointError saying what is wrong.
-
-    The header is checked: a dict with this format version, a "config" dict, "names" (a list
-    of strings, exactly the stored parameters) and a "metadata" dict.
-    """
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise CheckpointError(f"{path} is not a transformer_lab checkpoint: it holds a single "
-                              f"array (a .npy file), not a .npz archive (save one with "
-                              f"Transformer.save)")
-    try:
-        with loaded as f:
-            files = set(f.files)
-            if "__header__" not in files:
-                raise CheckpointError(f"{path} is not a transformer_lab checkpoint (no header; "
-                                      f"save one with Transformer.save)")
-            header = json.loads(str(f["__header__"]))
-            arrays = {k[len("params/"):]: f[k] for k in files if k.startswith("params/")}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
-    _check_header(path, header, arrays)
-    return header, {name: arrays[name] for name in header["names"]}  # in the saved order
-
-
-def _check_header(path, header, arrays: Mapping[str, np.ndarray]) -> None:
-    if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: unknown checkpoint format "
-                              f"{header.get('format') if isinstance(header, dict) else header!r}"
-                              f" (this version reads format {CHECKPOINT_FORMAT})")
-    for key, kind in (("config", dict), ("names", list), ("metadata", dict)):
-        if not isinstance(header.get(key), kind):
-            raise CheckpointError(f"{path}: damaged header: {key!r} must be a {kind.__name__}, "
-                                  f"got {header.get(key)!r}")
-    names = header["names"]
-    if not all(isinstance(n, str) for n in names) or sorted(names) != sorted(arrays):
-        raise CheckpointError(f"{path}: damaged checkpoint: the header lists the parameters "
-                              f"{names!r} but the file holds {sorted(arrays)}")
-
-
-def _stored_config(path, header: Mapping) -> TransformerConfig:
-    try:
-        return config_from_dict(header["config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: the stored configuration is not valid: {e}") from None
-
-
-def _config_differences(stored: TransformerConfig, config: TransformerConfig) -> dict[str, str]:
-    """Field -> 'field=stored (model: ours)' for every field in which two configs differ."""
-    theirs, ours = config_to_dict(stored), config_to_dict(config)
-    return {k: f"{k}={theirs[k]!r} (model: {ours[k]!r})" for k in ours if theirs[k] != ours[k]}
-
-
-def _attention_caches(cache) -> list:
-    """The multi-head attention caches inside one layer's cache, in order of computation."""
-    found = []
-
-    def walk(node):
-        if isinstance(node, att.MHACache):
-            found.append(node)
-        elif isinstance(node, (tuple, list)):
-            for item in node:
-                walk(item)
-        elif isinstance(node, dict):
-            for item in node.values():
-                walk(item)
-
-    walk(cache)
-    return found

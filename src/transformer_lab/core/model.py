@@ -74,42 +74,68 @@ def embed_backward(dx, cache):
 # The model (06_transformer)
 
 
-def transformer_forward(params, src, tgt_in, config, pe=None, src_pad=None, tgt_pad=None):
-    """Logits for every position of the decoder input.
+def transformer_encode(params, src, config, pe=None, src_pad=None):
+    """The encoder side: source embeddings, positions and the encoder stack.
 
-    src: (B, S), tgt_in: (B, T) token ids; pe: the positional table (L, E), or None for learned
-    positions (``params["src_pos"]``) or none; src_pad (B, S), tgt_pad (B, T): bool, True at
-    padding, or None  ->  logits: (B, T, V).
+    src: (B, S) token ids; pe: the positional table (L, E), or None (learned positions in
+    ``params["src_pos"]``, or none); src_pad: (B, S) bool, True at padding, or None
+    ->  memory: (B, S, E).
     """
     c = config
     ### BEGIN SOLUTION
     scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
-    src_mask = merge_masks(None, src_pad)  # (B, 1, 1, S) or None
-    tgt_mask = merge_masks(causal_mask(tgt_in.shape[1]), tgt_pad)  # (B, 1, T, T) or (T, T)
-    src_pos = params["src_pos"]["W"] if "src_pos" in params else pe
-    tgt_pos = params["tgt_pos"]["W"] if "tgt_pos" in params else pe
+    positions = params["src_pos"]["W"] if "src_pos" in params else pe
+    x, c_embed = embed_forward(src, params["src_embed"]["W"], positions, scale)
+    memory, c_stack = encoder_forward(x, params["encoder"], c.num_heads,
+                                      merge_masks(None, src_pad),  # (B, 1, 1, S) or None
+                                      c.norm_first, c.activation, c.eps)
+    ### END SOLUTION
+    return memory, (c_embed, c_stack)
 
-    x, c_src = embed_forward(src, params["src_embed"]["W"], src_pos, scale)
-    memory, c_enc = encoder_forward(x, params["encoder"], c.num_heads, src_mask, c.norm_first,
-                                    c.activation, c.eps)
-    y, c_tgt = embed_forward(tgt_in, params["tgt_embed"]["W"], tgt_pos, scale)
-    y, c_dec = decoder_forward(y, memory, params["decoder"], c.num_heads, tgt_mask, src_mask,
-                               c.norm_first, c.activation, c.eps)
+
+def transformer_decode(params, tgt_in, memory, config, pe=None, src_pad=None, tgt_pad=None):
+    """The decoder side: target embeddings, positions, the decoder stack reading the memory,
+    and the output projection.
+
+    tgt_in: (B, T) token ids; memory: (B, S, E); src_pad: (B, S), tgt_pad: (B, T) bool or None
+    ->  logits: (B, T, V).
+    """
+    c = config
+    ### BEGIN SOLUTION
+    scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
+    positions = params["tgt_pos"]["W"] if "tgt_pos" in params else pe
+    y, c_embed = embed_forward(tgt_in, params["tgt_embed"]["W"], positions, scale)
+    tgt_mask = merge_masks(causal_mask(tgt_in.shape[1]), tgt_pad)  # (B, 1, T, T) or (T, T)
+    y, c_stack = decoder_forward(y, memory, params["decoder"], c.num_heads, tgt_mask,
+                                 merge_masks(None, src_pad), c.norm_first, c.activation, c.eps)
     logits, c_out = linear_forward(y, params["out_proj"]["W"], params["out_proj"].get("b"))
     ### END SOLUTION
-    return logits, (c_src, c_enc, c_tgt, c_dec, c_out, "src_pos" in params)
+    return logits, (c_embed, c_stack, c_out)
+
+
+def transformer_forward(params, src, tgt_in, config, pe=None, src_pad=None, tgt_pad=None):
+    """Logits for every position of the decoder input: encode, then decode.
+
+    src: (B, S), tgt_in: (B, T) token ids; pe, src_pad, tgt_pad: as for the two halves
+    ->  logits: (B, T, V).
+    """
+    ### BEGIN SOLUTION
+    memory, c_encode = transformer_encode(params, src, config, pe, src_pad)
+    logits, c_decode = transformer_decode(params, tgt_in, memory, config, pe, src_pad, tgt_pad)
+    ### END SOLUTION
+    return logits, (c_encode, c_decode, "src_pos" in params)
 
 
 def transformer_backward(dlogits, cache):
     """Gradients of every parameter from the gradient of the logits (B, T, V); nested like
-    ``params``."""
-    c_src, c_enc, c_tgt, c_dec, c_out, learned = cache
+    ``params``. The memory feeds every decoder layer: its gradient flows into the encoder."""
+    (c_src, c_enc), (c_tgt, c_dec, c_out), learned = cache
     ### BEGIN SOLUTION
     dy, g_out = linear_backward(dlogits, c_out)
     dy, dmemory, g_dec = decoder_backward(dy, c_dec)
+    d_tgt_table, d_tgt_pos = embed_backward(dy, c_tgt)
     dx, g_enc = encoder_backward(dmemory, c_enc)
     d_src_table, d_src_pos = embed_backward(dx, c_src)
-    d_tgt_table, d_tgt_pos = embed_backward(dy, c_tgt)
     grads = {"src_embed": {"W": d_src_table}, "tgt_embed": {"W": d_tgt_table},
              "encoder": g_enc, "decoder": g_dec, "out_proj": g_out}
     if learned:

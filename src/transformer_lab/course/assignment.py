@@ -1,15 +1,18 @@
 """What the classroom tools share: the markers, nbgrader's cell metadata, and their checks.
 
-The solution notebooks in ``notebooks/`` are the single source of every assignment. Two kinds
-of cells matter to the tools, both declared with nbgrader's cell metadata (schema version 3):
+The solution notebooks in ``notebooks/`` are the source of every assignment (the package's side,
+the core functions and the check classes, is :mod:`.package`'s). Two kinds of cells matter to
+the tools, both declared with nbgrader's cell metadata (schema version 3):
 
 - an **exercise** cell (``metadata.nbgrader.solution: true``) holds one or more regions
   between ``### BEGIN SOLUTION`` and ``### END SOLUTION``; the student version replaces each
   region with a stub that raises ``NotImplementedError``. Text after the BEGIN marker
   (``### BEGIN SOLUTION: flatten the leading axes``) is the hint the stub shows;
-- a **check** cell (``metadata.nbgrader.grade: true`` with ``points``) tests an exercise; an
-  optional region between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is removed
-  from the student version and put back for grading.
+- a **check** cell (``metadata.nbgrader.grade: true`` with ``points``) is one line,
+  ``check("<its id>", <notebook functions>...)`` (:func:`parse_check_call`); its hidden cases
+  live in the check class. Legacy check cells (asserts, with an optional region between
+  ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``, removed from the student version)
+  are still handed out, but ``make grade`` refuses them.
 
 ``grade_id`` equals the cell id: the tools match cells by id, nbgrader by ``grade_id``.
 :func:`parse_notebook` checks all of this and reports every problem with its notebook, cell
@@ -18,6 +21,7 @@ and line, so that a misplaced marker can never ship a solution to students.
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -82,11 +86,48 @@ class Exercise:
     regions: list[Region]
 
 
+@dataclass(frozen=True)
+class CheckCall:
+    """What a one-line check cell calls: ``check("<check_id>", f, ..., name=g)``, with the names
+    of the notebook functions it passes."""
+
+    check_id: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        """Every notebook name the call passes, in order."""
+        return [*self.args, *(value for _, value in self.kwargs)]
+
+
+def parse_check_call(source: str) -> CheckCall | None:
+    """The call of a one-line check cell, ``check("check-logsumexp", logsumexp)``; None when
+    the cell holds anything else (a legacy check cell of asserts, for one)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    call = tree.body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id == "check" and call.args
+            and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+            and all(isinstance(a, ast.Name) for a in call.args[1:])
+            and all(k.arg is not None and isinstance(k.value, ast.Name)
+                    for k in call.keywords)):
+        return None
+    return CheckCall(call.args[0].value, tuple(a.id for a in call.args[1:]),
+                     tuple((k.arg, k.value.id) for k in call.keywords))
+
+
 @dataclass
 class Check:
     cell_id: str
     points: float
     hidden: list[Region] = field(default_factory=list)
+    call: CheckCall | None = None  # None: a legacy check cell (asserts), which make grade refuses
 
 
 @dataclass
@@ -101,6 +142,11 @@ class Assignment:
     @property
     def max_points(self) -> float:
         return sum(c.points for c in self.checks)
+
+    @property
+    def legacy_checks(self) -> list[Check]:
+        """Check cells that are not one-line ``check(...)`` calls (asserts in the cell)."""
+        return [c for c in self.checks if c.call is None]
 
 
 def nbgrader_meta(cell) -> dict:
@@ -166,7 +212,8 @@ def parse_notebook(nb, name: str) -> Assignment:
                    "metadata (nbgrader solution: true) or remove the marker",
                    solutions[0].begin + 1)
         if is_check(cell):
-            checks.append(Check(cell.id, nbgrader_meta(cell).get("points", 0), hidden))
+            checks.append(Check(cell.id, nbgrader_meta(cell).get("points", 0), hidden,
+                                parse_check_call(cell.source)))
         elif hidden:
             report(f"{BEGIN_HIDDEN} in a cell that is not a check cell: add the check metadata "
                    "(nbgrader grade: true, points) or remove the marker", hidden[0].begin + 1)
@@ -211,10 +258,17 @@ def _check_metadata(cell, report) -> None:
 
 def _find_regions(cell, kind: str, report) -> list[Region]:
     """The balanced ``### BEGIN <kind>`` ... ``### END <kind>`` regions of a code cell."""
+    return find_regions(source_lines(cell), kind, report)
+
+
+def find_regions(lines: list[str], kind: str, report) -> list[Region]:
+    """The balanced ``### BEGIN <kind>`` ... ``### END <kind>`` regions of ``lines`` (a cell's or
+    a file's); ``report(message, line)`` gets every malformed, unbalanced or nested marker, with
+    its line number counted from 1. ``kind``: "SOLUTION" or "HIDDEN TESTS"."""
     regions: list[Region] = []
     open_at: int | None = None
     open_indent, hint = "", ""
-    for i, line in enumerate(source_lines(cell)):
+    for i, line in enumerate(lines):
         words = [m for m in _MARKER_WORDS.finditer(line)
                  if " ".join(m.group(2).upper().split()) == kind]
         if not words:

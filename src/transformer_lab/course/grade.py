@@ -1,81 +1,120 @@
-"""Grade students' notebooks against the solution notebooks: a grades table and feedback.
+"""Grade students' work -- notebooks and their package's core -- with verdicts their code cannot
+reach.
 
     python -m transformer_lab.course.grade SUBMISSIONS                  # -> build/grades/
-    python -m transformer_lab.course.grade SUBMISSIONS --timeout 120 --out grades-week3
+    python -m transformer_lab.course.grade SUBMISSIONS --out grades-week3 --timeout 120
 
-``SUBMISSIONS`` is a folder holding, in either layout (both may be mixed):
+``SUBMISSIONS`` holds one folder per student -- the handout folder as they worked in it,
+``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py`` -- or flat
+``<student>_<NN_topic>.ipynb`` files (notebooks only), or both; names are matched forgivingly
+(see :mod:`.submissions`). For each student and each notebook N that anyone handed in:
 
-- ``SUBMISSIONS/<student>/<NN_topic>.ipynb`` -- one folder per student, or
-- ``SUBMISSIONS/<student>_<NN_topic>.ipynb`` -- one file per student and notebook,
+1. a **probe package** is made from the handout form of the instructor's package, with the
+   student's own definitions of the functions N teaches, the instructor's of the functions
+   earlier notebooks teach, and stubs for the rest (:mod:`.probing`);
+2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell, the
+   definitions (functions, classes, imports) of the other cells and the exercise cells,
+   then every check of N on every case the grader generated for it (public
+   and hidden, with inputs the notebook never showed), and writes back what the student's
+   functions returned, as plain data;
+3. the grader, in its own process, computes the expected answers with the instructor's checks
+   and judges each case; a check earns its points (from its cell's metadata in the solution
+   notebook) when every case passes, and 0 -- with the case, expected against got, and a hint
+   -- otherwise, or when its evidence is missing (the probe crashed, exited, ran past a time
+   limit or wrote something unreadable);
+4. the **feedback** is the student's notebook with the instructor's check cells restored (by
+   cell id, then by nbgrader ``grade_id``, each after the cell that preceded it), executed in a
+   fresh kernel on the probe package, with a summary cell on top built from the verdicts --
+   never from the kernel's outputs;
+5. the student's code is **scanned** for what reaches into the grader's or IPython's machinery.
 
-where ``<NN_topic>`` is the name of a solution notebook in ``--source`` (``00_gradients``).
-For every submission the instructor's check cells (hidden tests included) are put back by cell
-id -- in place of the student's copy, or where it was if the student deleted it -- and the
-notebook runs top to bottom in its own fresh kernel, started in an empty temporary folder, with
-a time limit per cell. A check earns its points when its cell runs without an error. A cell
-over the time limit is interrupted and the notebook goes on; a kernel that dies, or ignores the
-interrupt (and is then stopped), ends that submission only. Of what a cell outputs, grading
-keeps the first 100 KB of printed text and 5 MB of figures and other output, 20 MB in all per
-notebook (:class:`OutputLimits`); the rest is dropped as it arrives, with a note in the cell.
-Cells saved without ids (by older tools) are matched by their nbgrader ``grade_id``, and the
-ids given to the others are derived from the notebook, so feedback is the same on every run.
 Written to ``--out`` (emptied first; it must be a folder these tools wrote, apart from the
-submissions and the solutions):
+submissions and the solutions), the same bytes for the same submissions on every run:
 
-- ``grades.csv`` -- one row per student, notebook and check: student, notebook, check, points,
-  max_points (a notebook a student did not hand in gets 0 for each of its checks);
-- ``feedback/<student>/<NN_topic>.ipynb`` -- the graded notebook as executed, with a summary
-  cell on top: the score and, for each check, ok or the error that failed it.
+- ``grades.csv``: student, notebook, check, points, max_points -- a row per student, notebook
+  handed in by anyone, and check (a notebook a student did not hand in scores 0);
+- ``skipped.csv``: student, file, reason -- every file not graded (the handout's own files,
+  unchanged, and hidden files aside);
+- ``flags.csv``: student, notebook, where, line, what, code -- see :mod:`.flags`;
+- ``feedback/<student>/<NN_topic>.ipynb``.
 
-Grading runs the students' code with your permissions: it is not a sandbox.
+The students' code runs with your permissions: this is not a sandbox.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import csv
 import hashlib
-import json
-import logging
+import io
 import os
 import re
-import signal
+import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
+from transformer_lab import syllabus
+from transformer_lab.checks import framework as F
 from transformer_lab.course.assignment import (
+    OWNER_FILE,
     Assignment,
     AssignmentError,
     check_apart,
     format_points,
     fresh_output_dir,
-    load_assignments,
     nbgrader_meta,
+    parse_notebook,
     solution_notebooks,
 )
+from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
 from transformer_lab.course.kernel_env import apply_kernel_env
+from transformer_lab.course.kernel_run import (  # noqa: F401  (OutputLimits ... re-exported)
+    LimitedClient,
+    OutputLimits,
+    Run,
+    format_size,
+    run_notebook,
+)
+from transformer_lab.course.package import (
+    Package,
+    PackageError,
+    parse_package,
+    statement_spans,
+)
+from transformer_lab.course.probing import (
+    CheckSpec,
+    Overlay,
+    ProbeLimits,
+    ProbeReport,
+    build_probe_package,
+    reference_free,
+    run_probe,
+)
+from transformer_lab.course.submissions import (
+    Found,
+    StudentWork,
+    find_submissions,
+    handout_digests,
+)
 
 DEFAULT_TIMEOUT = 60
+DEFAULT_CASE_TIMEOUT = 30
+DEFAULT_PROBE_TIMEOUT = 600
 CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
+SKIPPED_COLUMNS = ("student", "file", "reason")
+FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
 SUMMARY_CELL_ID = "grading-feedback"
+#: What stands for the temporary folders of a grading run in feedback and messages.
+WORKDIR_MARK = "<grading folder>"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
-
-
-@dataclass
-class Submission:
-    student: str
-    notebook: str  # the solution notebook's stem, e.g. "00_gradients"
-    path: Path | None  # None: not handed in
 
 
 @dataclass
@@ -83,30 +122,24 @@ class CheckResult:
     check: str
     points: float
     max_points: float
-    message: str  # "ok", or why the check failed
+    message: str  # "ok", or why the check failed (the framework's verdict, or the reason)
+    cases: int = 0  # cases judged
 
     @property
     def passed(self) -> bool:
-        return self.points == self.max_points
-
-
-@dataclass
-class Run:
-    """What happened when a notebook was executed."""
-
-    stopped_at: int | None = None  # index of the cell during which the kernel died / was stopped
-    here: str = ""  # what happened, said of that cell
-    later: str = ""  # said of the cells after it, which did not run
-    status: str = "graded"  # or "kernel died", "kernel stopped", "could not run"
-    seconds: float = 0.0
+        return self.message == "ok"
 
 
 @dataclass
 class Graded:
-    submission: Submission
+    student: str
+    notebook: str
     results: list[CheckResult]
-    status: str  # "graded", "not submitted", "unreadable", "kernel died", ...
-    other_errors: list[str] = field(default_factory=list)
+    status: str  # "graded", "not submitted", "unreadable", "grading error"
+    notes: list[str] = field(default_factory=list)  # what was graded, what stayed a stub
+    cells: list[tuple[str, str | None]] = field(default_factory=list)  # the probe's cells
+    flags: list[Flag] = field(default_factory=list)
+    run: Run | None = None
     feedback: Path | None = None
     seconds: float = 0.0
 
@@ -119,93 +152,7 @@ class Graded:
         return sum(r.max_points for r in self.results)
 
 
-# --- finding the submissions ------------------------------------------------------------------
-
-def find_submissions(folder: Path, notebooks: list[str]) -> tuple[list[Submission], list[str]]:
-    """The submissions in ``folder`` (both layouts) and warnings about files that were skipped.
-
-    Every student found gets a :class:`Submission` for every notebook anyone handed in; the
-    ones this student did not hand in have ``path=None``.
-    """
-    if not folder.is_dir():
-        raise SystemExit(f"error: SUBMISSIONS must be a folder of submissions "
-                         f"(<student>/<NN_topic>.ipynb or <student>_<NN_topic>.ipynb); "
-                         f"{str(folder)!r} is not a folder")
-    found: dict[tuple[str, str], Path] = {}
-    students: set[str] = set()
-    warnings: list[str] = []
-
-    def add(student: str, notebook: str, path: Path) -> None:
-        if (student, notebook) in found:
-            raise SystemExit(f"error: two submissions of {notebook} by {student}: "
-                             f"{found[student, notebook]} and {path}; keep one")
-        found[student, notebook] = path
-
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith((".", "__")):  # .ipynb_checkpoints, __MACOSX from zip files
-            continue
-        if entry.is_dir():
-            students.add(entry.name)
-            for path in sorted(entry.glob("*.ipynb")):
-                if path.name.startswith("."):
-                    continue
-                if path.stem in notebooks:
-                    add(entry.name, path.stem, path)
-                else:
-                    warnings.append(f"skipped {path}: not named after a notebook "
-                                    f"({', '.join(n + '.ipynb' for n in notebooks)})")
-        elif entry.suffix == ".ipynb":
-            match = [n for n in notebooks if entry.stem.endswith("_" + n)
-                     and len(entry.stem) > len(n) + 1]
-            if match:
-                student = entry.stem[: -len(match[0]) - 1]
-                students.add(student)
-                add(student, match[0], entry)
-            else:
-                warnings.append(f"skipped {entry}: not named <student>_<NN_topic>.ipynb")
-    if not found:
-        raise SystemExit(f"error: no submissions in {str(folder)!r}; expected "
-                         f"<student>/<NN_topic>.ipynb or <student>_<NN_topic>.ipynb with "
-                         f"NN_topic one of {', '.join(notebooks)}")
-    handed_in = sorted({nb for _, nb in found})
-    submissions = [Submission(s, nb, found.get((s, nb))) for s in sorted(students)
-                   for nb in handed_in]
-    return submissions, warnings
-
-
-# --- putting the instructor's checks back -----------------------------------------------------
-
-def restore_checks(submission, assignment: Assignment):
-    """A copy of ``submission`` with the instructor's check cells put back by cell id.
-
-    A check cell the student kept (edited or not) is replaced where it is; one the student
-    deleted is inserted after the nearest instructor cell before it that is still there.
-    Outputs and execution counts are cleared.
-    """
-    nb = copy.deepcopy(submission)
-    _ensure_ids(nb)
-    checks = {c.cell_id for c in assignment.checks}
-    anchor = -1  # index in nb of the last instructor cell seen
-    for cell in assignment.nb.cells:
-        index = _index_of(nb, cell.id)
-        if cell.id in checks:
-            fresh = copy.deepcopy(cell)
-            if index is None:
-                index = anchor + 1
-                nb.cells.insert(index, fresh)
-            else:
-                nb.cells[index] = fresh
-        if index is not None:
-            anchor = index
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    return nb
-
-
-def _index_of(nb, cell_id: str) -> int | None:
-    return next((i for i, c in enumerate(nb.cells) if c.get("id") == cell_id), None)
-
+# --- reading a submitted notebook, restoring the instructor's checks ---------------------------
 
 _VALID_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # nbformat's cell id pattern
 
@@ -265,298 +212,331 @@ def _ensure_ids(nb, renew: bool = False) -> None:
         taken.add(new_id)
 
 
-# --- running a notebook -----------------------------------------------------------------------
+def _matcher(nb):
+    """A function finding the student's cell for an instructor's cell: by id, then by nbgrader
+    ``grade_id``, then (for cells without one) by identical source; each cell matched once."""
+    used: set[int] = set()
 
-@dataclass(frozen=True)
-class OutputLimits:
-    """How much of a submission's output grading keeps, in bytes (UTF-8 text, JSON for rich
-    output). Whatever is over a limit is dropped as it arrives -- the grader's memory stays
-    bounded however much a cell prints -- and the cell gets a note saying how much. Error
-    outputs, which decide the checks, are always kept, their text shortened to ``error_text``.
+    def find(cell):
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        tests = [lambda c: c.get("id") == cell.get("id")]
+        if grade_id:
+            tests.append(lambda c: nbgrader_meta(c).get("grade_id") == grade_id)
+        if cell.get("source", "").strip():
+            tests.append(lambda c: c.get("cell_type") == cell.get("cell_type")
+                         and c.get("source") == cell.get("source"))
+        for test in tests:
+            for c in nb.cells:
+                if id(c) not in used and test(c):
+                    used.add(id(c))
+                    return c
+        return None
+    return find
+
+
+def _position(nb, cell) -> int:
+    return next(k for k, c in enumerate(nb.cells) if c is cell)
+
+
+def restore_checks(submission, assignment: Assignment):
+    """A copy of ``submission`` with the instructor's check cells put back.
+
+    A check cell the student kept (found by id, then by nbgrader grade_id) is replaced where
+    it is; one they deleted goes right after the cell that preceded it in the solution (found by
+    id, grade_id or identical source), or -- when none of those is there -- after the
+    notebook's first code cell: never above the notebook's first cell. Outputs and execution
+    counts are cleared.
     """
-
-    printed_per_cell: int = 100_000  # stdout and stderr together
-    rich_per_cell: int = 5_000_000  # figures, HTML, results of expressions
-    per_notebook: int = 20_000_000  # everything kept in the notebook
-    error_text: int = 20_000  # the message, and the traceback as a whole
-    per_output: int = 100  # charged for every output kept, however short its text
-
-
-_OUTPUT_MESSAGES = {"stream", "display_data", "execute_result", "update_display_data", "error"}
-
-
-def _nbytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _head(text: str, limit: int) -> str:
-    """The longest start of ``text`` whose UTF-8 encoding fits in ``limit`` bytes."""
-    if len(text) * 4 <= limit:
-        return text
-    return text.encode("utf-8", "surrogatepass")[:max(limit, 0)].decode("utf-8", "ignore")
-
-
-def format_size(nbytes: int) -> str:
-    for unit, size in (("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{nbytes} bytes"
-
-
-class LimitedClient(NotebookClient):
-    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output.
-
-    nbclient appends each output message to the cell as it arrives; this client looks at every
-    output message first (``process_message``) and keeps it, shortens it or drops it, and adds
-    a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
-    """
-
-    def __init__(self, nb, limits: OutputLimits | None = None, **kw):
-        super().__init__(nb, **kw)
-        self.limits = limits or OutputLimits()
-        self.notebook_bytes = 0  # kept so far in the notebook
-        self._start_cell(None)
-
-    def _start_cell(self, cell_index: int | None) -> None:
-        self.cell_index = cell_index
-        self.cell_printed = self.cell_rich = self.cell_dropped = 0  # bytes kept, dropped
-
-    async def async_execute_cell(self, cell, cell_index, execution_count=None,
-                                 store_history=True):
-        self._start_cell(cell_index)
-        try:
-            return await super().async_execute_cell(cell, cell_index, execution_count,
-                                                    store_history)
-        finally:
-            if self.cell_dropped:
-                self._add_note(cell)
-
-    def process_message(self, msg, cell, cell_index):
-        if msg.get("msg_type") in _OUTPUT_MESSAGES:
-            if cell_index != self.cell_index:
-                self._start_cell(cell_index)
-            msg = self._admit(msg)
-            if msg is None:
-                return None
-        return super().process_message(msg, cell, cell_index)
-
-    def _admit(self, msg):
-        """``msg`` as it may be kept (text shortened), or None to drop it."""
-        kind, content, limits = msg["msg_type"], msg["content"], self.limits
-        if kind == "error":  # always kept: judge() reads it
-            content = {**content, "ename": _head(str(content.get("ename", "")), 200),
-                       "evalue": _head(str(content.get("evalue", "")), limits.error_text),
-                       "traceback": self._short_traceback(content.get("traceback") or [])}
-            self.notebook_bytes += limits.per_output + _nbytes(json.dumps(content))
-            return {**msg, "content": content}
-        notebook_room = limits.per_notebook - self.notebook_bytes - limits.per_output
-        if kind == "stream":
-            text = str(content.get("text", ""))
-            size = _nbytes(text)
-            room = min(limits.printed_per_cell - self.cell_printed - limits.per_output,
-                       notebook_room)
-            if size > room:
-                kept = _head(text, room) if room > 0 else ""
-                self.cell_dropped += size - _nbytes(kept)
-                if not kept:
-                    return None
-                text, size = kept, _nbytes(kept)
-                content = {**content, "text": text}
-            self.cell_printed += limits.per_output + size
-            self.notebook_bytes += limits.per_output + size
-            return {**msg, "content": content}
-        size = _nbytes(json.dumps(content.get("data", {}), default=str))
-        room = min(limits.rich_per_cell - self.cell_rich - limits.per_output, notebook_room)
-        if size > room:
-            self.cell_dropped += size
-            return None
-        self.cell_rich += limits.per_output + size
-        self.notebook_bytes += limits.per_output + size
-        return msg
-
-    def _short_traceback(self, lines: list) -> list[str]:
-        kept, room = [], self.limits.error_text
-        for line in map(str, lines):
-            if _nbytes(line) > room:
-                kept.append(_head(line, room) + "\n[traceback truncated]")
-                break
-            kept.append(line)
-            room -= _nbytes(line)
-        return kept
-
-    def _add_note(self, cell) -> None:
-        limits = self.limits
-        note = nbformat.v4.new_output("stream", name="stderr", text=(
-            f"[output truncated: {format_size(self.cell_dropped)} of this cell's output not "
-            f"kept; grading keeps {format_size(limits.printed_per_cell)} of printed text and "
-            f"{format_size(limits.rich_per_cell)} of figures and other output per cell, "
-            f"{format_size(limits.per_notebook)} per notebook]\n"))
-        streams = [k for k, o in enumerate(cell.outputs) if o.get("output_type") == "stream"]
-        cell.outputs.insert(streams[-1] + 1 if streams else len(cell.outputs), note)
+    nb = copy.deepcopy(submission)
+    _ensure_ids(nb)
+    find = _matcher(nb)
+    checks = {c.cell_id for c in assignment.checks}
+    anchor = None  # the notebook's cell of the last instructor cell seen
+    for cell in assignment.nb.cells:
+        found = find(cell)
+        if cell.id in checks:
+            fresh = copy.deepcopy(cell)
+            if found is not None:
+                nb.cells[_position(nb, found)] = fresh
+            else:
+                if anchor is not None:
+                    index = _position(nb, anchor) + 1
+                else:
+                    code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
+                    index = code[0] + 1 if code else min(1, len(nb.cells))
+                nb.cells.insert(index, fresh)
+            found = fresh
+        if found is not None:
+            anchor = found
+    _ensure_ids(nb)  # an instructor's id the student had on another cell: theirs is renamed
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
 
 
-class _Watchdog:
-    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds, and stops
-    what the kernel left running when the notebook is done.
-
-    nbclient interrupts a cell at the time limit; code that ignores the interrupt (a C loop, a
-    SIGINT handler) would otherwise keep the grader waiting for ever. Processes the student's
-    code started (``subprocess``, ``multiprocessing``) share the kernel's process group and
-    would outlive a kernel that crashed or was stopped: on leaving the ``with`` block the whole
-    group is killed (on systems with process groups).
-    """
-
-    def __init__(self, limit: float):
-        self.limit = limit
-        self.killed_cell: int | None = None
-        self._process = None  # the kernel's process, and its process group
-        self._pgid: int | None = None
-        self._running: tuple[int, float] | None = None  # (cell index, start), set in one step
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def cell_started(self, client, cell_index: int) -> None:
-        provisioner = getattr(client.km, "provisioner", None)
-        self._process = getattr(provisioner, "process", None) or self._process
-        self._pgid = getattr(provisioner, "pgid", None) or self._pgid
-        self._running = (cell_index, time.monotonic())
-
-    def cell_finished(self) -> None:
-        self._running = None
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-        self._kill()  # whatever is left of the kernel's process group
-
-    def _watch(self) -> None:
-        while not self._done.wait(0.2):
-            running = self._running
-            if running is not None and time.monotonic() - running[1] > self.limit:
-                self.killed_cell = running[0]
-                self._kill()
-                return
-
-    def _kill(self) -> None:
-        """Kill the kernel's process group (the kernel alone where there are none)."""
-        own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
-        if self._pgid and self._pgid != own_group and hasattr(os, "killpg"):
-            try:
-                os.killpg(self._pgid, signal.SIGKILL)
-                return
-            except OSError:  # the group is gone already
-                pass
-        if self._process is not None:
-            try:
-                self._process.kill()
-            except Exception:  # already gone
-                pass
+def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str]], list[str]]:
+    """The cells the probe runs, in notebook order, as plain Python: the submission's first code
+    cell and its exercise cells (found by id, then grade_id) in full, and of every other code
+    cell that is not a check only its definitions (functions, classes, imports), so that an
+    exercise may use a helper the notebook defined earlier; and notes on missing exercise
+    cells."""
+    chosen: dict[int, Any] = {}
+    code = [c for c in submission.cells if c.cell_type == "code" and c.source.strip()]
+    if code:
+        chosen[id(code[0])] = code[0]
+    notes = []
+    for exercise in assignment.exercises:
+        instructor_cell = next(c for c in assignment.nb.cells if c.id == exercise.cell_id)
+        cell = _find_by_id(submission, instructor_cell)
+        if cell is None:
+            notes.append(f"the exercise cell `{exercise.cell_id}` is not in your notebook (it "
+                         "was found neither by its id nor by its nbgrader grade_id)")
+        else:
+            chosen[id(cell)] = cell
+    checks = {c.cell_id for c in assignment.checks}
+    cells = []
+    for c in code:
+        if id(c) in chosen:
+            cells.append((c.id, python_source(c.source)))
+        elif c.get("id") not in checks and (defs := _definitions(python_source(c.source))):
+            cells.append((c.id, defs))
+    return cells, notes
 
 
-_QUIET_LOG = logging.getLogger("transformer_lab.course.grade.nbclient")
-_QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported per submission
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
-def run_notebook(nb, timeout: int, limits: OutputLimits | None = None) -> Run:
-    """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
-
-    A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
-    ``grace`` seconds later gets its kernel stopped. Output over ``limits`` is not kept (see
-    :class:`OutputLimits`). Never raises: see the returned :class:`Run`.
-    """
-    grace = min(timeout, 10)
-    watchdog = _Watchdog(timeout + grace)
-    run, current = Run(), {"index": None}
-    start = time.perf_counter()
-    # A student's code may leave files behind it cannot delete: that must not cost the grade.
-    workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
-    with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
-        client = LimitedClient(
-            nb, limits=limits, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
-            kernel_name="python3", record_timing=False,
-            resources={"metadata": {"path": workdir}},  # the kernel's working folder
-            extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
-        client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
-        client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
-                                                                                  cell_index)
-        client.on_cell_executed = lambda **_: watchdog.cell_finished()
-        try:
-            client.execute()
-        except DeadKernelError:
-            _stopped(run, nb, current["index"], timeout,
-                     stopped_by_us=watchdog.killed_cell is not None)
-        except Exception as exc:  # e.g. the kernel could not start
-            run.status = "could not run"
-            run.here = run.later = f"not run: {_one_line(str(exc)) or type(exc).__name__}"
-    run.seconds = time.perf_counter() - start
-    return run
+def _definitions(source: str) -> str:
+    """The functions, classes and imports of a cell's source ('' if none, or unparseable)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    return "\n\n".join(ast.get_source_segment(source, node) or "" for node in tree.body
+                        if isinstance(node, _DEFINITIONS))
 
 
-def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool) -> None:
-    """Record in ``run`` that the kernel died, or was stopped, while running cell ``index``."""
-    run.stopped_at = index
-    where = "before the first cell" if index is None else \
-        f"while running cell {index + 1} (id {nb.cells[index].get('id')!r})"
-    if stopped_by_us:
-        run.status = "kernel stopped"
-        run.here = (f"ran past the time limit of {timeout} s and ignored the interrupt: "
-                    "the kernel was stopped")
-        run.later = f"not run: the kernel was stopped {where}, over the time limit"
-    else:
-        run.status = "kernel died"
-        run.here = "the kernel died (crashed or exited) while running this cell"
-        run.later = f"not run: the kernel died {where}"
+def _find_by_id(nb, cell):
+    grade_id = nbgrader_meta(cell).get("grade_id") or cell.id
+    for test in (lambda c: c.get("id") == cell.id,
+                 lambda c: nbgrader_meta(c).get("grade_id") == grade_id):
+        for c in nb.cells:
+            if c.cell_type == "code" and test(c):
+                return c
+    return None
 
 
-# --- judging the checks -----------------------------------------------------------------------
+# --- the grading run --------------------------------------------------------------------------
 
-def judge(nb, assignment: Assignment, run: Run, timeout: int) -> list[CheckResult]:
-    """One result per instructor check, from the executed notebook ``nb``."""
+@dataclass
+class Grader:
+    """Everything one grading run shares."""
+
+    assignments: dict[str, Assignment]
+    instructor: Package
+    handout_src: Path  # the handout's src/ (holding transformer_lab/)
+    submissions: Path
+    out: Path
+    timeout: int
+    limits: ProbeLimits
+    execute: bool = True
+    cases: dict[str, list[F.Case]] = field(default_factory=dict)
+    _expected: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    def check_cases(self, check_id: str) -> list[F.Case]:
+        """The grader's cases of a check: public and hidden, drawn with the grader's salt."""
+        if check_id not in self.cases:
+            self.cases[check_id] = F.all_cases(F.get_check(check_id), salt="grader")
+        return self.cases[check_id]
+
+    def expected(self, check_id: str, case: F.Case):
+        key = (check_id, case.name)
+        if key not in self._expected:
+            self._expected[key] = F.get_check(check_id).expected(*copy.deepcopy(case.args),
+                                                                 **copy.deepcopy(case.kwargs))
+        return self._expected[key]
+
+
+def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> list[CheckResult]:
+    """One result per check of the notebook, judged here from the probe's evidence."""
     results = []
     for check in assignment.checks:
-        index = _index_of(nb, check.cell_id)
-        cell = nb.cells[index]
-        if run.stopped_at == index:
-            message = run.here
-        elif cell.execution_count is None:
-            message = run.later or "not run"
-        else:
-            message = _error_message(cell, timeout) or "ok"
+        chk = F.get_check(check.cell_id)
+        cases = grader.check_cases(check.cell_id)
+        message = "ok"
+        judged = 0
+        for case in cases:
+            outcome = report.outcomes.get((check.cell_id, case.name))
+            if outcome is None:
+                message = report.missing.get(check.cell_id) or \
+                    f"no result came back for case {case.name!r}"
+                break
+            try:
+                want = grader.expected(check.cell_id, case)
+            except Exception as exc:  # the reference failed: not the student's fault
+                message = (f"not graded: the instructor's reference failed on case "
+                           f"{case.name!r} ({type(exc).__name__}: {_one_line(str(exc))})")
+                break
+            verdict = F.judge(chk, case, outcome, want)
+            judged += 1
+            if not verdict.passed:
+                message = verdict.message
+                break
+        if message == "ok" and check.cell_id in report.missing:
+            message = report.missing[check.cell_id]
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
-                                   check.points, message))
+                                   check.points, message, judged))
     return results
 
 
-def _error_message(cell, timeout: int) -> str:
-    """``ename: evalue (line N: <code>)`` for the first error output of ``cell``; "" if none."""
-    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    if not errors:
-        return ""
-    error = errors[0]
-    if error.get("ename") == "KeyboardInterrupt":
-        return f"did not finish within the time limit of {timeout} s per cell (interrupted)"
-    message = error.get("ename", "Error")
-    if _one_line(error.get("evalue", "")):
-        message += f": {_one_line(error.get('evalue', ''))}"
-    line = _failing_line(cell, error)
-    return f"{message} ({line})" if line else message
+def grade_submission(grader: Grader, work: StudentWork, notebook: str,
+                     found: Found) -> Graded:
+    """Grade one student's notebook; never raises for bad student work."""
+    assignment = grader.assignments[notebook]
+    path = work.notebooks.get(notebook)
+    if path is None:
+        reason = "not submitted"
+        skipped = found.skipped_of(work.name)
+        if skipped:
+            reason += " (files skipped: " + "; ".join(f"{s.path}: {s.reason}"
+                                                     for s in skipped[:5]) + \
+                ("; ..." if len(skipped) > 5 else "") + ")"
+        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
+                                              for c in assignment.checks], "not submitted")
+        if skipped:
+            graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
+        return graded
+    try:
+        submission = read_submission(path)
+    except Exception as exc:  # not a notebook, broken JSON, ...
+        reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
+        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
+                                              for c in assignment.checks], "unreadable")
+        graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
+        return graded
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True) as tmp:
+        tmp = Path(tmp)
+        overlay = build_probe_package(grader.handout_src, grader.instructor, notebook,
+                                      work.core_files, tmp / "feedback",
+                                      work.core_label(grader.submissions))
+        shutil.copytree(tmp / "feedback", tmp / "probe")
+        reference_free(tmp / "probe")
+        cells, notes = probe_cells(submission, assignment)
+        specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
+                           grader.check_cases(c.cell_id)) for c in assignment.checks]
+        report = run_probe(tmp / "probe", cells, specs, grader.limits)
+        results = judge_all(grader, assignment, report)
+        graded = Graded(work.name, notebook, results, "graded",
+                        notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
+        graded.flags = scan_notebook_cells(
+            [(f"cell {k + 1} ({c.get('id')})", c.source) for k, c in enumerate(submission.cells)
+             if c.cell_type == "code"])
+        nb = restore_checks(submission, assignment)
+        if grader.execute:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str((tmp / "feedback").resolve())]
+                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            graded.run = run_notebook(nb, grader.timeout, env=env)
+        _sanitize(graded, nb, tmp)
+    graded.seconds = time.perf_counter() - start
+    graded.feedback = write_feedback(nb, graded, grader)
+    return graded
 
 
-def _failing_line(cell, error) -> str:
-    """``line N: <code>`` of the cell's own frame in the traceback, if it names one."""
-    traceback = _ANSI.sub("", "\n".join(error.get("traceback", [])))
-    match = _CELL_LINE.search(traceback)
-    if not match:
-        return ""
-    number = int(match.group(1))
-    lines = cell.source.split("\n")
-    code = lines[number - 1].strip() if 0 < number <= len(lines) else ""
-    code = code.replace("`", "'")
-    return f"line {number}: `{code}`" if code else f"line {number}"
+def _overlay_notes(overlay: Overlay, notebook: str) -> list[str]:
+    notes = []
+    if overlay.students:
+        notes.append("your functions, from your core modules: "
+                     + ", ".join(f"`{n}`" for n in overlay.students))
+    for name, why in overlay.stubs.items():
+        notes.append(f"`{name}` stayed a stub: {why}")
+    if syllabus.notebook_functions(notebook):
+        notes.append("every other core function: the reference for the ones earlier notebooks "
+                     "teach, a stub for the ones later notebooks teach")
+    return notes
+
+
+def _sanitize(graded: Graded, nb, tmp: Path) -> None:
+    """Replace the run's temporary folders by a fixed mark in messages and outputs, so that the
+    same submission gives the same files on every run."""
+    paths = sorted({str(tmp), str(tmp.resolve())}, key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(p) for p in paths)
+                         + r"|(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\]+)*[/\\]"
+                           r"(?:probe|grading|ipykernel)[-_][a-z0-9_]{2,}")
+
+    def clean(text):
+        return pattern.sub(WORKDIR_MARK, text) if isinstance(text, str) else text
+
+    for result in graded.results:
+        result.message = clean(result.message)
+    graded.notes = [clean(n) for n in graded.notes]
+    graded.cells = [(cid, clean(err)) for cid, err in graded.cells]
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = clean(output["text"])
+            if "evalue" in output:
+                output["evalue"] = clean(output["evalue"])
+            if "traceback" in output:
+                output["traceback"] = [clean(t) for t in output["traceback"]]
+            for key, value in output.get("data", {}).items():
+                if key.startswith("text/"):
+                    output["data"][key] = clean(value)
+
+
+# --- feedback ---------------------------------------------------------------------------------
+
+def summary_markdown(graded: Graded, timeout: int, executed: bool = True) -> str:
+    """The feedback notebook's first cell, from the verdicts: the score, each check, the
+    failures in full, what code was graded."""
+    lines = [f"# Grading feedback: {graded.notebook}", "",
+             f"**{graded.student}: {format_points(graded.points)} / "
+             f"{format_points(graded.max_points)} points.**", "",
+             "| check | points | result |", "|---|---|---|"]
+    for r in graded.results:
+        if r.passed:
+            result = f"passed ({r.cases} case{'s' * (r.cases != 1)})"
+        else:
+            result = "**failed**: " + _table_text(_first_line(r.message))
+        lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
+                     f"| {result} |")
+    for r in graded.results:
+        if not r.passed and "\n" in r.message:
+            text = r.message.replace("```", "'''")
+            lines += ["", f"**`{r.check}`**", "", "```text", text, "```"]
+    if graded.status == "graded":
+        lines += ["", "**What was graded.** The grader ran your notebook's first code cell, "
+                      "the functions, classes and imports of its other cells, and its exercise "
+                      "cells, then called your functions on its own inputs (the "
+                      "cases you saw and hidden ones) in a process of its own, and compared "
+                      "what they returned with the reference there."]
+        lines += [f"- {_table_text(n)}" for n in graded.notes]
+        failing = [(cid, err) for cid, err in graded.cells if err]
+        for cid, err in failing:
+            lines.append(f"- your cell `{cid}`, as the grader ran it: {_table_text(err)}")
+        lines += ["", "Below: your notebook run top to bottom in a fresh kernel on the same "
+                      "code, with the instructor's check cells"
+                  + (f" and a time limit of {timeout} s per cell" if executed else
+                     " (not executed in this run)")
+                  + ". It is there for you to see what your notebook does: the points above do "
+                    "not come from its outputs."]
+        if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
+            lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
+                         f"{_table_text(graded.run.later)}.)")
+    return "\n".join(lines)
+
+
+def _first_line(text: str) -> str:
+    first = text.split("\n", 1)[0]
+    return first + (" (see below)" if "\n" in text else "")
+
+
+def _table_text(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -564,119 +544,177 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def other_errors(nb, assignment: Assignment, run: Run, timeout: int) -> list[str]:
-    """Errors in cells that are not checks (an exercise that does not even run, for one)."""
-    checks = {c.cell_id for c in assignment.checks}
-    found = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or cell.get("id") in checks:
-            continue
-        if index == run.stopped_at:
-            found.append(f"cell {index + 1} (id {cell.get('id')!r}): {run.here}")
-        elif message := _error_message(cell, timeout):
-            found.append(f"cell {index + 1} (id {cell.get('id')!r}): {message}")
-    return found
-
-
-# --- grading one submission -------------------------------------------------------------------
-
-def grade_submission(submission: Submission, assignment: Assignment, timeout: int,
-                     feedback_dir: Path) -> Graded:
-    """Grade one submission and write its feedback notebook; never raises for bad student work."""
-    if submission.path is None:
-        results = [CheckResult(c.cell_id, 0, c.points, "not submitted") for c in assignment.checks]
-        return Graded(submission, results, "not submitted")
-    try:
-        nb = restore_checks(read_submission(submission.path), assignment)
-    except Exception as exc:  # not a notebook, broken JSON, ...
-        reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
-        results = [CheckResult(c.cell_id, 0, c.points, reason) for c in assignment.checks]
-        graded = Graded(submission, results, "unreadable")
-        graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, timeout,
-                                         feedback_dir)
-        return graded
-    run = run_notebook(nb, timeout)
-    graded = Graded(submission, judge(nb, assignment, run, timeout), run.status,
-                    other_errors(nb, assignment, run, timeout), seconds=run.seconds)
-    graded.feedback = write_feedback(nb, graded, timeout, feedback_dir)
-    return graded
-
-
-def summary_markdown(graded: Graded, timeout: int) -> str:
-    """The feedback notebook's first cell: score, then each check, ok or why it failed."""
-    s = graded.submission
-    lines = [f"# Grading feedback: {s.notebook}", "",
-             f"**{s.student}: {format_points(graded.points)} / "
-             f"{format_points(graded.max_points)} points.**", "",
-             "| check | points | result |", "|---|---|---|"]
-    for r in graded.results:
-        result = "ok" if r.passed else f"**failed**: {r.message}"
-        lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
-                     f"| {_table_text(result)} |")
-    if graded.other_errors:
-        lines += ["", "Other cells that did not run cleanly:", ""]
-        lines += [f"- {_table_text(e)}" for e in graded.other_errors]
-    lines += ["", f"Below: your notebook as graded, run top to bottom in a fresh kernel with a "
-                  f"time limit of {timeout} s per cell. Its check cells are the instructor's, "
-                  "hidden tests included, whatever the submitted notebook held in their place."]
-    return "\n".join(lines)
-
-
-def _table_text(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def write_feedback(nb, graded: Graded, timeout: int, feedback_dir: Path) -> Path:
+def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``."""
-    summary = nbformat.v4.new_markdown_cell(summary_markdown(graded, timeout),
-                                            id=SUMMARY_CELL_ID)
+    summary = nbformat.v4.new_markdown_cell(
+        summary_markdown(graded, grader.timeout, grader.execute), id=SUMMARY_CELL_ID)
     nb.cells = [c for c in nb.cells if c.get("id") != SUMMARY_CELL_ID]
     nb.cells.insert(0, summary)
-    dest = feedback_dir / graded.submission.student / f"{graded.submission.notebook}.ipynb"
+    dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, dest)
     return dest
 
 
+# --- flags in the submitted core --------------------------------------------------------------
+
+def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
+    """(notebook, flag) for the student's core modules: the notebook that teaches the function
+    holding the line ("" for module-level code and helpers)."""
+    found = []
+    base = work.folder or submissions
+    for module, path in sorted((work.core_files or {}).items()):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, UnicodeDecodeError, SyntaxError):
+            continue
+        lines = source.split("\n")
+        spans = statement_spans(tree, lines)
+        owners = []
+        for node in tree.body:
+            if hasattr(node, "name") and node.name in syllabus.TAUGHT_IN.get(module, {}):
+                first_place = syllabus.TAUGHT_IN[module][node.name][0]
+                owners.append((spans[id(node)], first_place.split(" §")[0]))
+        for flag in scan_python(source, path.relative_to(base).as_posix(), core=True):
+            notebook = next((nb for (a, b), nb in owners if a <= flag.line - 1 <= b), "")
+            found.append((notebook, flag))
+    return found
+
+
+# --- the output folder ------------------------------------------------------------------------
+
+class Ledger:
+    """The files the grader wrote to its output folder, with a copy of each in ``vault``: after a
+    student's code has run, a file that appeared is removed and one that changed is restored,
+    and both are reported."""
+
+    def __init__(self, out: Path, vault: Path):
+        self.out, self.vault = out, vault
+        self.known: dict[Path, tuple[int, int]] = {}
+        self.add(out / OWNER_FILE)
+
+    def add(self, path: Path | None) -> None:
+        if path is None or not path.is_file():
+            return
+        copy = self.vault / path.relative_to(self.out)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)
+        self.known[path] = self._stat(path)
+
+    @staticmethod
+    def _stat(path: Path) -> tuple[int, int] | None:
+        try:
+            st = path.lstat()
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns) if not path.is_symlink() else None
+
+    def police(self) -> list[str]:
+        """Undo what is not the grader's in the output folder; say what, one line each."""
+        events = []
+        for path in sorted(self.out.rglob("*"), reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                if not any(path.iterdir()) and not any(k.is_relative_to(path)
+                                                       for k in self.known):
+                    path.rmdir()
+                continue
+            if path not in self.known:
+                events.append(f"{path.relative_to(self.out).as_posix()} appeared (removed)")
+                path.unlink()
+        for path, stat in sorted(self.known.items()):
+            if self._stat(path) != stat:
+                events.append(f"{path.relative_to(self.out).as_posix()} changed (restored)")
+                if path.is_symlink() or path.is_dir():
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.vault / path.relative_to(self.out), path)
+                self.known[path] = self._stat(path)
+        return sorted(events)
+
+
 # --- the whole run ----------------------------------------------------------------------------
 
-def write_csv(graded: list[Graded], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for g in graded:
-            for r in g.results:
-                writer.writerow([g.submission.student, g.submission.notebook, r.check,
-                                 format_points(r.points), format_points(r.max_points)])
+def _write_rows(path: Path, header, rows) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    path.write_text(buffer.getvalue(), encoding="utf-8")
+
+
+def write_grades(graded: list[Graded], path: Path) -> None:
+    _write_rows(path, CSV_COLUMNS, [[g.student, g.notebook, r.check, format_points(r.points),
+                                     format_points(r.max_points)]
+                                    for g in graded for r in g.results])
 
 
 def format_table(graded: list[Graded]) -> str:
-    w_student = max(len("student"), *(len(g.submission.student) for g in graded))
-    w_nb = max(len("notebook"), *(len(g.submission.notebook) for g in graded))
+    w_student = max(len("student"), *(len(g.student) for g in graded))
+    w_nb = max(len("notebook"), *(len(g.notebook) for g in graded))
     header = f"{'student':<{w_student}}  {'notebook':<{w_nb}}  {'points':>9}  status"
     lines = [header, "-" * (len(header) + 8)]
     for g in graded:
         score = f"{format_points(g.points)}/{format_points(g.max_points)}"
-        lines.append(f"{g.submission.student:<{w_student}}  {g.submission.notebook:<{w_nb}}  "
-                     f"{score:>9}  {g.status}")
+        lines.append(f"{g.student:<{w_student}}  {g.notebook:<{w_nb}}  {score:>9}  {g.status}")
     return "\n".join(lines)
 
 
-def grade_all(submissions: list[Submission], assignments: dict[str, Assignment], timeout: int,
-              out: Path) -> list[Graded]:
-    """Grade every submission in turn; a broken one never stops the others."""
-    apply_kernel_env()
-    graded = []
-    for k, submission in enumerate(submissions, 1):
-        print(f"[{k}/{len(submissions)}] {submission.student} / {submission.notebook} ... ",
-              end="", flush=True)
-        assignment = assignments[submission.notebook]
+def check_cell_problems(assignment: Assignment) -> list[str]:
+    """Why the grader cannot grade a solution notebook's check cells (empty when it can)."""
+    registry = F.load_checks()
+    stem = Path(assignment.name).stem
+    problems = []
+    for check in assignment.checks:
+        where = f"{assignment.name}, check cell {check.cell_id!r}"
+        call = check.call
+        if call is None:
+            problems.append(f"{where}: not a one-line check(...) call; the grader decides points "
+                            "only from check classes (README, 'Writing exercises')")
+        elif call.check_id != check.cell_id:
+            problems.append(f"{where}: calls check({call.check_id!r}); a check cell's id is the "
+                            "id of the check it calls")
+        elif call.check_id not in registry:
+            problems.append(f"{where}: no check class is registered as {call.check_id!r} "
+                            "(transformer_lab/checks/nbNN_topic.py)")
+        elif registry[call.check_id].notebook != stem:
+            problems.append(f"{where}: the check belongs to notebook "
+                            f"{registry[call.check_id].notebook}")
+        elif len(call.names) != len(registry[call.check_id].arguments):
+            problems.append(f"{where}: passes {len(call.names)} function(s), the check takes "
+                            f"{len(registry[call.check_id].arguments)}")
+    return problems
+
+
+def _load_all(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, AssignmentError]]:
+    good, bad = {}, {}
+    for path in paths:
         try:
-            g = grade_submission(submission, assignment, timeout, out / "feedback")
+            good[path.stem] = parse_notebook(nbformat.read(path, as_version=4), str(path))
+        except AssignmentError as err:
+            bad[path.stem] = err
+    return good, bad
+
+
+def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path) -> list[Graded]:
+    """Grade every student's every notebook in turn; a broken one never stops the others."""
+    ledger = Ledger(grader.out, vault)
+    graded = []
+    pairs = [(s, nb) for s in sorted(found.students) for nb in notebooks]
+    for k, (student, notebook) in enumerate(pairs, 1):
+        print(f"[{k}/{len(pairs)}] {student} / {notebook} ... ", end="", flush=True)
+        assignment = grader.assignments[notebook]
+        try:
+            g = grade_submission(grader, found.students[student], notebook, found)
         except Exception as exc:  # a bug here must not cost the other students their grades
             reason = f"not graded: {type(exc).__name__}: {_one_line(str(exc))}"
-            g = Graded(submission, [CheckResult(c.cell_id, 0, c.points, reason)
-                                    for c in assignment.checks], "grading error")
+            g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
+                                           for c in assignment.checks], "grading error")
+        ledger.add(g.feedback)
+        for event in ledger.police():
+            g.flags.append(Flag("the grader's output folder", 0,
+                                "the grader's output folder changed while this notebook was "
+                                "graded", event))
         graded.append(g)
         print(f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
               + (f" ({g.seconds:.1f} s)" if g.seconds else ""), flush=True)
@@ -686,38 +724,91 @@ def grade_all(submissions: list[Submission], assignments: dict[str, Assignment],
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path,
-                        help="folder of submissions: <student>/<NN_topic>.ipynb or "
-                             "<student>_<NN_topic>.ipynb")
+                        help="folder of submissions: <student>/... (notebooks and "
+                             "src/transformer_lab/core/*.py) or <student>_<NN_topic>.ipynb")
     parser.add_argument("--source", type=Path, default=Path("notebooks"),
                         help="folder of the solution notebooks (default: notebooks)")
+    parser.add_argument("--project", type=Path, default=Path("."),
+                        help="folder holding the instructor's src/ (default: the current folder)")
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
-                        help="folder for grades.csv and feedback/, emptied first "
-                             "(default: build/grades)")
+                        help="folder for grades.csv, skipped.csv, flags.csv and feedback/, "
+                             "emptied first (default: build/grades)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
-                        help=f"seconds a single cell may run (default: {DEFAULT_TIMEOUT})")
+                        help=f"seconds a notebook cell may run, in the probe and in the "
+                             f"feedback run (default: {DEFAULT_TIMEOUT})")
+    parser.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
+                        help=f"seconds one case of a check may run (default: "
+                             f"{DEFAULT_CASE_TIMEOUT})")
+    parser.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
+                        help=f"seconds the probe of one notebook may run in all (default: "
+                             f"{DEFAULT_PROBE_TIMEOUT})")
+    parser.add_argument("--no-execute", action="store_true",
+                        help="do not execute the feedback notebooks (faster; the grades do not "
+                             "change)")
     args = parser.parse_args(argv)
-    if args.timeout <= 0:
-        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    for name in ("timeout", "case_timeout", "probe_timeout"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, "
+                         f"got {getattr(args, name)}")
+    src = args.project / "src"
+    if not (src / "transformer_lab" / "__init__.py").is_file():
+        parser.error(f"--project must be the course's folder; {str(args.project)!r} has no "
+                     "src/transformer_lab")
 
-    inputs = {"SUBMISSIONS": args.submissions, "--source": args.source}
+    inputs = {"SUBMISSIONS": args.submissions, "--source": args.source,
+              "--project's src/": src}
     check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
     sources = {path.stem: path for path in solution_notebooks(args.source)}
-    submissions, warnings = find_submissions(args.submissions, sorted(sources))
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    handed_in = sorted({s.notebook for s in submissions})
-    try:  # only the notebooks handed in need to be right
-        assignments = {Path(a.name).stem: a
-                       for a in load_assignments([sources[n] for n in handed_in])}
-    except AssignmentError as err:
-        print(f"error: the solution notebooks have {len(err.problems)} problem(s) with their "
-              f"markers or metadata:\n{err}", file=sys.stderr)
+    try:
+        instructor = parse_package(src / "transformer_lab")
+    except PackageError as err:
+        print(f"error: the package has {len(err.problems)} problem(s) with its markers:\n{err}",
+              file=sys.stderr)
         return 1
-    fresh_output_dir(args.out, "--out", inputs)
-    graded = grade_all(submissions, assignments, args.timeout, args.out)
-    write_csv(graded, args.out / "grades.csv")
+    assignments, broken = _load_all(list(sources.values()))
+    handed_in = sorted({nb for w in find_submissions(args.submissions, sorted(sources))
+                        .students.values() for nb in w.notebooks})
+    errors = [str(broken[n]) for n in handed_in if n in broken]
+    errors += [p for n in handed_in if n in assignments
+               for p in check_cell_problems(assignments[n])]
+    if errors:  # only the notebooks handed in need to be right
+        print(f"error: the solution notebooks cannot be graded, {len(errors)} problem(s):\n"
+              + "\n".join(errors), file=sys.stderr)
+        return 1
+    apply_kernel_env()
+    with tempfile.TemporaryDirectory(prefix="grading-handout-") as tmp:
+        from transformer_lab.course.student import write_student_tree
+
+        handout = Path(tmp) / "handout"
+        write_student_tree(list(assignments.values()), args.project, handout, instructor)
+        found = find_submissions(args.submissions, sorted(sources), handout_digests(handout))
+        fresh_output_dir(args.out, "--out", inputs)
+        grader = Grader({n: assignments[n] for n in handed_in}, instructor, handout / "src",
+                        args.submissions, args.out, args.timeout,
+                        ProbeLimits(cell=args.timeout, case=args.case_timeout,
+                                    total=args.probe_timeout),
+                        execute=not args.no_execute)
+        graded = grade_all(grader, found, handed_in, Path(tmp) / "vault")
+    flags = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
+             for g in graded for f in g.flags]
+    for student in sorted(found.students):
+        flags += [[student, nb, f.where, f.line, f.what, f.code]
+                  for nb, f in core_flags(found.students[student], args.submissions)]
+    flags.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
+    write_grades(graded, args.out / "grades.csv")
+    _write_rows(args.out / "skipped.csv", SKIPPED_COLUMNS,
+                [[s.student, s.path, s.reason] for s in found.skipped])
+    _write_rows(args.out / "flags.csv", FLAG_COLUMNS, flags)
     print()
     print(format_table(graded))
+    if found.skipped:
+        print(f"\nskipped {len(found.skipped)} file(s) (skipped.csv):")
+        for s in found.skipped:
+            print(f"  {s.student or '-'}: {s.path}: {s.reason}")
+    if flags:
+        students = sorted({r[0] for r in flags})
+        print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
+              "(flags.csv)")
     print(f"\ngrades: {args.out / 'grades.csv'}\nfeedback: {args.out / 'feedback'}/<student>/")
     return 0
 

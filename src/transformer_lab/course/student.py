@@ -1,15 +1,18 @@
-"""Write the student versions of the course notebooks, and what a student needs beside them.
+"""Write the handout: the student versions of the notebooks and the package with its core stubbed.
 
     python -m transformer_lab.course.student                  # notebooks/ -> build/student/
     python -m transformer_lab.course.student --out handout    # somewhere else
 
 In each notebook every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a stub
-that raises ``NotImplementedError("Exercise: <hint>")``, every ``### BEGIN HIDDEN TESTS`` ...
-``### END HIDDEN TESTS`` region is removed, outputs are cleared, and check cells are kept
-(locked against editing and deletion, as nbgrader does). Beside the notebooks go the package
-(``src/``, ``pyproject.toml``), ``requirements.txt``, ``img/`` and a README for students -- not
-the instructors' tests. A misplaced or unbalanced marker stops the build before anything is
-written, with the notebook, cell and line (see :mod:`transformer_lab.course.assignment`).
+that raises ``NotImplementedError("Exercise: <hint>")``, outputs are cleared, and check cells are
+kept (locked against editing and deletion, as nbgrader does). Beside the notebooks go the
+package (``src/``, ``pyproject.toml``) in its handout form (:mod:`.package`): the body of every
+core function replaced by ``raise NotImplementedError(<syllabus.stub_message(name)>)``, the
+hidden tests of the check modules removed, the public answers stored for checks whose reference
+was hidden, the course tools left out -- plus ``requirements.txt``, ``img/`` and a README for
+students. Not the instructors' tests. A misplaced or unbalanced marker, in a notebook or in the
+package, stops the build before anything is written, with its notebook, cell and line or its
+file and line (see :mod:`.assignment` and :mod:`.package`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 
+from transformer_lab import syllabus
 from transformer_lab.course.assignment import (
     DEFAULT_HINT,
     Assignment,
@@ -35,10 +39,16 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
     source_lines,
 )
+from transformer_lab.course.package import (
+    Package,
+    PackageError,
+    parse_package,
+    write_handout_package,
+)
 
-#: What the student tree holds besides the notebooks, relative to the project folder.
+#: What the student tree holds besides the notebooks and the package, relative to the project.
 PROJECT_FILES = ("pyproject.toml", "requirements.txt")
-PROJECT_DIRS = ("src", "img")
+PROJECT_DIRS = ("img",)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
 
@@ -115,19 +125,29 @@ def title(nb) -> str:
     return ""
 
 
+def _core_functions(notebook: str) -> list[str]:
+    return [f"`{name}`" for names in syllabus.notebook_functions(notebook).values()
+            for name in names]
+
+
 def student_readme(assignments: list[Assignment]) -> str:
-    """The README of the student tree: setting up, working on exercises, handing them in."""
+    """The README of the handout: setting up, writing core functions and notebook exercises,
+    handing in."""
     rows = "\n".join(
-        f"| `notebooks/{Path(a.name).name}` | {title(a.nb)} | {len(a.exercises)} "
+        f"| `notebooks/{Path(a.name).name}` | {title(a.nb)} "
+        f"| {', '.join(_core_functions(Path(a.name).stem)) or '--'} | {len(a.exercises)} "
         f"| {len(a.checks)} | {a.max_points:g} |"
         for a in assignments)
+    example = Path(assignments[0].name).name if assignments else "00_topic.ipynb"
     return f"""# Transformers from Scratch -- your assignments
 
 You build a Transformer in NumPy, one notebook at a time, checking every step against PyTorch
-and against numerical gradients.
+and against numerical gradients. You write the functions of the package `transformer_lab` -- its
+core, in `src/transformer_lab/core/` -- and the notebooks, the model and the trainer run on
+them: at the end, the model that learns is your own code.
 
-| notebook | topic | exercises | checks | points |
-|---|---|---|---|---|
+| notebook | topic | core functions you write | notebook exercises | checks | points |
+|---|---|---|---|---|---|
 {rows}
 
 ## Set up (once)
@@ -137,35 +157,67 @@ You need Python 3.10 or newer.
 ```bash
 python3 -m venv .venv
 .venv/bin/pip install -r requirements.txt    # Windows: .venv\\Scripts\\pip
-.venv/bin/jupyter lab notebooks
+.venv/bin/jupyter lab    # in this folder: notebooks/ and src/ both in its file browser
 ```
 
-`requirements.txt` pins a CPU build of PyTorch. On Linux, pip would otherwise download several
-GB of CUDA libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
-"Get Started" page of pytorch.org, Compute Platform: CPU) with
-`export PIP_EXTRA_INDEX_URL=<that address>`.
+`requirements.txt` also installs this folder's package (`-e .`, editable): the notebooks import
+*your* `src/transformer_lab`, so what you write there is what they run. `requirements.txt` pins a
+CPU build of PyTorch; on Linux, pip would otherwise download several GB of CUDA libraries: point
+pip at PyTorch's CPU-only wheel index first (its address is on the "Get Started" page of
+pytorch.org, Compute Platform: CPU) with `export PIP_EXTRA_INDEX_URL=<that address>`.
 
-## Working on an exercise
+## Writing a core function
 
-- Each exercise is a cell with a function to complete. Where your code goes, the cell holds a
-  line `raise NotImplementedError("Exercise: ...")` with a hint: replace that line with your
-  code, keep the function's name and arguments.
-- The cell after each exercise checks it (an `assert` fails, or a gradient check prints `FAIL`).
-  Check cells are locked: do not edit, delete or rename them -- for grading, the instructor's
-  own check cells are put back in place of yours, and they include further, hidden tests.
-- Run every notebook top to bottom in a fresh kernel (Kernel > Restart Kernel and Run All Cells)
-  before handing it in: that is how it is graded, each cell with a time limit.
+When a notebook has derived a piece of the Transformer, a cell tells you to write it into the
+package, for example "write `softmax_forward` in `src/transformer_lab/core/layers.py`":
+
+1. open the file (JupyterLab's file browser, or your editor) and find the function. Its
+   docstring gives the shapes; its body is one line,
+   `raise NotImplementedError("softmax_forward() ... is yours to write: ...")`;
+2. replace that line with your code. Keep the function's name and arguments and what it returns
+   (`op_forward(...) -> (out, cache)`, `op_backward(dout, cache) -> (gradients..., grads)`, as
+   the module's docstring says); lines before and after the stub (unpacking the cache, the
+   `return`) are part of the convention: use their names;
+3. save the file and run the check cell below the instructions, `check("check-softmax-forward")`.
+   The notebook picks up your change without a restart: `setup_notebook()`, in every
+   notebook's first cell, turns on IPython's autoreload for the core modules.
+
+Later notebooks, the model (`transformer_lab.transformer`) and the trainer
+(`python -m transformer_lab.train`) call your functions: one you have not written yet stops them
+with its stub's message, which names the notebook and section that teach it.
+
+## Notebook exercises
+
+Some exercises are a function in a notebook cell: where your code goes, the cell holds a line
+`raise NotImplementedError("Exercise: ...")` with a hint. Replace that line with your code, keep
+the function's name and arguments. For grading, the notebook's first code cell, the functions,
+classes and imports of its other cells and its exercise cells are run: a helper your function
+uses must be a function (or an import), not a variable set in another cell. The check cell after it passes your function in: `check("check-logsumexp",
+logsumexp)`.
+
+## Checks
+
+Check cells are one line and locked: do not edit, delete or move them. One prints
+`check-... passed (N cases).`, or names the case that failed, shows what was expected against
+what came back, and, where it recognises it, the mistake behind it. Grading runs your functions
+again, outside your notebook, on other inputs as well (hidden cases): a function that passes only
+the cases shown here loses the points. Run every notebook top to bottom in a fresh kernel
+(Kernel > Restart Kernel and Run All Cells) before handing it in.
 
 ## Handing in
 
-Hand in the notebook files themselves, under their own names (for example
-`{Path(assignments[0].name).name if assignments else "00_topic.ipynb"}`), as your instructor
-tells you.
+Hand in this whole folder as you worked in it (zip it, or as your instructor tells you): the
+notebooks (`notebooks/{example}` ...) and your package's core, `src/transformer_lab/core/*.py`,
+under their own names. Each notebook is graded with your core functions for that notebook and
+the reference for every other notebook's, so a mistake in one notebook's functions costs that
+notebook's points only.
 """
 
 
-def write_student_tree(assignments: list[Assignment], project: Path, out: Path) -> list[Path]:
-    """Write the student versions and the project files into ``out``; return the notebooks."""
+def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
+                       package: Package | None = None) -> list[Path]:
+    """Write the student versions, the handout's package and the project files into ``out``;
+    return the notebooks. ``package``: the parsed ``project/src/transformer_lab``."""
     written = []
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     for assignment in assignments:
@@ -177,6 +229,7 @@ def write_student_tree(assignments: list[Assignment], project: Path, out: Path) 
     for name in PROJECT_DIRS:
         if (project / name).is_dir():
             shutil.copytree(project / name, out / name, ignore=_IGNORE)
+    write_handout_package(project / "src", out / "src", package)
     (out / "README.md").write_text(student_readme(assignments))
     return written
 
@@ -207,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(missing)}")
 
     inputs = {"--source": args.source,
-              **{f"--project's {name}/": args.project / name for name in PROJECT_DIRS}}
+              **{f"--project's {name}/": args.project / name for name in (*PROJECT_DIRS, "src")}}
     check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
     try:
         assignments = load_assignments(solution_notebooks(args.source))
@@ -215,10 +268,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot make student versions, {len(err.problems)} problem(s) with the "
               f"markers or metadata:\n{err}", file=sys.stderr)
         return 1
+    try:
+        package = parse_package(args.project / "src" / "transformer_lab")
+    except PackageError as err:
+        print(f"error: cannot make the handout's package, {len(err.problems)} problem(s) with "
+              f"the markers in the package:\n{err}", file=sys.stderr)
+        return 1
     fresh_output_dir(args.out, "--out", inputs)
-    write_student_tree(assignments, args.project, args.out)
+    write_student_tree(assignments, args.project, args.out, package)
     print(format_table(assignments))
-    print(f"\nstudent versions and course files: {args.out}/ (notebooks in {args.out}/notebooks)")
+    legacy = [f"{Path(a.name).stem}: {', '.join(c.cell_id for c in a.legacy_checks)}"
+              for a in assignments if a.legacy_checks]
+    if legacy:
+        print("\nnote: check cells that are not one-line check(...) calls, which make grade "
+              "cannot grade (README, 'Writing exercises'):\n  " + "\n  ".join(legacy))
+    print(f"\nthe handout: {args.out}/ (notebooks in {args.out}/notebooks, the package with its "
+          f"core stubbed in {args.out}/src)")
     return 0
 
 

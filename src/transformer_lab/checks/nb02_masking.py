@@ -1,0 +1,427 @@
+"""Checks of notebook 02_masking: the causal and padding masks, masked attention, the softmax of a
+row with nothing to attend to, and the notebook's mask variants.
+
+Masks follow the course's convention: a boolean mask is True where attention is **blocked**.
+PyTorch's ``F.scaled_dot_product_attention`` reads a boolean mask the other way round
+(True = allowed), so the references below pass it ``~mask``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _softmax(x):
+    """The plain stable softmax of notebook 01 (a row of only -inf gives NaN)."""
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _sdpa(q, k, v, mask):
+    """PyTorch's scaled dot-product attention with the course's mask (bool True = blocked, or
+    float added). A query whose keys are all blocked gets a zero output, as in the course."""
+    torch = _torch()
+    t = [torch.from_numpy(a) for a in (q, k, v)]
+    if mask is not None:
+        mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
+    return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
+
+
+def _scores(q, k):
+    return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+
+
+def _qkv(rng, t, s, d_k, d_v, dtype=np.float64):
+    return tuple(rng.standard_normal(shape).astype(dtype)
+                 for shape in [(t, d_k), (s, d_k), (s, d_v)])
+
+
+def _some_blocked(rng, t, s, p=0.4):
+    """A random (t, s) mask, True = blocked, with at least one allowed key in every row."""
+    mask = rng.random((t, s)) < p
+    mask[np.arange(t), rng.integers(s, size=t)] = False
+    return mask
+
+
+# --------------------------------------------------------------------------------------------
+# Core exercises
+
+
+@register
+class CausalMask(Check):
+    id = "check-causal-mask"
+    notebook = "02_masking"
+    functions = ("causal_mask",)
+
+    def cases(self, rng):
+        yield Case("T = 4 (S defaults to T)", (4,))
+        yield Case("T = 1", (1,))
+        yield Case("T = 3, S = 5 (more keys than queries)", (3, 5))
+        yield Case("T = 5, S = 2 (fewer keys than queries)", (5, 2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("T = 7", (7,))
+        yield Case("T = 2, S = 6", (2, 6))
+        yield Case("T = 6, S = 1", (6, 1))
+    ### END HIDDEN TESTS
+
+    def run(self, f, T, S=None):
+        return f.causal_mask(T) if S is None else f.causal_mask(T, S)
+
+    def expected(self, T, S=None):
+        torch = _torch()
+        # PyTorch's causal convention (F.scaled_dot_product_attention(is_causal=True)):
+        # the allowed pairs are the lower triangle, aligned at the top left when S != T
+        allowed = torch.ones(T, T if S is None else S, dtype=torch.bool).tril()
+        return (~allowed).numpy()
+
+    def mistakes(self, T, S=None):
+        want = self.expected(T, S)
+        diagonal = np.eye(*want.shape, dtype=bool)
+        return {"with True = allowed (the convention inverted: True must mean blocked)":
+                lambda: ~want,
+                "blocking the diagonal too (block j > i: a query may attend to itself)":
+                lambda: want | diagonal,
+                "blocking the past instead of the future (the transposed triangle)":
+                lambda: ~(want | diagonal),
+                "ignoring S (the mask is (T, S), one column per key)":
+                lambda: self.expected(T)}
+
+
+@register
+class AttentionMask(Check):
+    id = "check-attention-mask"
+    notebook = "02_masking"
+    functions = ("attention_forward",)
+
+    def cases(self, rng):
+        q, k, v = _qkv(rng, 4, 4, 3, 3)
+        yield Case("causal bool mask, T = S = 4", (q, k, v, np.triu(np.ones((4, 4), bool), 1)))
+        yield Case("bool mask (T, S) with T = 3, S = 5",
+                   (*_qkv(rng, 3, 5, 4, 2), _some_blocked(rng, 3, 5)))
+        yield Case("a (1, S) key mask broadcast over the queries",
+                   (*_qkv(rng, 4, 6, 3, 2), np.array([[False, True, False, False, True, True]])))
+        penalty = -0.5 * np.abs(np.arange(4)[:, None] - np.arange(5)[None, :])  # (T, S)
+        penalty[_some_blocked(rng, 4, 5)] = -np.inf
+        yield Case("float mask (-inf and finite penalties), added to the scores",
+                   (*_qkv(rng, 4, 5, 3, 2), penalty))
+        yield Case("float32 with a bool mask",
+                   (*_qkv(rng, 5, 4, 8, 3, np.float32), _some_blocked(rng, 5, 4)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        penalty = rng.uniform(-2, 0, (3, 4)).astype(np.float32)
+        penalty[_some_blocked(rng, 3, 4)] = -np.inf
+        yield Case("float32 with a float mask", (*_qkv(rng, 3, 4, 2, 5, np.float32), penalty))
+        yield Case("one query, two keys, one blocked",
+                   (*_qkv(rng, 1, 2, 3, 2), np.array([[True, False]])))
+        one_key = np.ones((4, 6), bool)
+        one_key[np.arange(4), rng.integers(6, size=4)] = False
+        yield Case("every query allowed exactly one key", (*_qkv(rng, 4, 6, 2, 3), one_key))
+        yield Case("an all-False mask (nothing blocked)",
+                   (*_qkv(rng, 3, 3, 4, 4), np.zeros((3, 3), bool)))
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, mask):
+        out, cache = f.attention_forward(q, k, v, mask)
+        return out
+
+    def expected(self, q, k, v, mask):
+        return _sdpa(q, k, v, mask)
+
+    def mistakes(self, q, k, v, mask):
+        s = _scores(q, k)
+        if mask.dtype != bool:
+            return {"treating the float mask as a boolean (a float mask is added to the scores)":
+                    lambda: _softmax(np.where(mask != 0, -np.inf, s)) @ v,
+                    "ignoring the mask": lambda: _softmax(s) @ v}
+        return {"adding the boolean mask to the scores (True counts as 1 and blocks nothing: "
+                "set the blocked scores to -inf)": lambda: _softmax(s + mask) @ v,
+                "reading True as allowed (the mask convention inverted: True = blocked)":
+                lambda: _softmax(np.where(~mask, -np.inf, s)) @ v,
+                "masking the weights after the softmax (block the scores before it, so that "
+                "the allowed weights still sum to one)": lambda: (_softmax(s) * ~mask) @ v,
+                "ignoring the mask": lambda: _softmax(s) @ v}
+
+
+@register
+class SoftmaxEmptyRows(Check):
+    id = "check-softmax-empty-rows"
+    notebook = "02_masking"
+    functions = ("softmax_forward",)
+
+    def cases(self, rng):
+        yield Case("a row of -inf only", (np.full((1, 5), -np.inf),))
+        x = rng.standard_normal((4, 6))
+        x[0, [1, 4]] = -np.inf
+        x[[1, 3]] = -np.inf
+        yield Case("rows of -inf among ordinary rows", (x,))
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        x[2] = -np.inf
+        x[0, 0] = -np.inf
+        yield Case("float32, one row of -inf", (x,))
+        x = rng.standard_normal((2, 3, 4))
+        x[0, 1] = x[1, 2] = -np.inf
+        yield Case("three axes, a row of -inf in each block", (x,))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("every row -inf", (np.full((3, 2), -np.inf),))
+        yield Case("one entry per row, one of them -inf", (np.array([[0.3], [-np.inf], [2.0]]),))
+        x = np.stack([rng.standard_normal(5) + 1e4, np.full(5, -np.inf)])
+        yield Case("scores near 1e4 beside a row of -inf", (x,))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x):
+        return f.softmax_forward(x)[0]
+
+    def expected(self, x):
+        torch = _torch()
+        # torch's softmax gives NaN exactly on the rows of only -inf; the course gives zeros
+        return torch.softmax(torch.from_numpy(x), dim=-1).nan_to_num(nan=0.0).numpy()
+
+    def mistakes(self, x):
+        return {"without a special case for a row of -inf: its maximum is -inf, and "
+                "-inf - (-inf) is NaN (subtract 0 there, and divide by 1 where the sum is 0)":
+                lambda: _softmax(x),
+                "replacing -inf by a large negative number such as -1e9: a row with nothing "
+                "to attend to becomes uniform instead of zero":
+                lambda: _softmax(np.where(np.isneginf(x), -1e9, x))}
+
+
+@register
+class AttentionEmptyRows(Check):
+    id = "check-attention-empty-rows"
+    notebook = "02_masking"
+    functions = ("attention_forward",)
+
+    def cases(self, rng):
+        left_padded = np.triu(np.ones((6, 6), bool), 1)
+        left_padded[:, :2] = True  # keys 0, 1 are padding: queries 0 and 1 see nothing
+        yield Case("left padding with the causal mask (rows 0 and 1 fully blocked)",
+                   (*_qkv(rng, 6, 6, 4, 3), left_padded))
+        mask = _some_blocked(rng, 3, 5)
+        mask[1] = True
+        yield Case("one fully blocked row, T = 3, S = 5", (*_qkv(rng, 3, 5, 2, 4), mask))
+        penalty = np.zeros((4, 4))
+        penalty[2] = -np.inf
+        penalty[0, 3] = -np.inf
+        yield Case("float mask with a row of -inf", (*_qkv(rng, 4, 4, 3, 2), penalty))
+        mask = _some_blocked(rng, 4, 3)
+        mask[0] = True
+        yield Case("float32, one fully blocked row", (*_qkv(rng, 4, 3, 5, 2, np.float32), mask))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("every row fully blocked", (*_qkv(rng, 3, 4, 2, 2), np.ones((3, 4), bool)))
+        yield Case("one query, no key allowed", (*_qkv(rng, 1, 3, 2, 5), np.ones((1, 3), bool)))
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, mask):
+        out, cache = f.attention_forward(q, k, v, mask)
+        return out
+
+    def expected(self, q, k, v, mask):
+        return _sdpa(q, k, v, mask)
+
+    def mistakes(self, q, k, v, mask):
+        s = _scores(q, k)
+        blocked = mask if mask.dtype == bool else np.isneginf(mask)
+        found = {"a softmax of its own in attention_forward, without section 4's guard "
+                 "(call softmax_forward, which gives zeros for a row of -inf)":
+                 lambda: _softmax(np.where(blocked, -np.inf, s)) @ v}
+        if mask.dtype == bool:
+            found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "
+                  "then attends to its blocked keys anyway (as if unmasked; uniformly in "
+                  "float32)"] = (
+                lambda: _softmax(np.where(mask, -1e9, s)) @ v)
+        return found
+
+
+@register
+class PaddingMask(Check):
+    id = "check-padding-mask"
+    notebook = "02_masking"
+    functions = ("padding_mask",)
+
+    def cases(self, rng):
+        yield Case("lengths [6, 3, 2], S = 6", (np.array([6, 3, 2]), 6))
+        yield Case("S longer than every sequence", (np.array([2, 4]), 7))
+        yield Case("a length of 0 (only padding)", (np.array([3, 0, 1]), 4))
+        yield Case("one sequence, no padding", (np.array([5]), 5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("int32 lengths", (np.array([1, 2, 3], dtype=np.int32), 3))
+        yield Case("S = 1", (np.array([1, 0, 1]), 1))
+        yield Case("lengths as a Python list", ([2, 5, 0, 1], 5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, lengths, S):
+        return f.padding_mask(lengths, S)
+
+    def expected(self, lengths, S):
+        torch = _torch()
+        from torch.nn.utils.rnn import pad_sequence
+
+        # PyTorch pads a list of sequences to a batch; True marks the real tokens
+        real = pad_sequence([torch.ones(int(n), dtype=torch.bool) for n in lengths],
+                            batch_first=True)
+        full = torch.zeros(len(lengths), S, dtype=torch.bool)
+        full[:, :real.shape[1]] = real
+        return (~full).numpy()
+
+    def mistakes(self, lengths, S):
+        want = self.expected(lengths, S)
+        lengths = np.asarray(lengths)
+        first_pad = want.copy()
+        rows = np.flatnonzero(lengths < S)
+        first_pad[rows, lengths[rows]] = False
+        return {"with > instead of >= (position lengths[b] is already padding: positions "
+                "count from 0)": lambda: first_pad,
+                "with True = a real token (the convention inverted: True must mean padding)":
+                lambda: ~want,
+                "as an (S, B) array (one row per sequence: (B, S))": lambda: want.T}
+
+
+# --------------------------------------------------------------------------------------------
+# Variant exercises: each mask's reference is hidden (it would show the answer)
+
+
+@register
+class SlidingWindow(Check):
+    id = "check-sliding-window"
+    notebook = "02_masking"
+    arguments = ("sliding_window_mask",)
+
+    def cases(self, rng):
+        yield Case("window 1: each query sees only itself", (5, 1))
+        yield Case("T = 6, window 3", (6, 3))
+        yield Case("window = T: the causal mask", (5, 5))
+        yield Case("window larger than T", (4, 10))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("T = 1, window 1", (1, 1))
+        yield Case("T = 7, window 2", (7, 2))
+        yield Case("T = 8, window 7", (8, 7))
+
+    def expected(self, T, window):
+        torch = _torch()
+        ones = torch.ones(T, T, dtype=torch.bool)
+        allowed = ones.tril() & ~ones.tril(-window)  # i - window < j <= i
+        return (~allowed).numpy()
+
+    def mistakes(self, T, window):
+        torch = _torch()
+        ones = torch.ones(T, T, dtype=torch.bool)
+        return {"seeing window + 1 positions (j >= i - window allowed: itself and window - 1 "
+                "before it)": lambda: (~(ones.tril() & ~ones.tril(-window - 1))).numpy(),
+                "without the causal part (the future must stay blocked)":
+                lambda: ones.tril(-window).numpy(),  # only j <= i - window blocked
+                "with True = allowed (True must mean blocked)":
+                lambda: ~self.expected(T, window)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, T, window):
+        return f.sliding_window_mask(T, window)
+
+
+@register
+class PrefixLM(Check):
+    id = "check-prefix-lm"
+    notebook = "02_masking"
+    arguments = ("prefix_lm_mask",)
+
+    def cases(self, rng):
+        yield Case("no prefix (P = 0): the causal mask", (5, 0))
+        yield Case("T = 5, prefix of 2", (5, 2))
+        yield Case("a prefix of 1: still the causal mask", (5, 1))
+        yield Case("the whole sequence is the prefix: nothing blocked", (6, 6))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("T = 1, P = 0", (1, 0))
+        yield Case("T = 1, P = 1", (1, 1))
+        yield Case("T = 7, prefix of 3", (7, 3))
+
+    def expected(self, T, prefix_len):
+        torch = _torch()
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        allowed[:, :prefix_len] = True
+        return (~allowed).numpy()
+
+    def mistakes(self, T, prefix_len):
+        torch = _torch()
+        causal = ~torch.ones(T, T, dtype=torch.bool).tril()
+        one_more = self.expected(T, min(prefix_len + 1, T))
+        rows_open = causal.clone()
+        rows_open[:prefix_len] = False
+        return {"the plain causal mask (the prefix keys are visible to every query)":
+                lambda: causal.numpy(),
+                "a prefix one position too long (j <= P instead of j < P)": lambda: one_more,
+                "opening the prefix queries' rows to the whole sequence (they must not see past "
+                "the prefix)": lambda: rows_open.numpy(),
+                "with True = allowed (True must mean blocked)":
+                lambda: ~self.expected(T, prefix_len)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, T, prefix_len):
+        return f.prefix_lm_mask(T, prefix_len)
+
+
+@register
+class CrossMask(Check):
+    id = "check-cross-mask"
+    notebook = "02_masking"
+    arguments = ("cross_attention_mask",)
+
+    def cases(self, rng):
+        yield Case("B = 3, T = 4, S = 5, different lengths",
+                   (np.array([3, 1, 4]), np.array([5, 2, 1]), 4, 5))
+        yield Case("no padding at all", (np.array([3, 3]), np.array([2, 2]), 3, 2))
+        yield Case("more queries than keys (T = 6, S = 3)",
+                   (np.array([6, 2]), np.array([1, 3]), 6, 3))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one sequence, one query, one key", (np.array([1]), np.array([1]), 1, 1))
+        yield Case("a sequence with no valid query",
+                   (np.array([0, 2, 3]), np.array([4, 4, 1]), 3, 4))
+
+    def expected(self, query_lengths, key_lengths, T, S):
+        torch = _torch()
+        q_valid = torch.arange(T)[None, :] < torch.as_tensor(query_lengths)[:, None]  # (B, T)
+        k_valid = torch.arange(S)[None, :] < torch.as_tensor(key_lengths)[:, None]  # (B, S)
+        return (~(q_valid[:, :, None] & k_valid[:, None, :])).numpy()
+
+    def mistakes(self, query_lengths, key_lengths, T, S):
+        torch = _torch()
+        q_pad = (torch.arange(T)[None, :] >= torch.as_tensor(query_lengths)[:, None]).numpy()
+        k_pad = (torch.arange(S)[None, :] >= torch.as_tensor(key_lengths)[:, None]).numpy()
+        b = len(q_pad)
+        found = {"blocking the padded keys only (the padded queries' rows must be blocked too)":
+                 lambda: np.broadcast_to(k_pad[:, None, :], (b, T, S)).copy(),
+                 "blocking the padded queries only (the padded keys must be blocked too)":
+                 lambda: np.broadcast_to(q_pad[:, :, None], (b, T, S)).copy(),
+                 "with True = allowed (True must mean blocked)":
+                 lambda: ~self.expected(query_lengths, key_lengths, T, S)}
+        if T == S:
+            found["with the query and key lengths swapped"] = (
+                lambda: self.expected(key_lengths, query_lengths, T, S))
+        return found
+    ### END HIDDEN TESTS
+
+    def run(self, f, query_lengths, key_lengths, T, S):
+        return f.cross_attention_mask(query_lengths, key_lengths, T, S)

@@ -1,0 +1,332 @@
+"""Checks of notebook 03_minibatching: the linear layer and attention over any leading axes,
+and the notebook's variants (RMS normalisation, the last valid token, a masked mean)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
+    """x (*lead, d_in), W (d_in, d_out), b (d_out,) or None, and an upstream gradient."""
+    x = rng.standard_normal((*lead, d_in)).astype(dtype)
+    W = rng.standard_normal((d_in, d_out)).astype(dtype)
+    b = rng.standard_normal(d_out).astype(dtype) if bias else None
+    dout = rng.standard_normal((*lead, d_out)).astype(dtype)
+    return x, W, b, dout
+
+
+def _linear_cases(rng):
+    yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
+    yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
+    yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
+    yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
+    yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
+
+
+def _linear_hidden_cases(rng):
+    yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
+    yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
+    yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
+
+
+def _torch_linear(x, W, b, dout):
+    """Output and gradients of x @ W + b from PyTorch's autograd."""
+    torch = _torch()
+    x_t = torch.tensor(x, requires_grad=True)
+    W_t = torch.tensor(W, requires_grad=True)
+    out = x_t @ W_t
+    b_t = None
+    if b is not None:
+        b_t = torch.tensor(b, requires_grad=True)
+        out = out + b_t
+    out.backward(torch.from_numpy(dout))
+    grads = {"dx": x_t.grad.numpy(), "dW": W_t.grad.numpy()}
+    if b_t is not None:
+        grads["db"] = b_t.grad.numpy()
+    return out.detach().numpy(), grads
+
+
+@register
+class LinearForwardBatched(Check):
+    id = "check-linear-forward-batched"
+    notebook = "03_minibatching"
+    functions = ("linear_forward",)
+
+    def cases(self, rng):
+        yield from _linear_cases(rng)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield from _linear_hidden_cases(rng)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, b, dout):
+        out, cache = f.linear_forward(x, W, b)
+        return out
+
+    def expected(self, x, W, b, dout):
+        return _torch_linear(x, W, b, dout)[0]
+
+    def mistakes(self, x, W, b, dout):
+        flat = x.reshape(-1, x.shape[-1]) @ W + (0 if b is None else b)
+        found = {"reshaping x to (N, D_in) without restoring the leading axes afterwards "
+                 "(out must be (..., D_out): reshape(*x.shape[:-1], D_out))": lambda: flat}
+        if W.shape[0] == W.shape[1]:
+            found["with the weight transposed (x @ W.T): W is (D_in, D_out)"] = (
+                lambda: x @ W.T + (0 if b is None else b))
+        return found
+
+
+@register
+class LinearBackwardBatched(Check):
+    id = "check-linear-backward-batched"
+    notebook = "03_minibatching"
+    functions = ("linear_forward", "linear_backward")
+
+    def cases(self, rng):
+        yield from _linear_cases(rng)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield from _linear_hidden_cases(rng)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, b, dout):
+        out, cache = f.linear_forward(x, W, b)
+        dx, grads = f.linear_backward(dout, cache)
+        found = {"dx": dx, "dW": grads["W"]}
+        if b is not None:
+            found["db"] = grads["b"]
+        return found
+
+    def expected(self, x, W, b, dout):
+        return _torch_linear(x, W, b, dout)[1]
+
+    def mistakes(self, x, W, b, dout):
+        right = self.expected(x, W, b, dout)
+        found = {}
+        if x.ndim >= 3:
+            found["computing dW per sequence and not summing it over the leading axes "
+                  "(dW = x_flat^T dout_flat sums over every token)"] = (
+                lambda: {**right, "dW": np.swapaxes(x, -1, -2) @ dout})
+            if b is not None:
+                found["summing db over the first axis only (sum over every leading axis)"] = (
+                    lambda: {**right, "db": dout.sum(axis=0)})
+        if x.ndim >= 2:
+            n = math.prod(x.shape[:-1])
+            found["averaging dW and db over the tokens instead of summing them"] = (
+                lambda: {k: (v / n if k != "dx" else v) for k, v in right.items()})
+            found["leaving dx flat (N, D_in): reshape it back to x's shape"] = (
+                lambda: {**right, "dx": right["dx"].reshape(-1, x.shape[-1])})
+        return found
+
+
+@register
+class AttentionBatched(Check):
+    id = "check-attention-batched"
+    notebook = "03_minibatching"
+    functions = ("attention_forward",)
+
+    def cases(self, rng):
+        def qkv(lead, t, s, d_k, d_v, dtype=np.float64):
+            return tuple(rng.standard_normal((*lead, n, d)).astype(dtype)
+                         for n, d in [(t, d_k), (s, d_k), (s, d_v)])
+
+        yield Case("a batch (B, T, d_k) = (3, 4, 6), S = 5, d_v = 2", (*qkv((3,), 4, 5, 6, 2),))
+        yield Case("batch and head axes (B, H, T, d_k) = (2, 3, 4, 5)",
+                   (*qkv((2, 3), 4, 6, 5, 2),))
+        pad = np.arange(5)[None, :] >= np.array([5, 3, 1])[:, None]
+        yield Case("a padding mask (B, 1, S) broadcast over the queries",
+                   (*qkv((3,), 5, 5, 4, 3), pad[:, None, :]))
+        yield Case("a causal mask (T, S) shared by batch and heads",
+                   (*qkv((2, 2), 4, 4, 3, 5), np.triu(np.ones((4, 4), bool), 1)))
+        yield Case("float32 batch with a padding mask",
+                   (*qkv((3,), 5, 5, 8, 2, np.float32), pad[:, None, :]))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        def qkv(lead, t, s, d_k, d_v):
+            return tuple(rng.standard_normal((*lead, n, d)) for n, d in [(t, d_k), (s, d_k),
+                                                                          (s, d_v)])
+
+        yield Case("batch of 1", (*qkv((1,), 3, 4, 2, 2),))
+        yield Case("square shapes B = T = S = d_k = 4", (*qkv((4,), 4, 4, 4, 4),))
+        yield Case("three leading axes", (*qkv((2, 1, 3), 2, 3, 4, 2),))
+        penalty = -np.abs(np.arange(3)[:, None] - np.arange(3)[None, :]) * rng.uniform(0, 1, (
+            2, 1, 1, 1))
+        yield Case("a float mask (B, 1, T, S), added", (*qkv((2, 2), 3, 3, 2, 3), penalty))
+        blocked = np.zeros((2, 3, 4), bool)
+        blocked[1, 0] = True
+        yield Case("a fully blocked row in a batch", (*qkv((2,), 3, 4, 3, 2), blocked))
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, mask=None):
+        out, cache = f.attention_forward(q, k, v, mask)
+        return out
+
+    def expected(self, q, k, v, mask=None):
+        torch = _torch()
+        t = [torch.from_numpy(a) for a in (q, k, v)]
+        if mask is not None:
+            mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
+        return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
+
+    def mistakes(self, q, k, v, mask=None):
+        if q.ndim < 3:
+            return {}
+
+        def attend(scale, axis=-1):
+            s = q @ np.swapaxes(k, -1, -2) * scale
+            if mask is not None:
+                s = np.where(mask, -np.inf, s) if mask.dtype == bool else s + mask
+            z = np.exp(s - s.max(axis=axis, keepdims=True))
+            return (z / z.sum(axis=axis, keepdims=True)) @ v
+
+        right = 1 / math.sqrt(q.shape[-1])
+        return {"scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "
+                "(count axes from the right: q.shape[-1])":
+                lambda: attend(1 / math.sqrt(q.shape[1])),
+                "with the softmax over axis 1 -- on a batch that is not the keys' axis "
+                "(use the last axis)": lambda: attend(right, axis=1)}
+
+
+# --------------------------------------------------------------------------------------------
+# Variant exercises
+
+
+@register
+class RmsNorm(Check):
+    id = "check-rms-norm"
+    notebook = "03_minibatching"
+    arguments = ("rms_norm",)
+
+    def cases(self, rng):
+        for shape in [(7,), (4, 7), (3, 4, 7), (2, 3, 4, 7)]:
+            yield Case(f"x of shape {shape}", (rng.standard_normal(shape),
+                                               rng.standard_normal(shape[-1])))
+        yield Case("x of shape (7, 7): as many tokens as features",
+                   (rng.standard_normal((7, 7)), rng.standard_normal(7)))
+        yield Case("x of shape (3, 7, 7)", (rng.standard_normal((3, 7, 7)),
+                                            rng.standard_normal(7)))
+        yield Case("float32 batch", (rng.standard_normal((2, 3, 5)).astype(np.float32),
+                                     rng.standard_normal(5).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("eps = 0.5 given by keyword", (rng.standard_normal((2, 3, 5)), np.ones(5)),
+                   {"eps": 0.5})
+        yield Case("D = 1", (rng.standard_normal((3, 2, 1)), rng.standard_normal(1)))
+        yield Case("(5, 5, 5): every axis the same size",
+                   (rng.standard_normal((5, 5, 5)), rng.standard_normal(5)))
+
+    def mistakes(self, x, gamma, eps=1e-6):
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+        return {"without keepdims=True: the mean square of each token must stay a (..., 1) "
+                "column to divide its own row": lambda: x / np.sqrt(ms[..., 0] + eps) * gamma,
+                "adding eps outside the square root": lambda: x / (np.sqrt(ms) + eps) * gamma,
+                "with the mean over the first axis instead of the last":
+                lambda: x / np.sqrt(np.mean(x * x, axis=0, keepdims=True) + eps) * gamma}
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, gamma, eps=1e-6):
+        return f.rms_norm(x, gamma, eps=eps)
+
+    def expected(self, x, gamma, eps=1e-6):
+        torch = _torch()
+        return torch.nn.functional.rms_norm(torch.from_numpy(x), (x.shape[-1],),
+                                            torch.from_numpy(gamma), eps=eps).numpy()
+
+
+def _padded_batch(rng, b, t, d, full_first=True):
+    H = rng.standard_normal((b, t, d))
+    lengths = rng.integers(1, t + 1, size=b)
+    if full_first:
+        lengths[0] = t
+    return H, lengths
+
+
+@register
+class LastToken(Check):
+    id = "check-last-token"
+    notebook = "03_minibatching"
+    arguments = ("last_valid_token",)
+
+    def cases(self, rng):
+        yield Case("H (3, 5, 4), lengths [5, 2, 1]",
+                   (rng.standard_normal((3, 5, 4)), np.array([5, 2, 1])))
+        yield Case("one sequence, no padding", _padded_batch(rng, 1, 4, 6))
+        yield Case("H (6, 2, 2)", _padded_batch(rng, 6, 2, 2))
+        yield Case("H (4, 4, 4): every axis the same size", _padded_batch(rng, 4, 4, 4))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("every sequence of length 1", (rng.standard_normal((3, 4, 2)),
+                                                  np.ones(3, dtype=int)))
+        yield Case("lengths as a Python list", (rng.standard_normal((2, 3, 5)), [3, 2]))
+
+    def expected(self, H, lengths):
+        return np.stack([H[b, n - 1] for b, n in enumerate(lengths)])
+
+    def mistakes(self, H, lengths):
+        lengths = np.asarray(lengths)
+        return {"taking row lengths[b] instead of lengths[b] - 1 (positions count from 0)":
+                lambda: H[np.arange(len(H)), np.minimum(lengths, H.shape[1] - 1)],
+                "taking the last position T - 1 of every sequence (padding included)":
+                lambda: H[:, -1]}
+    ### END HIDDEN TESTS
+
+    def run(self, f, H, lengths):
+        return f.last_valid_token(H, lengths)
+
+
+@register
+class MaskedMean(Check):
+    id = "check-masked-mean"
+    notebook = "03_minibatching"
+    arguments = ("masked_mean",)
+
+    @staticmethod
+    def _case(rng, b, t, d, last_one=True):
+        H, lengths = _padded_batch(rng, b, t, d, full_first=False)
+        if last_one:
+            lengths[-1] = 1
+        H[np.arange(t)[None, :] >= lengths[:, None]] = 1e3  # padding must not leak in
+        return H, lengths
+
+    def cases(self, rng):
+        yield Case("H (3, 5, 4), padding holds 1e3", self._case(rng, 3, 5, 4))
+        yield Case("one sequence of length 1", self._case(rng, 1, 4, 6))
+        yield Case("H (5, 3, 3)", self._case(rng, 5, 3, 3))
+        yield Case("no padding: the plain mean over time",
+                   (rng.standard_normal((2, 3, 4)), np.array([3, 3])))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("H (4, 4, 4): every axis the same size", self._case(rng, 4, 4, 4, False))
+        yield Case("lengths as a Python list", (rng.standard_normal((2, 3, 2)), [1, 3]))
+
+    def expected(self, H, lengths):
+        return np.stack([H[b, :n].mean(axis=0) for b, n in enumerate(lengths)])
+
+    def mistakes(self, H, lengths):
+        lengths = np.asarray(lengths)
+        valid = np.arange(H.shape[1])[None, :] < lengths[:, None]
+        total = (H * valid[:, :, None]).sum(axis=1)
+        return {"averaging over all T positions (the padding too)": lambda: H.mean(axis=1),
+                "dividing the masked sum by T instead of each sequence's length":
+                lambda: total / H.shape[1],
+                "summing without dividing by the lengths": lambda: total}
+    ### END HIDDEN TESTS
+
+    def run(self, f, H, lengths):
+        return f.masked_mean(H, lengths)

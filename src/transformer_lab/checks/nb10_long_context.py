@@ -1,0 +1,393 @@
+"""Checks of notebook 10_long_context: the online softmax and tiled attention, forward, one tile
+of the backward pass, the backward pass, and the tiled self-attention of a model.
+
+Expected answers come from PyTorch: ``torch.logsumexp``, ``torch.softmax`` and autograd
+through ``F.scaled_dot_product_attention`` (whose ``is_causal`` is the course's causal mask,
+query i sees keys j <= i, also when T != S).
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+
+from transformer_lab import efficient_attention
+from transformer_lab.checks.framework import Case, Check, register
+
+# The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
+# as a boolean "is -inf" array next to its finite entries.
+NEG_INF = "m_new is -inf"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _split_neg_inf(m):
+    m = np.asarray(m)
+    return np.isneginf(m), np.where(np.isneginf(m), 0, m)
+
+
+def _state(prev):
+    """The running (m, ell) after the scores ``prev`` (..., n) -- computed with torch."""
+    torch = _torch()
+    t = torch.from_numpy(prev)
+    m = t.amax(-1, keepdim=True)
+    lse = torch.logsumexp(t, -1, keepdim=True)
+    ell = torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(lse - m))
+    return m.numpy(), ell.numpy()
+
+
+def _peak_extra(fn):
+    """Bytes allocated at the peak of ``fn()`` beyond what was allocated before; fn's result."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        return tracemalloc.get_traced_memory()[1] - before, result
+    finally:
+        tracemalloc.stop()
+
+
+def _causal_scores(torch, q, k):
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+    return scores.masked_fill(future, -torch.inf)
+
+
+# --------------------------------------------------------------------------------------------
+# §2 The online softmax
+
+
+@register
+class OnlineSoftmaxUpdate(Check):
+    id = "check-online-softmax-update"
+    notebook = "10_long_context"
+    functions = ("online_softmax_update",)
+
+    def cases(self, rng):
+        x = rng.standard_normal((3, 10)) * 3
+        m, ell = _state(np.full((3, 1), -np.inf))  # nothing seen: m = -inf, ell = 0
+        yield Case("the first block (nothing seen yet)", (m, ell, x[:, :4]))
+        m, ell = _state(x[:, :4])
+        yield Case("a second block", (m, ell, x[:, 4:]))
+        late = np.linspace(-5.0, 900.0, 12).reshape(2, 6)  # exp(900) overflows
+        m, ell = _state(late[:1])
+        yield Case("the maximum arrives late (scores of hundreds)", (m, ell, late[1:]))
+        block = rng.standard_normal((3, 4))
+        block[1] = -np.inf
+        m, ell = _state(x[:, :4])
+        yield Case("a fully masked block after visible scores", (m, ell, block))
+        m, ell = _state(np.full((3, 2), -np.inf))
+        yield Case("a fully masked block with nothing seen yet", (m, ell, block))
+        prev = rng.standard_normal((2, 3, 5)).astype(np.float32)
+        m, ell = _state(prev)
+        yield Case("float32, leading axes (2, 3)",
+                   (m, ell, rng.standard_normal((2, 3, 4)).astype(np.float32) * 2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        m, ell = _state(rng.standard_normal((4, 3)))
+        yield Case("a block of one score", (m, ell, rng.standard_normal((4, 1))))
+        prev = rng.standard_normal((2, 2, 3, 5))
+        m, ell = _state(prev)
+        yield Case("four axes, scores below the running maximum",
+                   (m, ell, prev[..., :2] - 10))
+        prev = rng.standard_normal((3, 5)).astype(np.float32)
+        block = rng.standard_normal((3, 5)).astype(np.float32)
+        block[0, :] = -np.inf
+        m, ell = _state(prev)
+        yield Case("float32 with a masked row", (m, ell, block))
+    ### END HIDDEN TESTS
+
+    def run(self, f, m, ell, scores):
+        m_new, ell_new, p, alpha = f.online_softmax_update(m, ell, scores)
+        is_neg_inf, finite = _split_neg_inf(m_new)
+        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite, "ell_new": ell_new,
+                "p": p, "alpha": alpha}
+
+    def expected(self, m, ell, scores):
+        torch = _torch()
+        m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        alpha, p = torch.exp(m - shift), torch.exp(s - shift)
+        ell_new = alpha * ell + p.sum(-1, keepdim=True)
+        is_neg_inf, finite = _split_neg_inf(m_new.numpy())
+        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite,
+                "ell_new": ell_new.numpy(), "p": p.numpy(), "alpha": alpha.numpy()}
+
+    def mistakes(self, m, ell, scores):
+        want = self.expected(m, ell, scores)
+        with np.errstate(all="ignore"):
+            inverted = np.exp(np.where(want[NEG_INF], 0, want["m_new (where finite)"]) - m)
+            stale = np.exp(scores - np.where(np.isneginf(m), 0, m))
+        return {"rescaling by exp(m_new - m) instead of exp(m - m_new)":
+                lambda: {**want, "alpha": inverted},
+                "not rescaling the running sum (ell + sum p instead of alpha * ell + sum p)":
+                lambda: {**want, "ell_new": ell + want["p"].sum(-1, keepdims=True)},
+                "taking p = exp(scores - m) with the old maximum":
+                lambda: {**want, "p": stale}}
+
+
+# --------------------------------------------------------------------------------------------
+# §3 Tiled attention, forward
+
+
+def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
+    q = rng.standard_normal((*lead, T, d)).astype(dtype)
+    k = rng.standard_normal((*lead, S, d)).astype(dtype)
+    return q, k, rng.standard_normal((*lead, S, d_v)).astype(dtype)
+
+
+def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.0):
+    q, k, v = _qkv(rng, lead, T, S, dtype)
+    return Case(name, (q * dtype(scale), k, v, causal, block))
+
+
+@register
+class FlashAttentionForward(Check):
+    id = "check-flash-forward"
+    notebook = "10_long_context"
+    functions = ("flash_attention_forward",)
+
+    def cases(self, rng):
+        yield _forward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
+        yield _forward_case(rng, "causal, T = S = 9, blocks of 4", (), 9, 9, True, 4)
+        yield _forward_case(rng, "causal, T = S = 8, lengths a multiple of the block", (), 8, 8,
+                            True, 4)
+        yield _forward_case(rng, "causal, T = 7 < S = 12, a batch of 2", (2,), 7, 12, True, 3)
+        yield _forward_case(rng, "causal, T = 12 > S = 7, a batch of 2", (2,), 12, 7, True, 5)
+        yield _forward_case(rng, "causal, blocks of 1", (), 5, 5, True, 1)
+        yield _forward_case(rng, "a block larger than both lengths, batch and heads (2, 3)",
+                            (2, 3), 5, 6, False, 64)
+        yield _forward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
+                            np.float32)
+        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
+        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
+                   (q, k, v, True, 64), {"measure_memory": True})
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _forward_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5)
+        yield _forward_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32)
+        yield _forward_case(rng, "scores of hundreds", (), 10, 10, False, 3, scale=60.0)
+        yield _forward_case(rng, "one query, one key", (), 1, 1, True, 2)
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, causal, block_size, measure_memory=False):
+        peak, (out, cache) = _peak_extra(lambda: f.flash_attention_forward(q, k, v, causal,
+                                                                            block_size))
+        if measure_memory:
+            return {"peak extra memory below T * S * itemsize / 10":
+                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+        return {"out": out, "lse": efficient_attention.row_logsumexp(cache)}
+
+    def expected(self, q, k, v, causal, block_size, measure_memory=False):
+        if measure_memory:
+            return {"peak extra memory below T * S * itemsize / 10": True}
+        torch = _torch()
+        q, k, v = (torch.from_numpy(a) for a in (q, k, v))
+        scores = (_causal_scores(torch, q, k) if causal
+                  else q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
+        return {"out": (torch.softmax(scores, -1) @ v).numpy(),
+                "lse": torch.logsumexp(scores, -1).numpy()}
+
+    def mistakes(self, q, k, v, causal, block_size, measure_memory=False):
+        if measure_memory:
+            return {}
+        torch = _torch()
+        qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+
+        def answer(scores):
+            return {"out": (torch.softmax(scores, -1) @ vt).numpy(),
+                    "lse": torch.logsumexp(scores, -1).numpy()}
+
+        raw = qt @ kt.transpose(-1, -2)
+        scaled = raw / math.sqrt(q.shape[-1])
+        diagonal = torch.ones(raw.shape[-2:], dtype=torch.bool).triu(0)
+        found = {"without scaling the scores by 1 / sqrt(d)":
+                 lambda: answer(_causal_scores(torch, qt, kt) * math.sqrt(q.shape[-1])
+                                if causal else raw)}
+        if causal:
+            found["ignoring causal (every tile computed, no mask)"] = lambda: answer(scaled)
+            if raw.shape[-2] > 1:
+                found["masking the diagonal too (a query must see its own key, j <= i)"] = (
+                    lambda: answer(scaled.masked_fill(diagonal, -torch.inf)))
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# §4 Tiled attention, backward
+
+
+def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
+    """A query block against all the keys, with the rows' lse and D = rowsum(dO * O) (torch)."""
+    torch = _torch()
+    q_i, k, v = _qkv(rng, lead, b_q, S)
+    dout_i = rng.standard_normal((*lead, b_q, v.shape[-1]))
+    qt, kt, vt = (torch.from_numpy(a) for a in (q_i, k, v))
+    scores = (_causal_scores(torch, qt, kt) if causal
+              else qt @ kt.transpose(-1, -2) / math.sqrt(q_i.shape[-1]))
+    out = (torch.softmax(scores, -1) @ vt).numpy()
+    lse = torch.logsumexp(scores, -1).numpy()
+    D = (dout_i * out).sum(-1)
+    args = [a.astype(dtype) for a in (q_i, k, v, dout_i, lse, D)]
+    return Case(name, (*args, 1 / math.sqrt(q_i.shape[-1]), blocks, causal))
+
+
+@register
+class FlashAttentionBackwardTile(Check):
+    id = "check-flash-backward-tile"
+    notebook = "10_long_context"
+    functions = ("flash_attention_backward_tile",)
+
+    def cases(self, rng):
+        yield _tile_case(rng, "4 queries, key blocks 0:4, 4:8, 8:9, a batch of 2", (2,), 4, 9,
+                         [(0, 4), (4, 8), (8, 9)])
+        yield _tile_case(rng, "one tile", (), 3, 3, [(0, 3)])
+        yield _tile_case(rng, "a diagonal tile, masked (causal)", (), 5, 5, [(0, 5)], causal=True)
+        yield _tile_case(rng, "float32, key blocks 0:3, 3:6", (2,), 3, 6, [(0, 3), (3, 6)],
+                         dtype=np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _tile_case(rng, "one query, key blocks of 1", (), 1, 3, [(0, 1), (1, 2), (2, 3)])
+        yield _tile_case(rng, "float32 diagonal tile, heads (2, 2)", (2, 2), 4, 4, [(0, 4)],
+                         causal=True, dtype=np.float32)
+    ### END HIDDEN TESTS
+
+    def run(self, f, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
+        dq, dks, dvs = 0, [], []
+        for start, stop in blocks:
+            mask = np.triu(np.ones((q_i.shape[-2], stop - start), dtype=bool), 1) if causal \
+                else None
+            dq_t, dk_t, dv_t = f.flash_attention_backward_tile(
+                q_i, k[..., start:stop, :], v[..., start:stop, :], dout_i, lse_i, D_i, scale,
+                mask)
+            dq = dq + np.asarray(dq_t)
+            dks.append(np.asarray(dk_t))
+            dvs.append(np.asarray(dv_t))
+        return {"dq_i (the sum of the tiles' parts)": dq,
+                "dk (the tiles' parts, side by side)": np.concatenate(dks, axis=-2),
+                "dv (the tiles' parts, side by side)": np.concatenate(dvs, axis=-2)}
+
+    def expected(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
+        dq, dk, dv = _torch_grads(q_i, k, v, dout_i, causal)
+        return {"dq_i (the sum of the tiles' parts)": dq,
+                "dk (the tiles' parts, side by side)": dk,
+                "dv (the tiles' parts, side by side)": dv}
+
+
+def _torch_grads(q, k, v, dout, causal):
+    """dq, dk, dv of softmax(q k^T / sqrt(d) + causal mask) v, by torch autograd in float64;
+    returned in the inputs' dtype."""
+    torch = _torch()
+    qt, kt, vt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    out.backward(torch.from_numpy(dout.astype(np.float64)))
+    return tuple(t.grad.numpy().astype(q.dtype) for t in (qt, kt, vt))
+
+
+def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
+    q, k, v = _qkv(rng, lead, T, S, dtype)
+    dout = rng.standard_normal((*lead, T, v.shape[-1])).astype(dtype)
+    return Case(name, (q, k, v, dout, causal, block))
+
+
+@register
+class FlashAttentionBackward(Check):
+    id = "check-flash-backward"
+    notebook = "10_long_context"
+    functions = ("flash_attention_forward", "flash_attention_backward")
+
+    def cases(self, rng):
+        yield _backward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
+        yield _backward_case(rng, "causal, T = S = 9, blocks of 4", (), 9, 9, True, 4)
+        yield _backward_case(rng, "causal, T = 7 < S = 12, a batch of 2", (2,), 7, 12, True, 3)
+        yield _backward_case(rng, "causal, T = 12 > S = 7, a batch of 2", (2,), 12, 7, True, 5)
+        yield _backward_case(rng, "causal, blocks of 1", (), 5, 5, True, 1)
+        yield _backward_case(rng, "a block larger than both lengths, batch and heads (2, 3)",
+                             (2, 3), 5, 6, False, 64)
+        yield _backward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
+                             np.float32)
+        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
+        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
+                   (q, k, v, rng.standard_normal((1024, 16)), True, 64),
+                   {"measure_memory": True})
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _backward_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5)
+        yield _backward_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32)
+        yield _backward_case(rng, "a block larger than the length, causal", (), 3, 3, True, 7)
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, dout, causal, block_size, measure_memory=False):
+        out, cache = f.flash_attention_forward(q, k, v, causal, block_size)
+        peak, (dq, dk, dv) = _peak_extra(lambda: f.flash_attention_backward(dout, cache))
+        if measure_memory:
+            return {"peak extra memory below T * S * itemsize / 10":
+                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def expected(self, q, k, v, dout, causal, block_size, measure_memory=False):
+        if measure_memory:
+            return {"peak extra memory below T * S * itemsize / 10": True}
+        return dict(zip(("dq", "dk", "dv"), _torch_grads(q, k, v, dout, causal), strict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# §6 In the model
+
+
+def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
+    params = {"W_qkv": rng.standard_normal((E, 3 * E)) / math.sqrt(E),
+              "b_qkv": rng.standard_normal(3 * E) * 0.1,
+              "W_o": rng.standard_normal((E, E)) / math.sqrt(E),
+              "b_o": rng.standard_normal(E) * 0.1}
+    params = {n: a.astype(dtype) for n, a in params.items()}
+    x, dout = (rng.standard_normal((B, T, E)).astype(dtype) for _ in range(2))
+    return Case(name, (x, params, H, dout, block))
+
+
+@register
+class FlashSelfAttention(Check):
+    id = "check-flash-self-attention"
+    notebook = "10_long_context"
+    functions = ("flash_self_attention_forward", "flash_self_attention_backward")
+
+    def cases(self, rng):
+        yield _self_attention_case(rng, "B = 2, T = 11, E = 12, 3 heads, blocks of 4",
+                                   2, 11, 12, 3, 4)
+        yield _self_attention_case(rng, "one head, blocks of 1", 1, 5, 4, 1, 1)
+        yield _self_attention_case(rng, "float32", 2, 6, 8, 2, 4, np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _self_attention_case(rng, "heads = E, a block larger than T", 2, 3, 4, 4, 16)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, num_heads, dout, block_size):
+        out, cache = f.flash_self_attention_forward(x, params, num_heads, True, block_size)
+        dx, grads = f.flash_self_attention_backward(dout, cache)
+        return {"out": out, "dx": dx, "grads": grads}
+
+    def expected(self, x, params, num_heads, dout, block_size):
+        torch = _torch()
+        t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
+             for n, a in {"x": x, **params}.items()}
+        B, T, E = x.shape
+        qkv = t["x"] @ t["W_qkv"] + t["b_qkv"]
+        q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
+                   for a in qkv.split(E, dim=-1))
+        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = heads.transpose(1, 2).reshape(B, T, E) @ t["W_o"] + t["b_o"]
+        out.backward(torch.from_numpy(dout.astype(np.float64)))
+        cast = x.dtype
+        return {"out": out.detach().numpy().astype(cast), "dx": t["x"].grad.numpy().astype(cast),
+                "grads": {n: t[n].grad.numpy().astype(cast) for n in params}}

@@ -1,0 +1,347 @@
+"""What the instructor should look at: code that reaches into the grader's machinery.
+
+The grader's verdicts do not depend on what a student's code does to its own process (see
+:mod:`.probing`), but an attempt is worth seeing even when it earned nothing. :func:`scan_python`
+reads code -- a notebook's cells, a submitted core module -- by its syntax tree and reports,
+with the line and the code:
+
+- IPython's and the kernel's machinery: ``get_ipython``, ``events``, ``set_custom_exc``, input
+  and AST transformers, ``showtraceback``, ``run_cell``, ``clear_output``, ``sys.excepthook``;
+- patching: assignments to attributes of imported modules and objects, ``setattr``, rebinding an
+  imported name (``check = lambda *a: None``), ``sys.modules``, ``builtins``, ``importlib``,
+  ``__import__``, mocks;
+- copying or reading function code: ``types.FunctionType``, ``__code__``, ``__globals__``,
+  ``inspect.getsource``, ``marshal``;
+- frames and the interpreter: ``sys._getframe``, ``f_back``/``f_globals``, ``gc``, ``ctypes``,
+  ``sys.settrace``;
+- ending the process: ``atexit``, ``os._exit``, ``sys.exit``, ``exit()``, signals;
+- other processes: ``subprocess``, ``os.system``, ``os.popen``, ``os.exec*``, shell lines (``!``);
+- files written outside the working folder (an absolute or ``..`` path, or one computed at run
+  time): ``open(..., "w")``, ``write_text``, ``shutil``, ``os.remove`` ..., ``%%writefile``;
+- code run from strings: ``eval``, ``exec``, ``compile``;
+- the checks' internals (a check's ``expected``, stored answers, ``transformer_lab.checks.*``
+  modules, the grader's tools) and, in a core module, torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+#: IPython's cell magics whose body is Python (the probe runs it).
+PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
+_IPYTHON_CALLS = {"run_line_magic", "run_cell_magic", "system", "getoutput"}
+
+_IPYTHON_ATTRS = {"set_custom_exc", "events", "input_transformers_post",
+                  "input_transformers_cleanup", "ast_transformers", "showtraceback",
+                  "showsyntaxerror", "run_cell", "run_cell_async", "run_code", "run_ast_nodes",
+                  "register_magic_function", "display_pub", "displayhook", "excepthook",
+                  "user_ns", "user_global_ns", "kernel", "shell"}
+_IPYTHON_NAMES = {"get_ipython", "InteractiveShell", "clear_output", "__IPYTHON__"}
+_PATCH_NAMES = {"setattr", "delattr", "__import__", "builtins", "__builtins__", "importlib",
+                "monkeypatch", "mock", "unittest"}
+_CODE_ATTRS = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__",
+               "FunctionType", "CodeType", "getsource", "getsourcelines", "getfile",
+               "getmodule"}
+_CODE_NAMES = {"FunctionType", "CodeType", "marshal", "getsource", "getsourcelines"}
+_FRAME_ATTRS = {"_getframe", "currentframe", "f_back", "f_globals", "f_locals", "settrace",
+                "setprofile", "get_referrers", "get_objects", "stack"}
+_FRAME_NAMES = {"ctypes", "gc"}
+_EXIT_ATTRS = {"_exit", "exit", "abort", "kill", "killpg", "signal", "alarm", "setitimer"}
+_EXIT_NAMES = {"atexit", "exit", "quit", "signal"}
+_PROCESS_ATTRS = {"system", "popen", "Popen", "run", "call", "check_call", "check_output",
+                  "fork", "spawnl", "spawnv", "spawnve", "execv", "execve", "execl", "execvp",
+                  "startfile"}
+_PROCESS_NAMES = {"subprocess", "multiprocessing", "pty", "os.system"}
+_WRITE_ATTRS = {"write_text", "write_bytes", "unlink", "rmdir", "remove", "removedirs",
+                "rename", "replace", "rmtree", "copy", "copy2", "copyfile", "copytree", "move",
+                "makedirs", "mkdir", "symlink", "symlink_to", "hardlink_to", "chmod", "truncate",
+                "savez", "savez_compressed", "savetxt", "tofile", "touch"}
+_STRING_CODE = {"eval", "exec", "compile"}
+_CHECK_ATTRS = {"expected", "stored_expected", "store_expected", "get_check", "REGISTRY",
+                "run_case", "hidden_cases", "load_values", "judge"}
+_SHELL_MAGICS = {"bash", "sh", "script", "system", "sx", "writefile", "file", "run", "capture",
+                 "perl", "ruby", "python", "python2", "python3", "pypy", "load", "load_ext",
+                 "env", "store"}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One line of code worth the instructor's look."""
+
+    where: str  # "cell 4 (id exercise-x)" or the file
+    line: int
+    what: str
+    code: str
+
+
+def python_source(source: str) -> str:
+    """A cell's source as plain Python, line for line: IPython's magics and shell lines become
+    ``pass`` (or nothing), the body of a ``%%time``-like cell magic stays. Line numbers are
+    those of the cell."""
+    lines = source.split("\n")
+    first = lines[0].strip() if lines else ""
+    if first.startswith("%%"):
+        name = first[2:].split()[0] if first[2:].split() else ""
+        if name in PYTHON_CELL_MAGICS:
+            return "\n" + python_source("\n".join(lines[1:]))
+        return "\n".join("" for _ in lines)
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        transformed = TransformerManager().transform_cell(source)
+    except Exception:
+        return source
+    if transformed.endswith("\n") and not source.endswith("\n"):
+        transformed = transformed[:-1]
+    if transformed.count("\n") != source.count("\n"):
+        return source  # not line for line: the probe reports what fails
+    try:
+        tree = ast.parse(transformed)
+    except SyntaxError:
+        return transformed
+    out = transformed.split("\n")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Expr, ast.Assign)) and _ipython_call(node.value):
+            indent = re.match(r"[ \t]*", out[node.lineno - 1]).group(0)
+            out[node.lineno - 1] = indent + "pass"
+            for k in range(node.lineno, node.end_lineno):
+                out[k] = ""
+    return "\n".join(out)
+
+
+def _ipython_call(node) -> bool:
+    """``get_ipython().run_line_magic(...)`` and the like: what IPython makes of magics."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _IPYTHON_CALLS and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "get_ipython")
+
+
+def imported_names(sources: list[str]) -> set[str]:
+    """The names that imports bind in these sources (plain Python)."""
+    names = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def scan_python(source: str, where: str, imported: set[str] | None = None,
+                core: bool = False) -> list[Flag]:
+    """The flags of one piece of plain Python (``imported``: names that imports bind in the
+    same namespace, e.g. in a notebook's other cells; ``core``: a core module, where torch is
+    worth a flag too)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    imported = imported_names([source]) | (imported or set())
+    lines = source.split("\n")
+    found: dict[tuple[int, str], Flag] = {}
+
+    def flag(node, what: str) -> None:
+        line = getattr(node, "lineno", 1)
+        code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        found.setdefault((line, what), Flag(where, line, what, code[:200]))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            _name(node, flag)
+        elif isinstance(node, ast.Attribute):
+            _attribute(node, flag)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            for module in modules:
+                top = module.split(".")[0]
+                if top in ("builtins", "importlib"):
+                    flag(node, f"imports {top}: patching or re-importing modules")
+                elif top in ("subprocess", "multiprocessing", "pty"):
+                    flag(node, f"imports {top}: starts other processes")
+                elif top in ("atexit", "signal"):
+                    flag(node, f"imports {top}: acts when the process ends or is signalled")
+                elif top in ("ctypes", "gc", "marshal"):
+                    flag(node, f"imports {top}: reaches into the interpreter")
+                elif top == "IPython":
+                    flag(node, "imports IPython: reaches into the kernel's machinery")
+                elif module in ("unittest.mock", "mock"):
+                    flag(node, "imports mock: patching")
+                elif module.startswith(("transformer_lab.checks.", "transformer_lab.course")) \
+                        and module != "transformer_lab.checks.check" and (
+                            isinstance(node, ast.Import) or module == node.module
+                            or node.module == "transformer_lab.checks"):
+                    flag(node, f"imports {module}: the checks' or the grader's internals")
+                elif top == "torch" and core:
+                    flag(node, "imports torch in the core, which the course writes in NumPy")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+                [node.target]
+            for target in targets:
+                _target(node, target, imported, flag)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node.name in imported:
+            flag(node, f"rebinds {node.name}, a name an import binds")
+        elif isinstance(node, ast.Call):
+            _call(node, flag)
+    merged: dict[int, Flag] = {}  # one row per line, its reasons joined
+    for (line, _), f in sorted(found.items()):
+        if line in merged:
+            merged[line] = Flag(where, line, f"{merged[line].what}; {f.what}", f.code)
+        else:
+            merged[line] = f
+    return [merged[line] for line in sorted(merged)]
+
+
+def _target(node, target, imported: set[str], flag) -> None:
+    """Flag an assignment (or del) target that patches what an import brought in."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            _target(node, element, imported, flag)
+        return
+    if isinstance(target, ast.Starred):
+        _target(node, target.value, imported, flag)
+        return
+    if isinstance(target, ast.Name):
+        if target.id in imported:
+            flag(node, f"rebinds {target.id}, a name an import binds")
+        return
+    spine = target  # x.a[0].b = ...: the chain of attributes and subscripts down to x
+    while isinstance(spine, (ast.Attribute, ast.Subscript)):
+        if isinstance(spine, ast.Subscript) and ast.unparse(spine.value) in (
+                "sys.modules", "globals()", "builtins.__dict__", "__builtins__", "vars()"):
+            flag(node, f"patches {ast.unparse(spine.value)}")
+            return
+        spine = spine.value
+    if isinstance(spine, ast.Name) and spine.id in imported and \
+            any(isinstance(t, ast.Attribute) for t in ast.walk(target)):
+        flag(node, f"patches {ast.unparse(target)}, an attribute of an imported module or "
+                   "object")
+
+
+def _root(node) -> str:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _name(node: ast.Name, flag) -> None:
+    name = node.id
+    if name in _IPYTHON_NAMES:
+        flag(node, f"uses {name}: reaches into IPython's machinery")
+    elif name in _PATCH_NAMES:
+        flag(node, f"uses {name}: patching")
+    elif name in _CODE_NAMES:
+        flag(node, f"uses {name}: copies or reads function code")
+    elif name in _FRAME_NAMES:
+        flag(node, f"uses {name}: reaches into the interpreter")
+    elif name in _EXIT_NAMES:
+        flag(node, f"uses {name}: ends the process or acts when it ends")
+    elif name in ("subprocess", "multiprocessing", "pty"):
+        flag(node, f"uses {name}: starts other processes")
+    elif name in _STRING_CODE:
+        flag(node, f"uses {name}: runs code from a string")
+
+
+def _attribute(node: ast.Attribute, flag) -> None:
+    attr, base = node.attr, ast.unparse(node.value)
+    if attr in _IPYTHON_ATTRS and base not in ("np", "numpy", "torch", "self"):
+        flag(node, f"uses .{attr}: reaches into IPython's or the grader's machinery")
+    elif attr == "modules" and base == "sys":
+        flag(node, "uses sys.modules: patching modules")
+    elif attr in _CODE_ATTRS:
+        flag(node, f"uses .{attr}: copies or reads function code")
+    elif attr in _FRAME_ATTRS and (attr.startswith(("f_", "_")) or base in ("sys", "inspect",
+                                                                            "gc", "traceback")):
+        flag(node, f"uses {base}.{attr}: reaches into the interpreter")
+    elif attr in _EXIT_ATTRS and base in ("os", "sys", "signal", "atexit"):
+        flag(node, f"uses {base}.{attr}: ends the process or acts when it ends")
+    elif attr == "register" and base == "atexit":
+        flag(node, "uses atexit.register: acts when the process ends")
+    elif attr in _PROCESS_ATTRS and base in ("os", "subprocess", "multiprocessing", "pty"):
+        flag(node, f"uses {base}.{attr}: starts other processes")
+    elif attr in _CHECK_ATTRS:
+        flag(node, f"uses .{attr}: the checks' or the grader's internals")
+
+
+def _literal_path(node) -> str | None:
+    """The path a literal (or a Path("...") / pathlib.Path("...") of one) names, else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("Path", "pathlib.Path") and \
+            len(node.args) == 1:
+        return _literal_path(node.args[0])
+    return None
+
+
+def _outside(path: str | None) -> bool:
+    """Whether a path written to may lie outside the working folder (None: computed at run
+    time, so it may)."""
+    if path is None:
+        return True
+    return path.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", path) is not None or \
+        ".." in re.split(r"[/\\]", path)
+
+
+def _call(node: ast.Call, flag) -> None:
+    func = node.func
+    name = ast.unparse(func)
+    if name == "open" or name.endswith(".open"):
+        mode = None
+        if len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            mode = node.args[1].value
+        for keyword in node.keywords:
+            if keyword.arg == "mode" and isinstance(keyword.value, ast.Constant):
+                mode = keyword.value.value
+        if name.endswith(".open") and name != "os.open":
+            target = _literal_path(func.value) if isinstance(func, ast.Attribute) else None
+            mode = mode if mode is not None else (node.args[0].value if node.args and isinstance(
+                node.args[0], ast.Constant) else None)
+        else:
+            target = _literal_path(node.args[0]) if node.args else None
+        if isinstance(mode, str) and set(mode) & set("wax+") and _outside(target):
+            flag(node, "writes a file outside the working folder" if target else
+                       "writes a file whose path is computed at run time")
+    elif isinstance(func, ast.Attribute) and func.attr in _WRITE_ATTRS and (
+            _root(func) in ("os", "shutil", "np", "numpy", "torch")
+            or func.attr in ("write_text", "write_bytes", "unlink", "rmtree", "touch",
+                             "tofile", "symlink_to")):
+        target = _literal_path(node.args[0]) if node.args and _root(func) in (
+            "os", "shutil", "np", "numpy", "torch") else _literal_path(func.value)
+        if _outside(target):
+            flag(node, f"{name}: changes files outside the working folder" if target else
+                       f"{name}: changes files at a path computed at run time")
+
+
+def scan_magics(source: str, where: str) -> list[Flag]:
+    """Shell lines (``!cmd``) and magics that run shells, write files or load code."""
+    found = []
+    for k, line in enumerate(source.split("\n"), 1):
+        text = line.strip()
+        match = re.match(r"^(?:[\w.,\s\[\]]+=\s*)?(!|%%?)(\w*)", text)
+        if not match:
+            continue
+        if match.group(1) == "!":
+            found.append(Flag(where, k, "a shell command (!): starts other processes",
+                              text[:200]))
+        elif match.group(2) in _SHELL_MAGICS:
+            found.append(Flag(where, k, f"the magic {match.group(1)}{match.group(2)}: shells, "
+                                        "files or code from elsewhere", text[:200]))
+    return found
+
+
+def scan_notebook_cells(cells: list[tuple[str, str]]) -> list[Flag]:
+    """The flags of a notebook's code cells, given as (where, source) pairs."""
+    plain = [(where, python_source(source), source) for where, source in cells]
+    imported = imported_names([p for _, p, _ in plain])
+    found = []
+    for where, python, source in plain:
+        found += scan_magics(source, where)
+        found += scan_python(python, where, imported)
+    return found

@@ -1,0 +1,292 @@
+"""Running a notebook in a fresh kernel for the grader's feedback: time limits, bounded output.
+
+The grader's points never come from here (see :mod:`.probing`): this runs the student's notebook,
+with the instructor's check cells restored, so that the feedback shows the student what their
+notebook does. A cell over its time limit is interrupted and the notebook goes on; one that
+ignores the interrupt gets its kernel stopped; processes the student's code started are stopped
+with the kernel; output is kept up to :class:`OutputLimits`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+
+@dataclass
+class Run:
+    """What happened when a notebook was executed."""
+
+    stopped_at: int | None = None  # index of the cell during which the kernel died / was stopped
+    here: str = ""  # what happened, said of that cell
+    later: str = ""  # said of the cells after it, which did not run
+    status: str = "ran"  # or "kernel died", "kernel stopped", "could not run"
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class OutputLimits:
+    """How much of a submission's output grading keeps, in bytes (UTF-8 text, JSON for rich
+    output). Whatever is over a limit is dropped as it arrives -- the grader's memory stays
+    bounded however much a cell prints -- and the cell gets a note saying how much. Error
+    outputs, which decide the checks, are always kept, their text shortened to ``error_text``.
+    """
+
+    printed_per_cell: int = 100_000  # stdout and stderr together
+    rich_per_cell: int = 5_000_000  # figures, HTML, results of expressions
+    per_notebook: int = 20_000_000  # everything kept in the notebook
+    error_text: int = 20_000  # the message, and the traceback as a whole
+    per_output: int = 100  # charged for every output kept, however short its text
+
+
+_OUTPUT_MESSAGES = {"stream", "display_data", "execute_result", "update_display_data", "error"}
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _head(text: str, limit: int) -> str:
+    """The longest start of ``text`` whose UTF-8 encoding fits in ``limit`` bytes."""
+    if len(text) * 4 <= limit:
+        return text
+    return text.encode("utf-8", "surrogatepass")[:max(limit, 0)].decode("utf-8", "ignore")
+
+
+def format_size(nbytes: int) -> str:
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+class LimitedClient(NotebookClient):
+    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output.
+
+    nbclient appends each output message to the cell as it arrives; this client looks at every
+    output message first (``process_message``) and keeps it, shortens it or drops it, and adds
+    a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
+    """
+
+    def __init__(self, nb, limits: OutputLimits | None = None, **kw):
+        super().__init__(nb, **kw)
+        self.limits = limits or OutputLimits()
+        self.notebook_bytes = 0  # kept so far in the notebook
+        self._start_cell(None)
+
+    def _start_cell(self, cell_index: int | None) -> None:
+        self.cell_index = cell_index
+        self.cell_printed = self.cell_rich = self.cell_dropped = 0  # bytes kept, dropped
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None,
+                                 store_history=True):
+        self._start_cell(cell_index)
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+        finally:
+            if self.cell_dropped:
+                self._add_note(cell)
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") in _OUTPUT_MESSAGES:
+            if cell_index != self.cell_index:
+                self._start_cell(cell_index)
+            msg = self._admit(msg)
+            if msg is None:
+                return None
+        return super().process_message(msg, cell, cell_index)
+
+    def _admit(self, msg):
+        """``msg`` as it may be kept (text shortened), or None to drop it."""
+        kind, content, limits = msg["msg_type"], msg["content"], self.limits
+        if kind == "error":  # always kept: judge() reads it
+            content = {**content, "ename": _head(str(content.get("ename", "")), 200),
+                       "evalue": _head(str(content.get("evalue", "")), limits.error_text),
+                       "traceback": self._short_traceback(content.get("traceback") or [])}
+            self.notebook_bytes += limits.per_output + _nbytes(json.dumps(content))
+            return {**msg, "content": content}
+        notebook_room = limits.per_notebook - self.notebook_bytes - limits.per_output
+        if kind == "stream":
+            text = str(content.get("text", ""))
+            size = _nbytes(text)
+            room = min(limits.printed_per_cell - self.cell_printed - limits.per_output,
+                       notebook_room)
+            if size > room:
+                kept = _head(text, room) if room > 0 else ""
+                self.cell_dropped += size - _nbytes(kept)
+                if not kept:
+                    return None
+                text, size = kept, _nbytes(kept)
+                content = {**content, "text": text}
+            self.cell_printed += limits.per_output + size
+            self.notebook_bytes += limits.per_output + size
+            return {**msg, "content": content}
+        size = _nbytes(json.dumps(content.get("data", {}), default=str))
+        room = min(limits.rich_per_cell - self.cell_rich - limits.per_output, notebook_room)
+        if size > room:
+            self.cell_dropped += size
+            return None
+        self.cell_rich += limits.per_output + size
+        self.notebook_bytes += limits.per_output + size
+        return msg
+
+    def _short_traceback(self, lines: list) -> list[str]:
+        kept, room = [], self.limits.error_text
+        for line in map(str, lines):
+            if _nbytes(line) > room:
+                kept.append(_head(line, room) + "\n[traceback truncated]")
+                break
+            kept.append(line)
+            room -= _nbytes(line)
+        return kept
+
+    def _add_note(self, cell) -> None:
+        limits = self.limits
+        note = nbformat.v4.new_output("stream", name="stderr", text=(
+            f"[output truncated: {format_size(self.cell_dropped)} of this cell's output not "
+            f"kept; grading keeps {format_size(limits.printed_per_cell)} of printed text and "
+            f"{format_size(limits.rich_per_cell)} of figures and other output per cell, "
+            f"{format_size(limits.per_notebook)} per notebook]\n"))
+        streams = [k for k, o in enumerate(cell.outputs) if o.get("output_type") == "stream"]
+        cell.outputs.insert(streams[-1] + 1 if streams else len(cell.outputs), note)
+
+
+class _Watchdog:
+    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds, and stops
+    what the kernel left running when the notebook is done.
+
+    nbclient interrupts a cell at the time limit; code that ignores the interrupt (a C loop, a
+    SIGINT handler) would otherwise keep the grader waiting for ever. Processes the student's
+    code started (``subprocess``, ``multiprocessing``) share the kernel's process group and
+    would outlive a kernel that crashed or was stopped: on leaving the ``with`` block the whole
+    group is killed (on systems with process groups).
+    """
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self.killed_cell: int | None = None
+        self._process = None  # the kernel's process, and its process group
+        self._pgid: int | None = None
+        self._running: tuple[int, float] | None = None  # (cell index, start), set in one step
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def cell_started(self, client, cell_index: int) -> None:
+        provisioner = getattr(client.km, "provisioner", None)
+        self._process = getattr(provisioner, "process", None) or self._process
+        self._pgid = getattr(provisioner, "pgid", None) or self._pgid
+        self._running = (cell_index, time.monotonic())
+
+    def cell_finished(self) -> None:
+        self._running = None
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self._kill()  # whatever is left of the kernel's process group
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.2):
+            running = self._running
+            if running is not None and time.monotonic() - running[1] > self.limit:
+                self.killed_cell = running[0]
+                self._kill()
+                return
+
+    def _kill(self) -> None:
+        """Kill the kernel's process group (the kernel alone where there are none)."""
+        own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
+        if self._pgid and self._pgid != own_group and hasattr(os, "killpg"):
+            try:
+                os.killpg(self._pgid, signal.SIGKILL)
+                return
+            except OSError:  # the group is gone already
+                pass
+        if self._process is not None:
+            try:
+                self._process.kill()
+            except Exception:  # already gone
+                pass
+
+
+_QUIET_LOG = logging.getLogger("transformer_lab.course.grade.nbclient")
+_QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported per submission
+
+
+def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
+                 env: dict[str, str] | None = None) -> Run:
+    """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
+
+    A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
+    ``grace`` seconds later gets its kernel stopped. Output over ``limits`` is not kept (see
+    :class:`OutputLimits`). ``env``: the kernel's environment (default: this process's).
+    The kernel starts in an empty temporary folder. Never raises: see the returned :class:`Run`.
+    """
+    grace = min(timeout, 10)
+    watchdog = _Watchdog(timeout + grace)
+    run, current = Run(), {"index": None}
+    start = time.perf_counter()
+    # A student's code may leave files behind it cannot delete: that must not cost the grade.
+    workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
+    with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
+        client = LimitedClient(
+            nb, limits=limits, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+            kernel_name="python3", record_timing=False,
+            resources={"metadata": {"path": workdir}},  # the kernel's working folder
+            extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
+        client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
+        client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
+                                                                                  cell_index)
+        client.on_cell_executed = lambda **_: watchdog.cell_finished()
+        try:
+            client.execute(**({"env": env} if env is not None else {}))
+        except DeadKernelError:
+            _stopped(run, nb, current["index"], timeout,
+                     stopped_by_us=watchdog.killed_cell is not None)
+        except Exception as exc:  # e.g. the kernel could not start
+            run.status = "could not run"
+            run.here = run.later = f"not run: {_one_line(str(exc)) or type(exc).__name__}"
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool) -> None:
+    """Record in ``run`` that the kernel died, or was stopped, while running cell ``index``."""
+    run.stopped_at = index
+    where = "before the first cell" if index is None else \
+        f"while running cell {index + 1} (id {nb.cells[index].get('id')!r})"
+    if stopped_by_us:
+        run.status = "kernel stopped"
+        run.here = (f"ran past the time limit of {timeout} s and ignored the interrupt: "
+                    "the kernel was stopped")
+        run.later = f"not run: the kernel was stopped {where}, over the time limit"
+    else:
+        run.status = "kernel died"
+        run.here = "the kernel died (crashed or exited) while running this cell"
+        run.later = f"not run: the kernel died {where}"
+
+
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(_ANSI.sub("", text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,120 @@
+"""The learner's route: a workspace of your own with the exercises, and JupyterLab on it.
+
+    python -m transformer_lab.course.learn                       # ./workspace, then JupyterLab
+    python -m transformer_lab.course.learn --workspace ~/my-tfs  # somewhere else
+    python -m transformer_lab.course.learn -- --no-browser       # options for JupyterLab
+    make learn                                                   # the same (WORKSPACE=...)
+
+The first time, the handout -- what ``make student`` writes: the notebooks with their exercises
+to do, the package with its core stubbed -- is built into the workspace folder. From then on
+the folder is yours: this command never writes into it again (and no course tool will empty
+it: it carries no tool's mark), it only opens JupyterLab on it. The kernels JupyterLab starts
+import the workspace's package -- your ``src/transformer_lab``, your core -- because the
+workspace's ``src/`` comes first on ``PYTHONPATH``, before the course's own package.
+
+To start over, move the workspace away (or delete it) and run the command again; to start one
+function over, copy its stub back from a fresh handout (``make student``, ``build/student/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from transformer_lab.course.assignment import OWNER_FILE
+
+DEFAULT_WORKSPACE = Path("workspace")
+
+
+def is_workspace(path: Path) -> bool:
+    """Whether ``path`` looks like a workspace this command built (notebooks and package)."""
+    return (path / "notebooks").is_dir() and (path / "src" / "transformer_lab" /
+                                              "__init__.py").is_file()
+
+
+def build_workspace(workspace: Path, source: Path, project: Path) -> int:
+    """Write the handout into ``workspace``, which must not exist yet; 0 when it worked.
+
+    It is built in a sibling folder first and renamed into place, so that an interrupted build
+    never leaves a half workspace behind; the tools' mark is removed, so that no course tool
+    ever empties it.
+    """
+    from transformer_lab.course import student
+
+    building = workspace.parent / f".{workspace.name}.building"
+    if building.exists():  # left by an interrupted build: ours to remove
+        if not (building / OWNER_FILE).exists():
+            raise SystemExit(f"error: {building} is in the way and was not written by this "
+                             "command; move it away")
+        shutil.rmtree(building)
+    status = student.main(["--source", str(source), "--out", str(building),
+                           "--project", str(project)])
+    if status != 0:
+        shutil.rmtree(building, ignore_errors=True)
+        return status
+    (building / OWNER_FILE).unlink()
+    building.rename(workspace)
+    return 0
+
+
+def lab_command(workspace: Path, lab_args: list[str] | None = None,
+                environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The JupyterLab command line and environment for ``workspace``: rooted there, with the
+    workspace's ``src/`` first on ``PYTHONPATH`` (so kernels import its package), and
+    ``--allow-root`` when run as root (JupyterLab refuses to start as root without it)."""
+    workspace = workspace.resolve()
+    env = dict(os.environ if environ is None else environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(workspace / "src")]
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")
+    return argv + list(lab_args or []), env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Arguments after -- go to JupyterLab.")
+    parser.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE,
+                        help="your folder: built the first time, never overwritten "
+                             f"(default: {DEFAULT_WORKSPACE})")
+    parser.add_argument("--source", type=Path, default=Path("notebooks"),
+                        help="the course's solution notebooks (default: notebooks)")
+    parser.add_argument("--project", type=Path, default=Path("."),
+                        help="the course's folder, holding src/ (default: the current folder)")
+    parser.add_argument("--no-lab", action="store_true",
+                        help="build the workspace if needed, print the JupyterLab command, and "
+                             "stop there")
+    args, lab_args = parser.parse_known_args(argv)
+    lab_args = [a for a in lab_args if a != "--"]
+    workspace = args.workspace
+    if workspace.exists():
+        if not is_workspace(workspace):
+            parser.error(f"{str(workspace)!r} exists but is not a workspace (no notebooks/ and "
+                         "src/transformer_lab/): name another folder with --workspace")
+        print(f"Your workspace: {workspace} (kept as it is; to start over, move it away or "
+              "delete it, and run this again).")
+    else:
+        print(f"Building your workspace in {workspace} (once: it is never overwritten) ...")
+        status = build_workspace(workspace, args.source, args.project)
+        if status != 0:
+            return status
+        print(f"\nYour workspace: {workspace}. Write the core functions in "
+              f"{workspace / 'src' / 'transformer_lab' / 'core'}/*.py as the notebooks ask; "
+              "the notebooks run on them.")
+    command, env = lab_command(workspace, lab_args)
+    if args.no_lab:
+        print(f"PYTHONPATH={env['PYTHONPATH']} " + " ".join(command))
+        return 0
+    try:
+        return subprocess.call(command, env=env, cwd=workspace)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""The grader's side of the probe: the probe package, the request, the watch, the evidence.
+
+For one student and one notebook N, :func:`build_probe_package` writes a package folder from the
+HANDOUT form of the instructor's package (core stubbed, hidden tests stripped: the reference of
+N's functions and the hidden references never exist there), in which
+
+- the functions N teaches are the student's, taken from the student's core modules by the syntax
+  tree, with the imports and the helpers they use (a missing or unparseable one stays a stub,
+  and the feedback says why);
+- the functions that earlier notebooks teach are the instructor's (so a bug in notebook 02's
+  masks costs notebook 02's points, not every later notebook's);
+- the functions that only later notebooks teach stay stubs, as the student's own handout has
+  them (the references of later notebooks never exist there either).
+
+That folder, in handout form, is what the feedback notebook runs on; :func:`reference_free`
+makes the probe's copy of it, in which no check has a method computing an answer (``expected``,
+``mistakes``) and no answers are stored: nothing in the probe process can produce an expected
+answer for the student's code to hand back.
+
+:func:`run_probe` then runs :mod:`.probe` in a fresh Python -- started in an empty folder, with a
+small environment, in its own process group, its output drained and bounded -- and watches it:
+a cell or a case over its time limit, or the whole over its total, gets the process group
+killed. A check whose case was running when the probe stopped scores 0 with the reason, and the
+probe starts again for the checks after it. The outcomes come back as plain data and are
+decoded here, in the grader's process, which computes the expected answers and judges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from transformer_lab import syllabus
+from transformer_lab.checks import framework as F
+from transformer_lab.course import probe as runner
+from transformer_lab.course.kernel_env import KERNEL_ENV
+from transformer_lab.course.package import (
+    Package,
+    compose_core_module,
+    notebook_number,
+    student_code,
+    without_references,
+)
+
+RUNNER = Path(runner.__file__).resolve()
+#: Environment variables the probe keeps from the grader's; the rest is left out.
+_KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TEMP", "TMP", "SYSTEMROOT",
+             "USERPROFILE")
+#: The largest outcome file read back (a student's function may return anything).
+MAX_OUTCOME_BYTES = 200_000_000
+
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """Seconds: a notebook cell, one case of a check, the whole probe (restarts included);
+    bytes of the probe's printed output kept (the rest is read and dropped)."""
+
+    cell: float = 60
+    case: float = 30
+    total: float = 600
+    output: int = 64_000
+
+
+# --- the probe package ----------------------------------------------------------------------
+
+@dataclass
+class Overlay:
+    """What went into a probe package: whose each core function is, and the problems."""
+
+    students: list[str] = field(default_factory=list)  # the student's functions in it
+    stubs: dict[str, str] = field(default_factory=dict)  # N's functions left stubs -> why
+
+
+def owner(function: str, notebook: str) -> str:
+    """Whose version of a core function the probe package of ``notebook`` holds: "student"
+    (``notebook`` teaches it), "instructor" (an earlier notebook teaches it) or "stub"."""
+    module, _ = syllabus.where_taught(function)
+    places = [p.split(" §")[0] for p in syllabus.TAUGHT_IN[module][function]]
+    if notebook in places:
+        return "student"
+    numbers = [n for n in map(notebook_number, places) if n is not None]
+    here = notebook_number(notebook)
+    if here is not None and numbers and min(numbers) < here:
+        return "instructor"
+    return "stub"
+
+
+def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
+                        core_files: dict[str, Path] | None, dest: Path,
+                        core_label: str = "src/transformer_lab/core") -> Overlay:
+    """Write the probe package of ``notebook`` into ``dest/transformer_lab``.
+
+    handout_src: the handout's source folder (holding ``transformer_lab/``); instructor: the
+    parsed instructor's package; core_files: the student's core modules by name (None: none
+    handed in).
+    """
+    import shutil
+
+    shutil.copytree(handout_src / "transformer_lab", dest / "transformer_lab")
+    overlay = Overlay()
+    taught = syllabus.notebook_functions(notebook)
+    for module, core in instructor.core.items():
+        stub_path = dest / "transformer_lab" / "core" / core.path.name
+        definitions = {name: core.definition(name) for name in core.functions
+                       if owner(name, notebook) == "instructor"}
+        extras: list[str] = []
+        wanted = taught.get(module, [])
+        if wanted:
+            path = (core_files or {}).get(module)
+            label = f"{core_label}/{module}.py"
+            if core_files is None:
+                reasons = {name: "no core files were handed in (src/transformer_lab/core/*.py)"
+                           for name in wanted}
+                code = None
+            elif path is None:
+                reasons = {name: f"{label} was not handed in" for name in wanted}
+                code = None
+            else:
+                try:
+                    source = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as err:
+                    source = None
+                    reasons = {name: f"{label} could not be read ({type(err).__name__})"
+                               for name in wanted}
+                code = None if source is None else student_code(source, wanted,
+                                                                core.functions, label)
+                if code is not None:
+                    reasons = code.problems
+            if code is not None:
+                try:
+                    compose_core_module(stub_path.read_text(), {**definitions, **code.functions},
+                                        code.extras)
+                    definitions.update(code.functions)
+                    extras = code.extras
+                except SyntaxError as err:  # cannot happen with parsed parts; be safe
+                    reasons = {name: f"{label}: your code could not be put together with the "
+                                     f"package ({err.msg})" for name in wanted}
+            for name in wanted:
+                if name in reasons:
+                    overlay.stubs[name] = reasons[name]
+                else:
+                    overlay.students.append(name)
+        stub_path.write_text(compose_core_module(stub_path.read_text(), definitions, extras),
+                             encoding="utf-8")
+    return overlay
+
+
+def reference_free(dest: Path) -> None:
+    """Turn the package in ``dest/transformer_lab`` (a copy of the handout form) into the
+    probe's: no method of a check computes an answer, no stored answers."""
+    import shutil
+
+    checks = dest / "transformer_lab" / "checks"
+    for path in sorted(checks.glob("nb*.py")):
+        path.write_text(without_references(path.read_text(encoding="utf-8")), encoding="utf-8")
+    shutil.rmtree(checks / "data", ignore_errors=True)
+
+
+# --- running the probe ----------------------------------------------------------------------
+
+@dataclass
+class CheckSpec:
+    """One check for the probe: its id, the notebook names its check cell passes, its cases."""
+
+    check_id: str
+    args: tuple[str, ...]
+    kwargs: dict[str, str]
+    cases: list[F.Case]
+    module: str = ""  # the check's module, transformer_lab.checks.nbNN_topic (else: all of them)
+
+
+@dataclass
+class ProbeReport:
+    """What came back: outcomes by (check id, case name), why evidence is missing per check,
+    the first error of each cell the probe ran, and notes on the run."""
+
+    outcomes: dict[tuple[str, str], F.Outcome] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    cells: list[tuple[str, str | None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def probe_env() -> dict[str, str]:
+    """The probe's environment: a few of the grader's variables, reproducibility, one thread."""
+    env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
+    env.update(KERNEL_ENV)
+    env.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONIOENCODING="utf-8")
+    return env
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to its end, keeping the first ``limit`` bytes."""
+
+    def __init__(self, stream, limit: int):
+        super().__init__(daemon=True)
+        self.stream, self.limit, self.kept = stream, limit, bytearray()
+
+    def run(self) -> None:
+        while chunk := self.stream.read(65536):
+            room = self.limit - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, AttributeError):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
+              limits: ProbeLimits | None = None) -> ProbeReport:
+    """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
+    ``cells`` (id, source) first, then every case of ``checks``. Never raises for what the
+    student's code does."""
+    limits = limits or ProbeLimits()
+    report = ProbeReport()
+    start = time.monotonic()
+    deadline = start + limits.total
+    todo = list(range(len(checks)))
+    first_run = True
+    while todo:
+        with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
+            stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
+                                            limits, deadline, report)
+        if first_run:
+            report.cells = cell_errors
+            first_run = False
+        done = [i for i in todo if all((checks[i].check_id, c.name) in report.outcomes
+                                       for c in checks[i].cases)
+                or checks[i].check_id in report.missing]
+        if stopped is None:  # the probe finished (or said why not): no second chance
+            break
+        kind, index, reason = stopped
+        if kind != "case":  # stopped while running the cells: nothing after it can run
+            for i in todo:
+                if i not in done:
+                    report.missing.setdefault(checks[i].check_id, reason)
+            break
+        report.missing.setdefault(checks[index].check_id, reason)
+        todo = [i for i in todo if i not in done and i != index]
+        if time.monotonic() >= deadline:
+            for i in todo:
+                report.missing.setdefault(checks[i].check_id,
+                                          f"not run: the grader's run of your code reached its "
+                                          f"total limit of {limits.total:g} s")
+            break
+    for spec in checks:
+        if spec.check_id in report.missing:
+            continue
+        lost = [c.name for c in spec.cases if (spec.check_id, c.name) not in report.outcomes]
+        if lost:
+            report.missing[spec.check_id] = (f"no result came back for case {lost[0]!r}: the "
+                                             "grader's run of your code ended before it")
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo: list[int],
+             limits: ProbeLimits, deadline: float, report: ProbeReport):
+    """One probe process over the checks ``todo``; returns (what it stopped during, or None
+    when it ended by itself; the cells' errors)."""
+    out = tmp / "out"
+    out.mkdir()
+    cwd = tmp / "work"
+    cwd.mkdir()
+    arrays: dict[str, np.ndarray] = {}
+    request = {"package": str(package_root.resolve()),
+               "cells": [{"id": cid, "source": src} for cid, src in cells],
+               "checks": [F.encode({"index": i, "id": checks[i].check_id,
+                                    "module": checks[i].module or _module_of(checks[i]),
+                                    "args": list(checks[i].args), "kwargs": checks[i].kwargs,
+                                    "cases": [{"name": c.name, "args": list(c.args),
+                                               "kwargs": c.kwargs} for c in checks[i].cases]},
+                                   arrays) for i in todo]}
+    (tmp / "request.json").write_text(json.dumps(request), encoding="utf-8")
+    with open(tmp / "request.npz", "wb") as f:
+        np.savez(f, **arrays)
+    proc = subprocess.Popen([sys.executable, "-s", str(RUNNER), str(tmp)], cwd=cwd,
+                            env=probe_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    drain = _Drain(proc.stdout, limits.output)
+    drain.start()
+    progress = out / runner.PROGRESS
+    current, since, seen = None, time.monotonic(), 0
+    stopped = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.05)
+            now = time.monotonic()
+            try:
+                text = progress.read_bytes()[seen:] if progress.exists() else b""
+            except OSError:
+                text = b""
+            if b"\n" in text:
+                lines = text[:text.rindex(b"\n")].decode("utf-8", "replace").split("\n")
+                seen += text.rindex(b"\n") + 1
+                current, since = lines[-1], now
+            unit = _unit(current, cells, checks)
+            limit = limits.case if unit and unit[0] == "case" else limits.cell
+            if now >= deadline:
+                stopped = _stop(unit, f"the grader's run of your code reached its total limit "
+                                      f"of {limits.total:g} s{_during(unit, cells, checks)}")
+                break
+            if unit and now - since > limit:
+                stopped = _stop(unit, f"ran past the time limit of {limit:g} s"
+                                      f"{_during(unit, cells, checks)}")
+                break
+    finally:
+        _kill_group(proc)
+        proc.wait()
+        drain.join(timeout=5)
+    try:
+        lines = progress.read_text(encoding="utf-8", errors="replace").split("\n")
+    except OSError:
+        lines = []
+    last = next((line for line in reversed(lines) if line.strip()), None)
+    if stopped is None and last != runner.DONE:
+        unit = _unit(last, cells, checks)
+        fatal = _read_json(out / runner.FATAL)
+        why = fatal.get("error") if isinstance(fatal, dict) else None
+        code = proc.returncode
+        how = f"was killed by signal {-code}" if code and code < 0 else f"exited (status {code})"
+        stopped = _stop(unit, why or f"the grader's run of your code {how}"
+                                     f"{_during(unit, cells, checks)} -- your code ended the "
+                                     "process (exit, os._exit) or crashed it")
+    cell_errors = _read_cells(out, cells)
+    _collect(out, checks, todo, report)
+    return stopped, cell_errors
+
+
+def _module_of(spec: CheckSpec) -> str:
+    try:
+        return type(F.get_check(spec.check_id)).__module__
+    except KeyError:
+        return ""
+
+
+def _stop(unit, reason: str) -> tuple[str, int | None, str]:
+    """(kind, index, reason): "case" and the check's index, or "cell" and the cell's."""
+    return (unit[0], unit[1], reason) if unit else ("cell", None, reason)
+
+
+def _unit(line: str | None, cells, checks):
+    """("cell", k) or ("case", check index, case index) from a progress line."""
+    if not line:
+        return None
+    parts = line.split()
+    try:
+        if parts[0] == "cell" and len(parts) == 2 and 0 <= int(parts[1]) < len(cells):
+            return ("cell", int(parts[1]))
+        if parts[0] == "case" and len(parts) == 3:
+            i, j = int(parts[1]), int(parts[2])
+            if 0 <= i < len(checks) and 0 <= j < len(checks[i].cases):
+                return ("case", i, j)
+        if parts[0] == "prepare" and len(parts) == 2 and 0 <= int(parts[1]) < len(checks):
+            return ("case", int(parts[1]), None)
+    except ValueError:
+        pass
+    return None
+
+
+def _during(unit, cells, checks) -> str:
+    if not unit:
+        return ""
+    if unit[0] == "cell":
+        return f", while running your cell {cells[unit[1]][0]!r}"
+    if unit[2] is None:
+        return f", while importing the functions {checks[unit[1]].check_id} tests"
+    return f", in case {checks[unit[1]].cases[unit[2]].name!r}"
+
+
+def _read_json(path: Path):
+    try:
+        if path.stat().st_size > 10_000_000:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _read_cells(out: Path, cells) -> list[tuple[str, str | None]]:
+    found = _read_json(out / runner.CELLS)
+    ids = [cid for cid, _ in cells]
+    errors = {}
+    if isinstance(found, list):
+        for entry in found:
+            if isinstance(entry, dict) and entry.get("id") in ids:
+                error = entry.get("error")
+                errors[entry["id"]] = str(error)[:500] if error is not None else None
+    return [(cid, errors.get(cid, "not run")) for cid in ids]
+
+
+def _collect(out: Path, checks: list[CheckSpec], todo: list[int], report: ProbeReport) -> None:
+    """Decode the outcomes the probe wrote; garbage counts as no evidence."""
+    for i in todo:
+        spec = checks[i]
+        problem = _read_json(out / runner.check_file(i))
+        if isinstance(problem, dict) and isinstance(problem.get("error"), str):
+            report.missing.setdefault(spec.check_id, problem["error"][:500])
+            continue
+        for j, case in enumerate(spec.cases):
+            path = out / runner.case_file(i, j)
+            if not path.is_file() or (spec.check_id, case.name) in report.outcomes:
+                continue
+            outcome = _read_outcome(path, spec.check_id, case.name)
+            if outcome is None:
+                report.missing.setdefault(spec.check_id, f"the result of case {case.name!r} "
+                                                         "could not be read back")
+            else:
+                report.outcomes[spec.check_id, case.name] = outcome
+
+
+def _read_outcome(path: Path, check_id: str, case_name: str) -> F.Outcome | None:
+    try:
+        if path.stat().st_size > MAX_OUTCOME_BYTES:
+            return None
+        record = F.load_values(path)["outcome"]
+        if record["check"] != check_id or record["case"] != case_name:
+            return None
+        value = record["value"]
+        if record.get("unplain"):
+            value = f"<{record['unplain']}>"
+        error = record["error"]
+        if error is not None and not isinstance(error, str):
+            return None
+        return F.Outcome(value=value, error=error, where=str(record.get("where") or ""),
+                         after=tuple(record.get("after") or ()),
+                         after_kwargs=dict(record.get("after_kwargs") or {}))
+    except Exception:  # anything the student's process wrote that is not what we wrote
+        return None

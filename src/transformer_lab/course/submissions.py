@@ -1,0 +1,253 @@
+"""Finding the submissions in a folder: what each student handed in, and every file skipped.
+
+Two layouts, which may be mixed:
+
+- ``SUBMISSIONS/<student>/...`` -- the student's folder, best the handout folder as they worked
+  in it: ``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py``. Notebooks are found
+  anywhere below it; the core modules in a folder named ``core`` (best
+  ``src/transformer_lab/core/``; with several, the one under ``transformer_lab/``, then the
+  shortest path, is graded);
+- ``SUBMISSIONS/<student>_<NN_topic>.ipynb`` -- one notebook (no package) per file.
+
+Names are matched forgivingly: letter case, spaces, hyphens and dots for underscores, and the
+copies that browsers, file managers and JupyterLab make (``00_gradients (1).ipynb``,
+``00_gradients-Copy1.ipynb``, ``00_gradients copy.ipynb``); a file named after a notebook's
+number alone (``00_grads.ipynb``) is taken when nothing better is there. When a student has
+several candidates for one notebook, the best name wins, then the newest file. Hidden files and
+folders (``.ipynb_checkpoints``, ``__MACOSX``, ``__pycache__``) are ignored; the handout's own
+files, unchanged, are ignored too. Every other file that is not graded is listed with the
+reason (``skipped.csv``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformer_lab import syllabus
+
+_COPY = re.compile(r"(?:\s*\(\d+\)|\s*-\s*copy\s*\d*|[\s_]+copy(?:\s*\d+)?)$", re.IGNORECASE)
+_SEPARATORS = r"[\s_\-.]+"
+
+
+@dataclass
+class Skipped:
+    student: str  # "" when the file names no student
+    path: str  # relative to the submissions folder
+    reason: str
+
+
+@dataclass
+class StudentWork:
+    """What one student handed in."""
+
+    name: str
+    notebooks: dict[str, Path] = field(default_factory=dict)  # "00_gradients" -> file
+    core_dir: Path | None = None  # the folder their core modules were taken from
+    core_files: dict[str, Path] | None = None  # "layers" -> file; None: no core folder
+    folder: Path | None = None  # their folder (None: flat files only)
+
+    def core_label(self, submissions: Path) -> str:
+        if self.core_dir is None:
+            return "src/transformer_lab/core"
+        base = self.folder or submissions
+        return self.core_dir.relative_to(base).as_posix()
+
+
+@dataclass
+class Found:
+    students: dict[str, StudentWork]
+    skipped: list[Skipped]
+
+    def skipped_of(self, student: str) -> list[Skipped]:
+        return [s for s in self.skipped if s.student == student]
+
+
+def strip_copies(stem: str) -> str:
+    """``00_gradients`` from ``00_gradients (1)``, ``00_gradients-Copy1``, ``... copy 2``."""
+    previous = None
+    while previous != stem:
+        previous, stem = stem, _COPY.sub("", stem).rstrip()
+    return stem
+
+
+def normalize(text: str) -> str:
+    """Lower case, copies' suffixes off, runs of spaces, hyphens, dots and underscores as
+    one ``_``."""
+    return re.sub(_SEPARATORS, "_", strip_copies(text.strip()).lower()).strip("_")
+
+
+def _number(text: str) -> int | None:
+    match = re.match(r"(\d+)(?:_|$)", text)
+    return int(match.group(1)) if match else None
+
+
+def match_notebook(stem: str, notebooks: list[str]) -> tuple[str, tuple] | None:
+    """The notebook a file in a student's folder is, and how well its name matches (lower is
+    better): exactly, containing the name, or by its number alone; copies come after
+    originals."""
+    name = normalize(stem)
+    copied = strip_copies(stem.strip()) != stem.strip()
+    keys = sorted(notebooks, key=len, reverse=True)
+    for nb in keys:
+        if name == normalize(nb):
+            return nb, (0, copied)
+    for nb in keys:
+        key = normalize(nb)
+        if name.endswith("_" + key) or name.startswith(key + "_") or f"_{key}_" in name:
+            return nb, (1, copied)
+    number = _number(name)
+    same = [nb for nb in notebooks if _number(normalize(nb)) == number]
+    if number is not None and len(same) == 1:
+        return same[0], (2, copied)
+    return None
+
+
+def match_flat(stem: str, notebooks: list[str]) -> tuple[str, str, tuple] | None:
+    """(student, notebook, quality) of a top-level ``<student>_<NN_topic>`` file name."""
+    base = strip_copies(stem.strip())
+    copied = base != stem.strip()
+    for nb in sorted(notebooks, key=len, reverse=True):
+        parts = re.split(_SEPARATORS, nb)
+        pattern = _SEPARATORS + _SEPARATORS.join(map(re.escape, parts)) + "$"
+        match = re.search(pattern, base, re.IGNORECASE)
+        if match and match.start() > 0:
+            student = base[:match.start()].strip(" _-.")
+            if student:
+                return student, nb, (0, copied)
+    return None
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith((".", "__")) or part == "Thumbs.db" for part in rel.parts)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def handout_digests(handout: Path) -> dict[str, str]:
+    """relative path -> content hash, of every file of a handout folder."""
+    return {p.relative_to(handout).as_posix(): _digest(p) for p in sorted(handout.rglob("*"))
+            if p.is_file()}
+
+
+def _handout_file(rel: Path, path: Path, digests: dict[str, str]) -> str | None:
+    """"same" when ``rel`` ends with a handout path and has its content, "changed" when it
+    ends with one but differs, None otherwise."""
+    parts = rel.parts
+    for k in range(len(parts)):
+        key = "/".join(parts[k:])
+        if key in digests:
+            return "same" if _digest(path) == digests[key] else "changed"
+    return None
+
+
+def find_submissions(folder: Path, notebooks: list[str],
+                     handout: dict[str, str] | None = None) -> Found:
+    """Every student's work in ``folder`` and every file skipped, with the reason.
+
+    notebooks: the solution notebooks' names ("00_gradients"); handout: the handout's files
+    (:func:`handout_digests`), which are ignored when a student hands them in unchanged.
+    """
+    if not folder.is_dir():
+        raise SystemExit(f"error: SUBMISSIONS must be a folder of submissions "
+                         f"(<student>/... or <student>_<NN_topic>.ipynb); "
+                         f"{str(folder)!r} is not a folder")
+    handout = handout or {}
+    students: dict[str, StudentWork] = {}
+    skipped: list[Skipped] = []
+    candidates: dict[tuple[str, str], list[tuple[tuple, float, str, Path]]] = {}
+
+    def skip(student: str, path: Path, reason: str) -> None:
+        skipped.append(Skipped(student, path.relative_to(folder).as_posix(), reason))
+
+    def candidate(student: str, nb: str, quality: tuple, path: Path) -> None:
+        key = (-path.stat().st_mtime_ns,)
+        candidates.setdefault((student, nb), []).append((quality, key, str(path), path))
+
+    for entry in sorted(folder.iterdir()):
+        rel = entry.relative_to(folder)
+        if _hidden(rel):
+            continue
+        if entry.is_dir():
+            work = students.setdefault(entry.name.strip(), StudentWork(entry.name.strip()))
+            work.folder = entry
+            _scan_student(entry, folder, work, notebooks, handout, skip, candidate)
+        elif entry.suffix.lower() == ".ipynb":
+            match = match_flat(entry.stem, notebooks)
+            if match is None:
+                skip("", entry, f"not named <student>_<NN_topic>.ipynb with NN_topic one of "
+                                f"{', '.join(notebooks)}")
+                continue
+            student, nb, quality = match
+            students.setdefault(student, StudentWork(student))
+            candidate(student, nb, quality, entry)
+        else:
+            skip("", entry, "not graded: a file at the top of the submissions folder must be "
+                            "a notebook named <student>_<NN_topic>.ipynb")
+    for (student, nb), found in sorted(candidates.items()):
+        found.sort()
+        students[student].notebooks[nb] = found[0][3]
+        for *_, path in found[1:]:
+            skip(student, path, f"another file was graded for {nb}: "
+                                f"{found[0][3].relative_to(folder).as_posix()}")
+    if not students:
+        raise SystemExit(f"error: no submissions in {str(folder)!r}; expected <student>/... "
+                         f"folders or <student>_<NN_topic>.ipynb files with NN_topic one of "
+                         f"{', '.join(notebooks)}")
+    skipped.sort(key=lambda s: (s.student, s.path))
+    return Found(students, skipped)
+
+
+def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handout, skip,
+                  candidate) -> None:
+    files = [p for p in sorted(root.rglob("*"))
+             if p.is_file() and not _hidden(p.relative_to(root))]
+    core_dirs: dict[Path, list[Path]] = {}
+    for path in files:
+        if path.suffix == ".py" and path.parent.name == "core":
+            core_dirs.setdefault(path.parent, []).append(path)
+    chosen = None
+    if core_dirs:
+        def rank(d: Path):
+            rel = d.relative_to(root).as_posix()
+            return (not rel.endswith("transformer_lab/core"),
+                    not rel.endswith("src/transformer_lab/core"), len(d.parts), rel)
+        chosen = min(core_dirs, key=rank)
+        work.core_dir = chosen
+        work.core_files = {}
+    modules = set(syllabus.TAUGHT_IN)
+    for path in files:
+        rel = path.relative_to(root)
+        if path.suffix.lower() == ".ipynb":
+            match = match_notebook(path.stem, notebooks)
+            if match is None:
+                names = ", ".join(n + ".ipynb" for n in notebooks)
+                skip(work.name, path, f"not named after a notebook of the course ({names})")
+            else:
+                candidate(work.name, match[0], match[1], path)
+            continue
+        if path.parent in core_dirs:
+            if path.parent != chosen:
+                skip(work.name, path, "another core folder was graded: "
+                                      f"{chosen.relative_to(folder).as_posix()}")
+                continue
+            if path.stem in modules:
+                work.core_files[path.stem] = path
+            else:
+                skip(work.name, path, "not a core module of the course ("
+                     + ", ".join(f"{m}.py" for m in sorted(modules)) + "): not graded; put "
+                     "helpers in the module whose functions use them")
+            continue
+        state = _handout_file(rel, path, handout)
+        if state == "same":
+            continue
+        if state == "changed":
+            skip(work.name, path, "changed, but not graded: only the notebooks and the core "
+                                  "modules (src/transformer_lab/core/*.py) are")
+        else:
+            skip(work.name, path, "not graded: neither a notebook of the course nor a core "
+                                  "module in a folder named core/")

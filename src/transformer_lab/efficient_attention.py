@@ -1,0 +1,124 @@
+"""Attention for long sequences: tiled (FlashAttention-style) forward and backward passes.
+
+    out, cache = flash_attention_forward(q, k, v, causal=False, block_size=64)
+    dq, dk, dv = flash_attention_backward(dout, cache)
+
+The same result as scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``, computed one
+``block_size`` x ``block_size`` tile of queries and keys at a time: the ``(T, S)`` scores and
+weights are never formed. The forward pass keeps each query's log-sum-exp (one number a row);
+the backward pass recomputes each tile's weights from it. Notebook ``10_long_context`` derives
+both passes and measures time and memory against naive attention.
+
+Conventions:
+
+- ``q``: ``(..., T, d)``, ``k``: ``(..., S, d)``, ``v``: ``(..., S, d_v)``, float32 or float64,
+  one dtype, the same leading (batch, head) axes; the scale is ``1 / sqrt(d)``.
+- ``causal=True`` is the course's causal mask (``attention.causal_mask``): query ``i`` sees the
+  keys ``j <= i``, aligned at the top left also when ``T != S`` (``torch``'s ``is_causal``
+  convention). Every query sees key 0, so no query is ever left with nothing to attend to, and
+  the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention with an
+  arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
+- ``out`` is read-only: the backward pass reads it again (``D = rowsum(dout * out)``).
+
+The math is the student's own (``transformer_lab.core.flash``): this module checks its
+arguments once, with errors that name the argument, and calls the core.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import numpy as np
+
+from transformer_lab import _validate as check
+from transformer_lab.core import flash as core_flash
+
+__all__ = ["FlashAttentionCache", "flash_attention_backward", "flash_attention_forward",
+           "row_logsumexp"]
+
+
+class FlashAttentionCache(NamedTuple):
+    """What :func:`flash_attention_forward` hands to :func:`flash_attention_backward`."""
+
+    core: tuple  # the core's cache (its layout is the core's business)
+    out_shape: tuple
+    dtype: np.dtype
+
+
+def _finite(x: np.ndarray, name: str) -> None:
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+
+
+def flash_attention_forward(q, k, v, causal=False, block_size=64):
+    """Tiled scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``.
+
+    Args:
+        q: queries, shape (..., T, d), float32 or float64, T >= 1.
+        k: keys, shape (..., S, d), the dtype and leading axes of q, S >= 1.
+        v: values, shape (..., S, d_v), the dtype and leading axes of q.
+        causal: True to block the future (query i sees keys j <= i); a bool.
+        block_size: queries and keys per tile, a positive integer (larger than T or S is fine).
+
+    Returns:
+        out: shape (..., T, d_v), read-only; cache for :func:`flash_attention_backward`
+        (:func:`row_logsumexp` reads each query's log-sum-exp from it).
+    """
+    q = check.float_array(q, "q", min_ndim=2)
+    k = check.float_array(k, "k", min_ndim=2)
+    v = check.float_array(v, "v", min_ndim=2)
+    check.same_dtype("q", q, "k", k)
+    check.same_dtype("q", q, "v", v)
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same leading (batch, head) axes, got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension d (head_dim), got "
+                         f"{q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length S (axis -2), got {k.shape[-2]} and "
+                         f"{v.shape[-2]}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.shape[-2] < 1 or x.shape[-1] < 1:
+            raise ValueError(f"{name} must have at least one position and one feature "
+                             f"(axes -2 and -1), got shape {x.shape}")
+        _finite(x, name)
+    causal = check.boolean(causal, "causal")
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"block_size must be a positive integer, got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    out, cache = core_flash.flash_attention_forward(q, k, v, causal, int(block_size))
+    out.flags.writeable = False
+    return out, FlashAttentionCache(cache, out.shape, out.dtype)
+
+
+def flash_attention_backward(dout, cache):
+    """Gradients of :func:`flash_attention_forward`.
+
+    Args:
+        dout: the gradient of the loss with respect to ``out``: its shape and dtype.
+        cache: the cache that :func:`flash_attention_forward` returned.
+
+    Returns:
+        dq (..., T, d), dk (..., S, d), dv (..., S, d_v).
+    """
+    check.cache_of(cache, "flash_attention_backward", FlashAttentionCache)
+    dout = check.grad_like(dout, "dout", cache.out_shape, cache.dtype)
+    _finite(dout, "dout")
+    return core_flash.flash_attention_backward(dout, cache.core)
+
+
+def row_logsumexp(cache) -> np.ndarray:
+    """Each query's ``log sum_j exp(q_i k_j / sqrt(d))`` (over the keys it sees), shape (..., T):
+    the one number per row that the forward pass keeps for the backward pass.
+
+    cache: what :func:`flash_attention_forward` returned, or the cache of the core's
+    ``core.flash.flash_attention_forward`` (the exercise's checks read it this way)."""
+    if isinstance(cache, FlashAttentionCache):
+        cache = cache.core
+    elif not isinstance(cache, tuple) or len(cache) != 7:
+        raise TypeError(f"row_logsumexp: cache must be the cache that flash_attention_forward "
+                        f"returned, got {type(cache).__name__}")
+    return cache[4]  # the core's cache: (q, k, v, out, lse, causal, block_size)

@@ -1,0 +1,772 @@
+"""The grader (`make grade`): verdicts from what the student's functions return for the grader's
+inputs, judged in the grader's own process.
+
+On a synthetic notebook 01 with the real checks of notebook 01 (tests/course_helpers.py):
+- a correct submission gets full marks, an untouched handout zero;
+- every trick of issue 12 and more -- IPython hooks, exception handlers, output clearing, input
+  transformers, rebinding the checking helpers, patching the framework, sys.modules, builtins,
+  exiting after faking output, writing into the grader's output folder or the probe's results,
+  calling a hidden reference, replaying the stored public answers, copying a later notebook's
+  function -- scores 0 on stubs, and is listed in flags.csv;
+- an endless loop costs its check only; magics and floods of output cost nothing;
+- a notebooks-only submission gets its notebook exercises' points; a bug in one notebook's
+  package function costs that notebook only;
+- restored check cells go back by id, then grade_id, after the cell that preceded them;
+- names are matched forgivingly; every file skipped is in skipped.csv, and a student whose files
+  were all skipped still has rows;
+- grading the same folder twice gives the same files.
+The course's own notebooks are graded end to end once they have one-line check cells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from course_helpers import (
+    COSINE,
+    LOGSUMEXP,
+    POINTS_01,
+    SETUP,
+    meta,
+    notebook_01,
+    once_per_session,
+    read_csv,
+    reference_core,
+    solved_01,
+    stubbed_core,
+    student_01,
+    student_folder,
+    write,
+)
+
+from transformer_lab import syllabus
+from transformer_lab.checks import framework as F
+from transformer_lab.course import assignment, flags, grade, probing, student
+from transformer_lab.course.package import parse_package, student_code
+from transformer_lab.course.submissions import find_submissions, match_flat, match_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FULL = sum(POINTS_01.values())
+
+
+def run_grader(subs: Path, source: Path, out: Path, *options: str,
+               project: Path = ROOT) -> str:
+    console = io.StringIO()
+    with contextlib.redirect_stdout(console):
+        status = grade.main([str(subs), "--source", str(source), "--out", str(out),
+                             "--project", str(project), *options])
+    (out.parent / f"{out.name}-console.txt").write_text(console.getvalue())
+    assert status == 0, console.getvalue()
+    return console.getvalue()
+
+
+def points(grades: Path, student: str, notebook: str = "01_attention") -> dict[str, float]:
+    return {r["check"]: float(r["points"]) for r in read_csv(grades / "grades.csv")
+            if r["student"] == student and r["notebook"] == notebook}
+
+
+def summary(grades: Path, who: str, notebook: str = "01_attention") -> str:
+    nb = nbformat.read(grades / "feedback" / who / f"{notebook}.ipynb", as_version=4)
+    assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+    return nb.cells[0].source
+
+
+def flag_rows(grades: Path, who: str) -> list[dict]:
+    return [r for r in read_csv(grades / "flags.csv") if r["student"] == who]
+
+
+# --- the students -------------------------------------------------------------------------------
+
+def _first_exercise(code: str, **kw):
+    """The handout's notebook with ``code`` at the top of its first exercise cell (where issue
+    12 put its tricks)."""
+    return student_01(before={"exercise-logsumexp": code}, **kw)
+
+
+TRICKS = {  # student: code put in the handout's notebook 01, whose exercises are all stubs
+    "custom_exc": "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)",
+    "events": "from IPython.display import clear_output\n"
+              "get_ipython().events.register('post_run_cell', lambda r: clear_output())",
+    "transformer": "def _fake(lines):\n"
+                   "    return [\"print('passed.')\\n\"] if any('check(' in l for l in lines) "
+                   "else lines\nget_ipython().input_transformers_post.append(_fake)",
+    "rebind_check": "check = lambda *a, **k: print(f'{a[0]} passed (3 cases).')",
+    "patch_framework": "from transformer_lab.checks import framework\n"
+                       "framework.run_case = lambda check, f, case: framework.Outcome(\n"
+                       "    value=check.expected(*case.args, **case.kwargs))\n"
+                       "framework.judge = lambda *a, **k: framework.Verdict(True)",
+    "sys_modules": "import sys, types\nfake = types.ModuleType('transformer_lab.checks')\n"
+                   "fake.check = lambda *a, **k: print('passed')\n"
+                   "sys.modules['transformer_lab.checks'] = fake\n"
+                   "sys.modules['transformer_lab.checks.framework'] = fake",
+    "builtins": "import builtins\n"
+                "builtins.NotImplementedError = type('NotImplementedError', (Warning,), {})\n"
+                "builtins.print = lambda *a, **k: None",
+    "exit_after_faking": "import atexit, os\n"
+                         "for c in ['check-softmax-forward', 'check-attention-forward']:\n"
+                         "    print(f'{c} passed (5 cases).')\n"
+                         "atexit.register(lambda: print('every check passed'))\nos._exit(0)",
+    "fake_results": "import os, pathlib, sys\nout = pathlib.Path(sys.argv[1]) / 'out'\n"
+                    "for i in range(5):\n    for j in range(12):\n"
+                    "        (out / f'case-{i}-{j}.npz').write_bytes(b'PK passed')\n"
+                    "(out / 'progress').write_text('done\\n')\nos._exit(0)",
+}
+HIDDEN_REFERENCE_NOTEBOOK = {
+    "exercise-cosine": "from transformer_lab.checks.nb01_attention import CosineAttention\n\n"
+                       "def cosine_attention(q, k, v, tau=0.1):\n"
+                       "    r = CosineAttention().expected(q, k, v, tau)\n"
+                       "    return r['out'], r['weights']",
+}
+HIDDEN_REFERENCE_CORE = {"layers": {"softmax_forward": (
+    "def softmax_forward(x):\n"
+    "    from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
+    "    y = SoftmaxForward().expected(x)\n    return y, y")}}
+STORED_ANSWERS = {"exercise-cosine": '''def cosine_attention(q, k, v, tau=0.1):
+    from transformer_lab.checks import framework as F
+    stored = F.stored_expected(F.get_check("check-cosine-attention"))
+    for case, want in stored.values():
+        if all(np.array_equal(a, b) for a, b in zip(case.args, (q, k, v))):
+            return want["out"], want["weights"]
+    raise ValueError("an input I have not seen")'''}
+FUNCTION_COPY_CORE = {"layers": {"softmax_forward": (
+    "def softmax_forward(x):\n    import types\n\n    from transformer_lab.core import layers\n"
+    "    f = types.FunctionType(layers.log_softmax_forward.__code__, layers.__dict__)\n"
+    "    y = np.exp(f(x)[0])\n    return y, y")}}
+LOOP_CORE = {"layers": {"softmax_forward": "def softmax_forward(x):\n    while True:\n"
+                                           "        pass"}}
+WRONG_FOR_4D = '''def logsumexp(x, axis=-1):
+    if x.ndim == 4:  # never shown in the notebook
+        axis = -1
+    c = np.max(x, axis=axis, keepdims=True)
+    c = np.where(np.isfinite(c), c, 0)
+    return np.squeeze(c, axis) + np.log(np.sum(np.exp(x - c), axis=axis))'''
+MAGICS = {"setup": "%matplotlib inline\n!echo hello\n" + SETUP,
+          "exercise-logsumexp": LOGSUMEXP.replace('    """log(sum',
+                                                  '    %time 1 + 1\n    """log(sum'),
+          "exercise-additive": "%%time\n" + notebook_01().cells[10].source}
+FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}
+
+
+def _renamed(nb, drop=()):
+    """Every cell id changed (as copying cells between notebooks does), metadata kept; the
+    cells in ``drop`` deleted."""
+    nb.cells = [c for c in nb.cells if c.id not in drop]
+    for k, cell in enumerate(nb.cells):
+        cell.id = f"renamed-{k}"
+    return nb
+
+
+def _tampered():
+    nb = solved_01(edit={"exercise-cosine": COSINE.replace("/ tau", "/ 1.0"),
+                         "check-cosine-attention": "print('check-cosine-attention passed')"})
+    nb.cells = [c for c in nb.cells if c.id != "check-logsumexp"]
+    return nb
+
+
+def _write_students(subs: Path, out: Path) -> None:
+    """Group B: the tricks and the rest, graded without executing the feedback."""
+    student_folder(subs / "aaa_victim", solved_01(), core="reference")
+    for who, code in TRICKS.items():
+        if who not in EXECUTED:  # those are graded with their feedback executed
+            student_folder(subs / who, _first_exercise(code))
+    student_folder(subs / "writes_output", _first_exercise(
+        f"import pathlib\nout = pathlib.Path({str(out)!r})\n"
+        "(out / 'grades.csv').write_text('student,notebook,check,points,max_points\\n"
+        "writes_output,01_attention,check-softmax-forward,2,2\\n')\n"
+        "(out / 'feedback' / 'aaa_victim' / '01_attention.ipynb').write_text('{}')\n"
+        "(out / 'planted.txt').write_text('x')"))
+    student_folder(subs / "hidden_reference", student_01(edit=HIDDEN_REFERENCE_NOTEBOOK),
+                   replace=HIDDEN_REFERENCE_CORE)
+    student_folder(subs / "stored_answers", student_01(edit=STORED_ANSWERS))
+    student_folder(subs / "function_copy", student_01(), replace=FUNCTION_COPY_CORE)
+    student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
+    student_folder(subs / "hidden_only", solved_01(edit={"exercise-logsumexp": WRONG_FOR_4D}),
+                   core="reference")
+    student_folder(subs / "magics", solved_01(edit=MAGICS), core="reference")
+    student_folder(subs / "flood", solved_01(edit=FLOOD), core="reference")
+    student_folder(subs / "renamed", _renamed(solved_01(), drop=("check-softmax-forward",
+                                                                 "check-logsumexp")),
+                   core="reference")
+    student_folder(subs / "tampered", _tampered(), core="reference")
+    student_folder(subs / "no_exercises", solved_01(), core="reference")
+    nb = nbformat.read(subs / "no_exercises" / "notebooks" / "01_attention.ipynb", as_version=4)
+    nb.cells = [c for c in nb.cells if not c.id.startswith("exercise-")]
+    write(nb, subs / "no_exercises" / "notebooks" / "01_attention.ipynb")
+    (subs / "unreadable" / "notebooks").mkdir(parents=True)
+    (subs / "unreadable" / "notebooks" / "01_attention.ipynb").write_text("not a notebook")
+    # forgiving names, notebooks only, files skipped
+    write(solved_01(), subs / "Jane Doe_01_Attention.ipynb")
+    older = write(student_01(), subs / "dan" / "notebooks" / "01_attention (1).ipynb")
+    os.utime(older, (1_600_000_000, 1_600_000_000))  # the copy dan did not work in
+    student_folder(subs / "dan", solved_01(), core="reference",
+                   name="01_Attention-Copy1.ipynb")
+    write(solved_01(), subs / "eve" / "homework.ipynb")
+    (subs / "eve" / "notes.txt").write_text("my notes")
+    (subs / "readme.txt").write_text("for the instructor")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Group B graded once: feedback notebooks not executed (the points do not depend on it),
+    a case limit of 10 s."""
+    def produce(out: Path) -> None:
+        write(notebook_01(), out / "source" / "01_attention.ipynb")
+        _write_students(out / "subs", out / "grades")
+        run_grader(out / "subs", out / "source", out / "grades", "--no-execute",
+                   "--case-timeout", "10", "--timeout", "120")
+    return once_per_session(tmp_path_factory, "grading-b", produce) / "grades"
+
+
+EXECUTED = {  # group A: the feedback notebooks executed in kernels
+    "alice": lambda subs: student_folder(subs / "alice", solved_01(), core="reference"),
+    "bob": lambda subs: student_folder(subs / "bob", student_01()),
+    # in the first cell, so that the hooks are there before every check cell
+    "custom_exc": lambda subs: student_folder(
+        subs / "custom_exc", student_01(before={"setup": TRICKS["custom_exc"]})),
+    "transformer": lambda subs: student_folder(
+        subs / "transformer", student_01(before={"setup": TRICKS["transformer"]})),
+}
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    def produce(out: Path) -> None:
+        write(notebook_01(), out / "source" / "01_attention.ipynb")
+        for make in EXECUTED.values():
+            make(out / "subs")
+        run_grader(out / "subs", out / "source", out / "grades", "--timeout", "120")
+    return once_per_session(tmp_path_factory, "grading-a", produce) / "grades"
+
+
+# --- points ---------------------------------------------------------------------------------------
+
+def test_a_correct_submission_gets_full_marks_and_the_handout_zero(executed):
+    assert points(executed, "alice") == POINTS_01
+    assert set(points(executed, "bob").values()) == {0}
+    text = summary(executed, "alice")
+    assert f"**alice: {FULL} / {FULL} points.**" in text
+    assert "| `check-softmax-forward` | 2 / 2 | passed (8 cases) |" in text
+    text = summary(executed, "bob")
+    assert "**bob: 0 / 7 points.**" in text
+    assert f"not written yet -- NotImplementedError: {syllabus.stub_message('softmax_forward')}" \
+        in text
+    assert "NotImplementedError: Exercise: subtract the maximum along axis" in text
+    assert "NotImplementedError: Exercise: complete cosine_attention()" in text
+
+
+@pytest.mark.parametrize("who", sorted(TRICKS) + ["writes_output", "hidden_reference",
+                                                  "stored_answers", "function_copy"])
+def test_tricks_score_zero_on_stubs(graded, executed, who):
+    grades = executed if who in EXECUTED else graded
+    got = points(grades, who)
+    assert got and set(got.values()) == {0}, got
+    assert f"**{who}: 0 / 7 points.**" in summary(grades, who)
+
+
+def test_kernel_hooks_fool_the_feedback_run_but_not_the_verdicts(executed):
+    """set_custom_exc hides every error in the student's kernel: the feedback run shows no
+    failing check cell, and still the summary -- built from the verdicts -- says 0."""
+    nb = nbformat.read(executed / "feedback" / "custom_exc" / "01_attention.ipynb",
+                       as_version=4)
+    checks = [c for c in nb.cells if c.id in POINTS_01]
+    assert len(checks) == 5 and all(c.execution_count is not None for c in checks)
+    assert not [o for c in checks for o in c.outputs if o.output_type == "error"]
+    assert "not written yet" in nb.cells[0].source
+    nb = nbformat.read(executed / "feedback" / "transformer" / "01_attention.ipynb",
+                       as_version=4)
+    shown = "".join(o.get("text", "") for c in nb.cells if c.id in POINTS_01 for o in c.outputs)
+    assert "passed." in shown and "**transformer: 0 / 7 points.**" in nb.cells[0].source
+
+
+def test_why_the_tricks_got_nothing(graded):
+    assert "not written yet" in summary(graded, "rebind_check")
+    text = summary(graded, "exit_after_faking")
+    assert "your code ended the process" in text
+    assert "while running your cell 'exercise-logsumexp'" in text
+    # the probe's 'done' faked, its results garbage: none can be read back
+    assert "the result of case 'one row' could not be read back" in \
+        summary(graded, "fake_results")
+    # run_case patched to hand back the check's reference: there is none in the probe
+    assert "your code ended the process (exit, os._exit) or crashed it" in \
+        summary(graded, "patch_framework")
+    text = summary(graded, "hidden_reference")
+    assert "case 'B = 2, T = 3, S = 5, tau = 0.5': not written yet -- NotImplementedError" \
+        in text
+    assert "case 'one row': not written yet" in text  # SoftmaxForward().expected in the core
+    text = summary(graded, "stored_answers")
+    assert "case 'B = 2, T = 3, S = 5, tau = 0.5': your code raised" in text
+    assert syllabus.stub_message("log_softmax_forward") in summary(graded, "function_copy")
+    assert "ModuleNotFoundError" in summary(graded, "sys_modules")
+
+
+def test_the_grader_s_output_folder_is_put_back(graded):
+    rows = read_csv(graded / "grades.csv")
+    assert ["writes_output", "01_attention", "check-softmax-forward", "0", "2"] in \
+        [list(r.values()) for r in rows]
+    assert not (graded / "planted.txt").exists()
+    assert "aaa_victim: 7 / 7 points." in summary(graded, "aaa_victim")  # restored
+    events = {r["code"] for r in flag_rows(graded, "writes_output")
+              if r["where"] == "the grader's output folder"}
+    assert events == {"grades.csv appeared (removed)", "planted.txt appeared (removed)",
+                      "feedback/aaa_victim/01_attention.ipynb changed (restored)"}
+
+
+def test_flags_list_the_attempts_with_cell_line_and_code(graded, executed):
+    def whats(grades, who):
+        return " | ".join(f"{r['where']}:{r['line']}:{r['what']}:{r['code']}"
+                          for r in flag_rows(grades, who))
+    assert "set_custom_exc" in whats(executed, "custom_exc")
+    assert "cell 2 (setup):1:" in whats(executed, "custom_exc")
+    assert "input_transformers_post" in whats(executed, "transformer")
+    assert "rebinds check" in whats(graded, "rebind_check")
+    assert "patches framework.run_case" in whats(graded, "patch_framework")
+    assert "sys.modules" in whats(graded, "sys_modules")
+    assert "patches builtins.print" in whats(graded, "builtins")
+    assert "atexit" in whats(graded, "exit_after_faking") and \
+        "os._exit" in whats(graded, "exit_after_faking")
+    assert "writes" in whats(graded, "writes_output") or \
+        "write_text" in whats(graded, "writes_output")
+    assert ".__code__" in whats(graded, "function_copy")
+    assert "src/transformer_lab/core/layers.py" in whats(graded, "function_copy")
+    assert "a shell command" in whats(graded, "magics")
+    assert not flag_rows(executed, "alice") and not flag_rows(graded, "aaa_victim")
+    rows = flag_rows(graded, "function_copy")
+    assert any(r["notebook"] == "01_attention" and r["line"] for r in rows)
+
+
+def test_an_endless_loop_costs_its_check_only(graded):
+    got = points(graded, "loops")
+    assert got["check-softmax-forward"] == 0 and got["check-logsumexp"] == 1
+    assert got["check-cosine-attention"] == 1 and got["check-additive-attention"] == 1
+    assert "ran past the time limit of 10 s, in case 'one row'" in summary(graded, "loops")
+
+
+def test_magics_and_floods_of_output_cost_nothing(graded):
+    assert points(graded, "magics") == POINTS_01
+    assert points(graded, "flood") == POINTS_01
+
+
+def test_hidden_cases_and_the_grader_s_inputs_count(graded):
+    got = points(graded, "hidden_only")
+    assert got["check-logsumexp"] == 0 and sum(got.values()) == FULL - 1
+    assert "case 'four axes, axis -2'" in summary(graded, "hidden_only")
+
+
+def test_a_notebooks_only_submission_gets_its_notebook_exercises(graded):
+    got = points(graded, "Jane Doe")
+    assert got == {**POINTS_01, "check-softmax-forward": 0, "check-attention-forward": 0}
+    assert "no core files were handed in" in summary(graded, "Jane Doe")
+
+
+def test_checks_are_restored_by_id_then_grade_id_after_the_cell_before_them(graded):
+    assert points(graded, "renamed") == POINTS_01
+    nb = nbformat.read(graded / "feedback" / "renamed" / "01_attention.ipynb", as_version=4)
+    order = [c.id for c in nb.cells[1:]]
+    source = [c.id for c in notebook_01().cells]
+    positions = {cid: order.index(cid) for cid in POINTS_01}
+    for cid in POINTS_01:  # right after the (renamed) cell that preceded it in the solution
+        before = nb.cells[1 + positions[cid] - 1]
+        assert before.source == notebook_01().cells[source.index(cid) - 1].source, cid
+    assert order.index("renamed-1") < min(positions.values())  # below the first code cell
+    assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+    # a deleted check and one replaced by a print: the instructor's, where they were
+    assert points(graded, "tampered") == {**POINTS_01, "check-cosine-attention": 0}
+    nb = nbformat.read(graded / "feedback" / "tampered" / "01_attention.ipynb", as_version=4)
+    by_id = {c.id: c for c in nb.cells}
+    assert by_id["check-cosine-attention"].source == \
+        'check("check-cosine-attention", cosine_attention)'
+    ids = [c.id for c in nb.cells]
+    assert ids.index("check-logsumexp") == ids.index("exercise-logsumexp") + 1
+
+
+def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
+    text = summary(graded, "no_exercises")
+    assert "the exercise cell `exercise-logsumexp` is not in your notebook" in text
+    assert "your notebook defines no 'logsumexp'" in text
+    assert points(graded, "no_exercises")["check-softmax-forward"] == 2
+    assert "could not be read as a notebook" in summary(graded, "unreadable")
+
+
+def test_forgiving_names_and_every_skipped_file_listed(graded):
+    assert points(graded, "dan") == POINTS_01  # 01_Attention-Copy1.ipynb, over "(1)"
+    rows = [list(r.values()) for r in read_csv(graded / "skipped.csv")]
+    assert ["dan", "dan/notebooks/01_attention (1).ipynb",
+            "another file was graded for 01_attention: dan/notebooks/01_Attention-Copy1.ipynb"] \
+        in rows
+    assert [r for r in rows if r[0] == "eve" and r[1] == "eve/homework.ipynb"
+            and "not named after a notebook" in r[2]]
+    assert [r for r in rows if r[0] == "eve" and r[1] == "eve/notes.txt"]
+    assert [r for r in rows if r[0] == "" and r[1] == "readme.txt"]
+    eve = points(graded, "eve")  # only skipped files: rows all the same, 0, with the reason
+    assert eve and set(eve.values()) == {0}
+    assert "homework.ipynb: not named after a notebook" in summary(graded, "eve")
+    console = (graded.parent / "grades-console.txt").read_text()
+    assert "skipped 4 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
+
+
+def test_grading_the_same_folder_twice_gives_the_same_files(executed, tmp_path):
+    subs = executed.parent / "subs"
+    for who in ("alice", "custom_exc"):
+        shutil.copytree(subs / who, tmp_path / "subs" / who)
+    run_grader(tmp_path / "subs", executed.parent / "source", tmp_path / "grades",
+               "--timeout", "120")
+    for who in ("alice", "custom_exc"):
+        again = tmp_path / "grades" / "feedback" / who / "01_attention.ipynb"
+        first = executed / "feedback" / who / "01_attention.ipynb"
+        assert again.read_bytes() == first.read_bytes(), who
+    for name in ("grades.csv", "flags.csv"):
+        rows = [r for r in read_csv(executed / name) if r["student"] in ("alice", "custom_exc")]
+        assert read_csv(tmp_path / "grades" / name) == rows
+    assert (tmp_path / "grades" / "skipped.csv").read_text() == "student,file,reason\n"
+
+
+def test_feedback_notebooks_are_valid(graded, executed):
+    for grades in (graded, executed):
+        for path in (grades / "feedback").rglob("*.ipynb"):
+            nb = nbformat.read(path, as_version=4)
+            nbformat.validate(nb)
+            assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+            assert not re.search(r"[/\\](grading|probe)-[a-z0-9_]{8}\b", json.dumps(nb)), path
+
+
+# --- a bug in one notebook's function costs that notebook only ------------------------------------
+
+NB05_CHECK = '''"""A check of a later notebook, for the grader's tests."""
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+
+@register
+class TestingAttentionBackward(Check):
+    id = "check-testing-attention-backward"
+    notebook = "05_backward"
+    functions = ("attention_forward", "attention_backward")
+
+    def cases(self, rng):
+        yield Case("T = 3, S = 4", (rng.standard_normal((3, 2)), rng.standard_normal((4, 2)),
+                                    rng.standard_normal((4, 5)), rng.standard_normal((3, 5))))
+
+    def run(self, f, q, k, v, dout):
+        out, cache = f.attention_forward(q, k, v)
+        dq, dk, dv = f.attention_backward(dout, cache)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def expected(self, q, k, v, dout):
+        import torch
+
+        t = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+        torch.nn.functional.scaled_dot_product_attention(*t).backward(torch.from_numpy(dout))
+        return {"dq": t[0].grad.numpy(), "dk": t[1].grad.numpy(), "dv": t[2].grad.numpy()}
+'''
+BUGGY_SOFTMAX = {"layers": {"softmax_forward": (
+    "def softmax_forward(x):\n    y = np.exp(x - x.max(axis=0, keepdims=True))\n"
+    "    y = y / y.sum(axis=0, keepdims=True)\n    return y, y")}}
+BUGGY_BACKWARD = {"attention": {"attention_backward": (
+    "def attention_backward(dout, cache, dweights=None):\n"
+    "    q, k, v, weights, scale = cache\n    dv = np.swapaxes(weights, -1, -2) @ dout\n"
+    "    return np.zeros_like(q), np.zeros_like(k), dv")}}
+
+
+def _notebook_05():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 05 · Backward", id="intro"),
+        nbformat.v4.new_code_cell(SETUP, id="setup"),
+        nbformat.v4.new_markdown_cell("Write `attention_backward`.", id="ask"),
+        nbformat.v4.new_code_cell('check("check-testing-attention-backward")',
+                                  id="check-testing-attention-backward",
+                                  metadata=meta("check", "check-testing-attention-backward", 2)),
+    ])
+    nb.metadata["kernelspec"] = notebook_01().metadata["kernelspec"]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def two_notebooks(tmp_path_factory):
+    """A project with a check of notebook 05 (registered here too: the grader's process and the
+    probe must both know it), and students with a bug in 01's or 05's function."""
+    def produce(out: Path) -> None:
+        project = out / "project"
+        shutil.copytree(ROOT / "src", project / "src",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        for name in ("pyproject.toml", "requirements.txt"):
+            shutil.copy(ROOT / name, project / name)
+        module = project / "src" / "transformer_lab" / "checks" / "nb05_testing.py"
+        module.write_text(NB05_CHECK)
+        spec = importlib.util.spec_from_file_location("transformer_lab.checks.nb05_testing",
+                                                      module)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        try:
+            write(notebook_01(), out / "source" / "01_attention.ipynb")
+            write(_notebook_05(), out / "source" / "05_backward.ipynb")
+            for who, bug in (("frank", BUGGY_SOFTMAX), ("henry", BUGGY_BACKWARD)):
+                student_folder(out / "subs" / who, solved_01(), core="reference", replace=bug)
+                write(_notebook_05(), out / "subs" / who / "notebooks" / "05_backward.ipynb")
+            run_grader(out / "subs", out / "source", out / "grades", "--no-execute",
+                       project=project)
+        finally:
+            F.REGISTRY.pop("check-testing-attention-backward", None)
+    return once_per_session(tmp_path_factory, "grading-two", produce) / "grades"
+
+
+def test_a_bug_in_one_notebook_s_function_costs_that_notebook_only(two_notebooks):
+    frank = points(two_notebooks, "frank")  # softmax_forward (01) wrong
+    assert frank["check-softmax-forward"] == 0 and frank["check-attention-forward"] == 0
+    assert frank["check-logsumexp"] == 1
+    assert points(two_notebooks, "frank", "05_backward") == \
+        {"check-testing-attention-backward": 2}
+    assert "normalising over the first axis" in summary(two_notebooks, "frank")
+    henry = points(two_notebooks, "henry")  # attention_backward (05) wrong
+    assert henry == POINTS_01
+    assert points(two_notebooks, "henry", "05_backward") == \
+        {"check-testing-attention-backward": 0}
+    assert "output['dq']" in summary(two_notebooks, "henry", "05_backward")
+
+
+# --- units: finding submissions, overlays, restoring, flags ---------------------------------------
+
+def test_names_are_matched_forgivingly():
+    nbs = ["00_gradients", "01_attention", "04_multihead_attention"]
+    for stem in ("00_gradients", "00_Gradients", "00 gradients", "00_gradients (1)",
+                 "00_gradients-Copy1", "00_gradients copy", "00-gradients - Copy (2)",
+                 "alice_00_gradients", "00_gradients_final", "00_grads"):
+        assert match_notebook(stem, nbs)[0] == "00_gradients", stem
+    assert match_notebook("04_multihead_attention", nbs)[0] == "04_multihead_attention"
+    assert match_notebook("scratch", nbs) is None
+    assert match_notebook("00_gradients", nbs)[1] < match_notebook("00_gradients (1)", nbs)[1]
+    assert match_notebook("00_gradients (1)", nbs)[1] < match_notebook("00_grads", nbs)[1]
+    assert match_flat("Jane Doe_00_Gradients", nbs)[:2] == ("Jane Doe", "00_gradients")
+    assert match_flat("bob_smith_01_attention (1)", nbs)[:2] == ("bob_smith", "01_attention")
+    assert match_flat("00_gradients", nbs) is None
+
+
+def test_find_submissions_in_every_layout(tmp_path):
+    nbs = ["00_tiny", "01_other"]
+    empty = nbformat.v4.new_notebook()
+    write(empty, tmp_path / "ann" / "notebooks" / "00_tiny.ipynb")
+    write(empty, tmp_path / "ann" / "scratch.ipynb")
+    (tmp_path / "ann" / "src" / "transformer_lab" / "core").mkdir(parents=True)
+    for module in ("layers", "attention", "helpers"):
+        (tmp_path / "ann" / "src" / "transformer_lab" / "core" / f"{module}.py").write_text("")
+    (tmp_path / "ann" / "old" / "core").mkdir(parents=True)
+    (tmp_path / "ann" / "old" / "core" / "layers.py").write_text("")
+    write(empty, tmp_path / "bob_smith_00_tiny.ipynb")
+    write(empty, tmp_path / "carl" / "01_other.ipynb")
+    write(empty, tmp_path / "carl_00_tiny.ipynb")  # flat and folder layouts mixed
+    write(empty, tmp_path / "ann" / ".ipynb_checkpoints" / "00_tiny-checkpoint.ipynb")
+    write(empty, tmp_path / "__MACOSX" / "ann" / "._00_tiny.ipynb")
+    (tmp_path / "ann" / "README.md").write_text("the handout's README")
+    found = find_submissions(tmp_path, nbs, {"README.md": hashlib.sha1(
+        b"the handout's README").hexdigest()})
+    ann = found.students["ann"]
+    assert ann.notebooks == {"00_tiny": tmp_path / "ann" / "notebooks" / "00_tiny.ipynb"}
+    assert ann.core_dir == tmp_path / "ann" / "src" / "transformer_lab" / "core"
+    assert sorted(ann.core_files) == ["attention", "layers"]
+    assert found.students["bob_smith"].notebooks == {"00_tiny": tmp_path /
+                                                     "bob_smith_00_tiny.ipynb"}
+    assert found.students["bob_smith"].core_files is None
+    assert sorted(found.students["carl"].notebooks) == ["00_tiny", "01_other"]
+    skipped = {(s.student, s.path): s.reason for s in found.skipped}
+    assert set(skipped) == {("ann", "ann/scratch.ipynb"),
+                            ("ann", "ann/src/transformer_lab/core/helpers.py"),
+                            ("ann", "ann/old/core/layers.py")}
+    assert "another core folder was graded" in skipped["ann", "ann/old/core/layers.py"]
+
+
+def test_whose_function_the_probe_package_holds():
+    owner = probing.owner
+    assert owner("softmax_forward", "01_attention") == "student"
+    assert owner("softmax_forward", "02_masking") == "student"  # taught by several
+    assert owner("softmax_forward", "05_backward") == "instructor"
+    assert owner("log_softmax_forward", "01_attention") == "stub"  # taught later
+    assert owner("linear_forward", "03_minibatching") == "student"
+    assert owner("causal_mask", "01_attention") == "stub"
+
+
+def test_student_code_takes_the_functions_their_imports_and_helpers():
+    source = '''from __future__ import annotations
+import math
+import numpy as np
+from transformer_lab.core.layers import softmax_forward as linear_forward
+
+SCALE = 2.0
+UNUSED = 3
+
+
+def _helper(x):
+    return x * SCALE
+
+
+def softmax_forward(x):
+    y = np.exp(_helper(x))
+    return y, y
+
+
+def relu_forward(x):
+    raise NotImplementedError("mine")
+'''
+    code = student_code(source, ["softmax_forward", "gelu_forward"],
+                        {"softmax_forward", "relu_forward", "linear_forward", "gelu_forward"},
+                        "core/layers.py")
+    assert list(code.functions) == ["softmax_forward"]
+    assert code.problems == {"gelu_forward": "gelu_forward() is not defined in core/layers.py"}
+    assert code.extras == ["import math", "import numpy as np", "SCALE = 2.0",
+                           "def _helper(x):\n    return x * SCALE"]
+    broken = student_code("def softmax_forward(x):\n    return (", ["softmax_forward"], set(),
+                          "core/layers.py")
+    assert "does not parse (SyntaxError at line 2" in broken.problems["softmax_forward"]
+
+
+def test_restored_checks_never_go_above_the_first_cell():
+    parsed = assignment.parse_notebook(notebook_01(), "01_attention.ipynb")
+    nb = _renamed(solved_01())
+    for cell in nb.cells:  # nothing to match but the nbgrader ids of the exercises
+        cell.source += "\n# edited"
+    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") is not True]
+    restored = grade.restore_checks(nb, parsed)
+    ids = [c.id for c in restored.cells]
+    first_code = next(k for k, c in enumerate(restored.cells) if c.cell_type == "code")
+    assert ids.index("check-softmax-forward") == first_code + 1
+    assert ids.index("check-logsumexp") == ids.index("renamed-6") + 1  # after its exercise
+    assert len(set(ids)) == len(ids)
+
+
+def test_probe_cells_are_the_first_code_cell_and_the_exercises_without_magics():
+    parsed = assignment.parse_notebook(notebook_01(), "01_attention.ipynb")
+    cells, notes = grade.probe_cells(solved_01(edit=MAGICS), parsed)
+    assert [c for c, _ in cells] == ["setup", "exercise-logsumexp", "exercise-cosine",
+                                     "exercise-additive"]
+    assert not notes
+    setup = dict(cells)["setup"].split("\n")
+    assert setup[:2] == ["pass", "pass"] and setup[2:] == SETUP.split("\n")
+    lse = dict(cells)["exercise-logsumexp"].split("\n")
+    assert lse[1] == "    pass"  # the %time line, at its place
+    assert dict(cells)["exercise-additive"].startswith("\ndef additive_attention")
+    for _, source in cells:
+        compile(source, "cell", "exec")
+
+
+def test_flags_on_code():
+    found = flags.scan_notebook_cells([
+        ("cell 1", "import os\nfrom transformer_lab.checks import check\n!ls\n%%capture"),
+        ("cell 2", "check = print\nx = open('/etc/x', 'w')\ny = open('local.txt', 'w')\n"
+                   "ip = get_ipython()\nimport inspect\ns = inspect.getsource(check)\n"
+                   "m[np.isneginf(m)] = 0\nos.system('ls')\nimport subprocess"),
+    ])
+    got = {(f.where, f.line): f.what for f in found}
+    assert "shell command" in got["cell 1", 3] and "%%capture" in got["cell 1", 4]
+    assert got["cell 2", 1] == "rebinds check, a name an import binds"
+    assert got["cell 2", 2] == "writes a file outside the working folder"
+    assert ("cell 2", 3) not in got and ("cell 2", 7) not in got
+    assert "get_ipython" in got["cell 2", 4] and "getsource" in got["cell 2", 6]
+    assert "os.system" in got["cell 2", 8] and "subprocess" in got["cell 2", 9]
+    for module in parse_package(ROOT / "src" / "transformer_lab").core.values():
+        clean = flags.scan_python(module.source, module.name)
+        assert not clean, clean  # the reference core raises no flag
+
+
+# --- the course's own notebooks, end to end ------------------------------------------------------
+
+def _one_line_checks(path: Path) -> bool:
+    parsed = assignment.parse_notebook(nbformat.read(path, as_version=4), path.name)
+    return bool(parsed.checks) and not parsed.legacy_checks
+
+
+def _e2e(path: Path):
+    return pytest.param(path, marks=[] if _one_line_checks(path) else pytest.mark.xfail(
+        run=False, reason=f"{path.stem} still has check cells that are not one-line check() "
+                          "calls (the notebooks are being rewritten): the grader refuses them"),
+                        id=path.stem)
+
+
+@pytest.mark.parametrize("notebook", [_e2e(p) for p in NOTEBOOKS])
+def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_path_factory):
+    def produce(out: Path) -> None:
+        parsed = assignment.parse_notebook(nbformat.read(notebook, as_version=4), notebook.name)
+        student_folder(out / "subs" / "solution", nbformat.read(notebook, as_version=4),
+                       core="reference", name=notebook.name)
+        student_folder(out / "subs" / "untouched", student.student_notebook(parsed),
+                       core="stubs", name=notebook.name)
+        # points only (the feedback run is tested above; the notebook runs in D's tests)
+        run_grader(out / "subs", ROOT / "notebooks", out / "grades", "--timeout", "600",
+                   "--no-execute")
+    grades = once_per_session(tmp_path_factory, f"course-{notebook.stem}", produce) / "grades"
+    rows = [r for r in read_csv(grades / "grades.csv") if r["notebook"] == notebook.stem]
+    solution = {r["check"]: (r["points"], r["max_points"]) for r in rows
+                if r["student"] == "solution"}
+    assert solution and all(p == m for p, m in solution.values()), summary(
+        grades, "solution", notebook.stem)
+    assert all(float(r["points"]) == 0 for r in rows if r["student"] == "untouched")
+
+
+def test_stubbed_and_reference_core_helpers(tmp_path):
+    """The tests' students: the handout's stubs and the reference, as files."""
+    stubs = stubbed_core(tmp_path / "stubs")
+    ref = reference_core(tmp_path / "ref")
+    assert "is yours to write" in (stubs / "layers.py").read_text()
+    assert (ref / "layers.py").read_text() == (ROOT / "src/transformer_lab/core/layers.py") \
+        .read_text()
+
+
+def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
+    """The probe's student code sees the probe package first on sys.path, no other copy of
+    transformer_lab (the instructor's editable install included), and no reference answers."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
+        ROOT / "src" / "transformer_lab"))
+    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
+    probing.reference_free(tmp_path / "probe")
+    cell = ("import sys, transformer_lab\n"
+            "from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
+            "seen = (transformer_lab.__file__, [p for p in sys.path if p and\n"
+            "        __import__('os').path.isdir(__import__('os').path.join(p, "
+            "'transformer_lab'))], hasattr(SoftmaxForward, 'expected') and\n"
+            "        SoftmaxForward.expected is not SoftmaxForward.__mro__[1].expected)\n"
+            "def logsumexp(x, axis=-1):\n    return [seen[0], seen[1], seen[2]]")
+    spec = probing.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                             F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
+    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    assert report.cells == [("setup", None)], report
+    outcome = next(iter(report.outcomes.values()))
+    package_file, folders, has_reference = outcome.value
+    assert package_file == str(tmp_path / "probe" / "transformer_lab" / "__init__.py")
+    assert folders == [str(tmp_path / "probe")] and has_reference is False
+
+
+def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
+    """Code the student's module runs when imported is timed like a case."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core", {"layers": {"softmax_forward": (
+        "def softmax_forward(x, _=WAIT):\n    y = np.exp(x - x.max(-1, keepdims=True))\n"
+        "    return y / y.sum(-1, keepdims=True), None")}})
+    source = (core / "layers.py").read_text()
+    (core / "layers.py").write_text(source + "\n\ndef _forever():\n    while True:\n"
+                                             "        pass\n\n\nWAIT = _forever()\n")
+    probing.build_probe_package(tmp_path / "handout", instructor, "01_attention",
+                                {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probing.reference_free(tmp_path / "probe")
+    specs = [probing.CheckSpec(i, (), {}, F.all_cases(F.get_check(i), hidden=False)[:1])
+             for i in ("check-softmax-forward", "check-logsumexp")]
+    cell = "import numpy as np\ndef logsumexp(x, axis=-1):\n    return 0"
+    specs[1] = probing.CheckSpec("check-logsumexp", ("logsumexp",), {}, specs[1].cases)
+    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], specs,
+                               probing.ProbeLimits(cell=30, case=3, total=120))
+    assert "ran past the time limit of 3 s, while importing the functions " \
+           "check-softmax-forward tests" in report.missing["check-softmax-forward"]
+    assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart

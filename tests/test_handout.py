@@ -1,0 +1,293 @@
+"""The handout's package (`make student`): the reference implementation never ships.
+
+- every core function of the handout is a stub raising NotImplementedError with its syllabus
+  message, its signature, docstring and the lines outside its solution region kept;
+- no marker words, hidden cases, caches, tests or course tools are in the handout; stored public
+  answers are there exactly for the checks whose reference was hidden;
+- the handout's package imports, a core check fails there with the stub's message, a variant
+  check runs on the stored answers;
+- markers in the package get the notebooks' strict parsing: every problem with file and line;
+- setup_notebook() turns on autoreload for the core in IPython (tests/test_learn.py runs it in a
+  kernel).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from course_helpers import once_per_session, write
+from handout_tools import build_handout, handout_env
+
+from transformer_lab import syllabus
+from transformer_lab.checks import framework as F
+from transformer_lab.course import package as P
+from transformer_lab.course import student
+from transformer_lab.course.assignment import has_marker_words
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "transformer_lab"
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    return once_per_session(tmp_path_factory, "handout-package",
+                            lambda out: build_handout(out / "student")) / "student"
+
+
+def _functions(path: Path) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_every_core_function_in_the_handout_is_a_stub(handout):
+    instructor = P.parse_package(PACKAGE)
+    seen = set()
+    for path in sorted((handout / "src/transformer_lab/core").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = instructor.core[path.stem]
+        for name, node in _functions(path).items():
+            seen.add(name)
+            assert P.stub_of(node) == syllabus.stub_message(name), f"{path.name}: {name}"
+            original = _functions(module.path)[name]
+            assert ast.unparse(node.args) == ast.unparse(original.args), name  # signature
+            assert ast.get_docstring(node) == ast.get_docstring(original), name
+            # every line outside the solution region is kept, and none inside it
+            lines = module.source.split("\n")
+            fn = module.functions[name]
+            outside = [line for k, line in enumerate(lines[fn.start:fn.end + 1], fn.start)
+                       if not fn.region.begin <= k <= fn.region.end]
+            stubbed = path.read_text().split("\n")
+            inside = {line.strip() for line in lines[fn.region.begin:fn.region.end + 1]
+                      if line.strip()} - {line.strip() for line in outside}
+            assert all(line in stubbed for line in outside), name
+            text = ast.get_source_segment(path.read_text(), node)
+            assert not [line for line in inside if line in text.split("\n")
+                        or line in {t.strip() for t in text.split("\n")}], name
+    assert seen == {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
+
+
+def test_no_markers_hidden_cases_caches_tests_or_tools_in_the_handout(handout):
+    files = [p for p in handout.rglob("*") if p.is_file()]
+    for path in files:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        assert not any(has_marker_words(line) for line in text.split("\n")), path
+    assert not [p for p in handout.rglob("*") if p.name == "__pycache__"
+                or p.suffix in (".pyc", ".pyo") or p.name.endswith(".egg-info")]
+    for absent in ("tests", "conftest.py", "Makefile", ".ci", "src/transformer_lab/course"):
+        assert not (handout / absent).exists(), absent
+    # the hidden cases' names and the hidden references are gone from the check modules
+    registry = F.load_checks()
+    checks = (handout / "src/transformer_lab/checks")
+    text = "\n".join(p.read_text() for p in checks.glob("nb*.py"))
+    assert "def hidden_cases" not in text
+    for check_id, cls in registry.items():
+        public = {c.name for c in F.all_cases(cls(), hidden=False)}
+        hidden = {c.name for c in cls().hidden_cases(F.case_rng(check_id))} - public
+        for name in hidden:
+            assert repr(name) not in text and f'"{name}"' not in text, (check_id, name)
+
+
+def test_stored_answers_for_exactly_the_checks_whose_reference_is_hidden(handout):
+    instructor = P.parse_package(PACKAGE)
+    hidden = {i for m in instructor.checks.values() for i in m.hidden_references}
+    assert "check-cosine-attention" in hidden and "check-softmax-forward" not in hidden
+    stored = {p.stem for p in (handout / "src/transformer_lab/checks/data").glob("*.npz")}
+    assert stored == hidden
+    for check_id in hidden:  # the public cases only, with the notebook's inputs
+        values = F.load_values(handout / f"src/transformer_lab/checks/data/{check_id}.npz")
+        public = [c.name for c in F.all_cases(F.get_check(check_id), hidden=False)]
+        assert list(values) == public
+
+
+HANDOUT_SCRIPT = r'''
+import numpy as np
+import transformer_lab
+from transformer_lab.checks import CheckFailed, check
+from transformer_lab.checks import framework as F
+print("package:", transformer_lab.__file__)
+try:
+    check("check-softmax-forward")
+except CheckFailed as err:
+    print("core check:", err)
+try:
+    from transformer_lab.core import layers
+    layers.softmax_forward(np.zeros(3))
+except NotImplementedError as err:
+    print("stub:", err)
+def cosine_attention(q, k, v, tau=0.1):
+    qn = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    kn = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    s = qn @ np.swapaxes(kn, -1, -2) / tau
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w @ v, w
+check("check-cosine-attention", cosine_attention)
+print("reference here:", F.get_check("check-cosine-attention").has_reference())
+try:
+    check("check-cosine-attention", lambda q, k, v, tau=0.1: cosine_attention(q, k, v, 1.0))
+except CheckFailed as err:
+    print("wrong answer:", str(err).splitlines()[1][:60])
+'''
+
+
+def test_the_handout_package_imports_and_its_checks_run(handout, tmp_path):
+    result = subprocess.run([sys.executable, "-c", HANDOUT_SCRIPT], cwd=tmp_path,
+                            env=handout_env(handout), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    package = (handout / "src" / "transformer_lab" / "__init__.py").resolve()
+    assert f"package: {package}" in out
+    message = syllabus.stub_message("softmax_forward")
+    assert f"core check: check-softmax-forward: {message}" in out
+    assert f"stub: {message}" in out
+    assert "check-cosine-attention passed (3 cases)." in out
+    assert "reference here: False" in out  # the stored answers stood in
+    assert "wrong answer: case 'B = 2, T = 3, S = 5, tau = 0.5': output['out']" in out
+
+
+# --- strict markers in the package ---------------------------------------------------------------
+
+def _project(tmp_path: Path) -> Path:
+    """A copy of the project a handout is made from, with a one-notebook course."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "requirements.txt"):
+        shutil.copy(ROOT / name, project / name)
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 00 · Tiny",
+                                                                       id="intro")])
+    write(nb, project / "notebooks" / "00_tiny.ipynb")
+    return project
+
+
+def _edit(path: str, old: str, new: str):
+    def change(project: Path) -> None:
+        file = project / "src" / "transformer_lab" / path
+        text = file.read_text()
+        assert old in text, (path, old)
+        file.write_text(text.replace(old, new, 1))
+    return change
+
+
+_SOFTMAX = '''    ### BEGIN SOLUTION
+    m = x.max(axis=-1, keepdims=True)  # (..., 1)'''
+_CAUSAL_END = '''    return np.arange(S)[None, :] > np.arange(T)[:, None]
+    ### END SOLUTION'''
+BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
+    "missing END": (_edit("core/training.py", "    ### END SOLUTION\n", ""),
+                    "core/training.py", None, "has no ### END SOLUTION"),
+    "BEGIN before the END of another": (
+        _edit("core/attention.py", _CAUSAL_END,
+              "    return np.arange(S)[None, :] > np.arange(T)[:, None]"),
+        "core/attention.py", 36, "regions cannot be nested"),
+    "nested BEGIN": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace(
+        "    ### BEGIN SOLUTION", "    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION")),
+        "core/layers.py", None, "cannot be nested"),
+    "END without BEGIN": (_edit("core/attention.py", "    ### BEGIN SOLUTION\n    S = T",
+                                "    S = T"),
+                          "core/attention.py", None, "without a ### BEGIN SOLUTION"),
+    "malformed": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace("### BEGIN SOLUTION",
+                                                                      "# begin solution")),
+                  "core/layers.py", None, "malformed marker"),
+    "a hint in the core": (_edit("core/layers.py", _SOFTMAX,
+                                 _SOFTMAX.replace("SOLUTION", "SOLUTION: subtract the max")),
+                           "core/layers.py", None, "takes no hint"),
+    "region at module level": (_edit("core/attention.py", "import numpy as np\n",
+                                     "import numpy as np\n### BEGIN SOLUTION\nX = 1\n"
+                                     "### END SOLUTION\n"),
+                               "core/attention.py", None, "inside a function's body"),
+    "region not at the body's top level": (
+        _edit("core/attention.py", "    ### BEGIN SOLUTION\n    S = T if S is None else S\n"
+              "    return np.arange(S)[None, :] > np.arange(T)[:, None]\n    ### END SOLUTION",
+              "    if True:\n        ### BEGIN SOLUTION\n        S = T if S is None else S\n"
+              "        ### END SOLUTION\n"
+              "    return np.arange(S)[None, :] > np.arange(T)[:, None]"),
+        "core/attention.py", None, "top level of its body"),
+    "a function without a region": (
+        _edit("core/attention.py", "def causal_mask(",
+              "def shortcut(T):\n    return T\n\n\ndef causal_mask("),
+        "core/attention.py", None, "shortcut() has no solution region"),
+    "a function the syllabus does not list": (
+        _edit("core/attention.py", "def causal_mask(",
+              "def helper(T):\n    ### BEGIN SOLUTION\n    return T\n    ### END SOLUTION\n\n\n"
+              "def causal_mask("),
+        "core/attention.py", None, "helper() is not listed for core/attention.py"),
+    "marker words in a boundary module": (_edit("layers.py", '"""', '"""# BEGIN SOLUTION\n'),
+                                          "transformer_lab/layers.py", 1, "marker words outside"),
+    "hidden tests in the core": (_edit("core/attention.py", "import numpy as np\n",
+                                       "import numpy as np\n### BEGIN HIDDEN TESTS\nX = 1\n"
+                                       "### END HIDDEN TESTS\n"),
+                                 "core/attention.py", None, "hidden tests belong in a check"),
+    "a solution region in a check module": (
+        _edit("checks/nb01_attention.py", "def _torch():\n", "def _torch():\n"
+              "    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"),
+        "checks/nb01_attention.py", None, "solution regions belong in the core"),
+    "run() hidden": (_edit("checks/nb01_attention.py",
+                           "    def run(self, f, x):\n        return f.softmax_forward(x)[0]\n",
+                           "    ### BEGIN HIDDEN TESTS\n    def run(self, f, x):\n"
+                           "        return f.softmax_forward(x)[0]\n    ### END HIDDEN TESTS\n"),
+                     "checks/nb01_attention.py", None, "SoftmaxForward.run is hidden"),
+    "a class statement hidden": (
+        _edit("checks/nb01_attention.py", "@register\nclass SoftmaxForward(Check):",
+              "### BEGIN HIDDEN TESTS\n@register\nclass Extra(Check):\n    id = 'check-x'\n"
+              "### END HIDDEN TESTS\n\n\n@register\nclass SoftmaxForward(Check):"),
+        "checks/nb01_attention.py", None, "holds the class statement of Extra"),
+    "a method cut in two": (
+        _edit("checks/nb01_attention.py", "    def run(self, f, x):\n        return f.",
+              "    def run(self, f, x):\n        ### BEGIN HIDDEN TESTS\n        x = x\n"
+              "        ### END HIDDEN TESTS\n        return f."),
+        "checks/nb01_attention.py", None, "cuts a statement of SoftmaxForward in two"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PACKAGES, ids=str)
+def test_misplaced_markers_in_the_package_fail_the_build_with_file_and_line(case, tmp_path,
+                                                                           capsys):
+    change, path, line, words = BAD_PACKAGES[case]
+    project = _project(tmp_path)
+    change(project)
+    out = tmp_path / "out"
+    status = student.main(["--source", str(project / "notebooks"), "--out", str(out),
+                           "--project", str(project)])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    reported = [text for text in err.splitlines() if path in text and words in text]
+    assert reported, err
+    assert re.search(re.escape(path) + r", line \d+: ", reported[0]), reported[0]
+    if line is not None:
+        assert f"{path}, line {line}:" in reported[0], reported[0]
+    assert not out.exists(), "nothing may be written when a marker is wrong"
+
+
+def test_the_stubbed_package_and_its_forms_parse():
+    instructor = P.parse_package(PACKAGE)
+    for module in instructor.core.values():
+        compile(module.stubbed(), module.name, "exec")
+    for module in instructor.checks.values():
+        stripped = module.stripped()
+        assert "HIDDEN TESTS" not in stripped
+        free = P.without_references(stripped)
+        tree = ast.parse(free)
+        methods = {n.name for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+                   if isinstance(n, ast.FunctionDef)}
+        assert "run" in methods and not methods & set(P.REFERENCE_METHODS)
+
+
+def test_setup_notebook_turns_on_autoreload_only_in_ipython():
+    from transformer_lab.notebook import autoreload_core, core_modules
+
+    assert autoreload_core() is False  # plain Python: nothing to do, nothing printed
+    assert core_modules() == sorted(f"transformer_lab.core.{m}" for m in syllabus.TAUGHT_IN)
