@@ -266,14 +266,14 @@ class GPTBlock(_BlockCheck):
     id = "check-gpt-block"
     notebook = NB
 
-    def cases(self, rng):
-        yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
-        yield Case("float32", _block_case(rng, "classic", np.float32))
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))
     ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
+        yield Case("float32", _block_case(rng, "classic", np.float32))
 
 
 def _model_case(rng, dt=np.float64, **kw):
@@ -686,7 +686,7 @@ class RoPE(Check):
 
 @register
 class RMSNorm(Check):
-    id = "check-rms-norm"
+    id = "check-rms-norm-backward"
     notebook = NB
     functions = ("rms_norm_forward", "rms_norm_backward")
 
@@ -823,11 +823,11 @@ class ModernBlock(_BlockCheck):
     id = "check-modern-block"
     notebook = NB
 
-    def cases(self, rng):
-        yield Case("RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
-                   _block_case(rng, "modern"))
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("float32", _block_case(rng, "modern", np.float32))
     ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield Case("RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
+                   _block_case(rng, "modern"))
