@@ -2,11 +2,12 @@
 #
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
 #   make test       package tests + strict nbval over every notebook
-#   make lab        open JupyterLab on the notebooks
 #   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
+#   make test-quick make test without the slow grading runs: about half its time
+#   make lab        open JupyterLab on the notebooks (as root too: containers, WSL)
 #   make help       everything else
 #
-# PYTHON picks the interpreter the virtual environment is made from (3.10 or newer).
+# PYTHON picks the interpreter the virtual environment is made from (Python 3.10 to 3.13).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -29,19 +30,19 @@ WORKSPACE ?= workspace
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := all
-.PHONY: all venv notebooks site test test-package test-notebooks lab learn refresh lint figures student \
-	grade clean distclean help
+.PHONY: all venv notebooks site test test-quick test-package test-notebooks lab learn refresh lint \
+	figures student grade clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
 	@echo
 	@echo "Done. Open build/html/index.html, or run 'make lab' to work in the notebooks."
 
-venv: $(STAMP) ## create .venv and install requirements.txt (only when they changed)
+venv: $(STAMP) ## create .venv, install requirements.txt and the package (only when they changed)
 
 $(STAMP): requirements.txt pyproject.toml
-	@echo "==> Creating $(VENV) and installing requirements.txt (about a minute, 1.4 GB)"
+	@echo "==> Creating $(VENV) and installing requirements.txt and the package (about a minute, 1.4 GB)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -r requirements.txt -e .
 	@touch $@
 
 notebooks: $(STAMP) ## execute notebooks/ in order, each in a fresh kernel, into build/notebooks
@@ -54,6 +55,10 @@ site: notebooks ## build the HTML course site from the executed notebooks into b
 
 test: test-package test-notebooks ## package tests and strict nbval over every notebook
 
+test-quick: $(STAMP) ## everyday: make test without the slow tests (grading every notebook twice)
+	$(PY) -m pytest tests -n $(JOBS) -m "not slow"
+	$(MAKE) --no-print-directory test-notebooks
+
 test-package: $(STAMP) ## pytest over tests/
 	$(PY) -m pytest tests -n $(JOBS)
 
@@ -61,8 +66,9 @@ test-notebooks: $(STAMP) ## nbval, strict: every output compared with the stored
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		-n $(JOBS) --dist loadscope notebooks
 
+# JupyterLab refuses to start as root unless told --allow-root (containers, Docker, some WSL).
 lab: $(STAMP) ## open JupyterLab on the notebooks
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks $$(test "$$(id -u)" = 0 && echo --allow-root)
 
 learn: $(STAMP) ## do the exercises yourself: build WORKSPACE=workspace once, open JupyterLab on it
 	$(PY) -m transformer_lab.course.learn --workspace "$(WORKSPACE)" -- $(LAB_ARGS)
@@ -74,8 +80,9 @@ lint: $(STAMP) ## maintainers: ruff over the code (installs ruff into .venv on f
 	@$(VENV)/bin/ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff==0.17.6
 	$(VENV)/bin/ruff check src tests conftest.py docs
 
-figures: $(STAMP) ## redraw the figures in img/ (byte-for-byte reproducible)
+figures: $(STAMP) ## redraw img/ and embed it in the notebooks, each guarded (works on its own)
 	$(PY) -m transformer_lab.figures --out img
+	$(PY) -m transformer_lab.course.standalone --img img notebooks
 
 student: $(STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
 	$(PY) -m transformer_lab.course.student --source notebooks --out build/student

@@ -9,6 +9,7 @@ copyright = "2026, " + author
 extensions = [
     "myst_nb",
     "sphinx-mathjax-offline",  # ships MathJax in _static: math renders without a network
+    "transformer_lab.course.sphinx_attachments",  # figures stored in the notebooks
 ]
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath", "amsmath"]
@@ -23,3 +24,6 @@ html_theme_options = {
     "use_download_button": True,
 }
 html_last_updated_fmt = None
+# Long code lines and outputs wrap instead of being cut at the column's edge (_static/course.css).
+html_static_path = ["_static"]
+html_css_files = ["course.css"]

@@ -1,7 +1,9 @@
 """`make figures` redraws img/ byte for byte."""
 
+import re
 from pathlib import Path
 
+import matplotlib
 import pytest
 
 from transformer_lab import figures
@@ -9,6 +11,9 @@ from transformer_lab import figures
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.skipif(matplotlib.__version__ != figures.MATPLOTLIB_OF_IMG,
+                    reason=f"img/ was drawn by matplotlib {figures.MATPLOTLIB_OF_IMG}; this "
+                           f"is {matplotlib.__version__}, whose bytes differ")
 @pytest.mark.parametrize("name", sorted(figures.FIGURES))
 def test_committed_figure_is_what_the_code_draws(name, tmp_path):
     committed = ROOT / "img" / name
@@ -25,3 +30,9 @@ def test_every_image_in_img_is_drawn_by_code():
 def test_unknown_figure_is_refused(tmp_path):
     with pytest.raises(ValueError, match="name must be one of"):
         figures.draw("nope.png", tmp_path)
+
+
+def test_img_was_drawn_by_the_matplotlib_requirements_txt_pins():
+    pins = re.findall(r"^matplotlib==(\S+); python_version >= \"3.11\"$",
+                      (ROOT / "requirements.txt").read_text(), flags=re.M)
+    assert pins == [figures.MATPLOTLIB_OF_IMG]

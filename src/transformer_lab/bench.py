@@ -12,15 +12,31 @@ sides legitimately differ by more than rounding, e.g. 3 % on one row of an input
 a ReLU input lies within float32 rounding of zero and the two sides' float32 intermediates fall
 on either side of the kink.)
 
-The two sides are timed alternately, step after step, after a warm-up
-(:func:`median_times`, also used by :func:`transformer_lab.train.step_times`), and the table
-reports the median of each and the ratio numpy/torch (below 1: the NumPy twin is faster).
+How the timing stays meaningful on a busy machine (:func:`paired_times`): the two sides are
+timed in *rounds*, one step of each, back to back, in an order that alternates from round to
+round, after a few untimed warm-up rounds. Each round gives one ratio numpy/torch of two steps
+taken within milliseconds of each other, so a load that slows the machine for a while slows
+both alike and mostly cancels out of the ratio. The table reports the median time of each side
+and the median of the per-round ratios with their interquartile range (the middle half of the
+rounds' ratios): a narrow range means a trustworthy ratio; a wide one says the machine was too
+busy -- run again, or with more ``--repeats``.
 
-Threads: ``--threads N`` gives NumPy's BLAS and torch N threads each
-(:func:`transformer_lab.notebook.limit_threads`, threadpoolctl); without it both keep their
-defaults (usually one thread per core).
+Threads: one for NumPy's BLAS and one for torch by default (``--threads N`` for N each;
+:func:`transformer_lab.notebook.limit_threads`). One thread is what the course compares (its
+matrices are small), and a multi-threaded BLAS on a machine whose cores are busy swings by
+10-100x from one call to the next.
 
-Options: ``--quick`` (tiny sizes, a few repeats: checks that everything runs), ``--d-model``,
+Clock: with one thread a step is timed in the CPU time this process used
+(:func:`time.process_time`): while other processes hold the cores, wall-clock time counts the
+waiting too, CPU time does not, so the numbers hardly move with the machine's load. With
+``--threads`` above 1 the default is wall-clock time (CPU time would add up the threads);
+``--clock`` chooses either.
+
+Before it starts, the benchmark says how long it should take (from a short calibration of this
+machine's speed, see :func:`estimate_seconds`); while it runs, it reports each size on stderr
+with the time elapsed and an updated estimate of the time left. The table goes to stdout.
+
+Options: ``--quick`` (tiny sizes, a few rounds: checks that everything runs), ``--d-model``,
 ``--batch``, ``--length``, ``--heads``, ``--layers``, ``--repeats``, ``--warmup``,
 ``--modules``, ``--no-masks``, ``--threads``. See ``--help``.
 """
@@ -34,6 +50,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,6 +58,7 @@ from transformer_lab import _validate as v
 from transformer_lab.gradient_check import rel_error
 
 MODULES = ("encoder_layer", "transformer")
+NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
 
 #: Largest relative error (float32) between the twin's and torch's outputs and input gradients
 #: for which timing them means something.
@@ -72,6 +90,59 @@ def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup
             if i >= warmup:
                 times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int, warmup: int,
+                 clock: Callable[[], float] = time.perf_counter
+                 ) -> tuple[list[float], list[float]]:
+    """Seconds of ``a`` and of ``b`` in each of ``repeats`` rounds, after ``warmup`` rounds.
+
+    A round calls both once, back to back; the order alternates (a b, b a, a b, ...) so that
+    neither always runs second, on caches the other warmed or in the other's slowdown.
+    ``clock`` reads the time: wall-clock by default; ``time.process_time`` counts only the
+    CPU time this process got, which other processes' load barely changes (one thread).
+
+    Returns:
+        (times of a, times of b), one entry per timed round: ``b[i] / a[i]`` is round i's ratio.
+    """
+    repeats = v.integer(repeats, "repeats", minimum=1)
+    warmup = v.integer(warmup, "warmup", minimum=0)
+    times = {"a": [], "b": []}
+    for i in range(warmup + repeats):
+        order = (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a))
+        for name, step in order:
+            t0 = clock()
+            step()
+            if i >= warmup:
+                times[name].append(clock() - t0)
+    return times["a"], times["b"]
+
+
+class Timing(NamedTuple):
+    """One size's result: median seconds of a torch step and of a NumPy step, and the median
+    and quartiles of the per-round ratios numpy/torch."""
+    torch: float
+    numpy: float
+    ratio: float
+    ratio_q1: float
+    ratio_q3: float
+
+
+def summarize(torch_times: list[float], numpy_times: list[float]) -> Timing:
+    """:class:`Timing` from the per-round times of :func:`paired_times`."""
+    ratios = [n / t for t, n in zip(torch_times, numpy_times, strict=True)]
+    q1, q3 = quartiles(ratios)
+    return Timing(statistics.median(torch_times), statistics.median(numpy_times),
+                  statistics.median(ratios), q1, q3)
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles (linear interpolation, as ``np.percentile``); for one value,
+    that value twice."""
+    if len(values) == 1:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
 
 
 def _build(kind: str, e: int, h: int, layers: int):
@@ -116,9 +187,15 @@ def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> flo
 
 
 def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int, warmup: int,
-            masks: bool = True) -> tuple[float, float]:
-    """Median seconds of one float32 forward + backward step: (torch, numpy twin), after checking
-    in float64 that the twin computes what the module computes (:func:`check_twin`)."""
+            masks: bool = True, clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time one float32 forward + backward step of torch and of the NumPy twin in interleaved
+    rounds (:func:`paired_times`), after checking in float64 that the twin computes what the
+    module computes (:func:`check_twin`).
+
+    Returns:
+        :class:`Timing`; ``measure(...)[0]`` and ``[1]`` are the median seconds of torch and
+        of NumPy.
+    """
     import torch
 
     from transformer_lab.interop import from_torch
@@ -150,8 +227,7 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
         return out, grads if isinstance(grads, tuple) else (grads,)
 
     _check_float64_twin(module, args, kwargs, dout)
-    times = median_times({"torch": torch_step, "numpy": numpy_step}, repeats, warmup)
-    return times["torch"], times["numpy"]
+    return summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
 
 
 def _check_float64_twin(module, args, kwargs, dout) -> float:
@@ -176,6 +252,79 @@ def _check_float64_twin(module, args, kwargs, dout) -> float:
                       twin_grads)
 
 
+# --------------------------------------------------------------------------------------------
+# How long a run takes, said before it starts
+
+def step_flops(kind: str, e: int, b: int, t: int, layers: int) -> float:
+    """Multiply-adds x 2 of one forward + backward step (backward ~ twice the forward), counting
+    the matrix products only: projections, attention scores and weighted sums, feed-forward."""
+    n = b * t
+    self_attention = 8 * n * e * e + 4 * n * t * e   # Q, K, V, out projections; scores, A @ V
+    feed_forward = 16 * n * e * e                    # E -> 4E -> E
+    encoder = self_attention + feed_forward
+    decoder = 2 * self_attention + feed_forward       # self- and cross-attention
+    forward = encoder if kind == "encoder_layer" else layers * (encoder + decoder)
+    return 3.0 * forward
+
+
+def step_calls(kind: str, layers: int) -> int:
+    """Attention blocks in one step: a rough count of the per-call overhead (Python, dispatch)
+    that dominates at small sizes."""
+    return 1 if kind == "encoder_layer" else 3 * layers
+
+
+def calibrate(seconds: float = 0.3) -> tuple[float, float]:
+    """This machine's speed now, on one thread: (float32 matrix-product FLOP/s, seconds of a
+    small NumPy call). Takes about ``seconds``."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 256)).astype(np.float32)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    a @ w
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        a @ w
+        calls += 1
+    flops = calls * 2 * 512 * 256 * 256 / (time.perf_counter() - t0)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        np.exp(x - x.max(axis=-1, keepdims=True)).sum(axis=-1)
+        calls += 1
+    return flops, (time.perf_counter() - t0) / calls
+
+
+#: Fitted on the course's 2-core machines: seconds of one step beyond its matrix products,
+#: in units of a small NumPy call, per attention block (both sides together); the matrix
+#: products' efficiency against the calibration's product at d_model 128 (it grows with the
+#: width: the full default run took 17 min where 0.45 at every width planned 25); and the first
+#: size's imports and first calls.
+_OVERHEAD_CALLS = 260.0
+_GEMM_EFFICIENCY = 0.45
+STARTUP_SECONDS = 2.0
+
+
+def estimate_seconds(kind: str, e: int, b: int, t: int, layers: int, rounds: int,
+                     speed: tuple[float, float]) -> float:
+    """Rough seconds for one size: building, the float64 check, and ``rounds`` rounds of a
+    torch and a NumPy step, from the machine's ``speed`` (:func:`calibrate`)."""
+    flops_per_s, call_s = speed
+    efficiency = min(0.8, _GEMM_EFFICIENCY * math.sqrt(max(e, 128) / 128))
+    one_side = (step_flops(kind, e, b, t, layers) / (flops_per_s * efficiency)
+                + _OVERHEAD_CALLS / 2 * call_s * step_calls(kind, layers))
+    build = 0.002 * step_calls(kind, layers) + 8e-9 * e * e * step_calls(kind, layers)
+    return build + 2 * one_side * (rounds + 4)  # + the float64 check (about 2 float32 steps)
+
+
+def format_seconds(s: float) -> str:
+    """``42 s``, ``3 min 10 s``, ``1 h 05 min``."""
+    s = max(0, round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def _blas_threads() -> str:
     """The thread count of NumPy's BLAS, as threadpoolctl reports it."""
     from threadpoolctl import threadpool_info
@@ -191,10 +340,12 @@ def _default_heads(e: int) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lab.bench",
-        description="Median time of forward + backward: the NumPy twin vs torch (eager CPU, "
-                    "autograd), float32, same weights, batch and masks.")
+        description="Time forward + backward: the NumPy twin vs torch (eager CPU, autograd), "
+                    "float32, same weights, batch and masks, in interleaved rounds on one "
+                    "thread each. Progress and the expected duration go to stderr, the table "
+                    "to stdout.")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes and few repeats: check that everything runs")
+                        help="tiny sizes and few rounds: check that everything runs")
     parser.add_argument("--modules", nargs="+", choices=MODULES, default=list(MODULES))
     parser.add_argument("--d-model", nargs="+", type=int, default=[64, 128, 256])
     parser.add_argument("--batch", nargs="+", type=int, default=[32, 64])
@@ -204,21 +355,31 @@ def main(argv=None) -> int:
                         help="attention heads (default 4 for d_model <= 64, else 8)")
     parser.add_argument("--layers", type=int, default=2,
                         help="encoder and decoder layers of nn.Transformer (default 2 + 2)")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="timed rounds per size, each one step of each side (default 15)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed rounds before them (default 3)")
     parser.add_argument("--no-masks", dest="masks", action="store_false",
                         help="no causal / padding masks")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for NumPy's BLAS and for torch, each (default: the "
-                             "libraries' own, usually one per core)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads for NumPy's BLAS and for torch, each (default 1)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default=None,
+                        help="what a step's time is: the CPU time this process used (default "
+                             "with one thread: other processes' load barely changes it) or "
+                             "wall-clock time (default with --threads above 1, where CPU time "
+                             "would add up the threads)")
     args = parser.parse_args(argv)
     if args.quick:
         args.d_model, args.batch, args.length = [32], [4], [8]
         args.repeats, args.warmup, args.heads, args.layers = 3, 1, 2, 1
     for name in ("repeats", "layers", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
+        if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
+    if args.clock is None:
+        args.clock = "cpu" if args.threads == 1 else "wall"
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for e in args.d_model:
         h = args.heads or _default_heads(e)
         if e < 1 or e % h:
@@ -228,33 +389,59 @@ def main(argv=None) -> int:
 
     from transformer_lab.notebook import limit_threads
 
-    if args.threads is not None:
-        limit_threads(args.threads)
+    limit_threads(args.threads)
+    sizes = [(kind, e, b, t) for kind in args.modules
+             for e, b, t in itertools.product(args.d_model, args.batch, args.length)]
+    speed = calibrate()
+    rounds = args.repeats + args.warmup
+    planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
+               for kind, e, b, t in sizes]
+    planned[0] += STARTUP_SECONDS
+    names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
+    progress = sys.stderr
+    print(f"bench: {len(sizes)} sizes, each {args.repeats} timed rounds after {args.warmup} "
+          f"warm-up; expected duration about {format_seconds(sum(planned))} "
+          f"(from this machine's speed now)", file=progress, flush=True)
+
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
-          f"backward, median of {args.repeats} after {args.warmup} warm-up, masks "
-          f"{'on' if args.masks else 'off'}")
+          f"backward, {args.repeats} interleaved rounds after {args.warmup} warm-up, masks "
+          f"{'on' if args.masks else 'off'}; "
+          f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
+          flush=True)
     header = (f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
-              f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11}")
+              f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13}")
     print(header)
-    print("-" * len(header))
-    ratios = {}
-    names = {"encoder_layer": "TransformerEncoderLayer",
-             "transformer": f"Transformer ({args.layers}+{args.layers})"}
-    for kind in args.modules:
-        for e, b, t in itertools.product(args.d_model, args.batch, args.length):
-            h = args.heads or _default_heads(e)
-            t_torch, t_numpy = measure(kind, e, b, t, h, args.layers, args.repeats,
-                                       args.warmup, args.masks)
-            ratio = t_numpy / t_torch
-            ratios.setdefault(kind, []).append(ratio)
-            print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {t_torch * 1e3:>9.2f} "
-                  f"{t_numpy * 1e3:>9.2f} {ratio:>10.2f}x", flush=True)
+    print("-" * len(header), flush=True)
+    ratios: dict[str, list[Timing]] = {}
+    start = time.perf_counter()
+    for k, (kind, e, b, t) in enumerate(sizes):
+        h = args.heads or _default_heads(e)
+        what = f"{names[kind]}, d_model {e}, batch {b}, length {t}"
+        print(f"[{k + 1}/{len(sizes)}] {what} ...", file=progress, flush=True)
+        r = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
+                    clock)
+        ratios.setdefault(kind, []).append(r)
+        print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
+              f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
+              flush=True)
+        elapsed = time.perf_counter() - start
+        # The plan, corrected by how fast the run has gone so far -- weighed against a fifth of
+        # the plan, so that the first size (imports, first calls) does not swing the estimate.
+        done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
+        left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
+        if k + 1 < len(sizes):
+            print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
+                  file=progress, flush=True)
     print()
     for kind, rs in ratios.items():
-        geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
-        print(f"{names[kind]}: numpy/torch geometric mean {geo:.2f}x, "
-              f"range {min(rs):.2f}x - {max(rs):.2f}x over {len(rs)} sizes")
+        med = [r.ratio for r in rs]
+        geo = math.exp(sum(math.log(x) for x in med) / len(med))
+        widest = max(rs, key=lambda r: r.ratio_q3 / r.ratio_q1)
+        print(f"{names[kind]}: numpy/torch geometric mean {geo:.2f}x, range "
+              f"{min(med):.2f}x - {max(med):.2f}x over {len(med)} sizes; widest middle half "
+              f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
+    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 
 

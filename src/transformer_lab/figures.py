@@ -21,6 +21,10 @@ matplotlib.use("Agg")  # figures are files; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+#: The matplotlib that drew the committed img/ (requirements.txt's pin for Python 3.11 and
+#: newer). Other versions draw the same figures with other bytes (Python 3.10 gets 3.10.x).
+MATPLOTLIB_OF_IMG = "3.11.2"
+
 # Colours used for "forward" tensors and "gradient" tensors in every shape diagram.
 FORWARD = "#4C72B0"
 GRADIENT = "#DD8452"
@@ -76,7 +80,8 @@ def draw_matmul_gradient_shapes(fig) -> None:
 
 
 def draw_qkv_projections(fig) -> None:
-    """Self-attention as shapes: three projections of X, the scores, the weighted average."""
+    """Self-attention as shapes: three projections of X, the scores Z, the weighted average.
+    (The scores are Z, as in notebook 05: the course's S is the number of keys.)"""
     weight = "#55A868"  # weights in green, activations in the forward colour
     t, d, dk, dv = 4, 5, 3, 3
     x = (t, d, "X", FORWARD)
@@ -85,7 +90,7 @@ def draw_qkv_projections(fig) -> None:
         ("queries", [x, "@", (d, dk, "W_Q", weight), "=", (t, dk, "Q", FORWARD)]),
         ("keys", [x, "@", (d, dk, "W_K", weight), "=", (t, dk, "K", FORWARD)]),
         ("values", [x, "@", (d, dv, "W_V", weight), "=", (t, dv, "V", FORWARD)]),
-        ("scores", [(t, dk, "Q", FORWARD), "@", (dk, t, "Kᵀ", FORWARD), "=", (t, t, "S", FORWARD)]),
+        ("scores", [(t, dk, "Q", FORWARD), "@", (dk, t, "Kᵀ", FORWARD), "=", (t, t, "Z", FORWARD)]),
         ("output", [(t, t, "A", FORWARD), "@", (t, dv, "V", FORWARD), "=",
                     (t, dv, "out", FORWARD)]),
     ]
@@ -95,7 +100,7 @@ def draw_qkv_projections(fig) -> None:
         _equation(ax, y, terms)
         tallest = max(term[0] for term in terms if not isinstance(term, str))
         y -= tallest * 0.35 + 0.75  # rows of 0.35 each, plus room for the shape labels
-    ax.text(0.2, y - 0.1, "A = softmax(S / √dₖ), row by row:  every row of A sums to 1",
+    ax.text(0.2, y - 0.1, "A = softmax(Z / √dₖ), row by row:  every row of A sums to 1",
             ha="left", va="center", fontsize=10)
     ax.set_xlim(-1.6, 7.0)
     ax.set_ylim(y - 0.4, 0.3)
@@ -194,8 +199,8 @@ def draw_batched_matmul_shapes(fig) -> None:
 
 
 def draw_head_split_shapes(fig) -> None:
-    """Splitting d features into h heads: (B,T,d) -> reshape (B,T,h,d/h) -> transpose
-    (B,h,T,d/h), drawn for one sequence of the batch, one colour per head."""
+    """Splitting E features into h heads of d_h = E/h: (B,T,E) -> reshape (B,T,h,d_h) ->
+    transpose (B,h,T,d_h), drawn for one sequence of the batch, one colour per head."""
     heads = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
     t, h, dh = 5, 4, 2
     cell = 0.3
@@ -214,13 +219,13 @@ def draw_head_split_shapes(fig) -> None:
                     weight="bold")
 
     top = 0.0
-    # Panel 1: (T, d), the columns coloured by the head they will belong to.
+    # Panel 1: (T, E), the columns coloured by the head they will belong to.
     x = 0.0
     for k in range(h):
         block(x + k * dh * cell, top, t, dh, heads[k])
-    ax.text(x + h * dh * cell / 2, top + 0.35, "(B, T, d)", ha="center", fontsize=10,
+    ax.text(x + h * dh * cell / 2, top + 0.35, "(B, T, E)", ha="center", fontsize=10,
             weight="bold")
-    ax.text(x + h * dh * cell / 2, top - t * cell - 0.2, "d = h · d/h features\n"
+    ax.text(x + h * dh * cell / 2, top - t * cell - 0.2, "E = h · dₕ features\n"
             "(one sequence shown)", ha="center", va="top", fontsize=8.5)
     ax.annotate("", xy=(x + h * dh * cell + 1.05, top - t * cell / 2),
                 xytext=(x + h * dh * cell + 0.15, top - t * cell / 2),
@@ -228,13 +233,13 @@ def draw_head_split_shapes(fig) -> None:
     ax.text(x + h * dh * cell + 0.6, top - t * cell / 2 + 0.15, "reshape", ha="center",
             va="bottom", fontsize=9)
 
-    # Panel 2: (T, h, d/h): the same memory, the feature axis cut into h groups.
+    # Panel 2: (T, h, d_h): the same memory, the feature axis cut into h groups.
     x = h * dh * cell + 1.2
     gap = 0.12
     for k in range(h):
         block(x + k * (dh * cell + gap), top, t, dh, heads[k], f"{k}")
     w2 = h * dh * cell + (h - 1) * gap
-    ax.text(x + w2 / 2, top + 0.35, "(B, T, h, d/h)", ha="center", fontsize=10, weight="bold")
+    ax.text(x + w2 / 2, top + 0.35, "(B, T, h, dₕ)", ha="center", fontsize=10, weight="bold")
     ax.text(x + w2 / 2, top - t * cell - 0.2, "no data moves:\na view of the same array",
             ha="center", va="top", fontsize=8.5)
     ax.annotate("", xy=(x + w2 + 1.35, top - t * cell / 2), xytext=(x + w2 + 0.15,
@@ -242,7 +247,7 @@ def draw_head_split_shapes(fig) -> None:
     ax.text(x + w2 + 0.75, top - t * cell / 2 + 0.15, "swap axes\n1 and 2", ha="center",
             va="bottom", fontsize=9)
 
-    # Panel 3: (h, T, d/h): one (T, d/h) matrix per head, stacked along the head axis.
+    # Panel 3: (h, T, d_h): one (T, d_h) matrix per head, stacked along the head axis.
     x = x + w2 + 1.5
     shift = 0.28
     for k in reversed(range(h)):
@@ -253,8 +258,8 @@ def draw_head_split_shapes(fig) -> None:
         ax.text(x + (h - 1) * shift + dh * cell + 0.12, y0 - 0.14, f"head {k}", ha="left",
                 va="center", fontsize=8, color=heads[k], weight="bold")
     ax.text(x + dh * cell / 2 + (h - 1) * shift / 2, top + 0.35 + (h - 1) * shift,
-            "(B, h, T, d/h)", ha="center", fontsize=10, weight="bold")
-    ax.text(x + dh * cell / 2 + 0.4, top - t * cell - 0.2, "h independent\n(T, d/h) matrices:\n"
+            "(B, h, T, dₕ)", ha="center", fontsize=10, weight="bold")
+    ax.text(x + dh * cell / 2 + 0.4, top - t * cell - 0.2, "h independent\n(T, dₕ) matrices:\n"
             "attention runs\nper (b, head)", ha="center", va="top", fontsize=8.5)
     ax.set_xlim(-0.3, x + dh * cell + h * shift + 1.2)
     ax.set_ylim(top - t * cell - 1.4, top + 0.6 + h * shift)

@@ -23,7 +23,8 @@ def _labels(labels, n: int, name: str):
 
 def attention_heatmap(weights, query_labels: Sequence | None = None,
                       key_labels: Sequence | None = None, ax=None, title: str | None = None,
-                      annotate: bool | None = None, vmax: float | None = 1.0, cmap="viridis"):
+                      annotate: bool | None = None, vmax: float | None = 1.0, cmap="viridis",
+                      colorbar: bool = True):
     """Heatmap of one attention matrix: rows are queries, columns are keys.
 
     Args:
@@ -34,6 +35,7 @@ def attention_heatmap(weights, query_labels: Sequence | None = None,
         title: axes title.
         annotate: write the values into the cells (default: when the matrix is at most 10x10).
         vmax: top of the colour scale (None: the largest weight).
+        colorbar: draw a colour bar beside the axes.
 
     Returns:
         The Axes.
@@ -59,39 +61,49 @@ def attention_heatmap(weights, query_labels: Sequence | None = None,
             for j in range(s):
                 ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
                         color="black" if w[i, j] > 0.6 * top else "white")
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return ax
 
 
-def attention_heads(weights, query_labels=None, key_labels=None, ncols: int = 4,
+def attention_heads(weights, query_labels=None, key_labels=None, ncols: int = 2,
                     title: str | None = None, vmax: float | None = 1.0):
-    """One heatmap per head, in a grid.
+    """One heatmap per head, in a grid, each as large as :func:`attention_heatmap` draws a
+    single matrix (cells of 0.45 inch, tick labels at full size), with one shared colour bar:
+    readable on a screen and on the site, where a wide figure is scaled down to the column.
 
     Args:
         weights: array of shape (H, T, S).
         query_labels, key_labels: as for :func:`attention_heatmap`.
-        ncols: heads per row of the grid.
+        ncols: heads per row of the grid (default 2: four heads make a 2 x 2 grid).
+        title: the figure's title.
+        vmax: top of the shared colour scale (None: the largest weight of any head).
 
     Returns:
         The Figure.
     """
-    w = np.asarray(weights)
+    w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 3:
         raise ValueError(f"weights must be a (heads, queries, keys) array, got shape {w.shape}")
     h, t, s = w.shape
-    ncols = max(1, min(ncols, h))
+    if isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer)) or ncols < 1:
+        raise ValueError(f"ncols must be a positive integer, got {ncols!r}")
+    ncols = min(int(ncols), h)
     nrows = -(-h // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.35 * s + 1.6),
-                                                    nrows * (0.35 * t + 1.3)), squeeze=False)
+    top = vmax if vmax is not None else (float(w.max()) if w.size else 1.0)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.45 * s + 1.3) + 0.8,
+                                                    nrows * (0.45 * t + 1.2) + 0.4),
+                             squeeze=False, layout="constrained")
     for k, ax in enumerate(axes.flat):
         if k < h:
             attention_heatmap(w[k], query_labels, key_labels, ax=ax, title=f"head {k}",
-                              annotate=False, vmax=vmax)
+                              annotate=False, vmax=top, colorbar=False)
         else:
             ax.axis("off")
+    fig.colorbar(axes.flat[0].images[0], ax=axes, shrink=min(1.0, 0.9 / nrows + 0.3),
+                 label="attention weight")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 

@@ -287,7 +287,8 @@ def layer_norm_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Embedding and positions (05_backward: the embedding's gradient; 06_transformer: positions)
+# Embedding, positions and tied output (05_backward: the embedding's gradient;
+# 06_transformer: positions and weight tying)
 
 
 def embedding_forward(ids, W):
@@ -330,6 +331,32 @@ def positional_encoding(max_len, d_model, base=10000.0):
     pe[:, 1::2] = np.cos(angles[:, : d_model // 2])
     ### END SOLUTION
     return pe
+
+
+def tied_output_forward(x, W_embed):
+    """The output projection through the token embedding table (tied weights):
+    ``logits = x @ W_embed.T``, one score per row of the table.
+
+    x: (..., E); W_embed: (V, E), the embedding table itself  ->  logits: (..., V).
+    """
+    ### BEGIN SOLUTION
+    logits, cache = linear_forward(x, W_embed.T)  # W_embed.T: (E, V), a view
+    ### END SOLUTION
+    return logits, cache
+
+
+def tied_output_backward(dout, cache):
+    """Gradients of :func:`tied_output_forward`.
+
+    dout: (..., V)  ->  dx: (..., E), grads: {"W": (V, E)}, the table's gradient from this use
+    only (``dout^T x`` summed over the leading axes); the embedding lookup of the same table
+    adds its own gradient to it.
+    """
+    ### BEGIN SOLUTION
+    dx, g = linear_backward(dout, cache)  # g["W"]: (E, V), the gradient of W_embed.T
+    grads = {"W": g["W"].T}
+    ### END SOLUTION
+    return dx, grads
 
 
 # --------------------------------------------------------------------------------------------

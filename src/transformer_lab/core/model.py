@@ -71,7 +71,7 @@ def embed_backward(dx, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# The model (06_transformer)
+# The model (06_transformer; its backward pass and loss: 07_verification)
 
 
 def transformer_encode(params, src, config, pe=None, src_pad=None):

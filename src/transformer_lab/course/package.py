@@ -523,6 +523,20 @@ def top_level_functions(source: str) -> dict[str, tuple[int, int]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
+def top_level_names(source: str) -> set[str]:
+    """Every name a module binds at its top level: functions, classes, imports, constants."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= _bound_by(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
 def compose_core_module(stub_source: str, definitions: dict[str, str],
                         extras: Iterable[str] = ()) -> str:
     """``stub_source`` (a handout core module) with the top-level functions named in

@@ -4,8 +4,8 @@
 
 ``WORKDIR/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
 probe package's folder, the notebook cells to run (the student's first code cell, the
-definitions of its other cells and its exercise cells, IPython's magics already removed) and, for each check, the notebook names it takes and
-its cases as plain data. The probe
+definitions of its other cells and its exercise cells, IPython's magics already removed)
+and, for each check, the notebook names it takes and its cases as plain data. The probe
 
 1. puts the probe package first on ``sys.path`` and drops every other folder holding a
    ``transformer_lab`` (the instructor's), then makes sure that is what it imports;

@@ -49,6 +49,7 @@ from transformer_lab.course.package import (
     compose_core_module,
     notebook_number,
     student_code,
+    top_level_names,
     without_references,
 )
 
@@ -132,8 +133,11 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
                     source = None
                     reasons = {name: f"{label} could not be read ({type(err).__name__})"
                                for name in wanted}
-                code = None if source is None else student_code(source, wanted,
-                                                                core.functions, label)
+                # the module's own names (its functions, and constants such as ACTIVATIONS,
+                # which refer to them) come from the package, never from the student's file
+                provided = set(core.functions) | top_level_names(stub_path.read_text())
+                code = None if source is None else student_code(source, wanted, provided,
+                                                                label)
                 if code is not None:
                     reasons = code.problems
             if code is not None:

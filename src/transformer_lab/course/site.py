@@ -4,7 +4,9 @@
 
 The site source is assembled in ``build/site/`` (Sphinx configuration and landing page from
 ``docs/``, executed notebooks from ``build/notebooks/``, figures from ``img/``) and rendered by
-Sphinx with myst-nb, without executing anything and without a network.
+Sphinx with myst-nb, without executing anything and without a network. Figures a notebook
+carries as cell attachments (:mod:`transformer_lab.course.standalone`), which myst-nb does not
+render, are shown by :mod:`transformer_lab.course.sphinx_attachments`.
 
 ``--src`` is emptied on each run, so it must be a folder this tool wrote (or a new or empty
 one), apart from the inputs and from ``--out``; ``--out`` is left to Sphinx, which updates it

@@ -45,6 +45,7 @@ from transformer_lab.course.package import (
     parse_package,
     write_handout_package,
 )
+from transformer_lab.course.standalone import has_guard
 
 #: What the student tree holds besides the notebooks and the package, relative to the project.
 PROJECT_FILES = ("pyproject.toml", "requirements.txt")
@@ -139,6 +140,9 @@ def student_readme(assignments: list[Assignment]) -> str:
         f"| {len(a.checks)} | {a.max_points:g} |"
         for a in assignments)
     example = Path(assignments[0].name).name if assignments else "00_topic.ipynb"
+    guarded = (" A notebook opened without the package installed stops in its first cell and "
+               "prints the line that installs it." if assignments and all(
+                   has_guard(a.nb) for a in assignments) else "")
     return f"""# Transformers from Scratch -- your assignments
 
 You build a Transformer in NumPy, one notebook at a time, checking every step against PyTorch
@@ -152,19 +156,24 @@ them: at the end, the model that learns is your own code.
 
 ## Set up (once)
 
-You need Python 3.10 or newer.
+You need Python 3.10, 3.11, 3.12 or 3.13. In this folder (there is no Makefile here: these
+three commands are the whole set-up):
 
 ```bash
 python3 -m venv .venv
-.venv/bin/pip install -r requirements.txt    # Windows: .venv\\Scripts\\pip
-.venv/bin/jupyter lab    # in this folder: notebooks/ and src/ both in its file browser
+.venv/bin/pip install -r requirements.txt -e .    # Windows: .venv\\Scripts\\pip
+.venv/bin/jupyter lab            # in this folder: notebooks/ and src/ both in its file browser
 ```
 
-`requirements.txt` also installs this folder's package (`-e .`, editable): the notebooks import
-*your* `src/transformer_lab`, so what you write there is what they run. `requirements.txt` pins a
-CPU build of PyTorch; on Linux, pip would otherwise download several GB of CUDA libraries: point
-pip at PyTorch's CPU-only wheel index first (its address is on the "Get Started" page of
-pytorch.org, Compute Platform: CPU) with `export PIP_EXTRA_INDEX_URL=<that address>`.
+(As root, in a container, add `--allow-root` to the last line.) `-e .` installs this folder's
+package, editable: the notebooks import *your* `src/transformer_lab`, so what you write there is
+what they run. From another folder, name this one instead of `.`:
+`pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
+
+`requirements.txt` pins a CPU build of PyTorch. On Linux, pip would otherwise download several
+GB of CUDA libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
+"Get Started" page of pytorch.org, Compute Platform: CPU) with
+`export PIP_EXTRA_INDEX_URL=<that address>`.
 
 ## Writing a core function
 
@@ -192,8 +201,8 @@ Some exercises are a function in a notebook cell: where your code goes, the cell
 `raise NotImplementedError("Exercise: ...")` with a hint. Replace that line with your code, keep
 the function's name and arguments. For grading, the notebook's first code cell, the functions,
 classes and imports of its other cells and its exercise cells are run: a helper your function
-uses must be a function (or an import), not a variable set in another cell. The check cell after it passes your function in: `check("check-logsumexp",
-logsumexp)`.
+uses must be a function (or an import), not a variable set in another cell. The check cell
+after it passes your function in: `check("check-logsumexp", logsumexp)`.
 
 ## Checks
 

@@ -1,0 +1,1233 @@
+"""Checks of notebook 06_transformer: activations, the feed-forward network, residual
+connections, dropout, initialisation, positions and embeddings, the encoder and decoder layers,
+the stacks, the model's forward pass and the tied output projection.
+
+Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.TransformerEncoderLayer``
+... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
+where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
+from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
+The helpers that build the torch models are shared with notebook 07's checks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.interop import layout
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _t(a, grad: bool = False):
+    """A torch tensor holding a copy of ``a`` (None stays None)."""
+    if a is None:
+        return None
+    t = _torch().tensor(np.array(a))
+    return t.requires_grad_(True) if grad else t
+
+
+def _np(t):
+    return None if t is None else t.detach().numpy().copy()
+
+
+def _randn(rng, shape, dtype=np.float64, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters of random layers, and their torch twins
+
+
+def ff_params(rng, e, f, bias=True, dtype=np.float64):
+    """Feed-forward parameters with every entry non-trivial (no zero bias)."""
+    p = {"W1": _randn(rng, (e, f), dtype, 1 / math.sqrt(e)),
+         "W2": _randn(rng, (f, e), dtype, 1 / math.sqrt(f))}
+    if bias:
+        p.update(b1=_randn(rng, (f,), dtype, 0.3), b2=_randn(rng, (e,), dtype, 0.3))
+    return p
+
+
+def norm_params(rng, e, bias=True, dtype=np.float64):
+    p = {"gamma": (1 + 0.3 * rng.standard_normal(e)).astype(dtype)}
+    if bias:
+        p["beta"] = _randn(rng, (e,), dtype, 0.3)
+    return p
+
+
+def attn_params(rng, e, packed, bias=True, dtype=np.float64):
+    s = 1 / math.sqrt(e)
+    p = ({"W_qkv": _randn(rng, (e, 3 * e), dtype, s)} if packed else
+         {"W_q": _randn(rng, (e, e), dtype, s), "W_k": _randn(rng, (e, e), dtype, s),
+          "W_v": _randn(rng, (e, e), dtype, s)})
+    p["W_o"] = _randn(rng, (e, e), dtype, s)
+    if bias:
+        if packed:
+            p["b_qkv"] = _randn(rng, (3 * e,), dtype, 0.3)
+        else:
+            p.update(b_q=_randn(rng, (e,), dtype, 0.3), b_k=_randn(rng, (e,), dtype, 0.3),
+                     b_v=_randn(rng, (e,), dtype, 0.3))
+        p["b_o"] = _randn(rng, (e,), dtype, 0.3)
+    return p
+
+
+def layer_params(rng, e, f, decoder, bias=True, dtype=np.float64):
+    """An encoder or decoder layer's parameters as ``core.blocks`` takes them (self-attention
+    packed, cross-attention separate)."""
+    p = {"self_attn": attn_params(rng, e, True, bias, dtype)}
+    if decoder:
+        p["cross_attn"] = attn_params(rng, e, False, bias, dtype)
+    p["ff"] = ff_params(rng, e, f, bias, dtype)
+    for norm in ("norm1", "norm2", "norm3")[:2 + decoder]:
+        p[norm] = norm_params(rng, e, bias, dtype)
+    return p
+
+
+def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
+    return {"layers": [layer_params(rng, e, f, decoder, bias, dtype) for _ in range(n)],
+            "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
+
+
+def _torch_activation(name):
+    import torch.nn.functional as F
+
+    return {"relu": "relu", "gelu": "gelu",
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
+
+
+def _dims(layer_p):
+    e, f = layer_p["ff"]["W1"].shape
+    return e, f, "b1" in layer_p["ff"], layer_p["ff"]["W1"].dtype
+
+
+def _load(module, state):
+    torch = _torch()
+    module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+    return module
+
+
+def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
+    """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
+    torch = _torch()
+    e, f, bias, dtype = _dims(params)
+    cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
+    layer = cls(e, num_heads, f, dropout=0.0, activation=_torch_activation(activation),
+                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
+                dtype=getattr(torch, np.dtype(dtype).name))
+    return _load(layer, layout.layer_to_torch(params, ""))
+
+
+def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
+    """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
+    torch = _torch()
+    layers = params["layers"]
+    e, _, bias, dtype = _dims(layers[0])
+    one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
+    norm = None
+    if params["norm"] is not None:
+        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
+        warnings.simplefilter("ignore")
+        if decoder:
+            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
+        else:
+            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
+                                                enable_nested_tensor=False)
+    return _load(stack, layout.stack_to_torch(params, ""))
+
+
+def torch_mask(mask, b, h, t, s):
+    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
+    if mask is None:
+        return None
+    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
+
+
+def _named_grads(module) -> dict:
+    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad))
+            for n, p in module.named_parameters()}
+
+
+def quiet_key_bias(grads, dtype):
+    """The cross-attention's key bias gets an exact gradient of zero (softmax ignores what is
+    added to a whole row of scores); computed, it is rounding noise in torch and in NumPy
+    alike. Set that noise to zero on both sides, so that two noises are not compared; a key
+    bias gradient that is not noise stays as it is (and fails)."""
+    atol = 1e-10 if np.dtype(dtype) == np.float64 else 1e-4
+    if isinstance(grads, dict):
+        for key, value in grads.items():
+            if key == "cross_attn" and isinstance(value, dict) and "b_k" in value:
+                b_k = np.asarray(value["b_k"])
+                if np.all(np.abs(b_k) < atol):
+                    value["b_k"] = np.zeros_like(b_k)
+            else:
+                quiet_key_bias(value, dtype)
+    elif isinstance(grads, (list, tuple)):
+        for value in grads:
+            quiet_key_bias(value, dtype)
+    return grads
+
+
+def _copy(tree):
+    """Plain copies of nested dicts/lists of arrays (views of torch's memory become arrays)."""
+    if isinstance(tree, dict):
+        return {k: _copy(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copy(v) for v in tree]
+    return None if tree is None else np.array(tree)
+
+
+# --------------------------------------------------------------------------------------------
+# Activations (§1)
+
+
+@register
+class Gelu(Check):
+    id = "check-gelu"
+    notebook = "06_transformer"
+    functions = ("gelu_forward", "gelu_backward")
+
+    def cases(self, rng):
+        x, dout = _randn(rng, (3, 5), scale=2), rng.standard_normal((3, 5))
+        yield Case("exact (erf), float64", (x, dout), {"approximate": "none"})
+        yield Case("tanh approximation, float64", (x, dout), {"approximate": "tanh"})
+        yield Case("exact, float32 stays float32",
+                   (_randn(rng, (2, 3, 4), np.float32, 2), _randn(rng, (2, 3, 4), np.float32)),
+                   {"approximate": "none"})
+        yield Case("tanh, float32 stays float32",
+                   (_randn(rng, (4, 3), np.float32, 2), _randn(rng, (4, 3), np.float32)),
+                   {"approximate": "tanh"})
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("large |x| (tails)", (np.array([-12.0, -6.0, 6.0, 12.0]), np.ones(4)),
+                   {"approximate": "none"})
+        yield Case("one entry, tanh", (np.array([0.7]), np.array([1.5])),
+                   {"approximate": "tanh"})
+        yield Case("four axes, exact", (rng.standard_normal((2, 2, 3, 2)),
+                                        rng.standard_normal((2, 2, 3, 2))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout, approximate="none"):
+        out, cache = f.gelu_forward(x, approximate)
+        return {"out": out, "dx": f.gelu_backward(dout, cache)}
+
+    def expected(self, x, dout, approximate="none"):
+        torch = _torch()
+        xt = _t(x, grad=True)
+        y = torch.nn.functional.gelu(xt, approximate=approximate)
+        y.backward(_t(dout))
+        return {"out": _np(y), "dx": _np(xt.grad)}
+
+    def mistakes(self, x, dout, approximate="none"):
+        torch = _torch()
+        other = "tanh" if approximate == "none" else "none"
+        right = self.expected(x, dout, approximate)
+        xt = _t(x.astype(np.float64))
+        if approximate == "none":
+            first_term = 0.5 * (1 + torch.erf(xt / math.sqrt(2)))  # Phi(x)
+        else:
+            first_term = 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi)
+                                                * (xt + 0.044715 * xt ** 3)))
+        return {f"with approximate={other!r} where {approximate!r} is asked (the exact GELU "
+                "uses erf, the approximation tanh)": lambda: self.expected(x, dout, other),
+                "with only the first term of the derivative (Phi(x), or (1 + t)/2): the product "
+                "rule on x * Phi(x) gives a second term, x * Phi'(x)":
+                lambda: {"out": right["out"], "dx": dout * _np(first_term)}}
+
+
+@register
+class Activation(Check):
+    id = "check-activation"
+    notebook = "06_transformer"
+    functions = ("activation_forward", "activation_backward")
+
+    def cases(self, rng):
+        for name in ("relu", "gelu", "gelu_tanh"):
+            yield Case(f"{name!r}", (_randn(rng, (3, 4), scale=2), rng.standard_normal((3, 4)),
+                                     name))
+        yield Case("'gelu', float32", (_randn(rng, (2, 5), np.float32, 2),
+                                       _randn(rng, (2, 5), np.float32), "gelu"))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("'relu' at exactly 0 (gradient 0, as torch)",
+                   (np.array([-1.0, 0.0, 2.0]), np.ones(3), "relu"))
+        yield Case("'gelu_tanh', three axes", (rng.standard_normal((2, 3, 2)),
+                                               rng.standard_normal((2, 3, 2)), "gelu_tanh"))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout, activation):
+        out, cache = f.activation_forward(x, activation)
+        return {"out": out, "dx": f.activation_backward(dout, cache)}
+
+    def expected(self, x, dout, activation):
+        torch = _torch()
+        xt = _t(x, grad=True)
+        y = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+             "gelu_tanh": _torch_activation("gelu_tanh")}[activation](xt)
+        y.backward(_t(dout))
+        return {"out": _np(y), "dx": _np(xt.grad)}
+
+    def mistakes(self, x, dout, activation):
+        if activation == "relu":
+            return {}
+        other = "gelu_tanh" if activation == "gelu" else "gelu"
+        return {f"with {other!r} where {activation!r} is asked (\"gelu\" is the exact, erf "
+                "form; \"gelu_tanh\" its tanh approximation)":
+                lambda: self.expected(x, dout, other)}
+
+
+# --------------------------------------------------------------------------------------------
+# The feed-forward network (§2)
+
+
+@register
+class FeedForward(Check):
+    id = "check-feed-forward"
+    notebook = "06_transformer"
+    functions = ("feed_forward_forward", "feed_forward_backward")
+
+    def cases(self, rng):
+        yield Case("ReLU, x (2, 3, 4), F = 6",
+                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
+                    rng.standard_normal((2, 3, 4)), "relu"))
+        yield Case("GELU, x (2, 3, 4), F = 6",
+                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
+                    rng.standard_normal((2, 3, 4)), "gelu"))
+        yield Case("GELU (tanh), no biases",
+                   (rng.standard_normal((3, 2, 5)), ff_params(rng, 5, 3, bias=False),
+                    rng.standard_normal((3, 2, 5)), "gelu_tanh"))
+        yield Case("ReLU, float32", (_randn(rng, (2, 4, 3), np.float32),
+                                     ff_params(rng, 3, 8, dtype=np.float32),
+                                     _randn(rng, (2, 4, 3), np.float32), "relu"))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one sequence (T, E), GELU", (rng.standard_normal((5, 4)), ff_params(rng, 4, 7),
+                                                 rng.standard_normal((5, 4)), "gelu"))
+        yield Case("four axes, F = 1", (rng.standard_normal((2, 2, 2, 3)), ff_params(rng, 3, 1),
+                                        rng.standard_normal((2, 2, 2, 3)), "relu"))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout, activation):
+        out, cache = f.feed_forward_forward(x, params, activation)
+        dx, grads = f.feed_forward_backward(dout, cache)
+        return {"out": out, "dx": dx, "grads": grads}
+
+    def expected(self, x, params, dout, activation, at_output=False):
+        torch = _torch()
+        xt = _t(x, grad=True)
+        p = {k: _t(v, grad=True) for k, v in params.items()}
+        h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
+        act = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+               "gelu_tanh": _torch_activation("gelu_tanh")}[activation]
+        a = _derivative_at_output(h, act) if at_output else act(h)
+        out = a @ p["W2"] + (p["b2"] if "b2" in p else 0)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(xt.grad),
+                "grads": {k: _np(v.grad) for k, v in p.items()}}
+
+    def mistakes(self, x, params, dout, activation):
+        if activation == "relu":
+            return {}
+        return {"with the activation's derivative evaluated at its output a = act(h) instead of "
+                "its input h (keep h in the cache)":
+                lambda: self.expected(x, params, dout, activation, at_output=True)}
+
+
+def _derivative_at_output(h, act):
+    """``act(h)`` whose backward pass multiplies by ``act'(a)``, the derivative at the output
+    ``a = act(h)`` -- the wrong point -- instead of ``act'(h)``: a mistake of FeedForward."""
+    torch = _torch()
+
+    class WrongPoint(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h_):
+            a = act(h_)
+            ctx.save_for_backward(a)
+            return a
+
+        @staticmethod
+        def backward(ctx, g):
+            (a,) = ctx.saved_tensors
+            with torch.enable_grad():
+                at = a.detach().requires_grad_(True)
+                (local,) = torch.autograd.grad(act(at).sum(), at)
+            return g * local
+
+    return WrongPoint.apply(h)
+
+
+# --------------------------------------------------------------------------------------------
+# Residual connections (§3)
+
+
+def _tanh_sublayer(W):
+    """A sublayer ``h -> tanh(h @ W)`` as ``(forward, backward)`` in the core's convention:
+    forward ``h -> (out, cache)``, backward ``(dout, cache) -> (dh, {"W": dW})``."""
+
+    def forward(h):
+        y = np.tanh(h @ W)
+        return y, (h, y)
+
+    def backward(dy, cache):
+        h, y = cache
+        dpre = dy * (1 - y * y)
+        e = h.shape[-1]
+        return dpre @ W.T, {"W": h.reshape(-1, e).T @ dpre.reshape(-1, W.shape[1])}
+
+    return forward, backward
+
+
+@register
+class Residual(Check):
+    id = "check-residual"
+    notebook = "06_transformer"
+    functions = ("residual_forward", "residual_backward")
+
+    def cases(self, rng):
+        for norm_first, name in ((True, "pre-norm"), (False, "post-norm")):
+            yield Case(f"{name}, sublayer tanh(h W)",
+                       (rng.standard_normal((2, 3, 4)), _randn(rng, (4, 4), scale=0.8),
+                        norm_params(rng, 4), rng.standard_normal((2, 3, 4)), norm_first))
+        yield Case("post-norm, a norm without beta, eps = 0.1",
+                   (rng.standard_normal((3, 2, 5)), _randn(rng, (5, 5), scale=0.8),
+                    norm_params(rng, 5, bias=False), rng.standard_normal((3, 2, 5)), False),
+                   {"eps": 0.1})
+        yield Case("pre-norm, float32", (_randn(rng, (2, 4, 3), np.float32),
+                                         _randn(rng, (3, 3), np.float32, 0.8),
+                                         norm_params(rng, 3, dtype=np.float32),
+                                         _randn(rng, (2, 4, 3), np.float32), True))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("pre-norm, B = 1, T = 1", (rng.standard_normal((1, 1, 6)),
+                                              _randn(rng, (6, 6), scale=0.8),
+                                              norm_params(rng, 6), rng.standard_normal((1, 1, 6)),
+                                              True))
+        yield Case("post-norm, wide E = 16", (rng.standard_normal((2, 2, 16)),
+                                              _randn(rng, (16, 16), scale=0.3),
+                                              norm_params(rng, 16), rng.standard_normal((2, 2, 16)),
+                                              False))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, norm, dout, norm_first, eps=1e-5):
+        forward, backward = _tanh_sublayer(W)
+        out, cache = f.residual_forward(x, forward, norm, norm_first, eps)
+        dx, g_norm, *rest = f.residual_backward(dout, cache, backward)
+        return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
+
+    def _torch_run(self, x, W, norm, dout, norm_first, eps, where="right"):
+        torch = _torch()
+        xt, Wt = _t(x, grad=True), _t(W, grad=True)
+        g = {k: _t(v, grad=True) for k, v in norm.items()}
+
+        def ln(u):
+            return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"], g.get("beta"),
+                                                  eps)
+
+        def sub(u):
+            return torch.tanh(u @ Wt)
+
+        s = None
+        if where == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
+            out = xt + ln(sub(xt))
+        elif norm_first:
+            out = xt + sub(ln(xt))
+        else:
+            s = xt + sub(xt)
+            s.retain_grad()
+            out = ln(s)
+        out.backward(_t(dout))
+        result = {"out": _np(out), "dx": _np(xt.grad), "norm grads": {k: _np(v.grad)
+                                                                       for k, v in g.items()},
+                  "sublayer grads": [{"W": _np(Wt.grad)}]}
+        return result, (dout if norm_first else _np(s.grad) if s is not None else None)
+
+    def expected(self, x, W, norm, dout, norm_first, eps=1e-5):
+        return self._torch_run(x, W, norm, dout, norm_first, eps)[0]
+
+    def mistakes(self, x, W, norm, dout, norm_first, eps=1e-5):
+        right, identity_grad = self._torch_run(x, W, norm, dout, norm_first, eps)
+        dropped = dict(right, dx=right["dx"] - identity_grad)
+        return {"with pre-norm and post-norm swapped (norm_first=True is x + f(norm(x)))":
+                lambda: self.expected(x, W, norm, dout, not norm_first, eps),
+                "without the identity path in the backward pass: the gradient that reaches the "
+                "sum x + f(...) flows to x directly as well as through f -- add it to dx":
+                lambda: dropped,
+                "with the norm on the sublayer's output only, x + norm(f(x))":
+                lambda: self._torch_run(x, W, norm, dout, norm_first, eps, "sublayer only")[0]}
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout (§4)
+
+
+@register
+class Dropout(Check):
+    id = "check-dropout"
+    notebook = "06_transformer"
+    functions = ("dropout_forward", "dropout_backward")
+
+    def cases(self, rng):
+        yield Case("training, p = 0.1", (rng.standard_normal((4, 6)), rng.standard_normal((4, 6)),
+                                         0.1, 11, True))
+        yield Case("training, p = 0.5, float32",
+                   (_randn(rng, (3, 5, 2), np.float32), _randn(rng, (3, 5, 2), np.float32),
+                    0.5, 12, True))
+        yield Case("evaluation (train=False): the identity",
+                   (rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), 0.3, 13, False))
+        yield Case("training with p = 0: the identity",
+                   (rng.standard_normal((2, 5)), rng.standard_normal((2, 5)), 0.0, 14, True))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("training, p = 0.9", (rng.standard_normal((5, 7)), rng.standard_normal((5, 7)),
+                                         0.9, 15, True))
+        yield Case("training, one entry", (np.array([1.5]), np.array([2.0]), 0.25, 16, True))
+        yield Case("evaluation, float32", (_randn(rng, (2, 3), np.float32),
+                                           _randn(rng, (2, 3), np.float32), 0.5, 17, False))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout, p, seed, train):
+        out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
+        return {"out": out, "dx": f.dropout_backward(dout, cache)}
+
+    def _answer(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
+                eval_scale=None):
+        if not train or p == 0:
+            s = 1.0 if eval_scale is None else eval_scale
+            return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
+        u = np.random.default_rng(seed).random(x.shape)
+        keep = u >= p if keep_if == "u >= p" else u < p
+        k = {"1/(1-p)": 1 / (1 - p), "1": 1.0, "1-p": 1 - p}[scale]
+        return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
+
+    def expected(self, x, dout, p, seed, train):
+        # torch's F.dropout draws its own mask; what it computes with a mask is
+        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
+        return self._answer(x, dout, p, seed, train)
+
+    def mistakes(self, x, dout, p, seed, train):
+        if not train:
+            return {"scaling in evaluation mode too: there dropout is the identity, the "
+                    "1/(1-p) belongs to training": lambda: self._answer(
+                        x, dout, p, seed, train, eval_scale=1 / (1 - p)),
+                    "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
+                    "with inverted dropout evaluation does nothing)": lambda: self._answer(
+                        x, dout, p, seed, train, eval_scale=1 - p)}
+        return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
+                "(1-p) x, not x)": lambda: self._answer(x, dout, p, seed, train, scale="1"),
+                "scaling by (1 - p) instead of 1/(1 - p)":
+                lambda: self._answer(x, dout, p, seed, train, scale="1-p"),
+                "keeping the entries where u < p: that keeps each one with probability p; keep "
+                "them where u >= p": lambda: self._answer(x, dout, p, seed, train, "u < p")}
+
+
+# --------------------------------------------------------------------------------------------
+# Initialisation (§5)
+
+
+@register
+class Init(Check):
+    id = "check-init"
+    notebook = "06_transformer"
+    functions = ("init_uniform", "init_xavier")
+
+    def cases(self, rng):
+        yield Case("init_uniform, fan_in 4, shape (4, 6)", ("uniform", 4, (4, 6), 21))
+        yield Case("init_uniform, a bias: fan_in 8, shape (5,)", ("uniform", 8, (5,), 22))
+        yield Case("init_xavier, (3, 7)", ("xavier", 3, 7, 23))
+        yield Case("init_xavier, (16, 48) as W_qkv", ("xavier", 16, 48, 24))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("init_uniform, fan_in 1", ("uniform", 1, (1, 3), 25))
+        yield Case("init_uniform, three axes", ("uniform", 6, (2, 3, 4), 26))
+        yield Case("init_xavier, (1, 1)", ("xavier", 1, 1, 27))
+    ### END HIDDEN TESTS
+
+    def run(self, f, kind, a, b, seed):
+        rng = np.random.default_rng(seed)
+        W = f.init_uniform(a, b, rng) if kind == "uniform" else f.init_xavier(a, b, rng)
+        return {"W": W, "next draw": rng.random()}  # one call of rng.uniform, nothing more
+
+    def _draw(self, kind, a, b, seed, how="right"):
+        rng = np.random.default_rng(seed)
+        shape = b if kind == "uniform" else (a, b)
+        if kind == "uniform":
+            bound = {"right": 1 / math.sqrt(a), "1/fan_in": 1 / a}.get(how)
+        else:
+            bound = {"right": math.sqrt(6 / (a + b)), "std": math.sqrt(2 / (a + b)),
+                     "fan_in": math.sqrt(6 / (2 * a))}.get(how)
+        if how == "normal":
+            scale = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
+            W = rng.standard_normal(shape) * scale
+        elif how == "half":
+            W = rng.uniform(0, 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b)),
+                            size=shape)
+        else:
+            W = rng.uniform(-bound, bound, size=shape)
+        return {"W": W, "next draw": rng.random()}
+
+    def expected(self, kind, a, b, seed):
+        return self._draw(kind, a, b, seed)
+
+    def mistakes(self, kind, a, b, seed):
+        found = {"drawing from a normal distribution: both initialisers are uniform, "
+                 "rng.uniform(-bound, bound, size=shape)": lambda: self._draw(kind, a, b, seed,
+                                                                               "normal"),
+                 "drawing from [0, bound) instead of (-bound, bound)":
+                 lambda: self._draw(kind, a, b, seed, "half")}
+        if kind == "uniform":
+            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self._draw(
+                kind, a, b, seed, "1/fan_in")
+        else:
+            found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
+                  "deviation; a uniform distribution with that variance reaches sqrt(3) times "
+                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self._draw(kind, a, b, seed,
+                                                                                "std")
+            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self._draw(
+                kind, a, b, seed, "fan_in")
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Positions and embeddings (§6)
+
+
+@register
+class PositionalEncoding(Check):
+    id = "check-positional-encoding"
+    notebook = "06_transformer"
+    functions = ("positional_encoding",)
+
+    def cases(self, rng):
+        yield Case("10 positions, d_model 8", (10, 8))
+        yield Case("odd d_model 7 (one more sine than cosine column)", (6, 7))
+        yield Case("base 100", (5, 4), {"base": 100.0})
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one position, d_model 1", (1, 1))
+        yield Case("64 positions, d_model 32", (64, 32))
+    ### END HIDDEN TESTS
+
+    def run(self, f, max_len, d_model, base=10000.0):
+        return f.positional_encoding(max_len, d_model, base)
+
+    def _table(self, max_len, d_model, base=10000.0, how="right"):
+        torch = _torch()
+        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        i = torch.arange(0, d_model, 2, dtype=torch.float64)
+        if how == "i/d":
+            i = i / 2
+        angles = pos * base ** (-i / d_model)
+        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+        first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
+        if how == "halves":
+            half = (d_model + 1) // 2
+            pe[:, :half] = torch.sin(angles)
+            pe[:, half:] = torch.cos(angles[:, : d_model // 2])
+        else:
+            pe[:, 0::2] = first(angles)
+            pe[:, 1::2] = second(angles[:, : d_model // 2])
+        return pe.numpy()
+
+    def expected(self, max_len, d_model, base=10000.0):
+        return self._table(max_len, d_model, base)
+
+    def mistakes(self, max_len, d_model, base=10000.0):
+        return {"with the frequencies base^(-i/d) instead of base^(-2i/d) (the exponent of "
+                "column pair i is 2i/d)": lambda: self._table(max_len, d_model, base, "i/d"),
+                "with the sines in the first half and the cosines in the second instead of "
+                "interleaved (sines in the even columns)":
+                lambda: self._table(max_len, d_model, base, "halves"),
+                "with cosines in the even columns and sines in the odd ones":
+                lambda: self._table(max_len, d_model, base, "swapped")}
+
+
+@register
+class Embed(Check):
+    id = "check-embed"
+    notebook = "06_transformer"
+    functions = ("embed_forward", "embed_backward")
+
+    def cases(self, rng):
+        ids = np.array([[3, 1, 3, 0], [2, 3, 3, 4]])  # repeated ids, within and across rows
+        yield Case("scale sqrt(E), sinusoid-like table, repeated ids",
+                   (ids, rng.standard_normal((5, 6)), rng.standard_normal((7, 6)), math.sqrt(6),
+                    rng.standard_normal((2, 4, 6))))
+        yield Case("learned positions L > T, scale 1",
+                   (np.array([[1, 1, 2]]), rng.standard_normal((3, 4)),
+                    rng.standard_normal((5, 4)), 1.0, rng.standard_normal((1, 3, 4))))
+        yield Case("no positions", (np.array([[0, 2], [2, 2], [1, 0]]), rng.standard_normal((3, 5)),
+                                    None, 2.0, rng.standard_normal((3, 2, 5))))
+        yield Case("float32", (np.array([[4, 0, 4]]), _randn(rng, (6, 4), np.float32),
+                               _randn(rng, (3, 4), np.float32), 2.0,
+                               _randn(rng, (1, 3, 4), np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("every id the same", (np.full((3, 2), 1), rng.standard_normal((2, 3)),
+                                         rng.standard_normal((4, 3)), math.sqrt(3),
+                                         rng.standard_normal((3, 2, 3))))
+        yield Case("T = L = 1", (np.array([[2], [0]]), rng.standard_normal((3, 2)),
+                                 rng.standard_normal((1, 2)), 1.5, rng.standard_normal((2, 1, 2))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, ids, table, positions, scale, dx):
+        x, cache = f.embed_forward(ids, table, positions, scale)
+        dtable, dpositions = f.embed_backward(dx, cache)
+        return {"x": x, "dtable": dtable, "dpositions": dpositions}
+
+    def _torch_run(self, ids, table, positions, scale, dx, how="right"):
+        W = _t(table, grad=True)
+        P = _t(positions, grad=True)
+        t = ids.shape[1]
+        emb = W[_t(ids)]
+        if how == "scale positions too":
+            x = (emb + P[:t]) * scale if P is not None else emb * scale
+        elif how == "no scale":
+            x = emb + (P[:t] if P is not None else 0)
+        else:
+            x = emb * scale + (P[:t] if P is not None else 0)
+        x.backward(_t(dx))
+        return {"x": _np(x), "dtable": _np(W.grad), "dpositions": _np(P.grad) if P is not None
+                else None}
+
+    def expected(self, ids, table, positions, scale, dx):
+        return self._torch_run(ids, table, positions, scale, dx)
+
+    def mistakes(self, ids, table, positions, scale, dx):
+        right = self.expected(ids, table, positions, scale, dx)
+
+        def overwriting():
+            dtable = np.zeros_like(table)
+            dtable[ids] += dx * scale  # buffered: a repeated id keeps one occurrence
+            return dict(right, dtable=dtable)
+
+        found = {"with dtable[ids] += dx: for a repeated id NumPy keeps one of the additions; "
+                 "np.add.at adds them all": overwriting,
+                 "without the scale in the table's gradient (the forward multiplies the "
+                 "looked-up rows by scale, so their gradient is scaled too)":
+                 lambda: dict(right, dtable=right["dtable"] / scale),
+                 "with the positions scaled too: scale multiplies the token embeddings only":
+                 lambda: self._torch_run(ids, table, positions, scale, dx, "scale positions too"),
+                 "without the scale in the forward pass": lambda: self._torch_run(
+                     ids, table, positions, scale, dx, "no scale")}
+        if positions is not None and ids.shape[0] > 1:
+            first = np.zeros_like(positions)
+            first[: ids.shape[1]] = dx[0]
+            found["with the positions' gradient of the first sequence only: every sequence "
+                  "adds its own (sum over the batch)"] = lambda: dict(right, dpositions=first)
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder and decoder layers (§7, §8)
+
+
+def _layer_kwargs(norm_first, activation, eps):
+    return {"norm_first": norm_first, "activation": activation, "eps": eps}
+
+
+@register
+class EncoderLayer(Check):
+    id = "check-encoder-layer"
+    notebook = "06_transformer"
+    functions = ("encoder_layer_forward", "encoder_layer_backward")
+
+    def cases(self, rng):
+        pad = np.array([[False] * 5, [False] * 3 + [True] * 2])[:, None, None, :]  # (B,1,1,S)
+        yield Case("post-norm, ReLU, padding mask, E = 8, H = 2",
+                   (rng.standard_normal((2, 5, 8)), layer_params(rng, 8, 12, False), 2, pad,
+                    rng.standard_normal((2, 5, 8))), _layer_kwargs(False, "relu", 1e-5))
+        yield Case("pre-norm, GELU, no mask, E = 6, H = 3",
+                   (rng.standard_normal((3, 4, 6)), layer_params(rng, 6, 10, False), 3, None,
+                    rng.standard_normal((3, 4, 6))), _layer_kwargs(True, "gelu", 1e-5))
+        yield Case("pre-norm, float32, no biases",
+                   (_randn(rng, (2, 3, 8), np.float32),
+                    layer_params(rng, 8, 16, False, bias=False, dtype=np.float32), 4, None,
+                    _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("post-norm, one head, T = 1", (rng.standard_normal((2, 1, 4)),
+                                                  layer_params(rng, 4, 6, False), 1, None,
+                                                  rng.standard_normal((2, 1, 4))),
+                   _layer_kwargs(False, "gelu_tanh", 1e-3))
+        yield Case("pre-norm, H = E (head width 1), causal mask",
+                   (rng.standard_normal((1, 4, 4)), layer_params(rng, 4, 5, False), 4,
+                    np.triu(np.ones((4, 4), dtype=bool), 1), rng.standard_normal((1, 4, 4))),
+                   _layer_kwargs(True, "relu", 1e-5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+            eps=1e-5):
+        out, cache = f.encoder_layer_forward(x, params, num_heads, mask, norm_first, activation,
+                                             eps)
+        dx, grads = f.encoder_layer_backward(dout, cache)
+        return {"out": out, "dx": dx, "grads": grads}
+
+    def expected(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+                 eps=1e-5):
+        layer = torch_layer(params, num_heads, norm_first, activation, eps, decoder=False)
+        b, t, _ = x.shape
+        xt = _t(x, grad=True)
+        out = layer(xt, src_mask=torch_mask(mask, b, num_heads, t, t))
+        out.backward(_t(dout))
+        e = x.shape[-1]
+        grads = _copy(layout.layer_from_torch(_named_grads(layer), "", e, decoder=False))
+        return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}
+
+    def mistakes(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+                 eps=1e-5):
+        found = {"with pre-norm and post-norm swapped (norm_first=True: x + f(norm(x)))":
+                 lambda: self.expected(x, params, num_heads, None if mask is None else mask,
+                                       dout, not norm_first, activation, eps)}
+        if mask is not None:
+            found["with the mask left out of the self-attention"] = lambda: self.expected(
+                x, params, num_heads, None, dout, norm_first, activation, eps)
+        return found
+
+
+@register
+class DecoderLayer(Check):
+    id = "check-decoder-layer"
+    notebook = "06_transformer"
+    functions = ("decoder_layer_forward", "decoder_layer_backward")
+
+    @staticmethod
+    def _masks(t_lengths, s_lengths, t, s):
+        causal = np.triu(np.ones((t, t), dtype=bool), 1)
+        tgt_pad = np.arange(t)[None, :] >= np.array(t_lengths)[:, None]  # (B, T)
+        src_pad = np.arange(s)[None, :] >= np.array(s_lengths)[:, None]  # (B, S)
+        return causal | tgt_pad[:, None, None, :], src_pad[:, None, None, :]
+
+    def cases(self, rng):
+        tgt_mask, mem_mask = self._masks([4, 2], [5, 3], 4, 5)
+        yield Case("post-norm, causal + padding masks, T = 4, S = 5",
+                   (rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)),
+                    layer_params(rng, 8, 12, True), 2, tgt_mask, mem_mask,
+                    rng.standard_normal((2, 4, 8))), _layer_kwargs(False, "relu", 1e-5))
+        tgt_mask, mem_mask = self._masks([3, 3, 1], [2, 4, 4], 3, 4)
+        yield Case("pre-norm, GELU, T = 3, S = 4, H = 3",
+                   (rng.standard_normal((3, 3, 6)), rng.standard_normal((3, 4, 6)),
+                    layer_params(rng, 6, 10, True), 3, tgt_mask, mem_mask,
+                    rng.standard_normal((3, 3, 6))), _layer_kwargs(True, "gelu", 1e-5))
+        yield Case("pre-norm, float32, causal mask only",
+                   (_randn(rng, (2, 3, 8), np.float32), _randn(rng, (2, 2, 8), np.float32),
+                    layer_params(rng, 8, 16, True, dtype=np.float32), 2,
+                    np.triu(np.ones((3, 3), dtype=bool), 1), None,
+                    _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("post-norm, T = 1, S = 1, one head, no biases",
+                   (rng.standard_normal((2, 1, 4)), rng.standard_normal((2, 1, 4)),
+                    layer_params(rng, 4, 6, True, bias=False), 1, None, None,
+                    rng.standard_normal((2, 1, 4))), _layer_kwargs(False, "gelu_tanh", 1e-5))
+        tgt_mask, mem_mask = self._masks([5], [2], 5, 7)
+        yield Case("pre-norm, S = 7 > T = 5", (rng.standard_normal((1, 5, 4)),
+                                               rng.standard_normal((1, 7, 4)),
+                                               layer_params(rng, 4, 8, True), 2, tgt_mask,
+                                               mem_mask, rng.standard_normal((1, 5, 4))),
+                   _layer_kwargs(True, "relu", 1e-5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+            norm_first=False, activation="relu", eps=1e-5):
+        out, cache = f.decoder_layer_forward(x, memory, params, num_heads, tgt_mask,
+                                             memory_mask, norm_first, activation, eps)
+        dx, dmemory, grads = f.decoder_layer_backward(dout, cache)
+        return {"out": out, "dx": dx, "dmemory": dmemory,
+                "grads": quiet_key_bias(grads, x.dtype)}
+
+    def _torch_run(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                   norm_first, activation, eps):
+        layer = torch_layer(params, num_heads, norm_first, activation, eps, decoder=True)
+        b, t, e = x.shape
+        s = memory.shape[1]
+        xt, mk, mv = _t(x, grad=True), _t(memory, grad=True), _t(memory, grad=True)
+        attend = layer.multihead_attn.forward
+        # the memory as keys (mk) and as values (mv), to tell their gradients apart
+        layer.multihead_attn.forward = lambda q, k, v, **kw: attend(q, mk, mv, **kw)
+        out = layer(xt, mk, tgt_mask=torch_mask(tgt_mask, b, num_heads, t, t),
+                    memory_mask=torch_mask(memory_mask, b, num_heads, t, s))
+        out.backward(_t(dout))
+        grads = _copy(layout.layer_from_torch(_named_grads(layer), "", e, decoder=True,
+                                              split_cross=True))
+        right = {"out": _np(out), "dx": _np(xt.grad), "dmemory": _np(mk.grad) + _np(mv.grad),
+                 "grads": quiet_key_bias(grads, x.dtype)}
+        return right, _np(mk.grad), _np(mv.grad)
+
+    def expected(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                 norm_first=False, activation="relu", eps=1e-5):
+        return self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                               norm_first, activation, eps)[0]
+
+    def mistakes(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                 norm_first=False, activation="relu", eps=1e-5):
+        right, dkey, dvalue = self._torch_run(x, memory, params, num_heads, tgt_mask,
+                                              memory_mask, dout, norm_first, activation, eps)
+        return {"with the memory's gradient from the keys only: the memory is the keys AND the "
+                "values of the cross-attention, dmemory = dkey + dvalue":
+                lambda: dict(right, dmemory=dkey),
+                "with the memory's gradient from the values only: dmemory = dkey + dvalue":
+                lambda: dict(right, dmemory=dvalue),
+                "with pre-norm and post-norm swapped": lambda: self.expected(
+                    x, memory, params, num_heads, tgt_mask, memory_mask, dout, not norm_first,
+                    activation, eps)}
+
+
+# --------------------------------------------------------------------------------------------
+# Stacks (§9)
+
+
+@register
+class EncoderStack(Check):
+    id = "check-encoder-stack"
+    notebook = "06_transformer"
+    functions = ("encoder_forward", "encoder_backward")
+
+    def cases(self, rng):
+        pad = (np.arange(4)[None, :] >= np.array([4, 2])[:, None])[:, None, None, :]
+        yield Case("2 layers, pre-norm, final norm, padding mask",
+                   (rng.standard_normal((2, 4, 6)), stack_params(rng, 2, 6, 8, False), 2, pad,
+                    rng.standard_normal((2, 4, 6))), _layer_kwargs(True, "relu", 1e-5))
+        yield Case("3 layers, post-norm, no final norm",
+                   (rng.standard_normal((2, 3, 4)),
+                    stack_params(rng, 3, 4, 6, False, final_norm=False), 2, None,
+                    rng.standard_normal((2, 3, 4))), _layer_kwargs(False, "gelu", 1e-5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("1 layer, float32", (_randn(rng, (1, 3, 8), np.float32),
+                                        stack_params(rng, 1, 8, 8, False, dtype=np.float32), 4,
+                                        None, _randn(rng, (1, 3, 8), np.float32)),
+                   _layer_kwargs(True, "relu", 1e-5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+            eps=1e-5):
+        out, cache = f.encoder_forward(x, params, num_heads, mask, norm_first, activation, eps)
+        dx, grads = f.encoder_backward(dout, cache)
+        return {"out": out, "dx": dx, "grads": grads}
+
+    def expected(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+                 eps=1e-5):
+        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=False)
+        b, t, e = x.shape
+        xt = _t(x, grad=True)
+        out = stack(xt, mask=torch_mask(mask, b, num_heads, t, t))
+        out.backward(_t(dout))
+        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
+                                              decoder=False,
+                                              final_norm=params["norm"] is not None))
+        return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}
+
+    def mistakes(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
+                 eps=1e-5):
+        right = self.expected(x, params, num_heads, mask, dout, norm_first, activation, eps)
+        found = {"with the layers' gradients in reverse order (the backward pass meets the last "
+                 "layer first: put its gradients at the end of the list)": lambda: dict(
+                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
+        if params["norm"] is not None:
+            found["without the final layer norm"] = lambda: self.expected(
+                x, dict(params, norm=None), num_heads, mask, dout, norm_first, activation, eps)
+        return found
+
+
+@register
+class DecoderStack(Check):
+    id = "check-decoder-stack"
+    notebook = "06_transformer"
+    functions = ("decoder_forward", "decoder_backward")
+
+    def cases(self, rng):
+        tgt_mask, mem_mask = DecoderLayer._masks([3, 2], [4, 2], 3, 4)
+        yield Case("2 layers, pre-norm, final norm, causal + padding masks",
+                   (rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 4, 6)),
+                    stack_params(rng, 2, 6, 8, True), 2, tgt_mask, mem_mask,
+                    rng.standard_normal((2, 3, 6))), _layer_kwargs(True, "relu", 1e-5))
+        yield Case("3 layers, post-norm, no final norm, causal mask",
+                   (rng.standard_normal((1, 4, 4)), rng.standard_normal((1, 2, 4)),
+                    stack_params(rng, 3, 4, 6, True, final_norm=False), 2,
+                    np.triu(np.ones((4, 4), dtype=bool), 1), None,
+                    rng.standard_normal((1, 4, 4))), _layer_kwargs(False, "gelu", 1e-5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("1 layer, float32", (_randn(rng, (2, 2, 8), np.float32),
+                                        _randn(rng, (2, 3, 8), np.float32),
+                                        stack_params(rng, 1, 8, 8, True, dtype=np.float32), 4,
+                                        None, None, _randn(rng, (2, 2, 8), np.float32)),
+                   _layer_kwargs(True, "relu", 1e-5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+            norm_first=False, activation="relu", eps=1e-5):
+        out, cache = f.decoder_forward(x, memory, params, num_heads, tgt_mask, memory_mask,
+                                       norm_first, activation, eps)
+        dx, dmemory, grads = f.decoder_backward(dout, cache)
+        return {"out": out, "dx": dx, "dmemory": dmemory,
+                "grads": quiet_key_bias(grads, x.dtype)}
+
+    def _torch_run(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                   norm_first, activation, eps):
+        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=True)
+        b, t, e = x.shape
+        s = memory.shape[1]
+        xt = _t(x, grad=True)
+        mems = [_t(memory, grad=True) for _ in stack.layers]  # one copy per layer
+        for layer, mem in zip(stack.layers, mems, strict=True):
+            attend = layer.multihead_attn.forward
+            layer.multihead_attn.forward = (lambda q, k, v, _a=attend, _m=mem, **kw:
+                                            _a(q, _m, _m, **kw))
+        out = stack(xt, mems[0], tgt_mask=torch_mask(tgt_mask, b, num_heads, t, t),
+                    memory_mask=torch_mask(memory_mask, b, num_heads, t, s))
+        out.backward(_t(dout))
+        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
+                                              decoder=True, split_cross=True,
+                                              final_norm=params["norm"] is not None))
+        per_layer = [_np(m.grad) for m in mems]
+        right = {"out": _np(out), "dx": _np(xt.grad), "dmemory": sum(per_layer),
+                 "grads": quiet_key_bias(grads, x.dtype)}
+        return right, per_layer
+
+    def expected(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                 norm_first=False, activation="relu", eps=1e-5):
+        return self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                               norm_first, activation, eps)[0]
+
+    def mistakes(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
+                 norm_first=False, activation="relu", eps=1e-5):
+        right, per_layer = self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask,
+                                           dout, norm_first, activation, eps)
+        found = {"with the memory's gradient of one layer only: every decoder layer reads the "
+                 "memory, so dmemory is the sum over the layers":
+                 lambda: dict(right, dmemory=per_layer[0]),
+                 "with the memory's gradient of the last layer only (the sum over the layers "
+                 "is wanted)": lambda: dict(right, dmemory=per_layer[-1]),
+                 "with the layers' gradients in reverse order": lambda: dict(
+                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
+        if params["norm"] is not None:
+            found["without the final layer norm"] = lambda: self.expected(
+                x, memory, dict(params, norm=None), num_heads, tgt_mask, memory_mask, dout,
+                norm_first, activation, eps)
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# The model (§10), shared with notebook 07's checks
+
+
+def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, s=5, t=4,
+               norm_first=True, activation="relu", scale_embeddings=True, learned=False,
+               pad=True, bias=True, dtype=np.float64):
+    """Plain data for a model case: (params, src, tgt_in, config, pe, src_pad, tgt_pad)."""
+    v_src, v_tgt = vocab
+    params = {"src_embed": {"W": _randn(rng, (v_src, e), dtype, 1 / math.sqrt(e))},
+              "tgt_embed": {"W": _randn(rng, (v_tgt, e), dtype, 1 / math.sqrt(e))},
+              "encoder": stack_params(rng, n_enc, e, f, False, True, bias, dtype),
+              "decoder": stack_params(rng, n_dec, e, f, True, True, bias, dtype),
+              "out_proj": {"W": _randn(rng, (e, v_tgt), dtype, 1 / math.sqrt(e))}}
+    if bias:
+        params["out_proj"]["b"] = _randn(rng, (v_tgt,), dtype, 0.3)
+    max_len = max(s, t) + 2
+    pe = None
+    if learned:
+        params["src_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
+        params["tgt_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
+    else:
+        pe = _randn(rng, (max_len, e), dtype, 0.7)  # any table: the model adds its rows
+    src = rng.integers(0, v_src, (b, s))
+    tgt_in = rng.integers(0, v_tgt, (b, t))
+    src_pad = tgt_pad = None
+    if pad:
+        src_pad = np.arange(s)[None, :] >= rng.integers(1, s + 1, b)[:, None]
+        src_pad[0] = False  # one sequence unpadded
+        tgt_pad = np.arange(t)[None, :] >= rng.integers(1, t + 1, b)[:, None]
+    config = {"num_heads": heads, "norm_first": norm_first, "activation": activation,
+              "eps": 1e-5, "d_model": e, "scale_embeddings": scale_embeddings}
+    return params, src, tgt_in, config, pe, src_pad, tgt_pad
+
+
+def torch_model(params, config, dtype):
+    """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
+    holding the stacks."""
+    torch = _torch()
+    enc, dec = params["encoder"], params["decoder"]
+    e, f, bias, _ = _dims(enc["layers"][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        core = torch.nn.Transformer(e, config["num_heads"], len(enc["layers"]),
+                                    len(dec["layers"]), f, dropout=0.0,
+                                    activation=_torch_activation(config["activation"]),
+                                    layer_norm_eps=config["eps"], batch_first=True,
+                                    norm_first=config["norm_first"], bias=bias,
+                                    dtype=getattr(torch, np.dtype(dtype).name))
+    _load(core, {**layout.stack_to_torch(enc, "encoder."),
+                 **layout.stack_to_torch(dec, "decoder.")})
+    outer = {f"{k}.{n}": _t(v, grad=True)
+             for k in ("src_embed", "tgt_embed", "src_pos", "tgt_pos", "out_proj") if k in params
+             for n, v in params[k].items()}
+    return core, outer
+
+
+def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
+    """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
+    ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
+    "no memory padding mask")."""
+    torch = _torch()
+    dtype = params["out_proj"]["W"].dtype
+    core, outer = torch_model(params, config, dtype)
+    scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
+        else 1.0
+
+    def embed(ids, side):
+        x = outer[f"{side}_embed.W"][_t(ids)] * scale
+        table = outer.get(f"{side}_pos.W", _t(pe))
+        if table is not None and how != "no positions":
+            x = x + table[: ids.shape[1]]
+        return x
+
+    kpm_src = _t(src_pad)
+    memory = core.encoder(embed(src, "src"), src_key_padding_mask=kpm_src)
+    t = tgt_in.shape[1]
+    causal = None if how == "no causal mask" else torch.ones(t, t, dtype=torch.bool).triu(1)
+    y = core.decoder(embed(tgt_in, "tgt"), memory, tgt_mask=causal,
+                     tgt_key_padding_mask=_t(tgt_pad),
+                     memory_key_padding_mask=None if how == "no memory padding mask"
+                     else kpm_src)
+    logits = y @ outer["out_proj.W"]
+    if "out_proj.b" in outer:
+        logits = logits + outer["out_proj.b"]
+    return memory, logits, core, outer
+
+
+def torch_model_grads(params, core, outer):
+    """The gradients of a :func:`torch_logits` run, nested like ``params``."""
+    named = _named_grads(core)
+    e = params["out_proj"]["W"].shape[0]
+    grads = {"encoder": layout.stack_from_torch(named, "encoder.", len(params["encoder"]["layers"]),
+                                                e, decoder=False),
+             "decoder": layout.stack_from_torch(named, "decoder.", len(params["decoder"]["layers"]),
+                                                e, decoder=True, split_cross=True)}
+    for name, tensor in outer.items():
+        key, sub = name.split(".")
+        grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
+            np.zeros(tuple(tensor.shape))
+    return quiet_key_bias(_copy(grads), params["out_proj"]["W"].dtype)
+
+
+def config_of(config: dict):
+    """The config object the core reads (attribute access) from the case's plain dict."""
+    return SimpleNamespace(**config)
+
+
+@register
+class TransformerForward(Check):
+    id = "check-transformer-forward"
+    notebook = "06_transformer"
+    functions = ("transformer_encode", "transformer_decode", "transformer_forward")
+
+    def cases(self, rng):
+        yield Case("pre-norm, sinusoid-like table, padding", model_case(rng))
+        yield Case("post-norm, GELU, learned positions",
+                   model_case(rng, norm_first=False, activation="gelu", learned=True))
+        yield Case("no embedding scale, no padding, S != T", model_case(
+            rng, scale_embeddings=False, pad=False, s=3, t=6, n_enc=1, n_dec=2))
+        yield Case("float32", model_case(rng, dtype=np.float32, e=8, heads=4))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one head, no biases, B = 1", model_case(rng, heads=1, bias=False, b=1))
+        yield Case("T = 1 (the first decoding step)", model_case(rng, t=1, norm_first=False))
+    ### END HIDDEN TESTS
+
+    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad):
+        c = config_of(config)
+        memory, _ = f.transformer_encode(params, src, c, pe, src_pad)
+        decoded, _ = f.transformer_decode(params, tgt_in, memory, c, pe, src_pad, tgt_pad)
+        logits, _ = f.transformer_forward(params, src, tgt_in, c, pe, src_pad, tgt_pad)
+        return {"memory (transformer_encode)": memory, "logits (transformer_decode)": decoded,
+                "logits (transformer_forward)": logits}
+
+    def _answer(self, *case, how="right"):
+        memory, logits, _, _ = torch_logits(*case, how=how)
+        return {"memory (transformer_encode)": _np(memory),
+                "logits (transformer_decode)": _np(logits),
+                "logits (transformer_forward)": _np(logits)}
+
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
+        return self._answer(params, src, tgt_in, config, pe, src_pad, tgt_pad)
+
+    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
+        case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
+        found = {"without the positions (add the first T rows of the table)":
+                 lambda: self._answer(*case, how="no positions"),
+                 "without the causal mask in the decoder's self-attention":
+                 lambda: self._answer(*case, how="no causal mask")}
+        if config["scale_embeddings"]:
+            found["without multiplying the token embeddings by sqrt(E) "
+                  "(config.scale_embeddings)"] = lambda: self._answer(*case, how="no scale")
+        if src_pad is not None:
+            found["with the source padding left out of the cross-attention's mask"] = (
+                lambda: self._answer(*case, how="no memory padding mask"))
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Weight tying (§11)
+
+
+@register
+class TiedOutput(Check):
+    id = "check-tied-output"
+    notebook = "06_transformer"
+    functions = ("tied_output_forward", "tied_output_backward")
+
+    def cases(self, rng):
+        yield Case("x (2, 3, 4), V = 6", (rng.standard_normal((2, 3, 4)),
+                                          rng.standard_normal((6, 4)),
+                                          rng.standard_normal((2, 3, 6))))
+        yield Case("one sequence (T, E)", (rng.standard_normal((5, 3)), rng.standard_normal((4, 3)),
+                                           rng.standard_normal((5, 4))))
+        yield Case("float32", (_randn(rng, (2, 2, 5), np.float32), _randn(rng, (7, 5), np.float32),
+                               _randn(rng, (2, 2, 7), np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("V = E (a square table)", (rng.standard_normal((2, 2, 4)),
+                                              rng.standard_normal((4, 4)),
+                                              rng.standard_normal((2, 2, 4))))
+        yield Case("four axes", (rng.standard_normal((2, 1, 3, 2)), rng.standard_normal((5, 2)),
+                                 rng.standard_normal((2, 1, 3, 5))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, dout):
+        logits, cache = f.tied_output_forward(x, W)
+        dx, grads = f.tied_output_backward(dout, cache)
+        return {"logits": logits, "dx": dx, "grads": grads}
+
+    def expected(self, x, W, dout):
+        xt, Wt = _t(x, grad=True), _t(W, grad=True)
+        logits = xt @ Wt.T
+        logits.backward(_t(dout))
+        return {"logits": _np(logits), "dx": _np(xt.grad), "grads": {"W": _np(Wt.grad)}}
+
+    def mistakes(self, x, W, dout):
+        right = self.expected(x, W, dout)
+        return {"with the table's gradient transposed: the gradient of W.T is (E, V), the table "
+                "W is (V, E)": lambda: dict(right, grads={"W": right["grads"]["W"].T})}

@@ -1,0 +1,339 @@
+"""Checks of notebook 07_verification: the model's backward pass and loss, and the notebook's
+variants (find the bug, label smoothing, positions of a left-padded batch).
+
+The model's references are PyTorch's: ``nn.Transformer`` loaded with the case's parameters,
+embeddings and output projection as tensor operations, autograd for every gradient (the
+helpers are notebook 06's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb06_transformer import (
+    _np,
+    _t,
+    _torch,
+    config_of,
+    model_case,
+    quiet_key_bias,
+    torch_logits,
+    torch_model_grads,
+)
+
+# --------------------------------------------------------------------------------------------
+# The model's backward pass (§1) and loss (§2)
+
+
+def _model_cases(rng):
+    yield Case("pre-norm, padding", model_case(rng))
+    yield Case("post-norm, GELU, learned positions",
+               model_case(rng, norm_first=False, activation="gelu", learned=True))
+    yield Case("float32, no embedding scale", model_case(rng, dtype=np.float32,
+                                                         scale_embeddings=False))
+
+
+def _hidden_model_cases(rng):
+    yield Case("one head, no biases, B = 1", model_case(rng, heads=1, bias=False, b=1))
+    yield Case("three encoder and two decoder layers, T = 1",
+               model_case(rng, n_enc=3, n_dec=2, t=1, pad=False))
+
+
+@register
+class TransformerBackward(Check):
+    id = "check-transformer-backward"
+    notebook = "07_verification"
+    functions = ("transformer_forward", "transformer_backward")
+
+    def cases(self, rng):
+        for case in _model_cases(rng):
+            yield Case(case.name, case.args + (self._dlogits(rng, case.args),))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        for case in _hidden_model_cases(rng):
+            yield Case(case.name, case.args + (self._dlogits(rng, case.args),))
+    ### END HIDDEN TESTS
+
+    @staticmethod
+    def _dlogits(rng, args):
+        params, _, tgt_in = args[:3]
+        w = params["out_proj"]["W"]
+        return rng.standard_normal(tgt_in.shape + (w.shape[1],)).astype(w.dtype)
+
+    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
+        _, cache = f.transformer_forward(params, src, tgt_in, config_of(config), pe, src_pad,
+                                         tgt_pad)
+        grads = f.transformer_backward(dlogits, cache)
+        return quiet_key_bias(grads, dlogits.dtype)
+
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
+        _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
+        logits.backward(_t(dlogits))
+        return torch_model_grads(params, core, outer)
+
+    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
+        right = self.expected(params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits)
+
+        def zeros(tree):
+            if isinstance(tree, dict):
+                return {k: zeros(v) for k, v in tree.items()}
+            if isinstance(tree, list):
+                return [zeros(v) for v in tree]
+            return None if tree is None else np.zeros_like(tree)
+
+        cut = dict(right, encoder=zeros(right["encoder"]), src_embed=zeros(right["src_embed"]))
+        if "src_pos" in right:
+            cut["src_pos"] = zeros(right["src_pos"])
+        return {"without sending the memory's gradient into the encoder (decoder_backward "
+                "returns dmemory: run encoder_backward on it, then the source embedding's)":
+                lambda: cut}
+
+
+@register
+class TransformerLoss(Check):
+    id = "check-transformer-loss"
+    notebook = "07_verification"
+    functions = ("transformer_loss",)
+
+    def cases(self, rng):
+        for case in _model_cases(rng):
+            yield Case(case.name, case.args + (self._labels(rng, case.args),))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        for case in _hidden_model_cases(rng):
+            yield Case(case.name, case.args + (self._labels(rng, case.args),))
+    ### END HIDDEN TESTS
+
+    @staticmethod
+    def _labels(rng, args):
+        params, _, tgt_in = args[:3]
+        labels = rng.integers(0, params["out_proj"]["W"].shape[1], tgt_in.shape)
+        if labels.size > 1:
+            labels[-1, -1] = -1  # ignored: padding
+        return labels
+
+    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
+        loss, grads = f.transformer_loss(params, src, tgt_in, labels, config_of(config), pe,
+                                         src_pad, tgt_pad, -1)
+        return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
+
+    def _answer(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
+        torch = _torch()
+        _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
+        v = logits.shape[-1]
+        flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
+        if how == "mean over all":
+            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=-1,
+                                                     reduction="sum") / labels.size
+        else:
+            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=-1,
+                                                     reduction=how)
+        loss.backward()
+        dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
+        return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}
+
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
+        return self._answer(params, src, tgt_in, config, pe, src_pad, tgt_pad, labels)
+
+    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
+        case = (params, src, tgt_in, config, pe, src_pad, tgt_pad, labels)
+        return {"dividing by every position, ignored ones included: the mean is over the "
+                "labels that count": lambda: self._answer(*case, how="mean over all"),
+                "with the sum over the labels instead of their mean":
+                lambda: self._answer(*case, how="sum")}
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: find the bugs (a torch function, compared with nn.MultiheadAttention)
+
+
+def _mha_case(batch, length, e, heads, seed):
+    """An ``nn.MultiheadAttention`` (float64) with seeded weights, an input, a padding mask and
+    an upstream gradient."""
+    torch = _torch()
+    r = np.random.default_rng(seed)
+    mha = torch.nn.MultiheadAttention(e, heads, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(torch.from_numpy(r.standard_normal(tuple(p.shape)) * 0.5))
+    x = r.standard_normal((batch, length, e))
+    lengths = r.integers(1, length + 1, batch)
+    mask = np.arange(length)[None, :] >= lengths[:, None]  # (B, T) True = padding
+    return mha, x, mask, r.standard_normal((batch, length, e))
+
+
+@register
+class FindTheBug(Check):
+    id = "check-find-the-bug"
+    notebook = "07_verification"
+    arguments = ("self_attention",)
+
+    def cases(self, rng):
+        yield Case("B=2, T=5, E=12, 3 heads", (2, 5, 12, 3, 1))
+        yield Case("B=3, T=4, E=8, 2 heads", (3, 4, 8, 2, 2))
+        yield Case("one head (where the bugs hide)", (2, 3, 6, 1, 3))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("head width 1 (H = E = 8), T = 1", (4, 1, 8, 8, 4))
+        yield Case("B=1, T=6, E=16, 4 heads", (1, 6, 16, 4, 5))
+
+    def expected(self, batch, length, e, heads, seed):
+        mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
+        xt = _t(x, grad=True)
+        out = mha(xt, xt, xt, key_padding_mask=_t(mask), need_weights=False)[0]
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(xt.grad)}
+
+    def mistakes(self, batch, length, e, heads, seed):
+        def variant(scale_by_e, transpose_back):
+            torch = _torch()
+            mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
+            xt = _t(x, grad=True)
+            dh = e // heads
+            q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
+            q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2) for a in (q, k, v))
+            scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
+            scores = scores.masked_fill(_t(mask)[:, None, None, :], float("-inf"))
+            ctx = torch.softmax(scores, dim=-1) @ v
+            ctx = ctx.transpose(1, 2) if transpose_back else ctx
+            out = ctx.reshape(batch, length, e) @ mha.out_proj.weight.T + mha.out_proj.bias
+            out.backward(_t(dout))
+            return {"out": _np(out), "dx": _np(xt.grad)}
+
+        return {"with the scores still divided by sqrt(E) (the first bug): each head's scores "
+                "are dot products of E/H numbers": lambda: variant(True, True),
+                "with the heads merged by a reshape alone (the second bug): move the heads "
+                "back next to the head width, (B, H, T, Dh) -> (B, T, H, Dh), before reshaping":
+                lambda: variant(False, False),
+                "with both bugs still in": lambda: variant(True, False)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, batch, length, e, heads, seed):
+        mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
+        xt = _t(x, grad=True)
+        out = f.self_attention(xt, mha.in_proj_weight.T, mha.in_proj_bias, mha.out_proj.weight.T,
+                               mha.out_proj.bias, heads, key_padding_mask=_t(mask))
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(xt.grad)}
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: label-smoothed cross-entropy over the labels that are not padding
+
+
+def _smoothed(logits, labels, pad_id, alpha, how="right"):
+    """Loss and dlogits from torch's ``cross_entropy(label_smoothing=...)`` (or a mistake)."""
+    torch = _torch()
+    v = logits.shape[-1]
+    lt = _t(logits, grad=True)
+    flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
+    smoothing = alpha * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else alpha
+    if how == "mean over all":
+        loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
+                                                 label_smoothing=alpha,
+                                                 reduction="sum") / labels.size
+    else:
+        loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
+                                                 label_smoothing=smoothing)
+    loss.backward()
+    return {"loss": loss.item(), "dlogits": _np(lt.grad)}
+
+
+@register
+class LabelSmoothing(Check):
+    id = "check-label-smoothing"
+    notebook = "07_verification"
+    arguments = ("smoothed_loss",)
+
+    def cases(self, rng):
+        for shape, alpha, scale in [((2, 5, 7), 0.1, 3), ((3, 4, 5), 0.0, 3),
+                                    ((1, 6, 11), 0.3, 3), ((2, 3, 6), 0.1, 1000)]:
+            labels = rng.integers(1, shape[-1], shape[:2])
+            labels[0, -1] = 0  # at least one padding position (pad_id 0)
+            yield Case(f"logits {shape} of size ~{scale}, alpha = {alpha}",
+                       (rng.standard_normal(shape) * scale, labels, 0, alpha))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        labels = rng.integers(1, 3, (4, 2))
+        labels[1] = 0  # a whole sequence of padding
+        yield Case("V = 3, a sequence of padding only, alpha = 0.2",
+                   (rng.standard_normal((4, 2, 3)), labels, 0, 0.2))
+        yield Case("logits of size ~1000, alpha = 0, pad_id 2",
+                   (rng.standard_normal((2, 3, 6)) * 1000, np.array([[1, 2, 3], [2, 4, 5]]), 2,
+                    0.0))
+
+    def expected(self, logits, labels, pad_id, alpha):
+        return _smoothed(logits, labels, pad_id, alpha)
+
+    def mistakes(self, logits, labels, pad_id, alpha):
+        case = (logits, labels, pad_id, alpha)
+        found = {"with the mean over every position, padding included: the mean is over the "
+                 "labels that are not pad_id": lambda: _smoothed(*case, how="mean over all")}
+        if alpha > 0:
+            found["without the smoothing (q must be (1 - alpha) onehot + alpha / V)"] = (
+                lambda: _smoothed(*case, how="no smoothing"))
+            found["with alpha spread over the V - 1 other tokens: q = (1 - alpha) onehot + "
+                  "alpha / V puts alpha / V on every token, the label included"] = (
+                lambda: _smoothed(*case, how="V - 1"))
+        return found
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, labels, pad_id, alpha):
+        loss, dlogits = f.smoothed_loss(logits, labels, pad_id, alpha)
+        return {"loss": loss, "dlogits": dlogits}
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: positional encodings of a batch padded on either side
+
+
+@register
+class PaddedPositions(Check):
+    id = "check-padded-positions"
+    notebook = "07_verification"
+    arguments = ("padded_positional_encoding",)
+
+    def cases(self, rng):
+        ids = np.array([[0, 0, 5, 3, 8], [4, 4, 4, 4, 4], [0, 7, 7, 0, 0]])
+        yield Case("padded left, not at all, on both sides; d_model 6", (ids, 0, 6))
+        yield Case("the same, odd d_model 7", (ids, 0, 7))
+        yield Case("a row of padding only", (np.array([[3, 4, 0], [0, 0, 0]]), 0, 4))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("long left padding, pad_id 9", (np.array([[9, 9, 9, 9, 1, 2, 3, 4]]), 9, 8))
+        yield Case("one column", (np.array([[0], [5]]), 0, 3))
+
+    def _answer(self, ids, pad_id, d_model, how="right"):
+        out = np.zeros(ids.shape + (d_model,))
+        omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
+        for b, row in enumerate(ids):
+            cols = np.flatnonzero(row != pad_id)
+            for k, col in enumerate(cols):
+                p = col if how == "column" else k
+                out[b, col, 0::2] = np.sin(p * omega)
+                out[b, col, 1::2] = np.cos(p * omega[: d_model // 2])
+            if how == "padding not zeroed":
+                for col in np.flatnonzero(row == pad_id):
+                    out[b, col, 0::2] = 0.0
+                    out[b, col, 1::2] = 1.0  # PE of position 0
+        return out
+
+    def expected(self, ids, pad_id, d_model):
+        return self._answer(ids, pad_id, d_model)
+
+    def mistakes(self, ids, pad_id, d_model):
+        return {"with each token's column as its position: count the positions from each "
+                "sequence's first real token": lambda: self._answer(ids, pad_id, d_model,
+                                                                    "column"),
+                "with the encoding of position 0 at the padding, which must be zeros":
+                lambda: self._answer(ids, pad_id, d_model, "padding not zeroed")}
+    ### END HIDDEN TESTS
+
+    def run(self, f, ids, pad_id, d_model):
+        return f.padded_positional_encoding(ids, pad_id, d_model)

@@ -1,0 +1,81 @@
+"""`python -m transformer_lab.bench`: interleaved rounds, the spread of the ratio, one thread and
+CPU time by default, progress and an expected duration on stderr. (The twin-parity check and
+the table's rows are tested in test_interop.py.)"""
+
+import subprocess
+import sys
+
+import pytest
+
+from transformer_lab import bench
+
+
+def test_paired_rounds_alternate_the_order_and_skip_the_warmup():
+    calls = []
+    a, b = bench.paired_times(lambda: calls.append("a"), lambda: calls.append("b"),
+                              repeats=4, warmup=1)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert len(a) == len(b) == 4 and all(t >= 0 for t in a + b)
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        bench.paired_times(lambda: None, lambda: None, repeats=0, warmup=0)
+
+
+def test_paired_times_read_the_given_clock():
+    ticks = iter(range(100))
+    a, b = bench.paired_times(lambda: None, lambda: None, repeats=2, warmup=1,
+                              clock=lambda: next(ticks))
+    assert a == b == [1, 1]
+
+
+def test_summary_is_the_median_of_per_round_ratios_and_their_middle_half():
+    torch_times = [1.0, 2.0, 1.0, 10.0, 1.0]   # round 4: the machine was busy for both
+    numpy_times = [0.5, 1.0, 0.6, 5.0, 0.4]
+    t = bench.summarize(torch_times, numpy_times)
+    assert (t.torch, t.numpy) == (1.0, 0.6)
+    assert t.ratio == 0.5  # ratios 0.5 0.5 0.6 0.5 0.4
+    assert (t.ratio_q1, t.ratio_q3) == (0.5, 0.5)
+    assert bench.quartiles([2.0]) == (2.0, 2.0)
+    assert bench.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+
+
+def test_a_busy_machine_moves_the_medians_but_not_the_paired_ratio():
+    """Numbers shaped like a run under load: stretches of rounds 5x slower for both sides, and
+    one round where only torch was hit. The ratio of the two sides' medians is far off; the
+    median of the per-round ratios stays at the true 0.8."""
+    slow = [1, 1, 5, 5, 5, 1, 5, 5, 1, 1, 5]
+    torch_times = [10.0 * s for s in slow]
+    numpy_times = [8.0 * s for s in slow]
+    numpy_times[2] = 8.0
+    t = bench.summarize(torch_times, numpy_times)
+    assert t.numpy / t.torch == pytest.approx(0.16)
+    assert t.ratio == pytest.approx(0.8) and t.ratio_q1 == pytest.approx(0.8)
+
+
+def test_estimate_and_format():
+    speed = (2e10, 2e-6)
+    small = bench.estimate_seconds("encoder_layer", 64, 32, 16, 2, 18, speed)
+    assert 0 < small < bench.estimate_seconds("encoder_layer", 256, 64, 64, 2, 18, speed) \
+        < bench.estimate_seconds("transformer", 256, 64, 64, 2, 18, speed)
+    assert bench.estimate_seconds("transformer", 64, 32, 16, 2, 36, speed) > \
+        bench.estimate_seconds("transformer", 64, 32, 16, 2, 18, speed)
+    flops, call = bench.calibrate(0.05)
+    assert flops > 1e8 and 0 < call < 1e-2
+    assert [bench.format_seconds(s) for s in (0.4, 42, 190, 3725)] == \
+        ["0 s", "42 s", "3 min 10 s", "1 h 02 min"]
+
+
+def test_bench_reports_progress_and_duration_on_stderr_and_uses_one_thread_by_default():
+    res = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--quick"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    err = res.stderr
+    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up; expected duration about" in err
+    assert "[1/2] TransformerEncoderLayer, d_model 32, batch 4, length 8 ..." in err
+    assert "[2/2] Transformer (1+1)" in err and "elapsed, about" in err and "in all" in err
+    out = res.stdout
+    assert "(1 BLAS threads), torch" in out and "(1 threads)" in out
+    assert "interleaved rounds" in out and "middle half" in out
+    assert "CPU time of this process" in out  # the default clock with one thread
+    rows = [line for line in out.splitlines() if line.startswith("Transformer")]
+    assert len(rows) == 4  # two table rows and two summary lines
+    assert all(line.rstrip().endswith("x") for line in rows[:2])
