@@ -27,8 +27,10 @@ group goes to validation when the CRC-32 of its first name (in sorted order) is 
 
 **Tokens.** Id 0 (:data:`BOUNDARY`) ends every document; id 1 (:data:`UNKNOWN`) stands for a
 character outside printable ASCII and the newline (about a hundred of two million); then the
-characters of the training documents, sorted. The streams ``train_ids`` and ``val_ids`` are the
-documents of each split, in name order, each followed by the boundary.
+newline and the 95 printable ASCII characters, in code order (:data:`VOCAB`, fixed: the same
+98 tokens whatever NumPy's docstrings hold, so that a trained model fits every installation).
+The streams ``train_ids`` and ``val_ids`` are the documents of each split, in name order, each
+followed by the boundary.
 
 **Bits per character** of a model on the validation stream: the mean over every token of
 ``val_ids`` but the first of ``-log2 p(token | the tokens before it)``.
@@ -60,6 +62,8 @@ MODULES = ("numpy", "numpy.char", "numpy.dtypes", "numpy.exceptions", "numpy.fft
 BOUNDARY, UNKNOWN = 0, 1
 #: How the boundary and an unknown character are shown by :meth:`Corpus.decode`.
 BOUNDARY_TEXT, UNKNOWN_TEXT = "\u00a7", "\u00bf"
+#: The tokens: boundary, unknown, the newline and printable ASCII (" " .. "~").
+VOCAB = ("<boundary>", "<unknown>", "\n", *map(chr, range(32, 127)))
 #: Near-duplicate detection: substring length, shared fraction, boilerplate threshold.
 SHINGLE, NEAR_DUPLICATE_SHARE, BOILERPLATE_DOCS = 32, 0.2, 20
 #: A group goes to validation when crc32(its first name) % VAL_MODULUS == 0 (about 1 in 10).
@@ -268,8 +272,7 @@ def load_corpus(val_modulus: int = VAL_MODULUS) -> Corpus:
     is_val = np.array([zlib.crc32(first_name[g].encode()) % val_modulus == 0
                        for g in groups.tolist()])
     train_texts = [t for t, val in zip(texts, is_val, strict=True) if not val]
-    chars = sorted({ch for t in train_texts for ch in t if ch == "\n" or " " <= ch <= "~"})
-    vocab = ("<boundary>", "<unknown>", *chars)
+    vocab = VOCAB
     index = {ch: i for i, ch in enumerate(vocab) if i > UNKNOWN}
     return Corpus(names=names, texts=texts, is_val=is_val, groups=groups, vocab=vocab,
                   train_ids=_stream(train_texts, index),

@@ -43,6 +43,8 @@ from transformer_lab.core.layers import (
     linear_backward,
     linear_forward,
     softmax_forward,
+    tied_output_backward,
+    tied_output_forward,
 )
 from transformer_lab.core.model import embed_backward, embed_forward
 from transformer_lab.core.multihead import merge_heads, split_heads
@@ -393,7 +395,7 @@ def gpt_forward(params, ids, config, pe=None, rope=None):
         x, c_layer = gpt_block_forward(x, layer, config, rope)
         c_layers.append(c_layer)
     x, c_norm = norm_forward(x, params["norm"], config.norm, config.eps)
-    logits, c_out = linear_forward(x, params["embed"]["W"].T)  # tied: (B, T, E) @ (E, V)
+    logits, c_out = tied_output_forward(x, params["embed"]["W"])  # x @ W_emb^T: (B, T, V)
     ### END SOLUTION
     return logits, (c_embed, c_layers, c_norm, c_out, "pos" in params)
 
@@ -404,14 +406,14 @@ def gpt_backward(dlogits, cache):
     embedding's and the output projection's."""
     c_embed, c_layers, c_norm, c_out, learned = cache
     ### BEGIN SOLUTION
-    dx, g_out = linear_backward(dlogits, c_out)  # g_out["W"]: (E, V), of W_emb^T
+    dx, g_out = tied_output_backward(dlogits, c_out)  # g_out["W"]: (V, E), the output's share
     dx, g_norm = norm_backward(dx, c_norm)
     g_layers = []
     for c_layer in reversed(c_layers):
         dx, g = gpt_block_backward(dx, c_layer)
         g_layers.insert(0, g)
     d_table, d_pos = embed_backward(dx, c_embed)
-    d_table += g_out["W"].T  # tied: the two uses of the table add up
+    d_table += g_out["W"]  # tied: the two uses of the table add up
     grads = {"embed": {"W": d_table}, "layers": g_layers, "norm": g_norm}
     if learned:
         grads["pos"] = {"W": d_pos}
@@ -502,7 +504,7 @@ def gpt_step(params, ids, config, kv_caches, length, pe=None, rope=None):
         h, _ = norm_forward(x, layer["norm2"], c.norm, c.eps)
         x = x + mlp_forward(h, layer["mlp"], c.mlp)[0]
     x, _ = norm_forward(x, params["norm"], c.norm, c.eps)
-    logits, _ = linear_forward(x, params["embed"]["W"].T)  # (B, t, V)
+    logits, _ = tied_output_forward(x, params["embed"]["W"])  # (B, t, V)
     ### END SOLUTION
     return logits, end
 
