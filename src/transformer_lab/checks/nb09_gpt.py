@@ -427,8 +427,8 @@ class TopPFilter(Check):
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("float32, three axes", (rng.standard_normal((2, 3, 7)).astype(np.float32)
-                                           * 3, 0.7))
+        yield Case("float32 with three axes, p = 0.7", (
+            rng.standard_normal((2, 3, 7)).astype(np.float32) * 3, 0.7))
         yield Case("a peaked row", (np.array([[8.0, 1.0, 0.5, 0.0, -1.0]]), 0.95))
     ### END HIDDEN TESTS
 
@@ -825,7 +825,7 @@ class ModernBlock(_BlockCheck):
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("float32", _block_case(rng, "modern", np.float32))
+        yield Case("the modern block in float32", _block_case(rng, "modern", np.float32))
     ### END HIDDEN TESTS
 
     def cases(self, rng):
