@@ -42,9 +42,12 @@ second run of the first gave the same validation bits per character to the last 
     python -m transformer_lab.train --task charlm --seed 0 --block modern \\
         --record src/transformer_lab/data/charlm_blocks.json
 
-Each file stores its command. Measured on a 2-core machine shared with other work: about 5.5
-minutes of CPU for a whole run of the first (5.2 to 5.4 of them in the training steps), one
-thread.
+Each file stores its command. Measured on a 2-core machine shared with other work, three runs
+of the first: 4.9 to 5.5 minutes of CPU for the whole run (4.6 to 5.4 in the training steps),
+one thread; 7.0 minutes of wall-clock time with a load average of 2 to 3.5, 26 to 28 minutes
+under a load of 5 to 12. A second BLAS thread does not pay on such a machine: a training step
+took a median 507 ms with two threads against 60 ms with one (when the second core happens to
+be free, two threads can be faster: 39 ms against 51 for the modern block, at best).
 """
 
 from __future__ import annotations
