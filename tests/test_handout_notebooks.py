@@ -48,11 +48,7 @@ def _runs_on_the_core(path: Path) -> bool:
 
 #: Notebooks that fail with the complete core for reasons of their own (they fail nbval on main
 #: too): notebook -> why. The notebooks are being rewritten; remove an entry once it passes.
-BROKEN_ON_MAIN = {
-    "05_backward": "05_backward calls self_attention_backward with the pre-boundary API (a "
-                   "dict of parameters where the boundary now takes dweights); it fails nbval "
-                   "on main as well and is being rewritten",
-}
+BROKEN_ON_MAIN: dict[str, str] = {}
 
 
 def _param(path: Path, needs_core: bool):

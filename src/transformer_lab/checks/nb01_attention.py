@@ -1,4 +1,12 @@
-"""Checks of notebook 01_attention: the softmax, attention, and the notebook's variants."""
+"""Checks of notebook 01_attention: the softmax and attention (core), and the notebook's variants
+(log-sum-exp, cosine attention, additive attention).
+
+The core checks take what notebook 01 asks for: the softmax over the last axis (rows whose
+entries are all -inf are notebook 02's), attention for one sequence, q (T, d_k), without a mask
+(masks: notebook 02; leading batch and head axes: notebook 03). References are PyTorch; the hints
+are computed with PyTorch too, so they show no NumPy answer. The variants' references would show
+their answers: they, and the hints built like them, sit in the hidden regions.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,19 @@ def _torch():
     return torch
 
 
+def _t(a):
+    return _torch().from_numpy(np.array(a))
+
+
+def _softmax(x, dim=-1):
+    """PyTorch's softmax of a NumPy array, as a NumPy array."""
+    return _torch().softmax(_t(x), dim=dim).numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# Section 3: the softmax
+
+
 @register
 class SoftmaxForward(Check):
     id = "check-softmax-forward"
@@ -23,34 +44,57 @@ class SoftmaxForward(Check):
 
     def cases(self, rng):
         yield Case("one row", (rng.standard_normal(5),))
-        yield Case("a batch of rows", (rng.standard_normal((3, 4)),))
-        yield Case("huge scores", (rng.standard_normal((2, 6)) * 1000,))
+        yield Case("a square matrix (4, 4)", (rng.standard_normal((4, 4)) * 3,))
+        yield Case("a batch of rows (3, 4)", (rng.standard_normal((3, 4)),))
+        yield Case("huge scores (about 1000)", (rng.standard_normal((2, 6)) * 1000,))
         yield Case("-inf entries", (np.array([[0.0, -np.inf, 1.0], [-np.inf, 2.0, 0.5]]),))
-        yield Case("float32", (rng.standard_normal((2, 3, 5)).astype(np.float32),))
+        yield Case("float32, three axes", (rng.standard_normal((2, 3, 5)).astype(np.float32),))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one entry per row", (rng.standard_normal((4, 1)),))
-        yield Case("rows far apart", (np.stack([rng.standard_normal(7) + 1e4,
-                                                rng.standard_normal(7) - 1e4]),))
+        yield Case("rows far apart (+1e4 and -1e4)", (np.stack([rng.standard_normal(7) + 1e4,
+                                                                rng.standard_normal(7) - 1e4]),))
         yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),))
+        yield Case("float32 scores near 100 (exp overflows float32)",
+                   ((rng.standard_normal((3, 5)) + 100).astype(np.float32),))
+        yield Case("a square matrix (5, 5) of equal rows", (np.tile(rng.standard_normal(5),
+                                                                    (5, 1)),))
     ### END HIDDEN TESTS
 
     def run(self, f, x):
         return f.softmax_forward(x)[0]
 
     def expected(self, x):
-        torch = _torch()
-        return torch.softmax(torch.from_numpy(x), dim=-1).numpy()
+        return _softmax(x, -1)
 
     def mistakes(self, x):
-        return {"normalising over the first axis instead of the last (axis=0)":
-                lambda: _np_softmax(x, axis=0)}
+        torch = _torch()
+        t = _t(x)
+        found = {}
+        if x.ndim >= 2:
+            found["normalising over the first axis (axis=0) instead of the last (axis=-1)"] = \
+                lambda: _softmax(x, 0)
+            found["normalising over the whole array (a sum without an axis): each row must "
+                  "sum to one"] = lambda: torch.softmax(t.reshape(-1), 0).reshape(t.shape).numpy()
+            found["subtracting the maximum of the whole array instead of each row's: a row far "
+                  "below the maximum underflows to 0/0"] = \
+                lambda: (torch.exp(t - t.max()) / torch.exp(t - t.max()).sum(-1, True)).numpy()
+        if x.ndim >= 2 and x.shape[-1] == x.shape[-2]:
+            found["without keepdims=True: x.max(axis=-1) has lost the last axis and broadcasts "
+                  "along the wrong one (keep it: x.max(axis=-1, keepdims=True))"] = \
+                lambda: _no_keepdims(t).numpy()
+        return found
 
 
-def _np_softmax(x, axis=-1):
-    z = np.exp(x - x.max(axis=axis, keepdims=True))
-    return z / z.sum(axis=axis, keepdims=True)
+def _no_keepdims(t):
+    """The softmax with each row's max and sum broadcast along the wrong axis (a square x)."""
+    z = (t - t.max(-1).values[..., None, :]).exp()
+    return z / z.sum(-1)[..., None, :]
+
+
+# --------------------------------------------------------------------------------------------
+# Section 6: attention
 
 
 @register
@@ -64,33 +108,100 @@ class AttentionForward(Check):
         yield Case("T = 2, S = 5, d_k = 4, d_v = 6", (rng.standard_normal((2, 4)),
                                                       rng.standard_normal((5, 4)),
                                                       rng.standard_normal((5, 6))))
-        yield Case("float32", tuple(rng.standard_normal((3, 8)).astype(np.float32)
-                                    for _ in range(3)))
+        yield Case("float32, d_k = 8", tuple(rng.standard_normal((3, 8)).astype(np.float32)
+                                             for _ in range(3)))
+        yield Case("scale = 0.3 given (d_k = 4)", tuple(rng.standard_normal((3, 4))
+                                                        for _ in range(3)), {"scale": 0.3})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one query, one key", tuple(rng.standard_normal((1, 2)) for _ in range(3)))
-        yield Case("large d_k = 64", (rng.standard_normal((3, 64)), rng.standard_normal((5, 64)),
-                                      rng.standard_normal((5, 2))))
+        yield Case("large d_k = 64, T = 3, S = 5", (rng.standard_normal((3, 64)),
+                                                    rng.standard_normal((5, 64)),
+                                                    rng.standard_normal((5, 2))))
+        yield Case("large scores (q and k of size 30)",
+                   tuple(rng.standard_normal((4, 4)) * s for s in (30, 30, 1)))
+        yield Case("float32, T = 6, S = 2, d_k = 16, scale = 0.1",
+                   (rng.standard_normal((6, 16)).astype(np.float32),
+                    rng.standard_normal((2, 16)).astype(np.float32),
+                    rng.standard_normal((2, 3)).astype(np.float32)), {"scale": 0.1})
     ### END HIDDEN TESTS
 
-    def run(self, f, q, k, v):
-        out, cache = f.attention_forward(q, k, v)
-        return out
+    def run(self, f, q, k, v, scale=None):
+        out, cache = f.attention_forward(q, k, v, scale=scale)
+        return {"scale in the cache": _cached(cache, "scale"), "out": out,
+                "weights (the softmax's cache)": _cached(cache, "weights")}
 
-    def expected(self, q, k, v):
-        torch = _torch()
-        t = [torch.from_numpy(a) for a in (q, k, v)]
-        return torch.nn.functional.scaled_dot_product_attention(*t).numpy()
+    def expected(self, q, k, v, scale=None):
+        return self._reference(q, k, v, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
-    def mistakes(self, q, k, v):
+    def _reference(self, q, k, v, scale, dim=-1, cached=None):
+        """PyTorch's attention with the scores multiplied by ``scale`` and the softmax over
+        ``dim``, and the scale the cache holds (default: ``scale``)."""
+        qt, kt, vt = _t(q), _t(k), _t(v)
+        weights = _torch().softmax(qt @ kt.transpose(-1, -2) * scale, dim=dim)
+        return {"scale in the cache": scale if cached is None else cached,
+                "out": (weights @ vt).numpy(), "weights (the softmax's cache)": weights.numpy()}
+
+    def tolerance(self, name, expected):
+        if name == "output['scale in the cache']":
+            return 1e-6  # a scale stored as a float32 number is right too
+        return super().tolerance(name, expected)
+
+    def mistakes(self, q, k, v, scale=None):
         d = q.shape[-1]
-        return {"without dividing the scores by sqrt(d_k)":
-                lambda: _np_softmax(q @ k.T) @ v,
-                "dividing the scores by d_k instead of sqrt(d_k)":
-                lambda: _np_softmax(q @ k.T / d) @ v,
-                "with the softmax over the queries (axis 0) instead of the keys":
-                lambda: _np_softmax(q @ k.T / math.sqrt(d), axis=0) @ v}
+        want = 1 / math.sqrt(d) if scale is None else scale
+        applied = {"with the softmax over the queries (axis 0) instead of the keys (the last "
+                   "axis)": (want, 0)}
+        if scale is None:
+            applied.update({
+                "without dividing the scores by sqrt(d_k)": (1.0, -1),
+                "dividing the scores by d_k instead of sqrt(d_k)": (1 / d, -1),
+                "multiplying the scores by sqrt(d_k) instead of dividing": (math.sqrt(d), -1)})
+        else:
+            applied.update({
+                "ignoring the scale argument (1/sqrt(d_k) is only the default, for scale=None)":
+                (1 / math.sqrt(d), -1),
+                "dividing by the scale instead of multiplying by it": (1 / scale, -1)})
+        # One mistake, two ways to fill the cache: with the right scale, or with the factor
+        # actually applied; the hint names the mistake either way.
+        found = _Pairs()
+        for description, (factor, dim) in applied.items():
+            for cached in dict.fromkeys((want, factor)):
+                found.append((description, lambda f=factor, dm=dim, c=cached:
+                              self._reference(q, k, v, f, dm, c)))
+        if scale is None:
+            found.append(("caching sqrt(d_k), the number you divided by: the cache must hold "
+                          "the factor the scores were multiplied by, 1/sqrt(d_k) (the backward "
+                          "pass multiplies by it)",
+                          lambda: self._reference(q, k, v, want, cached=math.sqrt(d))))
+        return found
+
+
+class _Pairs(list):
+    """Hints as (description, wrong answer) pairs, where a description may come twice."""
+
+    def items(self):
+        return iter(self)
+
+
+def _cached(cache, what: str):
+    """The attention weights or the scale in the cache of attention_forward (read through the
+    package's accessor), or a sentence saying what is wrong with the cache."""
+    from transformer_lab.attention import AttentionCache
+
+    try:
+        value = getattr(AttentionCache(cache, (), None), what)
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return ("not found: keep the given return line, out, (q, k, v, c_softmax, scale)")
+    if value is None:
+        return ("None: set it to the factor you multiplied the scores by" if what == "scale"
+                else "None: set c_softmax to your softmax_forward's cache")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Exercises: notebook functions
 
 
 @register
@@ -113,20 +224,26 @@ class LogSumExp(Check):
         yield Case("one slice near +1e4, one near -1e4", (x,))
         yield Case("the same along axis 0", (x.T.copy(),), {"axis": 0})
         yield Case("four axes, axis -2", (rng.standard_normal((2, 2, 3, 4)),), {"axis": -2})
+        yield Case("one entry per slice", (rng.standard_normal((3, 1)) * 100,))
+        yield Case("float32 near 100 (exp overflows float32)",
+                   ((rng.standard_normal((2, 5)) + 100).astype(np.float32),))
     ### END HIDDEN TESTS
 
     def run(self, f, x, axis=-1):
         return f.logsumexp(x, axis=axis)
 
     def expected(self, x, axis=-1):
-        torch = _torch()
-        return torch.logsumexp(torch.from_numpy(x), dim=axis).numpy()
+        return _torch().logsumexp(_t(x), dim=axis).numpy()
 
     def mistakes(self, x, axis=-1):
+        torch = _torch()
+        t = _t(x)
         return {"subtracting the maximum of the whole array instead of each slice's":
-                lambda: x.max() + np.log(np.exp(x - x.max()).sum(axis=axis)),
+                lambda: (t.max() + torch.log(torch.exp(t - t.max()).sum(axis))).numpy(),
                 "keeping the reduced axis (keepdims=True) in the result":
-                lambda: np.expand_dims(self.expected(x, axis), axis)}
+                lambda: np.expand_dims(self.expected(x, axis), axis),
+                "without adding the maximum back after the log":
+                lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy()}
 
 
 @register
@@ -143,6 +260,8 @@ class CosineAttention(Check):
                    tuple(rng.standard_normal((1, 4, 3)) for _ in range(3)), {"tau": 1e6})
         yield Case("tau = 1e-4 (sharp, must stay finite)",
                    tuple(rng.standard_normal((1, 4, 3)) for _ in range(3)), {"tau": 1e-4})
+        yield Case("the default tau, B = 3, T = S = 2", tuple(rng.standard_normal((3, 2, 5))
+                                                              for _ in range(3)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -152,14 +271,29 @@ class CosineAttention(Check):
                    {"tau": 0.2})
         yield Case("one query, one key", tuple(rng.standard_normal((1, 1, 2)) for _ in range(3)),
                    {"tau": 0.1})
+        yield Case("B = 4 = S = d_k (a square batch)", tuple(rng.standard_normal((4, 4, 4))
+                                                             for _ in range(3)), {"tau": 0.3})
 
     def expected(self, q, k, v, tau=0.1):
+        return self._reference(q, k, v, tau)
+
+    def _reference(self, q, k, v, tau, norm_dim=-1, softmax_dim=-1, normalise_k=True):
         torch = _torch()
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
-        qn = q / q.norm(dim=-1, keepdim=True)
-        kn = k / k.norm(dim=-1, keepdim=True)
-        w = torch.softmax(qn @ kn.transpose(-1, -2) / tau, dim=-1)
+        qn = q / q.norm(dim=norm_dim, keepdim=True)
+        kn = k / k.norm(dim=norm_dim, keepdim=True) if normalise_k else k
+        w = torch.softmax(qn @ kn.transpose(-1, -2) / tau, dim=softmax_dim)
         return {"out": (w @ v).numpy(), "weights": w.numpy()}
+
+    def mistakes(self, q, k, v, tau=0.1):
+        return {"normalising q and k along the wrong axis (the sequence axis, -2, instead of "
+                "the features, -1)": lambda: self._reference(q, k, v, tau, norm_dim=-2),
+                "with the softmax over the queries (axis -2) instead of the keys (axis -1)":
+                lambda: self._reference(q, k, v, tau, softmax_dim=-2),
+                "multiplying the cosines by tau instead of dividing":
+                lambda: self._reference(q, k, v, 1 / tau),
+                "normalising only the queries (the keys need unit length too)":
+                lambda: self._reference(q, k, v, tau, normalise_k=False)}
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, tau=0.1):
@@ -174,10 +308,12 @@ class AdditiveAttention(Check):
     arguments = ("additive_attention",)
 
     def cases(self, rng):
-        t, s, dq, dk, dv, h = 4, 6, 3, 5, 2, 7
         yield Case("T = 4, S = 6, d_q = 3, d_k = 5, h = 7",
                    tuple(rng.standard_normal(sh) for sh in
-                         [(t, dq), (s, dk), (s, dv), (dq, h), (dk, h), (h,)]))
+                         [(4, 3), (6, 5), (6, 2), (3, 7), (5, 7), (7,)]))
+        yield Case("T = S = 3, d_q = d_k = h = 2",
+                   tuple(rng.standard_normal(sh) for sh in
+                         [(3, 2), (3, 2), (3, 4), (2, 2), (2, 2), (2,)]))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -185,15 +321,28 @@ class AdditiveAttention(Check):
                                       [(1, 2), (3, 4), (3, 5), (2, 6), (4, 6), (6,)]))
         yield Case("h = 1", tuple(rng.standard_normal(sh) for sh in
                                   [(3, 2), (4, 2), (4, 2), (2, 1), (2, 1), (1,)]))
+        yield Case("large weights (tanh saturates)", tuple(
+            rng.standard_normal(sh) * s for sh, s in
+            [((5, 3), 10), ((4, 3), 10), ((4, 2), 1), ((3, 6), 1), ((3, 6), 1), ((6,), 5)]))
 
     def expected(self, q, k, v, W1, W2, w):
+        return self._reference(q, k, v, W1, W2, w)
+
+    def _reference(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True):
         torch = _torch()
         q, k, v, W1, W2, w = (torch.from_numpy(a) for a in (q, k, v, W1, W2, w))
-        scores = torch.stack([torch.stack([w @ torch.tanh(q[i] @ W1 + k[j] @ W2)
-                                           for j in range(k.shape[0])])
-                              for i in range(q.shape[0])])
-        weights = torch.softmax(scores, dim=-1)
+        a, b = (q @ W2, k @ W1) if swap else (q @ W1, k @ W2)
+        hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)
+        scores = (torch.tanh(hidden) if act else hidden) @ w
+        weights = torch.softmax(scores, dim=dim)
         return {"out": (weights @ v).numpy(), "weights": weights.numpy()}
+
+    def mistakes(self, q, k, v, W1, W2, w):
+        return {"with the softmax over the queries (axis 0) instead of the keys":
+                lambda: self._reference(q, k, v, W1, W2, w, dim=0),
+                "without the tanh": lambda: self._reference(q, k, v, W1, W2, w, act=False),
+                "with W1 and W2 swapped (q goes through W1, k through W2)":
+                lambda: self._reference(q, k, v, W1, W2, w, swap=True)}
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, W1, W2, w):

@@ -33,10 +33,12 @@ def _linear_cases(rng):
     yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
 
 
+### BEGIN HIDDEN TESTS
 def _linear_hidden_cases(rng):
     yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
     yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
     yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
+### END HIDDEN TESTS
 
 
 def _torch_linear(x, W, b, dout):
@@ -312,7 +314,8 @@ class MaskedMean(Check):
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("H (4, 4, 4): every axis the same size", self._case(rng, 4, 4, 4, False))
+        yield Case("H (4, 4, 4) with padding: every axis the same size",
+                   self._case(rng, 4, 4, 4, False))
         yield Case("lengths as a Python list", (rng.standard_normal((2, 3, 2)), [1, 3]))
 
     def expected(self, H, lengths):

@@ -34,10 +34,12 @@ def _model_cases(rng):
                                                          scale_embeddings=False))
 
 
+### BEGIN HIDDEN TESTS
 def _hidden_model_cases(rng):
     yield Case("one head, no biases, B = 1", model_case(rng, heads=1, bias=False, b=1))
     yield Case("three encoder and two decoder layers, T = 1",
                model_case(rng, n_enc=3, n_dec=2, t=1, pad=False))
+### END HIDDEN TESTS
 
 
 @register

@@ -3,7 +3,7 @@
     python -m transformer_lab.train --task reverse --seed 0
     python -m transformer_lab.train --task add --steps 4000 --checkpoint add.npz
 
-or, from Python (notebook 07)::
+or, from Python (notebook 08)::
 
     from transformer_lab.train import train
     result = train("reverse", seed=0)         # TrainConfig fields as keywords

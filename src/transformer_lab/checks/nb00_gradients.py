@@ -1,0 +1,280 @@
+"""Checks of notebook 00_gradients: ReLU and the linear layer (core), and the MSE exercise.
+
+The core checks take 2-D inputs only: notebook 03 extends ``linear_forward`` and
+``linear_backward`` to any leading axes and checks that. References are PyTorch (functional ops,
+autograd for the gradients); the linear layer's autograd reference is itself checked against a
+central-difference gradient in float64. The hints are computed from the reference (a mean where
+a sum belongs is the reference divided by N, ...), so they show no NumPy answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _t(a, grad=False):
+    torch = _torch()
+    return None if a is None else torch.from_numpy(np.array(a)).requires_grad_(grad)
+
+
+# --------------------------------------------------------------------------------------------
+# Section 4: ReLU
+
+
+@register
+class Relu(Check):
+    id = "check-relu"
+    notebook = "00_gradients"
+    functions = ("relu_forward", "relu_backward")
+
+    def cases(self, rng):
+        yield Case("a matrix (4, 5)", (rng.standard_normal((4, 5)), rng.standard_normal((4, 5))))
+        x = rng.standard_normal((3, 4))
+        x[0, 1] = x[1, 3] = x[2, 0] = 0.0
+        yield Case("exact zeros in x (the gradient at 0 is 0, as in PyTorch)",
+                   (x, rng.standard_normal((3, 4))))
+        yield Case("float32", (rng.standard_normal((2, 6)).astype(np.float32),
+                               rng.standard_normal((2, 6)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one axis", (rng.standard_normal(7), rng.standard_normal(7)))
+        yield Case("three axes", (rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))))
+        yield Case("all negative", (-np.abs(rng.standard_normal((2, 3))) - 0.1,
+                                    rng.standard_normal((2, 3))))
+        yield Case("zeros only", (np.zeros((2, 2)), rng.standard_normal((2, 2))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout):
+        out, cache = f.relu_forward(x)
+        dx = f.relu_backward(dout, cache)
+        return {"out": out, "dx": dx}
+
+    def expected(self, x, dout):
+        torch = _torch()
+        xt = _t(x, grad=True)
+        out = torch.relu(xt)
+        out.backward(_t(dout))
+        return {"out": out.detach().numpy(), "dx": xt.grad.numpy()}
+
+    def mistakes(self, x, dout):
+        e = self.expected(x, dout)
+        return {
+            "with a gradient of 1 at x = 0 (a mask x >= 0): PyTorch, and the course, take 0 "
+            "there": lambda: {"out": e["out"], "dx": np.where(x >= 0, dout, 0).astype(x.dtype)},
+            "applying the ReLU to dout (max(dout, 0)): the mask must come from x, the input of "
+            "the forward pass, which the cache holds": lambda: {
+                "out": e["out"], "dx": np.maximum(dout, 0)},
+            "returning the mask itself: multiply dout by it": lambda: {
+                "out": e["out"], "dx": x > 0},
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Section 6: the linear layer
+
+
+def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=False):
+    args = [rng.standard_normal((n, d_in)).astype(dtype),
+            rng.standard_normal((d_in, d_out)).astype(dtype),
+            rng.standard_normal(d_out).astype(dtype) if bias else None]
+    if dout:
+        args.append(rng.standard_normal((n, d_out)).astype(dtype))
+    return tuple(args)
+
+
+@register
+class LinearForward(Check):
+    id = "check-linear-forward"
+    notebook = "00_gradients"
+    functions = ("linear_forward",)
+
+    def cases(self, rng):
+        yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3))
+        yield Case("no bias (b = None)", _linear_case_args(rng, 5, 4, 3, bias=False))
+        yield Case("a square W (D_in = D_out = 4)", _linear_case_args(rng, 3, 4, 4))
+        yield Case("float32", _linear_case_args(rng, 4, 3, 2, dtype=np.float32))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one row (N = 1)", _linear_case_args(rng, 1, 3, 5))
+        yield Case("D_out = 1", _linear_case_args(rng, 6, 4, 1))
+        yield Case("D_in = 1, no bias", _linear_case_args(rng, 3, 1, 4, bias=False))
+        yield Case("float32, no bias, square W", _linear_case_args(rng, 5, 6, 6, bias=False,
+                                                                    dtype=np.float32))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, b):
+        return f.linear_forward(x, W, b)[0]
+
+    def expected(self, x, W, b):
+        torch = _torch()
+        return torch.nn.functional.linear(_t(x), _t(W).T, _t(b)).numpy()
+
+    def mistakes(self, x, W, b):
+        torch = _torch()
+        found = {"with the weight transposed (x @ W.T): our W is (D_in, D_out), the transpose "
+                 "of PyTorch's nn.Linear.weight, and y = x @ W + b":
+                 lambda: torch.nn.functional.linear(_t(x), _t(W), _t(b)).numpy()}
+        if b is not None:
+            found["without adding the bias b"] = lambda: self.expected(x, W, None)
+        return found
+
+
+@register
+class LinearBackward(Check):
+    id = "check-linear-backward"
+    notebook = "00_gradients"
+    functions = ("linear_forward", "linear_backward")
+
+    def cases(self, rng):
+        yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3, dout=True))
+        yield Case("no bias (b = None): grads has W only",
+                   _linear_case_args(rng, 5, 4, 3, bias=False, dout=True))
+        yield Case("a square W (D_in = D_out = 4)", _linear_case_args(rng, 6, 4, 4, dout=True))
+        yield Case("float32", _linear_case_args(rng, 4, 3, 2, dtype=np.float32, dout=True))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one row (N = 1)", _linear_case_args(rng, 1, 3, 5, dout=True))
+        yield Case("D_out = 1", _linear_case_args(rng, 7, 4, 1, dout=True))
+        yield Case("N = 64, D_in = D_out = 8", _linear_case_args(rng, 64, 8, 8, dout=True))
+        yield Case("float32, no bias, square W", _linear_case_args(rng, 5, 6, 6, bias=False,
+                                                                    dtype=np.float32, dout=True))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W, b, dout):
+        _, cache = f.linear_forward(x, W, b)
+        dx, grads = f.linear_backward(dout, cache)
+        return {"dx": dx, "grads": grads}
+
+    def expected(self, x, W, b, dout):
+        """PyTorch autograd; in float64 also checked against a central difference."""
+        xt, Wt, bt = _t(x, True), _t(W, True), _t(b, True)
+        out = xt @ Wt if b is None else xt @ Wt + bt
+        out.backward(_t(dout))
+        grads = {"W": Wt.grad.numpy()} if b is None else {"W": Wt.grad.numpy(),
+                                                          "b": bt.grad.numpy()}
+        want = {"dx": xt.grad.numpy(), "grads": grads}
+        if x.dtype == np.float64:
+            _agrees_with_numerical_gradient(want, x, W, b, dout)
+        return want
+
+    def mistakes(self, x, W, b, dout):
+        e = self.expected(x, W, b, dout)
+        n = x.shape[0]
+
+        def wrong(dx=None, dW=None, db=None):
+            grads = {"W": e["grads"]["W"] if dW is None else dW}
+            if b is not None:
+                grads["b"] = e["grads"]["b"] if db is None else db
+            return {"dx": e["dx"] if dx is None else dx, "grads": grads}
+
+        found = {
+            "with the transpose on the wrong side of dW (dout.T @ x): dW must have W's shape "
+            "(D_in, D_out), and x.T @ dout is the product that has it":
+            lambda: wrong(dW=e["grads"]["W"].T),
+            "with dx = dout @ W: the gradient of x multiplies by W transposed":
+            lambda: wrong(dx=dout @ W),
+            "averaging dW over the batch (dividing by N): every row of x contributes to the "
+            "loss, and the contributions add up":
+            lambda: wrong(dW=e["grads"]["W"] / n),
+        }
+        if b is not None:
+            found.update({
+                "averaging the bias gradient over the batch (a mean): b is added to every row, "
+                "so its gradient is the SUM of dout over the rows (section 3)":
+                lambda: wrong(db=e["grads"]["b"] / n),
+                "summing the bias gradient over the wrong axis (axis=1, the features): sum "
+                "over the rows, axis=0":
+                lambda: wrong(db=dout.sum(axis=1)),
+                "keeping the summed axis (keepdims=True): db must have b's shape (D_out,)":
+                lambda: wrong(db=e["grads"]["b"][None, :]),
+            })
+        return found
+
+
+def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
+    """A guard on the reference: autograd's gradients of ``x @ W + b`` against central
+    differences (float64, tolerance 1e-7)."""
+    from transformer_lab.gradient_check import eval_numerical_gradient_array, rel_error
+
+    bias = 0.0 if b is None else b
+    numerical = {"dx": eval_numerical_gradient_array(lambda xp: xp @ W + bias, x.copy(), dout),
+                 "W": eval_numerical_gradient_array(lambda Wp: x @ Wp + bias, W.copy(), dout)}
+    autograd = {"dx": want["dx"], "W": want["grads"]["W"]}
+    if b is not None:
+        numerical["b"] = eval_numerical_gradient_array(lambda bp: x @ W + bp, b.copy(), dout)
+        autograd["b"] = want["grads"]["b"]
+    for name, value in numerical.items():
+        err = rel_error(autograd[name], value)
+        if not err < tol:
+            raise RuntimeError(f"check-linear-backward's reference: autograd and the numerical "
+                               f"gradient of {name} differ by {err:.1e}")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise: the mean squared error (a notebook function)
+
+
+@register
+class MSELoss(Check):
+    id = "check-mse"
+    notebook = "00_gradients"
+    arguments = ("mse_loss",)
+
+    def cases(self, rng):
+        yield Case("shape (3, 2, 4)", (rng.standard_normal((3, 2, 4)),
+                                       rng.standard_normal((3, 2, 4))))
+        yield Case("a column (5, 1)", (rng.standard_normal((5, 1)), rng.standard_normal((5, 1))))
+        yield Case("float32 (dP stays float32)", (rng.standard_normal((4, 3)).astype(np.float32),
+                                                  rng.standard_normal((4, 3)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("1-D, worked by hand", (np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 5.0])))
+        yield Case("one entry", (np.array([[0.5]]), np.array([[-1.5]])))
+        yield Case("P == Y (zero loss, zero gradient)", (np.full((2, 3), 0.25),
+                                                         np.full((2, 3), 0.25)))
+    ### END HIDDEN TESTS
+
+    def run(self, f, P, Y):
+        loss, dP = f.mse_loss(P, Y)
+        return {"loss": loss, "dP": dP, "the loss is a float": isinstance(loss, float)}
+
+    def expected(self, P, Y):
+        torch = _torch()
+        pt = _t(P, True)
+        loss = torch.nn.functional.mse_loss(pt, _t(Y))
+        loss.backward()
+        # the loss as a NumPy scalar of P's dtype: a float32 loss is compared to float32 precision
+        return {"loss": loss.detach().numpy()[()], "dP": pt.grad.numpy(),
+                "the loss is a float": True}
+
+    def mistakes(self, P, Y):
+        e = self.expected(P, Y)
+        n, rows = P.size, (P.shape[0] if P.ndim else 1)
+
+        def wrong(loss=None, dP=None):
+            return {"loss": e["loss"] if loss is None else loss,
+                    "dP": e["dP"] if dP is None else dP, "the loss is a float": True}
+
+        found = {
+            "without the factor 2 of the square's derivative": lambda: wrong(dP=e["dP"] / 2),
+            "without dividing the gradient by the number of entries (the gradient of the sum, "
+            "not of the mean)": lambda: wrong(dP=e["dP"] * n),
+            "with the sum of the squares as the loss instead of their mean":
+            lambda: wrong(loss=e["loss"] * n),
+        }
+        if rows != n:
+            found["dividing by the number of rows (P.shape[0]) instead of the number of "
+                  "entries (P.size)"] = lambda: wrong(dP=e["dP"] * n / rows)
+        return found

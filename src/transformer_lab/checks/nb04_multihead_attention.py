@@ -1,0 +1,576 @@
+"""Checks of notebook 04_multihead_attention: heads, multi-head attention with separate and
+packed projections, the merged mask, and the notebook's grouped-query variants.
+
+The references are PyTorch's: ``nn.MultiheadAttention`` for the layers (our ``(in, out)``
+weights copied in transposed, notebook 01 section 8), tensor ``view``/``transpose`` for the
+heads, ``F.scaled_dot_product_attention(enable_gqa=True)`` and PyTorch's FLOP counter for the
+grouped-query exercises. The hints compute the classic wrong answers with PyTorch as well.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs shared by the checks (plain data: the cases hold arrays, never modules)
+
+
+def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype=np.float64):
+    """Random parameters of multi-head attention in the core's layout (biases not zero, so that
+    a wrong bias shows)."""
+    kdim, vdim = kdim or e, vdim or e
+    scale = 1 / math.sqrt(e)
+    if packed:
+        p = {"W_qkv": rng.standard_normal((e, 3 * e)) * scale}
+    else:
+        p = {"W_q": rng.standard_normal((e, e)) * scale,
+             "W_k": rng.standard_normal((kdim, e)) / math.sqrt(kdim),
+             "W_v": rng.standard_normal((vdim, e)) / math.sqrt(vdim)}
+    p["W_o"] = rng.standard_normal((e, e)) * scale
+    if bias:
+        if packed:
+            p["b_qkv"] = 0.1 * rng.standard_normal(3 * e)
+        else:
+            p.update(b_q=0.1 * rng.standard_normal(e), b_k=0.1 * rng.standard_normal(e),
+                     b_v=0.1 * rng.standard_normal(e))
+        p["b_o"] = 0.1 * rng.standard_normal(e)
+    return {k: v.astype(dtype) for k, v in p.items()}
+
+
+def blocked_rows_mask(rng, b, t, s):
+    """A bool mask (B, 1, T, S), True = blocked: random, and query 0 of sequence 0 sees no key
+    at all (a fully blocked row)."""
+    mask = rng.random((b, 1, t, s)) < 0.3
+    mask[0, 0, 0] = True
+    return mask
+
+
+# --------------------------------------------------------------------------------------------
+# PyTorch references (and the classic mistakes, written in PyTorch too)
+
+
+def torch_mha_forward(query, key, value, params, num_heads, mask=None):
+    """``nn.MultiheadAttention(batch_first=True)`` in eval mode holding ``params`` (separate or
+    packed ``W_qkv``, any key/value widths), run with the boolean mask broadcast to
+    ``(B * H, T, S)`` (True = blocked); returns the output as a NumPy array of the inputs'
+    dtype. A fully blocked query row gets the output bias (PyTorch with need_weights=False)."""
+    torch = _torch()
+    e = query.shape[-1]
+    dtype = getattr(torch, query.dtype.name)
+    packed = "W_qkv" in params
+    w_q, w_k, w_v = ((params["W_qkv"][:, :e], params["W_qkv"][:, e:2 * e],
+                      params["W_qkv"][:, 2 * e:]) if packed else
+                     (params["W_q"], params["W_k"], params["W_v"]))
+    bias = "b_o" in params
+    mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
+                                      kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    with torch.no_grad():
+        if mha._qkv_same_embed_dim:
+            mha.in_proj_weight.copy_(t(np.concatenate([w_q, w_k, w_v], axis=1).T))
+        else:
+            mha.q_proj_weight.copy_(t(w_q.T))
+            mha.k_proj_weight.copy_(t(w_k.T))
+            mha.v_proj_weight.copy_(t(w_v.T))
+        mha.out_proj.weight.copy_(t(params["W_o"].T))
+        if bias:
+            b_in = params["b_qkv"] if packed else np.concatenate(
+                [params["b_q"], params["b_k"], params["b_v"]])
+            mha.in_proj_bias.copy_(t(b_in))
+            mha.out_proj.bias.copy_(t(params["b_o"]))
+        attn_mask = None
+        if mask is not None:
+            b, t_len, s = query.shape[0], query.shape[1], key.shape[1]
+            full = np.broadcast_to(mask, (b, num_heads, t_len, s))
+            attn_mask = t(full.reshape(b * num_heads, t_len, s))
+        out, _ = mha(t(query), t(key), t(value), attn_mask=attn_mask, need_weights=False)
+    return out.numpy()
+
+
+def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=None,
+                        split="heads", project_out=True, transpose_weights=False):
+    """Multi-head attention written out in PyTorch, with knobs that reproduce classic mistakes:
+    ``scale`` (default 1/sqrt(d_h)), ``split`` ("heads": reshape (B, T, H, d_h) then swap;
+    "no swap": reshape straight to (B, H, T, d_h); "interleaved": W_qkv cut per head as
+    [q_i | k_i | v_i]), ``project_out`` (False: no W_o), ``transpose_weights`` (x @ W.T)."""
+    torch = _torch()
+    F = torch.nn.functional
+    e = query.shape[-1]
+    h, d_h = num_heads, e // num_heads
+
+    def t(a):
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+    def lin(x, w, b):
+        w = t(w)
+        y = x @ (w.T if transpose_weights else w)
+        return y if b is None else y + t(b)
+
+    q_in, k_in, v_in = t(query), t(key), t(value)
+    if "W_qkv" in params and split == "interleaved":
+        qkv = lin(q_in, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
+        b_, t_ = qkv.shape[:2]
+        qkv = qkv.reshape(b_, t_, h, 3 * d_h).transpose(1, 2)  # per head [q_i | k_i | v_i]
+        q, k, v = qkv.split(d_h, dim=-1)
+    else:
+        if "W_qkv" in params:
+            w, b = params["W_qkv"], params.get("b_qkv")
+            pieces = [(w[:, i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
+                      for i in range(3)]
+        else:
+            pieces = [(params[f"W_{n}"], params.get(f"b_{n}")) for n in "qkv"]
+        projected = [lin(x, w, b) for x, (w, b) in zip((q_in, k_in, v_in), pieces, strict=True)]
+
+        def heads(x):
+            b_, n_ = x.shape[:2]
+            if split == "no swap":
+                return x.reshape(b_, h, n_, d_h)
+            return x.reshape(b_, n_, h, d_h).transpose(1, 2)
+
+        q, k, v = (heads(x) for x in projected)
+    allowed = None if mask is None else ~t(np.asarray(mask))
+    scale = 1 / math.sqrt(d_h) if scale is None else scale
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # (B, H, T, d_h)
+    b_, _, t_, _ = o.shape
+    merged = o.reshape(b_, t_, e) if split == "no swap" else o.transpose(1, 2).reshape(b_, t_, e)
+    if not project_out:
+        return merged.numpy()
+    return lin(merged, params["W_o"], params.get("b_o")).numpy()
+
+
+def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
+    """The classic wrong answers of a multi-head attention forward, by description."""
+    e = query.shape[-1]
+    d_h = e // num_heads
+    args = (query, key, value, params, num_heads, mask)
+    found = {"without the scale 1/sqrt(d_h) on the scores":
+             lambda: torch_heads_forward(*args, scale=1.0),
+             "splitting the features by a reshape straight to (B, H, T, d_h), without swapping "
+             "the time and head axes":
+             lambda: torch_heads_forward(*args, split="no swap"),
+             "without the output projection W_o, b_o":
+             lambda: torch_heads_forward(*args, project_out=False)}
+    if d_h != e:
+        found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
+            lambda: torch_heads_forward(*args, scale=1 / math.sqrt(e)))
+    if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
+        found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not ours)"] = (
+            lambda: torch_heads_forward(*args, transpose_weights=True))
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Heads
+
+
+@register
+class SplitHeads(Check):
+    id = "check-split-heads"
+    notebook = "04_multihead_attention"
+    functions = ("split_heads",)
+
+    def cases(self, rng):
+        yield Case("B = 2, T = 3, E = 8, 2 heads", (rng.standard_normal((2, 3, 8)), 2))
+        yield Case("one head (h = 1)", (rng.standard_normal((2, 4, 6)), 1))
+        yield Case("heads = width (h = E = 6, d_h = 1)", (rng.standard_normal((2, 3, 6)), 6))
+        yield Case("batch of 1, length 1", (rng.standard_normal((1, 1, 8)), 4))
+        yield Case("float32, 3 heads", (rng.standard_normal((2, 5, 12)).astype(np.float32), 3))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("T = 7, E = 24, 4 heads", (rng.standard_normal((3, 7, 24)), 4))
+        yield Case("a non-contiguous input (a transposed array)",
+                   (np.ascontiguousarray(rng.standard_normal((6, 2, 4))).transpose(1, 0, 2), 2))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, num_heads):
+        return np.array(f.split_heads(x, num_heads))
+
+    def expected(self, x, num_heads):
+        b, t, e = x.shape
+        return (_torch().from_numpy(x).reshape(b, t, num_heads, e // num_heads)
+                .transpose(1, 2).contiguous().numpy())
+
+    def mistakes(self, x, num_heads):
+        b, t, e = x.shape
+        h, d = num_heads, e // num_heads
+        return {"reshaping straight to (B, H, T, d_h), without swapping the time and head axes":
+                lambda: x.reshape(b, h, t, d),
+                "cutting the features as (d_h, H) instead of (H, d_h): head i then gets "
+                "features i, i + H, i + 2H, ... instead of its block of d_h neighbours":
+                lambda: x.reshape(b, t, d, h).transpose(0, 3, 1, 2)}
+
+
+@register
+class MergeHeads(Check):
+    id = "check-merge-heads"
+    notebook = "04_multihead_attention"
+    functions = ("merge_heads",)
+
+    def cases(self, rng):
+        yield Case("B = 2, 2 heads, T = 3, d_h = 4", (rng.standard_normal((2, 2, 3, 4)),))
+        yield Case("one head (h = 1)", (rng.standard_normal((2, 1, 4, 6)),))
+        yield Case("heads = width (d_h = 1)", (rng.standard_normal((2, 6, 3, 1)),))
+        yield Case("batch of 1, length 1", (rng.standard_normal((1, 4, 1, 2)),))
+        yield Case("float32, 3 heads", (rng.standard_normal((2, 3, 5, 4)).astype(np.float32),))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("4 heads, T = 7, d_h = 6", (rng.standard_normal((3, 4, 7, 6)),))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x):
+        return np.array(f.merge_heads(x))
+
+    def expected(self, x):
+        b, h, t, d = x.shape
+        return _torch().from_numpy(x).transpose(1, 2).reshape(b, t, h * d).numpy()
+
+    def mistakes(self, x):
+        b, h, t, d = x.shape
+        return {"reshaping to (B, T, E) without first swapping the head and time axes back":
+                lambda: x.reshape(b, t, h * d),
+                "ordering the features as (d_h, H) instead of (H, d_h): the heads interleaved "
+                "instead of side by side":
+                lambda: x.transpose(0, 2, 3, 1).reshape(b, t, h * d)}
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-head attention, separate projections
+
+
+@register
+class MultiHeadAttentionForward(Check):
+    id = "check-mha-forward"
+    notebook = "04_multihead_attention"
+    functions = ("multi_head_attention_forward",)
+
+    @staticmethod
+    def _case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
+              mask=None, self_attention=False):
+        query = rng.standard_normal((b, t, e))
+        if self_attention:
+            key = value = query
+        else:
+            key = rng.standard_normal((b, s, kdim or e))
+            value = rng.standard_normal((b, s, vdim or e))
+        params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
+        arrays = tuple(a.astype(dtype) for a in (query, key, value))
+        return Case(name, (*arrays, params, h), {"mask": mask})
+
+    def cases(self, rng):
+        yield self._case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
+        yield self._case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
+                         self_attention=True)
+        yield self._case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8,
+                         4, kdim=5, vdim=6)
+        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
+        yield self._case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
+        yield self._case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
+        yield self._case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5,
+                         8, 2, mask=blocked_rows_mask(rng, 2, 4, 5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
+        t = 5
+        causal = np.triu(np.ones((t, t), dtype=bool), 1)
+        yield self._case(rng, "float32, 8 heads, a causal (T, T) mask", 2, t, t, 16, 8,
+                         dtype=np.float32, mask=causal, self_attention=True)
+        yield self._case(rng, "6 heads of width 4 (E = 24), kdim = vdim = 10", 3, 4, 6, 24, 6,
+                         kdim=10, vdim=10)
+    ### END HIDDEN TESTS
+
+    def run(self, f, query, key, value, params, num_heads, mask=None):
+        out, _ = f.multi_head_attention_forward(query, key, value, params, num_heads, mask)
+        return out
+
+    def expected(self, query, key, value, params, num_heads, mask=None):
+        return torch_mha_forward(query, key, value, params, num_heads, mask)
+
+    def mistakes(self, query, key, value, params, num_heads, mask=None):
+        return mha_forward_mistakes(query, key, value, params, num_heads, mask)
+
+
+# --------------------------------------------------------------------------------------------
+# One mask for every head
+
+
+@register
+class MergeMasks(Check):
+    id = "check-merge-masks"
+    notebook = "04_multihead_attention"
+    functions = ("merge_masks",)
+
+    @staticmethod
+    def _case(rng, name, b, h, t, s, lengths=None, attn="causal"):
+        attn_mask = None
+        if attn == "causal":
+            attn_mask = np.arange(s)[None, :] > np.arange(t)[:, None]  # (T, S)
+        elif attn == "random":
+            attn_mask = rng.random((t, s)) < 0.3
+        kpm = None if lengths is None else np.arange(s)[None, :] >= np.asarray(lengths)[:, None]
+        return Case(name, (attn_mask, kpm), {"scores_shape": (b, h, t, s)})
+
+    def cases(self, rng):
+        yield self._case(rng, "causal (T, T) and padding (B, T), T = S = 4", 2, 2, 4, 4,
+                         lengths=[4, 2])
+        yield self._case(rng, "S != T: a (T, S) mask and padding (B, S)", 2, 3, 3, 5,
+                         lengths=[5, 3], attn="random")
+        yield self._case(rng, "a sequence of length 0: every key padded, fully blocked rows", 2, 2,
+                         3, 3, lengths=[3, 0])
+        yield self._case(rng, "only a padding mask (attn_mask None)", 3, 2, 2, 4,
+                         lengths=[4, 1, 2], attn=None)
+        yield self._case(rng, "only an attention mask (key_padding_mask None)", 2, 2, 3, 3,
+                         attn="causal")
+        yield self._case(rng, "no mask at all (both None: None)", 2, 2, 3, 3, attn=None)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "batch of 1, one query (T = 1), S = 4", 1, 4, 1, 4, lengths=[2],
+                         attn="random")
+        yield self._case(rng, "4 sequences, T = 5, S = 7", 4, 3, 5, 7, lengths=[7, 1, 4, 0],
+                         attn="random")
+
+    def expected(self, attn_mask, key_padding_mask, scores_shape):
+        if attn_mask is None and key_padding_mask is None:
+            return None
+        torch = _torch()
+        full = torch.zeros(scores_shape, dtype=torch.bool)
+        if attn_mask is not None:
+            full = full | torch.from_numpy(attn_mask)
+        if key_padding_mask is not None:
+            b, s = key_padding_mask.shape
+            full = full | torch.from_numpy(key_padding_mask).view(b, 1, 1, s)
+        return full.numpy()
+
+    def mistakes(self, attn_mask, key_padding_mask, scores_shape):
+        if attn_mask is None or key_padding_mask is None:
+            return {}
+        b, s = key_padding_mask.shape
+        am = np.broadcast_to(attn_mask, scores_shape)
+        found = {"combining the masks with & (blocked only where both block) instead of | "
+                 "(blocked where either blocks)":
+                 lambda: am & key_padding_mask[:, None, None, :]}
+        if scores_shape[2] == s:
+            found["blocking the padded queries (key_padding_mask[:, None, :, None]) instead "
+                  "of the padded keys (the last axis)"] = (
+                lambda: am | np.broadcast_to(key_padding_mask[:, None, :, None], scores_shape))
+        return found
+    ### END HIDDEN TESTS
+
+    def run(self, f, attn_mask, key_padding_mask, scores_shape):
+        mask = f.merge_masks(attn_mask, key_padding_mask)
+        if mask is None:
+            return None
+        mask = np.asarray(mask)
+        try:
+            full = np.broadcast_to(mask, scores_shape)
+        except ValueError:
+            raise ValueError(f"merge_masks returned a mask of shape {mask.shape}, which does not "
+                             f"broadcast to the scores (B, H, T, S) = {tuple(scores_shape)}: "
+                             "a padding mask (B, S) must become (B, 1, 1, S)") from None
+        return np.array(full)
+
+
+# --------------------------------------------------------------------------------------------
+# Self-attention, packed projections
+
+
+@register
+class SelfAttentionForward(Check):
+    id = "check-self-attention-forward"
+    notebook = "04_multihead_attention"
+    functions = ("self_attention_forward",)
+
+    @staticmethod
+    def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None):
+        x = rng.standard_normal((b, t, e)).astype(dtype)
+        return Case(name, (x, mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype), h),
+                    {"mask": mask})
+
+    def cases(self, rng):
+        yield self._case(rng, "one head (h = 1)", 2, 4, 8, 1)
+        yield self._case(rng, "2 heads", 2, 5, 8, 2)
+        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
+        yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
+        yield self._case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
+        t = 4
+        yield self._case(rng, "a causal (T, T) mask, 2 heads", 2, t, 8, 2,
+                         mask=np.triu(np.ones((t, t), dtype=bool), 1))
+        yield self._case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2, t, 8, 4,
+                         mask=blocked_rows_mask(rng, 2, t, t))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
+        yield self._case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
+                         dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, num_heads, mask=None):
+        out, _ = f.self_attention_forward(x, params, num_heads, mask)
+        return out
+
+    def expected(self, x, params, num_heads, mask=None):
+        return torch_mha_forward(x, x, x, params, num_heads, mask)
+
+    def mistakes(self, x, params, num_heads, mask=None):
+        found = mha_forward_mistakes(x, x, x, params, num_heads, mask)
+        found["cutting the packed projection per head as [q_i | k_i | v_i] (another library's "
+              "layout) instead of [Q | K | V] side by side, as in_proj_weight stacks them"] = (
+            lambda: torch_heads_forward(x, x, x, params, num_heads, mask, split="interleaved"))
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Variant exercises: grouped-query attention and its cost
+
+
+@register
+class GroupedQueryAttention(Check):
+    id = "check-gqa"
+    notebook = "04_multihead_attention"
+    arguments = ("grouped_query_attention",)
+
+    @staticmethod
+    def _case(rng, name, b, t, e, h, g, dtype=np.float64):
+        d_h = e // h
+        x = rng.standard_normal((b, t, e))
+        w_q, w_o = rng.standard_normal((2, e, e)) / math.sqrt(e)
+        w_k, w_v = rng.standard_normal((2, e, g * d_h)) / math.sqrt(e)
+        return Case(name, tuple(a.astype(dtype) for a in (x, w_q, w_k, w_v, w_o)) + (h, g))
+
+    def cases(self, rng):
+        yield self._case(rng, "g = h = 4: plain multi-head attention", 2, 5, 8, 4, 4)
+        yield self._case(rng, "h = 4, g = 2: two groups of two query heads", 2, 5, 8, 4, 2)
+        yield self._case(rng, "g = 1: multi-query attention (one key/value head)", 2, 5, 8, 4, 1)
+        yield self._case(rng, "h = 6, g = 3, E = 24", 2, 5, 24, 6, 3)
+        yield self._case(rng, "h = 8, g = 2, E = 16", 2, 5, 16, 8, 2)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "float32, h = 4, g = 2", 2, 6, 8, 4, 2, dtype=np.float32)
+        yield self._case(rng, "batch of 1, length 1, h = 2, g = 1", 1, 1, 4, 2, 1)
+        yield self._case(rng, "h = 6, g = 2, d_h = 1", 2, 3, 6, 6, 2)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
+        return f.grouped_query_attention(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
+
+    @staticmethod
+    def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
+                   project_out=True):
+        torch = _torch()
+        F = torch.nn.functional
+        b, t, e = x.shape
+        d_h = e // h
+        xt = torch.from_numpy(x)
+
+        def heads(w, n):  # (B, T, n d_h) -> (B, n, T, d_h)
+            return (xt @ torch.from_numpy(w)).reshape(b, t, n, d_h).transpose(1, 2)
+
+        q, k, v = heads(W_q, h), heads(W_k, g), heads(W_v, g)
+        if groups == "consecutive":  # PyTorch's grouped-query attention
+            o = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        else:  # key/value head j serves query heads j, j + g, j + 2g, ...
+            o = F.scaled_dot_product_attention(q, k.repeat(1, h // g, 1, 1),
+                                               v.repeat(1, h // g, 1, 1), scale=scale)
+        merged = o.transpose(1, 2).reshape(b, t, e)
+        return (merged @ torch.from_numpy(W_o) if project_out else merged).numpy()
+
+    def expected(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
+        return self._torch_gqa(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
+
+    def mistakes(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
+        args = (x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
+        e = x.shape[-1]
+        return {"pairing key/value head j with query heads j, j + g, j + 2g, ... (np.tile, or "
+                "np.repeat over the wrong axis) instead of with the h/g consecutive query heads "
+                "of its group (np.repeat(k, h // g, axis=1))":
+                lambda: self._torch_gqa(*args, groups="tiled"),
+                "without the scale 1/sqrt(d_h) on the scores":
+                lambda: self._torch_gqa(*args, scale=1.0),
+                "scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h)":
+                lambda: self._torch_gqa(*args, scale=1 / math.sqrt(e)),
+                "without the output projection W_o":
+                lambda: self._torch_gqa(*args, project_out=False)}
+
+
+def torch_gqa_cost(e, h, g, t):
+    """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer with
+    biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length ``t``."""
+    torch = _torch()
+    from torch.utils.flop_counter import FlopCounterMode
+
+    nn = torch.nn
+    d_h = e // h
+    q_proj, o_proj = nn.Linear(e, e), nn.Linear(e, e)
+    k_proj, v_proj = nn.Linear(e, g * d_h), nn.Linear(e, g * d_h)
+    n_params = sum(p.numel() for m in (q_proj, k_proj, v_proj, o_proj) for p in m.parameters())
+    x = torch.zeros(1, t, e)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        q = q_proj(x).view(1, t, h, d_h).transpose(1, 2)
+        k = k_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+        v = v_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+        w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
+        o_proj((w @ v).transpose(1, 2).reshape(1, t, e))
+    return int(n_params), int(counter.get_total_flops())
+
+
+@register
+class GroupedQueryAttentionCost(Check):
+    id = "check-gqa-cost"
+    notebook = "04_multihead_attention"
+    arguments = ("gqa_cost",)
+
+    def cases(self, rng):
+        yield Case("g = h: must be 4E^2 + 4E and 8TE^2 + 4T^2E (E = 16, h = g = 4, T = 5)",
+                   (16, 4, 4, 5))
+        yield Case("multi-query, g = 1 (E = 16, h = 4, T = 5)", (16, 4, 1, 5))
+        yield Case("E = 64, h = 8, g = 2, T = 33", (64, 8, 2, 33))
+        yield Case("long sequence: E = 256, h = 8, g = 1, T = 50", (256, 8, 1, 50))
+        yield Case("E = 256, h = 16, g = 4, T = 7", (256, 16, 4, 7))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("E = 96, h = 12, g = 3, T = 20", (96, 12, 3, 20))
+        yield Case("T = 1: E = 32, h = 4, g = 2", (32, 4, 2, 1))
+    ### END HIDDEN TESTS
+
+    def run(self, f, E, num_heads, num_kv_heads, T):
+        params, flops = f.gqa_cost(E, num_heads, num_kv_heads, T)
+        return {"params": params, "flops": flops}
+
+    def expected(self, E, num_heads, num_kv_heads, T):
+        params, flops = torch_gqa_cost(E, num_heads, num_kv_heads, T)
+        return {"params": params, "flops": flops}
+
+    def mistakes(self, E, num_heads, num_kv_heads, T):
+        right = self.expected(E, num_heads, num_kv_heads, T)
+        kv = num_kv_heads * (E // num_heads)
+        return {"using the multi-head formulas (K and V at full width E)":
+                lambda: {"params": 4 * E * E + 4 * E, "flops": 8 * T * E * E + 4 * T * T * E},
+                "leaving out the biases":
+                lambda: {"params": right["params"] - 2 * E - 2 * kv, "flops": right["flops"]},
+                "computing the scores and weighted sums for the g key/value heads only (every "
+                "one of the h query heads has its own scores)":
+                lambda: {"params": right["params"], "flops": right["flops"] - 4 * T * T * E
+                         + 4 * T * T * kv},
+                "counting a multiply-add as one operation (an (m, k) @ (k, n) product costs "
+                "2mkn)":
+                lambda: {"params": right["params"], "flops": right["flops"] // 2}}

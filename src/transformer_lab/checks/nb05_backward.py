@@ -1,0 +1,899 @@
+"""Checks of notebook 05_backward: the backward passes of softmax, attention, multi-head and
+self-attention, layer norm, log-softmax, cross-entropy and the embedding, and the notebook's
+variants (softmax with a temperature, attention with a score bias, RMSNorm).
+
+Every backward check runs the forward and the backward of your core, and compares with PyTorch
+autograd on the same inputs: the forward built from torch operations in the inputs' dtype,
+``.backward(dout)``, the gradients read from ``.grad``. A query whose keys are all blocked gets
+zero weights, zero output and zero gradient, as in the core. The hints compute the classic wrong
+answers from the same PyTorch graph (its intermediate gradients kept with ``retain_grad``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb04_multihead_attention import blocked_rows_mask, mha_case_params
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _t(a, grad=False):
+    """A torch tensor sharing nothing with the NumPy array ``a`` (or None)."""
+    if a is None:
+        return None
+    t = _torch().from_numpy(np.array(a))
+    return t.requires_grad_() if grad else t
+
+
+def _np(t):
+    return None if t is None else t.detach().numpy().copy()
+
+
+def torch_softmax_rows(scores, mask=None):
+    """Softmax over the last axis of a torch tensor, with the core's conventions: a bool mask
+    (True = blocked) puts -inf, a float mask is added; a row with no finite entry gets zeros
+    (and passes no gradient)."""
+    torch = _torch()
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask))
+        scores = scores.masked_fill(m, -math.inf) if m.dtype == torch.bool else scores + m
+    blocked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with nothing to attend
+    scores = scores.masked_fill(blocked, 0.0)
+    return torch.softmax(scores, dim=-1) * (~blocked)
+
+
+def torch_attention(q, k, v, dout, mask=None, scale=None, dweights=None):
+    """Autograd of ``softmax(q k^T * scale + mask) v`` (with ``dweights`` a loss term
+    ``sum(P * dweights)``): the gradients dq, dk, dv, and the intermediates P, dP, dS."""
+    qt, kt, vt = _t(q, True), _t(k, True), _t(v, True)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (qt * scale) @ kt.transpose(-1, -2)
+    scores.retain_grad()
+    weights = torch_softmax_rows(scores, mask)
+    weights.retain_grad()
+    out = weights @ vt
+    loss = (out * _t(dout)).sum()
+    if dweights is not None:
+        loss = loss + (weights * _t(dweights)).sum()
+    loss.backward()
+    grads = {"dq": _np(qt.grad), "dk": _np(kt.grad), "dv": _np(vt.grad)}
+    return grads, {"P": _np(weights), "dP": _np(weights.grad), "dS": _np(scores.grad),
+                   "scale": scale}
+
+
+def torch_mha_backward(query, key, value, params, num_heads, dout, mask=None, dweights=None):
+    """Autograd of multi-head attention (separate projections, or packed ``W_qkv`` with
+    ``query`` the input x) in the core's parameter layout. Returns the answer in the layout of
+    the core's backward and the gradients of the projected Q, K, V (B, T|S, E)."""
+    packed = "W_qkv" in params
+    leaves = {name: _t(a, True) for name, a in params.items()}
+    e = query.shape[-1]
+    h, d_h = num_heads, e // num_heads
+    xq = _t(query, True)
+    if packed:
+        qkv = xq @ leaves["W_qkv"]
+        if "b_qkv" in leaves:
+            qkv = qkv + leaves["b_qkv"]
+        qkv.retain_grad()
+        q, k, v = qkv.split(e, dim=-1)
+        inputs = [xq]
+    else:
+        xk, xv = _t(key, True), _t(value, True)
+        q, k, v = (x @ leaves[f"W_{n}"] + (leaves[f"b_{n}"] if f"b_{n}" in leaves else 0)
+                   for x, n in zip((xq, xk, xv), "qkv", strict=True))
+        for a in (q, k, v):
+            a.retain_grad()
+        inputs = [xq, xk, xv]
+
+    def heads(a):
+        b, n, _ = a.shape
+        return a.reshape(b, n, h, d_h).transpose(1, 2)
+
+    qh, kh, vh = heads(q), heads(k), heads(v)
+    weights = torch_softmax_rows((qh / math.sqrt(d_h)) @ kh.transpose(-1, -2), mask)
+    o = weights @ vh  # (B, H, T, d_h)
+    b, _, t, _ = o.shape
+    out = o.transpose(1, 2).reshape(b, t, e) @ leaves["W_o"]
+    if "b_o" in leaves:
+        out = out + leaves["b_o"]
+    loss = (out * _t(dout)).sum()
+    if dweights is not None:
+        loss = loss + (weights * _t(dweights)).sum()
+    loss.backward()
+    grads = {name: _np(leaf.grad) for name, leaf in leaves.items()}
+    if packed:
+        return {"dx": _np(xq.grad), "grads": grads}, {"dQKV": _np(qkv.grad)}
+    answer = {"dquery": _np(xq.grad), "dkey": _np(inputs[1].grad), "dvalue": _np(inputs[2].grad),
+              "grads": grads}
+    return answer, {"dQ": _np(q.grad), "dK": _np(k.grad), "dV": _np(v.grad)}
+
+
+def snap_key_bias(answer):
+    """``answer`` with the gradient of the key bias (``b_k``, or the middle third of ``b_qkv``)
+    set to exactly 0 where it is rounding noise: it is 0 in exact arithmetic (notebook 05,
+    section 3), and a relative error between two rounding noises means nothing. Entries above
+    ``sqrt(machine epsilon)`` times the largest weight gradient are kept (a wrong gradient is
+    not rounding noise)."""
+    grads = answer.get("grads") if isinstance(answer, dict) else None
+    if not isinstance(grads, dict):
+        return answer
+    grads = dict(grads)
+    key = "b_k" if "b_k" in grads else "b_qkv" if "b_qkv" in grads else None
+    g = grads.get(key)
+    weights = [w for name, w in grads.items() if name.startswith("W_")
+               and isinstance(w, np.ndarray) and np.issubdtype(w.dtype, np.floating)]
+    if key is None or not isinstance(g, np.ndarray) or not np.issubdtype(g.dtype, np.floating) \
+            or not weights:
+        return answer
+    scale = max(float(np.abs(w).max()) for w in weights)
+    noise = math.sqrt(np.finfo(g.dtype).eps) * scale
+    g = g.copy()
+    part = g if key == "b_k" else g[g.shape[0] // 3: 2 * g.shape[0] // 3]  # a view of g
+    part[np.abs(part) <= noise] = 0
+    grads[key] = g
+    return {**answer, "grads": grads}
+
+
+def _averaged(answer, rows, what="grads"):
+    """``answer`` with its parameter gradients divided by ``rows`` (a mean instead of a sum)."""
+    return {**answer, what: {k: g / g.dtype.type(rows) for k, g in answer[what].items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# Softmax
+
+
+@register
+class SoftmaxBackward(Check):
+    id = "check-softmax-backward"
+    notebook = "05_backward"
+    functions = ("softmax_forward", "softmax_backward")
+
+    def cases(self, rng):
+        yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
+        yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
+                                              rng.standard_normal((3, 5))))
+        yield Case("square rows (4, 4): the row sum must keep its axis",
+                   (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+        x = rng.standard_normal((3, 4))
+        x[0, 1] = x[2, 0] = x[2, 3] = -np.inf
+        yield Case("-inf entries (blocked: zero weight, zero gradient)",
+                   (x, rng.standard_normal((3, 4))))
+        x = rng.standard_normal((3, 4))
+        x[1] = -np.inf
+        yield Case("a fully blocked row (all -inf: zero weights, zero gradient)",
+                   (x, rng.standard_normal((3, 4))))
+        yield Case("float32", (rng.standard_normal((2, 3, 6)).astype(np.float32),
+                               rng.standard_normal((2, 3, 6)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
+                                 rng.standard_normal((2, 2, 3, 4))))
+        yield Case("huge scores", (rng.standard_normal((3, 7)) * 1000,
+                                   rng.standard_normal((3, 7))))
+        yield Case("one entry per row", (rng.standard_normal((4, 1)),
+                                         rng.standard_normal((4, 1))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout):
+        _, cache = f.softmax_forward(x)
+        return f.softmax_backward(dout, cache)
+
+    def expected(self, x, dout):
+        xt = _t(x, True)
+        torch_softmax_rows(xt).backward(_t(dout))
+        return _np(xt.grad)
+
+    def mistakes(self, x, dout):
+        y = _np(torch_softmax_rows(_t(x)))
+        return {"with the row sum sum(dout * y) taken without keepdims=True (so it broadcasts "
+                "along the row instead of down the rows)":
+                lambda: y * (dout - (dout * y).sum(axis=-1)),
+                "summing over the first axis (axis=0) instead of along each row (axis=-1)":
+                lambda: y * (dout - (dout * y).sum(axis=0, keepdims=True)),
+                "keeping only the diagonal of the Jacobian, dout * y * (1 - y)":
+                lambda: dout * y * (1 - y),
+                "forgetting the factor y outside the bracket, dout - sum(dout * y)":
+                lambda: dout - (dout * y).sum(axis=-1, keepdims=True)}
+
+
+# --------------------------------------------------------------------------------------------
+# Scaled dot-product attention
+
+
+@register
+class AttentionBackward(Check):
+    id = "check-attention-backward"
+    notebook = "05_backward"
+    functions = ("attention_forward", "attention_backward")
+    tol = {"float64": 1e-9, "float32": 5e-5}
+
+    @staticmethod
+    def _case(rng, name, lead, t, s, d_k, d_v, dtype=np.float64, mask=None, scale=None,
+              dweights=False):
+        q = rng.standard_normal((*lead, t, d_k))
+        k = rng.standard_normal((*lead, s, d_k))
+        v = rng.standard_normal((*lead, s, d_v))
+        dout = rng.standard_normal((*lead, t, d_v))
+        dw = rng.standard_normal((*lead, t, s)).astype(dtype) if dweights else None
+        return Case(name, tuple(a.astype(dtype) for a in (q, k, v, dout)),
+                    {"mask": mask, "scale": scale, "dweights": dw})
+
+    def cases(self, rng):
+        yield self._case(rng, "one sequence, T = S = 4, d_k = d_v = 3", (), 4, 4, 3, 3)
+        yield self._case(rng, "S != T and d_v != d_k (T = 2, S = 5, d_k = 4, d_v = 6)", (), 2, 5,
+                         4, 6)
+        yield self._case(rng, "leading axes (B = 2, H = 3)", (2, 3), 4, 5, 2, 3)
+        yield self._case(rng, "a causal mask (T, T)", (2,), 4, 4, 3, 3,
+                         mask=np.triu(np.ones((4, 4), dtype=bool), 1))
+        yield self._case(rng, "a (B, 1, T, S) mask with a fully blocked row", (2, 2), 4, 5, 3, 3,
+                         mask=blocked_rows_mask(rng, 2, 4, 5))
+        yield self._case(rng, "float32, leading axes (2, 2)", (2, 2), 3, 4, 4, 2,
+                         dtype=np.float32)
+        yield self._case(rng, "dweights: a loss on the attention weights too", (2,), 3, 4, 3, 2,
+                         dweights=True)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "one query, one key", (), 1, 1, 2, 3)
+        yield self._case(rng, "a given scale = 0.3", (2,), 3, 3, 4, 4, scale=0.3)
+        mask = np.where(rng.random((3, 4)) < 0.4, -np.inf, rng.standard_normal((3, 4)))
+        mask[1] = -np.inf
+        yield self._case(rng, "a float mask, one row all -inf", (2,), 3, 4, 2, 2, mask=mask)
+        yield self._case(rng, "float32, dweights and a fully blocked row", (2, 2), 4, 5, 3, 3,
+                         dtype=np.float32, mask=blocked_rows_mask(rng, 2, 4, 5), dweights=True)
+    ### END HIDDEN TESTS
+
+    def run(self, f, q, k, v, dout, mask=None, scale=None, dweights=None):
+        _, cache = f.attention_forward(q, k, v, mask, scale)
+        dq, dk, dv = f.attention_backward(dout, cache, dweights)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def expected(self, q, k, v, dout, mask=None, scale=None, dweights=None):
+        return torch_attention(q, k, v, dout, mask, scale, dweights)[0]
+
+    def mistakes(self, q, k, v, dout, mask=None, scale=None, dweights=None):
+        right, mid = torch_attention(q, k, v, dout, mask, scale, dweights)
+        c = mid["scale"]
+        P, dP, dS = mid["P"], mid["dP"], mid["dS"]
+        sw = np.swapaxes
+        found = {"without the scale in dq and dk (the scores are q k^T * scale)":
+                 lambda: {**right, "dq": right["dq"] / c, "dk": right["dk"] / c},
+                 "skipping the softmax backward (using dP where dS belongs)":
+                 lambda: {**right, "dq": dP @ k * c, "dk": sw(dP, -1, -2) @ q * c}}
+        if dweights is not None:
+            found["ignoring dweights (add it to dP = dout v^T before the softmax backward)"] = (
+                lambda: torch_attention(q, k, v, dout, mask, scale)[0])
+        if q.shape[-2] == k.shape[-2]:
+            found["with dk = dS q instead of dS^T q (dS not transposed)"] = (
+                lambda: {**right, "dk": dS @ q * c})
+            found["with dv = P dout instead of P^T dout (P not transposed)"] = (
+                lambda: {**right, "dv": P @ dout})
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-head attention and self-attention
+
+
+def _mha_backward_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True,
+                       dtype=np.float64, mask=None, dweights=False, self_attention=False):
+    query = rng.standard_normal((b, t, e))
+    if self_attention:
+        key = value = query
+    else:
+        key = rng.standard_normal((b, s, kdim or e))
+        value = rng.standard_normal((b, s, vdim or e))
+    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
+    dout = rng.standard_normal((b, t, e)).astype(dtype)
+    dw = rng.standard_normal((b, h, t, s)).astype(dtype) if dweights else None
+    arrays = tuple(a.astype(dtype) for a in (query, key, value))
+    if self_attention:
+        arrays = (arrays[0],) * 3
+    return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
+
+
+@register
+class MultiHeadAttentionBackward(Check):
+    id = "check-mha-backward"
+    notebook = "05_backward"
+    functions = ("multi_head_attention_forward", "multi_head_attention_backward")
+    tol = {"float64": 1e-9, "float32": 5e-5}
+
+    def cases(self, rng):
+        yield _mha_backward_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
+        yield _mha_backward_case(rng, "2 heads, query = key = value (three input gradients)", 2,
+                                 4, 4, 8, 2, self_attention=True)
+        yield _mha_backward_case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3,
+                                 4, 8, 4, kdim=5, vdim=6)
+        yield _mha_backward_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
+        yield _mha_backward_case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
+        yield _mha_backward_case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2,
+                                 4, 5, 8, 2, mask=blocked_rows_mask(rng, 2, 4, 5))
+        yield _mha_backward_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
+        yield _mha_backward_case(rng, "dweights per head (B, H, T, S), 2 heads", 2, 3, 4, 8, 2,
+                                 dweights=True)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _mha_backward_case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
+        yield _mha_backward_case(rng, "6 heads, E = 24, kdim = vdim = 10, a blocked row", 3, 4,
+                                 6, 24, 6, kdim=10, vdim=10, mask=blocked_rows_mask(rng, 3, 4, 6))
+        yield _mha_backward_case(rng, "float32, dweights and a causal mask", 2, 5, 5, 8, 4,
+                                 dtype=np.float32, dweights=True,
+                                 mask=np.triu(np.ones((5, 5), dtype=bool), 1))
+    ### END HIDDEN TESTS
+
+    def run(self, f, query, key, value, params, num_heads, dout, mask=None, dweights=None):
+        _, cache = f.multi_head_attention_forward(query, key, value, params, num_heads, mask)
+        dquery, dkey, dvalue, grads = f.multi_head_attention_backward(dout, cache, dweights)
+        return snap_key_bias({"dquery": dquery, "dkey": dkey, "dvalue": dvalue, "grads": grads})
+
+    def expected(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
+        return snap_key_bias(torch_mha_backward(query, key, value, params, num_heads, dout, mask,
+                                                dweights)[0])
+
+    def mistakes(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
+        right, mid = torch_mha_backward(query, key, value, params, num_heads, dout, mask,
+                                        dweights)
+        right = snap_key_bias(right)
+        b, t = dout.shape[:2]
+        found = {"averaging the parameter gradients over the batch instead of summing them "
+                 "(every sequence uses the same weights: their contributions add)":
+                 lambda: _averaged(right, b),
+                 "averaging the parameter gradients over the B * T rows instead of summing them":
+                 lambda: _averaged(right, b * t)}
+        if params["W_q"].shape[0] == params["W_q"].shape[1]:
+            found["with dquery = dQ W_q instead of dQ W_q^T (the weight not transposed)"] = (
+                lambda: {**right, "dquery": mid["dQ"] @ params["W_q"]})
+        if dweights is not None:
+            found["ignoring dweights (pass it on to attention_backward)"] = (
+                lambda: snap_key_bias(torch_mha_backward(query, key, value, params, num_heads,
+                                                         dout, mask)[0]))
+        return found
+
+
+@register
+class SelfAttentionBackward(Check):
+    id = "check-self-attention-backward"
+    notebook = "05_backward"
+    functions = ("self_attention_forward", "self_attention_backward")
+    tol = {"float64": 1e-9, "float32": 5e-5}
+
+    @staticmethod
+    def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None, dweights=False):
+        x = rng.standard_normal((b, t, e)).astype(dtype)
+        params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
+        dout = rng.standard_normal((b, t, e)).astype(dtype)
+        dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
+        return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
+
+    def cases(self, rng):
+        yield self._case(rng, "one head (h = 1)", 2, 4, 8, 1)
+        yield self._case(rng, "2 heads", 2, 5, 8, 2)
+        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
+        yield self._case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
+        yield self._case(rng, "a causal (T, T) mask, 2 heads", 2, 4, 8, 2,
+                         mask=np.triu(np.ones((4, 4), dtype=bool), 1))
+        yield self._case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2, 4, 8,
+                         4, mask=blocked_rows_mask(rng, 2, 4, 4))
+        yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
+        yield self._case(rng, "dweights per head (B, H, T, T), 2 heads", 2, 3, 8, 2,
+                         dweights=True)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
+        yield self._case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
+                         dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5), dweights=True)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, num_heads, dout, mask=None, dweights=None):
+        _, cache = f.self_attention_forward(x, params, num_heads, mask)
+        dx, grads = f.self_attention_backward(dout, cache, dweights)
+        return snap_key_bias({"dx": dx, "grads": grads})
+
+    def expected(self, x, params, num_heads, dout, mask=None, dweights=None):
+        return snap_key_bias(torch_mha_backward(x, x, x, params, num_heads, dout, mask,
+                                                dweights)[0])
+
+    def mistakes(self, x, params, num_heads, dout, mask=None, dweights=None):
+        right, mid = torch_mha_backward(x, x, x, params, num_heads, dout, mask, dweights)
+        right = snap_key_bias(right)
+        e = x.shape[-1]
+        w, d = params["W_qkv"], mid["dQKV"]
+        path = {n: d[..., i * e:(i + 1) * e] @ w[:, i * e:(i + 1) * e].T
+                for i, n in enumerate("qkv")}
+        b, t = dout.shape[:2]
+        found = {"forgetting the key path of the input gradient (dx = dQ W_q^T + dV W_v^T: x "
+                 "feeds the keys too)":
+                 lambda: {**right, "dx": path["q"] + path["v"]},
+                 "keeping only the query path of the input gradient (dx = dQ W_q^T; x also "
+                 "feeds the keys and the values)":
+                 lambda: {**right, "dx": path["q"]},
+                 "averaging the parameter gradients over the batch instead of summing them":
+                 lambda: _averaged(right, b),
+                 "averaging the parameter gradients over the B * T rows instead of summing them":
+                 lambda: _averaged(right, b * t)}
+        if dweights is not None:
+            found["ignoring dweights (pass it on to attention_backward)"] = (
+                lambda: snap_key_bias(torch_mha_backward(x, x, x, params, num_heads, dout,
+                                                         mask)[0]))
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Layer normalisation
+
+
+def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float64,
+               constant_row=False):
+    x = rng.standard_normal(shape) * 2 + 0.5
+    if constant_row:
+        x.reshape(-1, shape[-1])[1] = 3.0
+    g = 1 + 0.5 * rng.standard_normal(shape[-1]) if gamma else None
+    b = rng.standard_normal(shape[-1]) if beta else None
+    dout = rng.standard_normal(shape)
+
+    def cast(a):
+        return None if a is None else a.astype(dtype)
+    return Case(name, (cast(x), cast(g), cast(b), cast(dout)), {"eps": eps})
+
+
+def _torch_layer_norm(x, gamma, beta, dout, eps):
+    F = _torch().nn.functional
+    xt, gt, bt = _t(x, True), _t(gamma, gamma is not None), _t(beta, beta is not None)
+    out = F.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
+    out.backward(_t(dout))
+    grads = {}
+    if gamma is not None:
+        grads["gamma"] = _np(gt.grad)
+    if beta is not None:
+        grads["beta"] = _np(bt.grad)
+    return _np(out), {"dx": _np(xt.grad), "grads": grads}
+
+
+def _row_mean(a):
+    return a.mean(axis=-1, keepdims=True)
+
+
+def _np_layer_norm_parts(x, gamma, dout, eps):
+    """xhat, 1/sigma and g = dout * gamma in float64 (the pieces of the hints)."""
+    x64 = x.astype(np.float64)
+    xc = x64 - x64.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    g = dout * gamma if gamma is not None else dout
+    return xc * rstd, rstd, g.astype(np.float64)
+
+
+class _LayerNormCases:
+    """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _norm_case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
+        yield _norm_case(rng, "D = 2 (two features)", (3, 2))
+        yield _norm_case(rng, "four axes, float32, no beta", (2, 2, 3, 5), beta=False,
+                         dtype=np.float32)
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield _norm_case(rng, "3-D input (B, T, D) = (2, 3, 6)", (2, 3, 6))
+        yield _norm_case(rng, "one vector (D = 5)", (5,))
+        yield _norm_case(rng, "no gamma, no beta (elementwise_affine=False)", (3, 4),
+                         gamma=False, beta=False)
+        yield _norm_case(rng, "gamma without beta (bias=False)", (3, 4), beta=False)
+        yield _norm_case(rng, "a constant row (variance 0: xhat = 0, not NaN)", (3, 4),
+                         constant_row=True)
+        yield _norm_case(rng, "float32", (2, 3, 8), dtype=np.float32)
+
+
+@register
+class LayerNormForward(_LayerNormCases, Check):
+    id = "check-layer-norm-forward"
+    notebook = "05_backward"
+    functions = ("layer_norm_forward",)
+
+    def run(self, f, x, gamma, beta, dout, eps=1e-5):
+        return f.layer_norm_forward(x, gamma, beta, eps)[0]
+
+    def expected(self, x, gamma, beta, dout, eps=1e-5):
+        return _torch_layer_norm(x, gamma, beta, dout, eps)[0]
+
+    def mistakes(self, x, gamma, beta, dout, eps=1e-5):
+        d = x.shape[-1]
+
+        def affine(xhat):
+            out = xhat * gamma if gamma is not None else xhat
+            return (out + beta if beta is not None else out).astype(x.dtype)
+
+        xc = x - x.mean(axis=-1, keepdims=True)
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        found = {"adding eps to the standard deviation instead of the variance":
+                 lambda: affine(xc / (np.sqrt(var) + eps)),
+                 "normalising over the first axis (axis=0) instead of the last":
+                 lambda: affine((x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + eps))}
+        if d > 1:
+            found["with the unbiased variance (dividing by D - 1, ddof=1): LayerNorm divides "
+                  "by D"] = lambda: affine(xc / np.sqrt(var * d / (d - 1) + eps))
+        return found
+
+
+@register
+class LayerNormBackward(_LayerNormCases, Check):
+    id = "check-layer-norm-backward"
+    notebook = "05_backward"
+    functions = ("layer_norm_forward", "layer_norm_backward")
+    tol = {"float64": 1e-9, "float32": 5e-5}
+
+    def run(self, f, x, gamma, beta, dout, eps=1e-5):
+        _, cache = f.layer_norm_forward(x, gamma, beta, eps)
+        dx, grads = f.layer_norm_backward(dout, cache)
+        return {"dx": dx, "grads": grads}
+
+    def expected(self, x, gamma, beta, dout, eps=1e-5):
+        return _torch_layer_norm(x, gamma, beta, dout, eps)[1]
+
+    def mistakes(self, x, gamma, beta, dout, eps=1e-5):
+        right = self.expected(x, gamma, beta, dout, eps)
+        xhat, rstd, g = _np_layer_norm_parts(x, gamma, dout, eps)
+        mean, rows, dtype = _row_mean, x.size // x.shape[-1], x.dtype
+        d = dout.astype(np.float64)
+        return {"dropping the term xhat * mean(g * xhat) (the path through the standard "
+                "deviation)":
+                lambda: {**right, "dx": (rstd * (g - mean(g))).astype(dtype)},
+                "dropping the term mean(g) (the path through the mean)":
+                lambda: {**right, "dx": (rstd * (g - xhat * mean(g * xhat))).astype(dtype)},
+                "using dout where g = dout * gamma belongs":
+                lambda: {**right, "dx": (rstd * (d - mean(d) - xhat * mean(d * xhat))
+                                         ).astype(dtype)},
+                "averaging dgamma and dbeta over the leading axes instead of summing them":
+                lambda: _averaged(right, rows)}
+
+
+# --------------------------------------------------------------------------------------------
+# Log-softmax and cross-entropy
+
+
+@register
+class LogSoftmax(Check):
+    id = "check-log-softmax"
+    notebook = "05_backward"
+    functions = ("log_softmax_forward", "log_softmax_backward")
+
+    def cases(self, rng):
+        yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
+        yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
+                                              rng.standard_normal((3, 5))))
+        yield Case("square rows (4, 4): the row sum must keep its axis",
+                   (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+        yield Case("huge logits (+-1000: exp would overflow)",
+                   (rng.standard_normal((3, 6)) * 1000, rng.standard_normal((3, 6))))
+        yield Case("float32", (rng.standard_normal((2, 3, 7)).astype(np.float32),
+                               rng.standard_normal((2, 3, 7)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
+                                 rng.standard_normal((2, 2, 3, 4))))
+        yield Case("one class (log-probability 0)", (rng.standard_normal((3, 1)),
+                                                     rng.standard_normal((3, 1))))
+        yield Case("rows near -1e4", (rng.standard_normal((2, 5)) - 1e4,
+                                      rng.standard_normal((2, 5))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout):
+        out, cache = f.log_softmax_forward(x)
+        return {"out": out, "dx": f.log_softmax_backward(dout, cache)}
+
+    def expected(self, x, dout):
+        xt = _t(x, True)
+        out = _torch().log_softmax(xt, dim=-1)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(xt.grad)}
+
+    def mistakes(self, x, dout):
+        right = self.expected(x, dout)
+        p = np.exp(right["out"])
+        return {"with the backward of softmax, y * (dout - sum(dout * y)), where log-softmax's "
+                "is dout - softmax(x) * sum(dout)":
+                lambda: {**right, "dx": p * (dout - (dout * p).sum(axis=-1, keepdims=True))},
+                "forgetting the row sum: dout - softmax(x) * dout":
+                lambda: {**right, "dx": dout - p * dout},
+                "with the row sum taken without keepdims=True (it broadcasts along the row)":
+                lambda: {**right, "dx": dout - p * dout.sum(axis=-1)}}
+
+
+def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reduction="mean",
+             dloss=1.0, dtype=np.float64, scale=1.0):
+    logits = (rng.standard_normal((*shape, n_classes)) * scale).astype(dtype)
+    classes = np.array([c for c in range(n_classes) if c != ignore_index])
+    targets = classes[rng.integers(0, len(classes), size=shape)]  # real targets: never padding
+    for ix in ignore:
+        targets[ix] = ignore_index
+    return Case(name, (logits, targets), {"ignore_index": ignore_index, "reduction": reduction,
+                                          "dloss": dloss})
+
+
+@register
+class CrossEntropy(Check):
+    id = "check-cross-entropy"
+    notebook = "05_backward"
+    functions = ("cross_entropy_forward", "cross_entropy_backward")
+
+    def cases(self, rng):
+        yield _ce_case(rng, "4 tokens, 5 classes, no padding", (4,), 5)
+        yield _ce_case(rng, "a batch (B, T, V) = (2, 4, 6) with padded targets (-100)", (2, 4),
+                       6, ignore=[(0, 3), (1, 2), (1, 3)])
+        yield _ce_case(rng, "ignore_index = 0 (the padding token id)", (2, 5), 4,
+                       ignore=[(0, 4), (1, 1), (1, 3), (1, 4)], ignore_index=0)
+        yield _ce_case(rng, "reduction = 'sum' with padding", (2, 3), 5,
+                       ignore=[(1, 2)], reduction="sum")
+        yield _ce_case(rng, "an upstream gradient dloss = 0.5", (3, 2), 4, ignore=[(2, 1)],
+                       dloss=0.5)
+        yield _ce_case(rng, "one real token, the rest padding", (2, 3), 5,
+                       ignore=[(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
+        yield _ce_case(rng, "float32 logits", (2, 4), 6, ignore=[(1, 3)], dtype=np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _ce_case(rng, "huge logits (+-1000)", (2, 3), 4, ignore=[(0, 2)], scale=1000.0)
+        yield _ce_case(rng, "two classes, ignore_index = 1", (6,), 2, ignore=[(1,), (4,)],
+                       ignore_index=1)
+        yield _ce_case(rng, "float32, sum, dloss = 2", (3, 3), 7, ignore=[(0, 1)],
+                       reduction="sum", dloss=2.0, dtype=np.float32)
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        loss, cache = f.cross_entropy_forward(logits, targets, ignore_index, reduction)
+        return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache)}
+
+    @staticmethod
+    def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
+                  count_all=False, keep_padding=False):
+        torch = _torch()
+        F = torch.nn.functional
+        c = logits.shape[-1]
+        lt = _t(logits, True)
+        tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
+        flat = lt.reshape(-1, c)
+        if keep_padding:
+            loss = F.cross_entropy(flat, tt, reduction=reduction)
+        elif count_all:
+            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction="sum")
+            loss = loss / tt.numel()
+        else:
+            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction=reduction)
+        (loss * dloss).backward()
+        value = float(loss.detach())
+        return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
+                "dlogits": _np(lt.grad)}
+
+    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        return self._torch_ce(logits, targets, ignore_index, reduction, dloss)
+
+    def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        args = (logits, targets, ignore_index, reduction, dloss)
+        right = self._torch_ce(*args)
+        real = int((np.asarray(targets) != ignore_index).sum())
+        found = {}
+        if reduction == "mean" and real < np.size(targets):
+            found["dividing by all tokens, padding included, instead of by the real tokens "
+                  "only (the mean is over the tokens that count)"] = (
+                lambda: self._torch_ce(*args, count_all=True))
+        if 0 <= ignore_index < logits.shape[-1]:
+            found["not ignoring the padded targets (they get a loss and a gradient)"] = (
+                lambda: self._torch_ce(*args, keep_padding=True))
+        if reduction == "mean" and real > 1:
+            found["forgetting the 1 / (number of real tokens) of the mean in the backward "
+                  "(p - y without dividing)"] = (
+                lambda: {**right, "dlogits": right["dlogits"] * logits.dtype.type(real)})
+        if dloss != 1.0:
+            found["ignoring the upstream gradient dloss (multiply the gradient by it)"] = (
+                lambda: {**right, "dlogits": right["dlogits"] / logits.dtype.type(dloss)})
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Embedding
+
+
+@register
+class Embedding(Check):
+    id = "check-embedding"
+    notebook = "05_backward"
+    functions = ("embedding_forward", "embedding_backward")
+
+    @staticmethod
+    def _case(rng, name, ids, vocab, d, dtype=np.float64):
+        ids = np.asarray(ids, dtype=np.int64)
+        return Case(name, (ids, rng.standard_normal((vocab, d)).astype(dtype),
+                           rng.standard_normal((*ids.shape, d)).astype(dtype)))
+
+    def cases(self, rng):
+        yield self._case(rng, "distinct ids (1-D)", [3, 0, 4], 6, 4)
+        yield self._case(rng, "a repeated id: token 2 three times", [2, 5, 2, 2, 1], 6, 3)
+        yield self._case(rng, "a batch (B, T) of ids with repeats", [[1, 4, 4, 0], [4, 2, 1, 1]],
+                         5, 3)
+        yield self._case(rng, "unused rows of a large table get zero gradient", [7, 1], 12, 2)
+        yield self._case(rng, "float32 table", [[0, 3, 3], [1, 0, 3]], 4, 5, dtype=np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "one id (a 0-d array)", 2, 4, 3)
+        yield self._case(rng, "every id the same", [[1, 1, 1], [1, 1, 1]], 3, 2)
+        yield self._case(rng, "three axes of ids", rng.integers(0, 5, size=(2, 3, 4)), 5, 3)
+    ### END HIDDEN TESTS
+
+    def run(self, f, ids, W, dout):
+        out, cache = f.embedding_forward(ids, W)
+        return {"out": out, "grads": f.embedding_backward(dout, cache)}
+
+    def expected(self, ids, W, dout):
+        torch = _torch()
+        wt = _t(W, True)
+        out = torch.nn.functional.embedding(torch.from_numpy(np.asarray(ids)), wt)
+        out.backward(_t(dout))
+        return {"out": _np(out), "grads": {"W": _np(wt.grad)}}
+
+    def mistakes(self, ids, W, dout):
+        right = self.expected(ids, W, dout)
+
+        def fancy_index_add():
+            dW = np.zeros_like(W)
+            dW[ids] += dout  # a repeated id: only one of its updates survives
+            return {**right, "grads": {"W": dW}}
+
+        return {"with dW[ids] += dout: for a repeated id, fancy-index assignment keeps one "
+                "of its gradients instead of adding them all (np.add.at adds every one)":
+                fancy_index_add}
+
+
+# --------------------------------------------------------------------------------------------
+# Variant exercises
+
+
+@register
+class SoftmaxTemperatureBackward(Check):
+    id = "check-softmax-temperature"
+    notebook = "05_backward"
+    arguments = ("softmax_temperature_backward",)
+
+    @staticmethod
+    def _case(rng, name, shape, tau):
+        x = rng.standard_normal(shape)
+        y = _np(torch_softmax_rows(_t(x / tau)))
+        return Case(name, (rng.standard_normal(shape), x, y, tau))
+
+    def cases(self, rng):
+        yield self._case(rng, "one row, tau = 0.5", (5,), 0.5)
+        yield self._case(rng, "rows (3, 4), tau = 2", (3, 4), 2.0)
+        yield self._case(rng, "three axes (2, 3, 6), tau = 0.7", (2, 3, 6), 0.7)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "tau = 1: the plain softmax backward", (4, 3), 1.0)
+        yield self._case(rng, "a sharp tau = 0.05", (3, 5), 0.05)
+    ### END HIDDEN TESTS
+
+    def run(self, f, dy, x, y, tau):
+        dx, dtau = f.softmax_temperature_backward(dy, x, y, tau)
+        return {"dx": dx, "dtau": dtau}
+
+    def expected(self, dy, x, y, tau):
+        xt, taut = _t(x, True), _t(np.float64(tau), True)
+        _torch().softmax(xt / taut, dim=-1).backward(_t(dy))
+        return {"dx": _np(xt.grad), "dtau": float(taut.grad)}
+
+    def mistakes(self, dy, x, y, tau):
+        right = self.expected(dy, x, y, tau)
+        return {"forgetting the factor 1/tau in dx (dx = dz)":
+                lambda: {**right, "dx": right["dx"] * tau},
+                "with dtau = +sum(dz * x) / tau^2: d(x / tau)/dtau = -x / tau^2 has a minus":
+                lambda: {**right, "dtau": -right["dtau"]}}
+
+
+@register
+class ScoreBiasAttentionBackward(Check):
+    id = "check-score-bias-attention"
+    notebook = "05_backward"
+    arguments = ("score_bias_attention_backward",)
+
+    @staticmethod
+    def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False):
+        q = rng.standard_normal((*lead, t, d_k))
+        k = rng.standard_normal((*lead, s, d_k))
+        v = rng.standard_normal((*lead, s, d_v))
+        a = np.zeros((t, s)) if zero_bias else rng.standard_normal((t, s))
+        scale = 1 / math.sqrt(d_k)
+        p = _np(torch_softmax_rows(_t(q @ np.swapaxes(k, -1, -2) * scale + a)))
+        return Case(name, (rng.standard_normal((*lead, t, d_v)), q, k, v, p, scale),
+                    {"A": a})
+
+    def cases(self, rng):
+        yield self._case(rng, "one sequence, no leading axes", ())
+        yield self._case(rng, "a batch: leading axes (2,)", (2,))
+        yield self._case(rng, "batch and heads: leading axes (2, 3)", (2, 3))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "A = 0: plain attention, leading axes (2, 2)", (2, 2),
+                         zero_bias=True)
+        yield self._case(rng, "T = S = 1", (3,), t=1, s=1)
+    ### END HIDDEN TESTS
+
+    def run(self, f, dO, Q, K, V, P, scale, A=None):
+        dQ, dK, dV, dA = f.score_bias_attention_backward(dO, Q, K, V, P, scale)
+        return {"dQ": dQ, "dK": dK, "dV": dV, "dA": dA}
+
+    def expected(self, dO, Q, K, V, P, scale, A=None):
+        torch = _torch()
+        qt, kt, vt, at = _t(Q, True), _t(K, True), _t(V, True), _t(A, True)
+        scores = (qt @ kt.transpose(-1, -2)) * scale + at
+        (torch.softmax(scores, dim=-1) @ vt).backward(_t(dO))
+        return {"dQ": _np(qt.grad), "dK": _np(kt.grad), "dV": _np(vt.grad), "dA": _np(at.grad)}
+
+    def mistakes(self, dO, Q, K, V, P, scale, A=None):
+        right = self.expected(dO, Q, K, V, P, scale, A)
+        lead = Q.ndim - 2
+        n = int(np.prod(Q.shape[:lead])) if lead else 1
+        return {"averaging dA over the leading axes instead of summing (A is shared by every "
+                "sequence and head: their gradients add)":
+                lambda: {**right, "dA": right["dA"] / n},
+                "using dP (before the softmax backward) for dA":
+                lambda: {**right, "dA": (dO @ np.swapaxes(V, -1, -2)).reshape(
+                    -1, *P.shape[-2:]).sum(axis=0)}}
+
+
+@register
+class RMSNormBackward(Check):
+    id = "check-rms-norm-backward"
+    notebook = "05_backward"
+    arguments = ("rms_norm_backward",)
+
+    @staticmethod
+    def _case(rng, name, shape, eps=1e-6):
+        return Case(name, (rng.standard_normal(shape), rng.standard_normal(shape),
+                           rng.standard_normal(shape[-1])), {"eps": eps})
+
+    def cases(self, rng):
+        yield self._case(rng, "one vector (D = 5)", (5,))
+        yield self._case(rng, "rows (3, 4)", (3, 4))
+        yield self._case(rng, "three axes (2, 3, 6)", (2, 3, 6))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
+        yield self._case(rng, "four axes (2, 2, 3, 4)", (2, 2, 3, 4))
+    ### END HIDDEN TESTS
+
+    def run(self, f, dy, x, gamma, eps=1e-6):
+        dx, dgamma = f.rms_norm_backward(dy, x, gamma, eps)
+        return {"dx": dx, "dgamma": dgamma}
+
+    def expected(self, dy, x, gamma, eps=1e-6):
+        F = _torch().nn.functional
+        xt, gt = _t(x, True), _t(gamma, True)
+        F.rms_norm(xt, (x.shape[-1],), gt, eps=eps).backward(_t(dy))
+        return {"dx": _np(xt.grad), "dgamma": _np(gt.grad)}
+
+    def mistakes(self, dy, x, gamma, eps=1e-6):
+        right = self.expected(dy, x, gamma, eps)
+        r = np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+        xhat, g = x / r, dy * gamma
+        rows, mean = x.size // x.shape[-1], _row_mean
+        return {"subtracting mean(g) as layer norm does (RMSNorm subtracts no mean)":
+                lambda: {**right, "dx": (g - mean(g) - xhat * mean(g * xhat)) / r},
+                "dropping the term xhat * mean(g * xhat) (the path through r)":
+                lambda: {**right, "dx": g / r},
+                "averaging dgamma over the leading axes instead of summing":
+                lambda: {**right, "dgamma": right["dgamma"] / rows}}

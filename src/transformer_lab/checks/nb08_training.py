@@ -1,0 +1,902 @@
+"""Checks of notebook 08_training: the optimiser steps, clipping, the training step, and the
+notebook's variants (the paper's learning-rate schedule, RMSprop, sampling with a temperature).
+
+Expected answers come from PyTorch: ``torch.optim.SGD``, ``Adam``, ``AdamW`` and ``RMSprop``
+fed the same gradients, ``torch.nn.utils.clip_grad_norm_``, and -- for the training step and
+for decoding -- ``TorchTransformer``, the course model written again in PyTorch (autograd,
+``torch.optim``, ``clip_grad_norm_``); none of them calls the core. The hints for the classic
+mistakes of the optimiser steps are computed in NumPy from the update rules that the core's
+docstrings state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks import framework as F
+from transformer_lab.checks.framework import Case, Check, register
+
+NB = "08_training"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,
+                     **hyper) -> Case:
+    """A parameter (shape), ``steps`` gradients for it, and the optimiser's settings."""
+    p0 = rng.standard_normal(shape).astype(dtype)
+    grads = rng.standard_normal((steps, *shape)) * scale
+    if zero_from is not None:
+        grads[zero_from:] = 0
+    return Case(name, (p0, grads.astype(dtype)), hyper)
+
+
+def _changes_the_answer(check: Check, found: dict, want) -> dict:
+    """The mistakes of ``found`` whose answer differs from the right one ``want`` in this case
+    (one that changes nothing here must not be named for a different error)."""
+    kept = {}
+    for description, wrong in found.items():
+        try:
+            with np.errstate(all="ignore"):
+                if F._difference(check, "output", wrong(), want) is not None:
+                    kept[description] = wrong
+        except Exception:  # noqa: BLE001 -- a mistake that cannot be computed here is dropped
+            continue
+    return kept
+
+
+def _torch_trajectory(opt_class, p0, grads, **settings):
+    """Feed ``grads`` to ``opt_class([p], **settings)`` one step at a time; (p after each step
+    (k, ...), the optimiser's state of p after the last)."""
+    torch = _torch()
+    p = torch.tensor(p0.copy(), requires_grad=True)
+    opt = opt_class([p], **settings)
+    after = []
+    for g in grads:
+        p.grad = torch.from_numpy(g.copy())
+        opt.step()
+        after.append(p.detach().numpy().copy())
+    return np.stack(after), {k: (v.numpy().copy() if hasattr(v, "numpy") else v)
+                             for k, v in opt.state[p].items()}
+
+
+# --------------------------------------------------------------------------------------------
+# §4 SGD with momentum
+
+P_AFTER = "p after each step"
+BUFFER = "the momentum buffer returned after the last step"
+NO_BUFFER = "without momentum, the returned buffer is None"
+
+
+def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+               first_buffer="g", use_decay=True, use_nesterov=True, decay_after=False,
+               in_place=True):
+    """The SGD trajectory with the switches of the classic mistakes (float64)."""
+    p = p0.astype(np.float64)
+    buf = None
+    after = []
+    for g in grads.astype(np.float64):
+        d = g + weight_decay * p if use_decay and weight_decay and not decay_after else g
+        if momentum:
+            if buf is None:
+                buf = d.copy() if first_buffer == "g" else (1 - dampening) * d
+            else:
+                buf = momentum * buf + (1 - dampening) * d
+            d = d + momentum * buf if nesterov and use_nesterov else buf
+        if decay_after and weight_decay:
+            d = d + weight_decay * p
+        new = p - lr * d
+        if in_place:
+            p = new
+        after.append(p.copy())
+    out = {P_AFTER: np.stack(after).astype(p0.dtype)}
+    if momentum:
+        out[BUFFER] = buf.astype(p0.dtype)
+    else:
+        out[NO_BUFFER] = True
+    return out
+
+
+@register
+class SGDStep(Check):
+    id = "check-sgd-step"
+    notebook = NB
+    functions = ("sgd_step",)
+
+    def cases(self, rng):
+        yield _trajectory_case(rng, "plain SGD, no momentum (three steps)", (3, 4), 3, lr=0.1)
+        yield _trajectory_case(rng, "momentum 0.9, the first step (the buffer starts as a copy "
+                                    "of g)", (3, 4), 1, lr=0.1, momentum=0.9)
+        yield _trajectory_case(rng, "momentum 0.9, later steps", (5,), 5, lr=0.1, momentum=0.9)
+        yield _trajectory_case(rng, "momentum 0.8 with dampening 0.5 (the first step is not "
+                                    "damped)", (2, 3), 4, lr=0.05, momentum=0.8, dampening=0.5)
+        yield _trajectory_case(rng, "Nesterov momentum 0.9", (4,), 4, lr=0.1, momentum=0.9,
+                               nesterov=True)
+        yield _trajectory_case(rng, "weight decay 0.1 (added to the gradient)", (3, 3), 3,
+                               lr=0.1, weight_decay=0.1)
+        yield _trajectory_case(rng, "float32 parameters, momentum 0.9 and weight decay 0.01",
+                               (4, 5), 3, np.float32, lr=0.1, momentum=0.9, weight_decay=0.01)
+        yield _trajectory_case(rng, "a gradient of zero, with momentum and weight decay (only "
+                                    "the decay moves p)", (6,), 3, zero_from=0, lr=0.5,
+                               momentum=0.9, weight_decay=0.1)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _trajectory_case(rng, "float32, Nesterov with weight decay", (3, 2), 4, np.float32,
+                               lr=0.05, momentum=0.7, weight_decay=0.05, nesterov=True)
+        yield _trajectory_case(rng, "a zero gradient after nonzero ones (momentum keeps moving "
+                                    "p)", (4,), 5, zero_from=2, lr=0.1, momentum=0.9)
+        yield _trajectory_case(rng, "dampening 0.3, weight decay 0.2, one parameter", (1,), 4,
+                               lr=0.2, momentum=0.5, dampening=0.3, weight_decay=0.2)
+    ### END HIDDEN TESTS
+
+    def run(self, f, p0, grads, **hyper):
+        p = p0.copy()
+        buf = None
+        after = []
+        for g in grads:  # g is a view into the case's gradients: changing it is noticed
+            buf = f.sgd_step(p, g, buf, **hyper)
+            after.append(p.copy())
+        out = {P_AFTER: np.stack(after)}
+        if hyper.get("momentum"):
+            out[BUFFER] = buf
+        else:
+            out[NO_BUFFER] = buf is None
+        return out
+
+    def expected(self, p0, grads, **hyper):
+        after, state = _torch_trajectory(_torch().optim.SGD, p0, grads, **hyper)
+        out = {P_AFTER: after}
+        if hyper.get("momentum"):
+            out[BUFFER] = state["momentum_buffer"]
+        else:
+            out[NO_BUFFER] = True
+        return out
+
+    def mistakes(self, p0, grads, **hyper):
+        found = {"updating a new array instead of p in place (p = p - lr * g rebinds the name; "
+                 "write p -= lr * g)": lambda: _sgd_numpy(p0, grads, **hyper, in_place=False)}
+        if hyper.get("momentum") and hyper.get("dampening"):
+            found["starting the momentum buffer at zero instead of a copy of g (torch's first "
+                  "step takes buf = g, undamped; from zero the first step is damped)"] = (
+                lambda: _sgd_numpy(p0, grads, **hyper, first_buffer="zero"))
+        if hyper.get("nesterov"):
+            found["ignoring nesterov (with it the step uses g + momentum * buf, not buf)"] = (
+                lambda: _sgd_numpy(p0, grads, **hyper, use_nesterov=False))
+        if hyper.get("weight_decay"):
+            found["ignoring weight_decay (it adds weight_decay * p to g first)"] = (
+                lambda: _sgd_numpy(p0, grads, **hyper, use_decay=False))
+            if hyper.get("momentum"):
+                found["adding the weight decay after the momentum instead of to g before it"] = (
+                    lambda: _sgd_numpy(p0, grads, **hyper, decay_after=True))
+        return _changes_the_answer(self, found, self.expected(p0, grads, **hyper))
+
+
+# --------------------------------------------------------------------------------------------
+# §4 Adam and AdamW
+
+M_AFTER = "m (the first moment) after the last step"
+V_AFTER = "v (the second moment) after the last step"
+
+
+def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                decoupled=False, correction=0, eps_inside=False, decay="as asked",
+                state_in_place=True, p_in_place=True):
+    """The Adam trajectory with the switches of the classic mistakes (float64). correction:
+    the shift of t in the bias correction, or None for none; decay: "as asked", "gradient",
+    "decoupled" or "decoupled without lr"."""
+    p = p0.astype(np.float64)
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    after = []
+    for t, g in enumerate(grads.astype(np.float64), 1):
+        how = decay if decay != "as asked" else "decoupled" if decoupled else "gradient"
+        q = p
+        if weight_decay and how == "decoupled":
+            q = p * (1 - lr * weight_decay)
+        elif weight_decay and how == "decoupled without lr":
+            q = p * (1 - weight_decay)
+        elif weight_decay:
+            g = g + weight_decay * p
+        m_new = beta1 * m + (1 - beta1) * g
+        v_new = beta2 * v + (1 - beta2) * g * g
+        if correction is None:
+            m_hat, v_hat = m_new, v_new
+        else:
+            tc = np.float64(t + correction)
+            m_hat = m_new / (1 - np.float64(beta1) ** tc)
+            v_hat = v_new / (1 - np.float64(beta2) ** tc)
+        denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
+        new = q - lr * m_hat / denom
+        if state_in_place:
+            m, v = m_new, v_new
+        if p_in_place:
+            p = new
+        after.append(p.copy())
+    dt = p0.dtype
+    return {P_AFTER: np.stack(after).astype(dt), M_AFTER: m.astype(dt), V_AFTER: v.astype(dt)}
+
+
+@register
+class AdamStep(Check):
+    id = "check-adam-step"
+    notebook = NB
+    functions = ("adam_step",)
+
+    def cases(self, rng):
+        yield _trajectory_case(rng, "the first step (t = 1): p moves by lr * g / (|g| + eps)",
+                               (3, 4), 1, lr=0.01)
+        yield _trajectory_case(rng, "later steps (t = 1 to 6)", (5,), 6, lr=0.01)
+        yield _trajectory_case(rng, "betas (0.8, 0.99) and eps 1e-6", (2, 3), 4, lr=0.05,
+                               beta1=0.8, beta2=0.99, eps=1e-6)
+        yield _trajectory_case(rng, "Adam with weight decay 0.1 (added to the gradient)", (4,),
+                               3, lr=0.01, weight_decay=0.1)
+        yield _trajectory_case(rng, "AdamW: decoupled weight decay 0.1 (p shrinks by "
+                                    "1 - lr * weight_decay)", (4,), 3, lr=0.05, weight_decay=0.1,
+                               decoupled=True)
+        yield _trajectory_case(rng, "float32 parameters", (3, 5), 3, np.float32, lr=0.01)
+        yield _trajectory_case(rng, "gradients far below eps (|g| about 1e-10): steps far below "
+                                    "lr", (6,), 3, scale=1e-10, lr=0.01)
+        yield _trajectory_case(rng, "a gradient of zero after nonzero ones (m and v decay, p "
+                                    "still moves)", (4,), 4, zero_from=2, lr=0.01)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _trajectory_case(rng, "float32 AdamW, betas (0.85, 0.995)", (2, 2), 4, np.float32,
+                               lr=0.02, beta1=0.85, beta2=0.995, weight_decay=0.05,
+                               decoupled=True)
+        yield _trajectory_case(rng, "gradients of 1e4 (the step is still about lr)", (3,), 3,
+                               scale=1e4, lr=0.01)
+        yield _trajectory_case(rng, "a zero gradient from the first step (p does not move)",
+                               (3,), 2, zero_from=0, lr=0.01)
+        yield _trajectory_case(rng, "ten steps with lr 0.5", (2,), 10, lr=0.5)
+    ### END HIDDEN TESTS
+
+    def run(self, f, p0, grads, **hyper):
+        p = p0.copy()
+        m, v = np.zeros_like(p), np.zeros_like(p)
+        after = []
+        for t, g in enumerate(grads, 1):
+            f.adam_step(p, g, m, v, t, **hyper)
+            after.append(p.copy())
+        return {P_AFTER: np.stack(after), M_AFTER: m, V_AFTER: v}
+
+    def expected(self, p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                 decoupled=False):
+        torch = _torch()
+        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+        after, state = _torch_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2), eps=eps,
+                                         weight_decay=weight_decay)
+        return {P_AFTER: after, M_AFTER: state["exp_avg"], V_AFTER: state["exp_avg_sq"]}
+
+    def mistakes(self, p0, grads, **hyper):
+        def wrong(**switches):
+            return lambda: _adam_numpy(p0, grads, **hyper, **switches)
+
+        found = {
+            "without the bias correction (m and v must be divided by 1 - beta1**t and "
+            "1 - beta2**t)": wrong(correction=None),
+            "with the bias correction of step t - 1 (t is 1 on the first step: divide by "
+            "1 - beta**t)": wrong(correction=-1),
+            "with the bias correction of step t + 1 (t is already 1 on the first step)":
+                wrong(correction=1),
+            "with eps inside the square root (torch divides by sqrt(v_hat) + eps)":
+                wrong(eps_inside=True),
+            "updating new arrays instead of m and v in place (m = beta1 * m + ... rebinds the "
+            "name; the caller's m and v stay zero: write m *= beta1; m += ...)":
+                wrong(state_in_place=False),
+            "updating a new array instead of p in place (write p -= ...)":
+                wrong(p_in_place=False),
+        }
+        if hyper.get("weight_decay") and hyper.get("decoupled"):
+            found["adding AdamW's weight decay to the gradient (that is Adam's L2 penalty; AdamW "
+                  "shrinks p by 1 - lr * weight_decay before the update)"] = wrong(
+                decay="gradient")
+            found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = wrong(
+                decay="decoupled without lr")
+        elif hyper.get("weight_decay"):
+            found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
+                  "to the gradient; shrinking p is AdamW)"] = wrong(decay="decoupled")
+        return _changes_the_answer(self, found, self.expected(p0, grads, **hyper))
+
+
+# --------------------------------------------------------------------------------------------
+# §4 Gradient clipping by the global norm
+
+
+def _grads_case(rng, name, shapes, dtype=np.float64, scales=None, *extra) -> Case:
+    scales = scales or [1.0] * len(shapes)
+    grads = {n: (rng.standard_normal(s) * c).astype(dtype)
+             for (n, s), c in zip(shapes.items(), scales, strict=True)}
+    return Case(name, (grads, *extra))
+
+
+def _torch_norms(grads):
+    """The norm of every array (torch), as float64 numbers."""
+    torch = _torch()
+    return np.array([float(torch.linalg.vector_norm(torch.from_numpy(g).double()))
+                     for g in grads.values()])
+
+
+def _as_dtype_of(value, grads):
+    """A number in the gradients' dtype (so that float32 gradients get float32's tolerance)."""
+    return np.asarray(value, dtype=next(iter(grads.values())).dtype)[()]
+
+
+@register
+class GlobalNorm(Check):
+    id = "check-global-norm"
+    notebook = NB
+    functions = ("global_norm",)
+
+    def cases(self, rng):
+        yield _grads_case(rng, "one array", {"W": (3, 4)})
+        yield _grads_case(rng, "arrays of different shapes", {"W": (4, 3), "b": (3,),
+                                                               "E": (2, 2, 2)})
+        yield _grads_case(rng, "float32 gradients", {"W": (5, 5), "b": (5,)}, np.float32)
+        yield Case("every gradient zero", ({"W": np.zeros((2, 2)), "b": np.zeros(2)},))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _grads_case(rng, "one number", {"s": (1,)})
+        yield _grads_case(rng, "sizes far apart", {"big": (30, 30), "tiny": (2,)}, np.float64,
+                          [1e-3, 1e3])
+    ### END HIDDEN TESTS
+
+    def run(self, f, grads):
+        return f.global_norm(grads)
+
+    def expected(self, grads):
+        return _as_dtype_of(math.sqrt(float((_torch_norms(grads) ** 2).sum())), grads)
+
+    def mistakes(self, grads):
+        norms = _torch_norms(grads)
+        return _changes_the_answer(self, {
+            "adding up the arrays' norms instead of taking the norm of all entries together":
+                lambda: norms.sum(),
+            "without the square root (the sum of squares)": lambda: (norms ** 2).sum(),
+            "taking the largest array's norm": lambda: norms.max()}, self.expected(grads))
+
+
+NORM = "the norm before clipping (returned)"
+CLIPPED = "the gradients after clipping"
+
+
+def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6, norm_after=False,
+                in_place=True):
+    """clip_grad_norm's answer with the switches of the classic mistakes."""
+    norms = _torch_norms(grads)
+    total = math.sqrt(float((norms ** 2).sum()))
+    out = {}
+    for (name, g), n in zip(grads.items(), norms, strict=True):
+        scale = max_norm / ((n if per_array else total) + plus)
+        if cap:
+            scale = min(scale, 1.0)
+        out[name] = (g * scale).astype(g.dtype) if in_place else g.copy()
+    after = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in out.values()))
+    return {NORM: _as_dtype_of(after if norm_after else total, grads), CLIPPED: out}
+
+
+@register
+class ClipGradNorm(Check):
+    id = "check-clip-grad-norm"
+    notebook = NB
+    functions = ("clip_grad_norm",)
+
+    def cases(self, rng):
+        yield _grads_case(rng, "above the threshold: every gradient scaled by max_norm / (norm "
+                               "+ 1e-6)", {"W": (3, 4), "b": (4,)}, np.float64, [2.0, 2.0], 1.0)
+        yield _grads_case(rng, "below the threshold: nothing changes",
+                          {"W": (3, 4), "b": (4,)}, np.float64, None, 100.0)
+        yield _grads_case(rng, "one scale for all: a small array next to a large one",
+                          {"big": (3, 3), "small": (4,)}, np.float64, [5.0, 0.01], 1.0)
+        yield _grads_case(rng, "float32 gradients, clipped", {"W": (4, 4), "b": (4,)},
+                          np.float32, [3.0, 3.0], 0.5)
+        yield Case("every gradient zero (nothing to clip)",
+                   ({"W": np.zeros((2, 3)), "b": np.zeros(3)}, 1.0))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _grads_case(rng, "three arrays, max_norm 1e-3", {"a": (2, 2), "b": (3,),
+                                                               "c": (2, 1, 2)}, np.float64,
+                          None, 1e-3)
+        yield _grads_case(rng, "float32, one array below max_norm on its own",
+                          {"W": (6, 6), "b": (6,)}, np.float32, [1.0, 0.01], 2.0)
+    ### END HIDDEN TESTS
+
+    def run(self, f, grads, max_norm):
+        grads = {name: g.copy() for name, g in grads.items()}  # scaled in place by your function
+        total = f.clip_grad_norm(grads, max_norm)
+        return {NORM: total, CLIPPED: grads}
+
+    def expected(self, grads, max_norm):
+        torch = _torch()
+        tensors = {}
+        for name, g in grads.items():
+            t = torch.zeros(g.shape, dtype=getattr(torch, g.dtype.name), requires_grad=True)
+            t.grad = torch.from_numpy(g.copy())
+            tensors[name] = t
+        total = torch.nn.utils.clip_grad_norm_(list(tensors.values()), max_norm)
+        return {NORM: _as_dtype_of(float(total), grads),
+                CLIPPED: {name: t.grad.numpy().copy() for name, t in tensors.items()}}
+
+    def mistakes(self, grads, max_norm):
+        return _changes_the_answer(self, {
+            "clipping each gradient on its own by its own norm, instead of scaling all of them "
+            "by the global norm": lambda: _clip_numpy(grads, max_norm, per_array=True),
+            "scaling gradients below the threshold up to max_norm (the scale is "
+            "min(1, max_norm / (norm + 1e-6)))": lambda: _clip_numpy(grads, max_norm, cap=False),
+            "returning the norm after clipping instead of before":
+                lambda: _clip_numpy(grads, max_norm, norm_after=True),
+            "dividing by the norm without torch's + 1e-6":
+                lambda: _clip_numpy(grads, max_norm, plus=0.0),
+            "returning new arrays: the caller's gradients are not scaled (scale them in place, "
+            "g *= scale)": lambda: _clip_numpy(grads, max_norm, in_place=False),
+        }, self.expected(grads, max_norm))
+
+
+# --------------------------------------------------------------------------------------------
+# §6 The training step, against the same step in PyTorch
+
+LOSSES = "the losses returned"
+NORMS = "the gradient norms returned (before clipping)"
+PARAMS = "the parameters after the steps"
+
+
+def _config(d: dict):
+    from transformer_lab.transformer import TransformerConfig
+
+    return TransformerConfig(**{**d, "dtype": np.dtype(d["dtype"]).type})
+
+
+def _tiny_config(dtype="float64", **kw) -> dict:
+    """A small model with learned positions (so that neither side needs a positional table)."""
+    return {"src_vocab_size": 8, "tgt_vocab_size": 9, "d_model": 8, "num_heads": 2,
+            "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 16, "max_len": 8,
+            "positional": "learned", "dtype": dtype, **kw}
+
+
+def _random_params(config: dict, rng, scale=0.4) -> dict:
+    """Random parameters for a config (plain data: name -> array); layer-norm gains near 1."""
+    from transformer_lab.torch_model import TorchTransformer
+
+    shapes = TorchTransformer(_config(config), seed=None).numpy_params()  # zeros: the shapes
+    dt = np.dtype(config["dtype"])
+    return {name: ((1.0 if name.endswith("gamma") else 0.0)
+                   + rng.standard_normal(z.shape) * scale).astype(dt)
+            for name, z in shapes.items()}
+
+
+def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
+    """A padded (src, tgt) batch of random sequences: tgt = <s> y </s> <pad>..."""
+    src = np.zeros((batch, max_src), np.int64)
+    tgt = np.zeros((batch, max_tgt + 2), np.int64)
+    for i in range(batch):
+        n, m = rng.integers(1, max_src + 1), rng.integers(1, max_tgt + 1)
+        src[i, :n] = rng.integers(3, config["src_vocab_size"], n)
+        tgt[i, 0], tgt[i, m + 1] = 1, 2
+        tgt[i, 1:m + 1] = rng.integers(3, config["tgt_vocab_size"], m)
+    return src, tgt
+
+
+def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Case:
+    config = _tiny_config(dtype)
+    params = _random_params(config, rng)
+    batches = [_batch(rng, config, batch, 5, 4) for _ in lrs]
+    return Case(name, (config, params, batches, list(lrs), clip, optimizer))
+
+
+def _numpy_model(config: dict, params: dict):
+    from transformer_lab.transformer import Transformer
+
+    model = Transformer(_config(config), seed=0)
+    model.set_params(params)
+    return model
+
+
+def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
+    """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
+    learning rate, step -- or one of the classic mistakes (``variant``)."""
+    torch = _torch()
+    from transformer_lab.torch_model import TorchTransformer
+
+    twin = TorchTransformer(_config(config), seed=None)
+    twin.load_numpy_params(params)
+    tparams = list(twin.parameters())
+    opt = (torch.optim.SGD(tparams, lr=0.0, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(tparams, lr=0.0))
+    losses, norms = [], []
+    for i, ((src, tgt), lr) in enumerate(zip(batches, lrs, strict=True)):
+        opt.zero_grad(set_to_none=True)
+        loss = twin.loss(src, tgt)
+        loss.backward()
+        limit = clip if clip and variant != "update unclipped" else math.inf
+        if variant == "clip 0 is 0" and not clip:
+            limit = 0.0
+        norm = float(torch.nn.utils.clip_grad_norm_(tparams, limit))
+        if variant == "norm after" and clip:
+            norm *= min(1.0, clip / (norm + 1e-6))
+        step_lr = {"lr never set": 0.0, "lr set after the step": lrs[i - 1] if i else 0.0}.get(
+            variant, lr)
+        for group in opt.param_groups:
+            group["lr"] = step_lr
+        opt.step()
+        losses.append(loss.item())
+        norms.append(norm)
+    dt = np.dtype(config["dtype"])
+    return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
+            PARAMS: twin.numpy_params()}
+
+
+@register
+class TrainStep(Check):
+    id = "check-train-step"
+    notebook = NB
+    functions = ("train_step",)
+
+    def cases(self, rng):
+        yield _step_case(rng, "SGD with momentum, clip 0.01: the gradients are clipped", "sgd",
+                         [0.05, 0.1, 0.02], 0.01)
+        yield _step_case(rng, "Adam, clip 1000: nothing is clipped", "adam", [0.01, 0.03, 0.01],
+                         1000.0)
+        yield _step_case(rng, "clip = 0: no clipping, the norm is still returned", "sgd",
+                         [0.02, 0.05], 0.0)
+        yield _step_case(rng, "a float32 model, SGD, clipped", "sgd", [0.05, 0.05], 0.01,
+                         "float32")
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _step_case(rng, "Adam, clipped, a batch of one sequence", "adam", [0.01, 0.02],
+                         0.05, batch=1)
+        yield _step_case(rng, "Adam, clip = 0, four steps", "adam", [0.01, 0.02, 0.02, 0.005],
+                         0.0)
+    ### END HIDDEN TESTS
+
+    def run(self, f, config, params, batches, lrs, clip, optimizer):
+        from transformer_lab.optim import SGD, Adam
+
+        model = _numpy_model(config, params)
+        # lr 0 until your train_step sets each step's learning rate
+        opt = SGD(model.params, lr=0.0, momentum=0.9) if optimizer == "sgd" else \
+            Adam(model.params, lr=0.0)
+        losses, norms = [], []
+        for (src, tgt), lr in zip(batches, lrs, strict=True):
+            loss, norm = f.train_step(model, opt, src, tgt, lr, clip)
+            losses.append(loss)
+            norms.append(norm)
+        dt = np.dtype(config["dtype"])
+        return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
+                PARAMS: dict(model.params)}
+
+    def expected(self, config, params, batches, lrs, clip, optimizer):
+        return _torch_steps(config, params, batches, lrs, clip, optimizer)
+
+    def mistakes(self, config, params, batches, lrs, clip, optimizer):
+        def wrong(variant):
+            return lambda: _torch_steps(config, params, batches, lrs, clip, optimizer, variant)
+
+        found = {}
+        if not clip:  # first: with clip = 0 it leaves the parameters where lr = 0 does
+            found["clipping to norm 0 when clip = 0 (0 means: no clipping; return the global "
+                  "norm)"] = wrong("clip 0 is 0")
+        found["not handing the learning rate to the optimiser (optimizer.lr = lr before its "
+              "step): it stays at 0"] = wrong("lr never set")
+        found["setting the learning rate after the optimiser's step (each step then uses the "
+              "previous step's lr)"] = wrong("lr set after the step")
+        if clip:
+            found["updating with the unclipped gradients (clipping after the update, or not at "
+                  "all)"] = wrong("update unclipped")
+            found["returning the norm after clipping instead of before"] = wrong("norm after")
+        return _changes_the_answer(self, found, self.expected(config, params, batches, lrs,
+                                                              clip, optimizer))
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: the paper's learning-rate schedule (the reference would show the answer: hidden)
+
+
+@register
+class NoamSchedule(Check):
+    id = "check-noam-schedule"
+    notebook = NB
+    arguments = ("noam_lr",)
+
+    def cases(self, rng):
+        yield Case("d_model 512, warm-up 4000 (the paper's), steps 1 to 12009",
+                   (np.arange(1, 12010), 512, 4000))
+        yield Case("d_model 64, warm-up 100, steps 1 to 309", (np.arange(1, 310), 64, 100))
+        yield Case("warm-up 1: decay from the first step", (np.arange(1, 12), 16, 1))
+        yield Case("a (2, 2) array of steps (the shape is kept)", (np.array([[1, 2], [3, 4]]),
+                                                                    64, 2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("steps in random order, up to a million",
+                   (rng.integers(1, 10**6, size=50), 256, 8000))
+        yield Case("one step, as a 0-d array", (np.array(7), 32, 10))
+
+    def expected(self, steps, d_model, warmup):
+        s = np.asarray(steps, dtype=np.float64)
+        return d_model ** -0.5 * np.minimum(s ** -0.5, s * warmup ** -1.5)
+
+    def mistakes(self, steps, d_model, warmup):
+        s = np.asarray(steps, dtype=np.float64)
+        return {"with warmup ** -0.5 in the warm-up branch instead of warmup ** -1.5":
+                lambda: d_model ** -0.5 * np.minimum(s ** -0.5, s * warmup ** -0.5),
+                "with the maximum of the two rates instead of the minimum":
+                lambda: d_model ** -0.5 * np.maximum(s ** -0.5, s * warmup ** -1.5),
+                "without the factor d_model ** -0.5":
+                lambda: np.minimum(s ** -0.5, s * warmup ** -1.5),
+                "counting the steps from 0 (s is 1 on the first step)":
+                lambda: d_model ** -0.5 * np.minimum((s + 1) ** -0.5, (s + 1) * warmup ** -1.5)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, steps, d_model, warmup):
+        return f.noam_lr(steps, d_model, warmup)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: RMSprop, as torch.optim.RMSprop
+
+RETURNS_NONE = "rmsprop_step returns None"
+SAME_ARRAYS = "params updated in place (the same arrays after the step)"
+
+
+def _rmsprop_case(rng, name, steps=6, dtype=np.float64, **hyper) -> Case:
+    params = {"W": rng.standard_normal((3, 4)).astype(dtype),
+              "b": rng.standard_normal(4).astype(dtype)}
+    grads = [{k: rng.standard_normal(p.shape).astype(dtype) for k, p in params.items()}
+             for _ in range(steps)]
+    return Case(name, (params, grads), {"lr": 0.01, **hyper})
+
+
+def _rmsprop_torch(params, grads, fresh_state=False, **settings):
+    """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: a new optimiser, with empty
+    state, for every step -- the mistake of not keeping the state)."""
+    torch = _torch()
+    tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
+    opt = torch.optim.RMSprop(list(tensors.values()), **settings)
+    after = {k: [] for k in params}
+    for g in grads:
+        if fresh_state:
+            opt = torch.optim.RMSprop(list(tensors.values()), **settings)
+        for k, t in tensors.items():
+            t.grad = torch.from_numpy(g[k].copy())
+        opt.step()
+        for k, t in tensors.items():
+            after[k].append(t.detach().numpy().copy())
+    return {RETURNS_NONE: True, SAME_ARRAYS: True,
+            **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+
+
+@register
+class RMSprop(Check):
+    id = "check-rmsprop"
+    notebook = NB
+    arguments = ("rmsprop_step",)
+
+    def cases(self, rng):
+        yield _rmsprop_case(rng, "plain (alpha 0.99, no momentum, not centred)")
+        yield _rmsprop_case(rng, "momentum 0.9", momentum=0.9)
+        yield _rmsprop_case(rng, "centred", centered=True)
+        yield _rmsprop_case(rng, "centred, momentum 0.5, weight decay 0.1, alpha 0.9, lr 0.05",
+                            centered=True, momentum=0.5, weight_decay=0.1, alpha=0.9, lr=0.05)
+
+    def _numpy_mistakes(self, params, grads, **hyper):
+        """Hints computed with a NumPy RMSprop: the grader's (hidden) version has them."""
+        return {}
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _rmsprop_case(rng, "eps 0.1 (where eps is added matters)", eps=0.1)
+        yield _rmsprop_case(rng, "float32, weight decay 0.01", dtype=np.float32,
+                            weight_decay=0.01)
+        yield _rmsprop_case(rng, "one step, centred with momentum", steps=1, centered=True,
+                            momentum=0.9)
+
+    def _numpy_mistakes(self, params, grads, **hyper):  # noqa: F811 (replaces the public one)
+        def numpy_rmsprop(eps_inside=False, buffer_of_g=False):
+            settings = {"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0,
+                        "momentum": 0.0, "centered": False, **hyper}
+            lr, alpha, eps = settings["lr"], settings["alpha"], settings["eps"]
+            ps = {k: p.astype(np.float64) for k, p in params.items()}
+            state = {k: [np.zeros_like(p) for _ in range(3)] for k, p in ps.items()}
+            after = {k: [] for k in ps}
+            for g_all in grads:
+                for k, p in ps.items():
+                    g = g_all[k] + settings["weight_decay"] * p
+                    v, g_avg, buf = state[k]
+                    v[...] = alpha * v + (1 - alpha) * g * g
+                    square = v
+                    if settings["centered"]:
+                        g_avg[...] = alpha * g_avg + (1 - alpha) * g
+                        square = v - g_avg ** 2
+                    a = np.sqrt(square + eps) if eps_inside else np.sqrt(square) + eps
+                    if settings["momentum"] > 0:
+                        buf[...] = settings["momentum"] * buf + (g if buffer_of_g else g / a)
+                        p -= lr * (buf / a if buffer_of_g else buf)
+                    else:
+                        p -= lr * g / a
+                    after[k].append(p.astype(params[k].dtype))
+            return {RETURNS_NONE: True, SAME_ARRAYS: True,
+                    **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+
+        found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
+                 lambda: numpy_rmsprop(eps_inside=True)}
+        if hyper.get("momentum"):
+            found["accumulating g in the momentum buffer and dividing afterwards (torch: "
+                  "b = momentum * b + g / a)"] = lambda: numpy_rmsprop(buffer_of_g=True)
+        return found
+    ### END HIDDEN TESTS
+
+    def run(self, f, params, grads, **hyper):
+        params = {k: p.copy() for k, p in params.items()}
+        arrays = dict(params)
+        state: dict = {}
+        returned, after = [], {k: [] for k in params}
+        for g in grads:
+            returned.append(f.rmsprop_step(params, g, state, **hyper))
+            for k in after:
+                after[k].append(np.array(params[k], copy=True))
+        return {RETURNS_NONE: all(r is None for r in returned),
+                SAME_ARRAYS: all(params[k] is arrays[k] for k in arrays),
+                **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+
+    def expected(self, params, grads, **hyper):
+        return _rmsprop_torch(params, grads, **hyper)
+
+    def mistakes(self, params, grads, **hyper):
+        found = {"without keeping the running averages in state between calls (each step "
+                 "starts again from zero)": lambda: _rmsprop_torch(params, grads,
+                                                                    fresh_state=True, **hyper),
+                 "with alpha and 1 - alpha swapped (v = alpha * v + (1 - alpha) * g^2)":
+                 lambda: _rmsprop_torch(params, grads, **{**hyper, "alpha": 1 - hyper.get(
+                     "alpha", 0.99)})}
+        if hyper.get("weight_decay"):
+            found["ignoring weight_decay (g + weight_decay * p)"] = lambda: _rmsprop_torch(
+                params, grads, **{**hyper, "weight_decay": 0.0})
+        if hyper.get("centered"):
+            found["ignoring centered (subtract the squared running mean of g from v)"] = (
+                lambda: _rmsprop_torch(params, grads, **{**hyper, "centered": False}))
+        if hyper.get("momentum"):
+            found["ignoring momentum"] = lambda: _rmsprop_torch(params, grads,
+                                                                **{**hyper, "momentum": 0.0})
+        return {**found, **self._numpy_mistakes(params, grads, **hyper)}
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: sampling with a temperature
+
+SAMPLES_CONFIG = {"src_vocab_size": 9, "tgt_vocab_size": 7, "d_model": 16, "num_heads": 2,
+                  "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 32, "max_len": 10,
+                  "positional": "learned", "dtype": "float64"}
+CHECK_SRC = np.array([[3, 4, 5, 6], [7, 8, 3, 0], [5, 0, 0, 0]])
+DRAWS = 10000
+
+
+def _twin(config, params):
+    from transformer_lab.torch_model import TorchTransformer
+
+    twin = TorchTransformer(_config(config), seed=None)
+    twin.load_numpy_params(params)
+    return twin
+
+
+def _rows(out) -> dict:
+    """The sampled batch row by row (short rows: a failure prints both in full)."""
+    out = np.asarray(out)
+    if out.ndim != 2:
+        return {"the result (a 2-d array, one row per source)": out}
+    return {f"row {i}: <s>, the tokens, </s>, then <pad>": row.astype(np.int64)
+            for i, row in enumerate(out)}
+
+
+def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
+    """What must hold for every batch sampled from ``model``: reproducible, <s> first, only
+    <pad> after </s>, no step after every sequence has ended -- and (</s> being likely) some
+    batch ended before max_len."""
+    facts = {"the same generator state gives the same samples": True,
+             "one row per source, 1 + at most max_len columns": True,
+             "every row starts with <s> (id 1)": True,
+             "only <pad> (id 0) after </s> (id 2)": True,
+             "stops as soon as every sequence has produced </s> (or after max_len)": True}
+    ended_early = False
+    for seed in range(seeds):
+        hot = np.asarray(f.sample_decode(model, src, temperature, np.random.default_rng(seed),
+                                         max_len))
+        again = np.asarray(f.sample_decode(model, src, temperature,
+                                           np.random.default_rng(seed), max_len))
+        same = hot.shape == again.shape and np.array_equal(hot, again)
+        facts["the same generator state gives the same samples"] &= bool(same)
+        if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
+            facts["one row per source, 1 + at most max_len columns"] = False
+            continue
+        facts["every row starts with <s> (id 1)"] &= bool(np.all(hot[:, 0] == 1))
+        body = hot[:, 1:]
+        has_end = (body == 2).any(axis=1)
+        first_end = np.where(has_end, (body == 2).argmax(axis=1), body.shape[1])
+        facts["only <pad> (id 0) after </s> (id 2)"] &= all(
+            bool(np.all(row[end + 1:] == 0)) for row, end in zip(body, first_end, strict=True))
+        needed = int(first_end.max()) + 1 if has_end.all() else max_len
+        facts["stops as soon as every sequence has produced </s> (or after max_len)"] &= (
+            body.shape[1] == needed)
+        ended_early |= bool(has_end.all() and needed < max_len)
+    facts["</s> is likely at every step: some batch ends before max_len"] = ended_early
+    return facts
+
+
+def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
+    params = _random_params(SAMPLES_CONFIG, rng, scale=0.5)
+    if change == "always </s>":
+        params["out_proj.W"][...] = 0
+        params["out_proj.b"][...] = 0
+        params["out_proj.b"][2] = 10.0
+    elif change == "</s> likely":
+        params["out_proj.b"][2] += 4.0
+    elif change == "flatter":  # smaller logits: every token has a fair chance
+        params["out_proj.W"] *= 0.3
+        params["out_proj.b"] *= 0.3
+    return Case(name, (SAMPLES_CONFIG, params, CHECK_SRC, temperature, max_len, what))
+
+
+@register
+class SampleDecode(Check):
+    id = "check-sample-decode"
+    notebook = NB
+    arguments = ("sample_decode",)
+
+    def cases(self, rng):
+        yield _sampling_case(rng, "temperature 1e-6 is greedy decoding", "samples", 1e-6, 6)
+        yield _sampling_case(rng, "a model whose likeliest token is always </s>: every sequence "
+                                  "ends at the first step", "samples", 1e-6, 6, "always </s>")
+        yield _sampling_case(rng, "</s> likely at every step, temperature 1: stopping and "
+                                  "padding", "properties", 1.0, 8, "</s> likely")
+        yield _sampling_case(rng, "first-token frequencies at temperature 0.7 (they must match "
+                                  "softmax(logits / 0.7))", "frequencies", 0.7, 1, "flatter")
+        yield _sampling_case(rng, "first-token frequencies at temperature 2", "frequencies",
+                             2.0, 1, "flatter")
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _sampling_case(rng, "another model, temperature 1e-6 is greedy decoding",
+                             "samples", 1e-6, 9)
+        yield _sampling_case(rng, "first-token frequencies at temperature 1", "frequencies",
+                             1.0, 1, "flatter")
+    ### END HIDDEN TESTS
+
+    def tolerance(self, name, expected):
+        return 0.04 if "frequencies" in name else super().tolerance(name, expected)
+
+    def run(self, f, config, params, src, temperature, max_len, what):
+        model = _numpy_model(config, params)
+        if what == "samples":
+            return _rows(f.sample_decode(model, src, temperature, np.random.default_rng(0),
+                                         max_len))
+        if what == "properties":
+            return _sampling_properties(f, model, src, temperature, max_len)
+        many = np.repeat(src[:1], DRAWS, axis=0)
+        first = np.asarray(f.sample_decode(model, many, temperature, np.random.default_rng(5),
+                                           max_len))[:, 1]
+        return {"first-token frequencies": np.bincount(
+            first, minlength=config["tgt_vocab_size"]) / DRAWS}
+
+    def expected(self, config, params, src, temperature, max_len, what):
+        torch = _torch()
+        twin = _twin(config, params)
+        if what == "samples":
+            return _rows(twin.greedy_decode(src, max_len, padded=True))
+        if what == "properties":
+            return {key: True for key in (
+                "the same generator state gives the same samples",
+                "one row per source, 1 + at most max_len columns",
+                "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
+                "stops as soon as every sequence has produced </s> (or after max_len)",
+                "</s> is likely at every step: some batch ends before max_len")}
+        with torch.no_grad():
+            logits = twin(src[:1], np.array([[1]]))[0, -1].double()
+        return {"first-token frequencies": torch.softmax(logits / temperature, -1).numpy()}

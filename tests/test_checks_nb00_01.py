@@ -1,0 +1,249 @@
+"""The checks of notebooks 00 and 01: typical wrong answers fail with the case named and the
+mistake's hint; the notebooks' own solutions of the variant exercises pass."""
+
+import math
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from transformer_lab.checks import CheckFailed, check, load_checks
+from transformer_lab.core import attention as CA
+from transformer_lab.core import layers as CL
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = load_checks()
+
+
+def _fails(check_id, *functions):
+    with pytest.raises(CheckFailed) as err:
+        check(check_id, *functions)
+    return str(err.value)
+
+
+def _solutions(notebook: str) -> dict:
+    """The notebook's exercise cells, executed: name -> the solution functions they define."""
+    nb = nbformat.read(ROOT / "notebooks" / notebook, as_version=4)
+
+    def softmax(x, axis=-1):  # the notebook's own softmax (section 3 of 01)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+    namespace = {"np": np, "softmax": softmax}
+    for cell in nb.cells:
+        if cell.get("id", "").startswith("exercise-"):
+            exec(cell.source, namespace)  # noqa: S102 -- our own notebook's solutions
+    return namespace
+
+
+def test_the_checks_of_00_and_01_are_registered_with_their_notebooks():
+    ids = {i: c.notebook for i, c in REGISTRY.items() if c.notebook in ("00_gradients",
+                                                                         "01_attention")}
+    assert ids == {"check-relu": "00_gradients", "check-linear-forward": "00_gradients",
+                   "check-linear-backward": "00_gradients", "check-mse": "00_gradients",
+                   "check-softmax-forward": "01_attention",
+                   "check-attention-forward": "01_attention", "check-logsumexp": "01_attention",
+                   "check-cosine-attention": "01_attention",
+                   "check-additive-attention": "01_attention"}
+
+
+@pytest.mark.parametrize("notebook, check_id, name", [
+    ("00_gradients.ipynb", "check-mse", "mse_loss"),
+    ("01_attention.ipynb", "check-logsumexp", "logsumexp"),
+    ("01_attention.ipynb", "check-cosine-attention", "cosine_attention"),
+    ("01_attention.ipynb", "check-additive-attention", "additive_attention"),
+])
+def test_the_variant_checks_pass_on_the_notebooks_solutions(notebook, check_id, name, capsys):
+    check(check_id, _solutions(notebook)[name])
+    assert capsys.readouterr().out.startswith(f"{check_id} passed (")
+
+
+# --- notebook 00: ReLU and the linear layer --------------------------------------------------
+
+def test_relu_hints(monkeypatch):
+    monkeypatch.setattr(CL, "relu_backward", lambda dout, cache: np.maximum(dout, 0))
+    message = _fails("check-relu")
+    assert "case 'a matrix (4, 5)'" in message and "output['dx']" in message
+    assert "applying the ReLU to dout" in message
+    monkeypatch.setattr(CL, "relu_backward", lambda dout, cache: cache)
+    assert "returning the mask itself" in _fails("check-relu")
+
+
+def test_linear_forward_hints(monkeypatch):
+    original = CL.linear_forward
+    monkeypatch.setattr(CL, "linear_forward", lambda x, W, b=None: original(x, W, None))
+    message = _fails("check-linear-forward")
+    assert "case 'N = 5, D_in = 4, D_out = 3'" in message and "without adding the bias" in message
+
+    def transposed(x, W, b=None):
+        return original(x, W.T, b) if W.shape[0] == W.shape[1] else original(x, W, b)
+    monkeypatch.setattr(CL, "linear_forward", transposed)
+    message = _fails("check-linear-forward")
+    assert "case 'a square W (D_in = D_out = 4)'" in message
+    assert "with the weight transposed (x @ W.T)" in message
+
+
+def _linear_backward_with(db=None, dW=None, dx=None):
+    """linear_backward with one of its three gradients computed wrongly."""
+    def backward(dout, cache):
+        x, W, b = cache
+        grads = {"W": x.T @ dout if dW is None else dW(x, W, dout)}
+        if b is not None:
+            grads["b"] = dout.sum(axis=0) if db is None else db(dout)
+        return (dout @ W.T if dx is None else dx(x, W, dout)), grads
+    return backward
+
+
+@pytest.mark.parametrize("wrong, case, hint", [
+    (dict(db=lambda d: d.mean(axis=0)), "N = 5, D_in = 4, D_out = 3",
+     "averaging the bias gradient over the batch"),
+    (dict(db=lambda d: d.sum(axis=1)), "N = 5, D_in = 4, D_out = 3",
+     "summing the bias gradient over the wrong axis"),
+    (dict(db=lambda d: d.sum(axis=0, keepdims=True)), "N = 5, D_in = 4, D_out = 3",
+     "keeping the summed axis (keepdims=True)"),
+    (dict(dW=lambda x, W, d: (x.T @ d) / len(x)), "N = 5, D_in = 4, D_out = 3",
+     "averaging dW over the batch"),
+    (dict(dW=lambda x, W, d: d.T @ x if W.shape[0] == W.shape[1] else x.T @ d),
+     "a square W (D_in = D_out = 4)", "with the transpose on the wrong side of dW"),
+    (dict(dx=lambda x, W, d: d @ W if W.shape[0] == W.shape[1] else d @ W.T),
+     "a square W (D_in = D_out = 4)", "with dx = dout @ W"),
+])
+def test_linear_backward_hints(monkeypatch, wrong, case, hint):
+    monkeypatch.setattr(CL, "linear_backward", _linear_backward_with(**wrong))
+    message = _fails("check-linear-backward")
+    assert f"case {case!r}" in message, message
+    assert hint in message, message
+
+
+def test_linear_backward_without_bias_has_no_b_key(monkeypatch):
+    def always_b(dout, cache):
+        x, W, _ = cache
+        return dout @ W.T, {"W": x.T @ dout, "b": dout.sum(axis=0)}
+    monkeypatch.setattr(CL, "linear_backward", always_b)
+    message = _fails("check-linear-backward")
+    assert "case 'no bias (b = None): grads has W only'" in message
+    assert "must have exactly the keys ['W']" in message
+
+
+def test_mse_hints():
+    def no_two(P, Y):
+        return float(np.mean((P - Y) ** 2)), (P - Y) / (P - Y).size
+    assert "without the factor 2" in _fails("check-mse", no_two)
+
+    def per_row(P, Y):
+        return float(np.mean((P - Y) ** 2)), 2 * (P - Y) / P.shape[0]
+    message = _fails("check-mse", per_row)
+    assert "case 'shape (3, 2, 4)'" in message and "dividing by the number of rows" in message
+
+    def array_loss(P, Y):
+        return np.mean((P - Y) ** 2, keepdims=True).reshape(()), 2 * (P - Y) / (P - Y).size
+    assert "the loss is a float" in _fails("check-mse", array_loss)
+
+
+# --- notebook 01: the softmax and attention ----------------------------------------------------
+
+def test_softmax_hints(monkeypatch):
+    original = CL.softmax_forward
+
+    def over_axis_0(x, out=None):
+        e = np.exp(x - x.max(axis=0, keepdims=True))
+        y = e / e.sum(axis=0, keepdims=True)
+        return y, y
+    monkeypatch.setattr(CL, "softmax_forward", over_axis_0)
+    message = _fails("check-softmax-forward")
+    assert "case 'a square matrix (4, 4)'" in message and "(axis=0) instead of the last" in message
+
+    def no_keepdims(x, out=None):
+        if x.ndim == 2 and x.shape[0] == x.shape[1]:
+            e = np.exp(x - x.max(axis=-1))
+            y = e / e.sum(axis=-1)
+            return y, y
+        return original(x)
+    monkeypatch.setattr(CL, "softmax_forward", no_keepdims)
+    message = _fails("check-softmax-forward")
+    assert "case 'a square matrix (4, 4)'" in message and "without keepdims=True" in message
+
+
+def _attention(scale_of, dim=-1):
+    """attention_forward with the scores scaled by ``scale_of(d_k, scale)`` and the softmax
+    over ``dim``; the cached scale is the right one."""
+    def forward(q, k, v, mask=None, scale=None):
+        want = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        s = q @ k.T * scale_of(q.shape[-1], scale)
+        e = np.exp(s - s.max(axis=dim, keepdims=True))
+        w = e / e.sum(axis=dim, keepdims=True)
+        return w @ v, (q, k, v, w, want)
+    return forward
+
+
+@pytest.mark.parametrize("wrong, case, hint", [
+    (_attention(lambda d, s: 1 / math.sqrt(d), dim=0), "T = S = 4, d_k = d_v = 3",
+     "with the softmax over the queries (axis 0)"),
+    (_attention(lambda d, s: 1 / d), "T = S = 4, d_k = d_v = 3",
+     "dividing the scores by d_k instead of sqrt(d_k)"),
+    (_attention(lambda d, s: 1 / math.sqrt(d)), "scale = 0.3 given (d_k = 4)",
+     "ignoring the scale argument"),
+    (_attention(lambda d, s: 1 / math.sqrt(d) if s is None else 1 / s),
+     "scale = 0.3 given (d_k = 4)", "dividing by the scale instead of multiplying by it"),
+])
+def test_attention_hints(monkeypatch, wrong, case, hint):
+    monkeypatch.setattr(CA, "attention_forward", wrong)
+    message = _fails("check-attention-forward")
+    assert f"case {case!r}" in message, message
+    assert hint in message, message
+
+
+def test_attention_float32_trap_and_the_cached_scale(monkeypatch):
+    original = CA.attention_forward
+
+    def np_sqrt(q, k, v, mask=None, scale=None):
+        scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale  # a float64 scalar
+        w = CL.softmax_forward(q @ k.T * scale)[0]
+        return w @ v, (q, k, v, w, scale)
+    monkeypatch.setattr(CA, "attention_forward", np_sqrt)
+    message = _fails("check-attention-forward")
+    assert "case 'float32, d_k = 8'" in message and "expected a float32 array, got float64" \
+        in message and "math.sqrt" in message
+
+    def scale_not_kept(q, k, v, mask=None, scale=None):
+        out, cache = original(q, k, v, mask, scale)
+        return out, (*cache[:4], scale)
+    monkeypatch.setattr(CA, "attention_forward", scale_not_kept)
+    message = _fails("check-attention-forward")
+    assert "output['scale in the cache']" in message
+    assert "None: set it to the factor you multiplied the scores by" in message
+
+    def not_multiplied(q, k, v, mask=None, scale=None):  # the usual slip: scale never applied
+        w = CL.softmax_forward(q @ k.T)[0]
+        return w @ v, (q, k, v, w, scale)
+    monkeypatch.setattr(CA, "attention_forward", not_multiplied)
+    assert "None: set it to the factor" in _fails("check-attention-forward")
+
+    def not_applied(q, k, v, mask=None, scale=None):  # ... and once the cache holds it
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        w = CL.softmax_forward(q @ k.T)[0]
+        return w @ v, (q, k, v, w, scale)
+    monkeypatch.setattr(CA, "attention_forward", not_applied)
+    message = _fails("check-attention-forward")
+    assert "case 'T = S = 4, d_k = d_v = 3': output['out']" in message
+    assert "without dividing the scores by sqrt(d_k)" in message
+
+
+def test_variant_hints():
+    def no_max_back(x, axis=-1):
+        c = np.max(x, axis=axis, keepdims=True)
+        return np.log(np.sum(np.exp(x - c), axis=axis))
+    assert "without adding the maximum back" in _fails("check-logsumexp", no_max_back)
+
+    cosine = _solutions("01_attention.ipynb")["cosine_attention"]
+    message = _fails("check-cosine-attention", lambda q, k, v, tau=0.1: cosine(q, k, v, 1 / tau))
+    assert "case 'B = 2, T = 3, S = 5, tau = 0.5'" in message
+    assert "multiplying the cosines by tau instead of dividing" in message
+
+    def no_tanh(q, k, v, W1, W2, w):
+        s = ((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        a = e / e.sum(axis=-1, keepdims=True)
+        return a @ v, a
+    assert "without the tanh" in _fails("check-additive-attention", no_tanh)
