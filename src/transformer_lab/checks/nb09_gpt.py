@@ -686,7 +686,7 @@ class RoPE(Check):
 
 @register
 class RMSNorm(Check):
-    id = "check-rms-norm-backward"
+    id = "check-gpt-rms-norm"
     notebook = NB
     functions = ("rms_norm_forward", "rms_norm_backward")
 
