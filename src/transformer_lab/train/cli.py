@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                     "match, token accuracy, steps, seconds, tokens per second; see below).",
         epilog=epilog)
     g = p.add_argument_group("data")
-    g.add_argument("--task", choices=D.TASKS, default="reverse", help="default: reverse")
+    g.add_argument("--task", choices=D.TASKS, default="reverse",
+                   help="default: reverse (--task charlm trains notebook 09's GPT on text: "
+                        "python -m transformer_lab.train --task charlm --help)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the data, initial weights and batch order (default: 0)")
     g.add_argument("--min-len", type=int,
@@ -150,7 +152,20 @@ _CONFIG_OPTIONS = ("min_len", "max_len", "num_symbols", "n_train", "n_val", "n_t
                    "batch_size", "bucket", "steps", "eval_every", "threads")
 
 
+def _charlm_requested(argv) -> bool:
+    """Whether the command line asks for ``--task charlm`` (the GPT of notebook 09, trained by
+    :mod:`transformer_lab.charlm`, which has its own options)."""
+    argv = list(argv)
+    return "--task=charlm" in argv or any(a == "--task" and b == "charlm"
+                                          for a, b in zip(argv, argv[1:], strict=False))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _charlm_requested(argv):
+        from transformer_lab import charlm
+
+        return charlm.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     options = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k) is not None}

@@ -1,0 +1,386 @@
+"""Train the GPT as a character-level language model of NumPy's docstrings (notebook 09).
+
+    python -m transformer_lab.train --task charlm --seed 0
+
+or, from Python::
+
+    from transformer_lab.charlm import CharLMConfig, train_charlm
+    result = train_charlm(CharLMConfig(seed=0))
+    result.metrics["val_bits_per_char"]
+    result.model.generate(...)
+
+What one run does:
+
+1. **Data**: :func:`transformer_lab.corpus.load_corpus`, split by document (near-duplicates
+   together). A batch is ``batch_size`` windows of ``context`` consecutive tokens of the
+   training stream, at start positions drawn from ``seed``.
+2. **Model**: :class:`transformer_lab.gpt.GPT` -- ``block="classic"`` (layer norm, GELU,
+   learned positions: GPT-2) or ``"modern"`` (RMSNorm, SwiGLU, RoPE, grouped-query attention)
+   -- initialised from ``seed``.
+3. **Training**: Adam, the learning rate warmed up linearly over ``warmup`` steps then decayed
+   along a half cosine to ``final_lr`` at ``steps`` (:class:`transformer_lab.optim.WarmupSchedule`),
+   gradients clipped to global norm ``clip``; every ``eval_every`` steps the bits per character
+   on the first ``eval_tokens`` tokens of the validation stream. It stops after ``steps``, or --
+   only when one is given -- when ``time_budget`` seconds have passed.
+4. **Metrics**: bits per character on the *whole* validation stream (every token but the first,
+   each predicted once, from up to ``context - 1`` tokens before it: windows of ``context``
+   tokens overlapping by one), and on as many training tokens; ``seconds``, the wall-clock time
+   of the whole run (reading the corpus, training, evaluations), ``train_seconds`` and
+   ``cpu_seconds``, the wall-clock and CPU time of the training steps alone, and
+   ``tokens_per_s`` (``batch_size * context`` tokens a step, per second of training step). On
+   a machine shared with other work the wall-clock times depend on the others; the CPU time
+   (all threads of this process) much less.
+
+With one thread and no time budget a run is deterministic: the same seed gives the same model.
+
+The files notebook 09 reads were made by these two commands, run from the project folder (a
+second run of the first gave the same validation bits per character to the last digit):
+
+    python -m transformer_lab.train --task charlm --seed 0 \\
+        --checkpoint src/transformer_lab/data/charlm_gpt.npz \\
+        --record src/transformer_lab/data/charlm_blocks.json
+    python -m transformer_lab.train --task charlm --seed 0 --block modern \\
+        --record src/transformer_lab/data/charlm_blocks.json
+
+Each file stores its command. Measured on a 2-core machine shared with other work, three runs
+of the first: 4.9 to 5.5 minutes of CPU for the whole run (4.6 to 5.4 in the training steps),
+one thread; 7.0 minutes of wall-clock time with a load average of 2 to 3.5, 26 to 28 minutes
+under a load of 5 to 12. A second BLAS thread does not pay on such a machine: a training step
+took a median 507 ms with two threads against 60 ms with one (when the second core happens to
+be free, two threads can be faster: 39 ms against 51 for the modern block, at best).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from transformer_lab import _validate as v
+from transformer_lab.core import optim as core_optim
+from transformer_lab.corpus import Corpus, load_corpus
+from transformer_lab.gpt import GPT, GPTConfig
+from transformer_lab.optim import Adam, WarmupSchedule
+
+BLOCKS = ("classic", "modern")
+#: Files the notebook reads: the trained model and the record of the block comparison.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
+BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CharLMConfig:
+    """Everything a character-level training run depends on (defaults: the committed
+    checkpoint's run; see ``python -m transformer_lab.train --task charlm --help``).
+
+    Model: ``block`` ("classic" or "modern"), ``d_model``, ``num_heads``, ``num_kv_heads``
+    (None: the block's default), ``num_layers``, ``d_ff`` (None: the block's default),
+    ``context`` (tokens per window; also the model's ``max_len``).
+    Optimisation: ``lr`` (peak), ``final_lr``, ``warmup``, ``steps``, ``batch_size``,
+    ``clip`` (global gradient norm; 0: none), ``weight_decay`` (AdamW when > 0).
+    Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
+    Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
+    ``dtype``.
+    """
+
+    seed: int = 0
+    block: str = "classic"
+    d_model: int = 96
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    num_layers: int = 4
+    d_ff: int | None = None
+    context: int = 64
+    batch_size: int = 16
+    steps: int = 5000
+    lr: float = 3e-3
+    final_lr: float = 3e-4
+    warmup: int = 100
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    eval_every: int = 500
+    eval_tokens: int = 16384
+    threads: int = 1
+    time_budget: float | None = None
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
+        for name in ("seed", "warmup"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=0))
+        for name in ("d_model", "num_heads", "num_layers", "batch_size", "steps", "eval_every",
+                     "eval_tokens", "threads"):
+            self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        self._set("context", v.integer(self.context, "context", minimum=2))
+        for name in ("num_kv_heads", "d_ff"):
+            if getattr(self, name) is not None:
+                self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        for name in ("lr", "final_lr", "clip", "weight_decay"):
+            self._set(name, v.real(getattr(self, name), name, minimum=0))
+        if self.time_budget is not None:
+            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}")
+        self.model_config(vocab_size=2)  # the model's own checks (heads dividing d_model, ...)
+
+    def _set(self, name, value) -> None:
+        object.__setattr__(self, name, value)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The :class:`GPTConfig` of this run for a vocabulary of ``vocab_size`` tokens."""
+        make = GPTConfig.classic if self.block == "classic" else GPTConfig.modern
+        sizes = {"d_model": self.d_model, "num_heads": self.num_heads,
+                 "num_layers": self.num_layers, "max_len": self.context,
+                 "dtype": np.dtype(self.dtype).type}
+        if self.num_kv_heads is not None:
+            sizes["num_kv_heads"] = self.num_kv_heads
+        if self.d_ff is not None:
+            sizes["d_ff"] = self.d_ff
+        return make(vocab_size, **sizes)
+
+
+@dataclasses.dataclass
+class CharLMHistory:
+    """Per step: ``loss`` (training, nats), ``lr``; per evaluation: ``val_steps``,
+    ``val_bits_per_char`` (on the evaluation subset), ``val_seconds`` (elapsed at that step)."""
+
+    loss: list = dataclasses.field(default_factory=list)
+    lr: list = dataclasses.field(default_factory=list)
+    val_steps: list = dataclasses.field(default_factory=list)
+    val_bits_per_char: list = dataclasses.field(default_factory=list)
+    val_seconds: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class CharLMResult:
+    model: GPT
+    history: CharLMHistory
+    metrics: dict
+    config: CharLMConfig
+
+
+def random_windows(ids: np.ndarray, batch_size: int, context: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """``batch_size`` windows of ``context`` consecutive tokens at random starts: (B, context)."""
+    starts = rng.integers(0, ids.size - context + 1, size=batch_size)
+    return ids[starts[:, None] + np.arange(context)]
+
+
+def bits_per_char(model: GPT, ids: np.ndarray, batch_size: int = 64) -> float:
+    """Mean ``-log2 p`` of every token of ``ids`` but the first, each predicted once from up to
+    ``max_len - 1`` tokens before it: windows of ``max_len`` tokens overlapping by one."""
+    ids = np.asarray(ids, dtype=np.int64)
+    T = model.config.max_len
+    if ids.size < 2:
+        raise ValueError("ids must hold at least two tokens")
+    starts = np.arange(0, ids.size - 1, T - 1)
+    full = starts[starts + T <= ids.size]
+    total = 0.0
+    for i in range(0, full.size, batch_size):
+        batch = ids[full[i:i + batch_size, None] + np.arange(T)]  # (b, T)
+        total += model.loss(batch, compute_grads=False)[0] * batch.shape[0] * (T - 1)
+    rest = starts[starts + T > ids.size]
+    if rest.size:  # the last, shorter window
+        tail = ids[rest[0]:][None]
+        total += model.loss(tail, compute_grads=False)[0] * (tail.shape[1] - 1)
+    return total / (ids.size - 1) / math.log(2)
+
+
+def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = None,
+                 progress: Callable[[dict], None] | None = None, **overrides) -> CharLMResult:
+    """Train a GPT on the corpus (see the module docstring).
+
+    Args:
+        config: the run (default ``CharLMConfig()``), with ``overrides`` as fields.
+        corpus: default :func:`load_corpus`.
+        progress: called with a dict after every evaluation and at the end (``step``,
+            ``steps``, ``loss``, ``lr``, ``val_bits_per_char``, ``seconds``).
+
+    Returns:
+        the model, its history, the metrics (``val_bits_per_char``, ``train_bits_per_char``,
+        ``seconds``, ``tokens_per_s``, ``steps``, ``stopped``, ``parameters``, ...).
+    """
+    start = time.perf_counter()
+    config = dataclasses.replace(config or CharLMConfig(), **overrides)
+    corpus = corpus or load_corpus()
+    with threadpool_limits(limits=config.threads, user_api="blas"):
+        result = _train(config, corpus, progress)
+    result.metrics["seconds"] = time.perf_counter() - start
+    return result
+
+
+def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
+    model = GPT(c.model_config(corpus.vocab_size), seed=c.seed)
+    rng = np.random.default_rng(c.seed)
+    schedule = WarmupSchedule(c.lr, c.warmup, c.steps, final_lr=c.final_lr)
+    opt = Adam(model.params, lr=c.lr, weight_decay=c.weight_decay, decoupled=True)
+    history = CharLMHistory()
+    val_subset = corpus.val_ids[:c.eval_tokens]
+    train_ids = corpus.train_ids
+    stopped, step, elapsed, eval_time, eval_cpu = "steps", 0, 0.0, 0.0, 0.0
+    start, start_cpu = time.perf_counter(), time.process_time()
+    while step < c.steps:
+        batch = random_windows(train_ids, c.batch_size, c.context, rng)
+        loss, grads = model.loss(batch)
+        if c.clip:
+            core_optim.clip_grad_norm(grads, c.clip)
+        opt.lr = schedule(step)
+        opt.step(grads)
+        step += 1
+        history.loss.append(loss)
+        history.lr.append(opt.lr)
+        elapsed = time.perf_counter() - start - eval_time
+        last = step == c.steps
+        over = c.time_budget is not None and elapsed >= c.time_budget
+        if step % c.eval_every == 0 or last or over:
+            t0, c0 = time.perf_counter(), time.process_time()
+            bpc = bits_per_char(model, val_subset)
+            eval_time += time.perf_counter() - t0
+            eval_cpu += time.process_time() - c0
+            history.val_steps.append(step)
+            history.val_bits_per_char.append(bpc)
+            history.val_seconds.append(elapsed)
+            if progress is not None:
+                progress({"step": step, "steps": c.steps, "loss": loss, "lr": opt.lr,
+                          "val_bits_per_char": bpc, "seconds": elapsed})
+        if over and not last:
+            stopped = "time"
+            break
+    cpu = time.process_time() - start_cpu - eval_cpu
+    tokens = step * c.batch_size * c.context
+    metrics = {
+        "task": "charlm", "block": c.block, "seed": c.seed, "steps": step, "stopped": stopped,
+        "val_bits_per_char": bits_per_char(model, corpus.val_ids),
+        "train_bits_per_char": bits_per_char(model, train_ids[:corpus.val_ids.size]),
+        "seconds": None,  # the whole run, set by train_charlm
+        "train_seconds": elapsed, "cpu_seconds": cpu,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "tokens": tokens, "parameters": model.num_parameters(), "threads": c.threads,
+        "final_loss": history.loss[-1],
+    }
+    return CharLMResult(model, history, metrics, c)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: python -m transformer_lab.train --task charlm ...
+
+
+def _parser():
+    import argparse
+
+    d = CharLMConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m transformer_lab.train --task charlm",
+        description="Train the GPT of notebook 09 on the characters of NumPy's docstrings. "
+                    "Progress goes to stderr; stdout gets exactly one JSON line of metrics: "
+                    "val_bits_per_char (whole validation stream), train_bits_per_char (as "
+                    "many training tokens), seconds (wall-clock, the whole run), "
+                    "train_seconds and cpu_seconds (wall-clock and CPU time of the training "
+                    "steps), tokens_per_s (per second of training step), steps, stopped "
+                    "('steps' or 'time'), parameters, block, seed, threads.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", choices=["charlm"], default="charlm")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--block", choices=BLOCKS, default=d.block,
+                   help="classic: layer norm, GELU, learned positions; modern: RMSNorm, "
+                        "SwiGLU, RoPE, grouped-query attention")
+    for name, kind in (("d_model", int), ("num_heads", int), ("num_kv_heads", int),
+                       ("num_layers", int), ("d_ff", int), ("context", int),
+                       ("batch_size", int), ("steps", int), ("lr", float), ("final_lr", float),
+                       ("warmup", int), ("clip", float), ("weight_decay", float),
+                       ("eval_every", int), ("eval_tokens", int), ("threads", int),
+                       ("time_budget", float)):
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
+                       default=getattr(d, name))
+    p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
+    p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
+                                    "the name of its block (the notebook's block comparison)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="greedy samples of 200 characters printed to stderr at the end")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _history(h: CharLMHistory) -> dict:
+    return {"loss": [round(x, 5) for x in h.loss], "lr": [float(f"{x:.4g}") for x in h.lr],
+            "val_steps": h.val_steps, "val_bits_per_char": h.val_bits_per_char,
+            "val_seconds": [round(x, 2) for x in h.val_seconds]}
+
+
+def _command(argv) -> str:
+    """The command line of this run; an absolute path is shown relative to the current folder
+    when it lies inside it, else by its name only (no path of this machine is stored)."""
+    def shown(arg: str) -> str:
+        path = Path(arg)
+        if not path.is_absolute():
+            return arg
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return path.name
+    return " ".join(["python -m transformer_lab.train", *map(shown, argv)])
+
+
+def main(argv=None) -> int:
+    start = time.perf_counter()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)
+               if f.name not in ("dtype",)}
+    try:
+        config = CharLMConfig(**options)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    log = sys.stderr
+
+    def progress(d):
+        if not args.quiet:
+            print(f"step {d['step']:>5}/{d['steps']}  loss {d['loss']:.4f}  lr {d['lr']:.2e}  "
+                  f"val {d['val_bits_per_char']:.4f} bits/char  {d['seconds']:6.1f} s",
+                  file=log, flush=True)
+
+    corpus = load_corpus()
+    if not args.quiet:
+        print(f"charlm: NumPy {corpus.numpy_version} docstrings, {corpus.train_ids.size:,} "
+              f"training and {corpus.val_ids.size:,} validation tokens, vocabulary "
+              f"{corpus.vocab_size}; {config.block} block, d_model {config.d_model}, "
+              f"{config.num_layers} layers, context {config.context}, batch "
+              f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s)",
+              file=log, flush=True)
+    result = train_charlm(config, corpus, progress)
+    metrics = result.metrics
+    for i in range(args.samples):
+        prompt = corpus.encode("Return ")
+        out = result.model.generate(prompt, min(200, config.context - prompt.size),
+                                    temperature=0 if i == 0 else 0.8, seed=i)
+        print(f"--- sample {i} ---\n{corpus.decode(out)}", file=log, flush=True)
+    metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
+    record = {"command": _command(argv), "metrics": metrics,
+              "config": dataclasses.asdict(config), "history": _history(result.history),
+              "corpus": corpus.stats()}
+    if args.checkpoint:
+        result.model.save(args.checkpoint, metadata=record)
+    if args.record:
+        path = Path(args.record)
+        runs = json.loads(path.read_text()) if path.exists() else {}
+        runs[config.block] = record
+        path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
+                                             for k, r in runs.items()) + "\n}\n")
+    print(json.dumps(metrics), file=sys.stdout, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

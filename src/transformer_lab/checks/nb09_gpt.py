@@ -1,0 +1,833 @@
+"""Checks of notebook 09_gpt: the shifted loss, the GPT's attention, block and model, sampling,
+the KV cache, and the modern block (RoPE, RMSNorm, SwiGLU, grouped-query attention).
+
+Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
+models, from :mod:`transformer_lab.gpt_torch` -- the same model written again in PyTorch; none
+of them calls the core.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks.framework import Case, Check, register
+
+NB = "09_gpt"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _t(a, grad=False):
+    torch = _torch()
+    return torch.tensor(np.asarray(a), requires_grad=grad)
+
+
+def _np(t):
+    return t.detach().numpy().copy()
+
+
+def _dtype_of(x):
+    return x.dtype if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64) \
+        else np.dtype(np.float64)
+
+
+def _config(d: dict):
+    from transformer_lab.gpt import GPTConfig
+
+    return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
+
+
+def _flat_params(config: dict, rng, scale=0.3) -> dict:
+    """Random parameters for a config (plain data: name -> array), off their initial values."""
+    from transformer_lab.gpt import GPT
+
+    model = GPT(_config(config), seed=int(rng.integers(1000)))
+    dt = model.config.dtype
+    return {k: (p + rng.normal(0, scale, p.shape)).astype(dt) for k, p in model.params.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# §2 The next-token loss
+
+
+@register
+class NextTokenLoss(Check):
+    id = "check-next-token-loss"
+    notebook = NB
+    functions = ("next_token_loss_forward", "next_token_loss_backward")
+
+    def cases(self, rng):
+        yield Case("B = 2, T = 5, V = 7", (rng.standard_normal((2, 5, 7)),
+                                           rng.integers(0, 7, (2, 5))))
+        yield Case("float32", (rng.standard_normal((3, 4, 6)).astype(np.float32),
+                               rng.integers(0, 6, (3, 4))))
+        yield Case("one sequence of two tokens", (rng.standard_normal((1, 2, 5)),
+                                                  rng.integers(0, 5, (1, 2))))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("a repeated token", (rng.standard_normal((2, 6, 3)) * 4,
+                                        np.full((2, 6), 2)))
+        yield Case("large logits", (rng.standard_normal((1, 5, 9)) * 300,
+                                    rng.integers(0, 9, (1, 5))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, ids):
+        loss, cache = f.next_token_loss_forward(logits, ids)
+        return {"loss": np.asarray(loss, dtype=logits.dtype),
+                "dlogits": f.next_token_loss_backward(1.0, cache)}
+
+    def expected(self, logits, ids):
+        torch = _torch()
+        x = _t(logits, grad=True)
+        loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
+                                                 _t(ids[:, 1:]).reshape(-1))
+        loss.backward()
+        return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
+
+    def mistakes(self, logits, ids):
+        torch = _torch()
+
+        def ce(lg, tg):
+            x = _t(lg, grad=True)
+            loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
+                                                     _t(tg).reshape(-1))
+            loss.backward()
+            return np.asarray(loss.item(), dtype=logits.dtype), _np(x.grad)
+
+        def unshifted():
+            loss, d = ce(logits, ids)
+            return {"loss": loss, "dlogits": d}
+
+        def wrong_way():
+            loss, d = ce(logits[:, 1:], ids[:, :-1])
+            full = np.zeros_like(logits)
+            full[:, 1:] = d
+            return {"loss": loss, "dlogits": full}
+
+        return {"without the shift (each position scored against its own token)": unshifted,
+                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])": wrong_way}
+
+
+# --------------------------------------------------------------------------------------------
+# §3 The GPT's attention, block and model
+
+
+def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
+    width = E + 2 * Hkv * (E // H)
+    p = {"W_qkv": rng.standard_normal((E, width)) / math.sqrt(E),
+         "W_o": rng.standard_normal((E, E)) / math.sqrt(E)}
+    if bias:
+        p.update(b_qkv=rng.standard_normal(width) * 0.1, b_o=rng.standard_normal(E) * 0.1)
+    return {k: v.astype(dtype) for k, v in p.items()}
+
+
+def _torch_rotate(x, angles):
+    """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
+    torch = _torch()
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
+
+
+def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
+    torch = _torch()
+    B, T, E = x.shape
+    Dh = E // H
+    qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
+    q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
+    q = q.view(B, T, H, Dh).transpose(1, 2)
+    k = k.view(B, T, Hkv, Dh).transpose(1, 2)
+    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+    if angles is not None:
+        q, k = _torch_rotate(q, angles), _torch_rotate(k, angles)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
+    return out + params["b_o"] if "b_o" in params else out
+
+
+def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
+    tx = _t(x, grad=True)
+    tp = {k: _t(v, grad=True) for k, v in params.items()}
+    ta = None if angles is None else _t(angles)
+    out = _torch_attention(tx, tp, H, Hkv, ta, causal)
+    out.backward(_t(dout))
+    return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
+
+
+@register
+class CausalSelfAttention(Check):
+    id = "check-causal-self-attention"
+    notebook = NB
+    functions = ("project_qkv", "causal_self_attention_forward", "causal_self_attention_backward")
+
+    def cases(self, rng):
+        for name, (B, T, E, H, bias, dt) in {
+                "B = 2, T = 5, E = 8, two heads, biases": (2, 5, 8, 2, True, np.float64),
+                "one head, no biases": (1, 4, 6, 1, False, np.float64),
+                "float32": (2, 6, 8, 4, True, np.float32)}.items():
+            yield Case(name, (rng.standard_normal((B, T, E)).astype(dt),
+                              _attention_params(rng, E, H, H, bias, dt),
+                              rng.standard_normal((B, T, E)).astype(dt), H))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one position", (rng.standard_normal((3, 1, 4)),
+                                    _attention_params(rng, 4, 2, 2, True),
+                                    rng.standard_normal((3, 1, 4)), 2))
+        yield Case("as many heads as features", (rng.standard_normal((1, 3, 4)),
+                                                 _attention_params(rng, 4, 4, 4, True),
+                                                 rng.standard_normal((1, 3, 4)), 4))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout, H):
+        out, cache = f.causal_self_attention_forward(x, params, H)
+        dx, grads = f.causal_self_attention_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout, H):
+        return _attention_expected(x, params, dout, H, H)
+
+    def mistakes(self, x, params, dout, H):
+        return {"without the causal mask (every position sees the future)":
+                lambda: _attention_expected(x, params, dout, H, H, causal=False)}
+
+
+def _block_case(rng, kind, dt=np.float64, T=5, B=2):
+    from transformer_lab.gpt import GPTConfig
+
+    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
+    config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
+                                  num_layers=1, d_ff=12, max_len=T)), "dtype": np.dtype(dt).name}
+    flat = _flat_params(config, rng, 0.2)
+    block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
+    return (rng.standard_normal((B, T, 8)).astype(dt), block,
+            rng.standard_normal((B, T, 8)).astype(dt), config)
+
+
+def _config_dict(c) -> dict:
+    from transformer_lab.gpt import config_to_dict
+
+    return config_to_dict(c)
+
+
+def _rope_angles(config, start, stop):
+    c = _config(config)
+    omega = c.rope_base ** (-np.arange(0, c.head_dim, 2) / c.head_dim)
+    return np.arange(start, stop)[:, None] * omega
+
+
+class _BlockCheck(Check):
+    """A block of a given kind, forward and backward, against gpt_torch's TorchBlock."""
+
+    functions = ("norm_forward", "norm_backward", "mlp_forward", "mlp_backward",
+                 "gpt_block_forward", "gpt_block_backward")
+
+    def run(self, f, x, block, dout, config):
+        from transformer_lab.gpt import flatten, nest
+
+        c = _config(config)
+        rope = None
+        if c.positional == "rope":
+            angles = _rope_angles(config, 0, x.shape[1])
+            rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+        out, cache = f.gpt_block_forward(x, nest(block), c, rope)
+        dx, grads = f.gpt_block_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
+
+    def expected(self, x, block, dout, config):
+        from transformer_lab.gpt import parameter_shapes
+        from transformer_lab.gpt_torch import TorchBlock, _dtype
+
+        c = _config(config)
+        shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
+                  if k.startswith("layers.0.")}
+        torch_block = TorchBlock(c, shapes, _dtype(c))
+        with _torch().no_grad():
+            for name, p in torch_block.named_parameters():
+                p.copy_(_t(block[name]))
+        tx = _t(x, grad=True)
+        angles = _t(_rope_angles(config, 0, x.shape[1]).astype(c.dtype)) \
+            if c.positional == "rope" else None
+        out = torch_block(tx, angles)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(tx.grad),
+                **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
+
+
+@register
+class GPTBlock(_BlockCheck):
+    id = "check-gpt-block"
+    notebook = NB
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
+        yield Case("float32", _block_case(rng, "classic", np.float32))
+
+
+def _model_case(rng, dt=np.float64, **kw):
+    from transformer_lab.gpt import GPTConfig
+
+    config = {**_config_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
+                                               max_len=6, **kw)), "dtype": np.dtype(dt).name}
+    return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
+
+
+def _pe(config):
+    c = _config(config)
+    if c.positional != "sinusoidal":
+        return None
+    p = np.arange(c.max_len)[:, None]
+    omega = 10000.0 ** (-np.arange(0, c.d_model, 2) / c.d_model)
+    pe = np.zeros((c.max_len, c.d_model))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :c.d_model // 2]
+    return pe.astype(c.dtype)
+
+
+@register
+class GPTModel(Check):
+    id = "check-gpt-model"
+    notebook = NB
+    functions = ("gpt_forward", "gpt_backward", "gpt_loss")
+
+    def cases(self, rng):
+        yield Case("two layers, learned positions, float64", _model_case(rng))
+        yield Case("float32", _model_case(rng, np.float32))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("sinusoidal positions, no biases", _model_case(rng, positional="sinusoidal",
+                                                                  bias=False))
+    ### END HIDDEN TESTS
+
+    def run(self, f, flat, ids, config):
+        from transformer_lab.gpt import flatten, nest
+
+        c = _config(config)
+        params = nest(flat)
+        logits, _ = f.gpt_forward(params, ids, c, _pe(config))
+        loss, grads = f.gpt_loss(params, ids, c, _pe(config))
+        return {"logits": logits, "loss": np.asarray(loss, dtype=c.dtype),
+                **{f"d.{k}": g for k, g in flatten(grads).items()}}
+
+    def expected(self, flat, ids, config):
+        from transformer_lab.gpt_torch import TorchGPT
+
+        c = _config(config)
+        twin = TorchGPT(c)
+        twin.load_numpy_params(flat)
+        logits = twin(ids)
+        loss = twin.loss(ids)
+        loss.backward()
+        return {"logits": _np(logits), "loss": np.asarray(loss.item(), dtype=c.dtype),
+                **{f"d.{k}": g for k, g in twin.numpy_grads().items()}}
+
+    def mistakes(self, flat, ids, config):
+        def untied():  # only the output projection's gradient for the table
+            want = self.expected(flat, ids, config)
+            from transformer_lab.gpt_torch import TorchGPT
+
+            twin = TorchGPT(_config(config))
+            twin.load_numpy_params(flat)
+            torch = _torch()
+            with torch.no_grad():
+                x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
+            for layer in twin.layers:
+                x = layer(x)
+            norm = twin.norm
+            x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.gamma,
+                                               getattr(norm, "beta", None), _config(config).eps)
+            twin.zero_grad()
+            logits = x @ twin.embed.W.T
+            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                              _t(ids[:, 1:]).reshape(-1)).backward()
+            return {**want, "d.embed.W": _np(twin.embed.W.grad)}
+
+        return {"with the table's gradient from the output projection only (a tied table "
+                "gets the sum of both uses)": untied}
+
+
+# --------------------------------------------------------------------------------------------
+# §5 Sampling
+
+
+def _kept_and_values(filtered):
+    kept = np.isfinite(filtered)
+    return {"kept": kept, "values": np.where(kept, filtered, 0)}
+
+
+@register
+class TopKFilter(Check):
+    id = "check-top-k-filter"
+    notebook = NB
+    functions = ("top_k_filter",)
+
+    def cases(self, rng):
+        x = rng.standard_normal((3, 10))
+        yield Case("k = 3", (x, 3))
+        yield Case("k = 1 (greedy)", (x, 1))
+        yield Case("k = V (keep everything)", (x, 10))
+        yield Case("float32, three axes", (rng.standard_normal((2, 2, 6)).astype(np.float32), 2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one row, k = V - 1", (rng.standard_normal((1, 5)) * 10, 4))
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, k):
+        return _kept_and_values(f.top_k_filter(logits, k))
+
+    def expected(self, logits, k):
+        torch = _torch()
+        kth = torch.topk(_t(logits), k, dim=-1).values[..., -1:]
+        kept = _t(logits) >= kth
+        return {"kept": kept.numpy(), "values": np.where(kept.numpy(), logits, 0)}
+
+    def mistakes(self, logits, k):
+        order = np.argsort(logits, axis=-1)
+        smallest = np.zeros(logits.shape, bool)
+        np.put_along_axis(smallest, order[..., :k], True, axis=-1)
+        return {"keeping the k smallest logits instead of the k largest":
+                lambda: {"kept": smallest, "values": np.where(smallest, logits, 0)}}
+
+
+def _top_p_reference(logits, p):
+    torch = _torch()
+    x = _t(logits).to(torch.float64)
+    probs = torch.softmax(x, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < p
+    kept = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted).numpy()
+    return kept
+
+
+@register
+class TopPFilter(Check):
+    id = "check-top-p-filter"
+    notebook = NB
+    functions = ("top_p_filter",)
+
+    def cases(self, rng):
+        x = rng.standard_normal((4, 8)) * 2
+        yield Case("p = 0.9", (x, 0.9))
+        yield Case("p = 0.5", (x, 0.5))
+        yield Case("p = 1 (keep everything)", (x, 1.0))
+        yield Case("p = 0.01 (the most likely token only)", (x, 0.01))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("float32 with three axes, p = 0.7", (
+            rng.standard_normal((2, 3, 7)).astype(np.float32) * 3, 0.7))
+        yield Case("a peaked row", (np.array([[8.0, 1.0, 0.5, 0.0, -1.0]]), 0.95))
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, p):
+        return _kept_and_values(f.top_p_filter(logits, p))
+
+    def expected(self, logits, p):
+        kept = _top_p_reference(logits, p)
+        return {"kept": kept, "values": np.where(kept, logits, 0)}
+
+    def mistakes(self, logits, p):
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        cum = np.cumsum(np.take_along_axis(probs, order, -1), -1)
+        before = np.zeros(logits.shape, bool)
+        np.put_along_axis(before, order, cum < p, axis=-1)  # stops one token short
+        return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
+                "kept set must reach p)":
+                lambda: {"kept": before, "values": np.where(before, logits, 0)}}
+
+
+@register
+class SampleNext(Check):
+    id = "check-sample-next"
+    notebook = NB
+    functions = ("sample_next",)
+    DRAWS = 40000
+
+    def cases(self, rng):
+        row = rng.standard_normal(8) * 1.5
+        yield Case("temperature 0: greedy", (rng.standard_normal((4, 8)),),
+                   {"temperature": 0.0})
+        yield Case("temperature 1", (row,), {"temperature": 1.0})
+        yield Case("temperature 0.5, top-k 4", (row,), {"temperature": 0.5, "top_k": 4})
+        yield Case("temperature 2, top-p 0.8", (row,), {"temperature": 2.0, "top_p": 0.8})
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        row = rng.standard_normal(6) * 2
+        yield Case("top-k 3 and top-p 0.6", (row,), {"temperature": 1.0, "top_k": 3,
+                                                     "top_p": 0.6})
+        yield Case("greedy, float32", (rng.standard_normal((3, 5)).astype(np.float32),),
+                   {"temperature": 0.0})
+    ### END HIDDEN TESTS
+
+    def tolerance(self, name, expected):
+        return 0.03 if "frequencies" in name else super().tolerance(name, expected)
+
+    def run(self, f, logits, temperature=1.0, top_k=None, top_p=None):
+        kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        if temperature == 0:
+            return np.asarray(f.sample_next(logits, np.random.default_rng(0), **kw),
+                              dtype=np.int64)
+        rows = np.broadcast_to(logits, (self.DRAWS, logits.size)).copy()
+        first = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
+        again = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
+        return {"frequencies": np.bincount(first, minlength=logits.size) / self.DRAWS,
+                "reproducible with the same seed": bool(np.array_equal(first, again))}
+
+    def expected(self, logits, temperature=1.0, top_k=None, top_p=None):
+        torch = _torch()
+        if temperature == 0:
+            return torch.argmax(_t(logits), dim=-1).numpy().astype(np.int64)
+        z = _t(logits).to(torch.float64) / temperature
+        if top_k is not None:
+            z = torch.where(z < torch.topk(z, top_k).values[-1], -torch.inf, z)
+        if top_p is not None:
+            z = torch.where(torch.as_tensor(_top_p_reference(z.numpy(), top_p)), z,
+                            -torch.inf)
+        return {"frequencies": torch.softmax(z, dim=-1).numpy(),
+                "reproducible with the same seed": True}
+
+
+@register
+class MinPFilter(Check):
+    id = "check-min-p-filter"
+    notebook = NB
+    arguments = ("min_p_filter",)
+
+    def cases(self, rng):
+        x = rng.standard_normal((3, 9)) * 2
+        yield Case("p_min = 0.1", (x, 0.1))
+        yield Case("p_min = 0.5", (x, 0.5))
+        yield Case("p_min = 1 (the most likely token only)", (x, 1.0))
+        yield Case("float32, three axes", (rng.standard_normal((2, 2, 5)).astype(np.float32),
+                                           0.2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("p_min = 0 (keep everything)", (rng.standard_normal((2, 4)), 0.0))
+        yield Case("huge logits", (rng.standard_normal((2, 6)) * 500, 0.3))
+
+    def expected(self, logits, p_min):
+        torch = _torch()
+        probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
+        kept = (probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy()
+        return {"kept": kept, "values": np.where(kept, logits, 0)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, p_min):
+        return _kept_and_values(f.min_p_filter(logits, p_min))
+
+
+# --------------------------------------------------------------------------------------------
+# §6 The KV cache
+
+
+@register
+class KVCacheAppend(Check):
+    id = "check-kv-cache-append"
+    notebook = NB
+    functions = ("kv_cache_append",)
+
+    def cases(self, rng):
+        yield Case("a prompt of 3, then 1, then 2 positions",
+                   ((2, 2, 7, 3), [rng.standard_normal((2, 2, t, 3)) for t in (3, 1, 2)]))
+        yield Case("one position at a time, float32",
+                   ((1, 1, 4, 2), [rng.standard_normal((1, 1, 1, 2)).astype(np.float32)
+                                   for _ in range(4)]))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("the whole cache at once", ((1, 3, 5, 2), [rng.standard_normal((1, 3, 5, 2))]))
+    ### END HIDDEN TESTS
+
+    def run(self, f, shape, pieces):
+        dt = pieces[0].dtype
+        K, V = np.zeros(shape, dt), np.zeros(shape, dt)
+        length, lengths = 0, []
+        for piece in pieces:
+            keys, values, length = f.kv_cache_append(K, V, length, piece, -piece)
+            lengths.append(length)
+        return {"keys": np.array(keys), "values": np.array(values),
+                "lengths": np.asarray(lengths, dtype=np.int64), "K": K, "V": V,
+                "the returned keys are a view of the cache": bool(np.shares_memory(keys, K))}
+
+    def expected(self, shape, pieces):
+        filled = np.concatenate(pieces, axis=2)
+        K = np.zeros(shape, pieces[0].dtype)
+        K[:, :, :filled.shape[2]] = filled
+        return {"keys": filled, "values": -filled,
+                "lengths": np.cumsum([p.shape[2] for p in pieces]).astype(np.int64),
+                "K": K, "V": -K, "the returned keys are a view of the cache": True}
+
+    def mistakes(self, shape, pieces):
+        def from_zero():  # every piece written at position 0
+            K = np.zeros(shape, pieces[0].dtype)
+            length = 0
+            for p in pieces:
+                K[:, :, :p.shape[2]] = p
+                length += p.shape[2]
+            return {"keys": K[:, :, :length].copy(), "values": -K[:, :, :length],
+                    "lengths": np.cumsum([p.shape[2] for p in pieces]).astype(np.int64),
+                    "K": K, "V": -K, "the returned keys are a view of the cache": True}
+
+        return {"writing every piece at position 0 (the length tells where the free slots "
+                "start)": from_zero}
+
+
+@register
+class CachedStep(Check):
+    id = "check-gpt-step"
+    notebook = NB
+    functions = ("causal_self_attention_step", "gpt_step")
+
+    def cases(self, rng):
+        yield Case("a prompt of 3, then one token at a time", (*_model_case(rng), (3, 1, 1, 1)))
+        yield Case("chunks of 2", (*_model_case(rng), (2, 2, 2)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("float32, one token at a time", (*_model_case(rng, np.float32),
+                                                    (1, 1, 1, 1, 1, 1)))
+    ### END HIDDEN TESTS
+
+    def run(self, f, flat, ids, config, chunks):
+        from transformer_lab.gpt import nest
+
+        c = _config(config)
+        B, T = ids.shape
+        shape = (B, c.num_kv_heads, T, c.head_dim)
+        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
+                  for _ in range(c.num_layers)]
+        params, length, pieces = nest(flat), 0, []
+        for size in chunks:
+            logits, length = f.gpt_step(params, ids[:, length:length + size], c, caches, length,
+                                        _pe(config))
+            pieces.append(logits)
+        return {"logits": np.concatenate(pieces, axis=1), "length": np.int64(length)}
+
+    def expected(self, flat, ids, config, chunks):
+        from transformer_lab.gpt_torch import TorchGPT
+
+        twin = TorchGPT(_config(config))
+        twin.load_numpy_params(flat)
+        return {"logits": _np(twin(ids)), "length": np.int64(sum(chunks))}
+
+
+# --------------------------------------------------------------------------------------------
+# §7 The modern block
+
+
+@register
+class RoPE(Check):
+    id = "check-rope"
+    notebook = NB
+    functions = ("rope_tables", "rope_forward", "rope_backward")
+
+    def cases(self, rng):
+        yield Case("B = 2, heads = 3, T = 5, Dh = 6", (np.arange(5), rng.standard_normal(
+            (2, 3, 5, 6)), rng.standard_normal((2, 3, 5, 6))))
+        yield Case("positions 7..10 (a cached step)", (np.arange(7, 11), rng.standard_normal(
+            (1, 2, 4, 4)), rng.standard_normal((1, 2, 4, 4))))
+        yield Case("float32", (np.arange(3), rng.standard_normal((2, 3, 8)).astype(np.float32),
+                               rng.standard_normal((2, 3, 8)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("Dh = 2, long positions", (np.arange(100, 103), rng.standard_normal((3, 2)),
+                                              rng.standard_normal((3, 2))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, positions, x, dout):
+        cos, sin = f.rope_tables(positions, x.shape[-1])
+        out, cache = f.rope_forward(x, cos.astype(x.dtype), sin.astype(x.dtype))
+        return {"cos": np.asarray(cos, np.float64), "sin": np.asarray(sin, np.float64),
+                "out": out, "dx": f.rope_backward(dout, cache)}
+
+    def expected(self, positions, x, dout):
+        torch = _torch()
+        Dh = x.shape[-1]
+        omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
+        angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
+        tx = _t(x, grad=True)
+        out = _torch_rotate(tx, angles.to(tx.dtype))
+        out.backward(_t(dout))
+        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(),
+                "out": _np(out), "dx": _np(tx.grad)}
+
+    def mistakes(self, positions, x, dout):
+        want = self.expected(positions, x, dout)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
+        other = np.empty_like(x)
+        other[..., 0::2], other[..., 1::2] = x0 * c - x1 * s, x1 * c + x0 * s
+        half = x.shape[-1] // 2
+        halves = np.concatenate([x[..., :half] * c + x[..., half:] * s,
+                                 x[..., half:] * c - x[..., :half] * s], axis=-1)
+        return {"rotating by minus the angle (RoFormer's sign; this course uses notebook 06's "
+                "R(a) = [[cos a, sin a], [-sin a, cos a]])": lambda: {**want, "out": other},
+                "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
+                "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
+
+
+@register
+class RMSNorm(Check):
+    id = "check-gpt-rms-norm"
+    notebook = NB
+    functions = ("rms_norm_forward", "rms_norm_backward")
+
+    def cases(self, rng):
+        yield Case("(2, 3, 6)", (rng.standard_normal((2, 3, 6)) * 3, 1 + rng.standard_normal(6)
+                                 * 0.3, rng.standard_normal((2, 3, 6))))
+        yield Case("float32", (rng.standard_normal((4, 5)).astype(np.float32),
+                               np.ones(5, np.float32), rng.standard_normal((4, 5))
+                               .astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("tiny inputs (eps matters)", (rng.standard_normal((2, 4)) * 1e-4,
+                                                 rng.standard_normal(4),
+                                                 rng.standard_normal((2, 4))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, gamma, dout):
+        out, cache = f.rms_norm_forward(x, gamma)
+        dx, grads = f.rms_norm_backward(dout, cache)
+        return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
+
+    def expected(self, x, gamma, dout):
+        torch = _torch()
+        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
+        out = torch.nn.functional.rms_norm(tx, (x.shape[-1],), tg, 1e-5)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}
+
+    def mistakes(self, x, gamma, dout):
+        torch = _torch()
+        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
+        out = torch.nn.functional.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5)
+        out.backward(_t(dout))
+        return {"subtracting the mean first (that is a layer norm)":
+                lambda: {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}}
+
+
+@register
+class SwiGLU(Check):
+    id = "check-swiglu"
+    notebook = NB
+    functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
+
+    def cases(self, rng):
+        yield Case("E = 4, F = 6", (rng.standard_normal((2, 3, 4)),
+                                    {k: rng.standard_normal(s) * 0.5 for k, s in
+                                     (("W_gate", (4, 6)), ("W_up", (4, 6)), ("W_down", (6, 4)))},
+                                    rng.standard_normal((2, 3, 4))))
+        yield Case("float32", (rng.standard_normal((5, 3)).astype(np.float32),
+                               {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in
+                                (("W_gate", (3, 2)), ("W_up", (3, 2)), ("W_down", (2, 3)))},
+                               rng.standard_normal((5, 3)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("large pre-activations (no overflow)", (
+            rng.standard_normal((2, 3)) * 100,
+            {k: rng.standard_normal(s) for k, s in
+             (("W_gate", (3, 4)), ("W_up", (3, 4)), ("W_down", (4, 3)))},
+            rng.standard_normal((2, 3))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout):
+        out, cache = f.swiglu_forward(x, params)
+        dx, grads = f.swiglu_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout):
+        torch = _torch()
+        tx = _t(x, grad=True)
+        tp = {k: _t(v, grad=True) for k, v in params.items()}
+        out = (torch.nn.functional.silu(tx @ tp["W_gate"]) * (tx @ tp["W_up"])) @ tp["W_down"]
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad)
+                                                       for k, v in tp.items()}}
+
+    def mistakes(self, x, params, dout):
+        torch = _torch()
+        tx = _t(x, grad=True)
+        tp = {k: _t(v, grad=True) for k, v in params.items()}
+        out = (torch.nn.functional.silu(tx @ tp["W_up"]) * (tx @ tp["W_gate"])) @ tp["W_down"]
+        out.backward(_t(dout))
+        return {"with the gate and the up projection swapped (silu goes on x W_gate)":
+                lambda: {"out": _np(out), "dx": _np(tx.grad),
+                         **{f"d{k}": _np(v.grad) for k, v in tp.items()}}}
+
+
+@register
+class GroupedQueryAttention(Check):
+    id = "check-grouped-query-attention"
+    notebook = NB
+    functions = ("repeat_kv_forward", "repeat_kv_backward", "causal_self_attention_forward",
+                 "causal_self_attention_backward", "rope_forward", "rope_backward")
+
+    def cases(self, rng):
+        for name, (B, T, E, H, Hkv, rope) in {
+                "4 query heads sharing 2 key/value heads": (2, 5, 8, 4, 2, False),
+                "one key/value head (multi-query), RoPE": (1, 4, 8, 4, 1, True),
+                "2 key/value heads, RoPE": (2, 6, 12, 6, 2, True)}.items():
+            yield Case(name, (rng.standard_normal((B, T, E)),
+                              _attention_params(rng, E, H, Hkv, False),
+                              rng.standard_normal((B, T, E)), H, Hkv, rope))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("float32, biases, RoPE", (rng.standard_normal((2, 3, 8)).astype(np.float32),
+                                             _attention_params(rng, 8, 4, 2, True, np.float32),
+                                             rng.standard_normal((2, 3, 8)).astype(np.float32),
+                                             4, 2, True))
+    ### END HIDDEN TESTS
+
+    @staticmethod
+    def _angles(T, Dh):
+        omega = 10000.0 ** (-np.arange(0, Dh, 2) / Dh)
+        return np.arange(T)[:, None] * omega
+
+    def run(self, f, x, params, dout, H, Hkv, rope):
+        tables = None
+        if rope:
+            a = self._angles(x.shape[1], x.shape[-1] // H)
+            tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
+        out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
+        dx, grads = f.causal_self_attention_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout, H, Hkv, rope):
+        angles = self._angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+        return _attention_expected(x, params, dout, H, Hkv, angles)
+
+
+@register
+class ModernBlock(_BlockCheck):
+    id = "check-modern-block"
+    notebook = NB
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("the modern block in float32", _block_case(rng, "modern", np.float32))
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield Case("RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
+                   _block_case(rng, "modern"))

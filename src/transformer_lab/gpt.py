@@ -1,0 +1,575 @@
+"""A decoder-only language model (GPT) in NumPy, with its backward pass, sampling and a KV cache.
+
+    from transformer_lab.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=100), seed=0)          # the 2017 / GPT-2 block
+    model = GPT(GPTConfig.modern(vocab_size=100), seed=0)   # RMSNorm, SwiGLU, RoPE, GQA
+    loss, grads = model.loss(ids)                # ids (B, T): position t predicts ids[:, t+1]
+    model.generate(prompt, 100, temperature=0.8, top_k=20, seed=0)   # prompt + 100 token ids
+
+The math is :mod:`transformer_lab.core.gpt` (the student's code, called through the module at
+call time, so an edited package takes effect at once); this module checks the inputs once, keeps
+the parameters and runs the decoding loop.
+
+**Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
+(V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
+positions; per block ``"layers.0.norm1.gamma"`` (and ``.beta`` for a layer norm with biases),
+``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.attn.W_o"`` (E, E) (and
+``b_qkv``, ``b_o`` with biases), ``"layers.0.norm2.*"``, ``"layers.0.mlp.W1"``, ``b1``, ``W2``,
+``b2`` (GELU) or ``W_gate``, ``W_up``, ``W_down`` (SwiGLU); ``"norm.gamma"`` (+ ``.beta``) at
+the end. ``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of
+the core are rebuilt at every call from the same arrays (no copies): an optimiser may update
+``model.params[name]`` in place.
+
+**Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
+``use_cache=True`` (the default) the keys and values of every position are computed once and
+kept (:func:`transformer_lab.core.gpt.gpt_step`); with ``use_cache=False`` the whole prefix is
+recomputed at every step. Both give the same logits (up to rounding) and, with the same seed,
+the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from transformer_lab import _validate as v
+from transformer_lab.core import gpt as core_gpt
+from transformer_lab.core import layers as core_layers
+
+NORMS = ("layer", "rms")
+MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+POSITIONAL = ("learned", "sinusoidal", "rope", "none")
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Hyperparameters of :class:`GPT`, checked when the config is made.
+
+    Attributes:
+        vocab_size: number of token ids V.
+        d_model: width E, divisible by ``num_heads``.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads Hkv, dividing H (None: H, ordinary multi-head attention;
+            fewer: grouped-query attention; 1: multi-query attention).
+        num_layers: blocks N.
+        d_ff: hidden width F of the MLP (None: 4 E, ``round(8 E / 3)`` rounded up to
+            a multiple of 8 for SwiGLU, which has three matrices instead of two).
+        max_len: longest sequence (prompt + generated tokens) the model reads.
+        norm: "layer" (layer norm) or "rms" (RMSNorm).
+        mlp: "gelu_tanh" (the feed-forward network with GPT-2's tanh approximation of GELU,
+            the default: a third of the time of the exact "gelu" here), "gelu", "relu", or
+            "swiglu".
+        positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
+            (rotary embeddings of the queries and keys) or "none".
+        bias: biases in the linear maps and layer norms.
+        eps: of every normalisation.
+        rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
+        dtype: np.float32 (default) or np.float64 (gradient checks).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    num_layers: int = 4
+    d_ff: int | None = None
+    max_len: int = 256
+    norm: str = "layer"
+    mlp: str = "gelu_tanh"
+    positional: str = "learned"
+    bias: bool = True
+    eps: float = 1e-5
+    rope_base: float = 10000.0
+    dtype: type = np.float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len"):
+            self._set(name, v.integer(getattr(self, name), f"GPTConfig.{name}", minimum=1))
+        kv = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+        self._set("num_kv_heads", v.integer(kv, "GPTConfig.num_kv_heads", minimum=1))
+        if self.d_model % self.num_heads:
+            raise ValueError(f"GPTConfig.d_model must be divisible by num_heads, got d_model="
+                             f"{self.d_model} and num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"GPTConfig.num_kv_heads must divide num_heads, got num_kv_heads="
+                             f"{self.num_kv_heads} and num_heads={self.num_heads}")
+        for name, choices in (("norm", NORMS), ("mlp", MLPS), ("positional", POSITIONAL)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"GPTConfig.{name} must be one of {choices}, got "
+                                 f"{getattr(self, name)!r}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"GPTConfig: RoPE rotates pairs of features, so the head width "
+                             f"d_model / num_heads must be even, got {self.head_dim}")
+        if self.d_ff is None:
+            d_ff = 4 * self.d_model if self.mlp != "swiglu" else -(-8 * self.d_model // 3 // 8) * 8
+            self._set("d_ff", d_ff)
+        self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
+        self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
+        self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
+        self._set("rope_base", v.real(self.rope_base, "GPTConfig.rope_base", positive=True))
+        self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def classic(cls, vocab_size: int, **overrides) -> GPTConfig:
+        """The 2017 / GPT-2 block: layer norm, GELU MLP (tanh form), learned positions, biases,
+        H = Hkv."""
+        return cls(vocab_size, **{"norm": "layer", "mlp": "gelu_tanh", "positional": "learned",
+                                  "bias": True, **overrides})
+
+    @classmethod
+    def modern(cls, vocab_size: int, **overrides) -> GPTConfig:
+        """The LLaMA-style block: RMSNorm, SwiGLU, RoPE, grouped-query attention (half as many
+        key/value heads as query heads, when H is even), no biases."""
+        heads = overrides.get("num_heads", cls.num_heads)
+        return cls(vocab_size, **{"norm": "rms", "mlp": "swiglu", "positional": "rope",
+                                  "bias": False, "num_kv_heads": max(heads // 2, 1)
+                                  if heads % 2 == 0 else heads, **overrides})
+
+
+def config_to_dict(config: GPTConfig) -> dict:
+    """The config as a JSON-ready dict (the dtype by name)."""
+    d = dataclasses.asdict(config)
+    d["dtype"] = np.dtype(config.dtype).name
+    return d
+
+
+def config_from_dict(d: Mapping) -> GPTConfig:
+    """Inverse of :func:`config_to_dict`."""
+    d = dict(d)
+    d["dtype"] = np.dtype(d.get("dtype", "float32")).type
+    return GPTConfig(**d)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter names, shapes and the nested structure of the core
+
+
+def _norm_shapes(prefix: str, c: GPTConfig) -> dict:
+    keys = ("gamma", "beta") if c.norm == "layer" and c.bias else ("gamma",)
+    return {f"{prefix}.{k}": (c.d_model,) for k in keys}
+
+
+def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
+    """Name -> shape of every parameter of a :class:`GPT` with config ``c``, in order."""
+    E, F = c.d_model, c.d_ff
+    qkv = E + 2 * c.num_kv_heads * c.head_dim
+    shapes = {"embed.W": (c.vocab_size, E)}
+    if c.positional == "learned":
+        shapes["pos.W"] = (c.max_len, E)
+    for i in range(c.num_layers):
+        p = f"layers.{i}"
+        shapes.update(_norm_shapes(f"{p}.norm1", c))
+        shapes[f"{p}.attn.W_qkv"] = (E, qkv)
+        shapes[f"{p}.attn.W_o"] = (E, E)
+        if c.bias:
+            shapes[f"{p}.attn.b_qkv"] = (qkv,)
+            shapes[f"{p}.attn.b_o"] = (E,)
+        shapes.update(_norm_shapes(f"{p}.norm2", c))
+        if c.mlp == "swiglu":
+            shapes.update({f"{p}.mlp.W_gate": (E, F), f"{p}.mlp.W_up": (E, F),
+                           f"{p}.mlp.W_down": (F, E)})
+        else:
+            shapes.update({f"{p}.mlp.W1": (E, F), f"{p}.mlp.W2": (F, E)})
+            if c.bias:
+                shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
+    shapes.update(_norm_shapes("norm", c))
+    return shapes
+
+
+def nest(flat: Mapping[str, np.ndarray]) -> dict:
+    """``{"layers.0.attn.W_o": a}`` -> ``{"layers": [{"attn": {"W_o": a}}]}`` (the same arrays);
+    the parameters (or gradients) as :mod:`transformer_lab.core.gpt` takes them."""
+    root: dict = {}
+    for name, value in flat.items():
+        parts = name.split(".")
+        node = root
+        for part, nxt in zip(parts[:-1], parts[1:], strict=True):
+            if nxt.isdigit():
+                node = node.setdefault(part, [])
+            elif part.isdigit():
+                while len(node) <= int(part):
+                    node.append({})
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return root
+
+
+def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
+    """The inverse of :func:`nest`: dotted name -> array (the same arrays)."""
+    out = {} if out is None else out
+    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            flatten(value, name + ".", out)
+        else:
+            out[name] = value
+    return out
+
+
+def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
+    """Deterministic initialisation from ``seed`` (the same values in float32 and float64 up to
+    rounding), as GPT-2 does it in spirit: token and position tables normal(0, 0.02); linear
+    maps uniform(+-1/sqrt(fan_in)) (``nn.Linear``, drawn by ``core.layers.init_uniform``), the
+    two that write into the residual stream (``attn.W_o`` and the MLP's output) scaled by
+    ``1/sqrt(2 N)`` so that the stream's variance does not grow with depth; biases 0; norm
+    gains 1."""
+    rng = np.random.default_rng(seed)
+    residual_scale = 1 / math.sqrt(2 * c.num_layers)
+    params = {}
+    for name, shape in parameter_shapes(c).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if name in ("embed.W", "pos.W"):
+            value = rng.normal(0.0, 0.02, size=shape)
+        elif leaf == "gamma":
+            value = np.ones(shape)
+        elif leaf.startswith("b"):
+            value = np.zeros(shape)
+        else:
+            value = core_layers.init_uniform(shape[0], shape, rng)
+            if leaf in ("W_o", "W2", "W_down"):
+                value *= residual_scale
+        params[name] = np.ascontiguousarray(value, dtype=c.dtype)
+    return params
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+
+
+def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndarray:
+    """``ids`` as a (B, T) integer array of token ids with ``min_len <= T <= max_len``."""
+    ids = v.token_ids(ids, name, config.vocab_size)
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be a (batch, time) array of token ids, got shape "
+                         f"{ids.shape}")
+    if ids.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one sequence, got shape {ids.shape}")
+    if ids.shape[1] < min_len:
+        raise ValueError(f"{name} must have at least {min_len} position"
+                         f"{'s' * (min_len != 1)}, got shape {ids.shape}")
+    if ids.shape[1] > config.max_len:
+        raise ValueError(f"{name} has {ids.shape[1]} positions but the model reads at most "
+                         f"max_len={config.max_len} (GPTConfig.max_len)")
+    return ids
+
+
+def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
+    """Bytes of the KV cache of a model with ``config`` for ``batch`` sequences of ``length``
+    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
+    c = config
+    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
+            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
+
+
+class ModelCache:
+    """What :meth:`GPT.forward` hands to :meth:`GPT.backward`: the core's cache and the shape
+    of the logits it was made for."""
+
+    __slots__ = ("core", "logits_shape", "dtype")
+
+    def __init__(self, core, logits_shape, dtype):
+        self.core, self.logits_shape, self.dtype = core, logits_shape, dtype
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+
+
+class GPT:
+    """The decoder-only language model, as NumPy forward/backward passes.
+
+    Args:
+        config: a :class:`GPTConfig`.
+        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+
+    Attributes:
+        config: the configuration.
+        params: name -> array, every parameter (see the module docstring).
+        pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
+        rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
+    """
+
+    def __init__(self, config: GPTConfig, seed: int = 0):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self._setup(config, _init_params(config, v.integer(seed, "seed", minimum=0)))
+
+    def _setup(self, config: GPTConfig, params: dict[str, np.ndarray]) -> None:
+        self.config = config
+        self.params = params
+        self._shapes = {k: p.shape for k, p in params.items()}
+        dt = config.dtype
+        self.pe = None
+        if config.positional == "sinusoidal":
+            self.pe = core_layers.positional_encoding(config.max_len, config.d_model).astype(dt)
+        self.rope = None
+        if config.positional == "rope":
+            cos, sin = core_gpt.rope_tables(np.arange(config.max_len), config.head_dim,
+                                            config.rope_base)
+            self.rope = (cos.astype(dt), sin.astype(dt))
+
+    # ---------------------------------------------------------------------------- parameters
+
+    def num_parameters(self) -> int:
+        """Number of trainable scalars (the embedding table counts once: it is tied)."""
+        return int(sum(p.size for p in self.params.values()))
+
+    def set_params(self, new: Mapping[str, np.ndarray]) -> None:
+        """Copy values into the parameter arrays, in place (any subset of the names), after
+        checking all of them: a known name, the parameter's shape, finite real numbers."""
+        checked = {}
+        for name, value in new.items():
+            if name not in self.params:
+                raise KeyError(f"set_params: unknown parameter {name!r}")
+            value = np.asarray(value)
+            if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
+                    np.issubdtype(value.dtype, np.complexfloating):
+                raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
+            v.shape_is(value, self._shapes[name], f"new[{name!r}]")
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"new[{name!r}] contains NaN or infinity")
+            checked[name] = value
+        for name, value in checked.items():
+            self.params[name][...] = value
+
+    def astype(self, dtype) -> GPT:
+        """A copy of the model with its config and parameters in ``dtype``."""
+        config = dataclasses.replace(self.config, dtype=dtype)
+        twin = type(self).__new__(type(self))
+        twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
+        return twin
+
+    def copy(self) -> GPT:
+        """An independent copy (same config, parameters copied)."""
+        return self.astype(self.config.dtype)
+
+    def nested_params(self) -> dict:
+        """The parameters as the core takes them (the same arrays, no copies)."""
+        return nest(self.params)
+
+    def _rope(self, start: int, stop: int):
+        if self.rope is None:
+            return None
+        return self.rope[0][start:stop], self.rope[1][start:stop]
+
+    # ---------------------------------------------------------------------------- forward
+
+    def forward(self, ids):
+        """Logits of the next token at every position.
+
+        Args:
+            ids: (B, T) token ids, 1 <= T <= max_len.
+
+        Returns:
+            logits: (B, T, V) in the model's dtype; logits[:, t] predicts ids[:, t + 1].
+            cache: for :meth:`backward`.
+        """
+        ids = check_ids(ids, "ids", self.config)
+        logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
+                                             self._rope(0, ids.shape[1]))
+        return logits, ModelCache(cache, logits.shape, logits.dtype)
+
+    __call__ = forward
+
+    def backward(self, dlogits, cache: ModelCache) -> dict[str, np.ndarray]:
+        """Gradients of every parameter given the gradient of the logits (B, T, V).
+
+        Returns:
+            name -> array, exactly the keys (and shapes) of ``model.params``.
+        """
+        if not isinstance(cache, ModelCache):
+            raise TypeError(f"GPT.backward: cache must be the cache returned by GPT.forward, "
+                            f"got {type(cache).__name__}")
+        dlogits = v.grad_like(dlogits, "dlogits", cache.logits_shape, cache.dtype,
+                              what="the logits of the forward pass")
+        grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
+        return {k: grads[k] for k in self.params}
+
+    def loss(self, ids, compute_grads: bool = True):
+        """Mean cross-entropy of the next-token predictions (in nats), and its gradients.
+
+        Args:
+            ids: (B, T) token ids, 2 <= T <= max_len: the model reads all of them and the
+                logits at position t are scored against ids[:, t + 1] (the last position
+                predicts nothing), B (T - 1) predictions in all.
+            compute_grads: False to skip the backward pass.
+
+        Returns:
+            loss: a Python float; grads: name -> array (None without compute_grads).
+        """
+        compute_grads = v.boolean(compute_grads, "compute_grads")
+        ids = check_ids(ids, "ids", self.config, min_len=2)
+        if compute_grads:
+            loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
+                                            self._rope(0, ids.shape[1]))
+            grads = flatten(grads)
+            return loss, {k: grads[k] for k in self.params}
+        logits, _ = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
+                                         self._rope(0, ids.shape[1]))
+        return core_gpt.next_token_loss_forward(logits, ids)[0], None
+
+    # ---------------------------------------------------------------------------- generation
+
+    def kv_cache_bytes(self, batch: int, length: int) -> int:
+        """Bytes of this model's KV cache: see :func:`kv_cache_bytes`."""
+        return kv_cache_bytes(self.config, batch, length)
+
+    def new_kv_cache(self, batch: int, length: int) -> list:
+        """One empty ``(K, V)`` pair per layer, each (batch, Hkv, length, Dh)."""
+        c = self.config
+        shape = (batch, c.num_kv_heads, length, c.head_dim)
+        return [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype)) for _ in range(c.num_layers)]
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 use_cache: bool = True, return_logits: bool = False):
+        """Continue ``ids`` by ``max_new_tokens`` tokens, one at a time.
+
+        At each step the logits of the last position are divided by ``temperature``, filtered
+        to the ``top_k`` most likely tokens and/or to the smallest set holding probability
+        ``top_p``, and one token is drawn (:func:`transformer_lab.core.gpt.sample_next`);
+        ``temperature=0`` is greedy decoding (the most likely token; no draw, top_k and top_p
+        unused).
+
+        Args:
+            ids: the prompt, (B, T) or (T,) token ids, T >= 1, T + max_new_tokens <= max_len.
+            max_new_tokens: tokens to add, >= 0.
+            temperature: >= 0.
+            top_k: None (no filter) or an integer in 1..vocab_size.
+            top_p: None (no filter) or a number in (0, 1].
+            seed: of the draws (None: fresh entropy); the same seed gives the same tokens.
+            use_cache: keep the keys and values of past positions (True) or recompute the
+                whole prefix at every step (False); the same tokens either way.
+            return_logits: also return the logits each new token was drawn from.
+
+        Returns:
+            ids: int64 array, the prompt followed by the new tokens, (B, T + max_new_tokens)
+            (or (T + max_new_tokens,) for a 1-D prompt); with ``return_logits`` also the
+            logits, (B, max_new_tokens, V) (or (max_new_tokens, V)), before temperature and
+            filtering.
+        """
+        c = self.config
+        one = isinstance(ids, (list, tuple, np.ndarray)) and np.ndim(ids) == 1
+        prompt = check_ids(np.asarray(ids)[None] if one else ids, "ids", c)
+        steps = v.integer(max_new_tokens, "max_new_tokens", minimum=0)
+        if prompt.shape[1] + steps > c.max_len:
+            raise ValueError(f"the prompt has {prompt.shape[1]} tokens and max_new_tokens="
+                             f"{steps}: {prompt.shape[1] + steps} in all exceeds "
+                             f"max_len={c.max_len} (GPTConfig.max_len)")
+        temperature = v.real(temperature, "temperature", minimum=0)
+        if top_k is not None:
+            top_k = v.integer(top_k, "top_k", minimum=1)
+            if top_k > c.vocab_size:
+                raise ValueError(f"top_k must be at most the vocabulary size {c.vocab_size}, "
+                                 f"got {top_k}")
+        if top_p is not None:
+            top_p = v.real(top_p, "top_p")
+            if not 0 < top_p <= 1:
+                raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        if seed is not None:
+            seed = v.integer(seed, "seed", minimum=0)
+        use_cache = v.boolean(use_cache, "use_cache")
+        return_logits = v.boolean(return_logits, "return_logits")
+
+        out, logits = self._decode(prompt, steps, temperature, top_k, top_p,
+                                   np.random.default_rng(seed), use_cache)
+        if one:
+            out, logits = out[0], logits[0]
+        return (out, logits) if return_logits else out
+
+    def _decode(self, prompt, steps, temperature, top_k, top_p, rng, use_cache):
+        """The decoding loop, on checked arguments: (ids (B, T + steps), logits (B, steps, V))."""
+        c = self.config
+        B, T = prompt.shape
+        params = self.nested_params()
+        out = np.zeros((B, T + steps), dtype=np.int64)
+        out[:, :T] = prompt
+        all_logits = np.zeros((B, steps, c.vocab_size), dtype=c.dtype)
+        caches = self.new_kv_cache(B, T + steps) if use_cache else None
+        length = 0
+        for i in range(steps):
+            end = T + i
+            if use_cache:  # the prompt at once (prefill), then one new token per step
+                logits, length = core_gpt.gpt_step(params, out[:, length:end], c, caches, length,
+                                                   self.pe, self._rope(length, end))
+            else:  # the whole prefix, every step
+                logits, _ = core_gpt.gpt_forward(params, out[:, :end], c, self.pe,
+                                                 self._rope(0, end))
+            last = logits[:, -1]  # (B, V)
+            all_logits[:, i] = last
+            out[:, end] = core_gpt.sample_next(last, rng, temperature, top_k, top_p)
+        return out, all_logits
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def save(self, path, metadata: Mapping | None = None) -> str:
+        """Save the config, every parameter and ``metadata`` (anything JSON holds) to a NumPy
+        ``.npz`` file (no pickle); ``.npz`` is appended to ``path`` if missing. -> the path."""
+        path = str(path) if str(path).endswith(".npz") else f"{path}.npz"
+        header = {"format": CHECKPOINT_FORMAT, "kind": "gpt", "config": config_to_dict(self.config),
+                  "names": list(self.params), "metadata": dict(metadata or {})}
+        try:
+            header_json = json.dumps(header)
+        except TypeError as e:
+            raise TypeError(f"metadata must hold only what JSON can store: {e}") from None
+        with open(path, "wb") as f:
+            np.savez_compressed(f, __header__=np.array(header_json),
+                                **{f"params/{k}": p for k, p in self.params.items()})
+        return path
+
+    @classmethod
+    def load(cls, path) -> GPT:
+        """The model stored by :meth:`save` (its ``metadata`` in ``model.metadata``)."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                header = json.loads(str(f["__header__"]))
+                arrays = {k[len("params/"):]: f[k] for k in f.files if k.startswith("params/")}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(f"cannot read GPT checkpoint {path}: {e}") from None
+        if not isinstance(header, dict) or header.get("kind") != "gpt" or \
+                header.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a GPT checkpoint of format {CHECKPOINT_FORMAT}")
+        config = config_from_dict(header["config"])
+        shapes = parameter_shapes(config)
+        if sorted(arrays) != sorted(shapes):
+            raise ValueError(f"{path}: the stored parameters do not match its config")
+        for name, shape in shapes.items():
+            if arrays[name].shape != shape or arrays[name].dtype != config.dtype:
+                raise ValueError(f"{path}: parameter {name!r} has shape {arrays[name].shape} "
+                                 f"and dtype {arrays[name].dtype}, expected {shape} and "
+                                 f"{np.dtype(config.dtype).name}")
+        model = cls.__new__(cls)
+        model._setup(config, {k: np.ascontiguousarray(arrays[k]) for k in shapes})
+        model.metadata = header.get("metadata", {})
+        return model
+
+    def __repr__(self) -> str:
+        c = self.config
+        kv = f", {c.num_kv_heads} kv heads" if c.num_kv_heads != c.num_heads else ""
+        return (f"GPT(d_model={c.d_model}, heads={c.num_heads}{kv}, layers={c.num_layers}, "
+                f"d_ff={c.d_ff}, norm={c.norm}, mlp={c.mlp}, positions={c.positional}, "
+                f"vocab={c.vocab_size}, {np.dtype(c.dtype).name}, "
+                f"{self.num_parameters():,} parameters)")
+
+
+#: Version of the checkpoint layout written by :meth:`GPT.save`.
+CHECKPOINT_FORMAT = 1

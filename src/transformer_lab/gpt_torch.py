@@ -1,0 +1,179 @@
+"""The GPT of :mod:`transformer_lab.gpt`, written again from scratch in PyTorch -- for parity.
+
+    from transformer_lab.gpt_torch import TorchGPT
+    twin = TorchGPT.from_numpy(model)        # the same weights, float32 or float64
+    loss = twin.loss(ids)                    # a torch scalar; loss.backward()
+    twin.numpy_grads()                       # name -> array, the keys of model.params
+
+Nothing here calls the NumPy code, and the pieces are computed another way wherever PyTorch
+offers one: ``F.layer_norm`` and ``F.rms_norm``, ``F.gelu``/``F.silu``,
+``F.scaled_dot_product_attention(is_causal=True)`` (on keys and values repeated with
+``repeat_interleave``), RoPE as a multiplication of complex numbers, ``F.cross_entropy``
+on the shifted logits. The parameters have the NumPy model's names, shapes and layout
+(``y = x @ W + b``), so weights and gradients compare name by name; the embedding table is one
+parameter used twice, and autograd adds its two gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_lab.gpt import GPT, GPTConfig, check_ids, parameter_shapes
+
+
+def _dtype(config: GPTConfig) -> torch.dtype:
+    return torch.float64 if np.dtype(config.dtype) == np.float64 else torch.float32
+
+
+class _Params(nn.Module):
+    """A module holding named parameters of given shapes (zeros until loaded)."""
+
+    def __init__(self, shapes: Mapping[str, tuple], dtype: torch.dtype):
+        super().__init__()
+        for name, shape in shapes.items():
+            self.register_parameter(name, nn.Parameter(torch.zeros(shape, dtype=dtype)))
+
+
+def _sub(shapes: Mapping[str, tuple], prefix: str) -> dict:
+    return {k[len(prefix) + 1:]: s for k, s in shapes.items() if k.startswith(prefix + ".")}
+
+
+class TorchBlock(nn.Module):
+    def __init__(self, c: GPTConfig, shapes: Mapping[str, tuple], dtype: torch.dtype):
+        super().__init__()
+        self.c = c
+        for part in ("norm1", "attn", "norm2", "mlp"):
+            setattr(self, part, _Params(_sub(shapes, part), dtype))
+
+    def norm(self, x, p):
+        E = (self.c.d_model,)
+        if self.c.norm == "rms":
+            return F.rms_norm(x, E, p.gamma, self.c.eps)
+        return F.layer_norm(x, E, p.gamma, getattr(p, "beta", None), self.c.eps)
+
+    def attention(self, x, rope):
+        c, p = self.c, self.attn
+        B, T, E = x.shape
+        H, Hkv, Dh = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = x @ p.W_qkv + (p.b_qkv if c.bias else 0)
+        q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
+        q = q.view(B, T, H, Dh).transpose(1, 2)
+        k = k.view(B, T, Hkv, Dh).transpose(1, 2)
+        v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+        if rope is not None:
+            q, k = _rotate(q, rope), _rotate(k, rope)
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+        heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = heads.transpose(1, 2).reshape(B, T, E) @ p.W_o
+        return out + p.b_o if c.bias else out
+
+    def feed_forward(self, x):
+        c, p = self.c, self.mlp
+        if c.mlp == "swiglu":
+            return (F.silu(x @ p.W_gate) * (x @ p.W_up)) @ p.W_down
+        h = x @ p.W1 + (p.b1 if c.bias else 0)
+        h = F.relu(h) if c.mlp == "relu" else F.gelu(
+            h, approximate="tanh" if c.mlp == "gelu_tanh" else "none")
+        return h @ p.W2 + (p.b2 if c.bias else 0)
+
+    def forward(self, x, rope=None):
+        x = x + self.attention(self.norm(x, self.norm1), rope)
+        return x + self.feed_forward(self.norm(x, self.norm2))
+
+
+def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and notebook 06's
+    rotation R(a) = [[cos a, sin a], [-sin a, cos a]] is the multiplication by exp(-i a)."""
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
+    turned = z * torch.polar(torch.ones_like(angles), -angles)
+    return torch.view_as_real(turned).reshape(x.shape)
+
+
+class TorchGPT(nn.Module):
+    """The decoder-only model of :class:`transformer_lab.gpt.GPT` in PyTorch (see the module
+    docstring). Parameters are zeros until :meth:`load_numpy_params`; ``from_numpy`` does both."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        dtype = _dtype(c)
+        shapes = parameter_shapes(c)
+        self.embed = _Params(_sub(shapes, "embed"), dtype)
+        if c.positional == "learned":
+            self.pos = _Params(_sub(shapes, "pos"), dtype)
+        self.layers = nn.ModuleList(TorchBlock(c, _sub(shapes, f"layers.{i}"), dtype)
+                                    for i in range(c.num_layers))
+        self.norm = _Params(_sub(shapes, "norm"), dtype)
+        positions = torch.arange(c.max_len, dtype=torch.float64)[:, None]
+        if c.positional == "sinusoidal":
+            omega = 10000.0 ** (-torch.arange(0, c.d_model, 2, dtype=torch.float64) / c.d_model)
+            pe = torch.zeros(c.max_len, c.d_model, dtype=torch.float64)
+            pe[:, 0::2] = torch.sin(positions * omega)
+            pe[:, 1::2] = torch.cos(positions * omega)[:, :c.d_model // 2]
+            self.register_buffer("pe", pe.to(dtype), persistent=False)
+        if c.positional == "rope":
+            Dh = c.head_dim
+            omega = c.rope_base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
+            self.register_buffer("angles", (positions * omega).to(dtype), persistent=False)
+
+    def forward(self, ids) -> torch.Tensor:
+        """Logits (B, T, V) of ids (B, T) (NumPy or torch integers)."""
+        c = self.config
+        ids = torch.as_tensor(check_ids(np.asarray(ids), "ids", c))
+        T = ids.shape[1]
+        x = self.embed.W[ids]
+        if c.positional == "learned":
+            x = x + self.pos.W[:T]
+        elif c.positional == "sinusoidal":
+            x = x + self.pe[:T]
+        rope = self.angles[:T] if c.positional == "rope" else None
+        for layer in self.layers:
+            x = layer(x, rope)
+        E = (c.d_model,)
+        if c.norm == "rms":
+            x = F.rms_norm(x, E, self.norm.gamma, c.eps)
+        else:
+            x = F.layer_norm(x, E, self.norm.gamma, getattr(self.norm, "beta", None), c.eps)
+        return x @ self.embed.W.T  # tied output projection
+
+    def loss(self, ids) -> torch.Tensor:
+        """Mean cross-entropy of logits[:, t] against ids[:, t + 1]."""
+        logits = self.forward(ids)
+        targets = torch.as_tensor(np.asarray(ids))[:, 1:]
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                               targets.reshape(-1))
+
+    # ------------------------------------------------------------------ NumPy weights
+
+    def load_numpy_params(self, params: Mapping[str, np.ndarray]) -> None:
+        own = dict(self.named_parameters())
+        if set(own) != set(params):
+            raise ValueError(f"parameter names differ: only here {sorted(set(own) - set(params))}"
+                             f", only there {sorted(set(params) - set(own))}")
+        with torch.no_grad():
+            for name, p in own.items():
+                p.copy_(torch.as_tensor(np.asarray(params[name])))
+
+    @classmethod
+    def from_numpy(cls, model: GPT) -> TorchGPT:
+        twin = cls(model.config)
+        twin.load_numpy_params(model.params)
+        return twin
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().numpy().copy() for n, p in self.named_parameters()}
+
+    def numpy_grads(self) -> dict[str, np.ndarray]:
+        """name -> gradient of the last backward (zeros where none flowed)."""
+        return {n: (p.grad.numpy().copy() if p.grad is not None
+                    else np.zeros(tuple(p.shape), dtype=p.detach().numpy().dtype))
+                for n, p in self.named_parameters()}
+
+
+__all__ = ["TorchGPT", "TorchBlock"]

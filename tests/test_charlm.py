@@ -1,0 +1,109 @@
+"""Training the GPT on the character corpus: deterministic runs, bits per character computed
+right, the time budget, and the command line (`python -m transformer_lab.train --task charlm`:
+progress on stderr, exactly one JSON line on stdout)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_lab.charlm import CharLMConfig, bits_per_char, random_windows, train_charlm
+from transformer_lab.corpus import load_corpus
+from transformer_lab.gpt import GPT, GPTConfig
+
+TINY = dict(d_model=16, num_heads=2, num_layers=1, context=16, batch_size=4, steps=12,
+            warmup=2, eval_every=5, eval_tokens=200)
+TINY_ARGS = ["--d-model", "16", "--num-heads", "2", "--num-layers", "1", "--context", "16",
+             "--batch-size", "4", "--steps", "6", "--warmup", "2", "--eval-every", "3",
+             "--eval-tokens", "200", "--samples", "1"]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus()
+
+
+def test_bits_per_char_scores_every_token_but_the_first_once():
+    rng = np.random.default_rng(0)
+    model = GPT(GPTConfig(7, d_model=8, num_heads=2, num_layers=1, max_len=5,
+                          dtype=np.float64), seed=0)
+    ids = rng.integers(0, 7, 23)
+    logp = []
+    for t in range(1, ids.size):  # the window that bits_per_char uses for position t
+        start = ((t - 1) // 4) * 4
+        window = ids[start:start + 5]
+        logits, _ = model.forward(window[None])
+        z = logits[0, t - 1 - start]
+        logp.append(z[ids[t]] - np.log(np.exp(z).sum()))
+    expected = -np.mean(logp) / math.log(2)
+    assert abs(bits_per_char(model, ids, batch_size=2) - expected) < 1e-10
+
+
+def test_random_windows():
+    ids = np.arange(100)
+    w = random_windows(ids, 5, 8, np.random.default_rng(0))
+    assert w.shape == (5, 8) and np.all(np.diff(w, axis=1) == 1) and w.max() < 100
+
+
+def test_training_is_deterministic_and_lowers_the_loss(corpus):
+    a = train_charlm(CharLMConfig(**TINY), corpus)
+    b = train_charlm(CharLMConfig(**TINY), corpus)
+    assert a.history.loss == b.history.loss
+    assert a.history.val_steps == [5, 10, 12]
+    assert a.history.loss[-1] < a.history.loss[0]
+    m = a.metrics
+    assert m["steps"] == 12 and m["stopped"] == "steps" and m["tokens"] == 12 * 4 * 16
+    assert {"val_bits_per_char", "train_bits_per_char", "seconds", "train_seconds",
+            "cpu_seconds", "tokens_per_s", "parameters"} <= set(m)
+    assert m["seconds"] >= m["train_seconds"] > 0
+    assert m["val_bits_per_char"] < math.log2(corpus.vocab_size) + 0.5
+
+
+def test_time_budget_stops_early(corpus):
+    r = train_charlm(CharLMConfig(**{**TINY, "steps": 10_000, "time_budget": 0.05}), corpus)
+    assert r.metrics["stopped"] == "time" and r.metrics["steps"] < 10_000
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block="mamba"), "block must be one of"),
+    (dict(warmup=20, steps=10), "warmup=20 must be less than steps=10"),
+    (dict(d_model=10, num_heads=4), "divisible by num_heads"),
+    (dict(context=1), "context must be at least 2"),
+    (dict(lr=-1.0), "lr must be at least 0"),
+])
+def test_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CharLMConfig(**kwargs)
+
+
+def test_cli_progress_on_stderr_and_one_json_line(tmp_path):
+    ckpt, record = tmp_path / "m.npz", tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, "-m", "transformer_lab.train", "--task", "charlm",
+                           "--seed", "3", *TINY_ARGS, "--checkpoint", str(ckpt), "--record",
+                           str(record)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    metrics = json.loads(lines[0])
+    assert {"val_bits_per_char", "seconds", "tokens_per_s"} <= set(metrics)
+    assert metrics["task"] == "charlm" and metrics["seed"] == 3 and metrics["steps"] == 6
+    assert "step     3/6" in proc.stderr and "bits/char" in proc.stderr
+    assert "--- sample 0 ---" in proc.stderr
+    model = GPT.load(ckpt)
+    assert model.metadata["metrics"] == metrics and model.config.d_model == 16
+    assert model.metadata["command"].startswith("python -m transformer_lab.train --task charlm")
+    assert "m.npz" in model.metadata["command"] and str(tmp_path) not in json.dumps(
+        model.metadata)
+    runs = json.loads(record.read_text())
+    assert list(runs) == ["classic"] and runs["classic"]["metrics"] == metrics
+
+
+def test_cli_refuses_bad_options(capsys):
+    from transformer_lab.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--task", "charlm", "--steps", "0"])
+    assert "steps must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,99 @@
+"""Notebook 09's checks recognise the classic mistakes of its exercises (the reference passing
+every check is tests/test_checks.py's job)."""
+
+import numpy as np
+import pytest
+
+from transformer_lab import syllabus
+from transformer_lab.checks import CheckFailed, check
+from transformer_lab.core import gpt as G
+from transformer_lab.core import layers as L
+
+
+def _fails(check_id, *functions):
+    with pytest.raises(CheckFailed) as err:
+        check(check_id, *functions)
+    return str(err.value)
+
+
+def test_unshifted_loss(monkeypatch):
+    def forward(logits, ids):
+        loss, cache = L.cross_entropy_forward(logits, ids)
+        return loss, cache
+
+    monkeypatch.setattr(G, "next_token_loss_forward", forward)
+    monkeypatch.setattr(G, "next_token_loss_backward", L.cross_entropy_backward)
+    assert "without the shift" in _fails("check-next-token-loss")
+
+
+def test_rope_rotated_the_other_way(monkeypatch):
+    def forward(x, cos, sin):
+        out = np.empty_like(x)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2], out[..., 1::2] = x0 * cos - x1 * sin, x1 * cos + x0 * sin
+        return out, (cos, sin)
+
+    monkeypatch.setattr(G, "rope_forward", forward)
+    assert "rotating by minus the angle" in _fails("check-rope")
+
+
+def test_top_p_one_token_short(monkeypatch):
+    def top_p(logits, p):
+        probs = L.softmax_forward(logits)[0]
+        order = np.argsort(-logits, axis=-1, kind="stable")
+        cum = np.cumsum(np.take_along_axis(probs, order, -1), -1)
+        keep = np.empty(logits.shape, bool)
+        np.put_along_axis(keep, order, cum < p, -1)
+        return np.where(keep, logits, -np.inf)
+
+    monkeypatch.setattr(G, "top_p_filter", top_p)
+    assert "one token too few" in _fails("check-top-p-filter")
+
+
+def test_cache_written_at_zero(monkeypatch):
+    def append(K, V, length, k, v):
+        t = k.shape[2]
+        K[:, :, :t], V[:, :, :t] = k, v
+        return K[:, :, :length + t], V[:, :, :length + t], length + t
+
+    monkeypatch.setattr(G, "kv_cache_append", append)
+    assert "writing every piece at position 0" in _fails("check-kv-cache-append")
+
+
+def test_attention_without_the_causal_mask(monkeypatch):
+    monkeypatch.setattr(G, "causal_mask", lambda T: np.zeros((T, T), bool))
+    assert "without the causal mask" in _fails("check-causal-self-attention")
+
+
+def test_sampling_that_ignores_the_temperature(monkeypatch):
+    original = G.sample_next
+
+    def sample(logits, rng, temperature=1.0, top_k=None, top_p=None):
+        return original(logits, rng, 1.0 if temperature else 0, top_k, top_p)
+
+    monkeypatch.setattr(G, "sample_next", sample)
+    assert "'temperature 0.5, top-k 4'" in _fails("check-sample-next")
+
+
+def test_stub_message_names_notebook_09(monkeypatch):
+    message = syllabus.stub_message("kv_cache_append")
+    assert "09_gpt" in message and "section 6" in message
+
+    def stub(*args):
+        raise NotImplementedError(message)
+
+    monkeypatch.setattr(G, "kv_cache_append", stub)
+    assert _fails("check-kv-cache-append") == f"check-kv-cache-append: {message}"
+
+
+def test_min_p_variant():
+    def min_p(logits, p_min):
+        probs = L.softmax_forward(logits)[0]
+        return np.where(probs >= p_min * probs.max(-1, keepdims=True), logits, -np.inf)
+
+    check("check-min-p-filter", min_p)
+    absolute = _fails("check-min-p-filter", lambda z, p: np.where(  # p_min, not p_min * max
+        L.softmax_forward(z)[0] >= p, z, -np.inf))
+    assert "output['kept']" in absolute and "entries differ" in absolute
+    with pytest.raises(TypeError, match="needs your function"):
+        check("check-min-p-filter")
