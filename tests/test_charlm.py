@@ -26,20 +26,43 @@ def corpus():
     return load_corpus()
 
 
-def test_bits_per_char_scores_every_token_but_the_first_once():
-    rng = np.random.default_rng(0)
-    model = GPT(GPTConfig(7, d_model=8, num_heads=2, num_layers=1, max_len=5,
+def _logp_by_position(model, ids, start, T):
+    """log p(ids[t] | the window ids[start:start + T]) for every t the window predicts."""
+    window = ids[start:start + T]
+    logits, _ = model.forward(window[None])
+    z = logits[0, :-1]
+    logp = z[np.arange(window.size - 1), window[1:]] - np.log(np.exp(z).sum(-1))
+    return dict(zip(range(start + 1, start + window.size), logp, strict=True))
+
+
+@pytest.mark.parametrize("size, stride", [(23, 2), (23, 4), (24, 3), (5, 2), (3, 1), (41, 1)])
+def test_bits_per_char_scores_every_token_but_the_first_once(size, stride):
+    """Each token t >= 1 is scored once, by the first window that contains it (the windows step
+    by stride from 0, plus one flush with the end): the one with the most tokens before t."""
+    rng = np.random.default_rng(size + stride)
+    T = 5
+    model = GPT(GPTConfig(7, d_model=8, num_heads=2, num_layers=1, max_len=T,
                           dtype=np.float64), seed=0)
-    ids = rng.integers(0, 7, 23)
-    logp = []
-    for t in range(1, ids.size):  # the window that bits_per_char uses for position t
-        start = ((t - 1) // 4) * 4
-        window = ids[start:start + 5]
-        logits, _ = model.forward(window[None])
-        z = logits[0, t - 1 - start]
-        logp.append(z[ids[t]] - np.log(np.exp(z).sum()))
-    expected = -np.mean(logp) / math.log(2)
-    assert abs(bits_per_char(model, ids, batch_size=2) - expected) < 1e-10
+    ids = rng.integers(0, 7, size)
+    width = min(T, size)
+    starts = sorted(set(range(0, size - width + 1, stride)) | {size - width})
+    logp = {}
+    for start in reversed(starts):  # an earlier window overwrites: more tokens before t
+        logp.update(_logp_by_position(model, ids, start, width))
+    assert sorted(logp) == list(range(1, size))
+    expected = -np.mean(list(logp.values())) / math.log(2)
+    assert abs(bits_per_char(model, ids, stride=stride, batch_size=2) - expected) < 1e-10
+
+
+def test_bits_per_char_default_stride_is_half_the_context_and_context_helps():
+    model = GPT(GPTConfig(7, d_model=8, num_heads=2, num_layers=1, max_len=8,
+                          dtype=np.float64), seed=0)
+    ids = np.random.default_rng(1).integers(0, 7, 50)
+    assert bits_per_char(model, ids) == bits_per_char(model, ids, stride=4)
+    with pytest.raises(ValueError, match="stride must be at most max_len - 1 = 7, got 8"):
+        bits_per_char(model, ids, stride=8)
+    with pytest.raises(ValueError, match="stride"):
+        bits_per_char(model, ids, stride=0)
 
 
 def test_random_windows():

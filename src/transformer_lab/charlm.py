@@ -23,8 +23,9 @@ What one run does:
    on the first ``eval_tokens`` tokens of the validation stream. It stops after ``steps``, or --
    only when one is given -- when ``time_budget`` seconds have passed.
 4. **Metrics**: bits per character on the *whole* validation stream (every token but the first,
-   each predicted once, from up to ``context - 1`` tokens before it: windows of ``context``
-   tokens overlapping by one), and on as many training tokens; ``seconds``, the wall-clock time
+   each predicted once, from at least ``context // 2`` tokens before it but at the very start:
+   windows of ``context`` tokens sliding by half a window, :func:`bits_per_char`), and on as
+   many training tokens; ``seconds``, the wall-clock time
    of the whole run (reading the corpus, training, evaluations), ``train_seconds`` and
    ``cpu_seconds``, the wall-clock and CPU time of the training steps alone, and
    ``tokens_per_s`` (``batch_size * context`` tokens a step, per second of training step). On
@@ -34,7 +35,8 @@ What one run does:
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 
 The files notebook 09 reads were made by these two commands, run from the project folder (a
-second run of the first gave the same validation bits per character to the last digit):
+second run of the first gave the same final training loss, 0.6832526499830831, and the same
+model):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/data/charlm_gpt.npz \\
@@ -42,12 +44,14 @@ second run of the first gave the same validation bits per character to the last 
     python -m transformer_lab.train --task charlm --seed 0 --block modern \\
         --record src/transformer_lab/data/charlm_blocks.json
 
-Each file stores its command. Measured on a 2-core machine shared with other work, three runs
-of the first: 4.9 to 5.5 minutes of CPU for the whole run (4.6 to 5.4 in the training steps),
-one thread; 7.0 minutes of wall-clock time with a load average of 2 to 3.5, 26 to 28 minutes
-under a load of 5 to 12. A second BLAS thread does not pay on such a machine: a training step
-took a median 507 ms with two threads against 60 ms with one (when the second core happens to
-be free, two threads can be faster: 39 ms against 51 for the modern block, at best).
+Each file stores its command. The two runs ran at the same time on a 2-core machine with little
+else running: the classic block 7.8 minutes of wall-clock time for the whole run (7.2 minutes of
+CPU in the training steps, one thread), 1.446 bits per character on validation; the modern
+block 8.5 minutes (8.0 of CPU), 1.422. Earlier measurements of this trainer on the same machine
+(at 5,000 steps of 16 x 64 tokens): CPU time varies by about a tenth between runs of one
+configuration, wall-clock time grows fourfold under a load of 5 to 12; a second BLAS thread
+does not pay when the other core is busy (a step took a median 507 ms with two threads against
+60 ms with one), and gains little when it is free (39 ms against 51, at best).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
+from transformer_lab.core import layers as core_layers
 from transformer_lab.core import optim as core_optim
 from transformer_lab.corpus import Corpus, load_corpus
 from transformer_lab.gpt import GPT, GPTConfig
@@ -98,9 +103,9 @@ class CharLMConfig:
     num_kv_heads: int | None = None
     num_layers: int = 4
     d_ff: int | None = None
-    context: int = 64
-    batch_size: int = 16
-    steps: int = 5000
+    context: int = 128
+    batch_size: int = 8
+    steps: int = 7000
     lr: float = 3e-3
     final_lr: float = 3e-4
     warmup: int = 100
@@ -177,23 +182,39 @@ def random_windows(ids: np.ndarray, batch_size: int, context: int,
     return ids[starts[:, None] + np.arange(context)]
 
 
-def bits_per_char(model: GPT, ids: np.ndarray, batch_size: int = 64) -> float:
-    """Mean ``-log2 p`` of every token of ``ids`` but the first, each predicted once from up to
-    ``max_len - 1`` tokens before it: windows of ``max_len`` tokens overlapping by one."""
+def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
+                  batch_size: int = 64) -> float:
+    """Mean ``-log2 p`` of every token of ``ids`` but the first, each predicted once, in
+    windows of ``max_len`` tokens that slide by ``stride`` (default ``max_len // 2``).
+
+    The first window scores all its predictions; every later one only its last ``stride``, so
+    each of those tokens is predicted from at least ``max_len - stride - 1`` tokens before it
+    (the usual sliding-window evaluation: with ``stride = max_len - 1`` the windows merely
+    touch, and the tokens at the start of each see almost no context).
+    """
     ids = np.asarray(ids, dtype=np.int64)
     T = model.config.max_len
+    stride = T // 2 if stride is None else v.integer(stride, "stride", minimum=1)
     if ids.size < 2:
         raise ValueError("ids must hold at least two tokens")
-    starts = np.arange(0, ids.size - 1, T - 1)
-    full = starts[starts + T <= ids.size]
+    if stride > T - 1:
+        raise ValueError(f"stride must be at most max_len - 1 = {T - 1}, got {stride}")
+    T = min(T, ids.size)
+    starts = list(range(0, ids.size - T + 1, stride))
+    scored = [T - 1] + [stride] * (len(starts) - 1)   # predictions each window scores, last ones
+    done = starts[-1] + T - 1                          # tokens 1 .. done are predicted
+    if done < ids.size - 1:                            # the tail: one more window, at the end
+        starts.append(ids.size - T)
+        scored.append(ids.size - 1 - done)
+    starts, scored = np.array(starts), np.array(scored)
     total = 0.0
-    for i in range(0, full.size, batch_size):
-        batch = ids[full[i:i + batch_size, None] + np.arange(T)]  # (b, T)
-        total += model.loss(batch, compute_grads=False)[0] * batch.shape[0] * (T - 1)
-    rest = starts[starts + T > ids.size]
-    if rest.size:  # the last, shorter window
-        tail = ids[rest[0]:][None]
-        total += model.loss(tail, compute_grads=False)[0] * (tail.shape[1] - 1)
+    for i in range(0, starts.size, batch_size):
+        batch = ids[starts[i:i + batch_size, None] + np.arange(T)]       # (b, T)
+        logits, _ = model.forward(batch)                                  # (b, T, V)
+        logp, _ = core_layers.log_softmax_forward(logits[:, :-1].astype(np.float64))
+        logp = np.take_along_axis(logp, batch[:, 1:, None], axis=-1)[..., 0]  # (b, T-1)
+        keep = np.arange(T - 1) >= T - 1 - scored[i:i + batch_size, None]  # the last n of each
+        total -= logp[keep].sum()
     return total / (ids.size - 1) / math.log(2)
 
 
