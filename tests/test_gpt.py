@@ -80,6 +80,37 @@ CONFIGS = {
 # ------------------------------------------------------------------ core gradient checks
 
 
+@pytest.mark.parametrize("block_size", [1, 3, 64])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "modern-mqa"])
+def test_tiled_attention_flag_gives_the_same_training(rng, config, block_size):
+    """attention_block_size switches the model to notebook 10's tiled attention: the same
+    logits and gradients, and the same losses over Adam steps (float64)."""
+    from transformer_lab.optim import Adam
+
+    naive_config = CONFIGS[config]()
+    tiled_config = dataclasses.replace(naive_config, attention_block_size=block_size)
+    ids = rng.integers(0, naive_config.vocab_size, (3, naive_config.max_len))
+    losses = {}
+    for name, c in (("naive", naive_config), ("tiled", tiled_config)):
+        model = perturbed(GPT(c, seed=0), np.random.default_rng(1))
+        optimizer, losses[name] = Adam(model.params, lr=0.01), []
+        for _ in range(5):
+            loss, grads = model.loss(ids)
+            optimizer.step(grads)
+            losses[name].append(loss)
+        losses[name + " logits"] = model.forward(ids)[0]
+    np.testing.assert_allclose(losses["tiled"], losses["naive"], rtol=1e-12)
+    np.testing.assert_allclose(losses["tiled logits"], losses["naive logits"], rtol=1e-9,
+                               atol=1e-12)
+    assert "tiled attention (blocks of" in repr(GPT(tiled_config, seed=0))
+
+
+def test_tiled_attention_flag_survives_a_checkpoint(tmp_path):
+    model = GPT(small_config(attention_block_size=4), seed=0)
+    model.save(tmp_path / "m.npz")
+    assert GPT.load(tmp_path / "m.npz").config.attention_block_size == 4
+
+
 def test_next_token_loss_gradcheck_and_shift(rng):
     logits = rng.standard_normal((2, 5, 7))
     ids = rng.integers(0, 7, (2, 5))
@@ -431,6 +462,8 @@ def test_checkpoint_roundtrip(tmp_path, rng):
     (dict(vocab_size=0), ValueError, "GPTConfig.vocab_size must be at least 1"),
     (dict(dtype=np.int32), TypeError, "GPTConfig.dtype"),
     (dict(bias=1), TypeError, "GPTConfig.bias must be True or False"),
+    (dict(attention_block_size=0), ValueError, "GPTConfig.attention_block_size must be at least 1"),
+    (dict(attention_block_size=2.5), TypeError, "GPTConfig.attention_block_size"),
 ])
 def test_config_errors(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -73,6 +73,10 @@ class GPTConfig:
         bias: biases in the linear maps and layer norms.
         eps: of every normalisation.
         rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
+        attention_block_size: None (default): attention forms the (T, T) scores; an int: the
+            tiled attention of notebook 10 (``core.flash``) with blocks of that many positions,
+            for the forward and backward passes of training (decoding with the KV cache reads
+            one query at a time and is unchanged). The same results, to rounding.
         dtype: np.float32 (default) or np.float64 (gradient checks).
     """
 
@@ -89,6 +93,7 @@ class GPTConfig:
     bias: bool = True
     eps: float = 1e-5
     rope_base: float = 10000.0
+    attention_block_size: int | None = None
     dtype: type = np.float32
 
     def __post_init__(self):
@@ -116,6 +121,9 @@ class GPTConfig:
         self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
         self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
         self._set("rope_base", v.real(self.rope_base, "GPTConfig.rope_base", positive=True))
+        if self.attention_block_size is not None:
+            self._set("attention_block_size", v.integer(
+                self.attention_block_size, "GPTConfig.attention_block_size", minimum=1))
         self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
 
     def _set(self, name: str, value) -> None:
@@ -565,8 +573,10 @@ class GPT:
     def __repr__(self) -> str:
         c = self.config
         kv = f", {c.num_kv_heads} kv heads" if c.num_kv_heads != c.num_heads else ""
+        tiled = (f", tiled attention (blocks of {c.attention_block_size})"
+                 if c.attention_block_size is not None else "")
         return (f"GPT(d_model={c.d_model}, heads={c.num_heads}{kv}, layers={c.num_layers}, "
-                f"d_ff={c.d_ff}, norm={c.norm}, mlp={c.mlp}, positions={c.positional}, "
+                f"d_ff={c.d_ff}, norm={c.norm}, mlp={c.mlp}, positions={c.positional}{tiled}, "
                 f"vocab={c.vocab_size}, {np.dtype(c.dtype).name}, "
                 f"{self.num_parameters():,} parameters)")
 

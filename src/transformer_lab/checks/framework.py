@@ -334,10 +334,11 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         return None if same else Difference(name, f"{name}: expected {want!r}, got "
                                                   f"{_short(got)}", got, want)
     want_arr = np.asarray(want)
-    if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not (
-            np.isscalar(got) and not isinstance(got, str)):
+    if isinstance(got, str):  # also a check's sentence saying what is missing ("None: set ...")
+        return Difference(name, f"{name}: expected {_describe(want_arr)}, got {got}", got, want)
+    if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not np.isscalar(got):
         return Difference(name, f"{name} must be a NumPy array or a number like the expected "
-                                f"{_describe(want_arr)}, got {_kind(got)}", got, want)
+                                f"one ({_describe(want_arr)}), got {_kind(got)}", got, want)
     got_arr = np.asarray(got)
     if want_arr.dtype == bool or got_arr.dtype == bool:
         if got_arr.shape != want_arr.shape:

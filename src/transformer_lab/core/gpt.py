@@ -35,6 +35,7 @@ import numpy as np
 
 from transformer_lab.core.attention import attention_backward, attention_forward, causal_mask
 from transformer_lab.core.blocks import feed_forward_backward, feed_forward_forward
+from transformer_lab.core.flash import flash_attention_backward, flash_attention_forward
 from transformer_lab.core.layers import (
     cross_entropy_backward,
     cross_entropy_forward,
@@ -248,11 +249,15 @@ def project_qkv(x, params, num_heads, num_kv_heads):
     return q, k, v, c_qkv
 
 
-def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=None):
+def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=None,
+                                  block_size=None):
     """Causal multi-head self-attention: position ``t`` attends to positions ``0 .. t``.
 
     x: (B, T, E); params: W_qkv, W_o (+ b_qkv, b_o); num_kv_heads: Hkv, dividing H (default H);
-    rope: None, or ``(cos, sin)`` (T, Dh/2) to rotate the queries and keys  ->  out: (B, T, E).
+    rope: None, or ``(cos, sin)`` (T, Dh/2) to rotate the queries and keys; block_size: None
+    for ``attention_forward`` with the causal mask, or an int for notebook 10's tiled
+    ``flash_attention_forward`` with blocks of that size (the same result, to rounding)
+    ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION
     num_kv_heads = num_kv_heads or num_heads
@@ -265,10 +270,13 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
     if n_rep > 1:  # grouped-query attention: each key/value head serves n_rep query heads
         k, _ = repeat_kv_forward(k, n_rep)  # (B, H, T, Dh)
         v, _ = repeat_kv_forward(v, n_rep)
-    heads, c_att = attention_forward(q, k, v, causal_mask(x.shape[1]))  # (B, H, T, Dh)
+    if block_size is None:
+        heads, c_att = attention_forward(q, k, v, causal_mask(x.shape[1]))  # (B, H, T, Dh)
+    else:  # notebook 10: tiled, never forms the (T, T) scores
+        heads, c_att = flash_attention_forward(q, k, v, True, block_size)  # (B, H, T, Dh)
     out, c_o = linear_forward(merge_heads(heads), params["W_o"], params.get("b_o"))  # (B, T, E)
     ### END SOLUTION
-    return out, (c_qkv, c_rope, n_rep, c_att, c_o, num_heads)
+    return out, (c_qkv, c_rope, n_rep, c_att, c_o, num_heads, block_size)
 
 
 def causal_self_attention_backward(dout, cache):
@@ -276,10 +284,11 @@ def causal_self_attention_backward(dout, cache):
 
     dout: (B, T, E)  ->  dx (B, T, E), grads (the keys of params).
     """
-    c_qkv, c_rope, n_rep, c_att, c_o, num_heads = cache
+    c_qkv, c_rope, n_rep, c_att, c_o, num_heads, block_size = cache
     ### BEGIN SOLUTION
     dheads, g_o = linear_backward(dout, c_o)  # (B, T, E)
-    dq, dk, dv = attention_backward(split_heads(dheads, num_heads), c_att)  # (B, H, T, Dh)
+    attention_grads = attention_backward if block_size is None else flash_attention_backward
+    dq, dk, dv = attention_grads(split_heads(dheads, num_heads), c_att)  # (B, H, T, Dh)
     if n_rep > 1:  # a shared head sums the gradients of its query heads
         dk, dv = repeat_kv_backward(dk, n_rep), repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)
     if c_rope is not None:
@@ -352,7 +361,7 @@ def gpt_block_forward(x, params, config, rope=None):
     ### BEGIN SOLUTION
     h, c_norm1 = norm_forward(x, params["norm1"], c.norm, c.eps)
     a, c_attn = causal_self_attention_forward(h, params["attn"], c.num_heads, c.num_kv_heads,
-                                              rope)
+                                              rope, c.attention_block_size)
     x = x + a
     h, c_norm2 = norm_forward(x, params["norm2"], c.norm, c.eps)
     m, c_mlp = mlp_forward(h, params["mlp"], c.mlp)
