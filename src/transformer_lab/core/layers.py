@@ -7,8 +7,9 @@ a dict ``grads`` keyed like the operation's parameters when it has any
 weights use the NumPy layout ``y = x @ W + b`` with ``W`` of shape ``(D_in, D_out)``.
 
 This is the code you write as you go through the notebooks (``transformer_lab/syllabus.py``
-says which notebook teaches which function). It checks nothing: the model, the ``from_torch`` twins and the
-functions of ``transformer_lab.layers`` check their inputs once, before calling it.
+says which notebook teaches which function). It checks nothing: the model, the ``from_torch``
+twins and the functions of ``transformer_lab.layers`` check their inputs once, before calling
+it.
 """
 
 from __future__ import annotations
