@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from transformer_lab.core import multihead as M
-from transformer_lab.tools import agree, best_time, mha_params, torch_mha
+from transformer_lab.tools import agree, best_time, errors_summary, mha_params, perturb, torch_mha
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -31,3 +31,17 @@ def test_agree_prints_or_raises(capsys):
     with pytest.raises(AssertionError, match="relative error"):
         agree("different", np.ones(3), np.zeros(3), 1e-3)
     assert best_time(lambda: None, repeats=2, number=3) >= 0
+
+
+def test_perturb_moves_every_array_of_a_nested_structure_in_place():
+    params = {"a": np.zeros(3), "layers": [{"W": np.ones((2, 2)), "b": None}]}
+    arrays = [params["a"], params["layers"][0]["W"]]
+    before = [a.copy() for a in arrays]
+    assert perturb(params, np.random.default_rng(0), scale=0.5) is params
+    assert all(np.all(a != b) for a, b in zip(arrays, before, strict=True))
+    assert params["layers"][0]["b"] is None
+
+
+def test_errors_summary_names_the_count_and_the_largest():
+    assert errors_summary({"W": 1e-9, "b": 3e-8}) == (
+        "2 tensors ok, largest relative error 3.0e-08")

@@ -81,7 +81,8 @@ def draw_matmul_gradient_shapes(fig) -> None:
 
 def draw_qkv_projections(fig) -> None:
     """Self-attention as shapes: three projections of X, the scores Z, the weighted average.
-    (The scores are Z, as in notebook 05: the course's S is the number of keys.)"""
+    (Z, the course's letter for scores: S is the number of keys. Here Z = Q K^T before the
+    scale, and the weights A = softmax(Z / sqrt(d_k)); notebook 05 folds the scale into Z.)"""
     weight = "#55A868"  # weights in green, activations in the forward colour
     t, d, dk, dv = 4, 5, 3, 3
     x = (t, d, "X", FORWARD)

@@ -41,6 +41,23 @@ def agree(name: str, ours, reference, tol: float, width: int = 50) -> float:
     return err
 
 
+def perturb(params, rng: np.random.Generator, scale: float = 0.3):
+    """Add ``scale`` times standard-normal noise to every array of a parameter structure (a dict
+    or list, nested or not; None skipped), in place, and return it: no bias stays zero and no
+    gain stays one, so that a gradient check really tests every parameter's gradient."""
+    for value in (params.values() if isinstance(params, dict) else params):
+        if isinstance(value, (dict, list)):
+            perturb(value, rng, scale)
+        elif value is not None:
+            value += scale * rng.standard_normal(value.shape)
+    return params
+
+
+def errors_summary(errors: Mapping[str, float]) -> str:
+    """One line for a dict of relative errors (what ``check_gradients`` returns)."""
+    return f"{len(errors)} tensors ok, largest relative error {max(errors.values()):.1e}"
+
+
 def to_torch_layout(a: np.ndarray):
     """A NumPy weight ``(in, out)`` as a torch tensor in torch's ``(out, in)`` layout; vectors
     (biases, layer-norm parameters) unchanged."""
