@@ -251,6 +251,7 @@ def executed(tmp_path_factory):
 
 # --- points ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_correct_submission_gets_full_marks_and_the_handout_zero(executed):
     assert points(executed, "alice") == POINTS_01
     assert set(points(executed, "bob").values()) == {0}
@@ -268,6 +269,7 @@ def test_a_correct_submission_gets_full_marks_and_the_handout_zero(executed):
 
 @pytest.mark.parametrize("who", sorted(TRICKS) + ["writes_output", "hidden_reference",
                                                   "stored_answers", "function_copy"])
+@pytest.mark.slow
 def test_tricks_score_zero_on_stubs(graded, executed, who):
     grades = executed if who in EXECUTED else graded
     got = points(grades, who)
@@ -275,6 +277,7 @@ def test_tricks_score_zero_on_stubs(graded, executed, who):
     assert f"**{who}: 0 / 7 points.**" in summary(grades, who)
 
 
+@pytest.mark.slow
 def test_kernel_hooks_fool_the_feedback_run_but_not_the_verdicts(executed):
     """set_custom_exc hides every error in the student's kernel: the feedback run shows no
     failing check cell, and still the summary -- built from the verdicts -- says 0."""
@@ -290,6 +293,7 @@ def test_kernel_hooks_fool_the_feedback_run_but_not_the_verdicts(executed):
     assert "passed." in shown and "**transformer: 0 / 7 points.**" in nb.cells[0].source
 
 
+@pytest.mark.slow
 def test_why_the_tricks_got_nothing(graded):
     assert "not written yet" in summary(graded, "rebind_check")
     text = summary(graded, "exit_after_faking")
@@ -311,6 +315,7 @@ def test_why_the_tricks_got_nothing(graded):
     assert "ModuleNotFoundError" in summary(graded, "sys_modules")
 
 
+@pytest.mark.slow
 def test_the_grader_s_output_folder_is_put_back(graded):
     rows = read_csv(graded / "grades.csv")
     assert ["writes_output", "01_attention", "check-softmax-forward", "0", "2"] in \
@@ -323,6 +328,7 @@ def test_the_grader_s_output_folder_is_put_back(graded):
                       "feedback/aaa_victim/01_attention.ipynb changed (restored)"}
 
 
+@pytest.mark.slow
 def test_flags_list_the_attempts_with_cell_line_and_code(graded, executed):
     def whats(grades, who):
         return " | ".join(f"{r['where']}:{r['line']}:{r['what']}:{r['code']}"
@@ -346,6 +352,7 @@ def test_flags_list_the_attempts_with_cell_line_and_code(graded, executed):
     assert any(r["notebook"] == "01_attention" and r["line"] for r in rows)
 
 
+@pytest.mark.slow
 def test_an_endless_loop_costs_its_check_only(graded):
     got = points(graded, "loops")
     assert got["check-softmax-forward"] == 0 and got["check-logsumexp"] == 1
@@ -353,23 +360,27 @@ def test_an_endless_loop_costs_its_check_only(graded):
     assert "ran past the time limit of 10 s, in case 'one row'" in summary(graded, "loops")
 
 
+@pytest.mark.slow
 def test_magics_and_floods_of_output_cost_nothing(graded):
     assert points(graded, "magics") == POINTS_01
     assert points(graded, "flood") == POINTS_01
 
 
+@pytest.mark.slow
 def test_hidden_cases_and_the_grader_s_inputs_count(graded):
     got = points(graded, "hidden_only")
     assert got["check-logsumexp"] == 0 and sum(got.values()) == FULL - 1
     assert "case 'four axes, axis -2'" in summary(graded, "hidden_only")
 
 
+@pytest.mark.slow
 def test_a_notebooks_only_submission_gets_its_notebook_exercises(graded):
     got = points(graded, "Jane Doe")
     assert got == {**POINTS_01, "check-softmax-forward": 0, "check-attention-forward": 0}
     assert "no core files were handed in" in summary(graded, "Jane Doe")
 
 
+@pytest.mark.slow
 def test_checks_are_restored_by_id_then_grade_id_after_the_cell_before_them(graded):
     assert points(graded, "renamed") == POINTS_01
     nb = nbformat.read(graded / "feedback" / "renamed" / "01_attention.ipynb", as_version=4)
@@ -391,6 +402,7 @@ def test_checks_are_restored_by_id_then_grade_id_after_the_cell_before_them(grad
     assert ids.index("check-logsumexp") == ids.index("exercise-logsumexp") + 1
 
 
+@pytest.mark.slow
 def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
     text = summary(graded, "no_exercises")
     assert "the exercise cell `exercise-logsumexp` is not in your notebook" in text
@@ -399,6 +411,7 @@ def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
     assert "could not be read as a notebook" in summary(graded, "unreadable")
 
 
+@pytest.mark.slow
 def test_forgiving_names_and_every_skipped_file_listed(graded):
     assert points(graded, "dan") == POINTS_01  # 01_Attention-Copy1.ipynb, over "(1)"
     rows = [list(r.values()) for r in read_csv(graded / "skipped.csv")]
@@ -416,6 +429,7 @@ def test_forgiving_names_and_every_skipped_file_listed(graded):
     assert "skipped 4 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
 
 
+@pytest.mark.slow
 def test_grading_the_same_folder_twice_gives_the_same_files(executed, tmp_path):
     subs = executed.parent / "subs"
     for who in ("alice", "custom_exc"):
@@ -432,6 +446,7 @@ def test_grading_the_same_folder_twice_gives_the_same_files(executed, tmp_path):
     assert (tmp_path / "grades" / "skipped.csv").read_text() == "student,file,reason\n"
 
 
+@pytest.mark.slow
 def test_feedback_notebooks_are_valid(graded, executed):
     for grades in (graded, executed):
         for path in (grades / "feedback").rglob("*.ipynb"):
@@ -522,6 +537,7 @@ def two_notebooks(tmp_path_factory):
     return once_per_session(tmp_path_factory, "grading-two", produce) / "grades"
 
 
+@pytest.mark.slow
 def test_a_bug_in_one_notebook_s_function_costs_that_notebook_only(two_notebooks):
     frank = points(two_notebooks, "frank")  # softmax_forward (01) wrong
     assert frank["check-softmax-forward"] == 0 and frank["check-attention-forward"] == 0
@@ -692,6 +708,7 @@ def _e2e(path: Path):
                         id=path.stem)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", [_e2e(p) for p in NOTEBOOKS])
 def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_path_factory):
     def produce(out: Path) -> None:

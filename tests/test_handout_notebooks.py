@@ -37,6 +37,9 @@ from handout_tools import (
 from transformer_lab import syllabus
 from transformer_lab.course import assignment
 
+#: Every notebook executed twice on the handout, and the trainer: left out of `make test-quick`.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
