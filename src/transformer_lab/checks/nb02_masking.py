@@ -260,7 +260,7 @@ class PaddingMask(Check):
         yield Case("S longer than every sequence", (np.array([2, 4]), 7))
         yield Case("a length of 0 (only padding)", (np.array([3, 0, 1]), 4))
         yield Case("one sequence, no padding", (np.array([5]), 5))
-        yield Case("lengths as a Python list", ([2, 5, 0, 1], 5))
+        yield Case("lengths given as a list", ([2, 5, 0, 1], 5))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
