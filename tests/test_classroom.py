@@ -176,20 +176,18 @@ def test_student_tree_holds_the_package_and_files_but_not_the_instructors_tests(
         assert f"notebooks/{nb.name}" in readme
 
 
-@pytest.mark.skipif(not (ROOT / "notebooks" / "00_gradients.ipynb").exists(), reason="no 00")
-def test_student_version_of_00_has_the_stubs_with_hints():
+def test_student_version_of_00_has_the_stub_with_its_hint_and_keeps_the_checks():
     cells = {c.id: c for c in solution_and_student(ROOT / "notebooks" / "00_gradients.ipynb")[1]
              .cells}
-    if "exercise-linear-backward" not in cells or "check-mse" not in cells:
-        pytest.skip("00_gradients has been rewritten: its exercises are core functions now")
-    source = cells["exercise-linear-backward"].source
-    assert source.startswith("def linear_backward(dY, X, W):\n    \"\"\"Gradients of Y = X @ W")
-    assert '    raise NotImplementedError("Exercise: flatten the leading axes' in source
-    assert source.endswith("\n    return dX, dW, db")
-    assert "dY @ W.T" not in source
-    assert "### BEGIN HIDDEN" not in cells["check-mse"].source
-    assert "4 / 3" not in cells["check-mse"].source  # the hidden test's worked example
+    source = cells["exercise-mse"].source
+    assert source.startswith('def mse_loss(P, Y):\n    """Mean squared error over all entries')
+    assert ('    raise NotImplementedError("Exercise: an elementwise square, then a mean '
+            '(sections 4 and 5)")') in source
+    assert source.endswith("\n    return loss, dP")
+    assert "np.mean(diff ** 2)" not in source and "2 * diff" not in source
+    assert cells["check-mse"].source == 'check("check-mse", mse_loss)'
     assert cells["check-mse"].metadata["nbgrader"]["points"] == 2
+    assert cells["check-linear-backward"].source == 'check("check-linear-backward")'
 
 
 def test_stub_hint_defaults_to_the_function_and_is_valid_python(tmp_path):
