@@ -3,7 +3,7 @@
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
 #   make test       package tests + strict nbval over every notebook
 #   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
-#   make test-quick make test without the slow grading runs: about half its time
+#   make test-quick make test without the slow tests (handout execution, grading): a third of its time
 #   make lab        open JupyterLab on the notebooks (as root too: containers, WSL)
 #   make help       everything else
 #
