@@ -170,10 +170,12 @@ package, editable: the notebooks import *your* `src/transformer_lab`, so what yo
 what they run. From another folder, name this one instead of `.`:
 `pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
 
-`requirements.txt` pins a CPU build of PyTorch. On Linux, pip would otherwise download several
-GB of CUDA libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
+`requirements.txt` pins `torch==2.13.0`; the course needs only its CPU build. On macOS and
+Windows that is what pip installs. On Linux pip would otherwise download several GB of CUDA
+libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
 "Get Started" page of pytorch.org, Compute Platform: CPU) with
-`export PIP_EXTRA_INDEX_URL=<that address>`.
+`export PIP_EXTRA_INDEX_URL=<that address>`. (The pins also include what the course's own site
+builder needs, a few packages you will not use.)
 
 ## Writing a core function
 
