@@ -188,7 +188,7 @@ def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
     windows of ``max_len`` tokens that slide by ``stride`` (default ``max_len // 2``).
 
     The first window scores all its predictions; every later one only its last ``stride``, so
-    each of those tokens is predicted from at least ``max_len - stride - 1`` tokens before it
+    each of those tokens is predicted from at least ``max_len - stride`` tokens before it
     (the usual sliding-window evaluation: with ``stride = max_len - 1`` the windows merely
     touch, and the tokens at the start of each see almost no context).
     """
