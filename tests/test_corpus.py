@@ -21,6 +21,32 @@ def test_reading_is_deterministic_and_independent_of_other_imports():
     assert all(len(t) >= C.MIN_DOC_CHARS for t in first.values())
 
 
+LIKE = ("like : array_like, optional\n        Reference object to allow the creation of arrays\n"
+        "        which are not NumPy arrays.")
+
+
+def test_text_numpy_pastes_is_dedented_as_before_python_313():
+    # as Python 3.13 leaves them after cleandoc: the pasted parts keep the source's indentation
+    body = "Sum.\n\nParameters\n----------\na : array_like\n    The input.\n"
+    pasted = body + "\n    Notes\n    -----\n    An alias of `sum`.\n\n    >>> 1\n    1\n    "
+    assert C._undo_pasted_indent(pasted) == body + "\nNotes\n-----\nAn alias of `sum`.\n\n>>> 1\n1"
+    with_like = f"Ones.\n\nParameters\n----------\n{LIKE}\ndtype : dtype\n    The type."
+    assert C._undo_pasted_indent(with_like) == with_like.replace("\n        ", "\n    ")
+
+
+@pytest.mark.parametrize("doc", [
+    # as Python 3.12 and earlier read them (and 3.13 reads everything NumPy does not paste into)
+    "Sum.\n\nParameters\n----------\na : array_like\n    The input.\n\nNotes\n-----\nAn alias.",
+    f"Ones.\n\nParameters\n----------\n{LIKE.replace('        ', '    ')}",
+    # a description of 8 spaces that is not the pasted one; an indented docstring under a signature
+    "See also\n--------\nrfft2 : The forward FFT of real input,\n        of which this is the inverse.",
+    "copy(self)\na.copy()\n\n    Copy.\n\n    Parameters\n    ----------\n    order : str",
+    "A data-type scalar.\n    ",
+])
+def test_other_docstrings_are_left_as_they_are(doc):
+    assert C._undo_pasted_indent(doc) == doc
+
+
 def test_split_by_document_with_groups_on_one_side(corpus):
     assert len(corpus.names) == len(corpus.texts) == corpus.is_val.size == corpus.groups.size
     for g in np.unique(corpus.groups):

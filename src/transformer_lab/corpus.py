@@ -12,7 +12,8 @@ nothing downloaded -- and the n-gram baselines a language model must beat on it.
 **Documents.** Every public module, function, class and method of NumPy's public namespaces
 (:data:`MODULES`) whose ``__module__`` is NumPy's (so that nothing of Python's own builtins,
 which change with the Python version, gets in), visited in sorted order; a document is one
-docstring, dedented with ``inspect.cleandoc``; exact duplicates are kept once.
+docstring, dedented with ``inspect.cleandoc`` (and, where NumPy pasted text into it, as
+Python 3.12 and earlier dedent it: :func:`_undo_pasted_indent`); exact duplicates are kept once.
 
 **Split by document, near-duplicates together.** Many docstrings are near copies of others
 (``chebadd``/``legadd``/``hermadd``..., ``ndarray.sum``/``matrix.sum``/``ma.sum``...). A
@@ -131,6 +132,45 @@ class Corpus:
 # Reading the docstrings
 
 
+def _undo_pasted_indent(doc: str) -> str:
+    """``doc`` (cleaned by ``inspect.cleandoc``) as every Python reads it.
+
+    Python 3.13 dedents docstrings when it compiles them. NumPy pastes text into some of its
+    docstrings afterwards, indented for the source: a section appended at the end
+    (``"\\n    Notes\\n    -----\\n    ..."``) and the description of the ``like`` parameter
+    (8 spaces deep). Before 3.13 ``cleandoc`` removes that indentation with the docstring's own;
+    from 3.13 on it stays. Both are taken back here, so the corpus is the same on Python 3.10 to
+    3.13 (checked on NumPy 2.4.6: 14 docstrings differ without this, none with it, and no
+    docstring of Python 3.11 or 3.12 is changed by it).
+    """
+    import re
+
+    lines = doc.split("\n")
+
+    def indent(line):
+        return len(line) - len(line.lstrip(" "))
+
+    def header(i, k):  # a section header indented by k, and its underline
+        return lines[i].strip() and indent(lines[i]) == k \
+            and re.fullmatch(" " * k + "-{3,}", lines[i + 1])
+
+    for i in range(1, len(lines) - 1):  # an indented section after one that is not
+        k = indent(lines[i])
+        if k and header(i, k) and any(header(j, 0) for j in range(i)) \
+                and all(indent(line) >= k for line in lines[i:] if line.strip()):
+            lines[i:] = [line[k:] for line in lines[i:]]
+            while not lines[-1]:  # the pasted text's last line: its indentation alone
+                lines.pop()
+            break
+    for i, line in enumerate(lines[:-1]):  # the ``like`` parameter pasted 8 spaces deep
+        if line == "like : array_like, optional" and indent(lines[i + 1]) == 8:
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and indent(lines[j]) >= 8:
+                lines[j] = lines[j][4:]
+                j += 1
+    return "\n".join(lines)
+
+
 def _collect(modules) -> dict:
     """name -> cleaned docstring (see :func:`read_docstrings`); self-contained, so that it can
     run in a fresh interpreter."""
@@ -147,7 +187,7 @@ def _collect(modules) -> dict:
     def add(name, obj):
         doc = getattr(obj, "__doc__", None)
         if isinstance(doc, str):
-            doc = inspect.cleandoc(doc)
+            doc = _undo_pasted_indent(inspect.cleandoc(doc))
             if len(doc) >= MIN_DOC_CHARS and doc not in seen_texts:
                 seen_texts.add(doc)
                 found[name] = doc
@@ -186,7 +226,7 @@ def read_docstrings(modules=MODULES) -> dict[str, str]:
     ``numpy.sinc``'s), which would make the corpus depend on what the caller imported before.
     """
     code = (f"import json, sys\nMIN_DOC_CHARS = {MIN_DOC_CHARS}\n"
-            f"{inspect.getsource(_collect)}\n"
+            f"{inspect.getsource(_undo_pasted_indent)}\n{inspect.getsource(_collect)}\n"
             f"json.dump(_collect({list(modules)!r}), sys.stdout)")
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                           encoding="utf-8", check=False)

@@ -234,11 +234,13 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
     """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
 
     A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
-    ``grace`` seconds later gets its kernel stopped. Output over ``limits`` is not kept (see
+    ``grace`` seconds later gets its kernel stopped (the time limit again, at least 5 s -- a
+    kernel that was flooding its output needs a moment to answer, more on a busy machine --
+    and at most 10 s). Output over ``limits`` is not kept (see
     :class:`OutputLimits`). ``env``: the kernel's environment (default: this process's).
     The kernel starts in an empty temporary folder. Never raises: see the returned :class:`Run`.
     """
-    grace = min(timeout, 10)
+    grace = min(max(timeout, 5), 10)
     watchdog = _Watchdog(timeout + grace)
     run, current = Run(), {"index": None}
     start = time.perf_counter()
