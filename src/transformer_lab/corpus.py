@@ -139,9 +139,9 @@ def _undo_pasted_indent(doc: str) -> str:
     docstrings afterwards, indented for the source: a section appended at the end
     (``"\\n    Notes\\n    -----\\n    ..."``) and the description of the ``like`` parameter
     (8 spaces deep). Before 3.13 ``cleandoc`` removes that indentation with the docstring's own;
-    from 3.13 on it stays. Both are taken back here, so the corpus is the same on Python 3.10 to
-    3.13 (checked on NumPy 2.4.6: 14 docstrings differ without this, none with it, and no
-    docstring of Python 3.11 or 3.12 is changed by it).
+    from 3.13 on it stays. Both are taken back here, so a given NumPy gives the same corpus on
+    every Python (checked on NumPy 2.4.6: 14 docstrings differ between 3.11 and 3.13 without
+    this, none with it; no docstring of 3.11 or 3.12, nor of NumPy 2.2.6 on 3.10, is changed).
     """
     import re
 
