@@ -211,10 +211,10 @@ def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
     for i in range(0, starts.size, batch_size):
         batch = ids[starts[i:i + batch_size, None] + np.arange(T)]       # (b, T)
         logits, _ = model.forward(batch)                                  # (b, T, V)
-        logp, _ = core_layers.log_softmax_forward(logits[:, :-1].astype(np.float64))
-        logp = np.take_along_axis(logp, batch[:, 1:, None], axis=-1)[..., 0]  # (b, T-1)
         keep = np.arange(T - 1) >= T - 1 - scored[i:i + batch_size, None]  # the last n of each
-        total -= logp[keep].sum()
+        targets = np.where(keep, batch[:, 1:], -1)  # (b, T-1); -1: already scored, ignored
+        total += core_layers.cross_entropy_forward(logits[:, :-1].astype(np.float64), targets,
+                                                   ignore_index=-1, reduction="sum")[0]
     return total / (ids.size - 1) / math.log(2)
 
 
