@@ -39,7 +39,8 @@ def test_text_numpy_pastes_is_dedented_as_before_python_313():
     "Sum.\n\nParameters\n----------\na : array_like\n    The input.\n\nNotes\n-----\nAn alias.",
     f"Ones.\n\nParameters\n----------\n{LIKE.replace('        ', '    ')}",
     # a description of 8 spaces that is not the pasted one; an indented docstring under a signature
-    "See also\n--------\nrfft2 : The forward FFT of real input,\n        of which this is the inverse.",
+    "See also\n--------\nrfft2 : The forward FFT of real input,\n"
+    "        of which this is the inverse.",
     "copy(self)\na.copy()\n\n    Copy.\n\n    Parameters\n    ----------\n    order : str",
     "A data-type scalar.\n    ",
 ])
