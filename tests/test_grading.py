@@ -36,6 +36,8 @@ from course_helpers import (
     COSINE,
     LOGSUMEXP,
     POINTS_01,
+    SANDBOX_ARGS,
+    SANDBOXED,
     SETUP,
     meta,
     notebook_01,
@@ -65,7 +67,7 @@ def run_grader(subs: Path, source: Path, out: Path, *options: str,
     console = io.StringIO()
     with contextlib.redirect_stdout(console):
         status = grade.main([str(subs), "--source", str(source), "--out", str(out),
-                             "--project", str(project), *options])
+                             "--project", str(project), *SANDBOX_ARGS, *options])
     (out.parent / f"{out.name}-console.txt").write_text(console.getvalue())
     assert status == 0, console.getvalue()
     return console.getvalue()
@@ -316,16 +318,19 @@ def test_why_the_tricks_got_nothing(graded):
 
 
 @pytest.mark.slow
-def test_the_grader_s_output_folder_is_put_back(graded):
+def test_the_grader_s_output_folder_is_out_of_reach(graded):
+    """In the sandbox the output folder does not exist for the student's code; without one
+    (tests/test_sandbox.py) the ledger puts it back."""
     rows = read_csv(graded / "grades.csv")
     assert ["writes_output", "01_attention", "check-softmax-forward", "0", "2"] in \
         [list(r.values()) for r in rows]
     assert not (graded / "planted.txt").exists()
-    assert "aaa_victim: 7 / 7 points." in summary(graded, "aaa_victim")  # restored
+    assert "aaa_victim: 7 / 7 points." in summary(graded, "aaa_victim")
     events = {r["code"] for r in flag_rows(graded, "writes_output")
               if r["where"] == "the grader's output folder"}
-    assert events == {"grades.csv appeared (removed)", "planted.txt appeared (removed)",
-                      "feedback/aaa_victim/01_attention.ipynb changed (restored)"}
+    assert events == (set() if SANDBOXED else {
+        "grades.csv appeared (removed)", "planted.txt appeared (removed)",
+        "feedback/aaa_victim/01_attention.ipynb changed (restored)"})
 
 
 @pytest.mark.slow

@@ -36,9 +36,15 @@ submissions and the solutions), the same bytes for the same submissions on every
 - ``skipped.csv``: student, file, reason -- every file not graded (the handout's own files,
   unchanged, and hidden files aside);
 - ``flags.csv``: student, notebook, where, line, what, code -- see :mod:`.flags`;
+- ``sandbox.csv``: student, sandbox -- what each student's code ran in;
 - ``feedback/<student>/<NN_topic>.ipynb``.
 
-The students' code runs with your permissions: this is not a sandbox.
+Every run of a student's code -- each probe, each feedback kernel -- happens in a sandbox of its
+own (:mod:`.sandbox`: bubblewrap; no network, no other processes, no files but Python's and its
+own, limits on memory, processes and file sizes). Where bubblewrap is missing the grader stops
+and says how to install it; ``--no-sandbox`` grades without one, with the students' code running
+with your permissions, and says so in the summary, in ``sandbox.csv`` and in every feedback.
+``--jobs N`` grades N notebooks at once; the files written are the same for every N.
 """
 
 from __future__ import annotations
@@ -54,7 +60,9 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +103,16 @@ from transformer_lab.course.probing import (
     ProbeLimits,
     ProbeReport,
     build_probe_package,
+    probe_env,
     reference_free,
     run_probe,
+)
+from transformer_lab.course.sandbox import (
+    Bubblewrap,
+    NoSandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    find_sandbox,
 )
 from transformer_lab.course.submissions import (
     Found,
@@ -111,6 +127,7 @@ DEFAULT_PROBE_TIMEOUT = 600
 CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
 SKIPPED_COLUMNS = ("student", "file", "reason")
 FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
+SANDBOX_COLUMNS = ("student", "sandbox")
 SUMMARY_CELL_ID = "grading-feedback"
 #: What stands for the temporary folders of a grading run in feedback and messages.
 WORKDIR_MARK = "<grading folder>"
@@ -124,6 +141,8 @@ class CheckResult:
     max_points: float
     message: str  # "ok", or why the check failed (the framework's verdict, or the reason)
     cases: int = 0  # cases judged
+    public: int = 0  # how many of the check's cases are the public ones (the first ones)
+    failed_case: int | None = None  # the index of the case that failed, if one did
 
     @property
     def passed(self) -> bool:
@@ -341,21 +360,37 @@ class Grader:
     timeout: int
     limits: ProbeLimits
     execute: bool = True
+    sandbox: Bubblewrap | NoSandbox = field(default_factory=NoSandbox)
     cases: dict[str, list[F.Case]] = field(default_factory=dict)
+    public: dict[str, int] = field(default_factory=dict)
     _expected: dict[tuple[str, str], Any] = field(default_factory=dict)
+    #: held while computing the shared caches and while writing into ``out`` (the ledger)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    ledger: Ledger | None = None
 
     def check_cases(self, check_id: str) -> list[F.Case]:
         """The grader's cases of a check: public and hidden, drawn with the grader's salt."""
-        if check_id not in self.cases:
-            self.cases[check_id] = F.all_cases(F.get_check(check_id), salt="grader")
-        return self.cases[check_id]
+        with self.lock:
+            if check_id not in self.cases:
+                check = F.get_check(check_id)
+                self.cases[check_id] = F.all_cases(check, salt="grader")
+                self.public[check_id] = len(F.all_cases(check, salt="grader", hidden=False))
+            return self.cases[check_id]
+
+    def public_cases(self, check_id: str) -> int:
+        """How many of the check's cases (the first ones) are public."""
+        self.check_cases(check_id)
+        return self.public[check_id]
 
     def expected(self, check_id: str, case: F.Case):
         key = (check_id, case.name)
-        if key not in self._expected:
-            self._expected[key] = F.get_check(check_id).expected(*copy.deepcopy(case.args),
-                                                                 **copy.deepcopy(case.kwargs))
-        return self._expected[key]
+        with self.lock:
+            if key in self._expected:
+                return self._expected[key]
+        want = F.get_check(check_id).expected(*copy.deepcopy(case.args),
+                                              **copy.deepcopy(case.kwargs))
+        with self.lock:
+            return self._expected.setdefault(key, want)
 
 
 def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> list[CheckResult]:
@@ -366,11 +401,13 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
         cases = grader.check_cases(check.cell_id)
         message = "ok"
         judged = 0
-        for case in cases:
+        failed = None
+        for k, case in enumerate(cases):
             outcome = report.outcomes.get((check.cell_id, case.name))
             if outcome is None:
                 message = report.missing.get(check.cell_id) or \
                     f"no result came back for case {case.name!r}"
+                failed = k
                 break
             try:
                 want = grader.expected(check.cell_id, case)
@@ -382,11 +419,13 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
             judged += 1
             if not verdict.passed:
                 message = verdict.message
+                failed = k
                 break
         if message == "ok" and check.cell_id in report.missing:
             message = report.missing[check.cell_id]
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
-                                   check.points, message, judged))
+                                   check.points, message, judged,
+                                   grader.public_cases(check.cell_id), failed))
     return results
 
 
@@ -426,7 +465,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         cells, notes = probe_cells(submission, assignment)
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
                            grader.check_cases(c.cell_id)) for c in assignment.checks]
-        report = run_probe(tmp / "probe", cells, specs, grader.limits)
+        report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         results = judge_all(grader, assignment, report)
         graded = Graded(work.name, notebook, results, "graded",
                         notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
@@ -435,12 +474,16 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
              if c.cell_type == "code"])
         nb = restore_checks(submission, assignment)
         if grader.execute:
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str((tmp / "feedback").resolve())]
-                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-            graded.run = run_notebook(nb, grader.timeout, env=env)
+            package = (tmp / "feedback").resolve()
+            if grader.sandbox.isolated:  # the sandbox's environment, and the package
+                env = {**probe_env(sandboxed=True), "PYTHONPATH": str(package)}
+            else:
+                env = dict(os.environ)
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [str(package)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+                env["PYTHONDONTWRITEBYTECODE"] = "1"
+            graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
+                                      read_only=(package,))
         _sanitize(graded, nb, tmp)
     graded.seconds = time.perf_counter() - start
     graded.feedback = write_feedback(nb, graded, grader)
@@ -490,9 +533,10 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
 
 # --- feedback ---------------------------------------------------------------------------------
 
-def summary_markdown(graded: Graded, timeout: int, executed: bool = True) -> str:
+def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
+                     sandbox: str = "") -> str:
     """The feedback notebook's first cell, from the verdicts: the score, each check, the
-    failures in full, what code was graded."""
+    failures in full, what code was graded, and where (``sandbox``: what it ran in)."""
     lines = [f"# Grading feedback: {graded.notebook}", "",
              f"**{graded.student}: {format_points(graded.points)} / "
              f"{format_points(graded.max_points)} points.**", "",
@@ -527,6 +571,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True) -> str
         if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
             lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
                          f"{_table_text(graded.run.later)}.)")
+        if sandbox:
+            lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
 
 
@@ -547,12 +593,16 @@ def _one_line(text: str, limit: int = 200) -> str:
 def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``."""
     summary = nbformat.v4.new_markdown_cell(
-        summary_markdown(graded, grader.timeout, grader.execute), id=SUMMARY_CELL_ID)
+        summary_markdown(graded, grader.timeout, grader.execute, grader.sandbox.describe()),
+        id=SUMMARY_CELL_ID)
     nb.cells = [c for c in nb.cells if c.get("id") != SUMMARY_CELL_ID]
     nb.cells.insert(0, summary)
     dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest)
+    with grader.lock:  # what the grader writes into out is known to its ledger at once
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, dest)
+        if grader.ledger is not None:
+            grader.ledger.add(dest)
     return dest
 
 
@@ -696,13 +746,16 @@ def _load_all(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, Assig
     return good, bad
 
 
-def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path) -> list[Graded]:
-    """Grade every student's every notebook in turn; a broken one never stops the others."""
-    ledger = Ledger(grader.out, vault)
-    graded = []
+def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
+              jobs: int = 1) -> list[Graded]:
+    """Grade every student's every notebook, ``jobs`` at a time; a broken one never stops the
+    others. The results come in the order of (student, notebook), whatever ``jobs`` is."""
+    grader.ledger = Ledger(grader.out, vault)
     pairs = [(s, nb) for s in sorted(found.students) for nb in notebooks]
-    for k, (student, notebook) in enumerate(pairs, 1):
-        print(f"[{k}/{len(pairs)}] {student} / {notebook} ... ", end="", flush=True)
+    done = 0
+
+    def one(pair: tuple[str, str]) -> Graded:
+        student, notebook = pair
         assignment = grader.assignments[notebook]
         try:
             g = grade_submission(grader, found.students[student], notebook, found)
@@ -710,15 +763,138 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path) -
             reason = f"not graded: {type(exc).__name__}: {_one_line(str(exc))}"
             g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                            for c in assignment.checks], "grading error")
-        ledger.add(g.feedback)
-        for event in ledger.police():
+        with grader.lock:
+            events = grader.ledger.police()
+        # with a sandbox, a student's code never sees the output folder; without one, and with
+        # more than one job, a change may be another student's, graded at the same time
+        where = "while this notebook was graded" + (
+            " (or another graded at the same time)" if jobs > 1 else "")
+        for event in events:
             g.flags.append(Flag("the grader's output folder", 0,
-                                "the grader's output folder changed while this notebook was "
-                                "graded", event))
-        graded.append(g)
-        print(f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
+                                f"the grader's output folder changed {where}", event))
+        return g
+
+    def report(g: Graded) -> None:
+        nonlocal done
+        done += 1
+        print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
+              f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
               + (f" ({g.seconds:.1f} s)" if g.seconds else ""), flush=True)
-    return graded
+
+    results: dict[tuple[str, str], Graded] = {}
+    if jobs <= 1:
+        for pair in pairs:
+            results[pair] = one(pair)
+            report(results[pair])
+    else:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
+            futures = {pool.submit(one, pair): pair for pair in pairs}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                report(results[futures[future]])
+    return [results[pair] for pair in pairs]
+
+
+@dataclass
+class Options:
+    """How a grading run goes (the command line's options)."""
+
+    source: Path = Path("notebooks")
+    project: Path = Path(".")
+    timeout: int = DEFAULT_TIMEOUT
+    case_timeout: float = DEFAULT_CASE_TIMEOUT
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    execute: bool = True
+    jobs: int = 1
+    sandbox: bool = True
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+@dataclass
+class Outcome:
+    """What a grading run found: a Graded per (student, notebook), the students found, the
+    flags' rows, what the students' code ran in."""
+
+    graded: list[Graded]
+    found: Found
+    flags: list[list]
+    sandbox: str
+
+
+class GradingError(Exception):
+    """The run cannot start (bad solutions, no sandbox, ...); the message says why."""
+
+
+def grade(submissions: Path, out: Path, options: Options) -> Outcome:
+    """Grade ``submissions`` into ``out`` (see the module's docstring); raises
+    :class:`GradingError` when it cannot start."""
+    src = options.project / "src"
+    if not (src / "transformer_lab" / "__init__.py").is_file():
+        raise GradingError(f"--project must be the course's folder; {str(options.project)!r} "
+                           "has no src/transformer_lab")
+    inputs = {"SUBMISSIONS": submissions, "--source": options.source,
+              "--project's src/": src}
+    check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
+    sources = {path.stem: path for path in solution_notebooks(options.source)}
+    try:
+        instructor = parse_package(src / "transformer_lab")
+    except PackageError as err:
+        raise GradingError(f"the package has {len(err.problems)} problem(s) with its "
+                           f"markers:\n{err}") from None
+    assignments, broken = _load_all(list(sources.values()))
+    handed_in = sorted({nb for w in find_submissions(submissions, sorted(sources))
+                        .students.values() for nb in w.notebooks})
+    errors = [str(broken[n]) for n in handed_in if n in broken]
+    errors += [p for n in handed_in if n in assignments
+               for p in check_cell_problems(assignments[n])]
+    if errors:  # only the notebooks handed in need to be right
+        raise GradingError(f"the solution notebooks cannot be graded, {len(errors)} "
+                           "problem(s):\n" + "\n".join(errors))
+    try:
+        sandbox = find_sandbox(options.limits) if options.sandbox else NoSandbox()
+    except SandboxUnavailable as err:
+        raise GradingError(f"no sandbox to run the students' code in: {err}") from None
+    apply_kernel_env()
+    try:
+        with tempfile.TemporaryDirectory(prefix="grading-handout-") as tmp:
+            from transformer_lab.course.student import write_student_tree
+
+            handout = Path(tmp) / "handout"
+            write_student_tree(list(assignments.values()), options.project, handout,
+                               instructor)
+            found = find_submissions(submissions, sorted(sources), handout_digests(handout))
+            fresh_output_dir(out, "--out", inputs)
+            grader = Grader({n: assignments[n] for n in handed_in}, instructor,
+                            handout / "src", submissions, out, options.timeout,
+                            ProbeLimits(cell=options.timeout, case=options.case_timeout,
+                                        total=options.probe_timeout),
+                            execute=options.execute, sandbox=sandbox)
+            graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
+    finally:
+        sandbox.close()
+    flags = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
+             for g in graded for f in g.flags]
+    for student in sorted(found.students):
+        flags += [[student, nb, f.where, f.line, f.what, f.code]
+                  for nb, f in core_flags(found.students[student], submissions)]
+    flags.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
+    write_grades(graded, out / "grades.csv")
+    _write_rows(out / "skipped.csv", SKIPPED_COLUMNS,
+                [[s.student, s.path, s.reason] for s in found.skipped])
+    _write_rows(out / "flags.csv", FLAG_COLUMNS, flags)
+    _write_rows(out / "sandbox.csv", SANDBOX_COLUMNS,
+                [[student, sandbox.describe()] for student in sorted(found.students)])
+    return Outcome(graded, found, flags, sandbox.describe())
+
+
+def _gigabytes(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text}")
+    return int(value * 2**30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -731,8 +907,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", type=Path, default=Path("."),
                         help="folder holding the instructor's src/ (default: the current folder)")
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
-                        help="folder for grades.csv, skipped.csv, flags.csv and feedback/, "
-                             "emptied first (default: build/grades)")
+                        help="folder for grades.csv, skipped.csv, flags.csv, sandbox.csv and "
+                             "feedback/, emptied first (default: build/grades)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
                         help=f"seconds a notebook cell may run, in the probe and in the "
                              f"feedback run (default: {DEFAULT_TIMEOUT})")
@@ -745,60 +921,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-execute", action="store_true",
                         help="do not execute the feedback notebooks (faster; the grades do not "
                              "change)")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="notebooks graded at once (default: 1); the files written are "
+                             "the same for every number")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run the students' code WITHOUT a sandbox, with your permissions "
+                             "(only where bubblewrap cannot run; said in every output)")
+    limits = SandboxLimits()
+    parser.add_argument("--memory", type=_gigabytes, default=limits.memory,
+                        help=f"GiB of memory a student's sandbox may use (default: "
+                             f"{limits.memory / 2**30:g})")
+    parser.add_argument("--processes", type=int, default=limits.processes,
+                        help=f"processes and threads a student's sandbox may run (default: "
+                             f"{limits.processes})")
     args = parser.parse_args(argv)
     for name in ("timeout", "case_timeout", "probe_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                          f"got {getattr(args, name)}")
-    src = args.project / "src"
-    if not (src / "transformer_lab" / "__init__.py").is_file():
+    for name, least in (("jobs", 1), ("processes", 8)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be a whole number of at least {least}, "
+                         f"got {getattr(args, name)}")
+    if not (args.project / "src" / "transformer_lab" / "__init__.py").is_file():
         parser.error(f"--project must be the course's folder; {str(args.project)!r} has no "
                      "src/transformer_lab")
-
-    inputs = {"SUBMISSIONS": args.submissions, "--source": args.source,
-              "--project's src/": src}
-    check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
-    sources = {path.stem: path for path in solution_notebooks(args.source)}
+    options = Options(args.source, args.project, args.timeout, args.case_timeout,
+                      args.probe_timeout, execute=not args.no_execute, jobs=args.jobs,
+                      sandbox=not args.no_sandbox,
+                      limits=SandboxLimits(memory=args.memory, processes=args.processes))
     try:
-        instructor = parse_package(src / "transformer_lab")
-    except PackageError as err:
-        print(f"error: the package has {len(err.problems)} problem(s) with its markers:\n{err}",
-              file=sys.stderr)
+        outcome = grade(args.submissions, args.out, options)
+    except GradingError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
-    assignments, broken = _load_all(list(sources.values()))
-    handed_in = sorted({nb for w in find_submissions(args.submissions, sorted(sources))
-                        .students.values() for nb in w.notebooks})
-    errors = [str(broken[n]) for n in handed_in if n in broken]
-    errors += [p for n in handed_in if n in assignments
-               for p in check_cell_problems(assignments[n])]
-    if errors:  # only the notebooks handed in need to be right
-        print(f"error: the solution notebooks cannot be graded, {len(errors)} problem(s):\n"
-              + "\n".join(errors), file=sys.stderr)
-        return 1
-    apply_kernel_env()
-    with tempfile.TemporaryDirectory(prefix="grading-handout-") as tmp:
-        from transformer_lab.course.student import write_student_tree
-
-        handout = Path(tmp) / "handout"
-        write_student_tree(list(assignments.values()), args.project, handout, instructor)
-        found = find_submissions(args.submissions, sorted(sources), handout_digests(handout))
-        fresh_output_dir(args.out, "--out", inputs)
-        grader = Grader({n: assignments[n] for n in handed_in}, instructor, handout / "src",
-                        args.submissions, args.out, args.timeout,
-                        ProbeLimits(cell=args.timeout, case=args.case_timeout,
-                                    total=args.probe_timeout),
-                        execute=not args.no_execute)
-        graded = grade_all(grader, found, handed_in, Path(tmp) / "vault")
-    flags = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
-             for g in graded for f in g.flags]
-    for student in sorted(found.students):
-        flags += [[student, nb, f.where, f.line, f.what, f.code]
-                  for nb, f in core_flags(found.students[student], args.submissions)]
-    flags.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
-    write_grades(graded, args.out / "grades.csv")
-    _write_rows(args.out / "skipped.csv", SKIPPED_COLUMNS,
-                [[s.student, s.path, s.reason] for s in found.skipped])
-    _write_rows(args.out / "flags.csv", FLAG_COLUMNS, flags)
+    graded, found, flags = outcome.graded, outcome.found, outcome.flags
     print()
     print(format_table(graded))
     if found.skipped:
@@ -809,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
         students = sorted({r[0] for r in flags})
         print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
               "(flags.csv)")
+    warning = "" if options.sandbox else "WARNING: "
+    print(f"\n{warning}students' code ran in: {outcome.sandbox}")
     print(f"\ngrades: {args.out / 'grades.csv'}\nfeedback: {args.out / 'feedback'}/<student>/")
     return 0
 

@@ -14,14 +14,19 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
+
+from transformer_lab.course.sandbox import Mounts, NoSandbox
 
 
 @dataclass
@@ -79,11 +84,22 @@ class LimitedClient(NotebookClient):
     a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
     """
 
-    def __init__(self, nb, limits: OutputLimits | None = None, **kw):
+    def __init__(self, nb, limits: OutputLimits | None = None, sandbox=None,
+                 mounts: Mounts | None = None, **kw):
         super().__init__(nb, **kw)
         self.limits = limits or OutputLimits()
+        self.sandbox, self.mounts = sandbox, mounts
+        self.sandboxed_km: SandboxedKernelManager | None = None
         self.notebook_bytes = 0  # kept so far in the notebook
         self._start_cell(None)
+
+    def create_kernel_manager(self):
+        if self.sandbox is None or not self.sandbox.isolated:
+            return super().create_kernel_manager()
+        self.km = self.sandboxed_km = SandboxedKernelManager(
+            kernel_name=self.kernel_name, config=self.config, sandbox=self.sandbox,
+            mounts=self.mounts)
+        return self.km
 
     def _start_cell(self, cell_index: int | None) -> None:
         self.cell_index = cell_index
@@ -163,6 +179,53 @@ class LimitedClient(NotebookClient):
         cell.outputs.insert(streams[-1] + 1 if streams else len(cell.outputs), note)
 
 
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs in a sandbox (:mod:`.sandbox`).
+
+    The sandbox has no network, so the kernel talks to this process over Unix sockets in a
+    folder both see (ZeroMQ's ``ipc`` transport); it is interrupted by a message on its control
+    channel, as a signal to the sandbox would not reach it. ``mounts`` says what else the
+    kernel sees; its connection folder is added to it, writable.
+    """
+
+    def __init__(self, sandbox, mounts: Mounts, **kw):
+        self._sandbox, self._mounts = sandbox, mounts
+        self._folder = tempfile.TemporaryDirectory(prefix="grading-kernel-",
+                                                   ignore_cleanup_errors=True)
+        folder = Path(self._folder.name)
+        kw.setdefault("transport", "ipc")
+        kw.setdefault("connection_file", str(folder / "kernel.json"))
+        kw.setdefault("ip", str(folder / "ipc"))
+        super().__init__(**kw)
+        self._commands: list[list[str]] = []
+
+    @property
+    def kernel_spec(self):
+        spec = super().kernel_spec
+        if spec is not None:
+            spec.interrupt_mode = "message"
+        return spec
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        argv = super().format_kernel_cmd(extra_arguments)
+        folder = Path(self._folder.name)
+        # JPY_PARENT_PID=1: the kernel does not watch its parent (in the sandbox, bubblewrap's
+        # init, pid 1, is its parent) and prints no banner
+        mounts = Mounts(read_only=self._mounts.read_only,
+                        writable=(*self._mounts.writable, folder), cwd=self._mounts.cwd,
+                        env=(*self._mounts.env, ("JPY_PARENT_PID", "1")))
+        command = self._sandbox.command(argv, mounts)
+        self._commands.append(command)
+        return command
+
+    def release(self) -> None:
+        """After the kernel has ended: free what its sandboxes held."""
+        for command in self._commands:
+            self._sandbox.release(command)
+        self._commands = []
+        self._folder.cleanup()
+
+
 class _Watchdog:
     """Stops the kernel when a cell outlives its time limit by ``grace`` seconds, and stops
     what the kernel left running when the notebook is done.
@@ -230,7 +293,8 @@ _QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported 
 
 
 def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
-                 env: dict[str, str] | None = None) -> Run:
+                 env: dict[str, str] | None = None, sandbox=None,
+                 read_only: tuple[Path, ...] = ()) -> Run:
     """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
 
     A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
@@ -238,8 +302,11 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
     kernel that was flooding its output needs a moment to answer, more on a busy machine --
     and at most 10 s). Output over ``limits`` is not kept (see
     :class:`OutputLimits`). ``env``: the kernel's environment (default: this process's).
-    The kernel starts in an empty temporary folder. Never raises: see the returned :class:`Run`.
+    The kernel starts in an empty temporary folder. ``sandbox`` (see :mod:`.sandbox`): the
+    kernel runs in it, seeing ``read_only`` and its folder besides Python, with ``env`` alone
+    as its environment. Never raises: see the returned :class:`Run`.
     """
+    sandbox = sandbox or NoSandbox()
     grace = min(max(timeout, 5), 10)
     watchdog = _Watchdog(timeout + grace)
     run, current = Run(), {"index": None}
@@ -247,8 +314,11 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
     # A student's code may leave files behind it cannot delete: that must not cost the grade.
     workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
     with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
+        mounts = Mounts(read_only=tuple(read_only), writable=(Path(workdir),),
+                        cwd=Path(workdir), env=tuple((env or {}).items()))
         client = LimitedClient(
-            nb, limits=limits, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+            nb, limits=limits, sandbox=sandbox, mounts=mounts,
+            timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
             kernel_name="python3", record_timing=False,
             resources={"metadata": {"path": workdir}},  # the kernel's working folder
             extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
@@ -257,13 +327,20 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
                                                                                   cell_index)
         client.on_cell_executed = lambda **_: watchdog.cell_finished()
         try:
-            client.execute(**({"env": env} if env is not None else {}))
+            if sandbox.isolated:  # the kernel's environment is the sandbox's, from mounts;
+                # what it writes to its own stdout and stderr (not the notebook's) goes nowhere
+                client.execute(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            else:
+                client.execute(**({"env": env} if env is not None else {}))
         except DeadKernelError:
             _stopped(run, nb, current["index"], timeout,
                      stopped_by_us=watchdog.killed_cell is not None)
         except Exception as exc:  # e.g. the kernel could not start
             run.status = "could not run"
             run.here = run.later = f"not run: {_one_line(str(exc)) or type(exc).__name__}"
+        finally:
+            if client.sandboxed_km is not None:
+                client.sandboxed_km.release()
     run.seconds = time.perf_counter() - start
     return run
 

@@ -2,7 +2,7 @@
 
     python -s .../transformer_lab/course/probe.py WORKDIR    (started by the grader only)
 
-``WORKDIR/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
+``WORKDIR/in/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
 probe package's folder, the notebook cells to run (the student's first code cell, the
 definitions of its other cells and its exercise cells, IPython's magics already removed)
 and, for each check, the notebook names it takes and its cases as plain data. The probe
@@ -94,7 +94,7 @@ def _run_cell(cell_id: str, source: str, namespace: dict) -> str | None:
 
 def main(workdir: str) -> int:
     out = os.path.join(workdir, "out")
-    with open(os.path.join(workdir, "request.json"), encoding="utf-8") as f:
+    with open(os.path.join(workdir, "in", "request.json"), encoding="utf-8") as f:
         request = json.load(f)
     root = request["package"]
     _isolate(root)
@@ -113,7 +113,7 @@ def main(workdir: str) -> int:
 
     from transformer_lab.checks import framework as F
 
-    with np.load(os.path.join(workdir, "request.npz"), allow_pickle=False) as data:
+    with np.load(os.path.join(workdir, "in", "request.npz"), allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     checks = [F.decode(c, arrays) for c in request["checks"]]
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from transformer_lab.course.package import (
     top_level_names,
     without_references,
 )
+from transformer_lab.course.sandbox import Mounts, NoSandbox
 
 RUNNER = Path(runner.__file__).resolve()
 #: Environment variables the probe keeps from the grader's; the rest is left out.
@@ -195,9 +197,10 @@ class ProbeReport:
     seconds: float = 0.0
 
 
-def probe_env() -> dict[str, str]:
-    """The probe's environment: a few of the grader's variables, reproducibility, one thread."""
-    env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
+def probe_env(sandboxed: bool = False) -> dict[str, str]:
+    """The probe's environment: reproducibility, one thread, and -- outside a sandbox, which
+    has its own -- a few of the grader's variables."""
+    env = {} if sandboxed else {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
     env.update(KERNEL_ENV)
     env.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONIOENCODING="utf-8")
@@ -229,11 +232,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
-              limits: ProbeLimits | None = None) -> ProbeReport:
+              limits: ProbeLimits | None = None, sandbox=None) -> ProbeReport:
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
-    ``cells`` (id, source) first, then every case of ``checks``. Never raises for what the
-    student's code does."""
+    ``cells`` (id, source) first, then every case of ``checks``, in ``sandbox`` (see
+    :mod:`.sandbox`; None: none), which shows it the package read-only and its request and
+    results folders. Never raises for what the student's code does."""
     limits = limits or ProbeLimits()
+    sandbox = sandbox or NoSandbox()
     report = ProbeReport()
     start = time.monotonic()
     deadline = start + limits.total
@@ -242,7 +247,7 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
             stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
-                                            limits, deadline, report)
+                                            limits, deadline, report, sandbox)
         if first_run:
             report.cells = cell_errors
             first_run = False
@@ -277,7 +282,7 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
 
 
 def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo: list[int],
-             limits: ProbeLimits, deadline: float, report: ProbeReport):
+             limits: ProbeLimits, deadline: float, report: ProbeReport, sandbox):
     """One probe process over the checks ``todo``; returns (what it stopped during, or None
     when it ended by itself; the cells' errors)."""
     out = tmp / "out"
@@ -296,8 +301,17 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     (tmp / "request.json").write_text(json.dumps(request), encoding="utf-8")
     with open(tmp / "request.npz", "wb") as f:
         np.savez(f, **arrays)
-    proc = subprocess.Popen([sys.executable, "-s", str(RUNNER), str(tmp)], cwd=cwd,
-                            env=probe_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    inputs = tmp / "in"  # what the probe reads: the grader's runner, the request
+    inputs.mkdir()
+    shutil.copyfile(RUNNER, inputs / RUNNER.name)
+    for name in ("request.json", "request.npz"):
+        (tmp / name).replace(inputs / name)
+    env = probe_env(sandbox.isolated)
+    mounts = Mounts(read_only=(package_root.resolve(), inputs), writable=(out, cwd), cwd=cwd,
+                    env=tuple(env.items()))
+    argv = sandbox.command([sys.executable, "-s", str(inputs / RUNNER.name), str(tmp)], mounts)
+    proc = subprocess.Popen(argv, cwd=cwd, env=sandbox.environment(mounts),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     drain = _Drain(proc.stdout, limits.output)
     drain.start()
@@ -330,6 +344,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
         _kill_group(proc)
         proc.wait()
         drain.join(timeout=5)
+        sandbox.release(argv)
     try:
         lines = progress.read_text(encoding="utf-8", errors="replace").split("\n")
     except OSError:
