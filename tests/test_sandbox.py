@@ -1,0 +1,478 @@
+"""The grader's sandbox (course/sandbox.py): a student's code sees Python, its own files and its own
+processes, nothing else, and runs under limits.
+
+First the sandbox alone: what a command in it can see, reach and use. Then a class graded as a
+hostile class would be (issue 20): core functions that read the solution off disk (by its path,
+through /proc/<pid>/cwd, through the grader's command line), copy a classmate's submission,
+read $HOME, write outside their folder, connect to a listener on 127.0.0.1, leave a process
+behind, fork without end or allocate far past the memory limit -- each earns nothing from it and
+leaves no trace, while an honest classmate gets full marks. The same tricks graded with
+--no-sandbox do get the solution: the tests would notice a sandbox that let them through.
+On a machine without bubblewrap these tests skip, except in CI (.ci/run installs it), where
+they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from course_helpers import (
+    POINTS_01,
+    notebook_01,
+    once_per_session,
+    read_csv,
+    require_sandbox,
+    solved_01,
+    student_01,
+    student_folder,
+    write,
+)
+
+from transformer_lab.course import grade, sandbox, student
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = sum(POINTS_01.values())
+
+
+@pytest.fixture(scope="module")
+def box():
+    require_sandbox()
+    found = sandbox.find_sandbox()
+    yield found
+    found.close()
+
+
+def run_in(box, code: str, mounts: sandbox.Mounts | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess:
+    argv = box.command([sys.executable, "-c", code], mounts or sandbox.Mounts())
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        box.release(argv)
+
+
+class Listener:
+    """A TCP listener on 127.0.0.1 that hands whoever connects ``payload`` and counts them."""
+
+    def __init__(self, payload: bytes = b"hello"):
+        self.payload, self.connections = payload, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            with conn:
+                conn.sendall(self.payload)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def processes_with(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+# --- the sandbox alone ----------------------------------------------------------------------------
+
+def test_only_python_and_its_own_folders_are_there(box, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "given.txt").write_text("given")
+    code = f"""
+import os, sys
+print(open({str(mine / 'given.txt')!r}).read())
+for path in [{str(ROOT)!r}, {str(ROOT / 'src')!r}, {str(tmp_path / 'secret.txt')!r},
+             {os.path.expanduser('~')!r} + '/.bashrc', '/etc/passwd', '/etc/hostname']:
+    print(path, os.path.exists(path) and (os.path.isfile(path) or sorted(os.listdir(path))))
+print('home', os.environ['HOME'], os.listdir(os.environ['HOME']))
+print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+print(os.getcwd())
+"""
+    (tmp_path / "secret.txt").write_text("secret")
+    done = run_in(box, code, sandbox.Mounts(read_only=(mine,), cwd=mine))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "given"
+    seen = dict(line.split(" ", 1) for line in lines[1:7])
+    # the course folder shows only the virtual environment if that lives in it, nothing else
+    assert seen[str(ROOT)] in ("False", "['.venv']"), seen
+    assert all(seen[path] == "False" for path in list(seen)[1:]), seen
+    assert lines[7] == "home /tmp/home []"
+    assert lines[8] in ("pids [1, 2]", "pids [1, 2, 3]")  # bubblewrap's init, python (, prlimit)
+    assert lines[9] == str(mine)
+
+
+def test_what_is_read_only_cannot_be_written(box, tmp_path):
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    code = f"""
+for path in [{str(ro / 'x')!r}, {str(rw / 'x')!r}, '/tmp/x', {sys.prefix!r} + '/x',
+             '/usr/x']:
+    try:
+        open(path, 'w').write('x')
+        print('wrote', path)
+    except OSError as err:
+        print('refused', path, err.errno)
+"""
+    done = run_in(box, code, sandbox.Mounts(read_only=(ro,), writable=(rw,)))
+    wrote = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("wrote")]
+    assert wrote == [str(rw / "x"), "/tmp/x"], done.stdout + done.stderr
+    assert (rw / "x").exists() and not (ro / "x").exists() and not Path(sys.prefix, "x").exists()
+
+
+def test_no_network(box):
+    with Listener() as listener:
+        code = f"""
+import socket
+for address in [('127.0.0.1', {listener.port}), ('localhost', {listener.port})]:
+    try:
+        socket.create_connection(address, timeout=5)
+        print('connected')
+    except OSError as err:
+        print('refused', type(err).__name__)
+"""
+        done = run_in(box, code)
+    assert done.stdout.split("\n")[:2] == ["refused ConnectionRefusedError"] * 2 or \
+        "connected" not in done.stdout, done.stdout + done.stderr
+    assert listener.connections == 0
+
+
+def test_limits_on_memory_processes_and_files(box):
+    code = """
+import os, numpy as np
+try:
+    np.ones(2 * 2**30 // 8 * 4)  # 8 GiB
+    print('allocated')
+except MemoryError:
+    print('memory refused')
+children = 0
+try:
+    for _ in range(500):
+        if os.fork() == 0:
+            import time; time.sleep(5); os._exit(0)
+        children += 1
+except OSError:
+    pass
+print('forked', children)
+try:
+    with open('/tmp/big', 'wb') as f:
+        f.write(b'x' * (300 * 2**20))
+    print('wrote 300 MiB')
+except OSError as err:
+    print('write refused', err.errno)
+"""
+    done = run_in(box, code)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "memory refused", done.stdout + done.stderr
+    forked = int(lines[1].split()[1])
+    assert forked < box.limits.processes, forked
+    assert lines[2].startswith("write refused"), lines
+
+
+def test_nothing_is_left_running(box):
+    marker = f"left-behind-{uuid.uuid4().hex}"
+    code = f"""
+import subprocess, sys
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {marker!r}],
+                 start_new_session=True)
+print('started')
+"""
+    done = run_in(box, code)
+    assert done.stdout.strip() == "started", done.stderr
+    time.sleep(0.5)
+    assert processes_with(marker) == []
+
+
+def test_without_bubblewrap_the_grader_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "prlimit"):
+        if shutil.which(tool):
+            (bare / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(bare))
+    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+        sandbox.find_sandbox()
+    write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
+    write(solved_01(), tmp_path / "subs" / "ann" / "notebooks" / "01_attention.ipynb")
+    status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
+                         "--out", str(tmp_path / "grades"), "--project", str(ROOT)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "bubblewrap (bwrap) is not installed" in err and "--no-sandbox" in err, err
+    assert not (tmp_path / "grades").exists()
+
+
+# --- a hostile class ------------------------------------------------------------------------------
+
+def _stealing(find: str) -> str:
+    """A ``softmax_forward`` that runs the instructor's solution if ``find`` (code setting
+    ``candidates``, paths of core modules) turns it up, and raises otherwise."""
+    body = "\n".join("    " + line for line in find.strip().split("\n"))
+    return f'''def softmax_forward(x, out=None):
+    import os, glob
+    candidates = []
+{body}
+    for path in candidates:
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        namespace = {{"__name__": "stolen"}}
+        try:
+            exec(compile(text, path, "exec"), namespace)
+            return namespace["softmax_forward"](x, out)
+        except Exception:
+            continue
+    raise RuntimeError("found no solution")'''
+
+
+def _tricks(course: Path, subs: Path, home: Path, port: int, marker: str) -> dict[str, str]:
+    layers = "src/transformer_lab/core/layers.py"
+    return {
+        # the instructor's course folder, by its path (as a student could guess it)
+        "knows_the_path": _stealing(f"candidates = [{str(course / layers)!r}]"),
+        # ... through the grader's working folder, or any process's
+        "proc_cwd": _stealing(f"""
+for link in glob.glob('/proc/*/cwd') + glob.glob('/proc/*/root'):
+    try:
+        candidates.append(os.path.join(os.readlink(link), {layers!r}))
+    except OSError:
+        pass"""),
+        # ... through the grader's command line: --project, and the submissions folder
+        "proc_cmdline": _stealing(f"""
+for path in glob.glob('/proc/*/cmdline'):
+    try:
+        words = open(path, 'rb').read().split(b'\\0')
+    except OSError:
+        continue
+    for word in words:
+        folder = word.decode(errors='replace')
+        candidates.append(os.path.join(folder, {layers!r}))
+        candidates += glob.glob(os.path.join(folder, '*', {layers!r}))"""),
+        # ... walking up from its own file and working folder
+        "parent_folders": _stealing(f"""
+for start in (os.path.abspath(__file__), os.getcwd()):
+    folder = start
+    while folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)
+        candidates.append(os.path.join(folder, {layers!r}))
+        candidates += glob.glob(os.path.join(folder, '*', '*', {layers!r}))"""),
+        # a classmate's submission, by its path
+        "copies_classmate": _stealing(f"candidates = [{str(subs / 'honest' / layers)!r}]"),
+        # a copy the instructor keeps in $HOME
+        "reads_home": _stealing(f"candidates = [{str(home / 'layers.py')!r}]"),
+        # the solution handed over by a server on this machine
+        "connects": f'''def softmax_forward(x, out=None):
+    import socket
+    with socket.create_connection(("127.0.0.1", {port}), timeout=5) as s:
+        text = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+    namespace = {{"__name__": "stolen"}}
+    exec(text, namespace)
+    return namespace["softmax_forward"](x, out)''',
+        "writes_outside": f'''def softmax_forward(x, out=None):
+    import os
+    for folder in [{str(course)!r}, {str(home)!r}, {str(subs / 'honest')!r}, os.getcwd()]:
+        try:
+            with open(os.path.join(folder, "planted-{marker}.txt"), "w") as f:
+                f.write("planted")
+        except OSError:
+            pass
+    raise RuntimeError("wrote what it could")''',
+        "leaves_process": f'''def softmax_forward(x, out=None):
+    import subprocess, sys
+    code = ("import time, pathlib; time.sleep(3); "
+            "pathlib.Path({str(course)!r}, 'late-{marker}.txt').write_text('late')")
+    subprocess.Popen([sys.executable, "-c", code, "{marker}"], start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    raise RuntimeError("left a process behind")''',
+        "forks": f'''def softmax_forward(x, out=None):
+    import os
+    for _ in range(1000):  # until the sandbox says no
+        try:
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "30", "{marker}"])
+        except OSError:
+            break
+    raise RuntimeError("forked")''',
+        "allocates": '''def softmax_forward(x, out=None):
+    import numpy as np
+    hoard = [np.ones(2**27) for _ in range(400)]  # 400 GiB, 1 GiB at a time
+    return hoard''',
+    }
+
+
+HOSTILE_NOTEBOOK = '''import os, socket
+for path in [{layers!r}, {home!r}]:
+    try:
+        print("READ", open(path).read()[:200])
+    except OSError as err:
+        print("cannot read", type(err).__name__)
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5)
+    print("CONNECTED")
+except OSError as err:
+    print("no connection", type(err).__name__)
+'''
+
+
+def _hostile_class(out: Path, sandboxed: bool, who=None) -> dict:
+    """The class, graded (with the sandbox, or with --no-sandbox): the output folder, the
+    course folder, the listener's count, the marker of the planted files and processes."""
+    course, subs, home = out / "course", out / "subs", out / "home"
+    shutil.copytree(ROOT / "src", course / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in student.PROJECT_FILES:
+        shutil.copyfile(ROOT / name, course / name)
+    home.mkdir(parents=True)
+    shutil.copyfile(course / "src/transformer_lab/core/layers.py", home / "layers.py")
+    write(notebook_01(), out / "source" / "01_attention.ipynb")
+    marker = f"marker-{uuid.uuid4().hex[:12]}"
+    solution = (course / "src/transformer_lab/core/layers.py").read_bytes()
+    with Listener(solution) as listener:
+        tricks = _tricks(course, subs, home, listener.port, marker)
+        student_folder(subs / "honest", solved_01(), core="reference")
+        for name, code in tricks.items():
+            if who is None or name in who:
+                student_folder(subs / name, student_01(), replace={"layers": {
+                    "softmax_forward": code}})
+        if who is None:  # a notebook that looks around in its feedback run
+            nb = student_01(before={"setup": HOSTILE_NOTEBOOK.format(
+                layers=str(course / "src/transformer_lab/core/layers.py"),
+                home=str(home / "layers.py"), port=listener.port)})
+            student_folder(subs / "nosy_notebook", nb)
+        # the control needs no feedback run: its points are what it is about
+        options = ["--jobs", "2"] + (["--memory", "2"] if sandboxed else
+                                     ["--no-sandbox", "--no-execute"])
+        # as `make grade` runs it: in the course folder, a process of its own
+        done = subprocess.run(
+            [sys.executable, "-m", "transformer_lab.course.grade", str(subs),
+             "--source", str(out / "source"), "--out", str(out / "grades"),
+             "--case-timeout", "20", "--timeout", "60", *options],
+            cwd=course, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        time.sleep(4)  # what a left process would do, it has done by now
+        connections = listener.connections
+    (out / "console.txt").write_text(done.stdout)
+    (out / "facts.txt").write_text(f"{connections}\n{marker}\n")
+
+
+def _facts(out: Path) -> tuple[int, str]:
+    connections, marker = (out / "facts.txt").read_text().split()
+    return int(connections), marker
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    require_sandbox()
+    return once_per_session(tmp_path_factory, "hostile-class",
+                            lambda out: _hostile_class(out, sandboxed=True))
+
+
+def _points(out: Path, student: str) -> dict[str, float]:
+    return {r["check"]: float(r["points"]) for r in read_csv(out / "grades" / "grades.csv")
+            if r["student"] == student}
+
+
+@pytest.mark.slow
+def test_the_honest_student_gets_full_marks_in_the_sandbox(hostile):
+    assert sum(_points(hostile, "honest").values()) == FULL
+    rows = read_csv(hostile / "grades" / "sandbox.csv")
+    assert {r["sandbox"].split(":")[0] for r in rows} == {f"bubblewrap {sandbox_version()}"}
+    assert "students' code ran in: bubblewrap" in (hostile / "console.txt").read_text()
+
+
+def sandbox_version() -> str:
+    return subprocess.run(["bwrap", "--version"], capture_output=True,
+                          text=True).stdout.split()[-1]
+
+
+TRICK_NAMES = list(_tricks(Path("/c"), Path("/s"), Path("/h"), 1, "m"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", TRICK_NAMES)
+def test_every_trick_earns_nothing(hostile, who):
+    got = _points(hostile, who)
+    assert got["check-softmax-forward"] == 0, who
+    # the rest of the student's notebook was still graded (the handout's stubs: 0 there too)
+    assert set(got) == set(POINTS_01)
+
+
+@pytest.mark.slow
+def test_the_tricks_leave_no_trace(hostile):
+    connections, marker = _facts(hostile)
+    assert connections == 0
+    for root in (hostile / "course", hostile / "home", hostile / "subs", hostile / "grades"):
+        planted = [p for p in root.rglob("*") if marker in p.name]
+        assert planted == [], planted
+    assert processes_with(marker) == []
+
+
+@pytest.mark.slow
+def test_the_feedback_run_is_sandboxed_too(hostile):
+    import nbformat
+
+    nb = nbformat.read(hostile / "grades" / "feedback" / "nosy_notebook" / "01_attention.ipynb",
+                       as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                      for o in c.outputs)
+    assert printed.count("cannot read FileNotFoundError") == 2, printed
+    assert "no connection ConnectionRefusedError" in printed
+    assert "READ" not in printed and "CONNECTED" not in printed
+
+
+@pytest.mark.slow
+def test_memory_and_process_hogs_cost_their_check_only(hostile):
+    for who in ("allocates", "forks"):
+        text = (hostile / "grades" / "feedback" / who / "01_attention.ipynb").read_text()
+        assert "check-softmax-forward" in text
+    summary = (hostile / "grades" / "feedback" / "allocates" / "01_attention.ipynb").read_text()
+    assert "MemoryError" in summary or "killed by signal" in summary
+
+
+@pytest.mark.slow
+def test_without_the_sandbox_the_same_tricks_get_the_solution(tmp_path_factory):
+    """The control: the tests above would notice a sandbox that let the tricks through."""
+    stealing = ("knows_the_path", "proc_cwd", "proc_cmdline", "copies_classmate", "reads_home",
+                "connects")
+    out = once_per_session(tmp_path_factory, "hostile-control",
+                           lambda out: _hostile_class(out, sandboxed=False, who=stealing))
+    for who in stealing:
+        assert _points(out, who)["check-softmax-forward"] == POINTS_01["check-softmax-forward"]
+    rows = read_csv(out / "grades" / "sandbox.csv")
+    assert {r["sandbox"] for r in rows} == {grade.NoSandbox().describe()}
+    assert "WARNING: students' code ran in: no sandbox" in (out / "console.txt").read_text()
