@@ -328,9 +328,7 @@ def test_the_grader_s_output_folder_is_out_of_reach(graded):
     assert "aaa_victim: 7 / 7 points." in summary(graded, "aaa_victim")
     events = {r["code"] for r in flag_rows(graded, "writes_output")
               if r["where"] == "the grader's output folder"}
-    assert events == (set() if SANDBOXED else {
-        "grades.csv appeared (removed)", "planted.txt appeared (removed)",
-        "feedback/aaa_victim/01_attention.ipynb changed (restored)"})
+    assert events == set() or not SANDBOXED
 
 
 @pytest.mark.slow
@@ -435,20 +433,44 @@ def test_forgiving_names_and_every_skipped_file_listed(graded):
 
 
 @pytest.mark.slow
-def test_grading_the_same_folder_twice_gives_the_same_files(executed, tmp_path):
-    subs = executed.parent / "subs"
-    for who in ("alice", "custom_exc"):
-        shutil.copytree(subs / who, tmp_path / "subs" / who)
-    run_grader(tmp_path / "subs", executed.parent / "source", tmp_path / "grades",
-               "--timeout", "120")
-    for who in ("alice", "custom_exc"):
-        again = tmp_path / "grades" / "feedback" / who / "01_attention.ipynb"
-        first = executed / "feedback" / who / "01_attention.ipynb"
-        assert again.read_bytes() == first.read_bytes(), who
-    for name in ("grades.csv", "flags.csv"):
-        rows = [r for r in read_csv(executed / name) if r["student"] in ("alice", "custom_exc")]
-        assert read_csv(tmp_path / "grades" / name) == rows
-    assert (tmp_path / "grades" / "skipped.csv").read_text() == "student,file,reason\n"
+def test_grading_again_in_parallel_gives_the_same_files(executed, tmp_path):
+    """The same folder graded again, two notebooks at a time: every file byte for byte."""
+    run_grader(executed.parent / "subs", executed.parent / "source", tmp_path / "grades",
+               "--timeout", "120", "--jobs", "2")
+    first = sorted(p.relative_to(executed) for p in executed.rglob("*") if p.is_file())
+    again = sorted(p.relative_to(tmp_path / "grades") for p in (tmp_path / "grades").rglob("*")
+                   if p.is_file())
+    assert again == first and len(first) > len(EXECUTED)
+    for path in first:
+        assert (tmp_path / "grades" / path).read_bytes() == (executed / path).read_bytes(), path
+
+
+@pytest.mark.slow
+def test_without_a_sandbox_the_output_folder_is_put_back(tmp_path):
+    """--no-sandbox: the student's code can write into the output folder; the grader's ledger
+    removes what appeared, restores what changed, and flags it."""
+    write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
+    subs, out = tmp_path / "subs", tmp_path / "grades"
+    student_folder(subs / "aaa_victim", solved_01(), core="reference")
+    student_folder(subs / "writes_output", _first_exercise(
+        f"import pathlib\nout = pathlib.Path({str(out)!r})\n"
+        "(out / 'grades.csv').write_text('forged')\n"
+        "(out / 'feedback' / 'aaa_victim' / '01_attention.ipynb').write_text('{}')\n"
+        "(out / 'planted.txt').write_text('x')"))
+    console = io.StringIO()
+    with contextlib.redirect_stdout(console):
+        assert grade.main([str(subs), "--source", str(tmp_path / "source"), "--out", str(out),
+                           "--project", str(ROOT), "--no-sandbox", "--no-execute"]) == 0
+    assert "WARNING: students' code ran in: no sandbox" in console.getvalue()
+    assert not (out / "planted.txt").exists()
+    assert "aaa_victim: 7 / 7 points." in summary(out, "aaa_victim")
+    assert "no sandbox (--no-sandbox)" in summary(out, "writes_output")
+    events = {r["code"] for r in flag_rows(out, "writes_output")
+              if r["where"] == "the grader's output folder"}
+    assert events == {"grades.csv appeared (removed)", "planted.txt appeared (removed)",
+                      "feedback/aaa_victim/01_attention.ipynb changed (restored)"}
+    assert {r["sandbox"] for r in read_csv(out / "sandbox.csv")} == \
+        {grade.NoSandbox().describe()}
 
 
 @pytest.mark.slow
