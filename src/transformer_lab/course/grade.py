@@ -83,7 +83,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
-from transformer_lab.course.kernel_env import apply_kernel_env
+from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
 from transformer_lab.course.kernel_run import (  # noqa: F401  (OutputLimits ... re-exported)
     LimitedClient,
     OutputLimits,
@@ -103,7 +103,6 @@ from transformer_lab.course.probing import (
     ProbeLimits,
     ProbeReport,
     build_probe_package,
-    probe_env,
     reference_free,
     run_probe,
 )
@@ -161,6 +160,7 @@ class Graded:
     run: Run | None = None
     feedback: Path | None = None
     seconds: float = 0.0
+    timing: dict[str, float] = field(default_factory=dict)  # seconds by part (_Clock)
 
     @property
     def points(self) -> float:
@@ -455,6 +455,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
     start = time.perf_counter()
+    clock = _Clock()
     with tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True) as tmp:
         tmp = Path(tmp)
         overlay = build_probe_package(grader.handout_src, grader.instructor, notebook,
@@ -465,8 +466,11 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         cells, notes = probe_cells(submission, assignment)
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
                            grader.check_cases(c.cell_id)) for c in assignment.checks]
+        clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
+        clock.lap("probe")
         results = judge_all(grader, assignment, report)
+        clock.lap("judge")
         graded = Graded(work.name, notebook, results, "graded",
                         notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
         graded.flags = scan_notebook_cells(
@@ -476,18 +480,36 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         if grader.execute:
             package = (tmp / "feedback").resolve()
             if grader.sandbox.isolated:  # the sandbox's environment, and the package
-                env = {**probe_env(sandboxed=True), "PYTHONPATH": str(package)}
+                env = {**KERNEL_ENV, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+                       "PYTHONPATH": str(package)}
             else:
                 env = dict(os.environ)
                 env["PYTHONPATH"] = os.pathsep.join(
                     [str(package)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
                 env["PYTHONDONTWRITEBYTECODE"] = "1"
+            clock.lap("other")
             graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
                                       read_only=(package,))
+            clock.lap("feedback")
         _sanitize(graded, nb, tmp)
-    graded.seconds = time.perf_counter() - start
     graded.feedback = write_feedback(nb, graded, grader)
+    clock.lap("other")
+    graded.seconds = time.perf_counter() - start
+    graded.timing = clock.laps
     return graded
+
+
+class _Clock:
+    """Seconds spent in each part of grading a notebook, for the progress lines."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def _overlay_notes(overlay: Overlay, notebook: str) -> list[str]:
@@ -777,9 +799,10 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
     def report(g: Graded) -> None:
         nonlocal done
         done += 1
+        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in g.timing.items())
         print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
               f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
-              + (f" ({g.seconds:.1f} s)" if g.seconds else ""), flush=True)
+              + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""), flush=True)
 
     results: dict[tuple[str, str], Graded] = {}
     if jobs <= 1:
