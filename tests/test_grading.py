@@ -694,12 +694,29 @@ def test_probe_cells_are_the_first_code_cell_and_the_exercises_without_magics():
                                      "exercise-additive"]
     assert not notes
     setup = dict(cells)["setup"].split("\n")
-    assert setup[:2] == ["pass", "pass"] and setup[2:] == SETUP.split("\n")
+    # the magics, and the import of check (no check cell runs in the probe), at their places
+    assert setup == ["pass", "pass", "import numpy as np", "", "pass"]
     lse = dict(cells)["exercise-logsumexp"].split("\n")
     assert lse[1] == "    pass"  # the %time line, at its place
     assert dict(cells)["exercise-additive"].startswith("\ndef additive_attention")
     for _, source in cells:
         compile(source, "cell", "exec")
+
+
+def test_the_probe_leaves_out_imports_nothing_uses():
+    cells = [("a", "import torch\nimport numpy as np\nfrom math import (\n    sqrt,\n    pi)\n"
+                   "import os; x = 1\ndef f(x):\n    import json\n    return np.sqrt(x) + pi"),
+             ("b", "from m import *\nimport a.b.c\nimport matplotlib.pyplot as plt\n"
+                   "if True:\n    import sys\nprint(a)"),
+             ("c", "import helper as h\nimport broken(")]
+    got = dict(grade.without_unused_imports(cells, {"h"}))
+    assert got["a"].split("\n") == ["pass", "import numpy as np", "from math import (",
+                                    "    sqrt,", "    pi)", "import os; x = 1",
+                                    "def f(x):", "    import json",
+                                    "    return np.sqrt(x) + pi"]
+    assert got["b"].split("\n")[:3] == ["from m import *", "import a.b.c", "pass"]
+    assert "    import sys" in got["b"]  # not at the top level: kept
+    assert got["c"] == cells[2][1]  # unparseable: as it was
 
 
 def test_flags_on_code():

@@ -298,7 +298,8 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
     """The cells the probe runs, in notebook order, as plain Python: the submission's first code
     cell and its exercise cells (found by id, then grade_id) in full, and of every other code
     cell that is not a check only its definitions (functions, classes, imports), so that an
-    exercise may use a helper the notebook defined earlier; and notes on missing exercise
+    exercise may use a helper the notebook defined earlier -- less the imports whose names
+    nothing else there uses (see :func:`without_unused_imports`); and notes on missing exercise
     cells."""
     chosen: dict[int, Any] = {}
     code = [c for c in submission.cells if c.cell_type == "code" and c.source.strip()]
@@ -320,7 +321,47 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
             cells.append((c.id, python_source(c.source)))
         elif c.get("id") not in checks and (defs := _definitions(python_source(c.source))):
             cells.append((c.id, defs))
-    return cells, notes
+    passed = {name for c in assignment.checks if c.call is not None for name in c.call.names}
+    return without_unused_imports(cells, passed), notes
+
+
+def without_unused_imports(cells: list[tuple[str, str]],
+                           names: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """``cells`` with each top-level import whose names no other statement of any of them uses
+    (nor ``names``, those the check cells pass) turned into ``pass``, line numbers kept.
+
+    A notebook imports torch and matplotlib for its explanations; the probe runs only what the
+    exercises need, and importing those costs more than everything else it does (about 2.4 of
+    3 s a notebook). ``from m import *`` and imports sharing a line are kept."""
+    trees: dict[int, ast.Module] = {}
+    used = set(names)
+    for k, (_, source) in enumerate(cells):
+        try:
+            trees[k] = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in trees[k].body:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                used.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+                used.update(name for n in ast.walk(node)
+                            if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names)
+    pruned = []
+    for k, (cell_id, source) in enumerate(cells):
+        lines = source.split("\n")
+        body = trees[k].body if k in trees else []
+        for i, node in enumerate(body):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            bound = {(a.asname or a.name.split(".")[0]) for a in node.names}
+            alone = all(other.end_lineno < node.lineno or other.lineno > node.end_lineno
+                        for j, other in enumerate(body) if j != i)
+            if "*" in bound or bound & used or not alone or node.col_offset:
+                continue
+            lines[node.lineno - 1] = "pass"
+            for line in range(node.lineno, node.end_lineno):
+                lines[line] = ""
+        pruned.append((cell_id, "\n".join(lines)))
+    return pruned
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
