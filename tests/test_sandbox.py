@@ -476,3 +476,24 @@ def test_without_the_sandbox_the_same_tricks_get_the_solution(tmp_path_factory):
     rows = read_csv(out / "grades" / "sandbox.csv")
     assert {r["sandbox"] for r in rows} == {grade.NoSandbox().describe()}
     assert "WARNING: students' code ran in: no sandbox" in (out / "console.txt").read_text()
+
+
+def test_an_installed_copy_of_the_course_is_hidden(box, tmp_path, monkeypatch):
+    """`pip install .` (not -e) puts the instructor's solution into site-packages: the sandbox
+    shows an empty folder there."""
+    import sysconfig
+
+    site = tmp_path / "site-packages"
+    (site / "transformer_lab" / "core").mkdir(parents=True)
+    (site / "transformer_lab" / "core" / "layers.py").write_text("SOLUTION = 1\n")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"purelib": str(site),
+                                                         "platlib": str(site)})
+    assert sandbox.installed_course() == [(site / "transformer_lab").resolve()]
+    hiding = sandbox.Bubblewrap(box.bwrap, box.prlimit, box.limits)
+    try:
+        hiding.python.append(site)  # as if it were this Python's
+        done = run_in(hiding, f"import os; print(os.listdir({str(site)!r}), "
+                              f"os.listdir({str(site / 'transformer_lab')!r}))")
+    finally:
+        hiding.close()
+    assert done.stdout.strip() == "['transformer_lab'] []", done.stdout + done.stderr

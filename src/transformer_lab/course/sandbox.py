@@ -6,7 +6,8 @@ Ubuntu package ``bubblewrap``; the sandbox Flatpak runs applications in). Each r
 student's code (one probe process, one feedback kernel) gets a sandbox of its own, in which
 
 - the file system holds the system's programs and libraries (``/usr``, read-only), Python (the
-  interpreter's and the virtual environment's folders, read-only), what the grader binds for
+  interpreter's and the virtual environment's folders, read-only, an installed copy of the
+  course's package emptied), what the grader binds for
   this run -- the probe package read-only, a work folder and a results folder writable -- and
   a private ``/tmp`` of bounded size; nothing else: not the instructor's course folder, not the
   other submissions, not ``$HOME`` (``HOME`` points into the private ``/tmp``);
@@ -92,6 +93,19 @@ class Mounts:
     env: tuple[tuple[str, str], ...] = ()
 
 
+def installed_course() -> list[Path]:
+    """Copies of the course's package installed into this Python (``pip install .`` rather than
+    ``-e .`` puts the instructor's solution there): hidden in the sandbox."""
+    import sysconfig
+
+    found = set()
+    for key in ("purelib", "platlib"):
+        folder = Path(sysconfig.get_paths()[key]) / "transformer_lab"
+        if folder.is_dir():
+            found.add(folder.resolve())
+    return sorted(found)
+
+
 def python_dirs() -> list[Path]:
     """The folders this Python runs from: the virtual environment and the interpreter's own
     installation (where a virtual environment's ``bin/python`` links to)."""
@@ -136,6 +150,7 @@ class Bubblewrap:
         self.limits = limits or SandboxLimits()
         self.version = version
         self.python = python_dirs()
+        self.hidden = installed_course()
         self.cgroups = _ControlGroups.make(self.limits)
 
     def describe(self) -> str:
@@ -162,6 +177,8 @@ class Bubblewrap:
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         for path in self.python:
             args += ["--ro-bind", str(path), str(path)]
+        for path in self.hidden:  # an empty folder over an installed copy of the solution
+            args += ["--tmpfs", str(path), "--remount-ro", str(path)]
         for path in mounts.read_only:
             args += ["--ro-bind", str(Path(path).resolve()), str(path)]
         for path in mounts.writable:
