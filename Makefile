@@ -16,12 +16,14 @@ STAMP  := $(VENV)/.installed
 # Run with the variables that make notebook outputs reproducible (also set by conftest.py).
 export PYTHONHASHSEED := 0
 export PYTHONWARNINGS := ignore
-# pytest-xdist workers for `make test`; each worker runs whole notebooks (--dist loadscope).
+# pytest-xdist workers for `make test` (each runs whole notebooks, --dist loadscope), and the
+# notebooks `make grade` grades at once (the files it writes are the same for every JOBS).
 JOBS ?= 2
 # `make refresh NB=notebooks/01_attention.ipynb` refreshes one notebook.
 NB ?= notebooks
-# `make grade SUBMISSIONS=dir` grades a folder of submissions; TIMEOUT: seconds per cell;
-# GRADE_ARGS: further options of transformer_lab.course.grade (--case-timeout, --no-execute ...).
+# `make grade SUBMISSIONS=dir` grades a folder of submissions, each student's code in a
+# bubblewrap sandbox (apt-get install bubblewrap); TIMEOUT: seconds per cell; GRADE_ARGS: further
+# options of transformer_lab.course.grade (--case-timeout, --no-execute, --memory, --no-sandbox).
 SUBMISSIONS ?=
 TIMEOUT ?= 60
 GRADE_ARGS ?=
@@ -31,7 +33,7 @@ LAB_ARGS ?=
 
 .DEFAULT_GOAL := all
 .PHONY: all venv notebooks site test test-quick test-package test-notebooks lab learn refresh lint \
-	figures student grade clean distclean help
+	figures student grade gradescope clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
 	@echo
@@ -87,11 +89,16 @@ figures: $(STAMP) ## redraw img/ and embed it in the notebooks, each guarded (wo
 student: $(STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
 	$(PY) -m transformer_lab.course.student --source notebooks --out build/student
 
-grade: $(STAMP) ## instructors: grade SUBMISSIONS=dir (TIMEOUT=60 s a cell) into build/grades
+grade: $(STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into build/grades
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
-		"[TIMEOUT=<seconds per cell>] [GRADE_ARGS=...]; see README, 'For instructors'" >&2; exit 2; }
+		"[JOBS=<notebooks at once>] [TIMEOUT=<seconds per cell>] [GRADE_ARGS=...];" \
+		"see README, 'For instructors'" >&2; exit 2; }
 	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
-		--timeout $(TIMEOUT) $(GRADE_ARGS)
+		--timeout $(TIMEOUT) --jobs $(JOBS) $(GRADE_ARGS)
+
+gradescope: $(STAMP) ## instructors: Gradescope's autograder, build/gradescope/autograder.zip (GRADESCOPE_ARGS=...)
+	$(PY) -m transformer_lab.course.gradescope build --source notebooks --project . \
+		--out build/gradescope $(GRADESCOPE_ARGS)
 
 clean: ## remove build/ (executed notebooks, site)
 	rm -rf build
