@@ -119,6 +119,7 @@ from transformer_lab.course.submissions import (
     find_submissions,
     handout_digests,
 )
+from transformer_lab.notebook import limit_threads
 
 DEFAULT_TIMEOUT = 60
 DEFAULT_CASE_TIMEOUT = 30
@@ -919,6 +920,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     except SandboxUnavailable as err:
         raise GradingError(f"no sandbox to run the students' code in: {err}") from None
     apply_kernel_env()
+    # the references judge small arrays: one BLAS thread is faster, and steady on a busy machine
+    # (with two, judging a student's 11 notebooks took from 2 to 12 s)
+    limit_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="grading-handout-") as tmp:
             from transformer_lab.course.student import write_student_tree
