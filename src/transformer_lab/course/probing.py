@@ -17,8 +17,10 @@ makes the probe's copy of it, in which no check has a method computing an answer
 ``mistakes``) and no answers are stored: nothing in the probe process can produce an expected
 answer for the student's code to hand back.
 
-:func:`run_probe` then runs :mod:`.probe` in a fresh Python -- started in an empty folder, with a
-small environment, in its own process group, its output drained and bounded -- and watches it:
+:func:`run_probe` then runs :mod:`.probe` in a fresh Python -- in a sandbox of its own
+(:mod:`.sandbox`: it sees Python, the probe package, its request and its results folder, nothing
+else), started in an empty folder, with a small environment, in its own process group, its
+output drained and bounded -- and watches it:
 a cell or a case over its time limit, or the whole over its total, gets the process group
 killed. A check whose case was running when the probe stopped scores 0 with the reason, and the
 probe starts again for the checks after it. The outcomes come back as plain data and are
