@@ -497,3 +497,18 @@ def test_an_installed_copy_of_the_course_is_hidden(box, tmp_path, monkeypatch):
     finally:
         hiding.close()
     assert done.stdout.strip() == "['transformer_lab'] []", done.stdout + done.stderr
+
+
+def test_an_older_bubblewrap_without_the_newer_options_still_sandboxes(box):
+    """Ubuntu 22.04's bubblewrap (0.6) has neither --disable-userns nor --size: the sandbox does
+    without them (and says so), the rest holds."""
+    old = sandbox.Bubblewrap(box.bwrap, box.prlimit, box.limits, "0.6.1", options=frozenset())
+    try:
+        argv = old.command(["true"], sandbox.Mounts())
+        assert "--disable-userns" not in argv and "--size" not in argv
+        assert "a private /tmp" in old.describe()
+        done = run_in(old, "import os; print(sorted(int(p) for p in os.listdir('/proc') "
+                           "if p.isdigit())[:2])")
+        assert done.stdout.strip() == "[1, 2]", done.stdout + done.stderr
+    finally:
+        old.close()

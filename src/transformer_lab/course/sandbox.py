@@ -145,10 +145,12 @@ class Bubblewrap:
     isolated = True
 
     def __init__(self, bwrap: str, prlimit: str, limits: SandboxLimits | None = None,
-                 version: str = ""):
+                 version: str = "", options: frozenset[str] | None = None):
         self.bwrap, self.prlimit = bwrap, prlimit
         self.limits = limits or SandboxLimits()
         self.version = version
+        # bubblewrap before 0.8 (Ubuntu 22.04: 0.6) lacks these; what it offers is used
+        self.options = options if options is not None else _options(bwrap)
         self.python = python_dirs()
         self.hidden = installed_course()
         self.cgroups = _ControlGroups.make(self.limits)
@@ -156,16 +158,23 @@ class Bubblewrap:
     def describe(self) -> str:
         groups = (" (memory and processes of each sandbox bounded by a control group)"
                   if self.cgroups else "")
+        limits = self.limits.describe()
+        if "--size" not in self.options:
+            limits = limits.replace(f"a {_size(self.limits.tmp)} /tmp", "a private /tmp")
         return (f"bubblewrap {self.version}".rstrip() + ": each student's code in a sandbox "
                 f"of its own, no network, no other processes, no files but Python's and its "
-                f"own; {self.limits.describe()}{groups}")
+                f"own; {limits}{groups}")
 
     def command(self, argv: list[str], mounts: Mounts) -> list[str]:
         """``argv`` run in a new sandbox showing ``mounts``."""
-        args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
-                "--size", str(self.limits.tmp), "--tmpfs", "/tmp", "--dir", SANDBOX_HOME]
+        args = [self.bwrap, "--unshare-all", "--unshare-user"]
+        if "--disable-userns" in self.options:
+            args += ["--disable-userns"]
+        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                 "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+        if "--size" in self.options:
+            args += ["--size", str(self.limits.tmp)]
+        args += ["--tmpfs", "/tmp", "--dir", SANDBOX_HOME]
         for name in SYSTEM_DIRS:
             path = Path("/") / name
             if path.is_symlink():
@@ -353,6 +362,16 @@ def _mount_point(mounts: list[str], fstype: str, controller: str) -> Path | None
             continue
         return Path(fields[4])
     return None
+
+
+def _options(bwrap: str) -> frozenset[str]:
+    """The options of this bubblewrap that the sandbox uses where they exist."""
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(o for o in ("--disable-userns", "--size") if o in text.split())
 
 
 def find_sandbox(limits: SandboxLimits | None = None) -> Bubblewrap:
