@@ -20,6 +20,7 @@ and, where it recognises one, the mistake that gives such an answer.
 from __future__ import annotations
 
 import copy
+import dis
 import hashlib
 import importlib
 import json
@@ -144,6 +145,13 @@ def case_rng(check_id: str, salt: str = "notebook") -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
+def later_rng(rng: np.random.Generator) -> np.random.Generator:
+    """A generator for cases appended to a check after others: drawn from ``rng``'s seed (so
+    from the check's id and salt), it leaves ``rng``'s own stream, and so the inputs of every
+    case drawn from it, as they were. Each call gives the next one of a fixed sequence."""
+    return np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
+
+
 def all_cases(check: Check, salt: str = "notebook", hidden: bool = True) -> list[Case]:
     """The check's cases, public first, then (with ``hidden``) the hidden ones."""
     rng = case_rng(check.id, salt)
@@ -198,6 +206,31 @@ def functions_for(check: Check, given: tuple = (), named: Mapping | None = None)
         if not callable(fn):
             raise TypeError(f"{check.id}: {name} must be a function, got {type(fn).__name__}")
     return Functions(check.id, {**{n: core_function(n) for n in check.functions}, **named})
+
+
+def python_loops(function: Callable) -> str:
+    """"none", or where ``function``'s own code runs a Python loop ("a loop at line 7": a
+    ``for``, a ``while`` or a comprehension, in functions it defines inside too) -- for the
+    exercises whose text asks for broadcasting instead. Read from the compiled code."""
+    jumps = set(dis.hasjrel) | set(dis.hasjabs)
+    lines: list[int] = []
+
+    def visit(code) -> None:
+        for ins in dis.get_instructions(code):
+            backward = (ins.opcode in jumps and isinstance(ins.argval, int)
+                        and ins.argval <= ins.offset)
+            if ins.opname == "FOR_ITER" or backward:
+                line = getattr(getattr(ins, "positions", None), "lineno", None)
+                lines.append(line if line is not None else code.co_firstlineno)
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                visit(const)
+
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return "none"
+    visit(code)
+    return f"a loop at line {min(lines)}" if lines else "none"
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, python_loops, register
 
 
 def _torch():
@@ -49,6 +49,10 @@ class SoftmaxForward(Check):
         yield Case("huge scores (about 1000)", (rng.standard_normal((2, 6)) * 1000,))
         yield Case("-inf entries", (np.array([[0.0, -np.inf, 1.0], [-np.inf, 2.0, 0.5]]),))
         yield Case("float32, three axes", (rng.standard_normal((2, 3, 5)).astype(np.float32),))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("rows near +1e4 and near -1e4 in one array (each row has its own maximum)",
+                   (np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4,
+                              later.standard_normal(5)]),))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -217,6 +221,11 @@ class LogSumExp(Check):
         yield Case("scores near +1e4", (rng.standard_normal((3, 6)) + 1e4,))
         yield Case("scores near -1e4", (rng.standard_normal((3, 6)) - 1e4,))
         yield Case("-inf entries", (np.array([[0.0, -np.inf, 1.0], [-np.inf, 2.0, -np.inf]]),))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        x = np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4])
+        yield Case("slices near +1e4 and near -1e4 in one array", (x,))
+        yield Case("the same along axis 0, with a slice near 0", (np.concatenate(
+            [x, later.standard_normal((1, 5))]).T.copy(),), {"axis": 0})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -335,7 +344,7 @@ class AdditiveAttention(Check):
         hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)
         scores = (torch.tanh(hidden) if act else hidden) @ w
         weights = torch.softmax(scores, dim=dim)
-        return {"out": (weights @ v).numpy(), "weights": weights.numpy()}
+        return {"out": (weights @ v).numpy(), "weights": weights.numpy(), _LOOPS: "none"}
 
     def mistakes(self, q, k, v, W1, W2, w):
         return {"with the softmax over the queries (axis 0) instead of the keys":
@@ -347,4 +356,9 @@ class AdditiveAttention(Check):
 
     def run(self, f, q, k, v, W1, W2, w):
         out, weights = f.additive_attention(q, k, v, W1, W2, w)
-        return {"out": out, "weights": weights}
+        # the exercise asks for no loop: a loop gives the right numbers, and fails here
+        return {"out": out, "weights": weights, _LOOPS: python_loops(f.additive_attention)}
+
+
+#: the output of check-additive-attention that says whether additive_attention loops
+_LOOPS = "Python loops in additive_attention (broadcast (T, 1, h) against (1, S, h) instead)"

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
 def _torch():
@@ -174,6 +174,11 @@ class SoftmaxEmptyRows(Check):
         x = rng.standard_normal((2, 3, 4))
         x[0, 1] = x[1, 2] = -np.inf
         yield Case("three axes, a row of -inf in each block", (x,))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        x = np.stack([later.standard_normal(4) + 1e4, np.full(4, -np.inf),
+                      later.standard_normal(4) - 1e4])
+        x[2, 1] = -np.inf
+        yield Case("a row of -inf between rows near +1e4 and near -1e4", (x,))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

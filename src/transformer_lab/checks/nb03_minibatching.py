@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
 def _torch():
@@ -222,6 +222,9 @@ class RmsNorm(Check):
                                             rng.standard_normal(7)))
         yield Case("float32 batch", (rng.standard_normal((2, 3, 5)).astype(np.float32),
                                      rng.standard_normal(5).astype(np.float32)))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("eps = 0.1 given by keyword", (later.standard_normal((3, 4)),
+                                                  later.standard_normal(4)), {"eps": 0.1})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -28,7 +28,8 @@ def _torch():
 
 def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype=np.float64):
     """Random parameters of multi-head attention in the core's layout (biases not zero, so that
-    a wrong bias shows)."""
+    a wrong bias shows). ``bias``: True (all), False (none), "in" (the input projections' only)
+    or "out" (``b_o`` only)."""
     kdim, vdim = kdim or e, vdim or e
     scale = 1 / math.sqrt(e)
     if packed:
@@ -38,12 +39,13 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
              "W_k": rng.standard_normal((kdim, e)) / math.sqrt(kdim),
              "W_v": rng.standard_normal((vdim, e)) / math.sqrt(vdim)}
     p["W_o"] = rng.standard_normal((e, e)) * scale
-    if bias:
+    if bias and bias != "out":
         if packed:
             p["b_qkv"] = 0.1 * rng.standard_normal(3 * e)
         else:
             p.update(b_q=0.1 * rng.standard_normal(e), b_k=0.1 * rng.standard_normal(e),
                      b_v=0.1 * rng.standard_normal(e))
+    if bias and bias != "in":
         p["b_o"] = 0.1 * rng.standard_normal(e)
     return {k: v.astype(dtype) for k, v in p.items()}
 
@@ -72,7 +74,7 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     w_q, w_k, w_v = ((params["W_qkv"][:, :e], params["W_qkv"][:, e:2 * e],
                       params["W_qkv"][:, 2 * e:]) if packed else
                      (params["W_q"], params["W_k"], params["W_v"]))
-    bias = "b_o" in params
+    bias = any(name.startswith("b_") for name in params)  # a missing one: zeros below
     mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
                                       kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
 
@@ -88,10 +90,11 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
             mha.v_proj_weight.copy_(t(w_v.T))
         mha.out_proj.weight.copy_(t(params["W_o"].T))
         if bias:
-            b_in = params["b_qkv"] if packed else np.concatenate(
-                [params["b_q"], params["b_k"], params["b_v"]])
+            zero = np.zeros(e, dtype=query.dtype)
+            b_in = params.get("b_qkv", np.concatenate([zero] * 3)) if packed else np.concatenate(
+                [params.get("b_q", zero), params.get("b_k", zero), params.get("b_v", zero)])
             mha.in_proj_bias.copy_(t(b_in))
-            mha.out_proj.bias.copy_(t(params["b_o"]))
+            mha.out_proj.bias.copy_(t(params.get("b_o", zero)))
         attn_mask = None
         if mask is not None:
             b, t_len, s = query.shape[0], query.shape[1], key.shape[1]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb04_multihead_attention import blocked_rows_mask, mha_case_params
 
 
@@ -322,6 +322,11 @@ class MultiHeadAttentionBackward(Check):
         yield _mha_backward_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
         yield _mha_backward_case(rng, "dweights per head (B, H, T, S), 2 heads", 2, 3, 4, 8, 2,
                                  dweights=True)
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield _mha_backward_case(later, "the input biases b_q, b_k, b_v without b_o, 2 heads", 2,
+                                 3, 4, 8, 2, bias="in")
+        yield _mha_backward_case(later, "b_o without the input biases, 2 heads", 2, 3, 4, 8, 2,
+                                 bias="out")
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -389,6 +394,9 @@ class SelfAttentionBackward(Check):
         yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
         yield self._case(rng, "dweights per head (B, H, T, T), 2 heads", 2, 3, 8, 2,
                          dweights=True)
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield self._case(later, "b_qkv without b_o, 2 heads", 2, 3, 8, 2, bias="in")
+        yield self._case(later, "b_o without b_qkv, 2 heads", 2, 3, 8, 2, bias="out")
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -495,6 +503,9 @@ class _LayerNormCases:
         yield _norm_case(rng, "a constant row (variance 0: xhat = 0, not NaN)", (3, 4),
                          constant_row=True)
         yield _norm_case(rng, "float32", (2, 3, 8), dtype=np.float32)
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield _norm_case(later, "eps = 0.1", (3, 5), eps=0.1)
+        yield _norm_case(later, "beta without gamma", (2, 3, 4), gamma=False)
 
 
 @register
@@ -580,6 +591,10 @@ class LogSoftmax(Check):
                    (rng.standard_normal((3, 6)) * 1000, rng.standard_normal((3, 6))))
         yield Case("float32", (rng.standard_normal((2, 3, 7)).astype(np.float32),
                                rng.standard_normal((2, 3, 7)).astype(np.float32)))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("rows near +1e4 and near -1e4 in one array (each row has its own maximum)",
+                   (np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4]),
+                    later.standard_normal((2, 5))))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -869,6 +884,8 @@ class RMSNormBackward(Check):
         yield self._case(rng, "one vector (D = 5)", (5,))
         yield self._case(rng, "rows (3, 4)", (3, 4))
         yield self._case(rng, "three axes (2, 3, 6)", (2, 3, 6))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield self._case(later, "eps = 0.1 given", (3, 4), eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

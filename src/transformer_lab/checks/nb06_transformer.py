@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.interop import layout
 
 
@@ -158,16 +158,19 @@ def _named_grads(module) -> dict:
 
 def quiet_key_bias(grads, dtype):
     """The cross-attention's key bias gets an exact gradient of zero (softmax ignores what is
-    added to a whole row of scores); computed, it is rounding noise in torch and in NumPy
-    alike. Set that noise to zero on both sides, so that two noises are not compared; a key
-    bias gradient that is not noise stays as it is (and fails)."""
+    added to a whole row of scores), and so do its query and key weights when there is one
+    key (S = 1: every weight is 1, whatever the scores); computed, they are rounding noise in
+    torch and in NumPy alike, and which noise depends on the machine's kernels. Set such noise
+    (an array whose every entry is below ``atol``) to zero on both sides, so that two noises
+    are not compared; a gradient that is not noise stays as it is (and fails)."""
     atol = 1e-10 if np.dtype(dtype) == np.float64 else 1e-4
     if isinstance(grads, dict):
         for key, value in grads.items():
-            if key == "cross_attn" and isinstance(value, dict) and "b_k" in value:
-                b_k = np.asarray(value["b_k"])
-                if np.all(np.abs(b_k) < atol):
-                    value["b_k"] = np.zeros_like(b_k)
+            if key == "cross_attn" and isinstance(value, dict):
+                for name in ("b_k", "W_q", "b_q", "W_k"):
+                    g = value.get(name)
+                    if isinstance(g, np.ndarray) and g.size and np.all(np.abs(g) < atol):
+                        value[name] = np.zeros_like(g)
             else:
                 quiet_key_bias(value, dtype)
     elif isinstance(grads, (list, tuple)):
@@ -407,6 +410,10 @@ class Residual(Check):
                                          _randn(rng, (3, 3), np.float32, 0.8),
                                          norm_params(rng, 3, dtype=np.float32),
                                          _randn(rng, (2, 4, 3), np.float32), True))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("pre-norm, eps = 0.1", (later.standard_normal((2, 3, 4)),
+                                           _randn(later, (4, 4), scale=0.8), norm_params(later, 4),
+                                           later.standard_normal((2, 3, 4)), True), {"eps": 0.1})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -488,6 +495,9 @@ class Dropout(Check):
                    (rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), 0.3, 13, False))
         yield Case("training with p = 0: the identity",
                    (rng.standard_normal((2, 5)), rng.standard_normal((2, 5)), 0.0, 14, True))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("training with p = 1: every entry dropped (zeros, as PyTorch)",
+                   (later.standard_normal((3, 4)), later.standard_normal((3, 4)), 1.0, 18, True))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -496,6 +506,10 @@ class Dropout(Check):
         yield Case("training, one entry", (np.array([1.5]), np.array([2.0]), 0.25, 16, True))
         yield Case("evaluation, float32", (_randn(rng, (2, 3), np.float32),
                                            _randn(rng, (2, 3), np.float32), 0.5, 17, False))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("training with p = 1, float32", (_randn(later, (2, 5), np.float32),
+                                                    _randn(later, (2, 5), np.float32), 1.0, 19,
+                                                    True))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, p, seed, train):
@@ -509,7 +523,9 @@ class Dropout(Check):
             return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
         u = np.random.default_rng(seed).random(x.shape)
         keep = u >= p if keep_if == "u >= p" else u < p
-        k = {"1/(1-p)": 1 / (1 - p), "1": 1.0, "1-p": 1 - p}[scale]
+        if p == 1:  # every entry dropped: PyTorch's F.dropout(x, 1.0) is all zeros
+            keep, scale = np.zeros(x.shape, dtype=bool), "1"
+        k = {"1/(1-p)": lambda: 1 / (1 - p), "1": lambda: 1.0, "1-p": lambda: 1 - p}[scale]()
         return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
 
     def expected(self, x, dout, p, seed, train):
@@ -759,6 +775,12 @@ class EncoderLayer(Check):
                    (_randn(rng, (2, 3, 8), np.float32),
                     layer_params(rng, 8, 16, False, bias=False, dtype=np.float32), 4, None,
                     _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for norm_first, name in ((False, "post-norm"), (True, "pre-norm")):
+            yield Case(f"{name}, eps = 0.1", (later.standard_normal((2, 3, 4)),
+                                              layer_params(later, 4, 6, False), 2, None,
+                                              later.standard_normal((2, 3, 4))),
+                       _layer_kwargs(norm_first, "relu", 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -830,6 +852,14 @@ class DecoderLayer(Check):
                     layer_params(rng, 8, 16, True, dtype=np.float32), 2,
                     np.triu(np.ones((3, 3), dtype=bool), 1), None,
                     _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        tgt_mask, mem_mask = self._masks([3, 2], [4, 3], 3, 4)
+        for norm_first, name in ((False, "post-norm"), (True, "pre-norm")):
+            yield Case(f"{name}, eps = 0.1", (later.standard_normal((2, 3, 4)),
+                                              later.standard_normal((2, 4, 4)),
+                                              layer_params(later, 4, 6, True), 2, tgt_mask,
+                                              mem_mask, later.standard_normal((2, 3, 4))),
+                       _layer_kwargs(norm_first, "relu", 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -909,6 +939,10 @@ class EncoderStack(Check):
                    (rng.standard_normal((2, 3, 4)),
                     stack_params(rng, 3, 4, 6, False, final_norm=False), 2, None,
                     rng.standard_normal((2, 3, 4))), _layer_kwargs(False, "gelu", 1e-5))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("2 layers, post-norm, final norm, eps = 0.1",
+                   (later.standard_normal((2, 3, 4)), stack_params(later, 2, 4, 6, False), 2,
+                    None, later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -965,6 +999,12 @@ class DecoderStack(Check):
                     stack_params(rng, 3, 4, 6, True, final_norm=False), 2,
                     np.triu(np.ones((4, 4), dtype=bool), 1), None,
                     rng.standard_normal((1, 4, 4))), _layer_kwargs(False, "gelu", 1e-5))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("2 layers, post-norm, final norm, causal mask, eps = 0.1",
+                   (later.standard_normal((2, 3, 4)), later.standard_normal((2, 2, 4)),
+                    stack_params(later, 2, 4, 6, True), 2,
+                    np.triu(np.ones((3, 3), dtype=bool), 1), None,
+                    later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -1034,7 +1074,7 @@ class DecoderStack(Check):
 
 def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, s=5, t=4,
                norm_first=True, activation="relu", scale_embeddings=True, learned=False,
-               pad=True, bias=True, dtype=np.float64):
+               pad=True, bias=True, dtype=np.float64, eps=1e-5):
     """Plain data for a model case: (params, src, tgt_in, config, pe, src_pad, tgt_pad)."""
     v_src, v_tgt = vocab
     params = {"src_embed": {"W": _randn(rng, (v_src, e), dtype, 1 / math.sqrt(e))},
@@ -1059,7 +1099,7 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
         src_pad[0] = False  # one sequence unpadded
         tgt_pad = np.arange(t)[None, :] >= rng.integers(1, t + 1, b)[:, None]
     config = {"num_heads": heads, "norm_first": norm_first, "activation": activation,
-              "eps": 1e-5, "d_model": e, "scale_embeddings": scale_embeddings}
+              "eps": eps, "d_model": e, "scale_embeddings": scale_embeddings}
     return params, src, tgt_in, config, pe, src_pad, tgt_pad
 
 
@@ -1149,6 +1189,9 @@ class TransformerForward(Check):
         yield Case("no embedding scale, no padding, S != T", model_case(
             rng, scale_embeddings=False, pad=False, s=3, t=6, n_enc=1, n_dec=2))
         yield Case("float32", model_case(rng, dtype=np.float32, e=8, heads=4))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("post-norm, eps = 0.1", model_case(later, norm_first=False, eps=0.1))
+        yield Case("pre-norm, eps = 0.1", model_case(later, eps=0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb06_transformer import (
     _np,
     _t,
@@ -51,6 +51,10 @@ class TransformerBackward(Check):
     def cases(self, rng):
         for case in _model_cases(rng):
             yield Case(case.name, case.args + (self._dlogits(rng, case.args),))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for name, norm_first in (("post-norm", False), ("pre-norm", True)):
+            args = model_case(later, norm_first=norm_first, eps=0.1)
+            yield Case(f"{name}, eps = 0.1", args + (self._dlogits(later, args),))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -374,7 +374,7 @@ def dropout_forward(x, p, rng, train=True):
     if not train or p == 0:
         return x, None
     keep = rng.random(x.shape) >= p
-    scale = x.dtype.type(1 / (1 - p))
+    scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)  # p = 1: every entry dropped
     return x * keep * scale, (keep, scale)
     ### END SOLUTION
 

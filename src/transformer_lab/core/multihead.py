@@ -72,8 +72,9 @@ def multi_head_attention_backward(dout, cache, dweights=None):
     dkey, g_k = linear_backward(merge_heads(dk), c_k)
     dvalue, g_v = linear_backward(merge_heads(dv), c_v)
     grads = {"W_q": g_q["W"], "W_k": g_k["W"], "W_v": g_v["W"], "W_o": g_o["W"]}
-    if "b" in g_o:
-        grads.update(b_q=g_q["b"], b_k=g_k["b"], b_v=g_v["b"], b_o=g_o["b"])
+    for name, g in (("b_q", g_q), ("b_k", g_k), ("b_v", g_v), ("b_o", g_o)):
+        if "b" in g:  # each bias on its own: a layer may have some and not others
+            grads[name] = g["b"]
     ### END SOLUTION
     return dquery, dkey, dvalue, grads
 
@@ -109,8 +110,10 @@ def self_attention_backward(dout, cache, dweights=None):
     dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
     dx, g_qkv = linear_backward(dqkv, c_qkv)  # dqkv: (B, T, 3E)
     grads = {"W_qkv": g_qkv["W"], "W_o": g_o["W"]}
+    if "b" in g_qkv:  # each bias on its own: b_qkv without b_o, or the reverse
+        grads["b_qkv"] = g_qkv["b"]
     if "b" in g_o:
-        grads.update(b_qkv=g_qkv["b"], b_o=g_o["b"])
+        grads["b_o"] = g_o["b"]
     ### END SOLUTION
     return dx, grads
 

@@ -1,0 +1,997 @@
+"""The mutation catalogue: realistic mistakes in the course's solutions, and the checks that
+must catch them.
+
+Each :class:`Mutant` is one small textual edit of one solution: of a core function's body
+between its solution markers (``where`` = the function's name), or of a notebook exercise's
+solution cell (``where`` = ``"NN_topic/cell-id"``). ``old`` must occur exactly once there. Every
+check of ``checks`` must fail on the mutated solution in its public cases (what the student's
+check cell runs) and in the grader's cases. ``tests/test_mutations.py`` applies them; the text
+of each entry says what mistake it models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformer_lab import syllabus
+
+
+@dataclass(frozen=True)
+class Mutant:
+    where: str  # a core function, or "NN_topic/exercise-cell-id"
+    models: str  # the mistake, in words
+    old: str
+    new: str
+    checks: tuple[str, ...]
+
+    @property
+    def is_exercise(self) -> bool:
+        return "/" in self.where
+
+    @property
+    def notebook(self) -> str:
+        """The notebook that teaches the mutated code (its first, for a core function)."""
+        if self.is_exercise:
+            return self.where.split("/")[0]
+        return syllabus.where_taught(self.where)[1].split(" §")[0]
+
+
+CATALOGUE: list[Mutant] = []
+
+
+def mutant(where: str, models: str, old: str, new: str, *checks: str) -> None:
+    """Add a mutant: in ``where``, ``old`` becomes ``new``, a mistake that ``checks`` catch."""
+    CATALOGUE.append(Mutant(where, models, old, new, checks))
+
+
+# ============================================================================================
+# 00_gradients
+
+
+mutant("relu_forward", "the ReLU applied in place (np.maximum(x, 0, out=x)): the input changes",
+       "out = np.maximum(x, 0)", "out = np.maximum(x, 0, out=x)", "check-relu")
+mutant("relu_forward", "a leaky ReLU by mistake: negative inputs pass scaled by 0.01",
+       "out = np.maximum(x, 0)", "out = np.maximum(x, 0.01 * x)", "check-relu")
+mutant("relu_backward", "the ReLU applied to dout instead of the mask of x",
+       "return dout * cache", "return np.maximum(dout, 0)", "check-relu")
+mutant("relu_backward", "the gradient multiplied into dout in place (dout *= mask)",
+       "return dout * cache", "dout *= cache\n    return dout", "check-relu")
+mutant("relu_backward", "the mask itself returned, dout forgotten",
+       "return dout * cache", "return cache * 1.0", "check-relu")
+
+mutant("linear_forward", "the weight transposed (x @ W.T, PyTorch's layout)",
+       "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[-1]) @ W.T",
+       "check-linear-forward")
+mutant("linear_forward", "the bias forgotten",
+       "        out += b\n", "        pass\n", "check-linear-forward")
+mutant("linear_forward", "the bias added only when it is None-checked the wrong way round",
+       "if b is not None:\n        out += b", "if b is None:\n        out += 0",
+       "check-linear-forward")
+mutant("linear_forward", "the leading axes not restored (out stays (N, D_out))",
+       "    out = out.reshape(*x.shape[:-1], W.shape[1])  # (..., D_out)\n", "",
+       "check-linear-forward-batched")
+mutant("linear_backward", "dW with the transpose on the wrong side (dout^T x)",
+       "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
+       "grads = {\"W\": (x.reshape(-1, x.shape[-1]).T @ dout2).T}",
+       "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "dx = dout W (W not transposed)",
+       "dx = (dout2 @ W.T).reshape(x.shape)", "dx = (dout2 @ W).reshape(x.shape)",
+       "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "the bias gradient averaged over the rows instead of summed",
+       "grads[\"b\"] = dout2.sum(axis=0)", "grads[\"b\"] = dout2.mean(axis=0)",
+       "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "the bias gradient with keepdims=True, shape (1, D_out)",
+       "grads[\"b\"] = dout2.sum(axis=0)", "grads[\"b\"] = dout2.sum(axis=0, keepdims=True)",
+       "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "dW averaged over the rows",
+       "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
+       "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2 / len(dout2)}",
+       "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "dx left flat (N, D_in), not reshaped to x's shape",
+       "dx = (dout2 @ W.T).reshape(x.shape)", "dx = dout2 @ W.T",
+       "check-linear-backward-batched")
+mutant("linear_backward", "the bias gradient summed over the first axis only (dout, not the "
+       "flattened rows)",
+       "grads[\"b\"] = dout2.sum(axis=0)", "grads[\"b\"] = dout.sum(axis=0)",
+       "check-linear-backward-batched")
+
+MSE = "00_gradients/exercise-mse"
+mutant(MSE, "without the factor 2 of the square's derivative",
+       "dP = 2 * diff / diff.size", "dP = diff / diff.size", "check-mse")
+mutant(MSE, "dividing by the number of rows instead of the number of entries",
+       "dP = 2 * diff / diff.size", "dP = 2 * diff / len(diff)", "check-mse")
+mutant(MSE, "the loss left a NumPy number instead of a Python float",
+       "loss = float(np.mean(diff ** 2))", "loss = np.mean(diff ** 2)", "check-mse")
+mutant(MSE, "P - Y computed in place: P changes",
+       "diff = P - Y", "diff = P\n    diff -= Y", "check-mse")
+mutant(MSE, "the sum of the squares instead of their mean",
+       "loss = float(np.mean(diff ** 2))", "loss = float(np.sum(diff ** 2))", "check-mse")
+
+
+# ============================================================================================
+# 01_attention
+
+mutant("softmax_forward", "the maximum of the whole array instead of each row's",
+       "m = x.max(axis=-1, keepdims=True)", "m = x.max(keepdims=True)",
+       "check-softmax-forward", "check-softmax-empty-rows")
+mutant("softmax_forward", "the maximum over the first axis instead of the last",
+       "m = x.max(axis=-1, keepdims=True)", "m = x.max(axis=0, keepdims=True)",
+       "check-softmax-forward")
+mutant("softmax_forward", "the row sums without keepdims (they broadcast along the rows)",
+       "total = np.einsum(\"...j->...\", y)[..., None]", "total = np.einsum(\"...j->...\", y)",
+       "check-softmax-forward")
+mutant("softmax_forward", "the sums over the first axis instead of along each row",
+       "total = np.einsum(\"...j->...\", y)[..., None]", "total = y.sum(axis=0, keepdims=True)",
+       "check-softmax-forward")
+mutant("softmax_forward", "x - m written into x itself: the input changes",
+       "y = np.subtract(x, m, out=out)", "y = np.subtract(x, m, out=x)",
+       "check-softmax-forward")
+mutant("softmax_forward", "without subtracting the maximum (exp overflows)",
+       "y = np.subtract(x, m, out=out)", "y = np.add(x, 0, out=out)", "check-softmax-forward")
+
+mutant("attention_forward", "without the scale 1/sqrt(d_k)",
+       "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = q @ np.swapaxes(k, -1, -2)",
+       "check-attention-forward")
+mutant("attention_forward", "dividing by d_k instead of sqrt(d_k)",
+       "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]",
+       "check-attention-forward")
+mutant("attention_forward", "the scale argument ignored (always 1/sqrt(d_k))",
+       "if scale is None:\n        scale", "if True:\n        scale", "check-attention-forward")
+mutant("attention_forward", "1/np.sqrt(d_k), a NumPy float64 that promotes float32 inputs",
+       "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / np.sqrt(q.shape[-1])",
+       "check-attention-forward")
+mutant("attention_forward", "q scaled in place (q *= scale): the input changes",
+       "scores = (q * scale) @ np.swapaxes(k, -1, -2)",
+       "q *= scale\n    scores = q @ np.swapaxes(k, -1, -2)", "check-attention-forward")
+mutant("attention_forward", "d_k read as q.shape[1] (on a batch that is T)",
+       "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(q.shape[1])",
+       "check-attention-batched")
+mutant("attention_forward", "k.T for the keys' transpose (on a batch it reverses every axis)",
+       "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = (q * scale) @ k.T",
+       "check-attention-batched")
+
+LSE = "01_attention/exercise-logsumexp"
+mutant(LSE, "the maximum of the whole array instead of each slice's",
+       "c = np.max(x, axis=axis, keepdims=True)", "c = np.max(x)", "check-logsumexp")
+mutant(LSE, "the reduced axis kept in the result",
+       "    out = np.squeeze(out, axis=axis)\n", "", "check-logsumexp")
+mutant(LSE, "the maximum not added back after the log",
+       "out = c + np.log(", "out = np.log(", "check-logsumexp")
+mutant(LSE, "the maximum along the last axis whatever `axis` is",
+       "c = np.max(x, axis=axis, keepdims=True)", "c = np.max(x, axis=-1, keepdims=True)",
+       "check-logsumexp")
+
+COS = "01_attention/exercise-cosine-attention"
+mutant(COS, "only the queries normalised",
+       "Kn = K / np.linalg.norm(K, axis=-1, keepdims=True)", "Kn = K", "check-cosine-attention")
+mutant(COS, "the queries normalised along the sequence axis",
+       "Qn = Q / np.linalg.norm(Q, axis=-1, keepdims=True)",
+       "Qn = Q / np.linalg.norm(Q, axis=-2, keepdims=True)", "check-cosine-attention")
+mutant(COS, "the cosines multiplied by tau instead of divided",
+       "scores = Qn @ np.swapaxes(Kn, -1, -2) / tau", "scores = Qn @ np.swapaxes(Kn, -1, -2) * tau",
+       "check-cosine-attention")
+mutant(COS, "the softmax over the queries",
+       "weights = softmax(scores, axis=-1)", "weights = softmax(scores, axis=-2)",
+       "check-cosine-attention")
+mutant(COS, "Kn.T for the keys' transpose on a batch",
+       "np.swapaxes(Kn, -1, -2)", "Kn.T", "check-cosine-attention")
+
+ADD = "01_attention/exercise-additive-attention"
+mutant(ADD, "a double Python loop over the queries and the keys (the text asks for none)",
+       "hidden = np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])  # (T, S, h)\n"
+       "    scores = hidden @ w                                             # (T, S)",
+       "scores = np.zeros((Q.shape[0], K.shape[0]))\n"
+       "    for i in range(Q.shape[0]):\n"
+       "        for j in range(K.shape[0]):\n"
+       "            scores[i, j] = w @ np.tanh(Q[i] @ W1 + K[j] @ W2)",
+       "check-additive-attention")
+mutant(ADD, "a Python loop over the queries only",
+       "hidden = np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])  # (T, S, h)\n"
+       "    scores = hidden @ w                                             # (T, S)",
+       "scores = np.stack([np.tanh(q @ W1 + K @ W2) @ w for q in Q])",
+       "check-additive-attention")
+mutant(ADD, "without the tanh",
+       "hidden = np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])",
+       "hidden = (Q @ W1)[:, None, :] + (K @ W2)[None, :, :]", "check-additive-attention")
+mutant(ADD, "W1 and W2 swapped",
+       "np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])",
+       "np.tanh((Q @ W2)[:, None, :] + (K @ W1)[None, :, :])", "check-additive-attention")
+mutant(ADD, "the softmax over the queries",
+       "weights = softmax(scores, axis=-1)", "weights = softmax(scores, axis=0)",
+       "check-additive-attention")
+
+
+# ============================================================================================
+# 02_masking
+
+mutant("causal_mask", "the diagonal blocked too (j >= i)",
+       "np.arange(S)[None, :] > np.arange(T)[:, None]",
+       "np.arange(S)[None, :] >= np.arange(T)[:, None]", "check-causal-mask")
+mutant("causal_mask", "the past blocked instead of the future (the transposed triangle)",
+       "np.arange(S)[None, :] > np.arange(T)[:, None]",
+       "np.arange(S)[None, :] < np.arange(T)[:, None]", "check-causal-mask")
+mutant("causal_mask", "S ignored (a square (T, T) mask)",
+       "S = T if S is None else S", "S = T", "check-causal-mask")
+mutant("causal_mask", "True = allowed (the convention inverted)",
+       "np.arange(S)[None, :] > np.arange(T)[:, None]",
+       "np.arange(S)[None, :] <= np.arange(T)[:, None]", "check-causal-mask")
+
+mutant("padding_mask", "> instead of >= (position lengths[b] is already padding)",
+       "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
+       "np.arange(S)[None, :] > np.asarray(lengths)[:, None]", "check-padding-mask")
+mutant("padding_mask", "an (S, B) mask, one column per sequence",
+       "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
+       "np.arange(S)[:, None] >= np.asarray(lengths)[None, :]", "check-padding-mask")
+mutant("padding_mask", "lengths indexed as an array without np.asarray (a list fails)",
+       "np.asarray(lengths)[:, None]", "lengths[:, None]", "check-padding-mask")
+mutant("padding_mask", "True = a real token (the convention inverted)",
+       "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
+       "np.arange(S)[None, :] < np.asarray(lengths)[:, None]", "check-padding-mask")
+
+mutant("softmax_forward", "no guard for a row of -inf only (its maximum is -inf: NaN)",
+       "    m[np.isneginf(m)] = 0  # a row of -inf only: exp(-inf - 0) = 0 instead of exp(nan) "
+       "...\n", "", "check-softmax-empty-rows", "check-attention-empty-rows")
+mutant("softmax_forward", "no guard for a zero row sum (0 / 0)",
+       "    total[total == 0] = 1  # ... and 0 / 1 = 0\n", "", "check-softmax-empty-rows")
+mutant("softmax_forward", "a row of -inf made uniform (its maximum replaced by -1e9's row)",
+       "m[np.isneginf(m)] = 0", "x = np.where(np.isneginf(x), -1e9, x)\n"
+       "    m = x.max(axis=-1, keepdims=True)", "check-softmax-empty-rows")
+
+mutant("attention_forward", "the boolean mask added to the scores (True counts as 1)",
+       "np.copyto(scores, -np.inf, where=mask)", "scores += mask", "check-attention-mask")
+mutant("attention_forward", "the mask read with True = allowed",
+       "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -np.inf, where=~mask)",
+       "check-attention-mask")
+mutant("attention_forward", "blocked scores set to -1e9 instead of -inf",
+       "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -1e9, where=mask)",
+       "check-attention-empty-rows")
+mutant("attention_forward", "a float mask ignored",
+       "        scores += mask  # a float mask is added\n", "        pass\n",
+       "check-attention-mask")
+mutant("attention_forward", "a float mask read as a boolean one (nonzero = blocked)",
+       "scores += mask  # a float mask is added",
+       "np.copyto(scores, -np.inf, where=mask != 0)", "check-attention-mask")
+mutant("attention_forward", "the mask ignored altogether",
+       "if mask is not None and mask.dtype == bool:", "if False:", "check-attention-mask")
+
+SW = "02_masking/exercise-sliding-window"
+mutant(SW, "window + 1 positions seen (j < i - window blocked)",
+       "(j <= i - window)", "(j < i - window)", "check-sliding-window")
+mutant(SW, "without the causal part", "mask = (j > i) | (j <= i - window)",
+       "mask = j <= i - window", "check-sliding-window")
+mutant(SW, "True = allowed", "mask = (j > i) | (j <= i - window)",
+       "mask = (j <= i) & (j > i - window)", "check-sliding-window")
+PL = "02_masking/exercise-prefix-lm"
+mutant(PL, "the prefix one position too short (j > P)", "(j >= prefix_len)", "(j > prefix_len)",
+       "check-prefix-lm")
+mutant(PL, "| instead of &", "(j > i) & (j >= prefix_len)", "(j > i) | (j >= prefix_len)",
+       "check-prefix-lm")
+mutant(PL, "the prefix rows opened instead of the prefix columns",
+       "(j > i) & (j >= prefix_len)", "(j > i) & (i >= prefix_len)", "check-prefix-lm")
+CM = "02_masking/exercise-cross-mask"
+mutant(CM, "only the padded keys blocked",
+       "mask = query_pad[:, :, None] | key_pad[:, None, :]",
+       "mask = np.broadcast_to(key_pad[:, None, :], (len(key_pad), T, S))", "check-cross-mask")
+mutant(CM, "only the padded queries blocked",
+       "mask = query_pad[:, :, None] | key_pad[:, None, :]",
+       "mask = np.broadcast_to(query_pad[:, :, None], (len(query_pad), T, S))",
+       "check-cross-mask")
+mutant(CM, "& instead of |", "query_pad[:, :, None] | key_pad[:, None, :]",
+       "query_pad[:, :, None] & key_pad[:, None, :]", "check-cross-mask")
+mutant(CM, "the query and key lengths swapped",
+       "np.asarray(query_lengths)[:, None]   # (B, T)",
+       "np.asarray(key_lengths)[:, None]   # (B, T)",
+       "check-cross-mask")
+
+
+# ============================================================================================
+# 03_minibatching (linear_forward/backward and attention_forward on batches: above)
+
+RMS = "03_minibatching/exercise-rms-norm"
+mutant(RMS, "the mean square without keepdims",
+       "ms = np.mean(x * x, axis=-1, keepdims=True)", "ms = np.mean(x * x, axis=-1)",
+       "check-rms-norm")
+mutant(RMS, "eps added outside the square root",
+       "y = x / np.sqrt(ms + eps) * gamma", "y = x / (np.sqrt(ms) + eps) * gamma",
+       "check-rms-norm")
+mutant(RMS, "the mean over the first axis", "np.mean(x * x, axis=-1, keepdims=True)",
+       "np.mean(x * x, axis=0, keepdims=True)", "check-rms-norm")
+mutant(RMS, "eps ignored (the default 1e-6 written in)",
+       "np.sqrt(ms + eps)", "np.sqrt(ms + 1e-6)", "check-rms-norm")
+mutant(RMS, "the mean of x, squared, instead of the mean of x squared",
+       "ms = np.mean(x * x, axis=-1, keepdims=True)",
+       "ms = np.mean(x, axis=-1, keepdims=True) ** 2", "check-rms-norm")
+LAST = "03_minibatching/exercise-last-token"
+mutant(LAST, "row lengths[b] instead of lengths[b] - 1",
+       "np.asarray(lengths) - 1]", "np.minimum(np.asarray(lengths), H.shape[1] - 1)]",
+       "check-last-token")
+mutant(LAST, "the last position of every sequence, padding included",
+       "last = H[np.arange(H.shape[0]), np.asarray(lengths) - 1]", "last = H[:, -1]",
+       "check-last-token")
+mutant(LAST, "a slice instead of paired indices (a (B, B, D) result)",
+       "H[np.arange(H.shape[0]), np.asarray(lengths) - 1]", "H[:, np.asarray(lengths) - 1]",
+       "check-last-token")
+MM = "03_minibatching/exercise-masked-mean"
+mutant(MM, "divided by T instead of each sequence's length",
+       "mean = total / np.asarray(lengths)[:, None]", "mean = total / H.shape[1]",
+       "check-masked-mean")
+mutant(MM, "the padding averaged in",
+       "valid = ~padding_mask(np.asarray(lengths), H.shape[1])",
+       "valid = np.ones(H.shape[:2], dtype=bool)", "check-masked-mean")
+mutant(MM, "the mask multiplied into H in place: the input changes",
+       "total = (H * valid[:, :, None]).sum(axis=1)",
+       "H *= valid[:, :, None]\n    total = H.sum(axis=1)", "check-masked-mean")
+mutant(MM, "the mask itself inverted (the padding kept, the tokens dropped)",
+       "valid = ~padding_mask(", "valid = padding_mask(", "check-masked-mean")
+
+
+# ============================================================================================
+# 04_multihead_attention
+
+mutant("split_heads", "a reshape straight to (B, H, T, d_h), no swap",
+       "x = x.reshape(B, T, num_heads, E // num_heads)  # (B, T, H, Dh)\n"
+       "    return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
+       "return x.reshape(B, num_heads, T, E // num_heads)", "check-split-heads")
+mutant("split_heads", "the features cut as (d_h, H): heads interleaved",
+       "x = x.reshape(B, T, num_heads, E // num_heads)  # (B, T, H, Dh)\n"
+       "    return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
+       "x = x.reshape(B, T, E // num_heads, num_heads)\n"
+       "    return x.transpose(0, 3, 1, 2)", "check-split-heads")
+mutant("split_heads", "the head width E / num_heads, a float (reshape refuses it)",
+       "E // num_heads)  # (B, T, H, Dh)", "E / num_heads)  # (B, T, H, Dh)", "check-split-heads")
+mutant("merge_heads", "a reshape to (B, T, E) without swapping back",
+       "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)", "return x.reshape(B, T, H * Dh)",
+       "check-merge-heads")
+mutant("merge_heads", "the features ordered (d_h, H)",
+       "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)",
+       "return x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh)", "check-merge-heads")
+
+mutant("multi_head_attention_forward", "the mask not passed on to attention",
+       "split_heads(v, num_heads), mask)", "split_heads(v, num_heads))", "check-mha-forward")
+mutant("multi_head_attention_forward", "the output bias left out",
+       "params[\"W_o\"], params.get(\"b_o\"))", "params[\"W_o\"])", "check-mha-forward")
+mutant("multi_head_attention_forward", "the values projected with the key's bias (copy-paste)",
+       "params[\"W_v\"], params.get(\"b_v\"))", "params[\"W_v\"], params.get(\"b_k\"))",
+       "check-mha-forward")
+mutant("multi_head_attention_forward", "the values projected from the key input",
+       "linear_forward(value, params[\"W_v\"]", "linear_forward(key, params[\"W_v\"]",
+       "check-mha-forward")
+mutant("multi_head_attention_forward", "the scores scaled by 1/sqrt(E) instead of 1/sqrt(d_h)",
+       "split_heads(v, num_heads), mask)",
+       "split_heads(v, num_heads), mask, query.shape[-1] ** -0.5)", "check-mha-forward")
+mutant("multi_head_attention_forward", "without the output projection",
+       "out, c_o = linear_forward(merge_heads(heads), params[\"W_o\"], params.get(\"b_o\"))",
+       "out, c_o = merge_heads(heads), (None, None, None)", "check-mha-forward")
+
+mutant("merge_masks", "the masks combined with & instead of |",
+       "return attn_mask | key_padding_mask", "return attn_mask & key_padding_mask",
+       "check-merge-masks")
+mutant("merge_masks", "the padded queries blocked instead of the padded keys",
+       "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]",
+       "check-merge-masks")
+mutant("merge_masks", "the padding mask not reshaped to (B, 1, 1, S)",
+       "key_padding_mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)",
+       "pass", "check-merge-masks")
+mutant("merge_masks", "the attention mask dropped when there is a padding mask",
+       "return attn_mask | key_padding_mask  # (B, 1, T, S)", "return key_padding_mask",
+       "check-merge-masks")
+
+mutant("self_attention_forward", "the mask not passed on to attention",
+       "heads, c_att = attention_forward(q, k, v, mask)",
+       "heads, c_att = attention_forward(q, k, v)",
+       "check-self-attention-forward")
+mutant("self_attention_forward", "the packed bias ignored",
+       "params[\"W_qkv\"], params.get(\"b_qkv\"))", "params[\"W_qkv\"])",
+       "check-self-attention-forward")
+mutant("self_attention_forward", "the output bias ignored",
+       "params[\"W_o\"], params.get(\"b_o\"))", "params[\"W_o\"])",
+       "check-self-attention-forward")
+mutant("self_attention_forward", "q, k, v cut per head as [q_i | k_i | v_i]",
+       "q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))",
+       "q, k, v = np.split(split_heads(qkv, num_heads), 3, axis=-1)",
+       "check-self-attention-forward")
+mutant("self_attention_forward", "the keys used as values (k, k)",
+       "attention_forward(q, k, v, mask)", "attention_forward(q, k, k, mask)",
+       "check-self-attention-forward")
+
+GQA = "04_multihead_attention/exercise-gqa"
+mutant(GQA, "the key/value heads tiled (head j serves j, j + g, ...) instead of repeated",
+       "k = np.repeat(k, h // g, axis=1)", "k = np.tile(k, (1, h // g, 1, 1))", "check-gqa")
+mutant(GQA, "without the output projection", "out = merge_heads(ctx) @ W_o",
+       "out = merge_heads(ctx)", "check-gqa")
+mutant(GQA, "the key and the value heads both tiled",
+       "k = np.repeat(k, h // g, axis=1)                              # (B, h, T, d_h)\n"
+       "    v = np.repeat(v, h // g, axis=1)",
+       "k = np.tile(k, (1, h // g, 1, 1))\n    v = np.tile(v, (1, h // g, 1, 1))", "check-gqa")
+mutant(GQA, "the scores scaled by 1/sqrt(E)",
+       "ctx, _ = scaled_dot_product_attention_forward(q, k, v)",
+       "ctx, _ = scaled_dot_product_attention_forward(q, k, v, scale=E ** -0.5)", "check-gqa")
+COST = "04_multihead_attention/exercise-gqa-cost"
+mutant(COST, "the biases left out of the parameters",
+       "params = 2 * (E * E + E) + 2 * (E * kv + kv)", "params = 2 * E * E + 2 * E * kv",
+       "check-gqa-cost")
+mutant(COST, "a multiply-add counted as one operation",
+       "flops = 2 * (2 * T * E * E) + 2 * (2 * T * E * kv) + 4 * T * T * E",
+       "flops = 2 * T * E * E + 2 * T * E * kv + 2 * T * T * E", "check-gqa-cost")
+mutant(COST, "the scores counted for the g key/value heads only",
+       "+ 4 * T * T * E", "+ 4 * T * T * kv", "check-gqa-cost")
+mutant(COST, "K and V at full width (the multi-head formulas)",
+       "kv = num_kv_heads * (E // num_heads)", "kv = E", "check-gqa-cost")
+
+
+# ============================================================================================
+# 05_backward
+
+mutant("softmax_backward", "the row sum without keepdims",
+       "np.einsum(\"...j,...j->...\", dout, y)[..., None]",
+       "np.einsum(\"...j,...j->...\", dout, y)",
+       "check-softmax-backward")
+mutant("softmax_backward", "the factor y outside the bracket forgotten",
+       "    dx *= y\n", "", "check-softmax-backward")
+mutant("softmax_backward", "only the Jacobian's diagonal, dout * y * (1 - y)",
+       "dx = np.subtract(dout, np.einsum(\"...j,...j->...\", dout, y)[..., None], out=out)\n"
+       "    dx *= y",
+       "dx = dout * y * (1 - y)", "check-softmax-backward")
+mutant("softmax_backward", "dx written into dout: the input changes",
+       "[..., None], out=out)", "[..., None], out=dout)", "check-softmax-backward")
+
+mutant("attention_backward", "without the scale in dq and dk",
+       "dq = dscores @ k * scale", "dq = dscores @ k", "check-attention-backward")
+mutant("attention_backward", "dweights ignored",
+       "    if dweights is not None:\n        dP += dweights\n", "", "check-attention-backward")
+mutant("attention_backward", "dk = dS q (dS not transposed)",
+       "dk = np.swapaxes(dscores, -1, -2) @ q * scale", "dk = dscores @ q * scale",
+       "check-attention-backward")
+mutant("attention_backward", "dv = P dout (P not transposed)",
+       "dv = np.swapaxes(weights, -1, -2) @ dout", "dv = weights @ dout",
+       "check-attention-backward")
+mutant("attention_backward", "the softmax backward skipped (dP used for dS)",
+       "dscores = softmax_backward(dP, c_softmax, out=dP)", "dscores = dP",
+       "check-attention-backward")
+mutant("attention_backward", "the scale applied twice in dk",
+       "dk = np.swapaxes(dscores, -1, -2) @ q * scale",
+       "dk = np.swapaxes(dscores, -1, -2) @ (q * scale) * scale", "check-attention-backward")
+
+mutant("multi_head_attention_backward", "dweights not passed on",
+       "attention_backward(dheads, c_att, dweights)", "attention_backward(dheads, c_att)",
+       "check-mha-backward")
+mutant("multi_head_attention_backward", "dkey computed from dv (copy-paste)",
+       "dkey, g_k = linear_backward(merge_heads(dk), c_k)",
+       "dkey, g_k = linear_backward(merge_heads(dv), c_k)", "check-mha-backward")
+mutant("multi_head_attention_backward", "the input biases' gradients only when b_o exists",
+       "for name, g in ((\"b_q\", g_q), (\"b_k\", g_k), (\"b_v\", g_v), (\"b_o\", g_o)):\n"
+       "        if \"b\" in g:  # each bias on its own: a layer may have some and not others\n"
+       "            grads[name] = g[\"b\"]",
+       "if \"b\" in g_o:\n"
+       "        grads.update(b_q=g_q[\"b\"], b_k=g_k[\"b\"], b_v=g_v[\"b\"], b_o=g_o[\"b\"])",
+       "check-mha-backward")
+mutant("multi_head_attention_backward", "the gradient of b_o only when the input biases exist",
+       "for name, g in ((\"b_q\", g_q), (\"b_k\", g_k), (\"b_v\", g_v), (\"b_o\", g_o)):\n"
+       "        if \"b\" in g:  # each bias on its own: a layer may have some and not others\n"
+       "            grads[name] = g[\"b\"]",
+       "if \"b\" in g_q:\n"
+       "        grads.update(b_q=g_q[\"b\"], b_k=g_k[\"b\"], b_v=g_v[\"b\"], b_o=g_o[\"b\"])",
+       "check-mha-backward")
+mutant("multi_head_attention_backward", "the heads not split for the backward (merged dheads)",
+       "dheads = split_heads(dheads, num_heads)  # (B, H, T, Dh)",
+       "dheads = dheads.reshape(dheads.shape[0], num_heads, dheads.shape[1], -1)",
+       "check-mha-backward")
+
+mutant("self_attention_backward", "the gradient of b_o only when b_qkv exists",
+       "if \"b\" in g_qkv:  # each bias on its own: b_qkv without b_o, or the reverse\n"
+       "        grads[\"b_qkv\"] = g_qkv[\"b\"]\n"
+       "    if \"b\" in g_o:\n        grads[\"b_o\"] = g_o[\"b\"]",
+       "if \"b\" in g_qkv:\n        grads.update(b_qkv=g_qkv[\"b\"], b_o=g_o[\"b\"])",
+       "check-self-attention-backward")
+mutant("self_attention_backward", "the gradient of b_qkv only when b_o exists",
+       "if \"b\" in g_qkv:  # each bias on its own: b_qkv without b_o, or the reverse\n"
+       "        grads[\"b_qkv\"] = g_qkv[\"b\"]\n"
+       "    if \"b\" in g_o:\n        grads[\"b_o\"] = g_o[\"b\"]",
+       "if \"b\" in g_o:\n        grads.update(b_qkv=g_qkv[\"b\"], b_o=g_o[\"b\"])",
+       "check-self-attention-backward")
+mutant("self_attention_backward", "the key path of dx forgotten",
+       "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
+       "merge_heads(dq), 0 * merge_heads(dk), merge_heads(dv)", "check-self-attention-backward")
+mutant("self_attention_backward", "dweights not passed on",
+       "attention_backward(dheads, c_att, dweights)", "attention_backward(dheads, c_att)",
+       "check-self-attention-backward")
+mutant("self_attention_backward", "dq, dk, dv stacked in the wrong order (k, q, v)",
+       "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
+       "merge_heads(dk), merge_heads(dq), merge_heads(dv)", "check-self-attention-backward")
+
+mutant("layer_norm_forward", "eps added to the standard deviation",
+       "rstd = 1 / np.sqrt(var + eps)", "rstd = 1 / (np.sqrt(var) + eps)",
+       "check-layer-norm-forward")
+mutant("layer_norm_forward", "eps ignored (the default 1e-5 written in)",
+       "rstd = 1 / np.sqrt(var + eps)", "rstd = 1 / np.sqrt(var + 1e-5)",
+       "check-layer-norm-forward", "check-layer-norm-backward")
+mutant("layer_norm_forward", "the unbiased variance (D - 1)",
+       "[..., None] / d  # mean(xc * xc)", "[..., None] / (d - 1)  # mean(xc * xc)",
+       "check-layer-norm-forward")
+mutant("layer_norm_forward", "beta added only when gamma is given",
+       "    if beta is not None:\n        out += beta",
+       "    if beta is not None and gamma is not None:\n        out += beta",
+       "check-layer-norm-forward")
+mutant("layer_norm_forward", "the mean not subtracted (x used for xc)",
+       "xc = x - np.einsum(\"...j->...\", x)[..., None] / d", "xc = x",
+       "check-layer-norm-forward")
+mutant("layer_norm_backward", "the term xhat * mean(g * xhat) dropped",
+       "    dx -= xhat * mean_gx\n", "", "check-layer-norm-backward")
+mutant("layer_norm_backward", "the term mean(g) dropped", "dx = g - mean_g", "dx = g.copy()",
+       "check-layer-norm-backward")
+mutant("layer_norm_backward", "dout used where g = dout * gamma belongs",
+       "g = dout * gamma if gamma is not None else dout", "g = dout",
+       "check-layer-norm-backward")
+mutant("layer_norm_backward", "dgamma averaged over the rows",
+       "grads[\"gamma\"] = (dout * xhat).reshape(-1, d).sum(axis=0)",
+       "grads[\"gamma\"] = (dout * xhat).reshape(-1, d).mean(axis=0)",
+       "check-layer-norm-backward")
+mutant("layer_norm_backward", "dbeta given only with gamma",
+       "    if beta is not None:\n        grads[\"beta\"]",
+       "    if beta is not None and gamma is not None:\n        grads[\"beta\"]",
+       "check-layer-norm-backward")
+
+mutant("log_softmax_forward", "the maximum of the whole array instead of each row's",
+       "z = x - x.max(axis=-1, keepdims=True)", "z = x - x.max()", "check-log-softmax")
+mutant("log_softmax_forward", "without subtracting the maximum (exp overflows)",
+       "z = x - x.max(axis=-1, keepdims=True)", "z = x", "check-log-softmax")
+mutant("log_softmax_forward", "the log-sum without keepdims",
+       "np.log(np.exp(z).sum(axis=-1, keepdims=True))", "np.log(np.exp(z).sum(axis=-1))",
+       "check-log-softmax")
+mutant("log_softmax_backward", "softmax's backward instead of log-softmax's",
+       "return dout - np.exp(out) * dout.sum(axis=-1, keepdims=True)",
+       "y = np.exp(out)\n    return y * (dout - (dout * y).sum(axis=-1, keepdims=True))",
+       "check-log-softmax")
+mutant("log_softmax_backward", "the row sum forgotten",
+       "np.exp(out) * dout.sum(axis=-1, keepdims=True)", "np.exp(out) * dout",
+       "check-log-softmax")
+mutant("log_softmax_backward", "the row sum without keepdims",
+       "dout.sum(axis=-1, keepdims=True)", "dout.sum(axis=-1)", "check-log-softmax")
+
+mutant("cross_entropy_forward", "the mean over every entry, padding included",
+       "1 / keep.sum()", "1 / keep.size", "check-cross-entropy")
+mutant("cross_entropy_forward", "ignore_index ignored (-100 written in)",
+       "keep = targets != ignore_index", "keep = targets != -100", "check-cross-entropy")
+mutant("cross_entropy_forward", "reduction ignored (always the mean)",
+       "weight = 1 / keep.sum() if reduction == \"mean\" else 1.0", "weight = 1 / keep.sum()",
+       "check-cross-entropy")
+mutant("cross_entropy_forward", "the loss of the padded positions counted",
+       "loss = -float((picked * keep).sum()) * weight", "loss = -float(picked.sum()) * weight",
+       "check-cross-entropy")
+mutant("cross_entropy_backward", "dloss ignored",
+       "(-dloss * weight * keep)", "(-weight * keep)", "check-cross-entropy")
+mutant("cross_entropy_backward", "the 1/count of the mean forgotten",
+       "(-dloss * weight * keep)", "(-dloss * keep)", "check-cross-entropy")
+mutant("cross_entropy_backward", "the padded positions given a gradient",
+       "(-dloss * weight * keep)", "(-dloss * weight * np.ones_like(keep))",
+       "check-cross-entropy")
+
+mutant("embedding_forward", "the ids flattened (the batch axes lost)",
+       "out = W[ids]", "out = W[ids.reshape(-1)]", "check-embedding")
+mutant("embedding_backward", "dW[ids] += dout (a repeated id counted once)",
+       "np.add.at(dW, ids.reshape(-1), dout.reshape(-1, shape[1]))",
+       "dW[ids.reshape(-1)] += dout.reshape(-1, shape[1])", "check-embedding")
+mutant("embedding_backward", "the table's gradient in float64 whatever dout's dtype",
+       "dW = np.zeros(shape, dtype=dout.dtype)", "dW = np.zeros(shape)", "check-embedding")
+
+TEMP = "05_backward/exercise-softmax-temperature"
+mutant(TEMP, "the factor 1/tau forgotten in dx", "dx = dz / tau", "dx = dz",
+       "check-softmax-temperature")
+mutant(TEMP, "dtau with the wrong sign", "dtau = float(-(dz * x).sum() / tau ** 2)",
+       "dtau = float((dz * x).sum() / tau ** 2)", "check-softmax-temperature")
+mutant(TEMP, "the row sum without keepdims", "(dy * y).sum(axis=-1, keepdims=True)",
+       "(dy * y).sum(axis=-1)", "check-softmax-temperature")
+mutant(TEMP, "dtau with tau instead of tau^2", "/ tau ** 2)", "/ tau)",
+       "check-softmax-temperature")
+BIAS = "05_backward/exercise-score-bias-attention"
+mutant(BIAS, "dA averaged over the leading axes", "dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)",
+       "dZ.reshape(-1, *dZ.shape[-2:]).mean(axis=0)", "check-score-bias-attention")
+mutant(BIAS, "dA from dP, before the softmax backward",
+       "dA = dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)",
+       "dA = dP.reshape(-1, *dP.shape[-2:]).sum(axis=0)", "check-score-bias-attention")
+mutant(BIAS, "dA not summed over the leading axes",
+       "dA = dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)", "dA = dZ",
+       "check-score-bias-attention")
+mutant(BIAS, "dK with dZ not transposed", "dK = scale * np.swapaxes(dZ, -1, -2) @ Q",
+       "dK = scale * dZ @ Q", "check-score-bias-attention")
+RMSB = "05_backward/exercise-rms-norm-backward"
+mutant(RMSB, "mean(g) subtracted as in layer norm",
+       "dx = (g - xhat * (g * xhat).mean(axis=-1, keepdims=True)) / r",
+       "dx = (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, "
+       "keepdims=True)) / r", "check-rms-norm-backward")
+mutant(RMSB, "the path through r dropped", "dx = (g - xhat * (g * xhat).mean(axis=-1, "
+       "keepdims=True)) / r", "dx = g / r", "check-rms-norm-backward")
+mutant(RMSB, "dgamma averaged", "dgamma = (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0)",
+       "dgamma = (dy * xhat).reshape(-1, x.shape[-1]).mean(axis=0)", "check-rms-norm-backward")
+mutant(RMSB, "eps ignored (the default 1e-6 written in)",
+       "mean(axis=-1, keepdims=True) + eps)", "mean(axis=-1, keepdims=True) + 1e-6)",
+       "check-rms-norm-backward")
+
+
+# ============================================================================================
+# 06_transformer: eps passed down, dropout with p = 1
+
+mutant("encoder_layer_forward", "eps not passed to the first residual sublayer",
+       "residual_forward(x, attend, params[\"norm1\"], norm_first, eps)",
+       "residual_forward(x, attend, params[\"norm1\"], norm_first)", "check-encoder-layer")
+mutant("encoder_layer_forward", "eps not passed to the feed-forward's residual sublayer",
+       "residual_forward(x, feed, params[\"norm2\"], norm_first, eps)",
+       "residual_forward(x, feed, params[\"norm2\"], norm_first)", "check-encoder-layer")
+mutant("decoder_layer_forward", "eps not passed to the self-attention's residual sublayer",
+       "residual_forward(x, attend, params[\"norm1\"], norm_first, eps)",
+       "residual_forward(x, attend, params[\"norm1\"], norm_first)", "check-decoder-layer")
+mutant("decoder_layer_forward", "eps not passed to the cross-attention's residual sublayer",
+       "residual_forward(x, cross, params[\"norm2\"], norm_first, eps)",
+       "residual_forward(x, cross, params[\"norm2\"], norm_first)", "check-decoder-layer")
+mutant("decoder_layer_forward", "eps not passed to the feed-forward's residual sublayer",
+       "residual_forward(x, feed, params[\"norm3\"], norm_first, eps)",
+       "residual_forward(x, feed, params[\"norm3\"], norm_first)", "check-decoder-layer")
+mutant("encoder_forward", "eps not passed to the layers",
+       "norm_first, activation, eps)\n        caches", "norm_first, activation)\n        caches",
+       "check-encoder-stack")
+mutant("encoder_forward", "eps not passed to the final norm",
+       "params[\"norm\"].get(\"beta\"),\n                                       eps)",
+       "params[\"norm\"].get(\"beta\"))", "check-encoder-stack")
+mutant("decoder_forward", "eps not passed to the layers",
+       "norm_first, activation, eps)\n        caches", "norm_first, activation)\n        caches",
+       "check-decoder-stack")
+mutant("decoder_forward", "eps not passed to the final norm",
+       "params[\"norm\"].get(\"beta\"),\n                                       eps)",
+       "params[\"norm\"].get(\"beta\"))", "check-decoder-stack")
+mutant("transformer_encode", "the config's eps not passed to the encoder",
+       "c.norm_first, c.activation, c.eps)", "c.norm_first, c.activation)",
+       "check-transformer-forward")
+mutant("transformer_decode", "the config's eps not passed to the decoder",
+       "c.norm_first, c.activation, c.eps)", "c.norm_first, c.activation)",
+       "check-transformer-forward")
+mutant("encoder_forward", "eps not passed to the layers (seen through the model's backward)",
+       "norm_first, activation, eps)\n        caches", "norm_first, activation)\n        caches",
+       "check-transformer-backward")
+mutant("residual_forward", "eps not passed to the pre-norm's layer norm",
+       "h, c_norm = layer_norm_forward(x, norm[\"gamma\"], norm.get(\"beta\"), eps)",
+       "h, c_norm = layer_norm_forward(x, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
+mutant("residual_forward", "eps not passed to the post-norm's layer norm",
+       "layer_norm_forward(x + y, norm[\"gamma\"], norm.get(\"beta\"), eps)",
+       "layer_norm_forward(x + y, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
+mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
+       "where PyTorch returns zeros)",
+       "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",
+       "check-dropout")
+
+
+# ============================================================================================
+# 06_transformer: the rest
+
+mutant("gelu_forward", "erf(x / 2) instead of erf(x / sqrt 2)",
+       "erf(x / c(math.sqrt(2)))", "erf(x / c(2))", "check-gelu")
+mutant("gelu_forward", "x^2 instead of x^3 in the tanh approximation",
+       "c(0.044715) * (x * x * x)", "c(0.044715) * (x * x)", "check-gelu")
+mutant("gelu_forward", "approximate ignored (always the exact GELU)",
+       "if approximate == \"none\":", "if True:", "check-gelu")
+mutant("gelu_forward", "a NumPy float64 constant that promotes float32 inputs",
+       "np.tanh(c(math.sqrt(2 / math.pi))", "np.tanh(np.sqrt(2 / np.pi)", "check-gelu")
+mutant("gelu_backward", "the term x * phi(x) of the exact derivative forgotten",
+       "local = aux + x * c(1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)",
+       "local = aux", "check-gelu")
+mutant("gelu_backward", "(1 - t) instead of (1 - t^2) in the tanh derivative",
+       "(1 - aux * aux)", "(1 - aux)", "check-gelu")
+mutant("activation_forward", "the activation's keyword arguments not passed (gelu_tanh runs "
+       "the exact GELU)", "out, cache = forward(x, **kwargs)", "out, cache = forward(x)",
+       "check-activation")
+mutant("activation_backward", "the ReLU's backward whatever the activation",
+       "return ACTIVATIONS[activation][1](dout, inner)",
+       "return ACTIVATIONS[\"relu\"][1](dout, inner)", "check-activation")
+mutant("feed_forward_forward", "the activation not passed on (always ReLU)",
+       "activation_forward(h, activation)", "activation_forward(h, \"relu\")",
+       "check-feed-forward")
+mutant("feed_forward_forward", "the second bias forgotten",
+       "params[\"W2\"], params.get(\"b2\"))", "params[\"W2\"])", "check-feed-forward")
+mutant("feed_forward_backward", "the activation's backward skipped",
+       "dh = activation_backward(da, c_act)", "dh = da", "check-feed-forward")
+mutant("feed_forward_backward", "the biases' gradients swapped",
+       "grads.update(b1=g1[\"b\"], b2=g2[\"b\"])", "grads.update(b1=g2[\"b\"], b2=g1[\"b\"])",
+       "check-feed-forward")
+mutant("residual_forward", "pre-norm and post-norm swapped", "if norm_first:",
+       "if not norm_first:", "check-residual")
+mutant("residual_forward", "the residual connection of pre-norm forgotten",
+       "out = x + y", "out = y", "check-residual")
+mutant("residual_backward", "the identity path's gradient forgotten (pre-norm)",
+       "        dx += dout\n", "", "check-residual")
+mutant("residual_backward", "dout added where the norm's gradient ds belongs (post-norm)",
+       "dx += ds", "dx += dout", "check-residual")
+mutant("dropout_forward", "the entries kept where u < p", "keep = rng.random(x.shape) >= p",
+       "keep = rng.random(x.shape) < p", "check-dropout")
+mutant("dropout_forward", "train ignored (dropout in evaluation too)",
+       "if not train or p == 0:", "if p == 0:", "check-dropout")
+mutant("dropout_forward", "the kept entries not scaled",
+       "return x * keep * scale, (keep, scale)", "return x * keep, (keep, scale)",
+       "check-dropout")
+mutant("dropout_backward", "the scale forgotten in the backward",
+       "return dout * keep * scale", "return dout * keep", "check-dropout")
+mutant("init_uniform", "bound 1/fan_in instead of 1/sqrt(fan_in)",
+       "bound = 1 / math.sqrt(fan_in)", "bound = 1 / fan_in", "check-init")
+mutant("init_xavier", "sqrt(2 / (fan_in + fan_out)), the standard deviation, as the bound",
+       "bound = math.sqrt(6 / (fan_in + fan_out))", "bound = math.sqrt(2 / (fan_in + fan_out))",
+       "check-init")
+mutant("init_xavier", "the shape (fan_out, fan_in)", "size=(fan_in, fan_out)",
+       "size=(fan_out, fan_in)", "check-init")
+mutant("positional_encoding", "sines and cosines swapped",
+       "pe[:, 0::2] = np.sin(angles)\n    pe[:, 1::2] = np.cos(angles[:, : d_model // 2])",
+       "pe[:, 0::2] = np.cos(angles)\n    pe[:, 1::2] = np.sin(angles[:, : d_model // 2])",
+       "check-positional-encoding")
+mutant("positional_encoding", "base ignored (10000 written in)",
+       "inv_freq = base ** (", "inv_freq = 10000.0 ** (", "check-positional-encoding")
+mutant("positional_encoding", "the exponent i/d instead of 2i/d",
+       "base ** (-np.arange(0, d_model, 2) / d_model)",
+       "base ** (-np.arange((d_model + 1) // 2) / d_model)", "check-positional-encoding")
+mutant("embed_forward", "the scale forgotten", "    x *= scale\n", "", "check-embed")
+mutant("embed_forward", "the positions forgotten",
+       "        x += positions[: ids.shape[1]]  # (T, E) broadcast over the batch\n",
+       "        pass\n", "check-embed")
+mutant("embed_backward", "the table's gradient not scaled", "    dtable *= scale\n", "",
+       "check-embed")
+mutant("embed_backward", "the positions' gradient averaged over the batch",
+       "dx.sum(axis=0)", "dx.mean(axis=0)", "check-embed")
+mutant("tied_output_forward", "the table used untransposed (x @ W_embed)",
+       "linear_forward(x, W_embed.T)", "linear_forward(x, W_embed)", "check-tied-output")
+mutant("tied_output_backward", "the table's gradient left as the gradient of W_embed.T",
+       "grads = {\"W\": g[\"W\"].T}", "grads = {\"W\": g[\"W\"]}", "check-tied-output")
+mutant("encoder_layer_forward", "the mask not passed to the self-attention",
+       "num_heads, mask)", "num_heads)", "check-encoder-layer")
+mutant("encoder_layer_forward", "the activation not passed to the feed-forward",
+       "feed_forward_forward(h, params[\"ff\"], activation)",
+       "feed_forward_forward(h, params[\"ff\"])", "check-encoder-layer")
+mutant("encoder_layer_backward", "the feed-forward's gradient not passed on (dout used again)",
+       "residual_backward(dx, c_sa, self_attention_backward)",
+       "residual_backward(dout, c_sa, self_attention_backward)", "check-encoder-layer")
+mutant("decoder_layer_forward", "the memory mask not passed to the cross-attention",
+       "                                            memory_mask)",
+       "                                            None)", "check-decoder-layer")
+mutant("decoder_layer_forward", "the target mask not passed to the self-attention",
+       "num_heads, tgt_mask)", "num_heads)", "check-decoder-layer")
+mutant("decoder_layer_backward", "the memory's gradient from the keys only",
+       "dmemory = dkey + dvalue", "dmemory = dkey", "check-decoder-layer")
+mutant("encoder_forward", "the mask not passed to the layers",
+       "encoder_layer_forward(x, layer, num_heads, mask,",
+       "encoder_layer_forward(x, layer, num_heads, None,", "check-encoder-stack")
+mutant("encoder_backward", "the layers' gradients in reverse order",
+       "g_layers.insert(0, g)", "g_layers.append(g)", "check-encoder-stack")
+mutant("encoder_backward", "the final norm's backward skipped (its gradients kept)",
+       "dout, g_norm = layer_norm_backward(dout, c_norm)",
+       "g_norm = layer_norm_backward(dout, c_norm)[1]", "check-encoder-stack")
+mutant("decoder_forward", "the memory mask not passed to the layers",
+       "num_heads, tgt_mask, memory_mask,", "num_heads, tgt_mask, None,", "check-decoder-stack")
+mutant("decoder_backward", "the memory's gradient of the last layer only",
+       "dmemory = dmemory + dmem", "dmemory = dmem", "check-decoder-stack")
+mutant("decoder_backward", "the layers' gradients in reverse order",
+       "g_layers.insert(0, g)", "g_layers.append(g)", "check-decoder-stack")
+mutant("transformer_encode", "the source padding ignored",
+       "merge_masks(None, src_pad),  # (B, 1, 1, S) or None", "None,",
+       "check-transformer-forward")
+mutant("transformer_encode", "the embeddings always scaled by sqrt(E)",
+       "scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0",
+       "scale = math.sqrt(c.d_model)", "check-transformer-forward")
+mutant("transformer_decode", "no causal mask in the decoder",
+       "merge_masks(causal_mask(tgt_in.shape[1]), tgt_pad)", "merge_masks(None, tgt_pad)",
+       "check-transformer-forward")
+mutant("transformer_decode", "the source padding left out of the cross-attention",
+       "merge_masks(None, src_pad), c.norm_first", "None, c.norm_first",
+       "check-transformer-forward")
+mutant("transformer_forward", "the source padding not passed to the decoder",
+       "memory, config, pe, src_pad, tgt_pad)", "memory, config, pe, None, tgt_pad)",
+       "check-transformer-forward")
+
+
+# ============================================================================================
+# 07_verification
+
+mutant("transformer_backward", "the positions' gradients of source and target swapped",
+       "src_pos={\"W\": d_src_pos}, tgt_pos={\"W\": d_tgt_pos}",
+       "src_pos={\"W\": d_tgt_pos}, tgt_pos={\"W\": d_src_pos}", "check-transformer-backward")
+mutant("transformer_backward", "the memory's gradient not passed into the encoder",
+       "dx, g_enc = encoder_backward(dmemory, c_enc)",
+       "dx, g_enc = encoder_backward(0 * dmemory, c_enc)", "check-transformer-backward")
+mutant("transformer_loss", "ignore_index not passed on (-100, not the model's padding label)",
+       "cross_entropy_forward(logits, labels, ignore_index)",
+       "cross_entropy_forward(logits, labels)", "check-transformer-loss")
+BUG = "07_verification/exercise-find-the-bug"
+mutant(BUG, "the first bug left: the scores scaled by sqrt(E)", "/ math.sqrt(head_dim)",
+       "/ math.sqrt(e)", "check-find-the-bug")
+mutant(BUG, "the second bug left: the heads merged without the transpose",
+       "context.transpose(1, 2).reshape(batch, length, e)", "context.reshape(batch, length, e)",
+       "check-find-the-bug")
+mutant(BUG, "the padding mask over the queries",
+       "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]",
+       "check-find-the-bug")
+SMOOTH = "07_verification/exercise-label-smoothing"
+mutant(SMOOTH, "alpha spread over V - 1 classes", "q = np.full(logits.shape, alpha / V)",
+       "q = np.full(logits.shape, alpha / (V - 1))", "check-label-smoothing")
+mutant(SMOOTH, "the gradient divided by every position, padding included",
+       "(keep / count)[..., None]", "(keep / keep.size)[..., None]", "check-label-smoothing")
+mutant(SMOOTH, "without the max subtraction (exp overflows)",
+       "z = logits - logits.max(axis=-1, keepdims=True)", "z = logits", "check-label-smoothing")
+POS = "07_verification/exercise-padded-positions"
+mutant(POS, "positions counted from 1", "positions = np.cumsum(real, axis=1) - 1",
+       "positions = np.cumsum(real, axis=1)", "check-padded-positions")
+mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions")
+mutant(POS, "positions from the column index (left padding shifts them)",
+       "positions = np.cumsum(real, axis=1) - 1",
+       "positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)",
+       "check-padded-positions")
+
+
+# ============================================================================================
+# 08_training
+
+mutant("sgd_step", "nesterov ignored", "g = g + c(momentum) * buf if nesterov else buf",
+       "g = buf", "check-sgd-step")
+mutant("sgd_step", "the first momentum step damped too", "buf = g.copy()",
+       "buf = c(1 - dampening) * g", "check-sgd-step")
+mutant("sgd_step", "p not updated in place", "p -= c(lr) * g", "p = p - c(lr) * g",
+       "check-sgd-step")
+mutant("sgd_step", "weight decay ignored", "g = g + c(weight_decay) * p", "g = g",
+       "check-sgd-step")
+mutant("adam_step", "without the bias correction of v",
+       "np.sqrt(v) / c(math.sqrt(1 - beta2**t))", "np.sqrt(v)", "check-adam-step")
+mutant("adam_step", "decoupled weight decay without the learning rate",
+       "p *= c(1 - lr * weight_decay)", "p *= c(1 - weight_decay)", "check-adam-step")
+mutant("adam_step", "the moments not updated in place",
+       "m += c(1 - beta1) * (g - m)", "m = m + c(1 - beta1) * (g - m)", "check-adam-step")
+mutant("global_norm", "the sum of squares without the square root",
+       "return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))",
+       "return sum(float(np.vdot(g, g)) for g in grads.values())", "check-global-norm")
+mutant("global_norm", "the largest array's norm instead of all together",
+       "return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))",
+       "return max(math.sqrt(float(np.vdot(g, g))) for g in grads.values())",
+       "check-global-norm")
+mutant("clip_grad_norm", "small gradients scaled up too", "    if scale < 1:\n", "    if True:\n",
+       "check-clip-grad-norm")
+mutant("clip_grad_norm", "the norm after clipping returned",
+       "    return total", "    return global_norm(grads)", "check-clip-grad-norm")
+mutant("clip_grad_norm", "new arrays instead of scaling in place",
+       "g *= g.dtype.type(scale)", "g = g * g.dtype.type(scale)", "check-clip-grad-norm")
+mutant("train_step", "clipping skipped",
+       "norm = clip_grad_norm(grads, clip) if clip else global_norm(grads)",
+       "norm = global_norm(grads)", "check-train-step")
+mutant("train_step", "the learning rate not set", "    optimizer.lr = lr\n", "",
+       "check-train-step")
+NOAM = "08_training/exercise-noam-schedule"
+mutant(NOAM, "the maximum of the two rates", "np.minimum(s ** -0.5", "np.maximum(s ** -0.5",
+       "check-noam-schedule")
+mutant(NOAM, "warmup^-0.5 instead of warmup^-1.5", "warmup ** -1.5", "warmup ** -0.5",
+       "check-noam-schedule")
+mutant(NOAM, "the factor d_model^-0.5 forgotten", "lr = d_model ** -0.5 * np.minimum(",
+       "lr = np.minimum(", "check-noam-schedule")
+RMSP = "08_training/exercise-rmsprop"
+mutant(RMSP, "centered ignored", "if centered:", "if False:", "check-rmsprop")
+mutant(RMSP, "eps inside the square root", "avg = np.sqrt(st[\"v\"]) + eps",
+       "avg = np.sqrt(st[\"v\"] + eps)", "check-rmsprop")
+mutant(RMSP, "weight decay ignored", "g = g + weight_decay * p", "g = g", "check-rmsprop")
+SAMPLE = "08_training/exercise-sample-decode"
+mutant(SAMPLE, "temperature ignored", "z = logits[:, -1].astype(np.float64) / temperature",
+       "z = logits[:, -1].astype(np.float64)", "check-sample-decode")
+mutant(SAMPLE, "finished sequences not padded", "        nxt = np.where(done, c.pad_id, nxt)\n",
+       "", "check-sample-decode")
+mutant(SAMPLE, "the most likely token instead of a draw",
+       "nxt = np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)",
+       "nxt = p.argmax(axis=-1)", "check-sample-decode")
+
+
+# ============================================================================================
+# 09_gpt
+
+mutant("next_token_loss_forward", "the logits not shifted (each position scored against "
+       "its own token)", "cross_entropy_forward(logits[:, :-1], ids[:, 1:])",
+       "cross_entropy_forward(logits, ids)", "check-next-token-loss")
+mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of ..T-1",
+       "dlogits[:, :-1] = d_shifted", "dlogits[:, 1:] = d_shifted", "check-next-token-loss")
+mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
+       "base ** (-np.arange(0, head_dim, 2) / head_dim)",
+       "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
+mutant("rope_forward", "the rotation by minus the angle",
+       "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",
+       "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x1 * cos + x0 * sin",
+       "check-rope")
+mutant("rope_backward", "the forward's rotation in the backward (not its transpose)",
+       "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d1 * cos + d0 * sin",
+       "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
+       "check-rope")
+mutant("rms_norm_forward", "eps added outside the square root",
+       "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",
+       "rstd = 1 / (np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d) + eps)",
+       "check-gpt-rms-norm")
+mutant("rms_norm_backward", "the path through the rms dropped", "dx = g - xhat * mean_gx",
+       "dx = g.copy()", "check-gpt-rms-norm")
+mutant("silu_forward", "sigmoid(2x) written for sigmoid(x)", "np.tanh(0.5 * x)", "np.tanh(x)",
+       "check-swiglu")
+mutant("silu_backward", "x * s instead of x * (1 - s)", "(1 + x * (1 - s))", "(1 + x * s)",
+       "check-swiglu")
+mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
+       "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
+       "check-swiglu")
+mutant("swiglu_backward", "the up projection's path of dx forgotten", "    dx += dx_up\n", "",
+       "check-swiglu")
+mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
+       "out = np.broadcast_to(x[:, :, None], (B, Hkv, n_rep, S, Dh))",
+       "out = np.broadcast_to(x[:, None], (B, n_rep, Hkv, S, Dh))",
+       "check-grouped-query-attention")
+mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
+       "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
+       "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention")
+mutant("project_qkv", "keys and values at full width E", "kv = num_kv_heads * (E // num_heads)",
+       "kv = E", "check-grouped-query-attention")
+mutant("causal_self_attention_forward", "no causal mask",
+       "attention_forward(q, k, v, causal_mask(x.shape[1]))", "attention_forward(q, k, v)",
+       "check-causal-self-attention")
+mutant("causal_self_attention_forward", "RoPE applied to the queries only",
+       "        k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
+       "check-grouped-query-attention")
+mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
+       "dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)",
+       "dq = rope_backward(dq, c_rope)", "check-grouped-query-attention")
+mutant("norm_forward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
+       "check-modern-block")
+mutant("norm_backward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
+       "check-modern-block")
+mutant("mlp_forward", "kind not passed on (always ReLU)",
+       "feed_forward_forward(x, params, kind)", "feed_forward_forward(x, params)",
+       "check-gpt-block")
+mutant("mlp_backward", "kind ignored (always the plain network)", "if kind == \"swiglu\":",
+       "if False:", "check-modern-block")
+mutant("gpt_block_forward", "the MLP's residual connection forgotten", "out = x + m", "out = m",
+       "check-gpt-block")
+mutant("gpt_block_backward", "the residual path around the MLP forgotten",
+       "    dx += dout  # the residual path around the MLP\n", "", "check-gpt-block")
+mutant("gpt_forward", "learned positions ignored",
+       "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe", "positions = pe",
+       "check-gpt-model")
+mutant("gpt_backward", "the output projection's share of the tied table's gradient forgotten",
+       "    d_table += g_out[\"W\"]  # tied: the two uses of the table add up\n", "",
+       "check-gpt-model")
+mutant("gpt_loss", "the loss itself passed back as dloss",
+       "next_token_loss_backward(1.0, c_loss)", "next_token_loss_backward(loss, c_loss)",
+       "check-gpt-model")
+mutant("kv_cache_append", "the whole cache returned, unfilled positions included",
+       "return K[:, :, :end], V[:, :, :end], end", "return K, V, end", "check-kv-cache-append")
+mutant("causal_self_attention_step", "a new position blocked from itself (>=)",
+       "np.arange(end)[None, :] > (length + np.arange(t))[:, None]",
+       "np.arange(end)[None, :] >= (length + np.arange(t))[:, None]", "check-gpt-step")
+mutant("gpt_step", "the positions' rows not offset by length",
+       "        positions = positions[length:]  # the rows of the new positions\n",
+       "        pass\n", "check-gpt-step")
+mutant("top_k_filter", "the k-th largest filtered out too (<=)", "np.where(logits < kth",
+       "np.where(logits <= kth", "check-top-k-filter")
+mutant("top_p_filter", "the token that crosses p dropped (its own probability counted)",
+       "above = np.cumsum(sorted_probs, axis=-1) - sorted_probs",
+       "above = np.cumsum(sorted_probs, axis=-1)", "check-top-p-filter")
+mutant("sample_next", "temperature ignored", "z = logits / temperature", "z = logits",
+       "check-sample-next")
+MINP = "09_gpt/exercise-min-p-filter"
+mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=-1, keepdims=True)",
+       "probs >= p_min", "check-min-p-filter")
+
+
+# ============================================================================================
+# 10_long_context
+
+mutant("online_softmax_update", "the old sum not rescaled", "ell_new = alpha * ell +",
+       "ell_new = ell +", "check-online-softmax-update")
+mutant("online_softmax_update", "no guard for a row of -inf only",
+       "shift = np.where(np.isneginf(m_new), 0, m_new)", "shift = m_new",
+       "check-online-softmax-update")
+mutant("flash_attention_forward", "the accumulator not rescaled", "            acc *= alpha\n",
+       "", "check-flash-forward")
+mutant("flash_attention_forward", "the diagonal tile not masked",
+       "np.copyto(s, -np.inf, where=causal_mask(*s.shape[-2:]))", "pass", "check-flash-forward")
+mutant("flash_attention_backward_tile", "the scale forgotten in dk",
+       "dk_j = np.swapaxes(dz, -1, -2) @ qs", "dk_j = np.swapaxes(dz, -1, -2) @ q_i",
+       "check-flash-backward-tile")
+mutant("flash_attention_backward", "the future tiles visited (causal)",
+       "        stop = min(S, i + block_size) if causal else S\n", "        stop = S\n",
+       "check-flash-backward")
+mutant("flash_self_attention_forward", "causal not passed on",
+       "flash_attention_forward(q, k, v, causal, block_size)",
+       "flash_attention_forward(q, k, v, False, block_size)", "check-flash-self-attention")
+mutant("flash_self_attention_backward", "dk and dv swapped in dqkv",
+       "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
+       "merge_heads(dq), merge_heads(dv), merge_heads(dk)", "check-flash-self-attention")
