@@ -689,8 +689,14 @@ mutant("feed_forward_forward", "the second bias forgotten",
 mutant("feed_forward_backward", "the activation's backward skipped",
        "dh = activation_backward(da, c_act)", "dh = da", "check-feed-forward")
 mutant("feed_forward_backward", "the biases' gradients swapped",
-       "grads.update(b1=g1[\"b\"], b2=g2[\"b\"])", "grads.update(b1=g2[\"b\"], b2=g1[\"b\"])",
+       "grads[\"b1\"] = g1[\"b\"]\n    if \"b\" in g2:\n        grads[\"b2\"] = g2[\"b\"]",
+       "grads[\"b1\"] = g2[\"b\"]\n    if \"b\" in g2:\n        grads[\"b2\"] = g1[\"b\"]",
        "check-feed-forward")
+mutant("feed_forward_backward", "both biases' gradients returned only when b1 exists (a layer "
+       "with one bias but not the other)",
+       "if \"b\" in g1:  # each bias on its own: a layer may have one without the other\n"
+       "        grads[\"b1\"] = g1[\"b\"]\n    if \"b\" in g2:\n        grads[\"b2\"] = g2[\"b\"]",
+       "if \"b\" in g1:\n        grads.update(b1=g1[\"b\"], b2=g2[\"b\"])", "check-feed-forward")
 mutant("residual_forward", "pre-norm and post-norm swapped", "if norm_first:",
        "if not norm_first:", "check-residual")
 mutant("residual_forward", "the residual connection of pre-norm forgotten",
@@ -995,3 +1001,14 @@ mutant("flash_self_attention_forward", "causal not passed on",
 mutant("flash_self_attention_backward", "dk and dv swapped in dqkv",
        "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
        "merge_heads(dq), merge_heads(dv), merge_heads(dk)", "check-flash-self-attention")
+# the solution before issue 21: both biases' gradients came back only when b_o was there
+BIASES = ("if \"b\" in g_qkv:  # each bias on its own: a layer may have one without the other\n"
+          "        grads[\"b_qkv\"] = g_qkv[\"b\"]\n    if \"b\" in g_o:\n"
+          "        grads[\"b_o\"] = g_o[\"b\"]")
+BOTH_OR_NONE = "if \"b\" in g_o:\n        grads.update(b_qkv=g_qkv[\"b\"], b_o=g_o[\"b\"])"
+mutant("causal_self_attention_backward", "both biases' gradients returned only when b_o exists "
+       "(a layer with one bias but not the other)", BIASES, BOTH_OR_NONE,
+       "check-causal-self-attention")
+mutant("flash_self_attention_backward", "both biases' gradients returned only when b_o exists "
+       "(a layer with one bias but not the other)", BIASES, BOTH_OR_NONE,
+       "check-flash-self-attention")

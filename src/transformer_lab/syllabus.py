@@ -130,6 +130,103 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+#: core function -> the core functions its solution calls (or passes on as an argument), in
+#: teaching order; derived from ``core/*.py`` by ``ast`` (``tests/test_check_messages.py`` checks
+#: that it still matches). A failing check names a wrong function among these (the culprit), so
+#: that the student fixes the function that is wrong rather than the one that calls it.
+CALLS: dict[str, tuple[str, ...]] = {
+    "cross_entropy_forward": ("log_softmax_forward",),
+    "cross_entropy_backward": ("log_softmax_backward",),
+    "tied_output_forward": ("linear_forward",),
+    "tied_output_backward": ("linear_backward",),
+    "attention_forward": ("softmax_forward",),
+    "attention_backward": ("softmax_backward",),
+    "multi_head_attention_forward": ("linear_forward", "attention_forward", "split_heads",
+                                     "merge_heads"),
+    "self_attention_forward": ("linear_forward", "attention_forward", "split_heads", "merge_heads"),
+    "multi_head_attention_backward": ("linear_backward", "attention_backward", "split_heads",
+                                      "merge_heads"),
+    "self_attention_backward": ("linear_backward", "attention_backward", "split_heads",
+                                "merge_heads"),
+    "feed_forward_forward": ("linear_forward", "activation_forward"),
+    "feed_forward_backward": ("linear_backward", "activation_backward"),
+    "residual_forward": ("layer_norm_forward",),
+    "residual_backward": ("layer_norm_backward",),
+    "encoder_layer_forward": ("self_attention_forward", "feed_forward_forward", "residual_forward"),
+    "encoder_layer_backward": ("self_attention_backward", "feed_forward_backward",
+                               "residual_backward"),
+    "decoder_layer_forward": ("multi_head_attention_forward", "self_attention_forward",
+                              "feed_forward_forward", "residual_forward"),
+    "decoder_layer_backward": ("multi_head_attention_backward", "self_attention_backward",
+                               "feed_forward_backward", "residual_backward"),
+    "encoder_forward": ("layer_norm_forward", "encoder_layer_forward"),
+    "encoder_backward": ("layer_norm_backward", "encoder_layer_backward"),
+    "decoder_forward": ("layer_norm_forward", "decoder_layer_forward"),
+    "decoder_backward": ("layer_norm_backward", "decoder_layer_backward"),
+    "embed_forward": ("embedding_forward",),
+    "embed_backward": ("embedding_backward",),
+    "transformer_encode": ("merge_masks", "encoder_forward", "embed_forward"),
+    "transformer_decode": ("linear_forward", "causal_mask", "merge_masks", "decoder_forward",
+                           "embed_forward"),
+    "transformer_forward": ("transformer_encode", "transformer_decode"),
+    "transformer_backward": ("linear_backward", "encoder_backward", "decoder_backward",
+                             "embed_backward"),
+    "transformer_loss": ("cross_entropy_forward", "cross_entropy_backward", "transformer_forward",
+                         "transformer_backward"),
+    "clip_grad_norm": ("global_norm",),
+    "train_step": ("global_norm", "clip_grad_norm"),
+    "next_token_loss_forward": ("cross_entropy_forward",),
+    "next_token_loss_backward": ("cross_entropy_backward",),
+    "project_qkv": ("linear_forward", "split_heads"),
+    "causal_self_attention_forward": ("linear_forward", "causal_mask", "attention_forward",
+                                      "merge_heads", "project_qkv", "rope_forward",
+                                      "repeat_kv_forward", "flash_attention_forward"),
+    "causal_self_attention_backward": ("linear_backward", "attention_backward", "split_heads",
+                                       "merge_heads", "rope_backward", "repeat_kv_backward",
+                                       "flash_attention_backward"),
+    "norm_forward": ("layer_norm_forward", "rms_norm_forward"),
+    "norm_backward": ("layer_norm_backward", "rms_norm_backward"),
+    "mlp_forward": ("feed_forward_forward", "swiglu_forward"),
+    "mlp_backward": ("feed_forward_backward", "swiglu_backward"),
+    "gpt_block_forward": ("causal_self_attention_forward", "norm_forward", "mlp_forward"),
+    "gpt_block_backward": ("causal_self_attention_backward", "norm_backward", "mlp_backward"),
+    "gpt_forward": ("tied_output_forward", "embed_forward", "norm_forward", "gpt_block_forward"),
+    "gpt_backward": ("tied_output_backward", "embed_backward", "norm_backward",
+                     "gpt_block_backward"),
+    "gpt_loss": ("next_token_loss_forward", "next_token_loss_backward", "gpt_forward",
+                 "gpt_backward"),
+    "top_p_filter": ("softmax_forward",),
+    "sample_next": ("softmax_forward", "top_k_filter", "top_p_filter"),
+    "causal_self_attention_step": ("linear_forward", "attention_forward", "merge_heads",
+                                   "project_qkv", "kv_cache_append", "rope_forward",
+                                   "repeat_kv_forward"),
+    "gpt_step": ("tied_output_forward", "embed_forward", "norm_forward", "mlp_forward",
+                 "causal_self_attention_step"),
+    "swiglu_forward": ("linear_forward", "silu_forward"),
+    "swiglu_backward": ("linear_backward", "silu_backward"),
+    "flash_attention_forward": ("causal_mask", "online_softmax_update"),
+    "flash_attention_backward": ("causal_mask", "flash_attention_backward_tile"),
+    "flash_self_attention_forward": ("linear_forward", "split_heads", "merge_heads",
+                                     "flash_attention_forward"),
+    "flash_self_attention_backward": ("linear_backward", "split_heads", "merge_heads",
+                                      "flash_attention_backward"),
+}
+
+
+def dependencies(functions) -> list[str]:
+    """The core functions that ``functions`` call, directly or through each other (themselves
+    left out), in teaching order."""
+    order = [name for module in TAUGHT_IN.values() for name in module]
+    found: set[str] = set()
+    todo = list(functions)
+    while todo:
+        for callee in CALLS.get(todo.pop(), ()):
+            if callee not in found:
+                found.add(callee)
+                todo.append(callee)
+    return sorted(found - set(functions), key=order.index)
+
+
 def where_taught(function: str) -> tuple[str, str]:
     """(core module, first "NN_topic §section") of a core function, or a KeyError."""
     for module, functions in TAUGHT_IN.items():

@@ -25,7 +25,11 @@ import hashlib
 import importlib
 import json
 import math
+import re
+import sys
+import sysconfig
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +73,11 @@ class Check:
         tol: largest relative error accepted, by dtype of the expected array (see
             :meth:`tolerance`).
         check_dtype: whether a float array must come back in the expected dtype.
+        axes: the names of an output's axes, as its docstring writes them, for the messages
+            (``[b=1, h=0, t=2, s=0]`` rather than ``[1, 0, 2, 0]``): output key (``"dquery"``;
+            ``"output"`` for a whole output that is one array) -> one letter per axis, counted
+            from the right (``"bhts"`` names the last four axes; an array with fewer axes takes
+            the last letters, ``"ts"`` for a (T, S) array).
     """
 
     id: ClassVar[str] = ""
@@ -77,6 +86,7 @@ class Check:
     arguments: ClassVar[tuple[str, ...]] = ()
     tol: ClassVar[Mapping[str, float]] = {"float64": 1e-9, "float32": 2e-5, "float16": 2e-3}
     check_dtype: ClassVar[bool] = True
+    axes: ClassVar[Mapping[str, str]] = {}
 
     def cases(self, rng: np.random.Generator) -> Iterable[Case]:
         """The cases a student sees run in the notebook."""
@@ -102,6 +112,14 @@ class Check:
     def tolerance(self, name: str, expected: np.ndarray) -> float:
         """The largest relative error accepted for the output ``name``."""
         return self.tol.get(expected.dtype.name, 1e-9)
+
+    def axis_names(self, name: str, ndim: int) -> tuple[str, ...]:
+        """The names of the axes of the output ``name`` (``"output['dquery']"``) with ``ndim``
+        axes, from :attr:`axes` ('' for an axis without a name)."""
+        keys = re.findall(r"\[['\"]?([^'\"\]]+)['\"]?\]", name)
+        letters = self.axes.get(keys[-1] if keys else "output", "")
+        letters = letters[-ndim:] if ndim else ""
+        return ("",) * (ndim - len(letters)) + tuple(letters)
 
     @classmethod
     def has_reference(cls) -> bool:
@@ -268,16 +286,50 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _library_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    folders = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return tuple(sorted(f.replace("\\", "/").rstrip("/") + "/" for f in folders if f))
+
+
+def _is_students(filename: str) -> bool:
+    """Whether a frame's file is the student's code: their ``core/*.py`` or a notebook cell (an
+    IPython cell file, or the ``<...>`` name a cell compiled by the grader gets), not a library
+    (NumPy, Python's own modules) nor the rest of this package."""
+    path = filename.replace("\\", "/")
+    if "/transformer_lab/core/" in path:
+        return True
+    if "/transformer_lab/" in path or "/site-packages/" in path or "/dist-packages/" in path:
+        return False
+    return not path.startswith(_library_folders())
+
+
+def _frame_text(fr: traceback.FrameSummary) -> str:
+    path = fr.filename.replace("\\", "/")
+    if "/transformer_lab/core/" in path:
+        where = "core/" + path.rsplit("/transformer_lab/core/", 1)[1]
+    elif path.endswith(".py") and "ipykernel_" not in path:
+        where = Path(path).name
+    else:
+        where = "your notebook"
+    code = f": {fr.line.strip()}" if fr.line else ""
+    return f"{where}, line {fr.lineno}, in {fr.name}{code}"
+
+
 def _student_frame(exc: BaseException) -> str:
-    """``file, line N, in f: code`` of the innermost frame outside this package's framework."""
+    """``file, line N, in f: code`` of the deepest frame that is the student's code (their
+    ``core/*.py`` or notebook cell) and, when the error came from deeper (NumPy), of that
+    innermost frame as well: "core/multihead.py, line 40, in merge_heads: ...; raised in
+    _shape_base_impl.py, line 872, in split"."""
     frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
               if "transformer_lab/checks/" not in fr.filename.replace("\\", "/")]
     if not frames:
         return ""
-    fr = frames[-1]
-    where = Path(fr.filename).name if fr.filename.endswith(".py") else "your notebook"
-    code = f": {fr.line.strip()}" if fr.line else ""
-    return f"{where}, line {fr.lineno}, in {fr.name}{code}"
+    own = [fr for fr in frames if _is_students(fr.filename)]
+    if not own or own[-1] is frames[-1]:
+        return _frame_text(frames[-1])
+    return f"{_frame_text(own[-1])}; raised in {_frame_text(frames[-1])}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,8 +434,9 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
                                     f"{got_arr.dtype}", got_arr, want_arr)
         wrong = np.argwhere(got_arr != want_arr)
         if wrong.size:
+            at = _index(wrong[0], check, name, want_arr)
             return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {_index(wrong[0])}: expected "
+                                    f"the first at {at}: expected "
                                     f"{want_arr[tuple(wrong[0])]}, got {got_arr[tuple(wrong[0])]}"
                                     f"{_both(got_arr, want_arr)}", got_arr, want_arr)
         return None
@@ -398,7 +451,8 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         if wrong.size:
             first = tuple(wrong[0])
             return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {_index(first)}: expected {want_arr[first]}, "
+                                    f"the first at {_index(first, check, name, want_arr)}: "
+                                    f"expected {want_arr[first]}, "
                                     f"got {got_arr[first]}{_both(got_arr, want_arr)}",
                               got_arr, want_arr)
         return None
@@ -416,15 +470,16 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
     if not np.all(np.isfinite(got_arr)):
         bad = np.argwhere(~np.isfinite(got_arr))
         count = f"{len(bad)} entries are" if len(bad) > 1 else "1 entry is"
+        at = _index(bad[0], check, name, want_arr) if got_arr.ndim else "the value"
         return Difference(name, f"{name}: {count} NaN or infinite, the first at "
-                                f"{_index(bad[0]) if got_arr.ndim else 'the value'} (expected "
+                                f"{at} (expected "
                                 f"{_num(want_arr[tuple(bad[0])])})", got_arr, want_arr)
     tol = check.tolerance(name, want_arr.astype(want_arr.dtype))
     err = _rel_error(got_arr, want_arr)
     if err <= tol:
         return None
     return Difference(name, f"{name}: relative error {err:.1e} (tolerance {tol:.0e}); "
-                            f"{_largest(got_arr, want_arr)}", got_arr, want_arr)
+                            f"{_largest(got_arr, want_arr, check, name)}", got_arr, want_arr)
 
 
 def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
@@ -434,15 +489,21 @@ def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
     return 0.0 if denom == 0 else float(np.linalg.norm(a - b)) / denom
 
 
-def _largest(got: np.ndarray, want: np.ndarray) -> str:
-    if got.size <= 36 and got.ndim >= 2:
-        return "the two in full:" + _both(got, want)
-    if got.size <= 12:
+def _largest(got: np.ndarray, want: np.ndarray, check: Check | None = None,
+             name: str = "output") -> str:
+    """Where the two differ most -- first, so that two arrays that print alike (a difference
+    in the fifth digit) still show where and how much -- and, when small, the two in full."""
+    if got.ndim == 0:
         return f"expected {_short(want)}, got {_short(got)}"
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return (f"largest difference at {_index(where)}: expected {_num(want[where])}, "
-            f"got {_num(got[where])}")
+    largest = (f"largest difference {_num(diff[where])} at {_index(where, check, name, want)}: "
+               f"expected {_num(want[where])}, got {_num(got[where])}")
+    if got.size <= 36 and got.ndim >= 2:
+        return f"{largest}; the two in full:" + _both(got, want)
+    if got.size <= 12:
+        return f"{largest}; expected {_short(want)}, got {_short(got)}"
+    return largest
 
 
 def _both(got: np.ndarray, want: np.ndarray) -> str:
@@ -457,8 +518,17 @@ def _indent(a: np.ndarray) -> str:
     return "\n".join("    " + line for line in text.split("\n"))
 
 
-def _index(ix) -> str:
-    return "[" + ", ".join(str(int(i)) for i in ix) + "]"
+def _index(ix, check: Check | None = None, name: str = "", array=None) -> str:
+    """``[1, 0, 2]``, or with the axes' names where the check knows them: ``[b=1, h=0, t=2]``."""
+    ix = [int(i) for i in ix]
+    names = ("",) * len(ix)
+    if check is not None and name:
+        try:
+            names = check.axis_names(name, len(ix))
+        except Exception:  # a message must never break the verdict
+            names = ("",) * len(ix)
+    return "[" + ", ".join(f"{n}={i}" if n else str(i) for n, i in zip(names, ix,
+                                                                      strict=True)) + "]"
 
 
 def _num(x) -> str:
@@ -498,17 +568,43 @@ def _hint(check: Check, case: Case, got, want, problem: Difference) -> str:
         mistakes = check.mistakes(*case.args, **case.kwargs)
     except Exception:  # a hint must never break the verdict
         mistakes = {}
+    answers = {}
     for description, wrong in mistakes.items():
         try:
             with np.errstate(all="ignore"):
-                answer = wrong()
+                answers[description] = answer = wrong()
                 # the answer this mistake gives: the one that came back, and a wrong one here
                 # (a mistake that gives the right answer in this case tells nothing)
                 if _matches(check, got, answer) and not _matches(check, want, answer):
                     return f"this is what you get {description}."
         except Exception:
             continue
+    # a mistake that gives only some outputs (a forward's, say): the first output that differs
+    path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
+    for description, answer in answers.items():
+        try:
+            part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
+            with np.errstate(all="ignore"):
+                if (part is not _MISSING and got_part is not _MISSING
+                        and _matches(check, got_part, part)
+                        and not _matches(check, want_part, part)):
+                    return f"this is what you get {description}."
+        except Exception:
+            continue
     return _generic_hint(problem)
+
+
+_MISSING = object()
+
+
+def _at(value, path):
+    """``value['key'][0]...`` along the path of an output's name, or _MISSING."""
+    for key, index in path:
+        try:
+            value = value[key] if key or not index else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return value
 
 
 def _matches(check: Check, got, wrong) -> bool:
@@ -553,8 +649,11 @@ def _generic_hint(problem: Difference) -> str:
         return ""
     if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):
         if want.dtype == np.float32 and got.dtype == np.float64:
-            return ("a float32 input came back as float64: a NumPy float64 scalar promotes it "
-                    "(e.g. x / np.sqrt(d)); use a Python float (math.sqrt(d)) or x.dtype.type")
+            return ("a float32 input came back as float64: something float64 met it and "
+                    "promoted it -- a bool or integer array times a Python float (mask * 0.5 "
+                    "is float64: write mask.astype(x.dtype) * 0.5), a float64 array (np.ones, "
+                    "np.zeros without dtype=), or a NumPy float64 scalar (x / np.sqrt(d): use "
+                    "math.sqrt(d)); cast with .astype(x.dtype) where it is made")
         return ""
     if not np.all(np.isfinite(got)):
         return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
@@ -568,7 +667,7 @@ def _generic_hint(problem: Difference) -> str:
     ww = float(w @ w)
     if ww > 0:
         c = float(g @ w) / ww
-        if c != 0 and abs(c - 1) > 1e-6 and _rel_error(g, c * w) < 1e-6:
+        if c != 0 and abs(c - 1) > 1e-3 and _rel_error(g, c * w) < 1e-6:
             return (f"your answer is {c:.4g} times the expected one everywhere: a missing or "
                     "extra factor -- a mean where a sum belongs (or the reverse), or a scale "
                     "such as 1/sqrt(d_k)?")
@@ -662,6 +761,120 @@ def store_expected(check: Check, folder: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
+# The culprit: a function the checked one calls, wrong in its own check
+
+
+def public_answers(chk: Check) -> list[tuple[Case, Any]]:
+    """The public cases of ``chk`` with their expected answers: computed where the reference is
+    here, else the answers ``make student`` stored (the handout)."""
+    if chk.has_reference():
+        return [(c, None) for c in all_cases(chk, hidden=False)]
+    return list(stored_expected(chk).values())
+
+
+def _answer(chk: Check, case: Case, stored: Any) -> Any:
+    return chk.expected(*case.args, **case.kwargs) if chk.has_reference() else stored
+
+
+def _core_names_used(function: Callable) -> set[str]:
+    """The core functions a notebook function names in its code (nested functions included)."""
+    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
+    found: set[str] = set()
+
+    def visit(code) -> None:
+        found.update(n for n in code.co_names if n in known)
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                visit(const)
+
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        visit(code)
+    return found
+
+
+def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
+    """The core functions that ``chk``'s functions call (:data:`syllabus.CALLS`), directly or
+    not, without its own; for a notebook function, the core functions its code names too."""
+    used: set[str] = set()
+    for name in chk.arguments if f is not None else ():
+        try:
+            used |= _core_names_used(getattr(f, name))
+        except AttributeError:
+            continue
+    used -= set(chk.functions)
+    return (set(syllabus.dependencies([*chk.functions, *used])) | used) - set(chk.functions)
+
+
+def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check]]:
+    """The checks of core functions that ``chk`` depends on, in teaching order: a check of this
+    notebook or an earlier one that tests only functions of :func:`depends_on`."""
+    needed = depends_on(chk, f)
+    return [other for other in load_checks().values()
+            if other.id != chk.id and not other.arguments and other.notebook <= chk.notebook
+            and other.functions and set(other.functions) <= needed]
+
+
+def _place(function: str, notebook: str) -> str:
+    """"notebook 04 §2": where ``function`` is taught for ``notebook``'s checks."""
+    places = next(fs[function] for fs in syllabus.TAUGHT_IN.values() if function in fs)
+    place = next((p for p in reversed(places) if p.split(" §")[0] <= notebook), places[0])
+    nb, _, section = place.partition(" §")
+    return f"notebook {nb[:2]} §{section}"
+
+
+def _first_failure(chk: Check) -> str | None:
+    """The verdict's message of the first public case of ``chk`` that fails (None: they pass,
+    or a function is not written yet)."""
+    f = functions_for(chk)
+    for case, stored in public_answers(chk):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            outcome = run_case(chk, f, case)
+        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
+            return None
+        verdict = judge(chk, case, outcome, _answer(chk, case, stored))
+        if not verdict.passed:
+            return verdict.message
+    return None
+
+
+_LOOKING: list[str] = []  # the checks whose culprit is being looked for (no lookup inside one)
+
+
+def culprit(chk: Check, f: Functions | None = None) -> str:
+    """When ``chk`` failed: a paragraph naming the first function it depends on (in teaching
+    order) that fails its own check, or ''. Runs the public cases of those checks, so it is
+    called only after a failure; never raises."""
+    if _LOOKING:
+        return ""
+    _LOOKING.append(chk.id)
+    try:
+        for other_cls in dependency_checks(chk, f):
+            other = other_cls()
+            try:
+                failure = _first_failure(other)
+            except Exception:  # a stored answer missing, a reference unavailable: say nothing
+                continue
+            if failure is None:
+                continue
+            names = [n for n in other.functions if n in depends_on(chk, f)]
+            fails = "fails" if len(names) == 1 else "fail"
+            first = failure.split("\n", 1)[0].removesuffix("; the two in full:")
+            hint = next((line.strip() for line in failure.split("\n")
+                         if line.strip().startswith("Hint:")), "")
+            first += f" {hint}" if hint else ""
+            culprits = " and ".join(f"`{n}`" for n in names)
+            return (f"{culprits} ({_place(names[0], other.notebook)}) {fails} `{other.id}`; fix "
+                    f"it, then run this check again.\n  ({other.id}: {first})\n")
+        return ""
+    except Exception:  # finding the culprit must never hide the verdict
+        return ""
+    finally:
+        _LOOKING.pop()
+
+
+# --------------------------------------------------------------------------------------------
 # The notebook's entry point
 
 
@@ -671,7 +884,9 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     ``check("check-softmax-forward")`` tests core functions of the package (your
     ``transformer_lab/core/*.py``); ``check("check-logsumexp", logsumexp)`` tests the
     function(s) you defined in the notebook. Raises :class:`CheckFailed` naming the first case
-    that fails, what was expected and what came back.
+    that fails, what was expected and what came back -- after, where a core function that the
+    checked one calls fails its own check, that function (:func:`culprit`; the check cell only:
+    the grader judges each check on its own).
     """
     chk = get_check(check_id)
     f = functions_for(chk, functions, named)
@@ -688,5 +903,6 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
         want = stored if is_stored else chk.expected(*case.args, **case.kwargs)
         verdict = judge(chk, case, outcome, want)
         if not verdict.passed:
-            raise CheckFailed(f"{check_id} failed.\n{verdict.message}")
+            # a function this one calls, wrong in its own check, comes first: fix that one
+            raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}")
     print(f"{check_id} passed ({public} case{'s' * (public != 1)}).")

@@ -106,6 +106,7 @@ class AttentionForward(Check):
     id = "check-attention-forward"
     notebook = "01_attention"
     functions = ("attention_forward",)
+    axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
 
     def cases(self, rng):
         yield Case("T = S = 4, d_k = d_v = 3", tuple(rng.standard_normal((4, 3)) for _ in range(3)))

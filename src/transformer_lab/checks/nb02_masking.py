@@ -104,6 +104,7 @@ class AttentionMask(Check):
     id = "check-attention-mask"
     notebook = "02_masking"
     functions = ("attention_forward",)
+    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         q, k, v = _qkv(rng, 4, 4, 3, 3)
@@ -197,8 +198,11 @@ class SoftmaxEmptyRows(Check):
         return torch.softmax(torch.from_numpy(x), dim=-1).nan_to_num(nan=0.0).numpy()
 
     def mistakes(self, x):
-        return {"without a special case for a row of -inf: its maximum is -inf, and "
-                "-inf - (-inf) is NaN (subtract 0 there, and divide by 1 where the sum is 0)":
+        # a missing guard of either kind gives the same NaN row: name both, blame neither
+        return {"with a guard missing for a row of -inf only. It needs two: its maximum is -inf, "
+                "and -inf - (-inf) is NaN (subtract 0 there instead); and its exponentials are "
+                "all 0, and 0 / 0 is NaN (divide by 1 where the sum is 0). Check that your "
+                "softmax_forward has both":
                 lambda: _softmax(x),
                 "replacing -inf by a large negative number such as -1e9: a row with nothing "
                 "to attend to becomes uniform instead of zero":
@@ -210,6 +214,7 @@ class AttentionEmptyRows(Check):
     id = "check-attention-empty-rows"
     notebook = "02_masking"
     functions = ("attention_forward",)
+    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         left_padded = np.triu(np.ones((6, 6), bool), 1)
@@ -243,8 +248,10 @@ class AttentionEmptyRows(Check):
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
         blocked = mask if mask.dtype == bool else np.isneginf(mask)
-        found = {"a softmax of its own in attention_forward, without section 4's guard "
-                 "(call softmax_forward, which gives zeros for a row of -inf)":
+        found = {"from a softmax without section 4's guards for a row of -inf only (NaN where "
+                 "zeros belong): attention_forward must call softmax_forward, and "
+                 "softmax_forward must pass check-softmax-empty-rows (when it does not, fix it "
+                 "there, not here)":
                  lambda: _softmax(np.where(blocked, -np.inf, s)) @ v}
         if mask.dtype == bool:
             found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "

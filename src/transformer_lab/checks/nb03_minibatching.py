@@ -138,6 +138,7 @@ class AttentionBatched(Check):
     id = "check-attention-batched"
     notebook = "03_minibatching"
     functions = ("attention_forward",)
+    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         def qkv(lead, t, s, d_k, d_v, dtype=np.float64):

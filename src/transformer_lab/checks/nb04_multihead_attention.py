@@ -185,6 +185,7 @@ class SplitHeads(Check):
     id = "check-split-heads"
     notebook = "04_multihead_attention"
     functions = ("split_heads",)
+    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         yield Case("B = 2, T = 3, E = 8, 2 heads", (rng.standard_normal((2, 3, 8)), 2))
@@ -223,6 +224,7 @@ class MergeHeads(Check):
     id = "check-merge-heads"
     notebook = "04_multihead_attention"
     functions = ("merge_heads",)
+    axes = {"output": "bte"}  # axis names, for messages
 
     def cases(self, rng):
         yield Case("B = 2, 2 heads, T = 3, d_h = 4", (rng.standard_normal((2, 2, 3, 4)),))
@@ -261,6 +263,7 @@ class MultiHeadAttentionForward(Check):
     id = "check-mha-forward"
     notebook = "04_multihead_attention"
     functions = ("multi_head_attention_forward",)
+    axes = {"output": "bte"}  # axis names, for messages
 
     @staticmethod
     def _case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
@@ -318,6 +321,7 @@ class MergeMasks(Check):
     id = "check-merge-masks"
     notebook = "04_multihead_attention"
     functions = ("merge_masks",)
+    axes = {"output": "bhts"}  # axis names, for messages
 
     @staticmethod
     def _case(rng, name, b, h, t, s, lengths=None, attn="causal"):
@@ -399,6 +403,7 @@ class SelfAttentionForward(Check):
     id = "check-self-attention-forward"
     notebook = "04_multihead_attention"
     functions = ("self_attention_forward",)
+    axes = {"output": "bte"}  # axis names, for messages
 
     @staticmethod
     def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None):

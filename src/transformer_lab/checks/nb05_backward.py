@@ -215,6 +215,7 @@ class AttentionBackward(Check):
     id = "check-attention-backward"
     notebook = "05_backward"
     functions = ("attention_forward", "attention_backward")
+    axes = {"dq": "bhtd", "dk": "bhsd", "dv": "bhsd"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     @staticmethod
@@ -307,6 +308,7 @@ class MultiHeadAttentionBackward(Check):
     id = "check-mha-backward"
     notebook = "05_backward"
     functions = ("multi_head_attention_forward", "multi_head_attention_backward")
+    axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):
@@ -372,6 +374,7 @@ class SelfAttentionBackward(Check):
     id = "check-self-attention-backward"
     notebook = "05_backward"
     functions = ("self_attention_forward", "self_attention_backward")
+    axes = {"dx": "bte"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     @staticmethod

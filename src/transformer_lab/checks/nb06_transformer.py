@@ -312,6 +312,12 @@ class FeedForward(Check):
         yield Case("ReLU, float32", (_randn(rng, (2, 4, 3), np.float32),
                                      ff_params(rng, 3, 8, dtype=np.float32),
                                      _randn(rng, (2, 4, 3), np.float32), "relu"))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for name, dropped in (("b1 only (no b2)", "b2"), ("b2 only (no b1)", "b1")):
+            params = ff_params(later, 4, 5)
+            del params[dropped]
+            yield Case(f"ReLU, {name}", (later.standard_normal((2, 3, 4)), params,
+                                         later.standard_normal((2, 3, 4)), "relu"))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

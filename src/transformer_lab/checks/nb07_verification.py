@@ -131,7 +131,10 @@ class TransformerLoss(Check):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
         flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
-        if how == "mean over all":
+        if how == "ignore_index -100":  # -1 is no longer ignored: it picks the last class
+            loss = torch.nn.functional.cross_entropy(flat, torch.where(target == -1, v - 1,
+                                                                       target))
+        elif how == "mean over all":
             loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=-1,
                                                      reduction="sum") / labels.size
         else:
@@ -149,7 +152,11 @@ class TransformerLoss(Check):
         return {"dividing by every position, ignored ones included: the mean is over the "
                 "labels that count": lambda: self._answer(*case, how="mean over all"),
                 "with the sum over the labels instead of their mean":
-                lambda: self._answer(*case, how="sum")}
+                lambda: self._answer(*case, how="sum"),
+                "calling cross_entropy_forward(logits, labels) without ignore_index: its "
+                "default is -100 (PyTorch's), the model marks padding with -1, so the padded "
+                "positions count (as the last class); pass ignore_index on":
+                lambda: self._answer(*case, how="ignore_index -100")}
 
 
 # --------------------------------------------------------------------------------------------

@@ -187,10 +187,11 @@ V_AFTER = "v (the second moment) after the last step"
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                 decoupled=False, correction=0, eps_inside=False, decay="as asked",
-                state_in_place=True, p_in_place=True):
+                state_in_place=True, p_in_place=True, kept="m and v"):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; decay: "as asked", "gradient",
-    "decoupled" or "decoupled without lr"."""
+    "decoupled" or "decoupled without lr"; state_in_place False: ``kept`` ("m and v", "m",
+    "v") rebound to new arrays, so the caller's stay zero."""
     p = p0.astype(np.float64)
     m, v = np.zeros_like(p), np.zeros_like(p)
     after = []
@@ -213,8 +214,10 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
             v_hat = v_new / (1 - np.float64(beta2) ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         new = q - lr * m_hat / denom
-        if state_in_place:
-            m, v = m_new, v_new
+        if state_in_place or "m" not in kept:
+            m = m_new
+        if state_in_place or "v" not in kept:
+            v = v_new
         if p_in_place:
             p = new
         after.append(p.copy())
@@ -290,6 +293,13 @@ class AdamStep(Check):
             "updating new arrays instead of m and v in place (m = beta1 * m + ... rebinds the "
             "name; the caller's m and v stay zero: write m *= beta1; m += ...)":
                 wrong(state_in_place=False),
+            "rebinding m instead of updating it in place (m = m + ... or m = beta1 * m + ... "
+            "makes a new array: the caller's m stays zero, every step starts afresh; write "
+            "m += ..., as for v)":
+                wrong(state_in_place=False, kept="m"),
+            "rebinding v instead of updating it in place (v = ... makes a new array: the "
+            "caller's v stays zero; write v *= beta2; v += ...)":
+                wrong(state_in_place=False, kept="v"),
             "updating a new array instead of p in place (write p -= ...)":
                 wrong(p_in_place=False),
         }

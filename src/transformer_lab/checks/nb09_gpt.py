@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 NB = "09_gpt"
 
@@ -166,6 +166,7 @@ class CausalSelfAttention(Check):
     id = "check-causal-self-attention"
     notebook = NB
     functions = ("project_qkv", "causal_self_attention_forward", "causal_self_attention_backward")
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
         for name, (B, T, E, H, bias, dt) in {
@@ -175,6 +176,12 @@ class CausalSelfAttention(Check):
             yield Case(name, (rng.standard_normal((B, T, E)).astype(dt),
                               _attention_params(rng, E, H, H, bias, dt),
                               rng.standard_normal((B, T, E)).astype(dt), H))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for name, dropped in (("b_qkv only (no b_o)", "b_o"), ("b_o only (no b_qkv)", "b_qkv")):
+            params = _attention_params(later, 6, 2, 2, True, np.float64)
+            del params[dropped]
+            yield Case(name, (later.standard_normal((2, 4, 6)), params,
+                              later.standard_normal((2, 4, 6)), 2))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -721,8 +728,12 @@ class RMSNorm(Check):
         tx, tg = _t(x, grad=True), _t(gamma, grad=True)
         out = torch.nn.functional.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5)
         out.backward(_t(dout))
+        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
         return {"subtracting the mean first (that is a layer norm)":
-                lambda: {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}}
+                lambda: {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)},
+                # the forward alone: a hint names the first output that differs
+                "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
+                "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
 
 
 @register

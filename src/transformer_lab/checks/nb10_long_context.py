@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 
 from transformer_lab import efficient_attention
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -360,12 +360,18 @@ class FlashSelfAttention(Check):
     id = "check-flash-self-attention"
     notebook = "10_long_context"
     functions = ("flash_self_attention_forward", "flash_self_attention_backward")
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
         yield _self_attention_case(rng, "B = 2, T = 11, E = 12, 3 heads, blocks of 4",
                                    2, 11, 12, 3, 4)
         yield _self_attention_case(rng, "one head, blocks of 1", 1, 5, 4, 1, 1)
         yield _self_attention_case(rng, "float32", 2, 6, 8, 2, 4, np.float32)
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for name, dropped in (("b_qkv only (no b_o)", "b_o"), ("b_o only (no b_qkv)", "b_qkv")):
+            case = _self_attention_case(later, f"{name}, blocks of 2", 2, 5, 6, 2, 2)
+            del case.args[1][dropped]
+            yield case
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -382,11 +388,11 @@ class FlashSelfAttention(Check):
         t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
              for n, a in {"x": x, **params}.items()}
         B, T, E = x.shape
-        qkv = t["x"] @ t["W_qkv"] + t["b_qkv"]
+        qkv = t["x"] @ t["W_qkv"] + (t["b_qkv"] if "b_qkv" in t else 0)
         q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
                    for a in qkv.split(E, dim=-1))
         heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = heads.transpose(1, 2).reshape(B, T, E) @ t["W_o"] + t["b_o"]
+        out = heads.transpose(1, 2).reshape(B, T, E) @ t["W_o"] + (t["b_o"] if "b_o" in t else 0)
         out.backward(torch.from_numpy(dout.astype(np.float64)))
         cast = x.dtype
         return {"out": out.detach().numpy().astype(cast), "dx": t["x"].grad.numpy().astype(cast),

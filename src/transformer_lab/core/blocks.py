@@ -56,8 +56,10 @@ def feed_forward_backward(dout, cache):
     dh = activation_backward(da, c_act)
     dx, g1 = linear_backward(dh, c1)
     grads = {"W1": g1["W"], "W2": g2["W"]}
-    if "b" in g1:
-        grads.update(b1=g1["b"], b2=g2["b"])
+    if "b" in g1:  # each bias on its own: a layer may have one without the other
+        grads["b1"] = g1["b"]
+    if "b" in g2:
+        grads["b2"] = g2["b"]
     ### END SOLUTION
     return dx, grads
 

@@ -296,8 +296,10 @@ def causal_self_attention_backward(dout, cache):
     dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
     dx, g_qkv = linear_backward(dqkv, c_qkv)  # dqkv: (B, T, E + 2 Hkv Dh)
     grads = {"W_qkv": g_qkv["W"], "W_o": g_o["W"]}
+    if "b" in g_qkv:  # each bias on its own: a layer may have one without the other
+        grads["b_qkv"] = g_qkv["b"]
     if "b" in g_o:
-        grads.update(b_qkv=g_qkv["b"], b_o=g_o["b"])
+        grads["b_o"] = g_o["b"]
     ### END SOLUTION
     return dx, grads
 
