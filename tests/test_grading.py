@@ -364,6 +364,16 @@ def test_an_endless_loop_costs_its_check_only(graded):
 
 
 @pytest.mark.slow
+def test_a_failing_check_names_the_failing_check_it_depends_on(graded):
+    """softmax_forward loops: attention_forward, which calls it, fails too -- its message says
+    which function to fix first (issue 21)."""
+    text = summary(graded, "loops")
+    assert "`softmax_forward` fails `check-softmax-forward` too: fix it first" in text
+    row = next(line for line in text.split("\n") if line.startswith("| `check-softmax-forward`"))
+    assert "too" not in row  # not on its own check
+
+
+@pytest.mark.slow
 def test_magics_and_floods_of_output_cost_nothing(graded):
     assert points(graded, "magics") == POINTS_01
     assert points(graded, "flood") == POINTS_01

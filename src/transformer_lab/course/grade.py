@@ -468,7 +468,33 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
                                    check.points, message, judged,
                                    grader.public_cases(check.cell_id), failed))
+    name_culprits(results)
     return results
+
+
+def name_culprits(results: list[CheckResult]) -> None:
+    """Put first, in the message of each failed check, the checks of this notebook that test a
+    core function it depends on and failed too: the likely culprit. (The functions earlier
+    notebooks teach are the instructor's in the probe package: they are never the culprit.)"""
+    failed = {r.check for r in results if not r.passed}
+    for result in results:
+        if result.passed:
+            continue
+        try:
+            chk = F.get_check(result.check)
+            needed = F.depends_on(chk)
+            culprits = [other for other in F.dependency_checks(chk)
+                        if other.id in failed and other.id != result.check]
+        except Exception:  # a check unknown to this version of the framework: say nothing
+            continue
+        lines = []
+        for other in culprits:
+            names = [n for n in other.functions if n in needed]
+            lines.append(f"{' and '.join(f'`{n}`' for n in names)} "
+                         f"{'fails' if len(names) == 1 else 'fail'} `{other.id}` too: fix "
+                         f"{'it' if len(names) == 1 else 'them'} first, then this check.")
+        if lines:
+            result.message = "\n".join(lines) + "\n" + result.message
 
 
 def grade_submission(grader: Grader, work: StudentWork, notebook: str,
