@@ -26,3 +26,21 @@ def pytest_configure(config):
         option.nbval_sanitize_with = str(SANITIZE_FILE)
     elif not Path(given).is_absolute() and not Path(given).exists():
         option.nbval_sanitize_with = str(ROOT / given)
+
+
+MUTANT_TEST = "test_the_mutant_fails_the_public_and_the_graders_cases["
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The mutation score of the checks (tests/test_mutations.py), also under pytest-xdist,
+    whose workers do not print: a mutant killed is a test passed."""
+    outcome = {}
+    for kind in ("passed", "failed"):
+        for report in terminalreporter.stats.get(kind, []):
+            if MUTANT_TEST in report.nodeid and report.when == "call":
+                outcome[report.nodeid] = kind
+    if outcome:
+        killed = sum(kind == "passed" for kind in outcome.values())
+        terminalreporter.write_line(
+            f"mutation score of the checks: {killed}/{len(outcome)} mutants fail the public "
+            "and the grader's cases (tests/mutants.py)")
