@@ -512,3 +512,118 @@ def test_an_older_bubblewrap_without_the_newer_options_still_sandboxes(box):
         assert done.stdout.strip() == "[1, 2]", done.stdout + done.stderr
     finally:
         old.close()
+
+
+# --- what the red team found (issue 20's fresh-eyes trial) -----------------------------------
+
+def test_links_in_submissions_are_never_followed(tmp_path):
+    """A link to the solution or to a classmate's work is listed in skipped.csv, not graded."""
+    from transformer_lab.course.submissions import LINK_REASON, find_submissions
+
+    subs = tmp_path / "subs"
+    honest = student_folder(subs / "honest", solved_01(), core="reference")
+    cheat = subs / "cheat"
+    (cheat / "notebooks").mkdir(parents=True)
+    (cheat / "notebooks" / "01_attention.ipynb").symlink_to(
+        honest / "notebooks" / "01_attention.ipynb")
+    (cheat / "src" / "transformer_lab" / "core").mkdir(parents=True)
+    (cheat / "src" / "transformer_lab" / "core" / "layers.py").symlink_to(
+        ROOT / "src" / "transformer_lab" / "core" / "layers.py")
+    (subs / "twin").symlink_to(honest)
+    found = find_submissions(subs, ["01_attention"])
+    assert set(found.students) == {"honest", "cheat"}
+    assert found.students["cheat"].notebooks == {} and not found.students["cheat"].core_files
+    skipped = {s.path: s.reason for s in found.skipped}
+    assert skipped == {"cheat/notebooks/01_attention.ipynb": LINK_REASON,
+                       "cheat/src/transformer_lab/core/layers.py": LINK_REASON,
+                       "twin": LINK_REASON}
+
+
+def _probe(tmp_path, cell: str, box):
+    """The probe of one case of check-logsumexp after ``cell``, in the sandbox."""
+    from transformer_lab.checks import framework as F
+    from transformer_lab.course import probing
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
+        ROOT / "src" / "transformer_lab"))
+    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
+    probing.reference_free(tmp_path / "probe")
+    spec = probing.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                             F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:2])
+    start = time.monotonic()
+    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], [spec],
+                               probing.ProbeLimits(cell=20, case=10, total=60), box)
+    return report, time.monotonic() - start
+
+
+OUT = "import os, sys, time\nout = os.path.join(sys.argv[1], 'out')\n"
+
+
+@pytest.mark.parametrize("trick", ["progress_from_dev_zero", "results_are_fifos",
+                                   "results_are_zip_bombs"])
+def test_what_the_probe_leaves_in_its_results_cannot_flood_or_hang_the_grader(
+        box, tmp_path, trick):
+    import resource
+
+    cell = OUT + {
+        # the progress file the grader polls becomes an endless stream
+        "progress_from_dev_zero": "os.remove(os.path.join(out, 'progress'))\n"
+                                  "os.symlink('/dev/zero', os.path.join(out, 'progress'))\n"
+                                  "time.sleep(3)\n",
+        # the results become pipes nobody writes to, then the probe ends
+        "results_are_fifos": "for j in range(2):\n"
+                             "    os.mkfifo(os.path.join(out, f'case-0-{j}.npz'))\n"
+                             "os._exit(0)\n",
+        # the results: 1 GiB of zeros, deflated into a few MB each
+        "results_are_zip_bombs": "import zipfile\n"
+                                 "for j in range(2):\n"
+                                 "    path = os.path.join(out, f'case-0-{j}.npz')\n"
+                                 "    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:\n"
+                                 "        with z.open('outcome.npy', 'w', force_zip64=True) as f:\n"
+                                 "            for _ in range(1024):\n"
+                                 "                f.write(bytes(2**20))\n"
+                                 "os._exit(0)\n",
+    }[trick] + "def logsumexp(x, axis=-1):\n    return 0\n"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report, seconds = _probe(tmp_path, cell, box)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
+    assert seconds < 60 and grown < 500_000, (seconds, grown)
+    if trick != "progress_from_dev_zero":  # (that probe goes on, and its answers count)
+        assert not report.outcomes  # nothing read back counts as an answer
+        assert "check-logsumexp" in report.missing
+
+
+def test_the_grader_s_environment_stays_outside(box, tmp_path, monkeypatch):
+    """The feedback kernel's bubblewrap starts with the sandbox's environment: its init's
+    /proc/1/environ shows none of the grader's variables."""
+    import nbformat
+
+    from transformer_lab.course.kernel_run import run_notebook
+
+    monkeypatch.setenv("GRADER_SECRET", "hunter2")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
+        "        print(open(f'/proc/{pid}/environ').read())\nprint(dict(os.environ))")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    run = run_notebook(nb, 60, sandbox=box, env={"PYTHONHASHSEED": "0"})
+    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert run.status == "ran" and "HOME" in printed, printed
+    assert "hunter2" not in printed and "GRADER_SECRET" not in printed
+
+
+def test_a_file_built_to_break_the_parser_or_the_csv_costs_nothing_else(tmp_path):
+    """A core module the parser cannot take (too deep) and a folder name that is not UTF-8:
+    the run's files are still written."""
+    from transformer_lab.course.submissions import StudentWork
+
+    core = tmp_path / "s" / "core"
+    core.mkdir(parents=True)
+    (core / "layers.py").write_text("_z = " + "1+" * 200_000 + "1\n")
+    work = StudentWork("s", core_dir=core, core_files={"layers": core / "layers.py"},
+                       folder=tmp_path / "s")
+    assert grade.core_flags(work, tmp_path) == []
+    name = os.fsdecode(b"bad\xffname")
+    grade._write_rows(tmp_path / "x.csv", ("student", "sandbox"), [[name, "none"]])
+    assert (tmp_path / "x.csv").read_text() == "student,sandbox\nbad\\udcffname,none\n"

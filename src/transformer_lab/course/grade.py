@@ -124,6 +124,8 @@ from transformer_lab.notebook import limit_threads
 DEFAULT_TIMEOUT = 60
 DEFAULT_CASE_TIMEOUT = 30
 DEFAULT_PROBE_TIMEOUT = 600
+#: The largest notebook the grader reads (the course's largest, executed, is under 2 MB).
+MAX_NOTEBOOK_BYTES = 50_000_000
 CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
 SKIPPED_COLUMNS = ("student", "file", "reason")
 FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
@@ -515,8 +517,12 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
     try:
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"it is {format_size(path.stat().st_size)}; the grader reads "
+                             f"notebooks of at most {format_size(MAX_NOTEBOOK_BYTES)} (clear "
+                             "its outputs: Edit > Clear Outputs of All Cells, then save)")
         submission = read_submission(path)
-    except Exception as exc:  # not a notebook, broken JSON, ...
+    except Exception as exc:  # not a notebook, broken JSON, too big ...
         reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
         graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                               for c in assignment.checks], "unreadable")
@@ -707,7 +713,7 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
         try:
             source = path.read_text(encoding="utf-8")
             tree = ast.parse(source)
-        except (OSError, UnicodeDecodeError, SyntaxError):
+        except Exception:  # unreadable, or built to break the parser (too deep, too big)
             continue
         lines = source.split("\n")
         spans = statement_spans(tree, lines)
@@ -716,7 +722,11 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
             if hasattr(node, "name") and node.name in syllabus.TAUGHT_IN.get(module, {}):
                 first_place = syllabus.TAUGHT_IN[module][node.name][0]
                 owners.append((spans[id(node)], first_place.split(" §")[0]))
-        for flag in scan_python(source, path.relative_to(base).as_posix(), core=True):
+        try:
+            scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
+        except Exception:  # see above: a student's file must not stop the run
+            continue
+        for flag in scanned:
             notebook = next((nb for (a, b), nb in owners if a <= flag.line - 1 <= b), "")
             found.append((notebook, flag))
     return found
@@ -776,11 +786,13 @@ class Ledger:
 # --- the whole run ----------------------------------------------------------------------------
 
 def _write_rows(path: Path, header, rows) -> None:
+    """A CSV file; names that are not UTF-8 (a file name's undecodable bytes) are written as
+    backslash escapes."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(rows)
-    path.write_text(buffer.getvalue(), encoding="utf-8")
+    path.write_text(buffer.getvalue(), encoding="utf-8", errors="backslashreplace")
 
 
 def write_grades(graded: list[Graded], path: Path) -> None:
@@ -1029,6 +1041,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"processes and threads a student's sandbox may run (default: "
                              f"{limits.processes})")
     args = parser.parse_args(argv)
+    # a student's folder name need not be UTF-8: print its bytes as escapes, never fail
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     for name in ("timeout", "case_timeout", "probe_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, "

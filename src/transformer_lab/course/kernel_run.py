@@ -329,9 +329,11 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
                                                                                   cell_index)
         client.on_cell_executed = lambda **_: watchdog.cell_finished()
         try:
-            if sandbox.isolated:  # the kernel's environment is the sandbox's, from mounts;
-                # what it writes to its own stdout and stderr (not the notebook's) goes nowhere
-                client.execute(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if sandbox.isolated:  # the kernel's environment is the sandbox's, from mounts --
+                # bubblewrap itself too (its init's /proc/1/environ is readable inside); what
+                # the kernel writes to its own stdout and stderr (not the notebook's) is dropped
+                client.execute(env=sandbox.environment(mounts), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
             else:
                 client.execute(**({"env": env} if env is not None else {}))
         except DeadKernelError:

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,8 @@ _KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TEMP", "TM
              "USERPROFILE")
 #: The largest outcome file read back (a student's function may return anything).
 MAX_OUTCOME_BYTES = 200_000_000
+#: The most of the probe's progress file read (a line per cell and case).
+MAX_PROGRESS_BYTES = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
             time.sleep(0.05)
             now = time.monotonic()
             try:
-                text = progress.read_bytes()[seen:] if progress.exists() else b""
+                text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
             except OSError:
                 text = b""
             if b"\n" in text:
@@ -356,10 +359,8 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
         proc.wait()
         drain.join(timeout=5)
         sandbox.release(argv)
-    try:
-        lines = progress.read_text(encoding="utf-8", errors="replace").split("\n")
-    except OSError:
-        lines = []
+    lines = (read_regular(progress, 0, MAX_PROGRESS_BYTES) or b"").decode(
+        "utf-8", "replace").split("\n")
     last = next((line for line in reversed(lines) if line.strip()), None)
     if stopped is None and last != runner.DONE:
         unit = _unit(last, cells, checks)
@@ -416,13 +417,55 @@ def _during(unit, cells, checks) -> str:
     return f", in case {checks[unit[1]].cases[unit[2]].name!r}"
 
 
-def _read_json(path: Path):
+def read_regular(path: Path, offset: int = 0, limit: int = 10_000_000) -> bytes | None:
+    """At most ``limit`` bytes from ``offset`` of ``path`` if it is a regular file -- never
+    through a link, never from a pipe or a device (the student's code wrote the folder: a
+    link to /dev/zero or a FIFO there must not hang or flood the grader); None otherwise."""
     try:
-        if path.stat().st_size > 10_000_000:
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) |
+                     getattr(os, "O_NONBLOCK", 0))
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        os.lseek(fd, offset, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path):
+    data = read_regular(path, 0, 10_000_001)
+    if data is None or len(data) > 10_000_000:
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+
+
+def _plain_npz(path: Path) -> bool:
+    """Whether ``path`` is a regular file holding an npz as :func:`framework.save_values`
+    writes it: members stored, not compressed (no zip bomb), at most MAX_OUTCOME_BYTES."""
+    import zipfile
+
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_OUTCOME_BYTES:
+            return False
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+        return all(m.compress_type == zipfile.ZIP_STORED for m in members) and \
+            sum(m.file_size for m in members) <= MAX_OUTCOME_BYTES
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 def _read_cells(out: Path, cells) -> list[tuple[str, str | None]]:
@@ -447,7 +490,8 @@ def _collect(out: Path, checks: list[CheckSpec], todo: list[int], report: ProbeR
             continue
         for j, case in enumerate(spec.cases):
             path = out / runner.case_file(i, j)
-            if not path.is_file() or (spec.check_id, case.name) in report.outcomes:
+            if not path.exists() and not path.is_symlink() or \
+                    (spec.check_id, case.name) in report.outcomes:
                 continue
             outcome = _read_outcome(path, spec.check_id, case.name)
             if outcome is None:
@@ -459,7 +503,7 @@ def _collect(out: Path, checks: list[CheckSpec], todo: list[int], report: ProbeR
 
 def _read_outcome(path: Path, check_id: str, case_name: str) -> F.Outcome | None:
     try:
-        if path.stat().st_size > MAX_OUTCOME_BYTES:
+        if not _plain_npz(path):
             return None
         record = F.load_values(path)["outcome"]
         if record["check"] != check_id or record["case"] != case_name:

@@ -145,6 +145,11 @@ def _handout_file(rel: Path, path: Path, digests: dict[str, str]) -> str | None:
     return None
 
 
+#: Why a link in a submission is not graded: it could point at the solution, or at a classmate.
+LINK_REASON = ("a link: not graded (links are never followed; hand in the file itself, "
+               "not a link to it)")
+
+
 def find_submissions(folder: Path, notebooks: list[str],
                      handout: dict[str, str] | None = None) -> Found:
     """Every student's work in ``folder`` and every file skipped, with the reason.
@@ -171,6 +176,9 @@ def find_submissions(folder: Path, notebooks: list[str],
     for entry in sorted(folder.iterdir()):
         rel = entry.relative_to(folder)
         if _hidden(rel):
+            continue
+        if entry.is_symlink():
+            skip("", entry, LINK_REASON)
             continue
         if entry.is_dir():
             work = students.setdefault(entry.name.strip(), StudentWork(entry.name.strip()))
@@ -204,8 +212,14 @@ def find_submissions(folder: Path, notebooks: list[str],
 
 def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handout, skip,
                   candidate) -> None:
-    files = [p for p in sorted(root.rglob("*"))
-             if p.is_file() and not _hidden(p.relative_to(root))]
+    files = []
+    for p in sorted(root.rglob("*")):  # rglob does not enter linked folders
+        if _hidden(p.relative_to(root)):
+            continue
+        if p.is_symlink():
+            skip(work.name, p, LINK_REASON)
+        elif p.is_file():
+            files.append(p)
     core_dirs: dict[Path, list[Path]] = {}
     for path in files:
         if path.suffix == ".py" and path.parent.name == "core":
