@@ -627,3 +627,12 @@ def test_a_file_built_to_break_the_parser_or_the_csv_costs_nothing_else(tmp_path
     name = os.fsdecode(b"bad\xffname")
     grade._write_rows(tmp_path / "x.csv", ("student", "sandbox"), [[name, "none"]])
     assert (tmp_path / "x.csv").read_text() == "student,sandbox\nbad\\udcffname,none\n"
+
+
+def test_closing_one_sandbox_leaves_another_working(box):
+    """Each sandbox object has control groups of its own (a grading run closes its own when it
+    ends, while another, in the same process, goes on)."""
+    other = sandbox.find_sandbox()
+    other.close()
+    done = run_in(box, "print('still here')")
+    assert done.stdout.strip() == "still here", done.stderr

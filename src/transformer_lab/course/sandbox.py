@@ -230,6 +230,7 @@ class _ControlGroups:
     """
 
     _counter = itertools.count()
+    _instances = itertools.count()
 
     def __init__(self, parents: dict[str, Path], limits: SandboxLimits):
         self.parents, self.limits = parents, limits  # controller -> our folder under it
@@ -244,7 +245,8 @@ class _ControlGroups:
             base = _own_cgroup(controller)
             if base is None:
                 return None
-            folder = base / f"transformer-lab-grading-{os.getpid()}"
+            # one folder per sandbox object: closing one never removes another's groups
+            folder = base / f"transformer-lab-grading-{os.getpid()}-{next(cls._instances)}"
             try:
                 folder.mkdir(exist_ok=True)
             except OSError:
