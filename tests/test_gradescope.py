@@ -516,7 +516,7 @@ def test_a_submission_without_notebooks_says_what_to_hand_in(tmp_path):
 def test_a_missing_sandbox_in_process(tmp_path, monkeypatch):
     """run() on a monkeypatched grade.find_sandbox: the results say why, exit status 0."""
     def unavailable(limits=None):
-        raise G.SandboxUnavailable("bubblewrap is installed but could not make a sandbox here")
+        raise grade.SandboxUnavailable("bubblewrap is installed but could not make a sandbox here")
     monkeypatch.setattr(grade, "find_sandbox", unavailable)
     root = tmp_path / "autograder"
     student_folder(root / "submission", student_01())

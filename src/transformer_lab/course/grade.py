@@ -928,6 +928,14 @@ class GradingError(Exception):
     """The run cannot start (bad solutions, no sandbox, ...); the message says why."""
 
 
+class NoSandboxError(GradingError):
+    """The run cannot start because no sandbox can be made here; ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"no sandbox to run the students' code in: {reason}")
+        self.reason = reason
+
+
 def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     """Grade ``submissions`` into ``out`` (see the module's docstring); raises
     :class:`GradingError` when it cannot start."""
@@ -956,7 +964,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     try:
         sandbox = find_sandbox(options.limits) if options.sandbox else NoSandbox()
     except SandboxUnavailable as err:
-        raise GradingError(f"no sandbox to run the students' code in: {err}") from None
+        raise NoSandboxError(str(err)) from None
     apply_kernel_env()
     # the references judge small arrays: one BLAS thread is faster, and steady on a busy machine
     # (with two, judging a student's 11 notebooks took from 2 to 12 s)

@@ -87,7 +87,6 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.package import PackageError, parse_package
-from transformer_lab.course.sandbox import SandboxUnavailable
 
 ZIP_NAME = "autograder.zip"
 CONFIG_NAME = "gradescope.json"
@@ -569,15 +568,6 @@ def write_results(results: dict, path: Path) -> None:
 
 # --- a run on Gradescope ----------------------------------------------------------------------
 
-def _sandbox_problem() -> str:
-    """Why the grader cannot make its sandbox here ('' when it can)."""
-    try:
-        grade.find_sandbox().close()
-    except SandboxUnavailable as err:
-        return str(err)
-    return ""
-
-
 def _no_sandbox_results(problem: str) -> dict:
     return failure(
         "Your submission could not be graded: the autograder found no sandbox to run your "
@@ -610,10 +600,8 @@ def _grade_here(submissions: Path, out: Path, source: Path,
     none can be made and the build allows it -- without one; else :class:`_SandboxMissing`."""
     try:
         return _grade(submissions, out, source, sandbox=True), True
-    except grade.GradingError:
-        problem = _sandbox_problem()
-        if not problem:
-            raise
+    except grade.NoSandboxError as err:
+        problem = err.reason
     if not config.allow_no_sandbox:
         raise _SandboxMissing(problem)
     print(f"WARNING: grading without a sandbox: {problem}")
