@@ -160,6 +160,15 @@ def test_attention_indexes_carry_the_docstrings_axis_names():
     assert "[b=" in msg and ", t=" in msg and ", e=" in msg
 
 
+def test_indexes_beyond_attention_carry_axis_names_too():
+    msg = mutant_message("check-find-the-bug", "07_verification/exercise-find-the-bug",
+                         "mask over the queries")
+    assert "[b=0, t=" in msg and ", e=0]" in msg, msg
+    named = {cid for cid, cls in F.REGISTRY.items() if cls.axes}
+    assert {"check-encoder-layer", "check-gpt-block", "check-flash-backward",
+            "check-cross-entropy", "check-rope"} <= named
+
+
 # --------------------------------------------------------------------------------------------
 # 3. Hints that name the right cause
 
@@ -187,6 +196,8 @@ def test_the_ignore_index_default_is_named_in_the_loss():
     ("check-merge-masks", "merge_masks", "padded queries blocked", "padded queries"),
     ("check-find-the-bug", "07_verification/exercise-find-the-bug", "without the transpose",
      "merged by a reshape alone"),
+    ("check-find-the-bug", "07_verification/exercise-find-the-bug", "mask over the queries",
+     "padding mask on the query axis"),
     ("check-merge-heads", "merge_heads", "without swapping back", "without first swapping"),
     ("check-sliding-window", "02_masking/exercise-sliding-window", "window + 1",
      "seeing window + 1 positions"),

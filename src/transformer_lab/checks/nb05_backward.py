@@ -514,6 +514,7 @@ class _LayerNormCases:
 @register
 class LayerNormForward(_LayerNormCases, Check):
     id = "check-layer-norm-forward"
+    axes = {"output": "te"}  # axis names, for messages
     notebook = "05_backward"
     functions = ("layer_norm_forward",)
 
@@ -545,6 +546,7 @@ class LayerNormForward(_LayerNormCases, Check):
 @register
 class LayerNormBackward(_LayerNormCases, Check):
     id = "check-layer-norm-backward"
+    axes = {"dx": "te"}  # axis names, for messages
     notebook = "05_backward"
     functions = ("layer_norm_forward", "layer_norm_backward")
     tol = {"float64": 1e-9, "float32": 5e-5}
@@ -645,6 +647,7 @@ def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reductio
 @register
 class CrossEntropy(Check):
     id = "check-cross-entropy"
+    axes = {"dlogits": "tv"}  # axis names, for messages
     notebook = "05_backward"
     functions = ("cross_entropy_forward", "cross_entropy_backward")
 
@@ -728,6 +731,7 @@ class CrossEntropy(Check):
 @register
 class Embedding(Check):
     id = "check-embedding"
+    axes = {"out": "te"}  # axis names, for messages
     notebook = "05_backward"
     functions = ("embedding_forward", "embedding_backward")
 

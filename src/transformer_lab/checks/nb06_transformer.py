@@ -296,6 +296,7 @@ class Activation(Check):
 @register
 class FeedForward(Check):
     id = "check-feed-forward"
+    axes = {"out": "te", "dx": "te"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("feed_forward_forward", "feed_forward_backward")
 
@@ -400,6 +401,7 @@ def _tanh_sublayer(W):
 @register
 class Residual(Check):
     id = "check-residual"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("residual_forward", "residual_backward")
 
@@ -630,6 +632,7 @@ class Init(Check):
 @register
 class PositionalEncoding(Check):
     id = "check-positional-encoding"
+    axes = {"output": "te"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("positional_encoding",)
 
@@ -681,6 +684,7 @@ class PositionalEncoding(Check):
 @register
 class Embed(Check):
     id = "check-embed"
+    axes = {"x": "bte"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("embed_forward", "embed_backward")
 
@@ -766,6 +770,7 @@ def _layer_kwargs(norm_first, activation, eps):
 @register
 class EncoderLayer(Check):
     id = "check-encoder-layer"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("encoder_layer_forward", "encoder_layer_backward")
 
@@ -832,6 +837,7 @@ class EncoderLayer(Check):
 @register
 class DecoderLayer(Check):
     id = "check-decoder-layer"
+    axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("decoder_layer_forward", "decoder_layer_backward")
 
@@ -933,6 +939,7 @@ class DecoderLayer(Check):
 @register
 class EncoderStack(Check):
     id = "check-encoder-stack"
+    axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("encoder_forward", "encoder_backward")
 
@@ -991,6 +998,7 @@ class EncoderStack(Check):
 @register
 class DecoderStack(Check):
     id = "check-decoder-stack"
+    axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("decoder_forward", "decoder_backward")
 
@@ -1185,6 +1193,8 @@ def config_of(config: dict):
 @register
 class TransformerForward(Check):
     id = "check-transformer-forward"
+    axes = {"memory (transformer_encode)": "bse", "logits (transformer_decode)": "btv",
+            "logits (transformer_forward)": "btv"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("transformer_encode", "transformer_decode", "transformer_forward")
 
@@ -1244,6 +1254,7 @@ class TransformerForward(Check):
 @register
 class TiedOutput(Check):
     id = "check-tied-output"
+    axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
     notebook = "06_transformer"
     functions = ("tied_output_forward", "tied_output_backward")
 

@@ -181,6 +181,7 @@ def _mha_case(batch, length, e, heads, seed):
 @register
 class FindTheBug(Check):
     id = "check-find-the-bug"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = "07_verification"
     arguments = ("self_attention",)
 
@@ -202,7 +203,7 @@ class FindTheBug(Check):
         return {"out": _np(out), "dx": _np(xt.grad)}
 
     def mistakes(self, batch, length, e, heads, seed):
-        def variant(scale_by_e, transpose_back):
+        def variant(scale_by_e, transpose_back, query_axis=False):
             torch = _torch()
             mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
             xt = _t(x, grad=True)
@@ -210,7 +211,8 @@ class FindTheBug(Check):
             q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
             q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2) for a in (q, k, v))
             scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
-            scores = scores.masked_fill(_t(mask)[:, None, None, :], float("-inf"))
+            blocked = _t(mask)[:, None, :, None] if query_axis else _t(mask)[:, None, None, :]
+            scores = scores.masked_fill(blocked, float("-inf"))
             ctx = torch.softmax(scores, dim=-1) @ v
             ctx = ctx.transpose(1, 2) if transpose_back else ctx
             out = ctx.reshape(batch, length, e) @ mha.out_proj.weight.T + mha.out_proj.bias
@@ -222,7 +224,11 @@ class FindTheBug(Check):
                 "with the heads merged by a reshape alone (the second bug): move the heads "
                 "back next to the head width, (B, H, T, Dh) -> (B, T, H, Dh), before reshaping":
                 lambda: variant(False, False),
-                "with both bugs still in": lambda: variant(True, False)}
+                "with both bugs still in": lambda: variant(True, False),
+                "with the padding mask on the query axis, mask[:, None, :, None]: a padded "
+                "query's whole row of scores is -inf and its softmax NaN; the key padding "
+                "mask blocks keys, the last axis of the scores: mask[:, None, None, :]":
+                lambda: variant(False, True, query_axis=True)}
     ### END HIDDEN TESTS
 
     def run(self, f, batch, length, e, heads, seed):
@@ -259,6 +265,7 @@ def _smoothed(logits, labels, pad_id, alpha, how="right"):
 @register
 class LabelSmoothing(Check):
     id = "check-label-smoothing"
+    axes = {"dlogits": "btv"}  # axis names, for messages
     notebook = "07_verification"
     arguments = ("smoothed_loss",)
 

@@ -59,6 +59,7 @@ def _flat_params(config: dict, rng, scale=0.3) -> dict:
 @register
 class NextTokenLoss(Check):
     id = "check-next-token-loss"
+    axes = {"dlogits": "btv"}  # axis names, for messages
     notebook = NB
     functions = ("next_token_loss_forward", "next_token_loss_backward")
 
@@ -271,6 +272,7 @@ class _BlockCheck(Check):
 @register
 class GPTBlock(_BlockCheck):
     id = "check-gpt-block"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = NB
 
     ### BEGIN HIDDEN TESTS
@@ -305,6 +307,7 @@ def _pe(config):
 @register
 class GPTModel(Check):
     id = "check-gpt-model"
+    axes = {"logits": "btv"}  # axis names, for messages
     notebook = NB
     functions = ("gpt_forward", "gpt_backward", "gpt_loss")
 
@@ -547,6 +550,7 @@ class MinPFilter(Check):
 @register
 class KVCacheAppend(Check):
     id = "check-kv-cache-append"
+    axes = {"K": "bhsd", "V": "bhsd", "keys": "bhsd", "values": "bhsd"}  # axis names, for messages
     notebook = NB
     functions = ("kv_cache_append",)
 
@@ -599,6 +603,7 @@ class KVCacheAppend(Check):
 @register
 class CachedStep(Check):
     id = "check-gpt-step"
+    axes = {"logits": "btv"}  # axis names, for messages
     notebook = NB
     functions = ("causal_self_attention_step", "gpt_step")
 
@@ -642,6 +647,7 @@ class CachedStep(Check):
 @register
 class RoPE(Check):
     id = "check-rope"
+    axes = {"out": "td", "dx": "td"}  # axis names, for messages
     notebook = NB
     functions = ("rope_tables", "rope_forward", "rope_backward")
 
@@ -694,6 +700,7 @@ class RoPE(Check):
 @register
 class RMSNorm(Check):
     id = "check-gpt-rms-norm"
+    axes = {"out": "te", "dx": "te"}  # axis names, for messages
     notebook = NB
     functions = ("rms_norm_forward", "rms_norm_backward")
 
@@ -739,6 +746,7 @@ class RMSNorm(Check):
 @register
 class SwiGLU(Check):
     id = "check-swiglu"
+    axes = {"out": "te", "dx": "te"}  # axis names, for messages
     notebook = NB
     functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
 
@@ -789,6 +797,7 @@ class SwiGLU(Check):
 @register
 class GroupedQueryAttention(Check):
     id = "check-grouped-query-attention"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = NB
     functions = ("repeat_kv_forward", "repeat_kv_backward", "causal_self_attention_forward",
                  "causal_self_attention_backward", "rope_forward", "rope_backward")
@@ -832,6 +841,7 @@ class GroupedQueryAttention(Check):
 @register
 class ModernBlock(_BlockCheck):
     id = "check-modern-block"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = NB
 
     ### BEGIN HIDDEN TESTS

@@ -152,6 +152,7 @@ def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=
 @register
 class FlashAttentionForward(Check):
     id = "check-flash-forward"
+    axes = {"out": "td", "lse": "t"}  # axis names, for messages
     notebook = "10_long_context"
     functions = ("flash_attention_forward",)
 
@@ -302,6 +303,7 @@ def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
 @register
 class FlashAttentionBackward(Check):
     id = "check-flash-backward"
+    axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
     notebook = "10_long_context"
     functions = ("flash_attention_forward", "flash_attention_backward")
 
