@@ -387,7 +387,9 @@ mutant("self_attention_forward", "the output bias ignored",
        "params[\"W_o\"], params.get(\"b_o\"))", "params[\"W_o\"])",
        "check-self-attention-forward")
 mutant("self_attention_forward", "q, k, v cut per head as [q_i | k_i | v_i]",
-       "q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))",
+       "q, k, v = np.split(qkv, [E, E + kv], axis=-1)  # (B, T, E), (B, T, kv), (B, T, kv)\n"
+       "    q = split_heads(q, num_heads)  # (B, H, T, Dh)\n"
+       "    k, v = split_heads(k, Hkv), split_heads(v, Hkv)  # (B, Hkv, T, Dh)",
        "q, k, v = np.split(split_heads(qkv, num_heads), 3, axis=-1)",
        "check-self-attention-forward")
 mutant("self_attention_forward", "the keys used as values (k, k)",
@@ -647,12 +649,13 @@ mutant("transformer_decode", "the config's eps not passed to the decoder",
 mutant("encoder_forward", "eps not passed to the layers (seen through the model's backward)",
        "norm_first, activation, eps)\n        caches", "norm_first, activation)\n        caches",
        "check-transformer-backward")
-mutant("residual_forward", "eps not passed to the pre-norm's layer norm",
-       "h, c_norm = layer_norm_forward(x, norm[\"gamma\"], norm.get(\"beta\"), eps)",
-       "h, c_norm = layer_norm_forward(x, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
-mutant("residual_forward", "eps not passed to the post-norm's layer norm",
-       "layer_norm_forward(x + y, norm[\"gamma\"], norm.get(\"beta\"), eps)",
-       "layer_norm_forward(x + y, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
+mutant("residual_forward", "eps not passed to the layer norm",
+       "layer_norm_forward(h, norm[\"gamma\"], norm.get(\"beta\"), eps)",
+       "layer_norm_forward(h, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
+mutant("residual_forward", "eps not passed to the given norm (the GPT's)",
+       "return normalize(h, norm, eps)", "return normalize(h, norm)", "check-gpt-block")
+mutant("residual_forward", "the given norm ignored: always a layer norm",
+       "if normalize is None:", "if True:", "check-modern-block")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
        "where PyTorch returns zeros)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",
@@ -924,13 +927,21 @@ mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
 mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
        "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention")
-mutant("project_qkv", "keys and values at full width E", "kv = num_kv_heads * (E // num_heads)",
-       "kv = E", "check-grouped-query-attention")
+mutant("self_attention_forward", "keys and values at full width E (grouped-query attention)",
+       "kv = Hkv * (E // num_heads)", "kv = E", "check-grouped-query-attention")
+mutant("self_attention_forward", "the kernel passed in ignored", "heads, c_att = attend(q, k, v)",
+       "heads, c_att = attention_forward(q, k, v, mask)", "check-causal-self-attention")
+mutant("self_attention_backward", "the kernel's backward ignored",
+       "dq, dk, dv = attend_backward(dheads, c_att)",
+       "dq, dk, dv = attention_backward(dheads, c_att)", "check-causal-self-attention")
 mutant("causal_self_attention_forward", "no causal mask",
-       "attention_forward(q, k, v, causal_mask(x.shape[1]))", "attention_forward(q, k, v)",
+       "attention_forward(q, k, v, causal_mask(q.shape[2]))", "attention_forward(q, k, v)",
        "check-causal-self-attention")
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
-       "        k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
+       "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
+       "check-grouped-query-attention")
+mutant("causal_self_attention_backward", "the values' shared heads not summed back",
+       "        dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)\n", "",
        "check-grouped-query-attention")
 mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
        "dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)",
@@ -944,10 +955,16 @@ mutant("mlp_forward", "kind not passed on (always ReLU)",
        "check-gpt-block")
 mutant("mlp_backward", "kind ignored (always the plain network)", "if kind == \"swiglu\":",
        "if False:", "check-modern-block")
-mutant("gpt_block_forward", "the MLP's residual connection forgotten", "out = x + m", "out = m",
+mutant("gpt_block_forward", "the first norm's parameters used before the MLP too",
+       "residual_forward(x, mlp, params[\"norm2\"]", "residual_forward(x, mlp, params[\"norm1\"]",
        "check-gpt-block")
-mutant("gpt_block_backward", "the residual path around the MLP forgotten",
-       "    dx += dout  # the residual path around the MLP\n", "", "check-gpt-block")
+mutant("gpt_block_forward", "post-norm sublayers in a pre-norm block",
+       "residual_forward(x, attend, params[\"norm1\"], True",
+       "residual_forward(x, attend, params[\"norm1\"], False",
+       "check-gpt-block")
+mutant("gpt_block_backward", "the block's norm's backward not passed on (a layer norm's used)",
+       "residual_backward(dout, c_mlp, mlp_backward, norm_backward)",
+       "residual_backward(dout, c_mlp, mlp_backward)", "check-modern-block")
 mutant("gpt_forward", "learned positions ignored",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe", "positions = pe",
        "check-gpt-model")
@@ -959,9 +976,12 @@ mutant("gpt_loss", "the loss itself passed back as dloss",
        "check-gpt-model")
 mutant("kv_cache_append", "the whole cache returned, unfilled positions included",
        "return K[:, :, :end], V[:, :, :end], end", "return K, V, end", "check-kv-cache-append")
-mutant("causal_self_attention_step", "a new position blocked from itself (>=)",
-       "np.arange(end)[None, :] > (length + np.arange(t))[:, None]",
-       "np.arange(end)[None, :] >= (length + np.arange(t))[:, None]", "check-gpt-step")
+mutant("causal_self_attention_step", "the new positions' mask not offset by length",
+       "mask = causal_mask(end)[length:]", "mask = causal_mask(q.shape[2], end)",
+       "check-gpt-step")
+mutant("gpt_block_step", "the attention's residual connection forgotten",
+       "x, _ = residual_forward(x, attend, params[\"norm1\"], True, c.eps, norm)",
+       "x, _ = attend(norm(x, params[\"norm1\"], c.eps)[0])", "check-gpt-step")
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")
@@ -998,17 +1018,6 @@ mutant("flash_attention_backward", "the future tiles visited (causal)",
 mutant("flash_self_attention_forward", "causal not passed on",
        "flash_attention_forward(q, k, v, causal, block_size)",
        "flash_attention_forward(q, k, v, False, block_size)", "check-flash-self-attention")
-mutant("flash_self_attention_backward", "dk and dv swapped in dqkv",
-       "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
-       "merge_heads(dq), merge_heads(dv), merge_heads(dk)", "check-flash-self-attention")
-# the solution before issue 21: both biases' gradients came back only when b_o was there
-BIASES = ("if \"b\" in g_qkv:  # each bias on its own: a layer may have one without the other\n"
-          "        grads[\"b_qkv\"] = g_qkv[\"b\"]\n    if \"b\" in g_o:\n"
-          "        grads[\"b_o\"] = g_o[\"b\"]")
-BOTH_OR_NONE = "if \"b\" in g_o:\n        grads.update(b_qkv=g_qkv[\"b\"], b_o=g_o[\"b\"])"
-mutant("causal_self_attention_backward", "both biases' gradients returned only when b_o exists "
-       "(a layer with one bias but not the other)", BIASES, BOTH_OR_NONE,
-       "check-causal-self-attention")
-mutant("flash_self_attention_backward", "both biases' gradients returned only when b_o exists "
-       "(a layer with one bias but not the other)", BIASES, BOTH_OR_NONE,
-       "check-flash-self-attention")
+mutant("flash_self_attention_backward", "the naive backward for the tiled forward",
+       "self_attention_backward(dout, cache, attend_backward=flash_attention_backward)",
+       "self_attention_backward(dout, cache)", "check-flash-self-attention")

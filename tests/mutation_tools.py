@@ -43,7 +43,7 @@ BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # not a marker 
 
 #: the core modules in an order where every module comes after the ones it imports
 CORE_ORDER = ("layers", "attention", "multihead", "blocks", "model", "optim", "training",
-              "flash", "gpt")
+              "flash", "next_token", "rope", "modern", "gqa", "gpt", "sampling", "decoding")
 
 
 class MutantError(AssertionError):

@@ -1,4 +1,5 @@
-"""`python -m transformer_lab.bench`: interleaved rounds, the spread of the ratio, one thread and
+"""`python -m transformer_lab.course.bench`: interleaved rounds, the spread of the ratio, one
+thread and
 CPU time by default, progress and an expected duration on stderr. (The twin-parity check and
 the table's rows are tested in test_interop.py.)"""
 
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from transformer_lab import bench
+from transformer_lab.course import bench
 
 
 def test_paired_rounds_alternate_the_order_and_skip_the_warmup():
@@ -65,7 +66,7 @@ def test_estimate_and_format():
 
 
 def test_bench_reports_progress_and_duration_on_stderr_and_uses_one_thread_by_default():
-    res = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--quick"],
+    res = subprocess.run([sys.executable, "-m", "transformer_lab.course.bench", "--quick"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     err = res.stderr

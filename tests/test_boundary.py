@@ -5,18 +5,20 @@ modules at call time -- so an edited core (the student's, or a grader's overlay)
 import numpy as np
 import pytest
 
-from transformer_lab import _validate, checkpoints, model_inputs
+from transformer_lab import _validate
 from transformer_lab import attention as A
 from transformer_lab import blocks as B
 from transformer_lab import layers as L
-from transformer_lab import transformer as T
 from transformer_lab.core import attention as core_attention
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import multihead as core_multihead
 from transformer_lab.gradient_check import check_gradients
-from transformer_lab.transformer import Transformer, TransformerConfig
+from transformer_lab.models import checkpoints
+from transformer_lab.models import encoder_decoder as T
+from transformer_lab.models import inputs as model_inputs
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
 SRC = np.array([[3, 4, 5, 6, PAD], [4, 3, PAD, PAD, PAD], [5, 3, 3, 6, 4]])

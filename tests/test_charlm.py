@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_lab.charlm import CharLMConfig, bits_per_char, random_windows, train_charlm
-from transformer_lab.corpus import load_corpus
-from transformer_lab.gpt import GPT, GPTConfig
+from transformer_lab.datasets.corpus import load_corpus
+from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.train.charlm import CharLMConfig, bits_per_char, random_windows, train_charlm
 
 TINY = dict(d_model=16, num_heads=2, num_layers=1, context=16, batch_size=4, steps=12,
             warmup=2, eval_every=5, eval_tokens=200)

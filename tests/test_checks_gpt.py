@@ -6,8 +6,12 @@ import pytest
 
 from transformer_lab import syllabus
 from transformer_lab.checks import CheckFailed, check
-from transformer_lab.core import gpt as G
+from transformer_lab.core import decoding as D
+from transformer_lab.core import gqa as Q
 from transformer_lab.core import layers as L
+from transformer_lab.core import next_token as NT
+from transformer_lab.core import rope as R
+from transformer_lab.core import sampling as S
 
 
 def _fails(check_id, *functions):
@@ -21,8 +25,8 @@ def test_unshifted_loss(monkeypatch):
         loss, cache = L.cross_entropy_forward(logits, ids)
         return loss, cache
 
-    monkeypatch.setattr(G, "next_token_loss_forward", forward)
-    monkeypatch.setattr(G, "next_token_loss_backward", L.cross_entropy_backward)
+    monkeypatch.setattr(NT, "next_token_loss_forward", forward)
+    monkeypatch.setattr(NT, "next_token_loss_backward", L.cross_entropy_backward)
     assert "without the shift" in _fails("check-next-token-loss")
 
 
@@ -33,7 +37,7 @@ def test_rope_rotated_the_other_way(monkeypatch):
         out[..., 0::2], out[..., 1::2] = x0 * cos - x1 * sin, x1 * cos + x0 * sin
         return out, (cos, sin)
 
-    monkeypatch.setattr(G, "rope_forward", forward)
+    monkeypatch.setattr(R, "rope_forward", forward)
     assert "rotating by minus the angle" in _fails("check-rope")
 
 
@@ -46,7 +50,7 @@ def test_top_p_one_token_short(monkeypatch):
         np.put_along_axis(keep, order, cum < p, -1)
         return np.where(keep, logits, -np.inf)
 
-    monkeypatch.setattr(G, "top_p_filter", top_p)
+    monkeypatch.setattr(S, "top_p_filter", top_p)
     assert "one token too few" in _fails("check-top-p-filter")
 
 
@@ -56,22 +60,22 @@ def test_cache_written_at_zero(monkeypatch):
         K[:, :, :t], V[:, :, :t] = k, v
         return K[:, :, :length + t], V[:, :, :length + t], length + t
 
-    monkeypatch.setattr(G, "kv_cache_append", append)
+    monkeypatch.setattr(D, "kv_cache_append", append)
     assert "writing every piece at position 0" in _fails("check-kv-cache-append")
 
 
 def test_attention_without_the_causal_mask(monkeypatch):
-    monkeypatch.setattr(G, "causal_mask", lambda T: np.zeros((T, T), bool))
+    monkeypatch.setattr(Q, "causal_mask", lambda T: np.zeros((T, T), bool))
     assert "without the causal mask" in _fails("check-causal-self-attention")
 
 
 def test_sampling_that_ignores_the_temperature(monkeypatch):
-    original = G.sample_next
+    original = S.sample_next
 
     def sample(logits, rng, temperature=1.0, top_k=None, top_p=None):
         return original(logits, rng, 1.0 if temperature else 0, top_k, top_p)
 
-    monkeypatch.setattr(G, "sample_next", sample)
+    monkeypatch.setattr(S, "sample_next", sample)
     assert "'temperature 0.5, top-k 4'" in _fails("check-sample-next")
 
 
@@ -82,7 +86,7 @@ def test_stub_message_names_notebook_09(monkeypatch):
     def stub(*args):
         raise NotImplementedError(message)
 
-    monkeypatch.setattr(G, "kv_cache_append", stub)
+    monkeypatch.setattr(D, "kv_cache_append", stub)
     assert _fails("check-kv-cache-append") == f"check-kv-cache-append: {message}"
 
 

@@ -4,7 +4,7 @@ near-duplicates together, tokenised reversibly; the n-gram baselines are distrib
 import numpy as np
 import pytest
 
-from transformer_lab import corpus as C
+from transformer_lab.datasets import corpus as C
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
-"""transformer_lab.data: tasks, splits without overlap, padding, batches, metrics."""
+"""transformer_lab.datasets.tasks: tasks, splits without overlap, padding, batches, metrics."""
 
 import numpy as np
 import pytest
 
-from transformer_lab import data as D
+from transformer_lab.datasets import tasks as D
 
 
 @pytest.mark.parametrize("name", D.TASKS)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_lab import efficient_attention as ea
+from transformer_lab import flash as ea
 from transformer_lab import syllabus
 from transformer_lab.checks import CheckFailed, check
 from transformer_lab.core import attention as core_attention

@@ -6,7 +6,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from transformer_lab import figures
+from transformer_lab.course import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_committed_figure_is_what_the_code_draws(name, tmp_path):
     assert committed.exists(), f"img/{name} is missing: run `make figures`"
     drawn = figures.draw(name, tmp_path)
     assert drawn.read_bytes() == committed.read_bytes(), \
-        f"img/{name} differs from what transformer_lab.figures draws: run `make figures`"
+        f"img/{name} differs from what transformer_lab.course.figures draws: run `make figures`"
 
 
 def test_every_image_in_img_is_drawn_by_code():

@@ -8,13 +8,20 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_lab.core import decoding as D
 from transformer_lab.core import gpt as G
+from transformer_lab.core import gqa as Q
 from transformer_lab.core import layers as core_layers
+from transformer_lab.core import modern as M
 from transformer_lab.core import multihead as core_multihead
+from transformer_lab.core import next_token as NT
+from transformer_lab.core import rope as R
+from transformer_lab.core import sampling as S
 from transformer_lab.core.attention import causal_mask
-from transformer_lab.gpt import GPT, GPTConfig, flatten, nest, parameter_shapes
-from transformer_lab.gpt_torch import TorchGPT
 from transformer_lab.gradient_check import check_gradients, check_parity, rel_error
+from transformer_lab.models.checkpoints import CheckpointError
+from transformer_lab.models.gpt import GPT, GPTConfig, flatten, nest, parameter_shapes
+from transformer_lab.reference.torch_gpt import TorchGPT
 
 
 @pytest.fixture
@@ -114,30 +121,30 @@ def test_tiled_attention_flag_survives_a_checkpoint(tmp_path):
 def test_next_token_loss_gradcheck_and_shift(rng):
     logits = rng.standard_normal((2, 5, 7))
     ids = rng.integers(0, 7, (2, 5))
-    gradcheck(lambda x: G.next_token_loss_forward(x, ids), G.next_token_loss_backward,
+    gradcheck(lambda x: NT.next_token_loss_forward(x, ids), NT.next_token_loss_backward,
               {"logits": logits}, rng)
-    loss, cache = G.next_token_loss_forward(logits, ids)
+    loss, cache = NT.next_token_loss_forward(logits, ids)
     expected = torch.nn.functional.cross_entropy(torch.tensor(logits[:, :-1]).reshape(-1, 7),
                                                  torch.tensor(ids[:, 1:]).reshape(-1))
     assert abs(loss - expected.item()) < 1e-12
-    d = G.next_token_loss_backward(1.0, cache)
+    d = NT.next_token_loss_backward(1.0, cache)
     assert d.shape == logits.shape and np.all(d[:, -1] == 0)
 
 
 def test_rope_gradcheck_and_inverse(rng):
-    cos, sin = G.rope_tables(np.arange(5), 6)
+    cos, sin = R.rope_tables(np.arange(5), 6)
     x = rng.standard_normal((2, 3, 5, 6))
-    gradcheck(lambda a: G.rope_forward(a, cos, sin), G.rope_backward, {"x": x}, rng)
-    out, cache = G.rope_forward(x, cos, sin)
+    gradcheck(lambda a: R.rope_forward(a, cos, sin), R.rope_backward, {"x": x}, rng)
+    out, cache = R.rope_forward(x, cos, sin)
     assert np.allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1))  # a rotation
-    assert np.allclose(G.rope_backward(out, cache), x)  # R^T undoes R
+    assert np.allclose(R.rope_backward(out, cache), x)  # R^T undoes R
 
 
 def test_rope_relative_position_property(rng):
     """<R(p) q, R(s) k> depends only on s - p."""
     q, k = rng.standard_normal(8), rng.standard_normal(8)
-    cos, sin = G.rope_tables(np.arange(40), 8)
-    rot = G.rope_forward(np.stack([q] * 40), cos, sin)[0], G.rope_forward(np.stack([k] * 40),
+    cos, sin = R.rope_tables(np.arange(40), 8)
+    rot = R.rope_forward(np.stack([q] * 40), cos, sin)[0], R.rope_forward(np.stack([k] * 40),
                                                                            cos, sin)[0]
     for offset in (0, 1, 7):
         dots = [rot[0][p] @ rot[1][p + offset] for p in range(40 - offset)]
@@ -146,45 +153,45 @@ def test_rope_relative_position_property(rng):
 
 def test_rope_matches_notebook_06_rotation():
     """Rotating (0, 1) by p*omega gives the pair (sin, cos) of the sinusoidal table."""
-    cos, sin = G.rope_tables(np.arange(12), 8)
+    cos, sin = R.rope_tables(np.arange(12), 8)
     e = np.tile([0.0, 1.0], 4)
-    assert np.allclose(G.rope_forward(np.stack([e] * 12), cos, sin)[0],
+    assert np.allclose(R.rope_forward(np.stack([e] * 12), cos, sin)[0],
                        core_layers.positional_encoding(12, 8), atol=1e-12)
 
 
 def test_rms_norm_gradcheck(rng):
     x = rng.standard_normal((2, 3, 6))
     gamma = 1 + 0.3 * rng.standard_normal(6)
-    gradcheck(lambda a, g: G.rms_norm_forward(a, g), G.rms_norm_backward,
+    gradcheck(lambda a, g: M.rms_norm_forward(a, g), M.rms_norm_backward,
               {"x": x, "gamma": gamma}, rng)
-    out = G.rms_norm_forward(x, gamma)[0]
+    out = M.rms_norm_forward(x, gamma)[0]
     expected = torch.nn.functional.rms_norm(torch.tensor(x), (6,), torch.tensor(gamma), 1e-5)
     assert rel_error(out, expected) < 1e-12
 
 
 def test_silu_and_swiglu_gradcheck(rng):
     x = rng.standard_normal((3, 4)) * 3
-    gradcheck(G.silu_forward, G.silu_backward, {"x": x}, rng)
+    gradcheck(M.silu_forward, M.silu_backward, {"x": x}, rng)
     big = np.array([-1000.0, -50.0, 0.0, 50.0, 1000.0], dtype=np.float32)
     with np.errstate(all="raise"):  # no overflow for huge inputs
-        assert np.allclose(G.silu_forward(big)[0], torch.nn.functional.silu(torch.tensor(big)))
+        assert np.allclose(M.silu_forward(big)[0], torch.nn.functional.silu(torch.tensor(big)))
     p = {"x": rng.standard_normal((2, 3, 4)), "W_gate": rng.standard_normal((4, 5)),
          "W_up": rng.standard_normal((4, 5)), "W_down": rng.standard_normal((5, 4))}
 
     def forward(x, W_gate, W_up, W_down):
-        return G.swiglu_forward(x, {"W_gate": W_gate, "W_up": W_up, "W_down": W_down})
+        return M.swiglu_forward(x, {"W_gate": W_gate, "W_up": W_up, "W_down": W_down})
 
-    gradcheck(forward, G.swiglu_backward, p, rng)
+    gradcheck(forward, M.swiglu_backward, p, rng)
 
 
 def test_repeat_kv_gradcheck_and_layout(rng):
     x = rng.standard_normal((2, 2, 3, 4))
-    gradcheck(lambda a: G.repeat_kv_forward(a, 3), G.repeat_kv_backward, {"x": x}, rng)
-    out, _ = G.repeat_kv_forward(x, 3)
+    gradcheck(lambda a: Q.repeat_kv_forward(a, 3), Q.repeat_kv_backward, {"x": x}, rng)
+    out, _ = Q.repeat_kv_forward(x, 3)
     assert out.shape == (2, 6, 3, 4)
     for h in range(6):
         assert np.array_equal(out[:, h], x[:, h // 3])
-    assert G.repeat_kv_forward(x, 1)[0] is x
+    assert Q.repeat_kv_forward(x, 1)[0] is x
 
 
 @pytest.mark.parametrize("heads,kv_heads,rope", [(4, 4, False), (4, 2, True), (4, 1, True),
@@ -197,20 +204,20 @@ def test_causal_self_attention_gradcheck(rng, heads, kv_heads, rope, bias):
          "W_o": rng.standard_normal((E, E)) * 0.5}
     if bias:
         p.update(b_qkv=rng.standard_normal(width), b_o=rng.standard_normal(E))
-    tables = G.rope_tables(np.arange(T), Dh) if rope else None
+    tables = R.rope_tables(np.arange(T), Dh) if rope else None
 
     def forward(x, *weights):
         params = dict(zip([k for k in p if k != "x"], weights, strict=True))
-        return G.causal_self_attention_forward(x, params, heads, kv_heads, tables)
+        return Q.causal_self_attention_forward(x, params, heads, kv_heads, tables)
 
-    gradcheck(forward, G.causal_self_attention_backward, p, rng)
+    gradcheck(forward, Q.causal_self_attention_backward, p, rng)
 
 
 def test_causal_self_attention_is_notebook_04s_with_a_causal_mask(rng):
     x = rng.standard_normal((2, 6, 8))
     params = {"W_qkv": rng.standard_normal((8, 24)), "W_o": rng.standard_normal((8, 8)),
               "b_qkv": rng.standard_normal(24), "b_o": rng.standard_normal(8)}
-    ours, _ = G.causal_self_attention_forward(x, params, 2)
+    ours, _ = Q.causal_self_attention_forward(x, params, 2)
     theirs, _ = core_multihead.self_attention_forward(x, params, 2, causal_mask(6))
     assert np.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
 
@@ -317,10 +324,10 @@ def test_parity_with_torch_float32(rng, config):
 def test_kv_cache_append(rng):
     K, V = np.zeros((2, 1, 6, 3)), np.zeros((2, 1, 6, 3))
     k, v = rng.standard_normal((2, 1, 2, 3)), rng.standard_normal((2, 1, 2, 3))
-    keys, values, length = G.kv_cache_append(K, V, 0, k, v)
+    keys, values, length = D.kv_cache_append(K, V, 0, k, v)
     assert length == 2 and keys.shape == (2, 1, 2, 3) and np.array_equal(values, v)
     k2, v2 = rng.standard_normal((2, 1, 1, 3)), rng.standard_normal((2, 1, 1, 3))
-    keys, values, length = G.kv_cache_append(K, V, length, k2, v2)
+    keys, values, length = D.kv_cache_append(K, V, length, k2, v2)
     assert length == 3 and np.array_equal(keys, np.concatenate([k, k2], axis=2))
     assert np.shares_memory(keys, K) and np.all(K[:, :, 3:] == 0)
 
@@ -333,7 +340,7 @@ def test_cached_step_equals_full_forward(rng, config):
     caches = model.new_kv_cache(2, 10)
     params, length, pieces = model.nested_params(), 0, []
     for a, b in ((0, 4), (4, 5), (5, 8), (8, 9), (9, 10)):  # a prompt, then chunks and steps
-        logits, length = G.gpt_step(params, ids[:, a:b], model.config, caches, length, model.pe,
+        logits, length = D.gpt_step(params, ids[:, a:b], model.config, caches, length, model.pe,
                                     model._rope(a, b))
         pieces.append(logits)
     assert length == 10
@@ -382,18 +389,18 @@ def test_generate_is_reproducible_with_a_seed(rng):
 def test_top_k_keeps_k(rng):
     logits = rng.standard_normal((4, 20))
     for k in (1, 3, 20):
-        kept = np.isfinite(G.top_k_filter(logits, k))
+        kept = np.isfinite(S.top_k_filter(logits, k))
         assert np.all(kept.sum(axis=1) == k)
         top = np.argsort(-logits, axis=1)[:, :k]
         assert np.all(np.take_along_axis(kept, top, axis=1))
-        assert np.array_equal(G.top_k_filter(logits, k)[kept], logits[kept])
+        assert np.array_equal(S.top_k_filter(logits, k)[kept], logits[kept])
 
 
 def test_top_p_keeps_the_smallest_set_with_mass_p(rng):
     logits = rng.standard_normal((50, 12)) * 2
     probs = core_layers.softmax_forward(logits)[0]
     for p in (0.05, 0.3, 0.5, 0.9, 0.999, 1.0):
-        kept = np.isfinite(G.top_p_filter(logits, p))
+        kept = np.isfinite(S.top_p_filter(logits, p))
         for row, keep in zip(probs, kept, strict=True):
             order = np.argsort(-row)
             n = int(np.searchsorted(np.cumsum(row[order]), p - 1e-12)) + 1  # smallest prefix
@@ -405,15 +412,15 @@ def test_top_p_keeps_the_smallest_set_with_mass_p(rng):
 
 def test_sample_next(rng):
     logits = np.log(np.array([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]]))
-    assert np.array_equal(G.sample_next(logits, rng, temperature=0), [1, 0])
-    draws = np.array([G.sample_next(logits, rng) for _ in range(20000)])
+    assert np.array_equal(S.sample_next(logits, rng, temperature=0), [1, 0])
+    draws = np.array([S.sample_next(logits, rng) for _ in range(20000)])
     freq0 = np.bincount(draws[:, 0], minlength=3) / 20000
     assert np.allclose(freq0, [0.1, 0.6, 0.3], atol=0.015)
-    top1 = np.array([G.sample_next(logits, rng, top_k=1) for _ in range(50)])
+    top1 = np.array([S.sample_next(logits, rng, top_k=1) for _ in range(50)])
     assert np.all(top1 == [1, 0])
-    nucleus = np.array([G.sample_next(logits, rng, top_p=0.7) for _ in range(2000)])[:, 0]
+    nucleus = np.array([S.sample_next(logits, rng, top_p=0.7) for _ in range(2000)])[:, 0]
     assert set(nucleus.tolist()) == {1, 2}  # 0.6 < 0.7 <= 0.6 + 0.3
-    a = [G.sample_next(logits, np.random.default_rng(5), temperature=2.0) for _ in range(3)]
+    a = [S.sample_next(logits, np.random.default_rng(5), temperature=2.0) for _ in range(3)]
     assert all(np.array_equal(a[0], x) for x in a)
 
 
@@ -448,7 +455,7 @@ def test_checkpoint_roundtrip(tmp_path, rng):
     assert loaded.config == model.config and loaded.metadata == {"step": 3}
     assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="cannot read GPT checkpoint"):
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         GPT.load(tmp_path / "bad.npz")
 
 

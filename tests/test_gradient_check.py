@@ -232,6 +232,6 @@ def test_check_parity_accepts_torch_tensors_and_refuses_mismatches():
 
 
 def test_check_parity_is_importable_from_transformer_for_notebook_06():
-    from transformer_lab import transformer
+    from transformer_lab.models import encoder_decoder as transformer
 
     assert transformer.check_parity is check_parity

@@ -53,7 +53,7 @@ from course_helpers import (
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import assignment, flags, grade, probing, student
+from transformer_lab.course import assignment, flags, grade, probe_driver, student
 from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import find_submissions, match_flat, match_notebook
 
@@ -640,7 +640,7 @@ def test_find_submissions_in_every_layout(tmp_path):
 
 
 def test_whose_function_the_probe_package_holds():
-    owner = probing.owner
+    owner = probe_driver.owner
     assert owner("softmax_forward", "01_attention") == "student"
     assert owner("softmax_forward", "02_masking") == "student"  # taught by several
     assert owner("softmax_forward", "05_backward") == "instructor"
@@ -678,6 +678,12 @@ def relu_forward(x):
     assert code.problems == {"gelu_forward": "gelu_forward() is not defined in core/layers.py"}
     assert code.extras == ["import math", "import numpy as np", "SCALE = 2.0",
                            "def _helper(x):\n    return x * SCALE"]
+    # an import naming a provided function and others: the others stay
+    mixed = student_code("from transformer_lab.core.layers import linear_forward, softmax_forward"
+                         " as sm, relu_forward\n\n\ndef gelu_forward(x):\n    return sm(x)",
+                         ["gelu_forward"], {"relu_forward", "gelu_forward"}, "core/layers.py")
+    assert mixed.extras == ["from transformer_lab.core.layers import linear_forward, "
+                            "softmax_forward as sm"]
     broken = student_code("def softmax_forward(x):\n    return (", ["softmax_forward"], set(),
                           "core/layers.py")
     assert "does not parse (SyntaxError at line 2" in broken.problems["softmax_forward"]
@@ -800,7 +806,7 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
         ROOT / "src" / "transformer_lab"))
     shutil.copytree(tmp_path / "handout", tmp_path / "probe")
-    probing.reference_free(tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
     cell = ("import sys, transformer_lab\n"
             "from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
             "seen = (transformer_lab.__file__, [p for p in sys.path if p and\n"
@@ -808,9 +814,9 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
             "'transformer_lab'))], hasattr(SoftmaxForward, 'expected') and\n"
             "        SoftmaxForward.expected is not SoftmaxForward.__mro__[1].expected)\n"
             "def logsumexp(x, axis=-1):\n    return [seen[0], seen[1], seen[2]]")
-    spec = probing.CheckSpec("check-logsumexp", ("logsumexp",), {},
-                             F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
-    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                                  F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
+    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
     assert report.cells == [("setup", None)], report
     outcome = next(iter(report.outcomes.values()))
     package_file, folders, has_reference = outcome.value
@@ -830,15 +836,53 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     source = (core / "layers.py").read_text()
     (core / "layers.py").write_text(source + "\n\ndef _forever():\n    while True:\n"
                                              "        pass\n\n\nWAIT = _forever()\n")
-    probing.build_probe_package(tmp_path / "handout", instructor, "01_attention",
-                                {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
-    probing.reference_free(tmp_path / "probe")
-    specs = [probing.CheckSpec(i, (), {}, F.all_cases(F.get_check(i), hidden=False)[:1])
+    probe_driver.build_probe_package(tmp_path / "handout", instructor, "01_attention",
+                                     {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    specs = [probe_driver.CheckSpec(i, (), {}, F.all_cases(F.get_check(i), hidden=False)[:1])
              for i in ("check-softmax-forward", "check-logsumexp")]
     cell = "import numpy as np\ndef logsumexp(x, axis=-1):\n    return 0"
-    specs[1] = probing.CheckSpec("check-logsumexp", ("logsumexp",), {}, specs[1].cases)
-    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], specs,
-                               probing.ProbeLimits(cell=30, case=3, total=120))
+    specs[1] = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {}, specs[1].cases)
+    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], specs,
+                                    probe_driver.ProbeLimits(cell=30, case=3, total=120))
     assert "ran past the time limit of 3 s, while importing the functions " \
            "check-softmax-forward tests" in report.missing["check-softmax-forward"]
     assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart
+
+
+def test_a_core_laid_out_before_the_split_of_gpt_py_still_grades(tmp_path):
+    """A handout built before issue 22 has the GPT's functions in ``core/gpt.py`` (and
+    ``project_qkv``, old caches, ``multihead.py``/``blocks.py`` without the kernel and norm
+    arguments): the probe of notebook 09 finds each function in the module it used to live in,
+    and every core check of notebook 09 passes on it."""
+    import subprocess
+    import sys
+
+    from transformer_lab.course.package import write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core")
+    assert set(syllabus.FORMER_MODULE.values()) == {"gpt"}  # a module of today too
+    for module in {syllabus.where_taught(n)[0] for n in syllabus.FORMER_MODULE}:
+        (core / f"{module}.py").unlink()  # the modules that did not exist then
+    old = ROOT / "tests" / "old_layout"
+    for path in old.glob("*.py"):
+        shutil.copyfile(path, core / path.name)
+    overlay = probe_driver.build_probe_package(tmp_path / "handout", instructor, "09_gpt",
+                                               {p.stem: p for p in core.glob("*.py")},
+                                               tmp_path / "probe")
+    taught = {n for names in syllabus.notebook_functions("09_gpt").values() for n in names}
+    new = {"gpt_block_step"}  # written after the split: the old handout had no exercise for it
+    assert set(overlay.stubs) == new, overlay.stubs
+    assert set(overlay.students) == taught - new
+    assert "def project_qkv(" in (tmp_path / "probe/transformer_lab/core/gqa.py").read_text()
+    ids = sorted(i for i, c in F.load_checks().items()
+                 if c.notebook == "09_gpt" and not c.arguments)
+    script = ("import sys\nfrom transformer_lab.checks import check\n"
+              "for i in sys.argv[1:]:\n    check(i)\n")
+    run = subprocess.run([sys.executable, "-c", script, *ids], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "probe")},
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(" passed (") == len(ids), run.stdout

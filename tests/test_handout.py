@@ -233,8 +233,8 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
                                        "### END HIDDEN TESTS\n"),
                                  "core/attention.py", None, "hidden tests belong in a check"),
     "a solution region in a check module": (
-        _edit("checks/nb01_attention.py", "def _torch():\n", "def _torch():\n"
-              "    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"),
+        _edit("checks/nb01_attention.py", "def _softmax(x, dim=-1):\n",
+              "def _softmax(x, dim=-1):\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"),
         "checks/nb01_attention.py", None, "solution regions belong in the core"),
     "run() hidden": (_edit("checks/nb01_attention.py",
                            "    def run(self, f, x):\n        return f.softmax_forward(x)[0]\n",

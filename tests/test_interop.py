@@ -1,4 +1,5 @@
-"""transformer_lab.interop: NumPy twins of torch modules -- outputs, input gradients and every
+"""transformer_lab.reference.interop: NumPy twins of torch modules -- outputs, input gradients and
+every
 parameter gradient matched against torch autograd (float32 within 1e-5, float64 within 1e-10,
 norm-based relative error), with causal and padding masks together; twins gradient-checked in
 float64; torch's is_causal, fully masked rows and fast path documented by tests; bad input
@@ -14,7 +15,7 @@ from torch import nn
 
 from transformer_lab import attention as A
 from transformer_lab.gradient_check import check_gradients, rel_error
-from transformer_lab.interop import from_torch
+from transformer_lab.reference.interop import from_torch
 
 pytestmark = [
     # nn.TransformerEncoder explains at construction why it will not use nested tensors
@@ -585,7 +586,7 @@ def test_refresh_refuses_other_sizes_and_dtypes_and_copies_nothing(rng):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_layout_conversion_round_trips_and_splits_the_cross_attention(rng, bias):
-    from transformer_lab import interop as I
+    from transformer_lab.reference import interop as I
 
     m = build(nn.TransformerDecoder, np.float64,
               build(nn.TransformerDecoderLayer, np.float64, 4, 2, 6, bias=bias), 2,
@@ -959,7 +960,7 @@ def test_no_python_loop_over_batch_heads_or_positions(rng):
 # ------------------------------------------------------------------ the benchmark runs
 
 def test_bench_quick_prints_a_table_with_ratios():
-    res = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--quick",
+    res = subprocess.run([sys.executable, "-m", "transformer_lab.course.bench", "--quick",
                           "--threads", "1"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = [line for line in res.stdout.splitlines() if "Transformer" in line and "x" in line]
@@ -970,7 +971,7 @@ def test_bench_quick_prints_a_table_with_ratios():
 
 
 def test_median_times_alternates_and_skips_the_warmup():
-    from transformer_lab.bench import median_times
+    from transformer_lab.tools import median_times
 
     calls = []
     times = median_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
@@ -984,7 +985,8 @@ def test_median_times_alternates_and_skips_the_warmup():
 def test_bench_checks_the_twin_in_float64_before_timing(monkeypatch):
     """At this size float32 input gradients differ by more than 1e-4 on a ReLU kink; the check
     runs in float64, where the twin equals torch to 1e-10 -- and a broken twin is refused."""
-    from transformer_lab import bench, interop
+    from transformer_lab.course import bench
+    from transformer_lab.reference import interop
 
     assert bench.measure("transformer", 128, 64, 64, 8, 2, repeats=1, warmup=0)[0] > 0
 
@@ -996,7 +998,7 @@ def test_bench_checks_the_twin_in_float64_before_timing(monkeypatch):
 
 
 def test_bench_refuses_to_time_a_twin_that_differs_from_torch(rng):
-    from transformer_lab.bench import check_twin
+    from transformer_lab.course.bench import check_twin
 
     out = rng.standard_normal((2, 3, 4)).astype(np.float32)
     grads = [rng.standard_normal((2, 3, 4)).astype(np.float32)]

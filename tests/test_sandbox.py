@@ -542,18 +542,18 @@ def test_links_in_submissions_are_never_followed(tmp_path):
 def _probe(tmp_path, cell: str, box):
     """The probe of one case of check-logsumexp after ``cell``, in the sandbox."""
     from transformer_lab.checks import framework as F
-    from transformer_lab.course import probing
+    from transformer_lab.course import probe_driver
     from transformer_lab.course.package import parse_package, write_handout_package
 
     write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
         ROOT / "src" / "transformer_lab"))
     shutil.copytree(tmp_path / "handout", tmp_path / "probe")
-    probing.reference_free(tmp_path / "probe")
-    spec = probing.CheckSpec("check-logsumexp", ("logsumexp",), {},
-                             F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:2])
+    probe_driver.reference_free(tmp_path / "probe")
+    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                                  F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:2])
     start = time.monotonic()
-    report = probing.run_probe(tmp_path / "probe", [("setup", cell)], [spec],
-                               probing.ProbeLimits(cell=20, case=10, total=60), box)
+    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec],
+                                    probe_driver.ProbeLimits(cell=20, case=10, total=60), box)
     return report, time.monotonic() - start
 
 

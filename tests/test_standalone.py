@@ -8,8 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from transformer_lab import figures
-from transformer_lab.course import standalone
+from transformer_lab.course import figures, standalone
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

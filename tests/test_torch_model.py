@@ -1,4 +1,5 @@
-"""transformer_lab.torch_model: the course model from scratch in PyTorch and around nn.Transformer,
+"""transformer_lab.reference.torch_transformer: the course model from scratch in PyTorch and around
+nn.Transformer,
 asserted equal to the NumPy model -- logits, loss and every parameter gradient (float64 1e-10,
 float32 1e-5) -- for both norm orders, with and without biases, relu/gelu, padded batches."""
 
@@ -8,7 +9,8 @@ import torch
 import torch.nn as nn
 
 from transformer_lab.gradient_check import check_parity, rel_error
-from transformer_lab.torch_model import (
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+from transformer_lab.reference.torch_transformer import (
     MultiHeadAttention,
     ReferenceTransformer,
     TorchTransformer,
@@ -16,7 +18,6 @@ from transformer_lab.torch_model import (
     nn_transformer_grads,
     nn_transformer_state,
 )
-from transformer_lab.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
 SRC = np.array([[3, 4, 5, 6, PAD, PAD], [4, 3, PAD, PAD, PAD, PAD], [5, 3, 3, 6, 4, 8]])
@@ -120,7 +121,7 @@ def test_state_dict_loads_into_plain_nn_transformer():
     out.sum().backward()
     from transformer_lab import blocks as B
     from transformer_lab.attention import causal_mask
-    from transformer_lab.transformer import nest_params
+    from transformer_lab.models.encoder_decoder import nest_params
     enc, dec = nest_params(cfg, m.params)
     mem, _ = B.encoder_forward(src, enc, 3, norm_first=True)
     ours, _ = B.decoder_forward(tgt, mem, dec, 3, tgt_mask=causal_mask(4), norm_first=True)
@@ -162,11 +163,11 @@ def test_bad_input():
         twin.loss(SRC, TGT[:, 1:])
     with pytest.raises(ValueError, match="tgt must have at least 2 columns"):
         twin.loss(SRC, TGT[:, :1])
-    with pytest.raises(TypeError, match="model must be a transformer_lab.transformer.Transformer"):
+    with pytest.raises(TypeError, match="model must be a transformer_lab.models.encoder_"):
         TorchTransformer.from_numpy(twin)
     with pytest.raises(ValueError, match="missing"):
         twin.load_numpy_params({"src_embed.W": np.zeros((9, 12))})
-    with pytest.raises(TypeError, match="model must be a transformer_lab.transformer.Transformer"):
+    with pytest.raises(TypeError, match="model must be a transformer_lab.models.encoder_"):
         nn_transformer_state(twin)
 
 

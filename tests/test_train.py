@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_lab import data as D
+from transformer_lab.datasets import tasks as D
+from transformer_lab.models.encoder_decoder import CheckpointError, Transformer, TransformerConfig
 from transformer_lab.train import (
     Progress,
     TrainConfig,
@@ -28,7 +29,6 @@ from transformer_lab.train import (
     train,
     train_step,
 )
-from transformer_lab.transformer import CheckpointError, Transformer, TransformerConfig
 
 # a model and data small enough to train in about a second
 TINY = dict(max_len=4, num_symbols=5, n_train=600, n_val=40, n_test=40, d_model=16,
@@ -439,7 +439,7 @@ def test_checkpoint_refusals_name_the_tensor_and_both_shapes(tmp_path, copy_run)
 @pytest.mark.parametrize("dtype,tol,weight_atol", [("float64", 1e-10, 1e-8),
                                                     ("float32", 1e-4, 1e-3)])
 def test_numpy_and_torch_follow_the_same_loss_curve(dtype, tol, weight_atol):
-    from transformer_lab.torch_model import ReferenceTransformer, TorchTransformer
+    from transformer_lab.reference.torch_transformer import ReferenceTransformer, TorchTransformer
 
     cfg = TrainConfig.for_task("reverse", dtype=dtype, steps=12, warmup=4, lr=3e-3,
                                **{k: v for k, v in TINY.items() if k != "warmup"})

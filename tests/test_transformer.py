@@ -1,4 +1,5 @@
-"""transformer_lab.transformer: the whole model -- config checks, parameters in one dict, the
+"""transformer_lab.models.encoder_decoder: the whole model -- config checks, parameters in one
+dict, the
 whole-model gradient check in float64, the loss over non-padding tokens, greedy decoding that
 stops at EOS, attention maps, and clear errors for bad input."""
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_lab.gradient_check import check_gradients, check_parity
-from transformer_lab.transformer import (
+from transformer_lab.models.encoder_decoder import (
     IGNORE_INDEX,
     CheckpointError,
     Transformer,

@@ -1,14 +1,35 @@
 """transformer_lab: the helper package of the course *Transformers from Scratch*.
 
-The notebooks in ``notebooks/`` build every piece of a Transformer step by step; this
-package holds the finished versions they import later on:
+The notebooks in ``notebooks/`` derive every piece of a Transformer; the student writes it into
+the core, and the rest of the package builds on the core. Laid out by role:
 
-- :mod:`transformer_lab.gradient_check` -- numerical gradients and the checks that compare
-  them with hand-written backward passes;
-- :mod:`transformer_lab.notebook` -- :func:`setup_notebook`, the first call of every notebook.
+- :mod:`~transformer_lab.core` -- **what the student writes**: plain NumPy functions in the
+  notebooks' notation, ``op_forward(...) -> (out, cache)`` and ``op_backward(dout, cache)``,
+  no input checks (like ``torch.nn.functional``);
+- **the boundary**, beside it (like ``torch.nn``): :mod:`.layers`, :mod:`.attention`,
+  :mod:`.blocks`, :mod:`.flash`, :mod:`.optim` check their arguments once (with
+  :mod:`._validate`) and call the core;
+- :mod:`~transformer_lab.models` -- the encoder-decoder and the GPT, their configurations,
+  input checks, shared parameter handling and one checkpoint format;
+- :mod:`~transformer_lab.reference` -- everything PyTorch: the reference models and
+  ``from_torch`` twins;
+- :mod:`~transformer_lab.datasets` -- the toy tasks, the text corpus, the shipped files;
+- :mod:`~transformer_lab.train` -- the training loops and the trainer's command line
+  (``python -m transformer_lab.train --task ...``);
+- :mod:`~transformer_lab.checks` -- the exercise checks (``check("check-...")``);
+- **notebook helpers**: :func:`setup_notebook` (:mod:`.notebook`), :mod:`.gradient_check`
+  (numerical gradients), :mod:`.tools` (timing, comparisons), :mod:`.plot`;
+  :mod:`.syllabus` says which notebook teaches which core function;
+- :mod:`~transformer_lab.course` -- the instructors' and maintainers' tools: notebook
+  execution, site, handout, grading, benchmarks, figures (left out of the handout).
+
+Modules that moved keep their old names as aliases (:mod:`._moved`).
 """
 
+from transformer_lab import _moved
 from transformer_lab.notebook import setup_notebook
+
+_moved.install()
 
 __all__ = ["setup_notebook"]
 __version__ = "0.1.0"

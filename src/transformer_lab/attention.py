@@ -2,7 +2,7 @@
 attention: the checked public entry points to ``transformer_lab.core.attention`` and
 ``transformer_lab.core.multihead``.
 
-Conventions (those of PyTorch, so that :mod:`transformer_lab.interop` can mirror it):
+Conventions (those of PyTorch, so that :mod:`transformer_lab.reference.interop` can mirror it):
 
 - Sequences are batch-first: queries ``(B, T, E)``, keys/values ``(B, S, E)``.
 - A **boolean** mask is True where attention is **blocked**; a **float** mask is added to the

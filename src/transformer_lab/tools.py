@@ -1,5 +1,5 @@
-"""Small helpers the notebooks share: a timer, a one-line agreement check, and the bridge
-between our attention parameters and ``nn.MultiheadAttention``.
+"""Small helpers the notebooks and the trainer share: timers, a one-line agreement check, and
+the bridge between our attention parameters and ``nn.MultiheadAttention``.
 
 PyTorch's layout, explained once (notebook 01): ``nn.Linear`` stores ``weight`` as
 ``(out, in)`` and computes ``x @ weight.T + bias``; we store ``W`` as ``(in, out)`` and compute
@@ -11,11 +11,13 @@ side by side -- our packed ``W_qkv`` of shape ``(E, 3E)`` is exactly ``in_proj_w
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from transformer_lab import _validate as v
 from transformer_lab.gradient_check import rel_error
 
 
@@ -29,6 +31,33 @@ def best_time(fn: Callable[[], object], repeats: int = 5, number: int = 1) -> fl
             fn()
         best = min(best, (time.perf_counter() - start) / number)
     return best
+
+
+def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
+                 ) -> dict[str, float]:
+    """Median seconds of each step function, timed alternately.
+
+    Each round calls every function once, in order, so that a busy moment of the machine hits
+    all of them alike; the first ``warmup`` rounds are not timed.
+
+    Args:
+        steps: name -> a function of no arguments (one step of the work to time).
+        repeats: timed rounds (at least 1).
+        warmup: untimed rounds before them (at least 0).
+
+    Returns:
+        name -> median seconds of one call.
+    """
+    repeats = v.integer(repeats, "repeats", minimum=1)
+    warmup = v.integer(warmup, "warmup", minimum=0)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(warmup + repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def agree(name: str, ours, reference, tol: float, width: int = 50) -> float:

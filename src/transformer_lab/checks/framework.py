@@ -23,7 +23,6 @@ import copy
 import dis
 import hashlib
 import importlib
-import json
 import math
 import re
 import sys
@@ -38,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transformer_lab import syllabus
+from transformer_lab.models.checkpoints import read_archive, write_archive
 
 #: The folder of stored expected answers (written into the handout by ``make student`` for
 #: checks whose reference implementation is hidden from students).
@@ -724,15 +724,12 @@ def save_values(path: Path, values: Mapping[str, Any]) -> None:
     """Store named plain data in one ``.npz`` (arrays) with a JSON header; no pickle."""
     arrays: dict[str, np.ndarray] = {}
     header = {name: encode(v, arrays) for name, v in values.items()}
-    with open(path, "wb") as f:
-        np.savez(f, __header__=np.array(json.dumps(header)), **arrays)
+    write_archive(path, header, arrays)
 
 
 def load_values(path: Path) -> dict[str, Any]:
     """Read what :func:`save_values` stored."""
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files if k != "__header__"}
-        header = json.loads(str(data["__header__"]))
+    header, arrays = read_archive(path)
     return {name: decode(v, arrays) for name, v in header.items()}
 
 

@@ -11,19 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _t, _torch
 from transformer_lab.checks.framework import Case, Check, register
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _t(a, grad=False):
-    torch = _torch()
-    return None if a is None else torch.from_numpy(np.array(a)).requires_grad_(grad)
-
 
 # --------------------------------------------------------------------------------------------
 # Section 4: ReLU

@@ -14,17 +14,8 @@ import math
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, python_loops, register
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _t(a):
-    return _torch().from_numpy(np.array(a))
 
 
 def _softmax(x, dim=-1):

@@ -12,13 +12,8 @@ import math
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-
-
-def _torch():
-    import torch
-
-    return torch
 
 
 def _softmax(x):

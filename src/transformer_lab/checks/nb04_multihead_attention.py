@@ -13,14 +13,8 @@ import math
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, register
-
-
-def _torch():
-    import torch
-
-    return torch
-
 
 # --------------------------------------------------------------------------------------------
 # Inputs shared by the checks (plain data: the cases hold arrays, never modules)

@@ -15,26 +15,9 @@ import math
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb04_multihead_attention import blocked_rows_mask, mha_case_params
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _t(a, grad=False):
-    """A torch tensor sharing nothing with the NumPy array ``a`` (or None)."""
-    if a is None:
-        return None
-    t = _torch().from_numpy(np.array(a))
-    return t.requires_grad_() if grad else t
-
-
-def _np(t):
-    return None if t is None else t.detach().numpy().copy()
 
 
 def torch_softmax_rows(scores, mask=None):

@@ -17,26 +17,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-from transformer_lab.interop import layout
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _t(a, grad: bool = False):
-    """A torch tensor holding a copy of ``a`` (None stays None)."""
-    if a is None:
-        return None
-    t = _torch().tensor(np.array(a))
-    return t.requires_grad_(True) if grad else t
-
-
-def _np(t):
-    return None if t is None else t.detach().numpy().copy()
+from transformer_lab.reference.interop import layout
 
 
 def _randn(rng, shape, dtype=np.float64, scale=1.0):

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb06_transformer import (
-    _np,
-    _t,
-    _torch,
     config_of,
     model_case,
     quiet_key_bias,

@@ -16,15 +16,10 @@ import math
 import numpy as np
 
 from transformer_lab.checks import framework as F
+from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, register
 
 NB = "08_training"
-
-
-def _torch():
-    import torch
-
-    return torch
 
 
 def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,
@@ -459,7 +454,7 @@ PARAMS = "the parameters after the steps"
 
 
 def _config(d: dict):
-    from transformer_lab.transformer import TransformerConfig
+    from transformer_lab.models.encoder_decoder import TransformerConfig
 
     return TransformerConfig(**{**d, "dtype": np.dtype(d["dtype"]).type})
 
@@ -473,7 +468,7 @@ def _tiny_config(dtype="float64", **kw) -> dict:
 
 def _random_params(config: dict, rng, scale=0.4) -> dict:
     """Random parameters for a config (plain data: name -> array); layer-norm gains near 1."""
-    from transformer_lab.torch_model import TorchTransformer
+    from transformer_lab.reference.torch_transformer import TorchTransformer
 
     shapes = TorchTransformer(_config(config), seed=None).numpy_params()  # zeros: the shapes
     dt = np.dtype(config["dtype"])
@@ -502,7 +497,7 @@ def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Cas
 
 
 def _numpy_model(config: dict, params: dict):
-    from transformer_lab.transformer import Transformer
+    from transformer_lab.models.encoder_decoder import Transformer
 
     model = Transformer(_config(config), seed=0)
     model.set_params(params)
@@ -513,7 +508,7 @@ def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
     """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
     learning rate, step -- or one of the classic mistakes (``variant``)."""
     torch = _torch()
-    from transformer_lab.torch_model import TorchTransformer
+    from transformer_lab.reference.torch_transformer import TorchTransformer
 
     twin = TorchTransformer(_config(config), seed=None)
     twin.load_numpy_params(params)
@@ -790,7 +785,7 @@ DRAWS = 10000
 
 
 def _twin(config, params):
-    from transformer_lab.torch_model import TorchTransformer
+    from transformer_lab.reference.torch_transformer import TorchTransformer
 
     twin = TorchTransformer(_config(config), seed=None)
     twin.load_numpy_params(params)

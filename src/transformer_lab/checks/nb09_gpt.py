@@ -2,7 +2,8 @@
 the KV cache, and the modern block (RoPE, RMSNorm, SwiGLU, grouped-query attention).
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
-models, from :mod:`transformer_lab.gpt_torch` -- the same model written again in PyTorch; none
+models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
+none
 of them calls the core.
 """
 
@@ -12,20 +13,10 @@ import math
 
 import numpy as np
 
+from transformer_lab.checks._torch_helpers import _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 NB = "09_gpt"
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _t(a, grad=False):
-    torch = _torch()
-    return torch.tensor(np.asarray(a), requires_grad=grad)
 
 
 def _np(t):
@@ -38,14 +29,14 @@ def _dtype_of(x):
 
 
 def _config(d: dict):
-    from transformer_lab.gpt import GPTConfig
+    from transformer_lab.models.gpt import GPTConfig
 
     return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
 
 
 def _flat_params(config: dict, rng, scale=0.3) -> dict:
     """Random parameters for a config (plain data: name -> array), off their initial values."""
-    from transformer_lab.gpt import GPT
+    from transformer_lab.models.gpt import GPT
 
     model = GPT(_config(config), seed=int(rng.integers(1000)))
     dt = model.config.dtype
@@ -166,7 +157,8 @@ def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
 class CausalSelfAttention(Check):
     id = "check-causal-self-attention"
     notebook = NB
-    functions = ("project_qkv", "causal_self_attention_forward", "causal_self_attention_backward")
+    functions = ("self_attention_forward", "self_attention_backward",
+                 "causal_self_attention_forward", "causal_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
@@ -208,7 +200,7 @@ class CausalSelfAttention(Check):
 
 
 def _block_case(rng, kind, dt=np.float64, T=5, B=2):
-    from transformer_lab.gpt import GPTConfig
+    from transformer_lab.models.gpt import GPTConfig
 
     make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
     config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
@@ -220,7 +212,7 @@ def _block_case(rng, kind, dt=np.float64, T=5, B=2):
 
 
 def _config_dict(c) -> dict:
-    from transformer_lab.gpt import config_to_dict
+    from transformer_lab.models.gpt import config_to_dict
 
     return config_to_dict(c)
 
@@ -234,11 +226,11 @@ def _rope_angles(config, start, stop):
 class _BlockCheck(Check):
     """A block of a given kind, forward and backward, against gpt_torch's TorchBlock."""
 
-    functions = ("norm_forward", "norm_backward", "mlp_forward", "mlp_backward",
-                 "gpt_block_forward", "gpt_block_backward")
+    functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
+                 "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
 
     def run(self, f, x, block, dout, config):
-        from transformer_lab.gpt import flatten, nest
+        from transformer_lab.models.gpt import flatten, nest
 
         c = _config(config)
         rope = None
@@ -250,8 +242,8 @@ class _BlockCheck(Check):
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
     def expected(self, x, block, dout, config):
-        from transformer_lab.gpt import parameter_shapes
-        from transformer_lab.gpt_torch import TorchBlock, _dtype
+        from transformer_lab.models.gpt import parameter_shapes
+        from transformer_lab.reference.torch_gpt import TorchBlock, _dtype
 
         c = _config(config)
         shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
@@ -286,7 +278,7 @@ class GPTBlock(_BlockCheck):
 
 
 def _model_case(rng, dt=np.float64, **kw):
-    from transformer_lab.gpt import GPTConfig
+    from transformer_lab.models.gpt import GPTConfig
 
     config = {**_config_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
                                                max_len=6, **kw)), "dtype": np.dtype(dt).name}
@@ -322,7 +314,7 @@ class GPTModel(Check):
     ### END HIDDEN TESTS
 
     def run(self, f, flat, ids, config):
-        from transformer_lab.gpt import flatten, nest
+        from transformer_lab.models.gpt import flatten, nest
 
         c = _config(config)
         params = nest(flat)
@@ -332,7 +324,7 @@ class GPTModel(Check):
                 **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
     def expected(self, flat, ids, config):
-        from transformer_lab.gpt_torch import TorchGPT
+        from transformer_lab.reference.torch_gpt import TorchGPT
 
         c = _config(config)
         twin = TorchGPT(c)
@@ -346,7 +338,7 @@ class GPTModel(Check):
     def mistakes(self, flat, ids, config):
         def untied():  # only the output projection's gradient for the table
             want = self.expected(flat, ids, config)
-            from transformer_lab.gpt_torch import TorchGPT
+            from transformer_lab.reference.torch_gpt import TorchGPT
 
             twin = TorchGPT(_config(config))
             twin.load_numpy_params(flat)
@@ -605,7 +597,7 @@ class CachedStep(Check):
     id = "check-gpt-step"
     axes = {"logits": "btv"}  # axis names, for messages
     notebook = NB
-    functions = ("causal_self_attention_step", "gpt_step")
+    functions = ("causal_self_attention_step", "gpt_block_step", "gpt_step")
 
     def cases(self, rng):
         yield Case("a prompt of 3, then one token at a time", (*_model_case(rng), (3, 1, 1, 1)))
@@ -618,7 +610,7 @@ class CachedStep(Check):
     ### END HIDDEN TESTS
 
     def run(self, f, flat, ids, config, chunks):
-        from transformer_lab.gpt import nest
+        from transformer_lab.models.gpt import nest
 
         c = _config(config)
         B, T = ids.shape
@@ -633,7 +625,7 @@ class CachedStep(Check):
         return {"logits": np.concatenate(pieces, axis=1), "length": np.int64(length)}
 
     def expected(self, flat, ids, config, chunks):
-        from transformer_lab.gpt_torch import TorchGPT
+        from transformer_lab.reference.torch_gpt import TorchGPT
 
         twin = TorchGPT(_config(config))
         twin.load_numpy_params(flat)
@@ -799,7 +791,8 @@ class GroupedQueryAttention(Check):
     id = "check-grouped-query-attention"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
     notebook = NB
-    functions = ("repeat_kv_forward", "repeat_kv_backward", "causal_self_attention_forward",
+    functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
+                 "self_attention_backward", "causal_self_attention_forward",
                  "causal_self_attention_backward", "rope_forward", "rope_backward")
 
     def cases(self, rng):

@@ -13,18 +13,13 @@ import tracemalloc
 
 import numpy as np
 
-from transformer_lab import efficient_attention
+from transformer_lab import flash
+from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
 NEG_INF = "m_new is -inf"
-
-
-def _torch():
-    import torch
-
-    return torch
 
 
 def _split_neg_inf(m):
@@ -186,7 +181,7 @@ class FlashAttentionForward(Check):
         if measure_memory:
             return {"peak extra memory below T * S * itemsize / 10":
                     bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
-        return {"out": out, "lse": efficient_attention.row_logsumexp(cache)}
+        return {"out": out, "lse": flash.row_logsumexp(cache)}
 
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:

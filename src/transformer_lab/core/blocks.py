@@ -32,7 +32,7 @@ from transformer_lab.core.multihead import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Feed-forward network and residual connections (06_transformer)
+# Feed-forward network and residual connections (06_transformer; another norm: 09_gpt)
 
 
 def feed_forward_forward(x, params, activation="relu"):
@@ -64,40 +64,47 @@ def feed_forward_backward(dout, cache):
     return dx, grads
 
 
-def residual_forward(x, sublayer, norm, norm_first, eps=1e-5):
-    """A sublayer with its residual connection and layer norm.
+def residual_forward(x, sublayer, norm, norm_first, eps=1e-5, normalize=None):
+    """A sublayer with its residual connection and its norm.
 
     Pre-norm: ``x + sublayer(norm(x))``; post-norm: ``norm(x + sublayer(x))``.
-    x: (B, T, E); sublayer: a function ``h -> (out, cache)``; norm: layer norm params
-    ->  out: (B, T, E).
+    x: (B, T, E); sublayer: a function ``h -> (out, cache)``; norm: the norm's params (layer
+    norm: gamma, optional beta); normalize: None for layer norm, or another norm
+    ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 09)  ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION
+    def norm_of(h):  # (B, T, E) -> (B, T, E)
+        if normalize is None:
+            return layer_norm_forward(h, norm["gamma"], norm.get("beta"), eps)
+        return normalize(h, norm, eps)
+
     if norm_first:
-        h, c_norm = layer_norm_forward(x, norm["gamma"], norm.get("beta"), eps)
+        h, c_norm = norm_of(x)
         y, c_sub = sublayer(h)
         out = x + y
     else:
         y, c_sub = sublayer(x)
-        out, c_norm = layer_norm_forward(x + y, norm["gamma"], norm.get("beta"), eps)
+        out, c_norm = norm_of(x + y)
     ### END SOLUTION
     return out, (norm_first, c_norm, c_sub)
 
 
-def residual_backward(dout, cache, sublayer_backward):
+def residual_backward(dout, cache, sublayer_backward, normalize_backward=layer_norm_backward):
     """Gradients of :func:`residual_forward`. The identity path passes ``dout`` on unchanged:
     ``dx = dout + d(sublayer path)``.
 
-    sublayer_backward: ``(dh, cache) -> (dh_in, *rest)``, the sublayer's backward
+    sublayer_backward: ``(dh, cache) -> (dh_in, *rest)``, the sublayer's backward;
+    normalize_backward: the norm's backward ``(dout, cache) -> (dx, grads)`` (default layer norm's)
     ->  dx (B, T, E), the norm's grads, then ``rest`` (the sublayer's other gradients).
     """
     norm_first, c_norm, c_sub = cache
     ### BEGIN SOLUTION
     if norm_first:  # out = x + sublayer(norm(x))
         dh, *rest = sublayer_backward(dout, c_sub)
-        dx, g_norm = layer_norm_backward(dh, c_norm)
+        dx, g_norm = normalize_backward(dh, c_norm)
         dx += dout
     else:  # out = norm(s), s = x + sublayer(x)
-        ds, g_norm = layer_norm_backward(dout, c_norm)
+        ds, g_norm = normalize_backward(dout, c_norm)
         dx, *rest = sublayer_backward(ds, c_sub)
         dx += ds
     ### END SOLUTION

@@ -26,8 +26,7 @@ import math
 import numpy as np
 
 from transformer_lab.core.attention import causal_mask
-from transformer_lab.core.layers import linear_backward, linear_forward
-from transformer_lab.core.multihead import merge_heads, split_heads
+from transformer_lab.core.multihead import self_attention_backward, self_attention_forward
 
 # --------------------------------------------------------------------------------------------
 # The online softmax (10_long_context)
@@ -163,38 +162,28 @@ def flash_attention_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# In the model (10_long_context): multi-head self-attention with tiled attention inside
+# In the model (10_long_context): multi-head self-attention with tiled attention as its kernel
 
 
 def flash_self_attention_forward(x, params, num_heads, causal=False, block_size=64):
-    """:func:`core.multihead.self_attention_forward` with tiled attention inside: the same
-    parameters and the same result (to rounding) for causal or unmasked self-attention.
+    """:func:`core.multihead.self_attention_forward` with tiled attention as its kernel: the
+    same parameters and the same result (to rounding) for causal or unmasked self-attention.
 
     x: (B, T, E); params: W_qkv (E, 3E), W_o (E, E), optional b_qkv (3E,), b_o (E,)
     ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION
-    qkv, c_qkv = linear_forward(x, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
-    q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))  # (B, H, T, Dh)
-    heads, c_att = flash_attention_forward(q, k, v, causal, block_size)  # (B, H, T, Dh)
-    out, c_o = linear_forward(merge_heads(heads), params["W_o"], params.get("b_o"))  # (B, T, E)
+    def attend(q, k, v):  # (B, H, T, Dh) each
+        return flash_attention_forward(q, k, v, causal, block_size)
+
+    out, cache = self_attention_forward(x, params, num_heads, attend=attend)  # (B, T, E)
     ### END SOLUTION
-    return out, (c_qkv, c_att, c_o, num_heads)
+    return out, cache
 
 
 def flash_self_attention_backward(dout, cache):
     """Gradients of :func:`flash_self_attention_forward`: dx (B, T, E), grads (the keys of
-    params), as :func:`core.multihead.self_attention_backward`."""
-    c_qkv, c_att, c_o, num_heads = cache
+    params), as :func:`core.multihead.self_attention_backward` with the tiled backward."""
     ### BEGIN SOLUTION
-    dheads, g_o = linear_backward(dout, c_o)  # (B, T, E)
-    dq, dk, dv = flash_attention_backward(split_heads(dheads, num_heads), c_att)
-    dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
-    dx, g_qkv = linear_backward(dqkv, c_qkv)  # dqkv: (B, T, 3E)
-    grads = {"W_qkv": g_qkv["W"], "W_o": g_o["W"]}
-    if "b" in g_qkv:  # each bias on its own: a layer may have one without the other
-        grads["b_qkv"] = g_qkv["b"]
-    if "b" in g_o:
-        grads["b_o"] = g_o["b"]
+    return self_attention_backward(dout, cache, attend_backward=flash_attention_backward)
     ### END SOLUTION
-    return dx, grads

@@ -368,7 +368,10 @@ def dropout_forward(x, p, rng, train=True):
     """Inverted dropout: in training, zero each entry with probability ``p`` and scale the
     others by ``1 / (1 - p)``, so that the expected output is ``x``; in evaluation, identity.
 
-    x: any shape; rng: a ``np.random.Generator``  ->  out: the same shape.
+    x: any shape; p: the drop probability, 0 <= p <= 1; rng: a ``np.random.Generator``
+    ->  out: the same shape, and the cache: ``(keep, scale)`` -- the (same shape) bool mask of
+    the entries kept and the factor ``1 / (1 - p)`` (0 for p = 1) -- or None where dropout is
+    the identity (evaluation, p = 0).
     """
     ### BEGIN SOLUTION
     if not train or p == 0:

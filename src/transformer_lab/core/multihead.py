@@ -6,6 +6,11 @@ attention whose queries, keys and values come from different places) has separat
 ``W_qkv (E, 3E)`` (PyTorch's ``in_proj_weight``, transposed), one matrix product instead of
 three. Both have ``W_o (E, E)``, and the biases ``b_q, b_k, b_v`` / ``b_qkv`` and ``b_o``
 unless the layer has none. Gradients come back in a dict with the same keys.
+
+The packed self-attention is written once here and takes its attention **kernel** as an
+argument (notebook 09): the GPT's causal attention (``core.gqa``: RoPE, grouped-query heads,
+``W_qkv`` of width ``E + 2 Hkv Dh``), its cached decoding (``core.decoding``) and tiled attention
+(``core.flash``) are calls of it with their own kernel.
 """
 
 from __future__ import annotations
@@ -79,36 +84,54 @@ def multi_head_attention_backward(dout, cache, dweights=None):
     return dquery, dkey, dvalue, grads
 
 
-def self_attention_forward(x, params, num_heads, mask=None):
+def self_attention_forward(x, params, num_heads, mask=None, attend=None, num_kv_heads=None):
     """Multi-head self-attention with packed projections: queries, keys and values all come
-    from ``x``, through one product with ``W_qkv``.
+    from ``x``, through one product with ``W_qkv``. The one projection-split-attend-merge-project
+    of the course: the GPT (09) and tiled attention (10) pass their own attention kernel.
 
-    x: (B, T, E); params: W_qkv (E, 3E), W_o (E, E), optional b_qkv (3E,), b_o (E,);
-    mask: broadcastable to (B, H, T, T)  ->  out: (B, T, E).
+    x: (B, T, E); params: W_qkv (E, E + 2 Hkv Dh), W_o (E, E), optional b_qkv, b_o (E,);
+    mask: broadcastable to (B, H, T, T), for the default kernel; attend: None for
+    ``attention_forward(q, k, v, mask)``, or a kernel ``(q, k, v) -> (heads, cache)`` with
+    q (B, H, T, Dh), k, v (B, Hkv, T, Dh) -> heads (B, H, T, Dh) (09: RoPE, grouped-query;
+    10: tiled); num_kv_heads: Hkv, the key/value heads (default H: ``W_qkv`` is (E, 3E))
+    ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION
-    qkv, c_qkv = linear_forward(x, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
-    q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))  # (B, H, T, Dh)
-    heads, c_att = attention_forward(q, k, v, mask)  # (B, H, T, Dh)
+    Hkv = num_kv_heads or num_heads
+    E = x.shape[-1]
+    kv = Hkv * (E // num_heads)  # width of the keys (and of the values)
+    qkv, c_qkv = linear_forward(x, params["W_qkv"], params.get("b_qkv"))  # (B, T, E + 2 kv)
+    q, k, v = np.split(qkv, [E, E + kv], axis=-1)  # (B, T, E), (B, T, kv), (B, T, kv)
+    q = split_heads(q, num_heads)  # (B, H, T, Dh)
+    k, v = split_heads(k, Hkv), split_heads(v, Hkv)  # (B, Hkv, T, Dh)
+    if attend is None:
+        heads, c_att = attention_forward(q, k, v, mask)  # (B, H, T, Dh)
+    else:
+        heads, c_att = attend(q, k, v)  # (B, H, T, Dh)
     out, c_o = linear_forward(merge_heads(heads), params["W_o"], params.get("b_o"))  # (B, T, E)
     ### END SOLUTION
     return out, (c_qkv, c_att, c_o, num_heads)
 
 
-def self_attention_backward(dout, cache, dweights=None):
+def self_attention_backward(dout, cache, dweights=None, attend_backward=None):
     """Gradients of :func:`self_attention_forward`. ``x`` feeds the queries, the keys and the
     values: its gradient is the sum of the three paths, one product ``dQKV W_qkv^T``.
 
-    dout: (B, T, E); dweights: as for :func:`multi_head_attention_backward`
+    dout: (B, T, E); dweights: as for :func:`multi_head_attention_backward` (default kernel);
+    attend_backward: None for ``attention_backward``, or the backward of the forward's kernel
+    ``(dheads, cache) -> (dq, dk, dv)``, dq (B, H, T, Dh), dk, dv (B, Hkv, T, Dh)
     ->  dx (B, T, E), grads (the keys of params).
     """
     c_qkv, c_att, c_o, num_heads = cache
     ### BEGIN SOLUTION
     dheads, g_o = linear_backward(dout, c_o)  # (B, T, E)
     dheads = split_heads(dheads, num_heads)  # (B, H, T, Dh)
-    dq, dk, dv = attention_backward(dheads, c_att, dweights)  # (B, H, T, Dh)
+    if attend_backward is None:
+        dq, dk, dv = attention_backward(dheads, c_att, dweights)  # (B, H, T, Dh)
+    else:
+        dq, dk, dv = attend_backward(dheads, c_att)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
     dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
-    dx, g_qkv = linear_backward(dqkv, c_qkv)  # dqkv: (B, T, 3E)
+    dx, g_qkv = linear_backward(dqkv, c_qkv)  # dqkv: (B, T, E + 2 Hkv Dh)
     grads = {"W_qkv": g_qkv["W"], "W_o": g_o["W"]}
     if "b" in g_qkv:  # each bias on its own: b_qkv without b_o, or the reverse
         grads["b_qkv"] = g_qkv["b"]
@@ -116,4 +139,3 @@ def self_attention_backward(dout, cache, dweights=None):
         grads["b_o"] = g_o["b"]
     ### END SOLUTION
     return dx, grads
-

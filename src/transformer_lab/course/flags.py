@@ -1,9 +1,9 @@
 """What the instructor should look at: code that reaches into the grader's machinery.
 
 The grader's verdicts do not depend on what a student's code does to its own process (see
-:mod:`.probing`), but an attempt is worth seeing even when it earned nothing. :func:`scan_python`
-reads code -- a notebook's cells, a submitted core module -- by its syntax tree and reports,
-with the line and the code:
+:mod:`.probe_driver`), but an attempt is worth seeing even when it earned nothing.
+:func:`scan_python` reads code -- a notebook's cells, a submitted core module -- by its syntax
+tree and reports, with the line and the code:
 
 - IPython's and the kernel's machinery: ``get_ipython``, ``events``, ``set_custom_exc``, input
   and AST transformers, ``showtraceback``, ``run_cell``, ``clear_output``, ``sys.excepthook``;

@@ -11,7 +11,7 @@ reach.
 
 1. a **probe package** is made from the handout form of the instructor's package, with the
    student's own definitions of the functions N teaches, the instructor's of the functions
-   earlier notebooks teach, and stubs for the rest (:mod:`.probing`);
+   earlier notebooks teach, and stubs for the rest (:mod:`.probe_driver`);
 2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell, the
    definitions (functions, classes, imports) of the other cells and the exercise cells,
    then every check of N on every case the grader generated for it (public
@@ -39,6 +39,11 @@ submissions and the solutions), the same bytes for the same submissions on every
 - ``sandbox.csv``: student, sandbox -- what each student's code ran in;
 - ``feedback/<student>/<NN_topic>.ipynb``.
 
+This module runs the grading (options, the grader's run, the ledger of the output folder, the
+parallel jobs); :mod:`.reports` holds what a run found (:class:`Graded`, :class:`Outcome`) and
+turns it into the files above and the summary printed at the end (its public names, and
+``_write_rows``, are importable from here too).
+
 Every run of a student's code -- each probe, each feedback kernel -- happens in a sandbox of its
 own (:mod:`.sandbox`: bubblewrap; no network, no other processes, no files but Python's and its
 own, limits on memory, processes and file sizes). Where bubblewrap is missing the grader stops
@@ -52,9 +57,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
-import csv
 import hashlib
-import io
 import os
 import re
 import shutil
@@ -97,7 +100,7 @@ from transformer_lab.course.package import (
     parse_package,
     statement_spans,
 )
-from transformer_lab.course.probing import (
+from transformer_lab.course.probe_driver import (
     CheckSpec,
     Overlay,
     ProbeLimits,
@@ -105,6 +108,25 @@ from transformer_lab.course.probing import (
     build_probe_package,
     reference_free,
     run_probe,
+)
+from transformer_lab.course.reports import (  # noqa: F401  (CSV_COLUMNS ... re-exported)
+    CSV_COLUMNS,
+    FLAG_COLUMNS,
+    SANDBOX_COLUMNS,
+    SKIPPED_COLUMNS,
+    SUMMARY_CELL_ID,
+    CheckResult,
+    Graded,
+    Outcome,
+    _write_rows,
+    add_summary,
+    feedback_path,
+    flag_rows,
+    format_table,
+    print_summary,
+    summary_markdown,
+    write_grades,
+    write_reports,
 )
 from transformer_lab.course.sandbox import (
     Bubblewrap,
@@ -126,52 +148,9 @@ DEFAULT_CASE_TIMEOUT = 30
 DEFAULT_PROBE_TIMEOUT = 600
 #: The largest notebook the grader reads (the course's largest, executed, is under 2 MB).
 MAX_NOTEBOOK_BYTES = 50_000_000
-CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
-SKIPPED_COLUMNS = ("student", "file", "reason")
-FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
-SANDBOX_COLUMNS = ("student", "sandbox")
-SUMMARY_CELL_ID = "grading-feedback"
 #: What stands for the temporary folders of a grading run in feedback and messages.
 WORKDIR_MARK = "<grading folder>"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@dataclass
-class CheckResult:
-    check: str
-    points: float
-    max_points: float
-    message: str  # "ok", or why the check failed (the framework's verdict, or the reason)
-    cases: int = 0  # cases judged
-    public: int = 0  # how many of the check's cases are the public ones (the first ones)
-    failed_case: int | None = None  # the index of the case that failed, if one did
-
-    @property
-    def passed(self) -> bool:
-        return self.message == "ok"
-
-
-@dataclass
-class Graded:
-    student: str
-    notebook: str
-    results: list[CheckResult]
-    status: str  # "graded", "not submitted", "unreadable", "grading error"
-    notes: list[str] = field(default_factory=list)  # what was graded, what stayed a stub
-    cells: list[tuple[str, str | None]] = field(default_factory=list)  # the probe's cells
-    flags: list[Flag] = field(default_factory=list)
-    run: Run | None = None
-    feedback: Path | None = None
-    seconds: float = 0.0
-    timing: dict[str, float] = field(default_factory=dict)  # seconds by part (_Clock)
-
-    @property
-    def points(self) -> float:
-        return sum(r.points for r in self.results)
-
-    @property
-    def max_points(self) -> float:
-        return sum(r.max_points for r in self.results)
 
 
 # --- reading a submitted notebook, restoring the instructor's checks ---------------------------
@@ -627,73 +606,18 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
                     output["data"][key] = clean(value)
 
 
-# --- feedback ---------------------------------------------------------------------------------
-
-def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
-                     sandbox: str = "") -> str:
-    """The feedback notebook's first cell, from the verdicts: the score, each check, the
-    failures in full, what code was graded, and where (``sandbox``: what it ran in)."""
-    lines = [f"# Grading feedback: {graded.notebook}", "",
-             f"**{graded.student}: {format_points(graded.points)} / "
-             f"{format_points(graded.max_points)} points.**", "",
-             "| check | points | result |", "|---|---|---|"]
-    for r in graded.results:
-        if r.passed:
-            result = f"passed ({r.cases} case{'s' * (r.cases != 1)})"
-        else:
-            result = "**failed**: " + _table_text(_first_line(r.message))
-        lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
-                     f"| {result} |")
-    for r in graded.results:
-        if not r.passed and "\n" in r.message:
-            text = r.message.replace("```", "'''")
-            lines += ["", f"**`{r.check}`**", "", "```text", text, "```"]
-    if graded.status == "graded":
-        lines += ["", "**What was graded.** The grader ran your notebook's first code cell, "
-                      "the functions, classes and imports of its other cells, and its exercise "
-                      "cells, then called your functions on its own inputs (the "
-                      "cases you saw and hidden ones) in a process of its own, and compared "
-                      "what they returned with the reference there."]
-        lines += [f"- {_table_text(n)}" for n in graded.notes]
-        failing = [(cid, err) for cid, err in graded.cells if err]
-        for cid, err in failing:
-            lines.append(f"- your cell `{cid}`, as the grader ran it: {_table_text(err)}")
-        lines += ["", "Below: your notebook run top to bottom in a fresh kernel on the same "
-                      "code, with the instructor's check cells"
-                  + (f" and a time limit of {timeout} s per cell" if executed else
-                     " (not executed in this run)")
-                  + ". It is there for you to see what your notebook does: the points above do "
-                    "not come from its outputs."]
-        if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
-            lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
-                         f"{_table_text(graded.run.later)}.)")
-        if sandbox:
-            lines += ["", f"Your code ran in: {sandbox}."]
-    return "\n".join(lines)
-
-
-def _first_line(text: str) -> str:
-    first = text.split("\n", 1)[0]
-    return first + (" (see below)" if "\n" in text else "")
-
-
-def _table_text(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(_ANSI.sub("", text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# --- feedback (what it says: .reports) --------------------------------------------------------
+
 def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
-    """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``."""
-    summary = nbformat.v4.new_markdown_cell(
-        summary_markdown(graded, grader.timeout, grader.execute, grader.sandbox.describe()),
-        id=SUMMARY_CELL_ID)
-    nb.cells = [c for c in nb.cells if c.get("id") != SUMMARY_CELL_ID]
-    nb.cells.insert(0, summary)
-    dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
+    """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
+    (:mod:`.reports` makes the summary)."""
+    add_summary(nb, graded, grader.timeout, grader.execute, grader.sandbox.describe())
+    dest = feedback_path(grader.out, graded)
     with grader.lock:  # what the grader writes into out is known to its ledger at once
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)
@@ -719,8 +643,10 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
         spans = statement_spans(tree, lines)
         owners = []
         for node in tree.body:
-            if hasattr(node, "name") and node.name in syllabus.TAUGHT_IN.get(module, {}):
-                first_place = syllabus.TAUGHT_IN[module][node.name][0]
+            name = getattr(node, "name", None)
+            if name in syllabus.TAUGHT_IN.get(module, {}) or \
+                    (name is not None and syllabus.FORMER_MODULE.get(name) == module):
+                first_place = syllabus.where_taught(name)[1]  # where_taught: a module of today
                 owners.append((spans[id(node)], first_place.split(" §")[0]))
         try:
             scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
@@ -784,33 +710,6 @@ class Ledger:
 
 
 # --- the whole run ----------------------------------------------------------------------------
-
-def _write_rows(path: Path, header, rows) -> None:
-    """A CSV file; names that are not UTF-8 (a file name's undecodable bytes) are written as
-    backslash escapes."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    path.write_text(buffer.getvalue(), encoding="utf-8", errors="backslashreplace")
-
-
-def write_grades(graded: list[Graded], path: Path) -> None:
-    _write_rows(path, CSV_COLUMNS, [[g.student, g.notebook, r.check, format_points(r.points),
-                                     format_points(r.max_points)]
-                                    for g in graded for r in g.results])
-
-
-def format_table(graded: list[Graded]) -> str:
-    w_student = max(len("student"), *(len(g.student) for g in graded))
-    w_nb = max(len("notebook"), *(len(g.notebook) for g in graded))
-    header = f"{'student':<{w_student}}  {'notebook':<{w_nb}}  {'points':>9}  status"
-    lines = [header, "-" * (len(header) + 8)]
-    for g in graded:
-        score = f"{format_points(g.points)}/{format_points(g.max_points)}"
-        lines.append(f"{g.student:<{w_student}}  {g.notebook:<{w_nb}}  {score:>9}  {g.status}")
-    return "\n".join(lines)
-
 
 def check_cell_problems(assignment: Assignment) -> list[str]:
     """Why the grader cannot grade a solution notebook's check cells (empty when it can)."""
@@ -913,17 +812,6 @@ class Options:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 
-@dataclass
-class Outcome:
-    """What a grading run found: a Graded per (student, notebook), the students found, the
-    flags' rows, what the students' code ran in."""
-
-    graded: list[Graded]
-    found: Found
-    flags: list[list]
-    sandbox: str
-
-
 class GradingError(Exception):
     """The run cannot start (bad solutions, no sandbox, ...); the message says why."""
 
@@ -986,18 +874,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
             graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
     finally:
         sandbox.close()
-    flags = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
-             for g in graded for f in g.flags]
-    for student in sorted(found.students):
-        flags += [[student, nb, f.where, f.line, f.what, f.code]
-                  for nb, f in core_flags(found.students[student], submissions)]
-    flags.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
-    write_grades(graded, out / "grades.csv")
-    _write_rows(out / "skipped.csv", SKIPPED_COLUMNS,
-                [[s.student, s.path, s.reason] for s in found.skipped])
-    _write_rows(out / "flags.csv", FLAG_COLUMNS, flags)
-    _write_rows(out / "sandbox.csv", SANDBOX_COLUMNS,
-                [[student, sandbox.describe()] for student in sorted(found.students)])
+    flags = flag_rows(graded, {student: core_flags(found.students[student], submissions)
+                               for student in sorted(found.students)})
+    write_reports(out, graded, found, flags, sandbox.describe())
     return Outcome(graded, found, flags, sandbox.describe())
 
 
@@ -1011,7 +890,7 @@ def _gigabytes(text: str) -> int:
     return int(value * 2**30)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path,
                         help="folder of submissions: <student>/... (notebooks and "
@@ -1048,10 +927,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=limits.processes,
                         help=f"processes and threads a student's sandbox may run (default: "
                              f"{limits.processes})")
-    args = parser.parse_args(argv)
-    # a student's folder name need not be UTF-8: print its bytes as escapes, never fail
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
+    return parser
+
+
+def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Options:
+    """The options of the parsed command line ``args``; ``parser.error`` on a bad value."""
     for name in ("timeout", "case_timeout", "probe_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, "
@@ -1063,29 +943,25 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.project / "src" / "transformer_lab" / "__init__.py").is_file():
         parser.error(f"--project must be the course's folder; {str(args.project)!r} has no "
                      "src/transformer_lab")
-    options = Options(args.source, args.project, args.timeout, args.case_timeout,
-                      args.probe_timeout, execute=not args.no_execute, jobs=args.jobs,
-                      sandbox=not args.no_sandbox,
-                      limits=SandboxLimits(memory=args.memory, processes=args.processes))
+    return Options(args.source, args.project, args.timeout, args.case_timeout,
+                   args.probe_timeout, execute=not args.no_execute, jobs=args.jobs,
+                   sandbox=not args.no_sandbox,
+                   limits=SandboxLimits(memory=args.memory, processes=args.processes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    # a student's folder name need not be UTF-8: print its bytes as escapes, never fail
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    options = _options(parser, args)
     try:
         outcome = grade(args.submissions, args.out, options)
     except GradingError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    graded, found, flags = outcome.graded, outcome.found, outcome.flags
-    print()
-    print(format_table(graded))
-    if found.skipped:
-        print(f"\nskipped {len(found.skipped)} file(s) (skipped.csv):")
-        for s in found.skipped:
-            print(f"  {s.student or '-'}: {s.path}: {s.reason}")
-    if flags:
-        students = sorted({r[0] for r in flags})
-        print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
-              "(flags.csv)")
-    warning = "" if options.sandbox else "WARNING: "
-    print(f"\n{warning}students' code ran in: {outcome.sandbox}")
-    print(f"\ngrades: {args.out / 'grades.csv'}\nfeedback: {args.out / 'feedback'}/<student>/")
+    print_summary(outcome, args.out, sandboxed=options.sandbox)
     return 0
 
 

@@ -580,8 +580,9 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
     student's imports and the top-level helpers, classes and constants they use (transitively).
 
     ``provided``: the names the composed module defines itself (the module's core functions);
-    they are never taken from the student's file as helpers, and an import of the student's
-    that would rebind one of them is left out. ``label`` names the file in the problems.
+    they are never taken from the student's file as helpers, and the names of an import of the
+    student's that would rebind one of them are left out of it (its other names are kept).
+    ``label`` names the file in the problems.
     """
     wanted, provided = list(wanted), set(provided)
     try:
@@ -632,10 +633,24 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
                 if id(helper) not in needed and used.id not in functions:
                     needed.add(id(helper))
                     todo.append(helper)
-    extras_nodes = [n for n in imports if not (_bound_by(n) & provided)]
-    extras_nodes += [n for n in tree.body if id(n) in needed]
-    extras_nodes.sort(key=lambda n: n.lineno)
-    return StudentCode(functions, [text(n) for n in extras_nodes], problems)
+    extras = [(n.lineno, text(n) if not _bound_by(n) & provided else _import_without(n, provided))
+              for n in imports]
+    extras += [(n.lineno, text(n)) for n in tree.body if id(n) in needed]
+    extras.sort(key=lambda pair: pair[0])
+    return StudentCode(functions, [t for _, t in extras if t], problems)
+
+
+def _import_without(node: ast.Import | ast.ImportFrom, names: set[str]) -> str:
+    """The import ``node`` without the names in ``names`` ("" when none is left): a student's
+    ``from transformer_lab.core.layers import linear_forward, tied_output_forward`` keeps
+    ``linear_forward`` where the composed module defines ``tied_output_forward`` itself."""
+    kept = [a for a in node.names if (a.asname or a.name).split(".")[0] not in names]
+    if not kept:
+        return ""
+    aliases = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in kept)
+    if isinstance(node, ast.Import):
+        return f"import {aliases}"
+    return f"from {'.' * node.level}{node.module or ''} import {aliases}"
 
 
 def _bound_by(node: ast.Import | ast.ImportFrom) -> set[str]:

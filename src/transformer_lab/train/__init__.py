@@ -13,10 +13,12 @@ or, from Python (notebook 08)::
 
 What one run does:
 
-1. **Data** (:mod:`transformer_lab.data`): ``n_train + n_val + n_test`` distinct source sequences
+1. **Data** (:mod:`transformer_lab.datasets.tasks`): ``n_train + n_val + n_test`` distinct source
+sequences
    of the task, drawn from ``seed``, split into a training set, a validation set and a held-out
    test set that share no source sequence.
-2. **Model**: :class:`transformer_lab.transformer.Transformer` with ``num_layers`` encoder and
+2. **Model**: :class:`transformer_lab.models.encoder_decoder.Transformer` with ``num_layers``
+encoder and
    decoder layers (pre-norm; ``norm_first=False``, ``--post-norm``: the paper's post-norm),
    initialised from ``seed``.
 3. **Training**: Adam on shuffled padded batches of similar lengths (bucketed: little padding);

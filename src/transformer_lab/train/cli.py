@@ -10,13 +10,17 @@ import sys
 import textwrap
 
 from transformer_lab import _validate as v
-from transformer_lab import data as D
+from transformer_lab.datasets import tasks as D
+from transformer_lab.train import charlm
 from transformer_lab.train.compare import step_times
 from transformer_lab.train.config import TASK_DEFAULTS, TrainConfig, make_model, model_config
 from transformer_lab.train.loop import train
 
 # --------------------------------------------------------------------------------------------
 # Command line
+
+#: The tasks with a training loop of their own (their command line parses its own options).
+TRAINERS = {"charlm": charlm.main}
 
 
 #: What each key of the final JSON line means (``--help`` prints it).
@@ -66,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                     "match, token accuracy, steps, seconds, tokens per second; see below).",
         epilog=epilog)
     g = p.add_argument_group("data")
-    g.add_argument("--task", choices=D.TASKS, default="reverse",
+    g.add_argument("--task", choices=[*D.TASKS, *TRAINERS], default="reverse",
                    help="default: reverse (--task charlm trains notebook 09's GPT on text: "
                         "python -m transformer_lab.train --task charlm --help)")
     g.add_argument("--seed", type=int, default=0,
@@ -152,20 +156,24 @@ _CONFIG_OPTIONS = ("min_len", "max_len", "num_symbols", "n_train", "n_val", "n_t
                    "batch_size", "bucket", "steps", "eval_every", "threads")
 
 
-def _charlm_requested(argv) -> bool:
-    """Whether the command line asks for ``--task charlm`` (the GPT of notebook 09, trained by
-    :mod:`transformer_lab.charlm`, which has its own options)."""
-    argv = list(argv)
-    return "--task=charlm" in argv or any(a == "--task" and b == "charlm"
-                                          for a, b in zip(argv, argv[1:], strict=False))
+def _trainer_of(argv):
+    """The command line of the task ``argv`` names: the encoder-decoder's toy tasks (:func:`
+    train_seq2seq`) or the GPT's ``charlm`` (:func:`transformer_lab.train.charlm.main`, which
+    has its own options: ``--task charlm --help``). Only ``--task`` is read here."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--task", default="reverse")
+    task = first.parse_known_args(argv)[0].task
+    return TRAINERS.get(task, train_seq2seq)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if _charlm_requested(argv):
-        from transformer_lab import charlm
+    return _trainer_of(argv)(argv)
 
-        return charlm.main(argv)
+
+def train_seq2seq(argv) -> int:
+    """``python -m transformer_lab.train --task {copy,reverse,sort,add} ...``: train the
+    encoder-decoder, one JSON line of metrics on stdout."""
     parser = _parser()
     args = parser.parse_args(argv)
     options = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k) is not None}

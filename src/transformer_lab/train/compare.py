@@ -5,11 +5,11 @@ and in PyTorch, alternately)."""
 
 from __future__ import annotations
 
-from transformer_lab import data as D
-from transformer_lab.bench import median_times
+from transformer_lab.datasets import tasks as D
+from transformer_lab.models.encoder_decoder import Transformer
+from transformer_lab.tools import median_times
 from transformer_lab.train.config import TrainConfig, make_model, make_optimizer, make_schedule
 from transformer_lab.train.loop import blas_threads, train_step
-from transformer_lab.transformer import Transformer
 
 # --------------------------------------------------------------------------------------------
 # The same training in PyTorch, and step times
@@ -68,7 +68,7 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
     """Median seconds of one training step (loss, backward, clipping, Adam) on the same batch
     from the same weights: NumPy, the from-scratch ``TorchTransformer`` and (``reference``)
     the model around ``nn.Transformer``, eager CPU, timed alternately
-    (:func:`transformer_lab.bench.median_times`).
+    (:func:`transformer_lab.tools.median_times`).
 
     Args:
         cfg: sizes, batch size and task (default: the reverse defaults).
@@ -80,7 +80,7 @@ def step_times(cfg: TrainConfig | None = None, repeats: int = 30, warmup: int = 
     """
     import torch
 
-    from transformer_lab.torch_model import ReferenceTransformer, TorchTransformer
+    from transformer_lab.reference.torch_transformer import ReferenceTransformer, TorchTransformer
 
     cfg = cfg or TrainConfig.for_task("reverse")
     torch_threads = threads if torch_threads is None else torch_threads

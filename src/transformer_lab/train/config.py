@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from transformer_lab import _validate as v
-from transformer_lab import data as D
+from transformer_lab.datasets import tasks as D
+from transformer_lab.models.encoder_decoder import POSITIONAL, Transformer, TransformerConfig
 from transformer_lab.optim import SGD, Adam, WarmupSchedule
-from transformer_lab.transformer import POSITIONAL, Transformer, TransformerConfig
 
 # --------------------------------------------------------------------------------------------
 # Configuration
@@ -182,7 +182,8 @@ def batch_stream(pairs: Sequence[tuple], batch_size: int, seed, bucket: bool = T
                  ) -> Iterator[tuple]:
     """Endless padded (src, tgt) batches: epoch after epoch, reshuffled each time, full batches
     only (``drop_last``; a set smaller than one batch gives one smaller batch). With ``bucket``,
-    each batch holds sequences of similar length (:func:`transformer_lab.data.bucketed_batches`):
+    each batch holds sequences of similar length
+    (:func:`transformer_lab.datasets.tasks.bucketed_batches`):
     about half the work of random batches, whose shorter sequences are mostly padding."""
     rng = np.random.default_rng(seed)
     size = min(batch_size, len(pairs))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformer_lab import data as D
-from transformer_lab.transformer import Transformer
+from transformer_lab.datasets import tasks as D
+from transformer_lab.models.encoder_decoder import Transformer
 
 # --------------------------------------------------------------------------------------------
 # Evaluation

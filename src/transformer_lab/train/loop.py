@@ -18,8 +18,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
-from transformer_lab import data as D
 from transformer_lab.core import training as core_training
+from transformer_lab.datasets import tasks as D
+from transformer_lab.models.encoder_decoder import Transformer
 from transformer_lab.train.config import (
     TrainConfig,
     batch_stream,
@@ -31,7 +32,6 @@ from transformer_lab.train.config import (
 )
 from transformer_lab.train.evaluation import evaluate, teacher_forced_accuracy
 from transformer_lab.train.progress import Progress
-from transformer_lab.transformer import Transformer
 
 # --------------------------------------------------------------------------------------------
 # One step
@@ -81,7 +81,7 @@ class TrainResult:
     Attributes:
         config: the :class:`TrainConfig`.
         model: the trained :class:`Transformer`.
-        task: the :class:`transformer_lab.data.Task`.
+        task: the :class:`transformer_lab.datasets.tasks.Task`.
         train, val, test: the (source, target) pairs of the three splits.
         history: a :class:`History`.
         metrics: the JSON-ready summary the command line prints (see :func:`train`).

@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", in NumPy, with its backward pass.
 
-    from transformer_lab.transformer import Transformer, TransformerConfig
+    from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 
     config = TransformerConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, num_heads=4)
     model = Transformer(config, seed=0)
@@ -18,8 +18,10 @@ backward passes and its loss), called at call time -- an edited core takes effec
 
 This module is the model's checked boundary: it holds the configuration and the parameters,
 checks every input once, and converts between its flat parameter names and the core's nested
-parameters. Its input checks live in :mod:`transformer_lab.model_inputs` and its checkpoints in
-:mod:`transformer_lab.checkpoints`; both are importable from here too.
+parameters. Its configuration is in :mod:`transformer_lab.models.config`, its input checks in
+:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
+:mod:`transformer_lab.models.shell` and its checkpoints in :mod:`transformer_lab.models.checkpoints`
+(all importable from here too).
 
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
@@ -45,8 +47,8 @@ whose config differs in any other field (``norm_first``, ``activation``, ``eps``
 
 **Input checks** are module functions (:func:`check_inputs`, :func:`check_loss_inputs`,
 :func:`check_decode_length`, :func:`decoded_sequences`, ...), shared with the
-PyTorch versions of the model in :mod:`transformer_lab.torch_model`: the three models accept the
-same input and refuse bad input with the same messages.
+PyTorch versions of the model in :mod:`transformer_lab.reference.torch_transformer`: the
+three models accept the same input and refuse bad input with the same messages.
 
 Everything is vectorised over the batch, the heads and the positions. float32 by default;
 ``TransformerConfig(dtype=np.float64)`` (or :meth:`Transformer.astype`) for gradient checks.
@@ -54,7 +56,6 @@ Everything is vectorised over the batch, the heads and the positions. float32 by
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -63,21 +64,26 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab import blocks as B
-from transformer_lab import checkpoints
 from transformer_lab import layers as L
-from transformer_lab.checkpoints import (  # noqa: F401  (re-exported: importable from here)
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    config_from_dict,
-    config_to_dict,
-)
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 
 # check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
-# is importable from here too (notebook 06 does: from transformer_lab.transformer import ...).
+# is importable from here too (notebook 06 does: from transformer_lab.models.encoder_decoder import
+# ...).
 from transformer_lab.gradient_check import check_parity  # noqa: F401
-from transformer_lab.model_inputs import (  # noqa: F401  (re-exported: importable from here)
+from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+)
+from transformer_lab.models.config import (  # noqa: F401  (re-exported: importable from here)
+    ACTIVATIONS,
+    POSITIONAL,
+    TransformerConfig,
+    config_from_dict,
+    config_to_dict,
+)
+from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importable from here)
     IGNORE_INDEX,
     check_decode_length,
     check_ids,
@@ -90,114 +96,7 @@ from transformer_lab.model_inputs import (  # noqa: F401  (re-exported: importab
     length_limit,
     loss_labels,
 )
-
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-POSITIONAL = ("sinusoidal", "learned", "none")
-
-# --------------------------------------------------------------------------------------------
-# Configuration
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters of :class:`Transformer`. Every field is checked when the config is made.
-
-    Attributes:
-        src_vocab_size, tgt_vocab_size: number of source / target token ids.
-        d_model: model width E (divisible by ``num_heads``).
-        num_heads: attention heads H of every attention layer.
-        num_encoder_layers, num_decoder_layers: depth of the two stacks (at least 1 each).
-        d_ff: hidden width of the feed-forward networks.
-        max_len: longest source sequence and longest decoder input the positional encoding
-            covers (and the default number of tokens :meth:`Transformer.greedy_decode` makes).
-        norm_first: pre-norm ``x + f(norm(x))`` (True, trains more easily) or post-norm
-            ``norm(x + f(x))`` (False, the paper's). Both stacks end with a layer norm, like
-            ``nn.Transformer``.
-        activation: of the feed-forward networks, "relu", "gelu" (exact) or "gelu_tanh".
-        eps: of every layer norm.
-        positional: "sinusoidal" (fixed table), "learned" (one trained table per side,
-            ``src_pos.W`` and ``tgt_pos.W``) or "none".
-        pad_id, bos_id, eos_id: special token ids (pad_id must be a source and a target id;
-            bos_id and eos_id target ids; all three different).
-        dtype: float32 (default) or float64 (gradient checks).
-        scale_embeddings: multiply token embeddings by sqrt(d_model), as the paper does.
-        bias: biases in every linear map and layer norm (False: none anywhere, like
-            ``nn.Transformer(bias=False)``).
-    """
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 32
-    num_heads: int = 4
-    num_encoder_layers: int = 2
-    num_decoder_layers: int = 2
-    d_ff: int = 64
-    max_len: int = 64
-    norm_first: bool = True
-    activation: str = "relu"
-    eps: float = 1e-5
-    positional: str = "sinusoidal"
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    dtype: type = np.float32
-    scale_embeddings: bool = True
-    bias: bool = True
-
-    def __post_init__(self):
-        # Numbers are stored as plain Python ints/floats/bools (np.int64(4) becomes 4), so that
-        # equal configs compare equal and config_to_dict is JSON-ready.
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
-                     "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
-            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
-                                      minimum=1))
-        if self.d_model % self.num_heads:
-            raise ValueError(f"TransformerConfig.d_model must be divisible by num_heads, got "
-                             f"d_model={self.d_model} and num_heads={self.num_heads}")
-        for name in ("norm_first", "scale_embeddings", "bias"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"TransformerConfig.{name} must be True or False, got "
-                                f"{getattr(self, name)!r}")
-            self._set(name, bool(getattr(self, name)))
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"TransformerConfig.activation must be one of {ACTIVATIONS}, got "
-                             f"{self.activation!r}")
-        if self.positional not in POSITIONAL:
-            raise ValueError(f"TransformerConfig.positional must be one of {POSITIONAL}, got "
-                             f"{self.positional!r}")
-        self._set("eps", v.real(self.eps, "TransformerConfig.eps", positive=True))
-        if not self.eps < 1:
-            raise ValueError(f"TransformerConfig.eps must be a small positive number (below 1), "
-                             f"got {self.eps!r}")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
-                                      minimum=0))
-            if getattr(self, name) >= self.tgt_vocab_size:
-                raise ValueError(f"TransformerConfig.{name} must be a target token id, below "
-                                 f"tgt_vocab_size={self.tgt_vocab_size}, got "
-                                 f"{getattr(self, name)}")
-        if self.pad_id >= self.src_vocab_size:
-            raise ValueError(f"TransformerConfig.pad_id must be a source token id too, below "
-                             f"src_vocab_size={self.src_vocab_size}, got {self.pad_id}")
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must be three "
-                             f"different ids, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            dtype = None
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"TransformerConfig.dtype must be np.float32 or np.float64, got "
-                            f"{self.dtype!r}")
-        self._set("dtype", dtype.type)
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
+from transformer_lab.models.shell import Model
 
 # --------------------------------------------------------------------------------------------
 # Parameter names: one flat dict, and templates that give the core's nested structures
@@ -370,7 +269,7 @@ class ModelCache(NamedTuple):
     dtype: np.dtype
 
 
-class Transformer:
+class Transformer(Model):
     """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core.
 
     Args:
@@ -384,57 +283,18 @@ class Transformer:
         pe: the sinusoidal table (max_len, d_model) added to the embeddings, or None.
     """
 
-    def __init__(self, config: TransformerConfig, seed: int = 0):
-        if not isinstance(config, TransformerConfig):
-            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
-        self._setup(config, _init_params(config, v.integer(seed, "seed", minimum=0)))
+    kind = "transformer"
+    config_class = TransformerConfig
+
+    _init_params = staticmethod(_init_params)  # the initial parameters from (config, seed)
 
     def _setup(self, config: TransformerConfig, params: dict[str, np.ndarray]) -> None:
-        self.config = config
-        self.params: dict[str, np.ndarray] = params
-        self._shapes = {k: p.shape for k, p in params.items()}
+        super()._setup(config, params)
         self._template = _model_template(config)
         self.pe = (L.positional_encoding(config.max_len, config.d_model, dtype=config.dtype)
                    if config.positional == "sinusoidal" else None)
 
     # ---------------------------------------------------------------------------- parameters
-
-    def num_parameters(self) -> int:
-        """Number of trainable scalars (the sinusoidal table is not a parameter)."""
-        return int(sum(p.size for p in self.params.values()))
-
-    def set_params(self, new: Mapping[str, np.ndarray]) -> None:
-        """Copy values into the parameter arrays, in place (any subset of the names).
-
-        Every value is checked before anything is copied: a known name, the parameter's shape,
-        real numbers (converted to the model's dtype), all finite.
-        """
-        checked = {name: self._checked_value(name, value) for name, value in new.items()}
-        for name, value in checked.items():
-            self.params[name][...] = value
-
-    def _checked_value(self, name: str, value) -> np.ndarray:
-        if name not in self.params:
-            raise KeyError(f"set_params: unknown parameter {name!r}")
-        value = np.asarray(value)
-        if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
-                np.issubdtype(value.dtype, np.complexfloating):
-            raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
-        v.shape_is(value, self._shapes[name], f"new[{name!r}]")
-        if not np.all(np.isfinite(value)):
-            raise ValueError(f"new[{name!r}] contains NaN or infinity")
-        return value
-
-    def astype(self, dtype) -> Transformer:
-        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
-        config = dataclasses.replace(self.config, dtype=dtype)
-        twin = type(self).__new__(type(self))
-        twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
-        return twin
-
-    def copy(self) -> Transformer:
-        """An independent copy (same config, parameters copied)."""
-        return self.astype(self.config.dtype)
 
     def _nested(self) -> dict:
         """``self.params`` checked (names, shapes, dtype) and nested as ``core.model`` takes
@@ -608,39 +468,6 @@ class Transformer:
             (maps[f"decoder.layers.{i}.self_attn"],
              maps[f"decoder.layers.{i}.cross_attn"]) = B.layer_attention_weights(layer)
         return maps
-
-    # ---------------------------------------------------------------------------- checkpoints
-
-    def save(self, path, metadata: Mapping | None = None) -> str:
-        """Save the configuration and every parameter to a NumPy ``.npz`` file.
-
-        The file holds one array per parameter (``params/<name>``) and a JSON header (format
-        version, the config, the parameter names, and ``metadata`` -- anything JSON can hold,
-        e.g. the training step or the task). ``.npz`` is appended to ``path`` if missing.
-
-        Returns:
-            The path written.
-        """
-        return checkpoints.save(self, path, metadata)
-
-    @classmethod
-    def load(cls, path) -> Transformer:
-        """A model with the configuration and parameters stored by :meth:`save`."""
-        return checkpoints.load(cls, path)
-
-    def load_params(self, path) -> dict:
-        """Copy the parameters stored by :meth:`save` into this model, in place.
-
-        Refuses (:class:`CheckpointError`, nothing copied) a file that does not fit this model:
-        other parameter names, shapes or dtypes (the message names the tensor and both shapes),
-        values that are not finite, or a configuration that differs in any other field
-        (``norm_first``, ``activation``, ``positional``, ``eps``, ``max_len``, the special
-        token ids, ...): such parameters would load but compute a different function.
-
-        Returns:
-            The metadata stored with the parameters.
-        """
-        return checkpoints.load_params(self, path)
 
     def __repr__(self) -> str:
         c = self.config

@@ -4,17 +4,17 @@
 
 or, from Python::
 
-    from transformer_lab.charlm import CharLMConfig, train_charlm
+    from transformer_lab.train.charlm import CharLMConfig, train_charlm
     result = train_charlm(CharLMConfig(seed=0))
     result.metrics["val_bits_per_char"]
     result.model.generate(...)
 
 What one run does:
 
-1. **Data**: :func:`transformer_lab.corpus.load_corpus`, split by document (near-duplicates
+1. **Data**: :func:`transformer_lab.datasets.corpus.load_corpus`, split by document (near-duplicates
    together). A batch is ``batch_size`` windows of ``context`` consecutive tokens of the
    training stream, at start positions drawn from ``seed``.
-2. **Model**: :class:`transformer_lab.gpt.GPT` -- ``block="classic"`` (layer norm, GELU,
+2. **Model**: :class:`transformer_lab.models.gpt.GPT` -- ``block="classic"`` (layer norm, GELU,
    learned positions: GPT-2) or ``"modern"`` (RMSNorm, SwiGLU, RoPE, grouped-query attention)
    -- initialised from ``seed``.
 3. **Training**: Adam, the learning rate warmed up linearly over ``warmup`` steps then decayed
@@ -39,10 +39,10 @@ second run of the first gave the same final training loss, 0.6832526499830831, a
 model):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
-        --checkpoint src/transformer_lab/data/charlm_gpt.npz \\
-        --record src/transformer_lab/data/charlm_blocks.json
+        --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
+        --record src/transformer_lab/datasets/shipped/charlm_blocks.json
     python -m transformer_lab.train --task charlm --seed 0 --block modern \\
-        --record src/transformer_lab/data/charlm_blocks.json
+        --record src/transformer_lab/datasets/shipped/charlm_blocks.json
 
 Each file stores its command. The two runs ran at the same time on a 2-core machine with little
 else running: the classic block 7.8 minutes of wall-clock time for the whole run (7.2 minutes of
@@ -70,13 +70,14 @@ from threadpoolctl import threadpool_limits
 from transformer_lab import _validate as v
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import optim as core_optim
-from transformer_lab.corpus import Corpus, load_corpus
-from transformer_lab.gpt import GPT, GPTConfig
+from transformer_lab.datasets import SHIPPED
+from transformer_lab.datasets.corpus import Corpus, load_corpus
+from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
 
 BLOCKS = ("classic", "modern")
 #: Files the notebook reads: the trained model and the record of the block comparison.
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = SHIPPED
 CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
 BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
 

@@ -1,7 +1,7 @@
 """The course Transformer as PyTorch modules written from scratch, and the same model around
-``nn.Transformer``: references for :mod:`transformer_lab.transformer`.
+``nn.Transformer``: references for :mod:`transformer_lab.models.encoder_decoder`.
 
-Two ``nn.Module`` versions of :class:`transformer_lab.transformer.Transformer`:
+Two ``nn.Module`` versions of :class:`transformer_lab.models.encoder_decoder.Transformer`:
 
 - :class:`TorchTransformer` -- written from tensor operations and autograd only (no
   ``nn.MultiheadAttention``, ``nn.Transformer*``, ``nn.LayerNorm`` or ``nn.Linear`` inside).
@@ -39,9 +39,9 @@ import torch.nn.functional as F
 
 from transformer_lab import _validate as v
 from transformer_lab import layers as L
-from transformer_lab import transformer as T
-from transformer_lab.interop import stack_from_torch, stack_to_torch
-from transformer_lab.transformer import Transformer, TransformerConfig, parameter_names
+from transformer_lab.models import encoder_decoder as T
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig, parameter_names
+from transformer_lab.reference.interop import stack_from_torch, stack_to_torch
 
 __all__ = ["LayerNorm", "FeedForward", "MultiHeadAttention", "EncoderLayer", "DecoderLayer",
            "Encoder", "Decoder", "Embedding", "Linear", "TorchTransformer",
@@ -307,7 +307,7 @@ class _Seq2Seq(nn.Module, abc.ABC):
     """Embeddings, output projection and everything around the encoder-decoder core.
 
     Inputs are checked by the very functions the NumPy model uses
-    (:func:`transformer_lab.transformer.check_inputs`, ...): same rules, same messages.
+    (:func:`transformer_lab.models.encoder_decoder.check_inputs`, ...): same rules, same messages.
     Subclasses provide the core (:meth:`core`) and the mapping between their parameters and the
     NumPy model's names and layouts (:meth:`_numpy_layout`, :meth:`_torch_layout`).
     """
@@ -458,8 +458,8 @@ class _Seq2Seq(nn.Module, abc.ABC):
     def from_numpy(cls, model: Transformer):
         """A torch model with the config and the current weights of a NumPy model."""
         if not isinstance(model, Transformer):
-            raise TypeError(f"model must be a transformer_lab.transformer.Transformer, got "
-                            f"{type(model).__name__}")
+            raise TypeError(f"model must be a transformer_lab.models.encoder_decoder.Transformer, "
+                            f"got {type(model).__name__}")
         twin = cls(model.config, seed=None)
         twin.load_numpy_params(model.params)
         return twin
@@ -514,7 +514,7 @@ class TorchTransformer(_Seq2Seq):
 # --------------------------------------------------------------------------------------------
 # The same model around nn.Transformer. The encoder-decoder weights move between the NumPy
 # model (flat names, NumPy layout) and nn.Transformer (torch names and layout) through the
-# layout conversion of transformer_lab.interop, the one the twins use.
+# layout conversion of transformer_lab.reference.interop, the one the twins use.
 
 
 def _is_core(name: str) -> bool:
@@ -547,7 +547,7 @@ def nn_transformer_state(model: Transformer) -> dict[str, torch.Tensor]:
     ``layer_norm_eps`` (see :meth:`ReferenceTransformer.make_core`).
     """
     if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a transformer_lab.transformer.Transformer, got "
+        raise TypeError(f"model must be a transformer_lab.models.encoder_decoder.Transformer, got "
                         f"{type(model).__name__}")
     state = _core_to_torch(model.config, model.params)
     return {name: torch.from_numpy(np.array(a, order="C")) for name, a in state.items()}

@@ -1,6 +1,9 @@
-"""The grader's probe: a student's functions run on the grader's cases, in a process of its own.
+"""The probe's runner: a student's functions run on the grader's cases, in a process of its own,
+inside the sandbox (the grader's side, which makes its package and starts it, watches it and
+reads its results, is :mod:`.probe_driver`).
 
-    python -s .../transformer_lab/course/probe.py WORKDIR    (started by the grader only)
+    python -s WORKDIR/in/probe_runner.py WORKDIR    (started by the grader only, on a copy of
+                                                     this file put beside its request)
 
 ``WORKDIR/in/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
 probe package's folder, the notebook cells to run (the student's first code cell, the

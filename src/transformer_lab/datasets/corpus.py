@@ -2,7 +2,7 @@
 of the installed NumPy -- real English and code, about two million characters, read at run time,
 nothing downloaded -- and the n-gram baselines a language model must beat on it.
 
-    from transformer_lab.corpus import load_corpus, ngram_bits_per_char
+    from transformer_lab.datasets.corpus import load_corpus, ngram_bits_per_char
 
     corpus = load_corpus()                  # deterministic for a given NumPy (pinned: 2.4.6)
     corpus.train_ids, corpus.val_ids        # int64 token streams, documents separated by 0

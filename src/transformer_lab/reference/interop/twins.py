@@ -2,11 +2,12 @@
 
 A twin checks the arguments of ``forward`` / ``backward`` once, with the errors of the package
 (the argument named, what was expected said), converts them (sequence layout, masks: see
-:mod:`transformer_lab.interop.arguments`; weights: see :mod:`transformer_lab.interop.layout`)
+:mod:`transformer_lab.reference.interop.arguments`; weights: see
+:mod:`transformer_lab.reference.interop.layout`)
 and calls :mod:`transformer_lab.core` -- through the core modules' attributes at call time, so
 that an edited core (the student's, the grader's) is the one that runs. It computes none of the
 core's math itself. What every twin does and where it differs from torch:
-:mod:`transformer_lab.interop`.
+:mod:`transformer_lab.reference.interop`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.attention import multihead_weights
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import multihead as core_multihead
-from transformer_lab.interop import arguments as args
-from transformer_lab.interop.layout import (
+from transformer_lab.reference.interop import arguments as args
+from transformer_lab.reference.interop.layout import (
     _T,
     layer_from_torch,
     layer_to_torch,
@@ -201,8 +203,9 @@ def _final_norm(norm, where: str, e: int):
 def _head_weights(cache) -> np.ndarray:
     """The attention weights per head, (B, H, T, S), in the cache of
     ``core.multihead.multi_head_attention_forward``: ``(c_q, c_k, c_v, c_att, c_o, H)`` with
-    ``c_att = (q, k, v, weights, scale)`` from ``core.attention.attention_forward``."""
-    return cache[3][3]
+    ``c_att = (q, k, v, weights, scale)`` from ``core.attention.attention_forward`` -- read by
+    the boundary's accessor, the one place that knows that layout."""
+    return multihead_weights(cache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -585,7 +588,7 @@ class TransformerEncoderTwin(_LayerTwin):
     ``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)`` -> out, the shape of
     src. ``backward(dout)`` -> dsrc. ``grads``: ``layers.0.self_attn.in_proj_weight``, ...,
     ``norm.weight``, ``norm.bias``. Computes torch's autograd path, not its no-grad nested-tensor
-    fast path (see :mod:`transformer_lab.interop`). Runs ``core.blocks.encoder_forward``.
+    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``.
     """
 
     def __init__(self, module):

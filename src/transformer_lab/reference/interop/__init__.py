@@ -73,20 +73,22 @@ The contract, and where a twin deliberately differs from torch:
 
 The package, by concern:
 
-- :mod:`transformer_lab.interop.layout` -- ``norm_from_torch`` / ``mha_from_torch`` /
+- :mod:`transformer_lab.reference.interop.layout` -- ``norm_from_torch`` / ``mha_from_torch`` /
   ``ff_from_torch`` / ``layer_from_torch`` / ``stack_from_torch`` and their ``*_to_torch``
   inverses: the one mapping between torch's parameter names and layouts and the core's parameter
-  dicts; the twins and :mod:`transformer_lab.torch_model` (the NumPy Transformer's weights in
+  dicts; the twins and :mod:`transformer_lab.reference.torch_transformer` (the NumPy Transformer's
+  weights in
   ``nn.Transformer``) use it.
-- :mod:`transformer_lab.interop.arguments` -- torch's sequence layouts and masks, checked and
+- :mod:`transformer_lab.reference.interop.arguments` -- torch's sequence layouts and masks, checked
+and
   converted to what the core takes.
-- :mod:`transformer_lab.interop.twins` -- the twin classes.
+- :mod:`transformer_lab.reference.interop.twins` -- the twin classes.
 - here -- :func:`from_torch`.
 """
 
 from __future__ import annotations
 
-from transformer_lab.interop.layout import (
+from transformer_lab.reference.interop.layout import (
     ff_from_torch,
     ff_to_torch,
     layer_from_torch,
@@ -98,7 +100,7 @@ from transformer_lab.interop.layout import (
     stack_from_torch,
     stack_to_torch,
 )
-from transformer_lab.interop.twins import (
+from transformer_lab.reference.interop.twins import (
     EmbeddingTwin,
     LayerNormTwin,
     LinearTwin,

@@ -1,7 +1,7 @@
 """The static figures in ``img/``, drawn by code so that anyone can redraw them.
 
-    python -m transformer_lab.figures            # redraw every figure into img/
-    python -m transformer_lab.figures --out DIR  # somewhere else (the tests compare bytes)
+    python -m transformer_lab.course.figures            # redraw every figure into img/
+    python -m transformer_lab.course.figures --out DIR  # somewhere else (the tests compare bytes)
 
 Each figure is one function ``draw_<name>(ax_or_fig)`` registered in :data:`FIGURES`. PNG files
 are written without a timestamp or software tag, so redrawing gives the same bytes as long as

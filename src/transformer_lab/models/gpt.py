@@ -1,6 +1,6 @@
 """A decoder-only language model (GPT) in NumPy, with its backward pass, sampling and a KV cache.
 
-    from transformer_lab.gpt import GPT, GPTConfig
+    from transformer_lab.models.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=100), seed=0)          # the 2017 / GPT-2 block
     model = GPT(GPTConfig.modern(vocab_size=100), seed=0)   # RMSNorm, SwiGLU, RoPE, GQA
@@ -23,145 +23,37 @@ the core are rebuilt at every call from the same arrays (no copies): an optimise
 
 **Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
 ``use_cache=True`` (the default) the keys and values of every position are computed once and
-kept (:func:`transformer_lab.core.gpt.gpt_step`); with ``use_cache=False`` the whole prefix is
+kept (:func:`transformer_lab.core.decoding.gpt_step`); with ``use_cache=False`` the whole prefix is
 recomputed at every step. Both give the same logits (up to rounding) and, with the same seed,
 the same tokens.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.core import decoding as core_decoding
 from transformer_lab.core import gpt as core_gpt
 from transformer_lab.core import layers as core_layers
+from transformer_lab.core import next_token as core_next_token
+from transformer_lab.core import rope as core_rope
+from transformer_lab.core import sampling as core_sampling
+from transformer_lab.models import config as _config
 
-NORMS = ("layer", "rms")
-MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
-POSITIONAL = ("learned", "sinusoidal", "rope", "none")
-
-# --------------------------------------------------------------------------------------------
-# Configuration
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    """Hyperparameters of :class:`GPT`, checked when the config is made.
-
-    Attributes:
-        vocab_size: number of token ids V.
-        d_model: width E, divisible by ``num_heads``.
-        num_heads: query heads H.
-        num_kv_heads: key/value heads Hkv, dividing H (None: H, ordinary multi-head attention;
-            fewer: grouped-query attention; 1: multi-query attention).
-        num_layers: blocks N.
-        d_ff: hidden width F of the MLP (None: 4 E, ``round(8 E / 3)`` rounded up to
-            a multiple of 8 for SwiGLU, which has three matrices instead of two).
-        max_len: longest sequence (prompt + generated tokens) the model reads.
-        norm: "layer" (layer norm) or "rms" (RMSNorm).
-        mlp: "gelu_tanh" (the feed-forward network with GPT-2's tanh approximation of GELU,
-            the default: a third of the time of the exact "gelu" here), "gelu", "relu", or
-            "swiglu".
-        positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
-            (rotary embeddings of the queries and keys) or "none".
-        bias: biases in the linear maps and layer norms.
-        eps: of every normalisation.
-        rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
-        attention_block_size: None (default): attention forms the (T, T) scores; an int: the
-            tiled attention of notebook 10 (``core.flash``) with blocks of that many positions,
-            for the forward and backward passes of training (decoding with the KV cache reads
-            one query at a time and is unchanged). The same results, to rounding.
-        dtype: np.float32 (default) or np.float64 (gradient checks).
-    """
-
-    vocab_size: int
-    d_model: int = 128
-    num_heads: int = 4
-    num_kv_heads: int | None = None
-    num_layers: int = 4
-    d_ff: int | None = None
-    max_len: int = 256
-    norm: str = "layer"
-    mlp: str = "gelu_tanh"
-    positional: str = "learned"
-    bias: bool = True
-    eps: float = 1e-5
-    rope_base: float = 10000.0
-    attention_block_size: int | None = None
-    dtype: type = np.float32
-
-    def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len"):
-            self._set(name, v.integer(getattr(self, name), f"GPTConfig.{name}", minimum=1))
-        kv = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-        self._set("num_kv_heads", v.integer(kv, "GPTConfig.num_kv_heads", minimum=1))
-        if self.d_model % self.num_heads:
-            raise ValueError(f"GPTConfig.d_model must be divisible by num_heads, got d_model="
-                             f"{self.d_model} and num_heads={self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"GPTConfig.num_kv_heads must divide num_heads, got num_kv_heads="
-                             f"{self.num_kv_heads} and num_heads={self.num_heads}")
-        for name, choices in (("norm", NORMS), ("mlp", MLPS), ("positional", POSITIONAL)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"GPTConfig.{name} must be one of {choices}, got "
-                                 f"{getattr(self, name)!r}")
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"GPTConfig: RoPE rotates pairs of features, so the head width "
-                             f"d_model / num_heads must be even, got {self.head_dim}")
-        if self.d_ff is None:
-            d_ff = 4 * self.d_model if self.mlp != "swiglu" else -(-8 * self.d_model // 3 // 8) * 8
-            self._set("d_ff", d_ff)
-        self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
-        self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
-        self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
-        self._set("rope_base", v.real(self.rope_base, "GPTConfig.rope_base", positive=True))
-        if self.attention_block_size is not None:
-            self._set("attention_block_size", v.integer(
-                self.attention_block_size, "GPTConfig.attention_block_size", minimum=1))
-        self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-    @classmethod
-    def classic(cls, vocab_size: int, **overrides) -> GPTConfig:
-        """The 2017 / GPT-2 block: layer norm, GELU MLP (tanh form), learned positions, biases,
-        H = Hkv."""
-        return cls(vocab_size, **{"norm": "layer", "mlp": "gelu_tanh", "positional": "learned",
-                                  "bias": True, **overrides})
-
-    @classmethod
-    def modern(cls, vocab_size: int, **overrides) -> GPTConfig:
-        """The LLaMA-style block: RMSNorm, SwiGLU, RoPE, grouped-query attention (half as many
-        key/value heads as query heads, when H is even), no biases."""
-        heads = overrides.get("num_heads", cls.num_heads)
-        return cls(vocab_size, **{"norm": "rms", "mlp": "swiglu", "positional": "rope",
-                                  "bias": False, "num_kv_heads": max(heads // 2, 1)
-                                  if heads % 2 == 0 else heads, **overrides})
-
-
-def config_to_dict(config: GPTConfig) -> dict:
-    """The config as a JSON-ready dict (the dtype by name)."""
-    d = dataclasses.asdict(config)
-    d["dtype"] = np.dtype(config.dtype).name
-    return d
+# re-exported: importable from here, as before the configs had a module of their own
+from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
+from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
+from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
+from transformer_lab.models.shell import Model
 
 
 def config_from_dict(d: Mapping) -> GPTConfig:
-    """Inverse of :func:`config_to_dict`."""
-    d = dict(d)
-    d["dtype"] = np.dtype(d.get("dtype", "float32")).type
-    return GPTConfig(**d)
+    """Inverse of :func:`config_to_dict` for a GPT's config."""
+    return _config.config_from_dict(d, "gpt")
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +194,7 @@ class ModelCache:
 # The model
 
 
-class GPT:
+class GPT(Model):
     """The decoder-only language model, as NumPy forward/backward passes.
 
     Args:
@@ -316,59 +208,24 @@ class GPT:
         rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
     """
 
-    def __init__(self, config: GPTConfig, seed: int = 0):
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        self._setup(config, _init_params(config, v.integer(seed, "seed", minimum=0)))
+    kind = "gpt"
+    config_class = GPTConfig
+
+    _init_params = staticmethod(_init_params)  # the initial parameters from (config, seed)
 
     def _setup(self, config: GPTConfig, params: dict[str, np.ndarray]) -> None:
-        self.config = config
-        self.params = params
-        self._shapes = {k: p.shape for k, p in params.items()}
+        super()._setup(config, params)
         dt = config.dtype
         self.pe = None
         if config.positional == "sinusoidal":
             self.pe = core_layers.positional_encoding(config.max_len, config.d_model).astype(dt)
         self.rope = None
         if config.positional == "rope":
-            cos, sin = core_gpt.rope_tables(np.arange(config.max_len), config.head_dim,
-                                            config.rope_base)
+            cos, sin = core_rope.rope_tables(np.arange(config.max_len), config.head_dim,
+                                             config.rope_base)
             self.rope = (cos.astype(dt), sin.astype(dt))
 
     # ---------------------------------------------------------------------------- parameters
-
-    def num_parameters(self) -> int:
-        """Number of trainable scalars (the embedding table counts once: it is tied)."""
-        return int(sum(p.size for p in self.params.values()))
-
-    def set_params(self, new: Mapping[str, np.ndarray]) -> None:
-        """Copy values into the parameter arrays, in place (any subset of the names), after
-        checking all of them: a known name, the parameter's shape, finite real numbers."""
-        checked = {}
-        for name, value in new.items():
-            if name not in self.params:
-                raise KeyError(f"set_params: unknown parameter {name!r}")
-            value = np.asarray(value)
-            if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
-                    np.issubdtype(value.dtype, np.complexfloating):
-                raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
-            v.shape_is(value, self._shapes[name], f"new[{name!r}]")
-            if not np.all(np.isfinite(value)):
-                raise ValueError(f"new[{name!r}] contains NaN or infinity")
-            checked[name] = value
-        for name, value in checked.items():
-            self.params[name][...] = value
-
-    def astype(self, dtype) -> GPT:
-        """A copy of the model with its config and parameters in ``dtype``."""
-        config = dataclasses.replace(self.config, dtype=dtype)
-        twin = type(self).__new__(type(self))
-        twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
-        return twin
-
-    def copy(self) -> GPT:
-        """An independent copy (same config, parameters copied)."""
-        return self.astype(self.config.dtype)
 
     def nested_params(self) -> dict:
         """The parameters as the core takes them (the same arrays, no copies)."""
@@ -433,7 +290,7 @@ class GPT:
             return loss, {k: grads[k] for k in self.params}
         logits, _ = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                          self._rope(0, ids.shape[1]))
-        return core_gpt.next_token_loss_forward(logits, ids)[0], None
+        return core_next_token.next_token_loss_forward(logits, ids)[0], None
 
     # ---------------------------------------------------------------------------- generation
 
@@ -454,7 +311,7 @@ class GPT:
 
         At each step the logits of the last position are divided by ``temperature``, filtered
         to the ``top_k`` most likely tokens and/or to the smallest set holding probability
-        ``top_p``, and one token is drawn (:func:`transformer_lab.core.gpt.sample_next`);
+        ``top_p``, and one token is drawn (:func:`transformer_lab.core.sampling.sample_next`);
         ``temperature=0`` is greedy decoding (the most likely token; no draw, top_k and top_p
         unused).
 
@@ -517,58 +374,15 @@ class GPT:
         for i in range(steps):
             end = T + i
             if use_cache:  # the prompt at once (prefill), then one new token per step
-                logits, length = core_gpt.gpt_step(params, out[:, length:end], c, caches, length,
-                                                   self.pe, self._rope(length, end))
+                logits, length = core_decoding.gpt_step(params, out[:, length:end], c, caches,
+                                                        length, self.pe, self._rope(length, end))
             else:  # the whole prefix, every step
                 logits, _ = core_gpt.gpt_forward(params, out[:, :end], c, self.pe,
                                                  self._rope(0, end))
             last = logits[:, -1]  # (B, V)
             all_logits[:, i] = last
-            out[:, end] = core_gpt.sample_next(last, rng, temperature, top_k, top_p)
+            out[:, end] = core_sampling.sample_next(last, rng, temperature, top_k, top_p)
         return out, all_logits
-
-    # ---------------------------------------------------------------------------- checkpoints
-
-    def save(self, path, metadata: Mapping | None = None) -> str:
-        """Save the config, every parameter and ``metadata`` (anything JSON holds) to a NumPy
-        ``.npz`` file (no pickle); ``.npz`` is appended to ``path`` if missing. -> the path."""
-        path = str(path) if str(path).endswith(".npz") else f"{path}.npz"
-        header = {"format": CHECKPOINT_FORMAT, "kind": "gpt", "config": config_to_dict(self.config),
-                  "names": list(self.params), "metadata": dict(metadata or {})}
-        try:
-            header_json = json.dumps(header)
-        except TypeError as e:
-            raise TypeError(f"metadata must hold only what JSON can store: {e}") from None
-        with open(path, "wb") as f:
-            np.savez_compressed(f, __header__=np.array(header_json),
-                                **{f"params/{k}": p for k, p in self.params.items()})
-        return path
-
-    @classmethod
-    def load(cls, path) -> GPT:
-        """The model stored by :meth:`save` (its ``metadata`` in ``model.metadata``)."""
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                header = json.loads(str(f["__header__"]))
-                arrays = {k[len("params/"):]: f[k] for k in f.files if k.startswith("params/")}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"cannot read GPT checkpoint {path}: {e}") from None
-        if not isinstance(header, dict) or header.get("kind") != "gpt" or \
-                header.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path} is not a GPT checkpoint of format {CHECKPOINT_FORMAT}")
-        config = config_from_dict(header["config"])
-        shapes = parameter_shapes(config)
-        if sorted(arrays) != sorted(shapes):
-            raise ValueError(f"{path}: the stored parameters do not match its config")
-        for name, shape in shapes.items():
-            if arrays[name].shape != shape or arrays[name].dtype != config.dtype:
-                raise ValueError(f"{path}: parameter {name!r} has shape {arrays[name].shape} "
-                                 f"and dtype {arrays[name].dtype}, expected {shape} and "
-                                 f"{np.dtype(config.dtype).name}")
-        model = cls.__new__(cls)
-        model._setup(config, {k: np.ascontiguousarray(arrays[k]) for k in shapes})
-        model.metadata = header.get("metadata", {})
-        return model
 
     def __repr__(self) -> str:
         c = self.config
@@ -580,6 +394,3 @@ class GPT:
                 f"vocab={c.vocab_size}, {np.dtype(c.dtype).name}, "
                 f"{self.num_parameters():,} parameters)")
 
-
-#: Version of the checkpoint layout written by :meth:`GPT.save`.
-CHECKPOINT_FORMAT = 1

@@ -1,5 +1,6 @@
 """The input checks and conventions of the Transformer models, shared by the NumPy model
-(:mod:`transformer_lab.transformer`) and its PyTorch versions (:mod:`transformer_lab.torch_model`),
+(:mod:`transformer_lab.models.encoder_decoder`) and its PyTorch versions
+(:mod:`transformer_lab.reference.torch_transformer`),
 so that all of them accept and refuse exactly the same input with the same messages.
 
 - :func:`check_ids`, :func:`check_padding_mask`, :func:`check_inputs`: a batch of token ids and
@@ -9,7 +10,7 @@ so that all of them accept and refuse exactly the same input with the same messa
   where a position does not count);
 - :func:`check_decode_length`, :func:`decoded_sequences`: greedy decoding's length and result.
 
-Everything here is importable from :mod:`transformer_lab.transformer` too.
+Everything here is importable from :mod:`transformer_lab.models.encoder_decoder` too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from transformer_lab import _validate as v
 
 if TYPE_CHECKING:
-    from transformer_lab.transformer import TransformerConfig
+    from transformer_lab.models.config import TransformerConfig
 
 __all__ = ["IGNORE_INDEX", "length_limit", "check_ids", "check_padding_mask", "check_inputs",
            "check_target", "label_mask", "loss_labels", "check_loss_inputs",
@@ -54,7 +55,8 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None) -> np
         except ValueError:  # NumPy: "setting an array element with a sequence ..."
             raise ValueError(f"{name} must be a rectangular (batch, length) array of token ids; "
                              f"got a list of sequences of different lengths (pad them to one "
-                             f"length first, e.g. with transformer_lab.data.pad)") from None
+                             f"length first, e.g. with transformer_lab.datasets.tasks.pad)"
+                             ) from None
     if not isinstance(ids, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array of token ids, got {type(ids).__name__}")
     if ids.ndim != 2:

@@ -1,4 +1,5 @@
-"""The grader's side of the probe: the probe package, the request, the watch, the evidence.
+"""The probe's driver, the grader's side of the probe: the probe package, the request, the
+watch, the evidence (the side that runs in the sandbox: :mod:`.probe_runner`).
 
 For one student and one notebook N, :func:`build_probe_package` writes a package folder from the
 HANDOUT form of the instructor's package (core stubbed, hidden tests stripped: the reference of
@@ -17,7 +18,7 @@ makes the probe's copy of it, in which no check has a method computing an answer
 ``mistakes``) and no answers are stored: nothing in the probe process can produce an expected
 answer for the student's code to hand back.
 
-:func:`run_probe` then runs :mod:`.probe` in a fresh Python -- in a sandbox of its own
+:func:`run_probe` then runs :mod:`.probe_runner` in a fresh Python -- in a sandbox of its own
 (:mod:`.sandbox`: it sees Python, the probe package, its request and its results folder, nothing
 else), started in an empty folder, with a small environment, in its own process group, its
 output drained and bounded -- and watches it:
@@ -47,10 +48,11 @@ import numpy as np
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import probe as runner
+from transformer_lab.course import probe_runner as runner
 from transformer_lab.course.kernel_env import KERNEL_ENV
 from transformer_lab.course.package import (
     Package,
+    StudentCode,
     compose_core_module,
     notebook_number,
     student_code,
@@ -104,6 +106,52 @@ def owner(function: str, notebook: str) -> str:
     return "stub"
 
 
+def student_functions(core_files: dict[str, Path] | None, module: str, wanted: list[str],
+                      provided: set[str], core_label: str) -> StudentCode:
+    """The student's definitions of the functions ``wanted`` of the core module ``module``
+    (:func:`student_code`), from their file of that module -- or, for a function it lacks (not
+    handed in, or not defined there), from the module the function was in before
+    (``syllabus.FORMER_MODULE``): a handout built before ``core/gpt.py`` was split by topic has
+    ``rope_forward`` in ``core/gpt.py``. A function found nowhere keeps the first reason."""
+    if core_files is None:
+        return StudentCode({}, [], {name: "no core files were handed in "
+                                          "(src/transformer_lab/core/*.py)" for name in wanted})
+    functions: dict[str, str] = {}
+    extras: list[str] = []
+    reasons: dict[str, str] = {}
+    passes = [(module, list(wanted))]
+    while passes:
+        where, names = passes.pop(0)
+        label = f"{core_label}/{where}.py"
+        path = core_files.get(where)
+        if path is None:
+            missing = {name: f"{label} was not handed in" for name in names}
+        else:
+            try:
+                source = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                missing = {name: f"{label} could not be read ({type(err).__name__})"
+                           for name in names}
+            else:
+                code = student_code(source, names, provided, label)
+                functions.update(code.functions)
+                extras += [text for text in code.extras if text not in extras]
+                missing = code.problems
+        for name in names:
+            if name in missing and name not in reasons:
+                reasons[name] = missing[name]
+            elif name not in missing:
+                reasons.pop(name, None)
+        if where == module:
+            former: dict[str, list[str]] = {}
+            for name in missing:
+                old = syllabus.FORMER_MODULE.get(name)
+                if old is not None and old != module and old in core_files:
+                    former.setdefault(old, []).append(name)
+            passes += list(former.items())
+    return StudentCode(functions, extras, reasons)
+
+
 def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
                         core_files: dict[str, Path] | None, dest: Path,
                         core_label: str = "src/transformer_lab/core") -> Overlay:
@@ -125,38 +173,19 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
         extras: list[str] = []
         wanted = taught.get(module, [])
         if wanted:
-            path = (core_files or {}).get(module)
-            label = f"{core_label}/{module}.py"
-            if core_files is None:
-                reasons = {name: "no core files were handed in (src/transformer_lab/core/*.py)"
-                           for name in wanted}
-                code = None
-            elif path is None:
-                reasons = {name: f"{label} was not handed in" for name in wanted}
-                code = None
-            else:
-                try:
-                    source = path.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError) as err:
-                    source = None
-                    reasons = {name: f"{label} could not be read ({type(err).__name__})"
-                               for name in wanted}
-                # the module's own names (its functions, and constants such as ACTIVATIONS,
-                # which refer to them) come from the package, never from the student's file
-                provided = set(core.functions) | top_level_names(stub_path.read_text())
-                code = None if source is None else student_code(source, wanted, provided,
-                                                                label)
-                if code is not None:
-                    reasons = code.problems
-            if code is not None:
-                try:
-                    compose_core_module(stub_path.read_text(), {**definitions, **code.functions},
-                                        code.extras)
-                    definitions.update(code.functions)
-                    extras = code.extras
-                except SyntaxError as err:  # cannot happen with parsed parts; be safe
-                    reasons = {name: f"{label}: your code could not be put together with the "
-                                     f"package ({err.msg})" for name in wanted}
+            # the module's own names (its functions, and constants such as ACTIVATIONS, which
+            # refer to them) come from the package, never from the student's file
+            provided = set(core.functions) | top_level_names(stub_path.read_text())
+            code = student_functions(core_files, module, wanted, provided, core_label)
+            reasons = code.problems
+            try:
+                compose_core_module(stub_path.read_text(), {**definitions, **code.functions},
+                                    code.extras)
+                definitions.update(code.functions)
+                extras = code.extras
+            except SyntaxError as err:  # cannot happen with parsed parts; be safe
+                reasons = {name: f"{core_label}/{module}.py: your code could not be put "
+                                 f"together with the package ({err.msg})" for name in wanted}
             for name in wanted:
                 if name in reasons:
                     overlay.stubs[name] = reasons[name]

@@ -1,6 +1,7 @@
-"""The GPT of :mod:`transformer_lab.gpt`, written again from scratch in PyTorch -- for parity.
+"""The GPT of :mod:`transformer_lab.models.gpt`, written again from scratch in PyTorch -- for
+parity.
 
-    from transformer_lab.gpt_torch import TorchGPT
+    from transformer_lab.reference.torch_gpt import TorchGPT
     twin = TorchGPT.from_numpy(model)        # the same weights, float32 or float64
     loss = twin.loss(ids)                    # a torch scalar; loss.backward()
     twin.numpy_grads()                       # name -> array, the keys of model.params
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.gpt import GPT, GPTConfig, check_ids, parameter_shapes
+from transformer_lab.models.gpt import GPT, GPTConfig, check_ids, parameter_shapes
 
 
 def _dtype(config: GPTConfig) -> torch.dtype:
@@ -96,7 +97,7 @@ def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 class TorchGPT(nn.Module):
-    """The decoder-only model of :class:`transformer_lab.gpt.GPT` in PyTorch (see the module
+    """The decoder-only model of :class:`transformer_lab.models.gpt.GPT` in PyTorch (see the module
     docstring). Parameters are zeros until :meth:`load_numpy_params`; ``from_numpy`` does both."""
 
     def __init__(self, config: GPTConfig):

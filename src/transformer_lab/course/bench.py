@@ -1,8 +1,10 @@
-"""Time the NumPy twins against PyTorch's eager CPU autograd: ``python -m transformer_lab.bench``.
+"""Time the NumPy twins against PyTorch's eager CPU autograd: ``python -m
+transformer_lab.course.bench``.
 
 One *step* is what a training step does with the module: forward, then backward of
 ``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get
-the same weights (the twin is built with :func:`transformer_lab.interop.from_torch`), the same
+the same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the
+same
 float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few
 padded positions) and the same upstream gradient. Before anything is timed, the twin is checked
 to compute what the module computes: a float64 copy of each, same weights and inputs, must agree
@@ -49,13 +51,14 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.gradient_check import rel_error
+from transformer_lab.tools import median_times  # noqa: F401  (importable from here too)
 
 MODULES = ("encoder_layer", "transformer")
 NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
@@ -63,33 +66,6 @@ NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer
 #: Largest relative error (float32) between the twin's and torch's outputs and input gradients
 #: for which timing them means something.
 PARITY_TOL = 1e-10
-
-
-def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
-                 ) -> dict[str, float]:
-    """Median seconds of each step function, timed alternately.
-
-    Each round calls every function once, in order, so that a busy moment of the machine hits
-    all of them alike; the first ``warmup`` rounds are not timed.
-
-    Args:
-        steps: name -> a function of no arguments (one step of the work to time).
-        repeats: timed rounds (at least 1).
-        warmup: untimed rounds before them (at least 0).
-
-    Returns:
-        name -> median seconds of one call.
-    """
-    repeats = v.integer(repeats, "repeats", minimum=1)
-    warmup = v.integer(warmup, "warmup", minimum=0)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(warmup + repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int, warmup: int,
@@ -198,7 +174,7 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
     """
     import torch
 
-    from transformer_lab.interop import from_torch
+    from transformer_lab.reference.interop import from_torch
 
     rng = np.random.default_rng(0)
     module = _build(kind, e, h, layers)
@@ -236,7 +212,7 @@ def _check_float64_twin(module, args, kwargs, dout) -> float:
 
     import torch
 
-    from transformer_lab.interop import from_torch
+    from transformer_lab.reference.interop import from_torch
 
     ref = copy.deepcopy(module).double()
     args64 = [a.astype(np.float64) for a in args]
@@ -339,7 +315,7 @@ def _default_heads(e: int) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m transformer_lab.bench",
+        prog="python -m transformer_lab.course.bench",
         description="Time forward + backward: the NumPy twin vs torch (eager CPU, autograd), "
                     "float32, same weights, batch and masks, in interleaved rounds on one "
                     "thread each. Progress and the expected duration go to stderr, the table "

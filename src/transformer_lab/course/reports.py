@@ -1,0 +1,225 @@
+"""What a grading run found, and the reports made from it: the CSV files, the feedback's summary
+cell, the table and summary printed at the end.
+
+:mod:`.grade` grades (it makes the :class:`Graded` records and the :class:`Outcome`); this
+module only turns them into text and files, the same bytes for the same records:
+
+- ``grades.csv``: student, notebook, check, points, max_points (:func:`write_grades`);
+- ``skipped.csv``, ``flags.csv``, ``sandbox.csv`` (:func:`write_reports`, which writes all four);
+- the summary cell on top of each feedback notebook (:func:`summary_markdown`,
+  :func:`add_summary`; :func:`.grade.write_feedback` writes the notebook);
+- the table and the summary printed at the end of ``python -m transformer_lab.course.grade``
+  (:func:`format_table`, :func:`print_summary`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from transformer_lab.course.assignment import format_points
+from transformer_lab.course.flags import Flag
+from transformer_lab.course.kernel_run import Run
+from transformer_lab.course.submissions import Found
+
+CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
+SKIPPED_COLUMNS = ("student", "file", "reason")
+FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
+SANDBOX_COLUMNS = ("student", "sandbox")
+SUMMARY_CELL_ID = "grading-feedback"
+
+
+@dataclass
+class CheckResult:
+    check: str
+    points: float
+    max_points: float
+    message: str  # "ok", or why the check failed (the framework's verdict, or the reason)
+    cases: int = 0  # cases judged
+    public: int = 0  # how many of the check's cases are the public ones (the first ones)
+    failed_case: int | None = None  # the index of the case that failed, if one did
+
+    @property
+    def passed(self) -> bool:
+        return self.message == "ok"
+
+
+@dataclass
+class Graded:
+    student: str
+    notebook: str
+    results: list[CheckResult]
+    status: str  # "graded", "not submitted", "unreadable", "grading error"
+    notes: list[str] = field(default_factory=list)  # what was graded, what stayed a stub
+    cells: list[tuple[str, str | None]] = field(default_factory=list)  # the probe's cells
+    flags: list[Flag] = field(default_factory=list)
+    run: Run | None = None
+    feedback: Path | None = None
+    seconds: float = 0.0
+    timing: dict[str, float] = field(default_factory=dict)  # seconds by part (grade._Clock)
+
+    @property
+    def points(self) -> float:
+        return sum(r.points for r in self.results)
+
+    @property
+    def max_points(self) -> float:
+        return sum(r.max_points for r in self.results)
+
+
+@dataclass
+class Outcome:
+    """What a grading run found: a Graded per (student, notebook), the students found, the
+    flags' rows, what the students' code ran in."""
+
+    graded: list[Graded]
+    found: Found
+    flags: list[list]
+    sandbox: str
+
+
+# --- feedback ---------------------------------------------------------------------------------
+
+def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
+                     sandbox: str = "") -> str:
+    """The feedback notebook's first cell, from the verdicts: the score, each check, the
+    failures in full, what code was graded, and where (``sandbox``: what it ran in)."""
+    lines = [f"# Grading feedback: {graded.notebook}", "",
+             f"**{graded.student}: {format_points(graded.points)} / "
+             f"{format_points(graded.max_points)} points.**", "",
+             "| check | points | result |", "|---|---|---|"]
+    for r in graded.results:
+        if r.passed:
+            result = f"passed ({r.cases} case{'s' * (r.cases != 1)})"
+        else:
+            result = "**failed**: " + _table_text(_first_line(r.message))
+        lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
+                     f"| {result} |")
+    for r in graded.results:
+        if not r.passed and "\n" in r.message:
+            text = r.message.replace("```", "'''")
+            lines += ["", f"**`{r.check}`**", "", "```text", text, "```"]
+    if graded.status == "graded":
+        lines += ["", "**What was graded.** The grader ran your notebook's first code cell, "
+                      "the functions, classes and imports of its other cells, and its exercise "
+                      "cells, then called your functions on its own inputs (the "
+                      "cases you saw and hidden ones) in a process of its own, and compared "
+                      "what they returned with the reference there."]
+        lines += [f"- {_table_text(n)}" for n in graded.notes]
+        failing = [(cid, err) for cid, err in graded.cells if err]
+        for cid, err in failing:
+            lines.append(f"- your cell `{cid}`, as the grader ran it: {_table_text(err)}")
+        lines += ["", "Below: your notebook run top to bottom in a fresh kernel on the same "
+                      "code, with the instructor's check cells"
+                  + (f" and a time limit of {timeout} s per cell" if executed else
+                     " (not executed in this run)")
+                  + ". It is there for you to see what your notebook does: the points above do "
+                    "not come from its outputs."]
+        if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
+            lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
+                         f"{_table_text(graded.run.later)}.)")
+        if sandbox:
+            lines += ["", f"Your code ran in: {sandbox}."]
+    return "\n".join(lines)
+
+
+def _first_line(text: str) -> str:
+    first = text.split("\n", 1)[0]
+    return first + (" (see below)" if "\n" in text else "")
+
+
+def _table_text(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def add_summary(nb, graded: Graded, timeout: int, executed: bool = True,
+                sandbox: str = "") -> None:
+    """Put the summary cell (:func:`summary_markdown`) on top of the feedback notebook ``nb``,
+    in place of any summary cell it had."""
+    summary = nbformat.v4.new_markdown_cell(
+        summary_markdown(graded, timeout, executed, sandbox), id=SUMMARY_CELL_ID)
+    nb.cells = [c for c in nb.cells if c.get("id") != SUMMARY_CELL_ID]
+    nb.cells.insert(0, summary)
+
+
+def feedback_path(out: Path, graded: Graded) -> Path:
+    """Where the feedback of ``graded`` goes: ``out/feedback/<student>/<notebook>.ipynb``."""
+    return out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
+
+
+# --- the CSV files ----------------------------------------------------------------------------
+
+def _write_rows(path: Path, header, rows) -> None:
+    """A CSV file; names that are not UTF-8 (a file name's undecodable bytes) are written as
+    backslash escapes."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    path.write_text(buffer.getvalue(), encoding="utf-8", errors="backslashreplace")
+
+
+def write_grades(graded: list[Graded], path: Path) -> None:
+    _write_rows(path, CSV_COLUMNS, [[g.student, g.notebook, r.check, format_points(r.points),
+                                     format_points(r.max_points)]
+                                    for g in graded for r in g.results])
+
+
+def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
+    """The rows of ``flags.csv``: the flags of every graded notebook, and ``core``'s (student ->
+    (notebook, flag) in the student's core modules, in the order of the students), sorted."""
+    rows = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
+            for g in graded for f in g.flags]
+    for student, found in core.items():
+        rows += [[student, nb, f.where, f.line, f.what, f.code] for nb, f in found]
+    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
+    return rows
+
+
+def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[list],
+                  sandbox: str) -> None:
+    """``grades.csv``, ``skipped.csv``, ``flags.csv`` (rows from :func:`flag_rows`) and
+    ``sandbox.csv`` (``sandbox``: what every student's code ran in) in ``out``."""
+    write_grades(graded, out / "grades.csv")
+    _write_rows(out / "skipped.csv", SKIPPED_COLUMNS,
+                [[s.student, s.path, s.reason] for s in found.skipped])
+    _write_rows(out / "flags.csv", FLAG_COLUMNS, flags)
+    _write_rows(out / "sandbox.csv", SANDBOX_COLUMNS,
+                [[student, sandbox] for student in sorted(found.students)])
+
+
+# --- printed at the end -----------------------------------------------------------------------
+
+def format_table(graded: list[Graded]) -> str:
+    w_student = max(len("student"), *(len(g.student) for g in graded))
+    w_nb = max(len("notebook"), *(len(g.notebook) for g in graded))
+    header = f"{'student':<{w_student}}  {'notebook':<{w_nb}}  {'points':>9}  status"
+    lines = [header, "-" * (len(header) + 8)]
+    for g in graded:
+        score = f"{format_points(g.points)}/{format_points(g.max_points)}"
+        lines.append(f"{g.student:<{w_student}}  {g.notebook:<{w_nb}}  {score:>9}  {g.status}")
+    return "\n".join(lines)
+
+
+def print_summary(outcome: Outcome, out: Path, sandboxed: bool = True) -> None:
+    """The end of a grading run on the command line: the table, the files skipped, the flags,
+    what the students' code ran in (a warning when ``sandboxed`` is False), where the files
+    are."""
+    graded, found, flags = outcome.graded, outcome.found, outcome.flags
+    print()
+    print(format_table(graded))
+    if found.skipped:
+        print(f"\nskipped {len(found.skipped)} file(s) (skipped.csv):")
+        for s in found.skipped:
+            print(f"  {s.student or '-'}: {s.path}: {s.reason}")
+    if flags:
+        students = sorted({r[0] for r in flags})
+        print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
+              "(flags.csv)")
+    warning = "" if sandboxed else "WARNING: "
+    print(f"\n{warning}students' code ran in: {outcome.sandbox}")
+    print(f"\ngrades: {out / 'grades.csv'}\nfeedback: {out / 'feedback'}/<student>/")

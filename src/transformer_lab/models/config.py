@@ -1,0 +1,241 @@
+"""The models' configurations: :class:`TransformerConfig` (the encoder-decoder) and
+:class:`GPTConfig` (the GPT), frozen dataclasses checked when made, and their JSON form
+(:func:`config_to_dict`, :func:`config_from_dict`) that checkpoints store.
+
+They live apart from the models so that the models' helpers (input checks, checkpoints) can
+import them without importing the models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from transformer_lab import _validate as v
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+POSITIONAL = ("sinusoidal", "learned", "none")  # the encoder-decoder's
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of :class:`Transformer`. Every field is checked when the config is made.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: number of source / target token ids.
+        d_model: model width E (divisible by ``num_heads``).
+        num_heads: attention heads H of every attention layer.
+        num_encoder_layers, num_decoder_layers: depth of the two stacks (at least 1 each).
+        d_ff: hidden width of the feed-forward networks.
+        max_len: longest source sequence and longest decoder input the positional encoding
+            covers (and the default number of tokens :meth:`Transformer.greedy_decode` makes).
+        norm_first: pre-norm ``x + f(norm(x))`` (True, trains more easily) or post-norm
+            ``norm(x + f(x))`` (False, the paper's). Both stacks end with a layer norm, like
+            ``nn.Transformer``.
+        activation: of the feed-forward networks, "relu", "gelu" (exact) or "gelu_tanh".
+        eps: of every layer norm.
+        positional: "sinusoidal" (fixed table), "learned" (one trained table per side,
+            ``src_pos.W`` and ``tgt_pos.W``) or "none".
+        pad_id, bos_id, eos_id: special token ids (pad_id must be a source and a target id;
+            bos_id and eos_id target ids; all three different).
+        dtype: float32 (default) or float64 (gradient checks).
+        scale_embeddings: multiply token embeddings by sqrt(d_model), as the paper does.
+        bias: biases in every linear map and layer norm (False: none anywhere, like
+            ``nn.Transformer(bias=False)``).
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 32
+    num_heads: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    d_ff: int = 64
+    max_len: int = 64
+    norm_first: bool = True
+    activation: str = "relu"
+    eps: float = 1e-5
+    positional: str = "sinusoidal"
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    dtype: type = np.float32
+    scale_embeddings: bool = True
+    bias: bool = True
+
+    def __post_init__(self):
+        # Numbers are stored as plain Python ints/floats/bools (np.int64(4) becomes 4), so that
+        # equal configs compare equal and config_to_dict is JSON-ready.
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
+                     "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
+            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
+                                      minimum=1))
+        if self.d_model % self.num_heads:
+            raise ValueError(f"TransformerConfig.d_model must be divisible by num_heads, got "
+                             f"d_model={self.d_model} and num_heads={self.num_heads}")
+        for name in ("norm_first", "scale_embeddings", "bias"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"TransformerConfig.{name} must be True or False, got "
+                                f"{getattr(self, name)!r}")
+            self._set(name, bool(getattr(self, name)))
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"TransformerConfig.activation must be one of {ACTIVATIONS}, got "
+                             f"{self.activation!r}")
+        if self.positional not in POSITIONAL:
+            raise ValueError(f"TransformerConfig.positional must be one of {POSITIONAL}, got "
+                             f"{self.positional!r}")
+        self._set("eps", v.real(self.eps, "TransformerConfig.eps", positive=True))
+        if not self.eps < 1:
+            raise ValueError(f"TransformerConfig.eps must be a small positive number (below 1), "
+                             f"got {self.eps!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            self._set(name, v.integer(getattr(self, name), f"TransformerConfig.{name}",
+                                      minimum=0))
+            if getattr(self, name) >= self.tgt_vocab_size:
+                raise ValueError(f"TransformerConfig.{name} must be a target token id, below "
+                                 f"tgt_vocab_size={self.tgt_vocab_size}, got "
+                                 f"{getattr(self, name)}")
+        if self.pad_id >= self.src_vocab_size:
+            raise ValueError(f"TransformerConfig.pad_id must be a source token id too, below "
+                             f"src_vocab_size={self.src_vocab_size}, got {self.pad_id}")
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+            raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must be three "
+                             f"different ids, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"TransformerConfig.dtype must be np.float32 or np.float64, got "
+                            f"{self.dtype!r}")
+        self._set("dtype", dtype.type)
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+NORMS = ("layer", "rms")
+MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+GPT_POSITIONAL = ("learned", "sinusoidal", "rope", "none")
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Hyperparameters of :class:`GPT`, checked when the config is made.
+
+    Attributes:
+        vocab_size: number of token ids V.
+        d_model: width E, divisible by ``num_heads``.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads Hkv, dividing H (None: H, ordinary multi-head attention;
+            fewer: grouped-query attention; 1: multi-query attention).
+        num_layers: blocks N.
+        d_ff: hidden width F of the MLP (None: 4 E, ``round(8 E / 3)`` rounded up to
+            a multiple of 8 for SwiGLU, which has three matrices instead of two).
+        max_len: longest sequence (prompt + generated tokens) the model reads.
+        norm: "layer" (layer norm) or "rms" (RMSNorm).
+        mlp: "gelu_tanh" (the feed-forward network with GPT-2's tanh approximation of GELU,
+            the default: a third of the time of the exact "gelu" here), "gelu", "relu", or
+            "swiglu".
+        positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
+            (rotary embeddings of the queries and keys) or "none".
+        bias: biases in the linear maps and layer norms.
+        eps: of every normalisation.
+        rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
+        attention_block_size: None (default): attention forms the (T, T) scores; an int: the
+            tiled attention of notebook 10 (``core.flash``) with blocks of that many positions,
+            for the forward and backward passes of training (decoding with the KV cache reads
+            one query at a time and is unchanged). The same results, to rounding.
+        dtype: np.float32 (default) or np.float64 (gradient checks).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    num_layers: int = 4
+    d_ff: int | None = None
+    max_len: int = 256
+    norm: str = "layer"
+    mlp: str = "gelu_tanh"
+    positional: str = "learned"
+    bias: bool = True
+    eps: float = 1e-5
+    rope_base: float = 10000.0
+    attention_block_size: int | None = None
+    dtype: type = np.float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len"):
+            self._set(name, v.integer(getattr(self, name), f"GPTConfig.{name}", minimum=1))
+        kv = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+        self._set("num_kv_heads", v.integer(kv, "GPTConfig.num_kv_heads", minimum=1))
+        if self.d_model % self.num_heads:
+            raise ValueError(f"GPTConfig.d_model must be divisible by num_heads, got d_model="
+                             f"{self.d_model} and num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"GPTConfig.num_kv_heads must divide num_heads, got num_kv_heads="
+                             f"{self.num_kv_heads} and num_heads={self.num_heads}")
+        for name, choices in (("norm", NORMS), ("mlp", MLPS), ("positional", GPT_POSITIONAL)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"GPTConfig.{name} must be one of {choices}, got "
+                                 f"{getattr(self, name)!r}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"GPTConfig: RoPE rotates pairs of features, so the head width "
+                             f"d_model / num_heads must be even, got {self.head_dim}")
+        if self.d_ff is None:
+            d_ff = 4 * self.d_model if self.mlp != "swiglu" else -(-8 * self.d_model // 3 // 8) * 8
+            self._set("d_ff", d_ff)
+        self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
+        self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
+        self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
+        self._set("rope_base", v.real(self.rope_base, "GPTConfig.rope_base", positive=True))
+        if self.attention_block_size is not None:
+            self._set("attention_block_size", v.integer(
+                self.attention_block_size, "GPTConfig.attention_block_size", minimum=1))
+        self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def classic(cls, vocab_size: int, **overrides) -> GPTConfig:
+        """The 2017 / GPT-2 block: layer norm, GELU MLP (tanh form), learned positions, biases,
+        H = Hkv."""
+        return cls(vocab_size, **{"norm": "layer", "mlp": "gelu_tanh", "positional": "learned",
+                                  "bias": True, **overrides})
+
+    @classmethod
+    def modern(cls, vocab_size: int, **overrides) -> GPTConfig:
+        """The LLaMA-style block: RMSNorm, SwiGLU, RoPE, grouped-query attention (half as many
+        key/value heads as query heads, when H is even), no biases."""
+        heads = overrides.get("num_heads", cls.num_heads)
+        return cls(vocab_size, **{"norm": "rms", "mlp": "swiglu", "positional": "rope",
+                                  "bias": False, "num_kv_heads": max(heads // 2, 1)
+                                  if heads % 2 == 0 else heads, **overrides})
+
+
+#: The config classes by the "kind" a checkpoint's header names.
+CONFIGS = {"transformer": TransformerConfig, "gpt": GPTConfig}
+
+
+def config_to_dict(config: TransformerConfig | GPTConfig) -> dict:
+    """The config as a JSON-ready dict (the dtype by name: "float32" / "float64")."""
+    d = dataclasses.asdict(config)
+    d["dtype"] = np.dtype(config.dtype).name
+    return d
+
+
+def config_from_dict(d: Mapping, kind: str = "transformer") -> TransformerConfig | GPTConfig:
+    """Inverse of :func:`config_to_dict`, for a config of ``kind`` ("transformer", "gpt")."""
+    d = dict(d)
+    d["dtype"] = np.dtype(d.get("dtype", "float32")).type
+    return CONFIGS[kind](**d)

@@ -1,0 +1,128 @@
+"""What the encoder-decoder and the GPT share: one flat dict of parameters, checked copies in and
+out, dtype conversion, and checkpoints (:mod:`.checkpoints`).
+
+A model class sets :attr:`Model.kind` (the checkpoint header's name for it) and
+:attr:`Model.config_class`, writes ``_init_params(config, seed)`` and, where it keeps more than
+the parameters (tables, templates), extends ``_setup``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from transformer_lab import _validate as v
+from transformer_lab.models import checkpoints
+
+
+class Model:
+    """Base of :class:`~transformer_lab.models.encoder_decoder.Transformer` and
+    :class:`~transformer_lab.models.gpt.GPT`.
+
+    Args:
+        config: an instance of the model's config class.
+        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+
+    Attributes:
+        config: the configuration.
+        params: name -> array, every parameter.
+        metadata: what the checkpoint a model was loaded from stored with it (else ``{}``).
+    """
+
+    kind: ClassVar[str] = ""
+    config_class: ClassVar[type] = object
+
+    def __init__(self, config, seed: int = 0):
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"config must be a {self.config_class.__name__}, got "
+                            f"{type(config).__name__}")
+        self._setup(config, self._init_params(config, v.integer(seed, "seed", minimum=0)))
+
+    @staticmethod
+    def _init_params(config, seed: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _setup(self, config, params: dict[str, np.ndarray]) -> None:
+        self.config = config
+        self.params: dict[str, np.ndarray] = params
+        self._shapes = {k: p.shape for k, p in params.items()}
+        self.metadata: dict = {}
+
+    # ---------------------------------------------------------------------------- parameters
+
+    def num_parameters(self) -> int:
+        """Number of trainable scalars (a tied table counts once; a fixed sinusoidal table is
+        not a parameter)."""
+        return int(sum(p.size for p in self.params.values()))
+
+    def set_params(self, new: Mapping[str, np.ndarray]) -> None:
+        """Copy values into the parameter arrays, in place (any subset of the names).
+
+        Every value is checked before anything is copied: a known name, the parameter's shape,
+        real numbers (converted to the model's dtype), all finite.
+        """
+        checked = {name: self._checked_value(name, value) for name, value in new.items()}
+        for name, value in checked.items():
+            self.params[name][...] = value
+
+    def _checked_value(self, name: str, value) -> np.ndarray:
+        if name not in self.params:
+            raise KeyError(f"set_params: unknown parameter {name!r}")
+        value = np.asarray(value)
+        if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
+                np.issubdtype(value.dtype, np.complexfloating):
+            raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
+        v.shape_is(value, self._shapes[name], f"new[{name!r}]")
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"new[{name!r}] contains NaN or infinity")
+        return value
+
+    def astype(self, dtype):
+        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
+        config = dataclasses.replace(self.config, dtype=dtype)
+        twin = type(self).__new__(type(self))
+        twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
+        twin.metadata = dict(self.metadata)
+        return twin
+
+    def copy(self):
+        """An independent copy (same config, parameters copied)."""
+        return self.astype(self.config.dtype)
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def save(self, path, metadata: Mapping | None = None) -> str:
+        """Save the configuration and every parameter to a NumPy ``.npz`` file.
+
+        The file holds one array per parameter (``params/<name>``) and a JSON header (format
+        version, the model's kind, the config, the parameter names, and ``metadata`` --
+        anything JSON can hold, e.g. the training step or the task). ``.npz`` is appended to
+        ``path`` if missing.
+
+        Returns:
+            The path written.
+        """
+        return checkpoints.save(self, path, metadata)
+
+    @classmethod
+    def load(cls, path):
+        """A model with the configuration and parameters stored by :meth:`save` (the stored
+        metadata in ``model.metadata``)."""
+        return checkpoints.load(cls, path)
+
+    def load_params(self, path) -> dict:
+        """Copy the parameters stored by :meth:`save` into this model, in place.
+
+        Refuses (:class:`~transformer_lab.models.checkpoints.CheckpointError`, nothing copied)
+        a file that does not fit this model: another kind of model, other parameter names,
+        shapes or dtypes (the message names the tensor and both shapes), values that are not
+        finite, or a configuration that differs in any other field: such parameters would load
+        but compute a different function.
+
+        Returns:
+            The metadata stored with the parameters.
+        """
+        return checkpoints.load_params(self, path)

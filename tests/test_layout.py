@@ -1,0 +1,209 @@
+"""The package laid out by role (issue 22): the map in ``__init__``'s docstring, no import
+cycle, the old module names still importable, one model shell and one checkpoint format."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import transformer_lab
+from transformer_lab._moved import MOVED
+from transformer_lab.datasets import SHIPPED
+from transformer_lab.models import checkpoints
+from transformer_lab.models.checkpoints import CheckpointError
+from transformer_lab.models.config import config_to_dict
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.models.shell import Model
+
+PACKAGE = Path(transformer_lab.__file__).resolve().parent
+
+
+# --------------------------------------------------------------------------------------------
+# The layout
+
+
+def test_the_top_level_keeps_about_twelve_modules_and_the_docstring_maps_them():
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert len(modules) <= 13, modules
+    doc = transformer_lab.__doc__
+    packages = sorted(p.name for p in PACKAGE.iterdir()
+                      if (p / "__init__.py").exists())
+    for name in [*packages, *(m for m in modules if m != "_moved")]:
+        assert name.lstrip("_") in doc, f"{name} is not on the map in __init__'s docstring"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _package_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports anywhere: at the top, inside functions (run later,
+    but still a cycle to untangle) and under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    resolved = set()
+    for target in found:
+        target = MOVED.get(target, target)
+        if target in known and target != name:
+            resolved.add(target)
+    return resolved
+
+
+def test_the_package_has_no_import_cycle():
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _package_imports(path, name, set(files))
+             for name, path in files.items()}
+    for name, deps in graph.items():  # a package's __init__ runs before its modules
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert "transformer_lab.models.encoder_decoder" in graph  # the walk saw the models
+
+
+def test_the_cycle_test_finds_a_cycle(tmp_path, monkeypatch):
+    """The test above can fail: the same walk on two modules that import each other."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from transformer_lab.layers import x\n")
+    b.write_text("import transformer_lab.attention\n")
+    known = {"transformer_lab.layers", "transformer_lab.attention"}
+    assert _package_imports(a, "transformer_lab.attention", known) == {
+        "transformer_lab.layers"}
+    assert _package_imports(b, "transformer_lab.layers", known) == {
+        "transformer_lab.attention"}
+
+
+def test_only_the_course_tools_import_the_course_tools():
+    """The handout leaves ``course/`` out: nothing else may import it (at any depth)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for name, path in files.items():
+        if name.startswith("transformer_lab.course"):
+            continue
+        used = {d for d in _package_imports(path, name, set(files))
+                if d.startswith("transformer_lab.course")}
+        assert not used, f"{name} imports {sorted(used)}, which the handout leaves out"
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_module_name_is_the_new_module(old):
+    assert importlib.import_module(old) is importlib.import_module(MOVED[old])
+    new = importlib.import_module(MOVED[old])
+    assert new.__name__ == MOVED[old] and new.__spec__.name == MOVED[old]
+
+
+def test_old_names_used_by_handouts_built_before_the_move():
+    from transformer_lab.charlm import CHECKPOINT
+    from transformer_lab.efficient_attention import flash_attention_forward
+    from transformer_lab.interop import from_torch
+    from transformer_lab.torch_model import ReferenceTransformer
+    from transformer_lab.transformer import Transformer as OldTransformer
+
+    assert OldTransformer is Transformer and CHECKPOINT.exists()
+    assert callable(from_torch) and callable(flash_attention_forward)
+    assert ReferenceTransformer.__module__ == "transformer_lab.reference.torch_transformer"
+
+
+def test_python_dash_m_runs_a_moved_module_under_its_old_name():
+    out = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# One model shell, one checkpoint format
+
+
+def _models():
+    return (Transformer(TransformerConfig(7, 9, d_model=8, num_heads=2, d_ff=12, max_len=8,
+                                          num_encoder_layers=1, num_decoder_layers=1), seed=1),
+            GPT(GPTConfig(11, d_model=8, num_heads=2, num_layers=1, max_len=8), seed=1))
+
+
+def test_both_models_share_one_shell():
+    for model in _models():
+        assert isinstance(model, Model)
+        for method in ("astype", "copy", "set_params", "num_parameters", "save", "load",
+                       "load_params"):
+            assert method in Model.__dict__ and method not in type(model).__dict__, method
+        twin = model.astype(np.float64)
+        assert all(p.dtype == np.float64 for p in twin.params.values())
+        name = next(iter(model.params))
+        with pytest.raises(ValueError, match=r"new\[.*\] contains NaN"):
+            model.set_params({name: np.full(model.params[name].shape, np.nan)})
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_one_format_for_both_models(tmp_path, which):
+    model = _models()[which]
+    other = type(_models()[1 - which])
+    path = model.save(tmp_path / "m", metadata={"step": 5})
+    loaded = type(model).load(path)
+    assert loaded.config == model.config and loaded.metadata == {"step": 5}
+    assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
+    with np.load(path) as f:
+        header = json.loads(str(f["__header__"]))
+    assert header["format"] == checkpoints.CHECKPOINT_FORMAT and header["kind"] == model.kind
+    with pytest.raises(CheckpointError, match=f"holds a '{model.kind}' checkpoint"):
+        other.load(path)
+    wrong = model.copy()
+    wrong.params[next(iter(wrong.params))][...] = 0
+    assert wrong.load_params(path) == {"step": 5}
+    assert all(np.array_equal(wrong.params[k], model.params[k]) for k in model.params)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        type(model).load(tmp_path / "bad.npz")
+
+
+def test_checkpoints_of_earlier_versions_still_load(tmp_path):
+    # the shipped GPT, written by GPT.save before the format was shared
+    shipped = GPT.load(SHIPPED / "charlm_gpt.npz")
+    assert shipped.kind == "gpt" and shipped.num_parameters() > 0
+    # an encoder-decoder checkpoint as Transformer.save wrote it: no "kind", not compressed
+    model = _models()[0]
+    header = {"format": 1, "config": config_to_dict(model.config),
+              "names": list(model.params), "metadata": {"epoch": 2}}
+    with open(tmp_path / "old.npz", "wb") as f:
+        np.savez(f, __header__=np.array(json.dumps(header)),
+                 **{f"params/{k}": p for k, p in model.params.items()})
+    loaded = Transformer.load(tmp_path / "old.npz")
+    assert loaded.metadata == {"epoch": 2}
+    assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
+    with pytest.raises(CheckpointError, match="holds a 'transformer' checkpoint"):
+        GPT.load(tmp_path / "old.npz")
