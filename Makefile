@@ -1,6 +1,8 @@
 # Transformers from Scratch -- every command a student, an instructor or a maintainer needs.
 #
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
+#                   (.venv gets requirements.txt, what a student runs, and requirements-dev.txt,
+#                   the tests and the site builder; make learn and make lab install the first only)
 #   make test       package tests + strict nbval over every notebook
 #   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
 #   make test-quick make test without the slow tests (handout execution, grading): a third of its time
@@ -13,6 +15,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# requirements.txt alone, what a student runs (make learn, make lab) and what the instructors'
+# tools need (Gradescope's autograder installs the same); STAMP adds requirements-dev.txt.
+STUDENT_STAMP := $(VENV)/.installed-student
 # Run with the variables that make notebook outputs reproducible (also set by conftest.py).
 export PYTHONHASHSEED := 0
 export PYTHONWARNINGS := ignore
@@ -39,10 +44,16 @@ all: notebooks site ## set up, execute every notebook into build/notebooks, buil
 	@echo
 	@echo "Done. Open build/html/index.html, or run 'make lab' to work in the notebooks."
 
-venv: $(STAMP) ## create .venv, install requirements.txt and the package (only when they changed)
+venv: $(STAMP) ## create .venv, install requirements*.txt and the package (only when they changed)
 
-$(STAMP): requirements.txt pyproject.toml
-	@echo "==> Creating $(VENV) and installing requirements.txt and the package (about a minute, 1.4 GB)"
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	@echo "==> Creating $(VENV) and installing requirements.txt, requirements-dev.txt (tests, site) and the package"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -r requirements.txt -r requirements-dev.txt -e .
+	@touch $@ $(STUDENT_STAMP)
+
+$(STUDENT_STAMP): requirements.txt pyproject.toml
+	@echo "==> Creating $(VENV) and installing requirements.txt (what a student runs) and the package"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -r requirements.txt -e .
 	@touch $@
@@ -69,10 +80,10 @@ test-notebooks: $(STAMP) ## nbval, strict: every output compared with the stored
 		-n $(JOBS) --dist loadscope notebooks
 
 # JupyterLab refuses to start as root unless told --allow-root (containers, Docker, some WSL).
-lab: $(STAMP) ## open JupyterLab on the notebooks
+lab: $(STUDENT_STAMP) ## open JupyterLab on the notebooks
 	$(VENV)/bin/jupyter lab notebooks $$(test "$$(id -u)" = 0 && echo --allow-root)
 
-learn: $(STAMP) ## do the exercises yourself: build WORKSPACE=workspace once, open JupyterLab on it
+learn: $(STUDENT_STAMP) ## do the exercises yourself: build WORKSPACE=workspace once, open JupyterLab on it
 	$(PY) -m transformer_lab.course.learn --workspace "$(WORKSPACE)" -- $(LAB_ARGS)
 
 refresh: $(STAMP) ## maintainers: re-execute notebooks in place to refresh stored outputs (NB=...)
@@ -83,20 +94,20 @@ lint: $(STAMP) ## maintainers: ruff over the code (installs ruff into .venv on f
 	$(VENV)/bin/ruff check src tests conftest.py docs
 
 figures: $(STAMP) ## redraw img/ and embed it in the notebooks, each guarded (works on its own)
-	$(PY) -m transformer_lab.figures --out img
+	$(PY) -m transformer_lab.course.figures --out img
 	$(PY) -m transformer_lab.course.standalone --img img notebooks
 
-student: $(STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
+student: $(STUDENT_STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
 	$(PY) -m transformer_lab.course.student --source notebooks --out build/student
 
-grade: $(STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into build/grades
+grade: $(STUDENT_STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into build/grades
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
 		"[JOBS=<notebooks at once>] [TIMEOUT=<seconds per cell>] [GRADE_ARGS=...];" \
 		"see README, 'For instructors'" >&2; exit 2; }
 	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
 		--timeout $(TIMEOUT) --jobs $(JOBS) $(GRADE_ARGS)
 
-gradescope: $(STAMP) ## instructors: Gradescope's autograder, build/gradescope/autograder.zip (GRADESCOPE_ARGS=...)
+gradescope: $(STUDENT_STAMP) ## instructors: Gradescope's autograder, build/gradescope/autograder.zip (GRADESCOPE_ARGS=...)
 	$(PY) -m transformer_lab.course.gradescope build --source notebooks --project . \
 		--out build/gradescope $(GRADESCOPE_ARGS)
 

@@ -24,6 +24,8 @@ html_theme_options = {
     "use_download_button": True,
 }
 html_last_updated_fmt = None
-# Long code lines and outputs wrap instead of being cut at the column's edge (_static/course.css).
+# Long code lines and outputs scroll sideways in their cell, with a shadow at the edge that has
+# more; the page's contents wrap long names in code (_static/course.css).
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+html_js_files = ["course.js"]  # names in code in the page's contents break after an underscore

@@ -176,6 +176,26 @@ def test_student_tree_holds_the_package_and_files_but_not_the_instructors_tests(
         assert f"notebooks/{nb.name}" in readme
 
 
+def test_the_handout_installs_what_a_student_runs_and_torchs_cpu_build(student_tree):
+    """The handout's requirements.txt is the course's student file: no site builder, no test
+    tools (requirements-dev.txt, which stays with the maintainers); its README installs torch
+    from PyTorch's CPU wheel index first and runs the trainer with the environment's Python."""
+    requirements = (student_tree / "requirements.txt").read_text()
+    assert requirements == (ROOT / "requirements.txt").read_text()
+    names = {re.split(r"[=;<> ]", line, maxsplit=1)[0].lower()
+             for line in requirements.splitlines() if line and not line.startswith("#")}
+    assert {"numpy", "torch", "jupyterlab", "ipykernel", "matplotlib"} <= names
+    assert not {n for n in names if n.startswith(("sphinx", "myst", "pytest", "nbval"))}
+    assert not (student_tree / "requirements-dev.txt").exists()
+    readme = (student_tree / "README.md").read_text()
+    install_torch = ".venv/bin/pip install --index-url https://download.pytorch.org/whl/cpu " \
+                    "torch==2.13.0"
+    assert install_torch in readme
+    assert readme.index(install_torch) < readme.index(".venv/bin/pip install -r requirements.txt")
+    assert ".venv/bin/python -m transformer_lab.train --task reverse" in readme
+    assert "site builder" not in readme and "Get Started" not in readme
+
+
 def test_student_version_of_00_has_the_stub_with_its_hint_and_keeps_the_checks():
     cells = {c.id: c for c in solution_and_student(ROOT / "notebooks" / "00_gradients.ipynb")[1]
              .cells}

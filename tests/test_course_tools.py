@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -148,6 +149,42 @@ def test_site_renders_every_notebook_with_math_offline(tmp_path):
     mathjax = "_static/mathjax/tex-chtml.js"
     assert mathjax in page and (out / mathjax).exists()
     assert r"\boxed{" in page  # LaTeX is handed to MathJax, not mangled
+    # the course's style and script reach every page: long code lines scroll, never wrap
+    page = (out / "notebooks" / "10_long_context.html").read_text()
+    assert "_static/course.css" in page and "_static/course.js" in page
+    assert (out / "_static" / "course.css").read_text() == \
+        (ROOT / "docs" / "_static" / "course.css").read_text()
+    assert (out / "_static" / "course.js").exists()
+
+
+def _css_rules(css: str) -> dict[str, dict[str, str]]:
+    """selector -> its declarations, for a plain style sheet (no nested at-rules)."""
+    rules: dict[str, dict[str, str]] = {}
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        declarations = {}
+        for declaration in body.split(";"):
+            if ":" in declaration:
+                name, value = declaration.split(":", 1)
+                declarations[name.strip()] = " ".join(value.split())
+        for selector in selectors.split(","):
+            rules.setdefault(" ".join(selector.split()), {}).update(declarations)
+    return rules
+
+
+def test_site_style_scrolls_long_code_lines_and_wraps_names_in_the_page_contents():
+    """A wrapped code line continued at column 0, where it read as a line of code of its own;
+    a long name in code in the page's contents widened the list past the sidebar (cut off)."""
+    rules = _css_rules((ROOT / "docs" / "_static" / "course.css").read_text())
+    for pre in ("div.cell div.highlight pre", "div.cell_output pre"):
+        assert rules[pre]["white-space"] == "pre" and rules[pre]["overflow-x"] == "auto", pre
+        assert "local" in rules[pre]["background"] and "scroll" in rules[pre]["background"]
+    assert all(r.get("white-space") != "pre-wrap" for r in rules.values())
+    code = rules[".bd-sidebar-secondary nav.page-toc code span.pre"]
+    assert code["white-space"] == "normal" and code["overflow-wrap"] == "anywhere"
+    assert rules[".bd-sidebar-secondary nav.page-toc ul.nav"]["flex-wrap"] == "nowrap"
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    assert 'html_css_files = ["course.css"]' in conf and 'html_js_files = ["course.js"]' in conf
 
 
 def test_failed_copy_is_kept_for_inspection_but_never_up_to_date(tmp_path, capsys):

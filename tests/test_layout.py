@@ -207,3 +207,18 @@ def test_checkpoints_of_earlier_versions_still_load(tmp_path):
     assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
     with pytest.raises(CheckpointError, match="holds a 'transformer' checkpoint"):
         GPT.load(tmp_path / "old.npz")
+
+
+def test_the_functions_core_gpt_held_before_its_split_are_still_found_there():
+    """Notebook 09 of a handout built before the split calls ``core_gpt.rope_tables``."""
+    from transformer_lab import syllabus
+    from transformer_lab.core import gpt as core_gpt
+
+    moved = [name for name, module in syllabus.FORMER_MODULE.items() if module == "gpt"]
+    assert "rope_tables" in moved and "top_k_filter" in moved
+    for name in moved:
+        module = next(m for m, names in syllabus.TAUGHT_IN.items() if name in names)
+        assert getattr(core_gpt, name) is getattr(
+            importlib.import_module(f"transformer_lab.core.{module}"), name), name
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_function'"):
+        core_gpt.no_such_function  # noqa: B018

@@ -53,6 +53,37 @@ def test_the_workspace_is_built_once_and_never_overwritten(workspace, capsys):
     assert layers.read_text() == mine
 
 
+def test_what_the_build_prints_names_the_workspace_and_what_each_count_counts(tmp_path, capsys,
+                                                                              monkeypatch):
+    """The learner reads the folder they will use (never the temporary `.workspace.building`)
+    and what each column of the table counts."""
+    source = tmp_path / "course"
+    write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 00 · Tiny",
+                                                                        id="intro")]),
+          source / "00_tiny.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert learn.main(["--source", str(source), "--project", str(ROOT), "--no-lab"]) == 0
+    out = capsys.readouterr().out
+    assert ".building" not in out
+    assert "Your workspace: workspace/" in out
+    assert f"write the core functions in {Path('workspace/src/transformer_lab/core')}/*.py" in out
+    header = next(line for line in out.splitlines() if line.startswith("notebook "))
+    assert header.split() == ["notebook", "core", "functions", "notebook", "exercises",
+                              "checks", "points"]
+    for column in ("core functions:", "notebook exercises:", "checks:", "points:"):
+        assert column in out, column  # the legend under the table
+    assert learn.is_workspace(tmp_path / "workspace")
+
+
+def test_the_table_counts_each_notebooks_core_functions_from_the_syllabus():
+    table = student.format_table(assignment.load_assignments(
+        [ROOT / "notebooks" / "00_gradients.ipynb"]))
+    row = next(line for line in table.splitlines() if line.startswith("00_gradients.ipynb"))
+    functions = sum(len(v) for v in syllabus.notebook_functions("00_gradients").values())
+    assert row.split()[1] == str(functions) and functions > 0
+    assert table.splitlines()[-5].startswith("total")
+
+
 def test_a_folder_that_is_not_a_workspace_is_refused(tmp_path):
     (tmp_path / "thesis").mkdir()
     (tmp_path / "thesis" / "thesis.tex").write_text("keep me")

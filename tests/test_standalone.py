@@ -90,8 +90,13 @@ def test_guard_cell_goes_first_once(img):
     guard = nb.cells[1]
     assert (guard.id, guard.source, guard.metadata["tags"]) == \
         ("package-guard", standalone.GUARD, ["remove-cell"])
+    assert guard.metadata["jupyter"] == {"source_hidden": True}  # shown collapsed in Jupyter
     assert [c.source for c in nb.cells[2:]] == ["import numpy as np\nrng = 1", "print(rng)"]
     assert not standalone.add_guard(nb)  # idempotent
+    guard.execution_count = 1
+    del guard.metadata["jupyter"]  # a guard of before it was collapsed: only the metadata changes
+    assert standalone.add_guard(nb) and guard.execution_count == 1
+    assert guard.metadata["jupyter"] == {"source_hidden": True}
     assert standalone.standalone_problems(nb, img) == []
     nbformat.validate(nb)
     # an older guard, moved or edited, is updated and put first, never doubled

@@ -65,6 +65,24 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _Alias(MOVED[fullname]))
 
 
+def moved_functions(module: str, into: tuple[str, ...]):
+    """A module-level ``__getattr__`` for ``module``, a module whose functions moved into the
+    sibling modules ``into``: ``module.<name>`` finds the function in the module that holds it
+    now, at call time (so an edited module takes effect). Notebooks written before the move
+    call ``core_gpt.rope_tables``; private and dunder names are not looked up."""
+    package = module.rpartition(".")[0]
+
+    def __getattr__(name: str):
+        if not name.startswith("_"):
+            for part in into:
+                found = getattr(importlib.import_module(f"{package}.{part}"), name, None)
+                if callable(found):
+                    return found
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 def install() -> None:
     """Put the finder first on ``sys.meta_path``, once (first: a moved package's old
     submodule names must not be found again, as new copies, through the package's path)."""

@@ -90,8 +90,9 @@ def residual_forward(x, sublayer, norm, norm_first, eps=1e-5, normalize=None):
 
 
 def residual_backward(dout, cache, sublayer_backward, normalize_backward=layer_norm_backward):
-    """Gradients of :func:`residual_forward`. The identity path passes ``dout`` on unchanged:
-    ``dx = dout + d(sublayer path)``.
+    """Gradients of :func:`residual_forward`. Pre-norm: the identity path passes ``dout`` on
+    unchanged, ``dx = dout + d(the path through the norm and the sublayer)``. Post-norm: the
+    norm's backward comes first, ``ds = d(norm)``, then ``dx = ds + d(the sublayer path of ds)``.
 
     sublayer_backward: ``(dh, cache) -> (dh_in, *rest)``, the sublayer's backward;
     normalize_backward: the norm's backward ``(dout, cache) -> (dx, grads)`` (default layer norm's)

@@ -37,27 +37,34 @@ def is_workspace(path: Path) -> bool:
 
 
 def build_workspace(workspace: Path, source: Path, project: Path) -> int:
-    """Write the handout into ``workspace``, which must not exist yet; 0 when it worked.
+    """Write the handout into ``workspace``, which must not exist yet, and print its table
+    (what each notebook asks of you); 0 when it worked.
 
     It is built in a sibling folder first and renamed into place, so that an interrupted build
     never leaves a half workspace behind; the tools' mark is removed, so that no course tool
-    ever empties it.
+    ever empties it. What is printed names ``workspace``, never that sibling.
     """
     from transformer_lab.course import student
 
+    missing = student.missing_project_files(project)
+    if missing:
+        raise SystemExit(f"error: --project must be the course's folder; {str(project)!r} lacks "
+                         f"{', '.join(missing)}")
     building = workspace.parent / f".{workspace.name}.building"
     if building.exists():  # left by an interrupted build: ours to remove
         if not (building / OWNER_FILE).exists():
             raise SystemExit(f"error: {building} is in the way and was not written by this "
                              "command; move it away")
         shutil.rmtree(building)
-    status = student.main(["--source", str(source), "--out", str(building),
-                           "--project", str(project)])
-    if status != 0:
+    try:
+        assignments = student.build(source, building, project)
+    except student.HandoutError as err:
         shutil.rmtree(building, ignore_errors=True)
-        return status
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     (building / OWNER_FILE).unlink()
     building.rename(workspace)
+    print(student.report(assignments))
     return 0
 
 
@@ -103,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         status = build_workspace(workspace, args.source, args.project)
         if status != 0:
             return status
-        print(f"\nYour workspace: {workspace}. Write the core functions in "
-              f"{workspace / 'src' / 'transformer_lab' / 'core'}/*.py as the notebooks ask; "
-              "the notebooks run on them.")
+        print(f"\nYour workspace: {workspace}/ -- the notebooks in {workspace / 'notebooks'}/;\n"
+              f"write the core functions in {workspace / 'src' / 'transformer_lab' / 'core'}/"
+              f"*.py as the notebooks ask, and the notebooks run on them "
+              f"({workspace / 'README.md'} says more).")
     command, env = lab_command(workspace, lab_args)
     if args.no_lab:
         print(f"PYTHONPATH={env['PYTHONPATH']} " + " ".join(command))

@@ -15,7 +15,8 @@ it and maybe no course package in its kernel. So:
   that, when ``transformer_lab`` cannot be imported, stops the notebook with one message saying
   how to install it -- with the exact ``%pip install -e "<course folder>"`` line when the
   course folder is the notebook's folder, one above it, or one inside it. Where the package is
-  installed it does nothing and prints nothing; the site leaves it out.
+  installed it does nothing and prints nothing; the site leaves it out, and Jupyter shows its
+  source collapsed (one line, "..." to open it), so that it does not fill the first screen.
 
 Applying is idempotent: a notebook already standalone is not rewritten. Stored outputs stay
 valid (the guard prints nothing when the package is there).
@@ -63,6 +64,8 @@ if importlib.util.find_spec("transformer_lab") is None:
 #: (myst-nb's ``remove-cell``: readers of the site have the package; the cell is for Jupyter).
 GUARD_ID = "package-guard"
 GUARD_TAG = "remove-cell"
+#: The cell metadata that shows the guard's source collapsed in JupyterLab and Notebook 7.
+GUARD_HIDDEN = {"source_hidden": True}
 
 
 def _source(cell) -> str:
@@ -152,14 +155,15 @@ def has_guard(nb) -> bool:
     """Whether the first code cell of ``nb`` is the guard cell (:func:`add_guard`), up to date."""
     first = _first_code_cell(nb)
     return (first is not None and first.get("id") == GUARD_ID and _source(first) == GUARD
-            and GUARD_TAG in first.metadata.get("tags", []))
+            and GUARD_TAG in first.metadata.get("tags", [])
+            and first.metadata.get("jupyter", {}).get("source_hidden") is True)
 
 
 def add_guard(nb) -> bool:
     """Make the first code cell of ``nb`` the guard cell: :data:`GUARD`, cell id
-    :data:`GUARD_ID`, tagged :data:`GUARD_TAG` (the site leaves it out; Jupyter shows and
-    runs it). An existing guard cell is updated and moved first. Return whether ``nb``
-    changed."""
+    :data:`GUARD_ID`, tagged :data:`GUARD_TAG` (the site leaves it out; Jupyter runs it and
+    shows its source collapsed, :data:`GUARD_HIDDEN`). An existing guard cell is updated and
+    moved first. Return whether ``nb`` changed."""
     if has_guard(nb):
         return False
     old = [c for c in nb.cells if c.get("id") == GUARD_ID]
@@ -167,11 +171,13 @@ def add_guard(nb) -> bool:
     if old:
         nb.cells.remove(cell)
     cell.id = GUARD_ID
-    cell.source = GUARD
-    cell.outputs, cell.execution_count = [], None
+    if _source(cell) != GUARD:  # new code: its stored output and count no longer hold
+        cell.source = GUARD
+        cell.outputs, cell.execution_count = [], None
     tags = cell.metadata.setdefault("tags", [])
     if GUARD_TAG not in tags:
         tags.append(GUARD_TAG)
+    cell.metadata.setdefault("jupyter", {}).update(GUARD_HIDDEN)
     first = _first_code_cell(nb)
     nb.cells.insert(nb.cells.index(first) if first is not None else len(nb.cells), cell)
     return True

@@ -47,6 +47,8 @@ from transformer_lab.course.package import (
 )
 from transformer_lab.course.standalone import has_guard
 
+#: PyTorch's CPU wheel index: the README's set-up installs torch from it first.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 #: What the student tree holds besides the notebooks and the package, relative to the project.
 PROJECT_FILES = ("pyproject.toml", "requirements.txt")
 PROJECT_DIRS = ("img",)
@@ -157,25 +159,26 @@ them: at the end, the model that learns is your own code.
 ## Set up (once)
 
 You need Python 3.10, 3.11, 3.12 or 3.13. In this folder (there is no Makefile here: these
-three commands are the whole set-up):
+four commands are the whole set-up):
 
 ```bash
 python3 -m venv .venv
+.venv/bin/pip install --index-url {TORCH_CPU_INDEX} torch==2.13.0
 .venv/bin/pip install -r requirements.txt -e .    # Windows: .venv\\Scripts\\pip
 .venv/bin/jupyter lab            # in this folder: notebooks/ and src/ both in its file browser
 ```
 
-(As root, in a container, add `--allow-root` to the last line.) `-e .` installs this folder's
-package, editable: the notebooks import *your* `src/transformer_lab`, so what you write there is
-what they run. From another folder, name this one instead of `.`:
-`pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
+(As root, in a container, add `--allow-root` to the last line.) The second line installs
+PyTorch's CPU build, all the course needs, from PyTorch's CPU wheel index; without it, pip on
+Linux would download several GB of CUDA libraries. `requirements.txt` pins the same
+`torch==2.13.0`, so the third line keeps it and adds what the notebooks, JupyterLab and the
+package need; `-e .` installs this folder's package, editable: the notebooks import *your*
+`src/transformer_lab`, so what you write there is what they run. From another folder, name this
+one instead of `.`: `pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
 
-`requirements.txt` pins `torch==2.13.0`; the course needs only its CPU build. On macOS and
-Windows that is what pip installs. On Linux pip would otherwise download several GB of CUDA
-libraries: point pip at PyTorch's CPU-only wheel index first (its address is on the
-"Get Started" page of pytorch.org, Compute Platform: CPU) with
-`export PIP_EXTRA_INDEX_URL=<that address>`. (The pins also include what the course's own site
-builder needs, a few packages you will not use.)
+The commands here call the environment's programs by their path (`.venv/bin/python`); with the
+environment activated (`source .venv/bin/activate`; Windows: `.venv\\Scripts\\activate`),
+`python` and `jupyter lab` alone do the same.
 
 ## Writing a core function
 
@@ -193,9 +196,14 @@ package, for example "write `softmax_forward` in `src/transformer_lab/core/layer
    The notebook picks up your change without a restart: `setup_notebook()`, in every
    notebook's first cell, turns on IPython's autoreload for the core modules.
 
-Later notebooks, the model (`transformer_lab.transformer`) and the trainer
-(`python -m transformer_lab.train`) call your functions: one you have not written yet stops them
-with its stub's message, which names the notebook and section that teach it.
+Later notebooks, the model (`transformer_lab.models.encoder_decoder`) and the trainer call your
+functions: one you have not written yet stops them with its stub's message, which names the
+notebook and section that teach it. Once you have written the functions of notebooks 00 to 08,
+your Transformer learns to reverse sequences from the command line, in this folder:
+
+```bash
+.venv/bin/python -m transformer_lab.train --task reverse --seed 0
+```
 
 ## Notebook exercises
 
@@ -245,13 +253,70 @@ def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
     return written
 
 
+#: What each count of :func:`format_table` counts, printed under it.
+TABLE_LEGEND = ("core functions: the functions of src/transformer_lab/core/ that the notebook "
+                "asks you to write;\nnotebook exercises: what you complete in the notebook's own "
+                "cells;\nchecks: its check cells, which grading runs again; "
+                "points: what they are worth.")
+
+
 def format_table(assignments: list[Assignment]) -> str:
-    width = max(len("notebook"), *(len(Path(a.name).name) for a in assignments))
-    lines = [f"{'notebook':<{width}}  exercises  checks  points", "-" * (width + 27)]
-    for a in assignments:
-        lines.append(f"{Path(a.name).name:<{width}}  {len(a.exercises):>9}  {len(a.checks):>6}  "
-                     f"{a.max_points:>6g}")
-    return "\n".join(lines)
+    """A row per notebook: the core functions it asks for, its notebook exercises, checks and
+    points; a total; and what each column counts."""
+    width = max(len("notebook"), len("total"), *(len(Path(a.name).name) for a in assignments))
+    header = f"{'notebook':<{width}}  core functions  notebook exercises  checks  points"
+    rows = [(Path(a.name).name, len(_core_functions(Path(a.name).stem)), len(a.exercises),
+             len(a.checks), a.max_points) for a in assignments]
+    rows.append(("total", *(sum(r[k] for r in rows) for k in range(1, 5))))
+    lines = [header, "-" * len(header)]
+    for k, (name, functions, exercises, checks, points) in enumerate(rows):
+        if k == len(rows) - 1:
+            lines.append("-" * len(header))
+        lines.append(f"{name:<{width}}  {functions:>14}  {exercises:>18}  {checks:>6}  "
+                     f"{points:>6g}")
+    return "\n".join(lines) + "\n\n" + TABLE_LEGEND
+
+
+def report(assignments: list[Assignment]) -> str:
+    """What a build prints: :func:`format_table`, and the check cells make grade cannot grade."""
+    legacy = [f"{Path(a.name).stem}: {', '.join(c.cell_id for c in a.legacy_checks)}"
+              for a in assignments if a.legacy_checks]
+    note = ("\n\nnote: check cells that are not one-line check(...) calls, which make grade "
+            "cannot grade (README, 'Writing exercises'):\n  " + "\n  ".join(legacy)
+            if legacy else "")
+    return format_table(assignments) + note
+
+
+class HandoutError(Exception):
+    """The handout cannot be built: the message says why (the problems, one per line)."""
+
+
+def missing_project_files(project: Path) -> list[str]:
+    """What of the course's files ``project`` lacks (it must be the course's folder)."""
+    return [n for n in (*PROJECT_FILES, "src") if not (project / n).exists()]
+
+
+def build(source: Path, out: Path, project: Path) -> list[Assignment]:
+    """Check the markers of the notebooks in ``source`` and of ``project``'s package, then write
+    the handout into ``out`` (emptied first; nothing is written when a check fails); the
+    assignments. Raises :class:`HandoutError`, or SystemExit for an ``out`` that may not be
+    emptied."""
+    inputs = {"--source": source,
+              **{f"--project's {name}/": project / name for name in (*PROJECT_DIRS, "src")}}
+    check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
+    try:
+        assignments = load_assignments(solution_notebooks(source))
+    except AssignmentError as err:
+        raise HandoutError(f"cannot make student versions, {len(err.problems)} problem(s) with "
+                           f"the markers or metadata:\n{err}") from err
+    try:
+        package = parse_package(project / "src" / "transformer_lab")
+    except PackageError as err:
+        raise HandoutError(f"cannot make the handout's package, {len(err.problems)} problem(s) "
+                           f"with the markers in the package:\n{err}") from err
+    fresh_output_dir(out, "--out", inputs)
+    write_student_tree(assignments, project, out, package)
+    return assignments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,34 +330,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder holding src/, pyproject.toml, requirements.txt and img/ "
                              "(default: the current folder)")
     args = parser.parse_args(argv)
-    missing = [n for n in (*PROJECT_FILES, "src") if not (args.project / n).exists()]
+    missing = missing_project_files(args.project)
     if missing:
         parser.error(f"--project must be the course's folder; {str(args.project)!r} lacks "
                      f"{', '.join(missing)}")
-
-    inputs = {"--source": args.source,
-              **{f"--project's {name}/": args.project / name for name in (*PROJECT_DIRS, "src")}}
-    check_apart(args.out, "--out", inputs)  # --out is emptied: refuse it before reading
     try:
-        assignments = load_assignments(solution_notebooks(args.source))
-    except AssignmentError as err:
-        print(f"error: cannot make student versions, {len(err.problems)} problem(s) with the "
-              f"markers or metadata:\n{err}", file=sys.stderr)
+        assignments = build(args.source, args.out, args.project)
+    except HandoutError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
-    try:
-        package = parse_package(args.project / "src" / "transformer_lab")
-    except PackageError as err:
-        print(f"error: cannot make the handout's package, {len(err.problems)} problem(s) with "
-              f"the markers in the package:\n{err}", file=sys.stderr)
-        return 1
-    fresh_output_dir(args.out, "--out", inputs)
-    write_student_tree(assignments, args.project, args.out, package)
-    print(format_table(assignments))
-    legacy = [f"{Path(a.name).stem}: {', '.join(c.cell_id for c in a.legacy_checks)}"
-              for a in assignments if a.legacy_checks]
-    if legacy:
-        print("\nnote: check cells that are not one-line check(...) calls, which make grade "
-              "cannot grade (README, 'Writing exercises'):\n  " + "\n  ".join(legacy))
+    print(report(assignments))
     print(f"\nthe handout: {args.out}/ (notebooks in {args.out}/notebooks, the package with its "
           f"core stubbed in {args.out}/src)")
     return 0
