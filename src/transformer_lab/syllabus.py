@@ -4,8 +4,8 @@ The student writes every core function in the notebook listed first for it; a no
 after the first extends it (``linear_forward`` takes one sequence in 00 and any leading axes in
 03). ``make student`` names the first in the stub it leaves in the handout; ``make grade`` grades
 a notebook with the student's own version of the functions that list it, and the instructor's
-version of every other core function. ``tests/test_syllabus.py`` checks that this table, the
-solution markers in ``core/`` and the notebooks agree.
+version of every other core function. ``tests/test_handout.py`` checks that this table and the
+solution markers in ``core/`` agree.
 """
 
 from __future__ import annotations
