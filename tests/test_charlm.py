@@ -12,7 +12,13 @@ import pytest
 
 from transformer_lab.datasets.corpus import load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
-from transformer_lab.train.charlm import CharLMConfig, bits_per_char, random_windows, train_charlm
+from transformer_lab.train.charlm import (
+    CharLMConfig,
+    bits_per_char,
+    decay_groups,
+    random_windows,
+    train_charlm,
+)
 
 TINY = dict(d_model=16, num_heads=2, num_layers=1, context=16, batch_size=4, steps=12,
             warmup=2, eval_every=5, eval_tokens=200)
@@ -130,3 +136,12 @@ def test_cli_refuses_bad_options(capsys):
     with pytest.raises(SystemExit):
         main(["--task", "charlm", "--steps", "0"])
     assert "steps must be at least 1" in capsys.readouterr().err
+
+
+def test_weight_decay_spares_biases_and_norm_gains():
+    params = GPT(GPTConfig(11, d_model=8, num_heads=2, num_layers=1, max_len=8)).params
+    decayed, kept = decay_groups(params)
+    assert set(decayed) | set(kept) == set(params) and not set(decayed) & set(kept)
+    assert {"embed.W", "pos.W", "layers.0.attn.W_qkv", "layers.0.mlp.W2"} <= set(decayed)
+    assert {"layers.0.norm1.gamma", "layers.0.norm1.beta", "layers.0.attn.b_qkv",
+            "norm.gamma"} <= set(kept)

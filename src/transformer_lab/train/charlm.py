@@ -91,7 +91,8 @@ class CharLMConfig:
     (None: the block's default), ``num_layers``, ``d_ff`` (None: the block's default),
     ``context`` (tokens per window; also the model's ``max_len``).
     Optimisation: ``lr`` (peak), ``final_lr``, ``warmup``, ``steps``, ``batch_size``,
-    ``clip`` (global gradient norm; 0: none), ``weight_decay`` (AdamW when > 0).
+    ``clip`` (global gradient norm; 0: none), ``weight_decay`` (AdamW when > 0, on the
+    matrices and tables only: biases and norm gains are not decayed, :func:`decay_groups`).
     Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
     Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
     ``dtype``.
@@ -242,11 +243,22 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
     return result
 
 
+def decay_groups(params: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    """The usual groups of AdamW (GPT-2's, nanoGPT's): the parameters weight decay shrinks --
+    the matrices of the linear maps and the embedding tables, 2 axes -- and those it leaves
+    alone -- biases and norm gains, 1 axis, which set scales and offsets rather than store
+    what was learnt."""
+    decayed = {name: p for name, p in params.items() if p.ndim >= 2}
+    return decayed, {name: p for name, p in params.items() if p.ndim < 2}
+
+
 def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
     model = GPT(c.model_config(corpus.vocab_size), seed=c.seed)
     rng = np.random.default_rng(c.seed)
     schedule = WarmupSchedule(c.lr, c.warmup, c.steps, final_lr=c.final_lr)
-    opt = Adam(model.params, lr=c.lr, weight_decay=c.weight_decay, decoupled=True)
+    decayed, kept = decay_groups(model.params)
+    optimizers = [Adam(decayed, lr=c.lr, weight_decay=c.weight_decay, decoupled=True),
+                  Adam(kept, lr=c.lr, decoupled=True)]
     history = CharLMHistory()
     val_subset = corpus.val_ids[:c.eval_tokens]
     train_ids = corpus.train_ids
@@ -257,11 +269,12 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         loss, grads = model.loss(batch)
         if c.clip:
             core_optim.clip_grad_norm(grads, c.clip)
-        opt.lr = schedule(step)
-        opt.step(grads)
+        for opt in optimizers:
+            opt.lr = schedule(step)
+            opt.step({name: grads[name] for name in opt.params})
         step += 1
         history.loss.append(loss)
-        history.lr.append(opt.lr)
+        history.lr.append(schedule(step - 1))
         elapsed = time.perf_counter() - start - eval_time
         last = step == c.steps
         over = c.time_budget is not None and elapsed >= c.time_budget
@@ -274,7 +287,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
             history.val_bits_per_char.append(bpc)
             history.val_seconds.append(elapsed)
             if progress is not None:
-                progress({"step": step, "steps": c.steps, "loss": loss, "lr": opt.lr,
+                progress({"step": step, "steps": c.steps, "loss": loss, "lr": history.lr[-1],
                           "val_bits_per_char": bpc, "seconds": elapsed})
         if over and not last:
             stopped = "time"
