@@ -1,7 +1,6 @@
-"""`python -m transformer_lab.course.bench`: interleaved rounds, the spread of the ratio, one
-thread and
-CPU time by default, progress and an expected duration on stderr. (The twin-parity check and
-the table's rows are tested in test_interop.py.)"""
+"""`python -m transformer_lab.course.bench`: interleaved rounds, the spread of the ratio, one thread
+and CPU time by default, progress and an expected duration on stderr. (The twin-parity check and the
+table's rows are tested in test_interop.py.)"""
 
 import subprocess
 import sys

@@ -1,9 +1,8 @@
 """transformer_lab.reference.interop: NumPy twins of torch modules -- outputs, input gradients and
-every
-parameter gradient matched against torch autograd (float32 within 1e-5, float64 within 1e-10,
+every parameter gradient matched against torch autograd (float32 within 1e-5, float64 within 1e-10,
 norm-based relative error), with causal and padding masks together; twins gradient-checked in
-float64; torch's is_causal, fully masked rows and fast path documented by tests; bad input
-refused with errors that name the argument."""
+float64; torch's is_causal, fully masked rows and fast path documented by tests; bad input refused
+with errors that name the argument."""
 
 import subprocess
 import sys

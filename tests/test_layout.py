@@ -167,6 +167,13 @@ def test_both_models_share_one_shell():
         name = next(iter(model.params))
         with pytest.raises(ValueError, match=r"new\[.*\] contains NaN"):
             model.set_params({name: np.full(model.params[name].shape, np.nan)})
+        wrong = model.copy()  # an array assigned in another dtype: refused at the next call
+        wrong.params[name] = wrong.params[name].astype(np.float64)
+        with pytest.raises(ValueError, match=rf"model.params\['{name}'\] must be a float32"):
+            wrong._checked_params()
+        del wrong.params[name]
+        with pytest.raises(KeyError, match="model.params is missing"):
+            wrong._checked_params()
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -192,7 +199,7 @@ def test_one_format_for_both_models(tmp_path, which):
 
 
 def test_checkpoints_of_earlier_versions_still_load(tmp_path):
-    # the shipped GPT, written by GPT.save before the format was shared
+    # the shipped GPT (notebook 09 reads it)
     shipped = GPT.load(SHIPPED / "charlm_gpt.npz")
     assert shipped.kind == "gpt" and shipped.num_parameters() > 0
     # an encoder-decoder checkpoint as Transformer.save wrote it: no "kind", not compressed

@@ -224,7 +224,7 @@ def _rope_angles(config, start, stop):
 
 
 class _BlockCheck(Check):
-    """A block of a given kind, forward and backward, against gpt_torch's TorchBlock."""
+    """A block of a given kind, forward and backward, against reference.torch_gpt's TorchBlock."""
 
     functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
                  "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")

@@ -1,18 +1,17 @@
-"""Time the NumPy twins against PyTorch's eager CPU autograd: ``python -m
-transformer_lab.course.bench``.
+"""Time the NumPy twins against PyTorch's eager CPU autograd.
+
+    python -m transformer_lab.course.bench
 
 One *step* is what a training step does with the module: forward, then backward of
-``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get
-the same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the
-same
-float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few
-padded positions) and the same upstream gradient. Before anything is timed, the twin is checked
-to compute what the module computes: a float64 copy of each, same weights and inputs, must agree
-on the output and the input gradients to a relative error of 1e-10 -- a benchmark of two
-computations that differ would mean nothing. (The check is not made in float32: there the two
-sides legitimately differ by more than rounding, e.g. 3 % on one row of an input gradient where
-a ReLU input lies within float32 rounding of zero and the two sides' float32 intermediates fall
-on either side of the kink.)
+``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get the
+same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the same
+float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few padded
+positions) and the same upstream gradient. Before anything is timed, the twin is checked to compute
+what the module computes: a float64 copy of each, same weights and inputs, must agree on the output
+and the input gradients to a relative error of 1e-10 -- a benchmark of two computations that differ
+would mean nothing. (The check is not made in float32: there the two sides legitimately differ by
+more than rounding, e.g. 3 % on one row of an input gradient where a ReLU input lies within float32
+rounding of zero and the two sides' float32 intermediates fall on either side of the kink.)
 
 How the timing stays meaningful on a busy machine (:func:`paired_times`): the two sides are
 timed in *rounds*, one step of each, back to back, in an order that alternates from round to

@@ -290,7 +290,7 @@ class _Watchdog:
                 pass
 
 
-_QUIET_LOG = logging.getLogger("transformer_lab.course.grade.nbclient")
+_QUIET_LOG = logging.getLogger("transformer_lab.course.kernel_run.nbclient")
 _QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported per submission
 
 

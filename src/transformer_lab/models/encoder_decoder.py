@@ -156,8 +156,8 @@ def parameter_names(config: TransformerConfig) -> list[str]:
 
 
 def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-    """The encoder's and the decoder's parameters (or gradients) as :mod:`transformer_lab.blocks`
-    takes them, from a flat dict with the names of :func:`parameter_names`.
+    """The encoder's and the decoder's parameters (or gradients) as the core (``core.model``,
+    ``core.blocks``) takes them, from a flat dict with the names of :func:`parameter_names`.
 
     ``flat["encoder.layers.0.ff.W1"]`` becomes ``encoder["layers"][0]["ff"]["W1"]`` (the same
     array object, no copy); ``"decoder.norm.gamma"`` becomes ``decoder["norm"]["gamma"]``.
@@ -299,16 +299,7 @@ class Transformer(Model):
     def _nested(self) -> dict:
         """``self.params`` checked (names, shapes, dtype) and nested as ``core.model`` takes
         them: the same arrays, no copies."""
-        params = self.params
-        dt = self.config.dtype
-        for name, shape in self._shapes.items():
-            p = params.get(name)
-            if p is None:
-                raise KeyError(f"model.params is missing {name!r}")
-            if p.shape != shape or p.dtype != dt:
-                raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
-                                 f"shape {shape}, got {p.dtype} {p.shape}")
-        return _resolve(self._template, params)
+        return _resolve(self._template, self._checked_params())
 
     def _flat(self, grads: Mapping) -> dict[str, np.ndarray]:
         """The core's nested gradients under the names of ``self.params``, in their order."""

@@ -7,8 +7,10 @@
     loss, grads = model.loss(ids)                # ids (B, T): position t predicts ids[:, t+1]
     model.generate(prompt, 100, temperature=0.8, top_k=20, seed=0)   # prompt + 100 token ids
 
-The math is :mod:`transformer_lab.core.gpt` (the student's code, called through the module at
-call time, so an edited package takes effect at once); this module checks the inputs once, keeps
+The math is the core's: :mod:`transformer_lab.core.gpt` and the modules it calls (``gqa``,
+``rope``, ``modern``, ``next_token``; ``decoding`` and ``sampling`` for generation) -- the
+student's code, called through the modules at call time, so an edited package takes effect at
+once; this module checks the inputs once, keeps
 the parameters and runs the decoding loop.
 
 **Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
@@ -228,8 +230,9 @@ class GPT(Model):
     # ---------------------------------------------------------------------------- parameters
 
     def nested_params(self) -> dict:
-        """The parameters as the core takes them (the same arrays, no copies)."""
-        return nest(self.params)
+        """``self.params`` checked (names, shapes, dtype) and nested as the core takes them (the
+        same arrays, no copies)."""
+        return nest(self._checked_params())
 
     def _rope(self, start: int, stop: int):
         if self.rope is None:

@@ -80,6 +80,20 @@ class Model:
             raise ValueError(f"new[{name!r}] contains NaN or infinity")
         return value
 
+    def _checked_params(self) -> dict[str, np.ndarray]:
+        """``self.params``, after checking that an optimiser or a user who assigned arrays left
+        every parameter there, in its shape and the model's dtype (a KeyError or ValueError
+        naming it otherwise)."""
+        dt = self.config.dtype
+        for name, shape in self._shapes.items():
+            p = self.params.get(name)
+            if p is None:
+                raise KeyError(f"model.params is missing {name!r}")
+            if p.shape != shape or p.dtype != dt:
+                raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
+                                 f"shape {shape}, got {p.dtype} {p.shape}")
+        return self.params
+
     def astype(self, dtype):
         """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
         config = dataclasses.replace(self.config, dtype=dtype)

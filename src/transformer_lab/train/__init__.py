@@ -1,4 +1,5 @@
-"""Train the course Transformer (NumPy) on a toy task: ``python -m transformer_lab.train``.
+"""Train the course Transformer (NumPy) on a toy task, or the GPT on text (``--task charlm``,
+:mod:`~transformer_lab.train.charlm`): ``python -m transformer_lab.train``.
 
     python -m transformer_lab.train --task reverse --seed 0
     python -m transformer_lab.train --task add --steps 4000 --checkpoint add.npz
@@ -13,14 +14,12 @@ or, from Python (notebook 08)::
 
 What one run does:
 
-1. **Data** (:mod:`transformer_lab.datasets.tasks`): ``n_train + n_val + n_test`` distinct source
-sequences
-   of the task, drawn from ``seed``, split into a training set, a validation set and a held-out
-   test set that share no source sequence.
+1. **Data** (:mod:`transformer_lab.datasets.tasks`): ``n_train + n_val + n_test`` distinct
+   source sequences of the task, drawn from ``seed``, split into a training set, a validation
+   set and a held-out test set that share no source sequence.
 2. **Model**: :class:`transformer_lab.models.encoder_decoder.Transformer` with ``num_layers``
-encoder and
-   decoder layers (pre-norm; ``norm_first=False``, ``--post-norm``: the paper's post-norm),
-   initialised from ``seed``.
+   encoder and decoder layers (pre-norm; ``norm_first=False``, ``--post-norm``: the paper's
+   post-norm), initialised from ``seed``.
 3. **Training**: Adam on shuffled padded batches of similar lengths (bucketed: little padding);
    learning rate warmed up linearly over ``warmup`` steps, then decayed to zero along a half
    cosine at ``steps`` (``warmup`` must be less than ``steps``, else the run would end at the
@@ -68,7 +67,9 @@ model, optimiser and schedule), :mod:`~transformer_lab.train.loop` (the training
 :mod:`~transformer_lab.train.evaluation` (greedy and teacher-forced scores),
 :mod:`~transformer_lab.train.progress` (the progress bar or lines),
 :mod:`~transformer_lab.train.compare` (the same training in PyTorch, step times),
-:mod:`~transformer_lab.train.cli` (the command line; ``__main__`` runs it).
+:mod:`~transformer_lab.train.cli` (the command line; ``__main__`` runs it; it hands
+``--task charlm`` to :mod:`~transformer_lab.train.charlm`, the GPT's own training loop on the
+text corpus, :func:`~transformer_lab.train.charlm.train_charlm`).
 """
 
 from __future__ import annotations

@@ -76,12 +76,10 @@ The package, by concern:
 - :mod:`transformer_lab.reference.interop.layout` -- ``norm_from_torch`` / ``mha_from_torch`` /
   ``ff_from_torch`` / ``layer_from_torch`` / ``stack_from_torch`` and their ``*_to_torch``
   inverses: the one mapping between torch's parameter names and layouts and the core's parameter
-  dicts; the twins and :mod:`transformer_lab.reference.torch_transformer` (the NumPy Transformer's
-  weights in
-  ``nn.Transformer``) use it.
-- :mod:`transformer_lab.reference.interop.arguments` -- torch's sequence layouts and masks, checked
-and
-  converted to what the core takes.
+  dicts; the twins and :mod:`transformer_lab.reference.torch_transformer` (the NumPy
+  Transformer's weights in ``nn.Transformer``) use it.
+- :mod:`transformer_lab.reference.interop.arguments` -- torch's sequence layouts and masks,
+  checked and converted to what the core takes.
 - :mod:`transformer_lab.reference.interop.twins` -- the twin classes.
 - here -- :func:`from_torch`.
 """

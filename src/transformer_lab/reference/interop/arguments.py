@@ -110,9 +110,8 @@ def is_causal(mask, hint, padding, t: int, s: int, mask_name: str, flag_name: st
               override: bool = True):
     """The attention mask torch 2.13 applies given an ``is_causal`` hint (see
     :mod:`transformer_lab.reference.interop`): with ``hint`` True the mask must be given; it is
-    replaced
-    by the causal mask when ``override`` (torch's ``need_weights=False`` path) and there is no
-    key padding mask."""
+    replaced by the causal mask when ``override`` (torch's ``need_weights=False`` path) and
+    there is no key padding mask."""
     if hint is True:
         if mask is None:
             raise ValueError(f"{flag_name}=True needs {mask_name} as well (torch requires the "

@@ -1,6 +1,5 @@
-"""transformer_lab.models.encoder_decoder: the whole model -- config checks, parameters in one
-dict, the
-whole-model gradient check in float64, the loss over non-padding tokens, greedy decoding that
+"""transformer_lab.models.encoder_decoder: the whole model -- config checks, parameters in one dict,
+the whole-model gradient check in float64, the loss over non-padding tokens, greedy decoding that
 stops at EOS, attention maps, and clear errors for bad input."""
 
 import json

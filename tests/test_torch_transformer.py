@@ -1,7 +1,7 @@
 """transformer_lab.reference.torch_transformer: the course model from scratch in PyTorch and around
-nn.Transformer,
-asserted equal to the NumPy model -- logits, loss and every parameter gradient (float64 1e-10,
-float32 1e-5) -- for both norm orders, with and without biases, relu/gelu, padded batches."""
+nn.Transformer, asserted equal to the NumPy model -- logits, loss and every parameter gradient
+(float64 1e-10, float32 1e-5) -- for both norm orders, with and without biases, relu/gelu, padded
+batches."""
 
 import numpy as np
 import pytest
