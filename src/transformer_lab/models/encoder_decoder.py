@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 
@@ -96,7 +95,7 @@ from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importa
     length_limit,
     loss_labels,
 )
-from transformer_lab.models.shell import Model
+from transformer_lab.models.shell import Model, ModelCache
 
 # --------------------------------------------------------------------------------------------
 # Parameter names: one flat dict, and templates that give the core's nested structures
@@ -263,12 +262,6 @@ def _stack_caches(core_cache) -> tuple:
 # The model
 
 
-class ModelCache(NamedTuple):
-    core: tuple  # core.model.transformer_forward's cache
-    shape: tuple  # of the logits (B, T, V)
-    dtype: np.dtype
-
-
 class Transformer(Model):
     """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core.
 
@@ -347,9 +340,7 @@ class Transformer(Model):
         Returns:
             grads: name -> array, exactly the keys (and shapes) of ``model.params``.
         """
-        v.cache_of(cache, "Transformer.backward", ModelCache)
-        dlogits = v.grad_like(dlogits, "dlogits", cache.shape, cache.dtype,
-                              what="the logits of the forward pass")
+        dlogits = self._checked_dlogits(dlogits, cache)
         return self._flat(core_model.transformer_backward(dlogits, cache.core))
 
     # ---------------------------------------------------------------------------- loss
@@ -379,8 +370,7 @@ class Transformer(Model):
             loss: a Python float, the mean over the counted labels;
             grads: name -> array with the keys of ``params`` (None without compute_grads).
         """
-        if not isinstance(compute_grads, (bool, np.bool_)):
-            raise TypeError(f"compute_grads must be True or False, got {compute_grads!r}")
+        compute_grads = v.boolean(compute_grads, "compute_grads")
         src, tgt, labels = check_loss_inputs(self.config, src, tgt)
         tgt_in = tgt[:, :-1]
         src, tgt_in, config, pe, src_pad, tgt_pad = self._core_args(

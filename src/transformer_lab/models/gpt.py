@@ -50,7 +50,7 @@ from transformer_lab.models import config as _config
 from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
 from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
 from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
-from transformer_lab.models.shell import Model
+from transformer_lab.models.shell import Model, ModelCache
 
 
 def config_from_dict(d: Mapping) -> GPTConfig:
@@ -182,16 +182,6 @@ def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
             * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
 
 
-class ModelCache:
-    """What :meth:`GPT.forward` hands to :meth:`GPT.backward`: the core's cache and the shape
-    of the logits it was made for."""
-
-    __slots__ = ("core", "logits_shape", "dtype")
-
-    def __init__(self, core, logits_shape, dtype):
-        self.core, self.logits_shape, self.dtype = core, logits_shape, dtype
-
-
 # --------------------------------------------------------------------------------------------
 # The model
 
@@ -264,11 +254,7 @@ class GPT(Model):
         Returns:
             name -> array, exactly the keys (and shapes) of ``model.params``.
         """
-        if not isinstance(cache, ModelCache):
-            raise TypeError(f"GPT.backward: cache must be the cache returned by GPT.forward, "
-                            f"got {type(cache).__name__}")
-        dlogits = v.grad_like(dlogits, "dlogits", cache.logits_shape, cache.dtype,
-                              what="the logits of the forward pass")
+        dlogits = self._checked_dlogits(dlogits, cache)
         grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
         return {k: grads[k] for k in self.params}
 

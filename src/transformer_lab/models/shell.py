@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.models import checkpoints
+
+
+class ModelCache(NamedTuple):
+    """What a model's ``forward`` hands to its ``backward``: the core's cache, and the shape and
+    dtype of the logits it was made for."""
+
+    core: tuple
+    shape: tuple
+    dtype: np.dtype
 
 
 class Model:
@@ -93,6 +102,12 @@ class Model:
                 raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
                                  f"shape {shape}, got {p.dtype} {p.shape}")
         return self.params
+
+    def _checked_dlogits(self, dlogits, cache: ModelCache) -> np.ndarray:
+        """``dlogits`` checked against the logits of the forward pass that made ``cache``."""
+        v.cache_of(cache, f"{type(self).__name__}.backward", ModelCache)
+        return v.grad_like(dlogits, "dlogits", cache.shape, cache.dtype,
+                           what="the logits of the forward pass")
 
     def astype(self, dtype):
         """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
