@@ -36,8 +36,8 @@ import numpy as np
 from transformer_lab import _validate as v
 from transformer_lab.core import layers as core_layers
 
-#: The activations the layers know, by name.
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+#: The activations by name, as the core knows them (``core.layers.ACTIVATIONS``).
+ACTIVATIONS = tuple(core_layers.ACTIVATIONS)
 
 
 def _dout(dout, cache) -> np.ndarray:

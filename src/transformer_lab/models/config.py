@@ -14,8 +14,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import layers as L
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+ACTIVATIONS = L.ACTIVATIONS  # of the feed-forward networks, by name
 POSITIONAL = ("sinusoidal", "learned", "none")  # the encoder-decoder's
 
 @dataclasses.dataclass(frozen=True)
