@@ -354,6 +354,8 @@ def test_splits_are_disjoint_and_batches_bucketed():
 def test_config_checks():
     with pytest.raises(ValueError, match="task must be one of"):
         TrainConfig(task="translate")
+    with pytest.raises(ValueError, match="task 'charlm' trains the GPT.*train_charlm"):
+        TrainConfig.for_task("charlm")
     with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         TrainConfig(batch_size=0)
     with pytest.raises(TypeError, match="steps must be an integer, got 10.0"):

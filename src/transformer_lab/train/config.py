@@ -128,6 +128,10 @@ class TrainConfig:
     @classmethod
     def for_task(cls, task: str = "reverse", **overrides) -> TrainConfig:
         """The defaults for ``task`` (see :data:`TASK_DEFAULTS`), with ``overrides``."""
+        if task == "charlm":
+            raise ValueError("task 'charlm' trains the GPT, with a loop and options of its own: "
+                             "transformer_lab.train.charlm.train_charlm(CharLMConfig(...)), or "
+                             "python -m transformer_lab.train --task charlm")
         if task not in D.TASKS:
             raise ValueError(f"task must be one of {D.TASKS}, got {task!r}")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
