@@ -13,14 +13,10 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 NB = "09_gpt"
-
-
-def _np(t):
-    return t.detach().numpy().copy()
 
 
 def _dtype_of(x):
@@ -243,12 +239,12 @@ class _BlockCheck(Check):
 
     def expected(self, x, block, dout, config):
         from transformer_lab.models.gpt import parameter_shapes
-        from transformer_lab.reference.torch_gpt import TorchBlock, _dtype
+        from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
 
         c = _config(config)
         shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
                   if k.startswith("layers.0.")}
-        torch_block = TorchBlock(c, shapes, _dtype(c))
+        torch_block = TorchBlock(c, shapes, torch_dtype(c))
         with _torch().no_grad():
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))

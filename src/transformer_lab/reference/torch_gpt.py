@@ -27,7 +27,8 @@ from torch import nn
 from transformer_lab.models.gpt import GPT, GPTConfig, check_ids, parameter_shapes
 
 
-def _dtype(config: GPTConfig) -> torch.dtype:
+def torch_dtype(config: GPTConfig) -> torch.dtype:
+    """The torch dtype of a GPT with ``config`` (float32 or float64)."""
     return torch.float64 if np.dtype(config.dtype) == np.float64 else torch.float32
 
 
@@ -103,7 +104,7 @@ class TorchGPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        dtype = _dtype(c)
+        dtype = torch_dtype(c)
         shapes = parameter_shapes(c)
         self.embed = _Params(_sub(shapes, "embed"), dtype)
         if c.positional == "learned":
