@@ -209,3 +209,14 @@ def test_the_ignore_index_default_is_named_in_the_loss():
 def test_the_notebooks_demonstrated_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)
     assert "Hint: this is what you get" in msg and cause in msg, msg
+
+
+def test_a_culprit_is_never_a_check_the_student_has_not_reached():
+    """check-gpt-block (09 §3) depends on self_attention_forward, which check-grouped-query-
+    attention (09 §7) tests extended: a §3 failure must not send the student to §7."""
+    F.load_checks()
+    block = [c.id for c in F.dependency_checks(F.get_check("check-gpt-block"))]
+    assert "check-grouped-query-attention" not in block
+    assert "check-causal-self-attention" in block and "check-self-attention-forward" in block
+    assert F._place("self_attention_forward", "09_gpt") == "notebook 09 §3, §7"
+    assert F._place("merge_heads", "09_gpt") == "notebook 04 §2"

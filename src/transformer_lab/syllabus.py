@@ -127,7 +127,7 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "decoding": {
         "kv_cache_append": ("09_gpt §6",),
-        "causal_self_attention_step": ("09_gpt §6",),
+        "causal_self_attention_step": ("09_gpt §6", "09_gpt §7"),
         "gpt_block_step": ("09_gpt §6",),
         "gpt_step": ("09_gpt §6",),
     },

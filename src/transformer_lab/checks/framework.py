@@ -23,6 +23,7 @@ import copy
 import dis
 import hashlib
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -803,21 +804,35 @@ def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
     return (set(syllabus.dependencies([*chk.functions, *used])) | used) - set(chk.functions)
 
 
+def _teaching_order(chk) -> tuple[str, int]:
+    """(notebook, line of the check's class in its module): checks of one notebook are written
+    in the order of its cells."""
+    try:
+        line = inspect.getsourcelines(chk if isinstance(chk, type) else type(chk))[1]
+    except (OSError, TypeError):
+        line = 0
+    return chk.notebook, line
+
+
 def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check]]:
-    """The checks of core functions that ``chk`` depends on, in teaching order: a check of this
-    notebook or an earlier one that tests only functions of :func:`depends_on`."""
+    """The checks of core functions that ``chk`` depends on, in teaching order: a check that
+    comes before it (an earlier notebook, or earlier in this one) and tests only functions of
+    :func:`depends_on` -- never a later section's check, which the student has not reached."""
     needed = depends_on(chk, f)
+    here = _teaching_order(chk)
     return [other for other in load_checks().values()
-            if other.id != chk.id and not other.arguments and other.notebook <= chk.notebook
-            and other.functions and set(other.functions) <= needed]
+            if other.id != chk.id and not other.arguments and other.functions
+            and set(other.functions) <= needed and _teaching_order(other) < here]
 
 
 def _place(function: str, notebook: str) -> str:
-    """"notebook 04 §2": where ``function`` is taught for ``notebook``'s checks."""
+    """"notebook 04 §2": where ``function`` is taught for ``notebook``'s checks (every section of
+    that notebook that teaches or extends it: "notebook 09 §3, §7")."""
     places = next(fs[function] for fs in syllabus.TAUGHT_IN.values() if function in fs)
-    place = next((p for p in reversed(places) if p.split(" §")[0] <= notebook), places[0])
-    nb, _, section = place.partition(" §")
-    return f"notebook {nb[:2]} §{section}"
+    nb = max((p.split(" §")[0] for p in places if p.split(" §")[0] <= notebook),
+             default=places[0].split(" §")[0])
+    sections = [p.partition(" §")[2] for p in places if p.split(" §")[0] == nb]
+    return f"notebook {nb[:2]} " + ", ".join(f"§{s}" for s in sections)
 
 
 def _first_failure(chk: Check) -> str | None:

@@ -191,7 +191,9 @@ class CausalSelfAttention(Check):
         return _attention_expected(x, params, dout, H, H)
 
     def mistakes(self, x, params, dout, H):
-        return {"without the causal mask (every position sees the future)":
+        return {"without the causal mask (every position sees the future): is the mask passed to "
+                "attention_forward in your kernel -- and does your self_attention_forward call the "
+                "kernel it is given (attend), rather than its own attention?":
                 lambda: _attention_expected(x, params, dout, H, H, causal=False)}
 
 
@@ -789,7 +791,9 @@ class GroupedQueryAttention(Check):
     notebook = NB
     functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
                  "self_attention_backward", "causal_self_attention_forward",
-                 "causal_self_attention_backward", "rope_forward", "rope_backward")
+                 "causal_self_attention_backward", "rope_forward", "rope_backward",
+                 "causal_self_attention_step")
+    STEP = "out of the cached step (causal_self_attention_step: 2 positions, then 1 at a time)"
 
     def cases(self, rng):
         for name, (B, T, E, H, Hkv, rope) in {
@@ -820,11 +824,30 @@ class GroupedQueryAttention(Check):
             tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
         out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
         dx, grads = f.causal_self_attention_backward(dout, cache)
-        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+        return {"out": out, self.STEP: self._cached(f, x, params, H, Hkv, tables), "dx": dx,
+                **{f"d{k}": g for k, g in grads.items()}}
+
+    @staticmethod
+    def _cached(f, x, params, H, Hkv, tables):
+        """The cached step over the same positions: a prompt of 2, then one position at a time,
+        each with the rows of the RoPE tables of its positions."""
+        B, T, E = x.shape
+        K = np.zeros((B, Hkv, T, E // H), x.dtype)
+        V = np.zeros_like(K)
+        pieces, length = [], 0
+        for size in [min(2, T)] + [1] * (T - min(2, T)):
+            end = length + size
+            rope = None if tables is None else (tables[0][length:end], tables[1][length:end])
+            out, length = f.causal_self_attention_step(x[:, length:end], params, H, Hkv, K, V,
+                                                       length, rope)
+            pieces.append(out)
+        return np.concatenate(pieces, axis=1)
 
     def expected(self, x, params, dout, H, Hkv, rope):
         angles = self._angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
-        return _attention_expected(x, params, dout, H, Hkv, angles)
+        want = _attention_expected(x, params, dout, H, Hkv, angles)
+        return {"out": want["out"], self.STEP: want["out"],
+                **{k: g for k, g in want.items() if k != "out"}}
 
 
 @register

@@ -25,7 +25,8 @@ from transformer_lab.core.rope import rope_backward, rope_forward
 
 def repeat_kv_forward(x, n_rep):
     """Give each key/value head to ``n_rep`` query heads: head ``j`` of the output is head
-    ``j // n_rep`` of the input.  x: (B, Hkv, S, Dh)  ->  out: (B, Hkv * n_rep, S, Dh).
+    ``j // n_rep`` of the input.  x: (B, Hkv, S, Dh)  ->  out: (B, Hkv * n_rep, S, Dh), and
+    the cache: ``n_rep``.
     """
     ### BEGIN SOLUTION
     if n_rep == 1:
