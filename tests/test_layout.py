@@ -229,3 +229,43 @@ def test_the_functions_core_gpt_held_before_its_split_are_still_found_there():
             importlib.import_module(f"transformer_lab.core.{module}"), name), name
     with pytest.raises(AttributeError, match="has no attribute 'no_such_function'"):
         core_gpt.no_such_function  # noqa: B018
+
+
+def test_the_checks_and_the_configs_do_not_import_the_core():
+    """The grader imports the checks before the student's core, and a core module that hangs
+    or fails on import must cost only its own checks: the framework, the checkpoints and the
+    configs import no core module, at any depth (ACTIVATIONS is a copy of the core's names)."""
+    from transformer_lab.core import layers as core_layers
+    from transformer_lab.models.config import ACTIVATIONS
+
+    assert ACTIVATIONS == tuple(core_layers.ACTIVATIONS)
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for start in ("transformer_lab.checks.framework", "transformer_lab.models.checkpoints"):
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name not in seen and name in files:
+                seen.add(name)
+                todo.extend(_imports_when_imported(files[name], name, set(files)))
+        assert not {n for n in seen if n.startswith("transformer_lab.core.")}, (start, seen)
+
+
+def _imports_when_imported(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports at its top level (not inside functions), each with
+    the packages above it (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    nodes = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    for node in (sub for n in nodes for sub in ast.walk(n)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found |= {base, *(f"{base}.{a.name}" for a in node.names)}
+    found = {MOVED.get(t, t) for t in found}
+    parents = {".".join(t.split(".")[:i]) for t in found for i in range(2, t.count(".") + 1)}
+    return {t for t in found | parents if t in known and t != name}

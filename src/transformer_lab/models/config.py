@@ -14,9 +14,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
-from transformer_lab import layers as L
 
-ACTIVATIONS = L.ACTIVATIONS  # of the feed-forward networks, by name
+#: The feed-forward networks' activations, by name: the keys of ``core.layers.ACTIVATIONS``
+#: (not imported from there: the configs, and the checkpoints and checks that read them, must
+#: not import a student's core; ``tests/test_layout.py`` checks that the two agree).
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL = ("sinusoidal", "learned", "none")  # the encoder-decoder's
 
 @dataclasses.dataclass(frozen=True)
