@@ -197,12 +197,13 @@ class CausalSelfAttention(Check):
                 lambda: _attention_expected(x, params, dout, H, H, causal=False)}
 
 
-def _block_case(rng, kind, dt=np.float64, T=5, B=2):
+def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
     from transformer_lab.models.gpt import GPTConfig
 
     make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
     config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
-                                  num_layers=1, d_ff=12, max_len=T)), "dtype": np.dtype(dt).name}
+                                  num_layers=1, d_ff=12, max_len=T, **change)),
+              "dtype": np.dtype(dt).name}
     flat = _flat_params(config, rng, 0.2)
     block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
     return (rng.standard_normal((B, T, 8)).astype(dt), block,
@@ -862,5 +863,11 @@ class ModernBlock(_BlockCheck):
     ### END HIDDEN TESTS
 
     def cases(self, rng):
-        yield Case("RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
+        for name, change in (("the 2017 block with RMSNorm alone", {"norm": "rms"}),
+                             ("the 2017 block with SwiGLU alone", {"mlp": "swiglu"}),
+                             ("the 2017 block with RoPE alone", {"positional": "rope"}),
+                             ("the 2017 block with 1 key/value head for 2 query heads alone",
+                              {"num_kv_heads": 1})):
+            yield Case(name, _block_case(rng, "classic", **change))
+        yield Case("all four: RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
                    _block_case(rng, "modern"))
