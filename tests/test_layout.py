@@ -46,13 +46,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _package_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The package modules ``path`` imports anywhere: at the top, inside functions (run later,
-    but still a cycle to untangle) and under ``if TYPE_CHECKING``."""
+def _imported(path: Path, name: str, top_level_only: bool = False) -> set[str]:
+    """The module names ``path`` imports (old names mapped to new), resolving relative imports:
+    everywhere in the file, or only at its top level (what runs when it is imported)."""
     tree = ast.parse(path.read_text())
-    found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(tree):
+    roots = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))] \
+        if top_level_only else [tree]
+    found: set[str] = set()
+    for node in (sub for root in roots for sub in ast.walk(root)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -60,14 +62,14 @@ def _package_imports(path: Path, name: str, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    resolved = set()
-    for target in found:
-        target = MOVED.get(target, target)
-        if target in known and target != name:
-            resolved.add(target)
-    return resolved
+            found |= {base, *(f"{base}.{a.name}" for a in node.names)}
+    return {MOVED.get(t, t) for t in found}
+
+
+def _package_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports anywhere: at the top, inside functions (run later,
+    but still a cycle to untangle) and under ``if TYPE_CHECKING``."""
+    return {t for t in _imported(path, name) if t in known and t != name}
 
 
 def test_the_package_has_no_import_cycle():
@@ -253,19 +255,6 @@ def test_the_checks_and_the_configs_do_not_import_the_core():
 def _imports_when_imported(path: Path, name: str, known: set[str]) -> set[str]:
     """The package modules ``path`` imports at its top level (not inside functions), each with
     the packages above it (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)."""
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    nodes = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    for node in (sub for n in nodes for sub in ast.walk(n)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join([*up, base] if base else up)
-            found |= {base, *(f"{base}.{a.name}" for a in node.names)}
-    found = {MOVED.get(t, t) for t in found}
+    found = _imported(path, name, top_level_only=True)
     parents = {".".join(t.split(".")[:i]) for t in found for i in range(2, t.count(".") + 1)}
     return {t for t in found | parents if t in known and t != name}

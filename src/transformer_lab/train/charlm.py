@@ -269,12 +269,13 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         loss, grads = model.loss(batch)
         if c.clip:
             core_optim.clip_grad_norm(grads, c.clip)
+        lr = schedule(step)
         for opt in optimizers:
-            opt.lr = schedule(step)
+            opt.lr = lr
             opt.step({name: grads[name] for name in opt.params})
         step += 1
         history.loss.append(loss)
-        history.lr.append(schedule(step - 1))
+        history.lr.append(lr)
         elapsed = time.perf_counter() - start - eval_time
         last = step == c.steps
         over = c.time_budget is not None and elapsed >= c.time_budget
