@@ -576,7 +576,7 @@ mutant("embedding_backward", "dW[ids] += dout (a repeated id counted once)",
 mutant("embedding_backward", "the table's gradient in float64 whatever dout's dtype",
        "dW = np.zeros(shape, dtype=dout.dtype)", "dW = np.zeros(shape)", "check-embedding")
 
-TEMP = "05_backward/exercise-softmax-temperature"
+TEMP = "05_attention_backward/exercise-softmax-temperature"
 mutant(TEMP, "the factor 1/tau forgotten in dx", "dx = dz / tau", "dx = dz",
        "check-softmax-temperature")
 mutant(TEMP, "dtau with the wrong sign", "dtau = float(-(dz * x).sum() / tau ** 2)",
@@ -585,7 +585,7 @@ mutant(TEMP, "the row sum without keepdims", "(dy * y).sum(axis=-1, keepdims=Tru
        "(dy * y).sum(axis=-1)", "check-softmax-temperature")
 mutant(TEMP, "dtau with tau instead of tau^2", "/ tau ** 2)", "/ tau)",
        "check-softmax-temperature")
-BIAS = "05_backward/exercise-score-bias-attention"
+BIAS = "05_attention_backward/exercise-score-bias-attention"
 mutant(BIAS, "dA averaged over the leading axes", "dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)",
        "dZ.reshape(-1, *dZ.shape[-2:]).mean(axis=0)", "check-score-bias-attention")
 mutant(BIAS, "dA from dP, before the softmax backward",
@@ -596,7 +596,7 @@ mutant(BIAS, "dA not summed over the leading axes",
        "check-score-bias-attention")
 mutant(BIAS, "dK with dZ not transposed", "dK = scale * np.swapaxes(dZ, -1, -2) @ Q",
        "dK = scale * dZ @ Q", "check-score-bias-attention")
-RMSB = "05_backward/exercise-rms-norm-backward"
+RMSB = "06_layers_backward/exercise-rms-norm-backward"
 mutant(RMSB, "mean(g) subtracted as in layer norm",
        "dx = (g - xhat * (g * xhat).mean(axis=-1, keepdims=True)) / r",
        "dx = (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, "
@@ -792,7 +792,7 @@ mutant("transformer_forward", "the source padding not passed to the decoder",
 
 
 # ============================================================================================
-# 07_verification
+# 09_verification
 
 mutant("transformer_backward", "the positions' gradients of source and target swapped",
        "src_pos={\"W\": d_src_pos}, tgt_pos={\"W\": d_tgt_pos}",
@@ -803,7 +803,7 @@ mutant("transformer_backward", "the memory's gradient not passed into the encode
 mutant("transformer_loss", "ignore_index not passed on (-100, not the model's padding label)",
        "cross_entropy_forward(logits, labels, ignore_index)",
        "cross_entropy_forward(logits, labels)", "check-transformer-loss")
-BUG = "07_verification/exercise-find-the-bug"
+BUG = "09_verification/exercise-find-the-bug"
 mutant(BUG, "the first bug left: the scores scaled by sqrt(E)", "/ math.sqrt(head_dim)",
        "/ math.sqrt(e)", "check-find-the-bug")
 mutant(BUG, "the second bug left: the heads merged without the transpose",
@@ -812,14 +812,14 @@ mutant(BUG, "the second bug left: the heads merged without the transpose",
 mutant(BUG, "the padding mask over the queries",
        "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]",
        "check-find-the-bug")
-SMOOTH = "07_verification/exercise-label-smoothing"
+SMOOTH = "09_verification/exercise-label-smoothing"
 mutant(SMOOTH, "alpha spread over V - 1 classes", "q = np.full(logits.shape, alpha / V)",
        "q = np.full(logits.shape, alpha / (V - 1))", "check-label-smoothing")
 mutant(SMOOTH, "the gradient divided by every position, padding included",
        "(keep / count)[..., None]", "(keep / keep.size)[..., None]", "check-label-smoothing")
 mutant(SMOOTH, "without the max subtraction (exp overflows)",
        "z = logits - logits.max(axis=-1, keepdims=True)", "z = logits", "check-label-smoothing")
-POS = "07_verification/exercise-padded-positions"
+POS = "09_verification/exercise-padded-positions"
 mutant(POS, "positions counted from 1", "positions = np.cumsum(real, axis=1) - 1",
        "positions = np.cumsum(real, axis=1)", "check-padded-positions")
 mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions")
@@ -830,7 +830,7 @@ mutant(POS, "positions from the column index (left padding shifts them)",
 
 
 # ============================================================================================
-# 08_training
+# 10_training
 
 mutant("sgd_step", "nesterov ignored", "g = g + c(momentum) * buf if nesterov else buf",
        "g = buf", "check-sgd-step")
@@ -864,19 +864,19 @@ mutant("train_step", "clipping skipped",
        "norm = global_norm(grads)", "check-train-step")
 mutant("train_step", "the learning rate not set", "    optimizer.lr = lr\n", "",
        "check-train-step")
-NOAM = "08_training/exercise-noam-schedule"
+NOAM = "10_training/exercise-noam-schedule"
 mutant(NOAM, "the maximum of the two rates", "np.minimum(s ** -0.5", "np.maximum(s ** -0.5",
        "check-noam-schedule")
 mutant(NOAM, "warmup^-0.5 instead of warmup^-1.5", "warmup ** -1.5", "warmup ** -0.5",
        "check-noam-schedule")
 mutant(NOAM, "the factor d_model^-0.5 forgotten", "lr = d_model ** -0.5 * np.minimum(",
        "lr = np.minimum(", "check-noam-schedule")
-RMSP = "08_training/exercise-rmsprop"
+RMSP = "10_training/exercise-rmsprop"
 mutant(RMSP, "centered ignored", "if centered:", "if False:", "check-rmsprop")
 mutant(RMSP, "eps inside the square root", "avg = np.sqrt(st[\"v\"]) + eps",
        "avg = np.sqrt(st[\"v\"] + eps)", "check-rmsprop")
 mutant(RMSP, "weight decay ignored", "g = g + weight_decay * p", "g = g", "check-rmsprop")
-SAMPLE = "08_training/exercise-sample-decode"
+SAMPLE = "10_training/exercise-sample-decode"
 mutant(SAMPLE, "temperature ignored", "z = logits[:, -1].astype(np.float64) / temperature",
        "z = logits[:, -1].astype(np.float64)", "check-sample-decode")
 mutant(SAMPLE, "finished sequences not padded", "        nxt = np.where(done, c.pad_id, nxt)\n",
@@ -956,15 +956,29 @@ mutant("mlp_forward", "kind not passed on (always ReLU)",
 mutant("mlp_backward", "kind ignored (always the plain network)", "if kind == \"swiglu\":",
        "if False:", "check-modern-block")
 mutant("gpt_block_forward", "the first norm's parameters used before the MLP too",
-       "residual_forward(x, mlp, params[\"norm2\"]", "residual_forward(x, mlp, params[\"norm1\"]",
-       "check-gpt-block")
+       "residual_forward(x, dropped(mlp), params[\"norm2\"]",
+       "residual_forward(x, dropped(mlp), params[\"norm1\"]", "check-gpt-block")
 mutant("gpt_block_forward", "post-norm sublayers in a pre-norm block",
-       "residual_forward(x, attend, params[\"norm1\"], True",
-       "residual_forward(x, attend, params[\"norm1\"], False",
+       "residual_forward(x, dropped(attend), params[\"norm1\"], True",
+       "residual_forward(x, dropped(attend), params[\"norm1\"], False",
        "check-gpt-block")
+mutant("gpt_block_forward", "dropout forgotten: the rng never used",
+       "out, c_drop = dropout_forward(out, c.dropout, rng, train=rng is not None)",
+       "c_drop = None", "check-gpt-dropout")
+mutant("gpt_block_forward", "dropout in evaluation too (train=True whatever rng is)",
+       "train=rng is not None)", "train=True)", "check-gpt-model")
+mutant("gpt_block_backward", "dropout's backward forgotten: the gradient passes unmasked",
+       "sublayer_backward(dropout_backward(dout, c_drop), inner)",
+       "sublayer_backward(dout, inner)", "check-gpt-dropout")
 mutant("gpt_block_backward", "the block's norm's backward not passed on (a layer norm's used)",
-       "residual_backward(dout, c_mlp, mlp_backward, norm_backward)",
-       "residual_backward(dout, c_mlp, mlp_backward)", "check-modern-block")
+       "residual_backward(dout, c_mlp, dropped(mlp_backward), norm_backward)",
+       "residual_backward(dout, c_mlp, dropped(mlp_backward))", "check-modern-block")
+mutant("gpt_forward", "the generator not passed to the blocks: no dropout in training",
+       "gpt_block_forward(x, layer, config, rope, rng)",
+       "gpt_block_forward(x, layer, config, rope)", "check-gpt-dropout")
+mutant("gpt_loss", "the generator not passed on: no dropout in training",
+       "gpt_forward(params, ids, config, pe, rope, rng)",
+       "gpt_forward(params, ids, config, pe, rope)", "check-gpt-dropout")
 mutant("gpt_forward", "learned positions ignored",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe", "positions = pe",
        "check-gpt-model")
@@ -999,13 +1013,13 @@ mutant("top_p_filter", "the token that crosses p dropped (its own probability co
        "above = np.cumsum(sorted_probs, axis=-1)", "check-top-p-filter")
 mutant("sample_next", "temperature ignored", "z = logits / temperature", "z = logits",
        "check-sample-next")
-MINP = "09_gpt/exercise-min-p-filter"
+MINP = "14_decoding/exercise-min-p-filter"
 mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=-1, keepdims=True)",
        "probs >= p_min", "check-min-p-filter")
 
 
 # ============================================================================================
-# 10_long_context
+# 15_long_context
 
 mutant("online_softmax_update", "the old sum not rescaled", "ell_new = alpha * ell +",
        "ell_new = ell +", "check-online-softmax-update")
@@ -1028,3 +1042,159 @@ mutant("flash_self_attention_forward", "causal not passed on",
 mutant("flash_self_attention_backward", "the naive backward for the tiled forward",
        "self_attention_backward(dout, cache, attend_backward=flash_attention_backward)",
        "self_attention_backward(dout, cache)", "check-flash-self-attention")
+
+
+# ============================================================================================
+# 11_tokenization
+
+mutant("bytes_to_unicode", "every byte keeps its own character (the space, the newline and the "
+       "control bytes are not printable)", "mapping[b] = chr(256 + extra)",
+       "mapping[b] = chr(b)", "check-bytes-to-unicode")
+mutant("bytes_to_unicode", "the stand-ins counted from chr(255)", "chr(256 + extra)",
+       "chr(255 + extra)", "check-bytes-to-unicode")
+mutant("bytes_to_unicode", "the Latin-1 range ¡..¬ forgotten among the printable bytes",
+       ' *range(ord("¡"), ord("¬") + 1),', "", "check-bytes-to-unicode")
+mutant("pretokenize", "the space prefix forgotten (' ?' dropped before letters)",
+       r"| ?\p{L}+|", r"|\p{L}+|", "check-pretokenize")
+mutant("pretokenize", "a run of spaces takes the space of the next word (no lookahead)",
+       r"|\s+(?!\S)|\s+", r"|\s+", "check-pretokenize")
+mutant("pretokenize", "the contractions left out", "'s|'t|'re|'ve|'m|'ll|'d| ?", " ?",
+       "check-pretokenize")
+mutant("word_counts", "the characters' code points instead of the UTF-8 bytes",
+       'tuple(piece.encode("utf-8"))', "tuple(map(ord, piece))", "check-word-counts")
+mutant("word_counts", "no pre-tokenization: the whole text one word (pairs across pieces)",
+       "for piece in pretokenize(text)", "for piece in [text]", "check-word-counts")
+mutant("pair_counts", "each pair counted once per word, not weighted by its count",
+       "counts[pair] += count", "counts[pair] += 1", "check-pair-counts")
+mutant("pair_counts", "pairs counted across two words (the previous word's last id kept)",
+       "    for word, count in words.items():\n        for pair in itertools.pairwise(word):",
+       "    last = ()\n    for word, count in words.items():\n"
+       "        word, last = last + tuple(word), tuple(word[-1:])\n"
+       "        for pair in itertools.pairwise(word):", "check-pair-counts")
+mutant("merge_pair", "'aaa' merged as overlapping pairs (moving on by one after a merge)",
+       "            out.append(new_id)\n            i += 2", "            out.append(new_id)\n"
+       "            i += 1", "check-merge-pair")
+mutant("merge_pair", "the last id dropped", "while i < len(word):", "while i < len(word) - 1:",
+       "check-merge-pair")
+mutant("train_bpe", "a tie broken by the larger pair",
+       "best = min(pair for pair, count", "best = max(pair for pair, count", "check-train-bpe")
+mutant("train_bpe", "the counts never updated (ranked once, before any merge)",
+       "        for i in sorted(where.pop(best)):", "        del counts[best]\n"
+       "        for i in ():", "check-train-bpe")
+mutant("train_bpe", "the merged word's new pairs not added back",
+       "                counts[pair] = counts.get(pair, 0) + n\n",
+       "                counts.setdefault(pair, 0)\n", "check-train-bpe")
+mutant("train_bpe", "pairs with a count of 0 kept (training does not stop when none is left)",
+       "                if counts[pair] == 0:\n                    del counts[pair]\n", "",
+       "check-train-bpe")
+mutant("token_bytes", "bytes(b) for a byte (b zero bytes)", "vocab = [bytes([b]) for b",
+       "vocab = [bytes(b) for b", "check-token-bytes")
+mutant("token_bytes", "a merge's bytes in the wrong order", "vocab.append(vocab[a] + vocab[b])",
+       "vocab.append(vocab[b] + vocab[a])", "check-token-bytes")
+mutant("encode_word", "the first learned pair found left to right, not the lowest rank",
+       "pair = min(itertools.pairwise(word), key=lambda p: ranks.get(p, math.inf))",
+       "pair = next((p for p in itertools.pairwise(word) if p in ranks), word[:2])",
+       "check-encode-word")
+mutant("encode_word", "the latest merge first (the highest rank)",
+       "pair = min(itertools.pairwise(word), key=lambda p: ranks.get(p, math.inf))",
+       "pair = max(itertools.pairwise(word), key=lambda p: ranks.get(p, -1))",
+       "check-encode-word")
+mutant("encode_word", "the rank as the new id (256 forgotten)", "256 + ranks[pair]",
+       "ranks[pair]", "check-encode-word")
+mutant("bpe_encode", "the whole text encoded as one word", "for piece in pretokenize(text):",
+       "for piece in [text] if text else []:", "check-bpe-encode")
+mutant("bpe_encode", "the pieces' code points instead of their UTF-8 bytes",
+       'encode_word(piece.encode("utf-8"), ranks)', "encode_word(map(ord, piece), ranks)",
+       "check-bpe-encode")
+mutant("bpe_decode", "each token decoded on its own (a character cut in two shows twice)",
+       'return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")',
+       'return "".join(vocab[i].decode("utf-8", errors="replace") for i in ids)',
+       "check-bpe-decode")
+mutant("bpe_decode", "errors='ignore': a cut character vanishes", 'errors="replace"',
+       'errors="ignore"', "check-bpe-decode")
+
+
+# ============================================================================================
+# 12_translation
+
+
+mutant("label_smoothed_loss_forward", "eps spread over the V - 1 other classes (torch: over all V)",
+       "uniform = -logp.mean(axis=-1)",
+       "uniform = -(logp.sum(axis=-1) - nll * -1) / (logp.shape[-1] - 1)",
+       "check-label-smoothing")
+mutant("label_smoothed_loss_forward", "ignore_index forgotten: the mean over every position",
+       "weight = 1 / keep.sum()", "keep = np.ones_like(keep)\n    weight = 1 / keep.size",
+       "check-label-smoothing")
+mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the uniform part",
+       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum()) * weight",
+       "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum()) * weight",
+       "check-label-smoothing")
+mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
+       "dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]", "dlogp[...] = 0",
+       "check-label-smoothing")
+mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps",
+       "picked - ((1 - eps) * w)[..., None]", "picked - w[..., None]", "check-label-smoothing")
+mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
+       "w = weight * keep", "check-label-smoothing")
+mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",
+       "return ((5.0 + lengths) / 6.0) ** alpha", "return lengths ** alpha",
+       "check-beam-step", "check-beam-search")
+mutant("length_penalty", "the exponent forgotten", "return ((5.0 + lengths) / 6.0) ** alpha",
+       "return (5.0 + lengths) / 6.0", "check-beam-step", "check-beam-search")
+mutant("beam_step", "no length normalisation: ranked by the summed log-probability",
+       "rank = total / length_penalty(new_lengths, alpha)[..., None]", "rank = total",
+       "check-beam-step", "check-beam-search")
+mutant("beam_step", "finished hypotheses dropped from the beam (no continuation kept)",
+       "    total[..., pad_id] = np.where(finished, scores, total[..., pad_id])"
+       "  # kept, not extended\n", "", "check-beam-step", "check-beam-search")
+mutant("beam_step", "finished hypotheses extended after EOS (their candidates not blocked)",
+       "total = np.where(finished[..., None], -np.inf, scores[..., None] + logp)",
+       "total = scores[..., None] + logp", "check-beam-step", "check-beam-search")
+mutant("beam_step", "the candidates not re-sorted: the first K kept",
+       'best = np.argsort(-rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
+       "best = np.broadcast_to(np.arange(K), (B, K))", "check-beam-step", "check-beam-search")
+mutant("beam_step", "the worst K kept (sorted ascending)",
+       'best = np.argsort(-rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
+       'best = np.argsort(rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
+       "check-beam-step", "check-beam-search")
+mutant("beam_step", "the parent and token of a flat index swapped",
+       "parents, tokens = best // V, best % V", "parents, tokens = best % K, best // K",
+       "check-beam-step", "check-beam-search")
+mutant("beam_step", "the lengths not gathered by parent",
+       "lengths = np.take_along_axis(new_lengths, parents, axis=1)", "lengths = new_lengths",
+       "check-beam-step", "check-beam-search")
+mutant("beam_step", "a finished hypothesis grows in length",
+       "new_lengths = lengths + ~finished", "new_lengths = lengths + 1",
+       "check-beam-step", "check-beam-search")
+mutant("beam_search", "K copies of the start: every hypothesis scored 0 at first",
+       "    scores[:, 0] = 0.0  # one live hypothesis to start with, not K copies of it\n",
+       "    scores[:] = 0.0\n", "check-beam-search")
+mutant("beam_search", "parent indices not gathered: the prefixes stay in their rows",
+       "np.take_along_axis(seqs, parents[..., None], axis=1)", "seqs", "check-beam-search")
+mutant("beam_search", "rows not offset by the source (b * K forgotten)",
+       "rows = (parents + K * np.arange(B)[:, None]).reshape(-1)", "rows = parents.reshape(-1)",
+       "check-beam-search")
+mutant("memory_keys_values", "keys and values both from W_k",
+       'v, _ = linear_forward(memory, params["W_v"], params.get("b_v"))',
+       'v, _ = linear_forward(memory, params["W_k"], params.get("b_k"))', "check-decoder-step")
+mutant("cached_self_attention_step", "the new keys written at the start of the cache",
+       "K[:, :, length:end] = k", "K[:, :, :end - length] = k", "check-decoder-step")
+mutant("cached_self_attention_step", "no causal mask among several new positions",
+       "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end], mask)",
+       "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end])", "check-decoder-step")
+mutant("cached_self_attention_step", "attending to the new positions only (the cache unread)",
+       "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end], mask)",
+       "heads, _ = attention_forward(q, k, v, causal_mask(x.shape[1]))", "check-decoder-step")
+mutant("decoder_layer_step", "the memory mask forgotten",
+       "heads, _ = attention_forward(split_heads(q, c.num_heads), *memory_kv, memory_mask)",
+       "heads, _ = attention_forward(split_heads(q, c.num_heads), *memory_kv)",
+       "check-decoder-step")
+mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, attend, p[\"norm1\"], "
+       "c.norm_first, c.eps)", "x, _ = residual_forward(x, attend, p[\"norm1\"], True, c.eps)",
+       "check-decoder-step")
+mutant("transformer_decode_step", "the positions of the new tokens from 0 again",
+       "positions = positions[length:]  # the rows of the new positions", "pass",
+       "check-decoder-step")
+mutant("transformer_decode_step", "the final norm forgotten",
+       'y, _ = layer_norm_forward(y, norm["gamma"], norm.get("beta"), c.eps)', "pass",
+       "check-decoder-step")

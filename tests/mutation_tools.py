@@ -42,7 +42,8 @@ NOTEBOOKS = ROOT / "notebooks"
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # not a marker line here
 
 #: the core modules in an order where every module comes after the ones it imports
-CORE_ORDER = ("layers", "attention", "multihead", "blocks", "model", "optim", "training",
+CORE_ORDER = ("layers", "attention", "multihead", "blocks", "model", "optim", "training", "bpe",
+              "translation",
               "flash", "next_token", "rope", "modern", "gqa", "gpt", "sampling", "decoding")
 
 

@@ -79,3 +79,51 @@ def test_bench_reports_progress_and_duration_on_stderr_and_uses_one_thread_by_de
     rows = [line for line in out.splitlines() if line.startswith("Transformer")]
     assert len(rows) == 4  # two table rows and two summary lines
     assert all(line.rstrip().endswith("x") for line in rows[:2])
+
+
+# ------------------------------------------------------------------ the GPT (--model gpt)
+
+
+def test_round_robin_rounds_reverse_the_order_and_skip_the_warmup():
+    calls = []
+    times = bench.round_robin_times({k: (lambda k=k: calls.append(k)) for k in "abc"},
+                                    repeats=2, warmup=1)
+    assert "".join(calls) == "abccbaabc"
+    assert sorted(times) == ["a", "b", "c"] and all(len(t) == 2 for t in times.values())
+
+
+def test_gpt_step_flops_count_every_matrix_product():
+    c = bench.gpt_config("classic", 96, 4, 4, 128)
+    n, e, f, v = 8 * 128, 96, 384, bench.GPT_VOCAB
+    per_layer = 2 * n * e * 3 * e + 2 * n * e * e + 4 * n * 128 * e + 2 * 2 * n * e * f
+    assert bench.gpt_step_flops(c, 8, 128) == 3 * (4 * per_layer + 2 * n * e * v)
+    modern = bench.gpt_config("modern", 96, 4, 4, 128)
+    assert modern.num_kv_heads == 2 and modern.mlp == "swiglu"
+    assert 0 < bench.gpt_step_flops(modern, 8, 128) < bench.gpt_step_flops(c, 8, 128)
+
+
+def test_the_gpt_benchmark_refuses_a_twin_that_computes_something_else(monkeypatch):
+    from transformer_lab.models.gpt import GPT
+
+    real = GPT.loss
+    monkeypatch.setattr(GPT, "loss", lambda self, ids: (real(self, ids)[0] * 1.001,
+                                                        real(self, ids)[1]))
+    with pytest.raises(AssertionError, match="differs from its PyTorch twin"):
+        bench.measure_gpt("classic", 16, 2, 8, 2, 1, repeats=1, warmup=0)
+
+
+def test_bench_gpt_times_the_training_step_against_the_torch_twin():
+    res = subprocess.run([sys.executable, "-m", "transformer_lab.course.bench", "--model", "gpt",
+                          "--quick"], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    err, out = res.stderr, res.stdout
+    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up; expected duration about" in err
+    assert "[1/2] GPT classic, d_model 32, batch 4, length 16 ..." in err
+    assert "[2/2] GPT modern" in err and "in all" in err
+    assert "(1 BLAS threads), torch" in out and "(1 threads)" in out
+    assert "the GPT's training step" in out and "of matmul" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("classic", "modern"))]
+    assert [r[:3] for r in rows] == [["classic", "fast", "32"], ["modern", "fast", "32"]]
+    assert rows[1][3] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
+    assert all(r[8].endswith("x") and r[-1].endswith("%") for r in rows)
+    assert "GPT: numpy/torch" in out and "GFLOP/s" in out

@@ -161,7 +161,7 @@ def test_attention_indexes_carry_the_docstrings_axis_names():
 
 
 def test_indexes_beyond_attention_carry_axis_names_too():
-    msg = mutant_message("check-find-the-bug", "07_verification/exercise-find-the-bug",
+    msg = mutant_message("check-find-the-bug", "09_verification/exercise-find-the-bug",
                          "mask over the queries")
     assert "[b=0, t=" in msg and ", e=0]" in msg, msg
     named = {cid for cid, cls in F.REGISTRY.items() if cls.axes}
@@ -194,15 +194,15 @@ def test_the_ignore_index_default_is_named_in_the_loss():
 
 @pytest.mark.parametrize(("check_id", "where", "models", "cause"), [
     ("check-merge-masks", "merge_masks", "padded queries blocked", "padded queries"),
-    ("check-find-the-bug", "07_verification/exercise-find-the-bug", "without the transpose",
+    ("check-find-the-bug", "09_verification/exercise-find-the-bug", "without the transpose",
      "merged by a reshape alone"),
-    ("check-find-the-bug", "07_verification/exercise-find-the-bug", "mask over the queries",
+    ("check-find-the-bug", "09_verification/exercise-find-the-bug", "mask over the queries",
      "padding mask on the query axis"),
     ("check-merge-heads", "merge_heads", "without swapping back", "without first swapping"),
     ("check-sliding-window", "02_masking/exercise-sliding-window", "window + 1",
      "seeing window + 1 positions"),
     ("check-adam-step", "adam_step", "not updated in place", "rebinding m instead of updating"),
-    ("check-rmsprop", "08_training/exercise-rmsprop", "eps inside", "eps inside the square root"),
+    ("check-rmsprop", "10_training/exercise-rmsprop", "eps inside", "eps inside the square root"),
     ("check-gpt-rms-norm", "rms_norm_forward", "eps added outside",
      "eps added outside the square root"),
 ])
@@ -212,11 +212,12 @@ def test_the_notebooks_demonstrated_mistakes_get_their_hint(check_id, where, mod
 
 
 def test_a_culprit_is_never_a_check_the_student_has_not_reached():
-    """check-gpt-block (09 §3) depends on self_attention_forward, which check-grouped-query-
-    attention (09 §7) tests extended: a §3 failure must not send the student to §7."""
+    """check-gpt-block (13 §3) depends on self_attention_forward, which check-grouped-query-
+    attention (14 §3) tests extended: a failure in 13 must not send the student to 14."""
     F.load_checks()
     block = [c.id for c in F.dependency_checks(F.get_check("check-gpt-block"))]
     assert "check-grouped-query-attention" not in block
     assert "check-causal-self-attention" in block and "check-self-attention-forward" in block
-    assert F._place("self_attention_forward", "09_gpt") == "notebook 09 §3, §7"
-    assert F._place("merge_heads", "09_gpt") == "notebook 04 §2"
+    assert F._place("self_attention_forward", "13_gpt") == "notebook 13 §3"
+    assert F._place("self_attention_forward", "14_decoding") == "notebook 14 §3"
+    assert F._place("merge_heads", "13_gpt") == "notebook 04 §2"

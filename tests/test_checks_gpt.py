@@ -79,9 +79,9 @@ def test_sampling_that_ignores_the_temperature(monkeypatch):
     assert "'temperature 0.5, top-k 4'" in _fails("check-sample-next")
 
 
-def test_stub_message_names_notebook_09(monkeypatch):
+def test_stub_message_names_notebook_14(monkeypatch):
     message = syllabus.stub_message("kv_cache_append")
-    assert "09_gpt" in message and "section 6" in message
+    assert "14_decoding" in message and "section 2" in message
 
     def stub(*args):
         raise NotImplementedError(message)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer_lab.checks import CheckFailed, check, load_checks
-from transformer_lab.checks import nb05_backward as N5
+from transformer_lab.checks import nb05_attention_backward as N5
 from transformer_lab.core import attention as CA
 from transformer_lab.core import layers as CL
 from transformer_lab.core import multihead as CM
@@ -24,7 +24,8 @@ def _fails(check_id, *functions):
 
 def test_the_notebooks_checks_are_registered():
     ids = {i for i, c in REGISTRY.items() if c.notebook in ("04_multihead_attention",
-                                                           "05_backward")}
+                                                           "05_attention_backward",
+                                                           "06_layers_backward")}
     assert {"check-split-heads", "check-merge-heads", "check-mha-forward", "check-merge-masks",
             "check-self-attention-forward", "check-gqa", "check-gqa-cost",
             "check-softmax-backward", "check-attention-backward", "check-mha-backward",

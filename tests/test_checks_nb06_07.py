@@ -22,7 +22,8 @@ def _fails(check_id, *functions):
 
 
 def test_every_check_of_the_two_notebooks_is_registered():
-    ids = {i for i, c in REGISTRY.items() if c.notebook in ("06_transformer", "07_verification")}
+    ids = {i for i, c in REGISTRY.items() if c.notebook in ("07_blocks", "08_transformer",
+                                                           "09_verification")}
     assert ids == {
         "check-gelu", "check-activation", "check-feed-forward", "check-residual",
         "check-dropout", "check-init", "check-positional-encoding", "check-embed",
@@ -267,7 +268,7 @@ def test_a_stub_names_its_notebook_section(monkeypatch):
         raise NotImplementedError(message)
     monkeypatch.setattr(CL, "tied_output_forward", stub)
     assert _fails("check-tied-output") == f"check-tied-output: {message}"
-    assert "notebook 06_transformer, section 11" in message
+    assert "notebook 08_transformer, section 4" in message
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from transformer_lab.checks import framework as F
 from transformer_lab.core import optim as CO
 from transformer_lab.core import training as CT
 
-MODULE = Path(F.__file__).with_name("nb08_training.py")
+MODULE = Path(F.__file__).with_name("nb10_training.py")
 
 
 def _fails(check_id, *functions):
@@ -311,7 +311,7 @@ def test_the_handouts_form_of_the_checks_runs_on_the_solutions(tmp_path, monkeyp
     exec(compile(_strip_hidden(MODULE.read_text()), "nb08_handout.py", "exec"),
          handout.__dict__)
     stripped = F.REGISTRY
-    assert set(stripped) == {c for c, k in full.items() if k.notebook == "08_training"}
+    assert set(stripped) == {c for c, k in full.items() if k.notebook == "10_training"}
     assert not stripped["check-noam-schedule"].has_reference()
     assert all(stripped[c].has_reference() for c in stripped if c != "check-noam-schedule")
     for cid in ("check-sgd-step", "check-adam-step", "check-global-norm",

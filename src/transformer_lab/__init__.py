@@ -8,14 +8,21 @@ the core, and the rest of the package builds on the core. Laid out by role:
   no input checks (like ``torch.nn.functional``);
 - **the boundary**, beside it (like ``torch.nn``): :mod:`.layers`, :mod:`.attention`,
   :mod:`.blocks`, :mod:`.flash`, :mod:`.optim` check their arguments once (with
-  :mod:`._validate`) and call the core;
+  :mod:`._validate`) and call the core; :mod:`.tokenizer` is GPT-2's byte-level BPE
+  (``BPETokenizer``: train, encode, decode, GPT-2's ``vocab.json``/``merges.txt``) on the core's;
 - :mod:`~transformer_lab.models` -- the encoder-decoder and the GPT, their configurations,
-  input checks, shared parameter handling and one checkpoint format;
+  input checks, shared parameter handling and one checkpoint format; GPT-2's checkpoints
+  (``transformers``' ``config.json`` + ``model.safetensors``) read into the GPT
+  (``models.pretrained``, ``GPT.from_pretrained``); the GPT's speed-only training step
+  (``models.fast_gpt``: the core's numbers, faster; left out of the handout, where the GPT
+  computes with the student's core);
 - :mod:`~transformer_lab.reference` -- everything PyTorch: the reference models and
   ``from_torch`` twins;
-- :mod:`~transformer_lab.datasets` -- the toy tasks, the text corpus, the shipped files;
+- :mod:`~transformer_lab.datasets` -- the toy tasks, the text corpus, the translation data
+  (English number expressions in French or German), the shipped files;
 - :mod:`~transformer_lab.train` -- the training loops and the trainer's command line
-  (``python -m transformer_lab.train --task ...``);
+  (``python -m transformer_lab.train --task ...``; ``--task translate-fr`` trains notebook 12's
+  translator);
 - :mod:`~transformer_lab.checks` -- the exercise checks (``check("check-...")``);
 - **notebook helpers**: :func:`setup_notebook` (:mod:`.notebook`), :mod:`.gradient_check`
   (numerical gradients), :mod:`.tools` (timing, comparisons), :mod:`.plot`;

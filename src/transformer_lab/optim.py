@@ -20,7 +20,7 @@ The classes keep the state (momentum buffers, moment estimates, the step count) 
 arguments; the arithmetic of an update is :func:`transformer_lab.core.optim.sgd_step` /
 :func:`~transformer_lab.core.optim.adam_step`, one parameter array at a time, and
 :func:`global_norm` / :func:`clip_grad_norm` check their arguments and call the core's -- the
-functions the student writes in notebook 08, looked up at call time.
+functions the student writes in notebook 10, looked up at call time.
 """
 
 from __future__ import annotations

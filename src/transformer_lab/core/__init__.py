@@ -3,7 +3,7 @@
 Every function here is an exercise of one of the notebooks (``transformer_lab.syllabus`` says
 which, and the stub of an unwritten function names it). The rest of the package runs on these
 functions: the ``Transformer`` model, the ``from_torch`` twins, the optimisers and the trainer
-call them, so the model that learns in notebook 08 is your own code.
+call them, so the model that learns in notebook 10 is your own code.
 
 Conventions, the same in every module:
 

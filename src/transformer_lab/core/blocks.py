@@ -32,7 +32,7 @@ from transformer_lab.core.multihead import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Feed-forward network and residual connections (06_transformer; another norm: 09_gpt)
+# Feed-forward network and residual connections (07_blocks; another norm: 13_gpt)
 
 
 def feed_forward_forward(x, params, activation="relu"):
@@ -70,7 +70,7 @@ def residual_forward(x, sublayer, norm, norm_first, eps=1e-5, normalize=None):
     Pre-norm: ``x + sublayer(norm(x))``; post-norm: ``norm(x + sublayer(x))``.
     x: (B, T, E); sublayer: a function ``h -> (out, cache)``; norm: the norm's params (layer
     norm: gamma, optional beta); normalize: None for layer norm, or another norm
-    ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 09)  ->  out: (B, T, E).
+    ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 14)  ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION
     def norm_of(h):  # (B, T, E) -> (B, T, E)
@@ -113,7 +113,7 @@ def residual_backward(dout, cache, sublayer_backward, normalize_backward=layer_n
 
 
 # --------------------------------------------------------------------------------------------
-# Encoder and decoder layers (06_transformer)
+# Encoder and decoder layers (07_blocks)
 
 
 def encoder_layer_forward(x, params, num_heads, mask=None, norm_first=False, activation="relu",
@@ -189,7 +189,7 @@ def decoder_layer_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Stacks (06_transformer)
+# Stacks (08_transformer)
 
 
 def encoder_forward(x, params, num_heads, mask=None, norm_first=False, activation="relu",

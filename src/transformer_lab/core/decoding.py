@@ -1,4 +1,4 @@
-"""Decoding with a KV cache (09_gpt §6): the GPT's forward pass for new positions only, reading
+"""Decoding with a KV cache (14_decoding §2): the GPT's forward pass for new positions only, reading
 the keys and values of the earlier ones from a cache, one per layer, filled in place.
 Inference: no backward.
 
@@ -18,7 +18,7 @@ from transformer_lab.core.multihead import self_attention_forward
 from transformer_lab.core.rope import rope_forward
 
 # --------------------------------------------------------------------------------------------
-# The KV cache (09_gpt §6)
+# The KV cache (14_decoding §2)
 
 
 def kv_cache_append(K, V, length, k, v):

@@ -29,7 +29,7 @@ from transformer_lab.core.attention import causal_mask
 from transformer_lab.core.multihead import self_attention_backward, self_attention_forward
 
 # --------------------------------------------------------------------------------------------
-# The online softmax (10_long_context)
+# The online softmax (15_long_context)
 
 
 def online_softmax_update(m, ell, scores):
@@ -57,7 +57,7 @@ def online_softmax_update(m, ell, scores):
 
 
 # --------------------------------------------------------------------------------------------
-# Tiled attention, forward (10_long_context)
+# Tiled attention, forward (15_long_context)
 
 
 def flash_attention_forward(q, k, v, causal=False, block_size=64):
@@ -96,7 +96,7 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
 
 
 # --------------------------------------------------------------------------------------------
-# Tiled attention, backward (10_long_context)
+# Tiled attention, backward (15_long_context)
 
 
 def flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask=None):
@@ -162,7 +162,7 @@ def flash_attention_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# In the model (10_long_context): multi-head self-attention with tiled attention as its kernel
+# In the model (15_long_context): multi-head self-attention with tiled attention as its kernel
 
 
 def flash_self_attention_forward(x, params, num_heads, causal=False, block_size=64):

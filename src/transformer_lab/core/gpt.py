@@ -1,4 +1,4 @@
-"""The decoder-only language model (GPT), built from the pieces of notebooks 00-08 (09_gpt).
+"""The decoder-only language model (GPT), built from the pieces of notebooks 00-10 (13_gpt).
 
     ids (B, T) -> token embedding (+ positions) -> N pre-norm blocks -> norm -> x @ W_emb^T
                -> logits (B, T, V): position t predicts the token at t + 1
@@ -19,7 +19,8 @@ The GPT's other pieces have modules of their own: the loss ``core.next_token``, 
 KV cache ``core.decoding``, sampling ``core.sampling``.
 
 ``config`` is anything with the attributes ``num_heads``, ``num_kv_heads``, ``norm``, ``mlp``,
-``eps`` and ``attention_block_size`` (None: naive attention; an int: notebook 10's tiled
+``eps``, ``dropout`` (the blocks' dropout probability, used when training with an ``rng``) and
+``attention_block_size`` (None: naive attention; an int: notebook 15's tiled
 attention with blocks of that size) -- a ``transformer_lab.models.gpt.GPTConfig``. Parameters
 are nested dicts:
 
@@ -47,6 +48,8 @@ from transformer_lab.core.blocks import (
 )
 from transformer_lab.core.gqa import causal_self_attention_backward, causal_self_attention_forward
 from transformer_lab.core.layers import (
+    dropout_backward,
+    dropout_forward,
     layer_norm_backward,
     layer_norm_forward,
     tied_output_backward,
@@ -67,7 +70,7 @@ __getattr__ = moved_functions(__name__, ("next_token", "rope", "modern", "gqa", 
                                          "decoding"))
 
 # --------------------------------------------------------------------------------------------
-# The pre-norm block (09_gpt §3; RMSNorm and SwiGLU: §7)
+# The pre-norm block (13_gpt §3; RMSNorm and SwiGLU: 14_decoding §3)
 
 
 def norm_forward(x, params, kind, eps=1e-5):
@@ -115,17 +118,26 @@ def mlp_backward(dout, cache):
     ### END SOLUTION
 
 
-def gpt_block_forward(x, params, config, rope=None):
+def gpt_block_forward(x, params, config, rope=None, rng=None):
     """One pre-norm block: ``x = x + attn(norm1(x))``, then ``out = x + mlp(norm2(x))`` -- two
-    of notebook 06's residual sublayers, with the block's norm.
+    of notebook 07's residual sublayers, with the block's norm. With ``rng``, training with
+    dropout: each sublayer's output is dropped with probability ``config.dropout`` before the
+    residual sum (notebook 07 §4); without, no dropout.
 
-    x: (B, T, E); params: norm1, attn, norm2, mlp; rope: None or (cos, sin) (T, Dh/2)
-    ->  out: (B, T, E).
+    x: (B, T, E); params: norm1, attn, norm2, mlp; rope: None or (cos, sin) (T, Dh/2);
+    rng: None or a ``np.random.Generator``  ->  out: (B, T, E).
     """
     c = config
     ### BEGIN SOLUTION
     def norm(h, p, eps):  # the block's norm: layer norm or RMSNorm
         return norm_forward(h, p, c.norm, eps)
+
+    def dropped(sublayer):  # the sublayer, then dropout on its output (identity without rng)
+        def run(h):
+            out, cache = sublayer(h)
+            out, c_drop = dropout_forward(out, c.dropout, rng, train=rng is not None)
+            return out, (cache, c_drop)
+        return run
 
     def attend(h):
         return causal_self_attention_forward(h, params["attn"], c.num_heads, c.num_kv_heads,
@@ -134,8 +146,8 @@ def gpt_block_forward(x, params, config, rope=None):
     def mlp(h):
         return mlp_forward(h, params["mlp"], c.mlp)
 
-    x, c_attn = residual_forward(x, attend, params["norm1"], True, c.eps, norm)  # (B, T, E)
-    out, c_mlp = residual_forward(x, mlp, params["norm2"], True, c.eps, norm)  # (B, T, E)
+    x, c_attn = residual_forward(x, dropped(attend), params["norm1"], True, c.eps, norm)
+    out, c_mlp = residual_forward(x, dropped(mlp), params["norm2"], True, c.eps, norm)
     ### END SOLUTION
     return out, (c_attn, c_mlp)
 
@@ -145,30 +157,37 @@ def gpt_block_backward(dout, cache):
     dout: (B, T, E)  ->  dx (B, T, E), grads (nested like params)."""
     c_attn, c_mlp = cache
     ### BEGIN SOLUTION
-    dx, g_norm2, g_mlp = residual_backward(dout, c_mlp, mlp_backward, norm_backward)
-    dx, g_norm1, g_attn = residual_backward(dx, c_attn, causal_self_attention_backward,
+    def dropped(sublayer_backward):  # dropout's backward first: its output came last
+        def run(dout, cache):
+            inner, c_drop = cache
+            return sublayer_backward(dropout_backward(dout, c_drop), inner)
+        return run
+
+    dx, g_norm2, g_mlp = residual_backward(dout, c_mlp, dropped(mlp_backward), norm_backward)
+    dx, g_norm1, g_attn = residual_backward(dx, c_attn, dropped(causal_self_attention_backward),
                                             norm_backward)
     ### END SOLUTION
     return dx, {"norm1": g_norm1, "attn": g_attn, "norm2": g_norm2, "mlp": g_mlp}
 
 
 # --------------------------------------------------------------------------------------------
-# The model, with tied input and output embeddings (09_gpt §3)
+# The model, with tied input and output embeddings (13_gpt §3)
 
 
-def gpt_forward(params, ids, config, pe=None, rope=None):
+def gpt_forward(params, ids, config, pe=None, rope=None, rng=None):
     """Logits of the next token at every position.
 
     ids: (B, T) token ids; pe: None or a fixed table of absolute positions (L >= T, E) added to
     the embeddings (used when ``params`` has no learned ``"pos"``); rope: None or (cos, sin)
-    (T, Dh/2)  ->  logits: (B, T, V) = norm(blocks(embed(ids))) @ W_emb^T.
+    (T, Dh/2); rng: None, or a ``np.random.Generator`` for the blocks' dropout (training)
+    ->  logits: (B, T, V) = norm(blocks(embed(ids))) @ W_emb^T.
     """
     ### BEGIN SOLUTION
     positions = params["pos"]["W"] if "pos" in params else pe
     x, c_embed = embed_forward(ids, params["embed"]["W"], positions)  # (B, T, E)
     c_layers = []
     for layer in params["layers"]:
-        x, c_layer = gpt_block_forward(x, layer, config, rope)
+        x, c_layer = gpt_block_forward(x, layer, config, rope, rng)
         c_layers.append(c_layer)
     x, c_norm = norm_forward(x, params["norm"], config.norm, config.eps)
     logits, c_out = tied_output_forward(x, params["embed"]["W"])  # x @ W_emb^T: (B, T, V)
@@ -197,13 +216,14 @@ def gpt_backward(dlogits, cache):
     return grads
 
 
-def gpt_loss(params, ids, config, pe=None, rope=None):
-    """The next-token loss of a batch and its gradients.
+def gpt_loss(params, ids, config, pe=None, rope=None, rng=None):
+    """The next-token loss of a batch and its gradients (``rng``: training with dropout, as
+    :func:`gpt_forward`).
 
     ids: (B, T)  ->  loss (a float, :func:`next_token_loss_forward`), grads (nested like params).
     """
     ### BEGIN SOLUTION
-    logits, cache = gpt_forward(params, ids, config, pe, rope)
+    logits, cache = gpt_forward(params, ids, config, pe, rope, rng)
     loss, c_loss = next_token_loss_forward(logits, ids)
     grads = gpt_backward(next_token_loss_backward(1.0, c_loss), cache)
     ### END SOLUTION

@@ -1,9 +1,10 @@
-"""The GPT's causal self-attention (09_gpt §3), with grouped-query attention and RoPE (§7).
+"""The GPT's causal self-attention (13_gpt §3), with grouped-query attention and RoPE
+(14_decoding §3).
 
 It is notebook 04's packed self-attention (``core.multihead.self_attention_forward``) with the
 GPT's attention kernel: the kernel rotates the queries and keys (RoPE), gives each key/value
 head to ``H / Hkv`` query heads (grouped-query attention), and attends causally -- naively, or
-tiled (notebook 10's ``flash_attention_forward``) when ``block_size`` is given.
+tiled (notebook 15's ``flash_attention_forward``) when ``block_size`` is given.
 
 Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` key/value heads
 (dividing ``H``), ``Dh = E / H``. Parameters: ``{"W_qkv": (E, (H + 2 Hkv) Dh), "W_o": (E, E)}``
@@ -20,7 +21,7 @@ from transformer_lab.core.multihead import self_attention_backward, self_attenti
 from transformer_lab.core.rope import rope_backward, rope_forward
 
 # --------------------------------------------------------------------------------------------
-# Grouped-query attention (09_gpt §7)
+# Grouped-query attention (14_decoding §3)
 
 
 def repeat_kv_forward(x, n_rep):
@@ -50,7 +51,8 @@ def repeat_kv_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# The causal self-attention of a block (09_gpt §3; grouped-query attention, RoPE: §7)
+# The causal self-attention of a block (13_gpt §3; grouped-query attention, RoPE:
+# 14_decoding §3)
 
 
 def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=None,
@@ -59,7 +61,7 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
 
     x: (B, T, E); params: W_qkv, W_o (+ b_qkv, b_o); num_kv_heads: Hkv, dividing H (default H);
     rope: None, or ``(cos, sin)`` (T, Dh/2) to rotate the queries and keys; block_size: None
-    for ``attention_forward`` with the causal mask, or an int for notebook 10's tiled
+    for ``attention_forward`` with the causal mask, or an int for notebook 15's tiled
     ``flash_attention_forward`` with blocks of that size (the same result, to rounding)
     ->  out: (B, T, E).
     """
@@ -75,7 +77,7 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
         v, _ = repeat_kv_forward(v, n_rep)
         if block_size is None:
             heads, c_att = attention_forward(q, k, v, causal_mask(q.shape[2]))  # (B, H, T, Dh)
-        else:  # notebook 10: tiled, never forms the (T, T) scores
+        else:  # notebook 15: tiled, never forms the (T, T) scores
             heads, c_att = flash_attention_forward(q, k, v, True, block_size)
         return heads, (c_rope, n_rep, c_att, block_size)
 

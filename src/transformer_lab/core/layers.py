@@ -55,7 +55,7 @@ def linear_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Activations (ReLU: 00_gradients; GELU: 06_transformer)
+# Activations (ReLU: 00_gradients; GELU: 07_blocks)
 
 
 def relu_forward(x):
@@ -135,7 +135,8 @@ def activation_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Softmax (01_attention; rows with nothing to attend to: 02_masking; backward: 05_backward)
+# Softmax (01_attention; rows with nothing to attend to: 02_masking; backward:
+# 05_attention_backward)
 
 
 # Row sums are written ``np.einsum("...j->...", x)`` in the hot paths below: the same numbers
@@ -202,7 +203,7 @@ def log_softmax_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Cross-entropy (05_backward)
+# Cross-entropy (06_layers_backward)
 
 
 def cross_entropy_forward(logits, targets, ignore_index=-100, reduction="mean"):
@@ -240,7 +241,7 @@ def cross_entropy_backward(dloss, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Layer normalisation (05_backward)
+# Layer normalisation (06_layers_backward)
 
 
 def layer_norm_forward(x, gamma=None, beta=None, eps=1e-5):
@@ -288,8 +289,8 @@ def layer_norm_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Embedding, positions and tied output (05_backward: the embedding's gradient;
-# 06_transformer: positions and weight tying)
+# Embedding, positions and tied output (06_layers_backward: the embedding's
+# gradient; 08_transformer: positions and weight tying)
 
 
 def embedding_forward(ids, W):
@@ -361,7 +362,7 @@ def tied_output_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Dropout (06_transformer)
+# Dropout (07_blocks)
 
 
 def dropout_forward(x, p, rng, train=True):
@@ -393,7 +394,7 @@ def dropout_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# Initialisation (06_transformer)
+# Initialisation (07_blocks)
 
 
 def init_uniform(fan_in, shape, rng):

@@ -34,7 +34,7 @@ from transformer_lab.core.layers import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Embeddings with positions (06_transformer)
+# Embeddings with positions (08_transformer)
 
 
 def embed_forward(ids, table, positions=None, scale=1.0):
@@ -71,7 +71,7 @@ def embed_backward(dx, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# The model (06_transformer; its backward pass and loss: 07_verification)
+# The model (08_transformer; its backward pass and loss: 09_verification)
 
 
 def transformer_encode(params, src, config, pe=None, src_pad=None):

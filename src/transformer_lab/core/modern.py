@@ -1,4 +1,4 @@
-"""The modern (LLaMA-style) block's pieces (09_gpt §7): RMSNorm, and the SwiGLU feed-forward
+"""The modern (LLaMA-style) block's pieces (14_decoding §3): RMSNorm, and the SwiGLU feed-forward
 network with its SiLU.
 
 Shapes: ``E`` width, ``F`` hidden width of the network; ``...`` any leading axes.
@@ -11,7 +11,7 @@ import numpy as np
 from transformer_lab.core.layers import linear_backward, linear_forward
 
 # --------------------------------------------------------------------------------------------
-# RMSNorm and SwiGLU (09_gpt §7)
+# RMSNorm and SwiGLU (14_decoding §3)
 
 
 def rms_norm_forward(x, gamma, eps=1e-5):

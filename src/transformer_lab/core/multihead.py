@@ -8,7 +8,7 @@ three. Both have ``W_o (E, E)``, and the biases ``b_q, b_k, b_v`` / ``b_qkv`` an
 unless the layer has none. Gradients come back in a dict with the same keys.
 
 The packed self-attention is written once here and takes its attention **kernel** as an
-argument (notebook 09): the GPT's causal attention (``core.gqa``: RoPE, grouped-query heads,
+argument (notebook 13): the GPT's causal attention (``core.gqa``: RoPE, grouped-query heads,
 ``W_qkv`` of width ``E + 2 Hkv Dh``), its cached decoding (``core.decoding``) and tiled attention
 (``core.flash``) are calls of it with their own kernel.
 """
@@ -42,7 +42,7 @@ def merge_heads(x):
 
 
 # --------------------------------------------------------------------------------------------
-# Multi-head attention (04_multihead_attention; backward: 05_backward)
+# Multi-head attention (04_multihead_attention; backward: 05_attention_backward)
 
 
 def multi_head_attention_forward(query, key, value, params, num_heads, mask=None):

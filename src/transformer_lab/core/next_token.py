@@ -1,4 +1,4 @@
-"""The language model's loss: predict every next token (09_gpt §2).
+"""The language model's loss: predict every next token (13_gpt §2).
 
 Shapes: ``B`` batch, ``T`` positions, ``V`` vocabulary.
 """
@@ -10,7 +10,7 @@ import numpy as np
 from transformer_lab.core.layers import cross_entropy_backward, cross_entropy_forward
 
 # --------------------------------------------------------------------------------------------
-# The next-token loss (09_gpt §2)
+# The next-token loss (13_gpt §2)
 
 
 

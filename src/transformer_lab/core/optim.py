@@ -1,5 +1,5 @@
 """The optimiser step, one parameter array at a time, in place, as ``torch.optim`` does it;
-and gradient clipping by the global norm. (08_training)
+and gradient clipping by the global norm. (10_training)
 
 The classes of ``transformer_lab.optim`` keep the state (momentum, the moment estimates, the
 step count) and check their arguments; these functions do the arithmetic.

@@ -1,4 +1,4 @@
-"""Rotary position embeddings, RoPE (09_gpt §7): each pair of features of a query or a key is
+"""Rotary position embeddings, RoPE (14_decoding §3): each pair of features of a query or a key is
 rotated by an angle that grows with its position, so that ``q_i . k_j`` depends on ``i - j``.
 
 Shapes: ``T`` positions, ``Dh`` the width of a head (even).
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 # --------------------------------------------------------------------------------------------
-# Rotary position embeddings, RoPE (09_gpt §7)
+# Rotary position embeddings, RoPE (14_decoding §3)
 
 
 def rope_tables(positions, head_dim, base=10000.0):
-    """The rotation angles ``p * omega_i`` of RoPE, ``omega_i = base^(-2i / Dh)`` (notebook 06's
+    """The rotation angles ``p * omega_i`` of RoPE, ``omega_i = base^(-2i / Dh)`` (notebook 08's
     frequencies), as their cosines and sines, float64.
 
     positions: integers (T,); head_dim: Dh, even  ->  cos, sin: (T, Dh/2).
@@ -27,7 +27,7 @@ def rope_tables(positions, head_dim, base=10000.0):
 
 def rope_forward(x, cos, sin):
     """Rotate each pair of features ``(x_2i, x_2i+1)`` of position ``p`` by the angle
-    ``p * omega_i``, with notebook 06's rotation ``R(a) = [[cos a, sin a], [-sin a, cos a]]``.
+    ``p * omega_i``, with notebook 08's rotation ``R(a) = [[cos a, sin a], [-sin a, cos a]]``.
 
     x: (..., T, Dh); cos, sin: (T, Dh/2) from :func:`rope_tables`  ->  out: (..., T, Dh).
     """

@@ -1,4 +1,4 @@
-"""Sampling the next token from the logits (09_gpt §5): temperature, top-k and top-p (nucleus)
+"""Sampling the next token from the logits (14_decoding §1): temperature, top-k and top-p (nucleus)
 filtering, and one draw per row.
 
 Shapes: ``B`` batch, ``V`` vocabulary; ``...`` any leading axes.
@@ -11,7 +11,7 @@ import numpy as np
 from transformer_lab.core.layers import softmax_forward
 
 # --------------------------------------------------------------------------------------------
-# Sampling (09_gpt §5)
+# Sampling (14_decoding §1)
 
 
 def top_k_filter(logits, k):

@@ -1,4 +1,4 @@
-"""One training step (08_training): the loss and its gradients, clipping, the update."""
+"""One training step (10_training): the loss and its gradients, clipping, the update."""
 
 from __future__ import annotations
 

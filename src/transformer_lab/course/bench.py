@@ -40,6 +40,21 @@ with the time elapsed and an updated estimate of the time left. The table goes t
 Options: ``--quick`` (tiny sizes, a few rounds: checks that everything runs), ``--d-model``,
 ``--batch``, ``--length``, ``--heads``, ``--layers``, ``--repeats``, ``--warmup``,
 ``--modules``, ``--no-masks``, ``--threads``. See ``--help``.
+
+**The GPT** (``--model gpt``): a training step of :class:`transformer_lab.models.gpt.GPT` --
+``model.loss(ids)``, the loss and every gradient -- against its PyTorch twin
+(:class:`transformer_lab.reference.torch_gpt.TorchGPT`, ``from_numpy``: the same weights) on the
+same batch of token ids, ``twin.loss(ids).backward()``. By default B = 8 sequences of T = 128
+tokens, 4 layers, a vocabulary of 98 (the character model's), at d_model 96 (4 heads) and 256
+(8 heads), with the 2017 / GPT-2 block (``--blocks classic``) and the modern one (``modern``:
+RMSNorm, SwiGLU, RoPE, grouped-query attention with half as many key/value heads). The model
+computes with the package's fast path where it has one (:mod:`transformer_lab.models.fast_gpt`;
+``--core``: with the core, as the handout does). Checked first in float64: the same loss and
+gradients as the twin to 1e-10. Each round times a torch step, a NumPy step and a float32
+matrix product (512 x 256 by 256 x 256, as :func:`calibrate`) in an order that alternates, so
+that the table can give each side's rate of matrix-product arithmetic (:func:`gpt_step_flops`,
+GFLOP/s) and, in the column "of matmul", the NumPy step's rate as a fraction of that one-thread
+matrix product's, measured in the same rounds (median of the per-round fractions).
 """
 
 from __future__ import annotations
@@ -146,6 +161,24 @@ def _inputs(kind: str, b: int, t: int, e: int, rng):
                     "tgt_key_padding_mask": kpm, "memory_key_padding_mask": kpm}
 
 
+def round_robin_times(steps: dict[str, Callable[[], object]], repeats: int, warmup: int,
+                      clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds of every step in each of ``repeats`` rounds, after ``warmup`` rounds: a round
+    calls each once, in the given order on even rounds and in the reverse order on odd ones
+    (:func:`paired_times` for more than two)."""
+    repeats = v.integer(repeats, "repeats", minimum=1)
+    warmup = v.integer(warmup, "warmup", minimum=0)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps.items())
+    for i in range(warmup + repeats):
+        for name, step in (order if i % 2 == 0 else order[::-1]):
+            t0 = clock()
+            step()
+            if i >= warmup:
+                times[name].append(clock() - t0)
+    return times
+
+
 def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> float:
     """The largest relative error between torch's output and input gradients and the twin's;
     raises AssertionError above ``tol``."""
@@ -248,18 +281,35 @@ def step_calls(kind: str, layers: int) -> int:
     return 1 if kind == "encoder_layer" else 3 * layers
 
 
+#: The matrix product whose one-thread rate is the yardstick: (512, 256) @ (256, 256), float32.
+MATMUL_SHAPE = (512, 256, 256)
+
+
+def matmul_step(repeat: int = 1) -> tuple[Callable[[], object], float]:
+    """A step of ``repeat`` float32 products of :data:`MATMUL_SHAPE`, and its FLOPs."""
+    m, k, n = MATMUL_SHAPE
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+
+    def step():
+        for _ in range(repeat):
+            np.matmul(a, w, out=out)
+    return step, 2.0 * m * k * n * repeat
+
+
 def calibrate(seconds: float = 0.3) -> tuple[float, float]:
     """This machine's speed now, on one thread: (float32 matrix-product FLOP/s, seconds of a
     small NumPy call). Takes about ``seconds``."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((512, 256)).astype(np.float32)
-    w = rng.standard_normal((256, 256)).astype(np.float32)
-    a @ w
+    product, product_flops = matmul_step()
+    product()
     calls, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds / 2:
-        a @ w
+        product()
         calls += 1
-    flops = calls * 2 * 512 * 256 * 256 / (time.perf_counter() - t0)
+    flops = calls * product_flops / (time.perf_counter() - t0)
     x = rng.standard_normal((4, 8)).astype(np.float32)
     calls, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds / 2:
@@ -312,24 +362,211 @@ def _default_heads(e: int) -> int:
     return 4 if e <= 64 else 8
 
 
+# --------------------------------------------------------------------------------------------
+# The GPT's training step (--model gpt)
+
+GPT_BLOCKS = ("classic", "modern")
+#: The character model's vocabulary (the corpus's characters), the GPT's default here.
+GPT_VOCAB = 98
+
+
+def _gpt_default_heads(e: int) -> int:
+    return 4 if e <= 128 else 8
+
+
+def gpt_config(block: str, e: int, h: int, layers: int, t: int, dtype=np.float32):
+    """The benchmark's :class:`GPTConfig`: ``block`` "classic" or "modern" (half as many
+    key/value heads as query heads), width ``e``, ``h`` heads, ``layers`` blocks, max_len t."""
+    from transformer_lab.models.gpt import GPTConfig
+
+    make = GPTConfig.classic if block == "classic" else GPTConfig.modern
+    return make(GPT_VOCAB, d_model=e, num_heads=h, num_layers=layers, max_len=t, dtype=dtype)
+
+
+def gpt_step_flops(config, b: int, t: int) -> float:
+    """Multiply-adds x 2 of one training step of the GPT (forward + backward ~ 3 x forward),
+    counting the matrix products only: the projections, the attention's scores and weighted
+    sums (all T x T of them), the feed-forward network, the output projection."""
+    c, n = config, b * t
+    e, kv = c.d_model, c.num_kv_heads * c.head_dim
+    projections = 2 * n * e * (e + 2 * kv) + 2 * n * e * e
+    attention = 4 * n * t * e
+    mlp = (3 if c.mlp == "swiglu" else 2) * 2 * n * e * c.d_ff
+    return 3.0 * (c.num_layers * (projections + attention + mlp) + 2 * n * e * c.vocab_size)
+
+
+class GPTTiming(NamedTuple):
+    """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
+    and the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's)."""
+    timing: Timing
+    numpy_flops: float
+    torch_flops: float
+    matmul_flops: float
+    of_matmul: float
+    path: str
+
+
+def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
+    """A float64 copy of ``model`` and its PyTorch twin: the same loss and gradients (relative
+    error below ``tol``), or AssertionError."""
+    from transformer_lab.reference.torch_gpt import TorchGPT
+
+    m64 = model.astype(np.float64)
+    m64.use_fast_path = model.use_fast_path
+    loss, grads = m64.loss(ids)
+    twin = TorchGPT.from_numpy(m64)
+    tloss = twin.loss(ids)
+    tloss.backward()
+    theirs = twin.numpy_grads()
+    errors = {name: rel_error(g, theirs[name]) for name, g in grads.items()}
+    errors["loss"] = abs(loss - tloss.item()) / abs(tloss.item())
+    worst = max(errors, key=errors.get)
+    if not errors[worst] < tol:
+        raise AssertionError(f"the NumPy GPT's {worst} differs from its PyTorch twin's "
+                             f"(relative error {errors[worst]:.2e} >= {tol:g}): timing them "
+                             f"would compare two different computations")
+    return errors[worst]
+
+
+def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats: int,
+                warmup: int, clock: Callable[[], float] = time.perf_counter,
+                core: bool = False) -> GPTTiming:
+    """Time a float32 training step of the GPT (``model.loss(ids)``: loss and gradients) and of
+    its PyTorch twin (same weights, same ids), with a matrix product in every round
+    (:func:`round_robin_times`), after checking them equal in float64."""
+    from transformer_lab.models.gpt import GPT
+    from transformer_lab.reference.torch_gpt import TorchGPT
+
+    config = gpt_config(block, e, h, layers, t)
+    model = GPT(config, seed=0)
+    model.use_fast_path = not core
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (b, t))
+    twin = TorchGPT.from_numpy(model)
+    _check_float64_gpt(model, ids)
+
+    def torch_step():
+        twin.zero_grad(set_to_none=True)
+        twin.loss(ids).backward()
+
+    def numpy_step():
+        model.loss(ids)
+
+    product, product_flops = matmul_step(repeat=max(1, round(gpt_step_flops(config, b, t)
+                                                             / 20 / 6.7e7)))
+    times = round_robin_times({"torch": torch_step, "numpy": numpy_step, "matmul": product},
+                              repeats, warmup, clock)
+    flops = gpt_step_flops(config, b, t)
+    timing = summarize(times["torch"], times["numpy"])
+    fractions = [(flops / n) / (product_flops / m)
+                 for n, m in zip(times["numpy"], times["matmul"], strict=True)]
+    return GPTTiming(timing, flops / timing.numpy, flops / timing.torch,
+                     product_flops / statistics.median(times["matmul"]),
+                     statistics.median(fractions), "core" if model._fast() is None else "fast")
+
+
+def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
+                         speed: tuple[float, float]) -> float:
+    """Rough seconds for one GPT size: the float64 check and ``rounds`` rounds of the two
+    steps (each about twice its matrix products' time at the calibration's rate)."""
+    step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
+    return step * (2 * rounds + 6)
+
+
+def _main_gpt(args, clock) -> int:
+    import torch
+
+    import transformer_lab.models.gpt  # noqa: F401  (its BLAS libraries loaded before the limit)
+    import transformer_lab.reference.torch_gpt  # noqa: F401
+    from transformer_lab.notebook import limit_threads
+
+    limit_threads(args.threads)
+    sizes = [(block, e, b, t) for block in args.blocks
+             for e, b, t in itertools.product(args.d_model, args.batch, args.length)]
+    speed = calibrate()
+    rounds = args.repeats + args.warmup
+    planned = [estimate_gpt_seconds(gpt_config(block, e, args.heads or _gpt_default_heads(e),
+                                               args.layers, t), b, t, rounds, speed)
+               for block, e, b, t in sizes]
+    planned[0] += STARTUP_SECONDS
+    progress = sys.stderr
+    print(f"bench: {len(sizes)} sizes, each {args.repeats} timed rounds after {args.warmup} "
+          f"warm-up; expected duration about {format_seconds(sum(planned))} "
+          f"(from this machine's speed now)", file=progress, flush=True)
+    print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
+          f"{torch.__version__} ({torch.get_num_threads()} threads); the GPT's training step "
+          f"(loss and every gradient), float32, vocabulary {GPT_VOCAB}, {args.layers} layers, "
+          f"{args.repeats} interleaved rounds after {args.warmup} warm-up; "
+          f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
+          flush=True)
+    header = (f"{'block':<8} {'path':<5} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
+              f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
+              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9}")
+    print(header)
+    print("-" * len(header), flush=True)
+    results = []
+    start = time.perf_counter()
+    for k, (block, e, b, t) in enumerate(sizes):
+        h = args.heads or _gpt_default_heads(e)
+        print(f"[{k + 1}/{len(sizes)}] GPT {block}, d_model {e}, batch {b}, length {t} ...",
+              file=progress, flush=True)
+        r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock,
+                        core=args.core)
+        results.append((block, e, r))
+        kv = gpt_config(block, e, h, args.layers, t).num_kv_heads
+        heads = f"{h}/{kv}" if kv != h else f"{h}"
+        m = r.timing
+        print(f"{block:<8} {r.path:<5} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
+              f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
+              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
+              f"{r.of_matmul:>8.0%}", flush=True)
+        elapsed = time.perf_counter() - start
+        done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
+        left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
+        if k + 1 < len(sizes):
+            print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
+                  file=progress, flush=True)
+    print()
+    ratios = [r.timing.ratio for _, _, r in results]
+    widest = max((r.timing for _, _, r in results), key=lambda m: m.ratio_q3 / m.ratio_q1)
+    print(f"GPT: numpy/torch {min(ratios):.2f}x - {max(ratios):.2f}x over {len(ratios)} sizes; "
+          f"widest middle half {widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x; a one-thread "
+          f"float32 matrix product ({MATMUL_SHAPE[0]} x {MATMUL_SHAPE[1]} by {MATMUL_SHAPE[1]} "
+          f"x {MATMUL_SHAPE[2]}) ran at "
+          f"{statistics.median(r.matmul_flops for _, _, r in results) / 1e9:.0f} GFLOP/s")
+    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lab.course.bench",
         description="Time forward + backward: the NumPy twin vs torch (eager CPU, autograd), "
                     "float32, same weights, batch and masks, in interleaved rounds on one "
-                    "thread each. Progress and the expected duration go to stderr, the table "
+                    "thread each; with --model gpt, the GPT's training step against its "
+                    "PyTorch twin. Progress and the expected duration go to stderr, the table "
                     "to stdout.")
+    parser.add_argument("--model", choices=("encoder-decoder", "gpt"), default="encoder-decoder",
+                        help="the encoder-decoder's layers (default) or the GPT")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and few rounds: check that everything runs")
     parser.add_argument("--modules", nargs="+", choices=MODULES, default=list(MODULES))
-    parser.add_argument("--d-model", nargs="+", type=int, default=[64, 128, 256])
-    parser.add_argument("--batch", nargs="+", type=int, default=[32, 64])
-    parser.add_argument("--length", nargs="+", type=int, default=[16, 32, 64],
-                        help="sequence length (source = target for nn.Transformer)")
+    parser.add_argument("--blocks", nargs="+", choices=GPT_BLOCKS, default=list(GPT_BLOCKS),
+                        help="--model gpt: the 2017 / GPT-2 block, the modern one (default both)")
+    parser.add_argument("--core", action="store_true",
+                        help="--model gpt: compute with the core, not the fast path")
+    parser.add_argument("--d-model", nargs="+", type=int, default=None,
+                        help="default 64 128 256; --model gpt: 96 256")
+    parser.add_argument("--batch", nargs="+", type=int, default=None,
+                        help="default 32 64; --model gpt: 8")
+    parser.add_argument("--length", nargs="+", type=int, default=None,
+                        help="sequence length (source = target for nn.Transformer); default "
+                             "16 32 64; --model gpt: 128")
     parser.add_argument("--heads", type=int, default=None,
-                        help="attention heads (default 4 for d_model <= 64, else 8)")
-    parser.add_argument("--layers", type=int, default=2,
-                        help="encoder and decoder layers of nn.Transformer (default 2 + 2)")
+                        help="attention heads (default 4 for d_model <= 64, else 8; --model "
+                             "gpt: 4 for d_model <= 128)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="encoder and decoder layers of nn.Transformer (default 2 + 2); "
+                             "--model gpt: the GPT's (default 4)")
     parser.add_argument("--repeats", type=int, default=15,
                         help="timed rounds per size, each one step of each side (default 15)")
     parser.add_argument("--warmup", type=int, default=3,
@@ -344,8 +581,13 @@ def main(argv=None) -> int:
                              "wall-clock time (default with --threads above 1, where CPU time "
                              "would add up the threads)")
     args = parser.parse_args(argv)
+    gpt = args.model == "gpt"
+    defaults = ([96, 256], [8], [128], 4) if gpt else ([64, 128, 256], [32, 64], [16, 32, 64], 2)
+    for name, value in zip(("d_model", "batch", "length", "layers"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.quick:
-        args.d_model, args.batch, args.length = [32], [4], [8]
+        args.d_model, args.batch, args.length = [32], [4], [8 if not gpt else 16]
         args.repeats, args.warmup, args.heads, args.layers = 3, 1, 2, 1
     for name in ("repeats", "layers", "threads"):
         if getattr(args, name) < 1:
@@ -355,10 +597,13 @@ def main(argv=None) -> int:
     if args.clock is None:
         args.clock = "cpu" if args.threads == 1 else "wall"
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    heads = _gpt_default_heads if gpt else _default_heads
     for e in args.d_model:
-        h = args.heads or _default_heads(e)
+        h = args.heads or heads(e)
         if e < 1 or e % h:
             parser.error(f"--heads {h} must divide --d-model {e}")
+    if gpt:
+        return _main_gpt(args, clock)
 
     import torch
 

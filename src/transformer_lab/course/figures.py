@@ -349,7 +349,7 @@ def draw_transformer_architecture(fig) -> None:
     ax.set_xlim(-0.5, 10.9)
     ax.set_ylim(-0.2, 9.0)
     ax.axis("off")
-    fig.suptitle("The encoder-decoder Transformer, as notebook 06 builds it", fontsize=11)
+    fig.suptitle("The encoder-decoder Transformer, as notebooks 07 and 08 build it", fontsize=11)
 
 
 #: file name -> (drawing function, figure size in inches)

@@ -1,6 +1,7 @@
-"""Data: the toy tasks of the encoder-decoder (:mod:`.tasks`), the text corpus of the GPT
-(:mod:`.corpus`), and the files the package ships (``shipped/``: notebook 09's trained GPT and
-its block comparison)."""
+"""Data: the toy tasks of the encoder-decoder (:mod:`.tasks`), the translation data of notebook
+12 (:mod:`.translation`), the text corpus of the GPT (:mod:`.corpus`), and the files the package
+ships (``shipped/``: notebook 13's trained GPT and its block comparison, notebook 12's trained
+translators)."""
 
 from pathlib import Path
 

@@ -147,10 +147,14 @@ class GPTConfig:
         positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
             (rotary embeddings of the queries and keys) or "none".
         bias: biases in the linear maps and layer norms.
+        dropout: the probability with which training drops each entry of every sublayer's
+            output, before the residual sum (notebook 07 §4; GPT-2 used 0.1); 0 (default): no
+            dropout. Only training with a generator drops anything (``GPT.loss(ids, rng=...)``):
+            evaluation and generation never do.
         eps: of every normalisation.
         rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
         attention_block_size: None (default): attention forms the (T, T) scores; an int: the
-            tiled attention of notebook 10 (``core.flash``) with blocks of that many positions,
+            tiled attention of notebook 15 (``core.flash``) with blocks of that many positions,
             for the forward and backward passes of training (decoding with the KV cache reads
             one query at a time and is unchanged). The same results, to rounding.
         dtype: np.float32 (default) or np.float64 (gradient checks).
@@ -169,6 +173,7 @@ class GPTConfig:
     bias: bool = True
     eps: float = 1e-5
     rope_base: float = 10000.0
+    dropout: float = 0.0
     attention_block_size: int | None = None
     dtype: type = np.float32
 
@@ -196,6 +201,11 @@ class GPTConfig:
         self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
         self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
         self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
+        dropout = v.real(self.dropout, "GPTConfig.dropout")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"GPTConfig.dropout must be a probability in [0, 1), got "
+                             f"{self.dropout!r}")
+        self._set("dropout", dropout)
         self._set("rope_base", v.real(self.rope_base, "GPTConfig.rope_base", positive=True))
         if self.attention_block_size is not None:
             self._set("attention_block_size", v.integer(

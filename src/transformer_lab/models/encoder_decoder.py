@@ -66,9 +66,10 @@ from transformer_lab import blocks as B
 from transformer_lab import layers as L
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
+from transformer_lab.core import translation as core_translation
 
 # check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
-# is importable from here too (notebook 06 does: from transformer_lab.models.encoder_decoder import
+# is importable from here too (notebook 08 does: from transformer_lab.models.encoder_decoder import
 # ...).
 from transformer_lab.gradient_check import check_parity  # noqa: F401
 from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
@@ -431,6 +432,97 @@ class Transformer(Model):
             if done.all():
                 break
         return decoded_sequences(out[:, :steps + 1], c.eos_id, padded)
+
+    def beam_decode(self, src, beam_size: int = 4, max_len: int | None = None,
+                    alpha: float = 0.6, padded: bool = False, n_best: bool = False,
+                    cache: bool = True):
+        """Beam search (``core.translation.beam_search``, notebook 12): the ``beam_size`` best
+        hypotheses of each source, ranked by summed log-probability over GNMT's length penalty
+        ``((5 + |y|) / 6) ** alpha``; the best one is returned.
+
+        The encoder runs once; every step runs the decoder for the B x beam_size hypotheses:
+        for their newest token only, with a cache of the keys and values of the earlier ones
+        reordered after each step (``core.translation.transformer_decode_step``), or, with
+        ``cache=False``, over their whole prefixes (``core.model.transformer_decode``, padding
+        masked as :meth:`greedy_decode` masks it). ``beam_size=1`` is greedy decoding.
+
+        Args:
+            src: source token ids (B, S).
+            beam_size: hypotheses kept per source, an integer >= 1.
+            max_len: most tokens to generate, EOS included (default and maximum:
+                ``config.max_len``).
+            alpha: the length penalty's exponent, a number >= 0 (0: summed log-probability).
+            padded: as for :meth:`greedy_decode`.
+            n_best: also return every hypothesis and its score.
+            cache: decode with the cache (True or False; the same sequences, unless a live
+                hypothesis emits padding, which only the uncached decoder masks).
+
+        Returns:
+            as :meth:`greedy_decode` returns (the best hypothesis of each source); with
+            ``n_best``, also ``(sequences (B, beam_size, 1 + steps), scores (B, beam_size))``,
+            best first.
+        """
+        c = self.config
+        src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
+        beam_size = v.integer(beam_size, "beam_size", minimum=1)
+        max_len = check_decode_length(c, max_len)
+        alpha = v.real(alpha, "alpha", minimum=0)
+        padded = v.boolean(padded, "padded")
+        n_best = v.boolean(n_best, "n_best")
+        step = (self._cached_beam_step if v.boolean(cache, "cache") else self._beam_step)(
+            src, beam_size)
+        seqs, scores = core_translation.beam_search(step, src.shape[0], beam_size, max_len,
+                                                    c.bos_id, c.eos_id, c.pad_id, alpha)
+        best = decoded_sequences(seqs[:, 0], c.eos_id, padded)
+        return (best, (seqs, scores)) if n_best else best
+
+    def _beam_step(self, src, beam_size: int):
+        """The ``step(prefix, rows) -> logp`` of ``core.translation.beam_search`` for ``src``:
+        the encoder's memory computed once and repeated ``beam_size`` times (row ``b * K + k``
+        reads source ``b``), the decoder run over the whole prefix at each step."""
+        c = self.config
+        params = self._nested()
+        src_pad = src == c.pad_id
+        src_pad = src_pad if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)
+        memory = np.repeat(memory, beam_size, axis=0)  # (B*K, S, E)
+        src_pad = None if src_pad is None else np.repeat(src_pad, beam_size, axis=0)
+
+        def step(prefix, rows):  # no cache: ``rows`` is not needed
+            tgt_pad = prefix == c.pad_id
+            logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
+                                                      src_pad, tgt_pad if tgt_pad.any() else None)
+            return core_layers.log_softmax_forward(logits[:, -1])[0]  # (B*K, V)
+        return step
+
+    def _cached_beam_step(self, src, beam_size: int):
+        """:meth:`_beam_step` with the decoder's caches: each step reorders the caches by
+        ``rows`` (each hypothesis takes its parent's) and runs the decoder for the new token."""
+        c = self.config
+        params = self._nested()
+        src_pad = src == c.pad_id
+        src_pad = np.repeat(src_pad, beam_size, axis=0) if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, src, c, self.pe,
+                                                  None if src_pad is None else src_pad[::beam_size])
+        memory_kvs = [tuple(np.repeat(a, beam_size, axis=0) for a in
+                            core_translation.memory_keys_values(memory, layer["cross_attn"],
+                                                                c.num_heads))
+                      for layer in params["decoder"]["layers"]]
+        rows_total = src.shape[0] * beam_size
+        shape = (rows_total, c.num_heads, c.max_len, c.d_model // c.num_heads)
+        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
+                  for _ in params["decoder"]["layers"]]
+        state = {"length": 0}
+
+        def step(prefix, rows):
+            n = state["length"]
+            for K, V in caches:  # each hypothesis continues its parent's cache
+                K[:, :, :n] = K[rows, :, :n]
+                V[:, :, :n] = V[rows, :, :n]
+            logits, state["length"] = core_translation.transformer_decode_step(
+                params, prefix[:, n:], c, caches, n, memory_kvs, self.pe, src_pad)
+            return core_layers.log_softmax_forward(logits[:, -1])[0]  # (B*K, V)
+        return step
 
     def attention_maps(self, src, tgt_in, src_key_padding_mask=None,
                        tgt_key_padding_mask=None) -> dict[str, np.ndarray]:

@@ -84,13 +84,16 @@ class TorchBlock(nn.Module):
             h, approximate="tanh" if c.mlp == "gelu_tanh" else "none")
         return h @ p.W2 + (p.b2 if c.bias else 0)
 
-    def forward(self, x, rope=None):
-        x = x + self.attention(self.norm(x, self.norm1), rope)
-        return x + self.feed_forward(self.norm(x, self.norm2))
+    def forward(self, x, rope=None, drop=None):
+        """drop: None, or the two dropout factors (keep mask times 1 / (1 - p)) of the
+        attention's and the MLP's output, each (B, T, E)."""
+        a, m = (1, 1) if drop is None else drop
+        x = x + self.attention(self.norm(x, self.norm1), rope) * a
+        return x + self.feed_forward(self.norm(x, self.norm2)) * m
 
 
 def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and notebook 06's
+    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and notebook 08's
     rotation R(a) = [[cos a, sin a], [-sin a, cos a]] is the multiplication by exp(-i a)."""
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
     turned = z * torch.polar(torch.ones_like(angles), -angles)
@@ -124,8 +127,9 @@ class TorchGPT(nn.Module):
             omega = c.rope_base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
             self.register_buffer("angles", (positions * omega).to(dtype), persistent=False)
 
-    def forward(self, ids) -> torch.Tensor:
-        """Logits (B, T, V) of ids (B, T) (NumPy or torch integers)."""
+    def forward(self, ids, drop=None) -> torch.Tensor:
+        """Logits (B, T, V) of ids (B, T) (NumPy or torch integers); drop: None, or per block
+        the two dropout factors of :meth:`TorchBlock.forward`."""
         c = self.config
         ids = torch.as_tensor(check_ids(np.asarray(ids), "ids", c))
         T = ids.shape[1]
@@ -135,8 +139,8 @@ class TorchGPT(nn.Module):
         elif c.positional == "sinusoidal":
             x = x + self.pe[:T]
         rope = self.angles[:T] if c.positional == "rope" else None
-        for layer in self.layers:
-            x = layer(x, rope)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, None if drop is None else drop[i])
         E = (c.d_model,)
         if c.norm == "rms":
             x = F.rms_norm(x, E, self.norm.gamma, c.eps)
@@ -144,9 +148,9 @@ class TorchGPT(nn.Module):
             x = F.layer_norm(x, E, self.norm.gamma, getattr(self.norm, "beta", None), c.eps)
         return x @ self.embed.W.T  # tied output projection
 
-    def loss(self, ids) -> torch.Tensor:
-        """Mean cross-entropy of logits[:, t] against ids[:, t + 1]."""
-        logits = self.forward(ids)
+    def loss(self, ids, drop=None) -> torch.Tensor:
+        """Mean cross-entropy of logits[:, t] against ids[:, t + 1] (drop: as :meth:`forward`)."""
+        logits = self.forward(ids, drop)
         targets = torch.as_tensor(np.asarray(ids))[:, 1:]
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                targets.reshape(-1))

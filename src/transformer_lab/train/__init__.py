@@ -4,7 +4,7 @@
     python -m transformer_lab.train --task reverse --seed 0
     python -m transformer_lab.train --task add --steps 4000 --checkpoint add.npz
 
-or, from Python (notebook 08)::
+or, from Python (notebook 10)::
 
     from transformer_lab.train import train
     result = train("reverse", seed=0)         # TrainConfig fields as keywords
@@ -58,7 +58,7 @@ and 1000 held-out sequences. Measured on a shared 2-core machine: reverse, copy 
 2000-3000 steps (about 25 s).
 
 **Runs on the core.** Every training step is ``transformer_lab.core.training.train_step`` (the
-student writes it in notebook 08), which calls the model's loss and backward and the
+student writes it in notebook 10), which calls the model's loss and backward and the
 optimiser's ``step`` -- ``transformer_lab.core.optim`` does the arithmetic of the update. With
 a core function that is still a stub, training stops at once with the stub's message.
 

@@ -1,4 +1,4 @@
-"""Train the GPT as a character-level language model of NumPy's docstrings (notebook 09).
+"""Train the GPT as a character-level language model of NumPy's docstrings (notebook 13).
 
     python -m transformer_lab.train --task charlm --seed 0
 
@@ -34,7 +34,7 @@ What one run does:
 
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 
-The files notebook 09 reads were made by these two commands, run from the project folder (a
+The files notebooks 13 and 14 read were made by these two commands, run from the project folder (a
 second run of the first gave the same final training loss, 0.6832526499830831, and the same
 model):
 
@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -76,10 +77,15 @@ from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
 
 BLOCKS = ("classic", "modern")
+TOKENIZERS = ("char", "bpe")
 #: Files the notebook reads: the trained model and the record of the block comparison.
 DATA_DIR = SHIPPED
 CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
 BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
+#: Dropout and weight decay against neither, on the checkpoint's run (notebook 13 §4):
+#: ``--record REGULARISATION_RECORD --record-name NAME --steps 7000`` with ``--dropout``,
+#: ``--weight-decay`` or both.
+REGULARISATION_RECORD = DATA_DIR / "charlm_regularisation.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +98,16 @@ class CharLMConfig:
     ``context`` (tokens per window; also the model's ``max_len``).
     Optimisation: ``lr`` (peak), ``final_lr``, ``warmup``, ``steps``, ``batch_size``,
     ``clip`` (global gradient norm; 0: none), ``weight_decay`` (AdamW when > 0, on the
-    matrices and tables only: biases and norm gains are not decayed, :func:`decay_groups`).
+    matrices and tables only: biases and norm gains are not decayed, :func:`decay_groups`),
+    ``dropout`` (of every sublayer's output, in training; its masks come from a generator of
+    their own, so that the batches are those of the same run without dropout).
     Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
     Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
     ``dtype``.
+    Tokens: ``tokenizer`` -- "char", the corpus's 98 characters, or "bpe", notebook 11's
+    byte-level BPE trained on the training documents to ``bpe_vocab_size`` tokens (one of them
+    ``<|endoftext|>``, which ends every document as the boundary does); ``context`` counts
+    tokens either way, and bits per character stay comparable (:class:`TokenStreams`).
     """
 
     seed: int = 0
@@ -113,17 +125,23 @@ class CharLMConfig:
     warmup: int = 100
     clip: float = 1.0
     weight_decay: float = 0.0
+    dropout: float = 0.0
     eval_every: int = 500
     eval_tokens: int = 16384
     threads: int = 1
     time_budget: float | None = None
     dtype: str = "float32"
+    tokenizer: str = "char"
+    bpe_vocab_size: int = 1024
 
     def __post_init__(self):
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         for name in ("seed", "warmup"):
             self._set(name, v.integer(getattr(self, name), name, minimum=0))
         for name in ("d_model", "num_heads", "num_layers", "batch_size", "steps", "eval_every",
@@ -133,7 +151,7 @@ class CharLMConfig:
         for name in ("num_kv_heads", "d_ff"):
             if getattr(self, name) is not None:
                 self._set(name, v.integer(getattr(self, name), name, minimum=1))
-        for name in ("lr", "final_lr", "clip", "weight_decay"):
+        for name in ("lr", "final_lr", "clip", "weight_decay", "dropout"):
             self._set(name, v.real(getattr(self, name), name, minimum=0))
         if self.time_budget is not None:
             self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
@@ -149,7 +167,7 @@ class CharLMConfig:
         make = GPTConfig.classic if self.block == "classic" else GPTConfig.modern
         sizes = {"d_model": self.d_model, "num_heads": self.num_heads,
                  "num_layers": self.num_layers, "max_len": self.context,
-                 "dtype": np.dtype(self.dtype).type}
+                 "dropout": self.dropout, "dtype": np.dtype(self.dtype).type}
         if self.num_kv_heads is not None:
             sizes["num_kv_heads"] = self.num_kv_heads
         if self.d_ff is not None:
@@ -175,6 +193,7 @@ class CharLMResult:
     history: CharLMHistory
     metrics: dict
     config: CharLMConfig
+    tokenizer: object = None  # the BPETokenizer of a run with tokenizer="bpe"
 
 
 def random_windows(ids: np.ndarray, batch_size: int, context: int,
@@ -220,6 +239,46 @@ def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
     return total / (ids.size - 1) / math.log(2)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenStreams:
+    """A run's tokens: the training and validation streams (documents in name order, each ended
+    by the boundary or ``<|endoftext|>``), the vocabulary size, and -- for BPE -- how many
+    characters each token id holds (``token_chars``; a character split between tokens counts
+    in the token that holds its first byte, the end of a document counts one, as the boundary
+    does). Bits per character are the bits of the tokens predicted divided by the characters
+    they hold: comparable across tokenizers on the same validation text."""
+
+    vocab_size: int
+    train_ids: np.ndarray
+    val_ids: np.ndarray
+    token_chars: np.ndarray | None = None  # None: one character per token
+    tokenizer: object = None
+
+    def chars(self, ids: np.ndarray) -> int:
+        """The characters held by the tokens of ``ids`` that are predicted (all but the first)."""
+        if self.token_chars is None:
+            return ids.size - 1
+        return int(self.token_chars[ids[1:]].sum())
+
+
+def token_streams(c: CharLMConfig, corpus: Corpus) -> TokenStreams:
+    """The corpus's character streams, or (``c.tokenizer == "bpe"``) a BPE tokenizer trained on
+    the training documents and both splits encoded with it."""
+    if c.tokenizer == "char":
+        return TokenStreams(corpus.vocab_size, corpus.train_ids, corpus.val_ids)
+    from transformer_lab.core import bpe as core_bpe
+    from transformer_lab.tokenizer import BPETokenizer
+
+    eot = "<|endoftext|>"
+    docs = {split: [t for t, val in zip(corpus.texts, corpus.is_val, strict=True)
+                    if val == split] for split in (False, True)}
+    tok = BPETokenizer.train(eot.join(docs[False]), c.bpe_vocab_size, special_tokens=(eot,))
+    lead = [sum((b & 0xC0) != 0x80 for b in token) for token in core_bpe.token_bytes(tok.merges)]
+    streams = [np.array(tok.encode("".join(d + eot for d in docs[split])), dtype=np.int64)
+               for split in (False, True)]
+    return TokenStreams(tok.vocab_size, *streams, np.array(lead + [1], dtype=np.int64), tok)
+
+
 def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = None,
                  progress: Callable[[dict], None] | None = None, **overrides) -> CharLMResult:
     """Train a GPT on the corpus (see the module docstring).
@@ -253,20 +312,27 @@ def decay_groups(params: dict[str, np.ndarray]) -> tuple[dict, dict]:
 
 
 def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
-    model = GPT(c.model_config(corpus.vocab_size), seed=c.seed)
+    data = token_streams(c, corpus)
+
+    def bits_per_char_of(ids) -> tuple[float, float]:  # (per character, per token)
+        per_token = bits_per_char(model, ids)
+        return per_token * (ids.size - 1) / data.chars(ids), per_token
+
+    model = GPT(c.model_config(data.vocab_size), seed=c.seed)
     rng = np.random.default_rng(c.seed)
+    drop_rng = np.random.default_rng([c.seed, 1])  # dropout's masks: the batches stay the same
     schedule = WarmupSchedule(c.lr, c.warmup, c.steps, final_lr=c.final_lr)
     decayed, kept = decay_groups(model.params)
     optimizers = [Adam(decayed, lr=c.lr, weight_decay=c.weight_decay, decoupled=True),
                   Adam(kept, lr=c.lr, decoupled=True)]
     history = CharLMHistory()
-    val_subset = corpus.val_ids[:c.eval_tokens]
-    train_ids = corpus.train_ids
+    val_subset = data.val_ids[:c.eval_tokens]
+    train_ids = data.train_ids
     stopped, step, elapsed, eval_time, eval_cpu = "steps", 0, 0.0, 0.0, 0.0
     start, start_cpu = time.perf_counter(), time.process_time()
     while step < c.steps:
         batch = random_windows(train_ids, c.batch_size, c.context, rng)
-        loss, grads = model.loss(batch)
+        loss, grads = model.loss(batch, rng=drop_rng)
         if c.clip:
             core_optim.clip_grad_norm(grads, c.clip)
         lr = schedule(step)
@@ -281,7 +347,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         over = c.time_budget is not None and elapsed >= c.time_budget
         if step % c.eval_every == 0 or last or over:
             t0, c0 = time.perf_counter(), time.process_time()
-            bpc = bits_per_char(model, val_subset)
+            bpc = bits_per_char_of(val_subset)[0]
             eval_time += time.perf_counter() - t0
             eval_cpu += time.process_time() - c0
             history.val_steps.append(step)
@@ -295,17 +361,21 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
             break
     cpu = time.process_time() - start_cpu - eval_cpu
     tokens = step * c.batch_size * c.context
+    val_bpc, val_bpt = bits_per_char_of(data.val_ids)
     metrics = {
         "task": "charlm", "block": c.block, "seed": c.seed, "steps": step, "stopped": stopped,
-        "val_bits_per_char": bits_per_char(model, corpus.val_ids),
-        "train_bits_per_char": bits_per_char(model, train_ids[:corpus.val_ids.size]),
+        "val_bits_per_char": val_bpc,
+        "train_bits_per_char": bits_per_char_of(train_ids[:data.val_ids.size])[0],
+        "tokenizer": c.tokenizer, "vocab_size": data.vocab_size,
+        "val_bits_per_token": val_bpt, "val_perplexity_per_token": 2.0 ** val_bpt,
+        "val_chars_per_token": data.chars(data.val_ids) / (data.val_ids.size - 1),
         "seconds": None,  # the whole run, set by train_charlm
         "train_seconds": elapsed, "cpu_seconds": cpu,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "tokens": tokens, "parameters": model.num_parameters(), "threads": c.threads,
         "final_loss": history.loss[-1],
     }
-    return CharLMResult(model, history, metrics, c)
+    return CharLMResult(model, history, metrics, c, data.tokenizer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,7 +388,7 @@ def _parser():
     d = CharLMConfig()
     p = argparse.ArgumentParser(
         prog="python -m transformer_lab.train --task charlm",
-        description="Train the GPT of notebook 09 on the characters of NumPy's docstrings. "
+        description="Train the GPT of notebook 13 on the characters of NumPy's docstrings. "
                     "Progress goes to stderr; stdout gets exactly one JSON line of metrics: "
                     "val_bits_per_char (whole validation stream), train_bits_per_char (as "
                     "many training tokens), seconds (wall-clock, the whole run), "
@@ -328,6 +398,12 @@ def _parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer,
+                   help="char: the corpus's 98 characters; bpe: notebook 11's byte-level BPE, "
+                        "trained on the training documents (--bpe-vocab-size tokens); "
+                        "val_bits_per_char counts the characters either way")
+    p.add_argument("--bpe-vocab-size", dest="bpe_vocab_size", type=int,
+                   default=d.bpe_vocab_size)
     p.add_argument("--block", choices=BLOCKS, default=d.block,
                    help="classic: layer norm, GELU, learned positions; modern: RMSNorm, "
                         "SwiGLU, RoPE, grouped-query attention")
@@ -335,13 +411,16 @@ def _parser():
                        ("num_layers", int), ("d_ff", int), ("context", int),
                        ("batch_size", int), ("steps", int), ("lr", float), ("final_lr", float),
                        ("warmup", int), ("clip", float), ("weight_decay", float),
-                       ("eval_every", int), ("eval_tokens", int), ("threads", int),
-                       ("time_budget", float)):
+                       ("dropout", float), ("eval_every", int), ("eval_tokens", int),
+                       ("threads", int), ("time_budget", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
                        default=getattr(d, name))
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
     p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
-                                    "the name of its block (the notebook's block comparison)")
+                                    "the name of its block (the notebook's block comparison) "
+                                    "or --record-name")
+    p.add_argument("--record-name", help="the name of this run in the --record file (default: "
+                                         "its block)")
     p.add_argument("--samples", type=int, default=1,
                    help="greedy samples of 200 characters printed to stderr at the end")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -365,7 +444,7 @@ def _command(argv) -> str:
             return str(path.relative_to(Path.cwd()))
         except ValueError:
             return path.name
-    return " ".join(["python -m transformer_lab.train", *map(shown, argv)])
+    return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
 
 
 def main(argv=None) -> int:
@@ -395,23 +474,30 @@ def main(argv=None) -> int:
               f"{config.num_layers} layers, context {config.context}, batch "
               f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s)",
               file=log, flush=True)
+        if config.tokenizer == "bpe":
+            print(f"tokenizer: byte-level BPE of {config.bpe_vocab_size} tokens, trained on the "
+                  "training documents; context and batch count BPE tokens", file=log, flush=True)
     result = train_charlm(config, corpus, progress)
     metrics = result.metrics
+    tok = result.tokenizer
     for i in range(args.samples):
-        prompt = corpus.encode("Return ")
+        prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
         out = result.model.generate(prompt, min(200, config.context - prompt.size),
                                     temperature=0 if i == 0 else 0.8, seed=i)
-        print(f"--- sample {i} ---\n{corpus.decode(out)}", file=log, flush=True)
+        text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
+        print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
     record = {"command": _command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
               "corpus": corpus.stats()}
     if args.checkpoint:
         result.model.save(args.checkpoint, metadata=record)
+        if tok is not None:  # its tokenizer beside it: GPT-2's vocab.json and merges.txt
+            tok.save(str(Path(args.checkpoint).with_suffix("")) + "-tokenizer")
     if args.record:
         path = Path(args.record)
         runs = json.loads(path.read_text()) if path.exists() else {}
-        runs[config.block] = record
+        runs[args.record_name or config.block] = record
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
                                              for k, r in runs.items()) + "\n}\n")
     print(json.dumps(metrics), file=sys.stdout, flush=True)

@@ -19,8 +19,16 @@ from transformer_lab.train.loop import train
 # --------------------------------------------------------------------------------------------
 # Command line
 
+def _translate(argv) -> int:
+    """``--task translate-fr|translate-de``: :func:`transformer_lab.train.translate.main`,
+    imported when used (it brings num2words and sacrebleu)."""
+    from transformer_lab.train import translate
+
+    return translate.main(argv)
+
+
 #: The tasks with a training loop of their own (their command line parses its own options).
-TRAINERS = {"charlm": charlm.main}
+TRAINERS = {"charlm": charlm.main, "translate-fr": _translate, "translate-de": _translate}
 
 
 #: What each key of the final JSON line means (``--help`` prints it).
@@ -71,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=epilog)
     g = p.add_argument_group("data")
     g.add_argument("--task", choices=[*D.TASKS, *TRAINERS], default="reverse",
-                   help="default: reverse (--task charlm trains notebook 09's GPT on text: "
-                        "python -m transformer_lab.train --task charlm --help)")
+                   help="default: reverse (--task charlm trains notebook 13's GPT on text: "
+                        "python -m transformer_lab.train --task charlm --help; --task "
+                        "translate-fr notebook 12's translator: --task translate-fr --help)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the data, initial weights and batch order (default: 0)")
     g.add_argument("--min-len", type=int,

@@ -2,7 +2,7 @@
 run: data, model, steps, early stopping, metrics).
 
 The step that changes the model is ``transformer_lab.core.training.train_step`` -- the one the
-student writes in notebook 08 -- looked up at call time, so that the model trains on whatever
+student writes in notebook 10 -- looked up at call time, so that the model trains on whatever
 ``transformer_lab.core`` holds (the student's code in the handout).
 """
 

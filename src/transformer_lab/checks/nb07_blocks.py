@@ -1,6 +1,5 @@
-"""Checks of notebook 06_transformer: activations, the feed-forward network, residual
-connections, dropout, initialisation, positions and embeddings, the encoder and decoder layers,
-the stacks, the model's forward pass and the tied output projection.
+"""Checks of notebook 07_blocks: activations, the feed-forward network, residual connections,
+dropout, initialisation, and the encoder and decoder layers.
 
 Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.TransformerEncoderLayer``
 ... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
@@ -12,8 +11,6 @@ The helpers that build the torch models are shared with notebook 07's checks.
 from __future__ import annotations
 
 import math
-import warnings
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -74,11 +71,6 @@ def layer_params(rng, e, f, decoder, bias=True, dtype=np.float64):
     return p
 
 
-def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
-    return {"layers": [layer_params(rng, e, f, decoder, bias, dtype) for _ in range(n)],
-            "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
-
-
 def _torch_activation(name):
     import torch.nn.functional as F
 
@@ -106,25 +98,6 @@ def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
                 layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
                 dtype=getattr(torch, np.dtype(dtype).name))
     return _load(layer, layout.layer_to_torch(params, ""))
-
-
-def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
-    """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
-    torch = _torch()
-    layers = params["layers"]
-    e, _, bias, dtype = _dims(layers[0])
-    one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
-    norm = None
-    if params["norm"] is not None:
-        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
-    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
-        warnings.simplefilter("ignore")
-        if decoder:
-            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
-        else:
-            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
-                                                enable_nested_tensor=False)
-    return _load(stack, layout.stack_to_torch(params, ""))
 
 
 def torch_mask(mask, b, h, t, s):
@@ -178,7 +151,7 @@ def _copy(tree):
 @register
 class Gelu(Check):
     id = "check-gelu"
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("gelu_forward", "gelu_backward")
 
     def cases(self, rng):
@@ -233,7 +206,7 @@ class Gelu(Check):
 @register
 class Activation(Check):
     id = "check-activation"
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("activation_forward", "activation_backward")
 
     def cases(self, rng):
@@ -280,7 +253,7 @@ class Activation(Check):
 class FeedForward(Check):
     id = "check-feed-forward"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("feed_forward_forward", "feed_forward_backward")
 
     def cases(self, rng):
@@ -385,7 +358,7 @@ def _tanh_sublayer(W):
 class Residual(Check):
     id = "check-residual"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("residual_forward", "residual_backward")
 
     def cases(self, rng):
@@ -473,7 +446,7 @@ class Residual(Check):
 @register
 class Dropout(Check):
     id = "check-dropout"
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("dropout_forward", "dropout_backward")
 
     def cases(self, rng):
@@ -547,7 +520,7 @@ class Dropout(Check):
 @register
 class Init(Check):
     id = "check-init"
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("init_uniform", "init_xavier")
 
     def cases(self, rng):
@@ -609,141 +582,7 @@ class Init(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# Positions and embeddings (§6)
-
-
-@register
-class PositionalEncoding(Check):
-    id = "check-positional-encoding"
-    axes = {"output": "te"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("positional_encoding",)
-
-    def cases(self, rng):
-        yield Case("10 positions, d_model 8", (10, 8))
-        yield Case("odd d_model 7 (one more sine than cosine column)", (6, 7))
-        yield Case("base 100", (5, 4), {"base": 100.0})
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("one position, d_model 1", (1, 1))
-        yield Case("64 positions, d_model 32", (64, 32))
-    ### END HIDDEN TESTS
-
-    def run(self, f, max_len, d_model, base=10000.0):
-        return f.positional_encoding(max_len, d_model, base)
-
-    def _table(self, max_len, d_model, base=10000.0, how="right"):
-        torch = _torch()
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-        i = torch.arange(0, d_model, 2, dtype=torch.float64)
-        if how == "i/d":
-            i = i / 2
-        angles = pos * base ** (-i / d_model)
-        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-        first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
-        if how == "halves":
-            half = (d_model + 1) // 2
-            pe[:, :half] = torch.sin(angles)
-            pe[:, half:] = torch.cos(angles[:, : d_model // 2])
-        else:
-            pe[:, 0::2] = first(angles)
-            pe[:, 1::2] = second(angles[:, : d_model // 2])
-        return pe.numpy()
-
-    def expected(self, max_len, d_model, base=10000.0):
-        return self._table(max_len, d_model, base)
-
-    def mistakes(self, max_len, d_model, base=10000.0):
-        return {"with the frequencies base^(-i/d) instead of base^(-2i/d) (the exponent of "
-                "column pair i is 2i/d)": lambda: self._table(max_len, d_model, base, "i/d"),
-                "with the sines in the first half and the cosines in the second instead of "
-                "interleaved (sines in the even columns)":
-                lambda: self._table(max_len, d_model, base, "halves"),
-                "with cosines in the even columns and sines in the odd ones":
-                lambda: self._table(max_len, d_model, base, "swapped")}
-
-
-@register
-class Embed(Check):
-    id = "check-embed"
-    axes = {"x": "bte"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("embed_forward", "embed_backward")
-
-    def cases(self, rng):
-        ids = np.array([[3, 1, 3, 0], [2, 3, 3, 4]])  # repeated ids, within and across rows
-        yield Case("scale sqrt(E), sinusoid-like table, repeated ids",
-                   (ids, rng.standard_normal((5, 6)), rng.standard_normal((7, 6)), math.sqrt(6),
-                    rng.standard_normal((2, 4, 6))))
-        yield Case("learned positions L > T, scale 1",
-                   (np.array([[1, 1, 2]]), rng.standard_normal((3, 4)),
-                    rng.standard_normal((5, 4)), 1.0, rng.standard_normal((1, 3, 4))))
-        yield Case("no positions", (np.array([[0, 2], [2, 2], [1, 0]]), rng.standard_normal((3, 5)),
-                                    None, 2.0, rng.standard_normal((3, 2, 5))))
-        yield Case("float32", (np.array([[4, 0, 4]]), _randn(rng, (6, 4), np.float32),
-                               _randn(rng, (3, 4), np.float32), 2.0,
-                               _randn(rng, (1, 3, 4), np.float32)))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("every id the same", (np.full((3, 2), 1), rng.standard_normal((2, 3)),
-                                         rng.standard_normal((4, 3)), math.sqrt(3),
-                                         rng.standard_normal((3, 2, 3))))
-        yield Case("T = L = 1", (np.array([[2], [0]]), rng.standard_normal((3, 2)),
-                                 rng.standard_normal((1, 2)), 1.5, rng.standard_normal((2, 1, 2))))
-    ### END HIDDEN TESTS
-
-    def run(self, f, ids, table, positions, scale, dx):
-        x, cache = f.embed_forward(ids, table, positions, scale)
-        dtable, dpositions = f.embed_backward(dx, cache)
-        return {"x": x, "dtable": dtable, "dpositions": dpositions}
-
-    def _torch_run(self, ids, table, positions, scale, dx, how="right"):
-        W = _t(table, grad=True)
-        P = _t(positions, grad=True)
-        t = ids.shape[1]
-        emb = W[_t(ids)]
-        if how == "scale positions too":
-            x = (emb + P[:t]) * scale if P is not None else emb * scale
-        elif how == "no scale":
-            x = emb + (P[:t] if P is not None else 0)
-        else:
-            x = emb * scale + (P[:t] if P is not None else 0)
-        x.backward(_t(dx))
-        return {"x": _np(x), "dtable": _np(W.grad), "dpositions": _np(P.grad) if P is not None
-                else None}
-
-    def expected(self, ids, table, positions, scale, dx):
-        return self._torch_run(ids, table, positions, scale, dx)
-
-    def mistakes(self, ids, table, positions, scale, dx):
-        right = self.expected(ids, table, positions, scale, dx)
-
-        def overwriting():
-            dtable = np.zeros_like(table)
-            dtable[ids] += dx * scale  # buffered: a repeated id keeps one occurrence
-            return dict(right, dtable=dtable)
-
-        found = {"with dtable[ids] += dx: for a repeated id NumPy keeps one of the additions; "
-                 "np.add.at adds them all": overwriting,
-                 "without the scale in the table's gradient (the forward multiplies the "
-                 "looked-up rows by scale, so their gradient is scaled too)":
-                 lambda: dict(right, dtable=right["dtable"] / scale),
-                 "with the positions scaled too: scale multiplies the token embeddings only":
-                 lambda: self._torch_run(ids, table, positions, scale, dx, "scale positions too"),
-                 "without the scale in the forward pass": lambda: self._torch_run(
-                     ids, table, positions, scale, dx, "no scale")}
-        if positions is not None and ids.shape[0] > 1:
-            first = np.zeros_like(positions)
-            first[: ids.shape[1]] = dx[0]
-            found["with the positions' gradient of the first sequence only: every sequence "
-                  "adds its own (sum over the batch)"] = lambda: dict(right, dpositions=first)
-        return found
-
-
-# --------------------------------------------------------------------------------------------
-# Encoder and decoder layers (§7, §8)
+# Encoder and decoder layers (§6, §7)
 
 
 def _layer_kwargs(norm_first, activation, eps):
@@ -754,7 +593,7 @@ def _layer_kwargs(norm_first, activation, eps):
 class EncoderLayer(Check):
     id = "check-encoder-layer"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("encoder_layer_forward", "encoder_layer_backward")
 
     def cases(self, rng):
@@ -821,7 +660,7 @@ class EncoderLayer(Check):
 class DecoderLayer(Check):
     id = "check-decoder-layer"
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "06_transformer"
+    notebook = "07_blocks"
     functions = ("decoder_layer_forward", "decoder_layer_backward")
 
     @staticmethod
@@ -913,364 +752,3 @@ class DecoderLayer(Check):
                 "with pre-norm and post-norm swapped": lambda: self.expected(
                     x, memory, params, num_heads, tgt_mask, memory_mask, dout, not norm_first,
                     activation, eps)}
-
-
-# --------------------------------------------------------------------------------------------
-# Stacks (§9)
-
-
-@register
-class EncoderStack(Check):
-    id = "check-encoder-stack"
-    axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("encoder_forward", "encoder_backward")
-
-    def cases(self, rng):
-        pad = (np.arange(4)[None, :] >= np.array([4, 2])[:, None])[:, None, None, :]
-        yield Case("2 layers, pre-norm, final norm, padding mask",
-                   (rng.standard_normal((2, 4, 6)), stack_params(rng, 2, 6, 8, False), 2, pad,
-                    rng.standard_normal((2, 4, 6))), _layer_kwargs(True, "relu", 1e-5))
-        yield Case("3 layers, post-norm, no final norm",
-                   (rng.standard_normal((2, 3, 4)),
-                    stack_params(rng, 3, 4, 6, False, final_norm=False), 2, None,
-                    rng.standard_normal((2, 3, 4))), _layer_kwargs(False, "gelu", 1e-5))
-        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("2 layers, post-norm, final norm, eps = 0.1",
-                   (later.standard_normal((2, 3, 4)), stack_params(later, 2, 4, 6, False), 2,
-                    None, later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("1 layer, float32", (_randn(rng, (1, 3, 8), np.float32),
-                                        stack_params(rng, 1, 8, 8, False, dtype=np.float32), 4,
-                                        None, _randn(rng, (1, 3, 8), np.float32)),
-                   _layer_kwargs(True, "relu", 1e-5))
-    ### END HIDDEN TESTS
-
-    def run(self, f, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-            eps=1e-5):
-        out, cache = f.encoder_forward(x, params, num_heads, mask, norm_first, activation, eps)
-        dx, grads = f.encoder_backward(dout, cache)
-        return {"out": out, "dx": dx, "grads": grads}
-
-    def expected(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
-        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=False)
-        b, t, e = x.shape
-        xt = _t(x, grad=True)
-        out = stack(xt, mask=torch_mask(mask, b, num_heads, t, t))
-        out.backward(_t(dout))
-        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
-                                              decoder=False,
-                                              final_norm=params["norm"] is not None))
-        return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}
-
-    def mistakes(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
-        right = self.expected(x, params, num_heads, mask, dout, norm_first, activation, eps)
-        found = {"with the layers' gradients in reverse order (the backward pass meets the last "
-                 "layer first: put its gradients at the end of the list)": lambda: dict(
-                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
-        if params["norm"] is not None:
-            found["without the final layer norm"] = lambda: self.expected(
-                x, dict(params, norm=None), num_heads, mask, dout, norm_first, activation, eps)
-        return found
-
-
-@register
-class DecoderStack(Check):
-    id = "check-decoder-stack"
-    axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("decoder_forward", "decoder_backward")
-
-    def cases(self, rng):
-        tgt_mask, mem_mask = DecoderLayer._masks([3, 2], [4, 2], 3, 4)
-        yield Case("2 layers, pre-norm, final norm, causal + padding masks",
-                   (rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 4, 6)),
-                    stack_params(rng, 2, 6, 8, True), 2, tgt_mask, mem_mask,
-                    rng.standard_normal((2, 3, 6))), _layer_kwargs(True, "relu", 1e-5))
-        yield Case("3 layers, post-norm, no final norm, causal mask",
-                   (rng.standard_normal((1, 4, 4)), rng.standard_normal((1, 2, 4)),
-                    stack_params(rng, 3, 4, 6, True, final_norm=False), 2,
-                    np.triu(np.ones((4, 4), dtype=bool), 1), None,
-                    rng.standard_normal((1, 4, 4))), _layer_kwargs(False, "gelu", 1e-5))
-        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("2 layers, post-norm, final norm, causal mask, eps = 0.1",
-                   (later.standard_normal((2, 3, 4)), later.standard_normal((2, 2, 4)),
-                    stack_params(later, 2, 4, 6, True), 2,
-                    np.triu(np.ones((3, 3), dtype=bool), 1), None,
-                    later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("1 layer, float32", (_randn(rng, (2, 2, 8), np.float32),
-                                        _randn(rng, (2, 3, 8), np.float32),
-                                        stack_params(rng, 1, 8, 8, True, dtype=np.float32), 4,
-                                        None, None, _randn(rng, (2, 2, 8), np.float32)),
-                   _layer_kwargs(True, "relu", 1e-5))
-    ### END HIDDEN TESTS
-
-    def run(self, f, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-            norm_first=False, activation="relu", eps=1e-5):
-        out, cache = f.decoder_forward(x, memory, params, num_heads, tgt_mask, memory_mask,
-                                       norm_first, activation, eps)
-        dx, dmemory, grads = f.decoder_backward(dout, cache)
-        return {"out": out, "dx": dx, "dmemory": dmemory,
-                "grads": quiet_key_bias(grads, x.dtype)}
-
-    def _torch_run(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                   norm_first, activation, eps):
-        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=True)
-        b, t, e = x.shape
-        s = memory.shape[1]
-        xt = _t(x, grad=True)
-        mems = [_t(memory, grad=True) for _ in stack.layers]  # one copy per layer
-        for layer, mem in zip(stack.layers, mems, strict=True):
-            attend = layer.multihead_attn.forward
-            layer.multihead_attn.forward = (lambda q, k, v, _a=attend, _m=mem, **kw:
-                                            _a(q, _m, _m, **kw))
-        out = stack(xt, mems[0], tgt_mask=torch_mask(tgt_mask, b, num_heads, t, t),
-                    memory_mask=torch_mask(memory_mask, b, num_heads, t, s))
-        out.backward(_t(dout))
-        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
-                                              decoder=True, split_cross=True,
-                                              final_norm=params["norm"] is not None))
-        per_layer = [_np(m.grad) for m in mems]
-        right = {"out": _np(out), "dx": _np(xt.grad), "dmemory": sum(per_layer),
-                 "grads": quiet_key_bias(grads, x.dtype)}
-        return right, per_layer
-
-    def expected(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        return self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                               norm_first, activation, eps)[0]
-
-    def mistakes(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        right, per_layer = self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask,
-                                           dout, norm_first, activation, eps)
-        found = {"with the memory's gradient of one layer only: every decoder layer reads the "
-                 "memory, so dmemory is the sum over the layers":
-                 lambda: dict(right, dmemory=per_layer[0]),
-                 "with the memory's gradient of the last layer only (the sum over the layers "
-                 "is wanted)": lambda: dict(right, dmemory=per_layer[-1]),
-                 "with the layers' gradients in reverse order": lambda: dict(
-                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
-        if params["norm"] is not None:
-            found["without the final layer norm"] = lambda: self.expected(
-                x, memory, dict(params, norm=None), num_heads, tgt_mask, memory_mask, dout,
-                norm_first, activation, eps)
-        return found
-
-
-# --------------------------------------------------------------------------------------------
-# The model (§10), shared with notebook 07's checks
-
-
-def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, s=5, t=4,
-               norm_first=True, activation="relu", scale_embeddings=True, learned=False,
-               pad=True, bias=True, dtype=np.float64, eps=1e-5):
-    """Plain data for a model case: (params, src, tgt_in, config, pe, src_pad, tgt_pad)."""
-    v_src, v_tgt = vocab
-    params = {"src_embed": {"W": _randn(rng, (v_src, e), dtype, 1 / math.sqrt(e))},
-              "tgt_embed": {"W": _randn(rng, (v_tgt, e), dtype, 1 / math.sqrt(e))},
-              "encoder": stack_params(rng, n_enc, e, f, False, True, bias, dtype),
-              "decoder": stack_params(rng, n_dec, e, f, True, True, bias, dtype),
-              "out_proj": {"W": _randn(rng, (e, v_tgt), dtype, 1 / math.sqrt(e))}}
-    if bias:
-        params["out_proj"]["b"] = _randn(rng, (v_tgt,), dtype, 0.3)
-    max_len = max(s, t) + 2
-    pe = None
-    if learned:
-        params["src_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-        params["tgt_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-    else:
-        pe = _randn(rng, (max_len, e), dtype, 0.7)  # any table: the model adds its rows
-    src = rng.integers(0, v_src, (b, s))
-    tgt_in = rng.integers(0, v_tgt, (b, t))
-    src_pad = tgt_pad = None
-    if pad:
-        src_pad = np.arange(s)[None, :] >= rng.integers(1, s + 1, b)[:, None]
-        src_pad[0] = False  # one sequence unpadded
-        tgt_pad = np.arange(t)[None, :] >= rng.integers(1, t + 1, b)[:, None]
-    config = {"num_heads": heads, "norm_first": norm_first, "activation": activation,
-              "eps": eps, "d_model": e, "scale_embeddings": scale_embeddings}
-    return params, src, tgt_in, config, pe, src_pad, tgt_pad
-
-
-def torch_model(params, config, dtype):
-    """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
-    holding the stacks."""
-    torch = _torch()
-    enc, dec = params["encoder"], params["decoder"]
-    e, f, bias, _ = _dims(enc["layers"][0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        core = torch.nn.Transformer(e, config["num_heads"], len(enc["layers"]),
-                                    len(dec["layers"]), f, dropout=0.0,
-                                    activation=_torch_activation(config["activation"]),
-                                    layer_norm_eps=config["eps"], batch_first=True,
-                                    norm_first=config["norm_first"], bias=bias,
-                                    dtype=getattr(torch, np.dtype(dtype).name))
-    _load(core, {**layout.stack_to_torch(enc, "encoder."),
-                 **layout.stack_to_torch(dec, "decoder.")})
-    outer = {f"{k}.{n}": _t(v, grad=True)
-             for k in ("src_embed", "tgt_embed", "src_pos", "tgt_pos", "out_proj") if k in params
-             for n, v in params[k].items()}
-    return core, outer
-
-
-def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
-    """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
-    ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
-    "no memory padding mask")."""
-    torch = _torch()
-    dtype = params["out_proj"]["W"].dtype
-    core, outer = torch_model(params, config, dtype)
-    scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
-        else 1.0
-
-    def embed(ids, side):
-        x = outer[f"{side}_embed.W"][_t(ids)] * scale
-        table = outer.get(f"{side}_pos.W", _t(pe))
-        if table is not None and how != "no positions":
-            x = x + table[: ids.shape[1]]
-        return x
-
-    kpm_src = _t(src_pad)
-    memory = core.encoder(embed(src, "src"), src_key_padding_mask=kpm_src)
-    t = tgt_in.shape[1]
-    causal = None if how == "no causal mask" else torch.ones(t, t, dtype=torch.bool).triu(1)
-    y = core.decoder(embed(tgt_in, "tgt"), memory, tgt_mask=causal,
-                     tgt_key_padding_mask=_t(tgt_pad),
-                     memory_key_padding_mask=None if how == "no memory padding mask"
-                     else kpm_src)
-    logits = y @ outer["out_proj.W"]
-    if "out_proj.b" in outer:
-        logits = logits + outer["out_proj.b"]
-    return memory, logits, core, outer
-
-
-def torch_model_grads(params, core, outer):
-    """The gradients of a :func:`torch_logits` run, nested like ``params``."""
-    named = _named_grads(core)
-    e = params["out_proj"]["W"].shape[0]
-    grads = {"encoder": layout.stack_from_torch(named, "encoder.", len(params["encoder"]["layers"]),
-                                                e, decoder=False),
-             "decoder": layout.stack_from_torch(named, "decoder.", len(params["decoder"]["layers"]),
-                                                e, decoder=True, split_cross=True)}
-    for name, tensor in outer.items():
-        key, sub = name.split(".")
-        grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
-            np.zeros(tuple(tensor.shape))
-    return quiet_key_bias(_copy(grads), params["out_proj"]["W"].dtype)
-
-
-def config_of(config: dict):
-    """The config object the core reads (attribute access) from the case's plain dict."""
-    return SimpleNamespace(**config)
-
-
-@register
-class TransformerForward(Check):
-    id = "check-transformer-forward"
-    axes = {"memory (transformer_encode)": "bse", "logits (transformer_decode)": "btv",
-            "logits (transformer_forward)": "btv"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("transformer_encode", "transformer_decode", "transformer_forward")
-
-    def cases(self, rng):
-        yield Case("pre-norm, sinusoid-like table, padding", model_case(rng))
-        yield Case("post-norm, GELU, learned positions",
-                   model_case(rng, norm_first=False, activation="gelu", learned=True))
-        yield Case("no embedding scale, no padding, S != T", model_case(
-            rng, scale_embeddings=False, pad=False, s=3, t=6, n_enc=1, n_dec=2))
-        yield Case("float32", model_case(rng, dtype=np.float32, e=8, heads=4))
-        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("post-norm, eps = 0.1", model_case(later, norm_first=False, eps=0.1))
-        yield Case("pre-norm, eps = 0.1", model_case(later, eps=0.1))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("one head, no biases, B = 1", model_case(rng, heads=1, bias=False, b=1))
-        yield Case("T = 1 (the first decoding step)", model_case(rng, t=1, norm_first=False))
-    ### END HIDDEN TESTS
-
-    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        c = config_of(config)
-        memory, _ = f.transformer_encode(params, src, c, pe, src_pad)
-        decoded, _ = f.transformer_decode(params, tgt_in, memory, c, pe, src_pad, tgt_pad)
-        logits, _ = f.transformer_forward(params, src, tgt_in, c, pe, src_pad, tgt_pad)
-        return {"memory (transformer_encode)": memory, "logits (transformer_decode)": decoded,
-                "logits (transformer_forward)": logits}
-
-    def _answer(self, *case, how="right"):
-        memory, logits, _, _ = torch_logits(*case, how=how)
-        return {"memory (transformer_encode)": _np(memory),
-                "logits (transformer_decode)": _np(logits),
-                "logits (transformer_forward)": _np(logits)}
-
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        return self._answer(params, src, tgt_in, config, pe, src_pad, tgt_pad)
-
-    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
-        found = {"without the positions (add the first T rows of the table)":
-                 lambda: self._answer(*case, how="no positions"),
-                 "without the causal mask in the decoder's self-attention":
-                 lambda: self._answer(*case, how="no causal mask")}
-        if config["scale_embeddings"]:
-            found["without multiplying the token embeddings by sqrt(E) "
-                  "(config.scale_embeddings)"] = lambda: self._answer(*case, how="no scale")
-        if src_pad is not None:
-            found["with the source padding left out of the cross-attention's mask"] = (
-                lambda: self._answer(*case, how="no memory padding mask"))
-        return found
-
-
-# --------------------------------------------------------------------------------------------
-# Weight tying (§11)
-
-
-@register
-class TiedOutput(Check):
-    id = "check-tied-output"
-    axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
-    notebook = "06_transformer"
-    functions = ("tied_output_forward", "tied_output_backward")
-
-    def cases(self, rng):
-        yield Case("x (2, 3, 4), V = 6", (rng.standard_normal((2, 3, 4)),
-                                          rng.standard_normal((6, 4)),
-                                          rng.standard_normal((2, 3, 6))))
-        yield Case("one sequence (T, E)", (rng.standard_normal((5, 3)), rng.standard_normal((4, 3)),
-                                           rng.standard_normal((5, 4))))
-        yield Case("float32", (_randn(rng, (2, 2, 5), np.float32), _randn(rng, (7, 5), np.float32),
-                               _randn(rng, (2, 2, 7), np.float32)))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("V = E (a square table)", (rng.standard_normal((2, 2, 4)),
-                                              rng.standard_normal((4, 4)),
-                                              rng.standard_normal((2, 2, 4))))
-        yield Case("four axes", (rng.standard_normal((2, 1, 3, 2)), rng.standard_normal((5, 2)),
-                                 rng.standard_normal((2, 1, 3, 5))))
-    ### END HIDDEN TESTS
-
-    def run(self, f, x, W, dout):
-        logits, cache = f.tied_output_forward(x, W)
-        dx, grads = f.tied_output_backward(dout, cache)
-        return {"logits": logits, "dx": dx, "grads": grads}
-
-    def expected(self, x, W, dout):
-        xt, Wt = _t(x, grad=True), _t(W, grad=True)
-        logits = xt @ Wt.T
-        logits.backward(_t(dout))
-        return {"logits": _np(logits), "dx": _np(xt.grad), "grads": {"W": _np(Wt.grad)}}
-
-    def mistakes(self, x, W, dout):
-        right = self.expected(x, W, dout)
-        return {"with the table's gradient transposed: the gradient of W.T is (E, V), the table "
-                "W is (V, E)": lambda: dict(right, grads={"W": right["grads"]["W"].T})}

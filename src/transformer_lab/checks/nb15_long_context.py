@@ -1,4 +1,4 @@
-"""Checks of notebook 10_long_context: the online softmax and tiled attention, forward, one tile
+"""Checks of notebook 15_long_context: the online softmax and tiled attention, forward, one tile
 of the backward pass, the backward pass, and the tiled self-attention of a model.
 
 Expected answers come from PyTorch: ``torch.logsumexp``, ``torch.softmax`` and autograd
@@ -61,7 +61,7 @@ def _causal_scores(torch, q, k):
 @register
 class OnlineSoftmaxUpdate(Check):
     id = "check-online-softmax-update"
-    notebook = "10_long_context"
+    notebook = "15_long_context"
     functions = ("online_softmax_update",)
 
     def cases(self, rng):
@@ -148,7 +148,7 @@ def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=
 class FlashAttentionForward(Check):
     id = "check-flash-forward"
     axes = {"out": "td", "lse": "t"}  # axis names, for messages
-    notebook = "10_long_context"
+    notebook = "15_long_context"
     functions = ("flash_attention_forward",)
 
     def cases(self, rng):
@@ -239,7 +239,7 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
 @register
 class FlashAttentionBackwardTile(Check):
     id = "check-flash-backward-tile"
-    notebook = "10_long_context"
+    notebook = "15_long_context"
     functions = ("flash_attention_backward_tile",)
 
     def cases(self, rng):
@@ -299,7 +299,7 @@ def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
 class FlashAttentionBackward(Check):
     id = "check-flash-backward"
     axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
-    notebook = "10_long_context"
+    notebook = "15_long_context"
     functions = ("flash_attention_forward", "flash_attention_backward")
 
     def cases(self, rng):
@@ -355,7 +355,7 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
 @register
 class FlashSelfAttention(Check):
     id = "check-flash-self-attention"
-    notebook = "10_long_context"
+    notebook = "15_long_context"
     functions = ("flash_self_attention_forward", "flash_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 

@@ -1,4 +1,4 @@
-"""Checks of notebook 08_training: the optimiser steps, clipping, the training step, and the
+"""Checks of notebook 10_training: the optimiser steps, clipping, the training step, and the
 notebook's variants (the paper's learning-rate schedule, RMSprop, sampling with a temperature).
 
 Expected answers come from PyTorch: ``torch.optim.SGD``, ``Adam``, ``AdamW`` and ``RMSprop``
@@ -19,7 +19,7 @@ from transformer_lab.checks import framework as F
 from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, register
 
-NB = "08_training"
+NB = "10_training"
 
 
 def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,

@@ -1,5 +1,5 @@
-"""Checks of notebook 09_gpt: the shifted loss, the GPT's attention, block and model, sampling,
-the KV cache, and the modern block (RoPE, RMSNorm, SwiGLU, grouped-query attention).
+"""Checks of notebook 14_decoding: sampling, the KV cache, and the modern block (RoPE, RMSNorm,
+SwiGLU, grouped-query attention).
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
 models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
@@ -14,14 +14,9 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, register
 
-NB = "09_gpt"
-
-
-def _dtype_of(x):
-    return x.dtype if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64) \
-        else np.dtype(np.float64)
+NB = "14_decoding"
 
 
 def _config(d: dict):
@@ -40,71 +35,7 @@ def _flat_params(config: dict, rng, scale=0.3) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# §2 The next-token loss
-
-
-@register
-class NextTokenLoss(Check):
-    id = "check-next-token-loss"
-    axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = NB
-    functions = ("next_token_loss_forward", "next_token_loss_backward")
-
-    def cases(self, rng):
-        yield Case("B = 2, T = 5, V = 7", (rng.standard_normal((2, 5, 7)),
-                                           rng.integers(0, 7, (2, 5))))
-        yield Case("float32", (rng.standard_normal((3, 4, 6)).astype(np.float32),
-                               rng.integers(0, 6, (3, 4))))
-        yield Case("one sequence of two tokens", (rng.standard_normal((1, 2, 5)),
-                                                  rng.integers(0, 5, (1, 2))))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("a repeated token", (rng.standard_normal((2, 6, 3)) * 4,
-                                        np.full((2, 6), 2)))
-        yield Case("large logits", (rng.standard_normal((1, 5, 9)) * 300,
-                                    rng.integers(0, 9, (1, 5))))
-    ### END HIDDEN TESTS
-
-    def run(self, f, logits, ids):
-        loss, cache = f.next_token_loss_forward(logits, ids)
-        return {"loss": np.asarray(loss, dtype=logits.dtype),
-                "dlogits": f.next_token_loss_backward(1.0, cache)}
-
-    def expected(self, logits, ids):
-        torch = _torch()
-        x = _t(logits, grad=True)
-        loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
-                                                 _t(ids[:, 1:]).reshape(-1))
-        loss.backward()
-        return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
-
-    def mistakes(self, logits, ids):
-        torch = _torch()
-
-        def ce(lg, tg):
-            x = _t(lg, grad=True)
-            loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
-                                                     _t(tg).reshape(-1))
-            loss.backward()
-            return np.asarray(loss.item(), dtype=logits.dtype), _np(x.grad)
-
-        def unshifted():
-            loss, d = ce(logits, ids)
-            return {"loss": loss, "dlogits": d}
-
-        def wrong_way():
-            loss, d = ce(logits[:, 1:], ids[:, :-1])
-            full = np.zeros_like(logits)
-            full[:, 1:] = d
-            return {"loss": loss, "dlogits": full}
-
-        return {"without the shift (each position scored against its own token)": unshifted,
-                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])": wrong_way}
-
-
-# --------------------------------------------------------------------------------------------
-# §3 The GPT's attention, block and model
+# The GPT's attention, block and model (notebook 13 §3): helpers of the checks below
 
 
 def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
@@ -147,54 +78,6 @@ def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
     out = _torch_attention(tx, tp, H, Hkv, ta, causal)
     out.backward(_t(dout))
     return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
-
-
-@register
-class CausalSelfAttention(Check):
-    id = "check-causal-self-attention"
-    notebook = NB
-    functions = ("self_attention_forward", "self_attention_backward",
-                 "causal_self_attention_forward", "causal_self_attention_backward")
-    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-
-    def cases(self, rng):
-        for name, (B, T, E, H, bias, dt) in {
-                "B = 2, T = 5, E = 8, two heads, biases": (2, 5, 8, 2, True, np.float64),
-                "one head, no biases": (1, 4, 6, 1, False, np.float64),
-                "float32": (2, 6, 8, 4, True, np.float32)}.items():
-            yield Case(name, (rng.standard_normal((B, T, E)).astype(dt),
-                              _attention_params(rng, E, H, H, bias, dt),
-                              rng.standard_normal((B, T, E)).astype(dt), H))
-        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        for name, dropped in (("b_qkv only (no b_o)", "b_o"), ("b_o only (no b_qkv)", "b_qkv")):
-            params = _attention_params(later, 6, 2, 2, True, np.float64)
-            del params[dropped]
-            yield Case(name, (later.standard_normal((2, 4, 6)), params,
-                              later.standard_normal((2, 4, 6)), 2))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("one position", (rng.standard_normal((3, 1, 4)),
-                                    _attention_params(rng, 4, 2, 2, True),
-                                    rng.standard_normal((3, 1, 4)), 2))
-        yield Case("as many heads as features", (rng.standard_normal((1, 3, 4)),
-                                                 _attention_params(rng, 4, 4, 4, True),
-                                                 rng.standard_normal((1, 3, 4)), 4))
-    ### END HIDDEN TESTS
-
-    def run(self, f, x, params, dout, H):
-        out, cache = f.causal_self_attention_forward(x, params, H)
-        dx, grads = f.causal_self_attention_backward(dout, cache)
-        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
-
-    def expected(self, x, params, dout, H):
-        return _attention_expected(x, params, dout, H, H)
-
-    def mistakes(self, x, params, dout, H):
-        return {"without the causal mask (every position sees the future): is the mask passed to "
-                "attention_forward in your kernel -- and does your self_attention_forward call the "
-                "kernel it is given (attend), rather than its own attention?":
-                lambda: _attention_expected(x, params, dout, H, H, causal=False)}
 
 
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
@@ -260,22 +143,6 @@ class _BlockCheck(Check):
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
 
-@register
-class GPTBlock(_BlockCheck):
-    id = "check-gpt-block"
-    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))
-    ### END HIDDEN TESTS
-
-    def cases(self, rng):
-        yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
-        yield Case("float32", _block_case(rng, "classic", np.float32))
-
-
 def _model_case(rng, dt=np.float64, **kw):
     from transformer_lab.models.gpt import GPTConfig
 
@@ -295,72 +162,8 @@ def _pe(config):
     return pe.astype(c.dtype)
 
 
-@register
-class GPTModel(Check):
-    id = "check-gpt-model"
-    axes = {"logits": "btv"}  # axis names, for messages
-    notebook = NB
-    functions = ("gpt_forward", "gpt_backward", "gpt_loss")
-
-    def cases(self, rng):
-        yield Case("two layers, learned positions, float64", _model_case(rng))
-        yield Case("float32", _model_case(rng, np.float32))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("sinusoidal positions, no biases", _model_case(rng, positional="sinusoidal",
-                                                                  bias=False))
-    ### END HIDDEN TESTS
-
-    def run(self, f, flat, ids, config):
-        from transformer_lab.models.gpt import flatten, nest
-
-        c = _config(config)
-        params = nest(flat)
-        logits, _ = f.gpt_forward(params, ids, c, _pe(config))
-        loss, grads = f.gpt_loss(params, ids, c, _pe(config))
-        return {"logits": logits, "loss": np.asarray(loss, dtype=c.dtype),
-                **{f"d.{k}": g for k, g in flatten(grads).items()}}
-
-    def expected(self, flat, ids, config):
-        from transformer_lab.reference.torch_gpt import TorchGPT
-
-        c = _config(config)
-        twin = TorchGPT(c)
-        twin.load_numpy_params(flat)
-        logits = twin(ids)
-        loss = twin.loss(ids)
-        loss.backward()
-        return {"logits": _np(logits), "loss": np.asarray(loss.item(), dtype=c.dtype),
-                **{f"d.{k}": g for k, g in twin.numpy_grads().items()}}
-
-    def mistakes(self, flat, ids, config):
-        def untied():  # only the output projection's gradient for the table
-            want = self.expected(flat, ids, config)
-            from transformer_lab.reference.torch_gpt import TorchGPT
-
-            twin = TorchGPT(_config(config))
-            twin.load_numpy_params(flat)
-            torch = _torch()
-            with torch.no_grad():
-                x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
-            for layer in twin.layers:
-                x = layer(x)
-            norm = twin.norm
-            x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.gamma,
-                                               getattr(norm, "beta", None), _config(config).eps)
-            twin.zero_grad()
-            logits = x @ twin.embed.W.T
-            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                              _t(ids[:, 1:]).reshape(-1)).backward()
-            return {**want, "d.embed.W": _np(twin.embed.W.grad)}
-
-        return {"with the table's gradient from the output projection only (a tied table "
-                "gets the sum of both uses)": untied}
-
-
 # --------------------------------------------------------------------------------------------
-# §5 Sampling
+# §1 Sampling
 
 
 def _kept_and_values(filtered):
@@ -535,7 +338,7 @@ class MinPFilter(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# §6 The KV cache
+# §2 The KV cache
 
 
 @register
@@ -632,7 +435,7 @@ class CachedStep(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# §7 The modern block
+# §3 The modern block
 
 
 @register

@@ -1,4 +1,4 @@
-"""Checks of notebook 07_verification: the model's backward pass and loss, and the notebook's
+"""Checks of notebook 09_verification: the model's backward pass and loss, and the notebook's
 variants (find the bug, label smoothing, positions of a left-padded batch).
 
 The model's references are PyTorch's: ``nn.Transformer`` loaded with the case's parameters,
@@ -12,7 +12,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-from transformer_lab.checks.nb06_transformer import (
+from transformer_lab.checks.nb08_transformer import (
     config_of,
     model_case,
     quiet_key_bias,
@@ -43,7 +43,7 @@ def _hidden_model_cases(rng):
 @register
 class TransformerBackward(Check):
     id = "check-transformer-backward"
-    notebook = "07_verification"
+    notebook = "09_verification"
     functions = ("transformer_forward", "transformer_backward")
 
     def cases(self, rng):
@@ -98,7 +98,7 @@ class TransformerBackward(Check):
 @register
 class TransformerLoss(Check):
     id = "check-transformer-loss"
-    notebook = "07_verification"
+    notebook = "09_verification"
     functions = ("transformer_loss",)
 
     def cases(self, rng):
@@ -180,7 +180,7 @@ def _mha_case(batch, length, e, heads, seed):
 class FindTheBug(Check):
     id = "check-find-the-bug"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "07_verification"
+    notebook = "09_verification"
     arguments = ("self_attention",)
 
     def cases(self, rng):
@@ -264,7 +264,7 @@ def _smoothed(logits, labels, pad_id, alpha, how="right"):
 class LabelSmoothing(Check):
     id = "check-label-smoothing"
     axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = "07_verification"
+    notebook = "09_verification"
     arguments = ("smoothed_loss",)
 
     def cases(self, rng):
@@ -313,7 +313,7 @@ class LabelSmoothing(Check):
 @register
 class PaddedPositions(Check):
     id = "check-padded-positions"
-    notebook = "07_verification"
+    notebook = "09_verification"
     arguments = ("padded_positional_encoding",)
 
     def cases(self, rng):

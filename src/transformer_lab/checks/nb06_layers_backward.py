@@ -1,0 +1,406 @@
+"""Checks of notebook 06_layers_backward: the backward passes of layer norm, log-softmax,
+cross-entropy and the embedding, and the notebook's variant (RMSNorm's backward).
+
+Every backward check runs the forward and the backward of your core, and compares with PyTorch
+autograd on the same inputs: the forward built from torch operations in the inputs' dtype,
+``.backward(dout)``, the gradients read from ``.grad``. A query whose keys are all blocked gets
+zero weights, zero output and zero gradient, as in the core. The hints compute the classic wrong
+answers from the same PyTorch graph (its intermediate gradients kept with ``retain_grad``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks.framework import Case, Check, later_rng, register
+
+
+def _averaged(answer, rows, what="grads"):
+    """``answer`` with its parameter gradients divided by ``rows`` (a mean instead of a sum)."""
+    return {**answer, what: {k: g / g.dtype.type(rows) for k, g in answer[what].items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# Layer normalisation
+
+
+def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float64,
+               constant_row=False):
+    x = rng.standard_normal(shape) * 2 + 0.5
+    if constant_row:
+        x.reshape(-1, shape[-1])[1] = 3.0
+    g = 1 + 0.5 * rng.standard_normal(shape[-1]) if gamma else None
+    b = rng.standard_normal(shape[-1]) if beta else None
+    dout = rng.standard_normal(shape)
+
+    def cast(a):
+        return None if a is None else a.astype(dtype)
+    return Case(name, (cast(x), cast(g), cast(b), cast(dout)), {"eps": eps})
+
+
+def _torch_layer_norm(x, gamma, beta, dout, eps):
+    F = _torch().nn.functional
+    xt, gt, bt = _t(x, True), _t(gamma, gamma is not None), _t(beta, beta is not None)
+    out = F.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
+    out.backward(_t(dout))
+    grads = {}
+    if gamma is not None:
+        grads["gamma"] = _np(gt.grad)
+    if beta is not None:
+        grads["beta"] = _np(bt.grad)
+    return _np(out), {"dx": _np(xt.grad), "grads": grads}
+
+
+def _row_mean(a):
+    return a.mean(axis=-1, keepdims=True)
+
+
+def _np_layer_norm_parts(x, gamma, dout, eps):
+    """xhat, 1/sigma and g = dout * gamma in float64 (the pieces of the hints)."""
+    x64 = x.astype(np.float64)
+    xc = x64 - x64.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    g = dout * gamma if gamma is not None else dout
+    return xc * rstd, rstd, g.astype(np.float64)
+
+
+class _LayerNormCases:
+    """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _norm_case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
+        yield _norm_case(rng, "D = 2 (two features)", (3, 2))
+        yield _norm_case(rng, "four axes, float32, no beta", (2, 2, 3, 5), beta=False,
+                         dtype=np.float32)
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield _norm_case(rng, "3-D input (B, T, D) = (2, 3, 6)", (2, 3, 6))
+        yield _norm_case(rng, "one vector (D = 5)", (5,))
+        yield _norm_case(rng, "no gamma, no beta (elementwise_affine=False)", (3, 4),
+                         gamma=False, beta=False)
+        yield _norm_case(rng, "gamma without beta (bias=False)", (3, 4), beta=False)
+        yield _norm_case(rng, "a constant row (variance 0: xhat = 0, not NaN)", (3, 4),
+                         constant_row=True)
+        yield _norm_case(rng, "float32", (2, 3, 8), dtype=np.float32)
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield _norm_case(later, "eps = 0.1", (3, 5), eps=0.1)
+        yield _norm_case(later, "beta without gamma", (2, 3, 4), gamma=False)
+
+
+@register
+class LayerNormForward(_LayerNormCases, Check):
+    id = "check-layer-norm-forward"
+    axes = {"output": "te"}  # axis names, for messages
+    notebook = "06_layers_backward"
+    functions = ("layer_norm_forward",)
+
+    def run(self, f, x, gamma, beta, dout, eps=1e-5):
+        return f.layer_norm_forward(x, gamma, beta, eps)[0]
+
+    def expected(self, x, gamma, beta, dout, eps=1e-5):
+        return _torch_layer_norm(x, gamma, beta, dout, eps)[0]
+
+    def mistakes(self, x, gamma, beta, dout, eps=1e-5):
+        d = x.shape[-1]
+
+        def affine(xhat):
+            out = xhat * gamma if gamma is not None else xhat
+            return (out + beta if beta is not None else out).astype(x.dtype)
+
+        xc = x - x.mean(axis=-1, keepdims=True)
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        found = {"adding eps to the standard deviation instead of the variance":
+                 lambda: affine(xc / (np.sqrt(var) + eps)),
+                 "normalising over the first axis (axis=0) instead of the last":
+                 lambda: affine((x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + eps))}
+        if d > 1:
+            found["with the unbiased variance (dividing by D - 1, ddof=1): LayerNorm divides "
+                  "by D"] = lambda: affine(xc / np.sqrt(var * d / (d - 1) + eps))
+        return found
+
+
+@register
+class LayerNormBackward(_LayerNormCases, Check):
+    id = "check-layer-norm-backward"
+    axes = {"dx": "te"}  # axis names, for messages
+    notebook = "06_layers_backward"
+    functions = ("layer_norm_forward", "layer_norm_backward")
+    tol = {"float64": 1e-9, "float32": 5e-5}
+
+    def run(self, f, x, gamma, beta, dout, eps=1e-5):
+        _, cache = f.layer_norm_forward(x, gamma, beta, eps)
+        dx, grads = f.layer_norm_backward(dout, cache)
+        return {"dx": dx, "grads": grads}
+
+    def expected(self, x, gamma, beta, dout, eps=1e-5):
+        return _torch_layer_norm(x, gamma, beta, dout, eps)[1]
+
+    def mistakes(self, x, gamma, beta, dout, eps=1e-5):
+        right = self.expected(x, gamma, beta, dout, eps)
+        xhat, rstd, g = _np_layer_norm_parts(x, gamma, dout, eps)
+        mean, rows, dtype = _row_mean, x.size // x.shape[-1], x.dtype
+        d = dout.astype(np.float64)
+        return {"dropping the term xhat * mean(g * xhat) (the path through the standard "
+                "deviation)":
+                lambda: {**right, "dx": (rstd * (g - mean(g))).astype(dtype)},
+                "dropping the term mean(g) (the path through the mean)":
+                lambda: {**right, "dx": (rstd * (g - xhat * mean(g * xhat))).astype(dtype)},
+                "using dout where g = dout * gamma belongs":
+                lambda: {**right, "dx": (rstd * (d - mean(d) - xhat * mean(d * xhat))
+                                         ).astype(dtype)},
+                "averaging dgamma and dbeta over the leading axes instead of summing them":
+                lambda: _averaged(right, rows)}
+
+
+# --------------------------------------------------------------------------------------------
+# Log-softmax and cross-entropy
+
+
+@register
+class LogSoftmax(Check):
+    id = "check-log-softmax"
+    notebook = "06_layers_backward"
+    functions = ("log_softmax_forward", "log_softmax_backward")
+
+    def cases(self, rng):
+        yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
+        yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
+                                              rng.standard_normal((3, 5))))
+        yield Case("square rows (4, 4): the row sum must keep its axis",
+                   (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+        yield Case("huge logits (+-1000: exp would overflow)",
+                   (rng.standard_normal((3, 6)) * 1000, rng.standard_normal((3, 6))))
+        yield Case("float32", (rng.standard_normal((2, 3, 7)).astype(np.float32),
+                               rng.standard_normal((2, 3, 7)).astype(np.float32)))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("rows near +1e4 and near -1e4 in one array (each row has its own maximum)",
+                   (np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4]),
+                    later.standard_normal((2, 5))))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
+                                 rng.standard_normal((2, 2, 3, 4))))
+        yield Case("one class (log-probability 0)", (rng.standard_normal((3, 1)),
+                                                     rng.standard_normal((3, 1))))
+        yield Case("rows near -1e4", (rng.standard_normal((2, 5)) - 1e4,
+                                      rng.standard_normal((2, 5))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, dout):
+        out, cache = f.log_softmax_forward(x)
+        return {"out": out, "dx": f.log_softmax_backward(dout, cache)}
+
+    def expected(self, x, dout):
+        xt = _t(x, True)
+        out = _torch().log_softmax(xt, dim=-1)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(xt.grad)}
+
+    def mistakes(self, x, dout):
+        right = self.expected(x, dout)
+        p = np.exp(right["out"])
+        return {"with the backward of softmax, y * (dout - sum(dout * y)), where log-softmax's "
+                "is dout - softmax(x) * sum(dout)":
+                lambda: {**right, "dx": p * (dout - (dout * p).sum(axis=-1, keepdims=True))},
+                "forgetting the row sum: dout - softmax(x) * dout":
+                lambda: {**right, "dx": dout - p * dout},
+                "with the row sum taken without keepdims=True (it broadcasts along the row)":
+                lambda: {**right, "dx": dout - p * dout.sum(axis=-1)}}
+
+
+def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reduction="mean",
+             dloss=1.0, dtype=np.float64, scale=1.0):
+    logits = (rng.standard_normal((*shape, n_classes)) * scale).astype(dtype)
+    classes = np.array([c for c in range(n_classes) if c != ignore_index])
+    targets = classes[rng.integers(0, len(classes), size=shape)]  # real targets: never padding
+    for ix in ignore:
+        targets[ix] = ignore_index
+    return Case(name, (logits, targets), {"ignore_index": ignore_index, "reduction": reduction,
+                                          "dloss": dloss})
+
+
+@register
+class CrossEntropy(Check):
+    id = "check-cross-entropy"
+    axes = {"dlogits": "tv"}  # axis names, for messages
+    notebook = "06_layers_backward"
+    functions = ("cross_entropy_forward", "cross_entropy_backward")
+
+    def cases(self, rng):
+        yield _ce_case(rng, "4 tokens, 5 classes, no padding", (4,), 5)
+        yield _ce_case(rng, "a batch (B, T, V) = (2, 4, 6) with padded targets (-100)", (2, 4),
+                       6, ignore=[(0, 3), (1, 2), (1, 3)])
+        yield _ce_case(rng, "ignore_index = 0 (the padding token id)", (2, 5), 4,
+                       ignore=[(0, 4), (1, 1), (1, 3), (1, 4)], ignore_index=0)
+        yield _ce_case(rng, "reduction = 'sum' with padding", (2, 3), 5,
+                       ignore=[(1, 2)], reduction="sum")
+        yield _ce_case(rng, "an upstream gradient dloss = 0.5", (3, 2), 4, ignore=[(2, 1)],
+                       dloss=0.5)
+        yield _ce_case(rng, "one real token, the rest padding", (2, 3), 5,
+                       ignore=[(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
+        yield _ce_case(rng, "float32 logits", (2, 4), 6, ignore=[(1, 3)], dtype=np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _ce_case(rng, "huge logits (+-1000)", (2, 3), 4, ignore=[(0, 2)], scale=1000.0)
+        yield _ce_case(rng, "two classes, ignore_index = 1", (6,), 2, ignore=[(1,), (4,)],
+                       ignore_index=1)
+        yield _ce_case(rng, "float32, sum, dloss = 2", (3, 3), 7, ignore=[(0, 1)],
+                       reduction="sum", dloss=2.0, dtype=np.float32)
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        loss, cache = f.cross_entropy_forward(logits, targets, ignore_index, reduction)
+        return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache)}
+
+    @staticmethod
+    def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
+                  count_all=False, keep_padding=False):
+        torch = _torch()
+        F = torch.nn.functional
+        c = logits.shape[-1]
+        lt = _t(logits, True)
+        tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
+        flat = lt.reshape(-1, c)
+        if keep_padding:
+            loss = F.cross_entropy(flat, tt, reduction=reduction)
+        elif count_all:
+            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction="sum")
+            loss = loss / tt.numel()
+        else:
+            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction=reduction)
+        (loss * dloss).backward()
+        value = float(loss.detach())
+        return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
+                "dlogits": _np(lt.grad)}
+
+    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        return self._torch_ce(logits, targets, ignore_index, reduction, dloss)
+
+    def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
+        args = (logits, targets, ignore_index, reduction, dloss)
+        right = self._torch_ce(*args)
+        real = int((np.asarray(targets) != ignore_index).sum())
+        found = {}
+        if reduction == "mean" and real < np.size(targets):
+            found["dividing by all tokens, padding included, instead of by the real tokens "
+                  "only (the mean is over the tokens that count)"] = (
+                lambda: self._torch_ce(*args, count_all=True))
+        if 0 <= ignore_index < logits.shape[-1]:
+            found["not ignoring the padded targets (they get a loss and a gradient)"] = (
+                lambda: self._torch_ce(*args, keep_padding=True))
+        if reduction == "mean" and real > 1:
+            found["forgetting the 1 / (number of real tokens) of the mean in the backward "
+                  "(p - y without dividing)"] = (
+                lambda: {**right, "dlogits": right["dlogits"] * logits.dtype.type(real)})
+        if dloss != 1.0:
+            found["ignoring the upstream gradient dloss (multiply the gradient by it)"] = (
+                lambda: {**right, "dlogits": right["dlogits"] / logits.dtype.type(dloss)})
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# Embedding
+
+
+@register
+class Embedding(Check):
+    id = "check-embedding"
+    axes = {"out": "te"}  # axis names, for messages
+    notebook = "06_layers_backward"
+    functions = ("embedding_forward", "embedding_backward")
+
+    @staticmethod
+    def _case(rng, name, ids, vocab, d, dtype=np.float64):
+        ids = np.asarray(ids, dtype=np.int64)
+        return Case(name, (ids, rng.standard_normal((vocab, d)).astype(dtype),
+                           rng.standard_normal((*ids.shape, d)).astype(dtype)))
+
+    def cases(self, rng):
+        yield self._case(rng, "distinct ids (1-D)", [3, 0, 4], 6, 4)
+        yield self._case(rng, "a repeated id: token 2 three times", [2, 5, 2, 2, 1], 6, 3)
+        yield self._case(rng, "a batch (B, T) of ids with repeats", [[1, 4, 4, 0], [4, 2, 1, 1]],
+                         5, 3)
+        yield self._case(rng, "unused rows of a large table get zero gradient", [7, 1], 12, 2)
+        yield self._case(rng, "float32 table", [[0, 3, 3], [1, 0, 3]], 4, 5, dtype=np.float32)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "one id (a 0-d array)", 2, 4, 3)
+        yield self._case(rng, "every id the same", [[1, 1, 1], [1, 1, 1]], 3, 2)
+        yield self._case(rng, "three axes of ids", rng.integers(0, 5, size=(2, 3, 4)), 5, 3)
+    ### END HIDDEN TESTS
+
+    def run(self, f, ids, W, dout):
+        out, cache = f.embedding_forward(ids, W)
+        return {"out": out, "grads": f.embedding_backward(dout, cache)}
+
+    def expected(self, ids, W, dout):
+        torch = _torch()
+        wt = _t(W, True)
+        out = torch.nn.functional.embedding(torch.from_numpy(np.asarray(ids)), wt)
+        out.backward(_t(dout))
+        return {"out": _np(out), "grads": {"W": _np(wt.grad)}}
+
+    def mistakes(self, ids, W, dout):
+        right = self.expected(ids, W, dout)
+
+        def fancy_index_add():
+            dW = np.zeros_like(W)
+            dW[ids] += dout  # a repeated id: only one of its updates survives
+            return {**right, "grads": {"W": dW}}
+
+        return {"with dW[ids] += dout: for a repeated id, fancy-index assignment keeps one "
+                "of its gradients instead of adding them all (np.add.at adds every one)":
+                fancy_index_add}
+
+
+@register
+class RMSNormBackward(Check):
+    id = "check-rms-norm-backward"
+    notebook = "06_layers_backward"
+    arguments = ("rms_norm_backward",)
+
+    @staticmethod
+    def _case(rng, name, shape, eps=1e-6):
+        return Case(name, (rng.standard_normal(shape), rng.standard_normal(shape),
+                           rng.standard_normal(shape[-1])), {"eps": eps})
+
+    def cases(self, rng):
+        yield self._case(rng, "one vector (D = 5)", (5,))
+        yield self._case(rng, "rows (3, 4)", (3, 4))
+        yield self._case(rng, "three axes (2, 3, 6)", (2, 3, 6))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield self._case(later, "eps = 0.1 given", (3, 4), eps=0.1)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "a large eps = 0.5", (4, 3), eps=0.5)
+        yield self._case(rng, "four axes (2, 2, 3, 4)", (2, 2, 3, 4))
+    ### END HIDDEN TESTS
+
+    def run(self, f, dy, x, gamma, eps=1e-6):
+        dx, dgamma = f.rms_norm_backward(dy, x, gamma, eps)
+        return {"dx": dx, "dgamma": dgamma}
+
+    def expected(self, dy, x, gamma, eps=1e-6):
+        F = _torch().nn.functional
+        xt, gt = _t(x, True), _t(gamma, True)
+        F.rms_norm(xt, (x.shape[-1],), gt, eps=eps).backward(_t(dy))
+        return {"dx": _np(xt.grad), "dgamma": _np(gt.grad)}
+
+    def mistakes(self, dy, x, gamma, eps=1e-6):
+        right = self.expected(dy, x, gamma, eps)
+        r = np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+        xhat, g = x / r, dy * gamma
+        rows, mean = x.size // x.shape[-1], _row_mean
+        return {"subtracting mean(g) as layer norm does (RMSNorm subtracts no mean)":
+                lambda: {**right, "dx": (g - mean(g) - xhat * mean(g * xhat)) / r},
+                "dropping the term xhat * mean(g * xhat) (the path through r)":
+                lambda: {**right, "dx": g / r},
+                "averaging dgamma over the leading axes instead of summing":
+                lambda: {**right, "dgamma": right["dgamma"] / rows}}

@@ -1,0 +1,623 @@
+"""Checks of notebook 11_tokenization: GPT-2's byte-level BPE (``transformer_lab.core.bpe``).
+
+Expected answers come from Hugging Face ``tokenizers`` where it has the piece: its ByteLevel
+pre-tokenizer (GPT-2's byte map and pattern), its BPE model (encoding by merge rank, fed the
+merges of the case) and its ByteLevel decoder. Counting pairs, merging and training have no
+counterpart there with the course's ids and ties: their references are hidden (the handout
+stores their public answers). ``tokenizers`` is imported on first use, where an expected answer
+is computed; the cases and the runs need NumPy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from transformer_lab.checks.framework import Case, Check, register
+
+#: Texts for the cases: every branch of GPT-2's pattern, and of UTF-8 (1 to 4 bytes).
+TEXTS = {
+    "plain words": "Return the sum of the array elements over the given axis.",
+    "accents and CJK": "Café naïve résumé, Gödel; 世界你好。",
+    "emoji": "hi 🌍👋 there 🙂",
+    "runs of whitespace": "a  b\t\tc\n\n\nd   \n e ",
+    "contractions": "I'm sure it's what they've said we'll do, isn't it?",
+    "digits and symbols": "x = 3.14159 * 2**10 + 1e-5 -> 42!!",
+}
+### BEGIN HIDDEN TESTS
+HIDDEN_TEXTS = {
+    "a trailing run of spaces": "end   ",
+    "only whitespace": " \n\t ",
+    "uppercase contractions and apostrophes": "DON'T 'tis o'clock rock'n'roll",
+    "code": "def f(x):\n    return x ** 2  # square",
+    "one emoji": "🌍",
+}
+### END HIDDEN TESTS
+
+
+def _tokenizers():
+    """The ``tokenizers`` module, imported on first use."""
+    import tokenizers
+
+    return tokenizers
+
+
+@functools.cache
+def _gpt2_chars() -> tuple[str, ...]:
+    """GPT-2's character for each byte, read from ``tokenizers``' ByteLevel pre-tokenizer: one
+    character for each byte that valid UTF-8 uses; the 13 bytes it never uses (0xC0, 0xC1,
+    0xF5..0xFF) are printable Latin-1 characters, which GPT-2 keeps as they are."""
+    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    # ASCII; a character for each lead byte of 2, 3 and 4 bytes; the 64 continuation bytes
+    codes = [*range(0x80), *range(0x80, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
+             0x10000, 0x40000, 0x80000, 0xC0000, 0x100000, *range(0x80, 0xC0)]
+    found: dict[int, str] = {}
+    for code in codes:
+        char = chr(code)
+        mapped = "".join(piece for piece, _ in pre.pre_tokenize_str(char))
+        found.update(zip(char.encode("utf-8"), mapped, strict=True))
+    return tuple(found.get(b, chr(b)) for b in range(256))
+
+
+def _pieces(text: str) -> list[str]:
+    """GPT-2's pieces of ``text``, as ``tokenizers`` cuts them (offsets into the text)."""
+    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
+
+
+def _merge(word, pair, new_id) -> tuple[int, ...]:
+    """``merge_pair`` by ``str.replace`` (which reads left to right, without overlaps)."""
+    text = "".join(map(chr, word))
+    return tuple(map(ord, text.replace(chr(pair[0]) + chr(pair[1]), chr(new_id))))
+
+
+def _rough_words(text: str) -> list[list[int]]:
+    """Words for drawing merges (not GPT-2's exact pieces: any that a merge may apply to)."""
+    return [list(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
+
+
+def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
+    """``n`` merges of pairs that occur in ``text``'s words, drawn at random (not by frequency,
+    so that the order of the merges, not the text, decides an encoding); two merges never make
+    the same bytes."""
+    words = [tuple(w) for w in _rough_words(text)]
+    made = {bytes([b]) for b in range(256)}
+    strings = [bytes([b]) for b in range(256)]
+    merges: list[tuple[int, int]] = []
+    while len(merges) < n:
+        pairs = sorted({p for w in words for p in zip(w, w[1:], strict=False)
+                        if strings[p[0]] + strings[p[1]] not in made})
+        if not pairs:
+            break
+        a, b = pairs[int(rng.integers(len(pairs)))]
+        new_id = 256 + len(merges)
+        merges.append((a, b))
+        strings.append(strings[a] + strings[b])
+        made.add(strings[-1])
+        words = [_merge(w, (a, b), new_id) for w in words]
+    return merges
+
+
+def _strings(merges) -> list[str]:
+    """Each id's token as GPT-2's characters (bytes, then merges)."""
+    chars = list(_gpt2_chars())
+    for a, b in merges:
+        chars.append(chars[a] + chars[b])
+    return chars
+
+
+def _hf_bpe(merges, byte_level: bool):
+    """A ``tokenizers`` BPE model of ``merges``: on GPT-2's characters (``byte_level``, with its
+    pre-tokenizer, a whole Tokenizer) or on the plain ids as characters (a bare model)."""
+    tk = _tokenizers()
+    strings = _strings(merges) if byte_level else [chr(0x4E00 + i) for i in range(256)]
+    if not byte_level:
+        for a, b in merges:
+            strings.append(strings[a] + strings[b])
+    model = tk.models.BPE({s: i for i, s in enumerate(strings)},
+                          [(strings[a], strings[b]) for a, b in merges])
+    if not byte_level:
+        return model
+    tok = tk.Tokenizer(model)
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return tok
+
+
+def _pair_key(pair) -> str:
+    return str(tuple(int(x) for x in pair))
+
+
+def _word_list(words) -> list:
+    """A {word: count} dict as plain data: [[ids...], count] pairs."""
+    return [[list(map(int, w)), int(n)] for w, n in words.items()]
+
+
+def _as_words(word_list) -> dict:
+    return {tuple(w): n for w, n in word_list}
+
+
+# --------------------------------------------------------------------------------------------
+# Bytes and pieces (§2, §3)
+
+
+@register
+class BytesToUnicode(Check):
+    id = "check-bytes-to-unicode"
+    notebook = "11_tokenization"
+    functions = ("bytes_to_unicode",)
+
+    def cases(self, rng):
+        yield Case("printable ASCII, bytes 33..126 (they keep their character)",
+                   (list(range(33, 127)),))
+        yield Case("the space, byte 32, and the newline, byte 10", ([32, 10],))
+        yield Case("the control bytes 0..31 and 127", ([*range(32), 127],))
+        yield Case("every byte, 0..255", (list(range(256)),))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("bytes 128..255", (list(range(128, 256)),))
+        yield Case("the soft hyphen, byte 173, and its neighbours", ([172, 173, 174],))
+    ### END HIDDEN TESTS
+
+    def run(self, f, bytes_):
+        mapping = f.bytes_to_unicode()
+        if not isinstance(mapping, dict):
+            return f"a {type(mapping).__name__} (bytes_to_unicode returns a dict byte -> str)"
+        return [mapping.get(b, f"nothing for byte {b}") for b in bytes_]
+
+    def expected(self, bytes_):
+        chars = _gpt2_chars()
+        return [chars[b] for b in bytes_]
+
+    def mistakes(self, bytes_):
+        printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+        shifted, plain = {}, {}
+        for n, b in enumerate(b for b in range(256) if b not in printable):
+            shifted[b] = chr(255 + n)
+            plain[b] = chr(256 + b)
+        return {"keeping every byte's own character, chr(b) (the space, the newline and the "
+                "control bytes are not printable)": lambda: [chr(b) for b in bytes_],
+                "giving a non-printable byte chr(256 + b) (they get 256, 257, ... in byte "
+                "order: the n-th of them chr(256 + n))":
+                lambda: [plain.get(b, chr(b)) for b in bytes_],
+                "counting the stand-ins from chr(255) (the first is chr(256), 'Ā')":
+                lambda: [shifted.get(b, chr(b)) for b in bytes_]}
+
+
+@register
+class Pretokenize(Check):
+    id = "check-pretokenize"
+    notebook = "11_tokenization"
+    functions = ("pretokenize",)
+
+    def cases(self, rng):
+        for name, text in TEXTS.items():
+            yield Case(name, (text,))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        for name, text in HIDDEN_TEXTS.items():
+            yield Case(name, (text,))
+    ### END HIDDEN TESTS
+
+    def run(self, f, text):
+        return list(f.pretokenize(text))
+
+    def expected(self, text):
+        return _pieces(text)
+
+    def mistakes(self, text):
+        return {"without the optional space before letters, digits and symbols (' ?': a "
+                "word keeps the space before it)":
+                lambda: re.findall(r"'s|'t|'re|'ve|'m|'ll|'d|[^\W\d_]+|\d+|[^\s\w]+|_+|\s+",
+                                   text),
+                "splitting on whitespace (text.split() loses the spaces: the pieces must join "
+                "back into the text)": lambda: text.split()}
+
+
+@register
+class WordCounts(Check):
+    id = "check-word-counts"
+    notebook = "11_tokenization"
+    functions = ("word_counts",)
+
+    def cases(self, rng):
+        yield Case("a word three times, at the start and after spaces", ("the cat the the",))
+        yield Case("accents: two bytes a character", ("Café café naïve",))
+        yield Case("contractions and whitespace", (TEXTS["contractions"] + "\n\n  ",))
+        yield Case("emoji: four bytes a character", (TEXTS["emoji"],))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("the empty text", ("",))
+        yield Case("CJK", ("世界 世界 你好",))
+    ### END HIDDEN TESTS
+
+    def run(self, f, text):
+        counts = f.word_counts(text)
+        return {str(list(map(int, word))): int(n) for word, n in counts.items()}
+
+    def expected(self, text):
+        found: dict[str, int] = {}
+        for piece in _pieces(text):
+            key = str(list(piece.encode("utf-8")))
+            found[key] = found.get(key, 0) + 1
+        return found
+
+    def mistakes(self, text):
+        def counted(pieces, to_ids):
+            found: dict[str, int] = {}
+            for piece in pieces:
+                key = str(list(to_ids(piece)))
+                found[key] = found.get(key, 0) + 1
+            return found
+
+        return {"with the characters' code points (ord) instead of the UTF-8 bytes "
+                "(piece.encode('utf-8'))": lambda: counted(_pieces(text), lambda p: map(ord, p)),
+                "counting the whole text as one word (cut it into pieces with pretokenize "
+                "first: merges never cross two pieces)":
+                lambda: counted([text], lambda p: p.encode("utf-8"))}
+
+
+# --------------------------------------------------------------------------------------------
+# Counting and merging pairs (§4)
+
+
+@register
+class PairCounts(Check):
+    id = "check-pair-counts"
+    notebook = "11_tokenization"
+    functions = ("pair_counts",)
+
+    def cases(self, rng):
+        yield Case("one word, once", ([[[104, 101, 108, 108, 111], 1]],))
+        yield Case("words counted 3 and 2 times", ([[[104, 105], 3], [[104, 105, 33], 2]],))
+        yield Case("two words: no pair across them", ([[[97, 98], 1], [[99, 100], 4]],))
+        yield Case("'aaaa' five times: the pair (97, 97) occurs 3 times in it",
+                   ([[[97, 97, 97, 97], 5], [[98], 7]],))
+        yield Case("ids of merges (256 and up)", ([[[256, 257, 256], 2], [[257, 256], 1]],))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("no words", ([],))
+        yield Case("words of one id only", ([[[5], 3], [[6], 1]],))
+        words = [[rng.integers(97, 100, size=int(rng.integers(1, 6))).tolist(),
+                  int(rng.integers(1, 9))] for _ in range(12)]
+        unique = {tuple(w): n for w, n in words}
+        yield Case("twelve random words", ([[list(w), n] for w, n in unique.items()],))
+
+    def expected(self, words):
+        found: dict[str, int] = {}
+        for word, n in words:
+            for k in range(len(word) - 1):
+                key = _pair_key(word[k:k + 2])
+                found[key] = found.get(key, 0) + n
+        return found
+
+    def mistakes(self, words):
+        joined = [i for word, n in words for i in word]
+        return {"counting each pair once per word (weight it by the word's count)":
+                lambda: self.expected([[w, 1] for w, _ in words]),
+                "counting the pairs across two words (count within each word only)":
+                lambda: self.expected([[joined, 1]]) if len(words) > 1 else {}}
+    ### END HIDDEN TESTS
+
+    def run(self, f, words):
+        counts = f.pair_counts(_as_words(words))
+        return {_pair_key(pair): int(n) for pair, n in counts.items()}
+
+
+@register
+class MergePair(Check):
+    id = "check-merge-pair"
+    notebook = "11_tokenization"
+    functions = ("merge_pair",)
+
+    def cases(self, rng):
+        yield Case("'aaa': the first two merge, the third stays", ((97, 97, 97), (97, 97), 256))
+        yield Case("'aaaa': two merges", ((97, 97, 97, 97), (97, 97), 256))
+        yield Case("the pair twice, apart", ((1, 2, 3, 1, 2), (1, 2), 300))
+        yield Case("the pair at the end", ((5, 6, 7), (6, 7), 261))
+        yield Case("the pair absent (b, a only)", ((98, 97, 98), (97, 97), 256))
+        yield Case("one id", ((97,), (97, 97), 256))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("'aaaaa'", ((97,) * 5, (97, 97), 400))
+        yield Case("the empty word", ((), (1, 2), 256))
+        yield Case("ids of earlier merges", ((256, 300, 256, 300, 300), (256, 300), 301))
+    ### END HIDDEN TESTS
+
+    def run(self, f, word, pair, new_id):
+        return [int(i) for i in f.merge_pair(tuple(word), tuple(pair), new_id)]
+
+    def expected(self, word, pair, new_id):
+        return list(_merge(word, pair, new_id))
+
+    def mistakes(self, word, pair, new_id):
+        def overlapping():
+            out = list(word)
+            k = 0
+            while k < len(out) - 1:
+                if (out[k], out[k + 1]) == tuple(pair):
+                    out[k:k + 2] = [new_id]
+                    k -= 1 if k else 0
+                k += 1
+            return out
+
+        def no_skip():
+            out = [new_id if (a, b) == tuple(pair) else a
+                   for a, b in zip(word, word[1:], strict=False)]
+            return out + list(word[-1:])
+
+        return {"merging the merged id again with what follows (in 'aaa' only the first two "
+                "merge: move on past both)": overlapping,
+                "writing new_id in place of the pair's first id but keeping its second (skip "
+                "both ids of a merged pair)": no_skip}
+
+
+# --------------------------------------------------------------------------------------------
+# Training (§5)
+
+
+def _words_of(rng, n_words: int, alphabet: str, max_len: int) -> list:
+    words: dict[tuple[int, ...], int] = {}
+    for _ in range(n_words):
+        text = "".join(rng.choice(list(alphabet), size=int(rng.integers(1, max_len + 1))))
+        word = tuple(text.encode("utf-8"))
+        words[word] = words.get(word, 0) + int(rng.integers(1, 20))
+    return [[list(w), n] for w, n in words.items()]
+
+
+### BEGIN HIDDEN TESTS
+def _naive_train(words, num_merges, larger_first=False):
+    """The definition of training: recount every pair after every merge."""
+    words = {tuple(w): n for w, n in words}
+    merges = []
+    for new_id in range(256, 256 + num_merges):
+        counts: dict[tuple[int, ...], int] = {}
+        for word, n in words.items():
+            for k in range(len(word) - 1):
+                counts[word[k:k + 2]] = counts.get(word[k:k + 2], 0) + n
+        if not counts:
+            break
+        order = sorted(counts, reverse=larger_first)
+        best = max(order, key=counts.get)  # the first of the most frequent
+        merges.append(list(best))
+        merged: dict[tuple[int, ...], int] = {}
+        for word, n in words.items():
+            new = _merge(word, best, new_id)
+            merged[new] = merged.get(new, 0) + n
+        words = merged
+    return merges
+
+
+def _stale_train(words, num_merges):
+    """The mistake of counting once: the pairs ranked by their counts before any merge."""
+    counts: dict[tuple[int, ...], int] = {}
+    for word, n in words:
+        for k in range(len(word) - 1):
+            counts[tuple(word[k:k + 2])] = counts.get(tuple(word[k:k + 2]), 0) + n
+    return [list(p) for p in sorted(counts, key=lambda p: (-counts[p], p))[:num_merges]]
+### END HIDDEN TESTS
+
+
+@register
+class TrainBPE(Check):
+    id = "check-train-bpe"
+    notebook = "11_tokenization"
+    functions = ("train_bpe",)
+
+    def cases(self, rng):
+        yield Case("'hug' 10, 'pug' 5, 'pun' 12, 'bun' 4, 'hugs' 5: 4 merges",
+                   ([[list(b"hug"), 10], [list(b"pug"), 5], [list(b"pun"), 12],
+                     [list(b"bun"), 4], [list(b"hugs"), 5]], 4))
+        yield Case("ties: two pairs as frequent, the smaller (a, b) first",
+                   ([[list(b"ab"), 3], [list(b"cd"), 3], [list(b"xy"), 1]], 3))
+        yield Case("overlapping pairs: 'aaaa' 5 times, 'aaa' twice", (
+            [[list(b"aaaa"), 5], [list(b"aaa"), 2]], 4))
+        yield Case("more merges asked than pairs left: stops early",
+                   ([[list(b"abc"), 2], [list(b"d"), 9]], 10))
+        yield Case("40 random words over 'abcde', 30 merges", (_words_of(rng, 40, "abcde", 8), 30))
+        yield Case("words with accents (two bytes a character), 12 merges",
+                   (_words_of(rng, 30, "aéèbç", 5), 12))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("no merges asked", ([[list(b"ab"), 2]], 0))
+        yield Case("no words", ([], 3))
+        yield Case("200 random words over 'abcdefg', 80 merges",
+                   (_words_of(rng, 200, "abcdefg", 10), 80))
+
+    def expected(self, words, num_merges):
+        return _naive_train(words, num_merges)
+
+    def mistakes(self, words, num_merges):
+        return {"breaking a tie by the larger pair (of two as frequent, take the smaller "
+                "(a, b))": lambda: _naive_train(words, num_merges, larger_first=True),
+                "with the counts of the words as they were before the merges (update the "
+                "counts after each merge: the merged words' pairs out, their new pairs in)":
+                lambda: _stale_train(words, num_merges)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, words, num_merges):
+        return [[int(a), int(b)] for a, b in f.train_bpe(_as_words(words), num_merges)]
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding and decoding (§6, §7)
+
+
+@register
+class TokenBytes(Check):
+    id = "check-token-bytes"
+    notebook = "11_tokenization"
+    functions = ("token_bytes",)
+
+    def cases(self, rng):
+        yield Case("no merges: the 256 bytes", ([],))
+        yield Case("'th', 'the', ' the'", ([[116, 104], [256, 101], [32, 257]],))
+        yield Case("a merge of two merges", ([[97, 98], [99, 100], [256, 257]],))
+        yield Case("12 random merges of a text", (_random_merges(rng, TEXTS["plain words"], 12),))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("a merge of a byte with itself", ([[0, 0], [256, 256]],))
+
+    def expected(self, merges):
+        def of(i):
+            return bytes([i]) if i < 256 else of(merges[i - 256][0]) + of(merges[i - 256][1])
+
+        return [of(i).hex() for i in range(256 + len(merges))]
+
+    def mistakes(self, merges):
+        return {"with bytes(b) for a byte (that is b zero bytes: bytes([b]) is the one byte b)":
+                lambda: [bytes(b).hex() for b in range(256)] + self.expected(merges)[256:]}
+    ### END HIDDEN TESTS
+
+    def run(self, f, merges):
+        vocab = f.token_bytes([tuple(p) for p in merges])
+        return [bytes(t).hex() if isinstance(t, (bytes, bytearray)) else repr(t) for t in vocab]
+
+
+@register
+class EncodeWord(Check):
+    id = "check-encode-word"
+    notebook = "11_tokenization"
+    functions = ("encode_word",)
+
+    def cases(self, rng):
+        the = [[116, 104], [256, 101], [32, 257]]
+        yield Case("' the' with 'th', 'the', ' the'", (list(b" the"), the))
+        yield Case("' then': ' the' and 'n'", (list(b" then"), the))
+        yield Case("the later merge comes first in the word: ranks decide, not places",
+                   (list(b"abc"), [[98, 99], [97, 98], [97, 257]]))
+        yield Case("'aaaa' with (a, a) then (aa, aa)", (list(b"aaaa"), [[97, 97], [256, 256]]))
+        yield Case("no merge applies", (list(b"xyz"), the))
+        text = TEXTS["plain words"]
+        merges = _random_merges(rng, text, 40)
+        for word in ("elements", " array", " given"):
+            yield Case(f"{word!r} with 40 random merges", (list(word.encode()), merges))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one byte", ([97], [[97, 97]]))
+        yield Case("no merges", (list(b"abc"), []))
+        merges = _random_merges(rng, TEXTS["accents and CJK"], 30)
+        yield Case("'résumé' with 30 random merges", (list(" résumé,".encode()), merges))
+    ### END HIDDEN TESTS
+
+    def run(self, f, word, merges):
+        ranks = {tuple(p): r for r, p in enumerate(merges)}
+        return [int(i) for i in f.encode_word(bytes(word), ranks)]
+
+    def expected(self, word, merges):
+        model = _hf_bpe(merges, byte_level=False)
+        return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
+
+    def mistakes(self, word, merges):
+        def first_found():  # the first pair of the word that is a merge, left to right
+            ranks = {tuple(p): r for r, p in enumerate(merges)}
+            w = tuple(word)
+            while True:
+                pair = next((p for p in zip(w, w[1:], strict=False) if p in ranks), None)
+                if pair is None:
+                    return list(w)
+                w = _merge(w, pair, 256 + ranks[pair])
+
+        def rank_as_id():
+            ranks = {tuple(p): r for r, p in enumerate(merges)}
+            w = tuple(word)
+            while len(w) > 1:
+                pairs = [p for p in zip(w, w[1:], strict=False) if p in ranks]
+                if not pairs:
+                    break
+                pair = min(pairs, key=ranks.get)
+                w = _merge(w, pair, ranks[pair])
+            return list(w)
+
+        return {"merging the first learned pair found reading the word left to right (merge "
+                "the pair of the lowest rank in the whole word first)": first_found,
+                "with the rank itself as the new id (merge r makes id 256 + r)": rank_as_id}
+
+
+@register
+class BPEEncode(Check):
+    id = "check-bpe-encode"
+    notebook = "11_tokenization"
+    functions = ("bpe_encode",)
+
+    def cases(self, rng):
+        merges = _random_merges(rng, "".join(TEXTS.values()), 80)
+        for name, text in TEXTS.items():
+            yield Case(f"{name}, 80 random merges", (text, merges))
+        yield Case("a piece that occurs twice", ("the the the", [[116, 104], [256, 101]]))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        merges = _random_merges(rng, "".join(HIDDEN_TEXTS.values()), 50)
+        for name, text in HIDDEN_TEXTS.items():
+            yield Case(f"{name}, 50 random merges", (text, merges))
+        yield Case("the empty text", ("", merges))
+    ### END HIDDEN TESTS
+
+    def run(self, f, text, merges):
+        ranks = {tuple(p): r for r, p in enumerate(merges)}
+        return [int(i) for i in f.bpe_encode(text, ranks)]
+
+    def expected(self, text, merges):
+        return _hf_bpe(merges, byte_level=True).encode(text).ids if text else []
+
+    def mistakes(self, text, merges):
+        model = _hf_bpe(merges, byte_level=False)
+
+        def words(pieces):
+            return [t.id for p in pieces
+                    for t in model.tokenize("".join(chr(0x4E00 + b) for b in p))]
+
+        return {"encoding the whole text as one word (encode each piece of pretokenize on its "
+                "own)": lambda: words([text.encode("utf-8")] if text else []),
+                "with the characters' code points (ord) instead of the UTF-8 bytes":
+                lambda: words([[ord(c) for c in p] for p in _pieces(text)])
+                if all(ord(c) < 256 for c in text) else None}
+
+
+@register
+class BPEDecode(Check):
+    id = "check-bpe-decode"
+    notebook = "11_tokenization"
+    functions = ("bpe_decode",)
+
+    def cases(self, rng):
+        vocab = [bytes([b]).hex() for b in range(256)] + ["c3a9", "20e4b896", "f09f8c8d"]
+        yield Case("bytes and merges", ([72, 105, 256, 33], vocab))
+        yield Case("a character cut in two tokens (c3 | a9): joined first, then decoded",
+                   ([99, 97, 102, 0xC3, 0xA9], vocab))
+        yield Case("CJK and emoji", ([257, 258, 10], vocab))
+        yield Case("a character cut short (c3 at the end): U+FFFD", ([97, 0xC3], vocab))
+        yield Case("an emoji's first two bytes, then a space", ([0xF0, 0x9F, 32], vocab))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        vocab = [bytes([b]).hex() for b in range(256)] + ["e4b8", "96"]
+        yield Case("no ids", ([], vocab))
+        yield Case("a CJK character across two merges", ([256, 257, 32], vocab))
+        yield Case("a lone continuation byte", ([0x96, 97], vocab))
+    ### END HIDDEN TESTS
+
+    def run(self, f, ids, vocab):
+        return f.bpe_decode(list(ids), [bytes.fromhex(t) for t in vocab])
+
+    def expected(self, ids, vocab):
+        chars = _gpt2_chars()
+        tokens = ["".join(chars[b] for b in bytes.fromhex(vocab[i])) for i in ids]
+        return _tokenizers().decoders.ByteLevel().decode(tokens)
+
+    def mistakes(self, ids, vocab):
+        return {"decoding each token on its own (a character cut between two tokens becomes "
+                "two U+FFFD: join the bytes first, then decode)":
+                lambda: "".join(bytes.fromhex(vocab[i]).decode("utf-8", errors="replace")
+                                for i in ids),
+                "with errors='ignore' (a cut character must show, as U+FFFD)":
+                lambda: b"".join(bytes.fromhex(vocab[i]) for i in ids).decode(
+                    "utf-8", errors="ignore")}

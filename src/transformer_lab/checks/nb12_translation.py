@@ -1,0 +1,365 @@
+"""Checks of notebook 12_translation: the label-smoothed loss, beam search and the decoder with a
+cache (``transformer_lab.core.translation``).
+
+The loss is checked against ``torch.nn.functional.cross_entropy(..., label_smoothing=,
+ignore_index=)`` and autograd; the decoder's cached steps against the PyTorch model written from
+scratch (:class:`transformer_lab.reference.torch_transformer.TorchTransformer`) run over the
+whole target at once. Beam search has no counterpart in PyTorch: its reference is the
+definition, written again with Python lists (hidden; the handout stores its public answers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks.framework import Case, Check, register
+
+NB = "12_translation"
+PAD, BOS, EOS = 0, 1, 2
+
+# --------------------------------------------------------------------------------------------
+# §4 Label smoothing
+
+
+def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ignore_index=-1):
+    V = shape[-1]
+    logits = (rng.standard_normal(shape) * 2).astype(dtype)
+    targets = rng.integers(0, V, shape[:-1])
+    flat = targets.reshape(-1)
+    flat[rng.choice(flat.size, ignored, replace=False)] = ignore_index
+    return (logits, targets, eps, ignore_index, dloss)
+
+
+@register
+class LabelSmoothing(Check):
+    id = "check-label-smoothing"
+    notebook = NB
+    functions = ("label_smoothed_loss_forward", "label_smoothed_loss_backward")
+    tol = {"float64": 1e-9, "float32": 1e-4}
+
+    def cases(self, rng):
+        yield Case("4 positions, V = 6, eps = 0.1", _smoothing_case(rng, (4, 6), 0.1))
+        yield Case("(2, 5) positions, V = 7, eps = 0.2, three ignored",
+                   _smoothing_case(rng, (2, 5, 7), 0.2, ignored=3))
+        yield Case("eps = 0: plain cross-entropy", _smoothing_case(rng, (3, 5), 0.0, ignored=1))
+        yield Case("float32, ignore_index = -100, dloss = 0.5",
+                   _smoothing_case(rng, (3, 4, 9), 0.1, 2, np.float32, 0.5, -100))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("eps = 0.5, V = 3", _smoothing_case(rng, (6, 3), 0.5, ignored=2))
+        yield Case("one position counted of eight", _smoothing_case(rng, (2, 4, 5), 0.3, 7))
+        yield Case("float32, (2, 3, 4) positions, V = 11",
+                   _smoothing_case(rng, (2, 3, 4, 11), 0.15, 5, np.float32))
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, targets, eps, ignore_index, dloss):
+        loss, cache = f.label_smoothed_loss_forward(logits, targets, eps, ignore_index)
+        return {"loss": np.asarray(loss, logits.dtype),
+                "dlogits": f.label_smoothed_loss_backward(dloss, cache)}
+
+    def expected(self, logits, targets, eps, ignore_index, dloss):
+        torch = _torch()
+        x = _t(logits, grad=True)
+        loss = torch.nn.functional.cross_entropy(
+            x.reshape(-1, logits.shape[-1]), _t(targets).reshape(-1), label_smoothing=eps,
+            ignore_index=ignore_index)
+        (loss * dloss).backward()
+        return {"loss": np.asarray(loss.item(), logits.dtype), "dlogits": _np(x.grad)}
+
+    def mistakes(self, logits, targets, eps, ignore_index, dloss):
+        V = logits.shape[-1]
+        keep = targets != ignore_index
+
+        def smoothed(on, off, counted):
+            logp = _log_softmax(logits.astype(np.float64))
+            q = np.full(logits.shape, off)
+            np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on, -1)
+            w = counted / counted.sum()
+            return {"loss": np.asarray(-((q * logp).sum(-1) * w).sum(), logits.dtype),
+                    "dlogits": ((np.exp(logp) - q) * (w * dloss)[..., None]).astype(
+                        logits.dtype)}
+
+        everything = np.ones(keep.shape)
+        return {"with eps spread over the V - 1 other classes (torch spreads it over all V, the "
+                "target included: q = (1 - eps) onehot + eps / V)":
+                lambda: smoothed(1 - eps, eps / (V - 1), keep),
+                "with no smoothing on the other classes: the target given 1 - eps + eps / V, the "
+                "others 0 (the uniform part is on every class)":
+                lambda: smoothed(1 - eps + eps / V, 0.0, keep),
+                "with the ignored positions counted (mask them out and divide by the number kept)":
+                lambda: smoothed(1 - eps + eps / V, eps / V, everything)}
+
+
+# --------------------------------------------------------------------------------------------
+# §6 One step of beam search
+
+### BEGIN HIDDEN TESTS
+def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, normalise=True,
+                    freeze=True):
+    """The definition, with lists: every candidate, ranked by score / lp(length), K kept."""
+    B, K, V = logp.shape
+    out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
+    for b in range(B):
+        cands = []
+        for k in range(K):
+            if finished[b, k] and freeze:
+                cands.append((scores[b, k], lengths[b, k], k, pad, True))
+                continue
+            if finished[b, k]:  # the mistake: extended by every token (padding still free)
+                cands += [(scores[b, k] + (0 if t == pad else logp[b, k, t]), lengths[b, k], k,
+                           t, True) for t in range(V)]
+                continue
+            for t in range(V):
+                cands.append((scores[b, k] + logp[b, k, t], lengths[b, k] + 1, k, t,
+                              bool(finished[b, k]) or t == eos))
+        a = alpha if normalise else 0.0
+        cands.sort(key=lambda c: -(c[0] / ((5 + c[1]) / 6) ** a))  # stable: ties keep order
+        for j, (s, n, k, t, fin) in enumerate(cands[:K]):
+            out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
+    return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
+### END HIDDEN TESTS
+
+
+def _log_softmax(x):
+    z = x - x.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
+    logp = _log_softmax(rng.standard_normal((B, K, V)) * 1.5)
+    if first:
+        scores = np.full((B, K), -np.inf)
+        scores[:, 0] = 0.0
+        lengths = np.zeros((B, K), np.int64)
+        finished = np.zeros((B, K), bool)
+    else:
+        scores = -np.sort(rng.uniform(0.5, 4.0, (B, K)), axis=1)  # best first
+        lengths = rng.integers(2, 9, (B, K))
+        finished = np.zeros((B, K), bool)
+        for b in range(B):
+            finished[b, rng.choice(K, n_finished, replace=False)] = True
+    return (scores, lengths, finished, logp, alpha, EOS, PAD)
+
+
+@register
+class BeamStep(Check):
+    id = "check-beam-step"
+    notebook = NB
+    functions = ("length_penalty", "beam_step")
+
+    def cases(self, rng):
+        yield Case("the first step: one live hypothesis, K = 3, V = 5",
+                   _step_case(rng, 1, 3, 5, 0.6, first=True))
+        yield Case("B = 2, K = 3, V = 6, one finished hypothesis each, alpha = 1",
+                   _step_case(rng, 2, 3, 6, 1.0, n_finished=1))
+        yield Case("B = 1, K = 4, V = 5, two finished, alpha = 2 (long outputs favoured)",
+                   _step_case(rng, 1, 4, 5, 2.0, n_finished=2))
+        yield Case("alpha = 0: summed log-probabilities, K = 2",
+                   _step_case(rng, 2, 2, 5, 0.0, n_finished=1))
+        yield Case("K = 1: greedy", _step_case(rng, 3, 1, 6, 0.6))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("B = 3, K = 5, V = 7, two finished, alpha = 0.8",
+                   _step_case(rng, 3, 5, 7, 0.8, n_finished=2))
+        yield Case("every hypothesis finished", _step_case(rng, 2, 3, 5, 0.6, n_finished=3))
+        yield Case("the first step, B = 2, K = 4, V = 4", _step_case(rng, 2, 4, 4, 1.2,
+                                                                      first=True))
+
+    def expected(self, scores, lengths, finished, logp, alpha, eos, pad):
+        return _reference_step(scores, lengths, finished, logp, alpha, eos, pad)
+
+    def mistakes(self, scores, lengths, finished, logp, alpha, eos, pad):
+        args = (scores, lengths, finished, logp, alpha, eos, pad)
+        return {"with no length normalisation (rank by score / length_penalty(length, alpha))":
+                lambda: _reference_step(*args, normalise=False),
+                "with finished hypotheses extended by real tokens (a finished hypothesis has one "
+                "continuation: padding, at no cost)":
+                lambda: _reference_step(*args, freeze=False)}
+    ### END HIDDEN TESTS
+
+    def run(self, f, scores, lengths, finished, logp, alpha, eos, pad):
+        parents, tokens, new, lens, fin = f.beam_step(scores, lengths, finished, logp, alpha,
+                                                      eos, pad)
+        return {"parents": np.asarray(parents), "tokens": np.asarray(tokens),
+                "scores": np.asarray(new, float), "lengths": np.asarray(lens),
+                "finished": np.asarray(fin)}
+
+
+# --------------------------------------------------------------------------------------------
+# §7 Beam search
+
+
+def _search_case(rng, B, K, V, max_len, alpha, eos_bonus=0.5):
+    """A source-dependent model of order two: log p(next | the two tokens before) (B, V, V, V),
+    random, EOS made a little likelier."""
+    logits = rng.standard_normal((B, V, V, V)) * 1.5
+    logits[..., EOS] += eos_bonus
+    return (_log_softmax(logits), K, max_len, alpha)
+
+
+def _table_step(table, K):
+    """The step of a model of order two that keeps the previous prefix as its "cache" and
+    reorders it by ``rows`` (so a wrong ``rows`` gives wrong log-probabilities)."""
+    state = {"prev": None}
+
+    def step(prefix, rows):
+        prefix = np.asarray(prefix)
+        before = np.full(prefix.shape[0], BOS) if state["prev"] is None \
+            else state["prev"][np.asarray(rows)][:, -1]
+        state["prev"] = prefix.copy()
+        source = np.arange(prefix.shape[0]) // K
+        return table[source, before, prefix[:, -1]]
+    return step
+
+
+### BEGIN HIDDEN TESTS
+def _reference_search(table, K, max_len, alpha):
+    B, V = table.shape[0], table.shape[-1]
+    hyps = [[((BOS,), 0.0, 0, False)] for _ in range(B)]  # (tokens, score, length, finished)
+    steps = 0
+    for _ in range(max_len):
+        steps += 1
+        for b in range(B):
+            cands = []
+            for toks, s, n, fin in hyps[b]:
+                if fin:
+                    cands.append((toks + (PAD,), s, n, True))
+                    continue
+                before = toks[-2] if len(toks) > 1 else BOS
+                for t in range(V):
+                    cands.append((toks + (t,), s + table[b, before, toks[-1], t], n + 1,
+                                  t == EOS))
+            cands.sort(key=lambda c: -(c[1] / ((5 + c[2]) / 6) ** alpha))
+            hyps[b] = cands[:K]
+        if all(h[3] for hs in hyps for h in hs):
+            break
+    seqs = np.array([[h[0] for h in hs] for hs in hyps], dtype=np.int64)
+    scores = np.array([[h[1] / ((5 + h[2]) / 6) ** alpha for h in hs] for hs in hyps])
+    return {"sequences": seqs.reshape(B, K, steps + 1), "scores": scores}
+### END HIDDEN TESTS
+
+
+@register
+class BeamSearch(Check):
+    id = "check-beam-search"
+    notebook = NB
+    functions = ("length_penalty", "beam_step", "beam_search")
+
+    def cases(self, rng):
+        yield Case("B = 1, K = 2, V = 5, 4 steps", _search_case(rng, 1, 2, 5, 4, 0.6))
+        yield Case("B = 2, K = 3, V = 6, 6 steps", _search_case(rng, 2, 3, 6, 6, 0.6))
+        yield Case("K = 1 (greedy), B = 3", _search_case(rng, 3, 1, 5, 5, 0.6))
+        yield Case("B = 2, K = 4, V = 5, EOS likely: hypotheses finish at different steps, "
+                   "alpha = 1.5", _search_case(rng, 2, 4, 5, 7, 1.5, eos_bonus=1.5))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("B = 3, K = 5, V = 7, 6 steps", _search_case(rng, 3, 5, 7, 6, 0.8))
+        yield Case("alpha = 0, EOS very likely", _search_case(rng, 2, 3, 5, 5, 0.0, 3.0))
+
+    def expected(self, table, K, max_len, alpha):
+        return _reference_search(table, K, max_len, alpha)
+    ### END HIDDEN TESTS
+
+    def run(self, f, table, K, max_len, alpha):
+        seqs, scores = f.beam_search(_table_step(table, K), table.shape[0], K, max_len, BOS,
+                                     EOS, PAD, alpha)
+        return {"sequences": np.asarray(seqs), "scores": np.asarray(scores, float)}
+
+
+# --------------------------------------------------------------------------------------------
+# §8 The decoder with a cache
+
+
+def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=False,
+                  dtype="float64", layers=2):
+    from transformer_lab.models.config import config_to_dict
+    from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+
+    config = TransformerConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8, num_heads=2,
+                               num_encoder_layers=1, num_decoder_layers=layers, d_ff=12,
+                               max_len=8, norm_first=norm_first,
+                               dtype=np.dtype(dtype).type)
+    model = Transformer(config, seed=int(rng.integers(1000)))
+    params = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dtype)
+              for k, p in model.params.items()}
+    memory = rng.standard_normal((B, S, 8)).astype(dtype)
+    pad = np.zeros((B, S), bool)
+    if src_pad:
+        pad[0, S - 2:] = True
+    tgt = rng.integers(3, 9, (B, T))
+    tgt[:, 0] = BOS
+    return ({**config_to_dict(config), "dtype": dtype}, params, memory, pad, tgt, list(chunks))
+
+
+@register
+class DecoderStep(Check):
+    id = "check-decoder-step"
+    notebook = NB
+    functions = ("memory_keys_values", "cached_self_attention_step", "decoder_layer_step",
+                 "transformer_decode_step")
+    tol = {"float64": 1e-9, "float32": 1e-4}
+
+    def cases(self, rng):
+        yield Case("one token at a time, 5 tokens, pre-norm", _decoder_case(rng))
+        yield Case("post-norm, a padded source", _decoder_case(rng, norm_first=False,
+                                                                src_pad=True))
+        yield Case("new tokens 2, 1, 3 at a time", _decoder_case(rng, T=6, chunks=(2, 1, 3)))
+        yield Case("float32, one layer", _decoder_case(rng, dtype="float32", layers=1))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("all 6 tokens at once", _decoder_case(rng, T=6, chunks=(6,)))
+        yield Case("B = 3, S = 7, post-norm", _decoder_case(rng, S=7, B=3, norm_first=False,
+                                                             src_pad=True))
+    ### END HIDDEN TESTS
+
+    def run(self, f, config, params, memory, pad, tgt, chunks):
+        from transformer_lab.models.config import config_from_dict
+        from transformer_lab.models.encoder_decoder import Transformer
+
+        c = config_from_dict(config)
+        model = Transformer(c, seed=0)
+        model.set_params(params)
+        nested = model._nested()
+        H, Dh = c.num_heads, c.d_model // c.num_heads
+        memory_kvs = [f.memory_keys_values(memory, layer["cross_attn"], H)
+                      for layer in nested["decoder"]["layers"]]
+        shape = (tgt.shape[0], H, c.max_len, Dh)
+        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
+                  for _ in nested["decoder"]["layers"]]
+        length, logits = 0, []
+        for n in chunks:
+            out, length = f.transformer_decode_step(nested, tgt[:, length:length + n], c, caches,
+                                                    length, memory_kvs, model.pe,
+                                                    pad if pad.any() else None)
+            logits.append(out)
+        return {"memory_keys": memory_kvs[0][0], "memory_values": memory_kvs[0][1],
+                "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
+
+    def expected(self, config, params, memory, pad, tgt, chunks):
+        from transformer_lab.models.config import config_from_dict
+        from transformer_lab.reference.torch_transformer import TorchTransformer, _causal_mask
+
+        c = config_from_dict(config)
+        twin = TorchTransformer(c, seed=None)
+        twin.load_numpy_params(params)
+        torch = _torch()
+        with torch.no_grad():
+            mem = _t(memory)
+            y = twin.decoder(twin.embed(_t(tgt), "tgt"), mem, _causal_mask(tgt.shape[1]), None,
+                             _t(pad) if pad.any() else None)
+            logits = twin.out_proj(y)
+            B, S, E = memory.shape
+            H = c.num_heads
+            p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
+            b = (params.get("decoder.layers.0.cross_attn.b_k"),
+                 params.get("decoder.layers.0.cross_attn.b_v"))
+            kv = [memory @ w + (0 if bias is None else bias) for w, bias in zip(p, b,
+                                                                                strict=True)]
+        heads = [a.reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for a in kv]
+        return {"memory_keys": heads[0], "memory_values": heads[1], "logits": _np(logits),
+                "length": np.asarray(tgt.shape[1])}

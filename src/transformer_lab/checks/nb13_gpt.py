@@ -1,0 +1,394 @@
+"""Checks of notebook 13_gpt: the shifted loss, the GPT's causal self-attention, block and model.
+
+Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
+models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
+none
+of them calls the core.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks.framework import Case, Check, later_rng, register
+
+NB = "13_gpt"
+
+
+def _config(d: dict):
+    from transformer_lab.models.gpt import GPTConfig
+
+    return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
+
+
+def _flat_params(config: dict, rng, scale=0.3) -> dict:
+    """Random parameters for a config (plain data: name -> array), off their initial values."""
+    from transformer_lab.models.gpt import GPT
+
+    model = GPT(_config(config), seed=int(rng.integers(1000)))
+    dt = model.config.dtype
+    return {k: (p + rng.normal(0, scale, p.shape)).astype(dt) for k, p in model.params.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# §2 The next-token loss
+
+
+@register
+class NextTokenLoss(Check):
+    id = "check-next-token-loss"
+    axes = {"dlogits": "btv"}  # axis names, for messages
+    notebook = NB
+    functions = ("next_token_loss_forward", "next_token_loss_backward")
+
+    def cases(self, rng):
+        yield Case("B = 2, T = 5, V = 7", (rng.standard_normal((2, 5, 7)),
+                                           rng.integers(0, 7, (2, 5))))
+        yield Case("float32", (rng.standard_normal((3, 4, 6)).astype(np.float32),
+                               rng.integers(0, 6, (3, 4))))
+        yield Case("one sequence of two tokens", (rng.standard_normal((1, 2, 5)),
+                                                  rng.integers(0, 5, (1, 2))))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("a repeated token", (rng.standard_normal((2, 6, 3)) * 4,
+                                        np.full((2, 6), 2)))
+        yield Case("large logits", (rng.standard_normal((1, 5, 9)) * 300,
+                                    rng.integers(0, 9, (1, 5))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, logits, ids):
+        loss, cache = f.next_token_loss_forward(logits, ids)
+        return {"loss": np.asarray(loss, dtype=logits.dtype),
+                "dlogits": f.next_token_loss_backward(1.0, cache)}
+
+    def expected(self, logits, ids):
+        torch = _torch()
+        x = _t(logits, grad=True)
+        loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
+                                                 _t(ids[:, 1:]).reshape(-1))
+        loss.backward()
+        return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
+
+    def mistakes(self, logits, ids):
+        torch = _torch()
+
+        def ce(lg, tg):
+            x = _t(lg, grad=True)
+            loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
+                                                     _t(tg).reshape(-1))
+            loss.backward()
+            return np.asarray(loss.item(), dtype=logits.dtype), _np(x.grad)
+
+        def unshifted():
+            loss, d = ce(logits, ids)
+            return {"loss": loss, "dlogits": d}
+
+        def wrong_way():
+            loss, d = ce(logits[:, 1:], ids[:, :-1])
+            full = np.zeros_like(logits)
+            full[:, 1:] = d
+            return {"loss": loss, "dlogits": full}
+
+        return {"without the shift (each position scored against its own token)": unshifted,
+                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])": wrong_way}
+
+
+# --------------------------------------------------------------------------------------------
+# §3 The GPT's attention, block and model
+
+
+def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
+    width = E + 2 * Hkv * (E // H)
+    p = {"W_qkv": rng.standard_normal((E, width)) / math.sqrt(E),
+         "W_o": rng.standard_normal((E, E)) / math.sqrt(E)}
+    if bias:
+        p.update(b_qkv=rng.standard_normal(width) * 0.1, b_o=rng.standard_normal(E) * 0.1)
+    return {k: v.astype(dtype) for k, v in p.items()}
+
+
+def _torch_rotate(x, angles):
+    """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
+    torch = _torch()
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
+
+
+def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
+    torch = _torch()
+    B, T, E = x.shape
+    Dh = E // H
+    qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
+    q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
+    q = q.view(B, T, H, Dh).transpose(1, 2)
+    k = k.view(B, T, Hkv, Dh).transpose(1, 2)
+    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+    if angles is not None:
+        q, k = _torch_rotate(q, angles), _torch_rotate(k, angles)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
+    return out + params["b_o"] if "b_o" in params else out
+
+
+def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
+    tx = _t(x, grad=True)
+    tp = {k: _t(v, grad=True) for k, v in params.items()}
+    ta = None if angles is None else _t(angles)
+    out = _torch_attention(tx, tp, H, Hkv, ta, causal)
+    out.backward(_t(dout))
+    return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
+
+
+@register
+class CausalSelfAttention(Check):
+    id = "check-causal-self-attention"
+    notebook = NB
+    functions = ("self_attention_forward", "self_attention_backward",
+                 "causal_self_attention_forward", "causal_self_attention_backward")
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
+
+    def cases(self, rng):
+        for name, (B, T, E, H, bias, dt) in {
+                "B = 2, T = 5, E = 8, two heads, biases": (2, 5, 8, 2, True, np.float64),
+                "one head, no biases": (1, 4, 6, 1, False, np.float64),
+                "float32": (2, 6, 8, 4, True, np.float32)}.items():
+            yield Case(name, (rng.standard_normal((B, T, E)).astype(dt),
+                              _attention_params(rng, E, H, H, bias, dt),
+                              rng.standard_normal((B, T, E)).astype(dt), H))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        for name, dropped in (("b_qkv only (no b_o)", "b_o"), ("b_o only (no b_qkv)", "b_qkv")):
+            params = _attention_params(later, 6, 2, 2, True, np.float64)
+            del params[dropped]
+            yield Case(name, (later.standard_normal((2, 4, 6)), params,
+                              later.standard_normal((2, 4, 6)), 2))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one position", (rng.standard_normal((3, 1, 4)),
+                                    _attention_params(rng, 4, 2, 2, True),
+                                    rng.standard_normal((3, 1, 4)), 2))
+        yield Case("as many heads as features", (rng.standard_normal((1, 3, 4)),
+                                                 _attention_params(rng, 4, 4, 4, True),
+                                                 rng.standard_normal((1, 3, 4)), 4))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout, H):
+        out, cache = f.causal_self_attention_forward(x, params, H)
+        dx, grads = f.causal_self_attention_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout, H):
+        return _attention_expected(x, params, dout, H, H)
+
+    def mistakes(self, x, params, dout, H):
+        return {"without the causal mask (every position sees the future): is the mask passed to "
+                "attention_forward in your kernel -- and does your self_attention_forward call the "
+                "kernel it is given (attend), rather than its own attention?":
+                lambda: _attention_expected(x, params, dout, H, H, causal=False)}
+
+
+def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
+    from transformer_lab.models.gpt import GPTConfig
+
+    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
+    config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
+                                  num_layers=1, d_ff=12, max_len=T, **change)),
+              "dtype": np.dtype(dt).name}
+    flat = _flat_params(config, rng, 0.2)
+    block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
+    return (rng.standard_normal((B, T, 8)).astype(dt), block,
+            rng.standard_normal((B, T, 8)).astype(dt), config)
+
+
+def _config_dict(c) -> dict:
+    from transformer_lab.models.gpt import config_to_dict
+
+    return config_to_dict(c)
+
+
+def _rope_angles(config, start, stop):
+    c = _config(config)
+    omega = c.rope_base ** (-np.arange(0, c.head_dim, 2) / c.head_dim)
+    return np.arange(start, stop)[:, None] * omega
+
+
+class _BlockCheck(Check):
+    """A block of a given kind, forward and backward, against reference.torch_gpt's TorchBlock."""
+
+    functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
+                 "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
+
+    def run(self, f, x, block, dout, config):
+        from transformer_lab.models.gpt import flatten, nest
+
+        c = _config(config)
+        rope = None
+        if c.positional == "rope":
+            angles = _rope_angles(config, 0, x.shape[1])
+            rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+        out, cache = f.gpt_block_forward(x, nest(block), c, rope)
+        dx, grads = f.gpt_block_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
+
+    def expected(self, x, block, dout, config):
+        from transformer_lab.models.gpt import parameter_shapes
+        from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
+
+        c = _config(config)
+        shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
+                  if k.startswith("layers.0.")}
+        torch_block = TorchBlock(c, shapes, torch_dtype(c))
+        with _torch().no_grad():
+            for name, p in torch_block.named_parameters():
+                p.copy_(_t(block[name]))
+        tx = _t(x, grad=True)
+        angles = _t(_rope_angles(config, 0, x.shape[1]).astype(c.dtype)) \
+            if c.positional == "rope" else None
+        out = torch_block(tx, angles)
+        out.backward(_t(dout))
+        return {"out": _np(out), "dx": _np(tx.grad),
+                **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
+
+
+@register
+class GPTBlock(_BlockCheck):
+    id = "check-gpt-block"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
+    notebook = NB
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
+        yield Case("float32", _block_case(rng, "classic", np.float32))
+
+
+def _model_case(rng, dt=np.float64, **kw):
+    from transformer_lab.models.gpt import GPTConfig
+
+    config = {**_config_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
+                                               max_len=6, **kw)), "dtype": np.dtype(dt).name}
+    return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
+
+
+def _pe(config):
+    c = _config(config)
+    if c.positional != "sinusoidal":
+        return None
+    p = np.arange(c.max_len)[:, None]
+    omega = 10000.0 ** (-np.arange(0, c.d_model, 2) / c.d_model)
+    pe = np.zeros((c.max_len, c.d_model))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :c.d_model // 2]
+    return pe.astype(c.dtype)
+
+
+@register
+class GPTModel(Check):
+    id = "check-gpt-model"
+    axes = {"logits": "btv"}  # axis names, for messages
+    notebook = NB
+    functions = ("gpt_forward", "gpt_backward", "gpt_loss")
+
+    def cases(self, rng):
+        yield Case("two layers, learned positions, float64", _model_case(rng))
+        yield Case("configured with dropout 0.1 but evaluated (no rng): no dropout",
+                   _model_case(rng, dropout=0.1))
+        yield Case("float32", _model_case(rng, np.float32))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("sinusoidal positions, no biases", _model_case(rng, positional="sinusoidal",
+                                                                  bias=False))
+    ### END HIDDEN TESTS
+
+    def run(self, f, flat, ids, config, seed=None):
+        from transformer_lab.models.gpt import flatten, nest
+
+        c = _config(config)
+        params = nest(flat)
+        if seed is None:
+            logits, _ = f.gpt_forward(params, ids, c, _pe(config))
+            loss, grads = f.gpt_loss(params, ids, c, _pe(config))
+        else:  # training with dropout: each call draws the same masks from a fresh generator
+            logits, _ = f.gpt_forward(params, ids, c, _pe(config), None,
+                                      np.random.default_rng(seed))
+            loss, grads = f.gpt_loss(params, ids, c, _pe(config), None,
+                                     np.random.default_rng(seed))
+        return {"logits": logits, "loss": np.asarray(loss, dtype=c.dtype),
+                **{f"d.{k}": g for k, g in flatten(grads).items()}}
+
+    def expected(self, flat, ids, config, seed=None):
+        from transformer_lab.reference.torch_gpt import TorchGPT
+
+        c = _config(config)
+        twin = TorchGPT(c)
+        twin.load_numpy_params(flat)
+        drop = None
+        if seed is not None:  # the masks the core draws: per block, the attention's, the MLP's
+            r, shape = np.random.default_rng(seed), (*ids.shape, c.d_model)
+            drop = [[_t(((r.random(shape) >= c.dropout) / (1 - c.dropout)).astype(c.dtype))
+                     for _ in range(2)] for _ in range(c.num_layers)]
+        logits = twin(ids, drop)
+        loss = twin.loss(ids, drop)
+        loss.backward()
+        return {"logits": _np(logits), "loss": np.asarray(loss.item(), dtype=c.dtype),
+                **{f"d.{k}": g for k, g in twin.numpy_grads().items()}}
+
+    def mistakes(self, flat, ids, config, seed=None):
+        if seed is not None:
+            return {}
+
+        def untied():  # only the output projection's gradient for the table
+            want = self.expected(flat, ids, config)
+            from transformer_lab.reference.torch_gpt import TorchGPT
+
+            twin = TorchGPT(_config(config))
+            twin.load_numpy_params(flat)
+            torch = _torch()
+            with torch.no_grad():
+                x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
+            for layer in twin.layers:
+                x = layer(x)
+            norm = twin.norm
+            x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.gamma,
+                                               getattr(norm, "beta", None), _config(config).eps)
+            twin.zero_grad()
+            logits = x @ twin.embed.W.T
+            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                              _t(ids[:, 1:]).reshape(-1)).backward()
+            return {**want, "d.embed.W": _np(twin.embed.W.grad)}
+
+        return {"with the table's gradient from the output projection only (a tied table "
+                "gets the sum of both uses)": untied}
+
+
+@register
+class GPTDropout(GPTModel):
+    """The model trained with dropout: the masks the core draws from the generator (per block,
+    the attention's, then the MLP's, each ``rng.random((B, T, E)) >= p``) replayed in
+    PyTorch."""
+
+    id = "check-gpt-dropout"
+    functions = ("gpt_block_forward", "gpt_block_backward", "gpt_forward", "gpt_backward",
+                 "gpt_loss")
+
+    def cases(self, rng):
+        yield Case("training with dropout 0.3 (rng given: layer 0's masks, attention then MLP, "
+                   "then layer 1's)", (*_model_case(rng, dropout=0.3), 5))
+        yield Case("dropout 0.5, float32", (*_model_case(rng, np.float32, dropout=0.5), 8))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("dropout 0.1, sinusoidal positions, no biases",
+                   (*_model_case(rng, dropout=0.1, positional="sinusoidal", bias=False), 13))
+    ### END HIDDEN TESTS
+
+    def mistakes(self, flat, ids, config, seed=None):
+        return {}

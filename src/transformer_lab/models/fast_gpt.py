@@ -1,0 +1,679 @@
+"""A speed-only path for the GPT's training step: the same numbers as the core, computed faster.
+
+:class:`transformer_lab.models.gpt.GPT` computes with the core (:mod:`transformer_lab.core.gpt`,
+what the student writes). In the instructors' and readers' package it computes with this module
+instead, which gives the same loss, logits and gradients (to rounding) with fewer passes over
+memory: it is what makes the NumPy GPT's training step no slower than PyTorch's eager one. It is
+**not part of the course**: the handout leaves it out (``course/package.py``), and there ``GPT``
+computes with the student's own core; ``model.use_fast_path = False`` does the same here.
+``tests/test_fast_gpt.py`` checks that the two paths agree (values and gradients, float32 and
+float64, every configuration :func:`supports` takes).
+
+What it does differently, each the same mathematics as the core (where the time goes, before
+and after: issue 26's note):
+
+- **no page faults**: a training step (:func:`gpt_loss`) takes its large arrays from a pool
+  that keeps them for the next step. Freshly allocated memory costs a page fault per 4 KiB
+  when first written (the allocator returns large blocks to the system when they are freed):
+  a quarter of the step's time before the pool (:func:`clear_pools` gives the memory back);
+- **2-D throughout**: activations are ``(N, E)`` arrays, ``N = B T``, so every projection is
+  one matrix product; the heads are strided views of the projections' outputs, and the
+  attention's products write straight into their destinations (no split or merge copies);
+- **biases inside the products**: ``[x, 1] @ [W; b]`` (the producer of x writes it next to a
+  column of ones), and the bias's gradient is the last row of the weight's;
+- **attention in the transposed layout, causal blocks skipped**: the scores are ``S^T = K Q^T``
+  (keys along the rows), so that the softmax's maximum and sum run along the axis NumPy
+  reduces fastest (a row of 128 reduced along the last axis costs three times as much); the
+  queries go in blocks of 64 and each block meets only the keys up to its end (3/4 of the
+  products and softmax at 128 positions); the causal mask is one added table on the diagonal
+  block; the query heads that share a key/value head are side by side in one product, which
+  also sums their key and value gradients; the scale ``1/sqrt(Dh)`` is folded into ``W_q``;
+  RoPE is a multiplication by complex numbers (each pair of features one complex number,
+  notebook 06's rotation ``exp(-i a)``), written straight into the grouped layout;
+- **GELU and SwiGLU with fewer passes, a cache-sized chunk of rows at a time**: the factor 1/2
+  moved into the next weight matrix, the forward pass's tanh (or sigmoid) reused in the
+  backward pass, every step in place; SwiGLU's gate and up projections in one product; the
+  norms' elementwise steps chunked the same way;
+- **the loss fused with the output projection**: the softmax's exponentials become the
+  gradient in place; the embedding's gradient is one product with a one-hot matrix when the
+  vocabulary is small.
+
+Parameters and gradients are the flat dicts of ``GPT.params`` (``"layers.0.attn.W_qkv"``, ...).
+Tiled attention (``attention_block_size``) is not covered: there the core runs (its point is
+memory, not speed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from scipy.special import erf
+
+_TANH_C = math.sqrt(2 / math.pi)  # GELU's tanh form: tanh(C (x + K x^3))
+_TANH_K = 0.044715
+
+
+def supports(config) -> bool:
+    """Whether this path computes a GPT with ``config`` (else the core does)."""
+    return (config.attention_block_size is None and config.norm in ("layer", "rms")
+            and config.mlp in ("gelu_tanh", "gelu", "relu", "swiglu")
+            and config.positional in ("learned", "sinusoidal", "rope", "none")
+            and np.dtype(config.dtype) in (np.float32, np.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# Where the step's arrays come from
+
+
+class _Pool:
+    """Arrays by (shape, dtype): ``pool(shape, dtype)`` hands out one no other caller holds;
+    :meth:`release` takes back those of the step for the next one (and only those: a pool keeps
+    one step's arrays, whatever the shapes of the steps before)."""
+
+    def __init__(self):
+        self.free: dict = {}
+        self.used: list = []
+
+    def __call__(self, shape, dtype):
+        key = (shape, np.dtype(dtype))
+        stack = self.free.get(key)
+        a = stack.pop() if stack else np.empty(shape, dtype)
+        self.used.append((key, a))
+        return a
+
+    def release(self) -> None:
+        free: dict = {}
+        for key, a in self.used:
+            free.setdefault(key, []).append(a)
+        self.free, self.used = free, []
+
+
+_POOLS: list[_Pool] = []  # one per step running at once (threads)
+
+
+def _fresh(shape, dtype):
+    return np.empty(shape, dtype)
+
+
+def clear_pools() -> None:
+    """Give back the memory the pools keep between training steps (the arrays of one step:
+    about 80 MB for the character model's default)."""
+    _POOLS.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Products with their biases; the norms, with the product that follows them
+
+
+def _matmul(a, b, alloc):
+    return np.matmul(a, b, out=alloc((a.shape[0], b.shape[1]), a.dtype))
+
+
+def _with_ones(alloc, n, d, dtype, ones):
+    """An (n, d + 1) array whose last column is 1 when ``ones`` (else (n, d)), and its (n, d)
+    part: ``[x, 1] @ [W; b] = x @ W + b``, a bias added inside the product."""
+    if not ones:
+        a = alloc((n, d), dtype)
+        return a, a
+    a = alloc((n, d + 1), dtype)
+    a[:, d] = 1
+    return a, a[:, :d]
+
+
+def _stacked(W, b):
+    """``[W; b]`` (or W without a bias): the weights of a product with a column of ones."""
+    return W if b is None else np.concatenate([W, b[None]], axis=0)
+
+
+def _split(G, d, with_b):
+    """``[x, 1]^T dY`` -> the weight's gradient (d, D) and the bias's (D,) (or None)."""
+    return (G[:d], G[d].copy()) if with_b else (G, None)
+
+
+_CHUNK_BYTES = 1 << 18
+
+
+def _chunks(N, F, itemsize):
+    """Row ranges of an (N, F) array, about _CHUNK_BYTES each: a chain of elementwise steps on
+    one range stays in the core's cache (a quarter faster than whole-array passes here)."""
+    rows = max(8, _CHUNK_BYTES // (F * itemsize))
+    return [slice(i, min(i + rows, N)) for i in range(0, N, rows)]
+
+
+_ONES: dict = {}
+
+
+def _ones(n, dtype):
+    """A row of n ones (1, n): ``_ones(n) @ a`` sums the rows of a, ``a @ _ones(n)[0]`` its
+    columns -- a matrix-vector product, several times faster than NumPy's sum along an axis
+    whose rows are short."""
+    key = (n, np.dtype(dtype))
+    if key not in _ONES:
+        if len(_ONES) > 64:
+            _ONES.clear()
+        _ONES[key] = np.ones((1, n), dtype)
+    return _ONES[key]
+
+
+def _norm_params(P, prefix):
+    return P[prefix + ".gamma"], P.get(prefix + ".beta")
+
+
+def _norm_linear_forward(x, norm, W, b, c, alloc):
+    """``norm(x) @ W + b`` for x (N, E) -> y (N, D), and the cache of
+    :func:`_norm_linear_backward`. The bias is a row of the product's weights (the normalised
+    rows get a column of ones)."""
+    gamma, beta = norm
+    N, E = x.shape
+    inv_e = 1.0 / E
+    xhat = alloc((N, E), x.dtype)
+    rstd = alloc((N,), x.dtype)
+    ha, h = _with_ones(alloc, N, E, x.dtype, b is not None)
+    for r in _chunks(N, E, x.dtype.itemsize):
+        x_, xh, rs = x[r], xhat[r], rstd[r]
+        if c.norm == "layer":
+            mean = x_ @ _ones(E, x.dtype)[0]
+            mean *= inv_e
+            np.subtract(x_, mean[:, None], out=xh)
+            np.einsum("ij,ij->i", xh, xh, out=rs)
+        else:
+            np.einsum("ij,ij->i", x_, x_, out=rs)
+        rs *= inv_e
+        rs += c.eps
+        np.sqrt(rs, out=rs)
+        np.reciprocal(rs, out=rs)
+        np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
+        h_ = h[r]
+        np.multiply(xh, gamma, out=h_)
+        if beta is not None:
+            h_ += beta
+    y = _matmul(ha, _stacked(W, b), alloc)
+    return y, (ha, xhat, rstd, W, gamma, beta, b is not None, c.norm == "layer")
+
+
+def _norm_linear_backward(dy, cache, dx, alloc):
+    """Gradients of :func:`_norm_linear_forward`: the input's added to dx (N, E) in place;
+    returns those of W, b (or None), gamma and beta (or None).
+
+    With ``dh = dy @ W^T`` and ``g = dh * gamma``: ``dx = rstd (g - mean(g) - xhat mean(g
+    xhat))`` (RMSNorm: without ``mean(g)``), ``dgamma = sum(dh xhat)``, ``dbeta = sum(dh)``.
+    """
+    ha, xhat, rstd, W, gamma, beta, with_b, centred = cache
+    N, E = xhat.shape
+    dt = dy.dtype
+    dW, db = _split(ha.T @ dy, E, with_b)
+    dh = np.matmul(dy, W.T, out=alloc((N, E), dt))
+    dgamma = np.einsum("ij,ij->j", dh, xhat)
+    dbeta = (_ones(N, dt) @ dh)[0] if beta is not None else None
+    inv_e = 1.0 / E
+    rows = _chunks(N, E, dt.itemsize)
+    g = alloc((rows[0].stop, E), dt)
+    for r in rows:
+        dh_, xh, g_ = dh[r], xhat[r], g[:r.stop - r.start]
+        np.multiply(dh_, gamma, out=g_)
+        mean_gx = np.einsum("ij,ij->i", g_, xh)
+        mean_gx *= inv_e
+        if centred:
+            mean_g = g_ @ _ones(E, dt)[0]
+            mean_g *= inv_e
+            g_ -= mean_g[:, None]
+        np.multiply(xh, mean_gx[:, None], out=dh_)  # dh is not needed any more
+        g_ -= dh_
+        g_ *= rstd[r, None]
+        dx[r] += g_
+    return dW, db, dgamma, dbeta
+
+
+def _set_norm_grads(grads, prefix, dgamma, dbeta):
+    grads[prefix + ".gamma"] = dgamma
+    if dbeta is not None:
+        grads[prefix + ".beta"] = dbeta
+
+
+# --------------------------------------------------------------------------------------------
+# Causal self-attention: grouped-query heads, RoPE, the scores transposed
+
+
+_MASKS: dict = {}
+_BLOCK = 64  # queries per column block of the scores (see _blocks)
+
+
+def _mask(w, n_rep, dtype):
+    """(w, w n_rep): -inf where key j comes after query i (column i n_rep + r), else 0."""
+    key = (w, n_rep, np.dtype(dtype))
+    if key not in _MASKS:
+        if len(_MASKS) > 64:
+            _MASKS.clear()
+        blocked = np.arange(w)[:, None] > np.arange(w)[None, :]
+        _MASKS[key] = np.repeat(np.where(blocked, -np.inf, 0.0).astype(dtype), n_rep, axis=1)
+    return _MASKS[key]
+
+
+def _blocks(T):
+    """The queries in blocks of _BLOCK: block (c0, c1) attends to the keys 0 .. c1 - 1 only,
+    so the scores of later keys (all masked) are never computed: at T = 128, 3/4 of the work."""
+    return [(c0, min(c0 + _BLOCK, T)) for c0 in range(0, T, _BLOCK)]
+
+
+def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
+    """Causal self-attention of norm1(x), x (N, E) -> (N, E), cache.
+
+    Layout: the queries of the H / Hkv = n_rep heads that share a key/value head are side by
+    side, position-major, ``q[b, g, i n_rep + r]`` (the grouped layout); with n_rep = 1 and no
+    RoPE they are a view of the projection's output. The scores of a column block of queries
+    are ``st[b, g, j, i n_rep + r] = k_j . q_(i, r)``, keys along the rows; ``st`` keeps the
+    softmax's exponentials, and the heads are divided by their sums (``inv``) after the product
+    with the values (a (T, Dh) pass instead of a (T, T) one).
+    """
+    E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
+    n_rep, kv, dt = H // Hkv, Hkv * Dh, x.dtype
+    scale = 1.0 / math.sqrt(Dh)
+    W_s = P[p + "W_qkv"].copy()
+    W_s[:, :E] *= scale  # the queries come out scaled
+    b_s = P.get(p + "b_qkv")
+    if b_s is not None:
+        b_s = b_s.copy()
+        b_s[:E] *= scale
+    qkv, c_qkv = _norm_linear_forward(x, norm, W_s, b_s, c, alloc)  # (N, E + 2 kv)
+    q5 = qkv[:, :E].reshape(B, T, Hkv, n_rep, Dh)  # views of qkv
+    v = qkv[:, E + kv:].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)  # (B, Hkv, T, Dh)
+    if rope_w is not None:  # rotated copies, the queries in the grouped layout
+        cdt = rope_w.dtype
+        qc = qkv.view(cdt)[:, :E // 2].reshape(B, T, Hkv, n_rep, Dh // 2)
+        kc = qkv.view(cdt)[:, E // 2:(E + kv) // 2].reshape(B, T, Hkv, Dh // 2)
+        q = alloc((B, Hkv, T, n_rep, Dh // 2), cdt)
+        np.multiply(qc.transpose(0, 2, 1, 3, 4), rope_w[:, None], out=q)
+        k = alloc((B, Hkv, T, Dh // 2), cdt)
+        np.multiply(kc.transpose(0, 2, 1, 3), rope_w, out=k)
+        q = q.view(dt).reshape(B, Hkv, T * n_rep, Dh)
+        k = k.view(dt)
+    else:
+        k = qkv[:, E:E + kv].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)
+        if n_rep == 1:
+            q = q5.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # a view
+        else:
+            q = alloc((B, Hkv, T, n_rep, Dh), dt)
+            q[...] = q5.transpose(0, 2, 1, 3, 4)
+            q = q.reshape(B, Hkv, T * n_rep, Dh)
+    b_o = P.get(p + "b_o")
+    ma, merged = _with_ones(alloc, B * T, E, dt, b_o is not None)  # the heads side by side
+    merged4 = merged.reshape((B, T, H, Dh), copy=False)
+    blocks = []
+    for c0, c1 in _blocks(T):
+        cols = slice(c0 * n_rep, c1 * n_rep)
+        st = np.matmul(k[:, :, :c1], q[:, :, cols].swapaxes(-1, -2),
+                       out=alloc((B, Hkv, c1, (c1 - c0) * n_rep), dt))
+        st[:, :, c0:] += _mask(c1 - c0, n_rep, dt)
+        st -= st.max(axis=-2, keepdims=True)  # softmax over the keys
+        np.exp(st, out=st)
+        inv = np.matmul(_ones(c1, dt), st)  # the sums over the keys (B, Hkv, 1, w n_rep)
+        np.reciprocal(inv, out=inv)
+        inv = inv.swapaxes(-1, -2)  # (B, Hkv, w n_rep, 1)
+        blocks.append((st, inv))
+        if n_rep == 1:
+            heads = merged4[:, c0:c1].transpose(0, 2, 1, 3)
+            np.matmul(st.swapaxes(-1, -2), v[:, :, :c1], out=heads)
+            heads *= inv
+        else:
+            heads = np.matmul(st.swapaxes(-1, -2), v[:, :, :c1],
+                              out=alloc((B, Hkv, (c1 - c0) * n_rep, Dh), dt))
+            heads *= inv
+            merged4[:, c0:c1].reshape((B, c1 - c0, Hkv, n_rep, Dh), copy=False)[...] = \
+                heads.reshape(B, Hkv, c1 - c0, n_rep, Dh).transpose(0, 2, 1, 3, 4)
+    out = _matmul(ma, _stacked(P[p + "W_o"], b_o), alloc)
+    return out, (c_qkv, q, k, v, blocks, ma, rope_w, scale)
+
+
+def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, alloc):
+    """Gradients of :func:`_attention_forward`: the input's added to dx (N, E) in place."""
+    c_qkv, q, k, v, blocks, ma, rope_w, scale = cache
+    E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
+    n_rep, kv, dt = H // Hkv, Hkv * Dh, dout.dtype
+    b_o = P.get(p + "b_o")
+    grads[p + "W_o"], db_o = _split(ma.T @ dout, E, b_o is not None)
+    if b_o is not None:
+        grads[p + "b_o"] = db_o
+    dmerged = np.matmul(dout, P[p + "W_o"].T, out=alloc((B * T, E), dt))
+    if n_rep == 1:
+        dheads = dmerged.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # a view
+    else:
+        dheads = alloc((B, Hkv, T, n_rep, Dh), dt)
+        dheads[...] = dmerged.reshape(B, T, Hkv, n_rep, Dh).transpose(0, 2, 1, 3, 4)
+        dheads = dheads.reshape(B, Hkv, T * n_rep, Dh)
+    dqkv = alloc((B * T, E + 2 * kv), dt)
+    dq5 = dqkv[:, :E].reshape(B, T, Hkv, n_rep, Dh)
+    dk4 = dqkv[:, E:E + kv].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)
+    dv = dqkv[:, E + kv:].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)
+    # where dq and dk go: straight into dqkv, or first where they are rotated / regrouped
+    dq = alloc(q.shape, dt) if rope_w is not None or n_rep > 1 else \
+        dq5.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+    dk = alloc(k.shape, dt) if rope_w is not None else dk4
+    for (c0, c1), (st, inv) in reversed(list(zip(_blocks(T), blocks, strict=True))):
+        cols = slice(c0 * n_rep, c1 * n_rep)
+        first = c1 == T  # the last block reaches every key: it writes, the others add
+        dh = np.multiply(dheads[:, :, cols], inv, out=alloc(inv.shape[:-1] + (Dh,), dt))
+        # with P = st * inv (per query) and dh = dO * inv: dV = P^T dO = st dh; dP^T = v dO^T,
+        # dS = P (dP - sum(P dP)) = st * dP' - st * (inv sum(st * dP')) with dP' = v dh^T
+        _matmul_into(st, dh, dv[:, :, :c1], first, alloc)  # summed over a group's heads
+        dst = np.matmul(v[:, :, :c1], dh.swapaxes(-1, -2), out=alloc(st.shape, dt))
+        dst *= st
+        rowsum = np.matmul(_ones(c1, dt), dst)
+        rowsum *= inv.swapaxes(-1, -2)
+        st *= rowsum  # the exponentials are not needed any more
+        dst -= st  # dS^T
+        np.matmul(dst.swapaxes(-1, -2), k[:, :, :c1], out=dq[:, :, cols])
+        _matmul_into(dst, q[:, :, cols], dk[:, :, :c1], first, alloc)
+    if rope_w is not None:  # rotate back: by the conjugate
+        cdt = rope_w.dtype
+        back = np.conj(rope_w)
+        dqc = dqkv.view(cdt)[:, :E // 2].reshape(B, T, Hkv, n_rep, Dh // 2)
+        dkc = dqkv.view(cdt)[:, E // 2:(E + kv) // 2].reshape(B, T, Hkv, Dh // 2)
+        np.multiply(dq.view(cdt).reshape(B, Hkv, T, n_rep, Dh // 2), back[:, None],
+                    out=dqc.transpose(0, 2, 1, 3, 4))
+        np.multiply(dk.view(cdt), back, out=dkc.transpose(0, 2, 1, 3))
+    elif n_rep > 1:
+        dq5[...] = dq.reshape(B, Hkv, T, n_rep, Dh).transpose(0, 2, 1, 3, 4)
+    dW, db, dgamma, dbeta = _norm_linear_backward(dqkv, c_qkv, dx, alloc)
+    dW[:, :E] *= scale  # W_q was used scaled
+    grads[p + "W_qkv"] = dW
+    if P.get(p + "b_qkv") is not None:
+        db[:E] *= scale
+        grads[p + "b_qkv"] = db
+    _set_norm_grads(grads, norm_prefix, dgamma, dbeta)
+
+
+def _matmul_into(a, b, out, first, alloc):
+    """out = a @ b (first) or out += a @ b."""
+    if first:
+        np.matmul(a, b, out=out)
+    else:
+        out += np.matmul(a, b, out=alloc(out.shape, out.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# The feed-forward networks
+
+
+def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
+    """The feed-forward network of norm2(x), x (N, E) -> (N, E), cache.
+
+    The activation's derivative is computed here (unless ``grad`` is False: no backward pass
+    follows), a chunk of rows at a time while its inputs are in the cache, and kept for the
+    backward pass (one multiplication there).
+    """
+    N, dt = x.shape[0], x.dtype
+    if kind == "swiglu":  # m = silu(a) * u; keeps silu(a) and u silu'(a)
+        F = P[p + "W_gate"].shape[1]
+        W = np.concatenate([P[p + "W_gate"], P[p + "W_up"]], axis=1)  # (E, 2F)
+        au, c_in = _norm_linear_forward(x, norm, W, None, c, alloc)
+        silu, w, m = (alloc((N, F), dt) for _ in range(3))
+        rows = _chunks(N, F, dt.itemsize)
+        s = alloc((rows[0].stop, F), dt)
+        for r in rows:
+            a, u, s_, silu_, w_ = au[r, :F], au[r, F:], s[:r.stop - r.start], silu[r], w[r]
+            np.multiply(a, 0.5, out=s_)
+            np.tanh(s_, out=s_)
+            s_ += 1
+            s_ *= 0.5  # sigmoid(a)
+            np.multiply(a, s_, out=silu_)
+            np.multiply(silu_, u, out=m[r])
+            if not grad:
+                continue
+            np.multiply(silu_, s_, out=w_)  # silu'(a) = s + silu (1 - s)
+            np.subtract(silu_, w_, out=w_)
+            w_ += s_
+            w_ *= u
+        out = _matmul(m, P[p + "W_down"], alloc)
+        return out, (kind, c_in, silu, w, m)
+    a, c_in = _norm_linear_forward(x, norm, P[p + "W1"], P.get(p + "b1"), c, alloc)  # (N, F)
+    F = a.shape[1]
+    b2 = P.get(p + "b2")
+    ga, g = _with_ones(alloc, N, F, dt, b2 is not None)
+    if kind == "relu":
+        np.maximum(a, 0, out=g)
+        out = _matmul(ga, _stacked(P[p + "W2"], b2), alloc)
+        return out, (kind, c_in, a, ga)
+    # g = a t = 2 gelu(a), t = 1 + tanh(a (C + C K a^2)) or 1 + erf(a / sqrt 2); keeps dg/da
+    w = alloc((N, F), dt)
+    rows = _chunks(N, F, dt.itemsize)
+    t, u = (alloc((rows[0].stop, F), dt) for _ in range(2))
+    for r in rows:
+        a_, w_ = a[r], w[r]
+        t_, u_ = t[:r.stop - r.start], u[:r.stop - r.start]
+        if kind == "gelu_tanh":
+            np.multiply(a_, a_, out=u_)
+            u_ *= _TANH_C * _TANH_K
+            u_ += _TANH_C  # poly = C + C K a^2
+            np.multiply(u_, a_, out=t_)
+            np.tanh(t_, out=t_)
+            t_ += 1
+            np.multiply(t_, a_, out=g[r])
+            if not grad:
+                continue
+            # dg/da = t + a (1 - tanh^2) C (1 + 3 K a^2), with a C (1 + 3 K a^2) =
+            # a (3 poly - 2 C) and 1 - tanh^2 = (2 - t) t
+            np.multiply(u_, 3, out=w_)
+            w_ -= 2 * _TANH_C
+            w_ *= a_
+            np.subtract(2, t_, out=u_)
+            u_ *= t_
+            w_ *= u_
+        else:
+            np.multiply(a_, 1 / math.sqrt(2), out=t_)
+            erf(t_, out=t_)
+            t_ += 1
+            np.multiply(t_, a_, out=g[r])
+            if not grad:
+                continue
+            # dg/da = t + a sqrt(2 / pi) exp(-a^2 / 2)
+            np.multiply(a_, a_, out=w_)
+            w_ *= -0.5
+            np.exp(w_, out=w_)
+            w_ *= a_
+            w_ *= math.sqrt(2 / math.pi)
+        w_ += t_
+    out = _matmul(ga, _stacked(P[p + "W2"] * 0.5, b2), alloc)
+    return out, (kind, c_in, w, ga)
+
+
+def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
+    """Gradients of :func:`_mlp_forward`: the input's added to dx (N, E) in place."""
+    kind, c_in = cache[:2]
+    N, dt = dout.shape[0], dout.dtype
+    if kind == "swiglu":
+        silu, w, m = cache[2:]
+        F = silu.shape[1]
+        grads[p + "W_down"] = m.T @ dout
+        dm = np.matmul(dout, P[p + "W_down"].T, out=alloc((N, F), dt))
+        da = alloc((N, 2 * F), dt)
+        np.multiply(dm, w, out=da[:, :F])  # the gate's gradient
+        np.multiply(dm, silu, out=da[:, F:])  # the up projection's
+    else:
+        ga = cache[-1]
+        F = ga.shape[1] - (P.get(p + "b2") is not None)
+        b2 = P.get(p + "b2")
+        G, db2 = _split(ga.T @ dout, F, b2 is not None)
+        if b2 is not None:
+            grads[p + "b2"] = db2
+        if kind == "relu":
+            a = cache[2]
+            grads[p + "W2"] = G
+            da = np.matmul(dout, P[p + "W2"].T, out=alloc((N, F), dt))
+            np.copyto(da, 0, where=a <= 0)
+        else:
+            w = cache[2]
+            grads[p + "W2"] = G * 0.5
+            da = np.matmul(dout, (P[p + "W2"] * 0.5).T, out=alloc((N, F), dt))  # of g
+            da *= w
+    dW, db, dgamma, dbeta = _norm_linear_backward(da, c_in, dx, alloc)
+    if kind == "swiglu":
+        F = dW.shape[1] // 2
+        grads[p + "W_gate"], grads[p + "W_up"] = dW[:, :F].copy(), dW[:, F:].copy()
+    else:
+        grads[p + "W1"] = dW
+        if P.get(p + "b1") is not None:
+            grads[p + "b1"] = db
+    _set_norm_grads(grads, norm_prefix, dgamma, dbeta)
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+
+
+class FastCache:
+    """What :func:`gpt_forward` keeps for :func:`gpt_backward`."""
+
+    __slots__ = ("c", "params", "ids", "B", "T", "layers", "final")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def _rope_w(rope, dtype):
+    if rope is None:
+        return None
+    cos, sin = rope
+    cdt = np.complex64 if np.dtype(dtype) == np.float32 else np.complex128
+    return (cos - 1j * sin).astype(cdt)  # exp(-i a): notebook 06's rotation
+
+
+def _dropout(out, c, rng):
+    """Training with dropout (``rng``), as the core's blocks: each sublayer's output dropped
+    with probability ``c.dropout``, the others scaled by 1 / (1 - p), from the same draws in the
+    same order (``core.layers.dropout_forward``) -> the cache: (mask, scale) or None."""
+    if rng is None or c.dropout == 0:
+        return None
+    keep = rng.random(out.shape) >= c.dropout
+    scale = out.dtype.type(1 / (1 - c.dropout))
+    out *= keep
+    out *= scale
+    return keep, scale
+
+
+def _dropout_backward(dout, cache, alloc):
+    if cache is None:
+        return dout
+    keep, scale = cache
+    d = np.multiply(dout, keep, out=alloc(dout.shape, dout.dtype))
+    d *= scale
+    return d
+
+
+def _forward(P, ids, c, pe, rope, alloc, rng=None, grad=True):
+    B, T = ids.shape
+    N = B * T
+    table = P["embed.W"]
+    flat_ids = ids.reshape(-1)
+    x = np.take(table, flat_ids, axis=0, out=alloc((N, table.shape[1]), table.dtype))
+    positions = P.get("pos.W", pe)  # learned, sinusoidal (pe) or none
+    if positions is not None:
+        x.reshape(B, T, -1)[...] += positions[:T]
+    rope_w = _rope_w(rope, x.dtype)
+    layers = []
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        a, c_att = _attention_forward(x, P, p + "attn.", _norm_params(P, p + "norm1"), c, B, T,
+                                      rope_w, alloc)
+        drop1 = _dropout(a, c, rng)
+        x += a
+        m, c_mlp = _mlp_forward(x, P, p + "mlp.", _norm_params(P, p + "norm2"), c.mlp, c,
+                                alloc, grad)
+        drop2 = _dropout(m, c, rng)
+        x += m
+        layers.append((c_att, drop1, c_mlp, drop2))
+    # logits = norm(x) @ table^T
+    logits, c_out = _norm_linear_forward(x, _norm_params(P, "norm"), table.T, None, c, alloc)
+    cache = FastCache(c=c, params=dict(P), ids=flat_ids, B=B, T=T, layers=layers, final=c_out)
+    return logits, cache
+
+
+def _backward(dlogits, cache, alloc):
+    """dlogits (N, V) -> the gradients, keyed and ordered like the forward pass's params."""
+    c, P, B, T = cache.c, cache.params, cache.B, cache.T
+    grads: dict[str, np.ndarray] = {}
+    dx = alloc((B * T, c.d_model), dlogits.dtype)
+    dx[...] = 0
+    dW, _, dgamma, dbeta = _norm_linear_backward(dlogits, cache.final, dx, alloc)
+    d_table = np.ascontiguousarray(dW.T)  # the output projection's share (V, E)
+    _set_norm_grads(grads, "norm", dgamma, dbeta)
+    for i in reversed(range(c.num_layers)):
+        p = f"layers.{i}."
+        c_att, drop1, c_mlp, drop2 = cache.layers[i]
+        _mlp_backward(_dropout_backward(dx, drop2, alloc), c_mlp, P, p + "mlp.", p + "norm2",
+                      dx, grads, alloc)
+        _attention_backward(_dropout_backward(dx, drop1, alloc), c_att, P, p + "attn.",
+                            p + "norm1", c, B, T, dx, grads, alloc)
+    _embedding_backward(cache.ids, dx, d_table, alloc)
+    grads["embed.W"] = d_table
+    if "pos.W" in P:
+        d_pos = np.zeros_like(P["pos.W"])
+        d_pos[:T] = dx.reshape(B, T, -1).sum(axis=0)
+        grads["pos.W"] = d_pos
+    return {k: grads[k] for k in P}
+
+
+def _embedding_backward(ids, dx, d_table, alloc):
+    """d_table[ids[n]] += dx[n] for every n, in place."""
+    V, N = d_table.shape[0], ids.size
+    if V <= 4 * dx.shape[1]:  # one product with a one-hot matrix (V, N) @ (N, E)
+        onehot = alloc((V, N), dx.dtype)
+        onehot[...] = 0
+        onehot[ids, np.arange(N)] = 1
+        d_table += onehot @ dx
+    else:
+        np.add.at(d_table, ids, dx)
+
+
+def gpt_forward(params: Mapping[str, np.ndarray], ids: np.ndarray, config, pe=None,
+                rope=None):
+    """Logits (B, T, V) of ids (B, T), as :func:`transformer_lab.core.gpt.gpt_forward`.
+
+    params: the flat dict of ``GPT.params``; pe: the sinusoidal table (L, E) or None; rope:
+    RoPE's (cos, sin) (T, Dh/2) or None  ->  logits, a :class:`FastCache` for
+    :func:`gpt_backward`.
+    """
+    logits, cache = _forward(params, ids, config, pe, rope, _fresh)
+    return logits.reshape(*ids.shape, -1), cache
+
+
+def gpt_backward(dlogits: np.ndarray, cache: FastCache) -> dict[str, np.ndarray]:
+    """Gradients of every parameter (the keys of the forward pass's ``params``, in their order)
+    from dlogits (B, T, V)."""
+    return _backward(dlogits.reshape(cache.B * cache.T, -1), cache, _fresh)
+
+
+def gpt_loss(params: Mapping[str, np.ndarray], ids: np.ndarray, config, pe=None, rope=None,
+             compute_grads: bool = True, rng=None):
+    """The next-token loss of ids (B, T) and its gradients, as
+    :func:`transformer_lab.core.gpt.gpt_loss` (``rng``: training with the config's dropout):
+    ``(loss, grads)`` (grads None without ``compute_grads``). Its arrays come from a pool kept
+    for the next call."""
+    pool = _POOLS.pop() if _POOLS else _Pool()
+    try:
+        return _loss(params, ids, config, pe, rope, compute_grads, pool, rng)
+    finally:
+        pool.release()
+        _POOLS.append(pool)
+
+
+def _loss(params, ids, config, pe, rope, compute_grads, alloc, rng):
+    logits, cache = _forward(params, ids, config, pe, rope, alloc, rng, compute_grads)
+    B, T = ids.shape
+    z = logits.reshape(B, T, -1)[:, :-1]  # (B, T-1, V): position t predicts ids[:, t + 1]
+    targets = ids[:, 1:, None]
+    z -= z.max(axis=-1, keepdims=True)
+    picked = np.take_along_axis(z, targets, axis=-1)[..., 0]
+    np.exp(z, out=z)
+    total = z.sum(axis=-1)
+    count = B * (T - 1)
+    loss = float(np.sum(np.log(total.astype(np.float64)) - picked)) / count
+    if not compute_grads:
+        return loss, None
+    z *= ((1.0 / count) / total)[..., None]  # softmax / count ...
+    np.put_along_axis(z, targets, np.take_along_axis(z, targets, axis=-1) - 1.0 / count,
+                      axis=-1)  # ... minus the one-hot target / count
+    logits.reshape(B, T, -1)[:, -1] = 0  # the last position predicts nothing
+    return loss, _backward(logits, cache, alloc)
