@@ -1121,21 +1121,21 @@ mutant("bpe_decode", "errors='ignore': a cut character vanishes", 'errors="repla
 mutant("label_smoothed_loss_forward", "eps spread over the V - 1 other classes (torch: over all V)",
        "uniform = -logp.mean(axis=-1)",
        "uniform = -(logp.sum(axis=-1) - nll * -1) / (logp.shape[-1] - 1)",
-       "check-label-smoothing")
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "ignore_index forgotten: the mean over every position",
        "weight = 1 / keep.sum()", "keep = np.ones_like(keep)\n    weight = 1 / keep.size",
-       "check-label-smoothing")
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the uniform part",
        "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum()) * weight",
        "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum()) * weight",
-       "check-label-smoothing")
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]", "dlogp[...] = 0",
-       "check-label-smoothing")
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps",
-       "picked - ((1 - eps) * w)[..., None]", "picked - w[..., None]", "check-label-smoothing")
+       "picked - ((1 - eps) * w)[..., None]", "picked - w[..., None]", "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
-       "w = weight * keep", "check-label-smoothing")
+       "w = weight * keep", "check-label-smoothed-loss")
 mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",
        "return ((5.0 + lengths) / 6.0) ** alpha", "return lengths ** alpha",
        "check-beam-step", "check-beam-search")

@@ -136,8 +136,10 @@ def register(cls: type[Check]) -> type[Check]:
     """Class decorator: add a check to :data:`REGISTRY` under its id."""
     if not cls.id.startswith("check-") or not cls.notebook:
         raise ValueError(f"{cls.__name__}: a check needs an id 'check-...' and a notebook")
-    if cls.id in REGISTRY and REGISTRY[cls.id].__qualname__ != cls.__qualname__:
-        raise ValueError(f"two checks have the id {cls.id!r}")
+    old = REGISTRY.get(cls.id)
+    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"two checks have the id {cls.id!r}: {old.__module__}.{old.__qualname__} "
+                         f"and {cls.__module__}.{cls.__qualname__}")
     REGISTRY[cls.id] = cls
     return cls
 

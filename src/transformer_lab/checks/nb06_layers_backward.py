@@ -14,12 +14,9 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-
-
-def _averaged(answer, rows, what="grads"):
-    """``answer`` with its parameter gradients divided by ``rows`` (a mean instead of a sum)."""
-    return {**answer, what: {k: g / g.dtype.type(rows) for k, g in answer[what].items()}}
-
+from transformer_lab.checks.nb05_attention_backward import (
+    _averaged,
+)
 
 # --------------------------------------------------------------------------------------------
 # Layer normalisation

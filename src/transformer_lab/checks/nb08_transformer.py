@@ -18,60 +18,34 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-from transformer_lab.checks.nb07_blocks import DecoderLayer, quiet_key_bias
+from transformer_lab.checks.nb07_blocks import (
+    DecoderLayer,
+    _copy,
+    _dims,
+    _layer_kwargs,
+    _load,
+    _named_grads,
+    _randn,
+    _torch_activation,
+    layer_params,
+    norm_params,
+    quiet_key_bias,
+    torch_layer,
+    torch_mask,
+)
 from transformer_lab.reference.interop import layout
-
-
-def _randn(rng, shape, dtype=np.float64, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
 
 # --------------------------------------------------------------------------------------------
 # Parameters of random layers, and their torch twins
 
 
-def ff_params(rng, e, f, bias=True, dtype=np.float64):
-    """Feed-forward parameters with every entry non-trivial (no zero bias)."""
-    p = {"W1": _randn(rng, (e, f), dtype, 1 / math.sqrt(e)),
-         "W2": _randn(rng, (f, e), dtype, 1 / math.sqrt(f))}
-    if bias:
-        p.update(b1=_randn(rng, (f,), dtype, 0.3), b2=_randn(rng, (e,), dtype, 0.3))
-    return p
 
 
-def norm_params(rng, e, bias=True, dtype=np.float64):
-    p = {"gamma": (1 + 0.3 * rng.standard_normal(e)).astype(dtype)}
-    if bias:
-        p["beta"] = _randn(rng, (e,), dtype, 0.3)
-    return p
 
 
-def attn_params(rng, e, packed, bias=True, dtype=np.float64):
-    s = 1 / math.sqrt(e)
-    p = ({"W_qkv": _randn(rng, (e, 3 * e), dtype, s)} if packed else
-         {"W_q": _randn(rng, (e, e), dtype, s), "W_k": _randn(rng, (e, e), dtype, s),
-          "W_v": _randn(rng, (e, e), dtype, s)})
-    p["W_o"] = _randn(rng, (e, e), dtype, s)
-    if bias:
-        if packed:
-            p["b_qkv"] = _randn(rng, (3 * e,), dtype, 0.3)
-        else:
-            p.update(b_q=_randn(rng, (e,), dtype, 0.3), b_k=_randn(rng, (e,), dtype, 0.3),
-                     b_v=_randn(rng, (e,), dtype, 0.3))
-        p["b_o"] = _randn(rng, (e,), dtype, 0.3)
-    return p
 
 
-def layer_params(rng, e, f, decoder, bias=True, dtype=np.float64):
-    """An encoder or decoder layer's parameters as ``core.blocks`` takes them (self-attention
-    packed, cross-attention separate)."""
-    p = {"self_attn": attn_params(rng, e, True, bias, dtype)}
-    if decoder:
-        p["cross_attn"] = attn_params(rng, e, False, bias, dtype)
-    p["ff"] = ff_params(rng, e, f, bias, dtype)
-    for norm in ("norm1", "norm2", "norm3")[:2 + decoder]:
-        p[norm] = norm_params(rng, e, bias, dtype)
-    return p
+
 
 
 def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
@@ -79,33 +53,13 @@ def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.flo
             "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
 
 
-def _torch_activation(name):
-    import torch.nn.functional as F
-
-    return {"relu": "relu", "gelu": "gelu",
-            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
 
 
-def _dims(layer_p):
-    e, f = layer_p["ff"]["W1"].shape
-    return e, f, "b1" in layer_p["ff"], layer_p["ff"]["W1"].dtype
 
 
-def _load(module, state):
-    torch = _torch()
-    module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
-    return module
 
 
-def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
-    """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
-    torch = _torch()
-    e, f, bias, dtype = _dims(params)
-    cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
-    layer = cls(e, num_heads, f, dropout=0.0, activation=_torch_activation(activation),
-                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
-                dtype=getattr(torch, np.dtype(dtype).name))
-    return _load(layer, layout.layer_to_torch(params, ""))
+
 
 
 def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
@@ -127,27 +81,10 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     return _load(stack, layout.stack_to_torch(params, ""))
 
 
-def torch_mask(mask, b, h, t, s):
-    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
-    if mask is None:
-        return None
-    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
-
-
-def _named_grads(module) -> dict:
-    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad))
-            for n, p in module.named_parameters()}
 
 
 
 
-def _copy(tree):
-    """Plain copies of nested dicts/lists of arrays (views of torch's memory become arrays)."""
-    if isinstance(tree, dict):
-        return {k: _copy(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_copy(v) for v in tree]
-    return None if tree is None else np.array(tree)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,10 +223,6 @@ class Embed(Check):
 
 # --------------------------------------------------------------------------------------------
 # Encoder and decoder layers (notebook 07 §6, §7)
-
-
-def _layer_kwargs(norm_first, activation, eps):
-    return {"norm_first": norm_first, "activation": activation, "eps": eps}
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ign
 
 
 @register
-class LabelSmoothing(Check):
-    id = "check-label-smoothing"
+class LabelSmoothedLoss(Check):
+    id = "check-label-smoothed-loss"
     notebook = NB
     functions = ("label_smoothed_loss_forward", "label_smoothed_loss_backward")
     tol = {"float64": 1e-9, "float32": 1e-4}

@@ -9,157 +9,56 @@ of them calls the core.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb13_gpt import (
+    _attention_expected,
+    _attention_params,
+    _block_case,
+    _BlockCheck,
+    _config,
+    _model_case,
+    _pe,
+    _torch_rotate,
+)
 
 NB = "14_decoding"
 
 
-def _config(d: dict):
-    from transformer_lab.models.gpt import GPTConfig
 
-    return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
-
-
-def _flat_params(config: dict, rng, scale=0.3) -> dict:
-    """Random parameters for a config (plain data: name -> array), off their initial values."""
-    from transformer_lab.models.gpt import GPT
-
-    model = GPT(_config(config), seed=int(rng.integers(1000)))
-    dt = model.config.dtype
-    return {k: (p + rng.normal(0, scale, p.shape)).astype(dt) for k, p in model.params.items()}
 
 
 # --------------------------------------------------------------------------------------------
 # The GPT's attention, block and model (notebook 13 §3): helpers of the checks below
 
 
-def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
-    width = E + 2 * Hkv * (E // H)
-    p = {"W_qkv": rng.standard_normal((E, width)) / math.sqrt(E),
-         "W_o": rng.standard_normal((E, E)) / math.sqrt(E)}
-    if bias:
-        p.update(b_qkv=rng.standard_normal(width) * 0.1, b_o=rng.standard_normal(E) * 0.1)
-    return {k: v.astype(dtype) for k, v in p.items()}
 
 
-def _torch_rotate(x, angles):
-    """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
-    torch = _torch()
-    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
 
 
-def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
-    torch = _torch()
-    B, T, E = x.shape
-    Dh = E // H
-    qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
-    q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
-    q = q.view(B, T, H, Dh).transpose(1, 2)
-    k = k.view(B, T, Hkv, Dh).transpose(1, 2)
-    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
-    if angles is not None:
-        q, k = _torch_rotate(q, angles), _torch_rotate(k, angles)
-    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
-    return out + params["b_o"] if "b_o" in params else out
 
 
-def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    tx = _t(x, grad=True)
-    tp = {k: _t(v, grad=True) for k, v in params.items()}
-    ta = None if angles is None else _t(angles)
-    out = _torch_attention(tx, tp, H, Hkv, ta, causal)
-    out.backward(_t(dout))
-    return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
 
 
-def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
-    from transformer_lab.models.gpt import GPTConfig
-
-    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
-    config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
-                                  num_layers=1, d_ff=12, max_len=T, **change)),
-              "dtype": np.dtype(dt).name}
-    flat = _flat_params(config, rng, 0.2)
-    block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
-    return (rng.standard_normal((B, T, 8)).astype(dt), block,
-            rng.standard_normal((B, T, 8)).astype(dt), config)
 
 
-def _config_dict(c) -> dict:
-    from transformer_lab.models.gpt import config_to_dict
-
-    return config_to_dict(c)
 
 
-def _rope_angles(config, start, stop):
-    c = _config(config)
-    omega = c.rope_base ** (-np.arange(0, c.head_dim, 2) / c.head_dim)
-    return np.arange(start, stop)[:, None] * omega
 
 
-class _BlockCheck(Check):
-    """A block of a given kind, forward and backward, against reference.torch_gpt's TorchBlock."""
-
-    functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
-                 "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
-
-    def run(self, f, x, block, dout, config):
-        from transformer_lab.models.gpt import flatten, nest
-
-        c = _config(config)
-        rope = None
-        if c.positional == "rope":
-            angles = _rope_angles(config, 0, x.shape[1])
-            rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
-        out, cache = f.gpt_block_forward(x, nest(block), c, rope)
-        dx, grads = f.gpt_block_backward(dout, cache)
-        return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
-
-    def expected(self, x, block, dout, config):
-        from transformer_lab.models.gpt import parameter_shapes
-        from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
-
-        c = _config(config)
-        shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
-                  if k.startswith("layers.0.")}
-        torch_block = TorchBlock(c, shapes, torch_dtype(c))
-        with _torch().no_grad():
-            for name, p in torch_block.named_parameters():
-                p.copy_(_t(block[name]))
-        tx = _t(x, grad=True)
-        angles = _t(_rope_angles(config, 0, x.shape[1]).astype(c.dtype)) \
-            if c.positional == "rope" else None
-        out = torch_block(tx, angles)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad),
-                **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
 
-def _model_case(rng, dt=np.float64, **kw):
-    from transformer_lab.models.gpt import GPTConfig
-
-    config = {**_config_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
-                                               max_len=6, **kw)), "dtype": np.dtype(dt).name}
-    return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
 
 
-def _pe(config):
-    c = _config(config)
-    if c.positional != "sinusoidal":
-        return None
-    p = np.arange(c.max_len)[:, None]
-    omega = 10000.0 ** (-np.arange(0, c.d_model, 2) / c.d_model)
-    pe = np.zeros((c.max_len, c.d_model))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :c.d_model // 2]
-    return pe.astype(c.dtype)
+
+
+
+
+
+
+
 
 
 # --------------------------------------------------------------------------------------------
