@@ -941,7 +941,7 @@ mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
        "check-grouped-query-attention")
 mutant("causal_self_attention_backward", "the values' shared heads not summed back",
-       "        dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)\n", "",
+       "            dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)\n", "",
        "check-grouped-query-attention")
 mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
        "dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)",

@@ -511,7 +511,7 @@ from transformer_lab.checks.framework import Case, Check, register
 @register
 class TestingAttentionBackward(Check):
     id = "check-testing-attention-backward"
-    notebook = "05_backward"
+    notebook = "05_attention_backward"
     functions = ("attention_forward", "attention_backward")
 
     def cases(self, rng):
@@ -541,7 +541,7 @@ BUGGY_BACKWARD = {"attention": {"attention_backward": (
 
 def _notebook_05():
     nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("# 05 · Backward", id="intro"),
+        nbformat.v4.new_markdown_cell("# 05 · Attention backward", id="intro"),
         nbformat.v4.new_code_cell(SETUP, id="setup"),
         nbformat.v4.new_markdown_cell("Write `attention_backward`.", id="ask"),
         nbformat.v4.new_code_cell('check("check-testing-attention-backward")',
@@ -569,10 +569,11 @@ def two_notebooks(tmp_path_factory):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
         try:
             write(notebook_01(), out / "source" / "01_attention.ipynb")
-            write(_notebook_05(), out / "source" / "05_backward.ipynb")
+            write(_notebook_05(), out / "source" / "05_attention_backward.ipynb")
             for who, bug in (("frank", BUGGY_SOFTMAX), ("henry", BUGGY_BACKWARD)):
                 student_folder(out / "subs" / who, solved_01(), core="reference", replace=bug)
-                write(_notebook_05(), out / "subs" / who / "notebooks" / "05_backward.ipynb")
+                write(_notebook_05(), out / "subs" / who / "notebooks" /
+                      "05_attention_backward.ipynb")
             run_grader(out / "subs", out / "source", out / "grades", "--no-execute",
                        project=project)
         finally:
@@ -585,14 +586,14 @@ def test_a_bug_in_one_notebook_s_function_costs_that_notebook_only(two_notebooks
     frank = points(two_notebooks, "frank")  # softmax_forward (01) wrong
     assert frank["check-softmax-forward"] == 0 and frank["check-attention-forward"] == 0
     assert frank["check-logsumexp"] == 1
-    assert points(two_notebooks, "frank", "05_backward") == \
+    assert points(two_notebooks, "frank", "05_attention_backward") == \
         {"check-testing-attention-backward": 2}
     assert "normalising over the first axis" in summary(two_notebooks, "frank")
     henry = points(two_notebooks, "henry")  # attention_backward (05) wrong
     assert henry == POINTS_01
-    assert points(two_notebooks, "henry", "05_backward") == \
+    assert points(two_notebooks, "henry", "05_attention_backward") == \
         {"check-testing-attention-backward": 0}
-    assert "output['dq']" in summary(two_notebooks, "henry", "05_backward")
+    assert "output['dq']" in summary(two_notebooks, "henry", "05_attention_backward")
 
 
 # --- units: finding submissions, overlays, restoring, flags ---------------------------------------

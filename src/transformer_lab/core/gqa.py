@@ -73,8 +73,9 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
         if rope is not None:
             q, c_rope = rope_forward(q, *rope)  # (B, H, T, Dh)
             k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles
-        k, _ = repeat_kv_forward(k, n_rep)  # (B, H, T, Dh)
-        v, _ = repeat_kv_forward(v, n_rep)
+        if n_rep > 1:  # shared key/value heads (notebook 14 §3)
+            k, _ = repeat_kv_forward(k, n_rep)  # (B, H, T, Dh)
+            v, _ = repeat_kv_forward(v, n_rep)
         if block_size is None:
             heads, c_att = attention_forward(q, k, v, causal_mask(q.shape[2]))  # (B, H, T, Dh)
         else:  # notebook 15: tiled, never forms the (T, T) scores
@@ -97,8 +98,9 @@ def causal_self_attention_backward(dout, cache):
         c_rope, n_rep, c_att, block_size = c_kernel
         kernel = attention_backward if block_size is None else flash_attention_backward
         dq, dk, dv = kernel(dheads, c_att)  # (B, H, T, Dh)
-        dk = repeat_kv_backward(dk, n_rep)  # a shared head sums its query heads' gradients
-        dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)
+        if n_rep > 1:
+            dk = repeat_kv_backward(dk, n_rep)  # a shared head sums its query heads' gradients
+            dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)
         if c_rope is not None:
             dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)
         return dq, dk, dv
