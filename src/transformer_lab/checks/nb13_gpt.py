@@ -389,6 +389,3 @@ class GPTDropout(GPTModel):
         yield Case("dropout 0.1, sinusoidal positions, no biases",
                    (*_model_case(rng, dropout=0.1, positional="sinusoidal", bias=False), 13))
     ### END HIDDEN TESTS
-
-    def mistakes(self, flat, ids, config, seed=None):
-        return {}
