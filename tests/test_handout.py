@@ -251,6 +251,12 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
               "    def run(self, f, x):\n        ### BEGIN HIDDEN TESTS\n        x = x\n"
               "        ### END HIDDEN TESTS\n        return f."),
         "checks/nb01_attention.py", None, "cuts a statement of SoftmaxForward in two"),
+    "a region that leaves its class": (  # a module-level statement before its END marker
+        _edit("checks/nb01_attention.py", "_LOOPS: python_loops(f.additive_attention)}\n",
+              "_LOOPS: python_loops(f.additive_attention)}\n    ### BEGIN HIDDEN TESTS\n"
+              "    def extra_hidden(self):\n        return 1\n\n\nX = 1\n"
+              "    ### END HIDDEN TESTS\n"),
+        "checks/nb01_attention.py", None, "cuts a statement in two"),
 }
 
 
@@ -271,6 +277,19 @@ def test_misplaced_markers_in_the_package_fail_the_build_with_file_and_line(case
     if line is not None:
         assert f"{path}, line {line}:" in reported[0], reported[0]
     assert not out.exists(), "nothing may be written when a marker is wrong"
+
+
+def test_a_hidden_region_may_close_a_class_body(tmp_path):
+    """Its END marker, indented as the body, follows the class's last statement (as in
+    notebook 13's dropout check): the handout builds, without the hidden cases."""
+    project = _project(tmp_path)
+    last = "_LOOPS: python_loops(f.additive_attention)}\n"  # the module's last class ends here
+    _edit("checks/nb01_attention.py", last,
+          last + "\n    ### BEGIN HIDDEN TESTS\n    def extra_hidden(self):\n        return 1\n"
+          "    ### END HIDDEN TESTS\n")(project)
+    module = P.parse_package(project / "src" / "transformer_lab").checks["nb01_attention"]
+    assert "extra_hidden" in module.source and "extra_hidden" not in module.stripped()
+    compile(module.stripped(), "nb01_attention.py", "exec")
 
 
 def test_the_stubbed_package_and_its_forms_parse():

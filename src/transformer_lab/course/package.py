@@ -324,6 +324,13 @@ def _parse_core(path: Path, text: str, report) -> CoreModule | None:
     return module
 
 
+def _closes_within(lines: list[str], cls: ast.ClassDef, region: Region) -> bool:
+    """Whether the region ends in the class body: before its last line, or right after it
+    with only blank lines between (the END marker is indented as its BEGIN, in the body)."""
+    return (region.end <= cls.end_lineno - 1
+            or all(not line.strip() for line in lines[cls.end_lineno:region.end]))
+
+
 def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
     lines = text.split("\n")
     for region in find_regions(lines, "SOLUTION", report):
@@ -349,8 +356,10 @@ def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
 
     for region in hidden:
         for node in tree.body:
+            # a region may close the class body: its END marker then follows the last line
             holds_region = (isinstance(node, ast.ClassDef) and node.lineno - 1 < region.begin
-                            and region.end <= node.end_lineno - 1)
+                            and region.begin < node.end_lineno - 1
+                            and _closes_within(lines, node, region))
             if holds_region:
                 for stmt in node.body:
                     if cut(stmt, region) and not inside(stmt, region):
