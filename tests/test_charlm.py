@@ -4,6 +4,7 @@ progress on stderr, exactly one JSON line on stdout)."""
 
 import json
 import math
+import shlex
 import subprocess
 import sys
 
@@ -145,3 +146,28 @@ def test_weight_decay_spares_biases_and_norm_gains():
     assert {"embed.W", "pos.W", "layers.0.attn.W_qkv", "layers.0.mlp.W2"} <= set(decayed)
     assert {"layers.0.norm1.gamma", "layers.0.norm1.beta", "layers.0.attn.b_qkv",
             "norm.gamma"} <= set(kept)
+
+
+def _shipped_runs():
+    from transformer_lab.train.charlm import BLOCKS_RECORD, CHECKPOINT, REGULARISATION_RECORD
+
+    for record in (BLOCKS_RECORD, REGULARISATION_RECORD):
+        for name, run in json.loads(record.read_text()).items():
+            yield f"{record.name}: {name}", run["command"], run["config"]
+    meta = GPT.load(CHECKPOINT).metadata
+    yield CHECKPOINT.name, meta["command"], meta["config"]
+
+
+@pytest.mark.parametrize("name, command, config", list(_shipped_runs()),
+                         ids=[run[0] for run in _shipped_runs()])
+def test_a_shipped_run_s_stored_command_repeats_its_configuration(name, command, config):
+    """Each record the notebooks read stores its command: run today, with today's defaults,
+    the command must ask for the configuration the record was trained with."""
+    from transformer_lab.train.charlm import _parser
+
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "transformer_lab.train"], command
+    args = _parser().parse_args(words[3:])
+    asked = {key: getattr(args, key) for key in config if hasattr(args, key)}
+    assert asked == {key: config[key] for key in asked}, name
+    assert set(config) - set(asked) <= {"dtype"}, name

@@ -95,16 +95,7 @@ def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int,
     Returns:
         (times of a, times of b), one entry per timed round: ``b[i] / a[i]`` is round i's ratio.
     """
-    repeats = v.integer(repeats, "repeats", minimum=1)
-    warmup = v.integer(warmup, "warmup", minimum=0)
-    times = {"a": [], "b": []}
-    for i in range(warmup + repeats):
-        order = (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a))
-        for name, step in order:
-            t0 = clock()
-            step()
-            if i >= warmup:
-                times[name].append(clock() - t0)
+    times = round_robin_times({"a": a, "b": b}, repeats, warmup, clock)
     return times["a"], times["b"]
 
 

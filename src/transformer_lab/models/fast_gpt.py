@@ -34,6 +34,9 @@ and after: issue 26's note):
   moved into the next weight matrix, the forward pass's tanh (or sigmoid) reused in the
   backward pass, every step in place; SwiGLU's gate and up projections in one product; the
   norms' elementwise steps chunked the same way;
+- **the norms' gain and offset inside the next product's weights**: ``(xhat gamma + beta) W +
+  b = xhat (gamma W) + (beta W + b)``, and their gradients from that product's (E, D) weight
+  gradient instead of passes over the (N, E) activations;
 - **the loss fused with the output projection**: the softmax's exponentials become the
   gradient in place; the embedding's gradient is one product with a one-hot matrix when the
   vocabulary is small.
@@ -163,14 +166,20 @@ def _norm_params(P, prefix):
 
 def _norm_linear_forward(x, norm, W, b, c, alloc):
     """``norm(x) @ W + b`` for x (N, E) -> y (N, D), and the cache of
-    :func:`_norm_linear_backward`. The bias is a row of the product's weights (the normalised
-    rows get a column of ones)."""
+    :func:`_norm_linear_backward`.
+
+    The norm's gain and offset go into the product's weights: ``(xhat gamma + beta) @ W + b =
+    xhat @ (gamma W) + (beta @ W + b)``, an (E, D) product instead of two passes over (N, E);
+    that bias is a row of the weights (the normalised rows get a column of ones).
+    """
     gamma, beta = norm
     N, E = x.shape
     inv_e = 1.0 / E
-    xhat = alloc((N, E), x.dtype)
+    W_in = gamma[:, None] * W  # (E, D)
+    b_in = None if beta is None and b is None else \
+        (0 if beta is None else beta @ W) + (0 if b is None else b)
     rstd = alloc((N,), x.dtype)
-    ha, h = _with_ones(alloc, N, E, x.dtype, b is not None)
+    xa, xhat = _with_ones(alloc, N, E, x.dtype, b_in is not None)
     for r in _chunks(N, E, x.dtype.itemsize):
         x_, xh, rs = x[r], xhat[r], rstd[r]
         if c.norm == "layer":
@@ -185,42 +194,46 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
         np.sqrt(rs, out=rs)
         np.reciprocal(rs, out=rs)
         np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
-        h_ = h[r]
-        np.multiply(xh, gamma, out=h_)
-        if beta is not None:
-            h_ += beta
-    y = _matmul(ha, _stacked(W, b), alloc)
-    return y, (ha, xhat, rstd, W, gamma, beta, b is not None, c.norm == "layer")
+    y = _matmul(xa, _stacked(W_in, b_in), alloc)
+    return y, (xa, xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
 
 
 def _norm_linear_backward(dy, cache, dx, alloc):
     """Gradients of :func:`_norm_linear_forward`: the input's added to dx (N, E) in place;
     returns those of W, b (or None), gamma and beta (or None).
 
-    With ``dh = dy @ W^T`` and ``g = dh * gamma``: ``dx = rstd (g - mean(g) - xhat mean(g
-    xhat))`` (RMSNorm: without ``mean(g)``), ``dgamma = sum(dh xhat)``, ``dbeta = sum(dh)``.
+    From ``A = xhat^T dy`` (E, D) and the column sums ``s = 1^T dy`` (D,), one product with
+    the forward pass's ``[xhat, 1]``: ``dW = gamma A + beta s``, ``db = s``,
+    ``dgamma = sum_d W A``, ``dbeta = W s`` -- (E, D) work, not (N, E). With
+    ``g = dy @ (gamma W)^T`` (the norm's output gradient times gamma):
+    ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` (RMSNorm: without ``mean(g)``).
     """
-    ha, xhat, rstd, W, gamma, beta, with_b, centred = cache
+    xa, xhat, rstd, W, W_in, gamma, beta, with_b, centred = cache
     N, E = xhat.shape
     dt = dy.dtype
-    dW, db = _split(ha.T @ dy, E, with_b)
-    dh = np.matmul(dy, W.T, out=alloc((N, E), dt))
-    dgamma = np.einsum("ij,ij->j", dh, xhat)
-    dbeta = (_ones(N, dt) @ dh)[0] if beta is not None else None
+    G = xa.T @ dy  # (E, D), and the column sums (D,) as its last row when xa has the ones
+    A = G[:E]
+    sums = G[E] if G.shape[0] > E else None
+    dW = A * gamma[:, None]
+    if beta is not None:
+        dW += beta[:, None] * sums
+    db = sums.copy() if with_b else None
+    dgamma = np.einsum("ed,ed->e", W, A)
+    dbeta = W @ sums if beta is not None else None
+    g = np.matmul(dy, W_in.T, out=alloc((N, E), dt))
     inv_e = 1.0 / E
     rows = _chunks(N, E, dt.itemsize)
-    g = alloc((rows[0].stop, E), dt)
+    scratch = alloc((rows[0].stop, E), dt)
     for r in rows:
-        dh_, xh, g_ = dh[r], xhat[r], g[:r.stop - r.start]
-        np.multiply(dh_, gamma, out=g_)
+        g_, xh, t_ = g[r], xhat[r], scratch[:r.stop - r.start]
         mean_gx = np.einsum("ij,ij->i", g_, xh)
         mean_gx *= inv_e
         if centred:
             mean_g = g_ @ _ones(E, dt)[0]
             mean_g *= inv_e
             g_ -= mean_g[:, None]
-        np.multiply(xh, mean_gx[:, None], out=dh_)  # dh is not needed any more
-        g_ -= dh_
+        np.multiply(xh, mean_gx[:, None], out=t_)
+        g_ -= t_
         g_ *= rstd[r, None]
         dx[r] += g_
     return dW, db, dgamma, dbeta

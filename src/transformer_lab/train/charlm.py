@@ -75,6 +75,7 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
+from transformer_lab.train.config import check_run_numbers
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -119,7 +120,7 @@ class CharLMConfig:
     d_ff: int | None = None
     context: int = 128
     batch_size: int = 8
-    steps: int = 7000
+    steps: int = 10000
     lr: float = 3e-3
     final_lr: float = 3e-4
     warmup: int = 100
@@ -142,21 +143,14 @@ class CharLMConfig:
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
-        for name in ("seed", "warmup"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=0))
-        for name in ("d_model", "num_heads", "num_layers", "batch_size", "steps", "eval_every",
-                     "eval_tokens", "threads"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        check_run_numbers(self, counts=("seed", "warmup"),
+                          positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
+                                    "eval_every", "eval_tokens", "threads"),
+                          rates=("lr", "final_lr", "clip", "weight_decay", "dropout"))
         self._set("context", v.integer(self.context, "context", minimum=2))
         for name in ("num_kv_heads", "d_ff"):
             if getattr(self, name) is not None:
                 self._set(name, v.integer(getattr(self, name), name, minimum=1))
-        for name in ("lr", "final_lr", "clip", "weight_decay", "dropout"):
-            self._set(name, v.real(getattr(self, name), name, minimum=0))
-        if self.time_budget is not None:
-            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
-        if self.warmup >= self.steps:
-            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}")
         self.model_config(vocab_size=2)  # the model's own checks (heads dividing d_model, ...)
 
     def _set(self, name, value) -> None:

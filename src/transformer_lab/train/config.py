@@ -21,6 +21,29 @@ from transformer_lab.optim import SGD, Adam, WarmupSchedule
 # Configuration
 
 
+def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:
+    """Check a frozen run configuration's numbers, and store them as Python's int and float (so
+    that ``dataclasses.asdict`` is JSON-ready): ``counts`` are integers >= 0, ``positive``
+    integers >= 1, ``rates`` reals >= 0; ``time_budget`` is None or positive, and ``warmup``
+    is below ``steps``. The errors name the field."""
+    def store(name, value):
+        object.__setattr__(config, name, value)  # the dataclass is frozen
+
+    for name in counts:
+        store(name, v.integer(getattr(config, name), name, minimum=0))
+    for name in positive:
+        store(name, v.integer(getattr(config, name), name, minimum=1))
+    for name in rates:
+        store(name, v.real(getattr(config, name), name, minimum=0))
+    if config.time_budget is not None:
+        store("time_budget", v.real(config.time_budget, "time_budget", positive=True))
+    if config.warmup >= config.steps:
+        raise ValueError(f"warmup={config.warmup} must be less than steps={config.steps}: the "
+                         f"learning rate would still be rising (or at its peak) at the last "
+                         f"step, with no decay; lower warmup (--warmup) or raise steps "
+                         f"(--steps)")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on. ``TrainConfig.for_task(name)`` gives the defaults.
@@ -101,26 +124,17 @@ class TrainConfig:
     def _check_numbers(self) -> None:
         """Every number has the right type and range; ints and floats are stored as Python's
         (so that ``dataclasses.asdict`` is JSON-ready)."""
-        for name in ("seed", "n_val", "n_test", "warmup"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=0))
-        for name in ("min_len", "num_symbols", "n_train", "d_model", "num_heads", "num_layers",
-                     "d_ff", "batch_size", "steps", "eval_every", "threads"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=1))
+        check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
+                          positive=("min_len", "num_symbols", "n_train", "d_model", "num_heads",
+                                    "num_layers", "d_ff", "batch_size", "steps", "eval_every",
+                                    "threads"),
+                          rates=("lr", "weight_decay", "momentum", "clip"))
         if self.max_len is not None:
             self._set("max_len", v.integer(self.max_len, "max_len", minimum=self.min_len))
-        for name in ("lr", "weight_decay", "momentum", "clip"):
-            self._set(name, v.real(getattr(self, name), name, minimum=0))
         if self.target is not None:
             self._set("target", v.real(self.target, "target"))
             if not 0 < self.target <= 1:
                 raise ValueError(f"target must be in (0, 1] or None, got {self.target!r}")
-        if self.time_budget is not None:
-            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
-        if self.warmup >= self.steps:
-            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}: the "
-                             f"learning rate would still be rising (or at its peak) at the last "
-                             f"step, with no decay; lower warmup (--warmup) or raise steps "
-                             f"(--steps)")
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # the dataclass is frozen

@@ -65,7 +65,6 @@ import numpy as np
 import sacrebleu
 from threadpoolctl import threadpool_limits
 
-from transformer_lab import _validate as v
 from transformer_lab.core import training as core_training
 from transformer_lab.core import translation as core_translation
 from transformer_lab.datasets import SHIPPED
@@ -85,6 +84,7 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
+from transformer_lab.train.config import check_run_numbers
 from transformer_lab.train.evaluation import teacher_forced_accuracy
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
@@ -131,21 +131,12 @@ class TranslateConfig:
     def __post_init__(self):
         if self.lang not in LANGUAGES:
             raise ValueError(f"lang must be one of {LANGUAGES}, got {self.lang!r}")
-        for name in ("seed", "n_val", "n_test", "warmup"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=0))
-        for name in ("n_train", "d_model", "num_heads", "num_layers", "d_ff", "steps",
-                     "batch_size", "eval_every", "beam_size", "threads"):
-            self._set(name, v.integer(getattr(self, name), name, minimum=1))
-        for name in ("lr", "clip", "alpha"):
-            self._set(name, v.real(getattr(self, name), name, minimum=0))
-        ls = v.real(self.label_smoothing, "label_smoothing", minimum=0)
-        if ls >= 1:
-            raise ValueError(f"label_smoothing must be less than 1, got {ls}")
-        self._set("label_smoothing", ls)
-        if self.time_budget is not None:
-            self._set("time_budget", v.real(self.time_budget, "time_budget", positive=True))
-        if self.warmup >= self.steps:
-            raise ValueError(f"warmup={self.warmup} must be less than steps={self.steps}")
+        check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
+                          positive=("n_train", "d_model", "num_heads", "num_layers", "d_ff",
+                                    "steps", "batch_size", "eval_every", "beam_size", "threads"),
+                          rates=("lr", "clip", "alpha", "label_smoothing"))
+        if self.label_smoothing >= 1:
+            raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
         self.model_config(3, 3)  # the model's own checks (heads dividing d_model, ...)
 
     def _set(self, name, value) -> None:
