@@ -270,6 +270,22 @@ def _blocks(T):
     return [(c0, min(c0 + _BLOCK, T)) for c0 in range(0, T, _BLOCK)]
 
 
+_EXP_SAFE = 60.0  # exp of a score in [-60, 60] is a normal float32, its sums too
+
+
+def _scores_bounded(qkv, E, kv, Dh):
+    """Whether every score ``q_i . k_j`` lies in [-_EXP_SAFE, _EXP_SAFE] (Cauchy-Schwarz:
+    ``|q_i . k_j| <= |q_i| |k_j|``, the largest norms of all heads): then the softmax needs
+    no shift by the maximum -- no exponential overflows, and each query's sum holds its own
+    key's term, at least exp(-_EXP_SAFE). RoPE rotates pairs of features, which keeps norms."""
+    N = qkv.shape[0]
+    q = qkv[:, :E].reshape(N, E // Dh, Dh)
+    k = qkv[:, E:E + kv].reshape(N, kv // Dh, Dh)
+    q2 = np.einsum("nhd,nhd->nh", q, q).max()
+    k2 = np.einsum("nhd,nhd->nh", k, k).max()
+    return bool(q2 * k2 < _EXP_SAFE ** 2)
+
+
 def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
     """Causal self-attention of norm1(x), x (N, E) -> (N, E), cache.
 
@@ -310,6 +326,7 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
             q = alloc((B, Hkv, T, n_rep, Dh), dt)
             q[...] = q5.transpose(0, 2, 1, 3, 4)
             q = q.reshape(B, Hkv, T * n_rep, Dh)
+    shift = not _scores_bounded(qkv, E, kv, Dh)
     b_o = P.get(p + "b_o")
     ma, merged = _with_ones(alloc, B * T, E, dt, b_o is not None)  # the heads side by side
     merged4 = merged.reshape((B, T, H, Dh), copy=False)
@@ -319,7 +336,8 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
         st = np.matmul(k[:, :, :c1], q[:, :, cols].swapaxes(-1, -2),
                        out=alloc((B, Hkv, c1, (c1 - c0) * n_rep), dt))
         st[:, :, c0:] += _mask(c1 - c0, n_rep, dt)
-        st -= st.max(axis=-2, keepdims=True)  # softmax over the keys
+        if shift:  # softmax over the keys
+            st -= st.max(axis=-2, keepdims=True)
         np.exp(st, out=st)
         inv = np.matmul(_ones(c1, dt), st)  # the sums over the keys (B, Hkv, 1, w n_rep)
         np.reciprocal(inv, out=inv)
@@ -336,12 +354,12 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
             merged4[:, c0:c1].reshape((B, c1 - c0, Hkv, n_rep, Dh), copy=False)[...] = \
                 heads.reshape(B, Hkv, c1 - c0, n_rep, Dh).transpose(0, 2, 1, 3, 4)
     out = _matmul(ma, _stacked(P[p + "W_o"], b_o), alloc)
-    return out, (c_qkv, q, k, v, blocks, ma, rope_w, scale)
+    return out, (c_qkv, q, k, v, blocks, ma, merged, rope_w, scale)
 
 
 def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, alloc):
     """Gradients of :func:`_attention_forward`: the input's added to dx (N, E) in place."""
-    c_qkv, q, k, v, blocks, ma, rope_w, scale = cache
+    c_qkv, q, k, v, blocks, ma, merged, rope_w, scale = cache
     E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
     n_rep, kv, dt = H // Hkv, Hkv * Dh, dout.dtype
     b_o = P.get(p + "b_o")
@@ -363,19 +381,20 @@ def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, allo
     dq = alloc(q.shape, dt) if rope_w is not None or n_rep > 1 else \
         dq5.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
     dk = alloc(k.shape, dt) if rope_w is not None else dk4
+    # sum_j P_ij dP_ij = dO_i . O_i, per query and head (the heads' output O is in merged),
+    # in the grouped layout (B, Hkv, 1, T n_rep)
+    d_out = np.einsum("nhd,nhd->nh", dmerged.reshape(B * T, H, Dh), merged.reshape(B * T, H, Dh))
+    d_out = d_out.reshape(B, T, Hkv, n_rep).transpose(0, 2, 1, 3).reshape(B, Hkv, 1, T * n_rep)
     for (c0, c1), (st, inv) in reversed(list(zip(_blocks(T), blocks, strict=True))):
         cols = slice(c0 * n_rep, c1 * n_rep)
         first = c1 == T  # the last block reaches every key: it writes, the others add
         dh = np.multiply(dheads[:, :, cols], inv, out=alloc(inv.shape[:-1] + (Dh,), dt))
-        # with P = st * inv (per query) and dh = dO * inv: dV = P^T dO = st dh; dP^T = v dO^T,
-        # dS = P (dP - sum(P dP)) = st * dP' - st * (inv sum(st * dP')) with dP' = v dh^T
+        # with P = st * inv (per query) and dh = dO * inv: dV = P^T dO = st dh; with
+        # dP' = v dh^T (dP^T scaled by inv), dS^T = st * (dP' - inv sum_j P dP)
         _matmul_into(st, dh, dv[:, :, :c1], first, alloc)  # summed over a group's heads
         dst = np.matmul(v[:, :, :c1], dh.swapaxes(-1, -2), out=alloc(st.shape, dt))
-        dst *= st
-        rowsum = np.matmul(_ones(c1, dt), dst)
-        rowsum *= inv.swapaxes(-1, -2)
-        st *= rowsum  # the exponentials are not needed any more
-        dst -= st  # dS^T
+        dst -= d_out[..., cols] * inv.swapaxes(-1, -2)
+        dst *= st  # dS^T
         np.matmul(dst.swapaxes(-1, -2), k[:, :, :c1], out=dq[:, :, cols])
         _matmul_into(dst, q[:, :, cols], dk[:, :, :c1], first, alloc)
     if rope_w is not None:  # rotate back: by the conjugate

@@ -34,9 +34,10 @@ What one run does:
 
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 
-The files notebooks 13 and 14 read were made by these two commands, run from the project folder (a
-second run of the first gave the same final training loss, 0.6832526499830831, and the same
-model):
+The files notebooks 13 and 14 read were made by these two commands, run from the project folder
+with the code of commit 4314d2c (the fast path, :mod:`transformer_lab.models.fast_gpt`, has
+changed since in ways that change rounding only, so a run today gives a model close to these,
+not the same bits):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
@@ -44,14 +45,24 @@ model):
     python -m transformer_lab.train --task charlm --seed 0 --block modern \\
         --record src/transformer_lab/datasets/shipped/charlm_blocks.json
 
-Each file stores its command. The two runs ran at the same time on a 2-core machine with little
-else running: the classic block 7.8 minutes of wall-clock time for the whole run (7.2 minutes of
-CPU in the training steps, one thread), 1.446 bits per character on validation; the modern
-block 8.5 minutes (8.0 of CPU), 1.422. Earlier measurements of this trainer on the same machine
+Each file stores its command. The two runs ran at the same time on a 2-core machine, beside a
+third training (seed 1, 1.402): the classic block 23.6 minutes of wall-clock time for the whole
+run (14.6 minutes of CPU in the training steps, one thread), 1.397 bits per character on
+validation; the modern block 22.3 minutes (13.5 of CPU), 1.388.
+
+The default of 10,000 steps is what the fast path bought: with the core alone a step of the
+classic block takes 1.6 times as long (median of 21 interleaved rounds, CPU time, one thread),
+so 10,000 steps now cost less than the former default's 7,000 (1.446 bits per character on
+seed 0, 1.471 on seed 1). The records of notebook 13's regularisation runs
+(:data:`REGULARISATION_RECORD`) are of 7,000 steps, and their commands say so.
+
+Earlier measurements of this trainer on the same machine
 (at 5,000 steps of 16 x 64 tokens): CPU time varies by about a tenth between runs of one
 configuration, wall-clock time grows fourfold under a load of 5 to 12; a second BLAS thread
 does not pay when the other core is busy (a step took a median 507 ms with two threads against
-60 ms with one), and gains little when it is free (39 ms against 51, at best).
+60 ms with one), and gains little when it is free (39 ms against 51, at best). The speed of the
+machine itself varies too: on the day of the 10,000-step runs a step took about twice as long
+as on the day of the 7,000-step ones, for the same code.
 """
 
 from __future__ import annotations
