@@ -67,9 +67,9 @@ def both_paths(model, ids, dlogits):
     return out
 
 
-def assert_equal_paths(model, ids, rng):
+def assert_equal_paths(model, ids, rng, tol=None):
     dt = model.config.dtype
-    tol = TOL[dt]
+    tol = TOL[dt] if tol is None else tol
     dlogits = rng.standard_normal((*ids.shape, model.config.vocab_size)).astype(dt)
     core, fast = both_paths(model, ids, dlogits)
     assert abs(fast[0] - core[0]) <= tol * abs(core[0])
@@ -104,6 +104,34 @@ def test_fast_path_equals_the_core_at_its_own_block_size(kind):
     model = perturbed(GPT(c, seed=2), rng)
     assert FG._BLOCK == 64
     assert_equal_paths(model, rng.integers(0, 13, (5, 70)), rng)
+
+
+@pytest.mark.parametrize("scale, shifted", [(1.0, False), (40.0, True)])
+@pytest.mark.parametrize("kind", ["classic", "modern"])
+def test_the_softmax_shifts_the_scores_only_when_they_could_overflow(kind, scale, shifted,
+                                                                     monkeypatch):
+    """Scores bounded by +-_EXP_SAFE (Cauchy-Schwarz on the queries' and keys' norms) go to exp
+    as they are; larger ones (the query and key weights scaled up: scores in the hundreds, whose
+    exponentials overflow float32) are shifted by their maximum first. Either way the fast path
+    computes the core's numbers (float64), and float32 stays finite."""
+    seen = []
+    bounded = FG._scores_bounded
+    monkeypatch.setattr(FG, "_scores_bounded", lambda *a: seen.append(bounded(*a)) or seen[-1])
+    for dtype in (np.float64, np.float32):
+        rng = np.random.default_rng(3)
+        model = perturbed(GPT(config(kind, dtype=dtype), seed=4), rng, scale=0.3)
+        c = model.config
+        for i in range(c.num_layers):  # the query and key columns
+            model.params[f"layers.{i}.attn.W_qkv"][:, :c.d_model + c.num_kv_heads * c.head_dim] \
+                *= scale
+        ids = rng.integers(0, 13, (3, 12))
+        seen.clear()
+        if dtype == np.float64:  # scores in the hundreds: their gradients lose digits
+            assert_equal_paths(model, ids, rng, tol=1e-9)
+        else:
+            loss, grads = model.loss(ids)
+            assert np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())
+        assert seen and any(not b for b in seen) == shifted
 
 
 def test_a_training_run_is_the_same_on_both_paths():
