@@ -35,9 +35,9 @@ What one run does:
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 
 The files notebooks 13 and 14 read were made by these two commands, run from the project folder
-with the code of commit 4314d2c (the fast path, :mod:`transformer_lab.models.fast_gpt`, has
-changed since in ways that change rounding only, so a run today gives a model close to these,
-not the same bits):
+with the code of commit 4314d2c and today's default of 10,000 steps (the fast path,
+:mod:`transformer_lab.models.fast_gpt`, has changed since in ways that change rounding only, so
+a run today gives a model close to these, not the same bits):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
