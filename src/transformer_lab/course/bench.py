@@ -463,6 +463,24 @@ def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
     return step * (2 * rounds + 6)
 
 
+def _announce(planned: list[float], args, progress) -> None:
+    print(f"bench: {len(planned)} sizes, each {args.repeats} timed rounds after {args.warmup} "
+          f"warm-up; expected duration about {format_seconds(sum(planned))} "
+          f"(from this machine's speed now)", file=progress, flush=True)
+
+
+def _report_left(planned: list[float], k: int, elapsed: float, progress) -> None:
+    """After size k (0-based) of the plan: the time so far and the time left -- the plan,
+    corrected by how fast the run has gone so far, weighed against a fifth of the plan, so that
+    the first size (imports, first calls) does not swing the estimate. Nothing after the last."""
+    if k + 1 >= len(planned):
+        return
+    done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
+    left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
+    print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
+          file=progress, flush=True)
+
+
 def _main_gpt(args, clock) -> int:
     import torch
 
@@ -480,9 +498,7 @@ def _main_gpt(args, clock) -> int:
                for block, e, b, t in sizes]
     planned[0] += STARTUP_SECONDS
     progress = sys.stderr
-    print(f"bench: {len(sizes)} sizes, each {args.repeats} timed rounds after {args.warmup} "
-          f"warm-up; expected duration about {format_seconds(sum(planned))} "
-          f"(from this machine's speed now)", file=progress, flush=True)
+    _announce(planned, args, progress)
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); the GPT's training step "
           f"(loss and every gradient), float32, vocabulary {GPT_VOCAB}, {args.layers} layers, "
@@ -510,12 +526,7 @@ def _main_gpt(args, clock) -> int:
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
               f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
               f"{r.of_matmul:>8.0%}", flush=True)
-        elapsed = time.perf_counter() - start
-        done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
-        left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
-        if k + 1 < len(sizes):
-            print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
-                  file=progress, flush=True)
+        _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     ratios = [r.timing.ratio for _, _, r in results]
     widest = max((r.timing for _, _, r in results), key=lambda m: m.ratio_q3 / m.ratio_q1)
@@ -610,9 +621,7 @@ def main(argv=None) -> int:
     planned[0] += STARTUP_SECONDS
     names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
     progress = sys.stderr
-    print(f"bench: {len(sizes)} sizes, each {args.repeats} timed rounds after {args.warmup} "
-          f"warm-up; expected duration about {format_seconds(sum(planned))} "
-          f"(from this machine's speed now)", file=progress, flush=True)
+    _announce(planned, args, progress)
 
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
@@ -636,14 +645,7 @@ def main(argv=None) -> int:
         print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
               f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
               flush=True)
-        elapsed = time.perf_counter() - start
-        # The plan, corrected by how fast the run has gone so far -- weighed against a fifth of
-        # the plan, so that the first size (imports, first calls) does not swing the estimate.
-        done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
-        left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
-        if k + 1 < len(sizes):
-            print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
-                  file=progress, flush=True)
+        _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     for kind, rs in ratios.items():
         med = [r.ratio for r in rs]
