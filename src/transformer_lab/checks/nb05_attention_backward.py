@@ -134,6 +134,17 @@ def _averaged(answer, rows, what="grads"):
 # Softmax
 
 
+def row_cases(rng):
+    """The first cases of a backward pass along rows (softmax, log-softmax): (x, dout) of one
+    row, a batch of rows, and square rows (where a row sum that drops its axis broadcasts
+    along the wrong one)."""
+    yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
+    yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
+                                          rng.standard_normal((3, 5))))
+    yield Case("square rows (4, 4): the row sum must keep its axis",
+               (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+
+
 @register
 class SoftmaxBackward(Check):
     id = "check-softmax-backward"
@@ -141,11 +152,7 @@ class SoftmaxBackward(Check):
     functions = ("softmax_forward", "softmax_backward")
 
     def cases(self, rng):
-        yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
-        yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
-                                              rng.standard_normal((3, 5))))
-        yield Case("square rows (4, 4): the row sum must keep its axis",
-                   (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+        yield from row_cases(rng)
         x = rng.standard_normal((3, 4))
         x[0, 1] = x[2, 0] = x[2, 3] = -np.inf
         yield Case("-inf entries (blocked: zero weight, zero gradient)",

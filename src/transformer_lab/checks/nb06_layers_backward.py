@@ -16,6 +16,7 @@ from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
+    row_cases,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -163,11 +164,7 @@ class LogSoftmax(Check):
     functions = ("log_softmax_forward", "log_softmax_backward")
 
     def cases(self, rng):
-        yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
-        yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
-                                              rng.standard_normal((3, 5))))
-        yield Case("square rows (4, 4): the row sum must keep its axis",
-                   (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+        yield from row_cases(rng)
         yield Case("huge logits (+-1000: exp would overflow)",
                    (rng.standard_normal((3, 6)) * 1000, rng.standard_normal((3, 6))))
         yield Case("float32", (rng.standard_normal((2, 3, 7)).astype(np.float32),
