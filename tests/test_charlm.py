@@ -158,8 +158,11 @@ def _shipped_runs():
     yield CHECKPOINT.name, meta["command"], meta["config"]
 
 
-@pytest.mark.parametrize("name, command, config", list(_shipped_runs()),
-                         ids=[run[0] for run in _shipped_runs()])
+SHIPPED_RUNS = list(_shipped_runs())
+
+
+@pytest.mark.parametrize("name, command, config", SHIPPED_RUNS,
+                         ids=[run[0] for run in SHIPPED_RUNS])
 def test_a_shipped_run_s_stored_command_repeats_its_configuration(name, command, config):
     """Each record the notebooks read stores its command: run today, with today's defaults,
     the command must ask for the configuration the record was trained with."""
