@@ -20,7 +20,11 @@ and after: issue 26's note):
   one matrix product; the heads are strided views of the projections' outputs, and the
   attention's products write straight into their destinations (no split or merge copies);
 - **biases inside the products**: ``[x, 1] @ [W; b]`` (the producer of x writes it next to a
-  column of ones), and the bias's gradient is the last row of the weight's;
+  column of ones), and the bias's gradient is the last row of the weight's -- except after the
+  feed-forward network's activation, whose (N, F) output is 4 times wider than the product's
+  (N, E): there the bias is added to the product, so that the activation's elementwise steps
+  write a contiguous array (rows with a column of ones beside them cost NumPy twice as much
+  per element);
 - **attention in the transposed layout, causal blocks skipped**: the scores are ``S^T = K Q^T``
   (keys along the rows), so that the softmax's maximum and sum run along the axis NumPy
   reduces fastest (a row of 128 reduced along the last axis costs three times as much); the
@@ -464,11 +468,13 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
     a, c_in = _norm_linear_forward(x, norm, P[p + "W1"], P.get(p + "b1"), c, alloc)  # (N, F)
     F = a.shape[1]
     b2 = P.get(p + "b2")
-    ga, g = _with_ones(alloc, N, F, dt, b2 is not None)
+    g = alloc((N, F), dt)  # contiguous: b2 is added to the (N, E) output, not by a column of 1
     if kind == "relu":
         np.maximum(a, 0, out=g)
-        out = _matmul(ga, _stacked(P[p + "W2"], b2), alloc)
-        return out, (kind, c_in, a, ga)
+        out = _matmul(g, P[p + "W2"], alloc)
+        if b2 is not None:
+            out += b2
+        return out, (kind, c_in, a, g)
     # g = a t = 2 gelu(a), t = 1 + tanh(a (C + C K a^2)) or 1 + erf(a / sqrt 2); keeps dg/da
     w = alloc((N, F), dt)
     rows = _chunks(N, F, dt.itemsize)
@@ -508,8 +514,10 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
             w_ *= a_
             w_ *= math.sqrt(2 / math.pi)
         w_ += t_
-    out = _matmul(ga, _stacked(P[p + "W2"] * 0.5, b2), alloc)
-    return out, (kind, c_in, w, ga)
+    out = _matmul(g, P[p + "W2"] * 0.5, alloc)
+    if b2 is not None:
+        out += b2
+    return out, (kind, c_in, w, g)
 
 
 def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
@@ -525,12 +533,11 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
         np.multiply(dm, w, out=da[:, :F])  # the gate's gradient
         np.multiply(dm, silu, out=da[:, F:])  # the up projection's
     else:
-        ga = cache[-1]
-        F = ga.shape[1] - (P.get(p + "b2") is not None)
-        b2 = P.get(p + "b2")
-        G, db2 = _split(ga.T @ dout, F, b2 is not None)
-        if b2 is not None:
-            grads[p + "b2"] = db2
+        g = cache[-1]
+        F = g.shape[1]
+        G = g.T @ dout
+        if P.get(p + "b2") is not None:
+            grads[p + "b2"] = (_ones(N, dt) @ dout)[0]
         if kind == "relu":
             a = cache[2]
             grads[p + "W2"] = G
