@@ -5,6 +5,7 @@ table's rows are tested in test_interop.py.)"""
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from transformer_lab.course import bench
@@ -125,5 +126,31 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
     rows = [line.split() for line in out.splitlines() if line.startswith(("classic", "modern"))]
     assert [r[:3] for r in rows] == [["classic", "fast", "32"], ["modern", "fast", "32"]]
     assert rows[1][3] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
-    assert all(r[8].endswith("x") and r[-1].endswith("%") for r in rows)
+    assert all(r[8].endswith("x") and r[-2].endswith("%") and r[-1].endswith("x") for r in rows)
     assert "GPT: numpy/torch" in out and "GFLOP/s" in out
+    assert "The step's projections alone" in out and "projections" in out.splitlines()[1]
+
+
+def test_the_gpt_projections_are_the_step_s_products_less_the_attention_s():
+    for block in bench.GPT_BLOCKS:
+        c = bench.gpt_config(block, 96, 4, 4, 128)
+        shapes = bench.gpt_projections(c, 8, 128)
+        assert len(shapes) == 3 * (4 * 4 + 1)
+        attention = 3 * 4 * (4 * 8 * 128 * 128 * 96)
+        assert sum(2 * m * k * n for m, k, n, _, _ in shapes) == \
+            bench.gpt_step_flops(c, 8, 128) - attention
+
+
+def test_the_projection_steps_compute_the_same_products_on_both_sides():
+    shapes = [(3, 4, 5, False, False), (4, 3, 5, True, False), (3, 5, 4, False, True)]
+    numpy_products, torch_products, flops, outs = bench.projection_steps(shapes)
+    assert flops == 3 * 2 * 3 * 4 * 5
+    assert [o.shape for o in outs] == [(3, 5), (4, 5), (3, 4)]
+    numpy_products()
+    by_numpy = [o.copy() for o in outs]
+    for o in outs:
+        o[...] = 0
+    torch_products()
+    for mine, theirs in zip(by_numpy, outs, strict=True):
+        assert np.abs(mine).max() > 0
+        np.testing.assert_allclose(theirs, mine, rtol=1e-5, atol=1e-5)

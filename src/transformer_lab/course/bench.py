@@ -54,7 +54,13 @@ gradients as the twin to 1e-10. Each round times a torch step, a NumPy step and 
 matrix product (512 x 256 by 256 x 256, as :func:`calibrate`) in an order that alternates, so
 that the table can give each side's rate of matrix-product arithmetic (:func:`gpt_step_flops`,
 GFLOP/s) and, in the column "of matmul", the NumPy step's rate as a fraction of that one-thread
-matrix product's, measured in the same rounds (median of the per-round fractions).
+matrix product's, measured in the same rounds (median of the per-round fractions). The rounds
+also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T dy`` and
+``dy W^T`` of every weight, at the step's shapes), computed by NumPy's BLAS and by torch's on
+the same arrays; the column "projections" is their median ratio numpy/torch. These products are
+most of a step (two thirds at d_model 256), and neither side can do without them: where that
+ratio is above 1, NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can
+match torch's only by doing everything else faster.
 """
 
 from __future__ import annotations
@@ -386,15 +392,60 @@ def gpt_step_flops(config, b: int, t: int) -> float:
     return 3.0 * (c.num_layers * (projections + attention + mlp) + 2 * n * e * c.vocab_size)
 
 
+def gpt_projections(config, b: int, t: int) -> list[tuple[int, int, int, bool, bool]]:
+    """The training step's projections, the products of activations with weights, as
+    ``(M, K, N, a_transposed, b_transposed)`` for ``a (M, K) @ b (K, N)``: per block and for the
+    output projection, each weight's forward product ``x W``, its gradient ``x^T dy`` and the
+    input's gradient ``dy W^T`` (SwiGLU's gate and up projections as one, as the fast path
+    computes them). Their FLOPs are :func:`gpt_step_flops` less the attention's."""
+    c, n = config, b * t
+    e, kv = c.d_model, c.num_kv_heads * c.head_dim
+    mlp = [(e, 2 * c.d_ff), (c.d_ff, e)] if c.mlp == "swiglu" else [(e, c.d_ff), (c.d_ff, e)]
+    weights = c.num_layers * ([(e, e + 2 * kv), (e, e)] + mlp) + [(e, c.vocab_size)]
+    return [shape for d_in, d_out in weights
+            for shape in ((n, d_in, d_out, False, False), (d_in, n, d_out, True, False),
+                          (n, d_out, d_in, False, True))]
+
+
+def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object], float,
+                                      list[np.ndarray]]:
+    """Two steps that compute the products ``shapes`` (:func:`gpt_projections`) on the same
+    float32 arrays, one with NumPy's ``matmul`` (its BLAS), one with ``torch.mm``; their FLOPs,
+    and the arrays both write the products to. The same layouts on both sides: a transposed
+    operand is a transposed view."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    ops = []
+    for m, k, n, ta, tb in shapes:
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        ops.append((a.T if ta else a, w.T if tb else w, np.empty((m, n), np.float32)))
+    views = [tuple(torch.from_numpy(x) for x in op) for op in ops]
+
+    def numpy_products():
+        for a, w, out in ops:
+            np.matmul(a, w, out=out)
+
+    def torch_products():
+        for a, w, out in views:
+            torch.mm(a, w, out=out)
+    return (numpy_products, torch_products, sum(2.0 * m * k * n for m, k, n, _, _ in shapes),
+            [out for _, _, out in ops])
+
+
 class GPTTiming(NamedTuple):
     """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
-    and the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's)."""
+    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's), and
+    :class:`Timing` of the step's projections alone (:func:`gpt_projections`), NumPy's BLAS
+    against torch's."""
     timing: Timing
     numpy_flops: float
     torch_flops: float
     matmul_flops: float
     of_matmul: float
     path: str
+    projections: Timing
 
 
 def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
@@ -444,7 +495,10 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
 
     product, product_flops = matmul_step(repeat=max(1, round(gpt_step_flops(config, b, t)
                                                              / 20 / 6.7e7)))
-    times = round_robin_times({"torch": torch_step, "numpy": numpy_step, "matmul": product},
+    numpy_projections, torch_projections, _, _ = projection_steps(gpt_projections(config, b, t))
+    times = round_robin_times({"torch": torch_step, "numpy": numpy_step, "matmul": product,
+                               "torch projections": torch_projections,
+                               "numpy projections": numpy_projections},
                               repeats, warmup, clock)
     flops = gpt_step_flops(config, b, t)
     timing = summarize(times["torch"], times["numpy"])
@@ -452,15 +506,18 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
                  for n, m in zip(times["numpy"], times["matmul"], strict=True)]
     return GPTTiming(timing, flops / timing.numpy, flops / timing.torch,
                      product_flops / statistics.median(times["matmul"]),
-                     statistics.median(fractions), "core" if model._fast() is None else "fast")
+                     statistics.median(fractions), "core" if model._fast() is None else "fast",
+                     summarize(times["torch projections"], times["numpy projections"]))
 
 
 def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
                          speed: tuple[float, float]) -> float:
     """Rough seconds for one GPT size: the float64 check and ``rounds`` rounds of the two
-    steps (each about twice its matrix products' time at the calibration's rate)."""
+    steps (each about twice its matrix products' time at the calibration's rate) and of the two
+    sides' projections alone (about those products' time)."""
     step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
-    return step * (2 * rounds + 6)
+    projections = sum(2.0 * m * k * n for m, k, n, _, _ in gpt_projections(config, b, t))
+    return step * (2 * rounds + 6) + 2 * rounds * projections / speed[0]
 
 
 def _announce(planned: list[float], args, progress) -> None:
@@ -507,7 +564,7 @@ def _main_gpt(args, clock) -> int:
           flush=True)
     header = (f"{'block':<8} {'path':<5} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
               f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9}")
+              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9} {'projections':>11}")
     print(header)
     print("-" * len(header), flush=True)
     results = []
@@ -525,7 +582,7 @@ def _main_gpt(args, clock) -> int:
         print(f"{block:<8} {r.path:<5} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
               f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
-              f"{r.of_matmul:>8.0%}", flush=True)
+              f"{r.of_matmul:>8.0%} {r.projections.ratio:>10.2f}x", flush=True)
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     ratios = [r.timing.ratio for _, _, r in results]
@@ -535,6 +592,9 @@ def _main_gpt(args, clock) -> int:
           f"float32 matrix product ({MATMUL_SHAPE[0]} x {MATMUL_SHAPE[1]} by {MATMUL_SHAPE[1]} "
           f"x {MATMUL_SHAPE[2]}) ran at "
           f"{statistics.median(r.matmul_flops for _, _, r in results) / 1e9:.0f} GFLOP/s")
+    alone = [r.projections.ratio for _, _, r in results]
+    print(f"The step's projections alone (x W, x^T dy, dy W^T: the same products in NumPy and "
+          f"in torch): numpy/torch {min(alone):.2f}x - {max(alone):.2f}x")
     print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 
