@@ -3,7 +3,9 @@
 :class:`transformer_lab.models.gpt.GPT` computes with the core (:mod:`transformer_lab.core.gpt`,
 what the student writes). In the instructors' and readers' package it computes with this module
 instead, which gives the same loss, logits and gradients (to rounding) with fewer passes over
-memory: it is what makes the NumPy GPT's training step no slower than PyTorch's eager one. It is
+memory: it brings the NumPy GPT's training step close to PyTorch's eager one
+(``python -m transformer_lab.course.bench --model gpt`` measures how close, and how much of the
+rest is the matrix products, where NumPy's BLAS is slower than torch's). It is
 **not part of the course**: the handout leaves it out (``course/package.py``), and there ``GPT``
 computes with the student's own core; ``model.use_fast_path = False`` does the same here.
 ``tests/test_fast_gpt.py`` checks that the two paths agree (values and gradients, float32 and
