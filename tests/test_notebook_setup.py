@@ -1,6 +1,8 @@
 """setup_notebook: the first call of every notebook."""
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -27,6 +29,20 @@ def test_threads_and_printing(capsys):
     print(np.array([1 / 3]))
     assert capsys.readouterr().out.strip() == "[0.33]"
     setup_notebook()  # back to the defaults for the other tests in this process
+
+
+def test_the_thread_limit_covers_the_blas_the_gpt_loads_after_it():
+    # a notebook's first cell limits the threads; the GPT (whose fast path calls SciPy's BLAS)
+    # comes later: in a fresh process, every BLAS library then still has one thread
+    code = ("from transformer_lab import setup_notebook\n"
+            "setup_notebook(threads=1)\n"
+            "import transformer_lab.models.gpt\n"
+            "from threadpoolctl import threadpool_info\n"
+            "blas = [p for p in threadpool_info() if p['user_api'] == 'blas']\n"
+            "print(len(blas), sorted({p['num_threads'] for p in blas}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert int(out[0]) >= 1 and out[1:] == ["[1]"]
 
 
 def test_rejects_bad_arguments():

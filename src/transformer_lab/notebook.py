@@ -107,6 +107,9 @@ _blas_limit = None  # keeps the threadpoolctl limit alive for the whole session
 def limit_threads(threads: int) -> None:
     """Use ``threads`` threads in NumPy's BLAS (via threadpoolctl) and in torch, from now on."""
     global _blas_limit
+    # SciPy's own BLAS (the GPT's fast path calls it) loaded now: a limit covers only the
+    # libraries already loaded
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     _blas_limit = threadpool_limits(limits=threads, user_api="blas")

@@ -21,12 +21,11 @@ and after: issue 26's note):
 - **2-D throughout**: activations are ``(N, E)`` arrays, ``N = B T``, so every projection is
   one matrix product; the heads are strided views of the projections' outputs, and the
   attention's products write straight into their destinations (no split or merge copies);
-- **biases inside the products**: ``[x, 1] @ [W; b]`` (the producer of x writes it next to a
-  column of ones), and the bias's gradient is the last row of the weight's -- except after the
-  feed-forward network's activation, whose (N, F) output is 4 times wider than the product's
-  (N, E): there the bias is added to the product, so that the activation's elementwise steps
-  write a contiguous array (rows with a column of ones beside them cost NumPy twice as much
-  per element);
+- **the sublayers' outputs added to the residual stream by the product itself**: ``x += h W``
+  is one BLAS call with beta = 1 (:func:`_gemm_add`), where NumPy's ``matmul`` would first set
+  an output to zero and ``+=`` then pass over it again; every array the elementwise steps write
+  is contiguous (a column of ones beside the rows, to add a bias inside the product, makes
+  NumPy's elementwise steps cost twice as much per element);
 - **attention in the transposed layout, causal blocks skipped**: the scores are ``S^T = K Q^T``
   (keys along the rows), so that the softmax's maximum and sum run along the axis NumPy
   reduces fastest (a row of 128 reduced along the last axis costs three times as much); the
@@ -58,6 +57,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from scipy.linalg import blas
 from scipy.special import erf
 
 _TANH_C = math.sqrt(2 / math.pi)  # GELU's tanh form: tanh(C (x + K x^3))
@@ -120,25 +120,19 @@ def _matmul(a, b, alloc):
     return np.matmul(a, b, out=alloc((a.shape[0], b.shape[1]), a.dtype))
 
 
-def _with_ones(alloc, n, d, dtype, ones):
-    """An (n, d + 1) array whose last column is 1 when ``ones`` (else (n, d)), and its (n, d)
-    part: ``[x, 1] @ [W; b] = x @ W + b``, a bias added inside the product."""
-    if not ones:
-        a = alloc((n, d), dtype)
-        return a, a
-    a = alloc((n, d + 1), dtype)
-    a[:, d] = 1
-    return a, a[:, :d]
+def _fortran(a):
+    """a (2-D) as BLAS takes it: (the array in column-major order, whether to transpose it)."""
+    return (a.T, False) if a.flags.c_contiguous else (a, True)
 
 
-def _stacked(W, b):
-    """``[W; b]`` (or W without a bias): the weights of a product with a column of ones."""
-    return W if b is None else np.concatenate([W, b[None]], axis=0)
-
-
-def _split(G, d, with_b):
-    """``[x, 1]^T dY`` -> the weight's gradient (d, D) and the bias's (D,) (or None)."""
-    return (G[:d], G[d].copy()) if with_b else (G, None)
+def _gemm_add(a, b, c):
+    """c += a @ b in place, c C-contiguous: one BLAS call with beta = 1 (NumPy's matmul would
+    first set an output to zero, and the sum pass over c again)."""
+    gemm = blas.sgemm if c.dtype == np.float32 else blas.dgemm
+    bt, tb = _fortran(b)  # c^T = b^T a^T in column-major order
+    at, ta = _fortran(a)
+    gemm(1.0, bt, at, beta=1.0, c=c.T, trans_a=tb, trans_b=ta, overwrite_c=True)
+    return c
 
 
 _CHUNK_BYTES = 1 << 18
@@ -175,8 +169,7 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
     :func:`_norm_linear_backward`.
 
     The norm's gain and offset go into the product's weights: ``(xhat gamma + beta) @ W + b =
-    xhat @ (gamma W) + (beta @ W + b)``, an (E, D) product instead of two passes over (N, E);
-    that bias is a row of the weights (the normalised rows get a column of ones).
+    xhat @ (gamma W) + (beta @ W + b)``, an (E, D) product instead of two passes over (N, E).
     """
     gamma, beta = norm
     N, E = x.shape
@@ -185,7 +178,7 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
     b_in = None if beta is None and b is None else \
         (0 if beta is None else beta @ W) + (0 if b is None else b)
     rstd = alloc((N,), x.dtype)
-    xa, xhat = _with_ones(alloc, N, E, x.dtype, b_in is not None)
+    xhat = alloc((N, E), x.dtype)
     for r in _chunks(N, E, x.dtype.itemsize):
         x_, xh, rs = x[r], xhat[r], rstd[r]
         if c.norm == "layer":
@@ -200,8 +193,10 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
         np.sqrt(rs, out=rs)
         np.reciprocal(rs, out=rs)
         np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
-    y = _matmul(xa, _stacked(W_in, b_in), alloc)
-    return y, (xa, xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
+    y = _matmul(xhat, W_in, alloc)
+    if b_in is not None:
+        y += b_in
+    return y, (xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
 
 
 def _norm_linear_backward(dy, cache, dx, alloc):
@@ -214,12 +209,11 @@ def _norm_linear_backward(dy, cache, dx, alloc):
     ``g = dy @ (gamma W)^T`` (the norm's output gradient times gamma):
     ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` (RMSNorm: without ``mean(g)``).
     """
-    xa, xhat, rstd, W, W_in, gamma, beta, with_b, centred = cache
+    xhat, rstd, W, W_in, gamma, beta, with_b, centred = cache
     N, E = xhat.shape
     dt = dy.dtype
-    G = xa.T @ dy  # (E, D), and the column sums (D,) as its last row when xa has the ones
-    A = G[:E]
-    sums = G[E] if G.shape[0] > E else None
+    A = xhat.T @ dy  # (E, D)
+    sums = (_ones(N, dt) @ dy)[0] if with_b or beta is not None else None
     dW = A * gamma[:, None]
     if beta is not None:
         dW += beta[:, None] * sums
@@ -294,8 +288,9 @@ def _scores_bounded(qkv, E, kv, Dh):
     return bool(q2 * k2 < _EXP_SAFE ** 2)
 
 
-def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
-    """Causal self-attention of norm1(x), x (N, E) -> (N, E), cache.
+def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
+    """Causal self-attention of norm1(x), x (N, E) -> (N, E), cache (the output added to
+    ``into`` instead, when given: then None, cache).
 
     Layout: the queries of the H / Hkv = n_rep heads that share a key/value head are side by
     side, position-major, ``q[b, g, i n_rep + r]`` (the grouped layout); with n_rep = 1 and no
@@ -336,7 +331,7 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
             q = q.reshape(B, Hkv, T * n_rep, Dh)
     shift = not _scores_bounded(qkv, E, kv, Dh)
     b_o = P.get(p + "b_o")
-    ma, merged = _with_ones(alloc, B * T, E, dt, b_o is not None)  # the heads side by side
+    merged = alloc((B * T, E), dt)  # the heads side by side
     merged4 = merged.reshape((B, T, H, Dh), copy=False)
     blocks = []
     for c0, c1 in _blocks(T):
@@ -361,19 +356,19 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc):
             heads *= inv
             merged4[:, c0:c1].reshape((B, c1 - c0, Hkv, n_rep, Dh), copy=False)[...] = \
                 heads.reshape(B, Hkv, c1 - c0, n_rep, Dh).transpose(0, 2, 1, 3, 4)
-    out = _matmul(ma, _stacked(P[p + "W_o"], b_o), alloc)
-    return out, (c_qkv, q, k, v, blocks, ma, merged, rope_w, scale)
+    out = _output(merged, P[p + "W_o"], b_o, into, alloc)
+    return out, (c_qkv, q, k, v, blocks, merged, rope_w, scale)
 
 
 def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, alloc):
     """Gradients of :func:`_attention_forward`: the input's added to dx (N, E) in place."""
-    c_qkv, q, k, v, blocks, ma, merged, rope_w, scale = cache
+    c_qkv, q, k, v, blocks, merged, rope_w, scale = cache
     E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
     n_rep, kv, dt = H // Hkv, Hkv * Dh, dout.dtype
     b_o = P.get(p + "b_o")
-    grads[p + "W_o"], db_o = _split(ma.T @ dout, E, b_o is not None)
+    grads[p + "W_o"] = merged.T @ dout
     if b_o is not None:
-        grads[p + "b_o"] = db_o
+        grads[p + "b_o"] = (_ones(B * T, dt) @ dout)[0]
     dmerged = np.matmul(dout, P[p + "W_o"].T, out=alloc((B * T, E), dt))
     if n_rep == 1:
         dheads = dmerged.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # a view
@@ -424,6 +419,20 @@ def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, allo
     _set_norm_grads(grads, norm_prefix, dgamma, dbeta)
 
 
+def _output(h, W, b, into, alloc):
+    """A sublayer's output ``h W + b`` (N, E); or added to ``into`` (the residual stream) in
+    place, and None."""
+    if into is not None:
+        if b is not None:
+            into += b
+        _gemm_add(h, W, into)
+        return None
+    out = _matmul(h, W, alloc)
+    if b is not None:
+        out += b
+    return out
+
+
 def _matmul_into(a, b, out, first, alloc):
     """out = a @ b (first) or out += a @ b."""
     if first:
@@ -436,8 +445,9 @@ def _matmul_into(a, b, out, first, alloc):
 # The feed-forward networks
 
 
-def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
-    """The feed-forward network of norm2(x), x (N, E) -> (N, E), cache.
+def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True, into=None):
+    """The feed-forward network of norm2(x), x (N, E) -> (N, E), cache (or added to ``into``:
+    None, cache, as :func:`_attention_forward`).
 
     The activation's derivative is computed here (unless ``grad`` is False: no backward pass
     follows), a chunk of rows at a time while its inputs are in the cache, and kept for the
@@ -465,18 +475,14 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
             np.subtract(silu_, w_, out=w_)
             w_ += s_
             w_ *= u
-        out = _matmul(m, P[p + "W_down"], alloc)
-        return out, (kind, c_in, silu, w, m)
+        return _output(m, P[p + "W_down"], None, into, alloc), (kind, c_in, silu, w, m)
     a, c_in = _norm_linear_forward(x, norm, P[p + "W1"], P.get(p + "b1"), c, alloc)  # (N, F)
     F = a.shape[1]
     b2 = P.get(p + "b2")
-    g = alloc((N, F), dt)  # contiguous: b2 is added to the (N, E) output, not by a column of 1
+    g = alloc((N, F), dt)
     if kind == "relu":
         np.maximum(a, 0, out=g)
-        out = _matmul(g, P[p + "W2"], alloc)
-        if b2 is not None:
-            out += b2
-        return out, (kind, c_in, a, g)
+        return _output(g, P[p + "W2"], b2, into, alloc), (kind, c_in, a, g)
     # g = a t = 2 gelu(a), t = 1 + tanh(a (C + C K a^2)) or 1 + erf(a / sqrt 2); keeps dg/da
     w = alloc((N, F), dt)
     rows = _chunks(N, F, dt.itemsize)
@@ -516,10 +522,7 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True):
             w_ *= a_
             w_ *= math.sqrt(2 / math.pi)
         w_ += t_
-    out = _matmul(g, P[p + "W2"] * 0.5, alloc)
-    if b2 is not None:
-        out += b2
-    return out, (kind, c_in, w, g)
+    return _output(g, P[p + "W2"] * 0.5, b2, into, alloc), (kind, c_in, w, g)
 
 
 def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
@@ -616,16 +619,19 @@ def _forward(P, ids, c, pe, rope, alloc, rng=None, grad=True):
         x.reshape(B, T, -1)[...] += positions[:T]
     rope_w = _rope_w(rope, x.dtype)
     layers = []
+    dropping = rng is not None and c.dropout > 0  # else each sublayer adds its output to x
     for i in range(c.num_layers):
         p = f"layers.{i}."
         a, c_att = _attention_forward(x, P, p + "attn.", _norm_params(P, p + "norm1"), c, B, T,
-                                      rope_w, alloc)
-        drop1 = _dropout(a, c, rng)
-        x += a
+                                      rope_w, alloc, into=None if dropping else x)
+        drop1 = _dropout(a, c, rng) if dropping else None
+        if dropping:
+            x += a
         m, c_mlp = _mlp_forward(x, P, p + "mlp.", _norm_params(P, p + "norm2"), c.mlp, c,
-                                alloc, grad)
-        drop2 = _dropout(m, c, rng)
-        x += m
+                                alloc, grad, into=None if dropping else x)
+        drop2 = _dropout(m, c, rng) if dropping else None
+        if dropping:
+            x += m
         layers.append((c_att, drop1, c_mlp, drop2))
     # logits = norm(x) @ table^T
     logits, c_out = _norm_linear_forward(x, _norm_params(P, "norm"), table.T, None, c, alloc)
