@@ -58,9 +58,9 @@ matrix product's, measured in the same rounds (median of the per-round fractions
 also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T dy`` and
 ``dy W^T`` of every weight, at the step's shapes), computed by NumPy's BLAS and by torch's on
 the same arrays; the column "projections" is their median ratio numpy/torch. These products are
-most of a step (two thirds at d_model 256), and neither side can do without them: where that
-ratio is above 1, NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can
-match torch's only by doing everything else faster.
+most of a step's arithmetic, and neither side can do without them: where that ratio is above 1,
+NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can match torch's only
+by doing everything else faster.
 """
 
 from __future__ import annotations
