@@ -134,6 +134,23 @@ def test_the_softmax_shifts_the_scores_only_when_they_could_overflow(kind, scale
         assert seen and any(not b for b in seen) == shifted
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_add_adds_in_place_even_where_blas_returns_a_copy(dtype, monkeypatch):
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(s).astype(dtype) for s in ((5, 3), (3, 4), (5, 4)))
+    expected = c + a @ b
+    for left, right in ((a, b), (np.asfortranarray(a), np.ascontiguousarray(b.T).T)):
+        got = c.copy()
+        assert FG._gemm_add(left, right, got) is got
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    real = FG.blas.sgemm if dtype == np.float32 else FG.blas.dgemm
+    monkeypatch.setattr(FG.blas, "sgemm" if dtype == np.float32 else "dgemm",
+                        lambda *args, c, **kw: real(*args, c=c.copy(order="F"), **kw))
+    got = c.copy()
+    FG._gemm_add(a, b, got)  # a SciPy that copied c would have left it unchanged
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
 def test_a_training_run_is_the_same_on_both_paths():
     """Adam steps from the same weights: the losses agree at every step (float64)."""
     from transformer_lab.optim import Adam

@@ -131,7 +131,9 @@ def _gemm_add(a, b, c):
     gemm = blas.sgemm if c.dtype == np.float32 else blas.dgemm
     bt, tb = _fortran(b)  # c^T = b^T a^T in column-major order
     at, ta = _fortran(a)
-    gemm(1.0, bt, at, beta=1.0, c=c.T, trans_a=tb, trans_b=ta, overwrite_c=True)
+    out = gemm(1.0, bt, at, beta=1.0, c=c.T, trans_a=tb, trans_b=ta, overwrite_c=True)
+    if out.ctypes.data != c.ctypes.data:  # the wrapper wrote a copy: c + a b, in column order
+        c[...] = out.T
     return c
 
 
