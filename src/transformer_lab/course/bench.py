@@ -407,6 +407,11 @@ def gpt_projections(config, b: int, t: int) -> list[tuple[int, int, int, bool, b
                           (n, d_out, d_in, False, True))]
 
 
+def projection_flops(shapes) -> float:
+    """FLOPs of the products ``shapes`` (:func:`gpt_projections`): 2 M K N each."""
+    return sum(2.0 * m * k * n for m, k, n, _, _ in shapes)
+
+
 def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object], float,
                                       list[np.ndarray]]:
     """Two steps that compute the products ``shapes`` (:func:`gpt_projections`) on the same
@@ -430,8 +435,7 @@ def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object]
     def torch_products():
         for a, w, out in views:
             torch.mm(a, w, out=out)
-    return (numpy_products, torch_products, sum(2.0 * m * k * n for m, k, n, _, _ in shapes),
-            [out for _, _, out in ops])
+    return numpy_products, torch_products, projection_flops(shapes), [out for _, _, out in ops]
 
 
 class GPTTiming(NamedTuple):
@@ -516,7 +520,7 @@ def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
     steps (each about twice its matrix products' time at the calibration's rate) and of the two
     sides' projections alone (about those products' time)."""
     step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
-    projections = sum(2.0 * m * k * n for m, k, n, _, _ in gpt_projections(config, b, t))
+    projections = projection_flops(gpt_projections(config, b, t))
     return step * (2 * rounds + 6) + 2 * rounds * projections / speed[0]
 
 

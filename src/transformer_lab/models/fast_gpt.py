@@ -162,6 +162,11 @@ def _ones(n, dtype):
     return _ONES[key]
 
 
+def _column_sums(a):
+    """The sums of a's columns (a bias's gradient), as :func:`_ones` computes them."""
+    return (_ones(a.shape[0], a.dtype) @ a)[0]
+
+
 def _norm_params(P, prefix):
     return P[prefix + ".gamma"], P.get(prefix + ".beta")
 
@@ -215,11 +220,11 @@ def _norm_linear_backward(dy, cache, dx, alloc):
     N, E = xhat.shape
     dt = dy.dtype
     A = xhat.T @ dy  # (E, D)
-    sums = (_ones(N, dt) @ dy)[0] if with_b or beta is not None else None
+    sums = _column_sums(dy) if with_b or beta is not None else None
     dW = A * gamma[:, None]
     if beta is not None:
         dW += beta[:, None] * sums
-    db = sums.copy() if with_b else None
+    db = sums if with_b else None
     dgamma = np.einsum("ed,ed->e", W, A)
     dbeta = W @ sums if beta is not None else None
     g = np.matmul(dy, W_in.T, out=alloc((N, E), dt))
@@ -370,7 +375,7 @@ def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, allo
     b_o = P.get(p + "b_o")
     grads[p + "W_o"] = merged.T @ dout
     if b_o is not None:
-        grads[p + "b_o"] = (_ones(B * T, dt) @ dout)[0]
+        grads[p + "b_o"] = _column_sums(dout)
     dmerged = np.matmul(dout, P[p + "W_o"].T, out=alloc((B * T, E), dt))
     if n_rep == 1:
         dheads = dmerged.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # a view
@@ -544,7 +549,7 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
         F = g.shape[1]
         G = g.T @ dout
         if P.get(p + "b2") is not None:
-            grads[p + "b2"] = (_ones(N, dt) @ dout)[0]
+            grads[p + "b2"] = _column_sums(dout)
         if kind == "relu":
             a = cache[2]
             grads[p + "W2"] = G
@@ -601,6 +606,16 @@ def _dropout(out, c, rng):
     return keep, scale
 
 
+def _add_output(x, out, c, rng):
+    """x += a sublayer's output (None: the sublayer added it itself), through dropout when
+    training with it -> the dropout's cache (None without)."""
+    if out is None:
+        return None
+    cache = _dropout(out, c, rng)
+    x += out
+    return cache
+
+
 def _dropout_backward(dout, cache, alloc):
     if cache is None:
         return dout
@@ -621,19 +636,16 @@ def _forward(P, ids, c, pe, rope, alloc, rng=None, grad=True):
         x.reshape(B, T, -1)[...] += positions[:T]
     rope_w = _rope_w(rope, x.dtype)
     layers = []
-    dropping = rng is not None and c.dropout > 0  # else each sublayer adds its output to x
+    # without dropout, each sublayer adds its output to x in its own product
+    into = x if rng is None or c.dropout == 0 else None
     for i in range(c.num_layers):
         p = f"layers.{i}."
         a, c_att = _attention_forward(x, P, p + "attn.", _norm_params(P, p + "norm1"), c, B, T,
-                                      rope_w, alloc, into=None if dropping else x)
-        drop1 = _dropout(a, c, rng) if dropping else None
-        if dropping:
-            x += a
+                                      rope_w, alloc, into=into)
+        drop1 = _add_output(x, a, c, rng)
         m, c_mlp = _mlp_forward(x, P, p + "mlp.", _norm_params(P, p + "norm2"), c.mlp, c,
-                                alloc, grad, into=None if dropping else x)
-        drop2 = _dropout(m, c, rng) if dropping else None
-        if dropping:
-            x += m
+                                alloc, grad, into=into)
+        drop2 = _add_output(x, m, c, rng)
         layers.append((c_att, drop1, c_mlp, drop2))
     # logits = norm(x) @ table^T
     logits, c_out = _norm_linear_forward(x, _norm_params(P, "norm"), table.T, None, c, alloc)
