@@ -151,6 +151,23 @@ def test_gemm_add_adds_in_place_even_where_blas_returns_a_copy(dtype, monkeypatc
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rank1_add_updates_in_place_even_where_blas_returns_a_copy(dtype, monkeypatch):
+    rng = np.random.default_rng(1)
+    u, v, a = (rng.standard_normal(s).astype(dtype) for s in ((5,), (4,), (5, 4)))
+    expected = a + np.outer(u, v)
+    got = a.copy()
+    assert FG._rank1_add(u, v, got) is got
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    name = "sger" if dtype == np.float32 else "dger"
+    real = getattr(FG.blas, name)
+    monkeypatch.setattr(FG.blas, name,
+                        lambda *args, a, **kw: real(*args, a=a.copy(order="F"), **kw))
+    got = a.copy()
+    FG._rank1_add(u, v, got)  # a SciPy that copied a would have left it unchanged
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
 def test_a_training_run_is_the_same_on_both_paths():
     """Adam steps from the same weights: the losses agree at every step (float64)."""
     from transformer_lab.optim import Adam

@@ -162,6 +162,15 @@ def _ones(n, dtype):
     return _ONES[key]
 
 
+def _rank1_add(u, v, a):
+    """a += u v^T in place, a C-contiguous (E, D): BLAS's rank-one update, one pass."""
+    ger = blas.sger if a.dtype == np.float32 else blas.dger
+    out = ger(1.0, v, u, a=a.T, overwrite_a=True)  # a^T += v u^T, column-major
+    if out.ctypes.data != a.ctypes.data:
+        a[...] = out.T
+    return a
+
+
 def _column_sums(a):
     """The sums of a's columns (a bias's gradient), as :func:`_ones` computes them."""
     return (_ones(a.shape[0], a.dtype) @ a)[0]
@@ -200,9 +209,12 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
         np.sqrt(rs, out=rs)
         np.reciprocal(rs, out=rs)
         np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
-    y = _matmul(xhat, W_in, alloc)
-    if b_in is not None:
-        y += b_in
+    if b_in is None:
+        y = _matmul(xhat, W_in, alloc)
+    else:  # the bias first, the product added to it (as torch's addmm)
+        y = alloc((N, W.shape[1]), x.dtype)
+        y[...] = b_in
+        _gemm_add(xhat, W_in, y)
     return y, (xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
 
 
@@ -219,13 +231,13 @@ def _norm_linear_backward(dy, cache, dx, alloc):
     xhat, rstd, W, W_in, gamma, beta, with_b, centred = cache
     N, E = xhat.shape
     dt = dy.dtype
-    A = xhat.T @ dy  # (E, D)
+    dW = xhat.T @ dy  # (E, D): A, then gamma A + beta s in place
     sums = _column_sums(dy) if with_b or beta is not None else None
-    dW = A * gamma[:, None]
-    if beta is not None:
-        dW += beta[:, None] * sums
     db = sums if with_b else None
-    dgamma = np.einsum("ed,ed->e", W, A)
+    dgamma = np.einsum("ed,ed->e", W, dW)
+    dW *= gamma[:, None]
+    if beta is not None:
+        _rank1_add(beta, sums, dW)
     dbeta = W @ sums if beta is not None else None
     g = np.matmul(dy, W_in.T, out=alloc((N, E), dt))
     inv_e = 1.0 / E
