@@ -198,9 +198,10 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
     for r in _chunks(N, E, x.dtype.itemsize):
         x_, xh, rs = x[r], xhat[r], rstd[r]
         if c.norm == "layer":
-            mean = x_ @ _ones(E, x.dtype)[0]
-            mean *= inv_e
-            np.subtract(x_, mean[:, None], out=xh)
+            neg_mean = x_ @ _ones(E, x.dtype)[0]
+            neg_mean *= -inv_e
+            xh[...] = x_
+            _rank1_add(neg_mean, _ones(E, x.dtype)[0], xh)  # x - mean, by rows
             np.einsum("ij,ij->i", xh, xh, out=rs)
         else:
             np.einsum("ij,ij->i", x_, x_, out=rs)
@@ -248,9 +249,9 @@ def _norm_linear_backward(dy, cache, dx, alloc):
         mean_gx = np.einsum("ij,ij->i", g_, xh)
         mean_gx *= inv_e
         if centred:
-            mean_g = g_ @ _ones(E, dt)[0]
-            mean_g *= inv_e
-            g_ -= mean_g[:, None]
+            neg_mean_g = g_ @ _ones(E, dt)[0]
+            neg_mean_g *= -inv_e
+            _rank1_add(neg_mean_g, _ones(E, dt)[0], g_)
         np.multiply(xh, mean_gx[:, None], out=t_)
         g_ -= t_
         g_ *= rstd[r, None]
