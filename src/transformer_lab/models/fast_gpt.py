@@ -131,8 +131,9 @@ def _gemm_add(a, b, c):
     gemm = blas.sgemm if c.dtype == np.float32 else blas.dgemm
     bt, tb = _fortran(b)  # c^T = b^T a^T in column-major order
     at, ta = _fortran(a)
-    out = gemm(1.0, bt, at, beta=1.0, c=c.T, trans_a=tb, trans_b=ta, overwrite_c=True)
-    if out.ctypes.data != c.ctypes.data:  # the wrapper wrote a copy: c + a b, in column order
+    ct = c.T
+    out = gemm(1.0, bt, at, beta=1.0, c=ct, overwrite_c=True, trans_a=tb, trans_b=ta)
+    if out is not ct:  # the wrapper wrote a copy: c + a b, in column order
         c[...] = out.T
     return c
 
@@ -165,8 +166,9 @@ def _ones(n, dtype):
 def _rank1_add(u, v, a):
     """a += u v^T in place, a C-contiguous (E, D): BLAS's rank-one update, one pass."""
     ger = blas.sger if a.dtype == np.float32 else blas.dger
-    out = ger(1.0, v, u, a=a.T, overwrite_a=True)  # a^T += v u^T, column-major
-    if out.ctypes.data != a.ctypes.data:
+    at = a.T
+    out = ger(1.0, v, u, a=at, overwrite_a=True)  # a^T += v u^T, column-major
+    if out is not at:  # the wrapper wrote a copy (an object of its own)
         a[...] = out.T
     return a
 
