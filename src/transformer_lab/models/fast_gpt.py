@@ -192,7 +192,7 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
     gamma, beta = norm
     N, E = x.shape
     inv_e = 1.0 / E
-    W_in = gamma[:, None] * W  # (E, D)
+    W_in = np.multiply(gamma[:, None], W, out=alloc(W.shape, W.dtype))  # (E, D)
     b_in = None if beta is None and b is None else \
         (0 if beta is None else beta @ W) + (0 if b is None else b)
     rstd = alloc((N,), x.dtype)
@@ -324,7 +324,8 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
     E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
     n_rep, kv, dt = H // Hkv, Hkv * Dh, x.dtype
     scale = 1.0 / math.sqrt(Dh)
-    W_s = P[p + "W_qkv"].copy()
+    W_s = alloc(P[p + "W_qkv"].shape, P[p + "W_qkv"].dtype)
+    W_s[...] = P[p + "W_qkv"]
     W_s[:, :E] *= scale  # the queries come out scaled
     b_s = P.get(p + "b_qkv")
     if b_s is not None:
@@ -544,7 +545,9 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True, into=None):
             w_ *= a_
             w_ *= math.sqrt(2 / math.pi)
         w_ += t_
-    return _output(g, P[p + "W2"] * 0.5, b2, into, alloc), (kind, c_in, w, g)
+    W2 = P[p + "W2"]
+    W2_half = np.multiply(W2, 0.5, out=alloc(W2.shape, W2.dtype))  # g is 2 gelu
+    return _output(g, W2_half, b2, into, alloc), (kind, c_in, w, g, W2_half)
 
 
 def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
@@ -560,7 +563,7 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
         np.multiply(dm, w, out=da[:, :F])  # the gate's gradient
         np.multiply(dm, silu, out=da[:, F:])  # the up projection's
     else:
-        g = cache[-1]
+        g = cache[3]  # (kind, c_in, a or w, g[, W2 / 2])
         F = g.shape[1]
         G = g.T @ dout
         if P.get(p + "b2") is not None:
@@ -572,8 +575,9 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
             np.copyto(da, 0, where=a <= 0)
         else:
             w = cache[2]
-            grads[p + "W2"] = G * 0.5
-            da = np.matmul(dout, (P[p + "W2"] * 0.5).T, out=alloc((N, F), dt))  # of g
+            G *= 0.5
+            grads[p + "W2"] = G
+            da = np.matmul(dout, cache[4].T, out=alloc((N, F), dt))  # of g (W2 / 2)
             da *= w
     dW, db, dgamma, dbeta = _norm_linear_backward(da, c_in, dx, alloc)
     if kind == "swiglu":
