@@ -317,9 +317,10 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
     Layout: the queries of the H / Hkv = n_rep heads that share a key/value head are side by
     side, position-major, ``q[b, g, i n_rep + r]`` (the grouped layout); with n_rep = 1 and no
     RoPE they are a view of the projection's output. The scores of a column block of queries
-    are ``st[b, g, j, i n_rep + r] = k_j . q_(i, r)``, keys along the rows; ``st`` keeps the
-    softmax's exponentials, and the heads are divided by their sums (``inv``) after the product
-    with the values (a (T, Dh) pass instead of a (T, T) one).
+    are ``st[b, g, j, i n_rep + r] = k_j . q_(i, r)``, keys along the rows; ``st`` becomes the
+    softmax's weights in place (each column divided by its sum: a pass whose inner loop runs
+    along a row of st, faster here than dividing the heads afterwards, whose rows are only Dh
+    long), and the cache keeps them.
     """
     E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
     n_rep, kv, dt = H // Hkv, Hkv * Dh, x.dtype
@@ -367,16 +368,14 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
         np.exp(st, out=st)
         inv = np.matmul(_ones(c1, dt), st)  # the sums over the keys (B, Hkv, 1, w n_rep)
         np.reciprocal(inv, out=inv)
-        inv = inv.swapaxes(-1, -2)  # (B, Hkv, w n_rep, 1)
-        blocks.append((st, inv))
+        st *= inv  # the softmax's weights P^T
+        blocks.append(st)
         if n_rep == 1:
             heads = merged4[:, c0:c1].transpose(0, 2, 1, 3)
             np.matmul(st.swapaxes(-1, -2), v[:, :, :c1], out=heads)
-            heads *= inv
         else:
             heads = np.matmul(st.swapaxes(-1, -2), v[:, :, :c1],
                               out=alloc((B, Hkv, (c1 - c0) * n_rep, Dh), dt))
-            heads *= inv
             merged4[:, c0:c1].reshape((B, c1 - c0, Hkv, n_rep, Dh), copy=False)[...] = \
                 heads.reshape(B, Hkv, c1 - c0, n_rep, Dh).transpose(0, 2, 1, 3, 4)
     out = _output(merged, P[p + "W_o"], b_o, into, alloc)
@@ -411,15 +410,14 @@ def _attention_backward(dout, cache, P, p, norm_prefix, c, B, T, dx, grads, allo
     # in the grouped layout (B, Hkv, 1, T n_rep)
     d_out = np.einsum("nhd,nhd->nh", dmerged.reshape(B * T, H, Dh), merged.reshape(B * T, H, Dh))
     d_out = d_out.reshape(B, T, Hkv, n_rep).transpose(0, 2, 1, 3).reshape(B, Hkv, 1, T * n_rep)
-    for (c0, c1), (st, inv) in reversed(list(zip(_blocks(T), blocks, strict=True))):
+    for (c0, c1), st in reversed(list(zip(_blocks(T), blocks, strict=True))):
         cols = slice(c0 * n_rep, c1 * n_rep)
         first = c1 == T  # the last block reaches every key: it writes, the others add
-        dh = np.multiply(dheads[:, :, cols], inv, out=alloc(inv.shape[:-1] + (Dh,), dt))
-        # with P = st * inv (per query) and dh = dO * inv: dV = P^T dO = st dh; with
-        # dP' = v dh^T (dP^T scaled by inv), dS^T = st * (dP' - inv sum_j P dP)
+        dh = dheads[:, :, cols]
+        # dV = P^T dO; dS^T = P^T * (dP^T - sum_j P dP), dP^T = v dO^T
         _matmul_into(st, dh, dv[:, :, :c1], first, alloc)  # summed over a group's heads
         dst = np.matmul(v[:, :, :c1], dh.swapaxes(-1, -2), out=alloc(st.shape, dt))
-        dst -= d_out[..., cols] * inv.swapaxes(-1, -2)
+        dst -= d_out[..., cols]
         dst *= st  # dS^T
         np.matmul(dst.swapaxes(-1, -2), k[:, :, :c1], out=dq[:, :, cols])
         _matmul_into(dst, q[:, :, cols], dk[:, :, :c1], first, alloc)
