@@ -23,22 +23,27 @@ and after: issue 26's note):
   attention's products write straight into their destinations (no split or merge copies);
 - **the sublayers' outputs added to the residual stream by the product itself**: ``x += h W``
   is one BLAS call with beta = 1 (:func:`_gemm_add`), where NumPy's ``matmul`` would first set
-  an output to zero and ``+=`` then pass over it again; every array the elementwise steps write
-  is contiguous (a column of ones beside the rows, to add a bias inside the product, makes
-  NumPy's elementwise steps cost twice as much per element);
+  an output to zero and ``+=`` then pass over it again; a product with a bias starts from the
+  bias and adds the product to it the same way (as torch's ``addmm``); every array the
+  elementwise steps write is contiguous (a column of ones beside the rows, to add a bias inside
+  the product, makes NumPy's elementwise steps cost twice as much per element);
 - **attention in the transposed layout, causal blocks skipped**: the scores are ``S^T = K Q^T``
   (keys along the rows), so that the softmax's maximum and sum run along the axis NumPy
   reduces fastest (a row of 128 reduced along the last axis costs three times as much); the
   queries go in blocks of 64 and each block meets only the keys up to its end (3/4 of the
   products and softmax at 128 positions); the causal mask is one added table on the diagonal
-  block; the query heads that share a key/value head are side by side in one product, which
+  block; the scores become the softmax's weights in place, kept for the backward pass (no
+  scaling of the heads or their gradients by the sums, passes over rows only Dh long); the
+  query heads that share a key/value head are side by side in one product, which
   also sums their key and value gradients; the scale ``1/sqrt(Dh)`` is folded into ``W_q``;
   RoPE is a multiplication by complex numbers (each pair of features one complex number,
   notebook 06's rotation ``exp(-i a)``), written straight into the grouped layout;
 - **GELU and SwiGLU with fewer passes, a cache-sized chunk of rows at a time**: the factor 1/2
   moved into the next weight matrix, the forward pass's tanh (or sigmoid) reused in the
   backward pass, every step in place; SwiGLU's gate and up projections in one product; the
-  norms' elementwise steps chunked the same way;
+  norms' elementwise steps chunked the same way, the layer norm's means subtracted by BLAS's
+  rank-one update (NumPy's broadcast of a column over a row costs two to three times a
+  contiguous pass when the rows are short);
 - **the norms' gain and offset inside the next product's weights**: ``(xhat gamma + beta) W +
   b = xhat (gamma W) + (beta W + b)``, and their gradients from that product's (E, D) weight
   gradient instead of passes over the (N, E) activations;
