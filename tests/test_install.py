@@ -4,6 +4,7 @@ Python the course supports (3.10-3.13); every import of what a student runs is i
 requirements.txt; the package's metadata agrees."""
 
 import ast
+import inspect
 import json
 import re
 import sys
@@ -139,9 +140,30 @@ def _closure(roots: set[str]) -> set[str]:
 
 
 def _providers() -> dict[str, set[str]]:
-    """top-level module -> the distributions that install it."""
-    return {module: {canonicalize_name(d) for d in dists}
-            for module, dists in metadata.packages_distributions().items()}
+    """top-level module -> the distributions that install it: from their top_level.txt, or
+    else from the files they installed (Python 3.10's packages_distributions reads only
+    top_level.txt, which NumPy's wheels, among others, do not have)."""
+    found: dict[str, set[str]] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        tops = (dist.read_text("top_level.txt") or "").split() or \
+            {_top_level(path) for path in dist.files or ()}
+        for module in tops:
+            if module and "." not in module:
+                found.setdefault(module, set()).add(canonicalize_name(name))
+    return found
+
+
+def _top_level(path) -> str | None:
+    """The importable top-level name an installed file gives ('numpy' for numpy/linalg.py,
+    'six' for six.py), None for other files (metadata, scripts' folders, caches)."""
+    parts = path.parts
+    if len(parts) > 1:
+        return None if parts[0].endswith((".dist-info", ".egg-info", ".data")) or \
+            parts[0] in ("..", "__pycache__") else parts[0]
+    return inspect.getmodulename(parts[0]) if parts else None
 
 
 def _student_code() -> dict[str, str]:

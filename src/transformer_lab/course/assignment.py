@@ -29,6 +29,8 @@ from pathlib import Path
 
 import nbformat
 
+from transformer_lab.course import untrusted
+
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
 BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
@@ -105,7 +107,7 @@ def parse_check_call(source: str) -> CheckCall | None:
     """The call of a one-line check cell, ``check("check-logsumexp", logsumexp)``; None when
     the cell holds anything else (a legacy check cell of asserts, for one)."""
     try:
-        tree = ast.parse(source)
+        tree = untrusted.parse(source)
     except SyntaxError:
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):

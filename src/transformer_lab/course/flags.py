@@ -29,6 +29,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from transformer_lab.course import untrusted
+
 #: IPython's cell magics whose body is Python (the probe runs it).
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
 _IPYTHON_CALLS = {"run_line_magic", "run_cell_magic", "system", "getoutput"}
@@ -98,7 +100,7 @@ def python_source(source: str) -> str:
     if transformed.count("\n") != source.count("\n"):
         return source  # not line for line: the probe reports what fails
     try:
-        tree = ast.parse(transformed)
+        tree = untrusted.parse(transformed)
     except SyntaxError:
         return transformed
     out = transformed.split("\n")
@@ -124,7 +126,7 @@ def imported_names(sources: list[str]) -> set[str]:
     names = set()
     for source in sources:
         try:
-            tree = ast.parse(source)
+            tree = untrusted.parse(source)
         except SyntaxError:
             continue
         for node in ast.walk(tree):
@@ -139,7 +141,7 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
     same namespace, e.g. in a notebook's other cells; ``core``: a core module, where torch is
     worth a flag too)."""
     try:
-        tree = ast.parse(source)
+        tree = untrusted.parse(source)
     except SyntaxError:
         return []
     imported = imported_names([source]) | (imported or set())

@@ -74,6 +74,7 @@ import nbformat
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
+from transformer_lab.course import untrusted
 from transformer_lab.course.assignment import (
     OWNER_FILE,
     Assignment,
@@ -319,7 +320,7 @@ def without_unused_imports(cells: list[tuple[str, str]],
     used = set(names)
     for k, (_, source) in enumerate(cells):
         try:
-            trees[k] = ast.parse(source)
+            trees[k] = untrusted.parse(source)
         except SyntaxError:
             continue
         for node in trees[k].body:
@@ -352,7 +353,7 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
 def _definitions(source: str) -> str:
     """The functions, classes and imports of a cell's source ('' if none, or unparseable)."""
     try:
-        tree = ast.parse(source)
+        tree = untrusted.parse(source)
     except SyntaxError:
         return ""
     return "\n\n".join(ast.get_source_segment(source, node) or "" for node in tree.body
@@ -636,7 +637,7 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
     for module, path in sorted((work.core_files or {}).items()):
         try:
             source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
+            tree = untrusted.parse(source)
         except Exception:  # unreadable, or built to break the parser (too deep, too big)
             continue
         lines = source.split("\n")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_lab import syllabus
+from transformer_lab.course import untrusted
 from transformer_lab.course.assignment import Region, find_regions, has_marker_words
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
@@ -584,7 +585,7 @@ def compose_core_module(stub_source: str, definitions: dict[str, str],
         out.append(lines[i])
         i += 1
     composed = "\n".join(out)
-    compile(composed, "<composed core module>", "exec")
+    untrusted.check_compiles(composed, "<composed core module>")
     return composed
 
 
@@ -609,9 +610,10 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
     """
     wanted, provided = list(wanted), set(provided)
     try:
-        tree = ast.parse(source)
+        tree = untrusted.parse(source, label)
     except SyntaxError as err:
-        reason = f"{label} does not parse (SyntaxError at line {err.lineno}: {err.msg})"
+        reason = f"{label} does not parse (SyntaxError at line {err.lineno}: {err.msg})" \
+            if err.lineno else f"{label} does not parse ({err.msg})"
         return StudentCode({}, [], {name: reason for name in wanted})
     lines = source.split("\n")
     extents = statement_spans(tree, lines)
