@@ -82,3 +82,13 @@ def test_the_graders_readers_of_student_code_take_deep_code_as_unparseable():
         assert code.problems["softmax"].startswith("core/layers.py does not parse (too deeply")
     with pytest.raises(untrusted.Unparseable):
         compose_core_module("def softmax(x):\n    pass\n", deep_softmax)
+
+
+def test_where_no_thread_gets_the_large_stack_the_parser_runs_as_it_is(guarded, monkeypatch):
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(untrusted.threading.Thread, "start", refuse)
+    assert isinstance(untrusted.parse("x = 1\n"), ast.Module)
+    with pytest.raises(SyntaxError):
+        untrusted.parse("x = (\n")

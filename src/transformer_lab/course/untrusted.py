@@ -10,7 +10,8 @@ and the process dies of a segmentation fault. Python 3.11 and later raise Recurs
 Here both end in :class:`Unparseable`, a SyntaxError, so that a caller's ``except SyntaxError``
 covers them. On 3.10 the parser runs in a thread whose stack (:data:`STACK_BYTES` of address
 space, used only as deep as a parse goes) holds the deepest expression of the longest source
-that is parsed there (:data:`MAX_CHARS_310`); a longer source is not parsed on 3.10.
+that is parsed there (:data:`MAX_CHARS_310`); a longer source is not parsed on 3.10. Where no
+thread with such a stack can start (a memory limit), the parser runs as it is.
 """
 
 from __future__ import annotations
@@ -74,9 +75,14 @@ def _guarded(work: Callable[[], object], source: str, filename: str):
         try:
             thread = threading.Thread(target=run, name="untrusted-parse")
             thread.start()
+        except RuntimeError:  # no such stack here (a memory limit): the parser as it is
+            thread = None
         finally:
             threading.stack_size(previous)
-    thread.join()
+    if thread is None:
+        run()
+    else:
+        thread.join()
     if "error" in result:
         err = result["error"]
         if isinstance(err, (RecursionError, MemoryError)):
