@@ -92,3 +92,17 @@ def test_where_no_thread_gets_the_large_stack_the_parser_runs_as_it_is(guarded, 
     assert isinstance(untrusted.parse("x = 1\n"), ast.Module)
     with pytest.raises(SyntaxError):
         untrusted.parse("x = (\n")
+
+
+def test_a_cell_with_a_very_long_line_is_not_given_to_ipythons_transformer(monkeypatch):
+    """(On Python 3.12.1, IPython's transformer takes memory in the square of a line's length.)"""
+    from IPython.core import inputtransformer2
+
+    seen = []
+    real = inputtransformer2.TransformerManager.transform_cell
+    monkeypatch.setattr(inputtransformer2.TransformerManager, "transform_cell",
+                        lambda self, source: seen.append(source) or real(self, source))
+    short = "%time x = 1\ny = 2"
+    assert flags.python_source(short) == "pass\ny = 2" and seen == [short]
+    long = "x = [" + "1, " * 2_000 + "]\n%time y = 1"
+    assert flags.python_source(long) == long and seen == [short]

@@ -31,6 +31,10 @@ from dataclasses import dataclass
 
 from transformer_lab.course import untrusted
 
+#: A cell with a longer line is not given to IPython's transformer. On Python 3.12.1 its
+#: tokens each hold a copy of their line, so its memory grows with the square of a line's
+#: length: 9.8 GB for one line of 50,000 additions (100 kB), where 3.11 needs 50 MB.
+LONGEST_TRANSFORMED_LINE = 4_000
 #: IPython's cell magics whose body is Python (the probe runs it).
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
 _IPYTHON_CALLS = {"run_line_magic", "run_cell_magic", "system", "getoutput"}
@@ -89,6 +93,8 @@ def python_source(source: str) -> str:
         if name in PYTHON_CELL_MAGICS:
             return "\n" + python_source("\n".join(lines[1:]))
         return "\n".join("" for _ in lines)
+    if max(map(len, lines)) > LONGEST_TRANSFORMED_LINE:
+        return source  # (as one that IPython cannot transform: see LONGEST_TRANSFORMED_LINE)
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 
