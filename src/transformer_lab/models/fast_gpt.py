@@ -125,6 +125,16 @@ def _matmul(a, b, alloc):
     return np.matmul(a, b, out=alloc((a.shape[0], b.shape[1]), a.dtype))
 
 
+def _product(a, W, b, alloc):
+    """``a @ W + b`` (b None: no bias) in an array of the pool: with a bias, the bias is written
+    first and the product added to it by one BLAS call with beta = 1 (as torch's ``addmm``)."""
+    if b is None:
+        return _matmul(a, W, alloc)
+    y = alloc((a.shape[0], W.shape[1]), a.dtype)
+    y[...] = b
+    return _gemm_add(a, W, y)
+
+
 def _fortran(a):
     """a (2-D) as BLAS takes it: (the array in column-major order, whether to transpose it)."""
     return (a.T, False) if a.flags.c_contiguous else (a, True)
@@ -217,12 +227,7 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
         np.sqrt(rs, out=rs)
         np.reciprocal(rs, out=rs)
         np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
-    if b_in is None:
-        y = _matmul(xhat, W_in, alloc)
-    else:  # the bias first, the product added to it (as torch's addmm)
-        y = alloc((N, W.shape[1]), x.dtype)
-        y[...] = b_in
-        _gemm_add(xhat, W_in, y)
+    y = _product(xhat, W_in, b_in, alloc)
     return y, (xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
 
 
@@ -453,10 +458,7 @@ def _output(h, W, b, into, alloc):
             into += b
         _gemm_add(h, W, into)
         return None
-    out = _matmul(h, W, alloc)
-    if b is not None:
-        out += b
-    return out
+    return _product(h, W, b, alloc)
 
 
 def _matmul_into(a, b, out, first, alloc):
@@ -508,7 +510,7 @@ def _mlp_forward(x, P, p, norm, kind, c, alloc, grad=True, into=None):
     g = alloc((N, F), dt)
     if kind == "relu":
         np.maximum(a, 0, out=g)
-        return _output(g, P[p + "W2"], b2, into, alloc), (kind, c_in, a, g)
+        return _output(g, P[p + "W2"], b2, into, alloc), (kind, c_in, a, g, P[p + "W2"])
     # g = a t = 2 gelu(a), t = 1 + tanh(a (C + C K a^2)) or 1 + erf(a / sqrt 2); keeps dg/da
     w = alloc((N, F), dt)
     rows = _chunks(N, F, dt.itemsize)
@@ -566,22 +568,18 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
         np.multiply(dm, w, out=da[:, :F])  # the gate's gradient
         np.multiply(dm, silu, out=da[:, F:])  # the up projection's
     else:
-        g = cache[3]  # (kind, c_in, a or w, g[, W2 / 2])
+        a_or_w, g, W2_used = cache[2:]  # W2_used: W2, or W2 / 2 after GELU (g = 2 gelu)
         F = g.shape[1]
         G = g.T @ dout
         if P.get(p + "b2") is not None:
             grads[p + "b2"] = _column_sums(dout)
+        da = np.matmul(dout, W2_used.T, out=alloc((N, F), dt))  # of g
         if kind == "relu":
-            a = cache[2]
-            grads[p + "W2"] = G
-            da = np.matmul(dout, P[p + "W2"].T, out=alloc((N, F), dt))
-            np.copyto(da, 0, where=a <= 0)
+            np.copyto(da, 0, where=a_or_w <= 0)
         else:
-            w = cache[2]
             G *= 0.5
-            grads[p + "W2"] = G
-            da = np.matmul(dout, cache[4].T, out=alloc((N, F), dt))  # of g (W2 / 2)
-            da *= w
+            da *= a_or_w  # dg/da
+        grads[p + "W2"] = G
     dW, db, dgamma, dbeta = _norm_linear_backward(da, c_in, dx, alloc)
     if kind == "swiglu":
         F = dW.shape[1] // 2
