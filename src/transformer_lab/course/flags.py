@@ -35,6 +35,7 @@ from transformer_lab.course import untrusted
 #: tokens each hold a copy of their line, so its memory grows with the square of a line's
 #: length: 9.8 GB for one line of 50,000 additions (100 kB), where 3.11 needs 50 MB.
 LONGEST_TRANSFORMED_LINE = 4_000
+
 #: IPython's cell magics whose body is Python (the probe runs it).
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
 _IPYTHON_CALLS = {"run_line_magic", "run_cell_magic", "system", "getoutput"}

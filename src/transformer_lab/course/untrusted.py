@@ -54,12 +54,7 @@ def _unparseable(why: str, filename: str) -> Unparseable:
 
 
 def _guarded(work: Callable[[], object], source: str, filename: str):
-    if not _GUARDED:
-        try:
-            return work()
-        except (RecursionError, MemoryError) as err:
-            raise _unparseable(f"too deeply nested to parse ({err})", filename) from None
-    if len(source) > MAX_CHARS_310:
+    if _GUARDED and len(source) > MAX_CHARS_310:
         raise _unparseable(f"{len(source):,} characters, more than the {MAX_CHARS_310:,} the "
                            "grader parses on Python 3.10", filename)
     result: dict[str, object] = {}
@@ -67,18 +62,20 @@ def _guarded(work: Callable[[], object], source: str, filename: str):
     def run() -> None:
         try:
             result["value"] = work()
-        except BaseException as err:  # handed to the calling thread
+        except BaseException as err:  # raised below, in the calling thread
             result["error"] = err
 
-    with _LOCK:
-        previous = threading.stack_size(STACK_BYTES)
-        try:
-            thread = threading.Thread(target=run, name="untrusted-parse")
-            thread.start()
-        except RuntimeError:  # no such stack here (a memory limit): the parser as it is
-            thread = None
-        finally:
-            threading.stack_size(previous)
+    thread = None
+    if _GUARDED:
+        with _LOCK:
+            previous = threading.stack_size(STACK_BYTES)
+            try:
+                thread = threading.Thread(target=run, name="untrusted-parse")
+                thread.start()
+            except RuntimeError:  # no such stack here (a memory limit): the parser as it is
+                thread = None
+            finally:
+                threading.stack_size(previous)
     if thread is None:
         run()
     else:
