@@ -6,7 +6,9 @@ One *step* is what a training step does with the module: forward, then backward 
 ``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get the
 same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the same
 float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few padded
-positions) and the same upstream gradient. Before anything is timed, the twin is checked to compute
+positions) and the same upstream gradient. The twins compute with the package's fast path where
+it has one (:mod:`transformer_lab.models.fast_blocks`; ``--core``: with the core, as the handout
+does). Before anything is timed, the twin is checked to compute
 what the module computes: a float64 copy of each, same weights and inputs, must agree on the output
 and the input gradients to a relative error of 1e-10 -- a benchmark of two computations that differ
 would mean nothing. (The check is not made in float32: there the two sides legitimately differ by
@@ -192,10 +194,12 @@ def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> flo
 
 
 def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int, warmup: int,
-            masks: bool = True, clock: Callable[[], float] = time.perf_counter) -> Timing:
+            masks: bool = True, clock: Callable[[], float] = time.perf_counter,
+            core: bool = False) -> Timing:
     """Time one float32 forward + backward step of torch and of the NumPy twin in interleaved
     rounds (:func:`paired_times`), after checking in float64 that the twin computes what the
-    module computes (:func:`check_twin`).
+    module computes (:func:`check_twin`). ``core``: the twin computes with the core, not with
+    the fast path (:mod:`transformer_lab.models.fast_blocks`, where the package has it).
 
     Returns:
         :class:`Timing`; ``measure(...)[0]`` and ``[1]`` are the median seconds of torch and
@@ -208,6 +212,7 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
     rng = np.random.default_rng(0)
     module = _build(kind, e, h, layers)
     twin = from_torch(module)
+    twin.use_fast_path = not core
     args, kwargs = _inputs(kind, b, t, e, rng)
     if not masks:
         kwargs = {}
@@ -231,11 +236,18 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
         grads = twin.backward(dout)
         return out, grads if isinstance(grads, tuple) else (grads,)
 
-    _check_float64_twin(module, args, kwargs, dout)
+    _check_float64_twin(module, args, kwargs, dout, core)
     return summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
 
 
-def _check_float64_twin(module, args, kwargs, dout) -> float:
+def _fast_blocks():
+    """:mod:`transformer_lab.models.fast_blocks`, or None where the package leaves it out."""
+    from transformer_lab.reference.interop import twins
+
+    return twins._fast_blocks
+
+
+def _check_float64_twin(module, args, kwargs, dout, core: bool = False) -> float:
     """Run a float64 copy of ``module`` and of its twin on the same inputs; :func:`check_twin`."""
     import copy
 
@@ -250,6 +262,7 @@ def _check_float64_twin(module, args, kwargs, dout) -> float:
     out = ref(*leaves, **{k: torch.tensor(m) for k, m in kwargs.items()})
     (out * torch.tensor(dout64)).sum().backward()
     twin = from_torch(ref)
+    twin.use_fast_path = not core
     twin_out = twin.forward(*args64, **kwargs)
     twin_grads = twin.backward(dout64)
     twin_grads = twin_grads if isinstance(twin_grads, tuple) else (twin_grads,)
@@ -619,7 +632,8 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks", nargs="+", choices=GPT_BLOCKS, default=list(GPT_BLOCKS),
                         help="--model gpt: the 2017 / GPT-2 block, the modern one (default both)")
     parser.add_argument("--core", action="store_true",
-                        help="--model gpt: compute with the core, not the fast path")
+                        help="compute with the core, not the fast path (models.fast_blocks for "
+                             "the twins, models.fast_gpt for the GPT), as the handout does")
     parser.add_argument("--d-model", nargs="+", type=int, default=None,
                         help="default 64 128 256; --model gpt: 96 256")
     parser.add_argument("--batch", nargs="+", type=int, default=None,
@@ -690,7 +704,8 @@ def main(argv=None) -> int:
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
           f"backward, {args.repeats} interleaved rounds after {args.warmup} warm-up, masks "
-          f"{'on' if args.masks else 'off'}; "
+          f"{'on' if args.masks else 'off'}; the twins compute with "
+          f"{'the core' if args.core or _fast_blocks() is None else 'the fast path'}; "
           f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
           flush=True)
     header = (f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
@@ -704,7 +719,7 @@ def main(argv=None) -> int:
         what = f"{names[kind]}, d_model {e}, batch {b}, length {t}"
         print(f"[{k + 1}/{len(sizes)}] {what} ...", file=progress, flush=True)
         r = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
-                    clock)
+                    clock, args.core)
         ratios.setdefault(kind, []).append(r)
         print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
               f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",

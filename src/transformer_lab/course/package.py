@@ -38,7 +38,7 @@ TOOLS_DIR = "course"
 #: Modules the handout and the probe leave out, relative to the package: speed-only paths that
 #: compute what the core computes (the trainer must train on the student's own core, and the
 #: fast path is a solution of the core's exercises).
-SPEED_ONLY = ("models/fast_gpt.py",)
+SPEED_ONLY = ("models/fast_gpt.py", "models/fast_blocks.py")
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".ipynb_checkpoints",
                  ".pytest_cache", ".ruff_cache")
 #: Class attributes and methods of a check that the handout needs (outside hidden regions).

@@ -204,6 +204,8 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
     The norm's gain and offset go into the product's weights: ``(xhat gamma + beta) @ W + b =
     xhat @ (gamma W) + (beta @ W + b)``, an (E, D) product instead of two passes over (N, E).
     """
+    if norm is None:  # no norm before the product (the encoder-decoder's post-norm layers)
+        return _product(x, W, b, alloc), (x, None, W, W, None, None, b is not None, None)
     gamma, beta = norm
     N, E = x.shape
     inv_e = 1.0 / E
@@ -242,6 +244,10 @@ def _norm_linear_backward(dy, cache, dx, alloc):
     ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` (RMSNorm: without ``mean(g)``).
     """
     xhat, rstd, W, W_in, gamma, beta, with_b, centred = cache
+    if rstd is None:  # no norm: xhat is the product's input
+        dW = xhat.T @ dy
+        _gemm_add(dy, W.T, dx)
+        return dW, _column_sums(dy) if with_b else None, None, None
     N, E = xhat.shape
     dt = dy.dtype
     dW = xhat.T @ dy  # (E, D): A, then gamma A + beta s in place
@@ -272,6 +278,8 @@ def _norm_linear_backward(dy, cache, dx, alloc):
 
 
 def _set_norm_grads(grads, prefix, dgamma, dbeta):
+    if dgamma is None:  # no norm
+        return
     grads[prefix + ".gamma"] = dgamma
     if dbeta is not None:
         grads[prefix + ".beta"] = dbeta
@@ -575,7 +583,8 @@ def _mlp_backward(dout, cache, P, p, norm_prefix, dx, grads, alloc):
             grads[p + "b2"] = _column_sums(dout)
         da = np.matmul(dout, W2_used.T, out=alloc((N, F), dt))  # of g
         if kind == "relu":
-            np.copyto(da, 0, where=a_or_w <= 0)
+            # (np.copyto with where= costs 10 to 20 times as much as this product here)
+            np.multiply(da, a_or_w > 0, out=da)
         else:
             G *= 0.5
             da *= a_or_w  # dg/da

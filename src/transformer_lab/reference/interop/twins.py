@@ -6,16 +6,21 @@ A twin checks the arguments of ``forward`` / ``backward`` once, with the errors 
 :mod:`transformer_lab.reference.interop.layout`)
 and calls :mod:`transformer_lab.core` -- through the core modules' attributes at call time, so
 that an edited core (the student's, the grader's) is the one that runs. It computes none of the
-core's math itself. What every twin does and where it differs from torch:
+core's math itself. The layer and stack twins compute with the speed-only
+:mod:`transformer_lab.models.fast_blocks` instead while the core is the package's own
+(:func:`_fast_path`). What every twin does and where it differs from torch:
 :mod:`transformer_lab.reference.interop`.
 """
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.attention import multihead_weights
+from transformer_lab.core import attention as core_attention
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import multihead as core_multihead
@@ -31,6 +36,38 @@ from transformer_lab.reference.interop.layout import (
     stack_from_torch,
     stack_to_torch,
 )
+
+try:  # the speed-only path: in the instructors' and readers' package, not in the handout
+    import transformer_lab.models.fast_blocks as _fast_blocks
+except ModuleNotFoundError as err:
+    if err.name != "transformer_lab.models.fast_blocks":
+        raise
+    _fast_blocks = None
+
+
+def _core_functions(modules) -> list:
+    """(module, name, function) of every function in the modules' namespaces."""
+    return [(m, name, f) for m in modules for name, f in vars(m).items()
+            if isinstance(f, types.FunctionType)]
+
+
+#: The functions a layer's or a stack's computation goes through in the core, as the package
+#: ships them: the fast path stands in for these only (a core function replaced since -- the
+#: student's, the grader's -- is the one that runs)
+_PRISTINE = _core_functions((core_blocks, core_multihead, core_attention, core_layers))
+
+
+def _fast_path(twin):
+    """:mod:`transformer_lab.models.fast_blocks` where the package has it, the twin's
+    ``use_fast_path`` is on, it supports the twin's activation and the core is the package's
+    own; else None (the core computes)."""
+    if _fast_blocks is None or not twin.use_fast_path \
+            or not _fast_blocks.supports(twin.activation):
+        return None
+    if any(getattr(m, name) is not f for m, name, f in _PRISTINE):
+        return None
+    return _fast_blocks
+
 
 __all__ = ["LinearTwin", "EmbeddingTwin", "LayerNormTwin", "MultiheadAttentionTwin",
            "TransformerEncoderLayerTwin", "TransformerDecoderLayerTwin", "TransformerEncoderTwin",
@@ -422,7 +459,13 @@ class MultiheadAttentionTwin(_Twin):
 
 
 class _LayerTwin(_Twin):
-    """Common set-up of the layer and stack twins: configuration, sequences and masks."""
+    """Common set-up of the layer and stack twins: configuration, sequences and masks.
+
+    ``use_fast_path``: compute with :mod:`transformer_lab.models.fast_blocks` (the core's
+    numbers, faster) where the package has it and the core is its own; False: with the core.
+    """
+
+    use_fast_path = True
 
     def _configure(self, cfg: dict) -> None:
         self.d_model, self.num_heads = cfg["d_model"], cfg["num_heads"]
@@ -479,15 +522,15 @@ class TransformerEncoderLayerTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         mask = self._self_mask(x, src_mask, src_key_padding_mask, is_causal,
                                ("src_mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = core_blocks.encoder_layer_forward(x, self._p, self.num_heads, mask,
-                                                       **self._kw)
-        self._cache = (cache, batched, src.shape)
+        blocks = _fast_path(self) or core_blocks
+        out, cache = blocks.encoder_layer_forward(x, self._p, self.num_heads, mask, **self._kw)
+        self._cache = (blocks, cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
     def backward(self, dout):
-        cache, batched, shape = self._last()
+        blocks, cache, batched, shape = self._last()
         d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, g = core_blocks.encoder_layer_backward(d, cache)
+        dx, g = blocks.encoder_layer_backward(d, cache)
         self._set_grads(layer_to_torch(g, ""))
         return args.torch_layout(dx, batched, self.batch_first)
 
@@ -516,15 +559,16 @@ class TransformerDecoderLayerTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        out, cache = core_blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
-                                                       **self._kw)
-        self._cache = (cache, batched, tgt.shape)
+        blocks = _fast_path(self) or core_blocks
+        out, cache = blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
+                                                  **self._kw)
+        self._cache = (blocks, cache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
     def backward(self, dout):
-        cache, batched, shape = self._last()
+        blocks, cache, batched, shape = self._last()
         d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, dmem, g = core_blocks.decoder_layer_backward(d, cache)
+        dx, dmem, g = blocks.decoder_layer_backward(d, cache)
         self._set_grads(layer_to_torch(g, ""))
         return (args.torch_layout(dx, batched, self.batch_first),
                 args.torch_layout(dmem, batched, self.batch_first))
@@ -554,30 +598,31 @@ class _Stack:
         self.kw = {"norm_first": self.cfg["norm_first"], "activation": self.cfg["activation"],
                    "eps": self.cfg["eps"]}
 
-    def forward(self, x, *masks, memory=None):
-        """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks."""
+    def forward(self, x, *masks, memory=None, fast=None):
+        """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks;
+        fast: :mod:`transformer_lab.models.fast_blocks`, or None (the core)."""
         h = self.cfg["num_heads"]
+        blocks, norms = (fast, fast) if fast is not None else (core_blocks, core_layers)
         if self.decoder:
-            out, cache = core_blocks.decoder_forward(x, memory, self.params, h, *masks,
-                                                     **self.kw)
+            out, cache = blocks.decoder_forward(x, memory, self.params, h, *masks, **self.kw)
         else:
-            out, cache = core_blocks.encoder_forward(x, self.params, h, *masks, **self.kw)
+            out, cache = blocks.encoder_forward(x, self.params, h, *masks, **self.kw)
         ncache = None
         if self.norm is not None:
-            out, ncache = core_layers.layer_norm_forward(out, self.norm.get("gamma"),
-                                                         self.norm.get("beta"), self.norm_eps)
-        return out, (cache, ncache)
+            out, ncache = norms.layer_norm_forward(out, self.norm.get("gamma"),
+                                                   self.norm.get("beta"), self.norm_eps)
+        return out, (blocks, norms, cache, ncache)
 
     def backward(self, dout, caches):
         """Returns dx, dmemory (decoders; None for encoders) and torch-named grads."""
-        cache, ncache = caches
+        blocks, norms, cache, ncache = caches
         norm_grads = None
         if ncache is not None:
-            dout, norm_grads = core_layers.layer_norm_backward(dout, ncache)
+            dout, norm_grads = norms.layer_norm_backward(dout, ncache)
         if self.decoder:
-            dx, dmem, g = core_blocks.decoder_backward(dout, cache)
+            dx, dmem, g = blocks.decoder_backward(dout, cache)
         else:
-            (dx, g), dmem = core_blocks.encoder_backward(dout, cache), None
+            (dx, g), dmem = blocks.encoder_backward(dout, cache), None
         grads = stack_to_torch({"layers": g["layers"], "norm": norm_grads}, self.prefix)
         return dx, dmem, grads
 
@@ -600,7 +645,7 @@ class TransformerEncoderTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         m = self._self_mask(x, mask, src_key_padding_mask, is_causal,
                             ("mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = self._stack.forward(x, m)
+        out, cache = self._stack.forward(x, m, fast=_fast_path(self))
         self._cache = (cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -633,7 +678,7 @@ class TransformerDecoderTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        out, cache = self._stack.forward(x, tm, mm, memory=mem)
+        out, cache = self._stack.forward(x, tm, mm, memory=mem, fast=_fast_path(self))
         self._cache = (cache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -687,8 +732,9 @@ class TransformerTwin(_LayerTwin):
                              heads=h)
         mm = self._cross_mask(y, x, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched, heads=h)
-        memory, ecache = self._enc.forward(x, sm)
-        out, dcache = self._dec.forward(y, tm, mm, memory=memory)
+        fast = _fast_path(self)
+        memory, ecache = self._enc.forward(x, sm, fast=fast)
+        out, dcache = self._dec.forward(y, tm, mm, memory=memory, fast=fast)
         self._cache = (ecache, dcache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 

@@ -1,0 +1,284 @@
+"""The encoder-decoder's speed-only path (models/fast_blocks.py, issue 26) computes what the core
+computes: every output and gradient of the layers and stacks equal to ``core.blocks``' (float64
+to 1e-12, float32 to 1e-5) in both norm orders, with every activation, with and without biases
+and gains, with boolean and float masks (causal, padding, both, values other than -inf, a query
+whose keys are all blocked) and scores too large for the softmax without its shift; the twins
+compute with it, or with the core when told to or where the package leaves it out."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transformer_lab.core import blocks as core_blocks
+from transformer_lab.core import layers as core_layers
+from transformer_lab.course import package as P
+from transformer_lab.models import fast_blocks as FB
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "transformer_lab"
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+E, H, F = 12, 3, 20
+
+
+def _norm(rng, dt, gamma=True, beta=True):
+    return {"gamma": (1 + 0.3 * rng.standard_normal(E)).astype(dt) if gamma else None,
+            **({"beta": (0.3 * rng.standard_normal(E)).astype(dt)} if beta else {})}
+
+
+def _w(rng, dt, *shape, scale=0.4):
+    return (scale * rng.standard_normal(shape)).astype(dt)
+
+
+def layer_params(rng, dt, decoder, bias=True, gamma=True, scale=0.4):
+    p = {"self_attn": {"W_qkv": _w(rng, dt, E, 3 * E, scale=scale), "W_o": _w(rng, dt, E, E)},
+         "ff": {"W1": _w(rng, dt, E, F), "W2": _w(rng, dt, F, E)}}
+    if bias:
+        p["self_attn"].update(b_qkv=_w(rng, dt, 3 * E), b_o=_w(rng, dt, E))
+        p["ff"].update(b1=_w(rng, dt, F), b2=_w(rng, dt, E))
+    if decoder:
+        ca = {k: _w(rng, dt, E, E, scale=scale) for k in ("W_q", "W_k", "W_v", "W_o")}
+        if bias:
+            ca.update({k: _w(rng, dt, E) for k in ("b_q", "b_k", "b_v", "b_o")})
+        p["cross_attn"] = ca
+    for n in ("norm1", "norm2", "norm3")[:2 + decoder]:
+        p[n] = _norm(rng, dt, gamma, bias)
+    return p
+
+
+def masks(kind, rng, B, T, S, dt):
+    """(self mask, cross mask) of a kind, broadcastable to (B, H, T, T) and (B, H, T, S)."""
+    lengths = np.array([S, S - 2, 1])[:B]
+    pad = np.arange(S)[None, :] >= lengths[:, None]  # (B, S)
+    pad_t = np.arange(T)[None, :] >= np.array([T, T - 1, T - 3])[:B, None]
+    causal = np.triu(np.ones((T, T), bool), 1)
+    if kind == "none":
+        return None, None
+    if kind == "bool":
+        return causal | pad_t[:, None, None, :], pad[:, None, None, :]
+    if kind == "float-inf":  # additive, blocking only
+        return (np.where(causal, -np.inf, 0).astype(dt),
+                np.where(pad, -np.inf, 0).astype(dt)[:, None, None, :])
+    if kind == "float-values":  # additive, with finite values (a bias on the scores)
+        return ((np.where(causal, -np.inf, 0) + rng.standard_normal((T, T))).astype(dt),
+                rng.standard_normal((B, H, T, S)).astype(dt))
+    if kind == "all-blocked":  # the first query sees no key at all
+        m = np.zeros((B, 1, T, S), bool)
+        m[:, :, 0] = True
+        t = np.zeros((B, 1, T, T), bool)
+        t[0, :, 1] = True
+        return t, m
+    raise ValueError(kind)
+
+
+def _close(a, b, tol, where="out"):
+    """a equals b (nested dicts, lists and arrays) to tol relative to b's largest entry."""
+    if isinstance(a, dict):
+        assert list(a) == list(b), (where, list(a), list(b))
+        scale = max((np.abs(x).max() for x in b.values() if isinstance(x, np.ndarray)),
+                    default=0.0)
+        for k in a:
+            if k == "b_k":  # zero (the softmax ignores a shift shared by a query's scores):
+                # both are rounding noise, small beside the other gradients
+                eps = np.finfo(a[k].dtype).eps
+                assert max(np.abs(a[k]).max(), np.abs(b[k]).max()) < 1e3 * eps * scale, where
+                continue
+            _close(a[k], b[k], tol, f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, tol, f"{where}[{i}]")
+    elif a is None:
+        assert b is None, where
+    else:
+        assert a.shape == b.shape and a.dtype == b.dtype, (where, a.shape, b.shape, a.dtype,
+                                                            b.dtype)
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert err < tol, (where, err)
+
+
+CASES = [
+    dict(norm_first=False, activation="relu", mask="bool"),
+    dict(norm_first=True, activation="relu", mask="bool"),
+    dict(norm_first=False, activation="gelu", mask="float-inf", bias=False),
+    dict(norm_first=True, activation="gelu_tanh", mask="float-values"),
+    dict(norm_first=False, activation="gelu_tanh", mask="none", gamma=False, bias=False),
+    dict(norm_first=True, activation="gelu", mask="all-blocked", gamma=False),
+    # scores too large to go without the shift (and rounding amplified: tolerance x 10)
+    dict(norm_first=False, activation="relu", mask="bool", scale=1.5),
+    dict(norm_first=True, activation="relu", mask="none", scale=1.5, eps=1e-3),
+]
+
+
+def _ids(case):
+    return "-".join(f"{k}={v}" for k, v in case.items())
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_encoder_layer_equals_the_core(case, dt):
+    rng = np.random.default_rng(0)
+    case = dict(case)
+    B, T = 3, 5
+    tol = TOL[dt] * (10 if "scale" in case else 1)
+    p = layer_params(rng, dt, False, case.pop("bias", True), case.pop("gamma", True),
+                     case.pop("scale", 0.4))
+    sm, _ = masks(case.pop("mask"), rng, B, T, T, dt)
+    x, dout = (rng.standard_normal((B, T, E)).astype(dt) for _ in range(2))
+    outs = []
+    for blocks in (core_blocks, FB):
+        y, cache = blocks.encoder_layer_forward(x, p, H, sm, **case)
+        dx, g = blocks.encoder_layer_backward(dout, cache)
+        outs.append((y, dx, g))
+    _close(outs[1], outs[0], tol)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_decoder_layer_equals_the_core(case, dt):
+    rng = np.random.default_rng(1)
+    case = dict(case)
+    B, T, S = 3, 5, 7
+    tol = TOL[dt] * (10 if "scale" in case else 1)
+    p = layer_params(rng, dt, True, case.pop("bias", True), case.pop("gamma", True),
+                     case.pop("scale", 0.4))
+    tm, mm = masks(case.pop("mask"), rng, B, T, S, dt)
+    x, dout = (rng.standard_normal((B, T, E)).astype(dt) for _ in range(2))
+    mem = rng.standard_normal((B, S, E)).astype(dt)
+    outs = []
+    for blocks in (core_blocks, FB):
+        y, cache = blocks.decoder_layer_forward(x, mem, p, H, tm, mm, **case)
+        outs.append((y, *blocks.decoder_layer_backward(dout, cache)))
+    _close(outs[1], outs[0], tol)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_stacks_equal_the_core(norm_first, final_norm, dt):
+    rng = np.random.default_rng(2)
+    B, T, S = 3, 5, 7
+    enc = {"layers": [layer_params(rng, dt, False) for _ in range(2)],
+           "norm": _norm(rng, dt) if final_norm else None}
+    dec = {"layers": [layer_params(rng, dt, True) for _ in range(3)],
+           "norm": _norm(rng, dt) if final_norm else None}
+    tm, mm = masks("bool", rng, B, T, S, dt)
+    sm = masks("bool", rng, B, S, S, dt)[1]
+    src, tgt, dout = (rng.standard_normal((B, n, E)).astype(dt) for n in (S, T, T))
+    outs = []
+    for blocks in (core_blocks, FB):
+        mem, c_enc = blocks.encoder_forward(src, enc, H, sm, norm_first, "relu")
+        y, c_dec = blocks.decoder_forward(tgt, mem, dec, H, tm, mm, norm_first, "relu")
+        dtgt, dmem, g_dec = blocks.decoder_backward(dout, c_dec)
+        dsrc, g_enc = blocks.encoder_backward(dmem, c_enc)
+        outs.append((mem, y, dtgt, dmem, g_dec, dsrc, g_enc))
+    _close(outs[1], outs[0], 3 * TOL[dt])  # five layers' rounding
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+def test_layer_norm_equals_the_core(dt):
+    rng = np.random.default_rng(3)
+    x, dout = (rng.standard_normal((4, 3, E)).astype(dt) for _ in range(2))
+    for gamma, beta in ((True, True), (True, False), (False, False)):
+        n = _norm(rng, dt, gamma, beta)
+        outs = []
+        for f, b in ((core_layers.layer_norm_forward, core_layers.layer_norm_backward),
+                     (FB.layer_norm_forward, FB.layer_norm_backward)):
+            y, c = f(x, n["gamma"], n.get("beta"), 1e-5)
+            outs.append((y, *b(dout, c)))
+        _close(outs[1], outs[0], TOL[dt])
+
+
+def test_the_cases_take_both_softmaxes(monkeypatch):
+    """The small weights' scores are bounded (the softmax without its shift), the large ones'
+    are not (with it): the cases above test both."""
+    seen = []
+    bounded = FB._bounded
+    monkeypatch.setattr(FB, "_bounded", lambda *a: seen.append(bounded(*a)) or seen[-1])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, E))
+    for scale in (0.4, 1.5):
+        FB.encoder_layer_forward(x, layer_params(rng, np.float64, False, scale=scale), H)
+    assert seen == [True, False]
+
+
+# ------------------------------------------------------------------ the twins choose the path
+
+
+def _twin_run(twin, *xs):
+    out = twin.forward(*xs)
+    # (a gradient of ones would give a post-norm layer's input none: the norm takes it away)
+    dout = np.random.default_rng(5).standard_normal(out.shape)
+    return out, twin.backward(dout), dict(twin.grads)
+
+
+@pytest.mark.parametrize("make", ["encoder_layer", "transformer"])
+def test_twins_compute_with_the_fast_path_and_the_core_gives_the_same(make):
+    from torch import nn
+
+    from transformer_lab.reference.interop import from_torch, twins
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 8))
+    if make == "encoder_layer":
+        m = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        xs = (x,)
+    else:
+        m = nn.Transformer(8, 2, 2, 2, 16, dropout=0.0, batch_first=True)
+        xs = (x, x[:, :4])
+    tw = from_torch(m.double())
+    assert twins._fast_path(tw) is FB
+    fast = _twin_run(tw, *xs)
+    tw.use_fast_path = False
+    assert twins._fast_path(tw) is None
+    _close(fast, _twin_run(tw, *xs), 1e-12)
+
+
+def test_a_replaced_core_function_turns_the_fast_path_off(monkeypatch):
+    """The twins compute with the core as it is: once a core function is replaced (a student's,
+    the grader's), the fast path no longer stands in for it."""
+    from torch import nn
+
+    from transformer_lab.core import attention as core_attention
+    from transformer_lab.reference.interop import from_torch, twins
+
+    tw = from_torch(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True))
+    assert twins._fast_path(tw) is FB
+    monkeypatch.setattr(core_attention, "attention_forward", lambda *a, **k: None)
+    assert twins._fast_path(tw) is None
+
+
+HANDOUT_TWIN = r'''
+import numpy as np
+from torch import nn
+from transformer_lab.reference.interop import from_torch, twins
+print("fast path:", twins._fast_blocks)
+twin = from_torch(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True))
+try:
+    twin.forward(np.zeros((2, 3, 8), np.float32))
+except NotImplementedError as err:
+    print("core:", err)
+'''
+
+
+def test_in_the_handout_the_twins_run_the_students_core(tmp_path):
+    """A package as the handout has it -- without the speed-only module, the core's
+    ``encoder_layer_forward`` a stub -- imports, and a twin stops at the stub."""
+    shutil.copytree(PACKAGE.parent, tmp_path / "src", ignore=P._ignore(PACKAGE))
+    assert "models/fast_blocks.py" in P.SPEED_ONLY
+    assert not (tmp_path / "src" / "transformer_lab" / "models" / "fast_blocks.py").exists()
+    stubbed = P.parse_package(PACKAGE).core["blocks"].stubbed()
+    (tmp_path / "src" / "transformer_lab" / "core" / "blocks.py").write_text(stubbed)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-c", HANDOUT_TWIN], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    from transformer_lab import syllabus
+
+    assert "fast path: None" in result.stdout
+    assert f"core: {syllabus.stub_message('encoder_layer_forward')}" in result.stdout
