@@ -199,7 +199,7 @@ def _norm_params(P, prefix):
 
 def _norm_linear_forward(x, norm, W, b, c, alloc):
     """``norm(x) @ W + b`` for x (N, E) -> y (N, D), and the cache of
-    :func:`_norm_linear_backward`.
+    :func:`_norm_linear_backward` (norm None: ``x @ W + b``).
 
     The norm's gain and offset go into the product's weights: ``(xhat gamma + beta) @ W + b =
     xhat @ (gamma W) + (beta @ W + b)``, an (E, D) product instead of two passes over (N, E).
