@@ -52,6 +52,8 @@ from transformer_lab.models.fast_gpt import (
     _norm_linear_backward,
     _norm_linear_forward,
     _ones,
+    _output,
+    _product,
     _rank1_add,
 )
 
@@ -244,7 +246,7 @@ def _self_attention(x, P, H, mask, norm, c, B, T, into):
     shift = not (mask.blocks_only and _bounded(q, k, H, E // H))
     merged = np.empty((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, T, H)
-    _output(merged, P["W_o"], P.get("b_o"), into)
+    _output(merged, P["W_o"], P.get("b_o"), into, _fresh)
     return (c_qkv, qkv, st, merged, scale)
 
 
@@ -288,12 +290,12 @@ def _cross_attention(x, mem, P, H, mask, norm, c, B, T, S, into):
     W_q, b_q = _scaled(P["W_q"], P.get("b_q"), slice(None), scale)
     q, c_q = _norm_linear_forward(x, norm, W_q, b_q, c, _fresh)  # (N, E)
     W_kv, b_kv = _kv_params(P)
-    kv = _product(mem, W_kv, b_kv)  # (B S, 2E)
+    kv = _product(mem, W_kv, b_kv, _fresh)  # (B S, 2E)
     k, v = kv[:, :E], kv[:, E:]
     shift = not (mask.blocks_only and _bounded(q, k, H, E // H))
     merged = np.empty((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, S, H)
-    _output(merged, P["W_o"], P.get("b_o"), into)
+    _output(merged, P["W_o"], P.get("b_o"), into, _fresh)
     return (c_q, q, mem, W_kv, kv, st, merged, scale)
 
 
@@ -321,21 +323,6 @@ def _cross_attention_backward(dout, cache, P, H, B, T, S, dx, dmem):
             grads[name] = part.copy()
     _gemm_add(dkv, W_kv.T, dmem)
     return _ordered(grads, P), dgamma, dbeta
-
-
-def _product(a, W, b):
-    y = np.empty((a.shape[0], W.shape[1]), a.dtype)
-    if b is None:
-        return np.matmul(a, W, out=y)
-    y[...] = b
-    return _gemm_add(a, W, y)
-
-
-def _output(h, W, b, into):
-    """into += h W + b, in place."""
-    if b is not None:
-        into += b
-    _gemm_add(h, W, into)
 
 
 def _ordered(grads, P):
