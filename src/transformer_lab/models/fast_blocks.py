@@ -33,6 +33,7 @@ explains each trick) and differs from the core in the same ways:
 
 Parameters, masks and gradients are those of :mod:`transformer_lab.core.blocks` (nested
 dicts; a mask broadcastable to (B, H, T, S), boolean with True = blocked, or float, added).
+The batch must not be empty (the twins give an empty one to the core).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from transformer_lab.models.fast_gpt import (
+    _EXP_SAFE,
     _chunks,
     _column_sums,
     _fresh,
@@ -56,14 +58,6 @@ from transformer_lab.models.fast_gpt import (
     _product,
     _rank1_add,
 )
-
-_EXP_SAFE = 40.0  # as fast_gpt: exp of a score in [-40, 40] is a normal float32
-
-
-def supports(activation) -> bool:
-    """Whether this path computes layers with ``activation`` (else the core does)."""
-    return activation in ("relu", "gelu", "gelu_tanh")
-
 
 # --------------------------------------------------------------------------------------------
 # Layer norm, a chunk of rows at a time
@@ -132,15 +126,15 @@ def _layer_norm_backward(dz, cache):
 def layer_norm_forward(x, gamma=None, beta=None, eps=1e-5):
     """As ``core.layers.layer_norm_forward``: x (..., E) -> out (..., E), cache."""
     shape = x.shape
-    z, cache = _layer_norm(np.ascontiguousarray(x).reshape(-1, shape[-1]), gamma, beta, eps)
-    return z.reshape(shape), (cache, shape)
+    z, c_rows = _layer_norm(np.ascontiguousarray(x).reshape(-1, shape[-1]), gamma, beta, eps)
+    return z.reshape(shape), (c_rows, shape)
 
 
 def layer_norm_backward(dout, cache):
     """As ``core.layers.layer_norm_backward``: dx (..., E), grads {"gamma", "beta"} (present)."""
-    cache, shape = cache
+    c_rows, shape = cache
     ds, dgamma, dbeta = _layer_norm_backward(
-        np.ascontiguousarray(dout).reshape(-1, shape[-1]), cache)
+        np.ascontiguousarray(dout).reshape(-1, shape[-1]), c_rows)
     return ds.reshape(shape), _norm_grads(dgamma, dbeta)
 
 
@@ -167,6 +161,7 @@ class _Mask:
             self.add, self.blocks_only = None, True
             return
         mask = np.asarray(mask)
+        mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)  # (at least (T, S))
         if mask.dtype == bool:
             add = np.where(mask, dtype.type(-np.inf), dtype.type(0))
             self.blocks_only = True
@@ -178,7 +173,8 @@ class _Mask:
 
 def _bounded(q, k, H, Dh):
     """Whether every score ``q_i . k_j`` of every head lies in [-_EXP_SAFE, _EXP_SAFE] (the
-    largest norms' product bounds it): q (N, H Dh), k (M, H Dh), q already scaled."""
+    largest norms' product bounds it), as ``fast_gpt._scores_bounded`` for queries and keys
+    from different arrays: q (N, H Dh), k (M, H Dh), q already scaled."""
     q2 = np.einsum("nhd,nhd->nh", q.reshape(-1, H, Dh), q.reshape(-1, H, Dh)).max()
     k2 = np.einsum("nhd,nhd->nh", k.reshape(-1, H, Dh), k.reshape(-1, H, Dh)).max()
     return bool(q2 * k2 < _EXP_SAFE ** 2)
@@ -196,14 +192,13 @@ def _attend(q, k, v, mask, shift, merged, B, T, S, H):
     st = np.matmul(_heads(k, B, S, H), _heads(q, B, T, H).swapaxes(-1, -2))  # (B, H, S, T)
     if mask.add is not None:
         st += mask.add
-    if shift:  # softmax over the keys; a query with every key blocked gets weights 0
+    if shift:  # softmax over the keys (a query whose keys are all -inf: no shift)
         m = st.max(axis=-2, keepdims=True)
         m[np.isneginf(m)] = 0
         st -= m
     np.exp(st, out=st)
     sums = np.matmul(_ones(S, dt), st)  # (B, H, 1, T)
-    if mask.add is not None:
-        sums[sums == 0] = 1  # every key blocked: 0 / 1 = 0, as the core
+    sums[sums == 0] = 1  # every key blocked: weights 0 / 1 = 0, as the core's
     np.reciprocal(sums, out=sums)
     st *= sums  # the softmax's weights P^T
     np.matmul(st.swapaxes(-1, -2), _heads(v, B, S, H),
@@ -211,17 +206,19 @@ def _attend(q, k, v, mask, shift, merged, B, T, S, H):
     return st
 
 
-def _attend_backward(dmerged, merged, st, q, k, v, dq, dk, dv, B, T, S, H):
-    """Gradients of :func:`_attend` written into dq (N, E), dk, dv (B S, E) (views allowed)."""
-    Dh = q.shape[1] // H
+def _attend_backward(dmerged, st, q, k, v, dq, dk, dv, B, T, S, H):
+    """Gradients of :func:`_attend` written into dq (N, E), dk, dv (B S, E) (views allowed).
+
+    ``dS = P * dP - P * sum_j P_ij dP_ij``, the sums from P and dP as the core takes them (the
+    shortcut ``sum_j P_ij dP_ij = dO_i . O_i`` that fast_gpt uses loses the core's accuracy
+    where a query's weights saturate: 0.14 relative in float32 for inputs of a few hundred).
+    """
     dh = _heads(dmerged, B, T, H)
-    # sum_j P_ij dP_ij = dO_i . O_i per query and head: (B, H, 1, T)
-    d_out = np.einsum("nhd,nhd->nh", dmerged.reshape(-1, H, Dh), merged.reshape(-1, H, Dh))
-    d_out = d_out.reshape(B, T, H).transpose(0, 2, 1)[:, :, None, :]
     np.matmul(st, dh, out=_heads(dv, B, S, H))  # dV = P^T dO
     dst = np.matmul(_heads(v, B, S, H), dh.swapaxes(-1, -2))  # dP^T (B, H, S, T)
-    dst -= d_out
-    dst *= st  # dS^T
+    dst *= st
+    sums = np.matmul(_ones(S, dst.dtype), dst)  # (B, H, 1, T): sum_j P_ij dP_ij
+    dst -= st * sums  # dS^T
     np.matmul(dst.swapaxes(-1, -2), _heads(k, B, S, H), out=_heads(dq, B, T, H))
     np.matmul(dst, _heads(q, B, T, H), out=_heads(dk, B, S, H))
 
@@ -261,7 +258,7 @@ def _self_attention_backward(dout, cache, P, H, B, T, dx):
     dmerged = dout @ P["W_o"].T
     dqkv = np.empty_like(qkv)
     q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
-    _attend_backward(dmerged, merged, st, q, k, v, dqkv[:, :E], dqkv[:, E:2 * E],
+    _attend_backward(dmerged, st, q, k, v, dqkv[:, :E], dqkv[:, E:2 * E],
                      dqkv[:, 2 * E:], B, T, T, H)
     dW, db, dgamma, dbeta = _norm_linear_backward(dqkv, c_qkv, dx, _fresh)
     dW[:, :E] *= scale  # W_q was used scaled
@@ -308,13 +305,14 @@ def _cross_attention_backward(dout, cache, P, H, B, T, S, dx, dmem):
         grads["b_o"] = _column_sums(dout)
     dmerged = dout @ P["W_o"].T
     dq, dkv = np.empty_like(q), np.empty_like(kv)
-    _attend_backward(dmerged, merged, st, q, kv[:, :E], kv[:, E:], dq, dkv[:, :E], dkv[:, E:],
-                     B, T, S, H)
+    _attend_backward(dmerged, st, q, kv[:, :E], kv[:, E:], dq, dkv[:, :E], dkv[:, E:], B, T, S,
+                     H)
     dW_q, db_q, dgamma, dbeta = _norm_linear_backward(dq, c_q, dx, _fresh)
     dW_q *= scale
     grads["W_q"] = dW_q
     if db_q is not None:
-        grads["b_q"] = db_q * scale
+        db_q *= scale
+        grads["b_q"] = db_q
     dW_kv = mem.T @ dkv
     grads["W_k"], grads["W_v"] = dW_kv[:, :E].copy(), dW_kv[:, E:].copy()
     db_kv = _column_sums(dkv)
@@ -335,6 +333,8 @@ def _ordered(grads, P):
 
 
 def _config(norm_first, activation, eps):
+    """The layers' settings; ``norm`` and ``eps`` as fast_gpt's functions read them from a
+    GPT's config (a layer norm)."""
     return SimpleNamespace(norm="layer", eps=eps, norm_first=norm_first, activation=activation)
 
 

@@ -45,7 +45,7 @@ def norm_to_torch(p: Mapping[str, np.ndarray], prefix: str, shape: tuple | None 
     normalized_shape, when given)."""
     out = {}
     for key, name in (("gamma", "weight"), ("beta", "bias")):
-        if key in p:
+        if p.get(key) is not None:
             out[prefix + name] = p[key] if shape is None else p[key].reshape(shape)
     return out
 
@@ -137,7 +137,8 @@ def layer_from_torch(P: Mapping[str, np.ndarray], prefix: str, e: int, decoder: 
     if decoder:
         p["cross_attn"] = mha_from_torch(P, prefix + "multihead_attn.", e, split=split_cross)
     for norm in ("norm1", "norm2", "norm3")[:2 + decoder]:
-        p[norm] = norm_from_torch(P, f"{prefix}{norm}.")
+        # a norm without affine parameters: gamma None (the core's blocks read the key)
+        p[norm] = {"gamma": None, **norm_from_torch(P, f"{prefix}{norm}.")}
     return p
 
 

@@ -6,7 +6,7 @@ A twin checks the arguments of ``forward`` / ``backward`` once, with the errors 
 :mod:`transformer_lab.reference.interop.layout`)
 and calls :mod:`transformer_lab.core` -- through the core modules' attributes at call time, so
 that an edited core (the student's, the grader's) is the one that runs. It computes none of the
-core's math itself. The layer and stack twins compute with the speed-only
+core's math itself; the layer and stack twins hand it to the speed-only
 :mod:`transformer_lab.models.fast_blocks` instead while the core is the package's own
 (:func:`_fast_path`). What every twin does and where it differs from torch:
 :mod:`transformer_lab.reference.interop`.
@@ -14,6 +14,7 @@ core's math itself. The layer and stack twins compute with the speed-only
 
 from __future__ import annotations
 
+import sys
 import types
 
 import numpy as np
@@ -45,28 +46,37 @@ except ModuleNotFoundError as err:
     _fast_blocks = None
 
 
-def _core_functions(modules) -> list:
-    """(module, name, function) of every function in the modules' namespaces."""
-    return [(m, name, f) for m in modules for name, f in vars(m).items()
-            if isinstance(f, types.FunctionType)]
+def _of_the_core(f) -> bool:
+    """Whether f is a function of the package's core, written in the file of its module."""
+    home = sys.modules.get(getattr(f, "__module__", None) or "")
+    return isinstance(f, types.FunctionType) and home is not None \
+        and home.__name__.startswith("transformer_lab.core.") \
+        and f.__code__.co_filename == home.__file__
 
 
-#: The functions a layer's or a stack's computation goes through in the core, as the package
-#: ships them: the fast path stands in for these only (a core function replaced since -- the
-#: student's, the grader's -- is the one that runs)
-_PRISTINE = _core_functions((core_blocks, core_multihead, core_attention, core_layers))
+#: (module, name, function, whether it is the core's) of every function in the namespaces of
+#: the core modules a layer's or a stack's computation goes through (the functions they import
+#: from each other included), as they were when this module was imported
+_CORE_FUNCTIONS = [(m, name, f, _of_the_core(f))
+                   for m in (core_blocks, core_multihead, core_attention, core_layers)
+                   for name, f in vars(m).items() if isinstance(f, types.FunctionType)]
 
 
-def _fast_path(twin):
+def _core_is_the_packages() -> bool:
+    """Whether each of those names still holds a function of the package's core: False once
+    one is replaced (by the student's, the grader's), whether before or after this module was
+    imported."""
+    return all(_of_the_core(getattr(m, name, None)) if getattr(m, name, None) is not f else own
+               for m, name, f, own in _CORE_FUNCTIONS)
+
+
+def _fast_path(twin, *arrays):
     """:mod:`transformer_lab.models.fast_blocks` where the package has it, the twin's
-    ``use_fast_path`` is on, it supports the twin's activation and the core is the package's
-    own; else None (the core computes)."""
-    if _fast_blocks is None or not twin.use_fast_path \
-            or not _fast_blocks.supports(twin.activation):
+    ``use_fast_path`` is on, the core is the package's own and no input is empty (a batch of
+    none: the core); else None (the core computes)."""
+    if _fast_blocks is None or not twin.use_fast_path or any(a.size == 0 for a in arrays):
         return None
-    if any(getattr(m, name) is not f for m, name, f in _PRISTINE):
-        return None
-    return _fast_blocks
+    return _fast_blocks if _core_is_the_packages() else None
 
 
 __all__ = ["LinearTwin", "EmbeddingTwin", "LayerNormTwin", "MultiheadAttentionTwin",
@@ -510,7 +520,8 @@ class TransformerEncoderLayerTwin(_LayerTwin):
     shape of src ((B, T, E) batch-first, (T, B, E) otherwise, or (T, E)).
     ``backward(dout)`` -> dsrc. ``grads``: ``self_attn.in_proj_weight``, ...,
     ``linear1.weight``, ..., ``norm2.bias`` (the names of ``named_parameters()``).
-    Runs ``core.blocks.encoder_layer_forward`` (self-attention with packed ``W_qkv``).
+    Runs ``core.blocks.encoder_layer_forward`` (self-attention with packed ``W_qkv``), or the
+    same function of ``models.fast_blocks`` (see :class:`_LayerTwin`).
     """
 
     def __init__(self, module):
@@ -522,7 +533,7 @@ class TransformerEncoderLayerTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         mask = self._self_mask(x, src_mask, src_key_padding_mask, is_causal,
                                ("src_mask", "src_key_padding_mask", "is_causal"), batched)
-        blocks = _fast_path(self) or core_blocks
+        blocks = _fast_path(self, x) or core_blocks
         out, cache = blocks.encoder_layer_forward(x, self._p, self.num_heads, mask, **self._kw)
         self._cache = (blocks, cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
@@ -544,7 +555,8 @@ class TransformerDecoderLayerTwin(_LayerTwin):
     ``backward(dout)`` -> ``(dtgt, dmemory)``. ``grads``: torch names (``self_attn.*``,
     ``multihead_attn.*``, ``linear1.*``, ``linear2.*``, ``norm1.*`` .. ``norm3.*``).
     Runs ``core.blocks.decoder_layer_forward`` (self-attention with packed ``W_qkv``,
-    cross-attention with ``W_q, W_k, W_v``: views of ``in_proj_weight``).
+    cross-attention with ``W_q, W_k, W_v``: views of ``in_proj_weight``), or
+    ``models.fast_blocks``'.
     """
 
     def __init__(self, module):
@@ -559,7 +571,7 @@ class TransformerDecoderLayerTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        blocks = _fast_path(self) or core_blocks
+        blocks = _fast_path(self, x, mem) or core_blocks
         out, cache = blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
                                                   **self._kw)
         self._cache = (blocks, cache, batched, tgt.shape)
@@ -633,7 +645,8 @@ class TransformerEncoderTwin(_LayerTwin):
     ``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)`` -> out, the shape of
     src. ``backward(dout)`` -> dsrc. ``grads``: ``layers.0.self_attn.in_proj_weight``, ...,
     ``norm.weight``, ``norm.bias``. Computes torch's autograd path, not its no-grad nested-tensor
-    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``.
+    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``
+    (or the same function of ``models.fast_blocks``: see :class:`_LayerTwin`).
     """
 
     def __init__(self, module):
@@ -645,7 +658,7 @@ class TransformerEncoderTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         m = self._self_mask(x, mask, src_key_padding_mask, is_causal,
                             ("mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = self._stack.forward(x, m, fast=_fast_path(self))
+        out, cache = self._stack.forward(x, m, fast=_fast_path(self, x))
         self._cache = (cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -663,7 +676,7 @@ class TransformerDecoderTwin(_LayerTwin):
     ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False)`` -> out.
     ``backward(dout)`` -> ``(dtgt, dmemory)``. ``grads``: ``layers.0.*``, ``norm.*``.
-    Runs ``core.blocks.decoder_forward``.
+    Runs ``core.blocks.decoder_forward`` (or ``models.fast_blocks``').
     """
 
     def __init__(self, module):
@@ -678,7 +691,7 @@ class TransformerDecoderTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        out, cache = self._stack.forward(x, tm, mm, memory=mem, fast=_fast_path(self))
+        out, cache = self._stack.forward(x, tm, mm, memory=mem, fast=_fast_path(self, x, mem))
         self._cache = (cache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -732,7 +745,7 @@ class TransformerTwin(_LayerTwin):
                              heads=h)
         mm = self._cross_mask(y, x, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched, heads=h)
-        fast = _fast_path(self)
+        fast = _fast_path(self, x, y)
         memory, ecache = self._enc.forward(x, sm, fast=fast)
         out, dcache = self._dec.forward(y, tm, mm, memory=memory, fast=fast)
         self._cache = (ecache, dcache, batched, tgt.shape)
