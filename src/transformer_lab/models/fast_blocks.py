@@ -5,12 +5,13 @@ The ``from_torch`` twins of ``nn.TransformerEncoderLayer`` ... ``nn.Transformer`
 (:mod:`transformer_lab.reference.interop`) compute with the core, what the student writes. In
 the instructors' and readers' package they compute with this module instead, which takes the
 same arguments and parameters and gives the same outputs and gradients (to rounding): it brings
-their forward and backward pass to PyTorch's eager speed or below
-(``python -m transformer_lab.course.bench`` measures it). It is **not part of the course**: the
-handout leaves it out (``course/package.py``), and there the twins compute with the student's
-own core; ``twin.use_fast_path = False`` does the same here. ``tests/test_fast_blocks.py``
-checks that the two paths agree (values and gradients, float32 and float64, both norm orders,
-every activation, with and without biases, boolean and float masks, fully masked queries).
+their forward and backward pass close to PyTorch's eager one (``python -m
+transformer_lab.course.bench`` measures how close, and ``--core`` the core's). It is **not part
+of the course**: the handout leaves it out (``course/package.py``), and there the twins compute
+with the student's own core; ``twin.use_fast_path = False`` does the same here.
+``tests/test_fast_blocks.py`` checks that the two paths agree (values and gradients, float32 and
+float64, both norm orders, every activation, with and without biases, boolean and float masks,
+fully masked queries, saturated softmaxes).
 
 It is built from the GPT's fast path (:mod:`transformer_lab.models.fast_gpt`, whose docstring
 explains each trick) and differs from the core in the same ways:
@@ -28,6 +29,8 @@ explains each trick) and differs from the core in the same ways:
   the scale ``1/sqrt(Dh)`` is folded into ``W_q``; when every score is known to be small (the
   Cauchy-Schwarz bound of :func:`fast_gpt._scores_bounded`) and the mask only blocks (0 or
   -inf), the softmax needs no shift by the maximum; the scores become the weights in place;
+  the backward pass takes each query's ``sum_j P_ij dP_ij`` from P and dP as the core does
+  (not fast_gpt's ``dO_i . O_i``, which loses accuracy where the weights saturate);
 - **the cross-attention's keys and values in one product** with ``[W_k | W_v]``, and the
   memory's gradient summed over the decoder's layers in one array by the products themselves.
 

@@ -8,10 +8,10 @@ calls the core.
 
 The layer and stack twins (``nn.TransformerEncoderLayer`` ... ``nn.Transformer``) compute with
 :mod:`transformer_lab.models.fast_blocks` instead where the package has it (not in the
-handout): the core's numbers, to rounding, at PyTorch's eager speed
-(``python -m transformer_lab.course.bench``). They do so only while the core's functions are
-the package's own -- once one is replaced (the student's, the grader's), the core computes --
-and not after ``twin.use_fast_path = False``.
+handout): the core's numbers, to rounding, computed faster (``python -m
+transformer_lab.course.bench`` compares them with torch). They do so only while the core's
+functions are the package's own -- once one is replaced (the student's, the grader's), the core
+computes -- and not after ``twin.use_fast_path = False``.
 
 Supported modules and options (everything that needs no randomness)::
 
