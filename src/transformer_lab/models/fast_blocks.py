@@ -30,7 +30,7 @@ explains each trick) and differs from the core in the same ways:
   Cauchy-Schwarz bound of :func:`fast_gpt._scores_bounded`) and the mask only blocks (0 or
   -inf), the softmax needs no shift by the maximum; the scores become the weights in place;
   the backward pass takes each query's ``sum_j P_ij dP_ij`` from P and dP as the core does
-  (not fast_gpt's ``dO_i . O_i``, which loses accuracy where the weights saturate);
+  (``dO_i . O_i``, equal in exact arithmetic, loses accuracy where the weights saturate);
 - **the cross-attention's keys and values in one product** with ``[W_k | W_v]``, and the
   memory's gradient summed over the decoder's layers in one array by the products themselves.
 
@@ -213,8 +213,8 @@ def _attend_backward(dmerged, st, q, k, v, dq, dk, dv, B, T, S, H):
     """Gradients of :func:`_attend` written into dq (N, E), dk, dv (B S, E) (views allowed).
 
     ``dS = P * dP - P * sum_j P_ij dP_ij``, the sums from P and dP as the core takes them (the
-    shortcut ``sum_j P_ij dP_ij = dO_i . O_i`` that fast_gpt uses loses the core's accuracy
-    where a query's weights saturate: 0.14 relative in float32 for inputs of a few hundred).
+    shortcut ``sum_j P_ij dP_ij = dO_i . O_i`` loses the core's accuracy where a query's
+    weights saturate: 0.14 relative in float32 for inputs of a thousand).
     """
     dh = _heads(dmerged, B, T, H)
     np.matmul(st, dh, out=_heads(dv, B, S, H))  # dV = P^T dO
