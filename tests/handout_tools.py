@@ -140,3 +140,22 @@ def run_trainer(handout: Path, *args: str, timeout: int = 600) -> subprocess.Com
     return subprocess.run([sys.executable, "-m", "transformer_lab.train", *args], cwd=cwd,
                           env=handout_env(handout), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def run_in_handout_package(tmp: Path, stub_core_module: str, script: str) -> str:
+    """Run ``script`` (Python source) against the package as the handout copies it -- no course
+    tools, no speed-only modules -- with the core module ``stub_core_module`` (e.g. "blocks")
+    stubbed as ``make student`` stubs it; returns its stdout (a failure fails the test)."""
+    from transformer_lab.course import package
+
+    source = ROOT / "src" / "transformer_lab"
+    shutil.copytree(source.parent, tmp / "src", ignore=package._ignore(source))
+    stubbed = package.parse_package(source).core[stub_core_module].stubbed()
+    (tmp / "src" / "transformer_lab" / "core" / f"{stub_core_module}.py").write_text(stubbed)
+    env = {**os.environ, "PYTHONPATH": str(tmp / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for rel in package.SPEED_ONLY:
+        assert not (tmp / "src" / "transformer_lab" / rel).exists(), rel
+    return result.stdout

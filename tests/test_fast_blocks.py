@@ -6,21 +6,17 @@ whose keys are all blocked) and scores too large for the softmax without its shi
 compute with it, or with the core when told to or where the package leaves it out."""
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from handout_tools import run_in_handout_package
 
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.course import package as P
 from transformer_lab.models import fast_blocks as FB
-
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "src" / "transformer_lab"
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 E, H, F = 12, 3, 20
@@ -269,19 +265,12 @@ except NotImplementedError as err:
 def test_in_the_handout_the_twins_run_the_students_core(tmp_path):
     """A package as the handout has it -- without the speed-only module, the core's
     ``encoder_layer_forward`` a stub -- imports, and a twin stops at the stub."""
-    shutil.copytree(PACKAGE.parent, tmp_path / "src", ignore=P._ignore(PACKAGE))
-    assert "models/fast_blocks.py" in P.SPEED_ONLY
-    assert not (tmp_path / "src" / "transformer_lab" / "models" / "fast_blocks.py").exists()
-    stubbed = P.parse_package(PACKAGE).core["blocks"].stubbed()
-    (tmp_path / "src" / "transformer_lab" / "core" / "blocks.py").write_text(stubbed)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run([sys.executable, "-c", HANDOUT_TWIN], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
     from transformer_lab import syllabus
 
-    assert "fast path: None" in result.stdout
-    assert f"core: {syllabus.stub_message('encoder_layer_forward')}" in result.stdout
+    assert "models/fast_blocks.py" in P.SPEED_ONLY
+    out = run_in_handout_package(tmp_path, "blocks", HANDOUT_TWIN)
+    assert "fast path: None" in out
+    assert f"core: {syllabus.stub_message('encoder_layer_forward')}" in out
 
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])

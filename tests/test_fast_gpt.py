@@ -4,14 +4,12 @@ every configuration it takes; the model falls back to the core for the others an
 the handout leaves the module out, and there the GPT trains on the student's core."""
 
 import dataclasses
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from handout_tools import run_in_handout_package
 
 from transformer_lab.core import gpt as core_gpt
 from transformer_lab.course import package as P
@@ -296,15 +294,9 @@ def test_in_the_handout_the_gpt_trains_on_the_students_core(tmp_path):
     """A package as the handout has it -- without the speed-only module, with the core's
     ``gpt_loss`` a stub -- imports, and its GPT's loss stops at the stub: the model computes
     with the student's core, not with code the student did not write."""
-    shutil.copytree(PACKAGE.parent, tmp_path / "src", ignore=P._ignore(PACKAGE))
-    stubbed = P.parse_package(PACKAGE).core["gpt"].stubbed()
-    (tmp_path / "src" / "transformer_lab" / "core" / "gpt.py").write_text(stubbed)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run([sys.executable, "-c", HANDOUT_GPT], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
     from transformer_lab import syllabus
 
-    assert "fast path: None" in result.stdout and "chosen: None" in result.stdout
-    assert f"core: {syllabus.stub_message('gpt_loss')}" in result.stdout
+    out = run_in_handout_package(tmp_path, "gpt", HANDOUT_GPT)
+    assert "fast path: None" in out and "chosen: None" in out
+    assert f"core: {syllabus.stub_message('gpt_loss')}" in out
     assert model_gpt._fast_gpt is FG  # here, in the instructors' package, it is there
