@@ -194,8 +194,8 @@ def test_the_cases_take_both_softmaxes(monkeypatch):
     """The small weights' scores are bounded (the softmax without its shift), the large ones'
     are not (with it): the cases above test both."""
     seen = []
-    bounded = FB._bounded
-    monkeypatch.setattr(FB, "_bounded", lambda *a: seen.append(bounded(*a)) or seen[-1])
+    bounded = FB._scores_bounded
+    monkeypatch.setattr(FB, "_scores_bounded", lambda *a: seen.append(bounded(*a)) or seen[-1])
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, E))
     for scale in (0.4, 1.5):

@@ -943,7 +943,7 @@ def test_no_python_loop_over_batch_heads_or_positions(rng, monkeypatch, fast):
     always, so that each size runs the same lines.)"""
     from transformer_lab.models import fast_blocks
 
-    monkeypatch.setattr(fast_blocks, "_bounded", lambda *a: False)
+    monkeypatch.setattr(fast_blocks, "_scores_bounded", lambda *a: False)
 
     def run(b, t, s, e, h):
         mha = build(nn.MultiheadAttention, np.float64, e, h, kdim=3, batch_first=True)

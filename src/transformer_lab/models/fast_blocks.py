@@ -47,7 +47,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from transformer_lab.models.fast_gpt import (
-    _EXP_SAFE,
     _chunks,
     _column_sums,
     _fresh,
@@ -56,10 +55,12 @@ from transformer_lab.models.fast_gpt import (
     _mlp_forward,
     _norm_linear_backward,
     _norm_linear_forward,
+    _normalize_rows,
+    _normalize_rows_backward,
     _ones,
     _output,
     _product,
-    _rank1_add,
+    _scores_bounded,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -70,21 +71,10 @@ def _layer_norm(s, gamma, beta, eps):
     """``(s - mean) / sqrt(var + eps) * gamma + beta`` by rows, s (N, E) -> z (N, E), cache."""
     N, E = s.shape
     dt = s.dtype
-    inv_e = 1.0 / E
     xhat, z, rstd = np.empty((N, E), dt), np.empty((N, E), dt), np.empty((N,), dt)
-    ones = _ones(E, dt)[0]
     for r in _chunks(N, E, dt.itemsize):
-        s_, xh, rs = s[r], xhat[r], rstd[r]
-        neg_mean = s_ @ ones
-        neg_mean *= -inv_e
-        xh[...] = s_
-        _rank1_add(neg_mean, ones, xh)  # s - mean, by rows
-        np.einsum("ij,ij->i", xh, xh, out=rs)
-        rs *= inv_e
-        rs += eps
-        np.sqrt(rs, out=rs)
-        np.reciprocal(rs, out=rs)
-        np.multiply(xh, rs[:, None], out=xh)
+        xh = xhat[r]
+        _normalize_rows(s[r], xh, rstd[r], True, eps)
         if gamma is None:
             z[r] = xh
         else:
@@ -100,8 +90,6 @@ def _layer_norm_backward(dz, cache):
     xhat, rstd, gamma, beta = cache
     N, E = xhat.shape
     dt = dz.dtype
-    inv_e = 1.0 / E
-    ones = _ones(E, dt)[0]
     dbeta = _column_sums(dz) if beta is not None else None
     dgamma = np.zeros(E, dt) if gamma is not None else None
     ds = np.empty((N, E), dt)
@@ -115,14 +103,7 @@ def _layer_norm_backward(dz, cache):
             np.multiply(dz_, xh, out=t_)
             dgamma += _ones(t_.shape[0], dt)[0] @ t_
             np.multiply(dz_, gamma, out=g)
-        mean_gx = np.einsum("ij,ij->i", g, xh)
-        mean_gx *= inv_e
-        neg_mean_g = g @ ones
-        neg_mean_g *= -inv_e
-        _rank1_add(neg_mean_g, ones, g)
-        np.multiply(xh, mean_gx[:, None], out=t_)
-        g -= t_
-        g *= rstd[r, None]
+        _normalize_rows_backward(g, xh, rstd[r], t_, True)
     return ds, dgamma, dbeta
 
 
@@ -172,15 +153,6 @@ class _Mask:
             add = mask.astype(dtype)
             self.blocks_only = bool(np.all((add == 0) | np.isneginf(add)))
         self.add = np.ascontiguousarray(np.swapaxes(add, -1, -2))
-
-
-def _bounded(q, k, H, Dh):
-    """Whether every score ``q_i . k_j`` of every head lies in [-_EXP_SAFE, _EXP_SAFE] (the
-    largest norms' product bounds it), as ``fast_gpt._scores_bounded`` for queries and keys
-    from different arrays: q (N, H Dh), k (M, H Dh), q already scaled."""
-    q2 = np.einsum("nhd,nhd->nh", q.reshape(-1, H, Dh), q.reshape(-1, H, Dh)).max()
-    k2 = np.einsum("nhd,nhd->nh", k.reshape(-1, H, Dh), k.reshape(-1, H, Dh)).max()
-    return bool(q2 * k2 < _EXP_SAFE ** 2)
 
 
 def _heads(a, B, T, H):
@@ -243,7 +215,7 @@ def _self_attention(x, P, H, mask, norm, c, B, T, into):
     W_s, b_s = _scaled(P["W_qkv"], P.get("b_qkv"), slice(0, E), scale)
     qkv, c_qkv = _norm_linear_forward(x, norm, W_s, b_s, c, _fresh)  # (N, 3E)
     q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
-    shift = not (mask.blocks_only and _bounded(q, k, H, E // H))
+    shift = not (mask.blocks_only and _scores_bounded(q, k, E // H))
     merged = np.empty((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, T, H)
     _output(merged, P["W_o"], P.get("b_o"), into, _fresh)
@@ -292,7 +264,7 @@ def _cross_attention(x, mem, P, H, mask, norm, c, B, T, S, into):
     W_kv, b_kv = _kv_params(P)
     kv = _product(mem, W_kv, b_kv, _fresh)  # (B S, 2E)
     k, v = kv[:, :E], kv[:, E:]
-    shift = not (mask.blocks_only and _bounded(q, k, H, E // H))
+    shift = not (mask.blocks_only and _scores_bounded(q, k, E // H))
     merged = np.empty((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, S, H)
     _output(merged, P["W_o"], P.get("b_o"), into, _fresh)

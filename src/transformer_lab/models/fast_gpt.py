@@ -208,27 +208,13 @@ def _norm_linear_forward(x, norm, W, b, c, alloc):
         return _product(x, W, b, alloc), (x, None, W, W, None, None, b is not None, None)
     gamma, beta = norm
     N, E = x.shape
-    inv_e = 1.0 / E
     W_in = np.multiply(gamma[:, None], W, out=alloc(W.shape, W.dtype))  # (E, D)
     b_in = None if beta is None and b is None else \
         (0 if beta is None else beta @ W) + (0 if b is None else b)
     rstd = alloc((N,), x.dtype)
     xhat = alloc((N, E), x.dtype)
     for r in _chunks(N, E, x.dtype.itemsize):
-        x_, xh, rs = x[r], xhat[r], rstd[r]
-        if c.norm == "layer":
-            neg_mean = x_ @ _ones(E, x.dtype)[0]
-            neg_mean *= -inv_e
-            xh[...] = x_
-            _rank1_add(neg_mean, _ones(E, x.dtype)[0], xh)  # x - mean, by rows
-            np.einsum("ij,ij->i", xh, xh, out=rs)
-        else:
-            np.einsum("ij,ij->i", x_, x_, out=rs)
-        rs *= inv_e
-        rs += c.eps
-        np.sqrt(rs, out=rs)
-        np.reciprocal(rs, out=rs)
-        np.multiply(xh if c.norm == "layer" else x_, rs[:, None], out=xh)
+        _normalize_rows(x[r], xhat[r], rstd[r], c.norm == "layer", c.eps)
     y = _product(xhat, W_in, b_in, alloc)
     return y, (xhat, rstd, W, W_in, gamma, beta, b is not None, c.norm == "layer")
 
@@ -259,22 +245,52 @@ def _norm_linear_backward(dy, cache, dx, alloc):
         _rank1_add(beta, sums, dW)
     dbeta = W @ sums if beta is not None else None
     g = np.matmul(dy, W_in.T, out=alloc((N, E), dt))
-    inv_e = 1.0 / E
     rows = _chunks(N, E, dt.itemsize)
     scratch = alloc((rows[0].stop, E), dt)
     for r in rows:
-        g_, xh, t_ = g[r], xhat[r], scratch[:r.stop - r.start]
-        mean_gx = np.einsum("ij,ij->i", g_, xh)
-        mean_gx *= inv_e
-        if centred:
-            neg_mean_g = g_ @ _ones(E, dt)[0]
-            neg_mean_g *= -inv_e
-            _rank1_add(neg_mean_g, _ones(E, dt)[0], g_)
-        np.multiply(xh, mean_gx[:, None], out=t_)
-        g_ -= t_
-        g_ *= rstd[r, None]
-        dx[r] += g_
+        _normalize_rows_backward(g[r], xhat[r], rstd[r], scratch[:r.stop - r.start], centred)
+        dx[r] += g[r]
     return dW, db, dgamma, dbeta
+
+
+def _normalize_rows(x, xhat, rstd, centred, eps):
+    """One chunk of rows x (n, E) normalised into xhat (n, E), their ``1 / sqrt(var + eps)``
+    into rstd (n,): layer norm (centred: the means subtracted by BLAS's rank-one update) or
+    RMSNorm (the mean square instead of the variance)."""
+    E = x.shape[1]
+    inv_e = 1.0 / E
+    ones = _ones(E, x.dtype)[0]
+    if centred:
+        neg_mean = x @ ones
+        neg_mean *= -inv_e
+        xhat[...] = x
+        _rank1_add(neg_mean, ones, xhat)  # x - mean, by rows
+        np.einsum("ij,ij->i", xhat, xhat, out=rstd)
+    else:
+        np.einsum("ij,ij->i", x, x, out=rstd)
+    rstd *= inv_e
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    np.multiply(xhat if centred else x, rstd[:, None], out=xhat)
+
+
+def _normalize_rows_backward(g, xhat, rstd, scratch, centred):
+    """The gradient of a chunk's normalised rows (times gamma) g (n, E) turned into that of
+    their input, in place: ``rstd (g - mean(g) - xhat mean(g xhat))`` (RMSNorm: without
+    ``mean(g)``); scratch: an (n, E) array to use."""
+    E = g.shape[1]
+    inv_e = 1.0 / E
+    mean_gx = np.einsum("ij,ij->i", g, xhat)
+    mean_gx *= inv_e
+    if centred:
+        ones = _ones(E, g.dtype)[0]
+        neg_mean_g = g @ ones
+        neg_mean_g *= -inv_e
+        _rank1_add(neg_mean_g, ones, g)
+    np.multiply(xhat, mean_gx[:, None], out=scratch)
+    g -= scratch
+    g *= rstd[:, None]
 
 
 def _set_norm_grads(grads, prefix, dgamma, dbeta):
@@ -315,14 +331,14 @@ def _blocks(T):
 _EXP_SAFE = 40.0
 
 
-def _scores_bounded(qkv, E, kv, Dh):
+def _scores_bounded(q, k, Dh):
     """Whether every score ``q_i . k_j`` lies in [-_EXP_SAFE, _EXP_SAFE] (Cauchy-Schwarz:
     ``|q_i . k_j| <= |q_i| |k_j|``, the largest norms of all heads): then the softmax needs
     no shift by the maximum -- no exponential overflows, and each query's sum holds its own
-    key's term, at least exp(-_EXP_SAFE). RoPE rotates pairs of features, which keeps norms."""
-    N = qkv.shape[0]
-    q = qkv[:, :E].reshape(N, E // Dh, Dh)
-    k = qkv[:, E:E + kv].reshape(N, kv // Dh, Dh)
+    key's term, at least exp(-_EXP_SAFE). RoPE rotates pairs of features, which keeps norms.
+    q (N, H Dh) (already scaled), k (M, Hkv Dh): the heads side by side."""
+    q = q.reshape(q.shape[0], -1, Dh)
+    k = k.reshape(k.shape[0], -1, Dh)
     q2 = np.einsum("nhd,nhd->nh", q, q).max()
     k2 = np.einsum("nhd,nhd->nh", k, k).max()
     return bool(q2 * k2 < _EXP_SAFE ** 2)
@@ -371,7 +387,7 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
             q = alloc((B, Hkv, T, n_rep, Dh), dt)
             q[...] = q5.transpose(0, 2, 1, 3, 4)
             q = q.reshape(B, Hkv, T * n_rep, Dh)
-    shift = not _scores_bounded(qkv, E, kv, Dh)
+    shift = not _scores_bounded(qkv[:, :E], qkv[:, E:E + kv], Dh)
     b_o = P.get(p + "b_o")
     merged = alloc((B * T, E), dt)  # the heads side by side
     merged4 = merged.reshape((B, T, H, Dh), copy=False)
