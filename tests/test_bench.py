@@ -126,7 +126,9 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
     rows = [line.split() for line in out.splitlines() if line.startswith(("classic", "modern"))]
     assert [r[:3] for r in rows] == [["classic", "fast", "32"], ["modern", "fast", "32"]]
     assert rows[1][3] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
-    assert all(r[8].endswith("x") and r[-2].endswith("%") and r[-1].endswith("x") for r in rows)
+    assert all(r[8].endswith("x") and r[-3].endswith("%") and r[-2].endswith("%")
+               and r[-1].endswith("x") for r in rows)  # of matmul: numpy's, torch's
+    assert out.splitlines()[1].split()[-3:] == ["matmul", "torch", "projections"]
     assert "GPT: numpy/torch" in out and "GFLOP/s" in out
     assert "The step's projections alone" in out and "projections" in out.splitlines()[1]
 

@@ -56,7 +56,8 @@ gradients as the twin to 1e-10. Each round times a torch step, a NumPy step and 
 matrix product (512 x 256 by 256 x 256, as :func:`calibrate`) in an order that alternates, so
 that the table can give each side's rate of matrix-product arithmetic (:func:`gpt_step_flops`,
 GFLOP/s) and, in the column "of matmul", the NumPy step's rate as a fraction of that one-thread
-matrix product's, measured in the same rounds (median of the per-round fractions). The rounds
+matrix product's, measured in the same rounds (median of the per-round fractions); the column
+"torch" beside it, the same fraction for torch's step. The rounds
 also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T dy`` and
 ``dy W^T`` of every weight, at the step's shapes), computed by NumPy's BLAS and by torch's on
 the same arrays; the column "projections" is their median ratio numpy/torch. These products are
@@ -453,9 +454,9 @@ def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object]
 
 class GPTTiming(NamedTuple):
     """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
-    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's), and
-    :class:`Timing` of the step's projections alone (:func:`gpt_projections`), NumPy's BLAS
-    against torch's."""
+    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's) and the same
+    for torch's step, and :class:`Timing` of the step's projections alone
+    (:func:`gpt_projections`), NumPy's BLAS against torch's."""
     timing: Timing
     numpy_flops: float
     torch_flops: float
@@ -463,6 +464,7 @@ class GPTTiming(NamedTuple):
     of_matmul: float
     path: str
     projections: Timing
+    torch_of_matmul: float
 
 
 def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
@@ -519,12 +521,14 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
                               repeats, warmup, clock)
     flops = gpt_step_flops(config, b, t)
     timing = summarize(times["torch"], times["numpy"])
-    fractions = [(flops / n) / (product_flops / m)
-                 for n, m in zip(times["numpy"], times["matmul"], strict=True)]
+    def of_matmul(side):
+        return statistics.median((flops / n) / (product_flops / m)
+                                 for n, m in zip(times[side], times["matmul"], strict=True))
     return GPTTiming(timing, flops / timing.numpy, flops / timing.torch,
                      product_flops / statistics.median(times["matmul"]),
-                     statistics.median(fractions), "core" if model._fast() is None else "fast",
-                     summarize(times["torch projections"], times["numpy projections"]))
+                     of_matmul("numpy"), "core" if model._fast() is None else "fast",
+                     summarize(times["torch projections"], times["numpy projections"]),
+                     of_matmul("torch"))
 
 
 def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
@@ -581,7 +585,8 @@ def _main_gpt(args, clock) -> int:
           flush=True)
     header = (f"{'block':<8} {'path':<5} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
               f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9} {'projections':>11}")
+              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9} {'torch':>5} "
+              f"{'projections':>11}")
     print(header)
     print("-" * len(header), flush=True)
     results = []
@@ -599,7 +604,8 @@ def _main_gpt(args, clock) -> int:
         print(f"{block:<8} {r.path:<5} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
               f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
-              f"{r.of_matmul:>8.0%} {r.projections.ratio:>10.2f}x", flush=True)
+              f"{r.of_matmul:>8.0%} {r.torch_of_matmul:>5.0%} {r.projections.ratio:>10.2f}x",
+              flush=True)
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     ratios = [r.timing.ratio for _, _, r in results]
