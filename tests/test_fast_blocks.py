@@ -2,8 +2,9 @@
 computes: every output and gradient of the layers and stacks equal to ``core.blocks``' (float64
 to 1e-12, float32 to 1e-5) in both norm orders, with every activation, with and without biases
 and gains, with boolean and float masks (causal, padding, both, values other than -inf, a query
-whose keys are all blocked) and scores too large for the softmax without its shift; the twins
-compute with it, or with the core when told to or where the package leaves it out."""
+whose keys are all blocked) and scores too large for the softmax without its shift; the twins,
+and the encoder-decoder model with ``use_fast_path`` (the trainer's), compute with it, or with
+the core when told to, where a core function was replaced or where the package leaves it out."""
 
 import os
 import subprocess
@@ -79,7 +80,7 @@ def _close(a, b, tol, where="out"):
         scale = max((np.abs(x).max() for x in b.values() if isinstance(x, np.ndarray)),
                     default=0.0)
         for k in a:
-            if k == "b_k":  # zero (the softmax ignores a shift shared by a query's scores):
+            if k == "b_k" or k.endswith(".b_k"):  # zero (the softmax ignores a shift shared by a query's scores):
                 # both are rounding noise, small beside the other gradients
                 eps = np.finfo(a[k].dtype).eps
                 assert max(np.abs(a[k]).max(), np.abs(b[k]).max()) < 1e3 * eps * scale, where
@@ -365,3 +366,125 @@ def test_a_core_function_replaced_before_the_twins_are_imported_still_runs(tmp_p
     assert result.returncode == 0, result.stderr
     assert "fast path: None" in result.stdout
     assert "replaced function called: True" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# The encoder-decoder model (models.encoder_decoder.Transformer): use_fast_path
+
+
+MODEL_CASES = [
+    dict(norm_first=True),
+    dict(norm_first=False, activation="gelu"),
+    dict(norm_first=True, positional="learned", bias=False),
+    dict(norm_first=False, scale_embeddings=False, num_decoder_layers=1),
+]
+
+
+def _model(dt, **kw):
+    from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+
+    cfg = dict(src_vocab_size=11, tgt_vocab_size=13, d_model=E, num_heads=H,
+               num_encoder_layers=2, num_decoder_layers=2, d_ff=F, max_len=12, dtype=dt)
+    model = Transformer(TransformerConfig(**{**cfg, **kw}), seed=0)
+    rng = np.random.default_rng(3)
+    for p in model.params.values():  # away from the initial values (zero biases, unit gains)
+        p += (0.2 * rng.standard_normal(p.shape)).astype(dt)
+    c = model.config
+    src, tgt = rng.integers(4, 11, (3, 7)), rng.integers(4, 13, (3, 9))
+    tgt[:, 0] = c.bos_id
+    src[1, 4:], tgt[1, 6:] = c.pad_id, c.pad_id  # padding in both
+    tgt[2, 5] = c.eos_id
+    return model, src, tgt
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+@pytest.mark.parametrize("case", MODEL_CASES, ids=_ids)
+def test_the_model_computes_with_the_fast_path_what_the_core_does(case, dt):
+    """``use_fast_path = True``: the stacks by fast_blocks, and the same logits, loss and
+    gradients as the core (False, the default)."""
+    model, src, tgt = _model(dt, **case)
+    assert model.use_fast_path is False
+    dlogits = np.random.default_rng(4).standard_normal((3, 8, 13)).astype(dt)
+    runs = {}
+    for fast in (False, True):
+        model.use_fast_path = fast
+        logits, cache = model.forward(src, tgt[:, :-1])
+        assert isinstance(cache.core, FB.TransformerCache) is fast
+        loss, grads = model.loss(src, tgt)
+        runs[fast] = (logits, model.backward(dlogits, cache), np.array(loss), grads,
+                      np.array(model.loss(src, tgt, compute_grads=False)[0]))
+    fast, core = runs[True], runs[False]
+    _close(fast[0], core[0], TOL[dt])
+    for i in (1, 3):
+        assert list(fast[i]) == list(model.params)
+        _close(fast[i], core[i], TOL[dt], "grads")
+    _close(fast[2], core[2], TOL[dt], "loss")
+    _close(fast[4], core[4], TOL[dt], "loss without gradients")
+
+
+def test_the_trainers_models_take_the_fast_path():
+    """The trainer's runs (``python -m transformer_lab.train``) train with the fast path; a
+    model built directly computes with the core."""
+    from transformer_lab.train import TrainConfig, make_model
+
+    model = make_model(TrainConfig.for_task("reverse", seed=0))
+    assert model.use_fast_path is True
+    src = np.array([[5, 6, 7, 3]])
+    assert isinstance(model.forward(src, src)[1].core, FB.TransformerCache)
+    assert _model(np.float32)[0].use_fast_path is False
+
+
+def test_a_replaced_core_function_runs_in_the_model(monkeypatch):
+    """The model stands the fast path in for the package's own core only: once a function of
+    the core modules it covers is replaced, the replacement computes (here, in the decoder's
+    stack)."""
+    from transformer_lab.core import model as core_model
+
+    model, src, tgt = _model(np.float64)
+    model.use_fast_path = True
+    assert isinstance(model.forward(src, tgt)[1].core, FB.TransformerCache)
+    calls = []
+
+    def decoder_forward(*args, **kw):
+        calls.append(1)
+        return core_blocks.decoder_forward(*args, **kw)
+
+    monkeypatch.setattr(core_model, "decoder_forward", decoder_forward)
+    logits, cache = model.forward(src, tgt)
+    assert calls and not isinstance(cache.core, FB.TransformerCache)
+    assert list(model.backward(np.ones_like(logits), cache)) == list(model.params)
+
+
+def test_attention_maps_come_from_the_core_with_the_fast_path_on():
+    model, src, tgt = _model(np.float64, norm_first=True)
+    model.use_fast_path = True
+    maps = model.attention_maps(src, tgt)
+    model.use_fast_path = False
+    for name, weights in model.attention_maps(src, tgt).items():
+        np.testing.assert_array_equal(maps[name], weights)
+    assert maps["decoder.layers.1.cross_attn"].shape == (3, H, 9, 7)
+
+
+HANDOUT_MODEL = r'''
+import numpy as np
+from transformer_lab.models import encoder_decoder
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+print("fast path:", encoder_decoder._fast_blocks)
+model = Transformer(TransformerConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8,
+                                      num_heads=2), seed=0)
+model.use_fast_path = True
+try:
+    model.loss(np.array([[4, 5, 6]]), np.array([[1, 4, 5, 2]]))
+except NotImplementedError as err:
+    print("core:", err)
+'''
+
+
+def test_in_the_handout_the_model_runs_the_students_core(tmp_path):
+    """Without the speed-only module (the handout), a model told to take the fast path computes
+    with the core: here it stops at the stub of ``encoder_forward``."""
+    from transformer_lab import syllabus
+
+    out = run_in_handout_package(tmp_path, "blocks", HANDOUT_MODEL)
+    assert "fast path: None" in out
+    assert f"core: {syllabus.stub_message('encoder_forward')}" in out

@@ -1,14 +1,19 @@
 """A speed-only path for the encoder-decoder's layers and stacks: the same numbers as
-:mod:`transformer_lab.core.blocks`, computed faster.
+:mod:`transformer_lab.core.blocks` (and as ``core.model``'s passes), computed faster.
 
 The ``from_torch`` twins of ``nn.TransformerEncoderLayer`` ... ``nn.Transformer``
 (:mod:`transformer_lab.reference.interop`) compute with the core, what the student writes. In
 the instructors' and readers' package they compute with this module instead, which takes the
 same arguments and parameters and gives the same outputs and gradients (to rounding): it brings
 their forward and backward pass close to PyTorch's eager one (``python -m
-transformer_lab.course.bench`` measures how close, and ``--core`` the core's). It is **not part
-of the course**: the handout leaves it out (``course/package.py``), and there the twins compute
-with the student's own core; ``twin.use_fast_path = False`` does the same here.
+transformer_lab.course.bench`` measures how close, and ``--core`` the core's). So does the
+encoder-decoder model (:class:`transformer_lab.models.encoder_decoder.Transformer`) with
+``use_fast_path = True``, as the trainer's models have it: :func:`transformer_forward`,
+:func:`transformer_backward` and :func:`transformer_loss` are ``core.model``'s, with the
+stacks computed here. It is **not part of the course**: the handout leaves it out
+(``course/package.py``), and there the twins and the model compute with the student's own core;
+``use_fast_path = False`` does the same here, and so does replacing a function of the core
+modules this module stands in for (:func:`core_is_the_packages`).
 ``tests/test_fast_blocks.py`` checks that the two paths agree (values and gradients, float32 and
 float64, both norm orders, every activation, with and without biases, boolean and float masks,
 fully masked queries, saturated softmaxes).
@@ -42,10 +47,18 @@ The batch must not be empty (the twins give an empty one to the core).
 from __future__ import annotations
 
 import math
+import sys
+import types
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 
+from transformer_lab.core import attention as core_attention
+from transformer_lab.core import blocks as core_blocks
+from transformer_lab.core import layers as core_layers
+from transformer_lab.core import model as core_model
+from transformer_lab.core import multihead as core_multihead
 from transformer_lab.models.fast_gpt import (
     _chunks,
     _column_sums,
@@ -62,6 +75,35 @@ from transformer_lab.models.fast_gpt import (
     _product,
     _scores_bounded,
 )
+
+# --------------------------------------------------------------------------------------------
+# When this module may stand in for the core: while the core is the package's own
+
+
+def _of_the_core(f) -> bool:
+    """Whether f is a function of the package's core, written in the file of its module."""
+    home = sys.modules.get(getattr(f, "__module__", None) or "")
+    return isinstance(f, types.FunctionType) and home is not None \
+        and home.__name__.startswith("transformer_lab.core.") \
+        and f.__code__.co_filename == home.__file__
+
+
+#: (module, name, function, whether it is the core's) of every function in the namespaces of
+#: the core modules a layer's, a stack's or the model's computation goes through (the functions
+#: they import from each other included), as they were when this module was imported
+_CORE_FUNCTIONS = [(m, name, f, _of_the_core(f))
+                   for m in (core_blocks, core_multihead, core_attention, core_layers, core_model)
+                   for name, f in vars(m).items() if isinstance(f, types.FunctionType)]
+
+
+def core_is_the_packages() -> bool:
+    """Whether each of those names still holds a function of the package's core: False once
+    one is replaced (by the student's, the grader's), whether before or after this module was
+    imported. The twins and the encoder-decoder model compute with this module only while it
+    is True, so that a replaced core function is the one that runs (about 6 microseconds)."""
+    return all(_of_the_core(getattr(m, name, None)) if getattr(m, name, None) is not f else own
+               for m, name, f, own in _CORE_FUNCTIONS)
+
 
 # --------------------------------------------------------------------------------------------
 # Layer norm, a chunk of rows at a time
@@ -523,3 +565,63 @@ def decoder_backward(dout, cache):
         d, g = _decoder_layer_backward(d, cache, layer, H, c, B, T, S, dmem)
         g_layers.insert(0, g)
     return d.reshape(B, T, -1), dmem.reshape(B, S, -1), {"layers": g_layers, "norm": g_norm}
+
+
+# --------------------------------------------------------------------------------------------
+# The model's interface (core.model): the embeddings, the output projection and the loss by the
+# core, the stacks by this module
+
+
+class TransformerCache(NamedTuple):
+    """What :func:`transformer_forward` keeps for :func:`transformer_backward`: the cache of
+    ``core.model.transformer_forward``, with this module's stack caches."""
+
+    encode: tuple  # (the source embedding's cache, the encoder's)
+    decode: tuple  # (the target embedding's, the decoder's, the output projection's)
+    learned: bool  # learned positions
+
+
+def _embed(params, name, ids, config, pe):
+    scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
+    pos = params[name + "_pos"]["W"] if name + "_pos" in params else pe
+    return core_model.embed_forward(ids, params[name + "_embed"]["W"], pos, scale)
+
+
+def transformer_forward(params, src, tgt_in, config, pe=None, src_pad=None, tgt_pad=None):
+    """As ``core.model.transformer_forward``: logits (B, T, V), a :class:`TransformerCache`."""
+    c = config
+    src_mask = core_attention.merge_masks(None, src_pad)  # (B, 1, 1, S) or None
+    x, c_src = _embed(params, "src", src, c, pe)
+    memory, c_enc = encoder_forward(x, params["encoder"], c.num_heads, src_mask, c.norm_first,
+                                    c.activation, c.eps)
+    y, c_tgt = _embed(params, "tgt", tgt_in, c, pe)
+    tgt_mask = core_attention.merge_masks(core_attention.causal_mask(tgt_in.shape[1]), tgt_pad)
+    y, c_dec = decoder_forward(y, memory, params["decoder"], c.num_heads, tgt_mask, src_mask,
+                               c.norm_first, c.activation, c.eps)
+    logits, c_out = core_layers.linear_forward(y, params["out_proj"]["W"],
+                                               params["out_proj"].get("b"))
+    return logits, TransformerCache((c_src, c_enc), (c_tgt, c_dec, c_out), "src_pos" in params)
+
+
+def transformer_backward(dlogits, cache):
+    """As ``core.model.transformer_backward``: every parameter's gradient, nested like params."""
+    (c_src, c_enc), (c_tgt, c_dec, c_out), learned = cache
+    dy, g_out = core_layers.linear_backward(dlogits, c_out)
+    dy, dmemory, g_dec = decoder_backward(dy, c_dec)
+    d_tgt_table, d_tgt_pos = core_model.embed_backward(dy, c_tgt)
+    dx, g_enc = encoder_backward(dmemory, c_enc)
+    d_src_table, d_src_pos = core_model.embed_backward(dx, c_src)
+    grads = {"src_embed": {"W": d_src_table}, "tgt_embed": {"W": d_tgt_table},
+             "encoder": g_enc, "decoder": g_dec, "out_proj": g_out}
+    if learned:
+        grads.update(src_pos={"W": d_src_pos}, tgt_pos={"W": d_tgt_pos})
+    return grads
+
+
+def transformer_loss(params, src, tgt_in, labels, config, pe=None, src_pad=None, tgt_pad=None,
+                     ignore_index=-1):
+    """As ``core.model.transformer_loss``: the mean cross-entropy (the core's) and the
+    gradients."""
+    logits, cache = transformer_forward(params, src, tgt_in, config, pe, src_pad, tgt_pad)
+    loss, c_loss = core_layers.cross_entropy_forward(logits, labels, ignore_index)
+    return loss, transformer_backward(core_layers.cross_entropy_backward(1.0, c_loss), cache)

@@ -216,6 +216,7 @@ def train_translation(config: TranslateConfig | None = None, data: TranslationDa
     c = dataclasses.replace(config or TranslateConfig(), **overrides)
     data = data or make_translation_data(c.n_train, c.n_val, c.n_test, c.seed, c.lang)
     model = Transformer(c.model_config(data.src_vocab.size, data.tgt_vocab.size), seed=c.seed)
+    model.use_fast_path = True  # the package's fast path for the stacks, where there is one
     with threadpool_limits(limits=c.threads, user_api="blas"):
         history, timing = _train(c, data, model, log)
         t0 = time.perf_counter()

@@ -14,14 +14,10 @@ core's math itself; the layer and stack twins hand it to the speed-only
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.attention import multihead_weights
-from transformer_lab.core import attention as core_attention
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import multihead as core_multihead
@@ -46,37 +42,13 @@ except ModuleNotFoundError as err:
     _fast_blocks = None
 
 
-def _of_the_core(f) -> bool:
-    """Whether f is a function of the package's core, written in the file of its module."""
-    home = sys.modules.get(getattr(f, "__module__", None) or "")
-    return isinstance(f, types.FunctionType) and home is not None \
-        and home.__name__.startswith("transformer_lab.core.") \
-        and f.__code__.co_filename == home.__file__
-
-
-#: (module, name, function, whether it is the core's) of every function in the namespaces of
-#: the core modules a layer's or a stack's computation goes through (the functions they import
-#: from each other included), as they were when this module was imported
-_CORE_FUNCTIONS = [(m, name, f, _of_the_core(f))
-                   for m in (core_blocks, core_multihead, core_attention, core_layers)
-                   for name, f in vars(m).items() if isinstance(f, types.FunctionType)]
-
-
-def _core_is_the_packages() -> bool:
-    """Whether each of those names still holds a function of the package's core: False once
-    one is replaced (by the student's, the grader's), whether before or after this module was
-    imported."""
-    return all(_of_the_core(getattr(m, name, None)) if getattr(m, name, None) is not f else own
-               for m, name, f, own in _CORE_FUNCTIONS)
-
-
 def _fast_path(twin, *arrays):
     """:mod:`transformer_lab.models.fast_blocks` where the package has it, the twin's
     ``use_fast_path`` is on, the core is the package's own and no input is empty (a batch of
     none: the core); else None (the core computes)."""
     if _fast_blocks is None or not twin.use_fast_path or any(a.size == 0 for a in arrays):
         return None
-    return _fast_blocks if _core_is_the_packages() else None
+    return _fast_blocks if _fast_blocks.core_is_the_packages() else None
 
 
 __all__ = ["LinearTwin", "EmbeddingTwin", "LayerNormTwin", "MultiheadAttentionTwin",
