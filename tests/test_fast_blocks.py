@@ -80,8 +80,8 @@ def _close(a, b, tol, where="out"):
         scale = max((np.abs(x).max() for x in b.values() if isinstance(x, np.ndarray)),
                     default=0.0)
         for k in a:
-            if k == "b_k" or k.endswith(".b_k"):  # zero (the softmax ignores a shift shared by a query's scores):
-                # both are rounding noise, small beside the other gradients
+            if k == "b_k" or k.endswith(".b_k"):  # zero (the softmax ignores a shift shared
+                # by a query's scores): both are rounding noise, small beside the other gradients
                 eps = np.finfo(a[k].dtype).eps
                 assert max(np.abs(a[k]).max(), np.abs(b[k]).max()) < 1e3 * eps * scale, where
                 continue
