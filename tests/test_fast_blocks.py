@@ -431,6 +431,7 @@ def test_the_trainers_models_take_the_fast_path():
     assert model.use_fast_path is True
     src = np.array([[5, 6, 7, 3]])
     assert isinstance(model.forward(src, src)[1].core, FB.TransformerCache)
+    assert model.copy().use_fast_path is True and model.astype(np.float64).use_fast_path is True
     assert _model(np.float32)[0].use_fast_path is False
 
 
