@@ -489,3 +489,32 @@ def test_in_the_handout_the_model_runs_the_students_core(tmp_path):
     out = run_in_handout_package(tmp_path, "blocks", HANDOUT_MODEL)
     assert "fast path: None" in out
     assert f"core: {syllabus.stub_message('encoder_forward')}" in out
+
+
+def test_each_of_the_models_passes_computes_with_the_path_it_is_told(monkeypatch):
+    """forward, loss (with and without gradients) and backward call fast_blocks' functions with
+    the fast path on, and none of them with it off; backward follows the forward pass that made
+    its cache, whatever the switch says by then."""
+    model, src, tgt = _model(np.float64)
+    calls = []
+    for name in ("transformer_forward", "transformer_backward", "transformer_loss"):
+        real = getattr(FB, name)
+        monkeypatch.setattr(FB, name, lambda *a, _real=real, _name=name, **k:
+                            calls.append(_name) or _real(*a, **k))
+    model.use_fast_path = True
+    model.loss(src, tgt)
+    assert calls[0] == "transformer_loss"
+    del calls[:]
+    model.loss(src, tgt, compute_grads=False)
+    logits, cache = model.forward(src, tgt[:, :-1])
+    assert calls == ["transformer_forward", "transformer_forward"]
+    model.use_fast_path = False
+    fast_grads = model.backward(np.ones_like(logits), cache)  # the fast pass's cache
+    assert calls[-1] == "transformer_backward"
+    del calls[:]
+    model.loss(src, tgt)
+    logits, core_cache = model.forward(src, tgt[:, :-1])
+    model.use_fast_path = True
+    core_grads = model.backward(np.ones_like(logits), core_cache)  # the core's cache
+    assert calls == []
+    _close(fast_grads, core_grads, TOL[np.float64], "grads")

@@ -454,9 +454,9 @@ def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object]
 
 class GPTTiming(NamedTuple):
     """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
-    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's) and the same
-    for torch's step, and :class:`Timing` of the step's projections alone
-    (:func:`gpt_projections`), NumPy's BLAS against torch's."""
+    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's), the path,
+    :class:`Timing` of the step's projections alone (:func:`gpt_projections`), NumPy's BLAS
+    against torch's, and the rounds' median fraction for torch's step."""
     timing: Timing
     numpy_flops: float
     torch_flops: float

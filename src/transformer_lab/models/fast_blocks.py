@@ -100,7 +100,8 @@ def core_is_the_packages() -> bool:
     """Whether each of those names still holds a function of the package's core: False once
     one is replaced (by the student's, the grader's), whether before or after this module was
     imported. The twins and the encoder-decoder model compute with this module only while it
-    is True, so that a replaced core function is the one that runs (about 6 microseconds)."""
+    is True, so that a replaced core function is the one that runs (about 8 microseconds for
+    its 83 functions)."""
     return all(_of_the_core(getattr(m, name, None)) if getattr(m, name, None) is not f else own
                for m, name, f, own in _CORE_FUNCTIONS)
 

@@ -20,8 +20,10 @@ What one run does:
 3. **Training**: every step is ``core.training.train_step`` (notebook 10) on a loss that is the
    label-smoothed cross-entropy of ``core.translation`` (notebook 12): the student's own code
    all the way down, so that on the handout's stubs the run stops at the first stub with its
-   message. Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped.
-   Every ``eval_every`` steps, the teacher-forced exact match on the validation set.
+   message (in the instructors' package, the model's stacks compute with
+   ``models/fast_blocks.py``, the core's numbers to rounding, faster: ``use_fast_path``).
+   Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
+   ``eval_every`` steps, the teacher-forced exact match on the validation set.
 4. **Metrics** on the held-out test numbers: ``exact_match`` (greedy decoding: beam size 1,
    which is greedy), ``beam_exact_match`` (beam size ``beam_size``, length penalty ``alpha``),
    corpus ``bleu`` and ``chrf`` of sacrebleu (greedy; ``beam_bleu``, ``beam_chrf``), ``seconds``
