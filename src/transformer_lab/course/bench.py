@@ -243,9 +243,9 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
 
 def _fast_blocks():
     """:mod:`transformer_lab.models.fast_blocks`, or None where the package leaves it out."""
-    from transformer_lab.reference.interop import twins
+    from transformer_lab.models import encoder_decoder
 
-    return twins._fast_blocks
+    return encoder_decoder._fast_blocks
 
 
 def _check_float64_twin(module, args, kwargs, dout, core: bool = False) -> float:

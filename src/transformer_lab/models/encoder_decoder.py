@@ -119,6 +119,15 @@ except ModuleNotFoundError as err:
         raise
     _fast_blocks = None
 
+
+def _fast_stacks(use_fast_path: bool, *arrays):
+    """:mod:`.fast_blocks`, to compute the stacks with, where the package has it,
+    ``use_fast_path`` is on, no input is empty and the core is the package's own; else None (the
+    core computes). The model's choice and the ``from_torch`` twins' alike."""
+    if _fast_blocks is None or not use_fast_path or any(a.size == 0 for a in arrays):
+        return None
+    return _fast_blocks if _fast_blocks.core_is_the_packages() else None
+
 # --------------------------------------------------------------------------------------------
 # Parameter names: one flat dict, and templates that give the core's nested structures
 
@@ -329,12 +338,9 @@ class Transformer(Model):
 
     def _computes(self, *arrays):
         """What computes the forward and backward passes: :mod:`.fast_blocks` (the core's
-        functions of ``core.model``, with the same arguments and numbers, faster) where the
-        package has it, ``use_fast_path`` is on, the core is the package's own and no input is
-        empty; else ``core.model``."""
-        if _fast_blocks is None or not self.use_fast_path or any(a.size == 0 for a in arrays):
-            return core_model
-        return _fast_blocks if _fast_blocks.core_is_the_packages() else core_model
+        functions of ``core.model``, with the same arguments and numbers, faster) where
+        :func:`_fast_stacks` gives it; else ``core.model``."""
+        return _fast_stacks(self.use_fast_path, *arrays) or core_model
 
     # ---------------------------------------------------------------------------- forward
 
@@ -357,11 +363,12 @@ class Transformer(Model):
         Returns:
             logits: (B, T, tgt_vocab_size) in the model's dtype; cache for :meth:`backward`.
         """
-        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_key_padding_mask,
-                                             tgt_key_padding_mask))
-        return self._forward(self._computes(*args[:2]), args)
+        return self._forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
 
-    def _forward(self, computes, args):
+    def _forward(self, src, tgt_in, src_kpm, tgt_kpm, computes=None):
+        """:meth:`forward`, computed by ``computes`` (default: :meth:`_computes`' choice)."""
+        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_kpm, tgt_kpm))
+        computes = computes or self._computes(*args[:2])
         logits, cache = computes.transformer_forward(self._nested(), *args)
         return logits, ModelCache(cache, logits.shape, logits.dtype)
 
@@ -573,9 +580,9 @@ class Transformer(Model):
             ``{"encoder.layers.i.self_attn": (B, H, S, S), "decoder.layers.i.self_attn":
             (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
         """
-        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_key_padding_mask,
-                                             tgt_key_padding_mask))
-        _, cache = self._forward(core_model, args)  # the core's caches hold the weights
+        # the core's caches hold the weights
+        _, cache = self._forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask,
+                                 core_model)
         enc, dec = _stack_caches(cache.core)
         maps = {}
         for i, layer in enumerate(B.stack_layer_caches(enc)):

@@ -21,6 +21,9 @@ from transformer_lab.attention import multihead_weights
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import multihead as core_multihead
+
+# the speed-only path (None in the handout) and when it computes: the model's rule
+from transformer_lab.models.encoder_decoder import _fast_blocks, _fast_stacks  # noqa: F401
 from transformer_lab.reference.interop import arguments as args
 from transformer_lab.reference.interop.layout import (
     _T,
@@ -34,21 +37,12 @@ from transformer_lab.reference.interop.layout import (
     stack_to_torch,
 )
 
-try:  # the speed-only path: in the instructors' and readers' package, not in the handout
-    import transformer_lab.models.fast_blocks as _fast_blocks
-except ModuleNotFoundError as err:
-    if err.name != "transformer_lab.models.fast_blocks":
-        raise
-    _fast_blocks = None
-
 
 def _fast_path(twin, *arrays):
     """:mod:`transformer_lab.models.fast_blocks` where the package has it, the twin's
     ``use_fast_path`` is on, the core is the package's own and no input is empty (a batch of
     none: the core); else None (the core computes)."""
-    if _fast_blocks is None or not twin.use_fast_path or any(a.size == 0 for a in arrays):
-        return None
-    return _fast_blocks if _fast_blocks.core_is_the_packages() else None
+    return _fast_stacks(twin.use_fast_path, *arrays)
 
 
 __all__ = ["LinearTwin", "EmbeddingTwin", "LayerNormTwin", "MultiheadAttentionTwin",
