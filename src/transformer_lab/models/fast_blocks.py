@@ -62,8 +62,10 @@ from transformer_lab.core import multihead as core_multihead
 from transformer_lab.models.fast_gpt import (
     _chunks,
     _column_sums,
+    _copy,
     _fresh,
     _gemm_add,
+    _matmul,
     _mlp_backward,
     _mlp_forward,
     _norm_linear_backward,
@@ -74,6 +76,7 @@ from transformer_lab.models.fast_gpt import (
     _output,
     _product,
     _scores_bounded,
+    _zeros,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -114,7 +117,7 @@ def _layer_norm(s, gamma, beta, eps):
     """``(s - mean) / sqrt(var + eps) * gamma + beta`` by rows, s (N, E) -> z (N, E), cache."""
     N, E = s.shape
     dt = s.dtype
-    xhat, z, rstd = np.empty((N, E), dt), np.empty((N, E), dt), np.empty((N,), dt)
+    xhat, z, rstd = _fresh((N, E), dt), _fresh((N, E), dt), _fresh((N,), dt)
     for r in _chunks(N, E, dt.itemsize):
         xh = xhat[r]
         _normalize_rows(s[r], xh, rstd[r], True, eps)
@@ -135,9 +138,9 @@ def _layer_norm_backward(dz, cache):
     dt = dz.dtype
     dbeta = _column_sums(dz) if beta is not None else None
     dgamma = np.zeros(E, dt) if gamma is not None else None
-    ds = np.empty((N, E), dt)
+    ds = _fresh((N, E), dt)
     rows = _chunks(N, E, dt.itemsize)
-    t = np.empty((rows[0].stop, E), dt)
+    t = _fresh((rows[0].stop, E), dt)
     for r in rows:
         dz_, xh, g, t_ = dz[r], xhat[r], ds[r], t[:r.stop - r.start]
         if gamma is None:
@@ -259,7 +262,7 @@ def _self_attention(x, P, H, mask, norm, c, B, T, into):
     qkv, c_qkv = _norm_linear_forward(x, norm, W_s, b_s, c, _fresh)  # (N, 3E)
     q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
     shift = not (mask.blocks_only and _scores_bounded(q, k, E // H))
-    merged = np.empty((x.shape[0], E), x.dtype)
+    merged = _fresh((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, T, H)
     _output(merged, P["W_o"], P.get("b_o"), into, _fresh)
     return (c_qkv, qkv, st, merged, scale)
@@ -270,11 +273,11 @@ def _self_attention_backward(dout, cache, P, H, B, T, dx):
     dout is read first), returns (grads, the norm's dgamma, dbeta)."""
     c_qkv, qkv, st, merged, scale = cache
     E = merged.shape[1]
-    grads = {"W_o": merged.T @ dout}
+    grads = {"W_o": _matmul(merged.T, dout, _fresh)}
     if P.get("b_o") is not None:
         grads["b_o"] = _column_sums(dout)
-    dmerged = dout @ P["W_o"].T
-    dqkv = np.empty_like(qkv)
+    dmerged = _matmul(dout, P["W_o"].T, _fresh)
+    dqkv = _fresh(qkv.shape, qkv.dtype)
     q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
     _attend_backward(dmerged, st, q, k, v, dqkv[:, :E], dqkv[:, E:2 * E],
                      dqkv[:, 2 * E:], B, T, T, H)
@@ -289,7 +292,9 @@ def _self_attention_backward(dout, cache, P, H, B, T, dx):
 
 def _kv_params(P):
     """[W_k | W_v] (E_k, 2E) and [b_k | b_v] (or None; a missing one as zeros)."""
-    W = np.concatenate([P["W_k"], P["W_v"]], axis=1)
+    W_k = P["W_k"]
+    W = np.concatenate([W_k, P["W_v"]], axis=1, out=_fresh((W_k.shape[0], 2 * W_k.shape[1]),
+                                                            W_k.dtype))
     bk, bv = P.get("b_k"), P.get("b_v")
     if bk is None and bv is None:
         return W, None
@@ -308,7 +313,7 @@ def _cross_attention(x, mem, P, H, mask, norm, c, B, T, S, into):
     kv = _product(mem, W_kv, b_kv, _fresh)  # (B S, 2E)
     k, v = kv[:, :E], kv[:, E:]
     shift = not (mask.blocks_only and _scores_bounded(q, k, E // H))
-    merged = np.empty((x.shape[0], E), x.dtype)
+    merged = _fresh((x.shape[0], E), x.dtype)
     st = _attend(q, k, v, mask, shift, merged, B, T, S, H)
     _output(merged, P["W_o"], P.get("b_o"), into, _fresh)
     return (c_q, q, mem, W_kv, kv, st, merged, scale)
@@ -318,11 +323,11 @@ def _cross_attention_backward(dout, cache, P, H, B, T, S, dx, dmem):
     """Gradients of :func:`_cross_attention`: the input's added to dx, the memory's to dmem."""
     c_q, q, mem, W_kv, kv, st, merged, scale = cache
     E = merged.shape[1]
-    grads = {"W_o": merged.T @ dout}
+    grads = {"W_o": _matmul(merged.T, dout, _fresh)}
     if P.get("b_o") is not None:
         grads["b_o"] = _column_sums(dout)
-    dmerged = dout @ P["W_o"].T
-    dq, dkv = np.empty_like(q), np.empty_like(kv)
+    dmerged = _matmul(dout, P["W_o"].T, _fresh)
+    dq, dkv = _fresh(q.shape, q.dtype), _fresh(kv.shape, kv.dtype)
     _attend_backward(dmerged, st, q, kv[:, :E], kv[:, E:], dq, dkv[:, :E], dkv[:, E:], B, T, S,
                      H)
     dW_q, db_q, dgamma, dbeta = _norm_linear_backward(dq, c_q, dx, _fresh)
@@ -331,8 +336,8 @@ def _cross_attention_backward(dout, cache, P, H, B, T, S, dx, dmem):
     if db_q is not None:
         db_q *= scale
         grads["b_q"] = db_q
-    dW_kv = mem.T @ dkv
-    grads["W_k"], grads["W_v"] = dW_kv[:, :E].copy(), dW_kv[:, E:].copy()
+    dW_kv = _matmul(mem.T, dkv, _fresh)
+    grads["W_k"], grads["W_v"] = _copy(dW_kv[:, :E]), _copy(dW_kv[:, E:])
     db_kv = _column_sums(dkv)
     for name, part in (("b_k", db_kv[:E]), ("b_v", db_kv[E:])):
         if P.get(name) is not None:
@@ -367,7 +372,7 @@ def _prenorm(norm_params, x):
 def _sublayer(x, run, norm_params, c):
     """One residual sublayer: pre-norm ``x + f(norm(x))``, post-norm ``norm(x + f(x))``;
     ``run(h, norm, into)`` adds f's output to ``into`` and returns its cache."""
-    s = x.copy()
+    s = _copy(x)
     if c.norm_first:
         return s, (run(x, _prenorm(norm_params, x), s), None, norm_params)
     c_sub = run(x, None, s)
@@ -381,7 +386,7 @@ def _sublayer_backward(dout, cache, run_backward, norm_first):
     returns (grads, dgamma, dbeta) (the pre-norm's, else None)."""
     c_sub, c_ln, norm_params = cache
     if norm_first:
-        dx = dout.copy()
+        dx = _copy(dout)
         grads, dgamma, dbeta = run_backward(dx, c_sub, dx)
         if norm_params.get("gamma") is None:
             dgamma = None
@@ -497,7 +502,7 @@ def decoder_layer_forward(x, memory, params, num_heads, tgt_mask=None, memory_ma
 def decoder_layer_backward(dout, cache):
     """As ``core.blocks.decoder_layer_backward``: dx (B, T, E), dmemory (B, S, E), grads."""
     cache, params, H, c, B, T, S, mem_shape = cache
-    dmem = np.zeros(mem_shape, dout.dtype)
+    dmem = _zeros(mem_shape, dout.dtype)
     dx, grads = _decoder_layer_backward(_rows(dout)[2], cache, params, H, c, B, T, S, dmem)
     return dx.reshape(B, T, -1), dmem.reshape(B, S, -1), grads
 
@@ -560,7 +565,7 @@ def decoder_backward(dout, cache):
     if c_norm is not None:
         d, dgamma, dbeta = _layer_norm_backward(d, c_norm)
         g_norm = _norm_grads(dgamma, dbeta)
-    dmem = np.zeros(mem_shape, d.dtype)
+    dmem = _zeros(mem_shape, d.dtype)
     g_layers = []
     for layer, cache in zip(reversed(params["layers"]), reversed(caches), strict=True):
         d, g = _decoder_layer_backward(d, cache, layer, H, c, B, T, S, dmem)
