@@ -750,7 +750,7 @@ def _backward(dlogits, cache, alloc):
     _embedding_backward(cache.ids, dx, d_table, alloc)
     grads["embed.W"] = d_table
     if "pos.W" in P:
-        d_pos = np.zeros_like(P["pos.W"])
+        d_pos = _zeros(P["pos.W"].shape, dx.dtype)
         d_pos[:T] = dx.reshape(B, T, -1).sum(axis=0)
         grads["pos.W"] = d_pos
     return {k: grads[k] for k in P}
