@@ -2,6 +2,7 @@
 and CPU time by default, progress and an expected duration on stderr. (The twin-parity check and the
 table's rows are tested in test_interop.py.)"""
 
+import math
 import subprocess
 import sys
 
@@ -129,7 +130,12 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
     assert all(r[8].endswith("x") and r[-3].endswith("%") and r[-2].endswith("%")
                and r[-1].endswith("x") for r in rows)  # of matmul: numpy's, torch's
     assert out.splitlines()[1].split()[-3:] == ["matmul", "torch", "projections"]
-    assert "GPT: numpy/torch" in out and "GFLOP/s" in out
+    summary = next(line for line in out.splitlines() if line.startswith("GPT: numpy/torch"))
+    medians = [float(r[8][:-1]) for r in rows]
+    geo = float(summary.split("geometric mean ")[1].split("x")[0])
+    assert abs(geo - math.exp(sum(map(math.log, medians)) / 2)) <= 0.01
+    assert f"range {min(medians):.2f}x - {max(medians):.2f}x over 2 sizes" in summary
+    assert "GFLOP/s" in summary
     assert "The step's projections alone" in out and "projections" in out.splitlines()[1]
 
 

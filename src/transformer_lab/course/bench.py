@@ -63,7 +63,9 @@ also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T 
 the same arrays; the column "projections" is their median ratio numpy/torch. These products are
 most of a step's arithmetic, and neither side can do without them: where that ratio is above 1,
 NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can match torch's only
-by doing everything else faster.
+by doing everything else faster. The last lines sum up the sizes: the ratios' geometric mean
+and range (as for the encoder-decoder), the widest middle half, the matrix product's rate, and
+the projections' ratios.
 """
 
 from __future__ import annotations
@@ -609,8 +611,10 @@ def _main_gpt(args, clock) -> int:
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     ratios = [r.timing.ratio for _, _, r in results]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     widest = max((r.timing for _, _, r in results), key=lambda m: m.ratio_q3 / m.ratio_q1)
-    print(f"GPT: numpy/torch {min(ratios):.2f}x - {max(ratios):.2f}x over {len(ratios)} sizes; "
+    print(f"GPT: numpy/torch geometric mean {geo:.2f}x, range {min(ratios):.2f}x - "
+          f"{max(ratios):.2f}x over {len(ratios)} sizes; "
           f"widest middle half {widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x; a one-thread "
           f"float32 matrix product ({MATMUL_SHAPE[0]} x {MATMUL_SHAPE[1]} by {MATMUL_SHAPE[1]} "
           f"x {MATMUL_SHAPE[2]}) ran at "
