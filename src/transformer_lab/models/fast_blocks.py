@@ -75,6 +75,7 @@ from transformer_lab.models.fast_gpt import (
     _ones,
     _output,
     _product,
+    _scaled,
     _scores_bounded,
     _zeros,
 )
@@ -244,21 +245,11 @@ def _attend_backward(dmerged, st, q, k, v, dq, dk, dv, B, T, S, H):
     np.matmul(dst, _heads(q, B, T, H), out=_heads(dk, B, S, H))
 
 
-def _scaled(W, b, cols, scale):
-    """Copies of W and b (or None) with the columns ``cols`` times ``scale``."""
-    W = W.copy()
-    W[:, cols] *= scale
-    if b is not None:
-        b = b.copy()
-        b[cols] *= scale
-    return W, b
-
-
 def _self_attention(x, P, H, mask, norm, c, B, T, into):
     """Self-attention of norm(x) (norm None: of x), x (N, E), its output added to ``into``."""
     E = x.shape[1]
     scale = 1.0 / math.sqrt(E // H)
-    W_s, b_s = _scaled(P["W_qkv"], P.get("b_qkv"), slice(0, E), scale)
+    W_s, b_s = _scaled(P["W_qkv"], P.get("b_qkv"), slice(0, E), scale, _fresh)
     qkv, c_qkv = _norm_linear_forward(x, norm, W_s, b_s, c, _fresh)  # (N, 3E)
     q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
     shift = not (mask.blocks_only and _scores_bounded(q, k, E // H))
@@ -307,7 +298,7 @@ def _cross_attention(x, mem, P, H, mask, norm, c, B, T, S, into):
     """Attention of norm(x)'s queries to mem (B S, E_k)'s keys and values, added to ``into``."""
     E = P["W_q"].shape[1]
     scale = 1.0 / math.sqrt(E // H)
-    W_q, b_q = _scaled(P["W_q"], P.get("b_q"), slice(None), scale)
+    W_q, b_q = _scaled(P["W_q"], P.get("b_q"), slice(None), scale, _fresh)
     q, c_q = _norm_linear_forward(x, norm, W_q, b_q, c, _fresh)  # (N, E)
     W_kv, b_kv = _kv_params(P)
     kv = _product(mem, W_kv, b_kv, _fresh)  # (B S, 2E)

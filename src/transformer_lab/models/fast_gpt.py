@@ -375,6 +375,18 @@ def _scores_bounded(q, k, Dh):
     return bool(q2 * k2 < _EXP_SAFE ** 2)
 
 
+def _scaled(W, b, cols, scale, alloc):
+    """Copies of W (from ``alloc``) and b (or None) with the columns ``cols`` times ``scale``:
+    the queries' weights with the attention's scale folded in, so that they come out scaled."""
+    W_s = alloc(W.shape, W.dtype)
+    W_s[...] = W
+    W_s[:, cols] *= scale
+    if b is not None:
+        b = b.copy()
+        b[cols] *= scale
+    return W_s, b
+
+
 def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
     """Causal self-attention of norm1(x), x (N, E) -> (N, E), cache (the output added to
     ``into`` instead, when given: then None, cache).
@@ -390,13 +402,7 @@ def _attention_forward(x, P, p, norm, c, B, T, rope_w, alloc, into=None):
     E, H, Hkv, Dh = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
     n_rep, kv, dt = H // Hkv, Hkv * Dh, x.dtype
     scale = 1.0 / math.sqrt(Dh)
-    W_s = alloc(P[p + "W_qkv"].shape, P[p + "W_qkv"].dtype)
-    W_s[...] = P[p + "W_qkv"]
-    W_s[:, :E] *= scale  # the queries come out scaled
-    b_s = P.get(p + "b_qkv")
-    if b_s is not None:
-        b_s = b_s.copy()
-        b_s[:E] *= scale
+    W_s, b_s = _scaled(P[p + "W_qkv"], P.get(p + "b_qkv"), slice(0, E), scale, alloc)
     qkv, c_qkv = _norm_linear_forward(x, norm, W_s, b_s, c, alloc)  # (N, E + 2 kv)
     q5 = qkv[:, :E].reshape(B, T, Hkv, n_rep, Dh)  # views of qkv
     v = qkv[:, E + kv:].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)  # (B, Hkv, T, Dh)
