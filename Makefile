@@ -3,7 +3,8 @@
 #   make            set up .venv, execute every notebook into build/, build the site in build/html
 #                   (.venv gets requirements.txt, what a student runs, and requirements-dev.txt,
 #                   the tests and the site builder; make learn and make lab install the first only)
-#   make test       package tests + strict nbval over every notebook
+#   make test       package tests + strict nbval over every notebook (also under a second BLAS kernel)
+#   make portability  every notebook under each BLAS kernel this CPU can run (about half an hour)
 #   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
 #   make test-quick make test without the slow tests (handout execution, grading): a third of its time
 #   make lab        open JupyterLab on the notebooks (as root too: containers, WSL)
@@ -37,7 +38,8 @@ WORKSPACE ?= workspace
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := all
-.PHONY: all venv notebooks site test test-quick test-package test-notebooks lab learn refresh lint \
+.PHONY: all venv notebooks site test test-quick test-package test-notebooks test-kernel \
+	portability lab learn refresh lint \
 	figures student grade gradescope clean distclean help
 
 all: notebooks site ## set up, execute every notebook into build/notebooks, build build/html
@@ -66,11 +68,11 @@ site: notebooks ## build the HTML course site from the executed notebooks into b
 	@echo "==> Building the HTML site"
 	$(PY) -m transformer_lab.course.site --executed build/notebooks --out build/html
 
-test: test-package test-notebooks ## package tests and strict nbval over every notebook
+test: test-package test-notebooks test-kernel ## package tests, strict nbval, nbval under another kernel
 
 test-quick: $(STAMP) ## everyday: make test without the slow tests (grading every notebook twice)
 	$(PY) -m pytest tests -n $(JOBS) -m "not slow"
-	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory test-notebooks test-kernel
 
 test-package: $(STAMP) ## pytest over tests/
 	$(PY) -m pytest tests -n $(JOBS)
@@ -78,6 +80,14 @@ test-package: $(STAMP) ## pytest over tests/
 test-notebooks: $(STAMP) ## nbval, strict: every output compared with the stored one
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		-n $(JOBS) --dist loadscope notebooks
+
+# Every assertion must hold on any CPU: the solved notebooks again under one other choice of
+# OpenBLAS's and PyTorch's kernels (transformer_lab.course.portability.CI_COMBINATION).
+test-kernel: $(STAMP) ## nbval, strict, with NumPy's and torch's matrix kernels chosen otherwise
+	$(PY) -m transformer_lab.course.portability --ci --jobs $(JOBS)
+
+portability: $(STAMP) ## maintainers: every notebook under each BLAS kernel of this CPU (~30 min)
+	$(PY) -m transformer_lab.course.portability --jobs $(JOBS)
 
 # JupyterLab refuses to start as root unless told --allow-root (containers, Docker, some WSL).
 lab: $(STUDENT_STAMP) ## open JupyterLab on the notebooks
