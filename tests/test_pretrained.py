@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors import numpy as safetensors_numpy
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
-from transformers.utils import logging as hf_logging
 
-from transformer_lab.models import pretrained
-from transformer_lab.models.gpt import GPT, CheckpointError, parameter_shapes
+transformers = pytest.importorskip("transformers", reason="the reference checkpoints are built "
+                                   "with transformers (requirements-dev.txt)")
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from transformer_lab.models import pretrained  # noqa: E402
+from transformer_lab.models.gpt import GPT, CheckpointError, parameter_shapes  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     header = ("OPENBLAS/ATEN", "run", "status", "seconds", "pytest")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
+              + "  " + row[4])
     return 1 if failed else 0
 
 
