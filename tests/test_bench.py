@@ -125,13 +125,13 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
     assert "(1 BLAS threads), torch" in out and "(1 threads)" in out
     assert "the GPT's training step" in out and "of matmul" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("classic", "modern"))]
-    assert [r[:3] for r in rows] == [["classic", "fast", "32"], ["modern", "fast", "32"]]
-    assert rows[1][3] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
-    assert all(r[8].endswith("x") and r[-3].endswith("%") and r[-2].endswith("%")
+    assert [r[:2] for r in rows] == [["classic", "32"], ["modern", "32"]]
+    assert rows[1][2] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
+    assert all(r[7].endswith("x") and r[-3].endswith("%") and r[-2].endswith("%")
                and r[-1].endswith("x") for r in rows)  # of matmul: numpy's, torch's
     assert out.splitlines()[1].split()[-3:] == ["matmul", "torch", "projections"]
     summary = next(line for line in out.splitlines() if line.startswith("GPT: numpy/torch"))
-    medians = [float(r[8][:-1]) for r in rows]
+    medians = [float(r[7][:-1]) for r in rows]
     geo = float(summary.split("geometric mean ")[1].split("x")[0])
     assert abs(geo - math.exp(sum(map(math.log, medians)) / 2)) <= 0.01
     assert f"range {min(medians):.2f}x - {max(medians):.2f}x over 2 sizes" in summary
@@ -143,7 +143,8 @@ def test_the_gpt_projections_are_the_step_s_products_less_the_attention_s():
     for block in bench.GPT_BLOCKS:
         c = bench.gpt_config(block, 96, 4, 4, 128)
         shapes = bench.gpt_projections(c, 8, 128)
-        assert len(shapes) == 3 * (4 * 4 + 1)
+        weights = 4 + (c.mlp == "swiglu")  # W_qkv, W_o and the MLP's (SwiGLU's gate and up)
+        assert len(shapes) == 3 * (4 * weights + 1)
         attention = 3 * 4 * (4 * 8 * 128 * 128 * 96)
         assert sum(2 * m * k * n for m, k, n, _, _ in shapes) == \
             bench.gpt_step_flops(c, 8, 128) - attention

@@ -10,15 +10,7 @@
 The math is the core's: :mod:`transformer_lab.core.gpt` and the modules it calls (``gqa``,
 ``rope``, ``modern``, ``next_token``; ``decoding`` and ``sampling`` for generation) -- the
 student's code, called through the modules at call time, so an edited package takes effect at
-once; this module checks the inputs once, keeps
-the parameters and runs the decoding loop.
-
-**Speed.** Where the package has it (the instructors' and readers' package; the handout leaves
-it out), :meth:`GPT.forward`, :meth:`GPT.backward` and :meth:`GPT.loss` compute with
-:mod:`transformer_lab.models.fast_gpt` instead: the same numbers as the core (tested equal,
-values and gradients, dropout's draws included), a training step 1.4 to 1.7 times faster.
-``model.use_fast_path = False`` computes with the core, as the handout always does; a
-configuration the fast path does not cover (tiled attention) always does.
+once; this module checks the inputs once, keeps the parameters and runs the decoding loop.
 
 **Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
 (V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
@@ -58,13 +50,6 @@ from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointErro
 from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
 from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
 from transformer_lab.models.shell import Model, ModelCache
-
-try:  # the speed-only path: in the instructors' and readers' package, not in the handout
-    import transformer_lab.models.fast_gpt as _fast_gpt
-except ModuleNotFoundError as err:
-    if err.name != "transformer_lab.models.fast_gpt":
-        raise
-    _fast_gpt = None
 
 
 def config_from_dict(d: Mapping) -> GPTConfig:
@@ -212,13 +197,10 @@ class GPT(Model):
         params: name -> array, every parameter (see the module docstring).
         pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
         rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
-        use_fast_path: compute with :mod:`transformer_lab.models.fast_gpt` where the package
-            has it and it covers the config (True, the default), or always with the core.
     """
 
     kind = "gpt"
     config_class = GPTConfig
-    use_fast_path = True
 
     _init_params = staticmethod(_init_params)  # the initial parameters from (config, seed)
 
@@ -271,13 +253,6 @@ class GPT(Model):
             return None
         return self.rope[0][start:stop], self.rope[1][start:stop]
 
-    def _fast(self):
-        """The speed-only module where it computes this model (see the module docstring),
-        else None: the core computes."""
-        if _fast_gpt is not None and self.use_fast_path and _fast_gpt.supports(self.config):
-            return _fast_gpt
-        return None
-
     # ---------------------------------------------------------------------------- forward
 
     def forward(self, ids):
@@ -291,13 +266,8 @@ class GPT(Model):
             cache: for :meth:`backward`.
         """
         ids = check_ids(ids, "ids", self.config)
-        fast = self._fast()
-        if fast is not None:
-            logits, cache = fast.gpt_forward(self._checked_params(), ids, self.config, self.pe,
+        logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                              self._rope(0, ids.shape[1]))
-        else:
-            logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config,
-                                                 self.pe, self._rope(0, ids.shape[1]))
         return logits, ModelCache(cache, logits.shape, logits.dtype)
 
     __call__ = forward
@@ -309,10 +279,7 @@ class GPT(Model):
             name -> array, exactly the keys (and shapes) of ``model.params``.
         """
         dlogits = self._checked_dlogits(dlogits, cache)
-        if _fast_gpt is not None and isinstance(cache.core, _fast_gpt.FastCache):
-            grads = _fast_gpt.gpt_backward(dlogits, cache.core)
-        else:
-            grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
+        grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
         return {k: grads[k] for k in self.params}
 
     def loss(self, ids, compute_grads: bool = True, rng=None):
@@ -335,11 +302,6 @@ class GPT(Model):
             raise TypeError(f"rng must be None or a numpy.random.Generator (np.random."
                             f"default_rng(seed)), got {type(rng).__name__}")
         rng = rng if self.config.dropout > 0 else None
-        fast = self._fast()
-        if fast is not None:
-            loss, grads = fast.gpt_loss(self._checked_params(), ids, self.config, self.pe,
-                                        self._rope(0, ids.shape[1]), compute_grads, rng)
-            return loss, None if grads is None else {k: grads[k] for k in self.params}
         if compute_grads:
             loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
                                             self._rope(0, ids.shape[1]), rng)

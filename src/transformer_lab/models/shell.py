@@ -110,14 +110,11 @@ class Model:
                            what="the logits of the forward pass")
 
     def astype(self, dtype):
-        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64);
-        ``use_fast_path`` as this model's, where it was set on the model."""
+        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64)."""
         config = dataclasses.replace(self.config, dtype=dtype)
         twin = type(self).__new__(type(self))
         twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
         twin.metadata = dict(self.metadata)
-        if "use_fast_path" in vars(self):
-            twin.use_fast_path = self.use_fast_path
         return twin
 
     def copy(self):

@@ -35,9 +35,9 @@ What one run does:
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
 
 The files notebooks 13 and 14 read were made by these two commands, run from the project folder
-with the code of commit 4314d2c and today's default of 10,000 steps (the fast path,
-:mod:`transformer_lab.models.fast_gpt`, has changed since in ways that change rounding only, so
-a run today gives a model close to these, not the same bits):
+with the code of commit 4314d2c and today's default of 10,000 steps (that code computed the
+GPT's steps with a second, speed-only copy of the math, since removed; the core computes the
+same numbers to rounding, so a run today gives a model close to these, not the same bits):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
@@ -50,11 +50,12 @@ third training (seed 1, 1.402): the classic block 23.6 minutes of wall-clock tim
 run (14.6 minutes of CPU in the training steps, one thread), 1.397 bits per character on
 validation; the modern block 22.3 minutes (13.5 of CPU), 1.388.
 
-The default of 10,000 steps is what the fast path bought: with the core alone a step of the
-classic block takes 1.6 times as long (median of 21 interleaved rounds, CPU time, one thread),
-so 10,000 steps now cost less than the former default's 7,000 (1.446 bits per character on
-seed 0, 1.471 on seed 1). The records of notebook 13's regularisation runs
-(:data:`REGULARISATION_RECORD`) are of 7,000 steps, and their commands say so.
+The default of 10,000 steps dates from that speed-only copy, which took a step of the classic
+block in 1/1.6 of the core's time then; the core has since been made as fast as PyTorch's eager
+step at this size (``python -m transformer_lab.course.bench --model gpt``), so 10,000 steps cost
+what they did. The former default of 7,000 steps gave 1.446 bits per character on seed 0, 1.471
+on seed 1; the records of notebook 13's regularisation runs (:data:`REGULARISATION_RECORD`) are
+of 7,000 steps, and their commands say so.
 
 Earlier measurements of this trainer on the same machine
 (at 5,000 steps of 16 x 64 tokens): CPU time varies by about a tenth between runs of one

@@ -192,11 +192,8 @@ def model_config(cfg: TrainConfig, task: D.Task) -> TransformerConfig:
 
 
 def make_model(cfg: TrainConfig, task: D.Task | None = None) -> Transformer:
-    """The run's model, initialised from ``cfg.seed``; it trains with the package's fast path
-    where there is one (``Transformer.use_fast_path``)."""
-    model = Transformer(model_config(cfg, task or cfg.get_task()), seed=cfg.seed)
-    model.use_fast_path = True
-    return model
+    """The run's model, initialised from ``cfg.seed``."""
+    return Transformer(model_config(cfg, task or cfg.get_task()), seed=cfg.seed)
 
 
 def batch_stream(pairs: Sequence[tuple], batch_size: int, seed, bucket: bool = True

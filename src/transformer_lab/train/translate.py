@@ -20,9 +20,7 @@ What one run does:
 3. **Training**: every step is ``core.training.train_step`` (notebook 10) on a loss that is the
    label-smoothed cross-entropy of ``core.translation`` (notebook 12): the student's own code
    all the way down, so that on the handout's stubs the run stops at the first stub with its
-   message (in the instructors' package, the model's stacks compute with
-   ``models/fast_blocks.py``, the core's numbers to rounding, faster: ``use_fast_path``).
-   Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
+   message. Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
    ``eval_every`` steps, the teacher-forced exact match on the validation set.
 4. **Metrics** on the held-out test numbers: ``exact_match`` (greedy decoding: beam size 1,
    which is greedy), ``beam_exact_match`` (beam size ``beam_size``, length penalty ``alpha``),
@@ -218,7 +216,6 @@ def train_translation(config: TranslateConfig | None = None, data: TranslationDa
     c = dataclasses.replace(config or TranslateConfig(), **overrides)
     data = data or make_translation_data(c.n_train, c.n_val, c.n_test, c.seed, c.lang)
     model = Transformer(c.model_config(data.src_vocab.size, data.tgt_vocab.size), seed=c.seed)
-    model.use_fast_path = True  # the package's fast path for the stacks, where there is one
     with threadpool_limits(limits=c.threads, user_api="blas"):
         history, timing = _train(c, data, model, log)
         t0 = time.perf_counter()
