@@ -558,7 +558,7 @@ mutant("cross_entropy_forward", "reduction ignored (always the mean)",
        "weight = 1 / keep.sum() if reduction == \"mean\" else 1.0", "weight = 1 / keep.sum()",
        "check-cross-entropy")
 mutant("cross_entropy_forward", "the loss of the padded positions counted",
-       "loss = -float((picked * keep).sum()) * weight", "loss = -float(picked.sum()) * weight",
+       "loss = -float((picked * keep).sum() * weight)", "loss = -float(picked.sum() * weight)",
        "check-cross-entropy")
 mutant("cross_entropy_backward", "dloss ignored",
        "(-dloss * weight * keep)", "(-weight * keep)", "check-cross-entropy")
@@ -1126,8 +1126,8 @@ mutant("label_smoothed_loss_forward", "ignore_index forgotten: the mean over eve
        "weight = 1 / keep.sum()", "keep = np.ones_like(keep)\n    weight = 1 / keep.size",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the uniform part",
-       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum()) * weight",
-       "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum()) * weight",
+       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)",
+       "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum() * weight)",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]", "dlogp[...] = 0",

@@ -19,10 +19,12 @@ takes effect at once::
 
 This module is the model's checked boundary: it holds the configuration and the parameters,
 checks every input once, and converts between its flat parameter names and the core's nested
-parameters. Its configuration is in :mod:`transformer_lab.models.config`, its input checks in
-:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
-:mod:`transformer_lab.models.shell` and its checkpoints in :mod:`transformer_lab.models.checkpoints`
-(all importable from here too).
+parameters. It runs where the core runs (:mod:`transformer_lab.device`): the parameters live
+there, inputs are checked on the host and moved there, and logits, gradients and decoded tokens
+come back as arrays of that device. Its configuration is in
+:mod:`transformer_lab.models.config`, its input checks in :mod:`transformer_lab.models.inputs`,
+the parameter handling it shares with the GPT in :mod:`transformer_lab.models.shell` and its
+checkpoints in :mod:`transformer_lab.models.checkpoints` (all importable from here too).
 
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
@@ -64,6 +66,7 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab import blocks as B
+from transformer_lab import device
 from transformer_lab import layers as L
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
@@ -305,10 +308,11 @@ class Transformer(Model):
     # ---------------------------------------------------------------------------- forward
 
     def _core_args(self, src, tgt_in, src_kpm, tgt_kpm):
-        """The arguments of ``core.model.transformer_forward`` after ``params``: a padding mask
-        without padding is None (no masking to do)."""
-        return (src, tgt_in, self.config, self.pe, src_kpm if src_kpm.any() else None,
-                tgt_kpm if tgt_kpm.any() else None)
+        """The arguments of ``core.model.transformer_forward`` after ``params``, on the device: a
+        padding mask without padding is None (no masking to do)."""
+        put = device.put
+        return (put(src), put(tgt_in), self.config, self.pe,
+                put(src_kpm) if src_kpm.any() else None, put(tgt_kpm) if tgt_kpm.any() else None)
 
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
         """Logits for every position of the decoder input.
@@ -379,13 +383,14 @@ class Transformer(Model):
             src, tgt_in, src == self.config.pad_id, tgt_in == self.config.pad_id)
         params = self._nested()
         if compute_grads:
-            loss, grads = core_model.transformer_loss(params, src, tgt_in, labels, config, pe,
-                                                      src_pad, tgt_pad, IGNORE_INDEX)
+            loss, grads = core_model.transformer_loss(params, src, tgt_in, device.put(labels),
+                                                      config, pe, src_pad, tgt_pad, IGNORE_INDEX)
             return loss, self._flat(grads)
         # evaluation: the loss's forward half, without the backward pass
         logits, _ = core_model.transformer_forward(params, src, tgt_in, config, pe, src_pad,
                                                    tgt_pad)
-        return core_layers.cross_entropy_forward(logits, labels, IGNORE_INDEX)[0], None
+        return core_layers.cross_entropy_forward(logits, device.put(labels), IGNORE_INDEX)[0], \
+            None
 
     # ---------------------------------------------------------------------------- inference
 
@@ -406,27 +411,28 @@ class Transformer(Model):
                 padding) instead of a list.
 
         Returns:
-            a list of B int64 arrays, the generated tokens of each sequence (without BOS,
-            ending with EOS unless the sequence hit ``max_len``); or the padded array.
+            a list of B int64 arrays of the device, the generated tokens of each sequence
+            (without BOS, ending with EOS unless the sequence hit ``max_len``); or the padded
+            array.
         """
-        c = self.config
+        c, xp = self.config, device.xp
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
         max_len = check_decode_length(c, max_len)
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = src_pad if src_pad.any() else None
+        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
         memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)  # once
         b = src.shape[0]
-        out = np.full((b, max_len + 1), c.pad_id, dtype=np.int64)
+        out = xp.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
-        done = np.zeros(b, dtype=bool)
+        done = xp.zeros(b, dtype=bool)
         steps = 0
         for t in range(max_len):
             prefix = out[:, :t + 1]
             tgt_pad = prefix == c.pad_id
             logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
                                                       src_pad, tgt_pad if tgt_pad.any() else None)
-            nxt = np.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
+            nxt = xp.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
             out[:, t + 1] = nxt
             done |= nxt == c.eos_id
             steps = t + 1
@@ -484,10 +490,10 @@ class Transformer(Model):
         c = self.config
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = src_pad if src_pad.any() else None
+        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
         memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)
-        memory = np.repeat(memory, beam_size, axis=0)  # (B*K, S, E)
-        src_pad = None if src_pad is None else np.repeat(src_pad, beam_size, axis=0)
+        memory = memory.repeat(beam_size, axis=0)  # (B*K, S, E)
+        src_pad = None if src_pad is None else src_pad.repeat(beam_size, axis=0)
 
         def step(prefix, rows):  # no cache: ``rows`` is not needed
             tgt_pad = prefix == c.pad_id
@@ -499,19 +505,19 @@ class Transformer(Model):
     def _cached_beam_step(self, src, beam_size: int):
         """:meth:`_beam_step` with the decoder's caches: each step reorders the caches by
         ``rows`` (each hypothesis takes its parent's) and runs the decoder for the new token."""
-        c = self.config
+        c, zeros = self.config, device.xp.zeros
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = np.repeat(src_pad, beam_size, axis=0) if src_pad.any() else None
-        memory, _ = core_model.transformer_encode(params, src, c, self.pe,
+        src_pad = device.put(src_pad).repeat(beam_size, axis=0) if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, device.put(src), c, self.pe,
                                                   None if src_pad is None else src_pad[::beam_size])
-        memory_kvs = [tuple(np.repeat(a, beam_size, axis=0) for a in
+        memory_kvs = [tuple(a.repeat(beam_size, axis=0) for a in
                             core_translation.memory_keys_values(memory, layer["cross_attn"],
                                                                 c.num_heads))
                       for layer in params["decoder"]["layers"]]
         rows_total = src.shape[0] * beam_size
         shape = (rows_total, c.num_heads, c.max_len, c.d_model // c.num_heads)
-        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
+        caches = [(zeros(shape, c.dtype), zeros(shape, c.dtype))
                   for _ in params["decoder"]["layers"]]
         state = {"length": 0}
 

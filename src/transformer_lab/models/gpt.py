@@ -10,7 +10,9 @@
 The math is the core's: :mod:`transformer_lab.core.gpt` and the modules it calls (``gqa``,
 ``rope``, ``modern``, ``next_token``; ``decoding`` and ``sampling`` for generation) -- the
 student's code, called through the modules at call time, so an edited package takes effect at
-once; this module checks the inputs once, keeps the parameters and runs the decoding loop.
+once; this module checks the inputs once, keeps the parameters and runs the decoding loop. It
+runs where the core runs (:mod:`transformer_lab.device`): the parameters live there, token ids
+are moved there, and logits, gradients and generated ids come back as arrays of that device.
 
 **Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
 (V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
@@ -37,6 +39,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import decoding as core_decoding
 from transformer_lab.core import gpt as core_gpt
 from transformer_lab.core import layers as core_layers
@@ -265,7 +268,7 @@ class GPT(Model):
             logits: (B, T, V) in the model's dtype; logits[:, t] predicts ids[:, t + 1].
             cache: for :meth:`backward`.
         """
-        ids = check_ids(ids, "ids", self.config)
+        ids = device.put(check_ids(ids, "ids", self.config))
         logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                              self._rope(0, ids.shape[1]))
         return logits, ModelCache(cache, logits.shape, logits.dtype)
@@ -290,17 +293,20 @@ class GPT(Model):
                 logits at position t are scored against ids[:, t + 1] (the last position
                 predicts nothing), B (T - 1) predictions in all.
             compute_grads: False to skip the backward pass.
-            rng: a ``np.random.Generator`` to train with the config's ``dropout`` (the masks
-                are drawn from it); None (default): no dropout, as in evaluation.
+            rng: a random generator of the device the core runs on
+                (``transformer_lab.device.generator(seed)``; on the CPU ``np.random.default_rng``)
+                to train with the config's ``dropout`` (the masks are drawn from it); None
+                (default): no dropout, as in evaluation.
 
         Returns:
             loss: a Python float; grads: name -> array (None without compute_grads).
         """
         compute_grads = v.boolean(compute_grads, "compute_grads")
-        ids = check_ids(ids, "ids", self.config, min_len=2)
-        if rng is not None and not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be None or a numpy.random.Generator (np.random."
-                            f"default_rng(seed)), got {type(rng).__name__}")
+        ids = device.put(check_ids(ids, "ids", self.config, min_len=2))
+        if rng is not None and not isinstance(rng, device.xp.random.Generator):
+            raise TypeError(f"rng must be None or a random generator of the device the core "
+                            f"runs on, {device.name} (transformer_lab.device.generator(seed); "
+                            f"on the CPU np.random.default_rng(seed)), got {type(rng).__name__}")
         rng = rng if self.config.dropout > 0 else None
         if compute_grads:
             loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
@@ -321,7 +327,8 @@ class GPT(Model):
         """One empty ``(K, V)`` pair per layer, each (batch, Hkv, length, Dh)."""
         c = self.config
         shape = (batch, c.num_kv_heads, length, c.head_dim)
-        return [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype)) for _ in range(c.num_layers)]
+        zeros = device.xp.zeros
+        return [(zeros(shape, c.dtype), zeros(shape, c.dtype)) for _ in range(c.num_layers)]
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -340,18 +347,21 @@ class GPT(Model):
             temperature: >= 0.
             top_k: None (no filter) or an integer in 1..vocab_size.
             top_p: None (no filter) or a number in (0, 1].
-            seed: of the draws (None: fresh entropy); the same seed gives the same tokens.
+            seed: of the draws (None: fresh entropy); the same seed gives the same tokens (on
+                one device: :func:`transformer_lab.device.generator`).
             use_cache: keep the keys and values of past positions (True) or recompute the
                 whole prefix at every step (False); the same tokens either way.
             return_logits: also return the logits each new token was drawn from.
 
         Returns:
-            ids: int64 array, the prompt followed by the new tokens, (B, T + max_new_tokens)
+            ids: int64 array of the device, the prompt followed by the new tokens,
+            (B, T + max_new_tokens)
             (or (T + max_new_tokens,) for a 1-D prompt); with ``return_logits`` also the
             logits, (B, max_new_tokens, V) (or (max_new_tokens, V)), before temperature and
             filtering.
         """
         c = self.config
+        ids = device.to_host(ids)
         one = isinstance(ids, (list, tuple, np.ndarray)) and np.ndim(ids) == 1
         prompt = check_ids(np.asarray(ids)[None] if one else ids, "ids", c)
         steps = v.integer(max_new_tokens, "max_new_tokens", minimum=0)
@@ -375,19 +385,19 @@ class GPT(Model):
         return_logits = v.boolean(return_logits, "return_logits")
 
         out, logits = self._decode(prompt, steps, temperature, top_k, top_p,
-                                   np.random.default_rng(seed), use_cache)
+                                   device.generator(seed), use_cache)
         if one:
             out, logits = out[0], logits[0]
         return (out, logits) if return_logits else out
 
     def _decode(self, prompt, steps, temperature, top_k, top_p, rng, use_cache):
         """The decoding loop, on checked arguments: (ids (B, T + steps), logits (B, steps, V))."""
-        c = self.config
+        c, xp = self.config, device.xp
         B, T = prompt.shape
         params = self.nested_params()
-        out = np.zeros((B, T + steps), dtype=np.int64)
-        out[:, :T] = prompt
-        all_logits = np.zeros((B, steps, c.vocab_size), dtype=c.dtype)
+        out = xp.zeros((B, T + steps), dtype=np.int64)
+        out[:, :T] = device.put(prompt)
+        all_logits = xp.zeros((B, steps, c.vocab_size), dtype=c.dtype)
         caches = self.new_kv_cache(B, T + steps) if use_cache else None
         length = 0
         for i in range(steps):

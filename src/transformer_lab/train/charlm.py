@@ -33,6 +33,9 @@ What one run does:
    (all threads of this process) much less.
 
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
+``--device cuda`` runs the core on an NVIDIA GPU with CuPy (:mod:`transformer_lab.device`):
+repeatable there too, but not the CPU's run bit for bit (dropout draws from CuPy's generator;
+sums round in another order).
 
 The files notebooks 13 and 14 read were made by these two commands, run from the project folder
 with the code of commit 4314d2c and today's default of 10,000 steps (that code computed the
@@ -81,6 +84,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import optim as core_optim
 from transformer_lab.datasets import SHIPPED
@@ -116,7 +120,7 @@ class CharLMConfig:
     their own, so that the batches are those of the same run without dropout).
     Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
     Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
-    ``dtype``.
+    ``dtype``, ``device`` ("cpu" or "cuda", :mod:`transformer_lab.device`).
     Tokens: ``tokenizer`` -- "char", the corpus's 98 characters, or "bpe", notebook 11's
     byte-level BPE trained on the training documents to ``bpe_vocab_size`` tokens (one of them
     ``<|endoftext|>``, which ends every document as the boundary does); ``context`` counts
@@ -146,6 +150,7 @@ class CharLMConfig:
     dtype: str = "float32"
     tokenizer: str = "char"
     bpe_vocab_size: int = 1024
+    device: str = "cpu"
 
     def __post_init__(self):
         if self.block not in BLOCKS:
@@ -154,6 +159,8 @@ class CharLMConfig:
             raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.device not in device.DEVICES:
+            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
         self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),
                           positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
@@ -239,7 +246,7 @@ def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
         batch = ids[starts[i:i + batch_size, None] + np.arange(T)]       # (b, T)
         logits, _ = model.forward(batch)                                  # (b, T, V)
         keep = np.arange(T - 1) >= T - 1 - scored[i:i + batch_size, None]  # the last n of each
-        targets = np.where(keep, batch[:, 1:], -1)  # (b, T-1); -1: already scored, ignored
+        targets = device.put(np.where(keep, batch[:, 1:], -1))  # (b, T-1); -1: scored already
         total += core_layers.cross_entropy_forward(logits[:, :-1].astype(np.float64), targets,
                                                    ignore_index=-1, reduction="sum")[0]
     return total / (ids.size - 1) / math.log(2)
@@ -302,7 +309,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)
     corpus = corpus or load_corpus()
-    with threadpool_limits(limits=config.threads, user_api="blas"):
+    with threadpool_limits(limits=config.threads, user_api="blas"), device.on(config.device):
         result = _train(config, corpus, progress)
     result.metrics["seconds"] = time.perf_counter() - start
     return result
@@ -326,7 +333,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
 
     model = GPT(c.model_config(data.vocab_size), seed=c.seed)
     rng = np.random.default_rng(c.seed)
-    drop_rng = np.random.default_rng([c.seed, 1])  # dropout's masks: the batches stay the same
+    drop_rng = device.generator([c.seed, 1])  # dropout's masks: the batches stay the same
     schedule = WarmupSchedule(c.lr, c.warmup, c.steps, final_lr=c.final_lr)
     decayed, kept = decay_groups(model.params)
     optimizers = [Adam(decayed, lr=c.lr, weight_decay=c.weight_decay, decoupled=True),
@@ -379,7 +386,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         "train_seconds": elapsed, "cpu_seconds": cpu,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "tokens": tokens, "parameters": model.num_parameters(), "threads": c.threads,
-        "final_loss": history.loss[-1],
+        "device": c.device, "final_loss": history.loss[-1],
     }
     return CharLMResult(model, history, metrics, c, data.tokenizer)
 
@@ -400,7 +407,7 @@ def _parser():
                     "many training tokens), seconds (wall-clock, the whole run), "
                     "train_seconds and cpu_seconds (wall-clock and CPU time of the training "
                     "steps), tokens_per_s (per second of training step), steps, stopped "
-                    "('steps' or 'time'), parameters, block, seed, threads.",
+                    "('steps' or 'time'), parameters, block, seed, threads, device.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -421,6 +428,7 @@ def _parser():
                        ("threads", int), ("time_budget", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
                        default=getattr(d, name))
+    p.add_argument("--device", choices=device.DEVICES, default=d.device, help=device.HELP)
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
     p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
                                     "the name of its block (the notebook's block comparison) "
@@ -462,7 +470,8 @@ def main(argv=None) -> int:
                if f.name not in ("dtype",)}
     try:
         config = CharLMConfig(**options)
-    except (TypeError, ValueError) as e:
+        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
+    except (TypeError, ValueError, device.DeviceError) as e:
         parser.error(str(e))
     log = sys.stderr
 
@@ -478,8 +487,8 @@ def main(argv=None) -> int:
               f"training and {corpus.val_ids.size:,} validation tokens, vocabulary "
               f"{corpus.vocab_size}; {config.block} block, d_model {config.d_model}, "
               f"{config.num_layers} layers, context {config.context}, batch "
-              f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s)",
-              file=log, flush=True)
+              f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s), device "
+              f"{config.device}", file=log, flush=True)
         if config.tokenizer == "bpe":
             print(f"tokenizer: byte-level BPE of {config.bpe_vocab_size} tokens, trained on the "
                   "training documents; context and batch count BPE tokens", file=log, flush=True)
@@ -488,8 +497,8 @@ def main(argv=None) -> int:
     tok = result.tokenizer
     for i in range(args.samples):
         prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
-        out = result.model.generate(prompt, min(200, config.context - prompt.size),
-                                    temperature=0 if i == 0 else 0.8, seed=i)
+        out = device.to_host(result.model.generate(prompt, min(200, config.context - prompt.size),
+                                                   temperature=0 if i == 0 else 0.8, seed=i))
         text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
         print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too

@@ -14,6 +14,7 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.datasets import tasks as D
+from transformer_lab.device import DEVICES
 from transformer_lab.models.encoder_decoder import POSITIONAL, Transformer, TransformerConfig
 from transformer_lab.optim import SGD, Adam, WarmupSchedule
 
@@ -62,7 +63,8 @@ class TrainConfig:
     ``eval_every`` steps, ``time_budget`` seconds for the training loop (None, the default: no
     limit, so that runs are deterministic; a budget makes the stopping step machine-dependent).
     Run: ``seed`` (data, initial weights and batch order), ``threads`` (BLAS threads),
-    ``dtype`` ("float32" or "float64").
+    ``dtype`` ("float32" or "float64"), ``device`` ("cpu" or "cuda": where the core runs,
+    :mod:`transformer_lab.device`).
     """
 
     task: str = "reverse"
@@ -94,6 +96,7 @@ class TrainConfig:
     time_budget: float | None = None
     threads: int = 1
     dtype: str = "float32"
+    device: str = "cpu"
 
     def __post_init__(self):
         self._check_choices()
@@ -111,7 +114,8 @@ class TrainConfig:
     def _check_choices(self) -> None:
         for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
                               ("decay", ("cosine", "linear", "inverse_sqrt")),
-                              ("positional", POSITIONAL), ("dtype", ("float32", "float64"))):
+                              ("positional", POSITIONAL), ("dtype", ("float32", "float64")),
+                              ("device", DEVICES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in choices:
                 raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
