@@ -188,8 +188,8 @@ def test_gpt_forward_backward_and_loss_stay_on_the_device_with_the_cpus_numbers(
                              .astype(logits.dtype))
         drop = device.generator(2) if config.dropout else None
         loss, grads = model.loss(ids, rng=drop)
-        return {"params": model.params, "logits": logits, "backward": model.backward(dlogits, cache),
-                "loss": loss, "grads": grads,
+        return {"params": model.params, "logits": logits, "loss": loss, "grads": grads,
+                "backward": model.backward(dlogits, cache),
                 "eval loss": model.loss(ids, compute_grads=False)[0]}
 
     cpu, dev = on_cpu_and_device(run)
