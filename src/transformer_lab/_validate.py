@@ -18,7 +18,7 @@ def float_array(x, name: str, *, ndim: int | None = None, min_ndim: int | None =
                 ) -> np.ndarray:
     """``x`` as a float32/float64 array (of the host or of the device), or a TypeError/ValueError
     naming ``name``."""
-    if not device.is_array(x):
+    if not isinstance(x, (np.ndarray, device.xp.ndarray)):
         raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
     if x.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name} must be a float32 or float64 array, got dtype {x.dtype}")
@@ -83,7 +83,7 @@ def real(value, name: str, *, minimum: float | None = None, positive: bool = Fal
 def grad_like(dout, name: str, shape: tuple, dtype, what: str = "the forward output") -> np.ndarray:
     """An upstream gradient: an array (of the host or of the device) of the forward output's
     shape and dtype."""
-    if not device.is_array(dout):
+    if not isinstance(dout, (np.ndarray, device.xp.ndarray)):
         raise TypeError(f"{name} must be a NumPy array, got {type(dout).__name__}")
     if dout.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} ({what}), got {dout.shape}")

@@ -50,20 +50,10 @@ tokens, 4 layers, a vocabulary of 98 (the character model's), at d_model 96 (4 h
 (8 heads), with the 2017 / GPT-2 block (``--blocks classic``) and the modern one (``modern``:
 RMSNorm, SwiGLU, RoPE, grouped-query attention with half as many key/value heads). The model
 computes with the core, as the handout does. Checked first in float64: the same loss and
-gradients as the twin to 1e-10. Each round times a torch step, a NumPy step and a float32
-matrix product (512 x 256 by 256 x 256, as :func:`calibrate`) in an order that alternates, so
-that the table can give each side's rate of matrix-product arithmetic (:func:`gpt_step_flops`,
-GFLOP/s) and, in the column "of matmul", the NumPy step's rate as a fraction of that one-thread
-matrix product's, measured in the same rounds (median of the per-round fractions); the column
-"torch" beside it, the same fraction for torch's step. The rounds
-also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T dy`` and
-``dy W^T`` of every weight, at the step's shapes), computed by NumPy's BLAS and by torch's on
-the same arrays; the column "projections" is their median ratio numpy/torch. These products are
-most of a step's arithmetic, and neither side can do without them: where that ratio is above 1,
-NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can match torch's only
-by doing everything else faster. The last lines sum up the sizes: the ratios' geometric mean
-and range (as for the encoder-decoder), the widest middle half, the matrix product's rate, and
-the projections' ratios.
+gradients as the twin to 1e-10. Each round times a torch step and a NumPy step, in an order that
+alternates; the table gives each side's rate of matrix-product arithmetic
+(:func:`gpt_step_flops`, GFLOP/s), and the last line sums up the sizes as for the
+encoder-decoder.
 """
 
 from __future__ import annotations
@@ -81,7 +71,6 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.gradient_check import rel_error
-from transformer_lab.tools import median_times  # noqa: F401  (importable from here too)
 
 MODULES = ("encoder_layer", "transformer")
 NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
@@ -395,64 +384,12 @@ def gpt_step_flops(config, b: int, t: int) -> float:
     return 3.0 * (c.num_layers * (projections + attention + mlp) + 2 * n * e * c.vocab_size)
 
 
-def gpt_projections(config, b: int, t: int) -> list[tuple[int, int, int, bool, bool]]:
-    """The training step's projections, the products of activations with weights, as
-    ``(M, K, N, a_transposed, b_transposed)`` for ``a (M, K) @ b (K, N)``: per block and for the
-    output projection, each weight's forward product ``x W``, its gradient ``x^T dy`` and the
-    input's gradient ``dy W^T`` (SwiGLU's gate and up projections each its own, as the core
-    computes them). Their FLOPs are :func:`gpt_step_flops` less the attention's."""
-    c, n = config, b * t
-    e, kv = c.d_model, c.num_kv_heads * c.head_dim
-    mlp = [(e, c.d_ff)] * (2 if c.mlp == "swiglu" else 1) + [(c.d_ff, e)]
-    weights = c.num_layers * ([(e, e + 2 * kv), (e, e)] + mlp) + [(e, c.vocab_size)]
-    return [shape for d_in, d_out in weights
-            for shape in ((n, d_in, d_out, False, False), (d_in, n, d_out, True, False),
-                          (n, d_out, d_in, False, True))]
-
-
-def projection_flops(shapes) -> float:
-    """FLOPs of the products ``shapes`` (:func:`gpt_projections`): 2 M K N each."""
-    return sum(2.0 * m * k * n for m, k, n, _, _ in shapes)
-
-
-def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object], float,
-                                      list[np.ndarray]]:
-    """Two steps that compute the products ``shapes`` (:func:`gpt_projections`) on the same
-    float32 arrays, one with NumPy's ``matmul`` (its BLAS), one with ``torch.mm``; their FLOPs,
-    and the arrays both write the products to. The same layouts on both sides: a transposed
-    operand is a transposed view."""
-    import torch
-
-    rng = np.random.default_rng(0)
-    ops = []
-    for m, k, n, ta, tb in shapes:
-        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-        w = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-        ops.append((a.T if ta else a, w.T if tb else w, np.empty((m, n), np.float32)))
-    views = [tuple(torch.from_numpy(x) for x in op) for op in ops]
-
-    def numpy_products():
-        for a, w, out in ops:
-            np.matmul(a, w, out=out)
-
-    def torch_products():
-        for a, w, out in views:
-            torch.mm(a, w, out=out)
-    return numpy_products, torch_products, projection_flops(shapes), [out for _, _, out in ops]
-
-
 class GPTTiming(NamedTuple):
-    """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
-    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's),
-    :class:`Timing` of the step's projections alone (:func:`gpt_projections`), NumPy's BLAS
-    against torch's, and the rounds' median fraction for torch's step."""
+    """One size's result for the GPT: :class:`Timing`, and the FLOP/s of each side's median
+    step."""
     timing: Timing
     numpy_flops: float
     torch_flops: float
-    matmul_flops: float
-    of_matmul: float
-    projections: Timing
-    torch_of_matmul: float
 
 
 def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
@@ -479,8 +416,8 @@ def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
 def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats: int,
                 warmup: int, clock: Callable[[], float] = time.perf_counter) -> GPTTiming:
     """Time a float32 training step of the GPT (``model.loss(ids)``: loss and gradients) and of
-    its PyTorch twin (same weights, same ids), with a matrix product in every round
-    (:func:`round_robin_times`), after checking them equal in float64."""
+    its PyTorch twin (same weights, same ids) in interleaved rounds, after checking them equal
+    in float64."""
     from transformer_lab.models.gpt import GPT
     from transformer_lab.reference.torch_gpt import TorchGPT
 
@@ -497,33 +434,27 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
     def numpy_step():
         model.loss(ids)
 
-    product, product_flops = matmul_step(repeat=max(1, round(gpt_step_flops(config, b, t)
-                                                             / 20 / 6.7e7)))
-    numpy_projections, torch_projections, _, _ = projection_steps(gpt_projections(config, b, t))
-    times = round_robin_times({"torch": torch_step, "numpy": numpy_step, "matmul": product,
-                               "torch projections": torch_projections,
-                               "numpy projections": numpy_projections},
-                              repeats, warmup, clock)
+    timing = summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
     flops = gpt_step_flops(config, b, t)
-    timing = summarize(times["torch"], times["numpy"])
-    def of_matmul(side):
-        return statistics.median((flops / n) / (product_flops / m)
-                                 for n, m in zip(times[side], times["matmul"], strict=True))
-    return GPTTiming(timing, flops / timing.numpy, flops / timing.torch,
-                     product_flops / statistics.median(times["matmul"]),
-                     of_matmul("numpy"),
-                     summarize(times["torch projections"], times["numpy projections"]),
-                     of_matmul("torch"))
+    return GPTTiming(timing, flops / timing.numpy, flops / timing.torch)
 
 
 def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
                          speed: tuple[float, float]) -> float:
     """Rough seconds for one GPT size: the float64 check and ``rounds`` rounds of the two
-    steps (each about twice its matrix products' time at the calibration's rate) and of the two
-    sides' projections alone (about those products' time)."""
+    steps, each about twice its matrix products' time at the calibration's rate."""
     step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
-    projections = projection_flops(gpt_projections(config, b, t))
-    return step * (2 * rounds + 6) + 2 * rounds * projections / speed[0]
+    return step * (2 * rounds + 6)
+
+
+def _summary(name: str, timings: list[Timing]) -> None:
+    """The ratios' geometric mean and range over the sizes, and the widest middle half."""
+    ratios = [m.ratio for m in timings]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    widest = max(timings, key=lambda m: m.ratio_q3 / m.ratio_q1)
+    print(f"{name}: numpy/torch geometric mean {geo:.2f}x, range {min(ratios):.2f}x - "
+          f"{max(ratios):.2f}x over {len(ratios)} sizes; widest middle half "
+          f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
 
 
 def _announce(planned: list[float], args, progress) -> None:
@@ -570,40 +501,26 @@ def _main_gpt(args, clock) -> int:
           flush=True)
     header = (f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
               f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9} {'torch':>5} "
-              f"{'projections':>11}")
+              f"{'numpy GF/s':>10} {'torch GF/s':>10}")
     print(header)
     print("-" * len(header), flush=True)
-    results = []
+    timings = []
     start = time.perf_counter()
     for k, (block, e, b, t) in enumerate(sizes):
         h = args.heads or _gpt_default_heads(e)
         print(f"[{k + 1}/{len(sizes)}] GPT {block}, d_model {e}, batch {b}, length {t} ...",
               file=progress, flush=True)
         r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock)
-        results.append((block, e, r))
+        timings.append(r.timing)
         kv = gpt_config(block, e, h, args.layers, t).num_kv_heads
         heads = f"{h}/{kv}" if kv != h else f"{h}"
         m = r.timing
         print(f"{block:<8} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
-              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
-              f"{r.of_matmul:>8.0%} {r.torch_of_matmul:>5.0%} {r.projections.ratio:>10.2f}x",
-              flush=True)
+              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f}", flush=True)
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
-    ratios = [r.timing.ratio for _, _, r in results]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    widest = max((r.timing for _, _, r in results), key=lambda m: m.ratio_q3 / m.ratio_q1)
-    print(f"GPT: numpy/torch geometric mean {geo:.2f}x, range {min(ratios):.2f}x - "
-          f"{max(ratios):.2f}x over {len(ratios)} sizes; "
-          f"widest middle half {widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x; a one-thread "
-          f"float32 matrix product ({MATMUL_SHAPE[0]} x {MATMUL_SHAPE[1]} by {MATMUL_SHAPE[1]} "
-          f"x {MATMUL_SHAPE[2]}) ran at "
-          f"{statistics.median(r.matmul_flops for _, _, r in results) / 1e9:.0f} GFLOP/s")
-    alone = [r.projections.ratio for _, _, r in results]
-    print(f"The step's projections alone (x W, x^T dy, dy W^T: the same products in NumPy and "
-          f"in torch): numpy/torch {min(alone):.2f}x - {max(alone):.2f}x")
+    _summary("GPT", timings)
     print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 
@@ -715,12 +632,7 @@ def main(argv=None) -> int:
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     for kind, rs in ratios.items():
-        med = [r.ratio for r in rs]
-        geo = math.exp(sum(math.log(x) for x in med) / len(med))
-        widest = max(rs, key=lambda r: r.ratio_q3 / r.ratio_q1)
-        print(f"{names[kind]}: numpy/torch geometric mean {geo:.2f}x, range "
-              f"{min(med):.2f}x - {max(med):.2f}x over {len(med)} sizes; widest middle half "
-              f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
+        _summary(names[kind], rs)
     print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 

@@ -2,36 +2,33 @@
 
     python -m transformer_lab.course.gpu_check --out DIR [--budget 360] [--quick]
 
-on a machine with CuPy (``pip install -e .[gpu]``), PyTorch and a GPU; it needs numpy, scipy,
-threadpoolctl, cupy, torch and this package only. About 7.5 minutes at the defaults (``--quick``:
-a one-minute smoke run at tiny sizes). Three parts, each recorded whatever the others do (an
-error is recorded and the run goes on):
+on a machine with CuPy, PyTorch and a GPU; it needs numpy, scipy, threadpoolctl, cupy, torch and
+this package only. About 7.5 minutes at the defaults (``--quick``: about one minute, tiny sizes).
+Each part is recorded whatever the others do (an error is recorded, and the run goes on):
 
 1. **parity** -- the GPT's loss and every gradient on CuPy against the NumPy CPU run of the same
    float32 model and batch, for the classic block, the modern one (RoPE, grouped-query
-   attention) and tiled attention, at d_model 96 and 384: the relative error of each array (its
+   attention) and tiled attention, at d_model 96 and 384: each array's relative error (its
    largest difference over its largest magnitude), pass mark 1e-5.
-2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64:
-   the core on CuPy (loss and gradients, clipping, the core's Adam with decoupled weight decay
-   in the trainer's two groups) against the PyTorch twin's eager step on the same GPU
-   (``reference.torch_gpt``: forward, backward, ``clip_grad_norm_``, ``torch.optim.AdamW`` with
-   the same groups); rounds interleaved, the device synchronised after each step, medians.
-   Each side's forward and backward alone are timed too. The course's target: at most 2x.
-3. **training** -- a character-level GPT on the course corpus, on the GPU, through the real
-   trainer (``train_charlm``, device cuda) for ``--budget`` seconds of training steps, against
-   the shipped CPU checkpoint (1.397 validation bits per character, evaluated again here: the
-   corpus is NumPy's docstrings, and this machine's NumPy may differ). The run: the shipped
-   model's shape (d_model 96, 4 layers, 128 positions: 0.47 M parameters) at 8 times its batch
-   (64 windows) with weight decay 0.1, for as many steps as the budget holds at the step time
-   measured first (so that the cosine schedule ends where the budget does). Why this one: the
-   shipped run was still improving at its last step, and its gap between training (1.01) and
-   validation (1.40) says the corpus, not the model's size, is what limits it -- a 10.8 M
-   model (d_model 384, 6 layers) overfit it after about 1,000 steps; the same small model that
-   sees 8 times the tokens a step, for more steps, with the decay that helped it in notebook
-   13 (1.424 against 1.446 at 7,000 steps), is the safe bet on a time budget.
+2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64: the
+   core on CuPy (loss and gradients, clipping, the core's Adam with decoupled weight decay in
+   the trainer's two groups) against the PyTorch twin's eager step on the same GPU (forward,
+   backward, ``clip_grad_norm_``, ``AdamW`` with the same groups); interleaved rounds, the GPU
+   synchronised after each step, medians; each side's forward and backward alone too. Target:
+   at most 2x.
+3. **training** -- a character-level GPT on the course corpus through the real trainer
+   (``train_charlm``, device cuda) for ``--budget`` seconds of steps, against the shipped CPU
+   checkpoint (1.397 validation bits per character, evaluated again here: the corpus is the
+   installed NumPy's docstrings). The run: the shipped model's shape (d_model 96, 4 layers, 128
+   positions, 0.47 M parameters) at 8 times its batch, with weight decay 0.1, for as many steps
+   as the budget holds at the step time measured first (so that the cosine schedule ends with
+   the budget). Why: the shipped run was still improving at its last step, and its gap between
+   training (1.01) and validation (1.40) says the corpus, not the model's size, limits it -- a
+   10.8 M model overfit it after about 1,000 steps; the same small model seeing 8 times the
+   tokens a step, for more steps, with the decay that helped it in notebook 13, is the safe bet.
 
-Writes ``DIR/gpu_record.json`` (the machine, versions, every figure, the command) and a summary
-on stdout.
+Writes ``DIR/gpu_record.json`` (machine, versions, every figure, the command) and a summary on
+stdout.
 """
 
 from __future__ import annotations
@@ -92,17 +89,6 @@ def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: i
             "worst_error": errors[worst], "pass": errors[worst] < PARITY_TOL, "errors": errors}
 
 
-def _synchronize(torch_device: str):
-    import torch
-
-    def synchronize():
-        if hasattr(device.xp, "cuda"):
-            device.xp.cuda.Device().synchronize()
-        if torch_device == "cuda":
-            torch.cuda.synchronize()
-    return synchronize
-
-
 def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 64,
            rounds: int = 10, warmup: int = 3, torch_device: str = "cuda") -> dict:
     """Part 2: median seconds of a training step, and of forward and backward alone, of the core
@@ -123,7 +109,13 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
     groups = [{"params": [named[n] for n in names], "weight_decay": decay}
               for names, decay in zip(decay_groups(host.params), (0.1, 0.0), strict=True)]
     torch_opt = torch.optim.AdamW(groups, lr=1e-4)
-    synchronize = _synchronize(torch_device)
+
+    def synchronize():
+        if hasattr(device.xp, "cuda"):  # CuPy's (the tests' stand-in has none)
+            device.xp.cuda.Device().synchronize()
+        if torch_device == "cuda":
+            torch.cuda.synchronize()
+
     with device.on("cuda"):
         model = host.copy()
         decayed, kept = decay_groups(model.params)
@@ -165,26 +157,6 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
             "pass": ratio <= TIMING_TARGET, "seconds": times}
 
 
-def seconds_per_step(config, corpus, steps: int = 20) -> float:
-    """The step time of the trainer's step for ``config`` (on its device), after 5 warm-up."""
-    from transformer_lab.core import optim as core_optim
-    from transformer_lab.optim import Adam
-    from transformer_lab.train.charlm import random_windows
-
-    rng = np.random.default_rng(0)
-    with device.on(config.device):
-        model = GPT(config.model_config(corpus.vocab_size), seed=0)
-        opt = Adam(model.params, lr=1e-4, weight_decay=0.1, decoupled=True)
-        for i in range(5 + steps):
-            if i == 5:
-                start = time.perf_counter()
-            loss, grads = model.loss(random_windows(corpus.train_ids, config.batch_size,
-                                                    config.context, rng))
-            core_optim.clip_grad_norm(grads, config.clip)
-            opt.step(grads)  # loss, a Python float, waited for the device
-    return (time.perf_counter() - start) / steps
-
-
 def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
     """Part 3: the trainer on the GPU for ``budget`` seconds of steps; the shipped checkpoint's
     bits per character on this machine's corpus beside it."""
@@ -193,7 +165,8 @@ def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
 
     corpus = corpus or load_corpus()
     config = charlm.CharLMConfig(**{**TRAIN, **(overrides or {})}, device="cuda")
-    step = seconds_per_step(config, corpus)
+    probe = charlm.train_charlm(config, corpus, steps=30, warmup=5, eval_every=30)
+    step = probe.metrics["train_seconds"] / 30  # a first run's, its first steps' compiling in
     config = dataclasses.replace(config, steps=max(config.warmup + 1, int(0.9 * budget / step)),
                                  time_budget=budget)
     curve = []
@@ -202,7 +175,7 @@ def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
     with device.on("cuda"):
         shipped = charlm.bits_per_char(GPT.load(charlm.CHECKPOINT), corpus.val_ids)
     metrics = result.metrics
-    return {"config": dataclasses.asdict(config), "measured_step_seconds": step,
+    return {"config": dataclasses.asdict(config), "probe_step_seconds": step,
             "metrics": metrics, "val_curve_subset": curve,
             "shipped_checkpoint_val_bits_per_char_here": shipped,
             "shipped_record_val_bits_per_char": SHIPPED_BITS_PER_CHAR,
