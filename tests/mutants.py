@@ -668,16 +668,16 @@ mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a divisio
 mutant("gelu_forward", "erf(x / 2) instead of erf(x / sqrt 2)",
        "erf(x / c(math.sqrt(2)))", "erf(x / c(2))", "check-gelu")
 mutant("gelu_forward", "x^2 instead of x^3 in the tanh approximation",
-       "c(0.044715) * (x * x * x)", "c(0.044715) * (x * x)", "check-gelu")
+       "    t = x * x  #", "    t = x.copy()  #", "check-gelu")
 mutant("gelu_forward", "approximate ignored (always the exact GELU)",
        "if approximate == \"none\":", "if True:", "check-gelu")
 mutant("gelu_forward", "a NumPy float64 constant that promotes float32 inputs",
-       "np.tanh(c(math.sqrt(2 / math.pi))", "np.tanh(np.sqrt(2 / np.pi)", "check-gelu")
+       "out = t + 1  #", "out = t + np.float64(1)  #", "check-gelu")
 mutant("gelu_backward", "the term x * phi(x) of the exact derivative forgotten",
        "local = aux + x * c(1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)",
        "local = aux", "check-gelu")
 mutant("gelu_backward", "(1 - t) instead of (1 - t^2) in the tanh derivative",
-       "(1 - aux * aux)", "(1 - aux)", "check-gelu")
+       "local *= 1 - aux * aux", "local *= 1 - aux", "check-gelu")
 mutant("activation_forward", "the activation's keyword arguments not passed (gelu_tanh runs "
        "the exact GELU)", "out, cache = forward(x, **kwargs)", "out, cache = forward(x)",
        "check-activation")
