@@ -74,7 +74,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -91,7 +90,7 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers
+from transformer_lab.train.config import check_run_numbers, run_command
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -447,20 +446,6 @@ def _history(h: CharLMHistory) -> dict:
             "val_seconds": [round(x, 2) for x in h.val_seconds]}
 
 
-def _command(argv) -> str:
-    """The command line of this run; an absolute path is shown relative to the current folder
-    when it lies inside it, else by its name only (no path of this machine is stored)."""
-    def shown(arg: str) -> str:
-        path = Path(arg)
-        if not path.is_absolute():
-            return arg
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return path.name
-    return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
-
-
 def main(argv=None) -> int:
     start = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -502,7 +487,7 @@ def main(argv=None) -> int:
         text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
         print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
-    record = {"command": _command(argv), "metrics": metrics,
+    record = {"command": run_command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
               "corpus": corpus.stats()}
     if args.checkpoint:

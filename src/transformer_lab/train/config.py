@@ -8,7 +8,9 @@ field), so the training loop itself checks nothing again.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +22,21 @@ from transformer_lab.optim import SGD, Adam, WarmupSchedule
 
 # --------------------------------------------------------------------------------------------
 # Configuration
+
+
+def run_command(argv) -> str:
+    """The command line of a run, as its record stores it: an absolute path is shown relative to
+    the current folder when it lies inside it, else by its name only (no path of this machine is
+    stored)."""
+    def shown(arg: str) -> str:
+        path = Path(arg)
+        if not path.is_absolute():
+            return arg
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return path.name
+    return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
 
 
 def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:

@@ -60,7 +60,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import sacrebleu
@@ -86,7 +85,7 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers
+from transformer_lab.train.config import check_run_numbers, run_command
 from transformer_lab.train.evaluation import teacher_forced_accuracy
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
@@ -338,19 +337,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command(argv) -> str:
-    """The command line of this run, with no absolute path of this machine."""
-    def shown(arg: str) -> str:
-        path = Path(arg)
-        if not path.is_absolute():
-            return arg
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return path.name
-    return " ".join(["python -m transformer_lab.train", *map(shown, argv)])
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -376,7 +362,7 @@ def main(argv=None) -> int:
         print(f"{e.source} -> {hyp}  {'ok' if hyp == e.target else 'WRONG: ' + e.target}",
               file=sys.stderr)
     if args.checkpoint:
-        record = {"command": _command(argv), "metrics": metrics,
+        record = {"command": run_command(argv), "metrics": metrics,
                   "config": dataclasses.asdict(config), "history": result.history,
                   "test": [[e.kind, e.number] for e in data.test]}
         result.model.save(args.checkpoint, metadata=record)
