@@ -80,7 +80,7 @@ class Optimizer:
         for name, p in self.params.items():
             g = device.put(v.grad_like(grads[name], f"grads[{name!r}]", p.shape, p.dtype,
                                        what=f"params[{name!r}]"))
-            if not np.isfinite(g).all():
+            if not device.xp.isfinite(g).all():
                 raise ValueError(f"grads[{name!r}] contains NaN or infinity")
             checked.append((name, p, g))
         return checked
@@ -132,8 +132,8 @@ class Adam(Optimizer):
         self.eps = v.real(eps, "eps", minimum=0)
         self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
         self.decoupled = v.boolean(decoupled, "decoupled")
-        self.m = {n: np.zeros_like(p) for n, p in self.params.items()}
-        self.v = {n: np.zeros_like(p) for n, p in self.params.items()}
+        self.m = {n: device.xp.zeros_like(p) for n, p in self.params.items()}
+        self.v = {n: device.xp.zeros_like(p) for n, p in self.params.items()}
 
     def step(self, grads) -> None:
         checked = self._checked_grads(grads)
