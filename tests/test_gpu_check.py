@@ -44,6 +44,7 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert [p["kind"] for p in parity] == ["classic", "modern", "tiled"]
     # the stand-in computes with NumPy: the same numbers, not merely close ones
     assert all(p["pass"] and p["worst_error"] == 0.0 for p in parity)
+    assert all(np.shape(p["sampled"]) == (2, 12) for p in parity)  # 4 prompt + 8 sampled
     assert len(parity[0]["errors"]) == len(gpu_check.GPT(gpu_check.gpt_config(
         "classic", 32, 1, 32)).params) + 1
     timing = record["timing"]

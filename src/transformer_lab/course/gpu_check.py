@@ -9,7 +9,8 @@ Each part is recorded whatever the others do (an error is recorded, and the run 
 1. **parity** -- the GPT's loss and every gradient on CuPy against the NumPy CPU run of the same
    float32 model and batch, for the classic block, the modern one (RoPE, grouped-query
    attention) and tiled attention, at d_model 96 and 384: each array's relative error (its
-   largest difference over its largest magnitude), pass mark 1e-5.
+   largest difference over its largest magnitude), pass mark 1e-5; and a sampled continuation
+   (``generate`` with top-k and top-p) on the GPU.
 2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64: the
    core on CuPy (loss and gradients, clipping, the core's Adam with decoupled weight decay in
    the trainer's two groups) against the PyTorch twin's eager step on the same GPU (forward,
@@ -79,14 +80,18 @@ def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: i
         model = GPT(config, seed=0)
         cpu_loss, cpu_grads = model.loss(ids)
     with device.on("cuda"):
-        loss, grads = model.copy().loss(ids)
+        gpu_model = model.copy()
+        loss, grads = gpu_model.loss(ids)
         grads = {name: device.to_host(g) for name, g in grads.items()}
+        sampled = device.to_host(gpu_model.generate(ids[:2, :4], 8, temperature=0.8, top_k=10,
+                                                    top_p=0.9, seed=0))  # runs on the GPU
     errors = {name: relative_error(grads[name], g) for name, g in cpu_grads.items()}
     errors["loss"] = abs(loss - cpu_loss) / abs(cpu_loss)
     worst = max(errors, key=errors.get)
     return {"kind": kind, "d_model": d_model, "layers": layers, "length": length,
             "batch": batch, "loss_cpu": cpu_loss, "loss_device": loss, "worst": worst,
-            "worst_error": errors[worst], "pass": errors[worst] < PARITY_TOL, "errors": errors}
+            "worst_error": errors[worst], "pass": errors[worst] < PARITY_TOL, "errors": errors,
+            "sampled": sampled.tolist()}
 
 
 def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 64,
