@@ -190,9 +190,11 @@ def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
 
 
 def machine() -> dict:
-    """The GPU's name and the versions that made the figures."""
-    import cupy
+    """The GPU's name and the versions that made the figures (CuPy: the module the core is
+    bound to)."""
     import torch
+
+    cupy = device.xp
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     name = props["name"]
@@ -220,8 +222,8 @@ def run(out: Path, budget: float, quick: bool, torch_device: str = "cuda", corpu
     and ``corpus``: the tests' CPU and small corpus)."""
     record: dict = {"command": " ".join(["python -m transformer_lab.course.gpu_check",
                                          *sys.argv[1:]]), "quick": quick}
-    _part(record, "machine", machine)
     _part(record, "device", lambda: device.use("cuda") or device.name)
+    _part(record, "machine", machine)
     sizes = (32,) if quick else (96, 384)
     for kind in KINDS:
         for d in sizes:
