@@ -144,7 +144,7 @@ def run_trainer(handout: Path, *args: str, timeout: int = 600) -> subprocess.Com
 
 def run_in_handout_package(tmp: Path, stub_core_module: str, script: str) -> str:
     """Run ``script`` (Python source) against the package as the handout copies it -- no course
-    tools, no speed-only modules -- with the core module ``stub_core_module`` (e.g. "blocks")
+    tools -- with the core module ``stub_core_module`` (e.g. "blocks")
     stubbed as ``make student`` stubs it; returns its stdout (a failure fails the test)."""
     from transformer_lab.course import package
 
@@ -156,6 +156,4 @@ def run_in_handout_package(tmp: Path, stub_core_module: str, script: str) -> str
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    for rel in package.SPEED_ONLY:
-        assert not (tmp / "src" / "transformer_lab" / rel).exists(), rel
     return result.stdout

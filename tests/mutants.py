@@ -558,7 +558,7 @@ mutant("cross_entropy_forward", "reduction ignored (always the mean)",
        "weight = 1 / keep.sum() if reduction == \"mean\" else 1.0", "weight = 1 / keep.sum()",
        "check-cross-entropy")
 mutant("cross_entropy_forward", "the loss of the padded positions counted",
-       "loss = -float((picked * keep).sum()) * weight", "loss = -float(picked.sum()) * weight",
+       "loss = -float((picked * keep).sum() * weight)", "loss = -float(picked.sum() * weight)",
        "check-cross-entropy")
 mutant("cross_entropy_backward", "dloss ignored",
        "(-dloss * weight * keep)", "(-weight * keep)", "check-cross-entropy")
@@ -668,16 +668,16 @@ mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a divisio
 mutant("gelu_forward", "erf(x / 2) instead of erf(x / sqrt 2)",
        "erf(x / c(math.sqrt(2)))", "erf(x / c(2))", "check-gelu")
 mutant("gelu_forward", "x^2 instead of x^3 in the tanh approximation",
-       "c(0.044715) * (x * x * x)", "c(0.044715) * (x * x)", "check-gelu")
+       "    t = x * x  #", "    t = x.copy()  #", "check-gelu")
 mutant("gelu_forward", "approximate ignored (always the exact GELU)",
        "if approximate == \"none\":", "if True:", "check-gelu")
 mutant("gelu_forward", "a NumPy float64 constant that promotes float32 inputs",
-       "np.tanh(c(math.sqrt(2 / math.pi))", "np.tanh(np.sqrt(2 / np.pi)", "check-gelu")
+       "out = t + 1  #", "out = t + np.float64(1)  #", "check-gelu")
 mutant("gelu_backward", "the term x * phi(x) of the exact derivative forgotten",
        "local = aux + x * c(1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)",
        "local = aux", "check-gelu")
 mutant("gelu_backward", "(1 - t) instead of (1 - t^2) in the tanh derivative",
-       "(1 - aux * aux)", "(1 - aux)", "check-gelu")
+       "local *= 1 - aux * aux", "local *= 1 - aux", "check-gelu")
 mutant("activation_forward", "the activation's keyword arguments not passed (gelu_tanh runs "
        "the exact GELU)", "out, cache = forward(x, **kwargs)", "out, cache = forward(x)",
        "check-activation")
@@ -1126,8 +1126,8 @@ mutant("label_smoothed_loss_forward", "ignore_index forgotten: the mean over eve
        "weight = 1 / keep.sum()", "keep = np.ones_like(keep)\n    weight = 1 / keep.size",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the uniform part",
-       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum()) * weight",
-       "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum()) * weight",
+       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)",
+       "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum() * weight)",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]", "dlogp[...] = 0",

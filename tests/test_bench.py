@@ -6,7 +6,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from transformer_lab.course import bench
@@ -123,42 +122,14 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
     assert "[1/2] GPT classic, d_model 32, batch 4, length 16 ..." in err
     assert "[2/2] GPT modern" in err and "in all" in err
     assert "(1 BLAS threads), torch" in out and "(1 threads)" in out
-    assert "the GPT's training step" in out and "of matmul" in out
+    assert "the GPT's training step" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("classic", "modern"))]
-    assert [r[:3] for r in rows] == [["classic", "fast", "32"], ["modern", "fast", "32"]]
-    assert rows[1][3] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
-    assert all(r[8].endswith("x") and r[-3].endswith("%") and r[-2].endswith("%")
-               and r[-1].endswith("x") for r in rows)  # of matmul: numpy's, torch's
-    assert out.splitlines()[1].split()[-3:] == ["matmul", "torch", "projections"]
+    assert [r[:2] for r in rows] == [["classic", "32"], ["modern", "32"]]
+    assert rows[1][2] == "2/1"  # grouped-query: 2 query heads share 1 key/value head
+    assert all(r[7].endswith("x") and float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)
+    assert out.splitlines()[1].split()[-4:] == ["numpy", "GF/s", "torch", "GF/s"]
     summary = next(line for line in out.splitlines() if line.startswith("GPT: numpy/torch"))
-    medians = [float(r[8][:-1]) for r in rows]
+    medians = [float(r[7][:-1]) for r in rows]
     geo = float(summary.split("geometric mean ")[1].split("x")[0])
     assert abs(geo - math.exp(sum(map(math.log, medians)) / 2)) <= 0.01
     assert f"range {min(medians):.2f}x - {max(medians):.2f}x over 2 sizes" in summary
-    assert "GFLOP/s" in summary
-    assert "The step's projections alone" in out and "projections" in out.splitlines()[1]
-
-
-def test_the_gpt_projections_are_the_step_s_products_less_the_attention_s():
-    for block in bench.GPT_BLOCKS:
-        c = bench.gpt_config(block, 96, 4, 4, 128)
-        shapes = bench.gpt_projections(c, 8, 128)
-        assert len(shapes) == 3 * (4 * 4 + 1)
-        attention = 3 * 4 * (4 * 8 * 128 * 128 * 96)
-        assert sum(2 * m * k * n for m, k, n, _, _ in shapes) == \
-            bench.gpt_step_flops(c, 8, 128) - attention
-
-
-def test_the_projection_steps_compute_the_same_products_on_both_sides():
-    shapes = [(3, 4, 5, False, False), (4, 3, 5, True, False), (3, 5, 4, False, True)]
-    numpy_products, torch_products, flops, outs = bench.projection_steps(shapes)
-    assert flops == 3 * 2 * 3 * 4 * 5
-    assert [o.shape for o in outs] == [(3, 5), (4, 5), (3, 4)]
-    numpy_products()
-    by_numpy = [o.copy() for o in outs]
-    for o in outs:
-        o[...] = 0
-    torch_products()
-    for mine, theirs in zip(by_numpy, outs, strict=True):
-        assert np.abs(mine).max() > 0
-        np.testing.assert_allclose(theirs, mine, rtol=1e-5, atol=1e-5)

@@ -32,8 +32,8 @@ def test_threads_and_printing(capsys):
 
 
 def test_the_thread_limit_covers_the_blas_the_gpt_loads_after_it():
-    # a notebook's first cell limits the threads; the GPT (whose fast path calls SciPy's BLAS)
-    # comes later: in a fresh process, every BLAS library then still has one thread
+    # a notebook's first cell limits the threads; the GPT (whose core imports SciPy) comes
+    # later: in a fresh process, every BLAS library then still has one thread
     code = ("from transformer_lab import setup_notebook\n"
             "setup_notebook(threads=1)\n"
             "import transformer_lab.models.gpt\n"

@@ -13,9 +13,11 @@ the core, and the rest of the package builds on the core. Laid out by role:
 - :mod:`~transformer_lab.models` -- the encoder-decoder and the GPT, their configurations,
   input checks, shared parameter handling and one checkpoint format; GPT-2's checkpoints
   (``transformers``' ``config.json`` + ``model.safetensors``) read into the GPT
-  (``models.pretrained``, ``GPT.from_pretrained``); the GPT's speed-only training step
-  (``models.fast_gpt``: the core's numbers, faster; left out of the handout, where the GPT
-  computes with the student's core);
+  (``models.pretrained``, ``GPT.from_pretrained``); they compute with the core and nothing
+  else;
+- :mod:`.device` -- where the core runs: NumPy on the CPU, or CuPy on an NVIDIA GPU
+  (``device.use("cuda")``, the trainers' ``--device cuda``), the core's ``np`` bound in one
+  place; the models, optimisers and trainers follow it;
 - :mod:`~transformer_lab.reference` -- everything PyTorch: the reference models and
   ``from_torch`` twins;
 - :mod:`~transformer_lab.datasets` -- the toy tasks, the text corpus, the translation data

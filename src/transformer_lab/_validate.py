@@ -11,11 +11,14 @@ import numbers
 
 import numpy as np
 
+from transformer_lab import device
+
 
 def float_array(x, name: str, *, ndim: int | None = None, min_ndim: int | None = None
                 ) -> np.ndarray:
-    """``x`` as a float32/float64 array, or a TypeError/ValueError naming ``name``."""
-    if not isinstance(x, np.ndarray):
+    """``x`` as a float32/float64 array (of the host or of the device), or a TypeError/ValueError
+    naming ``name``."""
+    if not isinstance(x, (np.ndarray, device.xp.ndarray)):
         raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
     if x.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name} must be a float32 or float64 array, got dtype {x.dtype}")
@@ -39,8 +42,8 @@ def shape_is(x: np.ndarray, shape: tuple, name: str, what: str = "") -> None:
 
 
 def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
-    """``ids`` as an integer array with every value in [0, vocab_size)."""
-    ids = np.asarray(ids)
+    """``ids`` as an integer array on the host with every value in [0, vocab_size)."""
+    ids = np.asarray(device.to_host(ids))
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"{name} must be an array of integer token ids, got dtype {ids.dtype}")
     if ids.size:
@@ -78,8 +81,9 @@ def real(value, name: str, *, minimum: float | None = None, positive: bool = Fal
 
 
 def grad_like(dout, name: str, shape: tuple, dtype, what: str = "the forward output") -> np.ndarray:
-    """An upstream gradient: a NumPy array of the forward output's shape and dtype."""
-    if not isinstance(dout, np.ndarray):
+    """An upstream gradient: an array (of the host or of the device) of the forward output's
+    shape and dtype."""
+    if not isinstance(dout, (np.ndarray, device.xp.ndarray)):
         raise TypeError(f"{name} must be a NumPy array, got {type(dout).__name__}")
     if dout.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} ({what}), got {dout.shape}")

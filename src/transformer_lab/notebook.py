@@ -107,7 +107,7 @@ _blas_limit = None  # keeps the threadpoolctl limit alive for the whole session
 def limit_threads(threads: int) -> None:
     """Use ``threads`` threads in NumPy's BLAS (via threadpoolctl) and in torch, from now on."""
     global _blas_limit
-    # SciPy's own BLAS (the GPT's fast path calls it) loaded now: a limit covers only the
+    # SciPy's own BLAS (which SciPy may load later) loaded now: a limit covers only the
     # libraries already loaded
     import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits

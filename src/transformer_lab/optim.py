@@ -20,7 +20,9 @@ The classes keep the state (momentum buffers, moment estimates, the step count) 
 arguments; the arithmetic of an update is :func:`transformer_lab.core.optim.sgd_step` /
 :func:`~transformer_lab.core.optim.adam_step`, one parameter array at a time, and
 :func:`global_norm` / :func:`clip_grad_norm` check their arguments and call the core's -- the
-functions the student writes in notebook 10, looked up at call time.
+functions the student writes in notebook 10, looked up at call time. They run where the core
+runs (:mod:`transformer_lab.device`): the parameters and the optimiser's state live there, and
+gradients are moved there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import optim as core_optim
 
 
@@ -39,6 +42,10 @@ def _check_params(params) -> Mapping[str, np.ndarray]:
         raise TypeError("params must be a non-empty dict of name -> float array")
     for name, p in params.items():
         v.float_array(p, f"params[{name!r}]")
+        if not device.on_device(p):
+            raise ValueError(f"params[{name!r}] is not on the device the core runs on "
+                             f"({device.name}): update them where they live (make the model "
+                             f"after transformer_lab.device.use(...))")
     return params
 
 
@@ -61,7 +68,7 @@ class Optimizer:
 
     def _checked_grads(self, grads: Mapping[str, np.ndarray]) -> list:
         """[(name, param, grad), ...] once **every** gradient has been checked: the keys of
-        params, each an array of its parameter's shape and dtype, finite."""
+        params, each an array of its parameter's shape and dtype, finite; on the device."""
         if not isinstance(grads, Mapping):
             raise TypeError(f"grads must be a dict of name -> array, got {type(grads).__name__}")
         missing = set(self.params) - set(grads)
@@ -71,9 +78,9 @@ class Optimizer:
                              f"{sorted(missing)}, unexpected {sorted(extra)}")
         checked = []
         for name, p in self.params.items():
-            g = v.grad_like(grads[name], f"grads[{name!r}]", p.shape, p.dtype,
-                            what=f"params[{name!r}]")
-            if not np.isfinite(g).all():
+            g = device.put(v.grad_like(grads[name], f"grads[{name!r}]", p.shape, p.dtype,
+                                       what=f"params[{name!r}]"))
+            if not device.xp.isfinite(g).all():
                 raise ValueError(f"grads[{name!r}] contains NaN or infinity")
             checked.append((name, p, g))
         return checked
@@ -125,8 +132,8 @@ class Adam(Optimizer):
         self.eps = v.real(eps, "eps", minimum=0)
         self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
         self.decoupled = v.boolean(decoupled, "decoupled")
-        self.m = {n: np.zeros_like(p) for n, p in self.params.items()}
-        self.v = {n: np.zeros_like(p) for n, p in self.params.items()}
+        self.m = {n: device.xp.zeros_like(p) for n, p in self.params.items()}
+        self.v = {n: device.xp.zeros_like(p) for n, p in self.params.items()}
 
     def step(self, grads) -> None:
         checked = self._checked_grads(grads)

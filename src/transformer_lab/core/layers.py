@@ -85,8 +85,16 @@ def gelu_forward(x, approximate="none"):
     if approximate == "none":
         phi = 0.5 * (1 + erf(x / c(math.sqrt(2))))
         return x * phi, (x, approximate, phi)
-    t = np.tanh(c(math.sqrt(2 / math.pi)) * (x + c(0.044715) * (x * x * x)))  # not x**3: slow
-    return 0.5 * x * (1 + t), (x, approximate, t)
+    t = x * x  # the tanh's argument sqrt(2/pi) (x + 0.044715 x^3), in place: few temporaries
+    t *= c(0.044715)
+    t += 1
+    t *= x
+    t *= c(math.sqrt(2 / math.pi))
+    np.tanh(t, out=t)
+    out = t + 1  # x/2 (1 + t)
+    out *= x
+    out *= c(0.5)
+    return out, (x, approximate, t)
     ### END SOLUTION
 
 
@@ -101,10 +109,16 @@ def gelu_backward(dout, cache):
     c = x.dtype.type
     if approximate == "none":
         local = aux + x * c(1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)
-    else:
-        local = 0.5 * (1 + aux) + 0.5 * x * (1 - aux * aux) * c(math.sqrt(2 / math.pi)) * (
-            1 + c(3 * 0.044715) * x * x)
-    return dout * local
+    else:  # x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2) + (1 + t)/2, in place
+        local = x * x
+        local *= c(3 * 0.044715)
+        local += 1
+        local *= x
+        local *= c(0.5 * math.sqrt(2 / math.pi))
+        local *= 1 - aux * aux
+        local += 0.5 * (1 + aux)
+    local *= dout
+    return local
     ### END SOLUTION
 
 
@@ -221,7 +235,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, reduction="mean"):
     safe = np.where(keep, targets, 0)  # any valid id where ignored: its term is dropped
     picked = np.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]  # (...)
     weight = 1 / keep.sum() if reduction == "mean" else 1.0
-    loss = -float((picked * keep).sum()) * weight
+    loss = -float((picked * keep).sum() * weight)  # one number to the host, at the end
     ### END SOLUTION
     return loss, (c_logp, safe, keep, weight)
 

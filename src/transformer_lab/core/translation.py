@@ -61,7 +61,7 @@ def label_smoothed_loss_forward(logits, targets, eps, ignore_index=-100):
     nll = -np.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]  # (...)
     uniform = -logp.mean(axis=-1)  # cross-entropy with the uniform distribution, (...)
     weight = 1 / keep.sum()
-    loss = float((((1 - eps) * nll + eps * uniform) * keep).sum()) * weight
+    loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)
     ### END SOLUTION
     return loss, (c_logp, safe, keep, weight, eps)
 

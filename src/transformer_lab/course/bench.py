@@ -6,13 +6,12 @@ One *step* is what a training step does with the module: forward, then backward 
 ``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get the
 same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the same
 float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few padded
-positions) and the same upstream gradient. The twins compute with the package's fast path where
-it has one (:mod:`transformer_lab.models.fast_blocks`; ``--core``: with the core, as the handout
-does). Before anything is timed, the twin is checked to compute
-what the module computes: a float64 copy of each, same weights and inputs, must agree on the output
-and the input gradients to a relative error of 1e-10 -- a benchmark of two computations that differ
-would mean nothing. (The check is not made in float32: there the two sides legitimately differ by
-more than rounding, e.g. 3 % on one row of an input gradient where a ReLU input lies within float32
+positions) and the same upstream gradient. The twins compute with the core, as the handout
+does. Before anything is timed, the twin is checked to compute what the module computes: a
+float64 copy of each, same weights and inputs, must agree on the output and the input gradients
+to a relative error of 1e-10 -- a benchmark of two computations that differ would mean nothing.
+(The check is not made in float32: there the two sides legitimately differ by more than
+rounding, e.g. 3 % on one row of an input gradient where a ReLU input lies within float32
 rounding of zero and the two sides' float32 intermediates fall on either side of the kink.)
 
 How the timing stays meaningful on a busy machine (:func:`paired_times`): the two sides are
@@ -50,22 +49,11 @@ same batch of token ids, ``twin.loss(ids).backward()``. By default B = 8 sequenc
 tokens, 4 layers, a vocabulary of 98 (the character model's), at d_model 96 (4 heads) and 256
 (8 heads), with the 2017 / GPT-2 block (``--blocks classic``) and the modern one (``modern``:
 RMSNorm, SwiGLU, RoPE, grouped-query attention with half as many key/value heads). The model
-computes with the package's fast path where it has one (:mod:`transformer_lab.models.fast_gpt`;
-``--core``: with the core, as the handout does). Checked first in float64: the same loss and
-gradients as the twin to 1e-10. Each round times a torch step, a NumPy step and a float32
-matrix product (512 x 256 by 256 x 256, as :func:`calibrate`) in an order that alternates, so
-that the table can give each side's rate of matrix-product arithmetic (:func:`gpt_step_flops`,
-GFLOP/s) and, in the column "of matmul", the NumPy step's rate as a fraction of that one-thread
-matrix product's, measured in the same rounds (median of the per-round fractions); the column
-"torch" beside it, the same fraction for torch's step. The rounds
-also time the step's projections alone (:func:`gpt_projections`: ``x W``, ``x^T dy`` and
-``dy W^T`` of every weight, at the step's shapes), computed by NumPy's BLAS and by torch's on
-the same arrays; the column "projections" is their median ratio numpy/torch. These products are
-most of a step's arithmetic, and neither side can do without them: where that ratio is above 1,
-NumPy's BLAS is slower than torch's at these shapes, and the NumPy step can match torch's only
-by doing everything else faster. The last lines sum up the sizes: the ratios' geometric mean
-and range (as for the encoder-decoder), the widest middle half, the matrix product's rate, and
-the projections' ratios.
+computes with the core, as the handout does. Checked first in float64: the same loss and
+gradients as the twin to 1e-10. Each round times a torch step and a NumPy step, in an order that
+alternates; the table gives each side's rate of matrix-product arithmetic
+(:func:`gpt_step_flops`, GFLOP/s), and the last line sums up the sizes as for the
+encoder-decoder.
 """
 
 from __future__ import annotations
@@ -83,7 +71,6 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.gradient_check import rel_error
-from transformer_lab.tools import median_times  # noqa: F401  (importable from here too)
 
 MODULES = ("encoder_layer", "transformer")
 NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
@@ -197,12 +184,10 @@ def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> flo
 
 
 def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int, warmup: int,
-            masks: bool = True, clock: Callable[[], float] = time.perf_counter,
-            core: bool = False) -> Timing:
+            masks: bool = True, clock: Callable[[], float] = time.perf_counter) -> Timing:
     """Time one float32 forward + backward step of torch and of the NumPy twin in interleaved
     rounds (:func:`paired_times`), after checking in float64 that the twin computes what the
-    module computes (:func:`check_twin`). ``core``: the twin computes with the core, not with
-    the fast path (:mod:`transformer_lab.models.fast_blocks`, where the package has it).
+    module computes (:func:`check_twin`).
 
     Returns:
         :class:`Timing`; ``measure(...)[0]`` and ``[1]`` are the median seconds of torch and
@@ -215,7 +200,6 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
     rng = np.random.default_rng(0)
     module = _build(kind, e, h, layers)
     twin = from_torch(module)
-    twin.use_fast_path = not core
     args, kwargs = _inputs(kind, b, t, e, rng)
     if not masks:
         kwargs = {}
@@ -239,18 +223,11 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
         grads = twin.backward(dout)
         return out, grads if isinstance(grads, tuple) else (grads,)
 
-    _check_float64_twin(module, args, kwargs, dout, core)
+    _check_float64_twin(module, args, kwargs, dout)
     return summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
 
 
-def _fast_blocks():
-    """:mod:`transformer_lab.models.fast_blocks`, or None where the package leaves it out."""
-    from transformer_lab.models import encoder_decoder
-
-    return encoder_decoder._fast_blocks
-
-
-def _check_float64_twin(module, args, kwargs, dout, core: bool = False) -> float:
+def _check_float64_twin(module, args, kwargs, dout) -> float:
     """Run a float64 copy of ``module`` and of its twin on the same inputs; :func:`check_twin`."""
     import copy
 
@@ -265,7 +242,6 @@ def _check_float64_twin(module, args, kwargs, dout, core: bool = False) -> float
     out = ref(*leaves, **{k: torch.tensor(m) for k, m in kwargs.items()})
     (out * torch.tensor(dout64)).sum().backward()
     twin = from_torch(ref)
-    twin.use_fast_path = not core
     twin_out = twin.forward(*args64, **kwargs)
     twin_grads = twin.backward(dout64)
     twin_grads = twin_grads if isinstance(twin_grads, tuple) else (twin_grads,)
@@ -408,65 +384,12 @@ def gpt_step_flops(config, b: int, t: int) -> float:
     return 3.0 * (c.num_layers * (projections + attention + mlp) + 2 * n * e * c.vocab_size)
 
 
-def gpt_projections(config, b: int, t: int) -> list[tuple[int, int, int, bool, bool]]:
-    """The training step's projections, the products of activations with weights, as
-    ``(M, K, N, a_transposed, b_transposed)`` for ``a (M, K) @ b (K, N)``: per block and for the
-    output projection, each weight's forward product ``x W``, its gradient ``x^T dy`` and the
-    input's gradient ``dy W^T`` (SwiGLU's gate and up projections as one, as the fast path
-    computes them). Their FLOPs are :func:`gpt_step_flops` less the attention's."""
-    c, n = config, b * t
-    e, kv = c.d_model, c.num_kv_heads * c.head_dim
-    mlp = [(e, 2 * c.d_ff), (c.d_ff, e)] if c.mlp == "swiglu" else [(e, c.d_ff), (c.d_ff, e)]
-    weights = c.num_layers * ([(e, e + 2 * kv), (e, e)] + mlp) + [(e, c.vocab_size)]
-    return [shape for d_in, d_out in weights
-            for shape in ((n, d_in, d_out, False, False), (d_in, n, d_out, True, False),
-                          (n, d_out, d_in, False, True))]
-
-
-def projection_flops(shapes) -> float:
-    """FLOPs of the products ``shapes`` (:func:`gpt_projections`): 2 M K N each."""
-    return sum(2.0 * m * k * n for m, k, n, _, _ in shapes)
-
-
-def projection_steps(shapes) -> tuple[Callable[[], object], Callable[[], object], float,
-                                      list[np.ndarray]]:
-    """Two steps that compute the products ``shapes`` (:func:`gpt_projections`) on the same
-    float32 arrays, one with NumPy's ``matmul`` (its BLAS), one with ``torch.mm``; their FLOPs,
-    and the arrays both write the products to. The same layouts on both sides: a transposed
-    operand is a transposed view."""
-    import torch
-
-    rng = np.random.default_rng(0)
-    ops = []
-    for m, k, n, ta, tb in shapes:
-        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-        w = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-        ops.append((a.T if ta else a, w.T if tb else w, np.empty((m, n), np.float32)))
-    views = [tuple(torch.from_numpy(x) for x in op) for op in ops]
-
-    def numpy_products():
-        for a, w, out in ops:
-            np.matmul(a, w, out=out)
-
-    def torch_products():
-        for a, w, out in views:
-            torch.mm(a, w, out=out)
-    return numpy_products, torch_products, projection_flops(shapes), [out for _, _, out in ops]
-
-
 class GPTTiming(NamedTuple):
-    """One size's result for the GPT: :class:`Timing`, the FLOP/s of each side's median step,
-    the median of the rounds' fractions (NumPy step's FLOP/s) / (matrix product's), the path,
-    :class:`Timing` of the step's projections alone (:func:`gpt_projections`), NumPy's BLAS
-    against torch's, and the rounds' median fraction for torch's step."""
+    """One size's result for the GPT: :class:`Timing`, and the FLOP/s of each side's median
+    step."""
     timing: Timing
     numpy_flops: float
     torch_flops: float
-    matmul_flops: float
-    of_matmul: float
-    path: str
-    projections: Timing
-    torch_of_matmul: float
 
 
 def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
@@ -475,7 +398,6 @@ def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
     from transformer_lab.reference.torch_gpt import TorchGPT
 
     m64 = model.astype(np.float64)
-    m64.use_fast_path = model.use_fast_path
     loss, grads = m64.loss(ids)
     twin = TorchGPT.from_numpy(m64)
     tloss = twin.loss(ids)
@@ -492,17 +414,15 @@ def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
 
 
 def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats: int,
-                warmup: int, clock: Callable[[], float] = time.perf_counter,
-                core: bool = False) -> GPTTiming:
+                warmup: int, clock: Callable[[], float] = time.perf_counter) -> GPTTiming:
     """Time a float32 training step of the GPT (``model.loss(ids)``: loss and gradients) and of
-    its PyTorch twin (same weights, same ids), with a matrix product in every round
-    (:func:`round_robin_times`), after checking them equal in float64."""
+    its PyTorch twin (same weights, same ids) in interleaved rounds, after checking them equal
+    in float64."""
     from transformer_lab.models.gpt import GPT
     from transformer_lab.reference.torch_gpt import TorchGPT
 
     config = gpt_config(block, e, h, layers, t)
     model = GPT(config, seed=0)
-    model.use_fast_path = not core
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (b, t))
     twin = TorchGPT.from_numpy(model)
     _check_float64_gpt(model, ids)
@@ -514,33 +434,27 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
     def numpy_step():
         model.loss(ids)
 
-    product, product_flops = matmul_step(repeat=max(1, round(gpt_step_flops(config, b, t)
-                                                             / 20 / 6.7e7)))
-    numpy_projections, torch_projections, _, _ = projection_steps(gpt_projections(config, b, t))
-    times = round_robin_times({"torch": torch_step, "numpy": numpy_step, "matmul": product,
-                               "torch projections": torch_projections,
-                               "numpy projections": numpy_projections},
-                              repeats, warmup, clock)
+    timing = summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
     flops = gpt_step_flops(config, b, t)
-    timing = summarize(times["torch"], times["numpy"])
-    def of_matmul(side):
-        return statistics.median((flops / n) / (product_flops / m)
-                                 for n, m in zip(times[side], times["matmul"], strict=True))
-    return GPTTiming(timing, flops / timing.numpy, flops / timing.torch,
-                     product_flops / statistics.median(times["matmul"]),
-                     of_matmul("numpy"), "core" if model._fast() is None else "fast",
-                     summarize(times["torch projections"], times["numpy projections"]),
-                     of_matmul("torch"))
+    return GPTTiming(timing, flops / timing.numpy, flops / timing.torch)
 
 
 def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
                          speed: tuple[float, float]) -> float:
     """Rough seconds for one GPT size: the float64 check and ``rounds`` rounds of the two
-    steps (each about twice its matrix products' time at the calibration's rate) and of the two
-    sides' projections alone (about those products' time)."""
+    steps, each about twice its matrix products' time at the calibration's rate."""
     step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
-    projections = projection_flops(gpt_projections(config, b, t))
-    return step * (2 * rounds + 6) + 2 * rounds * projections / speed[0]
+    return step * (2 * rounds + 6)
+
+
+def _summary(name: str, timings: list[Timing]) -> None:
+    """The ratios' geometric mean and range over the sizes, and the widest middle half."""
+    ratios = [m.ratio for m in timings]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    widest = max(timings, key=lambda m: m.ratio_q3 / m.ratio_q1)
+    print(f"{name}: numpy/torch geometric mean {geo:.2f}x, range {min(ratios):.2f}x - "
+          f"{max(ratios):.2f}x over {len(ratios)} sizes; widest middle half "
+          f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
 
 
 def _announce(planned: list[float], args, progress) -> None:
@@ -585,43 +499,28 @@ def _main_gpt(args, clock) -> int:
           f"{args.repeats} interleaved rounds after {args.warmup} warm-up; "
           f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
           flush=True)
-    header = (f"{'block':<8} {'path':<5} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
+    header = (f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
               f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-              f"{'numpy GF/s':>10} {'torch GF/s':>10} {'of matmul':>9} {'torch':>5} "
-              f"{'projections':>11}")
+              f"{'numpy GF/s':>10} {'torch GF/s':>10}")
     print(header)
     print("-" * len(header), flush=True)
-    results = []
+    timings = []
     start = time.perf_counter()
     for k, (block, e, b, t) in enumerate(sizes):
         h = args.heads or _gpt_default_heads(e)
         print(f"[{k + 1}/{len(sizes)}] GPT {block}, d_model {e}, batch {b}, length {t} ...",
               file=progress, flush=True)
-        r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock,
-                        core=args.core)
-        results.append((block, e, r))
+        r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock)
+        timings.append(r.timing)
         kv = gpt_config(block, e, h, args.layers, t).num_kv_heads
         heads = f"{h}/{kv}" if kv != h else f"{h}"
         m = r.timing
-        print(f"{block:<8} {r.path:<5} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
+        print(f"{block:<8} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
-              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f} "
-              f"{r.of_matmul:>8.0%} {r.torch_of_matmul:>5.0%} {r.projections.ratio:>10.2f}x",
-              flush=True)
+              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f}", flush=True)
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
-    ratios = [r.timing.ratio for _, _, r in results]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    widest = max((r.timing for _, _, r in results), key=lambda m: m.ratio_q3 / m.ratio_q1)
-    print(f"GPT: numpy/torch geometric mean {geo:.2f}x, range {min(ratios):.2f}x - "
-          f"{max(ratios):.2f}x over {len(ratios)} sizes; "
-          f"widest middle half {widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x; a one-thread "
-          f"float32 matrix product ({MATMUL_SHAPE[0]} x {MATMUL_SHAPE[1]} by {MATMUL_SHAPE[1]} "
-          f"x {MATMUL_SHAPE[2]}) ran at "
-          f"{statistics.median(r.matmul_flops for _, _, r in results) / 1e9:.0f} GFLOP/s")
-    alone = [r.projections.ratio for _, _, r in results]
-    print(f"The step's projections alone (x W, x^T dy, dy W^T: the same products in NumPy and "
-          f"in torch): numpy/torch {min(alone):.2f}x - {max(alone):.2f}x")
+    _summary("GPT", timings)
     print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 
@@ -641,9 +540,6 @@ def main(argv=None) -> int:
     parser.add_argument("--modules", nargs="+", choices=MODULES, default=list(MODULES))
     parser.add_argument("--blocks", nargs="+", choices=GPT_BLOCKS, default=list(GPT_BLOCKS),
                         help="--model gpt: the 2017 / GPT-2 block, the modern one (default both)")
-    parser.add_argument("--core", action="store_true",
-                        help="compute with the core, not the fast path (models.fast_blocks for "
-                             "the twins, models.fast_gpt for the GPT), as the handout does")
     parser.add_argument("--d-model", nargs="+", type=int, default=None,
                         help="default 64 128 256; --model gpt: 96 256")
     parser.add_argument("--batch", nargs="+", type=int, default=None,
@@ -714,8 +610,7 @@ def main(argv=None) -> int:
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
           f"backward, {args.repeats} interleaved rounds after {args.warmup} warm-up, masks "
-          f"{'on' if args.masks else 'off'}; the twins compute with "
-          f"{'the core' if args.core or _fast_blocks() is None else 'the fast path'}; "
+          f"{'on' if args.masks else 'off'}; the twins compute with the core; "
           f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
           flush=True)
     header = (f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
@@ -729,7 +624,7 @@ def main(argv=None) -> int:
         what = f"{names[kind]}, d_model {e}, batch {b}, length {t}"
         print(f"[{k + 1}/{len(sizes)}] {what} ...", file=progress, flush=True)
         r = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
-                    clock, args.core)
+                    clock)
         ratios.setdefault(kind, []).append(r)
         print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
               f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
@@ -737,12 +632,7 @@ def main(argv=None) -> int:
         _report_left(planned, k, time.perf_counter() - start, progress)
     print()
     for kind, rs in ratios.items():
-        med = [r.ratio for r in rs]
-        geo = math.exp(sum(math.log(x) for x in med) / len(med))
-        widest = max(rs, key=lambda r: r.ratio_q3 / r.ratio_q1)
-        print(f"{names[kind]}: numpy/torch geometric mean {geo:.2f}x, range "
-              f"{min(med):.2f}x - {max(med):.2f}x over {len(med)} sizes; widest middle half "
-              f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
+        _summary(names[kind], rs)
     print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
     return 0
 

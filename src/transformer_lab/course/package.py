@@ -9,8 +9,7 @@ file and line -- and the functions below make the forms of the package the tools
 
 - the **handout** (:func:`write_handout_package`): each core solution region replaced by
   ``raise NotImplementedError(<syllabus.stub_message(name)>)``, each hidden region removed, the
-  public answers stored for every check whose reference was hidden, the course tools and the
-  speed-only modules (``SPEED_ONLY``) left out;
+  public answers stored for every check whose reference was hidden, the course tools left out;
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
   handout's core with chosen functions put back -- the instructor's definition or a student's,
   taken out of a module's source by its syntax tree.
@@ -35,10 +34,6 @@ from transformer_lab.course.assignment import Region, find_regions, has_marker_w
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
 TOOLS_DIR = "course"
-#: Modules the handout and the probe leave out, relative to the package: speed-only paths that
-#: compute what the core computes (the trainer must train on the student's own core, and the
-#: fast path is a solution of the core's exercises).
-SPEED_ONLY = ("models/fast_gpt.py", "models/fast_blocks.py")
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".ipynb_checkpoints",
                  ".pytest_cache", ".ruff_cache")
 #: Class attributes and methods of a check that the handout needs (outside hidden regions).
@@ -425,10 +420,6 @@ def _ignore(root: Path):
         skipped = set(patterns(folder, names))
         if Path(folder).resolve() == root.resolve() and TOOLS_DIR in names:
             skipped.add(TOOLS_DIR)
-        for rel in SPEED_ONLY:
-            parent, _, name = rel.rpartition("/")
-            if name in names and Path(folder).resolve() == (root / parent).resolve():
-                skipped.add(name)
         return skipped
     return ignore
 
@@ -439,8 +430,7 @@ def write_handout_package(src: Path, dest: Path, package: Package | None = None)
 
     Core solution regions become stubs, hidden regions go, and the public answers of every
     check whose ``expected`` was hidden are stored in ``transformer_lab/checks/data/`` (computed
-    here, with the checks this process has loaded). Caches, the course tools and the speed-only
-    modules are left out.
+    here, with the checks this process has loaded). Caches and the course tools are left out.
     """
     from transformer_lab.checks import framework
 
@@ -464,12 +454,8 @@ def write_handout_package(src: Path, dest: Path, package: Package | None = None)
 
 
 def assert_handout_package(root: Path) -> None:
-    """A last guard on a written handout package: no marker words, no speed-only module, every
-    core function a stub (its body, after the docstring, starts by raising
-    NotImplementedError)."""
-    for rel in SPEED_ONLY:
-        if (root / rel).exists():
-            raise AssertionError(f"{root / rel}: a speed-only module is left in the handout")
+    """A last guard on a written handout package: no marker words, every core function a stub
+    (its body, after the docstring, starts by raising NotImplementedError)."""
     for path in sorted(root.rglob("*")):
         text = _read_text(path) if path.is_file() else None
         if text is None:

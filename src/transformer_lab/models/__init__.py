@@ -2,6 +2,5 @@
 core's functions, their configurations (:mod:`.config`), input checks (:mod:`.inputs`), the
 parameter handling they share (:mod:`.shell`) and their one checkpoint format
 (:mod:`.checkpoints`); GPT-2's checkpoints as Hugging Face ``transformers`` writes them, read into
-the GPT (:mod:`.pretrained`, ``GPT.from_pretrained``); and the GPT's speed-only training step
-(:mod:`.fast_gpt`: the core's numbers, faster; left out of the handout, where the GPT computes
-with the student's core)."""
+the GPT (:mod:`.pretrained`, ``GPT.from_pretrained``). They compute with the core's functions
+and nothing else: in the handout, with the student's own."""

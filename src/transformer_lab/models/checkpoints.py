@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from transformer_lab import device
 from transformer_lab.models.config import config_from_dict, config_to_dict
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "save", "load", "load_params",
@@ -106,8 +107,8 @@ def save(model, path, metadata: Mapping | None = None) -> str:
     header = {"format": CHECKPOINT_FORMAT, "kind": model.kind,
               "config": config_to_dict(model.config), "names": list(model.params),
               "metadata": dict(metadata or {})}
-    write_archive(path, header, {f"params/{name}": p for name, p in model.params.items()},
-                  compress=True)
+    write_archive(path, header, {f"params/{name}": device.to_host(p)
+                                 for name, p in model.params.items()}, compress=True)
     return path
 
 
@@ -153,7 +154,7 @@ def load_params(model, path) -> dict:
             f"{type(model).__name__}.load(path), which builds the model from the stored "
             f"config)")
     for name, p in model.params.items():
-        p[...] = arrays[name]
+        p[...] = device.put(arrays[name])
     return header["metadata"]
 
 

@@ -11,31 +11,20 @@
 
 The model runs on the core the course builds, ``transformer_lab.core.model`` (its forward and
 backward passes and its loss), called at call time -- a core function replaced at run time
-takes effect at once (see **Speed** for the package's own core)::
+takes effect at once::
 
     src ids -> token embedding (* sqrt(d_model)) + positions -> N encoder layers -> norm = memory
     tgt ids -> token embedding (* sqrt(d_model)) + positions -> N decoder layers -> norm
             -> output projection -> logits (B, T, V)
 
-**Speed.** With ``model.use_fast_path = True`` (the trainer, ``python -m
-transformer_lab.train``, sets it; the default is False: the notebooks verify the core through
-this model), :meth:`Transformer.forward`, :meth:`Transformer.backward` and
-:meth:`Transformer.loss` compute the encoder and decoder stacks with
-:mod:`transformer_lab.models.fast_blocks` where the package has it (the instructors' and
-readers' package; the handout leaves it out): the same numbers as the core to rounding (tested
-equal, values and gradients), faster (``python -m transformer_lab.course.bench``, with and
-without ``--core``, times the stacks both ways). It does so only while every function of the
-core modules it stands in for is the package's own: a core function replaced at run time (by a
-notebook, the grader) turns it off, and the replacement runs; an edit of the package's own
-``core/`` files takes effect with ``use_fast_path = False``. Decoding and
-:meth:`Transformer.attention_maps` always use the core.
-
 This module is the model's checked boundary: it holds the configuration and the parameters,
 checks every input once, and converts between its flat parameter names and the core's nested
-parameters. Its configuration is in :mod:`transformer_lab.models.config`, its input checks in
-:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
-:mod:`transformer_lab.models.shell` and its checkpoints in :mod:`transformer_lab.models.checkpoints`
-(all importable from here too).
+parameters. It runs where the core runs (:mod:`transformer_lab.device`): the parameters live
+there, inputs are checked on the host and moved there, and logits, gradients and decoded tokens
+come back as arrays of that device. Its configuration is in
+:mod:`transformer_lab.models.config`, its input checks in :mod:`transformer_lab.models.inputs`,
+the parameter handling it shares with the GPT in :mod:`transformer_lab.models.shell` and its
+checkpoints in :mod:`transformer_lab.models.checkpoints` (all importable from here too).
 
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
@@ -77,6 +66,7 @@ import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab import blocks as B
+from transformer_lab import device
 from transformer_lab import layers as L
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
@@ -111,22 +101,6 @@ from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importa
     loss_labels,
 )
 from transformer_lab.models.shell import Model, ModelCache
-
-try:  # the speed-only path of the stacks: in the instructors' and readers' package, not in the
-    import transformer_lab.models.fast_blocks as _fast_blocks  # handout
-except ModuleNotFoundError as err:
-    if err.name != "transformer_lab.models.fast_blocks":
-        raise
-    _fast_blocks = None
-
-
-def _fast_stacks(use_fast_path: bool, *arrays):
-    """:mod:`.fast_blocks`, to compute the stacks with, where the package has it,
-    ``use_fast_path`` is on, no input is empty and the core is the package's own; else None (the
-    core computes). The model's choice and the ``from_torch`` twins' alike."""
-    if _fast_blocks is None or not use_fast_path or any(a.size == 0 for a in arrays):
-        return None
-    return _fast_blocks if _fast_blocks.core_is_the_packages() else None
 
 # --------------------------------------------------------------------------------------------
 # Parameter names: one flat dict, and templates that give the core's nested structures
@@ -305,15 +279,10 @@ class Transformer(Model):
         config: the configuration.
         params: name -> array, every parameter (see the module docstring).
         pe: the sinusoidal table (max_len, d_model) added to the embeddings, or None.
-        use_fast_path: compute the forward and backward passes with
-            :mod:`transformer_lab.models.fast_blocks` where the package has it and the core is
-            its own (True; the trainer's models), or always with the core (False, the
-            default).
     """
 
     kind = "transformer"
     config_class = TransformerConfig
-    use_fast_path = False
 
     _init_params = staticmethod(_init_params)  # the initial parameters from (config, seed)
 
@@ -336,19 +305,14 @@ class Transformer(Model):
         _flatten_grads(self._template, grads, flat)
         return {k: flat[k] for k in self.params}
 
-    def _computes(self, *arrays):
-        """What computes the forward and backward passes: :mod:`.fast_blocks` (the core's
-        functions of ``core.model``, with the same arguments and numbers, faster) where
-        :func:`_fast_stacks` gives it; else ``core.model``."""
-        return _fast_stacks(self.use_fast_path, *arrays) or core_model
-
     # ---------------------------------------------------------------------------- forward
 
     def _core_args(self, src, tgt_in, src_kpm, tgt_kpm):
-        """The arguments of ``core.model.transformer_forward`` after ``params``: a padding mask
-        without padding is None (no masking to do)."""
-        return (src, tgt_in, self.config, self.pe, src_kpm if src_kpm.any() else None,
-                tgt_kpm if tgt_kpm.any() else None)
+        """The arguments of ``core.model.transformer_forward`` after ``params``, on the device: a
+        padding mask without padding is None (no masking to do)."""
+        put = device.put
+        return (put(src), put(tgt_in), self.config, self.pe,
+                put(src_kpm) if src_kpm.any() else None, put(tgt_kpm) if tgt_kpm.any() else None)
 
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
         """Logits for every position of the decoder input.
@@ -363,13 +327,9 @@ class Transformer(Model):
         Returns:
             logits: (B, T, tgt_vocab_size) in the model's dtype; cache for :meth:`backward`.
         """
-        return self._forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
-
-    def _forward(self, src, tgt_in, src_kpm, tgt_kpm, computes=None):
-        """:meth:`forward`, computed by ``computes`` (default: :meth:`_computes`' choice)."""
-        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_kpm, tgt_kpm))
-        computes = computes or self._computes(*args[:2])
-        logits, cache = computes.transformer_forward(self._nested(), *args)
+        args = self._core_args(*check_inputs(self.config, src, tgt_in, src_key_padding_mask,
+                                             tgt_key_padding_mask))
+        logits, cache = core_model.transformer_forward(self._nested(), *args)
         return logits, ModelCache(cache, logits.shape, logits.dtype)
 
     __call__ = forward
@@ -387,9 +347,7 @@ class Transformer(Model):
             grads: name -> array, exactly the keys (and shapes) of ``model.params``.
         """
         dlogits = self._checked_dlogits(dlogits, cache)
-        fast = _fast_blocks is not None and isinstance(cache.core, _fast_blocks.TransformerCache)
-        computes = _fast_blocks if fast else core_model  # the forward pass's
-        return self._flat(computes.transformer_backward(dlogits, cache.core))
+        return self._flat(core_model.transformer_backward(dlogits, cache.core))
 
     # ---------------------------------------------------------------------------- loss
 
@@ -424,15 +382,15 @@ class Transformer(Model):
         src, tgt_in, config, pe, src_pad, tgt_pad = self._core_args(
             src, tgt_in, src == self.config.pad_id, tgt_in == self.config.pad_id)
         params = self._nested()
-        computes = self._computes(src, tgt_in)
         if compute_grads:
-            loss, grads = computes.transformer_loss(params, src, tgt_in, labels, config, pe,
-                                                    src_pad, tgt_pad, IGNORE_INDEX)
+            loss, grads = core_model.transformer_loss(params, src, tgt_in, device.put(labels),
+                                                      config, pe, src_pad, tgt_pad, IGNORE_INDEX)
             return loss, self._flat(grads)
         # evaluation: the loss's forward half, without the backward pass
-        logits, _ = computes.transformer_forward(params, src, tgt_in, config, pe, src_pad,
-                                                 tgt_pad)
-        return core_layers.cross_entropy_forward(logits, labels, IGNORE_INDEX)[0], None
+        logits, _ = core_model.transformer_forward(params, src, tgt_in, config, pe, src_pad,
+                                                   tgt_pad)
+        return core_layers.cross_entropy_forward(logits, device.put(labels), IGNORE_INDEX)[0], \
+            None
 
     # ---------------------------------------------------------------------------- inference
 
@@ -453,27 +411,28 @@ class Transformer(Model):
                 padding) instead of a list.
 
         Returns:
-            a list of B int64 arrays, the generated tokens of each sequence (without BOS,
-            ending with EOS unless the sequence hit ``max_len``); or the padded array.
+            a list of B int64 arrays of the device, the generated tokens of each sequence
+            (without BOS, ending with EOS unless the sequence hit ``max_len``); or the padded
+            array.
         """
-        c = self.config
+        c, xp = self.config, device.xp
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
         max_len = check_decode_length(c, max_len)
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = src_pad if src_pad.any() else None
+        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
         memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)  # once
         b = src.shape[0]
-        out = np.full((b, max_len + 1), c.pad_id, dtype=np.int64)
+        out = xp.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
-        done = np.zeros(b, dtype=bool)
+        done = xp.zeros(b, dtype=bool)
         steps = 0
         for t in range(max_len):
             prefix = out[:, :t + 1]
             tgt_pad = prefix == c.pad_id
             logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
                                                       src_pad, tgt_pad if tgt_pad.any() else None)
-            nxt = np.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
+            nxt = xp.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
             out[:, t + 1] = nxt
             done |= nxt == c.eos_id
             steps = t + 1
@@ -531,10 +490,10 @@ class Transformer(Model):
         c = self.config
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = src_pad if src_pad.any() else None
+        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
         memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)
-        memory = np.repeat(memory, beam_size, axis=0)  # (B*K, S, E)
-        src_pad = None if src_pad is None else np.repeat(src_pad, beam_size, axis=0)
+        memory = memory.repeat(beam_size, axis=0)  # (B*K, S, E)
+        src_pad = None if src_pad is None else src_pad.repeat(beam_size, axis=0)
 
         def step(prefix, rows):  # no cache: ``rows`` is not needed
             tgt_pad = prefix == c.pad_id
@@ -546,19 +505,19 @@ class Transformer(Model):
     def _cached_beam_step(self, src, beam_size: int):
         """:meth:`_beam_step` with the decoder's caches: each step reorders the caches by
         ``rows`` (each hypothesis takes its parent's) and runs the decoder for the new token."""
-        c = self.config
+        c, zeros = self.config, device.xp.zeros
         params = self._nested()
         src_pad = src == c.pad_id
-        src_pad = np.repeat(src_pad, beam_size, axis=0) if src_pad.any() else None
-        memory, _ = core_model.transformer_encode(params, src, c, self.pe,
+        src_pad = device.put(src_pad).repeat(beam_size, axis=0) if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, device.put(src), c, self.pe,
                                                   None if src_pad is None else src_pad[::beam_size])
-        memory_kvs = [tuple(np.repeat(a, beam_size, axis=0) for a in
+        memory_kvs = [tuple(a.repeat(beam_size, axis=0) for a in
                             core_translation.memory_keys_values(memory, layer["cross_attn"],
                                                                 c.num_heads))
                       for layer in params["decoder"]["layers"]]
         rows_total = src.shape[0] * beam_size
         shape = (rows_total, c.num_heads, c.max_len, c.d_model // c.num_heads)
-        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
+        caches = [(zeros(shape, c.dtype), zeros(shape, c.dtype))
                   for _ in params["decoder"]["layers"]]
         state = {"length": 0}
 
@@ -581,8 +540,7 @@ class Transformer(Model):
             (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
         """
         # the core's caches hold the weights
-        _, cache = self._forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask,
-                                 core_model)
+        _, cache = self.forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
         enc, dec = _stack_caches(cache.core)
         maps = {}
         for i, layer in enumerate(B.stack_layer_caches(enc)):

@@ -10,15 +10,9 @@
 The math is the core's: :mod:`transformer_lab.core.gpt` and the modules it calls (``gqa``,
 ``rope``, ``modern``, ``next_token``; ``decoding`` and ``sampling`` for generation) -- the
 student's code, called through the modules at call time, so an edited package takes effect at
-once; this module checks the inputs once, keeps
-the parameters and runs the decoding loop.
-
-**Speed.** Where the package has it (the instructors' and readers' package; the handout leaves
-it out), :meth:`GPT.forward`, :meth:`GPT.backward` and :meth:`GPT.loss` compute with
-:mod:`transformer_lab.models.fast_gpt` instead: the same numbers as the core (tested equal,
-values and gradients, dropout's draws included), a training step 1.4 to 1.7 times faster.
-``model.use_fast_path = False`` computes with the core, as the handout always does; a
-configuration the fast path does not cover (tiled attention) always does.
+once; this module checks the inputs once, keeps the parameters and runs the decoding loop. It
+runs where the core runs (:mod:`transformer_lab.device`): the parameters live there, token ids
+are moved there, and logits, gradients and generated ids come back as arrays of that device.
 
 **Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
 (V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
@@ -45,6 +39,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import decoding as core_decoding
 from transformer_lab.core import gpt as core_gpt
 from transformer_lab.core import layers as core_layers
@@ -58,13 +53,6 @@ from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointErro
 from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
 from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
 from transformer_lab.models.shell import Model, ModelCache
-
-try:  # the speed-only path: in the instructors' and readers' package, not in the handout
-    import transformer_lab.models.fast_gpt as _fast_gpt
-except ModuleNotFoundError as err:
-    if err.name != "transformer_lab.models.fast_gpt":
-        raise
-    _fast_gpt = None
 
 
 def config_from_dict(d: Mapping) -> GPTConfig:
@@ -212,13 +200,10 @@ class GPT(Model):
         params: name -> array, every parameter (see the module docstring).
         pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
         rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
-        use_fast_path: compute with :mod:`transformer_lab.models.fast_gpt` where the package
-            has it and it covers the config (True, the default), or always with the core.
     """
 
     kind = "gpt"
     config_class = GPTConfig
-    use_fast_path = True
 
     _init_params = staticmethod(_init_params)  # the initial parameters from (config, seed)
 
@@ -271,13 +256,6 @@ class GPT(Model):
             return None
         return self.rope[0][start:stop], self.rope[1][start:stop]
 
-    def _fast(self):
-        """The speed-only module where it computes this model (see the module docstring),
-        else None: the core computes."""
-        if _fast_gpt is not None and self.use_fast_path and _fast_gpt.supports(self.config):
-            return _fast_gpt
-        return None
-
     # ---------------------------------------------------------------------------- forward
 
     def forward(self, ids):
@@ -290,14 +268,9 @@ class GPT(Model):
             logits: (B, T, V) in the model's dtype; logits[:, t] predicts ids[:, t + 1].
             cache: for :meth:`backward`.
         """
-        ids = check_ids(ids, "ids", self.config)
-        fast = self._fast()
-        if fast is not None:
-            logits, cache = fast.gpt_forward(self._checked_params(), ids, self.config, self.pe,
+        ids = device.put(check_ids(ids, "ids", self.config))
+        logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                              self._rope(0, ids.shape[1]))
-        else:
-            logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config,
-                                                 self.pe, self._rope(0, ids.shape[1]))
         return logits, ModelCache(cache, logits.shape, logits.dtype)
 
     __call__ = forward
@@ -309,10 +282,7 @@ class GPT(Model):
             name -> array, exactly the keys (and shapes) of ``model.params``.
         """
         dlogits = self._checked_dlogits(dlogits, cache)
-        if _fast_gpt is not None and isinstance(cache.core, _fast_gpt.FastCache):
-            grads = _fast_gpt.gpt_backward(dlogits, cache.core)
-        else:
-            grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
+        grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
         return {k: grads[k] for k in self.params}
 
     def loss(self, ids, compute_grads: bool = True, rng=None):
@@ -323,23 +293,21 @@ class GPT(Model):
                 logits at position t are scored against ids[:, t + 1] (the last position
                 predicts nothing), B (T - 1) predictions in all.
             compute_grads: False to skip the backward pass.
-            rng: a ``np.random.Generator`` to train with the config's ``dropout`` (the masks
-                are drawn from it); None (default): no dropout, as in evaluation.
+            rng: a random generator of the device the core runs on
+                (``transformer_lab.device.generator(seed)``; on the CPU ``np.random.default_rng``)
+                to train with the config's ``dropout`` (the masks are drawn from it); None
+                (default): no dropout, as in evaluation.
 
         Returns:
             loss: a Python float; grads: name -> array (None without compute_grads).
         """
         compute_grads = v.boolean(compute_grads, "compute_grads")
-        ids = check_ids(ids, "ids", self.config, min_len=2)
-        if rng is not None and not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be None or a numpy.random.Generator (np.random."
-                            f"default_rng(seed)), got {type(rng).__name__}")
+        ids = device.put(check_ids(ids, "ids", self.config, min_len=2))
+        if rng is not None and not isinstance(rng, device.xp.random.Generator):
+            raise TypeError(f"rng must be None or a random generator of the device the core "
+                            f"runs on, {device.name} (transformer_lab.device.generator(seed); "
+                            f"on the CPU np.random.default_rng(seed)), got {type(rng).__name__}")
         rng = rng if self.config.dropout > 0 else None
-        fast = self._fast()
-        if fast is not None:
-            loss, grads = fast.gpt_loss(self._checked_params(), ids, self.config, self.pe,
-                                        self._rope(0, ids.shape[1]), compute_grads, rng)
-            return loss, None if grads is None else {k: grads[k] for k in self.params}
         if compute_grads:
             loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
                                             self._rope(0, ids.shape[1]), rng)
@@ -359,7 +327,8 @@ class GPT(Model):
         """One empty ``(K, V)`` pair per layer, each (batch, Hkv, length, Dh)."""
         c = self.config
         shape = (batch, c.num_kv_heads, length, c.head_dim)
-        return [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype)) for _ in range(c.num_layers)]
+        zeros = device.xp.zeros
+        return [(zeros(shape, c.dtype), zeros(shape, c.dtype)) for _ in range(c.num_layers)]
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -378,18 +347,21 @@ class GPT(Model):
             temperature: >= 0.
             top_k: None (no filter) or an integer in 1..vocab_size.
             top_p: None (no filter) or a number in (0, 1].
-            seed: of the draws (None: fresh entropy); the same seed gives the same tokens.
+            seed: of the draws (None: fresh entropy); the same seed gives the same tokens (on
+                one device: :func:`transformer_lab.device.generator`).
             use_cache: keep the keys and values of past positions (True) or recompute the
                 whole prefix at every step (False); the same tokens either way.
             return_logits: also return the logits each new token was drawn from.
 
         Returns:
-            ids: int64 array, the prompt followed by the new tokens, (B, T + max_new_tokens)
+            ids: int64 array of the device, the prompt followed by the new tokens,
+            (B, T + max_new_tokens)
             (or (T + max_new_tokens,) for a 1-D prompt); with ``return_logits`` also the
             logits, (B, max_new_tokens, V) (or (max_new_tokens, V)), before temperature and
             filtering.
         """
         c = self.config
+        ids = device.to_host(ids)
         one = isinstance(ids, (list, tuple, np.ndarray)) and np.ndim(ids) == 1
         prompt = check_ids(np.asarray(ids)[None] if one else ids, "ids", c)
         steps = v.integer(max_new_tokens, "max_new_tokens", minimum=0)
@@ -413,19 +385,19 @@ class GPT(Model):
         return_logits = v.boolean(return_logits, "return_logits")
 
         out, logits = self._decode(prompt, steps, temperature, top_k, top_p,
-                                   np.random.default_rng(seed), use_cache)
+                                   device.generator(seed), use_cache)
         if one:
             out, logits = out[0], logits[0]
         return (out, logits) if return_logits else out
 
     def _decode(self, prompt, steps, temperature, top_k, top_p, rng, use_cache):
         """The decoding loop, on checked arguments: (ids (B, T + steps), logits (B, steps, V))."""
-        c = self.config
+        c, xp = self.config, device.xp
         B, T = prompt.shape
         params = self.nested_params()
-        out = np.zeros((B, T + steps), dtype=np.int64)
-        out[:, :T] = prompt
-        all_logits = np.zeros((B, steps, c.vocab_size), dtype=c.dtype)
+        out = xp.zeros((B, T + steps), dtype=np.int64)
+        out[:, :T] = device.put(prompt)
+        all_logits = xp.zeros((B, steps, c.vocab_size), dtype=c.dtype)
         caches = self.new_kv_cache(B, T + steps) if use_cache else None
         length = 0
         for i in range(steps):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 
 if TYPE_CHECKING:
     from transformer_lab.models.config import TransformerConfig
@@ -47,8 +48,9 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None) -> np
         max_len: the longest T allowed (None: any).
 
     Returns:
-        ids: (B, T) integer NumPy array, B >= 1, T >= 1.
+        ids: (B, T) integer NumPy array (on the host), B >= 1, T >= 1.
     """
+    ids = device.to_host(ids)
     if isinstance(ids, (list, tuple)):
         try:
             ids = np.asarray(ids)
@@ -76,6 +78,7 @@ def check_padding_mask(mask, ids: np.ndarray, name: str, pad_id: int) -> np.ndar
     ``ids == pad_id``."""
     if mask is None:
         return ids == pad_id
+    mask = device.to_host(mask)
     if not isinstance(mask, np.ndarray):
         raise TypeError(f"{name} must be a NumPy bool array (True = padding), got "
                         f"{type(mask).__name__}")
@@ -180,4 +183,4 @@ def decoded_sequences(out: np.ndarray, eos_id: int, padded: bool):
         return out
     ends = out[:, 1:] == eos_id
     lengths = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, out.shape[1] - 1)
-    return [out[i, 1:1 + n].copy() for i, n in enumerate(lengths)]
+    return [out[i, 1:1 + n].copy() for i, n in enumerate(lengths.tolist())]

@@ -15,6 +15,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.models import checkpoints
 
 
@@ -37,7 +38,8 @@ class Model:
 
     Attributes:
         config: the configuration.
-        params: name -> array, every parameter.
+        params: name -> array, every parameter, on the device the core runs on when the model
+            was made or loaded (:mod:`transformer_lab.device`).
         metadata: what the checkpoint a model was loaded from stored with it (else ``{}``).
     """
 
@@ -56,7 +58,7 @@ class Model:
 
     def _setup(self, config, params: dict[str, np.ndarray]) -> None:
         self.config = config
-        self.params: dict[str, np.ndarray] = params
+        self.params: dict[str, np.ndarray] = {k: device.put(p) for k, p in params.items()}
         self._shapes = {k: p.shape for k, p in params.items()}
         self.metadata: dict = {}
 
@@ -75,12 +77,12 @@ class Model:
         """
         checked = {name: self._checked_value(name, value) for name, value in new.items()}
         for name, value in checked.items():
-            self.params[name][...] = value
+            self.params[name][...] = device.put(value)
 
     def _checked_value(self, name: str, value) -> np.ndarray:
         if name not in self.params:
             raise KeyError(f"set_params: unknown parameter {name!r}")
-        value = np.asarray(value)
+        value = np.asarray(device.to_host(value))
         if value.dtype == bool or not np.issubdtype(value.dtype, np.number) or \
                 np.issubdtype(value.dtype, np.complexfloating):
             raise TypeError(f"new[{name!r}] must hold real numbers, got dtype {value.dtype}")
@@ -91,8 +93,8 @@ class Model:
 
     def _checked_params(self) -> dict[str, np.ndarray]:
         """``self.params``, after checking that an optimiser or a user who assigned arrays left
-        every parameter there, in its shape and the model's dtype (a KeyError or ValueError
-        naming it otherwise)."""
+        every parameter there, in its shape and the model's dtype, on the device the core runs on
+        (a KeyError or ValueError naming it otherwise)."""
         dt = self.config.dtype
         for name, shape in self._shapes.items():
             p = self.params.get(name)
@@ -101,23 +103,27 @@ class Model:
             if p.shape != shape or p.dtype != dt:
                 raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
                                  f"shape {shape}, got {p.dtype} {p.shape}")
+            if not device.on_device(p):
+                raise ValueError(f"model.params[{name!r}] is not on the device the core runs on "
+                                 f"({device.name}): make or load the model after "
+                                 f"transformer_lab.device.use(...), or copy it there with "
+                                 f"model.copy()")
         return self.params
 
     def _checked_dlogits(self, dlogits, cache: ModelCache) -> np.ndarray:
-        """``dlogits`` checked against the logits of the forward pass that made ``cache``."""
+        """``dlogits`` checked against the logits of the forward pass that made ``cache``, on the
+        device."""
         v.cache_of(cache, f"{type(self).__name__}.backward", ModelCache)
-        return v.grad_like(dlogits, "dlogits", cache.shape, cache.dtype,
-                           what="the logits of the forward pass")
+        return device.put(v.grad_like(dlogits, "dlogits", cache.shape, cache.dtype,
+                                      what="the logits of the forward pass"))
 
     def astype(self, dtype):
-        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64);
-        ``use_fast_path`` as this model's, where it was set on the model."""
+        """A copy of the model with its config and parameters in ``dtype`` (e.g. np.float64), on
+        the device the core runs on now."""
         config = dataclasses.replace(self.config, dtype=dtype)
         twin = type(self).__new__(type(self))
         twin._setup(config, {k: p.astype(config.dtype) for k, p in self.params.items()})
         twin.metadata = dict(self.metadata)
-        if "use_fast_path" in vars(self):
-            twin.use_fast_path = self.use_fast_path
         return twin
 
     def copy(self):

@@ -128,10 +128,10 @@ class TorchGPT(nn.Module):
             self.register_buffer("angles", (positions * omega).to(dtype), persistent=False)
 
     def forward(self, ids, drop=None) -> torch.Tensor:
-        """Logits (B, T, V) of ids (B, T) (NumPy or torch integers); drop: None, or per block
-        the two dropout factors of :meth:`TorchBlock.forward`."""
+        """Logits (B, T, V) of ids (B, T) (NumPy or CPU torch integers, moved to the parameters'
+        device); drop: None, or per block the two dropout factors of :meth:`TorchBlock.forward`."""
         c = self.config
-        ids = torch.as_tensor(check_ids(np.asarray(ids), "ids", c))
+        ids = torch.as_tensor(check_ids(np.asarray(ids), "ids", c), device=self.embed.W.device)
         T = ids.shape[1]
         x = self.embed.W[ids]
         if c.positional == "learned":
@@ -151,7 +151,7 @@ class TorchGPT(nn.Module):
     def loss(self, ids, drop=None) -> torch.Tensor:
         """Mean cross-entropy of logits[:, t] against ids[:, t + 1] (drop: as :meth:`forward`)."""
         logits = self.forward(ids, drop)
-        targets = torch.as_tensor(np.asarray(ids))[:, 1:]
+        targets = torch.as_tensor(np.asarray(ids), device=logits.device)[:, 1:]
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                targets.reshape(-1))
 

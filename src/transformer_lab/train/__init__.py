@@ -60,11 +60,7 @@ and 1000 held-out sequences. Measured on a shared 2-core machine: reverse, copy 
 **Runs on the core.** Every training step is ``transformer_lab.core.training.train_step`` (the
 student writes it in notebook 10), which calls the model's loss and backward and the
 optimiser's ``step`` -- ``transformer_lab.core.optim`` does the arithmetic of the update. With
-a core function that is still a stub, training stops at once with the stub's message. (In the
-package as instructors have it, the model's encoder and decoder stacks compute with
-``models/fast_blocks.py``, the core's numbers to rounding, faster: ``make_model`` sets the
-model's ``use_fast_path``; the handout has no such module, and a replaced core function turns
-it off.)
+a core function that is still a stub, training stops at once with the stub's message.
 
 The package, by concern: :mod:`~transformer_lab.train.config` (the run's configuration, data,
 model, optimiser and schedule), :mod:`~transformer_lab.train.loop` (the training step and loop),

@@ -33,11 +33,14 @@ What one run does:
    (all threads of this process) much less.
 
 With one thread and no time budget a run is deterministic: the same seed gives the same model.
+``--device cuda`` runs the core on an NVIDIA GPU with CuPy (:mod:`transformer_lab.device`):
+repeatable there too, but not the CPU's run bit for bit (dropout draws from CuPy's generator;
+sums round in another order).
 
 The files notebooks 13 and 14 read were made by these two commands, run from the project folder
-with the code of commit 4314d2c and today's default of 10,000 steps (the fast path,
-:mod:`transformer_lab.models.fast_gpt`, has changed since in ways that change rounding only, so
-a run today gives a model close to these, not the same bits):
+with the code of commit 4314d2c and today's default of 10,000 steps (that code computed the
+GPT's steps with a second, speed-only copy of the math, since removed; the core computes the
+same numbers to rounding, so a run today gives a model close to these, not the same bits):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
@@ -50,11 +53,12 @@ third training (seed 1, 1.402): the classic block 23.6 minutes of wall-clock tim
 run (14.6 minutes of CPU in the training steps, one thread), 1.397 bits per character on
 validation; the modern block 22.3 minutes (13.5 of CPU), 1.388.
 
-The default of 10,000 steps is what the fast path bought: with the core alone a step of the
-classic block takes 1.6 times as long (median of 21 interleaved rounds, CPU time, one thread),
-so 10,000 steps now cost less than the former default's 7,000 (1.446 bits per character on
-seed 0, 1.471 on seed 1). The records of notebook 13's regularisation runs
-(:data:`REGULARISATION_RECORD`) are of 7,000 steps, and their commands say so.
+The default of 10,000 steps dates from that speed-only copy, which took a step of the classic
+block in 1/1.6 of the core's time then; the core has since been made as fast as PyTorch's eager
+step at this size (``python -m transformer_lab.course.bench --model gpt``), so 10,000 steps cost
+what they did. The former default of 7,000 steps gave 1.446 bits per character on seed 0, 1.471
+on seed 1; the records of notebook 13's regularisation runs (:data:`REGULARISATION_RECORD`) are
+of 7,000 steps, and their commands say so.
 
 Earlier measurements of this trainer on the same machine
 (at 5,000 steps of 16 x 64 tokens): CPU time varies by about a tenth between runs of one
@@ -70,7 +74,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -80,13 +83,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import optim as core_optim
 from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers
+from transformer_lab.train.config import check_run_numbers, run_command
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -115,7 +119,7 @@ class CharLMConfig:
     their own, so that the batches are those of the same run without dropout).
     Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
     Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
-    ``dtype``.
+    ``dtype``, ``device`` ("cpu" or "cuda", :mod:`transformer_lab.device`).
     Tokens: ``tokenizer`` -- "char", the corpus's 98 characters, or "bpe", notebook 11's
     byte-level BPE trained on the training documents to ``bpe_vocab_size`` tokens (one of them
     ``<|endoftext|>``, which ends every document as the boundary does); ``context`` counts
@@ -145,6 +149,7 @@ class CharLMConfig:
     dtype: str = "float32"
     tokenizer: str = "char"
     bpe_vocab_size: int = 1024
+    device: str = "cpu"
 
     def __post_init__(self):
         if self.block not in BLOCKS:
@@ -153,6 +158,8 @@ class CharLMConfig:
             raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.device not in device.DEVICES:
+            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
         self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),
                           positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
@@ -238,7 +245,7 @@ def bits_per_char(model: GPT, ids: np.ndarray, stride: int | None = None,
         batch = ids[starts[i:i + batch_size, None] + np.arange(T)]       # (b, T)
         logits, _ = model.forward(batch)                                  # (b, T, V)
         keep = np.arange(T - 1) >= T - 1 - scored[i:i + batch_size, None]  # the last n of each
-        targets = np.where(keep, batch[:, 1:], -1)  # (b, T-1); -1: already scored, ignored
+        targets = device.put(np.where(keep, batch[:, 1:], -1))  # (b, T-1); -1: scored already
         total += core_layers.cross_entropy_forward(logits[:, :-1].astype(np.float64), targets,
                                                    ignore_index=-1, reduction="sum")[0]
     return total / (ids.size - 1) / math.log(2)
@@ -301,7 +308,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)
     corpus = corpus or load_corpus()
-    with threadpool_limits(limits=config.threads, user_api="blas"):
+    with threadpool_limits(limits=config.threads, user_api="blas"), device.on(config.device):
         result = _train(config, corpus, progress)
     result.metrics["seconds"] = time.perf_counter() - start
     return result
@@ -325,7 +332,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
 
     model = GPT(c.model_config(data.vocab_size), seed=c.seed)
     rng = np.random.default_rng(c.seed)
-    drop_rng = np.random.default_rng([c.seed, 1])  # dropout's masks: the batches stay the same
+    drop_rng = device.generator([c.seed, 1])  # dropout's masks: the batches stay the same
     schedule = WarmupSchedule(c.lr, c.warmup, c.steps, final_lr=c.final_lr)
     decayed, kept = decay_groups(model.params)
     optimizers = [Adam(decayed, lr=c.lr, weight_decay=c.weight_decay, decoupled=True),
@@ -378,7 +385,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         "train_seconds": elapsed, "cpu_seconds": cpu,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "tokens": tokens, "parameters": model.num_parameters(), "threads": c.threads,
-        "final_loss": history.loss[-1],
+        "device": c.device, "final_loss": history.loss[-1],
     }
     return CharLMResult(model, history, metrics, c, data.tokenizer)
 
@@ -399,7 +406,7 @@ def _parser():
                     "many training tokens), seconds (wall-clock, the whole run), "
                     "train_seconds and cpu_seconds (wall-clock and CPU time of the training "
                     "steps), tokens_per_s (per second of training step), steps, stopped "
-                    "('steps' or 'time'), parameters, block, seed, threads.",
+                    "('steps' or 'time'), parameters, block, seed, threads, device.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -420,6 +427,7 @@ def _parser():
                        ("threads", int), ("time_budget", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
                        default=getattr(d, name))
+    p.add_argument("--device", choices=device.DEVICES, default=d.device, help=device.HELP)
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
     p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
                                     "the name of its block (the notebook's block comparison) "
@@ -438,20 +446,6 @@ def _history(h: CharLMHistory) -> dict:
             "val_seconds": [round(x, 2) for x in h.val_seconds]}
 
 
-def _command(argv) -> str:
-    """The command line of this run; an absolute path is shown relative to the current folder
-    when it lies inside it, else by its name only (no path of this machine is stored)."""
-    def shown(arg: str) -> str:
-        path = Path(arg)
-        if not path.is_absolute():
-            return arg
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return path.name
-    return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
-
-
 def main(argv=None) -> int:
     start = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -461,7 +455,8 @@ def main(argv=None) -> int:
                if f.name not in ("dtype",)}
     try:
         config = CharLMConfig(**options)
-    except (TypeError, ValueError) as e:
+        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
+    except (TypeError, ValueError, device.DeviceError) as e:
         parser.error(str(e))
     log = sys.stderr
 
@@ -477,8 +472,8 @@ def main(argv=None) -> int:
               f"training and {corpus.val_ids.size:,} validation tokens, vocabulary "
               f"{corpus.vocab_size}; {config.block} block, d_model {config.d_model}, "
               f"{config.num_layers} layers, context {config.context}, batch "
-              f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s)",
-              file=log, flush=True)
+              f"{config.batch_size}, {config.steps} steps, {config.threads} thread(s), device "
+              f"{config.device}", file=log, flush=True)
         if config.tokenizer == "bpe":
             print(f"tokenizer: byte-level BPE of {config.bpe_vocab_size} tokens, trained on the "
                   "training documents; context and batch count BPE tokens", file=log, flush=True)
@@ -487,12 +482,12 @@ def main(argv=None) -> int:
     tok = result.tokenizer
     for i in range(args.samples):
         prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
-        out = result.model.generate(prompt, min(200, config.context - prompt.size),
-                                    temperature=0 if i == 0 else 0.8, seed=i)
+        out = device.to_host(result.model.generate(prompt, min(200, config.context - prompt.size),
+                                                   temperature=0 if i == 0 else 0.8, seed=i))
         text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
         print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
-    record = {"command": _command(argv), "metrics": metrics,
+    record = {"command": run_command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
               "corpus": corpus.stats()}
     if args.checkpoint:

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.datasets import tasks as D
 from transformer_lab.train import charlm
 from transformer_lab.train.compare import step_times
@@ -50,6 +51,7 @@ METRICS_HELP = {
     "final_loss": "mean training loss over the last 20 steps",
     "params": "number of model parameters",
     "threads": "BLAS threads used",
+    "device": "where the core ran: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU)",
     "checkpoint": "(with --checkpoint) the path of the saved model",
     "step_ms_numpy, step_ms_torch, step_ms_nn_transformer, numpy_over_torch, "
     "numpy_over_nn_transformer": "(with --compare-torch) median step times and their ratios",
@@ -143,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="BLAS threads for NumPy during training (default: 1; the model's "
                         "64 x 64 matrices are too small for more threads to pay off, and on a "
                         "busy machine more are often slower)")
+    g.add_argument("--device", choices=device.DEVICES, help=device.HELP)
     g.add_argument("--checkpoint", help="save the trained model to this .npz file")
     g.add_argument("--init", help="start from the parameters of this checkpoint")
     g.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
@@ -162,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
 _CONFIG_OPTIONS = ("min_len", "max_len", "num_symbols", "n_train", "n_val", "n_test",
                    "d_model", "num_heads", "num_layers", "d_ff", "positional", "norm_first",
                    "dtype", "optimizer", "lr", "warmup", "decay", "weight_decay", "clip",
-                   "batch_size", "bucket", "steps", "eval_every", "threads")
+                   "batch_size", "bucket", "steps", "eval_every", "threads", "device")
 
 
 def _trainer_of(argv):
@@ -193,13 +196,14 @@ def train_seq2seq(argv) -> int:
     try:
         cfg = TrainConfig.for_task(args.task, seed=args.seed, **options)
         model_config(cfg, cfg.get_task())  # checks the model's sizes before any work
+        device.use(cfg.device)  # CuPy and a GPU for cuda, checked before any work
         if args.log_every is not None:
             v.integer(args.log_every, "--log-every", minimum=1)
         init = None
         if args.init:
             init = make_model(cfg)
             init.load_params(args.init)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, device.DeviceError) as e:
         parser.error(str(e))
     log = sys.stderr  # progress and examples; stdout gets only the JSON line
     if args.progress != "none":
@@ -207,7 +211,7 @@ def train_seq2seq(argv) -> int:
               f"{cfg.seed}: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers}+"
               f"{cfg.num_layers} {'pre' if cfg.norm_first else 'post'}-norm layers, batch "
               f"{cfg.batch_size}, up to {cfg.steps} steps ({cfg.warmup} warm-up), "
-              f"{cfg.threads} BLAS thread(s)", file=log, flush=True)
+              f"{cfg.threads} BLAS thread(s), device {cfg.device}", file=log, flush=True)
     result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
                    checkpoint=args.checkpoint, model=init)
     metrics = dict(result.metrics)
@@ -216,7 +220,8 @@ def train_seq2seq(argv) -> int:
             print(f"{src:>24} -> {pred:<24} {'ok' if ok else 'WRONG, expected ' + tgt}",
                   file=log)
     if args.compare_torch:
-        t = step_times(cfg, threads=cfg.threads)
+        with device.on("cpu"):  # eager CPU against eager CPU
+            t = step_times(cfg, threads=cfg.threads)
         metrics["step_ms_numpy"] = round(1e3 * t["numpy"], 2)
         metrics["step_ms_torch"] = round(1e3 * t["torch"], 2)
         metrics["step_ms_nn_transformer"] = round(1e3 * t["nn.Transformer"], 2)

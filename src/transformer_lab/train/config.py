@@ -8,17 +8,35 @@ field), so the training loop itself checks nothing again.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from transformer_lab import _validate as v
 from transformer_lab.datasets import tasks as D
+from transformer_lab.device import DEVICES
 from transformer_lab.models.encoder_decoder import POSITIONAL, Transformer, TransformerConfig
 from transformer_lab.optim import SGD, Adam, WarmupSchedule
 
 # --------------------------------------------------------------------------------------------
 # Configuration
+
+
+def run_command(argv) -> str:
+    """The command line of a run, as its record stores it: an absolute path is shown relative to
+    the current folder when it lies inside it, else by its name only (no path of this machine is
+    stored)."""
+    def shown(arg: str) -> str:
+        path = Path(arg)
+        if not path.is_absolute():
+            return arg
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return path.name
+    return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
 
 
 def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:
@@ -62,7 +80,8 @@ class TrainConfig:
     ``eval_every`` steps, ``time_budget`` seconds for the training loop (None, the default: no
     limit, so that runs are deterministic; a budget makes the stopping step machine-dependent).
     Run: ``seed`` (data, initial weights and batch order), ``threads`` (BLAS threads),
-    ``dtype`` ("float32" or "float64").
+    ``dtype`` ("float32" or "float64"), ``device`` ("cpu" or "cuda": where the core runs,
+    :mod:`transformer_lab.device`).
     """
 
     task: str = "reverse"
@@ -94,6 +113,7 @@ class TrainConfig:
     time_budget: float | None = None
     threads: int = 1
     dtype: str = "float32"
+    device: str = "cpu"
 
     def __post_init__(self):
         self._check_choices()
@@ -111,7 +131,8 @@ class TrainConfig:
     def _check_choices(self) -> None:
         for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
                               ("decay", ("cosine", "linear", "inverse_sqrt")),
-                              ("positional", POSITIONAL), ("dtype", ("float32", "float64"))):
+                              ("positional", POSITIONAL), ("dtype", ("float32", "float64")),
+                              ("device", DEVICES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in choices:
                 raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
@@ -192,11 +213,8 @@ def model_config(cfg: TrainConfig, task: D.Task) -> TransformerConfig:
 
 
 def make_model(cfg: TrainConfig, task: D.Task | None = None) -> Transformer:
-    """The run's model, initialised from ``cfg.seed``; it trains with the package's fast path
-    where there is one (``Transformer.use_fast_path``)."""
-    model = Transformer(model_config(cfg, task or cfg.get_task()), seed=cfg.seed)
-    model.use_fast_path = True
-    return model
+    """The run's model, initialised from ``cfg.seed``."""
+    return Transformer(model_config(cfg, task or cfg.get_task()), seed=cfg.seed)
 
 
 def batch_stream(pairs: Sequence[tuple], batch_size: int, seed, bucket: bool = True

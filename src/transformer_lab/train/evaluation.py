@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from transformer_lab import device
 from transformer_lab.datasets import tasks as D
 from transformer_lab.models.encoder_decoder import Transformer
 
@@ -33,8 +34,8 @@ def evaluate(model: Transformer, pairs: Sequence[tuple], batch_size: int = 1000,
     preds: list[tuple] = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
-        out = model.greedy_decode(D.pad([s for s, _ in chunk]), max_len=max_len)
-        preds += [D.strip(p) for p in out]
+        out = model.greedy_decode(D.pad([s for s, _ in chunk]), max_len=max_len, padded=True)
+        preds += [D.strip(p) for p in device.to_host(out)]
     targets = [t for _, t in pairs]
     return {"exact_match": D.exact_match(preds, targets),
             "token_accuracy": D.token_accuracy(preds, targets), "predictions": preds}
@@ -66,7 +67,7 @@ def teacher_forced_accuracy(model: Transformer, pairs: Sequence[tuple],
         tgt = D.pad([t for _, t in chunk], bos_eos=True)
         logits, _ = model.forward(src, tgt[:, :-1])
         keep = model.loss_mask(tgt)
-        hit = (logits.argmax(axis=-1) == tgt[:, 1:]) & keep
+        hit = (device.to_host(logits.argmax(axis=-1)) == tgt[:, 1:]) & keep
         seqs += int((hit | ~keep).all(axis=1).sum())
         right += int(hit.sum())
         tokens += int(keep.sum())

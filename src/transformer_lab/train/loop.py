@@ -18,6 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.core import training as core_training
 from transformer_lab.datasets import tasks as D
 from transformer_lab.models.encoder_decoder import Transformer
@@ -141,13 +142,19 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
         stopped ("target", "steps" or "time"), seconds (the whole run: data, training,
         evaluations), train_seconds (training steps only), tokens_per_s (non-padding source
         and target tokens per second of training step), step_ms (median), final_loss,
-        params, threads.
+        params, threads, device.
     """
     t_start = time.perf_counter()
     if isinstance(task, TrainConfig):
         cfg = dataclasses.replace(task, **options) if options else task
     else:
         cfg = TrainConfig.for_task(task, **options)
+    with device.on(cfg.device):  # the core, the model and its optimiser on cfg.device
+        return _train(cfg, t_start, progress, log_every, stream, checkpoint, model)
+
+
+def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkpoint,
+           model) -> TrainResult:
     data_task, train_pairs, val_pairs, test_pairs = make_data(cfg)
     if model is None:
         model = make_model(cfg, data_task)
@@ -223,6 +230,7 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
         "final_loss": round(float(np.mean(history.loss[-20:])), 4),
         "params": model.num_parameters(),
         "threads": cfg.threads,
+        "device": cfg.device,
     }
     if checkpoint:
         metrics["checkpoint"] = model.save(checkpoint, metadata={

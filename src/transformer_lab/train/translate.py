@@ -20,9 +20,7 @@ What one run does:
 3. **Training**: every step is ``core.training.train_step`` (notebook 10) on a loss that is the
    label-smoothed cross-entropy of ``core.translation`` (notebook 12): the student's own code
    all the way down, so that on the handout's stubs the run stops at the first stub with its
-   message (in the instructors' package, the model's stacks compute with
-   ``models/fast_blocks.py``, the core's numbers to rounding, faster: ``use_fast_path``).
-   Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
+   message. Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
    ``eval_every`` steps, the teacher-forced exact match on the validation set.
 4. **Metrics** on the held-out test numbers: ``exact_match`` (greedy decoding: beam size 1,
    which is greedy), ``beam_exact_match`` (beam size ``beam_size``, length penalty ``alpha``),
@@ -30,7 +28,8 @@ What one run does:
    (the whole run), ``train_seconds`` and ``cpu_seconds`` (wall-clock and CPU time of the
    training steps alone: on a shared machine the wall-clock time depends on the others).
 
-With one thread a run is deterministic: the same seed gives the same model.
+With one thread a run is deterministic: the same seed gives the same model. ``--device cuda``
+runs the core on an NVIDIA GPU (:mod:`transformer_lab.device`), not bit for bit as on the CPU.
 
 The checkpoints notebook 12 reads were made by these commands, run from the project folder;
 each file stores its record -- the command as run, the metrics, the configuration, the history
@@ -61,12 +60,12 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import sacrebleu
 from threadpoolctl import threadpool_limits
 
+from transformer_lab import device
 from transformer_lab.core import training as core_training
 from transformer_lab.core import translation as core_translation
 from transformer_lab.datasets import SHIPPED
@@ -86,7 +85,7 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers
+from transformer_lab.train.config import check_run_numbers, run_command
 from transformer_lab.train.evaluation import teacher_forced_accuracy
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
@@ -106,7 +105,8 @@ class TranslateConfig:
     ``num_heads``, ``num_layers`` (encoder and decoder each), ``d_ff``. Optimisation: ``lr``
     (peak), ``warmup``, ``steps``, ``batch_size``, ``clip``, ``label_smoothing``. Evaluation:
     ``eval_every`` steps; ``beam_size`` and ``alpha`` of the beam search. Run: ``seed``,
-    ``threads`` (BLAS threads), ``time_budget`` (seconds of training, None: no limit).
+    ``threads`` (BLAS threads), ``time_budget`` (seconds of training, None: no limit),
+    ``device`` ("cpu" or "cuda", :mod:`transformer_lab.device`).
     """
 
     seed: int = 0
@@ -129,10 +129,13 @@ class TranslateConfig:
     alpha: float = 0.6
     threads: int = 1
     time_budget: float | None = None
+    device: str = "cpu"
 
     def __post_init__(self):
         if self.lang not in LANGUAGES:
             raise ValueError(f"lang must be one of {LANGUAGES}, got {self.lang!r}")
+        if self.device not in device.DEVICES:
+            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
         check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
                           positive=("n_train", "d_model", "num_heads", "num_layers", "d_ff",
                                     "steps", "batch_size", "eval_every", "beam_size", "threads"),
@@ -162,8 +165,8 @@ class SmoothedLoss:
     def loss(self, src, tgt):
         labels = loss_labels(self.model.config, tgt)  # IGNORE_INDEX after EOS and on padding
         logits, cache = self.model.forward(src, tgt[:, :-1])
-        loss, c_loss = core_translation.label_smoothed_loss_forward(logits, labels, self.eps,
-                                                                    IGNORE_INDEX)
+        loss, c_loss = core_translation.label_smoothed_loss_forward(
+            logits, device.put(labels), self.eps, IGNORE_INDEX)
         dlogits = core_translation.label_smoothed_loss_backward(1.0, c_loss)
         return loss, self.model.backward(dlogits, cache)
 
@@ -185,7 +188,7 @@ def translate(model: Transformer, examples, beam_size: int = 1, alpha: float = 0
         best = model.beam_decode(D.pad([sources[i] for i in idx]), beam_size=beam_size,
                                  alpha=alpha)
         for i, ids in zip(idx, best, strict=True):
-            out[i] = tgt_vocab.decode(ids)
+            out[i] = tgt_vocab.decode(device.to_host(ids))
     return out
 
 
@@ -217,9 +220,9 @@ def train_translation(config: TranslateConfig | None = None, data: TranslationDa
     start = time.perf_counter()
     c = dataclasses.replace(config or TranslateConfig(), **overrides)
     data = data or make_translation_data(c.n_train, c.n_val, c.n_test, c.seed, c.lang)
-    model = Transformer(c.model_config(data.src_vocab.size, data.tgt_vocab.size), seed=c.seed)
-    model.use_fast_path = True  # the package's fast path for the stacks, where there is one
-    with threadpool_limits(limits=c.threads, user_api="blas"):
+    with threadpool_limits(limits=c.threads, user_api="blas"), device.on(c.device):
+        model = Transformer(c.model_config(data.src_vocab.size, data.tgt_vocab.size),
+                            seed=c.seed)
         history, timing = _train(c, data, model, log)
         t0 = time.perf_counter()
         greedy = scores(translate(model, data.test, 1, lang=c.lang), data.test)
@@ -236,7 +239,7 @@ def train_translation(config: TranslateConfig | None = None, data: TranslationDa
         "eval_seconds": round(eval_seconds, 2),
         "seconds": round(time.perf_counter() - start, 2),
         "final_loss": round(float(np.mean(history["loss"][-20:])), 4),
-        "params": model.num_parameters(), "threads": c.threads,
+        "params": model.num_parameters(), "threads": c.threads, "device": c.device,
         "sacrebleu": sacrebleu.__version__,
     }
     return TranslateResult(model, data, metrics, history, c)
@@ -316,7 +319,7 @@ def _parser() -> argparse.ArgumentParser:
                     "exact_match (greedy, held-out numbers), beam_exact_match (beam search), "
                     "bleu and chrf (sacrebleu corpus scores, greedy; beam_bleu, beam_chrf), "
                     "seconds (the whole run), train_seconds and cpu_seconds (training steps "
-                    "only), steps, stopped, params, threads.",
+                    "only), steps, stopped, params, threads, device.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=[f"translate-{lang}" for lang in LANGUAGES],
                    default="translate-fr")
@@ -324,26 +327,14 @@ def _parser() -> argparse.ArgumentParser:
         if f.name in ("lang",):
             continue
         kind = float if f.name == "time_budget" else type(getattr(d, f.name))
+        extra = {"choices": device.DEVICES, "help": device.HELP} if f.name == "device" else {}
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                       default=getattr(d, f.name))
+                       default=getattr(d, f.name), **extra)
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its record")
     p.add_argument("--examples", type=int, default=5,
                    help="held-out translations printed to stderr at the end")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
-
-
-def _command(argv) -> str:
-    """The command line of this run, with no absolute path of this machine."""
-    def shown(arg: str) -> str:
-        path = Path(arg)
-        if not path.is_absolute():
-            return arg
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return path.name
-    return " ".join(["python -m transformer_lab.train", *map(shown, argv)])
 
 
 def main(argv=None) -> int:
@@ -354,7 +345,8 @@ def main(argv=None) -> int:
                if f.name != "lang"}
     try:
         config = TranslateConfig(lang=args.task.split("-")[1], **options)
-    except (TypeError, ValueError) as e:
+        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
+    except (TypeError, ValueError, device.DeviceError) as e:
         parser.error(str(e))
     log = None if args.quiet else sys.stderr
     if log:
@@ -370,7 +362,7 @@ def main(argv=None) -> int:
         print(f"{e.source} -> {hyp}  {'ok' if hyp == e.target else 'WRONG: ' + e.target}",
               file=sys.stderr)
     if args.checkpoint:
-        record = {"command": _command(argv), "metrics": metrics,
+        record = {"command": run_command(argv), "metrics": metrics,
                   "config": dataclasses.asdict(config), "history": result.history,
                   "test": [[e.kind, e.number] for e in data.test]}
         result.model.save(args.checkpoint, metadata=record)

@@ -4,14 +4,8 @@ A *twin* computes exactly what its torch module computes -- forward and backward
 functions of :mod:`transformer_lab.core`, the code the course's student writes. It is a thin
 boundary, not a framework: it checks its arguments once, converts them (sequence layout, masks,
 ``is_causal``), weights (torch layout to NumPy layout) and gradients (back to torch layout), and
-calls the core.
-
-The layer and stack twins (``nn.TransformerEncoderLayer`` ... ``nn.Transformer``) compute with
-:mod:`transformer_lab.models.fast_blocks` instead where the package has it (not in the
-handout): the core's numbers, to rounding, computed faster (``python -m
-transformer_lab.course.bench`` compares them with torch). They do so only while the core's
-functions are the package's own -- once one is replaced (the student's, the grader's), the core
-computes -- and not after ``twin.use_fast_path = False``.
+calls the core (``python -m transformer_lab.course.bench`` times the layer and stack twins
+against torch).
 
 Supported modules and options (everything that needs no randomness)::
 

@@ -6,9 +6,7 @@ A twin checks the arguments of ``forward`` / ``backward`` once, with the errors 
 :mod:`transformer_lab.reference.interop.layout`)
 and calls :mod:`transformer_lab.core` -- through the core modules' attributes at call time, so
 that an edited core (the student's, the grader's) is the one that runs. It computes none of the
-core's math itself; the layer and stack twins hand it to the speed-only
-:mod:`transformer_lab.models.fast_blocks` instead while the core is the package's own
-(:func:`_fast_path`). What every twin does and where it differs from torch:
+core's math itself. What every twin does and where it differs from torch:
 :mod:`transformer_lab.reference.interop`.
 """
 
@@ -21,9 +19,6 @@ from transformer_lab.attention import multihead_weights
 from transformer_lab.core import blocks as core_blocks
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import multihead as core_multihead
-
-# the speed-only path (None in the handout) and when it computes: the model's rule
-from transformer_lab.models.encoder_decoder import _fast_blocks, _fast_stacks  # noqa: F401
 from transformer_lab.reference.interop import arguments as args
 from transformer_lab.reference.interop.layout import (
     _T,
@@ -36,14 +31,6 @@ from transformer_lab.reference.interop.layout import (
     stack_from_torch,
     stack_to_torch,
 )
-
-
-def _fast_path(twin, *arrays):
-    """:mod:`transformer_lab.models.fast_blocks` where the package has it, the twin's
-    ``use_fast_path`` is on, the core is the package's own and no input is empty (a batch of
-    none: the core); else None (the core computes)."""
-    return _fast_stacks(twin.use_fast_path, *arrays)
-
 
 __all__ = ["LinearTwin", "EmbeddingTwin", "LayerNormTwin", "MultiheadAttentionTwin",
            "TransformerEncoderLayerTwin", "TransformerDecoderLayerTwin", "TransformerEncoderTwin",
@@ -435,13 +422,7 @@ class MultiheadAttentionTwin(_Twin):
 
 
 class _LayerTwin(_Twin):
-    """Common set-up of the layer and stack twins: configuration, sequences and masks.
-
-    ``use_fast_path``: compute with :mod:`transformer_lab.models.fast_blocks` (the core's
-    numbers, faster) where the package has it and the core is its own; False: with the core.
-    """
-
-    use_fast_path = True
+    """Common set-up of the layer and stack twins: configuration, sequences and masks."""
 
     def _configure(self, cfg: dict) -> None:
         self.d_model, self.num_heads = cfg["d_model"], cfg["num_heads"]
@@ -486,8 +467,7 @@ class TransformerEncoderLayerTwin(_LayerTwin):
     shape of src ((B, T, E) batch-first, (T, B, E) otherwise, or (T, E)).
     ``backward(dout)`` -> dsrc. ``grads``: ``self_attn.in_proj_weight``, ...,
     ``linear1.weight``, ..., ``norm2.bias`` (the names of ``named_parameters()``).
-    Runs ``core.blocks.encoder_layer_forward`` (self-attention with packed ``W_qkv``), or the
-    same function of ``models.fast_blocks`` (see :class:`_LayerTwin`).
+    Runs ``core.blocks.encoder_layer_forward`` (self-attention with packed ``W_qkv``).
     """
 
     def __init__(self, module):
@@ -499,15 +479,15 @@ class TransformerEncoderLayerTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         mask = self._self_mask(x, src_mask, src_key_padding_mask, is_causal,
                                ("src_mask", "src_key_padding_mask", "is_causal"), batched)
-        blocks = _fast_path(self, x) or core_blocks
-        out, cache = blocks.encoder_layer_forward(x, self._p, self.num_heads, mask, **self._kw)
-        self._cache = (blocks, cache, batched, src.shape)
+        out, cache = core_blocks.encoder_layer_forward(x, self._p, self.num_heads, mask,
+                                                       **self._kw)
+        self._cache = (cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
     def backward(self, dout):
-        blocks, cache, batched, shape = self._last()
+        cache, batched, shape = self._last()
         d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, g = blocks.encoder_layer_backward(d, cache)
+        dx, g = core_blocks.encoder_layer_backward(d, cache)
         self._set_grads(layer_to_torch(g, ""))
         return args.torch_layout(dx, batched, self.batch_first)
 
@@ -521,8 +501,7 @@ class TransformerDecoderLayerTwin(_LayerTwin):
     ``backward(dout)`` -> ``(dtgt, dmemory)``. ``grads``: torch names (``self_attn.*``,
     ``multihead_attn.*``, ``linear1.*``, ``linear2.*``, ``norm1.*`` .. ``norm3.*``).
     Runs ``core.blocks.decoder_layer_forward`` (self-attention with packed ``W_qkv``,
-    cross-attention with ``W_q, W_k, W_v``: views of ``in_proj_weight``), or
-    ``models.fast_blocks``'.
+    cross-attention with ``W_q, W_k, W_v``: views of ``in_proj_weight``).
     """
 
     def __init__(self, module):
@@ -537,16 +516,15 @@ class TransformerDecoderLayerTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        blocks = _fast_path(self, x, mem) or core_blocks
-        out, cache = blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
-                                                  **self._kw)
-        self._cache = (blocks, cache, batched, tgt.shape)
+        out, cache = core_blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
+                                                       **self._kw)
+        self._cache = (cache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
     def backward(self, dout):
-        blocks, cache, batched, shape = self._last()
+        cache, batched, shape = self._last()
         d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, dmem, g = blocks.decoder_layer_backward(d, cache)
+        dx, dmem, g = core_blocks.decoder_layer_backward(d, cache)
         self._set_grads(layer_to_torch(g, ""))
         return (args.torch_layout(dx, batched, self.batch_first),
                 args.torch_layout(dmem, batched, self.batch_first))
@@ -576,31 +554,30 @@ class _Stack:
         self.kw = {"norm_first": self.cfg["norm_first"], "activation": self.cfg["activation"],
                    "eps": self.cfg["eps"]}
 
-    def forward(self, x, *masks, memory=None, fast=None):
-        """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks;
-        fast: :mod:`transformer_lab.models.fast_blocks`, or None (the core)."""
+    def forward(self, x, *masks, memory=None):
+        """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks."""
         h = self.cfg["num_heads"]
-        blocks, norms = (fast, fast) if fast is not None else (core_blocks, core_layers)
         if self.decoder:
-            out, cache = blocks.decoder_forward(x, memory, self.params, h, *masks, **self.kw)
+            out, cache = core_blocks.decoder_forward(x, memory, self.params, h, *masks,
+                                                     **self.kw)
         else:
-            out, cache = blocks.encoder_forward(x, self.params, h, *masks, **self.kw)
+            out, cache = core_blocks.encoder_forward(x, self.params, h, *masks, **self.kw)
         ncache = None
         if self.norm is not None:
-            out, ncache = norms.layer_norm_forward(out, self.norm.get("gamma"),
-                                                   self.norm.get("beta"), self.norm_eps)
-        return out, (blocks, norms, cache, ncache)
+            out, ncache = core_layers.layer_norm_forward(out, self.norm.get("gamma"),
+                                                         self.norm.get("beta"), self.norm_eps)
+        return out, (cache, ncache)
 
     def backward(self, dout, caches):
         """Returns dx, dmemory (decoders; None for encoders) and torch-named grads."""
-        blocks, norms, cache, ncache = caches
+        cache, ncache = caches
         norm_grads = None
         if ncache is not None:
-            dout, norm_grads = norms.layer_norm_backward(dout, ncache)
+            dout, norm_grads = core_layers.layer_norm_backward(dout, ncache)
         if self.decoder:
-            dx, dmem, g = blocks.decoder_backward(dout, cache)
+            dx, dmem, g = core_blocks.decoder_backward(dout, cache)
         else:
-            (dx, g), dmem = blocks.encoder_backward(dout, cache), None
+            (dx, g), dmem = core_blocks.encoder_backward(dout, cache), None
         grads = stack_to_torch({"layers": g["layers"], "norm": norm_grads}, self.prefix)
         return dx, dmem, grads
 
@@ -611,8 +588,7 @@ class TransformerEncoderTwin(_LayerTwin):
     ``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)`` -> out, the shape of
     src. ``backward(dout)`` -> dsrc. ``grads``: ``layers.0.self_attn.in_proj_weight``, ...,
     ``norm.weight``, ``norm.bias``. Computes torch's autograd path, not its no-grad nested-tensor
-    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``
-    (or the same function of ``models.fast_blocks``: see :class:`_LayerTwin`).
+    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``.
     """
 
     def __init__(self, module):
@@ -624,7 +600,7 @@ class TransformerEncoderTwin(_LayerTwin):
         x, batched = self._seqs(src=src)
         m = self._self_mask(x, mask, src_key_padding_mask, is_causal,
                             ("mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = self._stack.forward(x, m, fast=_fast_path(self, x))
+        out, cache = self._stack.forward(x, m)
         self._cache = (cache, batched, src.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -642,7 +618,7 @@ class TransformerDecoderTwin(_LayerTwin):
     ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False)`` -> out.
     ``backward(dout)`` -> ``(dtgt, dmemory)``. ``grads``: ``layers.0.*``, ``norm.*``.
-    Runs ``core.blocks.decoder_forward`` (or ``models.fast_blocks``').
+    Runs ``core.blocks.decoder_forward``.
     """
 
     def __init__(self, module):
@@ -657,7 +633,7 @@ class TransformerDecoderTwin(_LayerTwin):
                              ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
         mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched)
-        out, cache = self._stack.forward(x, tm, mm, memory=mem, fast=_fast_path(self, x, mem))
+        out, cache = self._stack.forward(x, tm, mm, memory=mem)
         self._cache = (cache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 
@@ -711,9 +687,8 @@ class TransformerTwin(_LayerTwin):
                              heads=h)
         mm = self._cross_mask(y, x, memory_mask, memory_key_padding_mask, memory_is_causal,
                               batched, heads=h)
-        fast = _fast_path(self, x, y)
-        memory, ecache = self._enc.forward(x, sm, fast=fast)
-        out, dcache = self._dec.forward(y, tm, mm, memory=memory, fast=fast)
+        memory, ecache = self._enc.forward(x, sm)
+        out, dcache = self._dec.forward(y, tm, mm, memory=memory)
         self._cache = (ecache, dcache, batched, tgt.shape)
         return args.torch_layout(out, batched, self.batch_first)
 

@@ -1,0 +1,180 @@
+"""Where the core runs: NumPy on the CPU (the default), or CuPy on an NVIDIA GPU.
+
+    from transformer_lab import device
+    device.use("cuda")      # the core -- yours, or the solution -- computes with CuPy from now on
+    model = GPT(config)     # its parameters live on the GPU, and so do its outputs
+    device.to_host(model.generate(prompt, 50, seed=0))    # a NumPy array again
+
+or ``python -m transformer_lab.train --task charlm --device cuda`` (any task).
+
+The core is written against ``np`` alone (``import numpy as np``, arrays made with ``np.``
+functions or from their inputs), and the exact GELU reaches SciPy's error function by the name
+``erf``. :func:`use` binds these two names in every core module to CuPy's (``cupy``,
+``cupyx.scipy.special.erf``), so the same functions run on the GPU; ``use("cpu")`` binds them
+back. First it reads the core's source and refuses (:class:`DeviceError`, naming the function
+and the line) what the binding would not reach -- ``from numpy import zeros``, ``numpy.zeros``,
+a core function replaced by one defined elsewhere: it would make host arrays among the GPU's.
+
+The models put their parameters on the device (:func:`put`) when they are made or loaded, take
+ids and gradients from the host or the device and return arrays of the device; the optimisers
+update the parameters where they live; checkpoints are written from host copies
+(:func:`to_host`). Random draws (dropout, sampling) come from the device's generator
+(:func:`generator`), seeded as on the CPU: a GPU run is repeatable, but CuPy draws other numbers
+than NumPy and sums in another order, so it does not reproduce the CPU's run bit for bit. CuPy is
+an optional extra (``pip install -e .[gpu]``), imported by ``use("cuda")`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy
+
+#: The devices by name (:func:`use` also takes an array module standing in for one: the tests').
+DEVICES = ("cpu", "cuda")
+#: What the trainers' ``--device`` means (their ``--help``).
+HELP = ("where the core runs: cpu (NumPy, the default) or cuda (CuPy on an NVIDIA GPU: pip "
+        "install -e .[gpu]); a cuda run draws its random numbers with CuPy's generator and sums "
+        "in another order, so it does not reproduce a cpu run bit for bit")
+_LIBRARIES = ("numpy", "scipy", "cupy", "cupyx")
+_CORE = Path(__file__).parent / "core"
+
+xp = numpy  # the array module the core runs on now
+name = "cpu"  # and the device's name
+
+
+class DeviceError(RuntimeError):
+    """The core cannot run on the device asked for: no CuPy, no GPU, or a core function that
+    reaches NumPy by another name than ``np``."""
+
+
+def use(device) -> None:
+    """Run the core on ``device``: "cpu", "cuda", or an array module standing in for a device
+    (NumPy's namespace and ``erf``: the tests'). Raises DeviceError, binding nothing, when it
+    cannot."""
+    global xp, name
+    if device == "cpu":
+        from scipy.special import erf
+        module = numpy
+    elif device == "cuda":
+        module, erf = _cupy()
+    elif isinstance(device, str) or not hasattr(device, "ndarray"):
+        raise ValueError(f"device must be one of {DEVICES} (or an array module), got {device!r}")
+    else:
+        module, erf = device, device.erf
+    problems = core_problems() if module is not numpy else []
+    if problems:
+        raise DeviceError("the core cannot run on the device: " + "; ".join(problems))
+    for core_module in core_modules():
+        for attr, value in (("np", module), ("erf", erf)):
+            if attr in vars(core_module):
+                setattr(core_module, attr, value)
+    xp, name = module, device if isinstance(device, str) else module.__name__
+
+
+@contextmanager
+def on(device):
+    """The core on ``device`` inside the block, where it ran before after it."""
+    before = name if name in DEVICES else xp
+    use(device)
+    try:
+        yield
+    finally:
+        use(before)
+
+
+def put(a):
+    """``a`` on the device: an array of the device as it is, anything else copied there."""
+    return a if isinstance(a, xp.ndarray) else xp.asarray(a)
+
+
+def to_host(a):
+    """``a`` on the host: an array of the device copied into a NumPy array, anything else as
+    it is."""
+    return xp.asnumpy(a) if xp is not numpy and isinstance(a, xp.ndarray) else a
+
+
+def on_device(a) -> bool:
+    """Whether ``a`` is an array of the device the core runs on."""
+    return isinstance(a, xp.ndarray)
+
+
+def generator(seed=None):
+    """The device's random generator (NumPy's or CuPy's ``random.default_rng(seed)``)."""
+    return xp.random.default_rng(seed)
+
+
+def _cupy():
+    try:
+        cupy = importlib.import_module("cupy")
+        special = importlib.import_module("cupyx.scipy.special")
+    except ImportError:
+        raise DeviceError(
+            "device 'cuda' runs the core with CuPy, which is not installed: pip install the CuPy "
+            "wheel for this machine's CUDA -- cupy-cuda12x for CUDA 12, cupy-cuda13x for CUDA 13 "
+            "(nvidia-smi shows the version; pip install -e .[gpu] gives cupy-cuda12x) -- or, on "
+            "Colab, choose a GPU runtime (Runtime > Change runtime type) first") from None
+    try:
+        cupy.arange(3).sum().item()  # a first kernel: the driver, the GPU and CuPy's compiler
+    except Exception as e:  # CUDARuntimeError, CompileException, ...: CuPy says what
+        raise DeviceError(f"device 'cuda' needs an NVIDIA GPU that CuPy can use; CuPy failed "
+                          f"here ({type(e).__name__}: {e}): use device 'cpu'") from None
+    return cupy, special.erf
+
+
+def core_modules() -> list:
+    """The modules of :mod:`transformer_lab.core` that compute with ``np`` (imported)."""
+    return [importlib.import_module(f"transformer_lab.core.{path.stem}")
+            for path in sorted(_CORE.glob("*.py")) if "import numpy as np" in path.read_text()]
+
+
+def core_problems() -> list[str]:
+    """What binding ``np`` and ``erf`` would not reach, one message each: ``"core/layers.py,
+    line 88, in gelu_forward: ..."``."""
+    problems = []
+    for path in sorted(_CORE.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        problems += [f"core/{path.name}, line {line}, in {where}: {what}"
+                     for line, where, what in _source_problems(tree)]
+        module = sys.modules.get(f"transformer_lab.core.{path.stem}")  # replaced only if imported
+        for node in tree.body if module else ():
+            fn = getattr(module, getattr(node, "name", ""), None)
+            if isinstance(node, ast.FunctionDef) and getattr(fn, "__globals__", vars(module)) \
+                    is not vars(module):
+                code = fn.__code__
+                problems.append(f"core/{path.name}: {node.name} was replaced by a function "
+                                f"defined in {code.co_filename}, line {code.co_firstlineno}, "
+                                f"whose np is not the core's; write it into core/{path.name}")
+    return problems
+
+
+def _source_problems(tree: ast.Module):
+    """(line, function, message) for each use of an array library other than ``np`` and
+    ``erf`` imported at the top of the module, and each use of those at import time."""
+    top = "the module's top level"
+
+    def walk(node, where):
+        for child in ast.iter_child_nodes(node):
+            yield child, where
+            named = isinstance(child, (ast.FunctionDef, ast.ClassDef)) and where == top
+            yield from walk(child, child.name if named else where)
+
+    for node, where in walk(tree, top):
+        line = getattr(node, "lineno", None)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in _LIBRARIES and not (
+                        where == top and (alias.name, alias.asname) == ("numpy", "np")):
+                    yield line, where, f"'import {alias.name}': write np.<function>"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _LIBRARIES:
+            if not (where == top and node.module == "scipy.special"
+                    and [(a.name, a.asname) for a in node.names] == [("erf", None)]):
+                yield line, where, f"'from {node.module} import ...': write np.<function>"
+        elif isinstance(node, ast.Name) and node.id in _LIBRARIES:
+            yield line, where, f"'{node.id}.' spelled out: write np.<function>"
+        elif isinstance(node, ast.Name) and node.id in ("np", "erf") and where == top:
+            yield line, where, f"{node.id} used at import time makes a host array"

@@ -1,0 +1,404 @@
+"""The core on a device (issue 38), tested without a GPU: the core bound to the stand-in array
+module of ``tests/standin.py`` (NumPy behind DeviceArray, which refuses to mix with host arrays,
+as CuPy's arrays do). Every forward, backward, optimiser step, sampling step, ``GPT.generate``,
+beam search and a few trainer steps keep their arrays on the "device" -- no plain NumPy array
+leaks out -- and give the CPU's numbers. The stand-in computes with NumPy and draws NumPy's
+random numbers, so "the CPU's numbers" means equal, not equal to rounding: any difference is a
+different computation, not rounding."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from standin import DeviceArray, HostArrayError, assert_on_device, host_arrays, standin
+
+from transformer_lab import device
+from transformer_lab.core import layers as core_layers
+from transformer_lab.core import translation as core_translation
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.optim import SGD, Adam, AdamW, clip_grad_norm
+
+
+@pytest.fixture
+def on_standin():
+    with device.on(standin):
+        yield
+    assert device.name == "cpu" and core_layers.np is np
+
+
+@pytest.fixture
+def cuda_is_the_standin(monkeypatch):
+    """``--device cuda`` binds the core to the stand-in (the trainers' own command lines)."""
+    monkeypatch.setattr(device, "_cupy", lambda: (standin, standin.erf))
+    yield
+    device.use("cpu")
+
+
+def on_cpu_and_device(run):
+    """``run()`` on the CPU, then bound to the stand-in; both results."""
+    cpu = run()
+    with device.on(standin):
+        dev = run()
+    return cpu, dev
+
+
+def assert_equal_values(cpu, dev, where="output"):
+    """The same structure with the same values (dev on the device, cpu on the host)."""
+    assert_on_device(dev, where)
+    if isinstance(cpu, dict):
+        assert cpu.keys() == dev.keys(), where
+        for k in cpu:
+            assert_equal_values(cpu[k], dev[k], f"{where}[{k!r}]")
+    elif isinstance(cpu, (tuple, list)):
+        assert len(cpu) == len(dev), where
+        for i, (c, d) in enumerate(zip(cpu, dev, strict=True)):
+            assert_equal_values(c, d, f"{where}[{i}]")
+    elif isinstance(cpu, np.ndarray):
+        np.testing.assert_array_equal(np.asarray(dev), cpu, err_msg=where)
+    else:
+        assert type(dev) is type(cpu) and dev == cpu, (where, cpu, dev)
+
+
+GPT_CONFIGS = {
+    "classic": dict(),
+    "modern": dict(kind="modern"),  # RMSNorm, SwiGLU, RoPE, grouped-query attention
+    "tiled": dict(attention_block_size=4),
+    "exact-gelu-sinusoidal": dict(mlp="gelu", positional="sinusoidal"),  # erf, bound too
+    "dropout": dict(dropout=0.2),
+}
+
+
+def gpt_config(kind="classic", **kw):
+    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
+    return make(13, **{"d_model": 16, "num_heads": 4, "num_layers": 2, "max_len": 12, **kw})
+
+
+# --------------------------------------------------------------------------------------------
+# The binding
+
+
+def test_use_binds_every_core_module_and_back(on_standin):
+    modules = device.core_modules()
+    assert {m.__name__.rsplit(".", 1)[1] for m in modules} >= {
+        "layers", "attention", "multihead", "gqa", "flash", "rope", "modern", "sampling",
+        "optim", "translation", "model", "next_token"}
+    assert all(m.np is standin for m in modules) and core_layers.erf is standin.erf
+    assert device.xp is standin and device.generator(0).__class__ is standin.random.Generator
+    device.use("cpu")
+    assert all(m.np is np for m in modules) and device.xp is np
+    from scipy.special import erf
+    assert core_layers.erf is erf
+
+
+def test_the_core_reaches_numpy_by_np_only():
+    assert device.core_problems() == []
+
+
+def test_a_core_function_that_imports_numpy_by_another_name_is_named_before_binding(
+        tmp_path, monkeypatch):
+    core = tmp_path / "core"
+    core.mkdir()
+    for path in device._CORE.glob("*.py"):
+        (core / path.name).write_text(path.read_text())
+    source = (core / "layers.py").read_text().replace(
+        "    out = np.maximum(x, 0)\n",
+        "    from numpy import maximum\n    out = maximum(x, 0)\n")
+    source = source.replace("    dW = np.zeros(shape, dtype=dout.dtype)",
+                            "    dW = numpy.zeros(shape, dtype=dout.dtype)")
+    (core / "layers.py").write_text(source)
+    monkeypatch.setattr(device, "_CORE", core)
+    with pytest.raises(device.DeviceError) as err:
+        device.use(standin)
+    message = str(err.value)
+    line = source.split("\n").index("    from numpy import maximum") + 1
+    assert f"core/layers.py, line {line}, in relu_forward: 'from numpy import ...'" in message
+    assert "in embedding_backward: 'numpy.' spelled out" in message
+    assert device.name == "cpu" and core_layers.np is np  # nothing bound
+
+
+def test_a_core_function_replaced_from_outside_the_core_is_named(monkeypatch):
+    def relu_forward(x):  # a notebook's: its np is this module's, not the core's
+        return np.maximum(x, 0), x > 0
+
+    monkeypatch.setattr(core_layers, "relu_forward", relu_forward)
+    with pytest.raises(device.DeviceError, match=r"core/layers.py: relu_forward was replaced "
+                                                 r"by a function defined in .*test_device.py"):
+        device.use(standin)
+
+
+def test_without_cupy_cuda_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(device.DeviceError) as err:
+        device.use("cuda")
+    for words in ("cupy-cuda12x", "cupy-cuda13x", "pip install -e .[gpu]", "Colab"):
+        assert words in str(err.value)
+    with pytest.raises(ValueError, match="device must be one of"):
+        device.use("gpu")
+
+
+@pytest.mark.parametrize("task", ["reverse", "charlm", "translate-fr"])
+def test_the_trainers_refuse_cuda_without_cupy_before_any_work(task):
+    code = ("import sys; sys.modules['cupy'] = None\n"
+            "from transformer_lab.train.cli import main\n"
+            f"main(['--task', '{task}', '--device', 'cuda'])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "cupy-cuda12x" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_trainers_help_describes_the_device():
+    from transformer_lab.train import charlm, cli, translate
+
+    for parser in (cli._parser(), charlm._parser(), translate._parser()):
+        text = " ".join(parser.format_help().split())
+        assert "--device {cpu,cuda}" in text and "not reproduce a cpu run bit for bit" in text
+
+
+def test_put_and_to_host(on_standin):
+    a = np.arange(3.0)
+    on = device.put(a)
+    assert isinstance(on, DeviceArray) and device.put(on) is on and device.on_device(on)
+    back = device.to_host(on)
+    assert type(back) is np.ndarray and not device.on_device(back)
+    assert device.to_host(2.0) == 2.0
+    with pytest.raises(HostArrayError):
+        on + a  # as CuPy: a host array does not mix with a device array
+
+
+# --------------------------------------------------------------------------------------------
+# The GPT
+
+
+@pytest.mark.parametrize("name", GPT_CONFIGS)
+def test_gpt_forward_backward_and_loss_stay_on_the_device_with_the_cpus_numbers(name):
+    config = gpt_config(**GPT_CONFIGS[name])
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (3, config.max_len))
+
+    def run():
+        model = GPT(config, seed=0)
+        logits, cache = model.forward(ids)
+        dlogits = device.put(np.random.default_rng(1).standard_normal(logits.shape)
+                             .astype(logits.dtype))
+        drop = device.generator(2) if config.dropout else None
+        loss, grads = model.loss(ids, rng=drop)
+        return {"params": model.params, "logits": logits, "loss": loss, "grads": grads,
+                "backward": model.backward(dlogits, cache),
+                "eval loss": model.loss(ids, compute_grads=False)[0]}
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)
+    assert type(dev["loss"]) is float
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: Adam(p, lr=1e-2), lambda p: AdamW(p, lr=1e-2, weight_decay=0.1),
+    lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)],
+    ids=["adam", "adamw", "sgd"])
+def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
+    config = gpt_config("modern", dropout=0.1)
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, config.max_len))
+
+    def run():
+        model, rng = GPT(config, seed=0), device.generator(3)
+        opt, norms = optimizer(model.params), []
+        for _ in range(3):
+            loss, grads = model.loss(ids, rng=rng)
+            norms.append(clip_grad_norm(grads, 0.5))
+            opt.step(grads)
+        state = {k: v for k, v in vars(opt).items() if isinstance(v, dict) and k != "params"}
+        return {"params": model.params, "norms": norms, "state": state}
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.8, top_k=5),
+                                      dict(temperature=1.2, top_p=0.9)],
+                         ids=["greedy", "top-k", "top-p"])
+def test_generate_and_sampling_stay_on_the_device(use_cache, sampling):
+    config = gpt_config("modern", max_len=16)
+
+    def run():
+        model = GPT(config, seed=0)
+        return model.generate(np.array([[1, 2, 3], [4, 5, 6]]), 8, seed=0, use_cache=use_cache,
+                              return_logits=True, **sampling)
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)  # the stand-in draws NumPy's numbers: the same tokens
+
+
+def test_a_checkpoint_goes_through_the_host(tmp_path):
+    host_model = GPT(gpt_config(), seed=0)
+    device.use(standin)
+    with pytest.raises(ValueError, match=r"model.params\['embed.W'\] is not on the device the "
+                                         r"core runs on \(standin\).*model.copy\(\)"):
+        host_model.forward(np.zeros((1, 3), dtype=np.int64))
+    model = host_model.copy()
+    path = model.save(tmp_path / "m.npz")
+    with np.load(path) as f:
+        assert all(type(f[k]) is np.ndarray for k in f.files)
+    loaded = GPT.load(path)
+    assert_on_device(loaded.params)
+    loaded.load_params(path)
+    loaded.set_params({"norm.gamma": np.full(16, 2.0)})
+    assert_on_device(loaded.params)
+    device.use("cpu")
+
+
+def test_a_host_generator_is_refused_on_the_device(on_standin):
+    model = GPT(gpt_config(dropout=0.1), seed=0)
+    with pytest.raises(TypeError, match=r"transformer_lab.device.generator\(seed\)"):
+        model.loss(np.zeros((1, 3), dtype=np.int64), rng=np.random.default_rng(0))
+
+
+# --------------------------------------------------------------------------------------------
+# The encoder-decoder and beam search
+
+
+def encoder_decoder():
+    config = TransformerConfig(src_vocab_size=11, tgt_vocab_size=12, d_model=16, num_heads=4,
+                               num_encoder_layers=2, num_decoder_layers=2, d_ff=32, max_len=12)
+    return Transformer(config, seed=0)
+
+
+def test_encoder_decoder_and_its_decoders_stay_on_the_device():
+    rng = np.random.default_rng(0)
+    src = rng.integers(3, 11, (3, 7))
+    src[0, 5:] = 0  # padding
+    tgt = np.concatenate([np.full((3, 1), 1), rng.integers(3, 12, (3, 5)), np.full((3, 1), 2)],
+                         axis=1)
+
+    def run():
+        model = encoder_decoder()
+        logits, cache = model.forward(src, tgt[:, :-1])
+        loss, grads = model.loss(src, tgt)
+        beams = {f"cache={c}": model.beam_decode(src, beam_size=3, max_len=6, n_best=True,
+                                                 cache=c) for c in (True, False)}
+        return {"logits": logits, "backward": model.backward(logits * 0.5, cache), "loss": loss,
+                "grads": grads, "greedy": model.greedy_decode(src, max_len=6),
+                "padded": model.greedy_decode(src, max_len=6, padded=True), **beams}
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)
+
+
+def test_the_core_beam_search_and_label_smoothing_stay_on_the_device():
+    logp = np.log(np.random.default_rng(0).dirichlet(np.ones(6), size=(2 * 3, 5)))
+
+    def run():
+        table = device.put(logp)
+
+        def step(prefix, rows):
+            return table[:, prefix.shape[1] - 1]
+        seqs, scores = core_translation.beam_search(step, 2, 3, 4, 1, 2, 0, 0.6)
+        labels = device.put(np.array([[3, 4, -100], [5, -100, -100]]))
+        loss, cache = core_translation.label_smoothed_loss_forward(table[:2, :3], labels, 0.1)
+        return seqs, scores, loss, core_translation.label_smoothed_loss_backward(1.0, cache)
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)
+
+
+# --------------------------------------------------------------------------------------------
+# The trainers, through their command lines, with --device cuda bound to the stand-in
+
+
+def _json_line(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    return json.loads(out[0])
+
+
+def test_the_toy_task_trainer_on_the_device(cuda_is_the_standin, capsys):
+    from transformer_lab.train import train
+    from transformer_lab.train.cli import main
+
+    args = ["--task", "reverse", "--steps", "6", "--warmup", "2", "--eval-every", "3",
+            "--n-train", "200", "--n-val", "20", "--n-test", "20", "--progress", "none"]
+    main([*args, "--device", "cuda"])
+    dev = _json_line(capsys)
+    main(args)
+    cpu = _json_line(capsys)
+    assert dev.pop("device") == "cuda" and cpu.pop("device") == "cpu"
+    for key in ("seconds", "train_seconds", "tokens_per_s", "step_ms"):
+        dev.pop(key), cpu.pop(key)
+    assert dev == cpu
+
+    with device.on("cuda"):
+        result = train("reverse", steps=3, warmup=1, n_train=100, n_val=10, n_test=10,
+                       progress="none", device="cuda")
+    assert_on_device(result.model.params)
+    assert all(type(x) is float for x in result.history.loss + result.history.grad_norm)
+
+
+def test_the_charlm_trainer_on_the_device(cuda_is_the_standin, capsys, monkeypatch, tmp_path):
+    from transformer_lab.datasets import corpus
+    from transformer_lab.train import charlm
+
+    rng = np.random.default_rng(0)
+    small = dataclasses.replace(corpus.load_corpus(), train_ids=rng.integers(2, 98, 3000),
+                                val_ids=rng.integers(2, 98, 600))
+    monkeypatch.setattr(charlm, "load_corpus", lambda: small)
+    args = ["--steps", "3", "--warmup", "1", "--eval-every", "2", "--d-model", "16",
+            "--num-layers", "1",
+            "--context", "16", "--batch-size", "2", "--eval-tokens", "64", "--dropout", "0.1",
+            "--quiet", "--samples", "2"]
+    charlm.main([*args, "--device", "cuda", "--checkpoint", str(tmp_path / "gpu.npz")])
+    dev = _json_line(capsys)
+    charlm.main(args)
+    cpu = _json_line(capsys)
+    for key in ("seconds", "train_seconds", "cpu_seconds", "tokens_per_s"):
+        dev.pop(key), cpu.pop(key)
+    assert (dev.pop("device"), cpu.pop("device")) == ("cuda", "cpu")
+    assert dev == cpu  # dropout's draws: NumPy's generator behind the stand-in
+    assert GPT.load(tmp_path / "gpu.npz").metadata["config"]["device"] == "cuda"
+
+
+def test_the_translation_trainer_on_the_device(cuda_is_the_standin):
+    from transformer_lab.train.translate import TranslateConfig, train_translation
+
+    config = TranslateConfig(n_train=200, n_val=10, n_test=10, steps=3, warmup=1, eval_every=2,
+                             d_model=16, num_layers=1, d_ff=32, beam_size=2)
+    dev = train_translation(config, device="cuda")
+    cpu = train_translation(config)
+    assert_on_device(dev.model.params)
+    assert dev.history == cpu.history
+    for key in ("exact_match", "beam_exact_match", "bleu", "chrf", "final_loss"):
+        assert dev.metrics[key] == cpu.metrics[key]
+
+
+# --------------------------------------------------------------------------------------------
+# The leak check catches a leak
+
+
+def test_a_core_function_that_returns_a_host_array_is_caught(monkeypatch, on_standin):
+    """The stand-in tests would fail if one core function returned a host array: the next
+    operation that meets it raises, and an output that is one is named."""
+    model = GPT(gpt_config(), seed=0)
+    ids = np.zeros((1, 4), dtype=np.int64)
+    real = core_layers.layer_norm_forward
+
+    def leaking(*args, **kwargs):
+        out, cache = real(*args, **kwargs)
+        return np.asarray(out), cache  # a plain NumPy array: a host copy
+
+    monkeypatch.setattr("transformer_lab.core.gpt.layer_norm_forward", leaking)
+    with pytest.raises(HostArrayError, match="a host \\(NumPy\\) array"):
+        model.loss(ids)
+
+    monkeypatch.undo()
+    real_tied = core_layers.tied_output_forward
+    monkeypatch.setattr("transformer_lab.core.gpt.tied_output_forward",
+                        lambda x, W: (np.asarray(real_tied(x, W)[0]), real_tied(x, W)[1]))
+    logits, _ = model.forward(ids)
+    assert host_arrays(logits, "logits") == ["logits: float32(1, 4, 13)"]
+    with pytest.raises(AssertionError, match="host arrays leaked"):
+        assert_on_device({"logits": logits})
