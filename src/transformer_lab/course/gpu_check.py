@@ -205,14 +205,16 @@ def machine() -> dict:
             "python": platform.python_version(), "cpu": platform.processor()}
 
 
-def _part(record: dict, name: str, run) -> None:
-    """``record[name] = run()``, or the error and its traceback; the seconds it took."""
+def _part(record: dict, name: str, run, out: Path) -> None:
+    """``record[name] = run()``, or the error and its traceback; the seconds it took; the record
+    so far written to ``out/gpu_record.json`` (a run cut short keeps its finished parts)."""
     start = time.perf_counter()
     try:
         record[name] = run()
     except Exception as e:  # recorded, and the next part runs
         record[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     record.setdefault("part_seconds", {})[name] = round(time.perf_counter() - start, 1)
+    (out / "gpu_record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"gpu_check: {name} done in {record['part_seconds'][name]} s", file=sys.stderr,
           flush=True)
 
@@ -222,21 +224,20 @@ def run(out: Path, budget: float, quick: bool, torch_device: str = "cuda", corpu
     and ``corpus``: the tests' CPU and small corpus)."""
     record: dict = {"command": " ".join(["python -m transformer_lab.course.gpu_check",
                                          *sys.argv[1:]]), "quick": quick}
-    _part(record, "device", lambda: device.use("cuda") or device.name)
-    _part(record, "machine", machine)
+    out.mkdir(parents=True, exist_ok=True)
+    _part(record, "device", lambda: device.use("cuda") or device.name, out)
+    _part(record, "machine", machine, out)
     sizes = (32,) if quick else (96, 384)
     for kind in KINDS:
         for d in sizes:
             _part(record, f"parity {kind} d{d}",
                   lambda k=kind, d=d: parity(k, d, layers=1 if quick else 2,
-                                             length=32 if quick else 128))
+                                             length=32 if quick else 128), out)
     small = dict(d_model=64, layers=2, length=64, batch=8, rounds=3, warmup=1) if quick else {}
-    _part(record, "timing", lambda: timing(**small, torch_device=torch_device))
+    _part(record, "timing", lambda: timing(**small, torch_device=torch_device), out)
     tiny = dict(d_model=32, num_layers=1, warmup=5, eval_every=50) if quick else None
-    _part(record, "training", lambda: training(budget, tiny, corpus))
+    _part(record, "training", lambda: training(budget, tiny, corpus), out)
     device.use("cpu")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(summary(record))
     return record
 
