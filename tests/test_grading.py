@@ -58,9 +58,7 @@ from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import (
     find_submissions,
     match_flat,
-    match_flat_all,
     match_notebook,
-    match_notebooks,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -611,17 +609,6 @@ def test_names_are_matched_forgivingly():
     assert match_flat("Jane Doe_00_Gradients", nbs)[:2] == ("Jane Doe", "00_gradients")
     assert match_flat("bob_smith_01_attention (1)", nbs)[:2] == ("bob_smith", "01_attention")
     assert match_flat("00_gradients", nbs) is None
-    today = ["05_attention_backward", "06_layers_backward", "07_blocks", "09_verification"]
-    assert match_notebooks("05_backward", today) == [("05_attention_backward", (1, False)),
-                                                     ("06_layers_backward", (1, False))]
-    assert match_notebooks("05 Backward (1)", today) == [("05_attention_backward", (1, True)),
-                                                         ("06_layers_backward", (1, True))]
-    assert match_notebooks("07_verification", today) == [("09_verification", (1, False))]
-    assert match_notebooks("07_blocks", today) == [("07_blocks", (0, False))]
-    assert match_flat_all("bo_07_verification", today) == [("bo", "09_verification", (1, False))]
-    assert [nb for _, nb, _ in match_flat_all("bo_05_backward", today)] == today[:2]
-    # a course whose notebook still has the former name grades it as itself
-    assert match_notebooks("05_backward", ["05_backward"]) == [("05_backward", (0, False))]
 
 
 def test_find_submissions_in_every_layout(tmp_path):
@@ -807,38 +794,6 @@ def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_p
     assert all(float(r["points"]) == 0 for r in rows if r["student"] == "untouched")
 
 
-def _former_05() -> nbformat.NotebookNode:
-    """Notebook 05 as a handout built before the split had it, ``05_backward``: the cells of
-    today's 05 and 06 (which keep their ids), 06's own title and set-up left out."""
-    first = nbformat.read(ROOT / "notebooks" / "05_attention_backward.ipynb", as_version=4)
-    second = nbformat.read(ROOT / "notebooks" / "06_layers_backward.ipynb", as_version=4)
-    setup = next(k for k, c in enumerate(second.cells) if c.id == "layers-backward-01")
-    first.cells = first.cells[:-1] + second.cells[setup + 1:]
-    return first
-
-
-@pytest.mark.slow
-def test_a_notebook_handed_in_under_its_former_name_grades_as_the_notebooks_of_today(
-        tmp_path_factory):
-    """A student of a handout built before notebook 05 was split hands in ``05_backward.ipynb``:
-    it is graded as 05_attention_backward and as 06_layers_backward, full marks for both."""
-    assert syllabus.FORMER_NOTEBOOKS["05_backward"] == ("05_attention_backward",
-                                                        "06_layers_backward")
-
-    def produce(out: Path) -> None:
-        student_folder(out / "subs" / "olga", _former_05(), core="reference",
-                       name="05_backward.ipynb")
-        run_grader(out / "subs", ROOT / "notebooks", out / "grades", "--timeout", "600",
-                   "--no-execute")
-    grades = once_per_session(tmp_path_factory, "course-former-05", produce) / "grades"
-    rows = read_csv(grades / "grades.csv")
-    for notebook in syllabus.FORMER_NOTEBOOKS["05_backward"]:
-        mine = [r for r in rows if r["notebook"] == notebook and r["student"] == "olga"]
-        checks = {c.id for c in F.load_checks().values() if c.notebook == notebook}
-        assert {r["check"] for r in mine} == checks
-        assert all(r["points"] == r["max_points"] for r in mine), summary(grades, "olga", notebook)
-
-
 def test_stubbed_and_reference_core_helpers(tmp_path):
     """The tests' students: the handout's stubs and the reference, as files."""
     stubs = stubbed_core(tmp_path / "stubs")
@@ -898,46 +853,3 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     assert "ran past the time limit of 3 s, while importing the functions " \
            "check-softmax-forward tests" in report.missing["check-softmax-forward"]
     assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart
-
-
-def test_a_core_laid_out_before_the_split_of_gpt_py_still_grades(tmp_path):
-    """A handout built before issue 22 has the GPT's functions in ``core/gpt.py`` (and
-    ``project_qkv``, old caches, ``multihead.py``/``blocks.py`` without the kernel and norm
-    arguments): the probe of each GPT notebook (13, 14: notebook 09 then) finds each function in
-    the module it used to live in, and every core check of those notebooks passes on it."""
-    import subprocess
-    import sys
-
-    from transformer_lab.course.package import write_handout_package
-
-    instructor = parse_package(ROOT / "src" / "transformer_lab")
-    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
-    core = reference_core(tmp_path / "core")
-    assert set(syllabus.FORMER_MODULE.values()) == {"gpt"}  # a module of today too
-    for module in {syllabus.where_taught(n)[0] for n in syllabus.FORMER_MODULE}:
-        (core / f"{module}.py").unlink()  # the modules that did not exist then
-    old = ROOT / "tests" / "old_layout"
-    for path in old.glob("*.py"):
-        shutil.copyfile(path, core / path.name)
-    assert syllabus.FORMER_NOTEBOOKS["09_gpt"] == ("13_gpt", "14_decoding")
-    new = {"gpt_block_step"}  # written after the split: the old handout had no exercise for it
-    stubbed = set()
-    for notebook in syllabus.FORMER_NOTEBOOKS["09_gpt"]:
-        probe = tmp_path / f"probe-{notebook}"
-        overlay = probe_driver.build_probe_package(tmp_path / "handout", instructor, notebook,
-                                                   {p.stem: p for p in core.glob("*.py")}, probe)
-        taught = {n for names in syllabus.notebook_functions(notebook).values() for n in names}
-        assert set(overlay.stubs) <= new, overlay.stubs
-        stubbed |= set(overlay.stubs)
-        assert set(overlay.students) == taught - new
-        assert "def project_qkv(" in (probe / "transformer_lab/core/gqa.py").read_text()
-        ids = sorted(i for i, c in F.load_checks().items()  # (dropout came after the handout)
-                     if c.notebook == notebook and not c.arguments and i != "check-gpt-dropout")
-        script = ("import sys\nfrom transformer_lab.checks import check\n"
-                  "for i in sys.argv[1:]:\n    check(i)\n")
-        run = subprocess.run([sys.executable, "-c", script, *ids], capture_output=True,
-                             text=True, cwd=tmp_path, timeout=600,
-                             env={**os.environ, "PYTHONPATH": str(probe)})
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert run.stdout.count(" passed (") == len(ids), run.stdout
-    assert stubbed == new

@@ -29,14 +29,9 @@ the core, and the rest of the package builds on the core. Laid out by role:
   :mod:`.syllabus` says which notebook teaches which core function;
 - :mod:`~transformer_lab.course` -- the instructors' and maintainers' tools: notebook
   execution, site, handout, grading, benchmarks, figures (left out of the handout).
-
-Modules that moved keep their old names as aliases (:mod:`._moved`).
 """
 
-from transformer_lab import _moved
 from transformer_lab.notebook import setup_notebook
-
-_moved.install()
 
 __all__ = ["setup_notebook"]
 __version__ = "0.1.0"

@@ -164,29 +164,6 @@ TAUGHT_IN: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 
-#: a notebook's name before the series was split and renumbered (issue 23) -> the notebooks of
-#: today that hold its cells, under the same cell ids. A student's notebook handed in under an
-#: old name is graded as each of these (:mod:`.course.submissions`), so that a handout built
-#: before then still grades.
-FORMER_NOTEBOOKS: dict[str, tuple[str, ...]] = {
-    "05_backward": ("05_attention_backward", "06_layers_backward"),
-    "06_transformer": ("07_blocks", "08_transformer"),
-    "07_verification": ("09_verification",),
-    "08_training": ("10_training",),
-    "09_gpt": ("13_gpt", "14_decoding"),
-    "10_long_context": ("15_long_context",),
-}
-
-
-#: core function -> the core module it was in before issue 22 split ``core/gpt.py`` by topic. A
-#: handout built before then has these functions in that module: the grader looks there when
-#: the function's module today was not handed in, or does not define it.
-FORMER_MODULE: dict[str, str] = {
-    name: "gpt" for module in ("next_token", "rope", "modern", "gqa", "sampling", "decoding")
-    for name in TAUGHT_IN[module]
-}
-
-
 #: core function -> the core functions its solution calls (or passes on as an argument), in
 #: teaching order; derived from ``core/*.py`` by ``ast`` (``tests/test_check_messages.py`` checks
 #: that it still matches). A failing check names a wrong function among these (the culprit), so

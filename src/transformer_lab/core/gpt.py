@@ -39,7 +39,6 @@ Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` ke
 
 from __future__ import annotations
 
-from transformer_lab._moved import moved_functions
 from transformer_lab.core.blocks import (
     feed_forward_backward,
     feed_forward_forward,
@@ -63,11 +62,6 @@ from transformer_lab.core.modern import (
     swiglu_forward,
 )
 from transformer_lab.core.next_token import next_token_loss_backward, next_token_loss_forward
-
-# Notebooks written before this module was split by topic call the functions it held then as
-# ``core_gpt.rope_tables``: they are found in the modules that hold them now.
-__getattr__ = moved_functions(__name__, ("next_token", "rope", "modern", "gqa", "sampling",
-                                         "decoding"))
 
 # --------------------------------------------------------------------------------------------
 # The pre-norm block (13_gpt §3; RMSNorm and SwiGLU: 14_decoding §3)

@@ -645,9 +645,8 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
         owners = []
         for node in tree.body:
             name = getattr(node, "name", None)
-            if name in syllabus.TAUGHT_IN.get(module, {}) or \
-                    (name is not None and syllabus.FORMER_MODULE.get(name) == module):
-                first_place = syllabus.where_taught(name)[1]  # where_taught: a module of today
+            if name in syllabus.TAUGHT_IN.get(module, {}):
+                first_place = syllabus.where_taught(name)[1]
                 owners.append((spans[id(node)], first_place.split(" §")[0]))
         try:
             scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
