@@ -34,4 +34,6 @@ the core, and the rest of the package builds on the core. Laid out by role:
 from transformer_lab.notebook import setup_notebook
 
 __all__ = ["setup_notebook"]
-__version__ = "0.1.0"
+#: The course version (its one source: pyproject.toml reads it here); a handout and an
+#: autograder record it with the commit they were built from (transformer_lab.course.versions).
+__version__ = "0.2.0"
