@@ -53,7 +53,7 @@ from course_helpers import (
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import assignment, flags, grade, probe_driver, student
+from transformer_lab.course import assignment, flags, grade, probe_driver, student, versions
 from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import (
     find_submissions,
@@ -234,8 +234,18 @@ def graded(tmp_path_factory):
     return once_per_session(tmp_path_factory, "grading-b", produce) / "grades"
 
 
+OURS = versions.project_version(ROOT)
+
+
+def _of_version(nb, version: versions.CourseVersion):
+    """``nb`` as a handout of course version ``version`` records it."""
+    versions.stamp(nb, version)
+    return nb
+
+
 EXECUTED = {  # group A: the feedback notebooks executed in kernels
-    "alice": lambda subs: student_folder(subs / "alice", solved_01(), core="reference"),
+    "alice": lambda subs: student_folder(subs / "alice", _of_version(solved_01(), OURS),
+                                         core="reference"),
     "bob": lambda subs: student_folder(subs / "bob", student_01()),
     # in the first cell, so that the hooks are there before every check cell
     "custom_exc": lambda subs: student_folder(
@@ -265,8 +275,14 @@ def test_a_correct_submission_gets_full_marks_and_the_handout_zero(executed):
     assert f"**alice: {FULL} / {FULL} points.**" in text
     graded = len(F.all_cases(F.get_check("check-softmax-forward"), salt="grader"))
     assert f"| `check-softmax-forward` | 2 / 2 | passed ({graded} cases) |" in text
+    assert "records no course version" not in text  # alice's handout recorded this one
     text = summary(executed, "bob")
     assert "**bob: 0 / 7 points.**" in text
+    assert f"- {versions.unversioned_note(OURS)}" in text  # bob's notebook was made here
+    console = (executed.parent / "grades-console.txt").read_text()
+    assert f"note: the notebooks of bob, custom_exc, transformer record no course version " \
+           f"(made by hand, or from a handout built before versions were recorded): graded " \
+           f"with this one, {OURS}" in console
     assert f"not written yet -- NotImplementedError: {syllabus.stub_message('softmax_forward')}" \
         in text
     assert "NotImplementedError: Exercise: subtract the maximum along axis" in text
@@ -609,6 +625,71 @@ def test_names_are_matched_forgivingly():
     assert match_flat("Jane Doe_00_Gradients", nbs)[:2] == ("Jane Doe", "00_gradients")
     assert match_flat("bob_smith_01_attention (1)", nbs)[:2] == ("bob_smith", "01_attention")
     assert match_flat("00_gradients", nbs) is None
+
+
+# --- course versions --------------------------------------------------------------------------
+
+OLD = versions.CourseVersion("0.1.0", "abc1234")
+
+
+def _refused(tmp_path: Path, capsys) -> str:
+    """What grading ``tmp_path/subs`` says on stderr when it refuses to (and that it did)."""
+    write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
+    out = tmp_path / "grades"
+    status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
+                         "--out", str(out), "--project", str(ROOT), *SANDBOX_ARGS])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert not out.exists(), "nothing may be written for submissions of another version"
+    return err
+
+
+def test_submissions_of_another_course_version_are_refused_with_the_version_that_grades_them(
+        tmp_path, capsys):
+    student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
+    write(_of_version(student_01(), OLD), tmp_path / "subs" / "bob_01_attention.ipynb")
+    err = _refused(tmp_path, capsys)
+    assert err == (f"error: These submissions were made from course version 0.1.0 (commit "
+                   f"abc1234); this is {OURS}: grade them with that version -- `git worktree "
+                   f"add ../course-v0.1.0 v0.1.0`, then run `make grade` there.\n")
+
+
+def test_a_run_mixing_course_versions_is_refused_naming_the_students_of_each(tmp_path, capsys):
+    student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
+    student_folder(tmp_path / "subs" / "bob", _of_version(solved_01(), OURS), core="reference")
+    write(_of_version(student_01(), versions.CourseVersion("0.1.0", "fedcba9")),
+          tmp_path / "subs" / "carol_01_attention.ipynb")
+    write(solved_01(), tmp_path / "subs" / "dan_01_attention.ipynb")  # records none
+    err = _refused(tmp_path, capsys)
+    assert err.startswith(f"error: These submissions were made from 2 course versions -- 0.1.0 "
+                          f"(commits abc1234, fedcba9): alice, carol; {OURS}: bob -- and this is "
+                          f"{OURS}: put each version's submissions in a folder of their own and "
+                          f"grade each with its version (for 0.1.0, `git worktree add "
+                          f"../course-v0.1.0 v0.1.0`, then run `make grade` there).")
+    assert "dan" not in err
+
+
+def test_what_a_submitted_notebook_records_and_which_records_grade():
+    assert versions.mismatch({"alice": [OURS], "bob": [versions.CourseVersion(
+        OURS.version, "0000000")]}, OURS) is None  # another commit of this version: graded
+    assert versions.mismatch({}, OURS) is None  # none recorded: graded, with a note
+    assert versions.mismatch({"alice": [OLD]}, OURS, "make gradescope").endswith(
+        "then run `make gradescope` there.")
+
+
+def test_a_notebook_s_recorded_version_is_read_forgivingly(tmp_path):
+    path = tmp_path / "nb.ipynb"
+    for metadata, expected in [({"transformer_lab": OLD.metadata()}, OLD),
+                               ({"transformer_lab": {"version": "0.1.0"}},
+                                versions.CourseVersion("0.1.0", "unknown")),
+                               ({}, None), ({"transformer_lab": "0.1.0"}, None),
+                               ({"transformer_lab": {"version": 1}}, None)]:
+        path.write_text(json.dumps({"cells": [], "metadata": metadata}))
+        assert versions.notebook_version(path, 10**6) == expected, metadata
+    path.write_text("not a notebook")
+    assert versions.notebook_version(path, 10**6) is None
+    path.write_text(json.dumps({"cells": [], "metadata": {"transformer_lab": OLD.metadata()}}))
+    assert versions.notebook_version(path, 10) is None  # too big: the grader reports it
 
 
 def test_find_submissions_in_every_layout(tmp_path):
