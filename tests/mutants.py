@@ -227,9 +227,6 @@ mutant("padding_mask", "lengths indexed as an array without np.asarray (a list f
 mutant("padding_mask", "True = a real token (the convention inverted)",
        "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
        "np.arange(S)[None, :] < np.asarray(lengths)[:, None]", "check-padding-mask")
-mutant("padding_lengths", "the padded keys counted instead of the real ones",
-       "return (~key_padding_mask).sum(axis=-1)", "return key_padding_mask.sum(axis=-1)",
-       "check-padding-lengths")
 
 mutant("softmax_forward", "no guard for a row of -inf only (its maximum is -inf: NaN)",
        "    m[np.isneginf(m)] = 0  # a row of -inf only: exp(-inf - 0) = 0 instead of exp(nan) "

@@ -303,29 +303,6 @@ class PaddingMask(Check):
                 "as an (S, B) array (one row per sequence: (B, S))": lambda: want.T}
 
 
-@register
-class PaddingLengths(Check):
-    id = "check-padding-lengths"
-    notebook = "02_masking"
-    functions = ("padding_lengths",)
-
-    def cases(self, rng):
-        yield Case("lengths [6, 3, 2], S = 6",
-                   (np.arange(6)[None, :] >= np.array([[6], [3], [2]]),))
-        yield Case("a row of padding only", (np.arange(4)[None, :] >= np.array([[3], [0]]),))
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield Case("S = 1", (np.arange(1)[None, :] >= np.array([[1], [0], [1]]),))
-    ### END HIDDEN TESTS
-
-    def run(self, f, mask):
-        return f.padding_lengths(mask)
-
-    def expected(self, mask):
-        return mask.shape[-1] - mask.sum(axis=-1)
-
-
 # --------------------------------------------------------------------------------------------
 # Variant exercises: each mask's reference is hidden (it would show the answer)
 

@@ -39,16 +39,6 @@ def padding_mask(lengths, S):
     ### END SOLUTION
 
 
-def padding_lengths(key_padding_mask):
-    """The lengths back from a padding mask: how many keys of each row are real (not padding).
-
-    key_padding_mask: bool (B, S), True at padding  ->  integers (B,).
-    """
-    ### BEGIN SOLUTION 02 §5
-    return (~key_padding_mask).sum(axis=-1)
-    ### END SOLUTION
-
-
 def merge_masks(attn_mask=None, key_padding_mask=None):
     """One boolean mask for the scores of multi-head attention, ``(B, H, T, S)``.
 
