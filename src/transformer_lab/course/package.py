@@ -182,9 +182,8 @@ def parse_package(root: Path) -> Package:
         PackageError: listing every problem (unbalanced, nested or malformed markers; a solution
             region outside ``core/``, outside a function's body or not at its top level; a core
             function without a region, or one whose region does not say where it is taught;
-            hidden tests outside
-            ``checks/nb*.py``, or hiding what the handout needs; marker words anywhere else),
-            each with its file and line.
+            hidden tests outside ``checks/nb*.py``, or hiding what the handout needs; marker
+            words anywhere else), each with its file and line.
     """
     problems: list[FileProblem] = []
     core: dict[str, CoreModule] = {}
