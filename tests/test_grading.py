@@ -910,6 +910,32 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     assert folders == [str(tmp_path / "probe")] and has_reference is False
 
 
+def test_the_probe_package_has_the_solution_core_s_syllabus(tmp_path):
+    """The probe's core is stubs, the instructor's functions and the student's: its syllabus is
+    the one the handout carries, read from the solution core."""
+    import subprocess
+    import sys
+
+    from transformer_lab.course.package import write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core")
+    probe_driver.build_probe_package(tmp_path / "handout", instructor, "04_multihead_attention",
+                                     {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    script = ("import json\nfrom transformer_lab import syllabus\n"
+              "print(json.dumps([syllabus.__file__, syllabus.TAUGHT_IN, syllabus.CALLS]))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "probe")})
+    assert run.returncode == 0, run.stderr
+    where, taught_in, calls = json.loads(run.stdout)
+    assert Path(where).is_relative_to(tmp_path / "probe")
+    assert taught_in == json.loads(json.dumps(syllabus.TAUGHT_IN))
+    assert calls == json.loads(json.dumps(syllabus.CALLS))
+
+
 def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     """Code the student's module runs when imported is timed like a case."""
     from transformer_lab.course.package import parse_package, write_handout_package
