@@ -146,12 +146,14 @@ def run_in_handout_package(tmp: Path, stub_core_module: str, script: str) -> str
     """Run ``script`` (Python source) against the package as the handout copies it -- no course
     tools -- with the core module ``stub_core_module`` (e.g. "blocks")
     stubbed as ``make student`` stubs it; returns its stdout (a failure fails the test)."""
-    from transformer_lab.course import package
+    from transformer_lab.course import package, versions
 
     source = ROOT / "src" / "transformer_lab"
     shutil.copytree(source.parent, tmp / "src", ignore=package._ignore(source))
     stubbed = package.parse_package(source).core[stub_core_module].stubbed()
     (tmp / "src" / "transformer_lab" / "core" / f"{stub_core_module}.py").write_text(stubbed)
+    (tmp / "src" / "transformer_lab" / versions.BUILT).write_text(  # the handout's syllabus
+        versions.built_module(versions.UNKNOWN, source))
     env = {**os.environ, "PYTHONPATH": str(tmp / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
                             capture_output=True, text=True, timeout=120)

@@ -41,10 +41,30 @@ CORE = ROOT / "src" / "transformer_lab" / "core"
 NOTEBOOKS = ROOT / "notebooks"
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # not a marker line here
 
-#: the core modules in an order where every module comes after the ones it imports
-CORE_ORDER = ("layers", "attention", "multihead", "blocks", "model", "optim", "training", "bpe",
-              "translation",
-              "flash", "next_token", "rope", "modern", "gqa", "gpt", "sampling", "decoding")
+
+def _core_order() -> tuple[str, ...]:
+    """The core modules in an order where every module comes after the ones it imports."""
+    imports = {}
+    for path in sorted(CORE.glob("*.py")):
+        if path.stem != "__init__":
+            imports[path.stem] = {node.module.rpartition(".")[2]
+                                  for node in ast.walk(ast.parse(path.read_text()))
+                                  if isinstance(node, ast.ImportFrom) and node.module
+                                  and node.module.startswith("transformer_lab.core.")}
+    order: list[str] = []
+
+    def visit(module: str) -> None:
+        if module not in order:
+            for needed in sorted(imports[module]):
+                visit(needed)
+            order.append(module)
+
+    for module in imports:
+        visit(module)
+    return tuple(order)
+
+
+CORE_ORDER = _core_order()
 
 
 class MutantError(AssertionError):

@@ -8,13 +8,11 @@ one -- to the solution and runs the check as the notebook's check cell does
 
 from __future__ import annotations
 
-import ast
 import warnings
 
 import pytest
 from mutants import CATALOGUE, Mutant
 from mutation_tools import (
-    CORE,
     core_from,
     exercise_cells,
     exercise_namespace,
@@ -67,21 +65,6 @@ def mutant_message(check_id: str, where: str, models: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # The dependency table
-
-
-def test_the_call_table_matches_the_core():
-    """``syllabus.CALLS`` is what ``core/*.py`` calls (regenerate it when a solution changes)."""
-    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
-    order = [n for functions in syllabus.TAUGHT_IN.values() for n in functions]
-    found = {}
-    for module, functions in syllabus.TAUGHT_IN.items():
-        for node in ast.parse((CORE / f"{module}.py").read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name in functions:
-                used = {n.id for n in ast.walk(node)
-                        if isinstance(n, ast.Name) and n.id in known} - {node.name}
-                if used:
-                    found[node.name] = tuple(sorted(used, key=order.index))
-    assert found == syllabus.CALLS
 
 
 def test_a_check_depends_on_the_checks_of_what_it_calls_only():

@@ -26,7 +26,7 @@ import pytest
 from course_helpers import meta as _meta
 from course_helpers import write
 
-from transformer_lab.course import assignment, grade, kernel_run, student
+from transformer_lab.course import assignment, grade, kernel_run, student, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -162,9 +162,11 @@ def test_student_tree_holds_the_package_and_files_but_not_the_instructors_tests(
         sorted(p.name for p in (ROOT / "img").iterdir())
     assert sorted(p.name for p in (student_tree / "notebooks").iterdir()) == \
         [p.name for p in NOTEBOOKS]
-    for nb in NOTEBOOKS:  # `make student` writes what student_notebook() makes
-        assert nbformat.read(student_tree / "notebooks" / nb.name, as_version=4) == \
-            solution_and_student(nb)[1]
+    version = versions.project_version(ROOT).metadata()
+    for nb in NOTEBOOKS:  # `make student` writes what student_notebook() makes, and its version
+        written = nbformat.read(student_tree / "notebooks" / nb.name, as_version=4)
+        assert written.metadata.pop(versions.METADATA_KEY) == version
+        assert written == solution_and_student(nb)[1]
     for absent in ["tests", "conftest.py", "Makefile", ".ci", "src/transformer_lab/course"]:
         assert not (student_tree / absent).exists(), f"{absent} must not go to students"
     assert not list(student_tree.rglob("__pycache__"))

@@ -14,7 +14,9 @@ and this repository as the project, unpacked into ``<tmp>/autograder/source`` an
   safely, links are never followed;
 - --hidden-visibility hides each check with hidden cases and adds a visible test of its public
   cases that never tells a hidden verdict;
-- without a sandbox nothing is graded, unless the zip allows it, and then every result says so.
+- without a sandbox nothing is graded, unless the zip allows it, and then every result says so;
+- the zip records its course version; a submission of another version is not graded, and the
+  results say which version grades it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from course_helpers import (
     write,
 )
 
-from transformer_lab.course import grade
+from transformer_lab import syllabus
+from transformer_lab.course import grade, versions
 from transformer_lab.course import gradescope as G
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +106,10 @@ def test_the_zip_follows_gradescope_s_format(tmp_path_factory):
     assert "INDEX_URL" not in setup  # none in the environment it was built in
     assert "AUTOGRADER_ROOT:-/autograder" in runner and "AUTOGRADER_PYTHON" in runner
     assert config == {"allow_no_sandbox": False, "hidden_visibility": "visible"}
+    record: dict = {}  # the course version it grades, and the syllabus its grader reads
+    exec(zipfile.ZipFile(archive).read(f"src/transformer_lab/{versions.BUILT}"), record)
+    assert record["COMMIT"] == versions.project_version(ROOT).commit
+    assert record["TAUGHT_IN"] == syllabus.TAUGHT_IN and record["CALLS"] == syllabus.CALLS
 
 
 def test_the_same_inputs_give_the_same_bytes(tmp_path_factory, tmp_path):
@@ -376,6 +383,27 @@ def test_allowed_without_a_sandbox_it_grades_and_says_so(tmp_path_factory):
     assert all(t["output"].endswith(G.NO_SANDBOX_NOTE) for t in tests.values())
     assert "WARNING: your code ran WITHOUT a sandbox" in results["output"]
     assert "bubblewrap (bwrap) is not installed" in (root / "stdout").read_text()
+
+
+def test_a_submission_of_another_course_version_is_not_graded_and_says_which_grades_it(
+        tmp_path_factory):
+    old = versions.CourseVersion("0.1.0", "abc1234")
+
+    def submit(sub: Path, root: Path) -> None:
+        nb = solved_01()
+        versions.stamp(nb, old)
+        student_folder(sub, nb, core="reference")
+    results, root = scenario(tmp_path_factory, "old-version", "visible", submit)
+    ours = versions.project_version(root / "source")
+    assert ours == versions.project_version(ROOT)  # the zip's record: this checkout's commit
+    assert results["score"] == 0 and results["tests"] == []
+    assert results["output"] == (
+        f"Your submission could not be graded: it was made from course version {old}, and "
+        f"this autograder grades course version {ours}. None of your code ran; this is not "
+        f"your fault -- please tell your instructor.\n\nFor the instructor: These submissions "
+        f"were made from course version {old}; this is {ours}: grade them with that version "
+        f"-- `git worktree add ../course-v0.1.0 v0.1.0`, then run `make gradescope` there. Then "
+        f"upload that autograder (build/gradescope/autograder.zip) for this assignment.")
 
 
 # --- the pieces, in this process ------------------------------------------------------------------

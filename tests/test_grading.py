@@ -53,14 +53,12 @@ from course_helpers import (
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import assignment, flags, grade, probe_driver, student
+from transformer_lab.course import assignment, flags, grade, probe_driver, student, versions
 from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import (
     find_submissions,
     match_flat,
-    match_flat_all,
     match_notebook,
-    match_notebooks,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,8 +234,18 @@ def graded(tmp_path_factory):
     return once_per_session(tmp_path_factory, "grading-b", produce) / "grades"
 
 
+OURS = versions.project_version(ROOT)
+
+
+def _of_version(nb, version: versions.CourseVersion):
+    """``nb`` as a handout of course version ``version`` records it."""
+    versions.stamp(nb, version)
+    return nb
+
+
 EXECUTED = {  # group A: the feedback notebooks executed in kernels
-    "alice": lambda subs: student_folder(subs / "alice", solved_01(), core="reference"),
+    "alice": lambda subs: student_folder(subs / "alice", _of_version(solved_01(), OURS),
+                                         core="reference"),
     "bob": lambda subs: student_folder(subs / "bob", student_01()),
     # in the first cell, so that the hooks are there before every check cell
     "custom_exc": lambda subs: student_folder(
@@ -267,8 +275,14 @@ def test_a_correct_submission_gets_full_marks_and_the_handout_zero(executed):
     assert f"**alice: {FULL} / {FULL} points.**" in text
     graded = len(F.all_cases(F.get_check("check-softmax-forward"), salt="grader"))
     assert f"| `check-softmax-forward` | 2 / 2 | passed ({graded} cases) |" in text
+    assert "records no course version" not in text  # alice's handout recorded this one
     text = summary(executed, "bob")
     assert "**bob: 0 / 7 points.**" in text
+    assert f"- {versions.unversioned_note(OURS)}" in text  # bob's notebook was made here
+    console = (executed.parent / "grades-console.txt").read_text()
+    assert f"note: the notebooks of bob, custom_exc, transformer record no course version " \
+           f"(made by hand, or from a handout built before versions were recorded): graded " \
+           f"with this one, {OURS}" in console
     assert f"not written yet -- NotImplementedError: {syllabus.stub_message('softmax_forward')}" \
         in text
     assert "NotImplementedError: Exercise: subtract the maximum along axis" in text
@@ -611,17 +625,71 @@ def test_names_are_matched_forgivingly():
     assert match_flat("Jane Doe_00_Gradients", nbs)[:2] == ("Jane Doe", "00_gradients")
     assert match_flat("bob_smith_01_attention (1)", nbs)[:2] == ("bob_smith", "01_attention")
     assert match_flat("00_gradients", nbs) is None
-    today = ["05_attention_backward", "06_layers_backward", "07_blocks", "09_verification"]
-    assert match_notebooks("05_backward", today) == [("05_attention_backward", (1, False)),
-                                                     ("06_layers_backward", (1, False))]
-    assert match_notebooks("05 Backward (1)", today) == [("05_attention_backward", (1, True)),
-                                                         ("06_layers_backward", (1, True))]
-    assert match_notebooks("07_verification", today) == [("09_verification", (1, False))]
-    assert match_notebooks("07_blocks", today) == [("07_blocks", (0, False))]
-    assert match_flat_all("bo_07_verification", today) == [("bo", "09_verification", (1, False))]
-    assert [nb for _, nb, _ in match_flat_all("bo_05_backward", today)] == today[:2]
-    # a course whose notebook still has the former name grades it as itself
-    assert match_notebooks("05_backward", ["05_backward"]) == [("05_backward", (0, False))]
+
+
+# --- course versions --------------------------------------------------------------------------
+
+OLD = versions.CourseVersion("0.1.0", "abc1234")
+
+
+def _refused(tmp_path: Path, capsys) -> str:
+    """What grading ``tmp_path/subs`` says on stderr when it refuses to (and that it did)."""
+    write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
+    out = tmp_path / "grades"
+    status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
+                         "--out", str(out), "--project", str(ROOT), *SANDBOX_ARGS])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert not out.exists(), "nothing may be written for submissions of another version"
+    return err
+
+
+def test_submissions_of_another_course_version_are_refused_with_the_version_that_grades_them(
+        tmp_path, capsys):
+    student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
+    write(_of_version(student_01(), OLD), tmp_path / "subs" / "bob_01_attention.ipynb")
+    err = _refused(tmp_path, capsys)
+    assert err == (f"error: These submissions were made from course version 0.1.0 (commit "
+                   f"abc1234); this is {OURS}: grade them with that version -- `git worktree "
+                   f"add ../course-v0.1.0 v0.1.0`, then run `make grade` there.\n")
+
+
+def test_a_run_mixing_course_versions_is_refused_naming_the_students_of_each(tmp_path, capsys):
+    student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
+    student_folder(tmp_path / "subs" / "bob", _of_version(solved_01(), OURS), core="reference")
+    write(_of_version(student_01(), versions.CourseVersion("0.1.0", "fedcba9")),
+          tmp_path / "subs" / "carol_01_attention.ipynb")
+    write(solved_01(), tmp_path / "subs" / "dan_01_attention.ipynb")  # records none
+    err = _refused(tmp_path, capsys)
+    assert err.startswith(f"error: These submissions were made from 2 course versions -- 0.1.0 "
+                          f"(commits abc1234, fedcba9): alice, carol; {OURS}: bob -- and this is "
+                          f"{OURS}: put each version's submissions in a folder of their own and "
+                          f"grade each with its version (for 0.1.0, `git worktree add "
+                          f"../course-v0.1.0 v0.1.0`, then run `make grade` there).")
+    assert "dan" not in err
+
+
+def test_what_a_submitted_notebook_records_and_which_records_grade():
+    assert versions.mismatch({"alice": [OURS], "bob": [versions.CourseVersion(
+        OURS.version, "0000000")]}, OURS) is None  # another commit of this version: graded
+    assert versions.mismatch({}, OURS) is None  # none recorded: graded, with a note
+    assert versions.mismatch({"alice": [OLD]}, OURS, "make gradescope").endswith(
+        "then run `make gradescope` there.")
+
+
+def test_a_notebook_s_recorded_version_is_read_forgivingly(tmp_path):
+    path = tmp_path / "nb.ipynb"
+    for metadata, expected in [({"transformer_lab": OLD.metadata()}, OLD),
+                               ({"transformer_lab": {"version": "0.1.0"}},
+                                versions.CourseVersion("0.1.0", "unknown")),
+                               ({}, None), ({"transformer_lab": "0.1.0"}, None),
+                               ({"transformer_lab": {"version": 1}}, None)]:
+        path.write_text(json.dumps({"cells": [], "metadata": metadata}))
+        assert versions.notebook_version(path, 10**6) == expected, metadata
+    path.write_text("not a notebook")
+    assert versions.notebook_version(path, 10**6) is None
+    path.write_text(json.dumps({"cells": [], "metadata": {"transformer_lab": OLD.metadata()}}))
+    assert versions.notebook_version(path, 10) is None  # too big: the grader reports it
 
 
 def test_find_submissions_in_every_layout(tmp_path):
@@ -807,38 +875,6 @@ def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_p
     assert all(float(r["points"]) == 0 for r in rows if r["student"] == "untouched")
 
 
-def _former_05() -> nbformat.NotebookNode:
-    """Notebook 05 as a handout built before the split had it, ``05_backward``: the cells of
-    today's 05 and 06 (which keep their ids), 06's own title and set-up left out."""
-    first = nbformat.read(ROOT / "notebooks" / "05_attention_backward.ipynb", as_version=4)
-    second = nbformat.read(ROOT / "notebooks" / "06_layers_backward.ipynb", as_version=4)
-    setup = next(k for k, c in enumerate(second.cells) if c.id == "layers-backward-01")
-    first.cells = first.cells[:-1] + second.cells[setup + 1:]
-    return first
-
-
-@pytest.mark.slow
-def test_a_notebook_handed_in_under_its_former_name_grades_as_the_notebooks_of_today(
-        tmp_path_factory):
-    """A student of a handout built before notebook 05 was split hands in ``05_backward.ipynb``:
-    it is graded as 05_attention_backward and as 06_layers_backward, full marks for both."""
-    assert syllabus.FORMER_NOTEBOOKS["05_backward"] == ("05_attention_backward",
-                                                        "06_layers_backward")
-
-    def produce(out: Path) -> None:
-        student_folder(out / "subs" / "olga", _former_05(), core="reference",
-                       name="05_backward.ipynb")
-        run_grader(out / "subs", ROOT / "notebooks", out / "grades", "--timeout", "600",
-                   "--no-execute")
-    grades = once_per_session(tmp_path_factory, "course-former-05", produce) / "grades"
-    rows = read_csv(grades / "grades.csv")
-    for notebook in syllabus.FORMER_NOTEBOOKS["05_backward"]:
-        mine = [r for r in rows if r["notebook"] == notebook and r["student"] == "olga"]
-        checks = {c.id for c in F.load_checks().values() if c.notebook == notebook}
-        assert {r["check"] for r in mine} == checks
-        assert all(r["points"] == r["max_points"] for r in mine), summary(grades, "olga", notebook)
-
-
 def test_stubbed_and_reference_core_helpers(tmp_path):
     """The tests' students: the handout's stubs and the reference, as files."""
     stubs = stubbed_core(tmp_path / "stubs")
@@ -874,6 +910,32 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     assert folders == [str(tmp_path / "probe")] and has_reference is False
 
 
+def test_the_probe_package_has_the_solution_core_s_syllabus(tmp_path):
+    """The probe's core is stubs, the instructor's functions and the student's: its syllabus is
+    the one the handout carries, read from the solution core."""
+    import subprocess
+    import sys
+
+    from transformer_lab.course.package import write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core")
+    probe_driver.build_probe_package(tmp_path / "handout", instructor, "04_multihead_attention",
+                                     {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    script = ("import json\nfrom transformer_lab import syllabus\n"
+              "print(json.dumps([syllabus.__file__, syllabus.TAUGHT_IN, syllabus.CALLS]))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "probe")})
+    assert run.returncode == 0, run.stderr
+    where, taught_in, calls = json.loads(run.stdout)
+    assert Path(where).is_relative_to(tmp_path / "probe")
+    assert taught_in == json.loads(json.dumps(syllabus.TAUGHT_IN))
+    assert calls == json.loads(json.dumps(syllabus.CALLS))
+
+
 def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     """Code the student's module runs when imported is timed like a case."""
     from transformer_lab.course.package import parse_package, write_handout_package
@@ -898,46 +960,3 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     assert "ran past the time limit of 3 s, while importing the functions " \
            "check-softmax-forward tests" in report.missing["check-softmax-forward"]
     assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart
-
-
-def test_a_core_laid_out_before_the_split_of_gpt_py_still_grades(tmp_path):
-    """A handout built before issue 22 has the GPT's functions in ``core/gpt.py`` (and
-    ``project_qkv``, old caches, ``multihead.py``/``blocks.py`` without the kernel and norm
-    arguments): the probe of each GPT notebook (13, 14: notebook 09 then) finds each function in
-    the module it used to live in, and every core check of those notebooks passes on it."""
-    import subprocess
-    import sys
-
-    from transformer_lab.course.package import write_handout_package
-
-    instructor = parse_package(ROOT / "src" / "transformer_lab")
-    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
-    core = reference_core(tmp_path / "core")
-    assert set(syllabus.FORMER_MODULE.values()) == {"gpt"}  # a module of today too
-    for module in {syllabus.where_taught(n)[0] for n in syllabus.FORMER_MODULE}:
-        (core / f"{module}.py").unlink()  # the modules that did not exist then
-    old = ROOT / "tests" / "old_layout"
-    for path in old.glob("*.py"):
-        shutil.copyfile(path, core / path.name)
-    assert syllabus.FORMER_NOTEBOOKS["09_gpt"] == ("13_gpt", "14_decoding")
-    new = {"gpt_block_step"}  # written after the split: the old handout had no exercise for it
-    stubbed = set()
-    for notebook in syllabus.FORMER_NOTEBOOKS["09_gpt"]:
-        probe = tmp_path / f"probe-{notebook}"
-        overlay = probe_driver.build_probe_package(tmp_path / "handout", instructor, notebook,
-                                                   {p.stem: p for p in core.glob("*.py")}, probe)
-        taught = {n for names in syllabus.notebook_functions(notebook).values() for n in names}
-        assert set(overlay.stubs) <= new, overlay.stubs
-        stubbed |= set(overlay.stubs)
-        assert set(overlay.students) == taught - new
-        assert "def project_qkv(" in (probe / "transformer_lab/core/gqa.py").read_text()
-        ids = sorted(i for i, c in F.load_checks().items()  # (dropout came after the handout)
-                     if c.notebook == notebook and not c.arguments and i != "check-gpt-dropout")
-        script = ("import sys\nfrom transformer_lab.checks import check\n"
-                  "for i in sys.argv[1:]:\n    check(i)\n")
-        run = subprocess.run([sys.executable, "-c", script, *ids], capture_output=True,
-                             text=True, cwd=tmp_path, timeout=600,
-                             env={**os.environ, "PYTHONPATH": str(probe)})
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert run.stdout.count(" passed (") == len(ids), run.stdout
-    assert stubbed == new

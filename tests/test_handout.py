@@ -6,6 +6,8 @@
   answers are there exactly for the checks whose reference was hidden;
 - the handout's package imports, a core check fails there with the stub's message, a variant
   check runs on the stored answers;
+- the handout records its course version (package and every notebook) and carries the syllabus
+  read from the solution core's markers, which its stubs no longer hold;
 - markers in the package get the notebooks' strict parsing: every problem with file and line;
 - setup_notebook() turns on autoreload for the core in IPython (tests/test_learn.py runs it in a
   kernel).
@@ -14,20 +16,23 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 from course_helpers import once_per_session, write
 from handout_tools import build_handout, handout_env
 
+import transformer_lab
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
 from transformer_lab.course import package as P
-from transformer_lab.course import student
+from transformer_lab.course import student, versions
 from transformer_lab.course.assignment import has_marker_words
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +162,70 @@ def test_the_handout_package_imports_and_its_checks_run(handout, tmp_path):
     assert "wrong answer: case 'B = 2, T = 3, S = 5, tau = 0.5': output['out']" in out
 
 
+# --- the course version and the syllabus the handout carries -------------------------------------
+
+def test_the_handout_records_its_course_version_in_its_package_and_every_notebook(handout):
+    ours = versions.project_version(ROOT)
+    assert ours.version == transformer_lab.__version__
+    assert ours.commit == versions.git_commit(ROOT)  # "unknown" outside a git checkout
+    assert versions.project_version(handout) == ours  # __version__ and _built.COMMIT
+    notebooks = sorted((handout / "notebooks").glob("*.ipynb"))
+    assert len(notebooks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    for path in notebooks:
+        recorded = nbformat.read(path, as_version=4).metadata[versions.METADATA_KEY]
+        assert recorded == {"version": ours.version, "commit": ours.commit}, path.name
+        assert versions.notebook_version(path, 10**8) == ours
+    for path in (ROOT / "notebooks").glob("*.ipynb"):  # the solutions stay as they are
+        assert versions.METADATA_KEY not in nbformat.read(path, as_version=4).metadata
+
+
+SYLLABUS_SCRIPT = ("import json\nfrom transformer_lab import syllabus\n"
+                   "print(json.dumps([syllabus.__file__, syllabus.TAUGHT_IN, syllabus.CALLS]))")
+
+
+def test_the_handout_s_syllabus_is_the_one_read_from_the_solution_core(handout, tmp_path):
+    result = subprocess.run([sys.executable, "-c", SYLLABUS_SCRIPT], cwd=tmp_path,
+                            env=handout_env(handout), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    where, taught_in, calls = json.loads(result.stdout)
+    assert Path(where).is_relative_to(handout.resolve())
+    assert taught_in == json.loads(json.dumps(syllabus.TAUGHT_IN))  # order included
+    assert calls == json.loads(json.dumps(syllabus.CALLS))
+    # the handout's stubbed core holds neither: without the record, nothing would be read
+    assert syllabus.read_core(handout / "src" / "transformer_lab") == ({}, {})
+
+
+@pytest.mark.parametrize("text, places", [
+    ("05 §3", [(5, 3)]), (" 00 §6, 03 §3", [(0, 6), (3, 3)]), ("14 §2, §3", [(14, 2), (14, 3)]),
+    ("", None), ("§3", None), ("5 §3", None), ("03 §3, 00 §6", None), ("03 §3, §3", None),
+    (": write it", None)])
+def test_the_places_on_a_solution_marker(text, places):
+    if places is None:
+        with pytest.raises(ValueError, match="expected the notebook number|teaching order"):
+            syllabus.parse_places(text)
+    else:
+        assert syllabus.parse_places(text) == places
+
+
+def test_the_syllabus_is_read_from_the_core_alone(tmp_path):
+    """A new core function is in TAUGHT_IN and CALLS once its marker says where it is taught:
+    nothing else lists it."""
+    package = tmp_path / "transformer_lab"
+    shutil.copytree(PACKAGE / "core", package / "core")
+    shutil.copytree(PACKAGE / "checks", package / "checks")
+    with open(package / "core" / "layers.py", "a") as f:
+        f.write('\n\ndef relu_squared_forward(x):\n    """max(x, 0)^2."""\n'
+                "    ### BEGIN SOLUTION 00 §4, 07 §1\n    y, cache = relu_forward(x)\n"
+                "    return y * y, cache\n    ### END SOLUTION\n")
+    taught_in, calls = syllabus.read_core(package)
+    assert taught_in["layers"]["relu_squared_forward"] == ("00_gradients §4", "07_blocks §1")
+    assert calls["relu_squared_forward"] == ("relu_forward",)
+    assert {m: {f: p for f, p in fs.items() if f != "relu_squared_forward"}
+            for m, fs in taught_in.items()} == syllabus.TAUGHT_IN
+    assert list(taught_in) == list(syllabus.TAUGHT_IN)  # modules by the notebook teaching them
+
+
 # --- strict markers in the package ---------------------------------------------------------------
 
 def _project(tmp_path: Path) -> Path:
@@ -183,7 +252,7 @@ def _edit(path: str, old: str, new: str):
     return change
 
 
-_SOFTMAX = '''    ### BEGIN SOLUTION
+_SOFTMAX = '''    ### BEGIN SOLUTION 01 §3, 02 §4
     m = x.max(axis=-1, keepdims=True)  # (..., 1)'''
 _CAUSAL_END = '''    return np.arange(S)[None, :] > np.arange(T)[:, None]
     ### END SOLUTION'''
@@ -197,23 +266,31 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
     "nested BEGIN": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace(
         "    ### BEGIN SOLUTION", "    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION")),
         "core/layers.py", None, "cannot be nested"),
-    "END without BEGIN": (_edit("core/attention.py", "    ### BEGIN SOLUTION\n    S = T",
+    "END without BEGIN": (_edit("core/attention.py", "    ### BEGIN SOLUTION 02 §1\n    S = T",
                                 "    S = T"),
                           "core/attention.py", None, "without a ### BEGIN SOLUTION"),
     "malformed": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace("### BEGIN SOLUTION",
                                                                       "# begin solution")),
                   "core/layers.py", None, "malformed marker"),
     "a hint in the core": (_edit("core/layers.py", _SOFTMAX,
-                                 _SOFTMAX.replace("SOLUTION", "SOLUTION: subtract the max")),
-                           "core/layers.py", None, "takes no hint"),
+                                 _SOFTMAX.replace("SOLUTION 01 §3, 02 §4",
+                                                  "SOLUTION: subtract the max")),
+                           "core/layers.py", None, "softmax_forward() must name where it is "
+                                                   "taught"),
+    "places out of order": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace(
+        "SOLUTION 01 §3, 02 §4", "SOLUTION 02 §4, 01 §3")),
+        "core/layers.py", None, "in teaching order"),
+    "a notebook without a check module": (_edit("core/layers.py", _SOFTMAX, _SOFTMAX.replace(
+        "SOLUTION 01 §3, 02 §4", "SOLUTION 01 §3, 42 §4")),
+        "core/layers.py", None, "names notebook 42, which has no check module"),
     "region at module level": (_edit("core/attention.py", "import numpy as np\n",
                                      "import numpy as np\n### BEGIN SOLUTION\nX = 1\n"
                                      "### END SOLUTION\n"),
                                "core/attention.py", None, "inside a function's body"),
     "region not at the body's top level": (
-        _edit("core/attention.py", "    ### BEGIN SOLUTION\n    S = T if S is None else S\n"
+        _edit("core/attention.py", "    ### BEGIN SOLUTION 02 §1\n    S = T if S is None else S\n"
               "    return np.arange(S)[None, :] > np.arange(T)[:, None]\n    ### END SOLUTION",
-              "    if True:\n        ### BEGIN SOLUTION\n        S = T if S is None else S\n"
+              "    if True:\n        ### BEGIN SOLUTION 02 §1\n        S = T if S is None else S\n"
               "        ### END SOLUTION\n"
               "    return np.arange(S)[None, :] > np.arange(T)[:, None]"),
         "core/attention.py", None, "top level of its body"),
@@ -221,11 +298,11 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
         _edit("core/attention.py", "def causal_mask(",
               "def shortcut(T):\n    return T\n\n\ndef causal_mask("),
         "core/attention.py", None, "shortcut() has no solution region"),
-    "a function the syllabus does not list": (
+    "a function whose marker names no notebook": (
         _edit("core/attention.py", "def causal_mask(",
               "def helper(T):\n    ### BEGIN SOLUTION\n    return T\n    ### END SOLUTION\n\n\n"
               "def causal_mask("),
-        "core/attention.py", None, "helper() is not listed for core/attention.py"),
+        "core/attention.py", None, "helper() must name where it is taught"),
     "marker words in a boundary module": (_edit("layers.py", '"""', '"""# BEGIN SOLUTION\n'),
                                           "transformer_lab/layers.py", 1, "marker words outside"),
     "hidden tests in the core": (_edit("core/attention.py", "import numpy as np\n",

@@ -1,20 +1,16 @@
 """The package laid out by role (issue 22): the map in ``__init__``'s docstring, no import
-cycle, the old module names still importable, one model shell and one checkpoint format."""
+cycle, one model shell and one checkpoint format."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import transformer_lab
-from transformer_lab._moved import MOVED
 from transformer_lab.datasets import SHIPPED
 from transformer_lab.models import checkpoints
 from transformer_lab.models.checkpoints import CheckpointError
@@ -31,12 +27,12 @@ PACKAGE = Path(transformer_lab.__file__).resolve().parent
 
 
 def test_every_top_level_module_and_package_is_on_the_map_in_the_docstring():
-    """The rule a count of the top level's modules stood for: each has its role on the map."""
+    """The rule that keeps the top level small: what it holds, the map names and says why."""
     modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
     doc = transformer_lab.__doc__
     packages = sorted(p.name for p in PACKAGE.iterdir()
                       if (p / "__init__.py").exists())
-    for name in [*packages, *(m for m in modules if m != "_moved")]:
+    for name in [*packages, *modules]:
         assert name.lstrip("_") in doc, f"{name} is not on the map in __init__'s docstring"
 
 
@@ -47,7 +43,7 @@ def _module_name(path: Path) -> str:
 
 
 def _imported(path: Path, name: str, top_level_only: bool = False) -> set[str]:
-    """The module names ``path`` imports (old names mapped to new), resolving relative imports:
+    """The module names ``path`` imports, resolving relative imports:
     everywhere in the file, or only at its top level (what runs when it is imported)."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -63,7 +59,7 @@ def _imported(path: Path, name: str, top_level_only: bool = False) -> set[str]:
                 up = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
             found |= {base, *(f"{base}.{a.name}" for a in node.names)}
-    return {MOVED.get(t, t) for t in found}
+    return found
 
 
 def _package_imports(path: Path, name: str, known: set[str]) -> set[str]:
@@ -120,32 +116,6 @@ def test_only_the_course_tools_import_the_course_tools():
         used = {d for d in _package_imports(path, name, set(files))
                 if d.startswith("transformer_lab.course")}
         assert not used, f"{name} imports {sorted(used)}, which the handout leaves out"
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_module_name_is_the_new_module(old):
-    assert importlib.import_module(old) is importlib.import_module(MOVED[old])
-    new = importlib.import_module(MOVED[old])
-    assert new.__name__ == MOVED[old] and new.__spec__.name == MOVED[old]
-
-
-def test_old_names_used_by_handouts_built_before_the_move():
-    from transformer_lab.charlm import CHECKPOINT
-    from transformer_lab.efficient_attention import flash_attention_forward
-    from transformer_lab.interop import from_torch
-    from transformer_lab.torch_model import ReferenceTransformer
-    from transformer_lab.transformer import Transformer as OldTransformer
-
-    assert OldTransformer is Transformer and CHECKPOINT.exists()
-    assert callable(from_torch) and callable(flash_attention_forward)
-    assert ReferenceTransformer.__module__ == "transformer_lab.reference.torch_transformer"
-
-
-def test_python_dash_m_runs_a_moved_module_under_its_old_name():
-    out = subprocess.run([sys.executable, "-m", "transformer_lab.bench", "--help"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,21 +186,6 @@ def test_checkpoints_of_earlier_versions_still_load(tmp_path):
     assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
     with pytest.raises(CheckpointError, match="holds a 'transformer' checkpoint"):
         GPT.load(tmp_path / "old.npz")
-
-
-def test_the_functions_core_gpt_held_before_its_split_are_still_found_there():
-    """Notebook 09 of a handout built before the split calls ``core_gpt.rope_tables``."""
-    from transformer_lab import syllabus
-    from transformer_lab.core import gpt as core_gpt
-
-    moved = [name for name, module in syllabus.FORMER_MODULE.items() if module == "gpt"]
-    assert "rope_tables" in moved and "top_k_filter" in moved
-    for name in moved:
-        module = next(m for m, names in syllabus.TAUGHT_IN.items() if name in names)
-        assert getattr(core_gpt, name) is getattr(
-            importlib.import_module(f"transformer_lab.core.{module}"), name), name
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_function'"):
-        core_gpt.no_such_function  # noqa: B018
 
 
 def test_the_checks_and_the_configs_do_not_import_the_core():

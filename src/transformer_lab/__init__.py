@@ -28,17 +28,16 @@ the core, and the rest of the package builds on the core. Laid out by role:
 - :mod:`~transformer_lab.checks` -- the exercise checks (``check("check-...")``);
 - **notebook helpers**: :func:`setup_notebook` (:mod:`.notebook`), :mod:`.gradient_check`
   (numerical gradients), :mod:`.tools` (timing, comparisons), :mod:`.plot`;
-  :mod:`.syllabus` says which notebook teaches which core function;
+  :mod:`.syllabus` says which notebook teaches which core function (read from the core's
+  solution markers; a handout or an autograder carries it, with the course version's commit it
+  was built from, in :mod:`._built`, which the course's tools write);
 - :mod:`~transformer_lab.course` -- the instructors' and maintainers' tools: notebook
   execution, site, handout, grading, benchmarks, figures (left out of the handout).
-
-Modules that moved keep their old names as aliases (:mod:`._moved`).
 """
 
-from transformer_lab import _moved
 from transformer_lab.notebook import setup_notebook
 
-_moved.install()
-
 __all__ = ["setup_notebook"]
-__version__ = "0.1.0"
+#: The course version (its one source: pyproject.toml reads it here); a handout and an
+#: autograder record it with the commit they were built from (transformer_lab.course.versions).
+__version__ = "0.2.0"

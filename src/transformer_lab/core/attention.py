@@ -23,7 +23,7 @@ def causal_mask(T, S=None):
 
     -> bool (T, S), S = T by default.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 02 §1
     S = T if S is None else S
     return np.arange(S)[None, :] > np.arange(T)[:, None]
     ### END SOLUTION
@@ -34,7 +34,7 @@ def padding_mask(lengths, S):
 
     lengths: integers (B,)  ->  bool (B, S).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 02 §5
     return np.arange(S)[None, :] >= np.asarray(lengths)[:, None]
     ### END SOLUTION
 
@@ -46,7 +46,7 @@ def merge_masks(attn_mask=None, key_padding_mask=None):
     key_padding_mask: bool (B, S) or None, the padded keys of each sequence
     ->  bool broadcastable to (B, H, T, S), or None when both are None.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 04 §5
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is None:
@@ -68,7 +68,7 @@ def attention_forward(q, k, v, mask=None, scale=None):
     float (added), broadcastable to (..., T, S); scale: default ``1 / sqrt(d_k)``
     ->  out: (..., T, d_v); the cache holds the attention weights (..., T, S).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 01 §6, 02 §2, 03 §4
     if scale is None:
         scale = 1 / math.sqrt(q.shape[-1])  # a Python float: float32 stays float32
     scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., T, S); scaling q is T x d_k work
@@ -91,7 +91,7 @@ def attention_backward(dout, cache, dweights=None):
     when the loss uses them too  ->  dq: (..., T, d_k), dk: (..., S, d_k), dv: (..., S, d_v).
     """
     q, k, v, c_softmax, scale = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 05 §5
     weights = c_softmax  # (..., T, S)
     dv = np.swapaxes(weights, -1, -2) @ dout  # (..., S, d_v)
     dP = dout @ np.swapaxes(v, -1, -2)  # (..., T, S)

@@ -40,7 +40,7 @@ def feed_forward_forward(x, params, activation="relu"):
 
     x: (..., E); activation: "relu", "gelu" or "gelu_tanh"  ->  out: (..., E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §2
     h, c1 = linear_forward(x, params["W1"], params.get("b1"))  # (..., F)
     a, c_act = activation_forward(h, activation)
     out, c2 = linear_forward(a, params["W2"], params.get("b2"))  # (..., E)
@@ -51,7 +51,7 @@ def feed_forward_forward(x, params, activation="relu"):
 def feed_forward_backward(dout, cache):
     """Gradients of :func:`feed_forward_forward`: dx (..., E), grads (the keys of params)."""
     c1, c_act, c2 = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §2
     da, g2 = linear_backward(dout, c2)
     dh = activation_backward(da, c_act)
     dx, g1 = linear_backward(dh, c1)
@@ -72,7 +72,7 @@ def residual_forward(x, sublayer, norm, norm_first, eps=1e-5, normalize=None):
     norm: gamma, optional beta); normalize: None for layer norm, or another norm
     ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 14)  ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §3, 13 §3
     def norm_of(h):  # (B, T, E) -> (B, T, E)
         if normalize is None:
             return layer_norm_forward(h, norm["gamma"], norm.get("beta"), eps)
@@ -99,7 +99,7 @@ def residual_backward(dout, cache, sublayer_backward, normalize_backward=layer_n
     ->  dx (B, T, E), the norm's grads, then ``rest`` (the sublayer's other gradients).
     """
     norm_first, c_norm, c_sub = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §3, 13 §3
     if norm_first:  # out = x + sublayer(norm(x))
         dh, *rest = sublayer_backward(dout, c_sub)
         dx, g_norm = normalize_backward(dh, c_norm)
@@ -122,7 +122,7 @@ def encoder_layer_forward(x, params, num_heads, mask=None, norm_first=False, act
 
     x: (B, T, E); mask: broadcastable to (B, H, T, T)  ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §6
     def attend(h):
         return self_attention_forward(h, params["self_attn"], num_heads, mask)
 
@@ -138,7 +138,7 @@ def encoder_layer_forward(x, params, num_heads, mask=None, norm_first=False, act
 def encoder_layer_backward(dout, cache):
     """Gradients of :func:`encoder_layer_forward`: dx (B, T, E), grads (nested like params)."""
     c_sa, c_ff = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §6
     dx, g_norm2, g_ff = residual_backward(dout, c_ff, feed_forward_backward)
     dx, g_norm1, g_sa = residual_backward(dx, c_sa, self_attention_backward)
     ### END SOLUTION
@@ -152,7 +152,7 @@ def decoder_layer_forward(x, memory, params, num_heads, tgt_mask=None, memory_ma
     x: (B, T, E); memory: (B, S, E); tgt_mask: broadcastable to (B, H, T, T) (causal and
     padding); memory_mask: broadcastable to (B, H, T, S)  ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §7
     def attend(h):
         return self_attention_forward(h, params["self_attn"], num_heads, tgt_mask)
 
@@ -177,7 +177,7 @@ def decoder_layer_backward(dout, cache):
     ->  dx (B, T, E), dmemory (B, S, E), grads (nested like params).
     """
     c_sa, c_ca, c_ff = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §7
     dx, g_norm3, g_ff = residual_backward(dout, c_ff, feed_forward_backward)
     dx, g_norm2, dkey, dvalue, g_ca = residual_backward(dx, c_ca, multi_head_attention_backward)
     dx, g_norm1, g_sa = residual_backward(dx, c_sa, self_attention_backward)
@@ -198,7 +198,7 @@ def encoder_forward(x, params, num_heads, mask=None, norm_first=False, activatio
 
     x: (B, S, E)  ->  out: (B, S, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §2
     caches = []
     for layer in params["layers"]:
         x, cache = encoder_layer_forward(x, layer, num_heads, mask, norm_first, activation, eps)
@@ -214,7 +214,7 @@ def encoder_forward(x, params, num_heads, mask=None, norm_first=False, activatio
 def encoder_backward(dout, cache):
     """Gradients of :func:`encoder_forward`: dx (B, S, E), grads ``{"layers": [...], "norm"}``."""
     caches, c_norm = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §2
     g_norm = None
     if c_norm is not None:
         dout, g_norm = layer_norm_backward(dout, c_norm)
@@ -232,7 +232,7 @@ def decoder_forward(x, memory, params, num_heads, tgt_mask=None, memory_mask=Non
 
     x: (B, T, E); memory: (B, S, E)  ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §2
     caches = []
     for layer in params["layers"]:
         x, cache = decoder_layer_forward(x, memory, layer, num_heads, tgt_mask, memory_mask,
@@ -250,7 +250,7 @@ def decoder_backward(dout, cache):
     """Gradients of :func:`decoder_forward`. Every layer reads the memory, so its gradient is
     the sum over the layers.  ->  dx (B, T, E), dmemory (B, S, E), grads."""
     caches, c_norm = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §2
     g_norm = None
     if c_norm is not None:
         dout, g_norm = layer_norm_backward(dout, c_norm)

@@ -27,7 +27,7 @@ def bytes_to_unicode():
 
     -> dict: byte (0..255) -> a string of one character.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §2
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     mapping, extra = {}, 0
@@ -49,7 +49,7 @@ def pretokenize(text):
 
     text: str -> list of str (joined, they give ``text`` back).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §3
     pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     return regex.findall(pattern, text)
     ### END SOLUTION
@@ -60,7 +60,7 @@ def word_counts(text):
 
     text: str -> dict: word -> count.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §3
     counts = collections.Counter(tuple(piece.encode("utf-8")) for piece in pretokenize(text))
     return dict(counts)
     ### END SOLUTION
@@ -76,7 +76,7 @@ def pair_counts(words):
 
     words: dict word -> count  ->  dict pair -> count.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §4
     counts = collections.defaultdict(int)
     for word, count in words.items():
         for pair in itertools.pairwise(word):
@@ -91,7 +91,7 @@ def merge_pair(word, pair, new_id):
 
     word: tuple of ids; pair: (a, b); new_id: int  ->  tuple of ids.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §4
     out, i = [], 0
     while i < len(word):
         if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
@@ -113,7 +113,7 @@ def train_bpe(words, num_merges):
 
     words: dict word -> count  ->  merges: list of pairs, in the order learned.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §5
     words = [(tuple(word), count) for word, count in words.items()]
     counts = pair_counts(dict(words))
     where = collections.defaultdict(set)  # pair -> the indices of the words that contain it
@@ -152,7 +152,7 @@ def token_bytes(merges):
 
     merges: list of pairs  ->  vocab: list of bytes, ``vocab[id]``.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §6
     vocab = [bytes([b]) for b in range(256)]
     for a, b in merges:
         vocab.append(vocab[a] + vocab[b])
@@ -166,7 +166,7 @@ def encode_word(word, ranks):
 
     word: the piece's bytes (or a sequence of ids); ranks: dict pair -> rank  ->  list of ids.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §6
     word = tuple(word)
     while len(word) > 1:
         pair = min(itertools.pairwise(word), key=lambda p: ranks.get(p, math.inf))
@@ -183,7 +183,7 @@ def bpe_encode(text, ranks):
 
     text: str; ranks: dict pair -> rank  ->  list of ids.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §6
     ids, seen = [], {}
     for piece in pretokenize(text):
         if piece not in seen:
@@ -199,6 +199,6 @@ def bpe_decode(ids, vocab):
 
     ids: sequence of ints; vocab: list of bytes (:func:`token_bytes`)  ->  str.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 11 §7
     return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
     ### END SOLUTION

@@ -28,7 +28,7 @@ def kv_cache_append(K, V, length, k, v):
     k, v: (B, Hkv, t, Dh), positions ``length .. length + t - 1``
     ->  the filled part of the cache, K[:, :, :length + t] and V[...] (views), and length + t.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §2
     end = length + k.shape[2]
     K[:, :, length:end] = k
     V[:, :, length:end] = v
@@ -45,7 +45,7 @@ def causal_self_attention_step(x, params, num_heads, num_kv_heads, K, V, length,
     x: (B, t, E); K, V: this layer's cache; rope: None or (cos, sin) (t, Dh/2) of the new
     positions  ->  out: (B, t, E), the new length.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §2, §3
     n_rep = num_heads // (num_kv_heads or num_heads)  # query heads per key/value head
 
     def attend(q, k, v):  # the new positions: q (B, H, t, Dh); k, v (B, Hkv, t, Dh)
@@ -72,7 +72,7 @@ def gpt_block_step(x, params, config, K, V, length, rope=None):
     ->  out: (B, t, E), the new length.
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §2
     def norm(h, p, eps):  # the block's norm: layer norm or RMSNorm
         return norm_forward(h, p, c.norm, eps)
 
@@ -98,7 +98,7 @@ def gpt_step(params, ids, config, kv_caches, length, pe=None, rope=None):
     ->  logits (B, t, V), the new length.
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §2
     positions = params["pos"]["W"] if "pos" in params else pe
     if positions is not None:
         positions = positions[length:]  # the rows of the new positions

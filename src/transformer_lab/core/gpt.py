@@ -39,7 +39,6 @@ Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` ke
 
 from __future__ import annotations
 
-from transformer_lab._moved import moved_functions
 from transformer_lab.core.blocks import (
     feed_forward_backward,
     feed_forward_forward,
@@ -64,11 +63,6 @@ from transformer_lab.core.modern import (
 )
 from transformer_lab.core.next_token import next_token_loss_backward, next_token_loss_forward
 
-# Notebooks written before this module was split by topic call the functions it held then as
-# ``core_gpt.rope_tables``: they are found in the modules that hold them now.
-__getattr__ = moved_functions(__name__, ("next_token", "rope", "modern", "gqa", "sampling",
-                                         "decoding"))
-
 # --------------------------------------------------------------------------------------------
 # The pre-norm block (13_gpt §3; RMSNorm and SwiGLU: 14_decoding §3)
 
@@ -76,7 +70,7 @@ __getattr__ = moved_functions(__name__, ("next_token", "rope", "modern", "gqa", 
 def norm_forward(x, params, kind, eps=1e-5):
     """The block's normalisation: ``kind`` "layer" (layer norm, ``params`` gamma and optional
     beta) or "rms" (RMSNorm, gamma).  x: (..., E)  ->  out: (..., E)."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     if kind == "rms":
         out, cache = rms_norm_forward(x, params["gamma"], eps)
     else:
@@ -88,7 +82,7 @@ def norm_forward(x, params, kind, eps=1e-5):
 def norm_backward(dout, cache):
     """Gradients of :func:`norm_forward`: dx (..., E), grads (the keys of params)."""
     kind, inner = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     if kind == "rms":
         return rms_norm_backward(dout, inner)
     return layer_norm_backward(dout, inner)
@@ -99,7 +93,7 @@ def mlp_forward(x, params, kind):
     """The block's feed-forward network: ``kind`` "swiglu", or an activation of
     ``core.layers.ACTIVATIONS`` ("gelu_tanh", "gelu", "relu") for ``core.blocks``' network.
     x: (..., E)  ->  out: (..., E)."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     if kind == "swiglu":
         out, cache = swiglu_forward(x, params)
     else:
@@ -111,7 +105,7 @@ def mlp_forward(x, params, kind):
 def mlp_backward(dout, cache):
     """Gradients of :func:`mlp_forward`: dx (..., E), grads (the keys of params)."""
     kind, inner = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     if kind == "swiglu":
         return swiglu_backward(dout, inner)
     return feed_forward_backward(dout, inner)
@@ -128,7 +122,7 @@ def gpt_block_forward(x, params, config, rope=None, rng=None):
     rng: None or a ``np.random.Generator``  ->  out: (B, T, E).
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3
     def norm(h, p, eps):  # the block's norm: layer norm or RMSNorm
         return norm_forward(h, p, c.norm, eps)
 
@@ -156,7 +150,7 @@ def gpt_block_backward(dout, cache):
     """Gradients of :func:`gpt_block_forward`: two residual sublayers, backwards.
     dout: (B, T, E)  ->  dx (B, T, E), grads (nested like params)."""
     c_attn, c_mlp = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3
     def dropped(sublayer_backward):  # dropout's backward first: its output came last
         def run(dout, cache):
             inner, c_drop = cache
@@ -182,7 +176,7 @@ def gpt_forward(params, ids, config, pe=None, rope=None, rng=None):
     (T, Dh/2); rng: None, or a ``np.random.Generator`` for the blocks' dropout (training)
     ->  logits: (B, T, V) = norm(blocks(embed(ids))) @ W_emb^T.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3
     positions = params["pos"]["W"] if "pos" in params else pe
     x, c_embed = embed_forward(ids, params["embed"]["W"], positions)  # (B, T, E)
     c_layers = []
@@ -200,7 +194,7 @@ def gpt_backward(dlogits, cache):
     ``params``. The table ``W_emb`` is used twice, so its gradient is the sum of the
     embedding's and the output projection's."""
     c_embed, c_layers, c_norm, c_out, learned = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3
     dx, g_out = tied_output_backward(dlogits, c_out)  # g_out["W"]: (V, E), the output's share
     dx, g_norm = norm_backward(dx, c_norm)
     g_layers = []
@@ -222,7 +216,7 @@ def gpt_loss(params, ids, config, pe=None, rope=None, rng=None):
 
     ids: (B, T)  ->  loss (a float, :func:`next_token_loss_forward`), grads (nested like params).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3
     logits, cache = gpt_forward(params, ids, config, pe, rope, rng)
     loss, c_loss = next_token_loss_forward(logits, ids)
     grads = gpt_backward(next_token_loss_backward(1.0, c_loss), cache)

@@ -29,7 +29,7 @@ def repeat_kv_forward(x, n_rep):
     ``j // n_rep`` of the input.  x: (B, Hkv, S, Dh)  ->  out: (B, Hkv * n_rep, S, Dh), and
     the cache: ``n_rep``.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §3
     if n_rep == 1:
         return x, n_rep
     B, Hkv, S, Dh = x.shape
@@ -42,7 +42,7 @@ def repeat_kv_backward(dout, cache):
     """Gradient of :func:`repeat_kv_forward`: a shared head receives the sum of the gradients
     of the query heads it served.  dout: (B, H, S, Dh)  ->  dx: (B, H / n_rep, S, Dh)."""
     n_rep = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §3
     if n_rep == 1:
         return dout
     B, H, S, Dh = dout.shape
@@ -65,7 +65,7 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
     ``flash_attention_forward`` with blocks of that size (the same result, to rounding)
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     n_rep = num_heads // (num_kv_heads or num_heads)  # query heads per key/value head
 
     def attend(q, k, v):  # q: (B, H, T, Dh); k, v: (B, Hkv, T, Dh)
@@ -93,7 +93,7 @@ def causal_self_attention_backward(dout, cache):
 
     dout: (B, T, E)  ->  dx (B, T, E), grads (the keys of params).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §3, 14 §3
     def attend_backward(dheads, c_kernel):  # dheads: (B, H, T, Dh)
         c_rope, n_rep, c_att, block_size = c_kernel
         kernel = attention_backward if block_size is None else flash_attention_backward

@@ -28,7 +28,7 @@ def linear_forward(x, W, b=None):
 
     x: (..., D_in); W: (D_in, D_out); b: (D_out,) or None  ->  out: (..., D_out)
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 00 §6, 03 §3
     out = x.reshape(-1, x.shape[-1]) @ W  # (N, D_out), N = the leading axes together
     if b is not None:
         out += b
@@ -44,7 +44,7 @@ def linear_backward(dout, cache):
     (no "b" without a bias). The weight gradient sums over every leading axis.
     """
     x, W, b = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 00 §6, 03 §3
     dout2 = dout.reshape(-1, dout.shape[-1])  # (N, D_out)
     dx = (dout2 @ W.T).reshape(x.shape)  # (..., D_in)
     grads = {"W": x.reshape(-1, x.shape[-1]).T @ dout2}
@@ -60,7 +60,7 @@ def linear_backward(dout, cache):
 
 def relu_forward(x):
     """``out = max(x, 0)``.  x: any shape  ->  out: the same shape."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 00 §4
     out = np.maximum(x, 0)
     ### END SOLUTION
     return out, x > 0
@@ -68,7 +68,7 @@ def relu_forward(x):
 
 def relu_backward(dout, cache):
     """``dx = dout * [x > 0]`` (0 at x = 0, as PyTorch).  dout: any shape -> dx: that shape."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 00 §4
     return dout * cache
     ### END SOLUTION
 
@@ -80,7 +80,7 @@ def gelu_forward(x, approximate="none"):
     function. ``"tanh"``: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
     x: any shape  ->  out: the same shape.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §1
     c = x.dtype.type
     if approximate == "none":
         phi = 0.5 * (1 + erf(x / c(math.sqrt(2))))
@@ -105,7 +105,7 @@ def gelu_backward(dout, cache):
     ``(1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)``.
     """
     x, approximate, aux = cache  # aux: Phi(x), or t = tanh(...)
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §1
     c = x.dtype.type
     if approximate == "none":
         local = aux + x * c(1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)
@@ -133,7 +133,7 @@ def activation_forward(x, activation):
 
     x: any shape  ->  out: the same shape.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §1
     forward, _, kwargs = ACTIVATIONS[activation]
     out, cache = forward(x, **kwargs)
     ### END SOLUTION
@@ -143,7 +143,7 @@ def activation_forward(x, activation):
 def activation_backward(dout, cache):
     """Gradient of :func:`activation_forward`: dx, the shape of ``dout``."""
     activation, inner = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §1
     return ACTIVATIONS[activation][1](dout, inner)
     ### END SOLUTION
 
@@ -168,7 +168,7 @@ def softmax_forward(x, out=None):
     x: (..., N); out: None, or an array of x's shape to write y into (x itself, when the caller
     no longer needs x: attention's scores)  ->  y: (..., N), rows summing to one (or all zeros).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 01 §3, 02 §4
     m = x.max(axis=-1, keepdims=True)  # (..., 1)
     m[np.isneginf(m)] = 0  # a row of -inf only: exp(-inf - 0) = 0 instead of exp(nan) ...
     y = np.subtract(x, m, out=out)  # a new array, or out
@@ -188,7 +188,7 @@ def softmax_backward(dout, cache, out=None):
     needs it)  ->  dx: (..., N).
     """
     y = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 05 §1
     # sum(dout * y) over each row: einsum forms no (..., N) temporary
     dx = np.subtract(dout, np.einsum("...j,...j->...", dout, y)[..., None], out=out)
     dx *= y
@@ -201,7 +201,7 @@ def log_softmax_forward(x):
 
     x: (..., N), every row with a finite entry  ->  out: (..., N).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §2
     z = x - x.max(axis=-1, keepdims=True)
     out = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     ### END SOLUTION
@@ -211,7 +211,7 @@ def log_softmax_forward(x):
 def log_softmax_backward(dout, cache):
     """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
     out = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §2
     return dout - np.exp(out) * dout.sum(axis=-1, keepdims=True)
     ### END SOLUTION
 
@@ -229,7 +229,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, reduction="mean"):
 
     logits: (..., C); targets: integer class ids (...)  ->  loss: a float.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §2
     logp, c_logp = log_softmax_forward(logits)  # (..., C)
     keep = targets != ignore_index  # (...)
     safe = np.where(keep, targets, 0)  # any valid id where ignored: its term is dropped
@@ -247,7 +247,7 @@ def cross_entropy_backward(dloss, cache):
     dloss: a float (1.0 for the final loss)  ->  dlogits: (..., C).
     """
     c_logp, safe, keep, weight = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §2
     dlogp = np.zeros_like(c_logp)  # c_logp is log softmax(logits)
     np.put_along_axis(dlogp, safe[..., None], (-dloss * weight * keep)[..., None], axis=-1)
     return log_softmax_backward(dlogp, c_logp)
@@ -264,7 +264,7 @@ def layer_norm_forward(x, gamma=None, beta=None, eps=1e-5):
     ``xhat = (x - mean) / sqrt(var + eps)`` (the biased variance), ``out = xhat * gamma + beta``.
     x: (..., D); gamma, beta: (D,) or None  ->  out: (..., D).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §1
     d = x.shape[-1]
     xc = x - np.einsum("...j->...", x)[..., None] / d  # x - mean(x), (..., D)
     var = np.einsum("...j,...j->...", xc, xc)[..., None] / d  # mean(xc * xc), (..., 1)
@@ -285,7 +285,7 @@ def layer_norm_backward(dout, cache):
     dout: (..., D)  ->  dx: (..., D), grads: {"gamma": (D,), "beta": (D,)} (those present).
     """
     xhat, rstd, gamma, beta = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §1
     d = xhat.shape[-1]
     grads = {}
     if gamma is not None:
@@ -312,7 +312,7 @@ def embedding_forward(ids, W):
 
     ids: integer token ids, any shape S; W: (V, D)  ->  out: (*S, D).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §3
     out = W[ids]
     ### END SOLUTION
     return out, (ids, W.shape)
@@ -325,7 +325,7 @@ def embedding_backward(dout, cache):
     repeated ids. dout: (*S, D)  ->  grads: {"W": (V, D)} (the ids get no gradient).
     """
     ids, shape = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 06 §3
     dW = np.zeros(shape, dtype=dout.dtype)
     np.add.at(dW, ids.reshape(-1), dout.reshape(-1, shape[1]))
     ### END SOLUTION
@@ -338,7 +338,7 @@ def positional_encoding(max_len, d_model, base=10000.0):
     ``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
     ->  PE: (max_len, d_model) (an odd width gets one more sine than cosine column).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §1
     pos = np.arange(max_len, dtype=np.float64)[:, None]  # (L, 1)
     inv_freq = base ** (-np.arange(0, d_model, 2) / d_model)  # (ceil(D/2),)
     angles = pos * inv_freq  # (L, ceil(D/2))
@@ -355,7 +355,7 @@ def tied_output_forward(x, W_embed):
 
     x: (..., E); W_embed: (V, E), the embedding table itself  ->  logits: (..., V).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §4
     logits, cache = linear_forward(x, W_embed.T)  # W_embed.T: (E, V), a view
     ### END SOLUTION
     return logits, cache
@@ -368,7 +368,7 @@ def tied_output_backward(dout, cache):
     only (``dout^T x`` summed over the leading axes); the embedding lookup of the same table
     adds its own gradient to it.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §4
     dx, g = linear_backward(dout, cache)  # g["W"]: (E, V), the gradient of W_embed.T
     grads = {"W": g["W"].T}
     ### END SOLUTION
@@ -388,7 +388,7 @@ def dropout_forward(x, p, rng, train=True):
     the entries kept and the factor ``1 / (1 - p)`` (0 for p = 1) -- or None where dropout is
     the identity (evaluation, p = 0).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §4
     if not train or p == 0:
         return x, None
     keep = rng.random(x.shape) >= p
@@ -399,7 +399,7 @@ def dropout_forward(x, p, rng, train=True):
 
 def dropout_backward(dout, cache):
     """Gradient of :func:`dropout_forward`: the same mask and scale (identity in evaluation)."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §4
     if cache is None:
         return dout
     keep, scale = cache
@@ -414,7 +414,7 @@ def dropout_backward(dout, cache):
 def init_uniform(fan_in, shape, rng):
     """Uniform in ``+-1/sqrt(fan_in)``, ``nn.Linear``'s default: the output of ``x @ W`` keeps
     roughly the variance of ``x`` (times 1/3) whatever the width. -> an array of ``shape``."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §5
     bound = 1 / math.sqrt(fan_in)
     return rng.uniform(-bound, bound, size=shape)
     ### END SOLUTION
@@ -423,7 +423,7 @@ def init_uniform(fan_in, shape, rng):
 def init_xavier(fan_in, fan_out, rng):
     """Xavier (Glorot) uniform, ``+-sqrt(6 / (fan_in + fan_out))``, the attention projections'
     default in PyTorch: variance ``2 / (fan_in + fan_out)``. -> (fan_in, fan_out)."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 07 §5
     bound = math.sqrt(6 / (fan_in + fan_out))
     return rng.uniform(-bound, bound, size=(fan_in, fan_out))
     ### END SOLUTION

@@ -43,7 +43,7 @@ def embed_forward(ids, table, positions=None, scale=1.0):
     ids: (B, T); table: (V, E); positions: None or (L, E) with L >= T (a fixed sinusoidal
     table, or a learned one); scale: a number  ->  x: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §1
     x, c_embed = embedding_forward(ids, table)  # (B, T, E), a new array
     x *= scale
     if positions is not None:
@@ -59,7 +59,7 @@ def embed_backward(dx, cache):
     scaled once, V x E numbers instead of B x T x E; a position's gradient sums over the batch.
     """
     c_embed, scale, positions_shape = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §1
     dtable = embedding_backward(dx, c_embed)["W"]
     dtable *= scale
     dpositions = None
@@ -82,7 +82,7 @@ def transformer_encode(params, src, config, pe=None, src_pad=None):
     ->  memory: (B, S, E).
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §3
     scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
     positions = params["src_pos"]["W"] if "src_pos" in params else pe
     x, c_embed = embed_forward(src, params["src_embed"]["W"], positions, scale)
@@ -101,7 +101,7 @@ def transformer_decode(params, tgt_in, memory, config, pe=None, src_pad=None, tg
     ->  logits: (B, T, V).
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §3
     scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
     positions = params["tgt_pos"]["W"] if "tgt_pos" in params else pe
     y, c_embed = embed_forward(tgt_in, params["tgt_embed"]["W"], positions, scale)
@@ -119,7 +119,7 @@ def transformer_forward(params, src, tgt_in, config, pe=None, src_pad=None, tgt_
     src: (B, S), tgt_in: (B, T) token ids; pe, src_pad, tgt_pad: as for the two halves
     ->  logits: (B, T, V).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 08 §3
     memory, c_encode = transformer_encode(params, src, config, pe, src_pad)
     logits, c_decode = transformer_decode(params, tgt_in, memory, config, pe, src_pad, tgt_pad)
     ### END SOLUTION
@@ -130,7 +130,7 @@ def transformer_backward(dlogits, cache):
     """Gradients of every parameter from the gradient of the logits (B, T, V); nested like
     ``params``. The memory feeds every decoder layer: its gradient flows into the encoder."""
     (c_src, c_enc), (c_tgt, c_dec, c_out), learned = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 09 §1
     dy, g_out = linear_backward(dlogits, c_out)
     dy, dmemory, g_dec = decoder_backward(dy, c_dec)
     d_tgt_table, d_tgt_pos = embed_backward(dy, c_tgt)
@@ -151,7 +151,7 @@ def transformer_loss(params, src, tgt_in, labels, config, pe=None, src_pad=None,
     labels: (B, T), the token each position must predict (``tgt[:, 1:]``), ``ignore_index``
     where nothing counts (padding)  ->  loss (a float), grads (nested like params).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 09 §2
     logits, cache = transformer_forward(params, src, tgt_in, config, pe, src_pad, tgt_pad)
     loss, c_loss = cross_entropy_forward(logits, labels, ignore_index)
     grads = transformer_backward(cross_entropy_backward(1.0, c_loss), cache)

@@ -26,7 +26,7 @@ from transformer_lab.core.layers import linear_backward, linear_forward
 
 def split_heads(x, num_heads):
     """(B, T, E) -> (B, H, T, E/H): cut the features into heads, move the heads before time."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 04 §2
     B, T, E = x.shape
     x = x.reshape(B, T, num_heads, E // num_heads)  # (B, T, H, Dh)
     return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)
@@ -35,7 +35,7 @@ def split_heads(x, num_heads):
 
 def merge_heads(x):
     """(B, H, T, Dh) -> (B, T, H*Dh): the inverse of :func:`split_heads`."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 04 §2
     B, H, T, Dh = x.shape
     return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)  # (B, T, H, Dh) -> (B, T, E)
     ### END SOLUTION
@@ -51,7 +51,7 @@ def multi_head_attention_forward(query, key, value, params, num_heads, mask=None
     query: (B, T, E); key: (B, S, E_k); value: (B, S, E_v); params: W_q, W_k, W_v, W_o and
     optional b_q, b_k, b_v, b_o; mask: broadcastable to (B, H, T, S)  ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 04 §4
     q, c_q = linear_forward(query, params["W_q"], params.get("b_q"))  # (B, T, E)
     k, c_k = linear_forward(key, params["W_k"], params.get("b_k"))  # (B, S, E)
     v, c_v = linear_forward(value, params["W_v"], params.get("b_v"))  # (B, S, E)
@@ -69,7 +69,7 @@ def multi_head_attention_backward(dout, cache, dweights=None):
     ->  dquery (B, T, E), dkey (B, S, E_k), dvalue (B, S, E_v), grads (the keys of params).
     """
     c_q, c_k, c_v, c_att, c_o, num_heads = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 05 §6
     dheads, g_o = linear_backward(dout, c_o)  # (B, T, E)
     dheads = split_heads(dheads, num_heads)  # (B, H, T, Dh)
     dq, dk, dv = attention_backward(dheads, c_att, dweights)  # (B, H, T or S, Dh)
@@ -96,7 +96,7 @@ def self_attention_forward(x, params, num_heads, mask=None, attend=None, num_kv_
     10: tiled); num_kv_heads: Hkv, the key/value heads (default H: ``W_qkv`` is (E, 3E))
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 04 §6, 13 §3, 14 §3
     Hkv = num_kv_heads or num_heads
     E = x.shape[-1]
     kv = Hkv * (E // num_heads)  # width of the keys (and of the values)
@@ -123,7 +123,7 @@ def self_attention_backward(dout, cache, dweights=None, attend_backward=None):
     ->  dx (B, T, E), grads (the keys of params).
     """
     c_qkv, c_att, c_o, num_heads = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 05 §7, 13 §3
     dheads, g_o = linear_backward(dout, c_o)  # (B, T, E)
     dheads = split_heads(dheads, num_heads)  # (B, H, T, Dh)
     if attend_backward is None:

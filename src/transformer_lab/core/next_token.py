@@ -20,7 +20,7 @@ def next_token_loss_forward(logits, ids):
 
     logits: (B, T, V), computed from ids: (B, T)  ->  loss: a float, the mean over B (T - 1).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §2
     loss, c_ce = cross_entropy_forward(logits[:, :-1], ids[:, 1:])  # (B, T-1, V) vs (B, T-1)
     ### END SOLUTION
     return loss, (c_ce, logits.shape)
@@ -30,7 +30,7 @@ def next_token_loss_backward(dloss, cache):
     """Gradient of :func:`next_token_loss_forward`: dlogits (B, T, V), zero at the last position.
     """
     c_ce, shape = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 13 §2
     d_shifted = cross_entropy_backward(dloss, c_ce)  # (B, T-1, V)
     dlogits = np.zeros(shape, dtype=d_shifted.dtype)
     dlogits[:, :-1] = d_shifted

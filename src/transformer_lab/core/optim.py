@@ -19,7 +19,7 @@ def sgd_step(p, g, buf, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, neste
     first step, when ``buf`` is None); ``g = g + momentum * buf`` with Nesterov, else ``buf``;
     ``p -= lr * g``.  p, g: the same shape  ->  the momentum buffer (None without momentum).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 10 §4
     c = p.dtype.type
     if weight_decay:
         g = g + c(weight_decay) * p
@@ -44,7 +44,7 @@ def adam_step(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=
     the gradient (Adam) or shrinks ``p`` by ``1 - lr * weight_decay`` first (AdamW).
     p, g, m, v: the same shape; t: the step number, 1 for the first.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 10 §4
     c = p.dtype.type
     if weight_decay and decoupled:
         p *= c(1 - lr * weight_decay)
@@ -63,7 +63,7 @@ def global_norm(grads):
 
     grads: a dict of arrays  ->  a float.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 10 §4
     return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
     ### END SOLUTION
 
@@ -74,7 +74,7 @@ def clip_grad_norm(grads, max_norm):
 
     ->  the global norm before clipping.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 10 §4
     total = global_norm(grads)
     scale = max_norm / (total + 1e-6)
     if scale < 1:

@@ -18,7 +18,7 @@ def rope_tables(positions, head_dim, base=10000.0):
 
     positions: integers (T,); head_dim: Dh, even  ->  cos, sin: (T, Dh/2).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §3
     omega = base ** (-np.arange(0, head_dim, 2) / head_dim)  # (Dh/2,)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * omega  # (T, Dh/2)
     return np.cos(angles), np.sin(angles)
@@ -31,7 +31,7 @@ def rope_forward(x, cos, sin):
 
     x: (..., T, Dh); cos, sin: (T, Dh/2) from :func:`rope_tables`  ->  out: (..., T, Dh).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §3
     x0, x1 = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each
     out = np.empty_like(x)
     out[..., 0::2] = x0 * cos + x1 * sin
@@ -45,7 +45,7 @@ def rope_backward(dout, cache):
     minus the angle.  dout: (..., T, Dh)  ->  dx: (..., T, Dh).
     """
     cos, sin = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §3
     d0, d1 = dout[..., 0::2], dout[..., 1::2]
     dx = np.empty_like(dout)
     dx[..., 0::2] = d0 * cos - d1 * sin

@@ -17,7 +17,7 @@ from transformer_lab.core.layers import softmax_forward
 def top_k_filter(logits, k):
     """Keep the ``k`` largest logits of each row, set the others to ``-inf`` (ties with the
     k-th largest are kept).  logits: (..., V); 1 <= k <= V  ->  filtered: (..., V)."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §1
     kth = np.partition(logits, -k, axis=-1)[..., -k:-k + 1 or None]  # (..., 1), k-th largest
     return np.where(logits < kth, -np.inf, logits)
     ### END SOLUTION
@@ -30,7 +30,7 @@ def top_p_filter(logits, p):
 
     logits: (..., V); 0 < p <= 1  ->  filtered: (..., V).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §1
     probs, _ = softmax_forward(logits)  # (..., V)
     order = np.argsort(-logits, axis=-1, kind="stable")  # most probable first
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
@@ -49,7 +49,7 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
     logits: (B, V); rng: a ``np.random.Generator``; top_k: None or 1..V; top_p: None or (0, 1]
     ->  ids: int64 (B,).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 14 §1
     if temperature == 0:
         return np.argmax(logits, axis=-1)
     z = logits / temperature

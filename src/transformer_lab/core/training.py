@@ -12,7 +12,7 @@ def train_step(model, optimizer, src, tgt, lr, clip):
     src: (B, S), tgt: (B, T) padded token ids; lr: this step's learning rate; clip: largest
     global gradient norm (0: no clipping)  ->  (loss, gradient norm before clipping).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 10 §6
     loss, grads = model.loss(src, tgt)
     norm = clip_grad_norm(grads, clip) if clip else global_norm(grads)
     optimizer.lr = lr

@@ -54,7 +54,7 @@ def label_smoothed_loss_forward(logits, targets, eps, ignore_index=-100):
 
     logits: (..., V); targets: integer ids (...); eps: in [0, 1]  ->  loss: a float.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §4
     logp, c_logp = log_softmax_forward(logits)  # (..., V)
     keep = targets != ignore_index  # (...)
     safe = np.where(keep, targets, 0)  # any valid id where ignored: its term is dropped
@@ -73,7 +73,7 @@ def label_smoothed_loss_backward(dloss, cache):
     dloss: a float (1.0 for the final loss)  ->  dlogits: (..., V).
     """
     c_logp, safe, keep, weight, eps = cache
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §4
     w = dloss * weight * keep  # (...)
     dlogp = np.empty_like(c_logp)  # the logits' dtype
     dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]  # the uniform part, every class
@@ -92,7 +92,7 @@ def length_penalty(lengths, alpha):
 
     lengths: integers (...); alpha: >= 0 (0: no normalisation)  ->  (...) floats.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §6
     return ((5.0 + lengths) / 6.0) ** alpha
     ### END SOLUTION
 
@@ -108,7 +108,7 @@ def beam_step(scores, lengths, finished, logp, alpha, eos_id, pad_id):
     with its score and length unchanged. Candidates are ranked by
     ``score / length_penalty(length, alpha)``.
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §6
     B, K, V = logp.shape
     total = np.where(finished[..., None], -np.inf, scores[..., None] + logp)  # (B, K, V)
     total[..., pad_id] = np.where(finished, scores, total[..., pad_id])  # kept, not extended
@@ -134,7 +134,7 @@ def beam_search(step, batch, beam_size, max_len, bos_id, eos_id, pad_id, alpha=0
     scores (B, K), summed log-probability / length penalty.
     """
     B, K = batch, beam_size
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §7
     seqs = np.full((B, K, 1), bos_id, dtype=np.int64)
     scores = np.full((B, K), -np.inf)
     scores[:, 0] = 0.0  # one live hypothesis to start with, not K copies of it
@@ -164,7 +164,7 @@ def memory_keys_values(memory, params, num_heads):
 
     memory: (B, S, E); params: the layer's ``cross_attn``  ->  k, v: (B, H, S, Dh).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §8
     k, _ = linear_forward(memory, params["W_k"], params.get("b_k"))  # (B, S, E)
     v, _ = linear_forward(memory, params["W_v"], params.get("b_v"))
     return split_heads(k, num_heads), split_heads(v, num_heads)
@@ -178,7 +178,7 @@ def cached_self_attention_step(x, params, num_heads, K, V, length):
 
     x: (B, t, E); K, V: (B, H, L, Dh), the first ``length`` positions filled  ->  out (B, t, E).
     """
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §8
     qkv, _ = linear_forward(x, params["W_qkv"], params.get("b_qkv"))  # (B, t, 3E)
     q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))  # (B, H, t, Dh)
     end = length + x.shape[1]
@@ -199,7 +199,7 @@ def decoder_layer_step(x, params, config, cache, length, memory_kv, memory_mask=
     memory_mask: broadcastable to (B, H, t, S) or None  ->  out: (B, t, E).
     """
     c, p = config, params
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §8
     def attend(h):  # residual_forward takes (out, cache)
         return cached_self_attention_step(h, p["self_attn"], c.num_heads, *cache, length), None
 
@@ -229,7 +229,7 @@ def transformer_decode_step(params, ids, config, caches, length, memory_kvs, pe=
     ->  logits (B, t, V), the new length.
     """
     c = config
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION 12 §8
     scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
     positions = params["tgt_pos"]["W"] if "tgt_pos" in params else pe
     if positions is not None:

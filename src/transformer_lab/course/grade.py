@@ -28,8 +28,10 @@ reach.
    never from the kernel's outputs;
 5. the student's code is **scanned** for what reaches into the grader's or IPython's machinery.
 
-Written to ``--out`` (emptied first; it must be a folder these tools wrote, apart from the
-submissions and the solutions), the same bytes for the same submissions on every run:
+Submissions of another course version (as their notebooks record it, :mod:`.versions`) are not
+graded: the run stops before writing anything, naming the version that grades them. Written to
+``--out`` (emptied first; it must be a folder these tools wrote, apart from the submissions and
+the solutions), the same bytes for the same submissions on every run:
 
 - ``grades.csv``: student, notebook, check, points, max_points -- a row per student, notebook
   handed in by anyone, and check (a notebook a student did not hand in scores 0);
@@ -74,7 +76,7 @@ import nbformat
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import untrusted
+from transformer_lab.course import untrusted, versions
 from transformer_lab.course.assignment import (
     OWNER_FILE,
     Assignment,
@@ -391,6 +393,9 @@ class Grader:
     #: held while computing the shared caches and while writing into ``out`` (the ledger)
     lock: threading.RLock = field(default_factory=threading.RLock)
     ledger: Ledger | None = None
+    version: versions.CourseVersion = versions.CourseVersion(versions.UNKNOWN)
+    #: (student, notebook) of the notebooks that record no course version
+    unversioned: set[tuple[str, str]] = field(default_factory=set)
 
     def check_cases(self, check_id: str) -> list[F.Case]:
         """The grader's cases of a check: public and hidden, drawn with the grader's salt."""
@@ -525,6 +530,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         clock.lap("probe")
         results = judge_all(grader, assignment, report)
         clock.lap("judge")
+        if (work.name, notebook) in grader.unversioned:
+            notes.append(versions.unversioned_note(grader.version))
         graded = Graded(work.name, notebook, results, "graded",
                         notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
         graded.flags = scan_notebook_cells(
@@ -645,9 +652,8 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
         owners = []
         for node in tree.body:
             name = getattr(node, "name", None)
-            if name in syllabus.TAUGHT_IN.get(module, {}) or \
-                    (name is not None and syllabus.FORMER_MODULE.get(name) == module):
-                first_place = syllabus.where_taught(name)[1]  # where_taught: a module of today
+            if name in syllabus.TAUGHT_IN.get(module, {}):
+                first_place = syllabus.where_taught(name)[1]
                 owners.append((spans[id(node)], first_place.split(" §")[0]))
         try:
             scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
@@ -817,6 +823,36 @@ class GradingError(Exception):
     """The run cannot start (bad solutions, no sandbox, ...); the message says why."""
 
 
+class VersionError(GradingError):
+    """The submissions were made from another course version: ``recorded`` (student -> the
+    versions their notebooks record) and ``ours`` say which; :meth:`sentence` what to do."""
+
+    def __init__(self, recorded: dict[str, list[versions.CourseVersion]],
+                 ours: versions.CourseVersion):
+        self.recorded, self.ours = recorded, ours
+        super().__init__(self.sentence())
+
+    def sentence(self, command: str = "make grade") -> str:
+        """The refusal, telling the instructor to run ``command`` with the right version."""
+        return versions.mismatch(self.recorded, self.ours, command) or ""
+
+
+def recorded_versions(found: Found) -> tuple[dict[str, list[versions.CourseVersion]],
+                                             set[tuple[str, str]]]:
+    """(student -> the course versions their notebooks record, the (student, notebook) pairs of
+    the notebooks that record none)."""
+    recorded: dict[str, list[versions.CourseVersion]] = {}
+    unversioned = set()
+    for student, work in sorted(found.students.items()):
+        for notebook, path in sorted(work.notebooks.items()):
+            version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
+            if version is None:
+                unversioned.add((student, notebook))
+            elif version not in recorded.setdefault(student, []):
+                recorded[student].append(version)
+    return recorded, unversioned
+
+
 class NoSandboxError(GradingError):
     """The run cannot start because no sandbox can be made here; ``reason`` says why."""
 
@@ -827,7 +863,8 @@ class NoSandboxError(GradingError):
 
 def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     """Grade ``submissions`` into ``out`` (see the module's docstring); raises
-    :class:`GradingError` when it cannot start."""
+    :class:`GradingError` when it cannot start (:class:`VersionError` for submissions of
+    another course version), before writing anything."""
     src = options.project / "src"
     if not (src / "transformer_lab" / "__init__.py").is_file():
         raise GradingError(f"--project must be the course's folder; {str(options.project)!r} "
@@ -841,9 +878,13 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     except PackageError as err:
         raise GradingError(f"the package has {len(err.problems)} problem(s) with its "
                            f"markers:\n{err}") from None
+    ours = versions.project_version(options.project)
+    first = find_submissions(submissions, sorted(sources))
+    recorded, unversioned = recorded_versions(first)
+    if versions.mismatch(recorded, ours):
+        raise VersionError(recorded, ours)
     assignments, broken = _load_all(list(sources.values()))
-    handed_in = sorted({nb for w in find_submissions(submissions, sorted(sources))
-                        .students.values() for nb in w.notebooks})
+    handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks})
     errors = [str(broken[n]) for n in handed_in if n in broken]
     errors += [p for n in handed_in if n in assignments
                for p in check_cell_problems(assignments[n])]
@@ -871,14 +912,18 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                             handout / "src", submissions, out, options.timeout,
                             ProbeLimits(cell=options.timeout, case=options.case_timeout,
                                         total=options.probe_timeout),
-                            execute=options.execute, sandbox=sandbox)
+                            execute=options.execute, sandbox=sandbox, version=ours,
+                            unversioned=unversioned)
             graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
     finally:
         sandbox.close()
     flags = flag_rows(graded, {student: core_flags(found.students[student], submissions)
                                for student in sorted(found.students)})
     write_reports(out, graded, found, flags, sandbox.describe())
-    return Outcome(graded, found, flags, sandbox.describe())
+    notes = [f"the notebooks of {', '.join(sorted({s for s, _ in unversioned}))} record no "
+             f"course version (made by hand, or from a handout built before versions were "
+             f"recorded): graded with this one, {ours}"] if unversioned else []
+    return Outcome(graded, found, flags, sandbox.describe(), notes)
 
 
 def _gigabytes(text: str) -> int:

@@ -21,7 +21,8 @@ fixed times and modes). It holds
 - ``gradescope.json``, the build's options (below);
 - the course: ``src/`` (the whole package -- the grader needs the instructor's reference code),
   ``notebooks/`` (the solution notebooks of ``--source``), ``img/``, ``requirements.txt``,
-  ``pyproject.toml``, ``README.md``; no caches.
+  ``pyproject.toml``, ``README.md``; no caches. The package records the course version it was
+  built from (``src/transformer_lab/_built.py``: the commit, beside ``__version__``).
 
 **A run** grades ``$AUTOGRADER_ROOT/submission``, which holds the student's work in the
 handout's layout (``notebooks/NN_topic.ipynb``, ``src/transformer_lab/core/*.py``), possibly in
@@ -45,8 +46,10 @@ the student's code in the grader's sandbox. The run then writes
   what stayed a stub, the files not graded and why, and where the student's code ran;
   ``stdout_visibility`` hidden (stdout, for the instructor, has the table and the flags).
 
-When the grader cannot start -- no sandbox, solutions it cannot grade, an unusable submission --
-results.json says why with a score of 0, and the run exits 0, so that Gradescope shows it.
+When the grader cannot start -- no sandbox, solutions it cannot grade, an unusable submission,
+a submission whose notebooks record another course version than the zip's (``make gradescope``
+records it in the zip's package, :mod:`.versions`) -- results.json says why with a score of 0,
+and the run exits 0, so that Gradescope shows it.
 
 **The sandbox.** bubblewrap may be unable to make namespaces inside Gradescope's container.
 By default the sandbox is required: without one nothing is graded, and results.json says so
@@ -78,7 +81,7 @@ from pathlib import Path, PurePosixPath
 import nbformat
 
 from transformer_lab.checks import framework as F
-from transformer_lab.course import grade
+from transformer_lab.course import grade, versions
 from transformer_lab.course.assignment import (
     AssignmentError,
     format_points,
@@ -261,6 +264,9 @@ def zip_entries(notebooks: list[Path], project: Path, config: Config,
     files.update({f"notebooks/{path.name}": path for path in notebooks})
     for name, path in files.items():
         entries[name] = (path.read_bytes(), 0o644)
+    package = project / "src" / "transformer_lab"
+    entries[f"src/transformer_lab/{versions.BUILT}"] = (versions.built_module(
+        versions.project_version(project).commit, package).encode(), 0o644)
     return entries
 
 
@@ -580,6 +586,16 @@ def _no_sandbox_results(problem: str) -> dict:
         "`make gradescope GRADESCOPE_ARGS=--allow-no-sandbox` and upload it again.")
 
 
+def _version_results(err: grade.VersionError) -> dict:
+    theirs = sorted({str(v) for found in err.recorded.values() for v in found})
+    return failure(
+        f"Your submission could not be graded: it was made from course version "
+        f"{', '.join(theirs)}, and this autograder grades course version {err.ours}. None of "
+        "your code ran; this is not your fault -- please tell your instructor.\n\n"
+        f"For the instructor: {err.sentence('make gradescope')} Then upload that autograder "
+        "(build/gradescope/autograder.zip) for this assignment.")
+
+
 def _grade(submissions: Path, out: Path, source: Path,
            sandbox: bool) -> grade.Outcome:
     options = grade.Options(source=source / "notebooks", project=source, execute=False,
@@ -623,6 +639,9 @@ def autograde(root: Path, config: Config) -> dict:
         except _SandboxMissing as err:
             print(f"no sandbox: {err}")
             return _no_sandbox_results(str(err))
+        except grade.VersionError as err:
+            print(f"error: {err.sentence('make gradescope')}")
+            return _version_results(err)
         except grade.GradingError as err:
             print(f"error: {err}")
             return failure(f"Your submission could not be graded: {err}")
@@ -696,16 +715,17 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    _describe_build(dest, config)
+    _describe_build(dest, config, versions.project_version(args.project))
     return 0
 
 
-def _describe_build(dest: Path, config: Config) -> None:
+def _describe_build(dest: Path, config: Config, version: versions.CourseVersion) -> None:
     with zipfile.ZipFile(dest) as zf:
         names = zf.namelist()
         setup = zf.read("setup.sh").decode()
     notebooks = [PurePosixPath(n).stem for n in names if n.startswith("notebooks/")]
     print(f"wrote {dest} ({len(names)} files, {dest.stat().st_size / 2**20:.1f} MiB)")
+    print(f"  course version: {version} (it grades this version's submissions only)")
     print(f"  notebooks: {', '.join(notebooks)}")
     print(f"  checks with hidden cases: {config.hidden_visibility}"
           + ("" if config.hidden_visibility == "visible" else

@@ -1,7 +1,8 @@
 """The package's side of the exercises: solution regions in ``core/``, hidden tests in ``checks/``.
 
 Every function of ``transformer_lab/core/*.py`` holds the code the student writes between a
-``### BEGIN SOLUTION`` and an ``### END SOLUTION`` line, at the top level of its body; a check
+``### BEGIN SOLUTION NN §S`` and an ``### END SOLUTION`` line, at the top level of its body (the
+BEGIN line names the notebook and section teaching it, :mod:`transformer_lab.syllabus`); a check
 module ``transformer_lab/checks/nbNN_topic.py`` may hold hidden cases and a hidden reference
 between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``. :func:`parse_package` checks
 these markers as strictly as :mod:`.assignment` checks the notebooks' -- every problem with its
@@ -9,7 +10,9 @@ file and line -- and the functions below make the forms of the package the tools
 
 - the **handout** (:func:`write_handout_package`): each core solution region replaced by
   ``raise NotImplementedError(<syllabus.stub_message(name)>)``, each hidden region removed, the
-  public answers stored for every check whose reference was hidden, the course tools left out;
+  public answers stored for every check whose reference was hidden, the course tools left out,
+  and the record of the build added (``transformer_lab/_built.py``: the course version's commit,
+  and the syllabus that the stubbed core no longer says);
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
   handout's core with chosen functions put back -- the instructor's definition or a student's,
   taken out of a module's source by its syntax tree.
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_lab import syllabus
-from transformer_lab.course import untrusted
+from transformer_lab.course import untrusted, versions
 from transformer_lab.course.assignment import Region, find_regions, has_marker_words
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
@@ -65,12 +68,13 @@ class PackageError(ValueError):
 @dataclass
 class CoreFunction:
     """A top-level function of a core module: its lines (0-based, inclusive, decorators
-    included) and its solution region."""
+    included), its solution region and the first place that teaches it ("NN_topic §S")."""
 
     name: str
     start: int
     end: int
     region: Region
+    place: str
 
 
 @dataclass
@@ -88,7 +92,7 @@ class CoreModule:
         out, start = [], 0
         for fn in by_line:
             out.extend(lines[start:fn.region.begin])
-            out.append(stub_line(fn.name, fn.region.indent))
+            out.append(stub_line(fn.name, fn.region.indent, (self.name, fn.place)))
             start = fn.region.end + 1
         out.extend(lines[start:])
         return "\n".join(out)
@@ -129,9 +133,9 @@ class Package:
     checks: dict[str, CheckModule]
 
 
-def stub_line(name: str, indent: str) -> str:
-    """``raise NotImplementedError("<syllabus.stub_message(name)>")`` at ``indent``."""
-    message = syllabus.stub_message(name)
+def stub_line(name: str, indent: str, where: tuple[str, str] | None = None) -> str:
+    """``raise NotImplementedError("<syllabus.stub_message(name, where)>")`` at ``indent``."""
+    message = syllabus.stub_message(name, where)
     literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
     return f"{indent}raise NotImplementedError({literal})"
 
@@ -172,15 +176,16 @@ def parse_package(root: Path) -> Package:
     Raises:
         PackageError: listing every problem (unbalanced, nested or malformed markers; a solution
             region outside ``core/``, outside a function's body or not at its top level; a core
-            function without a region, or one the syllabus does not list; hidden tests outside
-            ``checks/nb*.py``, or hiding what the handout needs; marker words anywhere else),
-            each with its file and line.
+            function without a region, or one whose region does not say where it is taught;
+            hidden tests outside ``checks/nb*.py``, or hiding what the handout needs; marker
+            words anywhere else), each with its file and line.
     """
     problems: list[FileProblem] = []
     core: dict[str, CoreModule] = {}
     checks: dict[str, CheckModule] = {}
     if not (root / "__init__.py").is_file():
         raise PackageError([FileProblem(str(root), None, "not a package folder (no __init__.py)")])
+    notebooks = syllabus.notebook_names(root / "checks")
     for path in package_files(root):
         text = _read_text(path)
         if text is None:
@@ -193,7 +198,7 @@ def parse_package(root: Path) -> Package:
 
         if len(rel.parts) == 2 and rel.parts[0] == "core" and path.suffix == ".py" \
                 and path.name != "__init__.py":
-            module = _parse_core(path, text, report)
+            module = _parse_core(path, text, report, notebooks)
             if module is not None:
                 core[module.name] = module
         elif len(rel.parts) == 2 and rel.parts[0] == "checks" and path.suffix == ".py" \
@@ -207,18 +212,6 @@ def parse_package(root: Path) -> Package:
                     report("marker words outside a core module (transformer_lab/core/*.py) and "
                            "a check module (transformer_lab/checks/nbNN_topic.py); nothing "
                            "else is stubbed or stripped, so rephrase the line", k)
-    for module, functions in syllabus.TAUGHT_IN.items():
-        if module not in core and not any(p.path.endswith(f"core/{module}.py")
-                                          for p in problems):
-            problems.append(FileProblem(f"{_label(root, root)}/core/{module}.py", None,
-                                        "transformer_lab/syllabus.py lists functions of this "
-                                        "core module, but it does not exist"))
-            continue
-        for name in functions:
-            if module in core and name not in core[module].defined:
-                problems.append(FileProblem(_label(core[module].path, root), None,
-                                            f"transformer_lab/syllabus.py lists {name}() here, "
-                                            "but the module does not define it"))
     if problems:
         raise PackageError(problems)
     return Package(root, core, checks)
@@ -255,7 +248,9 @@ def _body_indent(node: ast.AST, lines: list[str]) -> str:
     return first[:len(first) - len(first.lstrip())]
 
 
-def _parse_core(path: Path, text: str, report) -> CoreModule | None:
+def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> CoreModule | None:
+    """The core module at ``path``; ``notebooks``: number -> ``NN_topic``, the notebooks a
+    solution marker may name."""
     name = path.stem
     lines = text.split("\n")
     for region in find_regions(lines, "HIDDEN TESTS", report):
@@ -267,11 +262,6 @@ def _parse_core(path: Path, text: str, report) -> CoreModule | None:
     except SyntaxError as err:
         report(f"does not parse: {err.msg}", err.lineno)
         return None
-    listed = syllabus.TAUGHT_IN.get(name)
-    if listed is None:
-        report(f"core/{name}.py is not a module of transformer_lab/syllabus.py: add its functions "
-               "there (the stubs' messages and grading need them)")
-        listed = {}
     functions: dict[str, CoreFunction] = {}
     spans = statement_spans(tree, lines)
     nodes = []
@@ -282,9 +272,6 @@ def _parse_core(path: Path, text: str, report) -> CoreModule | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             nodes.append(node)
     for region in regions:
-        if region.hint:
-            report("a core solution region takes no hint: the stub's message comes from "
-                   "transformer_lab/syllabus.py", region.begin + 1)
         owner = next((n for n in nodes if n.lineno - 1 < region.begin
                       and region.end <= spans[id(n)][1]), None)
         if owner is None:
@@ -300,24 +287,45 @@ def _parse_core(path: Path, text: str, report) -> CoreModule | None:
             report(f"{owner.name}() has a second solution region; a core function has one",
                    region.begin + 1)
             continue
-        functions[owner.name] = CoreFunction(owner.name, *spans[id(owner)], region)
+        place = _first_place(owner.name, lines[region.begin], region, notebooks, report)
+        if place is not None:
+            functions[owner.name] = CoreFunction(owner.name, *spans[id(owner)], region, place)
     for node in nodes:
         if node.name not in functions and not any(node.lineno - 1 < r.begin
                                                   and r.end <= spans[id(node)][1]
                                                   for r in regions):
             report(f"core function {node.name}() has no solution region: its code would ship "
                    "in the handout", node.lineno)
-        if node.name not in listed:
-            report(f"{node.name}() is not listed for core/{name}.py in "
-                   "transformer_lab/syllabus.py (its stub's message and grading need it)",
-                   node.lineno)
     module = CoreModule(name, path, text, functions, {n.name for n in nodes})
-    if len(functions) == len(nodes) and all(n in listed for n in functions):
+    if len(functions) == len(nodes):
         try:
             compile(module.stubbed(), str(path), "exec")
         except SyntaxError as err:  # a region that leaves no valid code behind
             report(f"the stubbed module does not parse: {err.msg}", err.lineno)
     return module
+
+
+def _first_place(name: str, marker: str, region: Region, notebooks: dict[int, str],
+                 report) -> str | None:
+    """The first place ("NN_topic §S") that ``marker``, the line opening ``name``'s region,
+    names (read as :mod:`transformer_lab.syllabus` reads it), or None (reported) when it names
+    none, or a notebook without a check module."""
+    try:
+        places = syllabus.marked_places([marker])
+    except ValueError as err:
+        report(f"the solution marker of {name}() must name where it is taught, as "
+               f"'### BEGIN SOLUTION 05 §3' (notebook number and section; for a function later "
+               f"notebooks extend, every place: '00 §6, 03 §3'): {err}", region.begin + 1)
+        return None
+    unknown = sorted({nb for nb, _ in places if nb not in notebooks})
+    if unknown:
+        report(f"the solution marker of {name}() names notebook "
+               f"{', '.join(f'{nb:02d}' for nb in unknown)}, which has no check module "
+               "(transformer_lab/checks/nbNN_topic.py, whose name gives the notebook's)",
+               region.begin + 1)
+        return None
+    notebook, section = places[0]
+    return f"{notebooks[notebook]} §{section}"
 
 
 def _closes_within(lines: list[str], cls: ast.ClassDef, region: Region) -> bool:
@@ -424,13 +432,16 @@ def _ignore(root: Path):
     return ignore
 
 
-def write_handout_package(src: Path, dest: Path, package: Package | None = None) -> Package:
+def write_handout_package(src: Path, dest: Path, package: Package | None = None,
+                          commit: str = versions.UNKNOWN) -> Package:
     """Copy the source folder ``src`` (holding ``transformer_lab/``) to ``dest`` in its handout
     form; return the parsed instructor's package.
 
     Core solution regions become stubs, hidden regions go, and the public answers of every
     check whose ``expected`` was hidden are stored in ``transformer_lab/checks/data/`` (computed
-    here, with the checks this process has loaded). Caches and the course tools are left out.
+    here, with the checks this process has loaded). Caches and the course tools are left out;
+    ``transformer_lab/_built.py`` records ``commit``, the commit it was built from, and the
+    syllabus read from the solution core.
     """
     from transformer_lab.checks import framework
 
@@ -440,6 +451,7 @@ def write_handout_package(src: Path, dest: Path, package: Package | None = None)
     out = dest / "transformer_lab"
     for module in package.core.values():
         (out / "core" / module.path.name).write_text(module.stubbed(), encoding="utf-8")
+    (out / versions.BUILT).write_text(versions.built_module(commit, root), encoding="utf-8")
     registry = framework.load_checks()
     for module in package.checks.values():
         (out / "checks" / module.path.name).write_text(module.stripped(), encoding="utf-8")

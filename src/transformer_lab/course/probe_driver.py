@@ -109,47 +109,20 @@ def owner(function: str, notebook: str) -> str:
 def student_functions(core_files: dict[str, Path] | None, module: str, wanted: list[str],
                       provided: set[str], core_label: str) -> StudentCode:
     """The student's definitions of the functions ``wanted`` of the core module ``module``
-    (:func:`student_code`), from their file of that module -- or, for a function it lacks (not
-    handed in, or not defined there), from the module the function was in before
-    (``syllabus.FORMER_MODULE``): a handout built before ``core/gpt.py`` was split by topic has
-    ``rope_forward`` in ``core/gpt.py``. A function found nowhere keeps the first reason."""
+    (:func:`student_code`), from their file of that module."""
     if core_files is None:
         return StudentCode({}, [], {name: "no core files were handed in "
                                           "(src/transformer_lab/core/*.py)" for name in wanted})
-    functions: dict[str, str] = {}
-    extras: list[str] = []
-    reasons: dict[str, str] = {}
-    passes = [(module, list(wanted))]
-    while passes:
-        where, names = passes.pop(0)
-        label = f"{core_label}/{where}.py"
-        path = core_files.get(where)
-        if path is None:
-            missing = {name: f"{label} was not handed in" for name in names}
-        else:
-            try:
-                source = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as err:
-                missing = {name: f"{label} could not be read ({type(err).__name__})"
-                           for name in names}
-            else:
-                code = student_code(source, names, provided, label)
-                functions.update(code.functions)
-                extras += [text for text in code.extras if text not in extras]
-                missing = code.problems
-        for name in names:
-            if name in missing and name not in reasons:
-                reasons[name] = missing[name]
-            elif name not in missing:
-                reasons.pop(name, None)
-        if where == module:
-            former: dict[str, list[str]] = {}
-            for name in missing:
-                old = syllabus.FORMER_MODULE.get(name)
-                if old is not None and old != module and old in core_files:
-                    former.setdefault(old, []).append(name)
-            passes += list(former.items())
-    return StudentCode(functions, extras, reasons)
+    label = f"{core_label}/{module}.py"
+    path = core_files.get(module)
+    if path is None:
+        return StudentCode({}, [], {name: f"{label} was not handed in" for name in wanted})
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return StudentCode({}, [], {name: f"{label} could not be read ({type(err).__name__})"
+                                    for name in wanted})
+    return student_code(source, wanted, provided, label)
 
 
 def build_probe_package(handout_src: Path, instructor: Package, notebook: str,

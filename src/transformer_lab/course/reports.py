@@ -74,12 +74,13 @@ class Graded:
 @dataclass
 class Outcome:
     """What a grading run found: a Graded per (student, notebook), the students found, the
-    flags' rows, what the students' code ran in."""
+    flags' rows, what the students' code ran in, notes on the whole run."""
 
     graded: list[Graded]
     found: Found
     flags: list[list]
     sandbox: str
+    notes: list[str] = field(default_factory=list)
 
 
 # --- feedback ---------------------------------------------------------------------------------
@@ -220,6 +221,8 @@ def print_summary(outcome: Outcome, out: Path, sandboxed: bool = True) -> None:
         students = sorted({r[0] for r in flags})
         print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
               "(flags.csv)")
+    for note in outcome.notes:
+        print(f"\nnote: {note}")
     warning = "" if sandboxed else "WARNING: "
     print(f"\n{warning}students' code ran in: {outcome.sandbox}")
     print(f"\ngrades: {out / 'grades.csv'}\nfeedback: {out / 'feedback'}/<student>/")

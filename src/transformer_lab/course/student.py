@@ -5,7 +5,8 @@
 
 In each notebook every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a stub
 that raises ``NotImplementedError("Exercise: <hint>")``, outputs are cleared, and check cells are
-kept (locked against editing and deletion, as nbgrader does). Beside the notebooks go the
+kept (locked against editing and deletion, as nbgrader does), and the course version it was
+built from is recorded in its metadata (:mod:`.versions`). Beside the notebooks go the
 package (``src/``, ``pyproject.toml``) in its handout form (:mod:`.package`): the body of every
 core function replaced by ``raise NotImplementedError(<syllabus.stub_message(name)>)``, the
 hidden tests of the check modules removed, the public answers stored for checks whose reference
@@ -46,6 +47,7 @@ from transformer_lab.course.package import (
     write_handout_package,
 )
 from transformer_lab.course.standalone import has_guard
+from transformer_lab.course.versions import project_version, stamp
 
 #: PyTorch's CPU wheel index: the README's set-up installs torch from it first.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -235,20 +237,24 @@ notebook's points only.
 
 def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
                        package: Package | None = None) -> list[Path]:
-    """Write the student versions, the handout's package and the project files into ``out``;
-    return the notebooks. ``package``: the parsed ``project/src/transformer_lab``."""
+    """Write the student versions, the handout's package and the project files into ``out``,
+    each recording ``project``'s course version; return the notebooks. ``package``: the parsed
+    ``project/src/transformer_lab``."""
+    version = project_version(project)
     written = []
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     for assignment in assignments:
         dest = out / "notebooks" / Path(assignment.name).name
-        nbformat.write(student_notebook(assignment), dest)
+        nb = student_notebook(assignment)
+        stamp(nb, version)
+        nbformat.write(nb, dest)
         written.append(dest)
     for name in PROJECT_FILES:
         shutil.copy2(project / name, out / name)
     for name in PROJECT_DIRS:
         if (project / name).is_dir():
             shutil.copytree(project / name, out / name, ignore=_IGNORE)
-    write_handout_package(project / "src", out / "src", package)
+    write_handout_package(project / "src", out / "src", package, version.commit)
     (out / "README.md").write_text(student_readme(assignments))
     return written
 
@@ -341,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(report(assignments))
     print(f"\nthe handout: {args.out}/ (notebooks in {args.out}/notebooks, the package with its "
-          f"core stubbed in {args.out}/src)")
+          f"core stubbed in {args.out}/src), course version {project_version(args.project)}")
     return 0
 
 

@@ -12,10 +12,7 @@ Two layouts, which may be mixed:
 Names are matched forgivingly: letter case, spaces, hyphens and dots for underscores, and the
 copies that browsers, file managers and JupyterLab make (``00_gradients (1).ipynb``,
 ``00_gradients-Copy1.ipynb``, ``00_gradients copy.ipynb``); a file named after a notebook's
-number alone (``00_grads.ipynb``) is taken when nothing better is there. A notebook of a
-handout built before the series was split and renumbered, under its name of then
-(``05_backward.ipynb``), is graded as every notebook of today that holds its cells
-(``syllabus.FORMER_NOTEBOOKS``). When a student has
+number alone (``00_grads.ipynb``) is taken when nothing better is there. When a student has
 several candidates for one notebook, the best name wins, then the newest file. Hidden files and
 folders (``.ipynb_checkpoints``, ``__MACOSX``, ``__pycache__``) are ignored; the handout's own
 files, unchanged, are ignored too. Every other file that is not graded is listed with the
@@ -108,32 +105,6 @@ def match_notebook(stem: str, notebooks: list[str]) -> tuple[str, tuple] | None:
     return None
 
 
-def _former(name: str, notebooks: list[str]) -> list[str]:
-    """The notebooks of today (among ``notebooks``) that a notebook's former name stands for
-    (``syllabus.FORMER_NOTEBOOKS``), or []."""
-    for former, today in syllabus.FORMER_NOTEBOOKS.items():
-        if name == normalize(former) and former not in notebooks:
-            return [nb for nb in today if nb in notebooks]
-    return []
-
-
-def match_notebooks(stem: str, notebooks: list[str]) -> list[tuple[str, tuple]]:
-    """The notebooks a file in a student's folder is graded as, each with how well its name
-    matches (lower is better): :func:`match_notebook`'s one, or -- for a notebook of a handout
-    built before the series was split and renumbered, named as it was then (``05_backward``) --
-    every notebook of today that holds its cells, matched as well as a name that contains
-    the notebook's."""
-    name = normalize(stem)
-    copied = strip_copies(stem.strip()) != stem.strip()
-    match = match_notebook(stem, notebooks)
-    if match is not None and match[1][0] == 0:
-        return [match]
-    former = _former(name, notebooks)
-    if former:
-        return [(nb, (1, copied)) for nb in former]
-    return [match] if match is not None else []
-
-
 def match_flat(stem: str, notebooks: list[str]) -> tuple[str, str, tuple] | None:
     """(student, notebook, quality) of a top-level ``<student>_<NN_topic>`` file name."""
     base = strip_copies(stem.strip())
@@ -147,20 +118,6 @@ def match_flat(stem: str, notebooks: list[str]) -> tuple[str, str, tuple] | None
             if student:
                 return student, nb, (0, copied)
     return None
-
-
-def match_flat_all(stem: str, notebooks: list[str]) -> list[tuple[str, str, tuple]]:
-    """:func:`match_flat`, or for ``<student>_<former name>`` (``alice_05_backward``) one
-    (student, notebook, quality) for every notebook of today that holds the former one's cells."""
-    match = match_flat(stem, notebooks)
-    if match is not None:
-        return [match]
-    for former, today in syllabus.FORMER_NOTEBOOKS.items():
-        found = match_flat(stem, [former])
-        targets = [nb for nb in today if nb in notebooks]
-        if found is not None and targets and former not in notebooks:
-            return [(found[0], nb, (1, found[2][1])) for nb in targets]
-    return []
 
 
 def _hidden(rel: Path) -> bool:
@@ -228,14 +185,14 @@ def find_submissions(folder: Path, notebooks: list[str],
             work.folder = entry
             _scan_student(entry, folder, work, notebooks, handout, skip, candidate)
         elif entry.suffix.lower() == ".ipynb":
-            matches = match_flat_all(entry.stem, notebooks)
-            if not matches:
+            match = match_flat(entry.stem, notebooks)
+            if match is None:
                 skip("", entry, f"not named <student>_<NN_topic>.ipynb with NN_topic one of "
                                 f"{', '.join(notebooks)}")
                 continue
-            for student, nb, quality in matches:
-                students.setdefault(student, StudentWork(student))
-                candidate(student, nb, quality, entry)
+            student, nb, quality = match
+            students.setdefault(student, StudentWork(student))
+            candidate(student, nb, quality, entry)
         else:
             skip("", entry, "not graded: a file at the top of the submissions folder must be "
                             "a notebook named <student>_<NN_topic>.ipynb")
@@ -280,12 +237,12 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
     for path in files:
         rel = path.relative_to(root)
         if path.suffix.lower() == ".ipynb":
-            matches = match_notebooks(path.stem, notebooks)
-            if not matches:
+            match = match_notebook(path.stem, notebooks)
+            if match is None:
                 names = ", ".join(n + ".ipynb" for n in notebooks)
                 skip(work.name, path, f"not named after a notebook of the course ({names})")
-            for nb, quality in matches:
-                candidate(work.name, nb, quality, path)
+            else:
+                candidate(work.name, *match, path)
             continue
         if path.parent in core_dirs:
             if path.parent != chosen:

@@ -3,7 +3,7 @@
 GPT's parameters. :meth:`transformer_lab.models.gpt.GPT.from_pretrained` calls
 :func:`read_gpt2`::
 
-    from transformer_lab.gpt import GPT
+    from transformer_lab.models.gpt import GPT
     model = GPT.from_pretrained("~/.cache/huggingface/hub/models--gpt2/snapshots/<hash>")
     logits, _ = model.forward(ids)          # GPT-2's logits, (B, T, 50257)
 

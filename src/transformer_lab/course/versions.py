@@ -1,0 +1,167 @@
+"""Course versions: what a handout and an autograder record, and what the grader makes of them.
+
+A course version is the package's version number (``transformer_lab.__version__``, the one
+source: ``pyproject.toml`` reads it from there) and the git commit of the project it was built
+from ("unknown" outside a git checkout). ``make student`` records it in the handout's package
+(``transformer_lab/_built.py``, its ``COMMIT``, beside ``__version__``) and in every handout
+notebook's metadata (``metadata.transformer_lab``: ``version``, ``commit``), so that a notebook
+handed in alone carries it too; ``make gradescope`` records it in the autograder's package.
+
+The grader grades the submissions of its own version number only: for another, it stops before
+writing anything, with one sentence naming the version that grades them and how to get it (an
+instructor pins a semester to a version by a git tag ``v<version>``). A notebook that records no
+version (made by hand, or from a handout built before versions were recorded) is graded with
+this version, and the feedback says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pprint
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_lab import syllabus
+
+#: The key of a handout notebook's metadata that holds its course version.
+METADATA_KEY = "transformer_lab"
+#: The module a built copy of the package (handout, autograder) gets: the commit it was built
+#: from and the syllabus (:mod:`transformer_lab.syllabus` reads it there).
+BUILT = "_built.py"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class CourseVersion:
+    version: str
+    commit: str = UNKNOWN
+
+    def __str__(self) -> str:
+        return f"{self.version} (commit {self.commit})"
+
+    def metadata(self) -> dict[str, str]:
+        """What a handout notebook's ``metadata.transformer_lab`` holds."""
+        return {"version": self.version, "commit": self.commit}
+
+
+def _literal(path: Path, name: str) -> str | None:
+    """The string that the module at ``path`` assigns to ``name`` at its top level, or None."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
+
+
+def git_commit(project: Path) -> str:
+    """The short commit of ``project`` when it is the top of a git checkout, else "unknown"."""
+    try:
+        run = subprocess.run(["git", "-C", str(project), "rev-parse", "--show-toplevel",
+                              "--short=7", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return UNKNOWN
+    lines = run.stdout.split()
+    if run.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != project.resolve():
+        return UNKNOWN
+    return lines[1]
+
+
+def project_version(project: Path) -> CourseVersion:
+    """The course version of the course's folder ``project``: its package's ``__version__``,
+    and the commit its package records (an autograder's) or else its git checkout's."""
+    package = project / "src" / "transformer_lab"
+    version = _literal(package / "__init__.py", "__version__") or UNKNOWN
+    commit = _literal(package / BUILT, "COMMIT") if (package / BUILT).is_file() else None
+    return CourseVersion(version, commit or git_commit(project))
+
+
+_BUILT_DOC = '''"""What this copy of transformer_lab was built from; written by the course's tools
+(make student, make gradescope), never by hand: the course's source has no such module.
+
+COMMIT: the git commit of the course it was built from (its version: transformer_lab.__version__).
+TAUGHT_IN, CALLS: transformer_lab.syllabus's tables, read from the solution core's markers and
+code when this was built (a handout's stubbed core holds neither).
+"""
+'''
+
+
+def built_module(commit: str, package: Path) -> str:
+    """The source of ``_built.py`` for a copy of the package folder ``package`` built at
+    ``commit``: the commit, and the syllabus read from ``package``'s solution core."""
+    taught_in, calls = syllabus.read_core(package)
+
+    def table(value) -> str:
+        return pprint.pformat(value, width=100, sort_dicts=False)
+
+    return (f"{_BUILT_DOC}\nCOMMIT = {commit!r}\n\nTAUGHT_IN = {table(taught_in)}\n\n"
+            f"CALLS = {table(calls)}\n")
+
+
+def stamp(nb, version: CourseVersion) -> None:
+    """Record ``version`` in the notebook ``nb``'s metadata."""
+    nb.metadata[METADATA_KEY] = version.metadata()
+
+
+def notebook_version(path: Path, max_bytes: int) -> CourseVersion | None:
+    """The course version a submitted notebook records, or None: none recorded, or a file that
+    is not a notebook (of at most ``max_bytes``; the grader reports such a file itself)."""
+    try:
+        if path.stat().st_size > max_bytes:
+            return None
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+        record = meta.get(METADATA_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("version"), str):
+        return None
+    commit = record.get("commit")
+    return CourseVersion(record["version"], commit if isinstance(commit, str) else UNKNOWN)
+
+
+def _described(version: str, found: list[CourseVersion]) -> str:
+    commits = sorted({v.commit for v in found if v.version == version})
+    return f"{version} (commit{'s' * (len(commits) > 1)} {', '.join(commits)})"
+
+
+def checkout(version: str, command: str) -> str:
+    """How to get course version ``version`` and run ``command`` with it."""
+    return (f"`git worktree add ../course-v{version} v{version}`, then run `{command}` "
+            "there")
+
+
+def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
+             command: str = "make grade") -> str | None:
+    """The sentence refusing to grade, or None when every recorded version number is ours.
+
+    versions: student -> the course versions their notebooks record; command: what the
+    instructor runs in the other version's folder."""
+    found = [v for recorded in versions.values() for v in recorded]
+    numbers = sorted({v.version for v in found})
+    if all(n == ours.version for n in numbers):
+        return None
+    if len(numbers) == 1:
+        return (f"These submissions were made from course version "
+                f"{_described(numbers[0], found)}; this is {ours}: grade them with that "
+                f"version -- {checkout(numbers[0], command)}.")
+    groups = "; ".join(
+        f"{_described(n, found)}: "
+        + ", ".join(s for s, recorded in sorted(versions.items())
+                    if any(v.version == n for v in recorded)) for n in numbers)
+    others = [n for n in numbers if n != ours.version]
+    how = "; ".join(f"for {n}, {checkout(n, command)}" for n in others)
+    return (f"These submissions were made from {len(numbers)} course versions -- {groups} -- "
+            f"and this is {ours}: put each version's submissions in a folder of their own and "
+            f"grade each with its version ({how}).")
+
+
+def unversioned_note(ours: CourseVersion) -> str:
+    """What the feedback of a notebook that records no course version says."""
+    return (f"this notebook records no course version (it was made by hand, or from a handout "
+            f"built before versions were recorded): it was graded with course version {ours}")
