@@ -66,7 +66,8 @@ class Check:
 
     Attributes:
         id: the id of the check cell, ``check-<something>``.
-        notebook: the notebook it belongs to, ``NN_topic``.
+        notebook: the notebook it belongs to, ``NN_topic``; by default the name of the module
+            that holds the check, ``nbNN_topic.py`` (see :func:`register`).
         functions: names of the core functions under test (found through
             :mod:`transformer_lab.syllabus`); ``run`` reads them as ``f.<name>``.
         arguments: names of the notebook functions the check cell passes to :func:`check`,
@@ -133,7 +134,11 @@ REGISTRY: dict[str, type[Check]] = {}
 
 
 def register(cls: type[Check]) -> type[Check]:
-    """Class decorator: add a check to :data:`REGISTRY` under its id."""
+    """Class decorator: add a check to :data:`REGISTRY` under its id. A check that does not set
+    its ``notebook`` belongs to its module's: ``07_blocks`` for one in ``nb07_blocks.py``."""
+    module = cls.__module__.rpartition(".")[2]
+    if "notebook" not in vars(cls) and re.fullmatch(r"nb\d\d_\w+", module):
+        cls.notebook = module[2:]
     if not cls.id.startswith("check-") or not cls.notebook:
         raise ValueError(f"{cls.__name__}: a check needs an id 'check-...' and a notebook")
     old = REGISTRY.get(cls.id)

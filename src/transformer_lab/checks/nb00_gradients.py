@@ -21,7 +21,6 @@ from transformer_lab.checks.framework import Case, Check, register
 @register
 class Relu(Check):
     id = "check-relu"
-    notebook = "00_gradients"
     functions = ("relu_forward", "relu_backward")
 
     def cases(self, rng):
@@ -83,7 +82,6 @@ def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=Fal
 @register
 class LinearForward(Check):
     id = "check-linear-forward"
-    notebook = "00_gradients"
     functions = ("linear_forward",)
 
     def cases(self, rng):
@@ -121,7 +119,6 @@ class LinearForward(Check):
 @register
 class LinearBackward(Check):
     id = "check-linear-backward"
-    notebook = "00_gradients"
     functions = ("linear_forward", "linear_backward")
 
     def cases(self, rng):
@@ -217,7 +214,6 @@ def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
 @register
 class MSELoss(Check):
     id = "check-mse"
-    notebook = "00_gradients"
     arguments = ("mse_loss",)
 
     def cases(self, rng):

@@ -30,7 +30,6 @@ def _softmax(x, dim=-1):
 @register
 class SoftmaxForward(Check):
     id = "check-softmax-forward"
-    notebook = "01_attention"
     functions = ("softmax_forward",)
 
     def cases(self, rng):
@@ -95,7 +94,6 @@ def _no_keepdims(t):
 @register
 class AttentionForward(Check):
     id = "check-attention-forward"
-    notebook = "01_attention"
     functions = ("attention_forward",)
     axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
 
@@ -203,7 +201,6 @@ def _cached(cache, what: str):
 @register
 class LogSumExp(Check):
     id = "check-logsumexp"
-    notebook = "01_attention"
     arguments = ("logsumexp",)
 
     def cases(self, rng):
@@ -250,7 +247,6 @@ class LogSumExp(Check):
 @register
 class CosineAttention(Check):
     id = "check-cosine-attention"
-    notebook = "01_attention"
     arguments = ("cosine_attention",)
 
     def cases(self, rng):
@@ -305,7 +301,6 @@ class CosineAttention(Check):
 @register
 class AdditiveAttention(Check):
     id = "check-additive-attention"
-    notebook = "01_attention"
     arguments = ("additive_attention",)
 
     def cases(self, rng):

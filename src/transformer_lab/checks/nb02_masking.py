@@ -55,7 +55,6 @@ def _some_blocked(rng, t, s, p=0.4):
 @register
 class CausalMask(Check):
     id = "check-causal-mask"
-    notebook = "02_masking"
     functions = ("causal_mask",)
 
     def cases(self, rng):
@@ -97,7 +96,6 @@ class CausalMask(Check):
 @register
 class AttentionMask(Check):
     id = "check-attention-mask"
-    notebook = "02_masking"
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
 
@@ -154,7 +152,6 @@ class AttentionMask(Check):
 @register
 class SoftmaxEmptyRows(Check):
     id = "check-softmax-empty-rows"
-    notebook = "02_masking"
     functions = ("softmax_forward",)
 
     def cases(self, rng):
@@ -207,7 +204,6 @@ class SoftmaxEmptyRows(Check):
 @register
 class AttentionEmptyRows(Check):
     id = "check-attention-empty-rows"
-    notebook = "02_masking"
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
 
@@ -259,7 +255,6 @@ class AttentionEmptyRows(Check):
 @register
 class PaddingMask(Check):
     id = "check-padding-mask"
-    notebook = "02_masking"
     functions = ("padding_mask",)
 
     def cases(self, rng):
@@ -310,7 +305,6 @@ class PaddingMask(Check):
 @register
 class SlidingWindow(Check):
     id = "check-sliding-window"
-    notebook = "02_masking"
     arguments = ("sliding_window_mask",)
 
     def cases(self, rng):
@@ -349,7 +343,6 @@ class SlidingWindow(Check):
 @register
 class PrefixLM(Check):
     id = "check-prefix-lm"
-    notebook = "02_masking"
     arguments = ("prefix_lm_mask",)
 
     def cases(self, rng):
@@ -392,7 +385,6 @@ class PrefixLM(Check):
 @register
 class CrossMask(Check):
     id = "check-cross-mask"
-    notebook = "02_masking"
     arguments = ("cross_attention_mask",)
 
     def cases(self, rng):

@@ -56,7 +56,6 @@ def _torch_linear(x, W, b, dout):
 @register
 class LinearForwardBatched(Check):
     id = "check-linear-forward-batched"
-    notebook = "03_minibatching"
     functions = ("linear_forward",)
 
     def cases(self, rng):
@@ -87,7 +86,6 @@ class LinearForwardBatched(Check):
 @register
 class LinearBackwardBatched(Check):
     id = "check-linear-backward-batched"
-    notebook = "03_minibatching"
     functions = ("linear_forward", "linear_backward")
 
     def cases(self, rng):
@@ -131,7 +129,6 @@ class LinearBackwardBatched(Check):
 @register
 class AttentionBatched(Check):
     id = "check-attention-batched"
-    notebook = "03_minibatching"
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
 
@@ -205,7 +202,6 @@ class AttentionBatched(Check):
 @register
 class RmsNorm(Check):
     id = "check-rms-norm"
-    notebook = "03_minibatching"
     arguments = ("rms_norm",)
 
     def cases(self, rng):
@@ -259,7 +255,6 @@ def _padded_batch(rng, b, t, d, full_first=True):
 @register
 class LastToken(Check):
     id = "check-last-token"
-    notebook = "03_minibatching"
     arguments = ("last_valid_token",)
 
     def cases(self, rng):
@@ -293,7 +288,6 @@ class LastToken(Check):
 @register
 class MaskedMean(Check):
     id = "check-masked-mean"
-    notebook = "03_minibatching"
     arguments = ("masked_mean",)
 
     @staticmethod

@@ -177,7 +177,6 @@ def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
 @register
 class SplitHeads(Check):
     id = "check-split-heads"
-    notebook = "04_multihead_attention"
     functions = ("split_heads",)
     axes = {"output": "bhtd"}  # axis names, for messages
 
@@ -216,7 +215,6 @@ class SplitHeads(Check):
 @register
 class MergeHeads(Check):
     id = "check-merge-heads"
-    notebook = "04_multihead_attention"
     functions = ("merge_heads",)
     axes = {"output": "bte"}  # axis names, for messages
 
@@ -255,7 +253,6 @@ class MergeHeads(Check):
 @register
 class MultiHeadAttentionForward(Check):
     id = "check-mha-forward"
-    notebook = "04_multihead_attention"
     functions = ("multi_head_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
@@ -313,7 +310,6 @@ class MultiHeadAttentionForward(Check):
 @register
 class MergeMasks(Check):
     id = "check-merge-masks"
-    notebook = "04_multihead_attention"
     functions = ("merge_masks",)
     axes = {"output": "bhts"}  # axis names, for messages
 
@@ -395,7 +391,6 @@ class MergeMasks(Check):
 @register
 class SelfAttentionForward(Check):
     id = "check-self-attention-forward"
-    notebook = "04_multihead_attention"
     functions = ("self_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
@@ -446,7 +441,6 @@ class SelfAttentionForward(Check):
 @register
 class GroupedQueryAttention(Check):
     id = "check-gqa"
-    notebook = "04_multihead_attention"
     arguments = ("grouped_query_attention",)
 
     @staticmethod
@@ -537,7 +531,6 @@ def torch_gqa_cost(e, h, g, t):
 @register
 class GroupedQueryAttentionCost(Check):
     id = "check-gqa-cost"
-    notebook = "04_multihead_attention"
     arguments = ("gqa_cost",)
 
     def cases(self, rng):

@@ -148,7 +148,6 @@ def row_cases(rng):
 @register
 class SoftmaxBackward(Check):
     id = "check-softmax-backward"
-    notebook = "05_attention_backward"
     functions = ("softmax_forward", "softmax_backward")
 
     def cases(self, rng):
@@ -203,7 +202,6 @@ class SoftmaxBackward(Check):
 @register
 class AttentionBackward(Check):
     id = "check-attention-backward"
-    notebook = "05_attention_backward"
     functions = ("attention_forward", "attention_backward")
     axes = {"dq": "bhtd", "dk": "bhsd", "dv": "bhsd"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
@@ -296,7 +294,6 @@ def _mha_backward_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True
 @register
 class MultiHeadAttentionBackward(Check):
     id = "check-mha-backward"
-    notebook = "05_attention_backward"
     functions = ("multi_head_attention_forward", "multi_head_attention_backward")
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
@@ -362,7 +359,6 @@ class MultiHeadAttentionBackward(Check):
 @register
 class SelfAttentionBackward(Check):
     id = "check-self-attention-backward"
-    notebook = "05_attention_backward"
     functions = ("self_attention_forward", "self_attention_backward")
     axes = {"dx": "bte"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
@@ -439,7 +435,6 @@ class SelfAttentionBackward(Check):
 @register
 class SoftmaxTemperatureBackward(Check):
     id = "check-softmax-temperature"
-    notebook = "05_attention_backward"
     arguments = ("softmax_temperature_backward",)
 
     @staticmethod
@@ -479,7 +474,6 @@ class SoftmaxTemperatureBackward(Check):
 @register
 class ScoreBiasAttentionBackward(Check):
     id = "check-score-bias-attention"
-    notebook = "05_attention_backward"
     arguments = ("score_bias_attention_backward",)
 
     @staticmethod

@@ -92,7 +92,6 @@ class _LayerNormCases:
 class LayerNormForward(_LayerNormCases, Check):
     id = "check-layer-norm-forward"
     axes = {"output": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("layer_norm_forward",)
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
@@ -124,7 +123,6 @@ class LayerNormForward(_LayerNormCases, Check):
 class LayerNormBackward(_LayerNormCases, Check):
     id = "check-layer-norm-backward"
     axes = {"dx": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("layer_norm_forward", "layer_norm_backward")
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -160,7 +158,6 @@ class LayerNormBackward(_LayerNormCases, Check):
 @register
 class LogSoftmax(Check):
     id = "check-log-softmax"
-    notebook = "06_layers_backward"
     functions = ("log_softmax_forward", "log_softmax_backward")
 
     def cases(self, rng):
@@ -221,7 +218,6 @@ def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reductio
 class CrossEntropy(Check):
     id = "check-cross-entropy"
     axes = {"dlogits": "tv"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("cross_entropy_forward", "cross_entropy_backward")
 
     def cases(self, rng):
@@ -305,7 +301,6 @@ class CrossEntropy(Check):
 class Embedding(Check):
     id = "check-embedding"
     axes = {"out": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("embedding_forward", "embedding_backward")
 
     @staticmethod
@@ -356,7 +351,6 @@ class Embedding(Check):
 @register
 class RMSNormBackward(Check):
     id = "check-rms-norm-backward"
-    notebook = "06_layers_backward"
     arguments = ("rms_norm_backward",)
 
     @staticmethod

@@ -151,7 +151,6 @@ def _copy(tree):
 @register
 class Gelu(Check):
     id = "check-gelu"
-    notebook = "07_blocks"
     functions = ("gelu_forward", "gelu_backward")
 
     def cases(self, rng):
@@ -206,7 +205,6 @@ class Gelu(Check):
 @register
 class Activation(Check):
     id = "check-activation"
-    notebook = "07_blocks"
     functions = ("activation_forward", "activation_backward")
 
     def cases(self, rng):
@@ -253,7 +251,6 @@ class Activation(Check):
 class FeedForward(Check):
     id = "check-feed-forward"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("feed_forward_forward", "feed_forward_backward")
 
     def cases(self, rng):
@@ -358,7 +355,6 @@ def _tanh_sublayer(W):
 class Residual(Check):
     id = "check-residual"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("residual_forward", "residual_backward")
 
     def cases(self, rng):
@@ -446,7 +442,6 @@ class Residual(Check):
 @register
 class Dropout(Check):
     id = "check-dropout"
-    notebook = "07_blocks"
     functions = ("dropout_forward", "dropout_backward")
 
     def cases(self, rng):
@@ -520,7 +515,6 @@ class Dropout(Check):
 @register
 class Init(Check):
     id = "check-init"
-    notebook = "07_blocks"
     functions = ("init_uniform", "init_xavier")
 
     def cases(self, rng):
@@ -593,7 +587,6 @@ def _layer_kwargs(norm_first, activation, eps):
 class EncoderLayer(Check):
     id = "check-encoder-layer"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("encoder_layer_forward", "encoder_layer_backward")
 
     def cases(self, rng):
@@ -660,7 +653,6 @@ class EncoderLayer(Check):
 class DecoderLayer(Check):
     id = "check-decoder-layer"
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("decoder_layer_forward", "decoder_layer_backward")
 
     @staticmethod

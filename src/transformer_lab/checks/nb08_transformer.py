@@ -39,27 +39,9 @@ from transformer_lab.reference.interop import layout
 # Parameters of random layers, and their torch twins
 
 
-
-
-
-
-
-
-
-
-
 def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
     return {"layers": [layer_params(rng, e, f, decoder, bias, dtype) for _ in range(n)],
             "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
-
-
-
-
-
-
-
-
-
 
 
 def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
@@ -81,12 +63,6 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     return _load(stack, layout.stack_to_torch(params, ""))
 
 
-
-
-
-
-
-
 # --------------------------------------------------------------------------------------------
 # Positions and embeddings (§1)
 
@@ -95,7 +71,6 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
 class PositionalEncoding(Check):
     id = "check-positional-encoding"
     axes = {"output": "te"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("positional_encoding",)
 
     def cases(self, rng):
@@ -147,7 +122,6 @@ class PositionalEncoding(Check):
 class Embed(Check):
     id = "check-embed"
     axes = {"x": "bte"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("embed_forward", "embed_backward")
 
     def cases(self, rng):
@@ -222,10 +196,6 @@ class Embed(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# Encoder and decoder layers (notebook 07 §6, §7)
-
-
-# --------------------------------------------------------------------------------------------
 # Stacks (§2)
 
 
@@ -233,7 +203,6 @@ class Embed(Check):
 class EncoderStack(Check):
     id = "check-encoder-stack"
     axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("encoder_forward", "encoder_backward")
 
     def cases(self, rng):
@@ -292,7 +261,6 @@ class EncoderStack(Check):
 class DecoderStack(Check):
     id = "check-decoder-stack"
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("decoder_forward", "decoder_backward")
 
     def cases(self, rng):
@@ -488,7 +456,6 @@ class TransformerForward(Check):
     id = "check-transformer-forward"
     axes = {"memory (transformer_encode)": "bse", "logits (transformer_decode)": "btv",
             "logits (transformer_forward)": "btv"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("transformer_encode", "transformer_decode", "transformer_forward")
 
     def cases(self, rng):
@@ -548,7 +515,6 @@ class TransformerForward(Check):
 class TiedOutput(Check):
     id = "check-tied-output"
     axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("tied_output_forward", "tied_output_backward")
 
     def cases(self, rng):

@@ -43,7 +43,6 @@ def _hidden_model_cases(rng):
 @register
 class TransformerBackward(Check):
     id = "check-transformer-backward"
-    notebook = "09_verification"
     functions = ("transformer_forward", "transformer_backward")
 
     def cases(self, rng):
@@ -98,7 +97,6 @@ class TransformerBackward(Check):
 @register
 class TransformerLoss(Check):
     id = "check-transformer-loss"
-    notebook = "09_verification"
     functions = ("transformer_loss",)
 
     def cases(self, rng):
@@ -180,7 +178,6 @@ def _mha_case(batch, length, e, heads, seed):
 class FindTheBug(Check):
     id = "check-find-the-bug"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "09_verification"
     arguments = ("self_attention",)
 
     def cases(self, rng):
@@ -264,7 +261,6 @@ def _smoothed(logits, labels, pad_id, alpha, how="right"):
 class LabelSmoothing(Check):
     id = "check-label-smoothing"
     axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = "09_verification"
     arguments = ("smoothed_loss",)
 
     def cases(self, rng):
@@ -313,7 +309,6 @@ class LabelSmoothing(Check):
 @register
 class PaddedPositions(Check):
     id = "check-padded-positions"
-    notebook = "09_verification"
     arguments = ("padded_positional_encoding",)
 
     def cases(self, rng):

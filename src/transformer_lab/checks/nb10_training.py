@@ -19,8 +19,6 @@ from transformer_lab.checks import framework as F
 from transformer_lab.checks._torch_helpers import _torch
 from transformer_lab.checks.framework import Case, Check, register
 
-NB = "10_training"
-
 
 def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,
                      **hyper) -> Case:
@@ -101,7 +99,6 @@ def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nes
 @register
 class SGDStep(Check):
     id = "check-sgd-step"
-    notebook = NB
     functions = ("sgd_step",)
 
     def cases(self, rng):
@@ -223,7 +220,6 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
 @register
 class AdamStep(Check):
     id = "check-adam-step"
-    notebook = NB
     functions = ("adam_step",)
 
     def cases(self, rng):
@@ -336,7 +332,6 @@ def _as_dtype_of(value, grads):
 @register
 class GlobalNorm(Check):
     id = "check-global-norm"
-    notebook = NB
     functions = ("global_norm",)
 
     def cases(self, rng):
@@ -390,7 +385,6 @@ def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6, norm_afte
 @register
 class ClipGradNorm(Check):
     id = "check-clip-grad-norm"
-    notebook = NB
     functions = ("clip_grad_norm",)
 
     def cases(self, rng):
@@ -541,7 +535,6 @@ def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
 @register
 class TrainStep(Check):
     id = "check-train-step"
-    notebook = NB
     functions = ("train_step",)
 
     def cases(self, rng):
@@ -608,7 +601,6 @@ class TrainStep(Check):
 @register
 class NoamSchedule(Check):
     id = "check-noam-schedule"
-    notebook = NB
     arguments = ("noam_lr",)
 
     def cases(self, rng):
@@ -682,7 +674,6 @@ def _rmsprop_torch(params, grads, fresh_state=False, **settings):
 @register
 class RMSprop(Check):
     id = "check-rmsprop"
-    notebook = NB
     arguments = ("rmsprop_step",)
 
     def cases(self, rng):
@@ -852,7 +843,6 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
 @register
 class SampleDecode(Check):
     id = "check-sample-decode"
-    notebook = NB
     arguments = ("sample_decode",)
 
     def cases(self, rng):

@@ -143,7 +143,6 @@ def _as_words(word_list) -> dict:
 @register
 class BytesToUnicode(Check):
     id = "check-bytes-to-unicode"
-    notebook = "11_tokenization"
     functions = ("bytes_to_unicode",)
 
     def cases(self, rng):
@@ -187,7 +186,6 @@ class BytesToUnicode(Check):
 @register
 class Pretokenize(Check):
     id = "check-pretokenize"
-    notebook = "11_tokenization"
     functions = ("pretokenize",)
 
     def cases(self, rng):
@@ -218,7 +216,6 @@ class Pretokenize(Check):
 @register
 class WordCounts(Check):
     id = "check-word-counts"
-    notebook = "11_tokenization"
     functions = ("word_counts",)
 
     def cases(self, rng):
@@ -266,7 +263,6 @@ class WordCounts(Check):
 @register
 class PairCounts(Check):
     id = "check-pair-counts"
-    notebook = "11_tokenization"
     functions = ("pair_counts",)
 
     def cases(self, rng):
@@ -310,7 +306,6 @@ class PairCounts(Check):
 @register
 class MergePair(Check):
     id = "check-merge-pair"
-    notebook = "11_tokenization"
     functions = ("merge_pair",)
 
     def cases(self, rng):
@@ -405,7 +400,6 @@ def _stale_train(words, num_merges):
 @register
 class TrainBPE(Check):
     id = "check-train-bpe"
-    notebook = "11_tokenization"
     functions = ("train_bpe",)
 
     def cases(self, rng):
@@ -451,7 +445,6 @@ class TrainBPE(Check):
 @register
 class TokenBytes(Check):
     id = "check-token-bytes"
-    notebook = "11_tokenization"
     functions = ("token_bytes",)
 
     def cases(self, rng):
@@ -483,7 +476,6 @@ class TokenBytes(Check):
 @register
 class EncodeWord(Check):
     id = "check-encode-word"
-    notebook = "11_tokenization"
     functions = ("encode_word",)
 
     def cases(self, rng):
@@ -544,7 +536,6 @@ class EncodeWord(Check):
 @register
 class BPEEncode(Check):
     id = "check-bpe-encode"
-    notebook = "11_tokenization"
     functions = ("bpe_encode",)
 
     def cases(self, rng):
@@ -585,7 +576,6 @@ class BPEEncode(Check):
 @register
 class BPEDecode(Check):
     id = "check-bpe-decode"
-    notebook = "11_tokenization"
     functions = ("bpe_decode",)
 
     def cases(self, rng):

@@ -15,7 +15,6 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, register
 
-NB = "12_translation"
 PAD, BOS, EOS = 0, 1, 2
 
 # --------------------------------------------------------------------------------------------
@@ -34,7 +33,6 @@ def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ign
 @register
 class LabelSmoothedLoss(Check):
     id = "check-label-smoothed-loss"
-    notebook = NB
     functions = ("label_smoothed_loss_forward", "label_smoothed_loss_backward")
     tol = {"float64": 1e-9, "float32": 1e-4}
 
@@ -146,7 +144,6 @@ def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
 @register
 class BeamStep(Check):
     id = "check-beam-step"
-    notebook = NB
     functions = ("length_penalty", "beam_step")
 
     def cases(self, rng):
@@ -245,7 +242,6 @@ def _reference_search(table, K, max_len, alpha):
 @register
 class BeamSearch(Check):
     id = "check-beam-search"
-    notebook = NB
     functions = ("length_penalty", "beam_step", "beam_search")
 
     def cases(self, rng):
@@ -298,7 +294,6 @@ def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=
 @register
 class DecoderStep(Check):
     id = "check-decoder-step"
-    notebook = NB
     functions = ("memory_keys_values", "cached_self_attention_step", "decoder_layer_step",
                  "transformer_decode_step")
     tol = {"float64": 1e-9, "float32": 1e-4}

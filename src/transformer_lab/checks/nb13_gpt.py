@@ -2,8 +2,7 @@
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
 models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
-none
-of them calls the core.
+none of them calls the core.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-
-NB = "13_gpt"
 
 
 def _config(d: dict):
@@ -41,7 +38,6 @@ def _flat_params(config: dict, rng, scale=0.3) -> dict:
 class NextTokenLoss(Check):
     id = "check-next-token-loss"
     axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("next_token_loss_forward", "next_token_loss_backward")
 
     def cases(self, rng):
@@ -146,7 +142,6 @@ def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
 @register
 class CausalSelfAttention(Check):
     id = "check-causal-self-attention"
-    notebook = NB
     functions = ("self_attention_forward", "self_attention_backward",
                  "causal_self_attention_forward", "causal_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
@@ -258,7 +253,6 @@ class _BlockCheck(Check):
 class GPTBlock(_BlockCheck):
     id = "check-gpt-block"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -293,7 +287,6 @@ def _pe(config):
 class GPTModel(Check):
     id = "check-gpt-model"
     axes = {"logits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("gpt_forward", "gpt_backward", "gpt_loss")
 
     def cases(self, rng):

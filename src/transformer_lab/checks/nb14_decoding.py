@@ -3,8 +3,7 @@ SwiGLU, grouped-query attention).
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
 models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
-none
-of them calls the core.
+none of them calls the core.
 """
 
 from __future__ import annotations
@@ -24,43 +23,6 @@ from transformer_lab.checks.nb13_gpt import (
     _torch_rotate,
 )
 
-NB = "14_decoding"
-
-
-
-
-
-# --------------------------------------------------------------------------------------------
-# The GPT's attention, block and model (notebook 13 §3): helpers of the checks below
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # --------------------------------------------------------------------------------------------
 # §1 Sampling
 
@@ -73,7 +35,6 @@ def _kept_and_values(filtered):
 @register
 class TopKFilter(Check):
     id = "check-top-k-filter"
-    notebook = NB
     functions = ("top_k_filter",)
 
     def cases(self, rng):
@@ -118,7 +79,6 @@ def _top_p_reference(logits, p):
 @register
 class TopPFilter(Check):
     id = "check-top-p-filter"
-    notebook = NB
     functions = ("top_p_filter",)
 
     def cases(self, rng):
@@ -157,7 +117,6 @@ class TopPFilter(Check):
 @register
 class SampleNext(Check):
     id = "check-sample-next"
-    notebook = NB
     functions = ("sample_next",)
     DRAWS = 40000
 
@@ -209,7 +168,6 @@ class SampleNext(Check):
 @register
 class MinPFilter(Check):
     id = "check-min-p-filter"
-    notebook = NB
     arguments = ("min_p_filter",)
 
     def cases(self, rng):
@@ -244,7 +202,6 @@ class MinPFilter(Check):
 class KVCacheAppend(Check):
     id = "check-kv-cache-append"
     axes = {"K": "bhsd", "V": "bhsd", "keys": "bhsd", "values": "bhsd"}  # axis names, for messages
-    notebook = NB
     functions = ("kv_cache_append",)
 
     def cases(self, rng):
@@ -297,7 +254,6 @@ class KVCacheAppend(Check):
 class CachedStep(Check):
     id = "check-gpt-step"
     axes = {"logits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("causal_self_attention_step", "gpt_block_step", "gpt_step")
 
     def cases(self, rng):
@@ -341,7 +297,6 @@ class CachedStep(Check):
 class RoPE(Check):
     id = "check-rope"
     axes = {"out": "td", "dx": "td"}  # axis names, for messages
-    notebook = NB
     functions = ("rope_tables", "rope_forward", "rope_backward")
 
     def cases(self, rng):
@@ -394,7 +349,6 @@ class RoPE(Check):
 class RMSNorm(Check):
     id = "check-gpt-rms-norm"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = NB
     functions = ("rms_norm_forward", "rms_norm_backward")
 
     def cases(self, rng):
@@ -440,7 +394,6 @@ class RMSNorm(Check):
 class SwiGLU(Check):
     id = "check-swiglu"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = NB
     functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
 
     def cases(self, rng):
@@ -491,7 +444,6 @@ class SwiGLU(Check):
 class GroupedQueryAttention(Check):
     id = "check-grouped-query-attention"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
     functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
                  "self_attention_backward", "causal_self_attention_forward",
                  "causal_self_attention_backward", "rope_forward", "rope_backward",
@@ -557,7 +509,6 @@ class GroupedQueryAttention(Check):
 class ModernBlock(_BlockCheck):
     id = "check-modern-block"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

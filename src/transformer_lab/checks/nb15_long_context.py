@@ -61,7 +61,6 @@ def _causal_scores(torch, q, k):
 @register
 class OnlineSoftmaxUpdate(Check):
     id = "check-online-softmax-update"
-    notebook = "15_long_context"
     functions = ("online_softmax_update",)
 
     def cases(self, rng):
@@ -148,7 +147,6 @@ def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=
 class FlashAttentionForward(Check):
     id = "check-flash-forward"
     axes = {"out": "td", "lse": "t"}  # axis names, for messages
-    notebook = "15_long_context"
     functions = ("flash_attention_forward",)
 
     def cases(self, rng):
@@ -239,7 +237,6 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
 @register
 class FlashAttentionBackwardTile(Check):
     id = "check-flash-backward-tile"
-    notebook = "15_long_context"
     functions = ("flash_attention_backward_tile",)
 
     def cases(self, rng):
@@ -299,7 +296,6 @@ def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
 class FlashAttentionBackward(Check):
     id = "check-flash-backward"
     axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
-    notebook = "15_long_context"
     functions = ("flash_attention_forward", "flash_attention_backward")
 
     def cases(self, rng):
@@ -355,7 +351,6 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
 @register
 class FlashSelfAttention(Check):
     id = "check-flash-self-attention"
-    notebook = "15_long_context"
     functions = ("flash_self_attention_forward", "flash_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
