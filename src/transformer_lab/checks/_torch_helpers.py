@@ -1,6 +1,7 @@
-"""What the check modules share to talk to PyTorch: the lazy import and the two conversions.
+"""What the check modules share to talk to PyTorch: the lazy import, the two conversions, and
+autograd on NumPy inputs.
 
-    from transformer_lab.checks._torch_helpers import _np, _t, _torch
+    from transformer_lab.checks._torch_helpers import _np, _t, _torch, autograd
 
 PyTorch is imported on first use only (:func:`_torch`): the check modules are imported in the
 student's kernel and in the grader's probe process, where no check computes an expected answer.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["_np", "_t", "_torch"]
+__all__ = ["_np", "_t", "_torch", "autograd"]
 
 
 def _torch():
@@ -32,3 +33,27 @@ def _t(a, grad: bool = False):
 def _np(t):
     """A NumPy copy of the tensor ``t``, detached from its graph (None stays None)."""
     return None if t is None else t.detach().numpy().copy()
+
+
+def autograd(fn, dout, *inputs):
+    """What the reference of a forward and backward pass computes: ``fn`` run on leaves that
+    hold copies of ``inputs`` (each an array, a dict of arrays -- a layer's parameters -- or
+    None, which stays None), its output back-propagated from ``dout`` (None: the output is a
+    scalar loss). Returns the output and the gradient of each input, in the input's form, as
+    NumPy arrays: ``out, dx, grads = autograd(layer, dout, x, params)``."""
+    leaves = [_leaves(a) for a in inputs]
+    out = fn(*leaves)
+    out.backward(None if dout is None else _t(dout))
+    return (_np(out), *(_grads(leaf) for leaf in leaves))
+
+
+def _leaves(a):
+    if isinstance(a, dict):
+        return {k: _leaves(v) for k, v in a.items()}
+    return _t(a, grad=a is not None)
+
+
+def _grads(leaf):
+    if isinstance(leaf, dict):
+        return {k: _grads(v) for k, v in leaf.items()}
+    return None if leaf is None else _np(leaf.grad)
