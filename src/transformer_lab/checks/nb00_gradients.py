@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _t, _torch
+from transformer_lab.checks._torch_helpers import _t, _torch, autograd
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -47,11 +47,8 @@ class Relu(Check):
         return {"out": out, "dx": dx}
 
     def expected(self, x, dout):
-        torch = _torch()
-        xt = _t(x, grad=True)
-        out = torch.relu(xt)
-        out.backward(_t(dout))
-        return {"out": out.detach().numpy(), "dx": xt.grad.numpy()}
+        out, dx = autograd(_torch().relu, dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout):
         e = self.expected(x, dout)
@@ -68,6 +65,11 @@ class Relu(Check):
 
 # --------------------------------------------------------------------------------------------
 # Section 6: the linear layer
+
+
+def torch_linear(x, W, b, dout):
+    """``x @ W + b`` (b None: ``x @ W``) under autograd: the output, dx, dW and db."""
+    return autograd(lambda xt, Wt, bt: xt @ Wt if bt is None else xt @ Wt + bt, dout, x, W, b)
 
 
 def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=False):
@@ -144,12 +146,8 @@ class LinearBackward(Check):
 
     def expected(self, x, W, b, dout):
         """PyTorch autograd; in float64 also checked against a central difference."""
-        xt, Wt, bt = _t(x, True), _t(W, True), _t(b, True)
-        out = xt @ Wt if b is None else xt @ Wt + bt
-        out.backward(_t(dout))
-        grads = {"W": Wt.grad.numpy()} if b is None else {"W": Wt.grad.numpy(),
-                                                          "b": bt.grad.numpy()}
-        want = {"dx": xt.grad.numpy(), "grads": grads}
+        _, dx, dW, db = torch_linear(x, W, b, dout)
+        want = {"dx": dx, "grads": {"W": dW} if b is None else {"W": dW, "b": db}}
         if x.dtype == np.float64:
             _agrees_with_numerical_gradient(want, x, W, b, dout)
         return want
@@ -236,13 +234,9 @@ class MSELoss(Check):
         return {"loss": loss, "dP": dP, "the loss is a float": isinstance(loss, float)}
 
     def expected(self, P, Y):
-        torch = _torch()
-        pt = _t(P, True)
-        loss = torch.nn.functional.mse_loss(pt, _t(Y))
-        loss.backward()
+        loss, dP = autograd(lambda pt: _torch().nn.functional.mse_loss(pt, _t(Y)), None, P)
         # the loss as a NumPy scalar of P's dtype: a float32 loss is compared to float32 precision
-        return {"loss": loss.detach().numpy()[()], "dP": pt.grad.numpy(),
-                "the loss is a float": True}
+        return {"loss": loss[()], "dP": dP, "the loss is a float": True}
 
     def mistakes(self, P, Y):
         e = self.expected(P, Y)

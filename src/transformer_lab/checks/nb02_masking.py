@@ -271,9 +271,6 @@ class PaddingMask(Check):
         yield Case("a list of one length 0", ([0], 2))
     ### END HIDDEN TESTS
 
-    def run(self, f, lengths, S):
-        return f.padding_mask(lengths, S)
-
     def expected(self, lengths, S):
         torch = _torch()
         from torch.nn.utils.rnn import pad_sequence
@@ -336,9 +333,6 @@ class SlidingWindow(Check):
                 lambda: ~self.expected(T, window)}
     ### END HIDDEN TESTS
 
-    def run(self, f, T, window):
-        return f.sliding_window_mask(T, window)
-
 
 @register
 class PrefixLM(Check):
@@ -377,9 +371,6 @@ class PrefixLM(Check):
                 "with True = allowed (True must mean blocked)":
                 lambda: ~self.expected(T, prefix_len)}
     ### END HIDDEN TESTS
-
-    def run(self, f, T, prefix_len):
-        return f.prefix_lm_mask(T, prefix_len)
 
 
 @register
@@ -422,6 +413,3 @@ class CrossMask(Check):
                 lambda: self.expected(key_lengths, query_lengths, T, S))
         return found
     ### END HIDDEN TESTS
-
-    def run(self, f, query_lengths, key_lengths, T, S):
-        return f.cross_attention_mask(query_lengths, key_lengths, T, S)

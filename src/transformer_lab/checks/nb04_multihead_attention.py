@@ -465,9 +465,6 @@ class GroupedQueryAttention(Check):
         yield self._case(rng, "h = 6, g = 2, d_h = 1", 2, 3, 6, 6, 2)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
-        return f.grouped_query_attention(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-
     @staticmethod
     def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
                    project_out=True):

@@ -347,6 +347,3 @@ class PaddedPositions(Check):
                 "with the encoding of position 0 at the padding, which must be zeros":
                 lambda: self._answer(ids, pad_id, d_model, "padding not zeroed")}
     ### END HIDDEN TESTS
-
-    def run(self, f, ids, pad_id, d_model):
-        return f.padded_positional_encoding(ids, pad_id, d_model)

@@ -348,9 +348,6 @@ class GlobalNorm(Check):
                           [1e-3, 1e3])
     ### END HIDDEN TESTS
 
-    def run(self, f, grads):
-        return f.global_norm(grads)
-
     def expected(self, grads):
         return _as_dtype_of(math.sqrt(float((_torch_norms(grads) ** 2).sum())), grads)
 
@@ -632,9 +629,6 @@ class NoamSchedule(Check):
                 "counting the steps from 0 (s is 1 on the first step)":
                 lambda: d_model ** -0.5 * np.minimum((s + 1) ** -0.5, (s + 1) * warmup ** -1.5)}
     ### END HIDDEN TESTS
-
-    def run(self, f, steps, d_model, warmup):
-        return f.noam_lr(steps, d_model, warmup)
 
 
 # --------------------------------------------------------------------------------------------
