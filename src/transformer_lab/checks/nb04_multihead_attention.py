@@ -44,6 +44,42 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
+def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
+             mask=None, self_attention=False, backward=False, dweights=False):
+    """A case of multi-head attention with separate projections: query (B, T, E), key and value
+    (B, S, kdim | vdim) -- the query itself, for self-attention -- the parameters, the number
+    of heads; for a backward pass (notebook 05) dout and, with ``dweights``, a gradient of the
+    weights (B, H, T, S) after them."""
+    query = rng.standard_normal((b, t, e))
+    if self_attention:
+        key = value = query
+    else:
+        key = rng.standard_normal((b, s, kdim or e))
+        value = rng.standard_normal((b, s, vdim or e))
+    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
+    arrays = tuple(a.astype(dtype) for a in (query, key, value))
+    if not backward:
+        return Case(name, (*arrays, params, h), {"mask": mask})
+    dout = rng.standard_normal((b, t, e)).astype(dtype)
+    dw = rng.standard_normal((b, h, t, s)).astype(dtype) if dweights else None
+    if self_attention:
+        arrays = (arrays[0],) * 3
+    return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
+
+
+def self_attention_case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None,
+                        backward=False, dweights=False):
+    """A case of self-attention with packed projections: x (B, T, E), the parameters, the number
+    of heads; for a backward pass dout and, with ``dweights``, a gradient of the weights."""
+    x = rng.standard_normal((b, t, e)).astype(dtype)
+    params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
+    if not backward:
+        return Case(name, (x, params, h), {"mask": mask})
+    dout = rng.standard_normal((b, t, e)).astype(dtype)
+    dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
+    return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
+
+
 def blocked_rows_mask(rng, b, t, s):
     """A bool mask (B, 1, T, S), True = blocked: random, and query 0 of sequence 0 sees no key
     at all (a fully blocked row)."""
@@ -256,40 +292,27 @@ class MultiHeadAttentionForward(Check):
     functions = ("multi_head_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
-    @staticmethod
-    def _case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
-              mask=None, self_attention=False):
-        query = rng.standard_normal((b, t, e))
-        if self_attention:
-            key = value = query
-        else:
-            key = rng.standard_normal((b, s, kdim or e))
-            value = rng.standard_normal((b, s, vdim or e))
-        params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
-        arrays = tuple(a.astype(dtype) for a in (query, key, value))
-        return Case(name, (*arrays, params, h), {"mask": mask})
-
     def cases(self, rng):
-        yield self._case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
-        yield self._case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
-                         self_attention=True)
-        yield self._case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8,
-                         4, kdim=5, vdim=6)
-        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
-        yield self._case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
-        yield self._case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
-        yield self._case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5,
-                         8, 2, mask=blocked_rows_mask(rng, 2, 4, 5))
+        yield mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
+        yield mha_case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
+                       self_attention=True)
+        yield mha_case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8, 4,
+                       kdim=5, vdim=6)
+        yield mha_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
+        yield mha_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
+        yield mha_case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
+        yield mha_case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5, 8, 2,
+                       mask=blocked_rows_mask(rng, 2, 4, 5))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield self._case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
+        yield mha_case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
         t = 5
         causal = np.triu(np.ones((t, t), dtype=bool), 1)
-        yield self._case(rng, "float32, 8 heads, a causal (T, T) mask", 2, t, t, 16, 8,
-                         dtype=np.float32, mask=causal, self_attention=True)
-        yield self._case(rng, "6 heads of width 4 (E = 24), kdim = vdim = 10", 3, 4, 6, 24, 6,
-                         kdim=10, vdim=10)
+        yield mha_case(rng, "float32, 8 heads, a causal (T, T) mask", 2, t, t, 16, 8,
+                       dtype=np.float32, mask=causal, self_attention=True)
+        yield mha_case(rng, "6 heads of width 4 (E = 24), kdim = vdim = 10", 3, 4, 6, 24, 6,
+                       kdim=10, vdim=10)
     ### END HIDDEN TESTS
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
@@ -394,29 +417,23 @@ class SelfAttentionForward(Check):
     functions = ("self_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
-    @staticmethod
-    def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None):
-        x = rng.standard_normal((b, t, e)).astype(dtype)
-        return Case(name, (x, mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype), h),
-                    {"mask": mask})
-
     def cases(self, rng):
-        yield self._case(rng, "one head (h = 1)", 2, 4, 8, 1)
-        yield self._case(rng, "2 heads", 2, 5, 8, 2)
-        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
-        yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
-        yield self._case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
+        yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
+        yield self_attention_case(rng, "2 heads", 2, 5, 8, 2)
+        yield self_attention_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
+        yield self_attention_case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
+        yield self_attention_case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
         t = 4
-        yield self._case(rng, "a causal (T, T) mask, 2 heads", 2, t, 8, 2,
-                         mask=np.triu(np.ones((t, t), dtype=bool), 1))
-        yield self._case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2, t, 8, 4,
-                         mask=blocked_rows_mask(rng, 2, t, t))
+        yield self_attention_case(rng, "a causal (T, T) mask, 2 heads", 2, t, 8, 2,
+                                  mask=np.triu(np.ones((t, t), dtype=bool), 1))
+        yield self_attention_case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2,
+                                  t, 8, 4, mask=blocked_rows_mask(rng, 2, t, t))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield self._case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
-        yield self._case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
-                         dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5))
+        yield self_attention_case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
+        yield self_attention_case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
+                                  dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5))
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, num_heads, mask=None):
