@@ -1,25 +1,35 @@
-"""What the check modules share to talk to PyTorch: the lazy import, the two conversions, and
-autograd on NumPy inputs.
+"""What the check modules share to talk to PyTorch: the lazily imported module, the two
+conversions, and autograd on NumPy inputs.
 
-    from transformer_lab.checks._torch_helpers import _np, _t, _torch, autograd
+    from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 
-PyTorch is imported on first use only (:func:`_torch`): the check modules are imported in the
-student's kernel and in the grader's probe process, where no check computes an expected answer.
-A case builder or torch reference that belongs to one notebook stays in that notebook's module.
+PyTorch is imported on first use only (:class:`LazyModule`): the check modules are imported in
+the student's kernel and in the grader's probe process, where no check computes an expected
+answer. A case builder or torch reference that belongs to one notebook stays in that notebook's
+module.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-__all__ = ["_np", "_t", "_torch", "autograd"]
+__all__ = ["LazyModule", "_np", "_t", "autograd", "torch"]
 
 
-def _torch():
-    """The ``torch`` module, imported on first use."""
-    import torch
+class LazyModule:
+    """A module imported where one of its names is first used: ``torch.softmax(...)`` imports
+    torch then, not when the check modules are imported."""
 
-    return torch
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch = LazyModule("torch")
 
 
 def _t(a, grad: bool = False):
@@ -27,7 +37,7 @@ def _t(a, grad: bool = False):
     None), in ``a``'s dtype, a leaf that records its gradient when ``grad``."""
     if a is None:
         return None
-    return _torch().tensor(np.asarray(a), requires_grad=grad)
+    return torch.tensor(np.asarray(a), requires_grad=grad)
 
 
 def _np(t):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _t, _torch, autograd
+from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ class Relu(Check):
         return {"out": out, "dx": dx}
 
     def expected(self, x, dout):
-        out, dx = autograd(_torch().relu, dout, x)
+        out, dx = autograd(torch.relu, dout, x)
         return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout):
@@ -105,11 +105,9 @@ class LinearForward(Check):
         return f.linear_forward(x, W, b)[0]
 
     def expected(self, x, W, b):
-        torch = _torch()
         return torch.nn.functional.linear(_t(x), _t(W).T, _t(b)).numpy()
 
     def mistakes(self, x, W, b):
-        torch = _torch()
         found = {"with the weight transposed (x @ W.T): our W is (D_in, D_out), the transpose "
                  "of PyTorch's nn.Linear.weight, and y = x @ W + b":
                  lambda: torch.nn.functional.linear(_t(x), _t(W), _t(b)).numpy()}
@@ -234,7 +232,7 @@ class MSELoss(Check):
         return {"loss": loss, "dP": dP, "the loss is a float": isinstance(loss, float)}
 
     def expected(self, P, Y):
-        loss, dP = autograd(lambda pt: _torch().nn.functional.mse_loss(pt, _t(Y)), None, P)
+        loss, dP = autograd(lambda pt: torch.nn.functional.mse_loss(pt, _t(Y)), None, P)
         # the loss as a NumPy scalar of P's dtype: a float32 loss is compared to float32 precision
         return {"loss": loss[()], "dP": dP, "the loss is a float": True}
 

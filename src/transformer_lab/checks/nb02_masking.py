@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
@@ -25,7 +25,6 @@ def _softmax(x):
 def _sdpa(q, k, v, mask):
     """PyTorch's scaled dot-product attention with the course's mask (bool True = blocked, or
     float added). A query whose keys are all blocked gets a zero output, as in the course."""
-    torch = _torch()
     t = [torch.from_numpy(a) for a in (q, k, v)]
     if mask is not None:
         mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
@@ -74,7 +73,6 @@ class CausalMask(Check):
         return f.causal_mask(T) if S is None else f.causal_mask(T, S)
 
     def expected(self, T, S=None):
-        torch = _torch()
         # PyTorch's causal convention (F.scaled_dot_product_attention(is_causal=True)):
         # the allowed pairs are the lower triangle, aligned at the top left when S != T
         allowed = torch.ones(T, T if S is None else S, dtype=torch.bool).tril()
@@ -185,7 +183,6 @@ class SoftmaxEmptyRows(Check):
         return f.softmax_forward(x)[0]
 
     def expected(self, x):
-        torch = _torch()
         # torch's softmax gives NaN exactly on the rows of only -inf; the course gives zeros
         return torch.softmax(torch.from_numpy(x), dim=-1).nan_to_num(nan=0.0).numpy()
 
@@ -272,7 +269,6 @@ class PaddingMask(Check):
     ### END HIDDEN TESTS
 
     def expected(self, lengths, S):
-        torch = _torch()
         from torch.nn.utils.rnn import pad_sequence
 
         # PyTorch pads a list of sequences to a batch; True marks the real tokens
@@ -317,13 +313,11 @@ class SlidingWindow(Check):
         yield Case("T = 8, window 7", (8, 7))
 
     def expected(self, T, window):
-        torch = _torch()
         ones = torch.ones(T, T, dtype=torch.bool)
         allowed = ones.tril() & ~ones.tril(-window)  # i - window < j <= i
         return (~allowed).numpy()
 
     def mistakes(self, T, window):
-        torch = _torch()
         ones = torch.ones(T, T, dtype=torch.bool)
         return {"seeing window + 1 positions (j >= i - window allowed: itself and window - 1 "
                 "before it)": lambda: (~(ones.tril() & ~ones.tril(-window - 1))).numpy(),
@@ -352,13 +346,11 @@ class PrefixLM(Check):
         yield Case("T = 7, prefix of 3", (7, 3))
 
     def expected(self, T, prefix_len):
-        torch = _torch()
         allowed = torch.ones(T, T, dtype=torch.bool).tril()
         allowed[:, :prefix_len] = True
         return (~allowed).numpy()
 
     def mistakes(self, T, prefix_len):
-        torch = _torch()
         causal = ~torch.ones(T, T, dtype=torch.bool).tril()
         one_more = self.expected(T, min(prefix_len + 1, T))
         rows_open = causal.clone()
@@ -392,13 +384,11 @@ class CrossMask(Check):
                    (np.array([0, 2, 3]), np.array([4, 4, 1]), 3, 4))
 
     def expected(self, query_lengths, key_lengths, T, S):
-        torch = _torch()
         q_valid = torch.arange(T)[None, :] < torch.as_tensor(query_lengths)[:, None]  # (B, T)
         k_valid = torch.arange(S)[None, :] < torch.as_tensor(key_lengths)[:, None]  # (B, S)
         return (~(q_valid[:, :, None] & k_valid[:, None, :])).numpy()
 
     def mistakes(self, query_lengths, key_lengths, T, S):
-        torch = _torch()
         q_pad = (torch.arange(T)[None, :] >= torch.as_tensor(query_lengths)[:, None]).numpy()
         k_pad = (torch.arange(S)[None, :] >= torch.as_tensor(key_lengths)[:, None]).numpy()
         b = len(q_pad)

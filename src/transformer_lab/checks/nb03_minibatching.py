@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb00_gradients import torch_linear
 from transformer_lab.checks.nb02_masking import _sdpa
@@ -221,7 +221,6 @@ class RmsNorm(Check):
         return f.rms_norm(x, gamma, eps=eps)
 
     def expected(self, x, gamma, eps=1e-6):
-        torch = _torch()
         return torch.nn.functional.rms_norm(torch.from_numpy(x), (x.shape[-1],),
                                             torch.from_numpy(gamma), eps=eps).numpy()
 

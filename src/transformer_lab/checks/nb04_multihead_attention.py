@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -97,7 +97,6 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     packed ``W_qkv``, any key/value widths), run with the boolean mask broadcast to
     ``(B * H, T, S)`` (True = blocked); returns the output as a NumPy array of the inputs'
     dtype. A fully blocked query row gets the output bias (PyTorch with need_weights=False)."""
-    torch = _torch()
     e = query.shape[-1]
     dtype = getattr(torch, query.dtype.name)
     packed = "W_qkv" in params
@@ -140,7 +139,6 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=N
     ``scale`` (default 1/sqrt(d_h)), ``split`` ("heads": reshape (B, T, H, d_h) then swap;
     "no swap": reshape straight to (B, H, T, d_h); "interleaved": W_qkv cut per head as
     [q_i | k_i | v_i]), ``project_out`` (False: no W_o), ``transpose_weights`` (x @ W.T)."""
-    torch = _torch()
     F = torch.nn.functional
     e = query.shape[-1]
     h, d_h = num_heads, e // num_heads
@@ -235,7 +233,7 @@ class SplitHeads(Check):
 
     def expected(self, x, num_heads):
         b, t, e = x.shape
-        return (_torch().from_numpy(x).reshape(b, t, num_heads, e // num_heads)
+        return (torch.from_numpy(x).reshape(b, t, num_heads, e // num_heads)
                 .transpose(1, 2).contiguous().numpy())
 
     def mistakes(self, x, num_heads):
@@ -271,7 +269,7 @@ class MergeHeads(Check):
 
     def expected(self, x):
         b, h, t, d = x.shape
-        return _torch().from_numpy(x).transpose(1, 2).reshape(b, t, h * d).numpy()
+        return torch.from_numpy(x).transpose(1, 2).reshape(b, t, h * d).numpy()
 
     def mistakes(self, x):
         b, h, t, d = x.shape
@@ -369,7 +367,6 @@ class MergeMasks(Check):
     def expected(self, attn_mask, key_padding_mask, scores_shape):
         if attn_mask is None and key_padding_mask is None:
             return None
-        torch = _torch()
         full = torch.zeros(scores_shape, dtype=torch.bool)
         if attn_mask is not None:
             full = full | torch.from_numpy(attn_mask)
@@ -485,7 +482,6 @@ class GroupedQueryAttention(Check):
     @staticmethod
     def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
                    project_out=True):
-        torch = _torch()
         F = torch.nn.functional
         b, t, e = x.shape
         d_h = e // h
@@ -524,7 +520,6 @@ class GroupedQueryAttention(Check):
 def torch_gqa_cost(e, h, g, t):
     """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer with
     biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length ``t``."""
-    torch = _torch()
     from torch.utils.flop_counter import FlopCounterMode
 
     nn = torch.nn

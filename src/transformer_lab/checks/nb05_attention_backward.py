@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch, autograd
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb04_multihead_attention import (
     blocked_rows_mask,
@@ -29,7 +29,6 @@ def torch_softmax_rows(scores, mask=None):
     """Softmax over the last axis of a torch tensor, with the core's conventions: a bool mask
     (True = blocked) puts -inf, a float mask is added; a row with no finite entry gets zeros
     (and passes no gradient)."""
-    torch = _torch()
     if mask is not None:
         m = torch.from_numpy(np.asarray(mask))
         scores = scores.masked_fill(m, -math.inf) if m.dtype == torch.bool else scores + m
@@ -440,7 +439,7 @@ class SoftmaxTemperatureBackward(Check):
         return {"dx": dx, "dtau": dtau}
 
     def expected(self, dy, x, y, tau):
-        softmax = _torch().softmax
+        softmax = torch.softmax
         _, dx, dtau = autograd(lambda xt, taut: softmax(xt / taut, dim=-1), dy, x, np.float64(tau))
         return {"dx": dx, "dtau": float(dtau)}
 
@@ -485,7 +484,7 @@ class ScoreBiasAttentionBackward(Check):
         return {"dQ": dQ, "dK": dK, "dV": dV, "dA": dA}
 
     def expected(self, dO, Q, K, V, P, scale, A=None):
-        softmax = _torch().softmax
+        softmax = torch.softmax
         _, *grads = autograd(lambda q, k, v, a: softmax((q @ k.transpose(-1, -2)) * scale + a,
                                                         dim=-1) @ v, dO, Q, K, V, A)
         return dict(zip(("dQ", "dK", "dV", "dA"), grads, strict=True))

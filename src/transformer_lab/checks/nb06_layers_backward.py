@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
@@ -38,7 +38,7 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
-    F = _torch().nn.functional
+    F = torch.nn.functional
     xt, gt, bt = _t(x, True), _t(gamma, gamma is not None), _t(beta, beta is not None)
     out = F.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
     out.backward(_t(dout))
@@ -187,7 +187,7 @@ class LogSoftmax(Check):
 
     def expected(self, x, dout):
         xt = _t(x, True)
-        out = _torch().log_softmax(xt, dim=-1)
+        out = torch.log_softmax(xt, dim=-1)
         out.backward(_t(dout))
         return {"out": _np(out), "dx": _np(xt.grad)}
 
@@ -250,7 +250,6 @@ class CrossEntropy(Check):
     @staticmethod
     def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
                   count_all=False, keep_padding=False):
-        torch = _torch()
         F = torch.nn.functional
         c = logits.shape[-1]
         lt = _t(logits, True)
@@ -329,7 +328,6 @@ class Embedding(Check):
         return {"out": out, "grads": f.embedding_backward(dout, cache)}
 
     def expected(self, ids, W, dout):
-        torch = _torch()
         wt = _t(W, True)
         out = torch.nn.functional.embedding(torch.from_numpy(np.asarray(ids)), wt)
         out.backward(_t(dout))
@@ -376,7 +374,7 @@ class RMSNormBackward(Check):
         return {"dx": dx, "dgamma": dgamma}
 
     def expected(self, dy, x, gamma, eps=1e-6):
-        F = _torch().nn.functional
+        F = torch.nn.functional
         xt, gt = _t(x, True), _t(gamma, True)
         F.rms_norm(xt, (x.shape[-1],), gt, eps=eps).backward(_t(dy))
         return {"dx": _np(xt.grad), "dgamma": _np(gt.grad)}

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch, autograd
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.reference.interop import layout
 
@@ -82,7 +82,7 @@ def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.flo
 
 def _activation(name):
     """The torch function of the core's activation ``name``."""
-    F = _torch().nn.functional
+    F = torch.nn.functional
     return {"relu": F.relu, "gelu": F.gelu,
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
 
@@ -93,14 +93,12 @@ def _dims(layer_p):
 
 
 def _load(module, state):
-    torch = _torch()
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     return module
 
 
 def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
-    torch = _torch()
     e, f, bias, dtype = _dims(params)
     cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
     layer = cls(e, num_heads, f, dropout=0.0, activation=_activation(activation),
@@ -111,7 +109,6 @@ def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
 
 def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
-    torch = _torch()
     layers = params["layers"]
     e, _, bias, dtype = _dims(layers[0])
     one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
@@ -209,12 +206,11 @@ class Gelu(Check):
         return {"out": out, "dx": f.gelu_backward(dout, cache)}
 
     def expected(self, x, dout, approximate="none"):
-        gelu = _torch().nn.functional.gelu
+        gelu = torch.nn.functional.gelu
         out, dx = autograd(lambda xt: gelu(xt, approximate=approximate), dout, x)
         return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout, approximate="none"):
-        torch = _torch()
         other = "tanh" if approximate == "none" else "none"
         right = self.expected(x, dout, approximate)
         xt = _t(x.astype(np.float64))
@@ -332,7 +328,6 @@ class FeedForward(Check):
 def _derivative_at_output(h, act):
     """``act(h)`` whose backward pass multiplies by ``act'(a)``, the derivative at the output
     ``a = act(h)`` -- the wrong point -- instead of ``act'(h)``: a mistake of FeedForward."""
-    torch = _torch()
 
     class WrongPoint(torch.autograd.Function):
         @staticmethod
@@ -416,7 +411,6 @@ class Residual(Check):
         return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
 
     def _torch_run(self, x, W, norm, dout, norm_first, eps, where="right"):
-        torch = _torch()
         xt, Wt = _t(x, grad=True), _t(W, grad=True)
         g = {k: _t(v, grad=True) for k, v in norm.items()}
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch, autograd
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb07_blocks import (
     _activation,
@@ -58,7 +58,6 @@ class PositionalEncoding(Check):
         return f.positional_encoding(max_len, d_model, base)
 
     def _table(self, max_len, d_model, base=10000.0, how="right"):
-        torch = _torch()
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
         i = torch.arange(0, d_model, 2, dtype=torch.float64)
         if how == "i/d":
@@ -283,7 +282,6 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
 def torch_model(params, config, dtype):
     """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
     holding the stacks."""
-    torch = _torch()
     enc, dec = params["encoder"], params["decoder"]
     e, f, bias, _ = _dims(enc["layers"][0])
     with warnings.catch_warnings():
@@ -306,7 +304,6 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
     """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
     ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
     "no memory padding mask")."""
-    torch = _torch()
     dtype = params["out_proj"]["W"].dtype
     core, outer = torch_model(params, config, dtype)
     scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \

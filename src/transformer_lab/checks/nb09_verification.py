@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb08_transformer import (
     config_of,
@@ -123,7 +123,6 @@ class TransformerLoss(Check):
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
     def _answer(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
-        torch = _torch()
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
         flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
@@ -162,7 +161,6 @@ class TransformerLoss(Check):
 def _mha_case(batch, length, e, heads, seed):
     """An ``nn.MultiheadAttention`` (float64) with seeded weights, an input, a padding mask and
     an upstream gradient."""
-    torch = _torch()
     r = np.random.default_rng(seed)
     mha = torch.nn.MultiheadAttention(e, heads, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
@@ -199,7 +197,6 @@ class FindTheBug(Check):
 
     def mistakes(self, batch, length, e, heads, seed):
         def variant(scale_by_e, transpose_back, query_axis=False):
-            torch = _torch()
             mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
             xt = _t(x, grad=True)
             dh = e // heads
@@ -241,7 +238,6 @@ class FindTheBug(Check):
 
 def _smoothed(logits, labels, pad_id, alpha, how="right"):
     """Loss and dlogits from torch's ``cross_entropy(label_smoothing=...)`` (or a mistake)."""
-    torch = _torch()
     v = logits.shape[-1]
     lt = _t(logits, grad=True)
     flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))

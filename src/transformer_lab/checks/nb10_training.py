@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks import framework as F
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, register
 
 
@@ -47,7 +47,6 @@ def _changes_the_answer(check: Check, found: dict, want) -> dict:
 def _torch_trajectory(opt_class, p0, grads, **settings):
     """Feed ``grads`` to ``opt_class([p], **settings)`` one step at a time; (p after each step
     (k, ...), the optimiser's state of p after the last)."""
-    torch = _torch()
     p = torch.tensor(p0.copy(), requires_grad=True)
     opt = opt_class([p], **settings)
     after = []
@@ -143,7 +142,7 @@ class SGDStep(Check):
         return out
 
     def expected(self, p0, grads, **hyper):
-        after, state = _torch_trajectory(_torch().optim.SGD, p0, grads, **hyper)
+        after, state = _torch_trajectory(torch.optim.SGD, p0, grads, **hyper)
         out = {P_AFTER: after}
         if hyper.get("momentum"):
             out[BUFFER] = state["momentum_buffer"]
@@ -262,7 +261,6 @@ class AdamStep(Check):
 
     def expected(self, p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                  decoupled=False):
-        torch = _torch()
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
         after, state = _torch_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2), eps=eps,
                                          weight_decay=weight_decay)
@@ -319,7 +317,6 @@ def _grads_case(rng, name, shapes, dtype=np.float64, scales=None, *extra) -> Cas
 
 def _torch_norms(grads):
     """The norm of every array (torch), as float64 numbers."""
-    torch = _torch()
     return np.array([float(torch.linalg.vector_norm(torch.from_numpy(g).double()))
                      for g in grads.values()])
 
@@ -411,7 +408,6 @@ class ClipGradNorm(Check):
         return {NORM: total, CLIPPED: grads}
 
     def expected(self, grads, max_norm):
-        torch = _torch()
         tensors = {}
         for name, g in grads.items():
             t = torch.zeros(g.shape, dtype=getattr(torch, g.dtype.name), requires_grad=True)
@@ -498,7 +494,6 @@ def _numpy_model(config: dict, params: dict):
 def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
     """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
     learning rate, step -- or one of the classic mistakes (``variant``)."""
-    torch = _torch()
     from transformer_lab.reference.torch_transformer import TorchTransformer
 
     twin = TorchTransformer(_config(config), seed=None)
@@ -649,7 +644,6 @@ def _rmsprop_case(rng, name, steps=6, dtype=np.float64, **hyper) -> Case:
 def _rmsprop_torch(params, grads, fresh_state=False, **settings):
     """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: a new optimiser, with empty
     state, for every step -- the mistake of not keeping the state)."""
-    torch = _torch()
     tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     opt = torch.optim.RMSprop(list(tensors.values()), **settings)
     after = {k: [] for k in params}
@@ -875,7 +869,6 @@ class SampleDecode(Check):
             first, minlength=config["tgt_vocab_size"]) / DRAWS}
 
     def expected(self, config, params, src, temperature, max_len, what):
-        torch = _torch()
         twin = _twin(config, params)
         if what == "samples":
             return _rows(twin.greedy_decode(src, max_len, padded=True))

@@ -13,7 +13,10 @@ from __future__ import annotations
 import functools
 import re
 
+from transformer_lab.checks._torch_helpers import LazyModule
 from transformer_lab.checks.framework import Case, Check, register
+
+tokenizers = LazyModule("tokenizers")
 
 #: Texts for the cases: every branch of GPT-2's pattern, and of UTF-8 (1 to 4 bytes).
 TEXTS = {
@@ -35,19 +38,12 @@ HIDDEN_TEXTS = {
 ### END HIDDEN TESTS
 
 
-def _tokenizers():
-    """The ``tokenizers`` module, imported on first use."""
-    import tokenizers
-
-    return tokenizers
-
-
 @functools.cache
 def _gpt2_chars() -> tuple[str, ...]:
     """GPT-2's character for each byte, read from ``tokenizers``' ByteLevel pre-tokenizer: one
     character for each byte that valid UTF-8 uses; the 13 bytes it never uses (0xC0, 0xC1,
     0xF5..0xFF) are printable Latin-1 characters, which GPT-2 keeps as they are."""
-    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    pre = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     # ASCII; a character for each lead byte of 2, 3 and 4 bytes; the 64 continuation bytes
     codes = [*range(0x80), *range(0x80, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
              0x10000, 0x40000, 0x80000, 0xC0000, 0x100000, *range(0x80, 0xC0)]
@@ -61,7 +57,7 @@ def _gpt2_chars() -> tuple[str, ...]:
 
 def _pieces(text: str) -> list[str]:
     """GPT-2's pieces of ``text``, as ``tokenizers`` cuts them (offsets into the text)."""
-    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pre = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
 
@@ -109,7 +105,7 @@ def _strings(merges) -> list[str]:
 def _hf_bpe(merges, byte_level: bool):
     """A ``tokenizers`` BPE model of ``merges``: on GPT-2's characters (``byte_level``, with its
     pre-tokenizer, a whole Tokenizer) or on the plain ids as characters (a bare model)."""
-    tk = _tokenizers()
+    tk = tokenizers
     strings = _strings(merges) if byte_level else [chr(0x4E00 + i) for i in range(256)]
     if not byte_level:
         for a, b in merges:
@@ -601,7 +597,7 @@ class BPEDecode(Check):
     def expected(self, ids, vocab):
         chars = _gpt2_chars()
         tokens = ["".join(chars[b] for b in bytes.fromhex(vocab[i])) for i in ids]
-        return _tokenizers().decoders.ByteLevel().decode(tokens)
+        return tokenizers.decoders.ByteLevel().decode(tokens)
 
     def mistakes(self, ids, vocab):
         return {"decoding each token on its own (a character cut between two tokens becomes "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, register
 
 PAD, BOS, EOS = 0, 1, 2
@@ -58,7 +58,6 @@ class LabelSmoothedLoss(Check):
                 "dlogits": f.label_smoothed_loss_backward(dloss, cache)}
 
     def expected(self, logits, targets, eps, ignore_index, dloss):
-        torch = _torch()
         x = _t(logits, grad=True)
         loss = torch.nn.functional.cross_entropy(
             x.reshape(-1, logits.shape[-1]), _t(targets).reshape(-1), label_smoothing=eps,
@@ -342,7 +341,6 @@ class DecoderStep(Check):
         c = config_from_dict(config)
         twin = TorchTransformer(c, seed=None)
         twin.load_numpy_params(params)
-        torch = _torch()
         with torch.no_grad():
             mem = _t(memory)
             y = twin.decoder(twin.embed(_t(tgt), "tgt"), mem, _causal_mask(tgt.shape[1]), None,

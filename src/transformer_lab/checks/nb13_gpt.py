@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
@@ -62,7 +62,6 @@ class NextTokenLoss(Check):
                 "dlogits": f.next_token_loss_backward(1.0, cache)}
 
     def expected(self, logits, ids):
-        torch = _torch()
         x = _t(logits, grad=True)
         loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
                                                  _t(ids[:, 1:]).reshape(-1))
@@ -70,8 +69,6 @@ class NextTokenLoss(Check):
         return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
 
     def mistakes(self, logits, ids):
-        torch = _torch()
-
         def ce(lg, tg):
             x = _t(lg, grad=True)
             loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
@@ -108,13 +105,11 @@ def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
 
 def _torch_rotate(x, angles):
     """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
-    torch = _torch()
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
     return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
-    torch = _torch()
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
@@ -237,7 +232,7 @@ class _BlockCheck(Check):
         shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
                   if k.startswith("layers.0.")}
         torch_block = TorchBlock(c, shapes, torch_dtype(c))
-        with _torch().no_grad():
+        with torch.no_grad():
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))
         tx = _t(x, grad=True)
@@ -344,7 +339,6 @@ class GPTModel(Check):
 
             twin = TorchGPT(_config(config))
             twin.load_numpy_params(flat)
-            torch = _torch()
             with torch.no_grad():
                 x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
             for layer in twin.layers:

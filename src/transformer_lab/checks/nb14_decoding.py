@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, register
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
@@ -53,7 +53,6 @@ class TopKFilter(Check):
         return _kept_and_values(f.top_k_filter(logits, k))
 
     def expected(self, logits, k):
-        torch = _torch()
         kth = torch.topk(_t(logits), k, dim=-1).values[..., -1:]
         kept = _t(logits) >= kth
         return {"kept": kept.numpy(), "values": np.where(kept.numpy(), logits, 0)}
@@ -67,7 +66,6 @@ class TopKFilter(Check):
 
 
 def _top_p_reference(logits, p):
-    torch = _torch()
     x = _t(logits).to(torch.float64)
     probs = torch.softmax(x, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -152,7 +150,6 @@ class SampleNext(Check):
                 "reproducible with the same seed": bool(np.array_equal(first, again))}
 
     def expected(self, logits, temperature=1.0, top_k=None, top_p=None):
-        torch = _torch()
         if temperature == 0:
             return torch.argmax(_t(logits), dim=-1).numpy().astype(np.int64)
         z = _t(logits).to(torch.float64) / temperature
@@ -184,7 +181,6 @@ class MinPFilter(Check):
         yield Case("huge logits", (rng.standard_normal((2, 6)) * 500, 0.3))
 
     def expected(self, logits, p_min):
-        torch = _torch()
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         kept = (probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy()
         return {"kept": kept, "values": np.where(kept, logits, 0)}
@@ -320,7 +316,6 @@ class RoPE(Check):
                 "out": out, "dx": f.rope_backward(dout, cache)}
 
     def expected(self, positions, x, dout):
-        torch = _torch()
         Dh = x.shape[-1]
         omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
         angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
@@ -371,14 +366,12 @@ class RMSNorm(Check):
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
     def expected(self, x, gamma, dout):
-        torch = _torch()
         tx, tg = _t(x, grad=True), _t(gamma, grad=True)
         out = torch.nn.functional.rms_norm(tx, (x.shape[-1],), tg, 1e-5)
         out.backward(_t(dout))
         return {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}
 
     def mistakes(self, x, gamma, dout):
-        torch = _torch()
         tx, tg = _t(x, grad=True), _t(gamma, grad=True)
         out = torch.nn.functional.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5)
         out.backward(_t(dout))
@@ -421,7 +414,6 @@ class SwiGLU(Check):
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
     def expected(self, x, params, dout):
-        torch = _torch()
         tx = _t(x, grad=True)
         tp = {k: _t(v, grad=True) for k, v in params.items()}
         out = (torch.nn.functional.silu(tx @ tp["W_gate"]) * (tx @ tp["W_up"])) @ tp["W_down"]
@@ -430,7 +422,6 @@ class SwiGLU(Check):
                                                        for k, v in tp.items()}}
 
     def mistakes(self, x, params, dout):
-        torch = _torch()
         tx = _t(x, grad=True)
         tp = {k: _t(v, grad=True) for k, v in params.items()}
         out = (torch.nn.functional.silu(tx @ tp["W_up"]) * (tx @ tp["W_gate"])) @ tp["W_down"]

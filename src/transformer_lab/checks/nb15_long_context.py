@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 
 from transformer_lab import flash
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
@@ -29,7 +29,6 @@ def _split_neg_inf(m):
 
 def _state(prev):
     """The running (m, ell) after the scores ``prev`` (..., n) -- computed with torch."""
-    torch = _torch()
     t = torch.from_numpy(prev)
     m = t.amax(-1, keepdim=True)
     lse = torch.logsumexp(t, -1, keepdim=True)
@@ -105,7 +104,6 @@ class OnlineSoftmaxUpdate(Check):
                 "p": p, "alpha": alpha}
 
     def expected(self, m, ell, scores):
-        torch = _torch()
         m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
@@ -184,7 +182,6 @@ class FlashAttentionForward(Check):
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
             return {"peak extra memory below T * S * itemsize / 10": True}
-        torch = _torch()
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
         scores = (_causal_scores(torch, q, k) if causal
                   else q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
@@ -194,7 +191,6 @@ class FlashAttentionForward(Check):
     def mistakes(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
             return {}
-        torch = _torch()
         qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
 
         def answer(scores):
@@ -221,7 +217,6 @@ class FlashAttentionForward(Check):
 
 def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
     """A query block against all the keys, with the rows' lse and D = rowsum(dO * O) (torch)."""
-    torch = _torch()
     q_i, k, v = _qkv(rng, lead, b_q, S)
     dout_i = rng.standard_normal((*lead, b_q, v.shape[-1]))
     qt, kt, vt = (torch.from_numpy(a) for a in (q_i, k, v))
@@ -279,7 +274,6 @@ class FlashAttentionBackwardTile(Check):
 def _torch_grads(q, k, v, dout, causal):
     """dq, dk, dv of softmax(q k^T / sqrt(d) + causal mask) v, by torch autograd in float64;
     returned in the inputs' dtype."""
-    torch = _torch()
     qt, kt, vt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
     out.backward(torch.from_numpy(dout.astype(np.float64)))
@@ -376,7 +370,6 @@ class FlashSelfAttention(Check):
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, num_heads, dout, block_size):
-        torch = _torch()
         t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
              for n, a in {"x": x, **params}.items()}
         B, T, E = x.shape
