@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
@@ -38,16 +38,12 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
-    F = torch.nn.functional
-    xt, gt, bt = _t(x, True), _t(gamma, gamma is not None), _t(beta, beta is not None)
-    out = F.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
-    out.backward(_t(dout))
-    grads = {}
-    if gamma is not None:
-        grads["gamma"] = _np(gt.grad)
-    if beta is not None:
-        grads["beta"] = _np(bt.grad)
-    return _np(out), {"dx": _np(xt.grad), "grads": grads}
+    def layer_norm(xt, gt, bt):
+        return torch.nn.functional.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
+
+    out, dx, dgamma, dbeta = autograd(layer_norm, dout, x, gamma, beta)
+    grads = {k: g for k, g in (("gamma", dgamma), ("beta", dbeta)) if g is not None}
+    return out, {"dx": dx, "grads": grads}
 
 
 def _row_mean(a):
@@ -186,10 +182,8 @@ class LogSoftmax(Check):
         return {"out": out, "dx": f.log_softmax_backward(dout, cache)}
 
     def expected(self, x, dout):
-        xt = _t(x, True)
-        out = torch.log_softmax(xt, dim=-1)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(xt.grad)}
+        out, dx = autograd(lambda xt: torch.log_softmax(xt, dim=-1), dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout):
         right = self.expected(x, dout)
@@ -328,10 +322,9 @@ class Embedding(Check):
         return {"out": out, "grads": f.embedding_backward(dout, cache)}
 
     def expected(self, ids, W, dout):
-        wt = _t(W, True)
-        out = torch.nn.functional.embedding(torch.from_numpy(np.asarray(ids)), wt)
-        out.backward(_t(dout))
-        return {"out": _np(out), "grads": {"W": _np(wt.grad)}}
+        embedding, ids_t = torch.nn.functional.embedding, torch.from_numpy(np.asarray(ids))
+        out, dW = autograd(lambda wt: embedding(ids_t, wt), dout, W)
+        return {"out": out, "grads": {"W": dW}}
 
     def mistakes(self, ids, W, dout):
         right = self.expected(ids, W, dout)
@@ -374,10 +367,10 @@ class RMSNormBackward(Check):
         return {"dx": dx, "dgamma": dgamma}
 
     def expected(self, dy, x, gamma, eps=1e-6):
-        F = torch.nn.functional
-        xt, gt = _t(x, True), _t(gamma, True)
-        F.rms_norm(xt, (x.shape[-1],), gt, eps=eps).backward(_t(dy))
-        return {"dx": _np(xt.grad), "dgamma": _np(gt.grad)}
+        rms_norm = torch.nn.functional.rms_norm
+        _, dx, dgamma = autograd(lambda xt, gt: rms_norm(xt, (x.shape[-1],), gt, eps=eps), dy, x,
+                                 gamma)
+        return {"dx": dx, "dgamma": dgamma}
 
     def mistakes(self, dy, x, gamma, eps=1e-6):
         right = self.expected(dy, x, gamma, eps)
