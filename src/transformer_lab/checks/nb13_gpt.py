@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
@@ -62,32 +62,28 @@ class NextTokenLoss(Check):
                 "dlogits": f.next_token_loss_backward(1.0, cache)}
 
     def expected(self, logits, ids):
-        x = _t(logits, grad=True)
-        loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
-                                                 _t(ids[:, 1:]).reshape(-1))
-        loss.backward()
-        return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
+        return _shifted_loss(logits, ids, 1)
 
     def mistakes(self, logits, ids):
-        def ce(lg, tg):
-            x = _t(lg, grad=True)
-            loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
-                                                     _t(tg).reshape(-1))
-            loss.backward()
-            return np.asarray(loss.item(), dtype=logits.dtype), _np(x.grad)
+        return {"without the shift (each position scored against its own token)":
+                lambda: _shifted_loss(logits, ids, 0),
+                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
+                lambda: _shifted_loss(logits, ids, -1)}
 
-        def unshifted():
-            loss, d = ce(logits, ids)
-            return {"loss": loss, "dlogits": d}
 
-        def wrong_way():
-            loss, d = ce(logits[:, 1:], ids[:, :-1])
-            full = np.zeros_like(logits)
-            full[:, 1:] = d
-            return {"loss": loss, "dlogits": full}
+def _shifted_loss(logits, ids, shift):
+    """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
+    token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
+    T = ids.shape[1]
+    scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
+                      else (slice(-shift, T), slice(0, T + shift)))
 
-        return {"without the shift (each position scored against its own token)": unshifted,
-                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])": wrong_way}
+    def loss(x):
+        return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
+                                                 _t(ids[:, target]).reshape(-1))
+
+    value, dlogits = autograd(loss, None, logits)
+    return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,12 +122,10 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
 
 
 def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    tx = _t(x, grad=True)
-    tp = {k: _t(v, grad=True) for k, v in params.items()}
     ta = None if angles is None else _t(angles)
-    out = _torch_attention(tx, tp, H, Hkv, ta, causal)
-    out.backward(_t(dout))
-    return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
+    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, ta, causal), dout,
+                              x, params)
+    return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
 @register

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, register
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
@@ -319,11 +319,9 @@ class RoPE(Check):
         Dh = x.shape[-1]
         omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
         angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
-        tx = _t(x, grad=True)
-        out = _torch_rotate(tx, angles.to(tx.dtype))
-        out.backward(_t(dout))
-        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(),
-                "out": _np(out), "dx": _np(tx.grad)}
+        out, dx = autograd(lambda tx: _torch_rotate(tx, angles.to(tx.dtype)), dout, x)
+        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(), "out": out,
+                "dx": dx}
 
     def mistakes(self, positions, x, dout):
         want = self.expected(positions, x, dout)
@@ -366,21 +364,28 @@ class RMSNorm(Check):
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
     def expected(self, x, gamma, dout):
-        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
-        out = torch.nn.functional.rms_norm(tx, (x.shape[-1],), tg, 1e-5)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}
+        return _torch_norm(x, gamma, dout)
 
     def mistakes(self, x, gamma, dout):
-        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
-        out = torch.nn.functional.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5)
-        out.backward(_t(dout))
+        tx, tg = _t(x), _t(gamma)
         eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
         return {"subtracting the mean first (that is a layer norm)":
-                lambda: {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)},
+                lambda: _torch_norm(x, gamma, dout, rms=False),
                 # the forward alone: a hint names the first output that differs
                 "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+
+
+def _torch_norm(x, gamma, dout, rms=True):
+    """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
+    F = torch.nn.functional
+
+    def norm(tx, tg):
+        return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
+                else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
+
+    out, dx, dgamma = autograd(norm, dout, x, gamma)
+    return {"out": out, "dx": dx, "dgamma": dgamma}
 
 
 @register
@@ -414,21 +419,18 @@ class SwiGLU(Check):
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
     def expected(self, x, params, dout):
-        tx = _t(x, grad=True)
-        tp = {k: _t(v, grad=True) for k, v in params.items()}
-        out = (torch.nn.functional.silu(tx @ tp["W_gate"]) * (tx @ tp["W_up"])) @ tp["W_down"]
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad)
-                                                       for k, v in tp.items()}}
+        return self._answer(x, params, dout)
 
     def mistakes(self, x, params, dout):
-        tx = _t(x, grad=True)
-        tp = {k: _t(v, grad=True) for k, v in params.items()}
-        out = (torch.nn.functional.silu(tx @ tp["W_up"]) * (tx @ tp["W_gate"])) @ tp["W_down"]
-        out.backward(_t(dout))
         return {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                lambda: {"out": _np(out), "dx": _np(tx.grad),
-                         **{f"d{k}": _np(v.grad) for k, v in tp.items()}}}
+                lambda: self._answer(x, params, dout, gate="W_up", up="W_gate")}
+
+    @staticmethod
+    def _answer(x, params, dout, gate="W_gate", up="W_up"):
+        silu = torch.nn.functional.silu
+        out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
+                                  dout, x, params)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
 @register

@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 
 from transformer_lab import flash
-from transformer_lab.checks._torch_helpers import torch
+from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
@@ -274,10 +274,13 @@ class FlashAttentionBackwardTile(Check):
 def _torch_grads(q, k, v, dout, causal):
     """dq, dk, dv of softmax(q k^T / sqrt(d) + causal mask) v, by torch autograd in float64;
     returned in the inputs' dtype."""
-    qt, kt, vt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-    out.backward(torch.from_numpy(dout.astype(np.float64)))
-    return tuple(t.grad.numpy().astype(q.dtype) for t in (qt, kt, vt))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    _, *grads = autograd(lambda *qkv: sdpa(*qkv, is_causal=causal), *_float64(dout, q, k, v))
+    return tuple(g.astype(q.dtype) for g in grads)
+
+
+def _float64(*arrays):
+    return tuple(a.astype(np.float64) for a in arrays)
 
 
 def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
@@ -370,15 +373,18 @@ class FlashSelfAttention(Check):
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, num_heads, dout, block_size):
-        t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
-             for n, a in {"x": x, **params}.items()}
         B, T, E = x.shape
-        qkv = t["x"] @ t["W_qkv"] + (t["b_qkv"] if "b_qkv" in t else 0)
-        q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
-                   for a in qkv.split(E, dim=-1))
-        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = heads.transpose(1, 2).reshape(B, T, E) @ t["W_o"] + (t["b_o"] if "b_o" in t else 0)
-        out.backward(torch.from_numpy(dout.astype(np.float64)))
+
+        def attention(x, p):  # in float64
+            qkv = x @ p["W_qkv"] + (p["b_qkv"] if "b_qkv" in p else 0)
+            q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
+                       for a in qkv.split(E, dim=-1))
+            heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return heads.transpose(1, 2).reshape(B, T, E) @ p["W_o"] + (p["b_o"] if "b_o" in p
+                                                                         else 0)
+
+        out, dx, grads = autograd(attention, *_float64(dout, x),
+                                  dict(zip(params, _float64(*params.values()), strict=True)))
         cast = x.dtype
-        return {"out": out.detach().numpy().astype(cast), "dx": t["x"].grad.numpy().astype(cast),
-                "grads": {n: t[n].grad.numpy().astype(cast) for n in params}}
+        return {"out": out.astype(cast), "dx": dx.astype(cast),
+                "grads": {n: g.astype(cast) for n, g in grads.items()}}
