@@ -91,11 +91,24 @@ class CausalMask(Check):
                 lambda: self.expected(T)}
 
 
-@register
-class AttentionMask(Check):
-    id = "check-attention-mask"
+class _MaskedAttention(Check):
+    """attention_forward with a mask (its output only) against PyTorch's scaled dot-product
+    attention given the same mask (:func:`_sdpa`)."""
+
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
+
+    def run(self, f, q, k, v, mask=None):
+        out, cache = f.attention_forward(q, k, v, mask)
+        return out
+
+    def expected(self, q, k, v, mask=None):
+        return _sdpa(q, k, v, mask)
+
+
+@register
+class AttentionMask(_MaskedAttention):
+    id = "check-attention-mask"
 
     def cases(self, rng):
         q, k, v = _qkv(rng, 4, 4, 3, 3)
@@ -124,13 +137,6 @@ class AttentionMask(Check):
         yield Case("an all-False mask (nothing blocked)",
                    (*_qkv(rng, 3, 3, 4, 4), np.zeros((3, 3), bool)))
     ### END HIDDEN TESTS
-
-    def run(self, f, q, k, v, mask):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask):
-        return _sdpa(q, k, v, mask)
 
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
@@ -199,10 +205,8 @@ class SoftmaxEmptyRows(Check):
 
 
 @register
-class AttentionEmptyRows(Check):
+class AttentionEmptyRows(_MaskedAttention):
     id = "check-attention-empty-rows"
-    functions = ("attention_forward",)
-    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         left_padded = np.triu(np.ones((6, 6), bool), 1)
@@ -225,13 +229,6 @@ class AttentionEmptyRows(Check):
         yield Case("every row fully blocked", (*_qkv(rng, 3, 4, 2, 2), np.ones((3, 4), bool)))
         yield Case("one query, no key allowed", (*_qkv(rng, 1, 3, 2, 5), np.ones((1, 3), bool)))
     ### END HIDDEN TESTS
-
-    def run(self, f, q, k, v, mask):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask):
-        return _sdpa(q, k, v, mask)
 
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)

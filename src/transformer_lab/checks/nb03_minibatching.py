@@ -10,7 +10,7 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb00_gradients import torch_linear
-from transformer_lab.checks.nb02_masking import _sdpa
+from transformer_lab.checks.nb02_masking import _MaskedAttention
 
 
 def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
@@ -22,34 +22,28 @@ def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
     return x, W, b, dout
 
 
-def _linear_cases(rng):
-    yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
-    yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
-    yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
-    yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
-    yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
-
-
-### BEGIN HIDDEN TESTS
-def _linear_hidden_cases(rng):
-    yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
-    yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
-    yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
-### END HIDDEN TESTS
-
-
-@register
-class LinearForwardBatched(Check):
-    id = "check-linear-forward-batched"
-    functions = ("linear_forward",)
+class _LinearCases:
+    """The cases of both linear checks (the forward and the backward see the same inputs)."""
 
     def cases(self, rng):
-        yield from _linear_cases(rng)
+        yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
+        yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
+        yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
+        yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
+        yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield from _linear_hidden_cases(rng)
+        yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
+        yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
+        yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
     ### END HIDDEN TESTS
+
+
+@register
+class LinearForwardBatched(_LinearCases, Check):
+    id = "check-linear-forward-batched"
+    functions = ("linear_forward",)
 
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
@@ -69,17 +63,9 @@ class LinearForwardBatched(Check):
 
 
 @register
-class LinearBackwardBatched(Check):
+class LinearBackwardBatched(_LinearCases, Check):
     id = "check-linear-backward-batched"
     functions = ("linear_forward", "linear_backward")
-
-    def cases(self, rng):
-        yield from _linear_cases(rng)
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield from _linear_hidden_cases(rng)
-    ### END HIDDEN TESTS
 
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
@@ -113,10 +99,8 @@ class LinearBackwardBatched(Check):
 
 
 @register
-class AttentionBatched(Check):
+class AttentionBatched(_MaskedAttention):
     id = "check-attention-batched"
-    functions = ("attention_forward",)
-    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         def qkv(lead, t, s, d_k, d_v, dtype=np.float64):
@@ -150,13 +134,6 @@ class AttentionBatched(Check):
         blocked[1, 0] = True
         yield Case("a fully blocked row in a batch", (*qkv((2,), 3, 4, 3, 2), blocked))
     ### END HIDDEN TESTS
-
-    def run(self, f, q, k, v, mask=None):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask=None):
-        return _sdpa(q, k, v, mask)
 
     def mistakes(self, q, k, v, mask=None):
         if q.ndim < 3:
