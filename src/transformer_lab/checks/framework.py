@@ -438,37 +438,25 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         return Difference(name, f"{name} must be a NumPy array or a number like the expected "
                                 f"one ({_describe(want_arr)}), got {_kind(got)}", got, want)
     got_arr = np.asarray(got)
-    if want_arr.dtype == bool or got_arr.dtype == bool:
+    is_bool = want_arr.dtype == bool or got_arr.dtype == bool
+    if is_bool or np.issubdtype(want_arr.dtype, np.integer):  # masks, ids, counts: exactly
         if got_arr.shape != want_arr.shape:
             return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
                                     f"{got_arr.shape}", got_arr, want_arr)
-        if got_arr.dtype != want_arr.dtype:
+        if is_bool and got_arr.dtype != want_arr.dtype:
             return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
                                     f"{got_arr.dtype}", got_arr, want_arr)
-        wrong = np.argwhere(got_arr != want_arr)
-        if wrong.size:
-            at = _index(wrong[0], check, name, want_arr)
-            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {at}: expected "
-                                    f"{want_arr[tuple(wrong[0])]}, got {got_arr[tuple(wrong[0])]}"
-                                    f"{_both(got_arr, want_arr)}", got_arr, want_arr)
-        return None
-    if np.issubdtype(want_arr.dtype, np.integer):
-        if got_arr.shape != want_arr.shape:
-            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
-                                    f"{got_arr.shape}", got_arr, want_arr)
         if want_arr.ndim == 0:
             return None if got_arr == want_arr else Difference(
                 name, f"{name}: expected {want_arr}, got {got_arr}", got_arr, want_arr)
         wrong = np.argwhere(got_arr != want_arr)
-        if wrong.size:
-            first = tuple(wrong[0])
-            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {_index(first, check, name, want_arr)}: "
-                                    f"expected {want_arr[first]}, "
-                                    f"got {got_arr[first]}{_both(got_arr, want_arr)}",
-                              got_arr, want_arr)
-        return None
+        if not wrong.size:
+            return None
+        first = tuple(wrong[0])
+        return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, the "
+                                f"first at {_index(first, check, name, want_arr)}: expected "
+                                f"{want_arr[first]}, got {got_arr[first]}"
+                                f"{_both(got_arr, want_arr)}", got_arr, want_arr)
     if got_arr.shape != want_arr.shape:
         return Difference(name, f"{name}: expected shape {want_arr.shape}, got shape "
                                 f"{got_arr.shape}", got_arr, want_arr)

@@ -1,11 +1,9 @@
 """Checks of notebook 06_layers_backward: the backward passes of layer norm, log-softmax,
 cross-entropy and the embedding, and the notebook's variant (RMSNorm's backward).
 
-Every backward check runs the forward and the backward of your core, and compares with PyTorch
-autograd on the same inputs: the forward built from torch operations in the inputs' dtype,
-``.backward(dout)``, the gradients read from ``.grad``. A query whose keys are all blocked gets
-zero weights, zero output and zero gradient, as in the core. The hints compute the classic wrong
-answers from the same PyTorch graph (its intermediate gradients kept with ``retain_grad``).
+Every backward check runs the forward and the backward of your core and compares them with
+PyTorch autograd on the same inputs, in their dtype (:func:`._torch_helpers.autograd`), as
+notebook 05's do. The hints compute the classic wrong answers from the reference's pieces.
 """
 
 from __future__ import annotations

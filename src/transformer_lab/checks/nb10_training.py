@@ -18,6 +18,7 @@ import numpy as np
 from transformer_lab.checks import framework as F
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.models.config import config_from_dict
 
 
 def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,
@@ -440,12 +441,6 @@ NORMS = "the gradient norms returned (before clipping)"
 PARAMS = "the parameters after the steps"
 
 
-def _config(d: dict):
-    from transformer_lab.models.encoder_decoder import TransformerConfig
-
-    return TransformerConfig(**{**d, "dtype": np.dtype(d["dtype"]).type})
-
-
 def _tiny_config(dtype="float64", **kw) -> dict:
     """A small model with learned positions (so that neither side needs a positional table)."""
     return {"src_vocab_size": 8, "tgt_vocab_size": 9, "d_model": 8, "num_heads": 2,
@@ -457,11 +452,11 @@ def _random_params(config: dict, rng, scale=0.4) -> dict:
     """Random parameters for a config (plain data: name -> array); layer-norm gains near 1."""
     from transformer_lab.reference.torch_transformer import TorchTransformer
 
-    shapes = TorchTransformer(_config(config), seed=None).numpy_params()  # zeros: the shapes
+    zeros = TorchTransformer(config_from_dict(config), seed=None).numpy_params()  # the shapes
     dt = np.dtype(config["dtype"])
     return {name: ((1.0 if name.endswith("gamma") else 0.0)
                    + rng.standard_normal(z.shape) * scale).astype(dt)
-            for name, z in shapes.items()}
+            for name, z in zeros.items()}
 
 
 def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
@@ -484,20 +479,27 @@ def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Cas
 
 
 def _numpy_model(config: dict, params: dict):
+    """The package's model of the config (a dict) holding ``params``, the core's code inside."""
     from transformer_lab.models.encoder_decoder import Transformer
 
-    model = Transformer(_config(config), seed=0)
+    model = Transformer(config_from_dict(config), seed=0)
     model.set_params(params)
     return model
+
+
+def _twin(config: dict, params: dict):
+    """``TorchTransformer``, the model written again in PyTorch, holding ``params``."""
+    from transformer_lab.reference.torch_transformer import TorchTransformer
+
+    twin = TorchTransformer(config_from_dict(config), seed=None)
+    twin.load_numpy_params(params)
+    return twin
 
 
 def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
     """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
     learning rate, step -- or one of the classic mistakes (``variant``)."""
-    from transformer_lab.reference.torch_transformer import TorchTransformer
-
-    twin = TorchTransformer(_config(config), seed=None)
-    twin.load_numpy_params(params)
+    twin = _twin(config, params)
     tparams = list(twin.parameters())
     opt = (torch.optim.SGD(tparams, lr=0.0, momentum=0.9) if optimizer == "sgd"
            else torch.optim.Adam(tparams, lr=0.0))
@@ -761,14 +763,6 @@ SAMPLES_CONFIG = {"src_vocab_size": 9, "tgt_vocab_size": 7, "d_model": 16, "num_
                   "positional": "learned", "dtype": "float64"}
 CHECK_SRC = np.array([[3, 4, 5, 6], [7, 8, 3, 0], [5, 0, 0, 0]])
 DRAWS = 10000
-
-
-def _twin(config, params):
-    from transformer_lab.reference.torch_transformer import TorchTransformer
-
-    twin = TorchTransformer(_config(config), seed=None)
-    twin.load_numpy_params(params)
-    return twin
 
 
 def _rows(out) -> dict:

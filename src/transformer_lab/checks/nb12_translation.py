@@ -14,6 +14,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -312,13 +313,8 @@ class DecoderStep(Check):
     ### END HIDDEN TESTS
 
     def run(self, f, config, params, memory, pad, tgt, chunks):
-        from transformer_lab.models.config import config_from_dict
-        from transformer_lab.models.encoder_decoder import Transformer
-
-        c = config_from_dict(config)
-        model = Transformer(c, seed=0)
-        model.set_params(params)
-        nested = model._nested()
+        model = _numpy_model(config, params)
+        c, nested = model.config, model._nested()
         H, Dh = c.num_heads, c.d_model // c.num_heads
         memory_kvs = [f.memory_keys_values(memory, layer["cross_attn"], H)
                       for layer in nested["decoder"]["layers"]]
@@ -335,19 +331,16 @@ class DecoderStep(Check):
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        from transformer_lab.models.config import config_from_dict
-        from transformer_lab.reference.torch_transformer import TorchTransformer, _causal_mask
+        from transformer_lab.reference.torch_transformer import _causal_mask
 
-        c = config_from_dict(config)
-        twin = TorchTransformer(c, seed=None)
-        twin.load_numpy_params(params)
+        twin = _twin(config, params)
         with torch.no_grad():
             mem = _t(memory)
             y = twin.decoder(twin.embed(_t(tgt), "tgt"), mem, _causal_mask(tgt.shape[1]), None,
                              _t(pad) if pad.any() else None)
             logits = twin.out_proj(y)
             B, S, E = memory.shape
-            H = c.num_heads
+            H = config["num_heads"]
             p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
             b = (params.get("decoder.layers.0.cross_attn.b_k"),
                  params.get("decoder.layers.0.cross_attn.b_v"))
