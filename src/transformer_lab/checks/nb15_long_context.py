@@ -136,6 +136,18 @@ def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
     return q, k, rng.standard_normal((*lead, S, d_v)).astype(dtype)
 
 
+MEMORY = "peak extra memory below T * S * itemsize / 10"
+
+
+def _memory_case(rng, backward=False):
+    """The tiled attention of a long sequence, whose peak memory is measured (:data:`MEMORY`);
+    with dout after q, k, v for the backward pass."""
+    q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
+    dout = (rng.standard_normal((1024, 16)),) if backward else ()
+    return Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
+                (q, k, v, *dout, True, 64), {"measure_memory": True})
+
+
 def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.0):
     q, k, v = _qkv(rng, lead, T, S, dtype)
     return Case(name, (q * dtype(scale), k, v, causal, block))
@@ -159,9 +171,7 @@ class FlashAttentionForward(Check):
                             (2, 3), 5, 6, False, 64)
         yield _forward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
                             np.float32)
-        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
-        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
-                   (q, k, v, True, 64), {"measure_memory": True})
+        yield _memory_case(rng)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -175,13 +185,12 @@ class FlashAttentionForward(Check):
         peak, (out, cache) = _peak_extra(lambda: f.flash_attention_forward(q, k, v, causal,
                                                                             block_size))
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10":
-                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
         return {"out": out, "lse": flash.row_logsumexp(cache)}
 
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10": True}
+            return {MEMORY: True}
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
         scores = (_causal_scores(torch, q, k) if causal
                   else q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
@@ -305,10 +314,7 @@ class FlashAttentionBackward(Check):
                              (2, 3), 5, 6, False, 64)
         yield _backward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
                              np.float32)
-        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
-        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
-                   (q, k, v, rng.standard_normal((1024, 16)), True, 64),
-                   {"measure_memory": True})
+        yield _memory_case(rng, backward=True)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -321,13 +327,12 @@ class FlashAttentionBackward(Check):
         out, cache = f.flash_attention_forward(q, k, v, causal, block_size)
         peak, (dq, dk, dv) = _peak_extra(lambda: f.flash_attention_backward(dout, cache))
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10":
-                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def expected(self, q, k, v, dout, causal, block_size, measure_memory=False):
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10": True}
+            return {MEMORY: True}
         return dict(zip(("dq", "dk", "dv"), _torch_grads(q, k, v, dout, causal), strict=True))
 
 
