@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import torch
+from transformer_lab.checks._torch_helpers import _t, torch
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -107,29 +107,26 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
                                       kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
 
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
-
     with torch.no_grad():
         if mha._qkv_same_embed_dim:
-            mha.in_proj_weight.copy_(t(np.concatenate([w_q, w_k, w_v], axis=1).T))
+            mha.in_proj_weight.copy_(_t(np.concatenate([w_q, w_k, w_v], axis=1).T))
         else:
-            mha.q_proj_weight.copy_(t(w_q.T))
-            mha.k_proj_weight.copy_(t(w_k.T))
-            mha.v_proj_weight.copy_(t(w_v.T))
-        mha.out_proj.weight.copy_(t(params["W_o"].T))
+            mha.q_proj_weight.copy_(_t(w_q.T))
+            mha.k_proj_weight.copy_(_t(w_k.T))
+            mha.v_proj_weight.copy_(_t(w_v.T))
+        mha.out_proj.weight.copy_(_t(params["W_o"].T))
         if bias:
             zero = np.zeros(e, dtype=query.dtype)
             b_in = params.get("b_qkv", np.concatenate([zero] * 3)) if packed else np.concatenate(
                 [params.get("b_q", zero), params.get("b_k", zero), params.get("b_v", zero)])
-            mha.in_proj_bias.copy_(t(b_in))
-            mha.out_proj.bias.copy_(t(params.get("b_o", zero)))
+            mha.in_proj_bias.copy_(_t(b_in))
+            mha.out_proj.bias.copy_(_t(params.get("b_o", zero)))
         attn_mask = None
         if mask is not None:
             b, t_len, s = query.shape[0], query.shape[1], key.shape[1]
             full = np.broadcast_to(mask, (b, num_heads, t_len, s))
-            attn_mask = t(full.reshape(b * num_heads, t_len, s))
-        out, _ = mha(t(query), t(key), t(value), attn_mask=attn_mask, need_weights=False)
+            attn_mask = _t(full.reshape(b * num_heads, t_len, s))
+        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=attn_mask, need_weights=False)
     return out.numpy()
 
 
@@ -143,15 +140,12 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=N
     e = query.shape[-1]
     h, d_h = num_heads, e // num_heads
 
-    def t(a):
-        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
-
     def lin(x, w, b):
-        w = t(w)
+        w = _t(w)
         y = x @ (w.T if transpose_weights else w)
-        return y if b is None else y + t(b)
+        return y if b is None else y + _t(b)
 
-    q_in, k_in, v_in = t(query), t(key), t(value)
+    q_in, k_in, v_in = _t(query), _t(key), _t(value)
     if "W_qkv" in params and split == "interleaved":
         qkv = lin(q_in, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
         b_, t_ = qkv.shape[:2]
@@ -173,7 +167,7 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=N
             return x.reshape(b_, n_, h, d_h).transpose(1, 2)
 
         q, k, v = (heads(x) for x in projected)
-    allowed = None if mask is None else ~t(np.asarray(mask))
+    allowed = None if mask is None else ~_t(np.asarray(mask))
     scale = 1 / math.sqrt(d_h) if scale is None else scale
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # (B, H, T, d_h)
     b_, _, t_, _ = o.shape
