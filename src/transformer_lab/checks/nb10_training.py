@@ -763,6 +763,12 @@ SAMPLES_CONFIG = {"src_vocab_size": 9, "tgt_vocab_size": 7, "d_model": 16, "num_
                   "positional": "learned", "dtype": "float64"}
 CHECK_SRC = np.array([[3, 4, 5, 6], [7, 8, 3, 0], [5, 0, 0, 0]])
 DRAWS = 10000
+#: what must hold for every batch sampled (:func:`_sampling_properties`)
+PROPERTIES = ("the same generator state gives the same samples",
+              "one row per source, 1 + at most max_len columns",
+              "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
+              "stops as soon as every sequence has produced </s> (or after max_len)",
+              "</s> is likely at every step: some batch ends before max_len")
 
 
 def _rows(out) -> dict:
@@ -778,11 +784,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
     """What must hold for every batch sampled from ``model``: reproducible, <s> first, only
     <pad> after </s>, no step after every sequence has ended -- and (</s> being likely) some
     batch ended before max_len."""
-    facts = {"the same generator state gives the same samples": True,
-             "one row per source, 1 + at most max_len columns": True,
-             "every row starts with <s> (id 1)": True,
-             "only <pad> (id 0) after </s> (id 2)": True,
-             "stops as soon as every sequence has produced </s> (or after max_len)": True}
+    facts = dict.fromkeys(PROPERTIES[:-1], True)
     ended_early = False
     for seed in range(seeds):
         hot = np.asarray(f.sample_decode(model, src, temperature, np.random.default_rng(seed),
@@ -804,7 +806,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
         facts["stops as soon as every sequence has produced </s> (or after max_len)"] &= (
             body.shape[1] == needed)
         ended_early |= bool(has_end.all() and needed < max_len)
-    facts["</s> is likely at every step: some batch ends before max_len"] = ended_early
+    facts[PROPERTIES[-1]] = ended_early
     return facts
 
 
@@ -867,12 +869,7 @@ class SampleDecode(Check):
         if what == "samples":
             return _rows(twin.greedy_decode(src, max_len, padded=True))
         if what == "properties":
-            return {key: True for key in (
-                "the same generator state gives the same samples",
-                "one row per source, 1 + at most max_len columns",
-                "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
-                "stops as soon as every sequence has produced </s> (or after max_len)",
-                "</s> is likely at every step: some batch ends before max_len")}
+            return dict.fromkeys(PROPERTIES, True)
         with torch.no_grad():
             logits = twin(src[:1], np.array([[1]]))[0, -1].double()
         return {"first-token frequencies": torch.softmax(logits / temperature, -1).numpy()}
