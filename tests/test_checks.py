@@ -1,9 +1,13 @@
 """The exercise checks: every registered check is well formed and passes on the package's
-(instructor's) core; wrong answers fail with a message naming the case and, where the mistake is
-a common one, a hint; answers survive the trip between processes."""
+(instructor's) core or, for a notebook's function, on the notebook's solution; wrong answers fail
+with a message naming the case and, where the mistake is a common one, a hint; answers survive
+the trip between processes."""
+
+import functools
 
 import numpy as np
 import pytest
+from mutation_tools import exercise_cells, exercise_namespace
 
 from transformer_lab import syllabus
 from transformer_lab.checks import CheckFailed, check, load_checks
@@ -31,6 +35,19 @@ def test_every_check_is_well_formed():
 @pytest.mark.parametrize("check_id", sorted(i for i, c in REGISTRY.items() if not c.arguments))
 def test_core_checks_pass_on_the_reference(check_id, capsys):
     check(check_id)
+    assert capsys.readouterr().out.startswith(f"{check_id} passed (")
+
+
+@functools.cache
+def _solutions(notebook: str) -> dict:
+    """The names a notebook's solution defines, as the grader's probe runs them."""
+    return exercise_namespace(notebook, exercise_cells(notebook)[0])
+
+
+@pytest.mark.parametrize("check_id", sorted(i for i, c in REGISTRY.items() if c.arguments))
+def test_notebook_checks_pass_on_the_notebooks_solutions(check_id, capsys):
+    cls = REGISTRY[check_id]
+    check(check_id, *(_solutions(cls.notebook)[name] for name in cls.arguments))
     assert capsys.readouterr().out.startswith(f"{check_id} passed (")
 
 
@@ -99,12 +116,6 @@ def test_errors_in_the_students_code_are_reported_with_the_line(monkeypatch):
 
 
 def test_notebook_functions_and_a_named_mistake():
-    def lse(x, axis=-1):
-        c = np.max(x, axis=axis, keepdims=True)
-        return np.squeeze(c + np.log(np.sum(np.exp(x - c), axis=axis, keepdims=True)), axis)
-
-    check("check-logsumexp", lse)
-
     def whole_array_max(x, axis=-1):
         c = x.max()
         with np.errstate(divide="ignore"):
@@ -113,6 +124,22 @@ def test_notebook_functions_and_a_named_mistake():
     assert "maximum of the whole array instead of each slice's" in message
     with pytest.raises(TypeError, match="needs your function"):
         check("check-logsumexp")
+
+
+def test_a_check_belongs_to_its_modules_notebook_and_runs_its_one_function(monkeypatch):
+    monkeypatch.setattr(F, "REGISTRY", {})
+    here = {"id": "check-x", "functions": ("padding_mask",),
+            "__module__": "transformer_lab.checks.nb99_topic"}
+    assert F.register(type("X", (F.Check,), here)).notebook == "99_topic"
+    said = F.register(type("Y", (F.Check,), {**here, "id": "check-y", "notebook": "98_other"}))
+    assert said.notebook == "98_other"
+    with pytest.raises(ValueError, match="needs an id 'check-...' and a notebook"):
+        F.register(type("Z", (F.Check,), {**here, "id": "check-z", "__module__": __name__}))
+    f = F.functions_for(said())
+    np.testing.assert_array_equal(said().run(f, np.array([1, 2]), 2), [[False, True], [False] * 2])
+    two = type("W", (F.Check,), {**here, "functions": ("padding_mask", "causal_mask")})
+    with pytest.raises(TypeError, match="needs its own run"):
+        two().run(F.functions_for(two()), 1)
 
 
 def test_plain_data_survives_encoding():

@@ -1,6 +1,6 @@
-"""Notebook 08's checks: the classic wrong optimiser steps, clipping and training steps fail with
-the hint that names the mistake; the variant checks pass on the solutions, also in the handout's
-form (hidden tests stripped, stored answers for the hidden reference)."""
+"""Notebook 10's checks: the classic wrong optimiser steps, clipping and training steps fail with
+the hint that names the mistake; the handout's form of the checks (hidden tests stripped, stored
+answers for the hidden reference) runs on the solutions."""
 
 import math
 import re
@@ -69,15 +69,6 @@ def sample_decode(model, src, temperature, rng, max_len, use_temperature=True, p
         if done.all():
             break
     return out
-
-
-def test_the_variant_checks_pass_on_the_solutions(capsys):
-    check("check-noam-schedule", noam_lr)
-    check("check-rmsprop", rmsprop_step)
-    check("check-sample-decode", sample_decode)
-    out = capsys.readouterr().out
-    for cid in ("check-noam-schedule", "check-rmsprop", "check-sample-decode"):
-        assert f"{cid} passed" in out
 
 
 # -------------------------------------------------------------------------------- SGD
@@ -307,8 +298,8 @@ def test_the_handouts_form_of_the_checks_runs_on_the_solutions(tmp_path, monkeyp
     F.store_expected(full["check-noam-schedule"](), tmp_path)
     monkeypatch.setattr(F, "DATA_DIR", tmp_path)
     monkeypatch.setattr(F, "REGISTRY", {})
-    handout = types.ModuleType("nb08_handout")
-    exec(compile(_strip_hidden(MODULE.read_text()), "nb08_handout.py", "exec"),
+    handout = types.ModuleType("nb10_training")  # the handout keeps the module's name
+    exec(compile(_strip_hidden(MODULE.read_text()), "nb10_training.py", "exec"),
          handout.__dict__)
     stripped = F.REGISTRY
     assert set(stripped) == {c for c, k in full.items() if k.notebook == "10_training"}

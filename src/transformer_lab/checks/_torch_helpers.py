@@ -1,24 +1,35 @@
-"""What the check modules share to talk to PyTorch: the lazy import and the two conversions.
+"""What the check modules share to talk to PyTorch: the lazily imported module, the two
+conversions, and autograd on NumPy inputs.
 
-    from transformer_lab.checks._torch_helpers import _np, _t, _torch
+    from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 
-PyTorch is imported on first use only (:func:`_torch`): the check modules are imported in the
-student's kernel and in the grader's probe process, where no check computes an expected answer.
-A case builder or torch reference that belongs to one notebook stays in that notebook's module.
+PyTorch is imported on first use only (:class:`LazyModule`): the check modules are imported in
+the student's kernel and in the grader's probe process, where no check computes an expected
+answer. A case builder or torch reference that belongs to one notebook stays in that notebook's
+module.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-__all__ = ["_np", "_t", "_torch"]
+__all__ = ["LazyModule", "_np", "_t", "autograd", "torch"]
 
 
-def _torch():
-    """The ``torch`` module, imported on first use."""
-    import torch
+class LazyModule:
+    """A module imported where one of its names is first used: ``torch.softmax(...)`` imports
+    torch then, not when the check modules are imported."""
 
-    return torch
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch = LazyModule("torch")
 
 
 def _t(a, grad: bool = False):
@@ -26,9 +37,33 @@ def _t(a, grad: bool = False):
     None), in ``a``'s dtype, a leaf that records its gradient when ``grad``."""
     if a is None:
         return None
-    return _torch().tensor(np.asarray(a), requires_grad=grad)
+    return torch.tensor(np.asarray(a), requires_grad=grad)
 
 
 def _np(t):
     """A NumPy copy of the tensor ``t``, detached from its graph (None stays None)."""
     return None if t is None else t.detach().numpy().copy()
+
+
+def autograd(fn, dout, *inputs):
+    """What the reference of a forward and backward pass computes: ``fn`` run on leaves that
+    hold copies of ``inputs`` (each an array, a dict of arrays -- a layer's parameters -- or
+    None, which stays None), its output back-propagated from ``dout`` (None: the output is a
+    scalar loss). Returns the output and the gradient of each input, in the input's form, as
+    NumPy arrays: ``out, dx, grads = autograd(layer, dout, x, params)``."""
+    leaves = [_leaves(a) for a in inputs]
+    out = fn(*leaves)
+    out.backward(None if dout is None else _t(dout))
+    return (_np(out), *(_grads(leaf) for leaf in leaves))
+
+
+def _leaves(a):
+    if isinstance(a, dict):
+        return {k: _leaves(v) for k, v in a.items()}
+    return _t(a, grad=a is not None)
+
+
+def _grads(leaf):
+    if isinstance(leaf, dict):
+        return {k: _grads(v) for k, v in leaf.items()}
+    return None if leaf is None else _np(leaf.grad)

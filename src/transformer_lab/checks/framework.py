@@ -66,7 +66,8 @@ class Check:
 
     Attributes:
         id: the id of the check cell, ``check-<something>``.
-        notebook: the notebook it belongs to, ``NN_topic``.
+        notebook: the notebook it belongs to, ``NN_topic``; by default the name of the module
+            that holds the check, ``nbNN_topic.py`` (see :func:`register`).
         functions: names of the core functions under test (found through
             :mod:`transformer_lab.syllabus`); ``run`` reads them as ``f.<name>``.
         arguments: names of the notebook functions the check cell passes to :func:`check`,
@@ -98,8 +99,13 @@ class Check:
         return ()
 
     def run(self, f, *args, **kwargs) -> Any:
-        """Call the student's functions (``f.<name>``) on one case; return plain data."""
-        raise NotImplementedError
+        """Call the student's functions (``f.<name>``) on one case; return plain data. By
+        default: the one function under test called on the case's arguments, its answer as it
+        comes back."""
+        names = (*self.functions, *self.arguments)
+        if len(names) != 1:
+            raise TypeError(f"{self.id} tests {len(names)} functions: it needs its own run")
+        return getattr(f, names[0])(*args, **kwargs)
 
     def expected(self, *args, **kwargs) -> Any:
         """The right answer for one case, computed without the student's code."""
@@ -133,7 +139,11 @@ REGISTRY: dict[str, type[Check]] = {}
 
 
 def register(cls: type[Check]) -> type[Check]:
-    """Class decorator: add a check to :data:`REGISTRY` under its id."""
+    """Class decorator: add a check to :data:`REGISTRY` under its id. A check that does not set
+    its ``notebook`` belongs to its module's: ``07_blocks`` for one in ``nb07_blocks.py``."""
+    module = cls.__module__.rpartition(".")[2]
+    if "notebook" not in vars(cls) and re.fullmatch(r"nb\d\d_\w+", module):
+        cls.notebook = module[2:]
     if not cls.id.startswith("check-") or not cls.notebook:
         raise ValueError(f"{cls.__name__}: a check needs an id 'check-...' and a notebook")
     old = REGISTRY.get(cls.id)
@@ -428,37 +438,25 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         return Difference(name, f"{name} must be a NumPy array or a number like the expected "
                                 f"one ({_describe(want_arr)}), got {_kind(got)}", got, want)
     got_arr = np.asarray(got)
-    if want_arr.dtype == bool or got_arr.dtype == bool:
+    is_bool = want_arr.dtype == bool or got_arr.dtype == bool
+    if is_bool or np.issubdtype(want_arr.dtype, np.integer):  # masks, ids, counts: exactly
         if got_arr.shape != want_arr.shape:
             return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
                                     f"{got_arr.shape}", got_arr, want_arr)
-        if got_arr.dtype != want_arr.dtype:
+        if is_bool and got_arr.dtype != want_arr.dtype:
             return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
                                     f"{got_arr.dtype}", got_arr, want_arr)
-        wrong = np.argwhere(got_arr != want_arr)
-        if wrong.size:
-            at = _index(wrong[0], check, name, want_arr)
-            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {at}: expected "
-                                    f"{want_arr[tuple(wrong[0])]}, got {got_arr[tuple(wrong[0])]}"
-                                    f"{_both(got_arr, want_arr)}", got_arr, want_arr)
-        return None
-    if np.issubdtype(want_arr.dtype, np.integer):
-        if got_arr.shape != want_arr.shape:
-            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
-                                    f"{got_arr.shape}", got_arr, want_arr)
         if want_arr.ndim == 0:
             return None if got_arr == want_arr else Difference(
                 name, f"{name}: expected {want_arr}, got {got_arr}", got_arr, want_arr)
         wrong = np.argwhere(got_arr != want_arr)
-        if wrong.size:
-            first = tuple(wrong[0])
-            return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, "
-                                    f"the first at {_index(first, check, name, want_arr)}: "
-                                    f"expected {want_arr[first]}, "
-                                    f"got {got_arr[first]}{_both(got_arr, want_arr)}",
-                              got_arr, want_arr)
-        return None
+        if not wrong.size:
+            return None
+        first = tuple(wrong[0])
+        return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, the "
+                                f"first at {_index(first, check, name, want_arr)}: expected "
+                                f"{want_arr[first]}, got {got_arr[first]}"
+                                f"{_both(got_arr, want_arr)}", got_arr, want_arr)
     if got_arr.shape != want_arr.shape:
         return Difference(name, f"{name}: expected shape {want_arr.shape}, got shape "
                                 f"{got_arr.shape}", got_arr, want_arr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _t, _torch
+from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -21,7 +21,6 @@ from transformer_lab.checks.framework import Case, Check, register
 @register
 class Relu(Check):
     id = "check-relu"
-    notebook = "00_gradients"
     functions = ("relu_forward", "relu_backward")
 
     def cases(self, rng):
@@ -48,11 +47,8 @@ class Relu(Check):
         return {"out": out, "dx": dx}
 
     def expected(self, x, dout):
-        torch = _torch()
-        xt = _t(x, grad=True)
-        out = torch.relu(xt)
-        out.backward(_t(dout))
-        return {"out": out.detach().numpy(), "dx": xt.grad.numpy()}
+        out, dx = autograd(torch.relu, dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout):
         e = self.expected(x, dout)
@@ -71,6 +67,11 @@ class Relu(Check):
 # Section 6: the linear layer
 
 
+def torch_linear(x, W, b, dout):
+    """``x @ W + b`` (b None: ``x @ W``) under autograd: the output, dx, dW and db."""
+    return autograd(lambda xt, Wt, bt: xt @ Wt if bt is None else xt @ Wt + bt, dout, x, W, b)
+
+
 def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=False):
     args = [rng.standard_normal((n, d_in)).astype(dtype),
             rng.standard_normal((d_in, d_out)).astype(dtype),
@@ -83,7 +84,6 @@ def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=Fal
 @register
 class LinearForward(Check):
     id = "check-linear-forward"
-    notebook = "00_gradients"
     functions = ("linear_forward",)
 
     def cases(self, rng):
@@ -105,11 +105,9 @@ class LinearForward(Check):
         return f.linear_forward(x, W, b)[0]
 
     def expected(self, x, W, b):
-        torch = _torch()
         return torch.nn.functional.linear(_t(x), _t(W).T, _t(b)).numpy()
 
     def mistakes(self, x, W, b):
-        torch = _torch()
         found = {"with the weight transposed (x @ W.T): our W is (D_in, D_out), the transpose "
                  "of PyTorch's nn.Linear.weight, and y = x @ W + b":
                  lambda: torch.nn.functional.linear(_t(x), _t(W), _t(b)).numpy()}
@@ -121,7 +119,6 @@ class LinearForward(Check):
 @register
 class LinearBackward(Check):
     id = "check-linear-backward"
-    notebook = "00_gradients"
     functions = ("linear_forward", "linear_backward")
 
     def cases(self, rng):
@@ -147,12 +144,8 @@ class LinearBackward(Check):
 
     def expected(self, x, W, b, dout):
         """PyTorch autograd; in float64 also checked against a central difference."""
-        xt, Wt, bt = _t(x, True), _t(W, True), _t(b, True)
-        out = xt @ Wt if b is None else xt @ Wt + bt
-        out.backward(_t(dout))
-        grads = {"W": Wt.grad.numpy()} if b is None else {"W": Wt.grad.numpy(),
-                                                          "b": bt.grad.numpy()}
-        want = {"dx": xt.grad.numpy(), "grads": grads}
+        _, dx, dW, db = torch_linear(x, W, b, dout)
+        want = {"dx": dx, "grads": {"W": dW} if b is None else {"W": dW, "b": db}}
         if x.dtype == np.float64:
             _agrees_with_numerical_gradient(want, x, W, b, dout)
         return want
@@ -217,7 +210,6 @@ def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
 @register
 class MSELoss(Check):
     id = "check-mse"
-    notebook = "00_gradients"
     arguments = ("mse_loss",)
 
     def cases(self, rng):
@@ -240,13 +232,9 @@ class MSELoss(Check):
         return {"loss": loss, "dP": dP, "the loss is a float": isinstance(loss, float)}
 
     def expected(self, P, Y):
-        torch = _torch()
-        pt = _t(P, True)
-        loss = torch.nn.functional.mse_loss(pt, _t(Y))
-        loss.backward()
+        loss, dP = autograd(lambda pt: torch.nn.functional.mse_loss(pt, _t(Y)), None, P)
         # the loss as a NumPy scalar of P's dtype: a float32 loss is compared to float32 precision
-        return {"loss": loss.detach().numpy()[()], "dP": pt.grad.numpy(),
-                "the loss is a float": True}
+        return {"loss": loss[()], "dP": dP, "the loss is a float": True}
 
     def mistakes(self, P, Y):
         e = self.expected(P, Y)

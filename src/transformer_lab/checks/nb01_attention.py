@@ -14,13 +14,13 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _t, _torch
+from transformer_lab.checks._torch_helpers import _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, python_loops, register
 
 
 def _softmax(x, dim=-1):
     """PyTorch's softmax of a NumPy array, as a NumPy array."""
-    return _torch().softmax(_t(x), dim=dim).numpy()
+    return torch.softmax(_t(x), dim=dim).numpy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -30,7 +30,6 @@ def _softmax(x, dim=-1):
 @register
 class SoftmaxForward(Check):
     id = "check-softmax-forward"
-    notebook = "01_attention"
     functions = ("softmax_forward",)
 
     def cases(self, rng):
@@ -64,7 +63,6 @@ class SoftmaxForward(Check):
         return _softmax(x, -1)
 
     def mistakes(self, x):
-        torch = _torch()
         t = _t(x)
         found = {}
         if x.ndim >= 2:
@@ -95,7 +93,6 @@ def _no_keepdims(t):
 @register
 class AttentionForward(Check):
     id = "check-attention-forward"
-    notebook = "01_attention"
     functions = ("attention_forward",)
     axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
 
@@ -135,7 +132,7 @@ class AttentionForward(Check):
         """PyTorch's attention with the scores multiplied by ``scale`` and the softmax over
         ``dim``, and the scale the cache holds (default: ``scale``)."""
         qt, kt, vt = _t(q), _t(k), _t(v)
-        weights = _torch().softmax(qt @ kt.transpose(-1, -2) * scale, dim=dim)
+        weights = torch.softmax(qt @ kt.transpose(-1, -2) * scale, dim=dim)
         return {"scale in the cache": scale if cached is None else cached,
                 "out": (weights @ vt).numpy(), "weights (the softmax's cache)": weights.numpy()}
 
@@ -203,7 +200,6 @@ def _cached(cache, what: str):
 @register
 class LogSumExp(Check):
     id = "check-logsumexp"
-    notebook = "01_attention"
     arguments = ("logsumexp",)
 
     def cases(self, rng):
@@ -234,10 +230,9 @@ class LogSumExp(Check):
         return f.logsumexp(x, axis=axis)
 
     def expected(self, x, axis=-1):
-        return _torch().logsumexp(_t(x), dim=axis).numpy()
+        return torch.logsumexp(_t(x), dim=axis).numpy()
 
     def mistakes(self, x, axis=-1):
-        torch = _torch()
         t = _t(x)
         return {"subtracting the maximum of the whole array instead of each slice's":
                 lambda: (t.max() + torch.log(torch.exp(t - t.max()).sum(axis))).numpy(),
@@ -250,7 +245,6 @@ class LogSumExp(Check):
 @register
 class CosineAttention(Check):
     id = "check-cosine-attention"
-    notebook = "01_attention"
     arguments = ("cosine_attention",)
 
     def cases(self, rng):
@@ -279,7 +273,6 @@ class CosineAttention(Check):
         return self._reference(q, k, v, tau)
 
     def _reference(self, q, k, v, tau, norm_dim=-1, softmax_dim=-1, normalise_k=True):
-        torch = _torch()
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
         qn = q / q.norm(dim=norm_dim, keepdim=True)
         kn = k / k.norm(dim=norm_dim, keepdim=True) if normalise_k else k
@@ -305,7 +298,6 @@ class CosineAttention(Check):
 @register
 class AdditiveAttention(Check):
     id = "check-additive-attention"
-    notebook = "01_attention"
     arguments = ("additive_attention",)
 
     def cases(self, rng):
@@ -330,7 +322,6 @@ class AdditiveAttention(Check):
         return self._reference(q, k, v, W1, W2, w)
 
     def _reference(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True):
-        torch = _torch()
         q, k, v, W1, W2, w = (torch.from_numpy(a) for a in (q, k, v, W1, W2, w))
         a, b = (q @ W2, k @ W1) if swap else (q @ W1, k @ W2)
         hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 
@@ -25,7 +25,6 @@ def _softmax(x):
 def _sdpa(q, k, v, mask):
     """PyTorch's scaled dot-product attention with the course's mask (bool True = blocked, or
     float added). A query whose keys are all blocked gets a zero output, as in the course."""
-    torch = _torch()
     t = [torch.from_numpy(a) for a in (q, k, v)]
     if mask is not None:
         mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
@@ -55,7 +54,6 @@ def _some_blocked(rng, t, s, p=0.4):
 @register
 class CausalMask(Check):
     id = "check-causal-mask"
-    notebook = "02_masking"
     functions = ("causal_mask",)
 
     def cases(self, rng):
@@ -75,7 +73,6 @@ class CausalMask(Check):
         return f.causal_mask(T) if S is None else f.causal_mask(T, S)
 
     def expected(self, T, S=None):
-        torch = _torch()
         # PyTorch's causal convention (F.scaled_dot_product_attention(is_causal=True)):
         # the allowed pairs are the lower triangle, aligned at the top left when S != T
         allowed = torch.ones(T, T if S is None else S, dtype=torch.bool).tril()
@@ -94,12 +91,24 @@ class CausalMask(Check):
                 lambda: self.expected(T)}
 
 
-@register
-class AttentionMask(Check):
-    id = "check-attention-mask"
-    notebook = "02_masking"
+class _MaskedAttention(Check):
+    """attention_forward with a mask (its output only) against PyTorch's scaled dot-product
+    attention given the same mask (:func:`_sdpa`)."""
+
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
+
+    def run(self, f, q, k, v, mask=None):
+        out, cache = f.attention_forward(q, k, v, mask)
+        return out
+
+    def expected(self, q, k, v, mask=None):
+        return _sdpa(q, k, v, mask)
+
+
+@register
+class AttentionMask(_MaskedAttention):
+    id = "check-attention-mask"
 
     def cases(self, rng):
         q, k, v = _qkv(rng, 4, 4, 3, 3)
@@ -129,13 +138,6 @@ class AttentionMask(Check):
                    (*_qkv(rng, 3, 3, 4, 4), np.zeros((3, 3), bool)))
     ### END HIDDEN TESTS
 
-    def run(self, f, q, k, v, mask):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask):
-        return _sdpa(q, k, v, mask)
-
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
         if mask.dtype != bool:
@@ -154,7 +156,6 @@ class AttentionMask(Check):
 @register
 class SoftmaxEmptyRows(Check):
     id = "check-softmax-empty-rows"
-    notebook = "02_masking"
     functions = ("softmax_forward",)
 
     def cases(self, rng):
@@ -188,7 +189,6 @@ class SoftmaxEmptyRows(Check):
         return f.softmax_forward(x)[0]
 
     def expected(self, x):
-        torch = _torch()
         # torch's softmax gives NaN exactly on the rows of only -inf; the course gives zeros
         return torch.softmax(torch.from_numpy(x), dim=-1).nan_to_num(nan=0.0).numpy()
 
@@ -205,11 +205,8 @@ class SoftmaxEmptyRows(Check):
 
 
 @register
-class AttentionEmptyRows(Check):
+class AttentionEmptyRows(_MaskedAttention):
     id = "check-attention-empty-rows"
-    notebook = "02_masking"
-    functions = ("attention_forward",)
-    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         left_padded = np.triu(np.ones((6, 6), bool), 1)
@@ -233,13 +230,6 @@ class AttentionEmptyRows(Check):
         yield Case("one query, no key allowed", (*_qkv(rng, 1, 3, 2, 5), np.ones((1, 3), bool)))
     ### END HIDDEN TESTS
 
-    def run(self, f, q, k, v, mask):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask):
-        return _sdpa(q, k, v, mask)
-
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
         blocked = mask if mask.dtype == bool else np.isneginf(mask)
@@ -259,7 +249,6 @@ class AttentionEmptyRows(Check):
 @register
 class PaddingMask(Check):
     id = "check-padding-mask"
-    notebook = "02_masking"
     functions = ("padding_mask",)
 
     def cases(self, rng):
@@ -276,11 +265,7 @@ class PaddingMask(Check):
         yield Case("a list of one length 0", ([0], 2))
     ### END HIDDEN TESTS
 
-    def run(self, f, lengths, S):
-        return f.padding_mask(lengths, S)
-
     def expected(self, lengths, S):
-        torch = _torch()
         from torch.nn.utils.rnn import pad_sequence
 
         # PyTorch pads a list of sequences to a batch; True marks the real tokens
@@ -310,7 +295,6 @@ class PaddingMask(Check):
 @register
 class SlidingWindow(Check):
     id = "check-sliding-window"
-    notebook = "02_masking"
     arguments = ("sliding_window_mask",)
 
     def cases(self, rng):
@@ -326,13 +310,11 @@ class SlidingWindow(Check):
         yield Case("T = 8, window 7", (8, 7))
 
     def expected(self, T, window):
-        torch = _torch()
         ones = torch.ones(T, T, dtype=torch.bool)
         allowed = ones.tril() & ~ones.tril(-window)  # i - window < j <= i
         return (~allowed).numpy()
 
     def mistakes(self, T, window):
-        torch = _torch()
         ones = torch.ones(T, T, dtype=torch.bool)
         return {"seeing window + 1 positions (j >= i - window allowed: itself and window - 1 "
                 "before it)": lambda: (~(ones.tril() & ~ones.tril(-window - 1))).numpy(),
@@ -342,14 +324,10 @@ class SlidingWindow(Check):
                 lambda: ~self.expected(T, window)}
     ### END HIDDEN TESTS
 
-    def run(self, f, T, window):
-        return f.sliding_window_mask(T, window)
-
 
 @register
 class PrefixLM(Check):
     id = "check-prefix-lm"
-    notebook = "02_masking"
     arguments = ("prefix_lm_mask",)
 
     def cases(self, rng):
@@ -365,13 +343,11 @@ class PrefixLM(Check):
         yield Case("T = 7, prefix of 3", (7, 3))
 
     def expected(self, T, prefix_len):
-        torch = _torch()
         allowed = torch.ones(T, T, dtype=torch.bool).tril()
         allowed[:, :prefix_len] = True
         return (~allowed).numpy()
 
     def mistakes(self, T, prefix_len):
-        torch = _torch()
         causal = ~torch.ones(T, T, dtype=torch.bool).tril()
         one_more = self.expected(T, min(prefix_len + 1, T))
         rows_open = causal.clone()
@@ -385,14 +361,10 @@ class PrefixLM(Check):
                 lambda: ~self.expected(T, prefix_len)}
     ### END HIDDEN TESTS
 
-    def run(self, f, T, prefix_len):
-        return f.prefix_lm_mask(T, prefix_len)
-
 
 @register
 class CrossMask(Check):
     id = "check-cross-mask"
-    notebook = "02_masking"
     arguments = ("cross_attention_mask",)
 
     def cases(self, rng):
@@ -409,13 +381,11 @@ class CrossMask(Check):
                    (np.array([0, 2, 3]), np.array([4, 4, 1]), 3, 4))
 
     def expected(self, query_lengths, key_lengths, T, S):
-        torch = _torch()
         q_valid = torch.arange(T)[None, :] < torch.as_tensor(query_lengths)[:, None]  # (B, T)
         k_valid = torch.arange(S)[None, :] < torch.as_tensor(key_lengths)[:, None]  # (B, S)
         return (~(q_valid[:, :, None] & k_valid[:, None, :])).numpy()
 
     def mistakes(self, query_lengths, key_lengths, T, S):
-        torch = _torch()
         q_pad = (torch.arange(T)[None, :] >= torch.as_tensor(query_lengths)[:, None]).numpy()
         k_pad = (torch.arange(S)[None, :] >= torch.as_tensor(key_lengths)[:, None]).numpy()
         b = len(q_pad)
@@ -430,6 +400,3 @@ class CrossMask(Check):
                 lambda: self.expected(key_lengths, query_lengths, T, S))
         return found
     ### END HIDDEN TESTS
-
-    def run(self, f, query_lengths, key_lengths, T, S):
-        return f.cross_attention_mask(query_lengths, key_lengths, T, S)

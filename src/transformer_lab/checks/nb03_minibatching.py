@@ -7,8 +7,10 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.nb00_gradients import torch_linear
+from transformer_lab.checks.nb02_masking import _MaskedAttention
 
 
 def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
@@ -20,59 +22,35 @@ def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
     return x, W, b, dout
 
 
-def _linear_cases(rng):
-    yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
-    yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
-    yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
-    yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
-    yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
-
-
-### BEGIN HIDDEN TESTS
-def _linear_hidden_cases(rng):
-    yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
-    yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
-    yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
-### END HIDDEN TESTS
-
-
-def _torch_linear(x, W, b, dout):
-    """Output and gradients of x @ W + b from PyTorch's autograd."""
-    torch = _torch()
-    x_t = torch.tensor(x, requires_grad=True)
-    W_t = torch.tensor(W, requires_grad=True)
-    out = x_t @ W_t
-    b_t = None
-    if b is not None:
-        b_t = torch.tensor(b, requires_grad=True)
-        out = out + b_t
-    out.backward(torch.from_numpy(dout))
-    grads = {"dx": x_t.grad.numpy(), "dW": W_t.grad.numpy()}
-    if b_t is not None:
-        grads["db"] = b_t.grad.numpy()
-    return out.detach().numpy(), grads
-
-
-@register
-class LinearForwardBatched(Check):
-    id = "check-linear-forward-batched"
-    notebook = "03_minibatching"
-    functions = ("linear_forward",)
+class _LinearCases:
+    """The cases of both linear checks (the forward and the backward see the same inputs)."""
 
     def cases(self, rng):
-        yield from _linear_cases(rng)
+        yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
+        yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
+        yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
+        yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
+        yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield from _linear_hidden_cases(rng)
+        yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
+        yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
+        yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
     ### END HIDDEN TESTS
+
+
+@register
+class LinearForwardBatched(_LinearCases, Check):
+    id = "check-linear-forward-batched"
+    functions = ("linear_forward",)
 
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
         return out
 
     def expected(self, x, W, b, dout):
-        return _torch_linear(x, W, b, dout)[0]
+        return torch_linear(x, W, b, dout)[0]
 
     def mistakes(self, x, W, b, dout):
         flat = x.reshape(-1, x.shape[-1]) @ W + (0 if b is None else b)
@@ -85,18 +63,9 @@ class LinearForwardBatched(Check):
 
 
 @register
-class LinearBackwardBatched(Check):
+class LinearBackwardBatched(_LinearCases, Check):
     id = "check-linear-backward-batched"
-    notebook = "03_minibatching"
     functions = ("linear_forward", "linear_backward")
-
-    def cases(self, rng):
-        yield from _linear_cases(rng)
-
-    ### BEGIN HIDDEN TESTS
-    def hidden_cases(self, rng):
-        yield from _linear_hidden_cases(rng)
-    ### END HIDDEN TESTS
 
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
@@ -107,7 +76,8 @@ class LinearBackwardBatched(Check):
         return found
 
     def expected(self, x, W, b, dout):
-        return _torch_linear(x, W, b, dout)[1]
+        _, dx, dW, db = torch_linear(x, W, b, dout)
+        return {"dx": dx, "dW": dW} if b is None else {"dx": dx, "dW": dW, "db": db}
 
     def mistakes(self, x, W, b, dout):
         right = self.expected(x, W, b, dout)
@@ -129,11 +99,8 @@ class LinearBackwardBatched(Check):
 
 
 @register
-class AttentionBatched(Check):
+class AttentionBatched(_MaskedAttention):
     id = "check-attention-batched"
-    notebook = "03_minibatching"
-    functions = ("attention_forward",)
-    axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
         def qkv(lead, t, s, d_k, d_v, dtype=np.float64):
@@ -168,17 +135,6 @@ class AttentionBatched(Check):
         yield Case("a fully blocked row in a batch", (*qkv((2,), 3, 4, 3, 2), blocked))
     ### END HIDDEN TESTS
 
-    def run(self, f, q, k, v, mask=None):
-        out, cache = f.attention_forward(q, k, v, mask)
-        return out
-
-    def expected(self, q, k, v, mask=None):
-        torch = _torch()
-        t = [torch.from_numpy(a) for a in (q, k, v)]
-        if mask is not None:
-            mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
-        return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
-
     def mistakes(self, q, k, v, mask=None):
         if q.ndim < 3:
             return {}
@@ -205,7 +161,6 @@ class AttentionBatched(Check):
 @register
 class RmsNorm(Check):
     id = "check-rms-norm"
-    notebook = "03_minibatching"
     arguments = ("rms_norm",)
 
     def cases(self, rng):
@@ -243,7 +198,6 @@ class RmsNorm(Check):
         return f.rms_norm(x, gamma, eps=eps)
 
     def expected(self, x, gamma, eps=1e-6):
-        torch = _torch()
         return torch.nn.functional.rms_norm(torch.from_numpy(x), (x.shape[-1],),
                                             torch.from_numpy(gamma), eps=eps).numpy()
 
@@ -259,7 +213,6 @@ def _padded_batch(rng, b, t, d, full_first=True):
 @register
 class LastToken(Check):
     id = "check-last-token"
-    notebook = "03_minibatching"
     arguments = ("last_valid_token",)
 
     def cases(self, rng):
@@ -286,14 +239,10 @@ class LastToken(Check):
                 lambda: H[:, -1]}
     ### END HIDDEN TESTS
 
-    def run(self, f, H, lengths):
-        return f.last_valid_token(H, lengths)
-
 
 @register
 class MaskedMean(Check):
     id = "check-masked-mean"
-    notebook = "03_minibatching"
     arguments = ("masked_mean",)
 
     @staticmethod
@@ -329,6 +278,3 @@ class MaskedMean(Check):
                 lambda: total / H.shape[1],
                 "summing without dividing by the lengths": lambda: total}
     ### END HIDDEN TESTS
-
-    def run(self, f, H, lengths):
-        return f.masked_mean(H, lengths)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import _t, torch
 from transformer_lab.checks.framework import Case, Check, register
 
 # --------------------------------------------------------------------------------------------
@@ -44,6 +44,42 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
+def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
+             mask=None, self_attention=False, backward=False, dweights=False):
+    """A case of multi-head attention with separate projections: query (B, T, E), key and value
+    (B, S, kdim | vdim) -- the query itself, for self-attention -- the parameters, the number
+    of heads; for a backward pass (notebook 05) dout and, with ``dweights``, a gradient of the
+    weights (B, H, T, S) after them."""
+    query = rng.standard_normal((b, t, e))
+    if self_attention:
+        key = value = query
+    else:
+        key = rng.standard_normal((b, s, kdim or e))
+        value = rng.standard_normal((b, s, vdim or e))
+    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
+    arrays = tuple(a.astype(dtype) for a in (query, key, value))
+    if not backward:
+        return Case(name, (*arrays, params, h), {"mask": mask})
+    dout = rng.standard_normal((b, t, e)).astype(dtype)
+    dw = rng.standard_normal((b, h, t, s)).astype(dtype) if dweights else None
+    if self_attention:
+        arrays = (arrays[0],) * 3
+    return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
+
+
+def self_attention_case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None,
+                        backward=False, dweights=False):
+    """A case of self-attention with packed projections: x (B, T, E), the parameters, the number
+    of heads; for a backward pass dout and, with ``dweights``, a gradient of the weights."""
+    x = rng.standard_normal((b, t, e)).astype(dtype)
+    params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
+    if not backward:
+        return Case(name, (x, params, h), {"mask": mask})
+    dout = rng.standard_normal((b, t, e)).astype(dtype)
+    dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
+    return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
+
+
 def blocked_rows_mask(rng, b, t, s):
     """A bool mask (B, 1, T, S), True = blocked: random, and query 0 of sequence 0 sees no key
     at all (a fully blocked row)."""
@@ -61,7 +97,6 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     packed ``W_qkv``, any key/value widths), run with the boolean mask broadcast to
     ``(B * H, T, S)`` (True = blocked); returns the output as a NumPy array of the inputs'
     dtype. A fully blocked query row gets the output bias (PyTorch with need_weights=False)."""
-    torch = _torch()
     e = query.shape[-1]
     dtype = getattr(torch, query.dtype.name)
     packed = "W_qkv" in params
@@ -72,29 +107,26 @@ def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
                                       kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
 
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
-
     with torch.no_grad():
         if mha._qkv_same_embed_dim:
-            mha.in_proj_weight.copy_(t(np.concatenate([w_q, w_k, w_v], axis=1).T))
+            mha.in_proj_weight.copy_(_t(np.concatenate([w_q, w_k, w_v], axis=1).T))
         else:
-            mha.q_proj_weight.copy_(t(w_q.T))
-            mha.k_proj_weight.copy_(t(w_k.T))
-            mha.v_proj_weight.copy_(t(w_v.T))
-        mha.out_proj.weight.copy_(t(params["W_o"].T))
+            mha.q_proj_weight.copy_(_t(w_q.T))
+            mha.k_proj_weight.copy_(_t(w_k.T))
+            mha.v_proj_weight.copy_(_t(w_v.T))
+        mha.out_proj.weight.copy_(_t(params["W_o"].T))
         if bias:
             zero = np.zeros(e, dtype=query.dtype)
             b_in = params.get("b_qkv", np.concatenate([zero] * 3)) if packed else np.concatenate(
                 [params.get("b_q", zero), params.get("b_k", zero), params.get("b_v", zero)])
-            mha.in_proj_bias.copy_(t(b_in))
-            mha.out_proj.bias.copy_(t(params.get("b_o", zero)))
+            mha.in_proj_bias.copy_(_t(b_in))
+            mha.out_proj.bias.copy_(_t(params.get("b_o", zero)))
         attn_mask = None
         if mask is not None:
             b, t_len, s = query.shape[0], query.shape[1], key.shape[1]
             full = np.broadcast_to(mask, (b, num_heads, t_len, s))
-            attn_mask = t(full.reshape(b * num_heads, t_len, s))
-        out, _ = mha(t(query), t(key), t(value), attn_mask=attn_mask, need_weights=False)
+            attn_mask = _t(full.reshape(b * num_heads, t_len, s))
+        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=attn_mask, need_weights=False)
     return out.numpy()
 
 
@@ -104,20 +136,16 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=N
     ``scale`` (default 1/sqrt(d_h)), ``split`` ("heads": reshape (B, T, H, d_h) then swap;
     "no swap": reshape straight to (B, H, T, d_h); "interleaved": W_qkv cut per head as
     [q_i | k_i | v_i]), ``project_out`` (False: no W_o), ``transpose_weights`` (x @ W.T)."""
-    torch = _torch()
     F = torch.nn.functional
     e = query.shape[-1]
     h, d_h = num_heads, e // num_heads
 
-    def t(a):
-        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
-
     def lin(x, w, b):
-        w = t(w)
+        w = _t(w)
         y = x @ (w.T if transpose_weights else w)
-        return y if b is None else y + t(b)
+        return y if b is None else y + _t(b)
 
-    q_in, k_in, v_in = t(query), t(key), t(value)
+    q_in, k_in, v_in = _t(query), _t(key), _t(value)
     if "W_qkv" in params and split == "interleaved":
         qkv = lin(q_in, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
         b_, t_ = qkv.shape[:2]
@@ -139,7 +167,7 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=N
             return x.reshape(b_, n_, h, d_h).transpose(1, 2)
 
         q, k, v = (heads(x) for x in projected)
-    allowed = None if mask is None else ~t(np.asarray(mask))
+    allowed = None if mask is None else ~_t(np.asarray(mask))
     scale = 1 / math.sqrt(d_h) if scale is None else scale
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # (B, H, T, d_h)
     b_, _, t_, _ = o.shape
@@ -177,7 +205,6 @@ def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
 @register
 class SplitHeads(Check):
     id = "check-split-heads"
-    notebook = "04_multihead_attention"
     functions = ("split_heads",)
     axes = {"output": "bhtd"}  # axis names, for messages
 
@@ -200,7 +227,7 @@ class SplitHeads(Check):
 
     def expected(self, x, num_heads):
         b, t, e = x.shape
-        return (_torch().from_numpy(x).reshape(b, t, num_heads, e // num_heads)
+        return (torch.from_numpy(x).reshape(b, t, num_heads, e // num_heads)
                 .transpose(1, 2).contiguous().numpy())
 
     def mistakes(self, x, num_heads):
@@ -216,7 +243,6 @@ class SplitHeads(Check):
 @register
 class MergeHeads(Check):
     id = "check-merge-heads"
-    notebook = "04_multihead_attention"
     functions = ("merge_heads",)
     axes = {"output": "bte"}  # axis names, for messages
 
@@ -237,7 +263,7 @@ class MergeHeads(Check):
 
     def expected(self, x):
         b, h, t, d = x.shape
-        return _torch().from_numpy(x).transpose(1, 2).reshape(b, t, h * d).numpy()
+        return torch.from_numpy(x).transpose(1, 2).reshape(b, t, h * d).numpy()
 
     def mistakes(self, x):
         b, h, t, d = x.shape
@@ -255,44 +281,30 @@ class MergeHeads(Check):
 @register
 class MultiHeadAttentionForward(Check):
     id = "check-mha-forward"
-    notebook = "04_multihead_attention"
     functions = ("multi_head_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
-    @staticmethod
-    def _case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
-              mask=None, self_attention=False):
-        query = rng.standard_normal((b, t, e))
-        if self_attention:
-            key = value = query
-        else:
-            key = rng.standard_normal((b, s, kdim or e))
-            value = rng.standard_normal((b, s, vdim or e))
-        params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
-        arrays = tuple(a.astype(dtype) for a in (query, key, value))
-        return Case(name, (*arrays, params, h), {"mask": mask})
-
     def cases(self, rng):
-        yield self._case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
-        yield self._case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
-                         self_attention=True)
-        yield self._case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8,
-                         4, kdim=5, vdim=6)
-        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
-        yield self._case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
-        yield self._case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
-        yield self._case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5,
-                         8, 2, mask=blocked_rows_mask(rng, 2, 4, 5))
+        yield mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
+        yield mha_case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
+                       self_attention=True)
+        yield mha_case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8, 4,
+                       kdim=5, vdim=6)
+        yield mha_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
+        yield mha_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
+        yield mha_case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
+        yield mha_case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5, 8, 2,
+                       mask=blocked_rows_mask(rng, 2, 4, 5))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield self._case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
+        yield mha_case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
         t = 5
         causal = np.triu(np.ones((t, t), dtype=bool), 1)
-        yield self._case(rng, "float32, 8 heads, a causal (T, T) mask", 2, t, t, 16, 8,
-                         dtype=np.float32, mask=causal, self_attention=True)
-        yield self._case(rng, "6 heads of width 4 (E = 24), kdim = vdim = 10", 3, 4, 6, 24, 6,
-                         kdim=10, vdim=10)
+        yield mha_case(rng, "float32, 8 heads, a causal (T, T) mask", 2, t, t, 16, 8,
+                       dtype=np.float32, mask=causal, self_attention=True)
+        yield mha_case(rng, "6 heads of width 4 (E = 24), kdim = vdim = 10", 3, 4, 6, 24, 6,
+                       kdim=10, vdim=10)
     ### END HIDDEN TESTS
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
@@ -313,7 +325,6 @@ class MultiHeadAttentionForward(Check):
 @register
 class MergeMasks(Check):
     id = "check-merge-masks"
-    notebook = "04_multihead_attention"
     functions = ("merge_masks",)
     axes = {"output": "bhts"}  # axis names, for messages
 
@@ -350,7 +361,6 @@ class MergeMasks(Check):
     def expected(self, attn_mask, key_padding_mask, scores_shape):
         if attn_mask is None and key_padding_mask is None:
             return None
-        torch = _torch()
         full = torch.zeros(scores_shape, dtype=torch.bool)
         if attn_mask is not None:
             full = full | torch.from_numpy(attn_mask)
@@ -395,33 +405,26 @@ class MergeMasks(Check):
 @register
 class SelfAttentionForward(Check):
     id = "check-self-attention-forward"
-    notebook = "04_multihead_attention"
     functions = ("self_attention_forward",)
     axes = {"output": "bte"}  # axis names, for messages
 
-    @staticmethod
-    def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None):
-        x = rng.standard_normal((b, t, e)).astype(dtype)
-        return Case(name, (x, mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype), h),
-                    {"mask": mask})
-
     def cases(self, rng):
-        yield self._case(rng, "one head (h = 1)", 2, 4, 8, 1)
-        yield self._case(rng, "2 heads", 2, 5, 8, 2)
-        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
-        yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
-        yield self._case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
+        yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
+        yield self_attention_case(rng, "2 heads", 2, 5, 8, 2)
+        yield self_attention_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
+        yield self_attention_case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
+        yield self_attention_case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
         t = 4
-        yield self._case(rng, "a causal (T, T) mask, 2 heads", 2, t, 8, 2,
-                         mask=np.triu(np.ones((t, t), dtype=bool), 1))
-        yield self._case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2, t, 8, 4,
-                         mask=blocked_rows_mask(rng, 2, t, t))
+        yield self_attention_case(rng, "a causal (T, T) mask, 2 heads", 2, t, 8, 2,
+                                  mask=np.triu(np.ones((t, t), dtype=bool), 1))
+        yield self_attention_case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2,
+                                  t, 8, 4, mask=blocked_rows_mask(rng, 2, t, t))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield self._case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
-        yield self._case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
-                         dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5))
+        yield self_attention_case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
+        yield self_attention_case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
+                                  dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5))
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, num_heads, mask=None):
@@ -446,7 +449,6 @@ class SelfAttentionForward(Check):
 @register
 class GroupedQueryAttention(Check):
     id = "check-gqa"
-    notebook = "04_multihead_attention"
     arguments = ("grouped_query_attention",)
 
     @staticmethod
@@ -471,13 +473,9 @@ class GroupedQueryAttention(Check):
         yield self._case(rng, "h = 6, g = 2, d_h = 1", 2, 3, 6, 6, 2)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
-        return f.grouped_query_attention(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-
     @staticmethod
     def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
                    project_out=True):
-        torch = _torch()
         F = torch.nn.functional
         b, t, e = x.shape
         d_h = e // h
@@ -516,7 +514,6 @@ class GroupedQueryAttention(Check):
 def torch_gqa_cost(e, h, g, t):
     """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer with
     biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length ``t``."""
-    torch = _torch()
     from torch.utils.flop_counter import FlopCounterMode
 
     nn = torch.nn
@@ -537,7 +534,6 @@ def torch_gqa_cost(e, h, g, t):
 @register
 class GroupedQueryAttentionCost(Check):
     id = "check-gqa-cost"
-    notebook = "04_multihead_attention"
     arguments = ("gqa_cost",)
 
     def cases(self, rng):

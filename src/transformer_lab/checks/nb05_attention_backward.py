@@ -11,20 +11,24 @@ answers from the same PyTorch graph (its intermediate gradients kept with ``reta
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-from transformer_lab.checks.nb04_multihead_attention import blocked_rows_mask, mha_case_params
+from transformer_lab.checks.nb04_multihead_attention import (
+    blocked_rows_mask,
+    mha_case,
+    self_attention_case,
+)
 
 
 def torch_softmax_rows(scores, mask=None):
     """Softmax over the last axis of a torch tensor, with the core's conventions: a bool mask
     (True = blocked) puts -inf, a float mask is added; a row with no finite entry gets zeros
     (and passes no gradient)."""
-    torch = _torch()
     if mask is not None:
         m = torch.from_numpy(np.asarray(mask))
         scores = scores.masked_fill(m, -math.inf) if m.dtype == torch.bool else scores + m
@@ -148,7 +152,6 @@ def row_cases(rng):
 @register
 class SoftmaxBackward(Check):
     id = "check-softmax-backward"
-    notebook = "05_attention_backward"
     functions = ("softmax_forward", "softmax_backward")
 
     def cases(self, rng):
@@ -179,9 +182,7 @@ class SoftmaxBackward(Check):
         return f.softmax_backward(dout, cache)
 
     def expected(self, x, dout):
-        xt = _t(x, True)
-        torch_softmax_rows(xt).backward(_t(dout))
-        return _np(xt.grad)
+        return autograd(torch_softmax_rows, dout, x)[1]
 
     def mistakes(self, x, dout):
         y = _np(torch_softmax_rows(_t(x)))
@@ -203,7 +204,6 @@ class SoftmaxBackward(Check):
 @register
 class AttentionBackward(Check):
     id = "check-attention-backward"
-    notebook = "05_attention_backward"
     functions = ("attention_forward", "attention_backward")
     axes = {"dq": "bhtd", "dk": "bhsd", "dv": "bhsd"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
@@ -275,59 +275,43 @@ class AttentionBackward(Check):
 # --------------------------------------------------------------------------------------------
 # Multi-head attention and self-attention
 
-
-def _mha_backward_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True,
-                       dtype=np.float64, mask=None, dweights=False, self_attention=False):
-    query = rng.standard_normal((b, t, e))
-    if self_attention:
-        key = value = query
-    else:
-        key = rng.standard_normal((b, s, kdim or e))
-        value = rng.standard_normal((b, s, vdim or e))
-    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
-    dout = rng.standard_normal((b, t, e)).astype(dtype)
-    dw = rng.standard_normal((b, h, t, s)).astype(dtype) if dweights else None
-    arrays = tuple(a.astype(dtype) for a in (query, key, value))
-    if self_attention:
-        arrays = (arrays[0],) * 3
-    return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
+#: the cases of notebook 04's layers, with dout (and dweights) for the backward pass
+_mha_case = functools.partial(mha_case, backward=True)
+_self_attention_case = functools.partial(self_attention_case, backward=True)
 
 
 @register
 class MultiHeadAttentionBackward(Check):
     id = "check-mha-backward"
-    notebook = "05_attention_backward"
     functions = ("multi_head_attention_forward", "multi_head_attention_backward")
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):
-        yield _mha_backward_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
-        yield _mha_backward_case(rng, "2 heads, query = key = value (three input gradients)", 2,
-                                 4, 4, 8, 2, self_attention=True)
-        yield _mha_backward_case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3,
-                                 4, 8, 4, kdim=5, vdim=6)
-        yield _mha_backward_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
-        yield _mha_backward_case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
-        yield _mha_backward_case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2,
-                                 4, 5, 8, 2, mask=blocked_rows_mask(rng, 2, 4, 5))
-        yield _mha_backward_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
-        yield _mha_backward_case(rng, "dweights per head (B, H, T, S), 2 heads", 2, 3, 4, 8, 2,
-                                 dweights=True)
+        yield _mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
+        yield _mha_case(rng, "2 heads, query = key = value (three input gradients)", 2, 4, 4, 8, 2,
+                        self_attention=True)
+        yield _mha_case(rng, "4 heads, key and value widths 5 and 6 (kdim, vdim)", 2, 3, 4, 8, 4,
+                        kdim=5, vdim=6)
+        yield _mha_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 5, 8, 8)
+        yield _mha_case(rng, "no biases, 2 heads", 2, 3, 5, 8, 2, bias=False)
+        yield _mha_case(rng, "a (B, 1, T, S) mask with a fully blocked row, 2 heads", 2, 4, 5, 8, 2,
+                        mask=blocked_rows_mask(rng, 2, 4, 5))
+        yield _mha_case(rng, "float32, 4 heads", 2, 3, 5, 8, 4, dtype=np.float32)
+        yield _mha_case(rng, "dweights per head (B, H, T, S), 2 heads", 2, 3, 4, 8, 2,
+                        dweights=True)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield _mha_backward_case(later, "the input biases b_q, b_k, b_v without b_o, 2 heads", 2,
-                                 3, 4, 8, 2, bias="in")
-        yield _mha_backward_case(later, "b_o without the input biases, 2 heads", 2, 3, 4, 8, 2,
-                                 bias="out")
+        yield _mha_case(later, "the input biases b_q, b_k, b_v without b_o, 2 heads", 2, 3, 4, 8, 2,
+                        bias="in")
+        yield _mha_case(later, "b_o without the input biases, 2 heads", 2, 3, 4, 8, 2, bias="out")
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield _mha_backward_case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
-        yield _mha_backward_case(rng, "6 heads, E = 24, kdim = vdim = 10, a blocked row", 3, 4,
-                                 6, 24, 6, kdim=10, vdim=10, mask=blocked_rows_mask(rng, 3, 4, 6))
-        yield _mha_backward_case(rng, "float32, dweights and a causal mask", 2, 5, 5, 8, 4,
-                                 dtype=np.float32, dweights=True,
-                                 mask=np.triu(np.ones((5, 5), dtype=bool), 1))
+        yield _mha_case(rng, "batch of 1, one query (T = 1), 2 heads", 1, 1, 3, 4, 2)
+        yield _mha_case(rng, "6 heads, E = 24, kdim = vdim = 10, a blocked row", 3, 4, 6, 24, 6,
+                        kdim=10, vdim=10, mask=blocked_rows_mask(rng, 3, 4, 6))
+        yield _mha_case(rng, "float32, dweights and a causal mask", 2, 5, 5, 8, 4, dtype=np.float32,
+                        dweights=True, mask=np.triu(np.ones((5, 5), dtype=bool), 1))
     ### END HIDDEN TESTS
 
     def run(self, f, query, key, value, params, num_heads, dout, mask=None, dweights=None):
@@ -362,40 +346,32 @@ class MultiHeadAttentionBackward(Check):
 @register
 class SelfAttentionBackward(Check):
     id = "check-self-attention-backward"
-    notebook = "05_attention_backward"
     functions = ("self_attention_forward", "self_attention_backward")
     axes = {"dx": "bte"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
-    @staticmethod
-    def _case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None, dweights=False):
-        x = rng.standard_normal((b, t, e)).astype(dtype)
-        params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
-        dout = rng.standard_normal((b, t, e)).astype(dtype)
-        dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
-        return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
-
     def cases(self, rng):
-        yield self._case(rng, "one head (h = 1)", 2, 4, 8, 1)
-        yield self._case(rng, "2 heads", 2, 5, 8, 2)
-        yield self._case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
-        yield self._case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
-        yield self._case(rng, "a causal (T, T) mask, 2 heads", 2, 4, 8, 2,
-                         mask=np.triu(np.ones((4, 4), dtype=bool), 1))
-        yield self._case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2, 4, 8,
-                         4, mask=blocked_rows_mask(rng, 2, 4, 4))
-        yield self._case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
-        yield self._case(rng, "dweights per head (B, H, T, T), 2 heads", 2, 3, 8, 2,
-                         dweights=True)
+        yield _self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
+        yield _self_attention_case(rng, "2 heads", 2, 5, 8, 2)
+        yield _self_attention_case(rng, "heads = width (8 heads of d_h = 1)", 2, 3, 8, 8)
+        yield _self_attention_case(rng, "no biases, 4 heads", 2, 3, 8, 4, bias=False)
+        yield _self_attention_case(rng, "a causal (T, T) mask, 2 heads", 2, 4, 8, 2,
+                                   mask=np.triu(np.ones((4, 4), dtype=bool), 1))
+        yield _self_attention_case(rng, "a (B, 1, T, T) mask with a fully blocked row, 4 heads", 2,
+                                   4, 8, 4, mask=blocked_rows_mask(rng, 2, 4, 4))
+        yield _self_attention_case(rng, "float32, 4 heads", 2, 5, 8, 4, dtype=np.float32)
+        yield _self_attention_case(rng, "dweights per head (B, H, T, T), 2 heads", 2, 3, 8, 2,
+                                   dweights=True)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield self._case(later, "b_qkv without b_o, 2 heads", 2, 3, 8, 2, bias="in")
-        yield self._case(later, "b_o without b_qkv, 2 heads", 2, 3, 8, 2, bias="out")
+        yield _self_attention_case(later, "b_qkv without b_o, 2 heads", 2, 3, 8, 2, bias="in")
+        yield _self_attention_case(later, "b_o without b_qkv, 2 heads", 2, 3, 8, 2, bias="out")
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield self._case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
-        yield self._case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24, 6,
-                         dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5), dweights=True)
+        yield _self_attention_case(rng, "batch of 1, length 1, 2 heads", 1, 1, 4, 2)
+        yield _self_attention_case(rng, "float32, 6 heads, E = 24, a fully blocked row", 3, 5, 24,
+                                   6, dtype=np.float32, mask=blocked_rows_mask(rng, 3, 5, 5),
+                                   dweights=True)
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, num_heads, dout, mask=None, dweights=None):
@@ -439,7 +415,6 @@ class SelfAttentionBackward(Check):
 @register
 class SoftmaxTemperatureBackward(Check):
     id = "check-softmax-temperature"
-    notebook = "05_attention_backward"
     arguments = ("softmax_temperature_backward",)
 
     @staticmethod
@@ -464,9 +439,9 @@ class SoftmaxTemperatureBackward(Check):
         return {"dx": dx, "dtau": dtau}
 
     def expected(self, dy, x, y, tau):
-        xt, taut = _t(x, True), _t(np.float64(tau), True)
-        _torch().softmax(xt / taut, dim=-1).backward(_t(dy))
-        return {"dx": _np(xt.grad), "dtau": float(taut.grad)}
+        softmax = torch.softmax
+        _, dx, dtau = autograd(lambda xt, taut: softmax(xt / taut, dim=-1), dy, x, np.float64(tau))
+        return {"dx": dx, "dtau": float(dtau)}
 
     def mistakes(self, dy, x, y, tau):
         right = self.expected(dy, x, y, tau)
@@ -479,7 +454,6 @@ class SoftmaxTemperatureBackward(Check):
 @register
 class ScoreBiasAttentionBackward(Check):
     id = "check-score-bias-attention"
-    notebook = "05_attention_backward"
     arguments = ("score_bias_attention_backward",)
 
     @staticmethod
@@ -510,11 +484,10 @@ class ScoreBiasAttentionBackward(Check):
         return {"dQ": dQ, "dK": dK, "dV": dV, "dA": dA}
 
     def expected(self, dO, Q, K, V, P, scale, A=None):
-        torch = _torch()
-        qt, kt, vt, at = _t(Q, True), _t(K, True), _t(V, True), _t(A, True)
-        scores = (qt @ kt.transpose(-1, -2)) * scale + at
-        (torch.softmax(scores, dim=-1) @ vt).backward(_t(dO))
-        return {"dQ": _np(qt.grad), "dK": _np(kt.grad), "dV": _np(vt.grad), "dA": _np(at.grad)}
+        softmax = torch.softmax
+        _, *grads = autograd(lambda q, k, v, a: softmax((q @ k.transpose(-1, -2)) * scale + a,
+                                                        dim=-1) @ v, dO, Q, K, V, A)
+        return dict(zip(("dQ", "dK", "dV", "dA"), grads, strict=True))
 
     def mistakes(self, dO, Q, K, V, P, scale, A=None):
         right = self.expected(dO, Q, K, V, P, scale, A)

@@ -1,18 +1,16 @@
 """Checks of notebook 06_layers_backward: the backward passes of layer norm, log-softmax,
 cross-entropy and the embedding, and the notebook's variant (RMSNorm's backward).
 
-Every backward check runs the forward and the backward of your core, and compares with PyTorch
-autograd on the same inputs: the forward built from torch operations in the inputs' dtype,
-``.backward(dout)``, the gradients read from ``.grad``. A query whose keys are all blocked gets
-zero weights, zero output and zero gradient, as in the core. The hints compute the classic wrong
-answers from the same PyTorch graph (its intermediate gradients kept with ``retain_grad``).
+Every backward check runs the forward and the backward of your core and compares them with
+PyTorch autograd on the same inputs, in their dtype (:func:`._torch_helpers.autograd`), as
+notebook 05's do. The hints compute the classic wrong answers from the reference's pieces.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
@@ -38,16 +36,12 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
-    F = _torch().nn.functional
-    xt, gt, bt = _t(x, True), _t(gamma, gamma is not None), _t(beta, beta is not None)
-    out = F.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
-    out.backward(_t(dout))
-    grads = {}
-    if gamma is not None:
-        grads["gamma"] = _np(gt.grad)
-    if beta is not None:
-        grads["beta"] = _np(bt.grad)
-    return _np(out), {"dx": _np(xt.grad), "grads": grads}
+    def layer_norm(xt, gt, bt):
+        return torch.nn.functional.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
+
+    out, dx, dgamma, dbeta = autograd(layer_norm, dout, x, gamma, beta)
+    grads = {k: g for k, g in (("gamma", dgamma), ("beta", dbeta)) if g is not None}
+    return out, {"dx": dx, "grads": grads}
 
 
 def _row_mean(a):
@@ -92,7 +86,6 @@ class _LayerNormCases:
 class LayerNormForward(_LayerNormCases, Check):
     id = "check-layer-norm-forward"
     axes = {"output": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("layer_norm_forward",)
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
@@ -124,7 +117,6 @@ class LayerNormForward(_LayerNormCases, Check):
 class LayerNormBackward(_LayerNormCases, Check):
     id = "check-layer-norm-backward"
     axes = {"dx": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("layer_norm_forward", "layer_norm_backward")
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -160,7 +152,6 @@ class LayerNormBackward(_LayerNormCases, Check):
 @register
 class LogSoftmax(Check):
     id = "check-log-softmax"
-    notebook = "06_layers_backward"
     functions = ("log_softmax_forward", "log_softmax_backward")
 
     def cases(self, rng):
@@ -189,10 +180,8 @@ class LogSoftmax(Check):
         return {"out": out, "dx": f.log_softmax_backward(dout, cache)}
 
     def expected(self, x, dout):
-        xt = _t(x, True)
-        out = _torch().log_softmax(xt, dim=-1)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(xt.grad)}
+        out, dx = autograd(lambda xt: torch.log_softmax(xt, dim=-1), dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout):
         right = self.expected(x, dout)
@@ -221,7 +210,6 @@ def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reductio
 class CrossEntropy(Check):
     id = "check-cross-entropy"
     axes = {"dlogits": "tv"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("cross_entropy_forward", "cross_entropy_backward")
 
     def cases(self, rng):
@@ -254,7 +242,6 @@ class CrossEntropy(Check):
     @staticmethod
     def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
                   count_all=False, keep_padding=False):
-        torch = _torch()
         F = torch.nn.functional
         c = logits.shape[-1]
         lt = _t(logits, True)
@@ -305,7 +292,6 @@ class CrossEntropy(Check):
 class Embedding(Check):
     id = "check-embedding"
     axes = {"out": "te"}  # axis names, for messages
-    notebook = "06_layers_backward"
     functions = ("embedding_forward", "embedding_backward")
 
     @staticmethod
@@ -334,11 +320,9 @@ class Embedding(Check):
         return {"out": out, "grads": f.embedding_backward(dout, cache)}
 
     def expected(self, ids, W, dout):
-        torch = _torch()
-        wt = _t(W, True)
-        out = torch.nn.functional.embedding(torch.from_numpy(np.asarray(ids)), wt)
-        out.backward(_t(dout))
-        return {"out": _np(out), "grads": {"W": _np(wt.grad)}}
+        embedding, ids_t = torch.nn.functional.embedding, torch.from_numpy(np.asarray(ids))
+        out, dW = autograd(lambda wt: embedding(ids_t, wt), dout, W)
+        return {"out": out, "grads": {"W": dW}}
 
     def mistakes(self, ids, W, dout):
         right = self.expected(ids, W, dout)
@@ -356,7 +340,6 @@ class Embedding(Check):
 @register
 class RMSNormBackward(Check):
     id = "check-rms-norm-backward"
-    notebook = "06_layers_backward"
     arguments = ("rms_norm_backward",)
 
     @staticmethod
@@ -382,10 +365,10 @@ class RMSNormBackward(Check):
         return {"dx": dx, "dgamma": dgamma}
 
     def expected(self, dy, x, gamma, eps=1e-6):
-        F = _torch().nn.functional
-        xt, gt = _t(x, True), _t(gamma, True)
-        F.rms_norm(xt, (x.shape[-1],), gt, eps=eps).backward(_t(dy))
-        return {"dx": _np(xt.grad), "dgamma": _np(gt.grad)}
+        rms_norm = torch.nn.functional.rms_norm
+        _, dx, dgamma = autograd(lambda xt, gt: rms_norm(xt, (x.shape[-1],), gt, eps=eps), dy, x,
+                                 gamma)
+        return {"dx": dx, "dgamma": dgamma}
 
     def mistakes(self, dy, x, gamma, eps=1e-6):
         right = self.expected(dy, x, gamma, eps)

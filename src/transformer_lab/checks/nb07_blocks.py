@@ -5,16 +5,19 @@ Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.Transform
 ... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
 where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
 from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
-The helpers that build the torch models are shared with notebook 07's checks.
+The helpers that build the torch models are shared with notebook 08's checks, whose stacks
+are compared with their twins as the layers are (:class:`_TwinCheck`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from typing import ClassVar
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.reference.interop import layout
 
@@ -24,7 +27,7 @@ def _randn(rng, shape, dtype=np.float64, scale=1.0):
 
 
 # --------------------------------------------------------------------------------------------
-# Parameters of random layers, and their torch twins
+# Parameters of random layers and stacks, and their torch twins
 
 
 def ff_params(rng, e, f, bias=True, dtype=np.float64):
@@ -71,10 +74,16 @@ def layer_params(rng, e, f, decoder, bias=True, dtype=np.float64):
     return p
 
 
-def _torch_activation(name):
-    import torch.nn.functional as F
+def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
+    """An encoder or decoder stack's parameters (notebook 08): ``n`` layers and a final norm."""
+    return {"layers": [layer_params(rng, e, f, decoder, bias, dtype) for _ in range(n)],
+            "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
 
-    return {"relu": "relu", "gelu": "gelu",
+
+def _activation(name):
+    """The torch function of the core's activation ``name``."""
+    F = torch.nn.functional
+    return {"relu": F.relu, "gelu": F.gelu,
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
 
 
@@ -84,20 +93,36 @@ def _dims(layer_p):
 
 
 def _load(module, state):
-    torch = _torch()
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     return module
 
 
 def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
-    torch = _torch()
     e, f, bias, dtype = _dims(params)
     cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
-    layer = cls(e, num_heads, f, dropout=0.0, activation=_torch_activation(activation),
+    layer = cls(e, num_heads, f, dropout=0.0, activation=_activation(activation),
                 layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
                 dtype=getattr(torch, np.dtype(dtype).name))
     return _load(layer, layout.layer_to_torch(params, ""))
+
+
+def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
+    """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
+    layers = params["layers"]
+    e, _, bias, dtype = _dims(layers[0])
+    one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
+    norm = None
+    if params["norm"] is not None:
+        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
+        warnings.simplefilter("ignore")
+        if decoder:
+            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
+        else:
+            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
+                                                enable_nested_tensor=False)
+    return _load(stack, layout.stack_to_torch(params, ""))
 
 
 def torch_mask(mask, b, h, t, s):
@@ -144,6 +169,8 @@ def _copy(tree):
     return None if tree is None else np.array(tree)
 
 
+
+
 # --------------------------------------------------------------------------------------------
 # Activations (§1)
 
@@ -151,7 +178,6 @@ def _copy(tree):
 @register
 class Gelu(Check):
     id = "check-gelu"
-    notebook = "07_blocks"
     functions = ("gelu_forward", "gelu_backward")
 
     def cases(self, rng):
@@ -180,14 +206,11 @@ class Gelu(Check):
         return {"out": out, "dx": f.gelu_backward(dout, cache)}
 
     def expected(self, x, dout, approximate="none"):
-        torch = _torch()
-        xt = _t(x, grad=True)
-        y = torch.nn.functional.gelu(xt, approximate=approximate)
-        y.backward(_t(dout))
-        return {"out": _np(y), "dx": _np(xt.grad)}
+        gelu = torch.nn.functional.gelu
+        out, dx = autograd(lambda xt: gelu(xt, approximate=approximate), dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout, approximate="none"):
-        torch = _torch()
         other = "tanh" if approximate == "none" else "none"
         right = self.expected(x, dout, approximate)
         xt = _t(x.astype(np.float64))
@@ -206,7 +229,6 @@ class Gelu(Check):
 @register
 class Activation(Check):
     id = "check-activation"
-    notebook = "07_blocks"
     functions = ("activation_forward", "activation_backward")
 
     def cases(self, rng):
@@ -229,12 +251,8 @@ class Activation(Check):
         return {"out": out, "dx": f.activation_backward(dout, cache)}
 
     def expected(self, x, dout, activation):
-        torch = _torch()
-        xt = _t(x, grad=True)
-        y = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
-             "gelu_tanh": _torch_activation("gelu_tanh")}[activation](xt)
-        y.backward(_t(dout))
-        return {"out": _np(y), "dx": _np(xt.grad)}
+        out, dx = autograd(_activation(activation), dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout, activation):
         if activation == "relu":
@@ -253,7 +271,6 @@ class Activation(Check):
 class FeedForward(Check):
     id = "check-feed-forward"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("feed_forward_forward", "feed_forward_backward")
 
     def cases(self, rng):
@@ -290,17 +307,15 @@ class FeedForward(Check):
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, dout, activation, at_output=False):
-        torch = _torch()
-        xt = _t(x, grad=True)
-        p = {k: _t(v, grad=True) for k, v in params.items()}
-        h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
-        act = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
-               "gelu_tanh": _torch_activation("gelu_tanh")}[activation]
-        a = _derivative_at_output(h, act) if at_output else act(h)
-        out = a @ p["W2"] + (p["b2"] if "b2" in p else 0)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(xt.grad),
-                "grads": {k: _np(v.grad) for k, v in p.items()}}
+        act = _activation(activation)
+
+        def ff(xt, p):
+            h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
+            a = _derivative_at_output(h, act) if at_output else act(h)
+            return a @ p["W2"] + (p["b2"] if "b2" in p else 0)
+
+        out, dx, grads = autograd(ff, dout, x, params)
+        return {"out": out, "dx": dx, "grads": grads}
 
     def mistakes(self, x, params, dout, activation):
         if activation == "relu":
@@ -313,7 +328,6 @@ class FeedForward(Check):
 def _derivative_at_output(h, act):
     """``act(h)`` whose backward pass multiplies by ``act'(a)``, the derivative at the output
     ``a = act(h)`` -- the wrong point -- instead of ``act'(h)``: a mistake of FeedForward."""
-    torch = _torch()
 
     class WrongPoint(torch.autograd.Function):
         @staticmethod
@@ -358,7 +372,6 @@ def _tanh_sublayer(W):
 class Residual(Check):
     id = "check-residual"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("residual_forward", "residual_backward")
 
     def cases(self, rng):
@@ -398,7 +411,6 @@ class Residual(Check):
         return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
 
     def _torch_run(self, x, W, norm, dout, norm_first, eps, where="right"):
-        torch = _torch()
         xt, Wt = _t(x, grad=True), _t(W, grad=True)
         g = {k: _t(v, grad=True) for k, v in norm.items()}
 
@@ -446,7 +458,6 @@ class Residual(Check):
 @register
 class Dropout(Check):
     id = "check-dropout"
-    notebook = "07_blocks"
     functions = ("dropout_forward", "dropout_backward")
 
     def cases(self, rng):
@@ -520,7 +531,6 @@ class Dropout(Check):
 @register
 class Init(Check):
     id = "check-init"
-    notebook = "07_blocks"
     functions = ("init_uniform", "init_xavier")
 
     def cases(self, rng):
@@ -581,174 +591,172 @@ class Init(Check):
         return found
 
 
+
+
 # --------------------------------------------------------------------------------------------
-# Encoder and decoder layers (§6, §7)
+# Encoder and decoder layers (§6, §7) -- and notebook 08's stacks -- against their torch twins
 
 
-def _layer_kwargs(norm_first, activation, eps):
-    return {"norm_first": norm_first, "activation": activation, "eps": eps}
+def _twin_case(rng, name, shape, f, heads, *masks, s=None, layers=None, final_norm=True,
+               bias=True, dtype=np.float64, norm_first=False, activation="relu", eps=1e-5):
+    """A case of a :class:`_TwinCheck`: x of ``shape`` (B, T, E), a decoder's memory (B, ``s``,
+    E), the parameters of a layer with a feed-forward width ``f`` (or of a stack of ``layers``
+    layers), ``heads``, the masks (an encoder's one, a decoder's two), dout like x, and the
+    layer's keywords; the arrays drawn in that order."""
+    b, _, e = shape
+    decoder = s is not None
+    x = _randn(rng, shape, dtype)
+    memory = (_randn(rng, (b, s, e), dtype),) if decoder else ()
+    params = (layer_params(rng, e, f, decoder, bias, dtype) if layers is None
+              else stack_params(rng, layers, e, f, decoder, final_norm, bias, dtype))
+    return Case(name, (x, *memory, params, heads, *masks, _randn(rng, shape, dtype)),
+                {"norm_first": norm_first, "activation": activation, "eps": eps})
+
+
+def _decoder_masks(t_lengths, s_lengths, t, s):
+    """A decoder's masks: causal and target padding (B, 1, T, T), memory padding (B, 1, 1, S)."""
+    causal = np.triu(np.ones((t, t), dtype=bool), 1)
+    tgt_pad = np.arange(t)[None, :] >= np.array(t_lengths)[:, None]  # (B, T)
+    src_pad = np.arange(s)[None, :] >= np.array(s_lengths)[:, None]  # (B, S)
+    return causal | tgt_pad[:, None, None, :], src_pad[:, None, None, :]
+
+
+class _TwinCheck(Check):
+    """An encoder or decoder layer -- or stack, notebook 08's -- forward and backward, against
+    its PyTorch twin under autograd: ``nn.TransformerEncoderLayer`` ... ``nn.TransformerDecoder``
+    holding the case's parameters (:func:`torch_layer`, :func:`torch_stack`).
+
+    A case (:func:`_twin_case`) is (x, [memory,] params, num_heads, mask(s), dout) with the
+    keywords norm_first, activation and eps. Compared, at the framework's tolerance for the
+    dtype: out, dx, a decoder's dmemory, and the parameters' gradients in the core's layout --
+    where the cross-attention's gradients that are zero in exact arithmetic are set to zero on
+    both sides (:func:`quiet_key_bias`)."""
+
+    decoder: ClassVar[bool] = False
+    stack: ClassVar[bool] = False
+
+    def run(self, f, *case, norm_first=False, activation="relu", eps=1e-5):
+        *inputs, dout = case
+        forward, backward = (getattr(f, name) for name in self.functions)
+        out, cache = forward(*inputs, norm_first, activation, eps)
+        if not self.decoder:
+            dx, grads = backward(dout, cache)
+            return {"out": out, "dx": dx, "grads": grads}
+        dx, dmemory, grads = backward(dout, cache)
+        return {"out": out, "dx": dx, "dmemory": dmemory,
+                "grads": quiet_key_bias(grads, inputs[0].dtype)}
+
+    def expected(self, *case, **keywords):
+        return self._twin(*case, **keywords)[0]
+
+    def _twin(self, x, *case, norm_first=False, activation="relu", eps=1e-5):
+        """The twin's answer, and the memory's gradient through each of its reads: a decoder
+        layer reads it as the cross-attention's keys and as its values (a leaf each, to tell
+        them apart), a decoder stack in each of its layers (a leaf each)."""
+        *inputs, dout = case
+        memory = inputs.pop(0) if self.decoder else None
+        params, heads, *masks = inputs
+        twin = (torch_stack if self.stack else torch_layer)(params, heads, norm_first,
+                                                            activation, eps, self.decoder)
+        b, t, e = x.shape
+        xt, reads = _t(x, grad=True), []
+        for layer in (twin.layers if self.stack else [twin]) if self.decoder else ():
+            leaves = [_t(memory, grad=True) for _ in range(1 if self.stack else 2)]
+            attend = layer.multihead_attn.forward
+            layer.multihead_attn.forward = (lambda q, k, v, _a=attend, _k=leaves[0],
+                                            _v=leaves[-1], **kw: _a(q, _k, _v, **kw))
+            reads += leaves
+        lengths = (t,) if memory is None else (t, memory.shape[1])
+        out = twin(xt, *reads[:1], *(torch_mask(m, b, heads, t, s)
+                                     for m, s in zip(masks, lengths, strict=True)))
+        out.backward(_t(dout))
+        named = _named_grads(twin)
+        grads = _copy(layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder,
+                                              True, params["norm"] is not None) if self.stack
+                      else layout.layer_from_torch(named, "", e, self.decoder, True))
+        if not self.decoder:
+            return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}, []
+        parts = [_np(leaf.grad) for leaf in reads]
+        return {"out": _np(out), "dx": _np(xt.grad), "dmemory": np.sum(parts, axis=0),
+                "grads": quiet_key_bias(grads, x.dtype)}, parts
+
+    def _swapped(self, case, keywords):
+        """The answer of the other norm order (a mistake)."""
+        return lambda: self.expected(*case, **dict(keywords,
+                                                    norm_first=not keywords["norm_first"]))
 
 
 @register
-class EncoderLayer(Check):
+class EncoderLayer(_TwinCheck):
     id = "check-encoder-layer"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("encoder_layer_forward", "encoder_layer_backward")
 
     def cases(self, rng):
         pad = np.array([[False] * 5, [False] * 3 + [True] * 2])[:, None, None, :]  # (B,1,1,S)
-        yield Case("post-norm, ReLU, padding mask, E = 8, H = 2",
-                   (rng.standard_normal((2, 5, 8)), layer_params(rng, 8, 12, False), 2, pad,
-                    rng.standard_normal((2, 5, 8))), _layer_kwargs(False, "relu", 1e-5))
-        yield Case("pre-norm, GELU, no mask, E = 6, H = 3",
-                   (rng.standard_normal((3, 4, 6)), layer_params(rng, 6, 10, False), 3, None,
-                    rng.standard_normal((3, 4, 6))), _layer_kwargs(True, "gelu", 1e-5))
-        yield Case("pre-norm, float32, no biases",
-                   (_randn(rng, (2, 3, 8), np.float32),
-                    layer_params(rng, 8, 16, False, bias=False, dtype=np.float32), 4, None,
-                    _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "post-norm, ReLU, padding mask, E = 8, H = 2", (2, 5, 8), 12, 2,
+                         pad)
+        yield _twin_case(rng, "pre-norm, GELU, no mask, E = 6, H = 3", (3, 4, 6), 10, 3, None,
+                         norm_first=True, activation="gelu")
+        yield _twin_case(rng, "pre-norm, float32, no biases", (2, 3, 8), 16, 4, None,
+                         bias=False, dtype=np.float32, norm_first=True)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         for norm_first, name in ((False, "post-norm"), (True, "pre-norm")):
-            yield Case(f"{name}, eps = 0.1", (later.standard_normal((2, 3, 4)),
-                                              layer_params(later, 4, 6, False), 2, None,
-                                              later.standard_normal((2, 3, 4))),
-                       _layer_kwargs(norm_first, "relu", 0.1))
+            yield _twin_case(later, f"{name}, eps = 0.1", (2, 3, 4), 6, 2, None,
+                             norm_first=norm_first, eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("post-norm, one head, T = 1", (rng.standard_normal((2, 1, 4)),
-                                                  layer_params(rng, 4, 6, False), 1, None,
-                                                  rng.standard_normal((2, 1, 4))),
-                   _layer_kwargs(False, "gelu_tanh", 1e-3))
-        yield Case("pre-norm, H = E (head width 1), causal mask",
-                   (rng.standard_normal((1, 4, 4)), layer_params(rng, 4, 5, False), 4,
-                    np.triu(np.ones((4, 4), dtype=bool), 1), rng.standard_normal((1, 4, 4))),
-                   _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "post-norm, one head, T = 1", (2, 1, 4), 6, 1, None,
+                         activation="gelu_tanh", eps=1e-3)
+        yield _twin_case(rng, "pre-norm, H = E (head width 1), causal mask", (1, 4, 4), 5, 4,
+                         np.triu(np.ones((4, 4), dtype=bool), 1), norm_first=True)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-            eps=1e-5):
-        out, cache = f.encoder_layer_forward(x, params, num_heads, mask, norm_first, activation,
-                                             eps)
-        dx, grads = f.encoder_layer_backward(dout, cache)
-        return {"out": out, "dx": dx, "grads": grads}
-
-    def expected(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
-        layer = torch_layer(params, num_heads, norm_first, activation, eps, decoder=False)
-        b, t, _ = x.shape
-        xt = _t(x, grad=True)
-        out = layer(xt, src_mask=torch_mask(mask, b, num_heads, t, t))
-        out.backward(_t(dout))
-        e = x.shape[-1]
-        grads = _copy(layout.layer_from_torch(_named_grads(layer), "", e, decoder=False))
-        return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}
-
-    def mistakes(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
+    def mistakes(self, x, params, num_heads, mask, dout, **keywords):
         found = {"with pre-norm and post-norm swapped (norm_first=True: x + f(norm(x)))":
-                 lambda: self.expected(x, params, num_heads, None if mask is None else mask,
-                                       dout, not norm_first, activation, eps)}
+                 self._swapped((x, params, num_heads, mask, dout), keywords)}
         if mask is not None:
             found["with the mask left out of the self-attention"] = lambda: self.expected(
-                x, params, num_heads, None, dout, norm_first, activation, eps)
+                x, params, num_heads, None, dout, **keywords)
         return found
 
 
 @register
-class DecoderLayer(Check):
+class DecoderLayer(_TwinCheck):
     id = "check-decoder-layer"
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "07_blocks"
     functions = ("decoder_layer_forward", "decoder_layer_backward")
-
-    @staticmethod
-    def _masks(t_lengths, s_lengths, t, s):
-        causal = np.triu(np.ones((t, t), dtype=bool), 1)
-        tgt_pad = np.arange(t)[None, :] >= np.array(t_lengths)[:, None]  # (B, T)
-        src_pad = np.arange(s)[None, :] >= np.array(s_lengths)[:, None]  # (B, S)
-        return causal | tgt_pad[:, None, None, :], src_pad[:, None, None, :]
+    decoder = True
 
     def cases(self, rng):
-        tgt_mask, mem_mask = self._masks([4, 2], [5, 3], 4, 5)
-        yield Case("post-norm, causal + padding masks, T = 4, S = 5",
-                   (rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)),
-                    layer_params(rng, 8, 12, True), 2, tgt_mask, mem_mask,
-                    rng.standard_normal((2, 4, 8))), _layer_kwargs(False, "relu", 1e-5))
-        tgt_mask, mem_mask = self._masks([3, 3, 1], [2, 4, 4], 3, 4)
-        yield Case("pre-norm, GELU, T = 3, S = 4, H = 3",
-                   (rng.standard_normal((3, 3, 6)), rng.standard_normal((3, 4, 6)),
-                    layer_params(rng, 6, 10, True), 3, tgt_mask, mem_mask,
-                    rng.standard_normal((3, 3, 6))), _layer_kwargs(True, "gelu", 1e-5))
-        yield Case("pre-norm, float32, causal mask only",
-                   (_randn(rng, (2, 3, 8), np.float32), _randn(rng, (2, 2, 8), np.float32),
-                    layer_params(rng, 8, 16, True, dtype=np.float32), 2,
-                    np.triu(np.ones((3, 3), dtype=bool), 1), None,
-                    _randn(rng, (2, 3, 8), np.float32)), _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "post-norm, causal + padding masks, T = 4, S = 5", (2, 4, 8), 12, 2,
+                         *_decoder_masks([4, 2], [5, 3], 4, 5), s=5)
+        yield _twin_case(rng, "pre-norm, GELU, T = 3, S = 4, H = 3", (3, 3, 6), 10, 3,
+                         *_decoder_masks([3, 3, 1], [2, 4, 4], 3, 4), s=4, norm_first=True,
+                         activation="gelu")
+        yield _twin_case(rng, "pre-norm, float32, causal mask only", (2, 3, 8), 16, 2,
+                         np.triu(np.ones((3, 3), dtype=bool), 1), None, s=2, dtype=np.float32,
+                         norm_first=True)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        tgt_mask, mem_mask = self._masks([3, 2], [4, 3], 3, 4)
         for norm_first, name in ((False, "post-norm"), (True, "pre-norm")):
-            yield Case(f"{name}, eps = 0.1", (later.standard_normal((2, 3, 4)),
-                                              later.standard_normal((2, 4, 4)),
-                                              layer_params(later, 4, 6, True), 2, tgt_mask,
-                                              mem_mask, later.standard_normal((2, 3, 4))),
-                       _layer_kwargs(norm_first, "relu", 0.1))
+            yield _twin_case(later, f"{name}, eps = 0.1", (2, 3, 4), 6, 2,
+                             *_decoder_masks([3, 2], [4, 3], 3, 4), s=4, norm_first=norm_first,
+                             eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("post-norm, T = 1, S = 1, one head, no biases",
-                   (rng.standard_normal((2, 1, 4)), rng.standard_normal((2, 1, 4)),
-                    layer_params(rng, 4, 6, True, bias=False), 1, None, None,
-                    rng.standard_normal((2, 1, 4))), _layer_kwargs(False, "gelu_tanh", 1e-5))
-        tgt_mask, mem_mask = self._masks([5], [2], 5, 7)
-        yield Case("pre-norm, S = 7 > T = 5", (rng.standard_normal((1, 5, 4)),
-                                               rng.standard_normal((1, 7, 4)),
-                                               layer_params(rng, 4, 8, True), 2, tgt_mask,
-                                               mem_mask, rng.standard_normal((1, 5, 4))),
-                   _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "post-norm, T = 1, S = 1, one head, no biases", (2, 1, 4), 6, 1,
+                         None, None, s=1, bias=False, activation="gelu_tanh")
+        yield _twin_case(rng, "pre-norm, S = 7 > T = 5", (1, 5, 4), 8, 2,
+                         *_decoder_masks([5], [2], 5, 7), s=7, norm_first=True)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-            norm_first=False, activation="relu", eps=1e-5):
-        out, cache = f.decoder_layer_forward(x, memory, params, num_heads, tgt_mask,
-                                             memory_mask, norm_first, activation, eps)
-        dx, dmemory, grads = f.decoder_layer_backward(dout, cache)
-        return {"out": out, "dx": dx, "dmemory": dmemory,
-                "grads": quiet_key_bias(grads, x.dtype)}
-
-    def _torch_run(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                   norm_first, activation, eps):
-        layer = torch_layer(params, num_heads, norm_first, activation, eps, decoder=True)
-        b, t, e = x.shape
-        s = memory.shape[1]
-        xt, mk, mv = _t(x, grad=True), _t(memory, grad=True), _t(memory, grad=True)
-        attend = layer.multihead_attn.forward
-        # the memory as keys (mk) and as values (mv), to tell their gradients apart
-        layer.multihead_attn.forward = lambda q, k, v, **kw: attend(q, mk, mv, **kw)
-        out = layer(xt, mk, tgt_mask=torch_mask(tgt_mask, b, num_heads, t, t),
-                    memory_mask=torch_mask(memory_mask, b, num_heads, t, s))
-        out.backward(_t(dout))
-        grads = _copy(layout.layer_from_torch(_named_grads(layer), "", e, decoder=True,
-                                              split_cross=True))
-        right = {"out": _np(out), "dx": _np(xt.grad), "dmemory": _np(mk.grad) + _np(mv.grad),
-                 "grads": quiet_key_bias(grads, x.dtype)}
-        return right, _np(mk.grad), _np(mv.grad)
-
-    def expected(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        return self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                               norm_first, activation, eps)[0]
-
-    def mistakes(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        right, dkey, dvalue = self._torch_run(x, memory, params, num_heads, tgt_mask,
-                                              memory_mask, dout, norm_first, activation, eps)
+    def mistakes(self, *case, **keywords):
+        right, (dkey, dvalue) = self._twin(*case, **keywords)
         return {"with the memory's gradient from the keys only: the memory is the keys AND the "
                 "values of the cross-attention, dmemory = dkey + dvalue":
                 lambda: dict(right, dmemory=dkey),
                 "with the memory's gradient from the values only: dmemory = dkey + dvalue":
                 lambda: dict(right, dmemory=dvalue),
-                "with pre-norm and post-norm swapped": lambda: self.expected(
-                    x, memory, params, num_heads, tgt_mask, memory_mask, dout, not norm_first,
-                    activation, eps)}
+                "with pre-norm and post-norm swapped": self._swapped(case, keywords)}

@@ -1,11 +1,11 @@
 """Checks of notebook 08_transformer: positions and embeddings, the encoder and decoder stacks,
 the model's forward pass and the tied output projection.
 
-Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.TransformerEncoderLayer``
-... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
-where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
-from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
-The helpers that build the torch models are shared with notebook 09's checks.
+Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder``,
+``nn.TransformerDecoder`` and ``nn.Transformer`` loaded with the case's parameters through
+``interop.layout`` (the stacks are compared with their twins by notebook 07's
+:class:`~transformer_lab.checks.nb07_blocks._TwinCheck`, as the layers are). The helpers that
+build the model are shared with notebook 09's checks.
 """
 
 from __future__ import annotations
@@ -16,76 +16,22 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb07_blocks import (
-    DecoderLayer,
+    _activation,
     _copy,
+    _decoder_masks,
     _dims,
-    _layer_kwargs,
     _load,
     _named_grads,
     _randn,
-    _torch_activation,
-    layer_params,
-    norm_params,
+    _twin_case,
+    _TwinCheck,
     quiet_key_bias,
-    torch_layer,
-    torch_mask,
+    stack_params,
 )
 from transformer_lab.reference.interop import layout
-
-# --------------------------------------------------------------------------------------------
-# Parameters of random layers, and their torch twins
-
-
-
-
-
-
-
-
-
-
-
-def stack_params(rng, n, e, f, decoder, final_norm=True, bias=True, dtype=np.float64):
-    return {"layers": [layer_params(rng, e, f, decoder, bias, dtype) for _ in range(n)],
-            "norm": norm_params(rng, e, bias, dtype) if final_norm else None}
-
-
-
-
-
-
-
-
-
-
-
-def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
-    """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
-    torch = _torch()
-    layers = params["layers"]
-    e, _, bias, dtype = _dims(layers[0])
-    one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
-    norm = None
-    if params["norm"] is not None:
-        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
-    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
-        warnings.simplefilter("ignore")
-        if decoder:
-            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
-        else:
-            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
-                                                enable_nested_tensor=False)
-    return _load(stack, layout.stack_to_torch(params, ""))
-
-
-
-
-
-
-
 
 # --------------------------------------------------------------------------------------------
 # Positions and embeddings (§1)
@@ -95,7 +41,6 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
 class PositionalEncoding(Check):
     id = "check-positional-encoding"
     axes = {"output": "te"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("positional_encoding",)
 
     def cases(self, rng):
@@ -113,7 +58,6 @@ class PositionalEncoding(Check):
         return f.positional_encoding(max_len, d_model, base)
 
     def _table(self, max_len, d_model, base=10000.0, how="right"):
-        torch = _torch()
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
         i = torch.arange(0, d_model, 2, dtype=torch.float64)
         if how == "i/d":
@@ -147,7 +91,6 @@ class PositionalEncoding(Check):
 class Embed(Check):
     id = "check-embed"
     axes = {"x": "bte"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("embed_forward", "embed_backward")
 
     def cases(self, rng):
@@ -179,19 +122,18 @@ class Embed(Check):
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
 
     def _torch_run(self, ids, table, positions, scale, dx, how="right"):
-        W = _t(table, grad=True)
-        P = _t(positions, grad=True)
         t = ids.shape[1]
-        emb = W[_t(ids)]
-        if how == "scale positions too":
-            x = (emb + P[:t]) * scale if P is not None else emb * scale
-        elif how == "no scale":
-            x = emb + (P[:t] if P is not None else 0)
-        else:
-            x = emb * scale + (P[:t] if P is not None else 0)
-        x.backward(_t(dx))
-        return {"x": _np(x), "dtable": _np(W.grad), "dpositions": _np(P.grad) if P is not None
-                else None}
+
+        def embed(W, P):
+            emb = W[_t(ids)]
+            if how == "scale positions too":
+                return (emb + P[:t]) * scale if P is not None else emb * scale
+            if how == "no scale":
+                return emb + (P[:t] if P is not None else 0)
+            return emb * scale + (P[:t] if P is not None else 0)
+
+        x, dtable, dpositions = autograd(embed, dx, table, positions)
+        return {"x": x, "dtable": dtable, "dpositions": dpositions}
 
     def expected(self, ids, table, positions, scale, dx):
         return self._torch_run(ids, table, positions, scale, dx)
@@ -222,157 +164,84 @@ class Embed(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# Encoder and decoder layers (notebook 07 §6, §7)
-
-
-# --------------------------------------------------------------------------------------------
-# Stacks (§2)
+# Stacks (§2): compared with their torch twins as notebook 07's layers are
 
 
 @register
-class EncoderStack(Check):
+class EncoderStack(_TwinCheck):
     id = "check-encoder-stack"
     axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("encoder_forward", "encoder_backward")
+    stack = True
 
     def cases(self, rng):
         pad = (np.arange(4)[None, :] >= np.array([4, 2])[:, None])[:, None, None, :]
-        yield Case("2 layers, pre-norm, final norm, padding mask",
-                   (rng.standard_normal((2, 4, 6)), stack_params(rng, 2, 6, 8, False), 2, pad,
-                    rng.standard_normal((2, 4, 6))), _layer_kwargs(True, "relu", 1e-5))
-        yield Case("3 layers, post-norm, no final norm",
-                   (rng.standard_normal((2, 3, 4)),
-                    stack_params(rng, 3, 4, 6, False, final_norm=False), 2, None,
-                    rng.standard_normal((2, 3, 4))), _layer_kwargs(False, "gelu", 1e-5))
+        yield _twin_case(rng, "2 layers, pre-norm, final norm, padding mask", (2, 4, 6), 8, 2,
+                         pad, layers=2, norm_first=True)
+        yield _twin_case(rng, "3 layers, post-norm, no final norm", (2, 3, 4), 6, 2, None,
+                         layers=3, final_norm=False, activation="gelu")
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("2 layers, post-norm, final norm, eps = 0.1",
-                   (later.standard_normal((2, 3, 4)), stack_params(later, 2, 4, 6, False), 2,
-                    None, later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
+        yield _twin_case(later, "2 layers, post-norm, final norm, eps = 0.1", (2, 3, 4), 6, 2,
+                         None, layers=2, eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("1 layer, float32", (_randn(rng, (1, 3, 8), np.float32),
-                                        stack_params(rng, 1, 8, 8, False, dtype=np.float32), 4,
-                                        None, _randn(rng, (1, 3, 8), np.float32)),
-                   _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "1 layer, float32", (1, 3, 8), 8, 4, None, layers=1,
+                         dtype=np.float32, norm_first=True)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-            eps=1e-5):
-        out, cache = f.encoder_forward(x, params, num_heads, mask, norm_first, activation, eps)
-        dx, grads = f.encoder_backward(dout, cache)
-        return {"out": out, "dx": dx, "grads": grads}
-
-    def expected(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
-        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=False)
-        b, t, e = x.shape
-        xt = _t(x, grad=True)
-        out = stack(xt, mask=torch_mask(mask, b, num_heads, t, t))
-        out.backward(_t(dout))
-        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
-                                              decoder=False,
-                                              final_norm=params["norm"] is not None))
-        return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}
-
-    def mistakes(self, x, params, num_heads, mask, dout, norm_first=False, activation="relu",
-                 eps=1e-5):
-        right = self.expected(x, params, num_heads, mask, dout, norm_first, activation, eps)
+    def mistakes(self, x, params, *case, **keywords):
+        right = self.expected(x, params, *case, **keywords)
         found = {"with the layers' gradients in reverse order (the backward pass meets the last "
-                 "layer first: put its gradients at the end of the list)": lambda: dict(
-                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
+                 "layer first: put its gradients at the end of the list)": _reversed(right)}
         if params["norm"] is not None:
             found["without the final layer norm"] = lambda: self.expected(
-                x, dict(params, norm=None), num_heads, mask, dout, norm_first, activation, eps)
+                x, dict(params, norm=None), *case, **keywords)
         return found
 
 
 @register
-class DecoderStack(Check):
+class DecoderStack(_TwinCheck):
     id = "check-decoder-stack"
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("decoder_forward", "decoder_backward")
+    decoder = stack = True
 
     def cases(self, rng):
-        tgt_mask, mem_mask = DecoderLayer._masks([3, 2], [4, 2], 3, 4)
-        yield Case("2 layers, pre-norm, final norm, causal + padding masks",
-                   (rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 4, 6)),
-                    stack_params(rng, 2, 6, 8, True), 2, tgt_mask, mem_mask,
-                    rng.standard_normal((2, 3, 6))), _layer_kwargs(True, "relu", 1e-5))
-        yield Case("3 layers, post-norm, no final norm, causal mask",
-                   (rng.standard_normal((1, 4, 4)), rng.standard_normal((1, 2, 4)),
-                    stack_params(rng, 3, 4, 6, True, final_norm=False), 2,
-                    np.triu(np.ones((4, 4), dtype=bool), 1), None,
-                    rng.standard_normal((1, 4, 4))), _layer_kwargs(False, "gelu", 1e-5))
+        yield _twin_case(rng, "2 layers, pre-norm, final norm, causal + padding masks",
+                         (2, 3, 6), 8, 2, *_decoder_masks([3, 2], [4, 2], 3, 4), s=4, layers=2,
+                         norm_first=True)
+        yield _twin_case(rng, "3 layers, post-norm, no final norm, causal mask", (1, 4, 4), 6, 2,
+                         np.triu(np.ones((4, 4), dtype=bool), 1), None, s=2, layers=3,
+                         final_norm=False, activation="gelu")
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("2 layers, post-norm, final norm, causal mask, eps = 0.1",
-                   (later.standard_normal((2, 3, 4)), later.standard_normal((2, 2, 4)),
-                    stack_params(later, 2, 4, 6, True), 2,
-                    np.triu(np.ones((3, 3), dtype=bool), 1), None,
-                    later.standard_normal((2, 3, 4))), _layer_kwargs(False, "relu", 0.1))
+        yield _twin_case(later, "2 layers, post-norm, final norm, causal mask, eps = 0.1",
+                         (2, 3, 4), 6, 2, np.triu(np.ones((3, 3), dtype=bool), 1), None, s=2,
+                         layers=2, eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("1 layer, float32", (_randn(rng, (2, 2, 8), np.float32),
-                                        _randn(rng, (2, 3, 8), np.float32),
-                                        stack_params(rng, 1, 8, 8, True, dtype=np.float32), 4,
-                                        None, None, _randn(rng, (2, 2, 8), np.float32)),
-                   _layer_kwargs(True, "relu", 1e-5))
+        yield _twin_case(rng, "1 layer, float32", (2, 2, 8), 8, 4, None, None, s=3, layers=1,
+                         dtype=np.float32, norm_first=True)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-            norm_first=False, activation="relu", eps=1e-5):
-        out, cache = f.decoder_forward(x, memory, params, num_heads, tgt_mask, memory_mask,
-                                       norm_first, activation, eps)
-        dx, dmemory, grads = f.decoder_backward(dout, cache)
-        return {"out": out, "dx": dx, "dmemory": dmemory,
-                "grads": quiet_key_bias(grads, x.dtype)}
-
-    def _torch_run(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                   norm_first, activation, eps):
-        stack = torch_stack(params, num_heads, norm_first, activation, eps, decoder=True)
-        b, t, e = x.shape
-        s = memory.shape[1]
-        xt = _t(x, grad=True)
-        mems = [_t(memory, grad=True) for _ in stack.layers]  # one copy per layer
-        for layer, mem in zip(stack.layers, mems, strict=True):
-            attend = layer.multihead_attn.forward
-            layer.multihead_attn.forward = (lambda q, k, v, _a=attend, _m=mem, **kw:
-                                            _a(q, _m, _m, **kw))
-        out = stack(xt, mems[0], tgt_mask=torch_mask(tgt_mask, b, num_heads, t, t),
-                    memory_mask=torch_mask(memory_mask, b, num_heads, t, s))
-        out.backward(_t(dout))
-        grads = _copy(layout.stack_from_torch(_named_grads(stack), "", len(params["layers"]), e,
-                                              decoder=True, split_cross=True,
-                                              final_norm=params["norm"] is not None))
-        per_layer = [_np(m.grad) for m in mems]
-        right = {"out": _np(out), "dx": _np(xt.grad), "dmemory": sum(per_layer),
-                 "grads": quiet_key_bias(grads, x.dtype)}
-        return right, per_layer
-
-    def expected(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        return self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                               norm_first, activation, eps)[0]
-
-    def mistakes(self, x, memory, params, num_heads, tgt_mask, memory_mask, dout,
-                 norm_first=False, activation="relu", eps=1e-5):
-        right, per_layer = self._torch_run(x, memory, params, num_heads, tgt_mask, memory_mask,
-                                           dout, norm_first, activation, eps)
+    def mistakes(self, x, memory, params, *case, **keywords):
+        right, per_layer = self._twin(x, memory, params, *case, **keywords)
         found = {"with the memory's gradient of one layer only: every decoder layer reads the "
                  "memory, so dmemory is the sum over the layers":
                  lambda: dict(right, dmemory=per_layer[0]),
                  "with the memory's gradient of the last layer only (the sum over the layers "
                  "is wanted)": lambda: dict(right, dmemory=per_layer[-1]),
-                 "with the layers' gradients in reverse order": lambda: dict(
-                     right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))}
+                 "with the layers' gradients in reverse order": _reversed(right)}
         if params["norm"] is not None:
             found["without the final layer norm"] = lambda: self.expected(
-                x, memory, dict(params, norm=None), num_heads, tgt_mask, memory_mask, dout,
-                norm_first, activation, eps)
+                x, memory, dict(params, norm=None), *case, **keywords)
         return found
+
+
+def _reversed(right):
+    """A stack's answer with the layers' gradients in reverse order (a mistake)."""
+    return lambda: dict(right, grads=dict(right["grads"], layers=right["grads"]["layers"][::-1]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,14 +282,13 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
 def torch_model(params, config, dtype):
     """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
     holding the stacks."""
-    torch = _torch()
     enc, dec = params["encoder"], params["decoder"]
     e, f, bias, _ = _dims(enc["layers"][0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         core = torch.nn.Transformer(e, config["num_heads"], len(enc["layers"]),
                                     len(dec["layers"]), f, dropout=0.0,
-                                    activation=_torch_activation(config["activation"]),
+                                    activation=_activation(config["activation"]),
                                     layer_norm_eps=config["eps"], batch_first=True,
                                     norm_first=config["norm_first"], bias=bias,
                                     dtype=getattr(torch, np.dtype(dtype).name))
@@ -436,7 +304,6 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
     """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
     ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
     "no memory padding mask")."""
-    torch = _torch()
     dtype = params["out_proj"]["W"].dtype
     core, outer = torch_model(params, config, dtype)
     scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
@@ -488,7 +355,6 @@ class TransformerForward(Check):
     id = "check-transformer-forward"
     axes = {"memory (transformer_encode)": "bse", "logits (transformer_decode)": "btv",
             "logits (transformer_forward)": "btv"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("transformer_encode", "transformer_decode", "transformer_forward")
 
     def cases(self, rng):
@@ -548,7 +414,6 @@ class TransformerForward(Check):
 class TiedOutput(Check):
     id = "check-tied-output"
     axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
-    notebook = "08_transformer"
     functions = ("tied_output_forward", "tied_output_backward")
 
     def cases(self, rng):
@@ -575,10 +440,8 @@ class TiedOutput(Check):
         return {"logits": logits, "dx": dx, "grads": grads}
 
     def expected(self, x, W, dout):
-        xt, Wt = _t(x, grad=True), _t(W, grad=True)
-        logits = xt @ Wt.T
-        logits.backward(_t(dout))
-        return {"logits": _np(logits), "dx": _np(xt.grad), "grads": {"W": _np(Wt.grad)}}
+        logits, dx, dW = autograd(lambda xt, Wt: xt @ Wt.T, dout, x, W)
+        return {"logits": logits, "dx": dx, "grads": {"W": dW}}
 
     def mistakes(self, x, W, dout):
         right = self.expected(x, W, dout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb08_transformer import (
     config_of,
@@ -24,47 +24,56 @@ from transformer_lab.checks.nb08_transformer import (
 # The model's backward pass (§1) and loss (§2)
 
 
-def _model_cases(rng):
-    yield Case("pre-norm, padding", model_case(rng))
-    yield Case("post-norm, GELU, learned positions",
-               model_case(rng, norm_first=False, activation="gelu", learned=True))
-    yield Case("float32, no embedding scale", model_case(rng, dtype=np.float32,
-                                                         scale_embeddings=False))
-
-
+#: the model's cases: name -> the settings of :func:`model_case`
+MODEL_CASES = {"pre-norm, padding": {},
+               "post-norm, GELU, learned positions": {"norm_first": False, "activation": "gelu",
+                                                      "learned": True},
+               "float32, no embedding scale": {"dtype": np.float32, "scale_embeddings": False}}
+LATER_MODEL_CASES = {"post-norm, eps = 0.1": {"norm_first": False, "eps": 0.1},
+                     "pre-norm, eps = 0.1": {"eps": 0.1}}
 ### BEGIN HIDDEN TESTS
-def _hidden_model_cases(rng):
-    yield Case("one head, no biases, B = 1", model_case(rng, heads=1, bias=False, b=1))
-    yield Case("three encoder and two decoder layers, T = 1",
-               model_case(rng, n_enc=3, n_dec=2, t=1, pad=False))
+HIDDEN_MODEL_CASES = {"one head, no biases, B = 1": {"heads": 1, "bias": False, "b": 1},
+                      "three encoder and two decoder layers, T = 1": {"n_enc": 3, "n_dec": 2,
+                                                                       "t": 1, "pad": False}}
 ### END HIDDEN TESTS
+
+
+def _model_cases(rng, settings, extra):
+    """The model's cases of ``settings``, each with ``extra(rng, args)`` -- the upstream
+    gradient, the labels -- drawn right after it."""
+    for name, kw in settings.items():
+        args = model_case(rng, **kw)
+        yield Case(name, args + (extra(rng, args),))
+
+
+def _dlogits(rng, args):
+    params, _, tgt_in = args[:3]
+    w = params["out_proj"]["W"]
+    return rng.standard_normal(tgt_in.shape + (w.shape[1],)).astype(w.dtype)
+
+
+def _labels(rng, args):
+    params, _, tgt_in = args[:3]
+    labels = rng.integers(0, params["out_proj"]["W"].shape[1], tgt_in.shape)
+    if labels.size > 1:
+        labels[-1, -1] = -1  # ignored: padding
+    return labels
 
 
 @register
 class TransformerBackward(Check):
     id = "check-transformer-backward"
-    notebook = "09_verification"
     functions = ("transformer_forward", "transformer_backward")
 
     def cases(self, rng):
-        for case in _model_cases(rng):
-            yield Case(case.name, case.args + (self._dlogits(rng, case.args),))
-        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        for name, norm_first in (("post-norm", False), ("pre-norm", True)):
-            args = model_case(later, norm_first=norm_first, eps=0.1)
-            yield Case(f"{name}, eps = 0.1", args + (self._dlogits(later, args),))
+        yield from _model_cases(rng, MODEL_CASES, _dlogits)
+        # the cases below were added later: the ones above stay as drawn
+        yield from _model_cases(later_rng(rng), LATER_MODEL_CASES, _dlogits)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        for case in _hidden_model_cases(rng):
-            yield Case(case.name, case.args + (self._dlogits(rng, case.args),))
+        yield from _model_cases(rng, HIDDEN_MODEL_CASES, _dlogits)
     ### END HIDDEN TESTS
-
-    @staticmethod
-    def _dlogits(rng, args):
-        params, _, tgt_in = args[:3]
-        w = params["out_proj"]["W"]
-        return rng.standard_normal(tgt_in.shape + (w.shape[1],)).astype(w.dtype)
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
         _, cache = f.transformer_forward(params, src, tgt_in, config_of(config), pe, src_pad,
@@ -98,26 +107,15 @@ class TransformerBackward(Check):
 @register
 class TransformerLoss(Check):
     id = "check-transformer-loss"
-    notebook = "09_verification"
     functions = ("transformer_loss",)
 
     def cases(self, rng):
-        for case in _model_cases(rng):
-            yield Case(case.name, case.args + (self._labels(rng, case.args),))
+        yield from _model_cases(rng, MODEL_CASES, _labels)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        for case in _hidden_model_cases(rng):
-            yield Case(case.name, case.args + (self._labels(rng, case.args),))
+        yield from _model_cases(rng, HIDDEN_MODEL_CASES, _labels)
     ### END HIDDEN TESTS
-
-    @staticmethod
-    def _labels(rng, args):
-        params, _, tgt_in = args[:3]
-        labels = rng.integers(0, params["out_proj"]["W"].shape[1], tgt_in.shape)
-        if labels.size > 1:
-            labels[-1, -1] = -1  # ignored: padding
-        return labels
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
         loss, grads = f.transformer_loss(params, src, tgt_in, labels, config_of(config), pe,
@@ -125,7 +123,6 @@ class TransformerLoss(Check):
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
     def _answer(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
-        torch = _torch()
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
         flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
@@ -164,7 +161,6 @@ class TransformerLoss(Check):
 def _mha_case(batch, length, e, heads, seed):
     """An ``nn.MultiheadAttention`` (float64) with seeded weights, an input, a padding mask and
     an upstream gradient."""
-    torch = _torch()
     r = np.random.default_rng(seed)
     mha = torch.nn.MultiheadAttention(e, heads, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
@@ -180,7 +176,6 @@ def _mha_case(batch, length, e, heads, seed):
 class FindTheBug(Check):
     id = "check-find-the-bug"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = "09_verification"
     arguments = ("self_attention",)
 
     def cases(self, rng):
@@ -195,27 +190,28 @@ class FindTheBug(Check):
 
     def expected(self, batch, length, e, heads, seed):
         mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
-        xt = _t(x, grad=True)
-        out = mha(xt, xt, xt, key_padding_mask=_t(mask), need_weights=False)[0]
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(xt.grad)}
+        out, dx = autograd(lambda xt: mha(xt, xt, xt, key_padding_mask=_t(mask),
+                                          need_weights=False)[0], dout, x)
+        return {"out": out, "dx": dx}
 
     def mistakes(self, batch, length, e, heads, seed):
         def variant(scale_by_e, transpose_back, query_axis=False):
-            torch = _torch()
             mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
-            xt = _t(x, grad=True)
             dh = e // heads
-            q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
-            q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2) for a in (q, k, v))
-            scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
-            blocked = _t(mask)[:, None, :, None] if query_axis else _t(mask)[:, None, None, :]
-            scores = scores.masked_fill(blocked, float("-inf"))
-            ctx = torch.softmax(scores, dim=-1) @ v
-            ctx = ctx.transpose(1, 2) if transpose_back else ctx
-            out = ctx.reshape(batch, length, e) @ mha.out_proj.weight.T + mha.out_proj.bias
-            out.backward(_t(dout))
-            return {"out": _np(out), "dx": _np(xt.grad)}
+
+            def attention(xt):
+                q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
+                q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2)
+                           for a in (q, k, v))
+                scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
+                blocked = _t(mask)[:, None, :, None] if query_axis else _t(mask)[:, None, None, :]
+                scores = scores.masked_fill(blocked, float("-inf"))
+                ctx = torch.softmax(scores, dim=-1) @ v
+                ctx = ctx.transpose(1, 2) if transpose_back else ctx
+                return ctx.reshape(batch, length, e) @ mha.out_proj.weight.T + mha.out_proj.bias
+
+            out, dx = autograd(attention, dout, x)
+            return {"out": out, "dx": dx}
 
         return {"with the scores still divided by sqrt(E) (the first bug): each head's scores "
                 "are dot products of E/H numbers": lambda: variant(True, True),
@@ -231,11 +227,10 @@ class FindTheBug(Check):
 
     def run(self, f, batch, length, e, heads, seed):
         mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
-        xt = _t(x, grad=True)
-        out = f.self_attention(xt, mha.in_proj_weight.T, mha.in_proj_bias, mha.out_proj.weight.T,
-                               mha.out_proj.bias, heads, key_padding_mask=_t(mask))
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(xt.grad)}
+        out, dx = autograd(lambda xt: f.self_attention(
+            xt, mha.in_proj_weight.T, mha.in_proj_bias, mha.out_proj.weight.T, mha.out_proj.bias,
+            heads, key_padding_mask=_t(mask)), dout, x)
+        return {"out": out, "dx": dx}
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,27 +239,26 @@ class FindTheBug(Check):
 
 def _smoothed(logits, labels, pad_id, alpha, how="right"):
     """Loss and dlogits from torch's ``cross_entropy(label_smoothing=...)`` (or a mistake)."""
-    torch = _torch()
     v = logits.shape[-1]
-    lt = _t(logits, grad=True)
-    flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
     smoothing = alpha * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else alpha
-    if how == "mean over all":
-        loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                 label_smoothing=alpha,
-                                                 reduction="sum") / labels.size
-    else:
-        loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
+
+    def loss(lt):
+        flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
+        if how == "mean over all":
+            return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
+                                                     label_smoothing=alpha,
+                                                     reduction="sum") / labels.size
+        return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
                                                  label_smoothing=smoothing)
-    loss.backward()
-    return {"loss": loss.item(), "dlogits": _np(lt.grad)}
+
+    value, dlogits = autograd(loss, None, logits)
+    return {"loss": float(value), "dlogits": dlogits}
 
 
 @register
 class LabelSmoothing(Check):
     id = "check-label-smoothing"
     axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = "09_verification"
     arguments = ("smoothed_loss",)
 
     def cases(self, rng):
@@ -313,7 +307,6 @@ class LabelSmoothing(Check):
 @register
 class PaddedPositions(Check):
     id = "check-padded-positions"
-    notebook = "09_verification"
     arguments = ("padded_positional_encoding",)
 
     def cases(self, rng):
@@ -352,6 +345,3 @@ class PaddedPositions(Check):
                 "with the encoding of position 0 at the padding, which must be zeros":
                 lambda: self._answer(ids, pad_id, d_model, "padding not zeroed")}
     ### END HIDDEN TESTS
-
-    def run(self, f, ids, pad_id, d_model):
-        return f.padded_positional_encoding(ids, pad_id, d_model)

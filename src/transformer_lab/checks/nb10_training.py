@@ -16,10 +16,9 @@ import math
 import numpy as np
 
 from transformer_lab.checks import framework as F
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, register
-
-NB = "10_training"
+from transformer_lab.models.config import config_from_dict
 
 
 def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_from=None,
@@ -49,7 +48,6 @@ def _changes_the_answer(check: Check, found: dict, want) -> dict:
 def _torch_trajectory(opt_class, p0, grads, **settings):
     """Feed ``grads`` to ``opt_class([p], **settings)`` one step at a time; (p after each step
     (k, ...), the optimiser's state of p after the last)."""
-    torch = _torch()
     p = torch.tensor(p0.copy(), requires_grad=True)
     opt = opt_class([p], **settings)
     after = []
@@ -101,7 +99,6 @@ def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nes
 @register
 class SGDStep(Check):
     id = "check-sgd-step"
-    notebook = NB
     functions = ("sgd_step",)
 
     def cases(self, rng):
@@ -146,7 +143,7 @@ class SGDStep(Check):
         return out
 
     def expected(self, p0, grads, **hyper):
-        after, state = _torch_trajectory(_torch().optim.SGD, p0, grads, **hyper)
+        after, state = _torch_trajectory(torch.optim.SGD, p0, grads, **hyper)
         out = {P_AFTER: after}
         if hyper.get("momentum"):
             out[BUFFER] = state["momentum_buffer"]
@@ -223,7 +220,6 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
 @register
 class AdamStep(Check):
     id = "check-adam-step"
-    notebook = NB
     functions = ("adam_step",)
 
     def cases(self, rng):
@@ -266,7 +262,6 @@ class AdamStep(Check):
 
     def expected(self, p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                  decoupled=False):
-        torch = _torch()
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
         after, state = _torch_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2), eps=eps,
                                          weight_decay=weight_decay)
@@ -323,7 +318,6 @@ def _grads_case(rng, name, shapes, dtype=np.float64, scales=None, *extra) -> Cas
 
 def _torch_norms(grads):
     """The norm of every array (torch), as float64 numbers."""
-    torch = _torch()
     return np.array([float(torch.linalg.vector_norm(torch.from_numpy(g).double()))
                      for g in grads.values()])
 
@@ -336,7 +330,6 @@ def _as_dtype_of(value, grads):
 @register
 class GlobalNorm(Check):
     id = "check-global-norm"
-    notebook = NB
     functions = ("global_norm",)
 
     def cases(self, rng):
@@ -352,9 +345,6 @@ class GlobalNorm(Check):
         yield _grads_case(rng, "sizes far apart", {"big": (30, 30), "tiny": (2,)}, np.float64,
                           [1e-3, 1e3])
     ### END HIDDEN TESTS
-
-    def run(self, f, grads):
-        return f.global_norm(grads)
 
     def expected(self, grads):
         return _as_dtype_of(math.sqrt(float((_torch_norms(grads) ** 2).sum())), grads)
@@ -390,7 +380,6 @@ def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6, norm_afte
 @register
 class ClipGradNorm(Check):
     id = "check-clip-grad-norm"
-    notebook = NB
     functions = ("clip_grad_norm",)
 
     def cases(self, rng):
@@ -420,7 +409,6 @@ class ClipGradNorm(Check):
         return {NORM: total, CLIPPED: grads}
 
     def expected(self, grads, max_norm):
-        torch = _torch()
         tensors = {}
         for name, g in grads.items():
             t = torch.zeros(g.shape, dtype=getattr(torch, g.dtype.name), requires_grad=True)
@@ -453,12 +441,6 @@ NORMS = "the gradient norms returned (before clipping)"
 PARAMS = "the parameters after the steps"
 
 
-def _config(d: dict):
-    from transformer_lab.models.encoder_decoder import TransformerConfig
-
-    return TransformerConfig(**{**d, "dtype": np.dtype(d["dtype"]).type})
-
-
 def _tiny_config(dtype="float64", **kw) -> dict:
     """A small model with learned positions (so that neither side needs a positional table)."""
     return {"src_vocab_size": 8, "tgt_vocab_size": 9, "d_model": 8, "num_heads": 2,
@@ -470,11 +452,11 @@ def _random_params(config: dict, rng, scale=0.4) -> dict:
     """Random parameters for a config (plain data: name -> array); layer-norm gains near 1."""
     from transformer_lab.reference.torch_transformer import TorchTransformer
 
-    shapes = TorchTransformer(_config(config), seed=None).numpy_params()  # zeros: the shapes
+    zeros = TorchTransformer(config_from_dict(config), seed=None).numpy_params()  # the shapes
     dt = np.dtype(config["dtype"])
     return {name: ((1.0 if name.endswith("gamma") else 0.0)
                    + rng.standard_normal(z.shape) * scale).astype(dt)
-            for name, z in shapes.items()}
+            for name, z in zeros.items()}
 
 
 def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
@@ -497,21 +479,27 @@ def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Cas
 
 
 def _numpy_model(config: dict, params: dict):
+    """The package's model of the config (a dict) holding ``params``, the core's code inside."""
     from transformer_lab.models.encoder_decoder import Transformer
 
-    model = Transformer(_config(config), seed=0)
+    model = Transformer(config_from_dict(config), seed=0)
     model.set_params(params)
     return model
+
+
+def _twin(config: dict, params: dict):
+    """``TorchTransformer``, the model written again in PyTorch, holding ``params``."""
+    from transformer_lab.reference.torch_transformer import TorchTransformer
+
+    twin = TorchTransformer(config_from_dict(config), seed=None)
+    twin.load_numpy_params(params)
+    return twin
 
 
 def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
     """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
     learning rate, step -- or one of the classic mistakes (``variant``)."""
-    torch = _torch()
-    from transformer_lab.reference.torch_transformer import TorchTransformer
-
-    twin = TorchTransformer(_config(config), seed=None)
-    twin.load_numpy_params(params)
+    twin = _twin(config, params)
     tparams = list(twin.parameters())
     opt = (torch.optim.SGD(tparams, lr=0.0, momentum=0.9) if optimizer == "sgd"
            else torch.optim.Adam(tparams, lr=0.0))
@@ -541,7 +529,6 @@ def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
 @register
 class TrainStep(Check):
     id = "check-train-step"
-    notebook = NB
     functions = ("train_step",)
 
     def cases(self, rng):
@@ -608,7 +595,6 @@ class TrainStep(Check):
 @register
 class NoamSchedule(Check):
     id = "check-noam-schedule"
-    notebook = NB
     arguments = ("noam_lr",)
 
     def cases(self, rng):
@@ -641,9 +627,6 @@ class NoamSchedule(Check):
                 lambda: d_model ** -0.5 * np.minimum((s + 1) ** -0.5, (s + 1) * warmup ** -1.5)}
     ### END HIDDEN TESTS
 
-    def run(self, f, steps, d_model, warmup):
-        return f.noam_lr(steps, d_model, warmup)
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 2: RMSprop, as torch.optim.RMSprop
@@ -663,7 +646,6 @@ def _rmsprop_case(rng, name, steps=6, dtype=np.float64, **hyper) -> Case:
 def _rmsprop_torch(params, grads, fresh_state=False, **settings):
     """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: a new optimiser, with empty
     state, for every step -- the mistake of not keeping the state)."""
-    torch = _torch()
     tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     opt = torch.optim.RMSprop(list(tensors.values()), **settings)
     after = {k: [] for k in params}
@@ -682,7 +664,6 @@ def _rmsprop_torch(params, grads, fresh_state=False, **settings):
 @register
 class RMSprop(Check):
     id = "check-rmsprop"
-    notebook = NB
     arguments = ("rmsprop_step",)
 
     def cases(self, rng):
@@ -782,14 +763,12 @@ SAMPLES_CONFIG = {"src_vocab_size": 9, "tgt_vocab_size": 7, "d_model": 16, "num_
                   "positional": "learned", "dtype": "float64"}
 CHECK_SRC = np.array([[3, 4, 5, 6], [7, 8, 3, 0], [5, 0, 0, 0]])
 DRAWS = 10000
-
-
-def _twin(config, params):
-    from transformer_lab.reference.torch_transformer import TorchTransformer
-
-    twin = TorchTransformer(_config(config), seed=None)
-    twin.load_numpy_params(params)
-    return twin
+#: what must hold for every batch sampled (:func:`_sampling_properties`)
+PROPERTIES = ("the same generator state gives the same samples",
+              "one row per source, 1 + at most max_len columns",
+              "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
+              "stops as soon as every sequence has produced </s> (or after max_len)",
+              "</s> is likely at every step: some batch ends before max_len")
 
 
 def _rows(out) -> dict:
@@ -805,11 +784,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
     """What must hold for every batch sampled from ``model``: reproducible, <s> first, only
     <pad> after </s>, no step after every sequence has ended -- and (</s> being likely) some
     batch ended before max_len."""
-    facts = {"the same generator state gives the same samples": True,
-             "one row per source, 1 + at most max_len columns": True,
-             "every row starts with <s> (id 1)": True,
-             "only <pad> (id 0) after </s> (id 2)": True,
-             "stops as soon as every sequence has produced </s> (or after max_len)": True}
+    facts = dict.fromkeys(PROPERTIES[:-1], True)
     ended_early = False
     for seed in range(seeds):
         hot = np.asarray(f.sample_decode(model, src, temperature, np.random.default_rng(seed),
@@ -831,7 +806,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
         facts["stops as soon as every sequence has produced </s> (or after max_len)"] &= (
             body.shape[1] == needed)
         ended_early |= bool(has_end.all() and needed < max_len)
-    facts["</s> is likely at every step: some batch ends before max_len"] = ended_early
+    facts[PROPERTIES[-1]] = ended_early
     return facts
 
 
@@ -852,7 +827,6 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
 @register
 class SampleDecode(Check):
     id = "check-sample-decode"
-    notebook = NB
     arguments = ("sample_decode",)
 
     def cases(self, rng):
@@ -891,17 +865,11 @@ class SampleDecode(Check):
             first, minlength=config["tgt_vocab_size"]) / DRAWS}
 
     def expected(self, config, params, src, temperature, max_len, what):
-        torch = _torch()
         twin = _twin(config, params)
         if what == "samples":
             return _rows(twin.greedy_decode(src, max_len, padded=True))
         if what == "properties":
-            return {key: True for key in (
-                "the same generator state gives the same samples",
-                "one row per source, 1 + at most max_len columns",
-                "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
-                "stops as soon as every sequence has produced </s> (or after max_len)",
-                "</s> is likely at every step: some batch ends before max_len")}
+            return dict.fromkeys(PROPERTIES, True)
         with torch.no_grad():
             logits = twin(src[:1], np.array([[1]]))[0, -1].double()
         return {"first-token frequencies": torch.softmax(logits / temperature, -1).numpy()}

@@ -13,7 +13,10 @@ from __future__ import annotations
 import functools
 import re
 
+from transformer_lab.checks._torch_helpers import LazyModule
 from transformer_lab.checks.framework import Case, Check, register
+
+tokenizers = LazyModule("tokenizers")
 
 #: Texts for the cases: every branch of GPT-2's pattern, and of UTF-8 (1 to 4 bytes).
 TEXTS = {
@@ -35,19 +38,12 @@ HIDDEN_TEXTS = {
 ### END HIDDEN TESTS
 
 
-def _tokenizers():
-    """The ``tokenizers`` module, imported on first use."""
-    import tokenizers
-
-    return tokenizers
-
-
 @functools.cache
 def _gpt2_chars() -> tuple[str, ...]:
     """GPT-2's character for each byte, read from ``tokenizers``' ByteLevel pre-tokenizer: one
     character for each byte that valid UTF-8 uses; the 13 bytes it never uses (0xC0, 0xC1,
     0xF5..0xFF) are printable Latin-1 characters, which GPT-2 keeps as they are."""
-    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    pre = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     # ASCII; a character for each lead byte of 2, 3 and 4 bytes; the 64 continuation bytes
     codes = [*range(0x80), *range(0x80, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
              0x10000, 0x40000, 0x80000, 0xC0000, 0x100000, *range(0x80, 0xC0)]
@@ -61,7 +57,7 @@ def _gpt2_chars() -> tuple[str, ...]:
 
 def _pieces(text: str) -> list[str]:
     """GPT-2's pieces of ``text``, as ``tokenizers`` cuts them (offsets into the text)."""
-    pre = _tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pre = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
 
@@ -109,7 +105,7 @@ def _strings(merges) -> list[str]:
 def _hf_bpe(merges, byte_level: bool):
     """A ``tokenizers`` BPE model of ``merges``: on GPT-2's characters (``byte_level``, with its
     pre-tokenizer, a whole Tokenizer) or on the plain ids as characters (a bare model)."""
-    tk = _tokenizers()
+    tk = tokenizers
     strings = _strings(merges) if byte_level else [chr(0x4E00 + i) for i in range(256)]
     if not byte_level:
         for a, b in merges:
@@ -143,7 +139,6 @@ def _as_words(word_list) -> dict:
 @register
 class BytesToUnicode(Check):
     id = "check-bytes-to-unicode"
-    notebook = "11_tokenization"
     functions = ("bytes_to_unicode",)
 
     def cases(self, rng):
@@ -187,7 +182,6 @@ class BytesToUnicode(Check):
 @register
 class Pretokenize(Check):
     id = "check-pretokenize"
-    notebook = "11_tokenization"
     functions = ("pretokenize",)
 
     def cases(self, rng):
@@ -218,7 +212,6 @@ class Pretokenize(Check):
 @register
 class WordCounts(Check):
     id = "check-word-counts"
-    notebook = "11_tokenization"
     functions = ("word_counts",)
 
     def cases(self, rng):
@@ -266,7 +259,6 @@ class WordCounts(Check):
 @register
 class PairCounts(Check):
     id = "check-pair-counts"
-    notebook = "11_tokenization"
     functions = ("pair_counts",)
 
     def cases(self, rng):
@@ -310,7 +302,6 @@ class PairCounts(Check):
 @register
 class MergePair(Check):
     id = "check-merge-pair"
-    notebook = "11_tokenization"
     functions = ("merge_pair",)
 
     def cases(self, rng):
@@ -405,7 +396,6 @@ def _stale_train(words, num_merges):
 @register
 class TrainBPE(Check):
     id = "check-train-bpe"
-    notebook = "11_tokenization"
     functions = ("train_bpe",)
 
     def cases(self, rng):
@@ -451,7 +441,6 @@ class TrainBPE(Check):
 @register
 class TokenBytes(Check):
     id = "check-token-bytes"
-    notebook = "11_tokenization"
     functions = ("token_bytes",)
 
     def cases(self, rng):
@@ -483,7 +472,6 @@ class TokenBytes(Check):
 @register
 class EncodeWord(Check):
     id = "check-encode-word"
-    notebook = "11_tokenization"
     functions = ("encode_word",)
 
     def cases(self, rng):
@@ -544,7 +532,6 @@ class EncodeWord(Check):
 @register
 class BPEEncode(Check):
     id = "check-bpe-encode"
-    notebook = "11_tokenization"
     functions = ("bpe_encode",)
 
     def cases(self, rng):
@@ -585,7 +572,6 @@ class BPEEncode(Check):
 @register
 class BPEDecode(Check):
     id = "check-bpe-decode"
-    notebook = "11_tokenization"
     functions = ("bpe_decode",)
 
     def cases(self, rng):
@@ -611,7 +597,7 @@ class BPEDecode(Check):
     def expected(self, ids, vocab):
         chars = _gpt2_chars()
         tokens = ["".join(chars[b] for b in bytes.fromhex(vocab[i])) for i in ids]
-        return _tokenizers().decoders.ByteLevel().decode(tokens)
+        return tokenizers.decoders.ByteLevel().decode(tokens)
 
     def mistakes(self, ids, vocab):
         return {"decoding each token on its own (a character cut between two tokens becomes "

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
-NB = "12_translation"
 PAD, BOS, EOS = 0, 1, 2
 
 # --------------------------------------------------------------------------------------------
@@ -34,7 +34,6 @@ def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ign
 @register
 class LabelSmoothedLoss(Check):
     id = "check-label-smoothed-loss"
-    notebook = NB
     functions = ("label_smoothed_loss_forward", "label_smoothed_loss_backward")
     tol = {"float64": 1e-9, "float32": 1e-4}
 
@@ -60,7 +59,6 @@ class LabelSmoothedLoss(Check):
                 "dlogits": f.label_smoothed_loss_backward(dloss, cache)}
 
     def expected(self, logits, targets, eps, ignore_index, dloss):
-        torch = _torch()
         x = _t(logits, grad=True)
         loss = torch.nn.functional.cross_entropy(
             x.reshape(-1, logits.shape[-1]), _t(targets).reshape(-1), label_smoothing=eps,
@@ -146,7 +144,6 @@ def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
 @register
 class BeamStep(Check):
     id = "check-beam-step"
-    notebook = NB
     functions = ("length_penalty", "beam_step")
 
     def cases(self, rng):
@@ -245,7 +242,6 @@ def _reference_search(table, K, max_len, alpha):
 @register
 class BeamSearch(Check):
     id = "check-beam-search"
-    notebook = NB
     functions = ("length_penalty", "beam_step", "beam_search")
 
     def cases(self, rng):
@@ -298,7 +294,6 @@ def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=
 @register
 class DecoderStep(Check):
     id = "check-decoder-step"
-    notebook = NB
     functions = ("memory_keys_values", "cached_self_attention_step", "decoder_layer_step",
                  "transformer_decode_step")
     tol = {"float64": 1e-9, "float32": 1e-4}
@@ -318,13 +313,8 @@ class DecoderStep(Check):
     ### END HIDDEN TESTS
 
     def run(self, f, config, params, memory, pad, tgt, chunks):
-        from transformer_lab.models.config import config_from_dict
-        from transformer_lab.models.encoder_decoder import Transformer
-
-        c = config_from_dict(config)
-        model = Transformer(c, seed=0)
-        model.set_params(params)
-        nested = model._nested()
+        model = _numpy_model(config, params)
+        c, nested = model.config, model._nested()
         H, Dh = c.num_heads, c.d_model // c.num_heads
         memory_kvs = [f.memory_keys_values(memory, layer["cross_attn"], H)
                       for layer in nested["decoder"]["layers"]]
@@ -341,20 +331,16 @@ class DecoderStep(Check):
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        from transformer_lab.models.config import config_from_dict
-        from transformer_lab.reference.torch_transformer import TorchTransformer, _causal_mask
+        from transformer_lab.reference.torch_transformer import _causal_mask
 
-        c = config_from_dict(config)
-        twin = TorchTransformer(c, seed=None)
-        twin.load_numpy_params(params)
-        torch = _torch()
+        twin = _twin(config, params)
         with torch.no_grad():
             mem = _t(memory)
             y = twin.decoder(twin.embed(_t(tgt), "tgt"), mem, _causal_mask(tgt.shape[1]), None,
                              _t(pad) if pad.any() else None)
             logits = twin.out_proj(y)
             B, S, E = memory.shape
-            H = c.num_heads
+            H = config["num_heads"]
             p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
             b = (params.get("decoder.layers.0.cross_attn.b_k"),
                  params.get("decoder.layers.0.cross_attn.b_v"))

@@ -2,8 +2,7 @@
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
 models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
-none
-of them calls the core.
+none of them calls the core.
 """
 
 from __future__ import annotations
@@ -12,10 +11,8 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
-
-NB = "13_gpt"
 
 
 def _config(d: dict):
@@ -41,7 +38,6 @@ def _flat_params(config: dict, rng, scale=0.3) -> dict:
 class NextTokenLoss(Check):
     id = "check-next-token-loss"
     axes = {"dlogits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("next_token_loss_forward", "next_token_loss_backward")
 
     def cases(self, rng):
@@ -66,35 +62,28 @@ class NextTokenLoss(Check):
                 "dlogits": f.next_token_loss_backward(1.0, cache)}
 
     def expected(self, logits, ids):
-        torch = _torch()
-        x = _t(logits, grad=True)
-        loss = torch.nn.functional.cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]),
-                                                 _t(ids[:, 1:]).reshape(-1))
-        loss.backward()
-        return {"loss": np.asarray(loss.item(), dtype=logits.dtype), "dlogits": _np(x.grad)}
+        return _shifted_loss(logits, ids, 1)
 
     def mistakes(self, logits, ids):
-        torch = _torch()
+        return {"without the shift (each position scored against its own token)":
+                lambda: _shifted_loss(logits, ids, 0),
+                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
+                lambda: _shifted_loss(logits, ids, -1)}
 
-        def ce(lg, tg):
-            x = _t(lg, grad=True)
-            loss = torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]),
-                                                     _t(tg).reshape(-1))
-            loss.backward()
-            return np.asarray(loss.item(), dtype=logits.dtype), _np(x.grad)
 
-        def unshifted():
-            loss, d = ce(logits, ids)
-            return {"loss": loss, "dlogits": d}
+def _shifted_loss(logits, ids, shift):
+    """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
+    token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
+    T = ids.shape[1]
+    scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
+                      else (slice(-shift, T), slice(0, T + shift)))
 
-        def wrong_way():
-            loss, d = ce(logits[:, 1:], ids[:, :-1])
-            full = np.zeros_like(logits)
-            full[:, 1:] = d
-            return {"loss": loss, "dlogits": full}
+    def loss(x):
+        return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
+                                                 _t(ids[:, target]).reshape(-1))
 
-        return {"without the shift (each position scored against its own token)": unshifted,
-                "shifting the wrong way (logits[:, 1:] against ids[:, :-1])": wrong_way}
+    value, dlogits = autograd(loss, None, logits)
+    return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,13 +101,11 @@ def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
 
 def _torch_rotate(x, angles):
     """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
-    torch = _torch()
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
     return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
-    torch = _torch()
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
@@ -135,18 +122,15 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
 
 
 def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    tx = _t(x, grad=True)
-    tp = {k: _t(v, grad=True) for k, v in params.items()}
     ta = None if angles is None else _t(angles)
-    out = _torch_attention(tx, tp, H, Hkv, ta, causal)
-    out.backward(_t(dout))
-    return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad) for k, v in tp.items()}}
+    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, ta, causal), dout,
+                              x, params)
+    return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
 @register
 class CausalSelfAttention(Check):
     id = "check-causal-self-attention"
-    notebook = NB
     functions = ("self_attention_forward", "self_attention_backward",
                  "causal_self_attention_forward", "causal_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
@@ -242,7 +226,7 @@ class _BlockCheck(Check):
         shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
                   if k.startswith("layers.0.")}
         torch_block = TorchBlock(c, shapes, torch_dtype(c))
-        with _torch().no_grad():
+        with torch.no_grad():
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))
         tx = _t(x, grad=True)
@@ -258,7 +242,6 @@ class _BlockCheck(Check):
 class GPTBlock(_BlockCheck):
     id = "check-gpt-block"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -293,7 +276,6 @@ def _pe(config):
 class GPTModel(Check):
     id = "check-gpt-model"
     axes = {"logits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("gpt_forward", "gpt_backward", "gpt_loss")
 
     def cases(self, rng):
@@ -351,7 +333,6 @@ class GPTModel(Check):
 
             twin = TorchGPT(_config(config))
             twin.load_numpy_params(flat)
-            torch = _torch()
             with torch.no_grad():
                 x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
             for layer in twin.layers:

@@ -3,15 +3,14 @@ SwiGLU, grouped-query attention).
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks and
 models, from :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch;
-none
-of them calls the core.
+none of them calls the core.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, _torch
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, register
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
@@ -23,43 +22,6 @@ from transformer_lab.checks.nb13_gpt import (
     _pe,
     _torch_rotate,
 )
-
-NB = "14_decoding"
-
-
-
-
-
-# --------------------------------------------------------------------------------------------
-# The GPT's attention, block and model (notebook 13 §3): helpers of the checks below
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 # --------------------------------------------------------------------------------------------
 # §1 Sampling
@@ -73,7 +35,6 @@ def _kept_and_values(filtered):
 @register
 class TopKFilter(Check):
     id = "check-top-k-filter"
-    notebook = NB
     functions = ("top_k_filter",)
 
     def cases(self, rng):
@@ -92,7 +53,6 @@ class TopKFilter(Check):
         return _kept_and_values(f.top_k_filter(logits, k))
 
     def expected(self, logits, k):
-        torch = _torch()
         kth = torch.topk(_t(logits), k, dim=-1).values[..., -1:]
         kept = _t(logits) >= kth
         return {"kept": kept.numpy(), "values": np.where(kept.numpy(), logits, 0)}
@@ -106,7 +66,6 @@ class TopKFilter(Check):
 
 
 def _top_p_reference(logits, p):
-    torch = _torch()
     x = _t(logits).to(torch.float64)
     probs = torch.softmax(x, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -118,7 +77,6 @@ def _top_p_reference(logits, p):
 @register
 class TopPFilter(Check):
     id = "check-top-p-filter"
-    notebook = NB
     functions = ("top_p_filter",)
 
     def cases(self, rng):
@@ -157,7 +115,6 @@ class TopPFilter(Check):
 @register
 class SampleNext(Check):
     id = "check-sample-next"
-    notebook = NB
     functions = ("sample_next",)
     DRAWS = 40000
 
@@ -193,7 +150,6 @@ class SampleNext(Check):
                 "reproducible with the same seed": bool(np.array_equal(first, again))}
 
     def expected(self, logits, temperature=1.0, top_k=None, top_p=None):
-        torch = _torch()
         if temperature == 0:
             return torch.argmax(_t(logits), dim=-1).numpy().astype(np.int64)
         z = _t(logits).to(torch.float64) / temperature
@@ -209,7 +165,6 @@ class SampleNext(Check):
 @register
 class MinPFilter(Check):
     id = "check-min-p-filter"
-    notebook = NB
     arguments = ("min_p_filter",)
 
     def cases(self, rng):
@@ -226,7 +181,6 @@ class MinPFilter(Check):
         yield Case("huge logits", (rng.standard_normal((2, 6)) * 500, 0.3))
 
     def expected(self, logits, p_min):
-        torch = _torch()
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         kept = (probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy()
         return {"kept": kept, "values": np.where(kept, logits, 0)}
@@ -244,7 +198,6 @@ class MinPFilter(Check):
 class KVCacheAppend(Check):
     id = "check-kv-cache-append"
     axes = {"K": "bhsd", "V": "bhsd", "keys": "bhsd", "values": "bhsd"}  # axis names, for messages
-    notebook = NB
     functions = ("kv_cache_append",)
 
     def cases(self, rng):
@@ -297,7 +250,6 @@ class KVCacheAppend(Check):
 class CachedStep(Check):
     id = "check-gpt-step"
     axes = {"logits": "btv"}  # axis names, for messages
-    notebook = NB
     functions = ("causal_self_attention_step", "gpt_block_step", "gpt_step")
 
     def cases(self, rng):
@@ -341,7 +293,6 @@ class CachedStep(Check):
 class RoPE(Check):
     id = "check-rope"
     axes = {"out": "td", "dx": "td"}  # axis names, for messages
-    notebook = NB
     functions = ("rope_tables", "rope_forward", "rope_backward")
 
     def cases(self, rng):
@@ -365,15 +316,12 @@ class RoPE(Check):
                 "out": out, "dx": f.rope_backward(dout, cache)}
 
     def expected(self, positions, x, dout):
-        torch = _torch()
         Dh = x.shape[-1]
         omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
         angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
-        tx = _t(x, grad=True)
-        out = _torch_rotate(tx, angles.to(tx.dtype))
-        out.backward(_t(dout))
-        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(),
-                "out": _np(out), "dx": _np(tx.grad)}
+        out, dx = autograd(lambda tx: _torch_rotate(tx, angles.to(tx.dtype)), dout, x)
+        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(), "out": out,
+                "dx": dx}
 
     def mistakes(self, positions, x, dout):
         want = self.expected(positions, x, dout)
@@ -394,7 +342,6 @@ class RoPE(Check):
 class RMSNorm(Check):
     id = "check-gpt-rms-norm"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = NB
     functions = ("rms_norm_forward", "rms_norm_backward")
 
     def cases(self, rng):
@@ -417,30 +364,34 @@ class RMSNorm(Check):
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
     def expected(self, x, gamma, dout):
-        torch = _torch()
-        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
-        out = torch.nn.functional.rms_norm(tx, (x.shape[-1],), tg, 1e-5)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)}
+        return _torch_norm(x, gamma, dout)
 
     def mistakes(self, x, gamma, dout):
-        torch = _torch()
-        tx, tg = _t(x, grad=True), _t(gamma, grad=True)
-        out = torch.nn.functional.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5)
-        out.backward(_t(dout))
+        tx, tg = _t(x), _t(gamma)
         eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
         return {"subtracting the mean first (that is a layer norm)":
-                lambda: {"out": _np(out), "dx": _np(tx.grad), "dgamma": _np(tg.grad)},
+                lambda: _torch_norm(x, gamma, dout, rms=False),
                 # the forward alone: a hint names the first output that differs
                 "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+
+
+def _torch_norm(x, gamma, dout, rms=True):
+    """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
+    F = torch.nn.functional
+
+    def norm(tx, tg):
+        return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
+                else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
+
+    out, dx, dgamma = autograd(norm, dout, x, gamma)
+    return {"out": out, "dx": dx, "dgamma": dgamma}
 
 
 @register
 class SwiGLU(Check):
     id = "check-swiglu"
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    notebook = NB
     functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
 
     def cases(self, rng):
@@ -468,30 +419,24 @@ class SwiGLU(Check):
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
     def expected(self, x, params, dout):
-        torch = _torch()
-        tx = _t(x, grad=True)
-        tp = {k: _t(v, grad=True) for k, v in params.items()}
-        out = (torch.nn.functional.silu(tx @ tp["W_gate"]) * (tx @ tp["W_up"])) @ tp["W_down"]
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad), **{f"d{k}": _np(v.grad)
-                                                       for k, v in tp.items()}}
+        return self._answer(x, params, dout)
 
     def mistakes(self, x, params, dout):
-        torch = _torch()
-        tx = _t(x, grad=True)
-        tp = {k: _t(v, grad=True) for k, v in params.items()}
-        out = (torch.nn.functional.silu(tx @ tp["W_up"]) * (tx @ tp["W_gate"])) @ tp["W_down"]
-        out.backward(_t(dout))
         return {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                lambda: {"out": _np(out), "dx": _np(tx.grad),
-                         **{f"d{k}": _np(v.grad) for k, v in tp.items()}}}
+                lambda: self._answer(x, params, dout, gate="W_up", up="W_gate")}
+
+    @staticmethod
+    def _answer(x, params, dout, gate="W_gate", up="W_up"):
+        silu = torch.nn.functional.silu
+        out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
+                                  dout, x, params)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
 @register
 class GroupedQueryAttention(Check):
     id = "check-grouped-query-attention"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
     functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
                  "self_attention_backward", "causal_self_attention_forward",
                  "causal_self_attention_backward", "rope_forward", "rope_backward",
@@ -557,7 +502,6 @@ class GroupedQueryAttention(Check):
 class ModernBlock(_BlockCheck):
     id = "check-modern-block"
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    notebook = NB
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 
 from transformer_lab import flash
-from transformer_lab.checks._torch_helpers import _torch
+from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, register
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
@@ -29,7 +29,6 @@ def _split_neg_inf(m):
 
 def _state(prev):
     """The running (m, ell) after the scores ``prev`` (..., n) -- computed with torch."""
-    torch = _torch()
     t = torch.from_numpy(prev)
     m = t.amax(-1, keepdim=True)
     lse = torch.logsumexp(t, -1, keepdim=True)
@@ -61,7 +60,6 @@ def _causal_scores(torch, q, k):
 @register
 class OnlineSoftmaxUpdate(Check):
     id = "check-online-softmax-update"
-    notebook = "15_long_context"
     functions = ("online_softmax_update",)
 
     def cases(self, rng):
@@ -106,7 +104,6 @@ class OnlineSoftmaxUpdate(Check):
                 "p": p, "alpha": alpha}
 
     def expected(self, m, ell, scores):
-        torch = _torch()
         m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
@@ -139,6 +136,18 @@ def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
     return q, k, rng.standard_normal((*lead, S, d_v)).astype(dtype)
 
 
+MEMORY = "peak extra memory below T * S * itemsize / 10"
+
+
+def _memory_case(rng, backward=False):
+    """The tiled attention of a long sequence, whose peak memory is measured (:data:`MEMORY`);
+    with dout after q, k, v for the backward pass."""
+    q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
+    dout = (rng.standard_normal((1024, 16)),) if backward else ()
+    return Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
+                (q, k, v, *dout, True, 64), {"measure_memory": True})
+
+
 def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.0):
     q, k, v = _qkv(rng, lead, T, S, dtype)
     return Case(name, (q * dtype(scale), k, v, causal, block))
@@ -148,7 +157,6 @@ def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=
 class FlashAttentionForward(Check):
     id = "check-flash-forward"
     axes = {"out": "td", "lse": "t"}  # axis names, for messages
-    notebook = "15_long_context"
     functions = ("flash_attention_forward",)
 
     def cases(self, rng):
@@ -163,9 +171,7 @@ class FlashAttentionForward(Check):
                             (2, 3), 5, 6, False, 64)
         yield _forward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
                             np.float32)
-        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
-        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
-                   (q, k, v, True, 64), {"measure_memory": True})
+        yield _memory_case(rng)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -179,14 +185,12 @@ class FlashAttentionForward(Check):
         peak, (out, cache) = _peak_extra(lambda: f.flash_attention_forward(q, k, v, causal,
                                                                             block_size))
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10":
-                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
         return {"out": out, "lse": flash.row_logsumexp(cache)}
 
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10": True}
-        torch = _torch()
+            return {MEMORY: True}
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
         scores = (_causal_scores(torch, q, k) if causal
                   else q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
@@ -196,7 +200,6 @@ class FlashAttentionForward(Check):
     def mistakes(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
             return {}
-        torch = _torch()
         qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
 
         def answer(scores):
@@ -223,7 +226,6 @@ class FlashAttentionForward(Check):
 
 def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
     """A query block against all the keys, with the rows' lse and D = rowsum(dO * O) (torch)."""
-    torch = _torch()
     q_i, k, v = _qkv(rng, lead, b_q, S)
     dout_i = rng.standard_normal((*lead, b_q, v.shape[-1]))
     qt, kt, vt = (torch.from_numpy(a) for a in (q_i, k, v))
@@ -239,7 +241,6 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
 @register
 class FlashAttentionBackwardTile(Check):
     id = "check-flash-backward-tile"
-    notebook = "15_long_context"
     functions = ("flash_attention_backward_tile",)
 
     def cases(self, rng):
@@ -282,11 +283,13 @@ class FlashAttentionBackwardTile(Check):
 def _torch_grads(q, k, v, dout, causal):
     """dq, dk, dv of softmax(q k^T / sqrt(d) + causal mask) v, by torch autograd in float64;
     returned in the inputs' dtype."""
-    torch = _torch()
-    qt, kt, vt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-    out.backward(torch.from_numpy(dout.astype(np.float64)))
-    return tuple(t.grad.numpy().astype(q.dtype) for t in (qt, kt, vt))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    _, *grads = autograd(lambda *qkv: sdpa(*qkv, is_causal=causal), *_float64(dout, q, k, v))
+    return tuple(g.astype(q.dtype) for g in grads)
+
+
+def _float64(*arrays):
+    return tuple(a.astype(np.float64) for a in arrays)
 
 
 def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
@@ -299,7 +302,6 @@ def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
 class FlashAttentionBackward(Check):
     id = "check-flash-backward"
     axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
-    notebook = "15_long_context"
     functions = ("flash_attention_forward", "flash_attention_backward")
 
     def cases(self, rng):
@@ -312,10 +314,7 @@ class FlashAttentionBackward(Check):
                              (2, 3), 5, 6, False, 64)
         yield _backward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
                              np.float32)
-        q, k, v = _qkv(rng, (), 1024, 1024, d=16, d_v=16)
-        yield Case("T = S = 1024: memory below a tenth of one (T, S) score matrix",
-                   (q, k, v, rng.standard_normal((1024, 16)), True, 64),
-                   {"measure_memory": True})
+        yield _memory_case(rng, backward=True)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -328,13 +327,12 @@ class FlashAttentionBackward(Check):
         out, cache = f.flash_attention_forward(q, k, v, causal, block_size)
         peak, (dq, dk, dv) = _peak_extra(lambda: f.flash_attention_backward(dout, cache))
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10":
-                    bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
+            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def expected(self, q, k, v, dout, causal, block_size, measure_memory=False):
         if measure_memory:
-            return {"peak extra memory below T * S * itemsize / 10": True}
+            return {MEMORY: True}
         return dict(zip(("dq", "dk", "dv"), _torch_grads(q, k, v, dout, causal), strict=True))
 
 
@@ -355,7 +353,6 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
 @register
 class FlashSelfAttention(Check):
     id = "check-flash-self-attention"
-    notebook = "15_long_context"
     functions = ("flash_self_attention_forward", "flash_self_attention_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
@@ -381,16 +378,18 @@ class FlashSelfAttention(Check):
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, num_heads, dout, block_size):
-        torch = _torch()
-        t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
-             for n, a in {"x": x, **params}.items()}
         B, T, E = x.shape
-        qkv = t["x"] @ t["W_qkv"] + (t["b_qkv"] if "b_qkv" in t else 0)
-        q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
-                   for a in qkv.split(E, dim=-1))
-        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = heads.transpose(1, 2).reshape(B, T, E) @ t["W_o"] + (t["b_o"] if "b_o" in t else 0)
-        out.backward(torch.from_numpy(dout.astype(np.float64)))
+
+        def attention(x, p):  # in float64
+            qkv = x @ p["W_qkv"] + (p["b_qkv"] if "b_qkv" in p else 0)
+            q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
+                       for a in qkv.split(E, dim=-1))
+            heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return heads.transpose(1, 2).reshape(B, T, E) @ p["W_o"] + (p["b_o"] if "b_o" in p
+                                                                         else 0)
+
+        out, dx, grads = autograd(attention, *_float64(dout, x),
+                                  dict(zip(params, _float64(*params.values()), strict=True)))
         cast = x.dtype
-        return {"out": out.detach().numpy().astype(cast), "dx": t["x"].grad.numpy().astype(cast),
-                "grads": {n: t[n].grad.numpy().astype(cast) for n in params}}
+        return {"out": out.astype(cast), "dx": dx.astype(cast),
+                "grads": {n: g.astype(cast) for n, g in grads.items()}}
