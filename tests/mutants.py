@@ -813,8 +813,8 @@ mutant(BUG, "the padding mask over the queries",
        "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]",
        "check-find-the-bug")
 SMOOTH = "09_verification/exercise-label-smoothing"
-mutant(SMOOTH, "alpha spread over V - 1 classes", "q = np.full(logits.shape, alpha / V)",
-       "q = np.full(logits.shape, alpha / (V - 1))", "check-label-smoothing")
+mutant(SMOOTH, "eps spread over V - 1 classes", "q = np.full(logits.shape, eps / V)",
+       "q = np.full(logits.shape, eps / (V - 1))", "check-label-smoothing")
 mutant(SMOOTH, "the gradient divided by every position, padding included",
        "(keep / count)[..., None]", "(keep / keep.size)[..., None]", "check-label-smoothing")
 mutant(SMOOTH, "without the max subtraction (exp overflows)",

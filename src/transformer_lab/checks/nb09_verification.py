@@ -237,16 +237,16 @@ class FindTheBug(Check):
 # Exercise 2: label-smoothed cross-entropy over the labels that are not padding
 
 
-def _smoothed(logits, labels, pad_id, alpha, how="right"):
+def _smoothed(logits, labels, pad_id, eps, how="right"):
     """Loss and dlogits from torch's ``cross_entropy(label_smoothing=...)`` (or a mistake)."""
     v = logits.shape[-1]
-    smoothing = alpha * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else alpha
+    smoothing = eps * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else eps
 
     def loss(lt):
         flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
         if how == "mean over all":
             return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                     label_smoothing=alpha,
+                                                     label_smoothing=eps,
                                                      reduction="sum") / labels.size
         return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
                                                  label_smoothing=smoothing)
@@ -262,41 +262,41 @@ class LabelSmoothing(Check):
     arguments = ("smoothed_loss",)
 
     def cases(self, rng):
-        for shape, alpha, scale in [((2, 5, 7), 0.1, 3), ((3, 4, 5), 0.0, 3),
+        for shape, eps, scale in [((2, 5, 7), 0.1, 3), ((3, 4, 5), 0.0, 3),
                                     ((1, 6, 11), 0.3, 3), ((2, 3, 6), 0.1, 1000)]:
             labels = rng.integers(1, shape[-1], shape[:2])
             labels[0, -1] = 0  # at least one padding position (pad_id 0)
-            yield Case(f"logits {shape} of size ~{scale}, alpha = {alpha}",
-                       (rng.standard_normal(shape) * scale, labels, 0, alpha))
+            yield Case(f"logits {shape} of size ~{scale}, eps = {eps}",
+                       (rng.standard_normal(shape) * scale, labels, 0, eps))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         labels = rng.integers(1, 3, (4, 2))
         labels[1] = 0  # a whole sequence of padding
-        yield Case("V = 3, a sequence of padding only, alpha = 0.2",
+        yield Case("V = 3, a sequence of padding only, eps = 0.2",
                    (rng.standard_normal((4, 2, 3)), labels, 0, 0.2))
-        yield Case("logits of size ~1000, alpha = 0, pad_id 2",
+        yield Case("logits of size ~1000, eps = 0, pad_id 2",
                    (rng.standard_normal((2, 3, 6)) * 1000, np.array([[1, 2, 3], [2, 4, 5]]), 2,
                     0.0))
 
-    def expected(self, logits, labels, pad_id, alpha):
-        return _smoothed(logits, labels, pad_id, alpha)
+    def expected(self, logits, labels, pad_id, eps):
+        return _smoothed(logits, labels, pad_id, eps)
 
-    def mistakes(self, logits, labels, pad_id, alpha):
-        case = (logits, labels, pad_id, alpha)
+    def mistakes(self, logits, labels, pad_id, eps):
+        case = (logits, labels, pad_id, eps)
         found = {"with the mean over every position, padding included: the mean is over the "
                  "labels that are not pad_id": lambda: _smoothed(*case, how="mean over all")}
-        if alpha > 0:
-            found["without the smoothing (q must be (1 - alpha) onehot + alpha / V)"] = (
+        if eps > 0:
+            found["without the smoothing (q must be (1 - eps) onehot + eps / V)"] = (
                 lambda: _smoothed(*case, how="no smoothing"))
-            found["with alpha spread over the V - 1 other tokens: q = (1 - alpha) onehot + "
-                  "alpha / V puts alpha / V on every token, the label included"] = (
+            found["with eps spread over the V - 1 other tokens: q = (1 - eps) onehot + "
+                  "eps / V puts eps / V on every token, the label included"] = (
                 lambda: _smoothed(*case, how="V - 1"))
         return found
     ### END HIDDEN TESTS
 
-    def run(self, f, logits, labels, pad_id, alpha):
-        loss, dlogits = f.smoothed_loss(logits, labels, pad_id, alpha)
+    def run(self, f, logits, labels, pad_id, eps):
+        loss, dlogits = f.smoothed_loss(logits, labels, pad_id, eps)
         return {"loss": loss, "dlogits": dlogits}
 
 
