@@ -897,13 +897,13 @@ mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of
 mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(0, head_dim, 2) / head_dim)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
-mutant("rope_forward", "the rotation by minus the angle",
+mutant("rope_forward", "the rotation by minus the angle (clockwise, not RoFormer's +p omega)",
+       "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
        "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",
-       "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x1 * cos + x0 * sin",
        "check-rope")
 mutant("rope_backward", "the forward's rotation in the backward (not its transpose)",
-       "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d1 * cos + d0 * sin",
        "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
+       "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d0 * sin + d1 * cos",
        "check-rope")
 mutant("rms_norm_forward", "eps added outside the square root",
        "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",

@@ -151,12 +151,19 @@ def test_rope_relative_position_property(rng):
         assert np.allclose(dots, dots[0], atol=1e-12)
 
 
-def test_rope_matches_notebook_06_rotation():
-    """Rotating (0, 1) by p*omega gives the pair (sin, cos) of the sinusoidal table."""
+def test_rope_turns_counterclockwise_as_roformer_and_llama():
+    """Rotating (1, 0) by p*omega gives (cos, sin), the sinusoidal table's pair (sin, cos) with
+    its entries swapped; any pair turns by +p*omega, as the complex number x_2i + i x_2i+1
+    multiplied by exp(i p omega) (RoFormer's eq. 13, LLaMA's ``apply_rotary_emb``)."""
     cos, sin = R.rope_tables(np.arange(12), 8)
-    e = np.tile([0.0, 1.0], 4)
-    assert np.allclose(R.rope_forward(np.stack([e] * 12), cos, sin)[0],
-                       core_layers.positional_encoding(12, 8), atol=1e-12)
+    e = np.tile([1.0, 0.0], 4)
+    table = core_layers.positional_encoding(12, 8)
+    swapped = table.reshape(12, 4, 2)[..., ::-1].reshape(12, 8)
+    assert np.allclose(R.rope_forward(np.stack([e] * 12), cos, sin)[0], swapped, atol=1e-12)
+    x = np.random.default_rng(0).standard_normal((3, 12, 8))
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * np.arctan2(sin, cos))
+    out = R.rope_forward(x, cos, sin)[0]
+    np.testing.assert_allclose(out[..., 0::2] + 1j * out[..., 1::2], z, atol=1e-12)
 
 
 def test_rms_norm_gradcheck(rng):

@@ -111,10 +111,10 @@ def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
 
 
 def _torch_rotate(x, angles):
-    """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
+    """RoPE as a complex multiplication by exp(i angle) (RoFormer's and LLaMA's rotation)."""
     torch = _torch()
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):

@@ -93,10 +93,10 @@ class TorchBlock(nn.Module):
 
 
 def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and notebook 08's
-    rotation R(a) = [[cos a, sin a], [-sin a, cos a]] is the multiplication by exp(-i a)."""
+    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and its rotation by
+    +a (counterclockwise, as RoFormer and LLaMA turn it) is the multiplication by exp(i a)."""
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    turned = z * torch.polar(torch.ones_like(angles), -angles)
+    turned = z * torch.polar(torch.ones_like(angles), angles)
     return torch.view_as_real(turned).reshape(x.shape)
 
 
