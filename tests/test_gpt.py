@@ -81,6 +81,7 @@ CONFIGS = {
     "rope-relu-layernorm": lambda: small_config("classic", positional="rope", mlp="relu",
                                                 num_kv_heads=2),
     "rms-swiglu-none": lambda: small_config("modern", positional="none", num_kv_heads=4),
+    "modern-untied": lambda: small_config("modern", tie_embeddings=False),  # lm_head.W
 }
 
 
@@ -311,7 +312,7 @@ def test_parity_with_torch_float64(rng, config):
     check_parity(grads, twin.numpy_grads(), tol=1e-10, verbose=False)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "modern-untied"])
 def test_parity_with_torch_float32(rng, config):
     c = dataclasses.replace(CONFIGS[config](), dtype=np.float32)
     model = perturbed(GPT(c, seed=4), rng)
@@ -339,7 +340,8 @@ def test_kv_cache_append(rng):
     assert np.shares_memory(keys, K) and np.all(K[:, :, 3:] == 0)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa", "sinusoidal-gelu-nobias"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "sinusoidal-gelu-nobias",
+                                    "modern-untied"])
 def test_cached_step_equals_full_forward(rng, config):
     model = perturbed(GPT(CONFIGS[config](), seed=5), rng)
     ids = rng.integers(0, 13, (2, 10))
@@ -354,7 +356,7 @@ def test_cached_step_equals_full_forward(rng, config):
     assert np.allclose(np.concatenate(pieces, axis=1), full, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "modern-untied"])
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, seed=3),
                                       dict(temperature=0.7, top_k=5, top_p=0.9, seed=1)])
 def test_generate_with_and_without_cache(rng, config, sampling):
@@ -443,6 +445,11 @@ def test_parameter_names_and_shapes():
     classic = parameter_shapes(small_config("classic"))
     assert {"pos.W", "layers.0.norm1.beta", "layers.0.attn.b_qkv", "layers.0.mlp.b2"} <= \
         set(classic)
+    untied = small_config("modern", tie_embeddings=False)
+    assert list(parameter_shapes(untied))[-1] == "lm_head.W"
+    assert parameter_shapes(untied) == {**shapes, "lm_head.W": (13, 16)}
+    assert GPT(untied).num_parameters() == GPT(c).num_parameters() + 13 * 16
+    assert "untied head" in repr(GPT(untied)) and "untied" not in repr(GPT(c))
     assert nest({"a.0.b": 1, "a.1.b": 2, "c": 3}) == {"a": [{"b": 1}, {"b": 2}], "c": 3}
     assert flatten(nest({"a.0.b": 1, "a.1.b": 2, "c": 3})) == {"a.0.b": 1, "a.1.b": 2, "c": 3}
 
@@ -455,8 +462,10 @@ def test_init_is_deterministic_and_dtype_independent():
     assert not np.array_equal(GPT(small_config(), seed=4).params["embed.W"], a.params["embed.W"])
 
 
-def test_checkpoint_roundtrip(tmp_path, rng):
-    model = perturbed(GPT(dataclasses.replace(small_config("modern"), dtype=np.float32)), rng)
+@pytest.mark.parametrize("tie", [True, False])
+def test_checkpoint_roundtrip(tmp_path, rng, tie):
+    model = perturbed(GPT(dataclasses.replace(small_config("modern"), dtype=np.float32,
+                                              tie_embeddings=tie)), rng)
     path = model.save(tmp_path / "m", metadata={"step": 3})
     loaded = GPT.load(path)
     assert loaded.config == model.config and loaded.metadata == {"step": 3}
@@ -476,6 +485,7 @@ def test_checkpoint_roundtrip(tmp_path, rng):
     (dict(vocab_size=0), ValueError, "GPTConfig.vocab_size must be at least 1"),
     (dict(dtype=np.int32), TypeError, "GPTConfig.dtype"),
     (dict(bias=1), TypeError, "GPTConfig.bias must be True or False"),
+    (dict(tie_embeddings="no"), TypeError, "GPTConfig.tie_embeddings must be True or False"),
     (dict(attention_block_size=0), ValueError, "GPTConfig.attention_block_size must be at least 1"),
     (dict(attention_block_size=2.5), TypeError, "GPTConfig.attention_block_size"),
 ])

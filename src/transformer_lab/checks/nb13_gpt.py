@@ -301,6 +301,8 @@ class GPTModel(Check):
         yield Case("configured with dropout 0.1 but evaluated (no rng): no dropout",
                    _model_case(rng, dropout=0.1))
         yield Case("float32", _model_case(rng, np.float32))
+        yield Case("an output table of its own (untied: params['lm_head']['W'])",
+                   _model_case(later_rng(rng), tie_embeddings=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -344,6 +346,13 @@ class GPTModel(Check):
     def mistakes(self, flat, ids, config, seed=None):
         if seed is not None:
             return {}
+        if "lm_head.W" in flat:
+            def tied():  # the embedding table as the output projection
+                return self.expected({k: p for k, p in flat.items() if k != "lm_head.W"}, ids,
+                                     {**config, "tie_embeddings": True})
+
+            return {"with the embedding table as the output projection: this model has one of "
+                    "its own, params['lm_head']['W'] (untied)": tied}
 
         def untied():  # only the output projection's gradient for the table
             want = self.expected(flat, ids, config)

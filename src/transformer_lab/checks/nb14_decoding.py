@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, _torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
     _attention_params,
@@ -303,6 +303,8 @@ class CachedStep(Check):
     def cases(self, rng):
         yield Case("a prompt of 3, then one token at a time", (*_model_case(rng), (3, 1, 1, 1)))
         yield Case("chunks of 2", (*_model_case(rng), (2, 2, 2)))
+        yield Case("an output table of its own (untied: params['lm_head']['W']), chunks of 3",
+                   (*_model_case(later_rng(rng), tie_embeddings=False), (3, 3)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -147,6 +147,9 @@ class GPTConfig:
         positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
             (rotary embeddings of the queries and keys) or "none".
         bias: biases in the linear maps and layer norms.
+        tie_embeddings: the output projection is the token embedding table (True, the default:
+            GPT-2's) or a table of its own, the parameter ``lm_head.W`` (V, E) (False: untied,
+            as most LLaMA-architecture models).
         dropout: the probability with which training drops each entry of every sublayer's
             output, before the residual sum (notebook 07 §4; GPT-2 used 0.1); 0 (default): no
             dropout. Only training with a generator drops anything (``GPT.loss(ids, rng=...)``):
@@ -171,6 +174,7 @@ class GPTConfig:
     mlp: str = "gelu_tanh"
     positional: str = "learned"
     bias: bool = True
+    tie_embeddings: bool = True
     eps: float = 1e-5
     rope_base: float = 10000.0
     dropout: float = 0.0
@@ -200,6 +204,7 @@ class GPTConfig:
             self._set("d_ff", d_ff)
         self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
         self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
+        self._set("tie_embeddings", v.boolean(self.tie_embeddings, "GPTConfig.tie_embeddings"))
         self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
         dropout = v.real(self.dropout, "GPTConfig.dropout")
         if not 0 <= dropout < 1:

@@ -20,9 +20,10 @@ positions; per block ``"layers.0.norm1.gamma"`` (and ``.beta`` for a layer norm 
 ``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.attn.W_o"`` (E, E) (and
 ``b_qkv``, ``b_o`` with biases), ``"layers.0.norm2.*"``, ``"layers.0.mlp.W1"``, ``b1``, ``W2``,
 ``b2`` (GELU) or ``W_gate``, ``W_up``, ``W_down`` (SwiGLU); ``"norm.gamma"`` (+ ``.beta``) at
-the end. ``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of
-the core are rebuilt at every call from the same arrays (no copies): an optimiser may update
-``model.params[name]`` in place.
+the end; and, untied (``GPTConfig(tie_embeddings=False)``), the output projection's own table
+``"lm_head.W"`` (V, E) last. ``backward`` and ``loss`` return gradients with exactly these
+keys. The nested dicts of the core are rebuilt at every call from the same arrays (no copies):
+an optimiser may update ``model.params[name]`` in place.
 
 **Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
 ``use_cache=True`` (the default) the keys and values of every position are computed once and
@@ -93,6 +94,8 @@ def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
             if c.bias:
                 shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
     shapes.update(_norm_shapes("norm", c))
+    if not c.tie_embeddings:
+        shapes["lm_head.W"] = (c.vocab_size, E)
     return shapes
 
 
@@ -131,9 +134,9 @@ def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     """Deterministic initialisation from ``seed`` (the same values in float32 and float64 up to
-    rounding), as GPT-2 does it in spirit: token and position tables normal(0, 0.02); linear
-    maps uniform(+-1/sqrt(fan_in)) (``nn.Linear``, drawn by ``core.layers.init_uniform``), the
-    two that write into the residual stream (``attn.W_o`` and the MLP's output) scaled by
+    rounding), as GPT-2 does it in spirit: token, position and output tables normal(0, 0.02);
+    linear maps uniform(+-1/sqrt(fan_in)) (``nn.Linear``, drawn by ``core.layers.init_uniform``),
+    the two that write into the residual stream (``attn.W_o`` and the MLP's output) scaled by
     ``1/sqrt(2 N)`` so that the stream's variance does not grow with depth; biases 0; norm
     gains 1."""
     rng = np.random.default_rng(seed)
@@ -141,7 +144,7 @@ def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     params = {}
     for name, shape in parameter_shapes(c).items():
         leaf = name.rsplit(".", 1)[-1]
-        if name in ("embed.W", "pos.W"):
+        if name in ("embed.W", "pos.W", "lm_head.W"):
             value = rng.normal(0.0, 0.02, size=shape)
         elif leaf == "gamma":
             value = np.ones(shape)
@@ -416,10 +419,11 @@ class GPT(Model):
     def __repr__(self) -> str:
         c = self.config
         kv = f", {c.num_kv_heads} kv heads" if c.num_kv_heads != c.num_heads else ""
+        head = "" if c.tie_embeddings else ", untied head"
         tiled = (f", tiled attention (blocks of {c.attention_block_size})"
                  if c.attention_block_size is not None else "")
         return (f"GPT(d_model={c.d_model}, heads={c.num_heads}{kv}, layers={c.num_layers}, "
                 f"d_ff={c.d_ff}, norm={c.norm}, mlp={c.mlp}, positions={c.positional}{tiled}, "
-                f"vocab={c.vocab_size}, {np.dtype(c.dtype).name}, "
+                f"vocab={c.vocab_size}{head}, {np.dtype(c.dtype).name}, "
                 f"{self.num_parameters():,} parameters)")
 
