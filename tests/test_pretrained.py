@@ -265,14 +265,13 @@ def _drop(key):
 
 
 BAD_CONFIGS = {
-    "not-gpt2": ({"model_type": "llama"}, r"config.json is not a GPT-2 config: model_type is "
-                                          r"'llama'"),
-    "no-model-type": ({"model_type": None}, "not a GPT-2 config"),
+    "not-gpt2": ({"model_type": "bert"}, r"config.json: model_type is 'bert' .*the GPT reads "
+                                         r"GPT-2 \('gpt2'\) and LLaMA-architecture \('llama'\)"),
+    "no-model-type": ({"model_type": None}, "model_type is None"),
     "inverse-layer-idx": ({"scale_attn_by_inverse_layer_idx": True},
                           "scale_attn_by_inverse_layer_idx=True is not supported"),
     "unscaled": ({"scale_attn_weights": False}, "scale_attn_weights=False is not supported"),
     "cross-attention": ({"add_cross_attention": True}, "add_cross_attention=True is not"),
-    "untied": ({"tie_word_embeddings": False}, "tie_word_embeddings=False is not supported"),
     "activation": ({"activation_function": "silu"}, "activation_function 'silu' is not "
                                                     "supported"),
     "heads": ({"n_head": 3}, "n_embd must be divisible by n_head, got n_embd=16 and n_head=3"),
@@ -322,22 +321,35 @@ def test_tensors_that_do_not_fit_the_config_are_refused(small, tmp_path, case):
     assert str(folder / "model.safetensors") in str(e.value)
 
 
-def test_an_untied_transformers_model_is_refused(tmp_path):
-    _hf_model(9, tie_word_embeddings=False, **CONFIGS["2x2-dropout-eval"]).save_pretrained(
-        tmp_path)
-    with pytest.raises(CheckpointError, match="tie_word_embeddings=False is not supported"):
+def test_an_untied_gpt2_loads_its_lm_head(tmp_path):
+    """``tie_word_embeddings: false``: the output projection is ``lm_head.weight``, the GPT's
+    ``lm_head.W``, and the embeddings get no gradient from it."""
+    hf = _hf_model(9, tie_word_embeddings=False, **CONFIGS["2x2-dropout-eval"])
+    hf.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
+    assert not model.config.tie_embeddings and list(model.params)[-1] == "lm_head.W"
+    np.testing.assert_array_equal(model.params["lm_head.W"], hf.lm_head.weight.detach().numpy())
+    assert not np.array_equal(model.params["lm_head.W"], model.params["embed.W"])
+    assert _relative(model.forward(IDS)[0], _hf_logits(hf, IDS)) < 1e-5
+    (tmp_path / "config.json").write_text(json.dumps(dict(json.loads(
+        (tmp_path / "config.json").read_text()), tie_word_embeddings=True)))
+    with pytest.raises(CheckpointError, match="lm_head.weight differs from wte.weight"):
         GPT.from_pretrained(tmp_path)
 
 
-def test_bfloat16_is_refused_with_the_fix(small, tmp_path):
+def test_bfloat16_weights_are_widened_exactly(small, tmp_path):
+    """NumPy has no bfloat16 (and safetensors' NumPy API refuses it): its bytes are read and
+    widened to float32, exactly as torch widens them."""
     from safetensors.torch import save_file
 
     _, config, tensors, _ = small
     folder = _write(tmp_path, config, {})
-    save_file({k: torch.as_tensor(v).bfloat16() for k, v in tensors.items()},
-              str(folder / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"stored as BF16.*\.float\(\)"):
-        GPT.from_pretrained(folder)
+    half = {k: torch.as_tensor(v).bfloat16() for k, v in tensors.items()}
+    save_file(half, str(folder / "model.safetensors"))
+    model = GPT.from_pretrained(folder, dtype=np.float64)
+    for ours, theirs in pretrained.gpt2_names(2).items():
+        np.testing.assert_array_equal(model.params[ours],
+                                      half["transformer." + theirs].double().numpy())
 
 
 def test_missing_and_damaged_files_are_named(small, tmp_path):

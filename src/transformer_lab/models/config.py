@@ -241,6 +241,14 @@ class GPTConfig:
                                   if heads % 2 == 0 else heads, **overrides})
 
 
+def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
+    """Bytes of the KV cache of a GPT with ``config`` for ``batch`` sequences of ``length``
+    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
+    c = config
+    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
+            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
+
+
 #: The config classes by the "kind" a checkpoint's header names.
 CONFIGS = {"transformer": TransformerConfig, "gpt": GPTConfig}
 

@@ -52,7 +52,13 @@ from transformer_lab.models import config as _config
 # re-exported: importable from here, as before the configs had a module of their own
 from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
 from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
-from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
+from transformer_lab.models.config import (  # noqa: F401
+    MLPS,
+    NORMS,
+    GPTConfig,
+    config_to_dict,
+    kv_cache_bytes,
+)
 from transformer_lab.models.shell import Model, ModelCache
 
 
@@ -179,14 +185,6 @@ def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndar
     return ids
 
 
-def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
-    """Bytes of the KV cache of a model with ``config`` for ``batch`` sequences of ``length``
-    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
-    c = config
-    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
-            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
-
-
 # --------------------------------------------------------------------------------------------
 # The model
 
@@ -224,11 +222,14 @@ class GPT(Model):
 
     @classmethod
     def from_pretrained(cls, folder, dtype=np.float32) -> GPT:
-        """A GPT holding a GPT-2 checkpoint: a folder as Hugging Face ``transformers`` writes
-        it (``config.json`` and ``model.safetensors``, e.g. a snapshot folder of its cache),
-        read by :func:`transformer_lab.models.pretrained.read_gpt2` (which says how GPT-2's
-        names and options map onto the GPT's). ``forward(ids)[0]`` are GPT-2's logits; ``loss``
-        and ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` is its config.json.
+        """A GPT holding a GPT-2 or a LLaMA-architecture checkpoint: a folder as Hugging Face
+        ``transformers`` writes it (``config.json`` and ``model.safetensors`` or its shards,
+        e.g. a snapshot folder of its cache), read by
+        :func:`transformer_lab.models.pretrained.read_pretrained` by its ``model_type``
+        (``pretrained`` says how GPT-2's names and options map onto the GPT's,
+        :mod:`transformer_lab.models.llama` LLaMA's). ``forward(ids)[0]`` are the checkpoint's
+        logits; ``loss`` and ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` (or
+        ``["llama_config"]``) is its config.json.
 
         Args:
             folder: the checkpoint folder (``~`` is expanded).
@@ -236,15 +237,15 @@ class GPT(Model):
 
         Raises:
             CheckpointError: naming the file and what is wrong: a missing folder or file, a
-                config that is not GPT-2's or an option the GPT does not compute, tensors
-                missing, unexpected or of the wrong shape, an untied ``lm_head``.
+                config of another model or an option the GPT does not compute, tensors
+                missing, unexpected or of the wrong shape.
         """
         from transformer_lab.models import pretrained
 
-        config, params, hf_config = pretrained.read_gpt2(folder, dtype)
+        config, params, metadata = pretrained.read_pretrained(folder, dtype)
         model = cls.__new__(cls)  # no random initialisation to overwrite
         model._setup(config, {name: params[name] for name in parameter_shapes(config)})
-        model.metadata = {"gpt2_config": hf_config}
+        model.metadata = metadata
         return model
 
     # ---------------------------------------------------------------------------- parameters
