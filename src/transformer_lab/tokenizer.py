@@ -219,7 +219,8 @@ class BPETokenizer:
         (``Digits``, or ``Split`` on the regex ``\p{N}`` with ``behavior: Isolated``).
 
         Args:
-            path: the file, or the folder that holds it as ``tokenizer.json``.
+            path: the file, or the folder that holds it as ``tokenizer.json`` (``~`` is
+                expanded), e.g. a checkpoint's snapshot folder.
 
         Raises:
             FileNotFoundError: no such file.
@@ -232,7 +233,7 @@ class BPETokenizer:
         """
         if not isinstance(path, (str, Path)):
             raise TypeError(f"path must be a str or a Path, got {type(path).__name__}")
-        path = Path(path)
+        path = Path(path).expanduser()
         path = path / "tokenizer.json" if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(f"path must be a tokenizer.json file (or its folder), got "
