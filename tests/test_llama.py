@@ -8,36 +8,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-from pathlib import Path
 
+import hf_tools as H
 import numpy as np
 import pytest
 import torch
 from handout_tools import run_in_handout_package
-from safetensors import numpy as safetensors_numpy
+from hf_tools import one_torch_thread  # noqa: F401 (an autouse fixture)
+from transformers import LlamaConfig, LlamaForCausalLM
 
-transformers = pytest.importorskip("transformers", reason="the reference checkpoints are built "
-                                   "with transformers (requirements-dev.txt)")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from transformer_lab import syllabus  # noqa: E402
-from transformer_lab.models import llama  # noqa: E402
-from transformer_lab.models.gpt import GPT, CheckpointError, GPTConfig, parameter_shapes  # noqa: E402
-from transformer_lab.reference.torch_gpt import TorchGPT  # noqa: E402
-
-hf_logging.set_verbosity_error()
-hf_logging.disable_progress_bar()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+from transformer_lab import syllabus
+from transformer_lab.models import llama
+from transformer_lab.models.gpt import GPT, CheckpointError, GPTConfig, parameter_shapes
+from transformer_lab.reference.torch_gpt import TorchGPT
 
 #: Small LLaMA configs: untied with grouped-query attention; tied, every head its own, the
 #: attention's biases and another RoPE base (transformers 5's rope_parameters); untied with
@@ -81,19 +64,6 @@ def saved(request, tmp_path_factory):
     else:
         model.save_pretrained(folder)
     return model, folder
-
-
-def _ids(vocab: int, shape, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, vocab, shape)
-
-
-def _logits(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(ids)).logits.numpy()
-
-
-def _relative(a, b) -> float:
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def _float64(model: LlamaForCausalLM) -> LlamaForCausalLM:
@@ -156,22 +126,19 @@ def test_the_logits_match_transformers(saved):
     float32 angles and norms allow (measured 3.1e-7 to 6.3e-7; bound 2e-6); with those two
     computed in float64 too, within 1e-12 (measured 1.3e-15 to 3.5e-15)."""
     hf, folder = saved
-    ids = _ids(hf.config.vocab_size, (3, hf.config.max_position_embeddings))  # every position
+    ids = H.random_ids(hf.config.vocab_size, (3, hf.config.max_position_embeddings))  # all
     ours = GPT.from_pretrained(folder).forward(ids)[0]
     assert ours.dtype == np.float32
-    assert _relative(ours, _logits(hf, ids)) < 1e-5
+    assert H.relative(ours, H.torch_logits(hf, ids)) < 1e-5
     ours64 = GPT.from_pretrained(folder, dtype=np.float64).forward(ids)[0]
-    assert _relative(ours64, _logits(copy.deepcopy(hf).double(), ids)) < 2e-6
-    assert _relative(ours64, _logits(_float64(hf), ids)) < 1e-12
+    assert H.relative(ours64, H.torch_logits(copy.deepcopy(hf).double(), ids)) < 2e-6
+    assert H.relative(ours64, H.torch_logits(_float64(hf), ids)) < 1e-12
 
 
 def test_greedy_continuations_match_with_and_without_the_cache_and_transformers(saved):
     hf, folder = saved
-    prompt = _ids(hf.config.vocab_size, (2, 7), seed=1)
-    with torch.no_grad():
-        theirs = hf.generate(torch.as_tensor(prompt), attention_mask=torch.ones(prompt.shape,
-                             dtype=torch.long), max_new_tokens=50, do_sample=False,
-                             pad_token_id=0).numpy()
+    prompt = H.random_ids(hf.config.vocab_size, (2, 7), seed=1)
+    theirs = H.greedy(hf, prompt, 50)
     assert theirs.shape == (2, 57)
     model = GPT.from_pretrained(folder)
     cached = model.generate(prompt, 50, temperature=0)
@@ -186,7 +153,7 @@ def test_the_gradients_match_autograd_so_it_can_be_fine_tuned(saved):
     throughout, its gradients mapped onto the GPT's names and layout as the weights are) and
     through the PyTorch twin, TorchGPT."""
     hf, folder = saved
-    ids = _ids(hf.config.vocab_size, (2, 12), seed=2)
+    ids = H.random_ids(hf.config.vocab_size, (2, 12), seed=2)
     model = GPT.from_pretrained(folder, dtype=np.float64)
     loss, grads = model.loss(ids)
     twin = _float64(hf)
@@ -216,21 +183,11 @@ def test_the_gradients_match_autograd_so_it_can_be_fine_tuned(saved):
 def small(tmp_path_factory):
     """(the transformers model, its config.json as a dict, its tensors, the logits of IDS)."""
     hf = _hf_model(7, **CONFIGS["gqa-untied"])
-    folder = tmp_path_factory.mktemp("small")
-    hf.save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    tensors = safetensors_numpy.load_file(str(folder / "model.safetensors"))
-    return hf, config, tensors, _logits(hf, IDS)
+    config, tensors = H.save_and_read(hf, tmp_path_factory.mktemp("small"))
+    return hf, config, tensors, H.torch_logits(hf, IDS)
 
 
-IDS = _ids(61, (2, 9), seed=4)
-
-
-def _write(folder: Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
-    return folder
+IDS = H.random_ids(61, (2, 9), seed=4)
 
 
 def test_what_transformers_5_writes_and_what_the_hubs_snapshots_hold(small, tmp_path):
@@ -246,10 +203,11 @@ def test_what_transformers_5_writes_and_what_the_hubs_snapshots_hold(small, tmp_
     old.update(rope_theta=10000.0, rope_scaling=None, rope_interleaved=False, pretraining_tp=1)
     plain = {k.removeprefix("model."): w for k, w in tensors.items()}
     plain["layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(2, np.float32)  # a buffer
-    model = GPT.from_pretrained(_write(tmp_path / "hub", old, plain))
-    assert _relative(model.forward(IDS)[0], expected) < 1e-5
+    model = GPT.from_pretrained(H.write_checkpoint(tmp_path / "hub", old, plain))
+    assert H.relative(model.forward(IDS)[0], expected) < 1e-5
     theta = dict(config, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
-    assert GPT.from_pretrained(_write(tmp_path / "theta", theta, tensors)).config.rope_base == 5e5
+    folder = H.write_checkpoint(tmp_path / "theta", theta, tensors)
+    assert GPT.from_pretrained(folder).config.rope_base == 5e5
 
 
 def test_bfloat16_weights_are_widened_exactly(small, tmp_path):
@@ -257,12 +215,12 @@ def test_bfloat16_weights_are_widened_exactly(small, tmp_path):
     from safetensors.torch import save_file
 
     _, config, tensors, _ = small
-    folder = _write(tmp_path, dict(config, dtype="bfloat16"), {})
+    folder = H.write_checkpoint(tmp_path, dict(config, dtype="bfloat16"), {})
     half = {k: torch.as_tensor(w).bfloat16() for k, w in tensors.items()}
     save_file(half, str(folder / "model.safetensors"), metadata={"format": "pt"})
     model = GPT.from_pretrained(folder)
     widened = {k: w.float().numpy() for k, w in half.items()}  # by torch
-    reference = GPT.from_pretrained(_write(tmp_path / "f32", config, widened))
+    reference = GPT.from_pretrained(H.write_checkpoint(tmp_path / "f32", config, widened))
     assert all(np.array_equal(model.params[k], p) for k, p in reference.params.items())
     assert not np.array_equal(model.params["embed.W"], tensors["model.embed_tokens.weight"])
 
@@ -271,9 +229,10 @@ def test_a_tied_checkpoint_may_store_its_head_but_not_another_one(small, tmp_pat
     _, config, tensors, _ = small
     tied = dict(config, tie_word_embeddings=True)
     same = dict(tensors, **{"lm_head.weight": tensors["model.embed_tokens.weight"].copy()})
-    assert GPT.from_pretrained(_write(tmp_path / "same", tied, same)).config.tie_embeddings
+    assert GPT.from_pretrained(H.write_checkpoint(tmp_path / "same", tied, same)).config \
+        .tie_embeddings
     with pytest.raises(CheckpointError, match="lm_head.weight differs from embed_tokens.weight"):
-        GPT.from_pretrained(_write(tmp_path / "other", tied, tensors))
+        GPT.from_pretrained(H.write_checkpoint(tmp_path / "other", tied, tensors))
 
 
 def test_the_defaults_are_transformers():
@@ -319,7 +278,7 @@ BAD_CONFIGS = {
 def test_an_option_the_gpt_cannot_compute_is_refused_by_name(small, tmp_path, case):
     change, message = BAD_CONFIGS[case]
     _, config, tensors, _ = small
-    folder = _write(tmp_path / "broken", {**config, **change}, tensors)
+    folder = H.write_checkpoint(tmp_path / "broken", {**config, **change}, tensors)
     with pytest.raises(CheckpointError, match=message) as e:
         GPT.from_pretrained(folder)
     assert str(folder / "config.json") in str(e.value)
@@ -329,13 +288,13 @@ def test_tensors_that_do_not_fit_the_config_are_refused(small, tmp_path):
     _, config, tensors, _ = small
     missing = {k: w for k, w in tensors.items() if k != "lm_head.weight"}
     with pytest.raises(CheckpointError, match=r"LLaMA's tensors .* missing \['lm_head.weight'\]"):
-        GPT.from_pretrained(_write(tmp_path / "a", config, missing))
+        GPT.from_pretrained(H.write_checkpoint(tmp_path / "a", config, missing))
     wrong = dict(tensors, **{"model.layers.1.self_attn.k_proj.weight": np.zeros((16, 16),
                                                                                np.float32)})
     with pytest.raises(CheckpointError, match=r"'model.layers.1.self_attn.k_proj.weight' has "
                                               r"shape \(16, 16\) but the config asks for "
                                               r"\(8, 16\)"):
-        GPT.from_pretrained(_write(tmp_path / "b", config, wrong))
+        GPT.from_pretrained(H.write_checkpoint(tmp_path / "b", config, wrong))
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,8 +338,8 @@ def test_save_llama_writes_what_transformers_and_the_gpt_read(tmp_path, tie):
     assert all(np.array_equal(loaded.params[k], p) for k, p in model.params.items())
     hf = LlamaForCausalLM.from_pretrained(folder).eval()
     assert hf.config.rope_parameters["rope_theta"] == 5e5 and hf.config.attention_bias == (not tie)
-    ids = _ids(61, (2, 40), seed=5)
-    assert _relative(model.forward(ids)[0], _logits(hf, ids)) < 1e-5
+    ids = H.random_ids(61, (2, 40), seed=5)
+    assert H.relative(model.forward(ids)[0], H.torch_logits(hf, ids)) < 1e-5
     with pytest.raises(ValueError, match="model.config.norm must be 'rms'"):
         llama.save_llama(GPT(GPTConfig.classic(10, d_model=8, num_layers=1)), tmp_path / "x")
 

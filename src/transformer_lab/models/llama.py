@@ -69,13 +69,20 @@ import numpy as np
 from transformer_lab import device
 from transformer_lab.models.checkpoints import CheckpointError
 from transformer_lab.models.config import GPTConfig, kv_cache_bytes
+from transformer_lab.models.hf_checkpoint import (
+    CONFIG_FILE,
+    LM_HEAD,
+    WEIGHTS_FILE,
+    Layout,
+    positive_integers,
+    read_tensors,
+    small_positive,
+)
 
-__all__ = ["LLAMA_DEFAULTS", "checked_llama_config", "llama_config", "llama_shapes",
-           "llama_params", "half_split_to_pairs", "pairs_to_half_split", "llama_figures",
-           "save_llama"]
+__all__ = ["LLAMA_DEFAULTS", "read_llama", "checked_llama_config", "llama_config",
+           "llama_shapes", "llama_params", "half_split_to_pairs", "pairs_to_half_split",
+           "llama_figures", "save_llama"]
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PREFIX = "model."
 
 #: ``transformers.LlamaConfig``'s defaults for the fields read here (LLaMA 7B's sizes; tests
@@ -99,10 +106,22 @@ _LAYER = {"input_layernorm.weight": "norm1.gamma", "post_attention_layernorm.wei
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def is_buffer(name: str) -> bool:
+def _is_buffer(name: str) -> bool:
     """Whether a stored tensor name (without the prefix) is a buffer, not a parameter: the
     rotary frequencies old checkpoints store."""
     return name.startswith("layers.") and name.endswith("self_attn.rotary_emb.inv_freq")
+
+
+LLAMA = Layout("LLaMA", PREFIX, "embed_tokens.weight", _is_buffer)
+
+
+def read_llama(root: Path, config_path: Path, hf_config, dtype) -> tuple[GPTConfig, dict]:
+    """(config, params) of a LLaMA checkpoint folder ``root`` whose config.json, at
+    ``config_path``, holds ``hf_config``: the GPT's config and parameters in ``dtype``."""
+    hf = checked_llama_config(hf_config, str(config_path))
+    config = llama_config(hf, dtype)
+    tensors = read_tensors(root, llama_shapes(hf), np.dtype(config.dtype), LLAMA)
+    return config, llama_params(tensors, config)
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,10 +141,7 @@ def checked_llama_config(hf_config, source: str = CONFIG_FILE) -> dict:
     hf = {**LLAMA_DEFAULTS, **{k: hf_config[k] for k in LLAMA_DEFAULTS if k in hf_config}}
     if hf["num_key_value_heads"] is None:
         hf["num_key_value_heads"] = hf["num_attention_heads"]
-    for key in (*_SIZES, "num_key_value_heads"):
-        value = hf[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"{source}: {key} must be a positive integer, got {value!r}")
+    positive_integers(hf, (*_SIZES, "num_key_value_heads"), source)
     E, H, Hkv = hf["hidden_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
     if E % H or (E // H) % 2:
         raise CheckpointError(f"{source}: hidden_size must be num_attention_heads times an even "
@@ -137,10 +153,7 @@ def checked_llama_config(hf_config, source: str = CONFIG_FILE) -> dict:
         raise CheckpointError(f"{source}: head_dim={hf['head_dim']!r} is not supported: the "
                               f"GPT's heads are hidden_size / num_attention_heads = {E // H} "
                               f"wide")
-    eps = hf["rms_norm_eps"]
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise CheckpointError(f"{source}: rms_norm_eps must be a small positive number, got "
-                              f"{eps!r}")
+    small_positive(hf, "rms_norm_eps", source)
     if hf["hidden_act"] not in _ACTIVATIONS:
         raise CheckpointError(f"{source}: hidden_act={hf['hidden_act']!r} is not supported: the "
                               f"GPT's SwiGLU gates with SiLU ('silu')")
@@ -329,7 +342,7 @@ def save_llama(model, folder) -> Path:
           "tie_word_embeddings": c.tie_embeddings, "torch_dtype": "float32"}
     (folder / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     params = {k: np.asarray(device.to_host(p), dtype=np.float32) for k, p in model.params.items()}
-    tensors = {(name if name == "lm_head.weight" else PREFIX + name): np.ascontiguousarray(w)
+    tensors = {(name if name == LM_HEAD else PREFIX + name): np.ascontiguousarray(w)
                for name, w in _llama_tensors(params, c).items()}
     safetensors_numpy.save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     return folder
