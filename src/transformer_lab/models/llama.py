@@ -1,7 +1,8 @@
 """LLaMA-architecture checkpoints in the NumPy GPT: what a ``transformers`` ``LlamaForCausalLM``
-folder means for the GPT (:func:`transformer_lab.models.pretrained.read_pretrained` reads the
-folder), the figures of a model from its config alone (:func:`llama_figures`), and a writer of
-such folders without ``transformers`` (:func:`save_llama`)::
+folder means for the GPT (:func:`read_llama`, which
+:func:`transformer_lab.models.pretrained.read_pretrained` calls for ``model_type: llama``), the
+figures of a model from its config alone (:func:`llama_figures`), and a writer of such folders
+without ``transformers`` (:func:`save_llama`)::
 
     from transformer_lab.models.gpt import GPT
     model = GPT.from_pretrained("~/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M/"
