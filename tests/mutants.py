@@ -897,13 +897,13 @@ mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of
 mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(0, head_dim, 2) / head_dim)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
-mutant("rope_forward", "the rotation by minus the angle",
+mutant("rope_forward", "the rotation by minus the angle (clockwise, not RoFormer's +p omega)",
+       "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
        "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",
-       "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x1 * cos + x0 * sin",
        "check-rope")
 mutant("rope_backward", "the forward's rotation in the backward (not its transpose)",
-       "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d1 * cos + d0 * sin",
        "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
+       "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d0 * sin + d1 * cos",
        "check-rope")
 mutant("rms_norm_forward", "eps added outside the square root",
        "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",
@@ -983,8 +983,13 @@ mutant("gpt_forward", "learned positions ignored",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe", "positions = pe",
        "check-gpt-model")
 mutant("gpt_backward", "the output projection's share of the tied table's gradient forgotten",
-       "    d_table += g_out[\"W\"]  # tied: the two uses of the table add up\n", "",
-       "check-gpt-model")
+       "        d_table += g_out[\"W\"]  # tied: the two uses of the table add up\n",
+       "        pass\n", "check-gpt-model")
+mutant("gpt_forward", "an untied model's output table ignored: the embeddings project instead",
+       "W_out = params.get(\"lm_head\", params[\"embed\"])[\"W\"]",
+       "W_out = params[\"embed\"][\"W\"]", "check-gpt-model")
+mutant("gpt_backward", "an untied head's gradient added to the embedding table's (as if tied)",
+       "if untied:", "if False:", "check-gpt-model")
 mutant("gpt_loss", "the loss itself passed back as dloss",
        "next_token_loss_backward(1.0, c_loss)", "next_token_loss_backward(loss, c_loss)",
        "check-gpt-model")
@@ -1003,6 +1008,9 @@ mutant("causal_self_attention_step", "the new positions' mask not offset by leng
 mutant("gpt_block_step", "the attention's residual connection forgotten",
        "x, _ = residual_forward(x, attend, params[\"norm1\"], True, c.eps, norm)",
        "x, _ = attend(norm(x, params[\"norm1\"], c.eps)[0])", "check-gpt-step")
+mutant("gpt_step", "an untied model's output table ignored in the cached step",
+       "params.get(\"lm_head\", params[\"embed\"])[\"W\"]", "params[\"embed\"][\"W\"]",
+       "check-gpt-step")
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")

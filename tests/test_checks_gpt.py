@@ -34,7 +34,7 @@ def test_rope_rotated_the_other_way(monkeypatch):
     def forward(x, cos, sin):
         out = np.empty_like(x)
         x0, x1 = x[..., 0::2], x[..., 1::2]
-        out[..., 0::2], out[..., 1::2] = x0 * cos - x1 * sin, x1 * cos + x0 * sin
+        out[..., 0::2], out[..., 1::2] = x0 * cos + x1 * sin, x1 * cos - x0 * sin  # clockwise
         return out, (cos, sin)
 
     monkeypatch.setattr(R, "rope_forward", forward)

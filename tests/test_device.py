@@ -71,6 +71,7 @@ GPT_CONFIGS = {
     "tiled": dict(attention_block_size=4),
     "exact-gelu-sinusoidal": dict(mlp="gelu", positional="sinusoidal"),  # erf, bound too
     "dropout": dict(dropout=0.2),
+    "modern-untied": dict(kind="modern", tie_embeddings=False),  # lm_head.W
 }
 
 
@@ -223,8 +224,9 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.8, top_k=5),
                                       dict(temperature=1.2, top_p=0.9)],
                          ids=["greedy", "top-k", "top-p"])
-def test_generate_and_sampling_stay_on_the_device(use_cache, sampling):
-    config = gpt_config("modern", max_len=16)
+@pytest.mark.parametrize("tie", [True, False])
+def test_generate_and_sampling_stay_on_the_device(use_cache, sampling, tie):
+    config = gpt_config("modern", max_len=16, tie_embeddings=tie)
 
     def run():
         model = GPT(config, seed=0)

@@ -81,6 +81,7 @@ CONFIGS = {
     "rope-relu-layernorm": lambda: small_config("classic", positional="rope", mlp="relu",
                                                 num_kv_heads=2),
     "rms-swiglu-none": lambda: small_config("modern", positional="none", num_kv_heads=4),
+    "modern-untied": lambda: small_config("modern", tie_embeddings=False),  # lm_head.W
 }
 
 
@@ -151,12 +152,19 @@ def test_rope_relative_position_property(rng):
         assert np.allclose(dots, dots[0], atol=1e-12)
 
 
-def test_rope_matches_notebook_06_rotation():
-    """Rotating (0, 1) by p*omega gives the pair (sin, cos) of the sinusoidal table."""
+def test_rope_turns_counterclockwise_as_roformer_and_llama():
+    """Rotating (1, 0) by p*omega gives (cos, sin), the sinusoidal table's pair (sin, cos) with
+    its entries swapped; any pair turns by +p*omega, as the complex number x_2i + i x_2i+1
+    multiplied by exp(i p omega) (RoFormer's eq. 13, LLaMA's ``apply_rotary_emb``)."""
     cos, sin = R.rope_tables(np.arange(12), 8)
-    e = np.tile([0.0, 1.0], 4)
-    assert np.allclose(R.rope_forward(np.stack([e] * 12), cos, sin)[0],
-                       core_layers.positional_encoding(12, 8), atol=1e-12)
+    e = np.tile([1.0, 0.0], 4)
+    table = core_layers.positional_encoding(12, 8)
+    swapped = table.reshape(12, 4, 2)[..., ::-1].reshape(12, 8)
+    assert np.allclose(R.rope_forward(np.stack([e] * 12), cos, sin)[0], swapped, atol=1e-12)
+    x = np.random.default_rng(0).standard_normal((3, 12, 8))
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * np.arctan2(sin, cos))
+    out = R.rope_forward(x, cos, sin)[0]
+    np.testing.assert_allclose(out[..., 0::2] + 1j * out[..., 1::2], z, atol=1e-12)
 
 
 def test_rms_norm_gradcheck(rng):
@@ -304,7 +312,7 @@ def test_parity_with_torch_float64(rng, config):
     check_parity(grads, twin.numpy_grads(), tol=1e-10, verbose=False)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "modern-untied"])
 def test_parity_with_torch_float32(rng, config):
     c = dataclasses.replace(CONFIGS[config](), dtype=np.float32)
     model = perturbed(GPT(c, seed=4), rng)
@@ -332,7 +340,8 @@ def test_kv_cache_append(rng):
     assert np.shares_memory(keys, K) and np.all(K[:, :, 3:] == 0)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa", "sinusoidal-gelu-nobias"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "sinusoidal-gelu-nobias",
+                                    "modern-untied"])
 def test_cached_step_equals_full_forward(rng, config):
     model = perturbed(GPT(CONFIGS[config](), seed=5), rng)
     ids = rng.integers(0, 13, (2, 10))
@@ -347,7 +356,7 @@ def test_cached_step_equals_full_forward(rng, config):
     assert np.allclose(np.concatenate(pieces, axis=1), full, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("config", ["classic", "modern-gqa"])
+@pytest.mark.parametrize("config", ["classic", "modern-gqa", "modern-untied"])
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, seed=3),
                                       dict(temperature=0.7, top_k=5, top_p=0.9, seed=1)])
 def test_generate_with_and_without_cache(rng, config, sampling):
@@ -436,6 +445,11 @@ def test_parameter_names_and_shapes():
     classic = parameter_shapes(small_config("classic"))
     assert {"pos.W", "layers.0.norm1.beta", "layers.0.attn.b_qkv", "layers.0.mlp.b2"} <= \
         set(classic)
+    untied = small_config("modern", tie_embeddings=False)
+    assert list(parameter_shapes(untied))[-1] == "lm_head.W"
+    assert parameter_shapes(untied) == {**shapes, "lm_head.W": (13, 16)}
+    assert GPT(untied).num_parameters() == GPT(c).num_parameters() + 13 * 16
+    assert "untied head" in repr(GPT(untied)) and "untied" not in repr(GPT(c))
     assert nest({"a.0.b": 1, "a.1.b": 2, "c": 3}) == {"a": [{"b": 1}, {"b": 2}], "c": 3}
     assert flatten(nest({"a.0.b": 1, "a.1.b": 2, "c": 3})) == {"a.0.b": 1, "a.1.b": 2, "c": 3}
 
@@ -448,8 +462,10 @@ def test_init_is_deterministic_and_dtype_independent():
     assert not np.array_equal(GPT(small_config(), seed=4).params["embed.W"], a.params["embed.W"])
 
 
-def test_checkpoint_roundtrip(tmp_path, rng):
-    model = perturbed(GPT(dataclasses.replace(small_config("modern"), dtype=np.float32)), rng)
+@pytest.mark.parametrize("tie", [True, False])
+def test_checkpoint_roundtrip(tmp_path, rng, tie):
+    model = perturbed(GPT(dataclasses.replace(small_config("modern"), dtype=np.float32,
+                                              tie_embeddings=tie)), rng)
     path = model.save(tmp_path / "m", metadata={"step": 3})
     loaded = GPT.load(path)
     assert loaded.config == model.config and loaded.metadata == {"step": 3}
@@ -469,6 +485,7 @@ def test_checkpoint_roundtrip(tmp_path, rng):
     (dict(vocab_size=0), ValueError, "GPTConfig.vocab_size must be at least 1"),
     (dict(dtype=np.int32), TypeError, "GPTConfig.dtype"),
     (dict(bias=1), TypeError, "GPTConfig.bias must be True or False"),
+    (dict(tie_embeddings="no"), TypeError, "GPTConfig.tie_embeddings must be True or False"),
     (dict(attention_block_size=0), ValueError, "GPTConfig.attention_block_size must be at least 1"),
     (dict(attention_block_size=2.5), TypeError, "GPTConfig.attention_block_size"),
 ])

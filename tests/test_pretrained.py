@@ -12,29 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors import numpy as safetensors_numpy
+from hf_tools import (  # noqa: F401 (one_torch_thread: an autouse fixture)
+    greedy,
+    one_torch_thread,
+    random_ids,
+    relative,
+    save_and_read,
+    torch_logits,
+    write_checkpoint,
+)
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
-transformers = pytest.importorskip("transformers", reason="the reference checkpoints are built "
-                                   "with transformers (requirements-dev.txt)")
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from transformer_lab.models import pretrained  # noqa: E402
-from transformer_lab.models.gpt import GPT, CheckpointError, parameter_shapes  # noqa: E402
+from transformer_lab.models import pretrained
+from transformer_lab.models.gpt import GPT, CheckpointError, parameter_shapes
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-
-hf_logging.set_verbosity_error()  # no warnings on save and load: the output stays clean
-hf_logging.disable_progress_bar()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models: torch's threads only contend with each other (and with other processes)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 #: Small GPT-2 configs: depth, heads, width, MLP width, vocabulary, positions, eps, activation,
 #: and dropout (> 0: the model is used in eval mode; 0: in training mode, which then computes
@@ -70,19 +62,6 @@ def saved(request, tmp_path_factory):
     return model, folder
 
 
-def _ids(vocab: int, shape, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, vocab, shape)
-
-
-def _hf_logits(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(ids)).logits.numpy()
-
-
-def _relative(a, b) -> float:
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
 # --------------------------------------------------------------------------------------------
 # Logits, decoding, gradients against transformers
 
@@ -107,22 +86,19 @@ def test_the_config_and_every_parameter_map(saved):
 
 def test_the_logits_match_transformers(saved):
     hf, folder = saved
-    ids = _ids(hf.config.vocab_size, (3, hf.config.n_positions))  # every position
+    ids = random_ids(hf.config.vocab_size, (3, hf.config.n_positions))  # every position
     ours = GPT.from_pretrained(folder).forward(ids)[0]
     assert ours.dtype == np.float32
-    assert _relative(ours, _hf_logits(hf, ids)) < 1e-5
+    assert relative(ours, torch_logits(hf, ids)) < 1e-5
     ours64 = GPT.from_pretrained(folder, dtype=np.float64).forward(ids)[0]
     assert ours64.dtype == np.float64
-    assert _relative(ours64, _hf_logits(copy.deepcopy(hf).double(), ids)) < 1e-10
+    assert relative(ours64, torch_logits(copy.deepcopy(hf).double(), ids)) < 1e-10
 
 
 def test_greedy_continuations_match_with_and_without_the_cache_and_transformers(saved):
     hf, folder = saved
-    prompt = _ids(hf.config.vocab_size, (2, 7), seed=1)
-    with torch.no_grad():
-        theirs = hf.generate(torch.as_tensor(prompt), attention_mask=torch.ones(prompt.shape,
-                             dtype=torch.long), max_new_tokens=50, do_sample=False,
-                             pad_token_id=0).numpy()
+    prompt = random_ids(hf.config.vocab_size, (2, 7), seed=1)
+    theirs = greedy(hf, prompt, 50)
     assert theirs.shape == (2, 57)
     for dtype in (np.float32, np.float64):
         model = GPT.from_pretrained(folder, dtype=dtype)
@@ -138,7 +114,7 @@ def test_greedy_continuations_match_with_and_without_the_cache_and_transformers(
 
 def test_the_gradients_match_autograd_so_it_can_be_fine_tuned(saved):
     hf, folder = saved
-    ids = _ids(hf.config.vocab_size, (2, 12), seed=2)
+    ids = random_ids(hf.config.vocab_size, (2, 12), seed=2)
     model = GPT.from_pretrained(folder, dtype=np.float64)
     loss, grads = model.loss(ids)
     twin = copy.deepcopy(hf).double()
@@ -169,26 +145,16 @@ def _tensors(model) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def _write(folder: Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """(a transformers model, its config.json as a dict, its tensors with the prefix, the
     reference logits of ``IDS``)."""
     hf = _hf_model(7, **CONFIGS["2x2-dropout-eval"])
-    folder = tmp_path_factory.mktemp("small")
-    hf.save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    tensors = safetensors_numpy.load_file(str(folder / "model.safetensors"))
-    return hf, config, tensors, _hf_logits(hf, IDS)
+    config, tensors = save_and_read(hf, tmp_path_factory.mktemp("small"))
+    return hf, config, tensors, torch_logits(hf, IDS)
 
 
-IDS = _ids(50, (2, 9), seed=4)
+IDS = random_ids(50, (2, 9), seed=4)
 
 
 def test_a_checkpoint_without_the_prefix_with_mask_buffers_and_a_tied_lm_head(small, tmp_path):
@@ -200,8 +166,8 @@ def test_a_checkpoint_without_the_prefix_with_mask_buffers_and_a_tied_lm_head(sm
     plain.update({f"h.{i}.attn.bias": mask for i in range(2)})
     plain["h.0.attn.masked_bias"] = np.array(-1e4, np.float32)
     plain["lm_head.weight"] = plain["wte.weight"].copy()
-    model = GPT.from_pretrained(_write(tmp_path / "hub", config, plain))
-    assert _relative(model.forward(IDS)[0], expected) < 1e-5
+    model = GPT.from_pretrained(write_checkpoint(tmp_path / "hub", config, plain))
+    assert relative(model.forward(IDS)[0], expected) < 1e-5
 
 
 def test_a_gpt2_model_without_a_head_loads(tmp_path):
@@ -210,7 +176,7 @@ def test_a_gpt2_model_without_a_head_loads(tmp_path):
     with torch.no_grad():
         hidden = body(torch.as_tensor(IDS)).last_hidden_state
         expected = (hidden @ body.wte.weight.T).numpy()
-    assert _relative(GPT.from_pretrained(tmp_path).forward(IDS)[0], expected) < 1e-5
+    assert relative(GPT.from_pretrained(tmp_path).forward(IDS)[0], expected) < 1e-5
 
 
 def test_a_sharded_checkpoint_and_a_minimal_config_load(small, tmp_path):
@@ -223,13 +189,13 @@ def test_a_sharded_checkpoint_and_a_minimal_config_load(small, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "gpt2", "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 2,
          "n_positions": 64, "vocab_size": 50}))
-    assert _relative(GPT.from_pretrained(tmp_path).forward(IDS)[0], expected) < 1e-5
+    assert relative(GPT.from_pretrained(tmp_path).forward(IDS)[0], expected) < 1e-5
 
 
 def test_float16_weights_are_converted(small, tmp_path):
     _, config, tensors, _ = small
     half = {k: v.astype(np.float16) for k, v in tensors.items()}
-    model = GPT.from_pretrained(_write(tmp_path, config, half), dtype="float64")
+    model = GPT.from_pretrained(write_checkpoint(tmp_path, config, half), dtype="float64")
     assert model.config.dtype is np.float64
     np.testing.assert_array_equal(model.params["embed.W"],
                                   half["transformer.wte.weight"].astype(np.float64))
@@ -240,7 +206,7 @@ def test_the_defaults_are_transformers_and_a_loaded_model_saves_and_loads(small,
     for key, value in pretrained.GPT2_DEFAULTS.items():
         assert getattr(reference, key) == value, key
     _, config, tensors, _ = small
-    model = GPT.from_pretrained(_write(tmp_path / "ckpt", config, tensors))
+    model = GPT.from_pretrained(write_checkpoint(tmp_path / "ckpt", config, tensors))
     again = GPT.load(model.save(tmp_path / "gpt2.npz", metadata=model.metadata))
     assert again.config == model.config and again.metadata == model.metadata
     assert all(np.array_equal(again.params[k], p) for k, p in model.params.items())
@@ -257,7 +223,7 @@ def _broken(small, tmp_path, config_change=None, tensors_change=None) -> Path:
         config_change(config)
     if tensors_change:
         tensors_change(tensors)
-    return _write(tmp_path / "broken", config, tensors)
+    return write_checkpoint(tmp_path / "broken", config, tensors)
 
 
 def _drop(key):
@@ -265,14 +231,13 @@ def _drop(key):
 
 
 BAD_CONFIGS = {
-    "not-gpt2": ({"model_type": "llama"}, r"config.json is not a GPT-2 config: model_type is "
-                                          r"'llama'"),
-    "no-model-type": ({"model_type": None}, "not a GPT-2 config"),
+    "not-gpt2": ({"model_type": "bert"}, r"config.json: model_type is 'bert' .*the GPT reads "
+                                         r"GPT-2 \('gpt2'\) and LLaMA-architecture \('llama'\)"),
+    "no-model-type": ({"model_type": None}, "model_type is None"),
     "inverse-layer-idx": ({"scale_attn_by_inverse_layer_idx": True},
                           "scale_attn_by_inverse_layer_idx=True is not supported"),
     "unscaled": ({"scale_attn_weights": False}, "scale_attn_weights=False is not supported"),
     "cross-attention": ({"add_cross_attention": True}, "add_cross_attention=True is not"),
-    "untied": ({"tie_word_embeddings": False}, "tie_word_embeddings=False is not supported"),
     "activation": ({"activation_function": "silu"}, "activation_function 'silu' is not "
                                                     "supported"),
     "heads": ({"n_head": 3}, "n_embd must be divisible by n_head, got n_embd=16 and n_head=3"),
@@ -322,22 +287,35 @@ def test_tensors_that_do_not_fit_the_config_are_refused(small, tmp_path, case):
     assert str(folder / "model.safetensors") in str(e.value)
 
 
-def test_an_untied_transformers_model_is_refused(tmp_path):
-    _hf_model(9, tie_word_embeddings=False, **CONFIGS["2x2-dropout-eval"]).save_pretrained(
-        tmp_path)
-    with pytest.raises(CheckpointError, match="tie_word_embeddings=False is not supported"):
+def test_an_untied_gpt2_loads_its_lm_head(tmp_path):
+    """``tie_word_embeddings: false``: the output projection is ``lm_head.weight``, the GPT's
+    ``lm_head.W``, and the embeddings get no gradient from it."""
+    hf = _hf_model(9, tie_word_embeddings=False, **CONFIGS["2x2-dropout-eval"])
+    hf.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
+    assert not model.config.tie_embeddings and list(model.params)[-1] == "lm_head.W"
+    np.testing.assert_array_equal(model.params["lm_head.W"], hf.lm_head.weight.detach().numpy())
+    assert not np.array_equal(model.params["lm_head.W"], model.params["embed.W"])
+    assert relative(model.forward(IDS)[0], torch_logits(hf, IDS)) < 1e-5
+    (tmp_path / "config.json").write_text(json.dumps(dict(json.loads(
+        (tmp_path / "config.json").read_text()), tie_word_embeddings=True)))
+    with pytest.raises(CheckpointError, match="lm_head.weight differs from wte.weight"):
         GPT.from_pretrained(tmp_path)
 
 
-def test_bfloat16_is_refused_with_the_fix(small, tmp_path):
+def test_bfloat16_weights_are_widened_exactly(small, tmp_path):
+    """NumPy has no bfloat16 (and safetensors' NumPy API refuses it): its bytes are read and
+    widened to float32, exactly as torch widens them."""
     from safetensors.torch import save_file
 
     _, config, tensors, _ = small
-    folder = _write(tmp_path, config, {})
-    save_file({k: torch.as_tensor(v).bfloat16() for k, v in tensors.items()},
-              str(folder / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"stored as BF16.*\.float\(\)"):
-        GPT.from_pretrained(folder)
+    folder = write_checkpoint(tmp_path, config, {})
+    half = {k: torch.as_tensor(v).bfloat16() for k, v in tensors.items()}
+    save_file(half, str(folder / "model.safetensors"))
+    model = GPT.from_pretrained(folder, dtype=np.float64)
+    for ours, theirs in pretrained.gpt2_names(2).items():
+        np.testing.assert_array_equal(model.params[ours],
+                                      half["transformer." + theirs].double().numpy())
 
 
 def test_missing_and_damaged_files_are_named(small, tmp_path):

@@ -11,10 +11,10 @@ the core, and the rest of the package builds on the core. Laid out by role:
   :mod:`._validate`) and call the core; :mod:`.tokenizer` is GPT-2's byte-level BPE
   (``BPETokenizer``: train, encode, decode, GPT-2's ``vocab.json``/``merges.txt``) on the core's;
 - :mod:`~transformer_lab.models` -- the encoder-decoder and the GPT, their configurations,
-  input checks, shared parameter handling and one checkpoint format; GPT-2's checkpoints
-  (``transformers``' ``config.json`` + ``model.safetensors``) read into the GPT
-  (``models.pretrained``, ``GPT.from_pretrained``); they compute with the core and nothing
-  else;
+  input checks, shared parameter handling and one checkpoint format; GPT-2's and
+  LLaMA-architecture checkpoints (``transformers``' ``config.json`` + ``model.safetensors``)
+  read into the GPT (``models.pretrained``, ``models.llama``, ``GPT.from_pretrained``); they
+  compute with the core and nothing else;
 - :mod:`.device` -- where the core runs: NumPy on the CPU, or CuPy on an NVIDIA GPU
   (``device.use("cuda")``, the trainers' ``--device cuda``), the core's ``np`` bound in one
   place; the models, optimisers and trainers follow it;

@@ -7,6 +7,7 @@
     tok.decode(ids)                                   # the text back
     tok.save("folder")                                # GPT-2's vocab.json and merges.txt
     BPETokenizer.load("folder")                       # also GPT-2's own files
+    BPETokenizer.from_tokenizer_json("tokenizer.json")  # a byte-level BPE of `tokenizers`
 
 The files are GPT-2's: ``vocab.json`` maps each token, written with GPT-2's printable stand-ins
 for bytes (:func:`transformer_lab.core.bpe.bytes_to_unicode`: the space is ``Ġ``), to its id;
@@ -14,19 +15,33 @@ for bytes (:func:`transformer_lab.core.bpe.bytes_to_unicode`: the space is ``Ġ`
 ``ByteLevelBPETokenizer(vocab.json, merges.txt)`` reads them and encodes as this class does
 (``tests/test_tokenizer.py``).
 
+``tokenizer.json``, the one file in which Hugging Face ``tokenizers`` saves a whole tokenizer
+(and in which LLaMA-architecture checkpoints such as SmolLM2 ship theirs), is read by
+:meth:`BPETokenizer.from_tokenizer_json` when it is a byte-level BPE: its ``model.vocab`` and
+``model.merges``, its ``added_tokens`` (special tokens, matched first), and GPT-2's pattern
+(``ByteLevel`` with ``use_regex``), optionally after the digits are split off (``Digits`` or a
+``Split`` on ``\\p{N}``). Anything that would give other ids is refused, by name.
+
 Ids: the 256 bytes are 0..255, merge ``i`` is ``256 + i``, the special tokens follow. Files whose
 ids are numbered otherwise (GPT-2's own: ``!`` is 0) load too: the ids read and written are the
 file's. This class checks its arguments once and calls the core (``transformer_lab.core.bpe``,
-looked up at call time: the student's own functions).
+looked up at call time: the student's own functions); :meth:`BPETokenizer.encode` cuts a text at
+its special tokens and encodes the pieces (``pretokenize``) of every segment with one cache, so
+a piece that recurs in any segment is encoded once (``encode_word``), as ``bpe_encode`` does
+within one text.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import numbers
 import re
+from collections.abc import Mapping
 from pathlib import Path
+
+import regex
 
 from transformer_lab import _validate as v
 from transformer_lab.core import bpe as core_bpe
@@ -52,6 +67,7 @@ class BPETokenizer:
             if specials else None
         self._to_file: list[int] | None = None  # internal id -> file id, when they differ
         self._from_file: dict[int, int] | None = None
+        self._digits: regex.Pattern | None = None  # splits the digits off before GPT-2's pattern
 
     # ----------------------------------------------------------------------------------------
     # Training
@@ -86,19 +102,33 @@ class BPETokenizer:
         return len(self._vocab)
 
     def encode(self, text) -> list[int]:
-        """The ids of ``text`` (a str); each special token in it is its one id."""
+        """The ids of ``text`` (a str); each special token in it is its one id. The segments
+        between special tokens share one cache: a piece met before, in any segment, is looked
+        up, not encoded again."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         parts = self._split.split(text) if self._split is not None else [text]
         ids: list[int] = []
+        cache: dict[str, list[int]] = {}  # piece -> its ids, for the whole text
         for k, part in enumerate(parts):
             if k % 2:  # re.split puts the matched special tokens at the odd places
                 ids.append(self.special_tokens[part])
-            elif part:
-                ids.extend(core_bpe.bpe_encode(part, self._ranks))
+                continue
+            for piece in self._pieces(part):
+                if piece not in cache:
+                    cache[piece] = core_bpe.encode_word(piece.encode("utf-8"), self._ranks)
+                ids.extend(cache[piece])
         if self._to_file is not None:
             ids = [self._to_file[i] for i in ids]
         return [int(i) for i in ids]
+
+    def _pieces(self, text: str) -> list[str]:
+        """GPT-2's pieces of a segment (the core's ``pretokenize``); first cut at every digit
+        (or run of digits) when this tokenizer's ``tokenizer.json`` splits them off."""
+        if self._digits is None:
+            return core_bpe.pretokenize(text)
+        return [piece for chunk in self._digits.split(text) if chunk
+                for piece in core_bpe.pretokenize(chunk)]
 
     def decode(self, ids) -> str:
         """The text of ``ids`` (a sequence of ints below :attr:`vocab_size`); bytes that are
@@ -131,6 +161,10 @@ class BPETokenizer:
 
     def save(self, folder) -> Path:
         """Write ``vocab.json`` and ``merges.txt`` into ``folder`` (made if missing)."""
+        if self._digits is not None:
+            raise ValueError("this tokenizer splits the digits off before GPT-2's pattern (its "
+                             "tokenizer.json's pre_tokenizer), which GPT-2's vocab.json and "
+                             "merges.txt cannot say: keep its tokenizer.json")
         folder = _folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         strings = self.token_strings()
@@ -158,35 +192,201 @@ class BPETokenizer:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"folder {str(folder)!r} has no {name}")
         file_ids = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        to_char = core_bpe.bytes_to_unicode()
-        internal = {to_char[b]: b for b in range(256)}  # token string -> internal id
-        strings = [to_char[b] for b in range(256)]
         merges = []
         for n, line in enumerate((folder / "merges.txt").read_text(encoding="utf-8")
                                  .split("\n"), 1):
             if not line.strip() or (n == 1 and line.startswith("#version")):
                 continue
             parts = line.split(" ")
-            if len(parts) != 2 or any(p not in internal for p in parts):
-                raise ValueError(f"merges.txt, line {n}: expected two known tokens separated "
-                                 f"by a space, got {line!r}")
-            merges.append((internal[parts[0]], internal[parts[1]]))
-            internal.setdefault(parts[0] + parts[1], 256 + len(merges) - 1)
-            strings.append(parts[0] + parts[1])
-        missing = [s for s in strings if s not in file_ids]
+            if len(parts) != 2:
+                raise ValueError(f"merges.txt, line {n}: expected two tokens separated by a "
+                                 f"space, got {line!r}")
+            merges.append(tuple(parts))
+        made = set(core_bpe.bytes_to_unicode().values()) | {a + b for a, b in merges}
+        specials = sorted((s for s in file_ids if s not in made), key=file_ids.get)
+        return cls._from_strings(file_ids, merges, specials, "merges.txt", "vocab.json")
+
+    @classmethod
+    def from_tokenizer_json(cls, path) -> BPETokenizer:
+        r"""Read a byte-level BPE ``tokenizer.json`` as Hugging Face ``tokenizers`` writes it
+        (``Tokenizer.save``; the file beside a checkpoint's weights). The ids are the file's:
+        ``encode`` gives the ids of ``tokenizers.Tokenizer.from_file(path).encode(text).ids``.
+
+        Read: ``model.vocab``; ``model.merges``, as ``"a b"`` strings or ``["a", "b"]`` pairs;
+        ``added_tokens``, matched in the text before anything else (the special tokens); the
+        pre-tokenizer ``ByteLevel`` with GPT-2's pattern (``use_regex: true``,
+        ``add_prefix_space: false``), alone or in a ``Sequence`` after a split of the digits
+        (``Digits``, or ``Split`` on the regex ``\p{N}`` with ``behavior: Isolated``).
+
+        Args:
+            path: the file, or the folder that holds it as ``tokenizer.json`` (``~`` is
+                expanded), e.g. a checkpoint's snapshot folder.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: naming the file and the field, for anything that would give other ids:
+                another model (Unigram, WordPiece, ...), BPE options (``byte_fallback``,
+                ``dropout``, ``ignore_merges``, a subword prefix or suffix), a normalizer,
+                another pre-tokenizer or ``add_prefix_space: true``, a post-processor that
+                adds tokens, truncation or padding, added tokens that strip spaces or match
+                whole words only, a vocabulary that lacks a byte.
+        """
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"path must be a str or a Path, got {type(path).__name__}")
+        path = Path(path).expanduser()
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"path must be a tokenizer.json file (or its folder), got "
+                                    f"{str(path)!r}")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read it as JSON: {e}") from None
+        vocab, merges, added, digits = _tokenizer_json(data, str(path))
+        to_char = core_bpe.bytes_to_unicode()
+        lacking = [to_char[b] for b in range(256) if to_char[b] not in vocab]
+        if lacking:
+            raise ValueError(f"{path}: model.vocab has no token for the byte {lacking[0]!r} "
+                             f"(and {len(lacking) - 1} more): tokenizers drops such bytes from "
+                             f"a text, byte-level BPE here encodes every byte (train with "
+                             f"initial_alphabet=ByteLevel.alphabet())")
+        made = set(to_char.values()) | {a + b for a, b in merges} | set(added)
+        unmade = [token for token in vocab if token not in made]
+        if unmade:
+            raise ValueError(f"{path}: model.vocab holds {unmade[0]!r}, which is neither a byte, "
+                             f"a merge's result nor an added token (no encoding gives it)")
+        specials = sorted(added, key=added.get)
+        tok = cls._from_strings({**vocab, **added}, merges, specials, f"{path}: model.merges",
+                                f"{path}: model.vocab")
+        tok._digits = digits
+        return tok
+
+    @classmethod
+    def _from_strings(cls, file_ids: Mapping[str, int], merges: list[tuple[str, str]],
+                      specials: list[str], merges_source: str,
+                      vocab_source: str) -> BPETokenizer:
+        """A tokenizer from tokens written as GPT-2 writes them (its stand-ins for bytes):
+        ``file_ids`` token -> the file's id, ``merges`` pairs of tokens in order, ``specials``
+        the special tokens. Two merges may make the same token (``a bc`` and ``ab c``): each
+        gives it an id of its own here, and every merge of that token is learned for each of
+        them, so that either way it is made, it merges on as the one token of the file."""
+        to_char = core_bpe.bytes_to_unicode()
+        made: dict[str, list[int]] = {to_char[b]: [b] for b in range(256)}  # token -> its ids
+        for rank, (a, b) in enumerate(merges):
+            if a not in made or b not in made:
+                raise ValueError(f"{merges_source}: merge {rank + 1}, {a!r} {b!r}, joins a "
+                                 f"token that neither a byte nor an earlier merge makes")
+            made.setdefault(a + b, []).append(256 + rank)
+        tokens = [to_char[b] for b in range(256)] + [a + b for a, b in merges] + list(specials)
+        missing = [s for s in tokens if s not in file_ids]
         if missing:
-            raise ValueError(f"vocab.json has no id for the token {missing[0]!r}")
-        specials = sorted((s for s in file_ids if s not in internal), key=file_ids.get)
-        tok = cls(merges, specials)
-        to_file = [int(file_ids[s]) for s in strings + specials]
+            raise ValueError(f"{vocab_source} has no id for the token {missing[0]!r}")
+        tok = cls([(made[a][0], made[b][0]) for a, b in merges], specials)
+        for rank, (a, b) in enumerate(merges):  # the same merge for every id of its tokens
+            for pair in itertools.product(made[a], made[b]):
+                tok._ranks.setdefault(pair, rank)
+        to_file = [int(file_ids[s]) for s in tokens]
         if to_file != list(range(len(to_file))):
             tok._to_file = to_file
-            tok._from_file = {f: i for i, f in enumerate(to_file)}
+            tok._from_file = {f: i for i, f in reversed(list(enumerate(to_file)))}
         return tok
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
                 f"special_tokens={list(self.special_tokens)})")
+
+
+#: Pre-tokenizers of ``tokenizer.json`` that split the digits off before GPT-2's pattern, and
+#: the pattern that cuts the same way (the digits kept, as pieces of their own).
+_DIGIT_SPLITS = [
+    ({"type": "Digits", "individual_digits": True}, r"(\p{N})"),
+    ({"type": "Digits", "individual_digits": False}, r"(\p{N}+)"),
+    ({"type": "Split", "pattern": {"Regex": r"\p{N}"}, "behavior": "Isolated", "invert": False},
+     r"(\p{N})"),
+]
+#: The fields of ``model`` that must hold these values for a byte-level BPE (missing: as
+#: ``tokenizers`` reads them).
+_BPE_FIELDS = {"dropout": (None,), "byte_fallback": (False,), "ignore_merges": (False,),
+               "continuing_subword_prefix": (None, ""), "end_of_word_suffix": (None, "")}
+_ADDED_FIELDS = ("single_word", "lstrip", "rstrip")
+
+
+def _tokenizer_json(data, source: str):
+    """(vocab token -> id, merges as pairs of tokens, added token -> id, the digits' split
+    pattern or None) of a ``tokenizer.json``'s data, or a ValueError naming ``source`` and the
+    field it cannot read exactly."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{source}: not a tokenizers tokenizer.json (no 'model' object)")
+    model = data["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"{source}: model.type is {model.get('type')!r}; only byte-level BPE "
+                         f"('BPE') is read (not SentencePiece's Unigram, WordPiece, WordLevel)")
+    for field, allowed in _BPE_FIELDS.items():
+        if model.get(field, allowed[0]) not in allowed:
+            raise ValueError(f"{source}: model.{field}={model[field]!r} is not supported "
+                             f"(expected {allowed[0]!r})")
+    for field in ("normalizer", "truncation", "padding"):
+        if data.get(field) is not None:
+            raise ValueError(f"{source}: {field} {_kind(data[field])} is not supported "
+                             f"(expected null: it changes the text or the ids)")
+    for field in ("post_processor", "decoder"):
+        if data.get(field) is not None and _kind(data[field]) != repr("ByteLevel"):
+            raise ValueError(f"{source}: {field} {_kind(data[field])} is not supported "
+                             f"(expected null or ByteLevel)")
+    digits = _pre_tokenizer(data.get("pre_tokenizer"), source)
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        raise ValueError(f"{source}: model.vocab must be an object and model.merges a list")
+    pairs = []
+    for n, merge in enumerate(merges):
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(t, str)
+                                                                   for t in pair):
+            raise ValueError(f"{source}: model.merges[{n}] must be 'a b' or ['a', 'b'], got "
+                             f"{merge!r}")
+        pairs.append(tuple(pair))
+    added = {}
+    for token in data.get("added_tokens") or []:
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str) or \
+                not isinstance(token.get("id"), int):
+            raise ValueError(f"{source}: added_tokens must hold objects with a 'content' "
+                             f"string and an 'id', got {token!r}")
+        for field in _ADDED_FIELDS:
+            if token.get(field):
+                raise ValueError(f"{source}: the added token {token.get('content')!r} has "
+                                 f"{field}=true, which is not supported")
+        added[token["content"]] = token["id"]
+    return vocab, pairs, added, digits
+
+
+def _pre_tokenizer(pre, source: str):
+    """The digits' split pattern (compiled) of a supported pre-tokenizer, None for GPT-2's
+    pattern alone; a ValueError naming the pre-tokenizer otherwise."""
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) and \
+        pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or not 1 <= len(steps) <= 2:
+        raise ValueError(f"{source}: pre_tokenizer {_kind(pre)} is not supported")
+    *split, byte_level = steps
+    if not isinstance(byte_level, dict) or byte_level.get("type") != "ByteLevel":
+        raise ValueError(f"{source}: pre_tokenizer {_kind(pre)} is not supported (expected "
+                         f"ByteLevel with GPT-2's pattern, optionally after the digits' split)")
+    for field, want in (("use_regex", True), ("add_prefix_space", False)):
+        if byte_level.get(field, want) != want:
+            raise ValueError(f"{source}: the ByteLevel pre-tokenizer's {field}="
+                             f"{byte_level[field]!r} is not supported (expected {want!r})")
+    if not split:
+        return None
+    pattern = next((p for step, p in _DIGIT_SPLITS if step == split[0]), None)
+    if pattern is None:
+        raise ValueError(f"{source}: the pre-tokenizer {json.dumps(split[0])} before ByteLevel "
+                         f"is not supported (expected Digits, or a Split on \\p{{N}} with "
+                         f"behavior Isolated)")
+    return regex.compile(pattern)
+
+
+def _kind(value) -> str:
+    """A tokenizer.json component in a message: its type, or the value itself."""
+    return repr(value.get("type", value)) if isinstance(value, dict) else repr(value)
 
 
 def _folder(folder) -> Path:

@@ -100,9 +100,9 @@ def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
 
 
 def _torch_rotate(x, angles):
-    """RoPE as a complex multiplication by exp(-i angle) (notebook 06's rotation)."""
+    """RoPE as a complex multiplication by exp(i angle) (RoFormer's and LLaMA's rotation)."""
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), -angles)).reshape(x.shape)
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
@@ -283,6 +283,8 @@ class GPTModel(Check):
         yield Case("configured with dropout 0.1 but evaluated (no rng): no dropout",
                    _model_case(rng, dropout=0.1))
         yield Case("float32", _model_case(rng, np.float32))
+        yield Case("an output table of its own (untied: params['lm_head']['W'])",
+                   _model_case(later_rng(rng), tie_embeddings=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -326,6 +328,13 @@ class GPTModel(Check):
     def mistakes(self, flat, ids, config, seed=None):
         if seed is not None:
             return {}
+        if "lm_head.W" in flat:
+            def tied():  # the embedding table as the output projection
+                return self.expected({k: p for k, p in flat.items() if k != "lm_head.W"}, ids,
+                                     {**config, "tie_embeddings": True})
+
+            return {"with the embedding table as the output projection: this model has one of "
+                    "its own, params['lm_head']['W'] (untied)": tied}
 
         def untied():  # only the output projection's gradient for the table
             want = self.expected(flat, ids, config)

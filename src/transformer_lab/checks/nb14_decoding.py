@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
     _attention_params,
@@ -255,6 +255,8 @@ class CachedStep(Check):
     def cases(self, rng):
         yield Case("a prompt of 3, then one token at a time", (*_model_case(rng), (3, 1, 1, 1)))
         yield Case("chunks of 2", (*_model_case(rng), (2, 2, 2)))
+        yield Case("an output table of its own (untied: params['lm_head']['W']), chunks of 3",
+                   (*_model_case(later_rng(rng), tie_embeddings=False), (3, 3)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -328,12 +330,13 @@ class RoPE(Check):
         x0, x1 = x[..., 0::2], x[..., 1::2]
         c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
         other = np.empty_like(x)
-        other[..., 0::2], other[..., 1::2] = x0 * c - x1 * s, x1 * c + x0 * s
+        other[..., 0::2], other[..., 1::2] = x0 * c + x1 * s, x1 * c - x0 * s
         half = x.shape[-1] // 2
-        halves = np.concatenate([x[..., :half] * c + x[..., half:] * s,
-                                 x[..., half:] * c - x[..., :half] * s], axis=-1)
-        return {"rotating by minus the angle (RoFormer's sign; this course uses notebook 06's "
-                "R(a) = [[cos a, sin a], [-sin a, cos a]])": lambda: {**want, "out": other},
+        halves = np.concatenate([x[..., :half] * c - x[..., half:] * s,
+                                 x[..., :half] * s + x[..., half:] * c], axis=-1)
+        return {"rotating by minus the angle (clockwise; RoPE, as RoFormer and LLaMA write it, "
+                "turns each pair counterclockwise by a = p omega_i: (x_2i cos a - x_2i+1 sin a, "
+                "x_2i sin a + x_2i+1 cos a))": lambda: {**want, "out": other},
                 "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
                 "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
 

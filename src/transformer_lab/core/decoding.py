@@ -106,6 +106,6 @@ def gpt_step(params, ids, config, kv_caches, length, pe=None, rope=None):
     for layer, (K, V) in zip(params["layers"], kv_caches, strict=True):
         x, end = gpt_block_step(x, layer, c, K, V, length, rope)  # (B, t, E)
     x, _ = norm_forward(x, params["norm"], c.norm, c.eps)
-    logits, _ = tied_output_forward(x, params["embed"]["W"])  # (B, t, V)
+    logits, _ = tied_output_forward(x, params.get("lm_head", params["embed"])["W"])  # (B, t, V)
     ### END SOLUTION
     return logits, end

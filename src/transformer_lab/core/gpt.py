@@ -1,6 +1,6 @@
 """The decoder-only language model (GPT), built from the pieces of notebooks 00-10 (13_gpt).
 
-    ids (B, T) -> token embedding (+ positions) -> N pre-norm blocks -> norm -> x @ W_emb^T
+    ids (B, T) -> token embedding (+ positions) -> N pre-norm blocks -> norm -> x @ W_out^T
                -> logits (B, T, V): position t predicts the token at t + 1
 
 A block is ``x = x + attn(norm1(x))``, then ``x = x + mlp(norm2(x))`` (``core.blocks``'
@@ -31,7 +31,9 @@ are nested dicts:
   "b2"}`` (as ``core.blocks.feed_forward_forward``); SwiGLU ``{"W_gate", "W_up", "W_down"}``;
 - block ``{"norm1", "attn", "norm2", "mlp"}``; model ``{"embed": {"W": (V, E)}, "layers":
   [block, ...], "norm": <norm>}`` plus ``{"pos": {"W": (L, E)}}`` for learned positions. The
-  output projection is the embedding table itself (tied): its gradient is the sum of the two.
+  output projection ``W_out`` is the embedding table itself (tied, GPT-2's): its gradient is the
+  sum of the two uses; or, when ``params`` has ``{"lm_head": {"W": (V, E)}}``, a table of its
+  own (untied, as in most LLaMA-architecture models).
 
 Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` key/value heads,
 ``Dh = E / H``, ``F`` hidden width of the MLP, ``V`` vocabulary.
@@ -165,7 +167,7 @@ def gpt_block_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# The model, with tied input and output embeddings (13_gpt §3)
+# The model, with tied (or untied) input and output embeddings (13_gpt §3)
 
 
 def gpt_forward(params, ids, config, pe=None, rope=None, rng=None):
@@ -174,7 +176,8 @@ def gpt_forward(params, ids, config, pe=None, rope=None, rng=None):
     ids: (B, T) token ids; pe: None or a fixed table of absolute positions (L >= T, E) added to
     the embeddings (used when ``params`` has no learned ``"pos"``); rope: None or (cos, sin)
     (T, Dh/2); rng: None, or a ``np.random.Generator`` for the blocks' dropout (training)
-    ->  logits: (B, T, V) = norm(blocks(embed(ids))) @ W_emb^T.
+    ->  logits: (B, T, V) = norm(blocks(embed(ids))) @ W_out^T, ``W_out`` the table of
+    ``params["lm_head"]`` (untied) if there is one, else the embedding table (tied).
     """
     ### BEGIN SOLUTION 13 §3
     positions = params["pos"]["W"] if "pos" in params else pe
@@ -184,26 +187,30 @@ def gpt_forward(params, ids, config, pe=None, rope=None, rng=None):
         x, c_layer = gpt_block_forward(x, layer, config, rope, rng)
         c_layers.append(c_layer)
     x, c_norm = norm_forward(x, params["norm"], config.norm, config.eps)
-    logits, c_out = tied_output_forward(x, params["embed"]["W"])  # x @ W_emb^T: (B, T, V)
+    W_out = params.get("lm_head", params["embed"])["W"]  # untied, or the embeddings (tied)
+    logits, c_out = tied_output_forward(x, W_out)  # x @ W_out^T: (B, T, V)
     ### END SOLUTION
-    return logits, (c_embed, c_layers, c_norm, c_out, "pos" in params)
+    return logits, (c_embed, c_layers, c_norm, c_out, "pos" in params, "lm_head" in params)
 
 
 def gpt_backward(dlogits, cache):
     """Gradients of every parameter from the gradient of the logits (B, T, V), nested like
-    ``params``. The table ``W_emb`` is used twice, so its gradient is the sum of the
-    embedding's and the output projection's."""
-    c_embed, c_layers, c_norm, c_out, learned = cache
+    ``params``. A tied table ``W_emb`` is used twice, so its gradient is the sum of the
+    embedding's and the output projection's; an untied head's gradient is its own."""
+    c_embed, c_layers, c_norm, c_out, learned, untied = cache
     ### BEGIN SOLUTION 13 §3
-    dx, g_out = tied_output_backward(dlogits, c_out)  # g_out["W"]: (V, E), the output's share
+    dx, g_out = tied_output_backward(dlogits, c_out)  # g_out["W"]: (V, E), the output table's
     dx, g_norm = norm_backward(dx, c_norm)
     g_layers = []
     for c_layer in reversed(c_layers):
         dx, g = gpt_block_backward(dx, c_layer)
         g_layers.insert(0, g)
     d_table, d_pos = embed_backward(dx, c_embed)
-    d_table += g_out["W"]  # tied: the two uses of the table add up
     grads = {"embed": {"W": d_table}, "layers": g_layers, "norm": g_norm}
+    if untied:
+        grads["lm_head"] = g_out
+    else:
+        d_table += g_out["W"]  # tied: the two uses of the table add up
     if learned:
         grads["pos"] = {"W": d_pos}
     ### END SOLUTION

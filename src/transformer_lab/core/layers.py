@@ -351,7 +351,8 @@ def positional_encoding(max_len, d_model, base=10000.0):
 
 def tied_output_forward(x, W_embed):
     """The output projection through the token embedding table (tied weights):
-    ``logits = x @ W_embed.T``, one score per row of the table.
+    ``logits = x @ W_embed.T``, one score per row of the table. (An untied model's output table
+    of its own, the GPT's ``lm_head`` (V, E), goes through the same function.)
 
     x: (..., E); W_embed: (V, E), the embedding table itself  ->  logits: (..., V).
     """

@@ -1,5 +1,6 @@
 """Rotary position embeddings, RoPE (14_decoding §3): each pair of features of a query or a key is
 rotated by an angle that grows with its position, so that ``q_i . k_j`` depends on ``i - j``.
+The rotation is RoFormer's and LLaMA's: counterclockwise, by ``+p * omega_i``.
 
 Shapes: ``T`` positions, ``Dh`` the width of a head (even).
 """
@@ -27,15 +28,17 @@ def rope_tables(positions, head_dim, base=10000.0):
 
 def rope_forward(x, cos, sin):
     """Rotate each pair of features ``(x_2i, x_2i+1)`` of position ``p`` by the angle
-    ``p * omega_i``, with notebook 08's rotation ``R(a) = [[cos a, sin a], [-sin a, cos a]]``.
+    ``a = p * omega_i``, counterclockwise as RoFormer and LLaMA do: the pair becomes
+    ``(x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a)``, ``R(a) = [[cos a, -sin a],
+    [sin a, cos a]]`` times the pair.
 
     x: (..., T, Dh); cos, sin: (T, Dh/2) from :func:`rope_tables`  ->  out: (..., T, Dh).
     """
     ### BEGIN SOLUTION 14 §3
     x0, x1 = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each
     out = np.empty_like(x)
-    out[..., 0::2] = x0 * cos + x1 * sin
-    out[..., 1::2] = x1 * cos - x0 * sin
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
     ### END SOLUTION
     return out, (cos, sin)
 
@@ -48,7 +51,7 @@ def rope_backward(dout, cache):
     ### BEGIN SOLUTION 14 §3
     d0, d1 = dout[..., 0::2], dout[..., 1::2]
     dx = np.empty_like(dout)
-    dx[..., 0::2] = d0 * cos - d1 * sin
-    dx[..., 1::2] = d1 * cos + d0 * sin
+    dx[..., 0::2] = d0 * cos + d1 * sin
+    dx[..., 1::2] = d1 * cos - d0 * sin
     return dx
     ### END SOLUTION

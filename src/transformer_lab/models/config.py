@@ -147,6 +147,9 @@ class GPTConfig:
         positional: "learned" (a trained table, GPT-2), "sinusoidal" (the 2017 table), "rope"
             (rotary embeddings of the queries and keys) or "none".
         bias: biases in the linear maps and layer norms.
+        tie_embeddings: the output projection is the token embedding table (True, the default:
+            GPT-2's) or a table of its own, the parameter ``lm_head.W`` (V, E) (False: untied,
+            as most LLaMA-architecture models).
         dropout: the probability with which training drops each entry of every sublayer's
             output, before the residual sum (notebook 07 §4; GPT-2 used 0.1); 0 (default): no
             dropout. Only training with a generator drops anything (``GPT.loss(ids, rng=...)``):
@@ -171,6 +174,7 @@ class GPTConfig:
     mlp: str = "gelu_tanh"
     positional: str = "learned"
     bias: bool = True
+    tie_embeddings: bool = True
     eps: float = 1e-5
     rope_base: float = 10000.0
     dropout: float = 0.0
@@ -200,6 +204,7 @@ class GPTConfig:
             self._set("d_ff", d_ff)
         self._set("d_ff", v.integer(self.d_ff, "GPTConfig.d_ff", minimum=1))
         self._set("bias", v.boolean(self.bias, "GPTConfig.bias"))
+        self._set("tie_embeddings", v.boolean(self.tie_embeddings, "GPTConfig.tie_embeddings"))
         self._set("eps", v.real(self.eps, "GPTConfig.eps", positive=True))
         dropout = v.real(self.dropout, "GPTConfig.dropout")
         if not 0 <= dropout < 1:
@@ -234,6 +239,14 @@ class GPTConfig:
         return cls(vocab_size, **{"norm": "rms", "mlp": "swiglu", "positional": "rope",
                                   "bias": False, "num_kv_heads": max(heads // 2, 1)
                                   if heads % 2 == 0 else heads, **overrides})
+
+
+def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
+    """Bytes of the KV cache of a GPT with ``config`` for ``batch`` sequences of ``length``
+    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
+    c = config
+    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
+            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
 
 
 #: The config classes by the "kind" a checkpoint's header names.

@@ -20,9 +20,10 @@ positions; per block ``"layers.0.norm1.gamma"`` (and ``.beta`` for a layer norm 
 ``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.attn.W_o"`` (E, E) (and
 ``b_qkv``, ``b_o`` with biases), ``"layers.0.norm2.*"``, ``"layers.0.mlp.W1"``, ``b1``, ``W2``,
 ``b2`` (GELU) or ``W_gate``, ``W_up``, ``W_down`` (SwiGLU); ``"norm.gamma"`` (+ ``.beta``) at
-the end. ``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of
-the core are rebuilt at every call from the same arrays (no copies): an optimiser may update
-``model.params[name]`` in place.
+the end; and, untied (``GPTConfig(tie_embeddings=False)``), the output projection's own table
+``"lm_head.W"`` (V, E) last. ``backward`` and ``loss`` return gradients with exactly these
+keys. The nested dicts of the core are rebuilt at every call from the same arrays (no copies):
+an optimiser may update ``model.params[name]`` in place.
 
 **Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
 ``use_cache=True`` (the default) the keys and values of every position are computed once and
@@ -51,7 +52,13 @@ from transformer_lab.models import config as _config
 # re-exported: importable from here, as before the configs had a module of their own
 from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
 from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
-from transformer_lab.models.config import MLPS, NORMS, GPTConfig, config_to_dict  # noqa: F401
+from transformer_lab.models.config import (  # noqa: F401
+    MLPS,
+    NORMS,
+    GPTConfig,
+    config_to_dict,
+    kv_cache_bytes,
+)
 from transformer_lab.models.shell import Model, ModelCache
 
 
@@ -93,6 +100,8 @@ def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
             if c.bias:
                 shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
     shapes.update(_norm_shapes("norm", c))
+    if not c.tie_embeddings:
+        shapes["lm_head.W"] = (c.vocab_size, E)
     return shapes
 
 
@@ -131,9 +140,9 @@ def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     """Deterministic initialisation from ``seed`` (the same values in float32 and float64 up to
-    rounding), as GPT-2 does it in spirit: token and position tables normal(0, 0.02); linear
-    maps uniform(+-1/sqrt(fan_in)) (``nn.Linear``, drawn by ``core.layers.init_uniform``), the
-    two that write into the residual stream (``attn.W_o`` and the MLP's output) scaled by
+    rounding), as GPT-2 does it in spirit: token, position and output tables normal(0, 0.02);
+    linear maps uniform(+-1/sqrt(fan_in)) (``nn.Linear``, drawn by ``core.layers.init_uniform``),
+    the two that write into the residual stream (``attn.W_o`` and the MLP's output) scaled by
     ``1/sqrt(2 N)`` so that the stream's variance does not grow with depth; biases 0; norm
     gains 1."""
     rng = np.random.default_rng(seed)
@@ -141,7 +150,7 @@ def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     params = {}
     for name, shape in parameter_shapes(c).items():
         leaf = name.rsplit(".", 1)[-1]
-        if name in ("embed.W", "pos.W"):
+        if name in ("embed.W", "pos.W", "lm_head.W"):
             value = rng.normal(0.0, 0.02, size=shape)
         elif leaf == "gamma":
             value = np.ones(shape)
@@ -174,14 +183,6 @@ def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndar
         raise ValueError(f"{name} has {ids.shape[1]} positions but the model reads at most "
                          f"max_len={config.max_len} (GPTConfig.max_len)")
     return ids
-
-
-def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
-    """Bytes of the KV cache of a model with ``config`` for ``batch`` sequences of ``length``
-    positions: 2 (keys and values) x N layers x B x Hkv x length x Dh x bytes per number."""
-    c = config
-    return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
-            * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,11 +222,14 @@ class GPT(Model):
 
     @classmethod
     def from_pretrained(cls, folder, dtype=np.float32) -> GPT:
-        """A GPT holding a GPT-2 checkpoint: a folder as Hugging Face ``transformers`` writes
-        it (``config.json`` and ``model.safetensors``, e.g. a snapshot folder of its cache),
-        read by :func:`transformer_lab.models.pretrained.read_gpt2` (which says how GPT-2's
-        names and options map onto the GPT's). ``forward(ids)[0]`` are GPT-2's logits; ``loss``
-        and ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` is its config.json.
+        """A GPT holding a GPT-2 or a LLaMA-architecture checkpoint: a folder as Hugging Face
+        ``transformers`` writes it (``config.json`` and ``model.safetensors`` or its shards,
+        e.g. a snapshot folder of its cache), read by
+        :func:`transformer_lab.models.pretrained.read_pretrained` by its ``model_type``
+        (``pretrained`` says how GPT-2's names and options map onto the GPT's,
+        :mod:`transformer_lab.models.llama` LLaMA's). ``forward(ids)[0]`` are the checkpoint's
+        logits; ``loss`` and ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` (or
+        ``["llama_config"]``) is its config.json.
 
         Args:
             folder: the checkpoint folder (``~`` is expanded).
@@ -233,15 +237,15 @@ class GPT(Model):
 
         Raises:
             CheckpointError: naming the file and what is wrong: a missing folder or file, a
-                config that is not GPT-2's or an option the GPT does not compute, tensors
-                missing, unexpected or of the wrong shape, an untied ``lm_head``.
+                config of another model or an option the GPT does not compute, tensors
+                missing, unexpected or of the wrong shape.
         """
         from transformer_lab.models import pretrained
 
-        config, params, hf_config = pretrained.read_gpt2(folder, dtype)
+        config, params, metadata = pretrained.read_pretrained(folder, dtype)
         model = cls.__new__(cls)  # no random initialisation to overwrite
         model._setup(config, {name: params[name] for name in parameter_shapes(config)})
-        model.metadata = {"gpt2_config": hf_config}
+        model.metadata = metadata
         return model
 
     # ---------------------------------------------------------------------------- parameters
@@ -416,10 +420,11 @@ class GPT(Model):
     def __repr__(self) -> str:
         c = self.config
         kv = f", {c.num_kv_heads} kv heads" if c.num_kv_heads != c.num_heads else ""
+        head = "" if c.tie_embeddings else ", untied head"
         tiled = (f", tiled attention (blocks of {c.attention_block_size})"
                  if c.attention_block_size is not None else "")
         return (f"GPT(d_model={c.d_model}, heads={c.num_heads}{kv}, layers={c.num_layers}, "
                 f"d_ff={c.d_ff}, norm={c.norm}, mlp={c.mlp}, positions={c.positional}{tiled}, "
-                f"vocab={c.vocab_size}, {np.dtype(c.dtype).name}, "
+                f"vocab={c.vocab_size}{head}, {np.dtype(c.dtype).name}, "
                 f"{self.num_parameters():,} parameters)")
 

@@ -12,7 +12,8 @@ offers one: ``F.layer_norm`` and ``F.rms_norm``, ``F.gelu``/``F.silu``,
 ``repeat_interleave``), RoPE as a multiplication of complex numbers, ``F.cross_entropy``
 on the shifted logits. The parameters have the NumPy model's names, shapes and layout
 (``y = x @ W + b``), so weights and gradients compare name by name; the embedding table is one
-parameter used twice, and autograd adds its two gradients.
+parameter used twice (tied), and autograd adds its two gradients; an untied model's output
+table is the parameter ``lm_head.W``.
 """
 
 from __future__ import annotations
@@ -93,10 +94,10 @@ class TorchBlock(nn.Module):
 
 
 def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and notebook 08's
-    rotation R(a) = [[cos a, sin a], [-sin a, cos a]] is the multiplication by exp(-i a)."""
+    """RoPE with complex numbers: the pair (x_2i, x_2i+1) is x_2i + i x_2i+1, and its rotation by
+    +a (counterclockwise, as RoFormer and LLaMA turn it) is the multiplication by exp(i a)."""
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    turned = z * torch.polar(torch.ones_like(angles), -angles)
+    turned = z * torch.polar(torch.ones_like(angles), angles)
     return torch.view_as_real(turned).reshape(x.shape)
 
 
@@ -115,6 +116,8 @@ class TorchGPT(nn.Module):
         self.layers = nn.ModuleList(TorchBlock(c, _sub(shapes, f"layers.{i}"), dtype)
                                     for i in range(c.num_layers))
         self.norm = _Params(_sub(shapes, "norm"), dtype)
+        if not c.tie_embeddings:
+            self.lm_head = _Params(_sub(shapes, "lm_head"), dtype)
         positions = torch.arange(c.max_len, dtype=torch.float64)[:, None]
         if c.positional == "sinusoidal":
             omega = 10000.0 ** (-torch.arange(0, c.d_model, 2, dtype=torch.float64) / c.d_model)
@@ -146,7 +149,8 @@ class TorchGPT(nn.Module):
             x = F.rms_norm(x, E, self.norm.gamma, c.eps)
         else:
             x = F.layer_norm(x, E, self.norm.gamma, getattr(self.norm, "beta", None), c.eps)
-        return x @ self.embed.W.T  # tied output projection
+        head = self.embed if c.tie_embeddings else self.lm_head  # tied, or a table of its own
+        return x @ head.W.T
 
     def loss(self, ids, drop=None) -> torch.Tensor:
         """Mean cross-entropy of logits[:, t] against ids[:, t + 1] (drop: as :meth:`forward`)."""
