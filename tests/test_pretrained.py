@@ -26,7 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 from transformer_lab.models import pretrained
 from transformer_lab.models.gpt import GPT, CheckpointError, parameter_shapes
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 #: Small GPT-2 configs: depth, heads, width, MLP width, vocabulary, positions, eps, activation,
 #: and dropout (> 0: the model is used in eval mode; 0: in training mode, which then computes
@@ -345,12 +345,12 @@ def test_missing_and_damaged_files_are_named(small, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# The README's figures for the real 124M GPT-2
+# docs/results.md's figures for the real 124M GPT-2
 
 
-def test_the_readme_figures_for_gpt2_124m_follow_from_its_shapes():
+def test_the_documented_figures_for_gpt2_124m_follow_from_its_shapes():
     """Computed from the shapes alone (nothing is allocated): the parameters, the memory in
-    float32, the KV cache per token, the FLOPs per token, and the times the README derives from
+    float32, the KV cache per token, the FLOPs per token, and the times docs/results.md derives from
     its measured rates."""
     c = pretrained.gpt2_config(dict(pretrained.GPT2_DEFAULTS, model_type="gpt2"))
     assert (c.vocab_size, c.d_model, c.num_heads, c.num_layers, c.d_ff, c.max_len) == (
@@ -359,7 +359,7 @@ def test_the_readme_figures_for_gpt2_124m_follow_from_its_shapes():
     params = sum(int(np.prod(s)) for s in shapes.values())
     matmul = sum(int(np.prod(s)) for name, s in shapes.items()
                  if name.endswith(("W_qkv", "W_o", "W1", "W2"))) + c.vocab_size * c.d_model
-    text = " ".join(README.read_text(encoding="utf-8").split())
+    text = " ".join(RESULTS.read_text(encoding="utf-8").split())
     section = text[text.index("GPT-2's weights in the NumPy GPT"):]
     section = section[:section.index("## ")]
 
