@@ -39,7 +39,9 @@ handing work between threads than computing, and on a shared 2-core machine it i
 (Notebooks get one thread for NumPy and torch from ``setup_notebook``.)
 
 **Determinism.** With one thread and no time budget (the default), a run is deterministic: the
-same seed gives the same losses, the same stopping step, the same model, on any machine. A
+same seed gives the same losses, the same stopping step, the same model, on the same machine
+and libraries (another CPU's BLAS kernel rounds in the last bits, and over hundreds of steps a
+float32 run then takes another path: assert what every run reaches, not its trajectory). A
 ``time_budget`` (``--time-budget SECONDS``) makes the stopping step depend on the machine's
 speed; the metrics say why a run stopped (``"stopped"``: ``"target"``, ``"steps"`` or
 ``"time"``), so a run cut short by the clock is visible in its JSON line.

@@ -48,25 +48,7 @@ same numbers to rounding, so a run today gives a model close to these, not the s
     python -m transformer_lab.train --task charlm --seed 0 --block modern \\
         --record src/transformer_lab/datasets/shipped/charlm_blocks.json
 
-Each file stores its command. The two runs ran at the same time on a 2-core machine, beside a
-third training (seed 1, 1.402): the classic block 23.6 minutes of wall-clock time for the whole
-run (14.6 minutes of CPU in the training steps, one thread), 1.397 bits per character on
-validation; the modern block 22.3 minutes (13.5 of CPU), 1.388.
-
-The default of 10,000 steps dates from that speed-only copy, which took a step of the classic
-block in 1/1.6 of the core's time then; the core has since been made as fast as PyTorch's eager
-step at this size (``python -m transformer_lab.course.bench --model gpt``), so 10,000 steps cost
-what they did. The former default of 7,000 steps gave 1.446 bits per character on seed 0, 1.471
-on seed 1; the records of notebook 13's regularisation runs (:data:`REGULARISATION_RECORD`) are
-of 7,000 steps, and their commands say so.
-
-Earlier measurements of this trainer on the same machine
-(at 5,000 steps of 16 x 64 tokens): CPU time varies by about a tenth between runs of one
-configuration, wall-clock time grows fourfold under a load of 5 to 12; a second BLAS thread
-does not pay when the other core is busy (a step took a median 507 ms with two threads against
-60 ms with one), and gains little when it is free (39 ms against 51, at best). The speed of the
-machine itself varies too: on the day of the 10,000-step runs a step took about twice as long
-as on the day of the 7,000-step ones, for the same code.
+Each file stores its command; what the runs cost and reached is in ``docs/results.md``.
 """
 
 from __future__ import annotations

@@ -42,14 +42,7 @@ that they are the same numbers)::
     python -m transformer_lab.train --task translate-de --seed 0 --steps 1500 \\
         --checkpoint src/transformer_lab/datasets/shipped/translate_de.npz
 
-The first (``translate_fr.npz``, copied from ``A.npz``) ran on a 16-core machine with Python
-3.12 and NumPy 2.5.2, one thread, beside nine other runs of a sweep of one thread each: 532 s
-for the whole run, 498 s (499 s of CPU) in the training steps, exact match 1.000 greedy and
-beam 4 on the 1,000 held-out numbers; the teacher-forced validation exact match passed 0.99 at
-about step 1,500 and stayed at 0.996-0.998. The same command on a 2-core machine shared with
-four other jobs (Python 3.11, NumPy 2.4, an earlier version of the split) took 1,168 s of
-wall-clock time for 522 s of CPU in the training steps, and reached 0.995 greedy, 0.997 beam 4.
-The other two ran on that 2-core machine.
+What each run cost and reached is in ``docs/results.md``.
 """
 
 from __future__ import annotations
