@@ -1027,7 +1027,7 @@ mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=
 
 
 # ============================================================================================
-# 15_long_context
+# 16_long_context
 
 mutant("online_softmax_update", "the old sum not rescaled", "ell_new = alpha * ell +",
        "ell_new = ell +", "check-online-softmax-update")

@@ -196,11 +196,12 @@ def test_the_notebooks_demonstrated_mistakes_get_their_hint(check_id, where, mod
 
 def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     """check-gpt-block (13 §3) depends on self_attention_forward, which check-grouped-query-
-    attention (14 §3) tests extended: a failure in 13 must not send the student to 14."""
+    attention (15 §4) tests extended: a failure in 13 must not send the student to 15."""
     F.load_checks()
     block = [c.id for c in F.dependency_checks(F.get_check("check-gpt-block"))]
     assert "check-grouped-query-attention" not in block
     assert "check-causal-self-attention" in block and "check-self-attention-forward" in block
     assert F._place("self_attention_forward", "13_gpt") == "notebook 13 §3"
-    assert F._place("self_attention_forward", "14_decoding") == "notebook 14 §3"
+    assert F._place("self_attention_forward", "14_decoding") == "notebook 13 §3"
+    assert F._place("self_attention_forward", "15_modern_block") == "notebook 15 §4"
     assert F._place("merge_heads", "13_gpt") == "notebook 04 §2"

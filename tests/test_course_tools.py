@@ -150,7 +150,7 @@ def test_site_renders_every_notebook_with_math_offline(tmp_path):
     assert mathjax in page and (out / mathjax).exists()
     assert r"\boxed{" in page  # LaTeX is handed to MathJax, not mangled
     # the course's style and script reach every page: long code lines scroll, never wrap
-    page = (out / "notebooks" / "15_long_context.html").read_text()
+    page = (out / "notebooks" / "16_long_context.html").read_text()
     assert "_static/course.css" in page and "_static/course.js" in page
     assert (out / "_static" / "course.css").read_text() == \
         (ROOT / "docs" / "_static" / "course.css").read_text()

@@ -247,7 +247,7 @@ def test_bad_input_errors():
 
 
 # --------------------------------------------------------------------------------------------
-# The core functions: exercises of notebook 10
+# The core functions: exercises of notebook 16
 
 
 def test_every_core_function_is_registered_and_marked():
@@ -257,7 +257,7 @@ def test_every_core_function_is_registered_and_marked():
     for name in functions:
         source = inspect.getsource(getattr(core_flash, name))
         assert source.count("### BEGIN SOLUTION") == source.count("### END SOLUTION") == 1, name
-        assert syllabus.where_taught(name)[1].startswith("15_long_context §")
+        assert syllabus.where_taught(name)[1].startswith("16_long_context §")
 
 
 def test_online_softmax_update_late_maximum_and_masked_blocks():

@@ -6,7 +6,7 @@
 The same result as scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``, computed one
 ``block_size`` x ``block_size`` tile of queries and keys at a time: the ``(T, S)`` scores and
 weights are never formed. The forward pass keeps each query's log-sum-exp (one number a row);
-the backward pass recomputes each tile's weights from it. Notebook ``15_long_context`` derives
+the backward pass recomputes each tile's weights from it. Notebook ``16_long_context`` derives
 both passes and measures time and memory against naive attention.
 
 Conventions:

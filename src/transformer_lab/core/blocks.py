@@ -70,7 +70,7 @@ def residual_forward(x, sublayer, norm, norm_first, eps=1e-5, normalize=None):
     Pre-norm: ``x + sublayer(norm(x))``; post-norm: ``norm(x + sublayer(x))``.
     x: (B, T, E); sublayer: a function ``h -> (out, cache)``; norm: the norm's params (layer
     norm: gamma, optional beta); normalize: None for layer norm, or another norm
-    ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 14)  ->  out: (B, T, E).
+    ``(h, params, eps) -> (out, cache)`` (the GPT's, RMSNorm in notebook 15)  ->  out: (B, T, E).
     """
     ### BEGIN SOLUTION 07 §3, 13 §3
     def norm_of(h):  # (B, T, E) -> (B, T, E)

@@ -45,7 +45,7 @@ def causal_self_attention_step(x, params, num_heads, num_kv_heads, K, V, length,
     x: (B, t, E); K, V: this layer's cache; rope: None or (cos, sin) (t, Dh/2) of the new
     positions  ->  out: (B, t, E), the new length.
     """
-    ### BEGIN SOLUTION 14 §2, §3
+    ### BEGIN SOLUTION 14 §2, 15 §4
     n_rep = num_heads // (num_kv_heads or num_heads)  # query heads per key/value head
 
     def attend(q, k, v):  # the new positions: q (B, H, t, Dh); k, v (B, Hkv, t, Dh)

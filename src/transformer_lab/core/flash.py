@@ -29,7 +29,7 @@ from transformer_lab.core.attention import causal_mask
 from transformer_lab.core.multihead import self_attention_backward, self_attention_forward
 
 # --------------------------------------------------------------------------------------------
-# The online softmax (15_long_context)
+# The online softmax (16_long_context)
 
 
 def online_softmax_update(m, ell, scores):
@@ -45,7 +45,7 @@ def online_softmax_update(m, ell, scores):
     ->  m_new (..., 1), ell_new (..., 1), p = exp(scores - m_new) (..., n),
         alpha = exp(m - m_new) (..., 1), the factor that rescales whatever was summed so far.
     """
-    ### BEGIN SOLUTION 15 §2
+    ### BEGIN SOLUTION 16 §2
     m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))  # (..., 1)
     shift = np.where(np.isneginf(m_new), 0, m_new)  # nothing seen yet: exp(-inf - 0) = 0
     alpha = np.exp(m - shift)  # (..., 1), at most 1
@@ -57,7 +57,7 @@ def online_softmax_update(m, ell, scores):
 
 
 # --------------------------------------------------------------------------------------------
-# Tiled attention, forward (15_long_context)
+# Tiled attention, forward (16_long_context)
 
 
 def flash_attention_forward(q, k, v, causal=False, block_size=64):
@@ -71,7 +71,7 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
     ->  out: (..., T, d_v); the cache holds q, k, v, out and each row's log-sum-exp
         ``lse = m + log ell`` (..., T) -- all the backward pass needs.
     """
-    ### BEGIN SOLUTION 15 §3
+    ### BEGIN SOLUTION 16 §3
     T, S = q.shape[-2], k.shape[-2]
     qs = q * (1 / math.sqrt(q.shape[-1]))  # scaled once; a Python float keeps float32
     out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)  # (..., T, d_v)
@@ -96,7 +96,7 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
 
 
 # --------------------------------------------------------------------------------------------
-# Tiled attention, backward (15_long_context)
+# Tiled attention, backward (16_long_context)
 
 
 def flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask=None):
@@ -112,7 +112,7 @@ def flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i, scale, mask
     lse_i, D_i: (..., b_q); scale: a number; mask: None or bool (b_q, b_k), True = blocked
     ->  this tile's parts of dq_i (..., b_q, d), dk_j (..., b_k, d) and dv_j (..., b_k, d_v).
     """
-    ### BEGIN SOLUTION 15 §4
+    ### BEGIN SOLUTION 16 §4
     qs = q_i * scale  # (..., b_q, d)
     p = qs @ np.swapaxes(k_j, -1, -2)  # the scores (..., b_q, b_k) ...
     if mask is not None:
@@ -138,7 +138,7 @@ def flash_attention_backward(dout, cache):
     dout: (..., T, d_v)  ->  dq (..., T, d), dk (..., S, d), dv (..., S, d_v).
     """
     q, k, v, out, lse, causal, block_size = cache
-    ### BEGIN SOLUTION 15 §4
+    ### BEGIN SOLUTION 16 §4
     T, S = q.shape[-2], k.shape[-2]
     scale = 1 / math.sqrt(q.shape[-1])
     D = np.einsum("...d,...d->...", dout, out)  # rowsum(dO * O): (..., T)
@@ -162,7 +162,7 @@ def flash_attention_backward(dout, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# In the model (15_long_context): multi-head self-attention with tiled attention as its kernel
+# In the model (16_long_context): multi-head self-attention with tiled attention as its kernel
 
 
 def flash_self_attention_forward(x, params, num_heads, causal=False, block_size=64):
@@ -172,7 +172,7 @@ def flash_self_attention_forward(x, params, num_heads, causal=False, block_size=
     x: (B, T, E); params: W_qkv (E, 3E), W_o (E, E), optional b_qkv (3E,), b_o (E,)
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION 15 §6
+    ### BEGIN SOLUTION 16 §6
     def attend(q, k, v):  # (B, H, T, Dh) each
         return flash_attention_forward(q, k, v, causal, block_size)
 
@@ -184,6 +184,6 @@ def flash_self_attention_forward(x, params, num_heads, causal=False, block_size=
 def flash_self_attention_backward(dout, cache):
     """Gradients of :func:`flash_self_attention_forward`: dx (B, T, E), grads (the keys of
     params), as :func:`core.multihead.self_attention_backward` with the tiled backward."""
-    ### BEGIN SOLUTION 15 §6
+    ### BEGIN SOLUTION 16 §6
     return self_attention_backward(dout, cache, attend_backward=flash_attention_backward)
     ### END SOLUTION

@@ -20,7 +20,7 @@ KV cache ``core.decoding``, sampling ``core.sampling``.
 
 ``config`` is anything with the attributes ``num_heads``, ``num_kv_heads``, ``norm``, ``mlp``,
 ``eps``, ``dropout`` (the blocks' dropout probability, used when training with an ``rng``) and
-``attention_block_size`` (None: naive attention; an int: notebook 15's tiled
+``attention_block_size`` (None: naive attention; an int: notebook 16's tiled
 attention with blocks of that size) -- a ``transformer_lab.models.gpt.GPTConfig``. Parameters
 are nested dicts:
 
@@ -66,13 +66,13 @@ from transformer_lab.core.modern import (
 from transformer_lab.core.next_token import next_token_loss_backward, next_token_loss_forward
 
 # --------------------------------------------------------------------------------------------
-# The pre-norm block (13_gpt §3; RMSNorm and SwiGLU: 14_decoding §3)
+# The pre-norm block (13_gpt §3; RMSNorm and SwiGLU: 15_modern_block §2, §3)
 
 
 def norm_forward(x, params, kind, eps=1e-5):
     """The block's normalisation: ``kind`` "layer" (layer norm, ``params`` gamma and optional
     beta) or "rms" (RMSNorm, gamma).  x: (..., E)  ->  out: (..., E)."""
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §2
     if kind == "rms":
         out, cache = rms_norm_forward(x, params["gamma"], eps)
     else:
@@ -84,7 +84,7 @@ def norm_forward(x, params, kind, eps=1e-5):
 def norm_backward(dout, cache):
     """Gradients of :func:`norm_forward`: dx (..., E), grads (the keys of params)."""
     kind, inner = cache
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §2
     if kind == "rms":
         return rms_norm_backward(dout, inner)
     return layer_norm_backward(dout, inner)
@@ -95,7 +95,7 @@ def mlp_forward(x, params, kind):
     """The block's feed-forward network: ``kind`` "swiglu", or an activation of
     ``core.layers.ACTIVATIONS`` ("gelu_tanh", "gelu", "relu") for ``core.blocks``' network.
     x: (..., E)  ->  out: (..., E)."""
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §3
     if kind == "swiglu":
         out, cache = swiglu_forward(x, params)
     else:
@@ -107,7 +107,7 @@ def mlp_forward(x, params, kind):
 def mlp_backward(dout, cache):
     """Gradients of :func:`mlp_forward`: dx (..., E), grads (the keys of params)."""
     kind, inner = cache
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §3
     if kind == "swiglu":
         return swiglu_backward(dout, inner)
     return feed_forward_backward(dout, inner)

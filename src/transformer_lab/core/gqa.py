@@ -1,10 +1,10 @@
 """The GPT's causal self-attention (13_gpt §3), with grouped-query attention and RoPE
-(14_decoding §3).
+(15_modern_block §1, §4).
 
 It is notebook 04's packed self-attention (``core.multihead.self_attention_forward``) with the
 GPT's attention kernel: the kernel rotates the queries and keys (RoPE), gives each key/value
 head to ``H / Hkv`` query heads (grouped-query attention), and attends causally -- naively, or
-tiled (notebook 15's ``flash_attention_forward``) when ``block_size`` is given.
+tiled (notebook 16's ``flash_attention_forward``) when ``block_size`` is given.
 
 Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` key/value heads
 (dividing ``H``), ``Dh = E / H``. Parameters: ``{"W_qkv": (E, (H + 2 Hkv) Dh), "W_o": (E, E)}``
@@ -21,7 +21,7 @@ from transformer_lab.core.multihead import self_attention_backward, self_attenti
 from transformer_lab.core.rope import rope_backward, rope_forward
 
 # --------------------------------------------------------------------------------------------
-# Grouped-query attention (14_decoding §3)
+# Grouped-query attention (15_modern_block §4)
 
 
 def repeat_kv_forward(x, n_rep):
@@ -29,7 +29,7 @@ def repeat_kv_forward(x, n_rep):
     ``j // n_rep`` of the input.  x: (B, Hkv, S, Dh)  ->  out: (B, Hkv * n_rep, S, Dh), and
     the cache: ``n_rep``.
     """
-    ### BEGIN SOLUTION 14 §3
+    ### BEGIN SOLUTION 15 §4
     if n_rep == 1:
         return x, n_rep
     B, Hkv, S, Dh = x.shape
@@ -42,7 +42,7 @@ def repeat_kv_backward(dout, cache):
     """Gradient of :func:`repeat_kv_forward`: a shared head receives the sum of the gradients
     of the query heads it served.  dout: (B, H, S, Dh)  ->  dx: (B, H / n_rep, S, Dh)."""
     n_rep = cache
-    ### BEGIN SOLUTION 14 §3
+    ### BEGIN SOLUTION 15 §4
     if n_rep == 1:
         return dout
     B, H, S, Dh = dout.shape
@@ -52,7 +52,7 @@ def repeat_kv_backward(dout, cache):
 
 # --------------------------------------------------------------------------------------------
 # The causal self-attention of a block (13_gpt §3; grouped-query attention, RoPE:
-# 14_decoding §3)
+# 15_modern_block §4)
 
 
 def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=None,
@@ -61,11 +61,11 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
 
     x: (B, T, E); params: W_qkv, W_o (+ b_qkv, b_o); num_kv_heads: Hkv, dividing H (default H);
     rope: None, or ``(cos, sin)`` (T, Dh/2) to rotate the queries and keys; block_size: None
-    for ``attention_forward`` with the causal mask, or an int for notebook 15's tiled
+    for ``attention_forward`` with the causal mask, or an int for notebook 16's tiled
     ``flash_attention_forward`` with blocks of that size (the same result, to rounding)
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §4
     n_rep = num_heads // (num_kv_heads or num_heads)  # query heads per key/value head
 
     def attend(q, k, v):  # q: (B, H, T, Dh); k, v: (B, Hkv, T, Dh)
@@ -73,12 +73,12 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
         if rope is not None:
             q, c_rope = rope_forward(q, *rope)  # (B, H, T, Dh)
             k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles
-        if n_rep > 1:  # shared key/value heads (notebook 14 §3)
+        if n_rep > 1:  # shared key/value heads (notebook 15 §4)
             k, _ = repeat_kv_forward(k, n_rep)  # (B, H, T, Dh)
             v, _ = repeat_kv_forward(v, n_rep)
         if block_size is None:
             heads, c_att = attention_forward(q, k, v, causal_mask(q.shape[2]))  # (B, H, T, Dh)
-        else:  # notebook 15: tiled, never forms the (T, T) scores
+        else:  # notebook 16: tiled, never forms the (T, T) scores
             heads, c_att = flash_attention_forward(q, k, v, True, block_size)
         return heads, (c_rope, n_rep, c_att, block_size)
 
@@ -93,7 +93,7 @@ def causal_self_attention_backward(dout, cache):
 
     dout: (B, T, E)  ->  dx (B, T, E), grads (the keys of params).
     """
-    ### BEGIN SOLUTION 13 §3, 14 §3
+    ### BEGIN SOLUTION 13 §3, 15 §4
     def attend_backward(dheads, c_kernel):  # dheads: (B, H, T, Dh)
         c_rope, n_rep, c_att, block_size = c_kernel
         kernel = attention_backward if block_size is None else flash_attention_backward

@@ -96,7 +96,7 @@ def self_attention_forward(x, params, num_heads, mask=None, attend=None, num_kv_
     10: tiled); num_kv_heads: Hkv, the key/value heads (default H: ``W_qkv`` is (E, 3E))
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION 04 §6, 13 §3, 14 §3
+    ### BEGIN SOLUTION 04 §6, 13 §3, 15 §4
     Hkv = num_kv_heads or num_heads
     E = x.shape[-1]
     kv = Hkv * (E // num_heads)  # width of the keys (and of the values)

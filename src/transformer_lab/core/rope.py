@@ -1,5 +1,6 @@
-"""Rotary position embeddings, RoPE (14_decoding §3): each pair of features of a query or a key is
-rotated by an angle that grows with its position, so that ``q_i . k_j`` depends on ``i - j``.
+"""Rotary position embeddings, RoPE (15_modern_block §1): each pair of features of a query or a
+key is rotated by an angle that grows with its position, so that ``q_i . k_j`` depends on
+``i - j``.
 The rotation is RoFormer's and LLaMA's: counterclockwise, by ``+p * omega_i``.
 
 Shapes: ``T`` positions, ``Dh`` the width of a head (even).
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 # --------------------------------------------------------------------------------------------
-# Rotary position embeddings, RoPE (14_decoding §3)
+# Rotary position embeddings, RoPE (15_modern_block §1)
 
 
 def rope_tables(positions, head_dim, base=10000.0):
@@ -19,7 +20,7 @@ def rope_tables(positions, head_dim, base=10000.0):
 
     positions: integers (T,); head_dim: Dh, even  ->  cos, sin: (T, Dh/2).
     """
-    ### BEGIN SOLUTION 14 §3
+    ### BEGIN SOLUTION 15 §1
     omega = base ** (-np.arange(0, head_dim, 2) / head_dim)  # (Dh/2,)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * omega  # (T, Dh/2)
     return np.cos(angles), np.sin(angles)
@@ -34,7 +35,7 @@ def rope_forward(x, cos, sin):
 
     x: (..., T, Dh); cos, sin: (T, Dh/2) from :func:`rope_tables`  ->  out: (..., T, Dh).
     """
-    ### BEGIN SOLUTION 14 §3
+    ### BEGIN SOLUTION 15 §1
     x0, x1 = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each
     out = np.empty_like(x)
     out[..., 0::2] = x0 * cos - x1 * sin
@@ -48,7 +49,7 @@ def rope_backward(dout, cache):
     minus the angle.  dout: (..., T, Dh)  ->  dx: (..., T, Dh).
     """
     cos, sin = cache
-    ### BEGIN SOLUTION 14 §3
+    ### BEGIN SOLUTION 15 §1
     d0, d1 = dout[..., 0::2], dout[..., 1::2]
     dx = np.empty_like(dout)
     dx[..., 0::2] = d0 * cos + d1 * sin

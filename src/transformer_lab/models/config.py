@@ -157,7 +157,7 @@ class GPTConfig:
         eps: of every normalisation.
         rope_base: the base of RoPE's frequencies, ``omega_i = base^(-2i / Dh)``.
         attention_block_size: None (default): attention forms the (T, T) scores; an int: the
-            tiled attention of notebook 15 (``core.flash``) with blocks of that many positions,
+            tiled attention of notebook 16 (``core.flash``) with blocks of that many positions,
             for the forward and backward passes of training (decoding with the KV cache reads
             one query at a time and is unchanged). The same results, to rounding.
         dtype: np.float32 (default) or np.float64 (gradient checks).

@@ -37,10 +37,12 @@ With one thread and no time budget a run is deterministic: the same seed gives t
 repeatable there too, but not the CPU's run bit for bit (dropout draws from CuPy's generator;
 sums round in another order).
 
-The files notebooks 13 and 14 read were made by these two commands, run from the project folder
+The files notebooks 13 to 15 read were made by these two commands, run from the project folder
 with the code of commit 4314d2c and today's default of 10,000 steps (that code computed the
 GPT's steps with a second, speed-only copy of the math, since removed; the core computes the
-same numbers to rounding, so a run today gives a model close to these, not the same bits):
+same numbers to rounding, so a run today gives a model close to these, not the same bits; and
+that code turned RoPE's pairs the other way, by ``-p * omega_i``, which changes the modern run
+in no result in distribution: the scores depend on offsets only either way):
 
     python -m transformer_lab.train --task charlm --seed 0 \\
         --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\

@@ -1,4 +1,4 @@
-"""Checks of notebook 15_long_context: the online softmax and tiled attention, forward, one tile
+"""Checks of notebook 16_long_context: the online softmax and tiled attention, forward, one tile
 of the backward pass, the backward pass, and the tiled self-attention of a model.
 
 Expected answers come from PyTorch: ``torch.logsumexp``, ``torch.softmax`` and autograd

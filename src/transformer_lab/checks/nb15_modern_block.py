@@ -1,0 +1,267 @@
+"""Checks of notebook 15_modern_block: RoPE, RMSNorm, SwiGLU, grouped-query attention and the
+modern block.
+
+Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks, from
+:mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch; none of
+them calls the core.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
+from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.nb13_gpt import (
+    _attention_expected,
+    _attention_params,
+    _block_case,
+    _BlockCheck,
+    _torch_rotate,
+)
+
+# --------------------------------------------------------------------------------------------
+# §1 RoPE
+
+
+@register
+class RoPE(Check):
+    id = "check-rope"
+    axes = {"out": "td", "dx": "td"}  # axis names, for messages
+    functions = ("rope_tables", "rope_forward", "rope_backward")
+
+    def cases(self, rng):
+        yield Case("B = 2, heads = 3, T = 5, Dh = 6", (np.arange(5), rng.standard_normal(
+            (2, 3, 5, 6)), rng.standard_normal((2, 3, 5, 6))))
+        yield Case("positions 7..10 (a cached step)", (np.arange(7, 11), rng.standard_normal(
+            (1, 2, 4, 4)), rng.standard_normal((1, 2, 4, 4))))
+        yield Case("float32", (np.arange(3), rng.standard_normal((2, 3, 8)).astype(np.float32),
+                               rng.standard_normal((2, 3, 8)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("Dh = 2, long positions", (np.arange(100, 103), rng.standard_normal((3, 2)),
+                                              rng.standard_normal((3, 2))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, positions, x, dout):
+        cos, sin = f.rope_tables(positions, x.shape[-1])
+        out, cache = f.rope_forward(x, cos.astype(x.dtype), sin.astype(x.dtype))
+        return {"cos": np.asarray(cos, np.float64), "sin": np.asarray(sin, np.float64),
+                "out": out, "dx": f.rope_backward(dout, cache)}
+
+    def expected(self, positions, x, dout):
+        Dh = x.shape[-1]
+        omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
+        angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
+        out, dx = autograd(lambda tx: _torch_rotate(tx, angles.to(tx.dtype)), dout, x)
+        return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(), "out": out,
+                "dx": dx}
+
+    def mistakes(self, positions, x, dout):
+        want = self.expected(positions, x, dout)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
+        other = np.empty_like(x)
+        other[..., 0::2], other[..., 1::2] = x0 * c + x1 * s, x1 * c - x0 * s
+        half = x.shape[-1] // 2
+        halves = np.concatenate([x[..., :half] * c - x[..., half:] * s,
+                                 x[..., :half] * s + x[..., half:] * c], axis=-1)
+        return {"rotating by minus the angle (clockwise; RoPE, as RoFormer and LLaMA write it, "
+                "turns each pair counterclockwise by a = p omega_i: (x_2i cos a - x_2i+1 sin a, "
+                "x_2i sin a + x_2i+1 cos a))": lambda: {**want, "out": other},
+                "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
+                "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
+
+
+# --------------------------------------------------------------------------------------------
+# §2 RMSNorm
+
+
+@register
+class RMSNorm(Check):
+    id = "check-gpt-rms-norm"
+    axes = {"out": "te", "dx": "te"}  # axis names, for messages
+    functions = ("rms_norm_forward", "rms_norm_backward")
+
+    def cases(self, rng):
+        yield Case("(2, 3, 6)", (rng.standard_normal((2, 3, 6)) * 3, 1 + rng.standard_normal(6)
+                                 * 0.3, rng.standard_normal((2, 3, 6))))
+        yield Case("float32", (rng.standard_normal((4, 5)).astype(np.float32),
+                               np.ones(5, np.float32), rng.standard_normal((4, 5))
+                               .astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("tiny inputs (eps matters)", (rng.standard_normal((2, 4)) * 1e-4,
+                                                 rng.standard_normal(4),
+                                                 rng.standard_normal((2, 4))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, gamma, dout):
+        out, cache = f.rms_norm_forward(x, gamma)
+        dx, grads = f.rms_norm_backward(dout, cache)
+        return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
+
+    def expected(self, x, gamma, dout):
+        return _torch_norm(x, gamma, dout)
+
+    def mistakes(self, x, gamma, dout):
+        tx, tg = _t(x), _t(gamma)
+        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
+        return {"subtracting the mean first (that is a layer norm)":
+                lambda: _torch_norm(x, gamma, dout, rms=False),
+                # the forward alone: a hint names the first output that differs
+                "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
+                "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+
+
+def _torch_norm(x, gamma, dout, rms=True):
+    """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
+    F = torch.nn.functional
+
+    def norm(tx, tg):
+        return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
+                else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
+
+    out, dx, dgamma = autograd(norm, dout, x, gamma)
+    return {"out": out, "dx": dx, "dgamma": dgamma}
+
+
+# --------------------------------------------------------------------------------------------
+# §3 SwiGLU
+
+
+@register
+class SwiGLU(Check):
+    id = "check-swiglu"
+    axes = {"out": "te", "dx": "te"}  # axis names, for messages
+    functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
+
+    def cases(self, rng):
+        yield Case("E = 4, F = 6", (rng.standard_normal((2, 3, 4)),
+                                    {k: rng.standard_normal(s) * 0.5 for k, s in
+                                     (("W_gate", (4, 6)), ("W_up", (4, 6)), ("W_down", (6, 4)))},
+                                    rng.standard_normal((2, 3, 4))))
+        yield Case("float32", (rng.standard_normal((5, 3)).astype(np.float32),
+                               {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in
+                                (("W_gate", (3, 2)), ("W_up", (3, 2)), ("W_down", (2, 3)))},
+                               rng.standard_normal((5, 3)).astype(np.float32)))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("large pre-activations (no overflow)", (
+            rng.standard_normal((2, 3)) * 100,
+            {k: rng.standard_normal(s) for k, s in
+             (("W_gate", (3, 4)), ("W_up", (3, 4)), ("W_down", (4, 3)))},
+            rng.standard_normal((2, 3))))
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout):
+        out, cache = f.swiglu_forward(x, params)
+        dx, grads = f.swiglu_backward(dout, cache)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout):
+        return self._answer(x, params, dout)
+
+    def mistakes(self, x, params, dout):
+        return {"with the gate and the up projection swapped (silu goes on x W_gate)":
+                lambda: self._answer(x, params, dout, gate="W_up", up="W_gate")}
+
+    @staticmethod
+    def _answer(x, params, dout, gate="W_gate", up="W_up"):
+        silu = torch.nn.functional.silu
+        out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
+                                  dout, x, params)
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# §4 Grouped-query attention and the modern block
+
+
+@register
+class GroupedQueryAttention(Check):
+    id = "check-grouped-query-attention"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
+    functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
+                 "self_attention_backward", "causal_self_attention_forward",
+                 "causal_self_attention_backward", "rope_forward", "rope_backward",
+                 "causal_self_attention_step")
+    STEP = "out of the cached step (causal_self_attention_step: 2 positions, then 1 at a time)"
+
+    def cases(self, rng):
+        for name, (B, T, E, H, Hkv, rope) in {
+                "4 query heads sharing 2 key/value heads": (2, 5, 8, 4, 2, False),
+                "one key/value head (multi-query), RoPE": (1, 4, 8, 4, 1, True),
+                "2 key/value heads, RoPE": (2, 6, 12, 6, 2, True)}.items():
+            yield Case(name, (rng.standard_normal((B, T, E)),
+                              _attention_params(rng, E, H, Hkv, False),
+                              rng.standard_normal((B, T, E)), H, Hkv, rope))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("float32, biases, RoPE", (rng.standard_normal((2, 3, 8)).astype(np.float32),
+                                             _attention_params(rng, 8, 4, 2, True, np.float32),
+                                             rng.standard_normal((2, 3, 8)).astype(np.float32),
+                                             4, 2, True))
+    ### END HIDDEN TESTS
+
+    @staticmethod
+    def _angles(T, Dh):
+        omega = 10000.0 ** (-np.arange(0, Dh, 2) / Dh)
+        return np.arange(T)[:, None] * omega
+
+    def run(self, f, x, params, dout, H, Hkv, rope):
+        tables = None
+        if rope:
+            a = self._angles(x.shape[1], x.shape[-1] // H)
+            tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
+        out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
+        dx, grads = f.causal_self_attention_backward(dout, cache)
+        return {"out": out, self.STEP: self._cached(f, x, params, H, Hkv, tables), "dx": dx,
+                **{f"d{k}": g for k, g in grads.items()}}
+
+    @staticmethod
+    def _cached(f, x, params, H, Hkv, tables):
+        """The cached step over the same positions: a prompt of 2, then one position at a time,
+        each with the rows of the RoPE tables of its positions."""
+        B, T, E = x.shape
+        K = np.zeros((B, Hkv, T, E // H), x.dtype)
+        V = np.zeros_like(K)
+        pieces, length = [], 0
+        for size in [min(2, T)] + [1] * (T - min(2, T)):
+            end = length + size
+            rope = None if tables is None else (tables[0][length:end], tables[1][length:end])
+            out, length = f.causal_self_attention_step(x[:, length:end], params, H, Hkv, K, V,
+                                                       length, rope)
+            pieces.append(out)
+        return np.concatenate(pieces, axis=1)
+
+    def expected(self, x, params, dout, H, Hkv, rope):
+        angles = self._angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+        want = _attention_expected(x, params, dout, H, Hkv, angles)
+        return {"out": want["out"], self.STEP: want["out"],
+                **{k: g for k, g in want.items() if k != "out"}}
+
+
+@register
+class ModernBlock(_BlockCheck):
+    id = "check-modern-block"
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("the modern block in float32", _block_case(rng, "modern", np.float32))
+    ### END HIDDEN TESTS
+
+    def cases(self, rng):
+        for name, change in (("the 2017 block with RMSNorm alone", {"norm": "rms"}),
+                             ("the 2017 block with SwiGLU alone", {"mlp": "swiglu"}),
+                             ("the 2017 block with RoPE alone", {"positional": "rope"}),
+                             ("the 2017 block with 1 key/value head for 2 query heads alone",
+                              {"num_kv_heads": 1})):
+            yield Case(name, _block_case(rng, "classic", **change))
+        yield Case("all four: RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
+                   _block_case(rng, "modern"))
