@@ -29,7 +29,8 @@ TEXTS = {
 }
 #: Texts for further public cases of the pattern (added later: TEXTS' cases stay as they were).
 MORE_TEXTS = {
-    "uppercase contractions (GPT-2's are lowercase only)": "I'M SURE IT'S WHAT THEY'VE SAID, DON'T",
+    "uppercase contractions (GPT-2's are lowercase only)":
+    "I'M SURE IT'S WHAT THEY'VE SAID, DON'T",
     "numbers beyond 0-9 (superscripts, fractions, other scripts)": "x²+1 = ½) ١٢٣ Ⅻ",
     "Devanagari (its vowel signs are marks, not letters)": "नमस्ते दुनिया, हिन्दी",
 }
@@ -188,7 +189,7 @@ class BytesToUnicode(Check):
             plain[b] = chr(256 + b)
         right = self.expected(bytes_)
         return {"treating the soft hyphen, byte 173, as printable (Latin-1 shows nothing for "
-                "it: it is the 68th byte to get a stand-in, chr(256 + 67))":
+                "it: it is the last of the 68 to get a stand-in)":
                 lambda: [chr(b) if b == 173 else c for b, c in zip(bytes_, right, strict=True)],
                 "keeping every byte's own character, chr(b) (the space, the newline and the "
                 "control bytes are not printable)": lambda: [chr(b) for b in bytes_],
@@ -227,10 +228,10 @@ class Pretokenize(Check):
             "keeps the space before it)": GPT2_PATTERN.replace(" ?", ""),
             "without \\s+(?!\\S) (a run of spaces before a word leaves its last space to the "
             "word: 'a   b' is 'a', '  ', ' b')": GPT2_PATTERN.replace(r"|\s+(?!\S)", ""),
-            "with \\d for the digits (\\d is 0-9 in any script only: ² and ½ are numbers, "
-            "\\p{N}, not symbols)": GPT2_PATTERN.replace(r"\p{N}", r"\d"),
+            "with \\d for the digits (\\d has the decimal digits only: ², ½ and Ⅻ are \\p{N} "
+            "too)": GPT2_PATTERN.replace(r"\p{N}", r"\d"),
             "with [^\\W\\d_] for the letters (it takes marks too: Devanagari's vowel signs are "
-            "\\p{M}, and GPT-2's \\p{L}+ cuts before them)":
+            "\\p{M}, not \\p{L})":
             GPT2_PATTERN.replace(r"\p{L}+", r"[^\W\d_]+"),
             "matching the contractions in any case (GPT-2's are lowercase only: in \"DON'T\", "
             "' and T are pieces of their own)":

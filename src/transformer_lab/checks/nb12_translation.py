@@ -123,6 +123,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
         for j, (s, n, k, t, fin) in enumerate(cands[:K]):
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
     return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
+
+
 #: beam_step's mistakes: what each one is -> the variant of the definition that makes it
 STEP_MISTAKES = {
     "with the exponent alpha forgotten (GNMT's penalty is ((5 + length) / 6) ** alpha)":
@@ -130,15 +132,15 @@ STEP_MISTAKES = {
     "with no length normalisation (rank by score / length_penalty(length, alpha))":
     {"lp": lambda n, alpha: 1.0},
     "ranking by the mean log-probability, score / length (rank by score / length_penalty"
-    "(length, alpha), GNMT's ((5 + length) / 6) ** alpha)": {"lp": lambda n, alpha: n},
-    "with // in the length penalty (integer division: ((5 + length) // 6) ** alpha is 1 up to "
-    "length 6; divide with /)": {"lp": lambda n, alpha: ((5 + n) // 6) ** alpha},
+    "(length, alpha))": {"lp": lambda n, alpha: n},
+    "with // in the length penalty (integer division: its base is 1 up to length 6; divide "
+    "with /)": {"lp": lambda n, alpha: ((5 + n) // 6) ** alpha},
     "with finished hypotheses extended by real tokens (a finished hypothesis has one "
     "continuation: padding, at no cost)": {"done": "extended"},
-    "with finished hypotheses growing in length (a finished hypothesis keeps its length: "
-    "lengths + ~finished)": {"done": "growing"},
-    "with finished hypotheses dropped (a finished hypothesis stays in the beam: its padding "
-    "continuation keeps its score)": {"done": "dropped"},
+    "with finished hypotheses growing in length (a finished hypothesis keeps its length)":
+    {"done": "growing"},
+    "with finished hypotheses dropped (a finished hypothesis stays in the beam, its score "
+    "kept, continued by padding)": {"done": "dropped"},
 }
 ### END HIDDEN TESTS
 
@@ -288,15 +290,13 @@ def _mistaken_search(table, K, max_len, alpha, offset=True, gather=True, copies=
 
 #: beam_search's mistakes: what each one is -> the variant of the search that makes it
 SEARCH_MISTAKES = {
-    "with rows = parents, the source's offset b * K forgotten (row b * K + parent is the row "
-    "the new hypothesis continues: a cache reordered by it mixes the sources up)":
-    {"offset": False},
-    "with the prefixes not gathered by parent (each new hypothesis is its parent's prefix plus "
-    "its token: np.take_along_axis(seqs, parents[..., None], axis=1))": {"gather": False},
-    "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf), or the "
-    "beam fills with duplicates)": {"copies": True},
-    "never stopping early (stop when every hypothesis is finished: if finished.all(): break)":
-    {"stop": False},
+    "with rows = parents, the source's offset b * K forgotten (a new hypothesis continues row "
+    "b * K + parent)": {"offset": False},
+    "with the prefixes not gathered by parent (a new hypothesis is its parent's prefix plus "
+    "its token)": {"gather": False},
+    "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":
+    {"copies": True},
+    "never stopping early (stop when every hypothesis is finished)": {"stop": False},
 }
 ### END HIDDEN TESTS
 
@@ -451,18 +451,17 @@ def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
 
 #: the decoder step's mistakes: what each one is -> the variant of :func:`_decoded` it gives
 DECODER_MISTAKES = {
-    "with the mask causal_mask(t, length + t) (new query i is position length + i: it sees "
-    "the keys 0 .. length + i, causal_mask(length + t)[length:])": "offset mask",
-    "without a causal mask among the new positions (new query i must not see the new "
-    "positions after it: causal_mask(length + t)[length:])": "no mask",
-    "attending to the new positions only (the cache holds the keys and values of every "
-    "position so far: attend to K[:, :, :length + t])": "new only",
+    "with the mask causal_mask(t, length + t) (new query i is position length + i: it sees the "
+    "keys 0 .. length + i)": "offset mask",
+    "without a causal mask among the new positions (new query i must not see the new ones "
+    "after it)": "no mask",
+    "attending to the new positions only (attend to every position so far, the cache's first "
+    "length + t)": "new only",
     "with each step's positions counted from 0 (the new tokens are at positions length .. "
-    "length + t - 1: pe[length:])": "positions",
-    "with the keys and values written at the start of the cache (they go at positions "
-    "length .. length + t - 1: K[:, :, length:length + t] = k)": "cache at 0",
-    "without the decoder's final layer norm (params['decoder']['norm'], after the last layer, "
-    "as in transformer_decode)": "final norm",
-    "with the source's padding not masked (the cross-attention's mask: merge_masks(None, "
-    "src_pad), passed to every layer)": "source padding",
+    "length + t - 1)": "positions",
+    "with the keys and values written at the start of the cache (write them at positions "
+    "length .. length + t - 1)": "cache at 0",
+    "without the decoder's final layer norm (params['decoder']['norm'], after the last layer)":
+    "final norm",
+    "with the source's padding not masked in the cross-attention (src_pad)": "source padding",
 }
