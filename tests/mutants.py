@@ -1062,11 +1062,21 @@ mutant("bytes_to_unicode", "the stand-ins counted from chr(255)", "chr(256 + ext
        "chr(255 + extra)", "check-bytes-to-unicode")
 mutant("bytes_to_unicode", "the Latin-1 range ¡..¬ forgotten among the printable bytes",
        ' *range(ord("¡"), ord("¬") + 1),', "", "check-bytes-to-unicode")
+mutant("bytes_to_unicode", "the soft hyphen, byte 173, taken as printable",
+       '*range(ord("®"), ord("ÿ") + 1)', '*range(ord("®") - 1, ord("ÿ") + 1)',
+       "check-bytes-to-unicode")
 mutant("pretokenize", "the space prefix forgotten (' ?' dropped before letters)",
        r"| ?\p{L}+|", r"|\p{L}+|", "check-pretokenize")
 mutant("pretokenize", "a run of spaces takes the space of the next word (no lookahead)",
        r"|\s+(?!\S)|\s+", r"|\s+", "check-pretokenize")
 mutant("pretokenize", "the contractions left out", "'s|'t|'re|'ve|'m|'ll|'d| ?", " ?",
+       "check-pretokenize")
+mutant("pretokenize", r"\d for \p{N}: ², ½ not numbers (x²+1 cut unlike GPT-2)",
+       r"| ?\p{N}+| ?[^\s\p{L}\p{N}]+|", r"| ?\d+| ?[^\s\p{L}\d]+|", "check-pretokenize")
+mutant("pretokenize", r"[^\W\d_] for \p{L}: marks taken as letters (Devanagari words kept whole)",
+       r"| ?\p{L}+|", r"| ?[^\W\d_]+|", "check-pretokenize")
+mutant("pretokenize", "the contractions matched in any case (DON'T cut as DON, 'T)",
+       '"""\'s|\'t|\'re|\'ve|\'m|\'ll|\'d|', '"""(?i:\'s|\'t|\'re|\'ve|\'m|\'ll|\'d)|',
        "check-pretokenize")
 mutant("word_counts", "the characters' code points instead of the UTF-8 bytes",
        'tuple(piece.encode("utf-8"))', "tuple(map(ord, piece))", "check-word-counts")
@@ -1084,6 +1094,8 @@ mutant("merge_pair", "'aaa' merged as overlapping pairs (moving on by one after 
        "            i += 1", "check-merge-pair")
 mutant("merge_pair", "the last id dropped", "while i < len(word):", "while i < len(word) - 1:",
        "check-merge-pair")
+mutant("merge_pair", "a list returned (a word is a tuple, a dict key)", "    return tuple(out)",
+       "    return out", "check-merge-pair")
 mutant("train_bpe", "a tie broken by the larger pair",
        "best = min(pair for pair, count", "best = max(pair for pair, count", "check-train-bpe")
 mutant("train_bpe", "the counts never updated (ranked once, before any merge)",
@@ -1092,6 +1104,12 @@ mutant("train_bpe", "the counts never updated (ranked once, before any merge)",
 mutant("train_bpe", "the merged word's new pairs not added back",
        "                counts[pair] = counts.get(pair, 0) + n\n",
        "                counts.setdefault(pair, 0)\n", "check-train-bpe")
+mutant("train_bpe", "every pair recounted after every merge (the right merges, no update)",
+       "        merges.append(best)\n        for i in sorted(where.pop(best)):",
+       "        merges.append(best)\n"
+       "        words = [(merge_pair(word, best, new_id), count) for word, count in words]\n"
+       "        counts = pair_counts(dict(words))\n"
+       "        for i in ():", "check-train-bpe")
 mutant("train_bpe", "pairs with a count of 0 kept (training does not stop when none is left)",
        "                if counts[pair] == 0:\n                    del counts[pair]\n", "",
        "check-train-bpe")
@@ -1149,6 +1167,12 @@ mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's"
        "check-beam-step", "check-beam-search")
 mutant("length_penalty", "the exponent forgotten", "return ((5.0 + lengths) / 6.0) ** alpha",
        "return (5.0 + lengths) / 6.0", "check-beam-step", "check-beam-search")
+mutant("length_penalty", "integer division: ((5 + lengths) // 6) ** alpha",
+       "return ((5.0 + lengths) / 6.0) ** alpha", "return ((5 + lengths) // 6) ** alpha",
+       "check-beam-step", "check-beam-search")
+mutant("beam_step", "ranked by the mean log-probability (score / length) instead of GNMT's",
+       "rank = total / length_penalty(new_lengths, alpha)[..., None]",
+       "rank = total / new_lengths[..., None]", "check-beam-step", "check-beam-search")
 mutant("beam_step", "no length normalisation: ranked by the summed log-probability",
        "rank = total / length_penalty(new_lengths, alpha)[..., None]", "rank = total",
        "check-beam-step", "check-beam-search")
@@ -1179,6 +1203,8 @@ mutant("beam_search", "K copies of the start: every hypothesis scored 0 at first
        "    scores[:] = 0.0\n", "check-beam-search")
 mutant("beam_search", "parent indices not gathered: the prefixes stay in their rows",
        "np.take_along_axis(seqs, parents[..., None], axis=1)", "seqs", "check-beam-search")
+mutant("beam_search", "never stopping early (every hypothesis finished: the steps go on)",
+       "        if finished.all():\n            break\n", "", "check-beam-search")
 mutant("beam_search", "rows not offset by the source (b * K forgotten)",
        "rows = (parents + K * np.arange(B)[:, None]).reshape(-1)", "rows = parents.reshape(-1)",
        "check-beam-search")
@@ -1190,6 +1216,9 @@ mutant("cached_self_attention_step", "the new keys written at the start of the c
 mutant("cached_self_attention_step", "no causal mask among several new positions",
        "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end], mask)",
        "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end])", "check-decoder-step")
+mutant("cached_self_attention_step", "the mask causal_mask(t, length + t): not offset by length",
+       "mask = causal_mask(end)[length:]", "mask = causal_mask(x.shape[1], end)",
+       "check-decoder-step")
 mutant("cached_self_attention_step", "attending to the new positions only (the cache unread)",
        "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end], mask)",
        "heads, _ = attention_forward(q, k, v, causal_mask(x.shape[1]))", "check-decoder-step")
@@ -1203,6 +1232,8 @@ mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, atte
 mutant("transformer_decode_step", "the positions of the new tokens from 0 again",
        "positions = positions[length:]  # the rows of the new positions", "pass",
        "check-decoder-step")
+mutant("transformer_decode_step", "the source's padding ignored (no memory mask)",
+       "mask = merge_masks(None, src_pad)", "mask = None", "check-decoder-step")
 mutant("transformer_decode_step", "the final norm forgotten",
        'y, _ = layer_norm_forward(y, norm["gamma"], norm.get("beta"), c.eps)', "pass",
        "check-decoder-step")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 from mutants import CATALOGUE, Mutant
 from mutation_tools import (
@@ -205,3 +206,104 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     assert F._place("self_attention_forward", "14_decoding") == "notebook 13 §3"
     assert F._place("self_attention_forward", "15_modern_block") == "notebook 15 §4"
     assert F._place("merge_heads", "13_gpt") == "notebook 04 §2"
+
+
+# --------------------------------------------------------------------------------------------
+# 4. A student's trial of notebooks 11 and 12: each mistake named by its own check
+
+
+@pytest.mark.parametrize(("check_id", "where", "models", "cause"), [
+    ("check-bytes-to-unicode", "bytes_to_unicode", "soft hyphen", "the soft hyphen, byte 173"),
+    ("check-pretokenize", "pretokenize", r"\d for \p{N}", r"with \d for the digits"),
+    ("check-pretokenize", "pretokenize", r"[^\W\d_] for \p{L}", r"with [^\W\d_] for the letters"),
+    ("check-pretokenize", "pretokenize", "any case", "matching the contractions in any case"),
+    ("check-pretokenize", "pretokenize", "no lookahead", r"without \s+(?!\S)"),
+    ("check-merge-pair", "merge_pair", "a list returned", "returning a list"),
+    ("check-encode-word", "encode_word", "the latest merge first", "the latest learned pair"),
+    ("check-beam-step", "beam_step", "no length normalisation", "no length normalisation"),
+    ("check-beam-step", "beam_step", "mean log-probability", "by the mean log-probability"),
+    ("check-beam-step", "length_penalty", "integer division", "with // in the length penalty"),
+    ("check-beam-step", "length_penalty", "exponent forgotten", "exponent alpha forgotten"),
+    ("check-beam-step", "beam_step", "grows in length", "finished hypotheses growing"),
+    ("check-beam-step", "beam_step", "extended after EOS", "extended by real tokens"),
+    ("check-beam-step", "beam_step", "dropped from the beam", "finished hypotheses dropped"),
+    ("check-beam-search", "beam_search", "b * K forgotten", "offset b * K forgotten"),
+    ("check-beam-search", "beam_search", "not gathered", "prefixes not gathered by parent"),
+    ("check-beam-search", "beam_search", "K copies", "K live copies of <s>"),
+    ("check-beam-search", "beam_search", "never stopping early", "never stopping early"),
+    ("check-decoder-step", "cached_self_attention_step", "causal_mask(t, length + t)",
+     "the mask causal_mask(t, length + t)"),
+    ("check-decoder-step", "cached_self_attention_step", "no causal mask",
+     "without a causal mask among the new positions"),
+    ("check-decoder-step", "cached_self_attention_step", "start of the cache",
+     "written at the start of the cache"),
+    ("check-decoder-step", "cached_self_attention_step", "new positions only",
+     "attending to the new positions only"),
+    ("check-decoder-step", "transformer_decode_step", "from 0 again", "positions counted from 0"),
+    ("check-decoder-step", "transformer_decode_step", "final norm", "final layer norm"),
+    ("check-decoder-step", "transformer_decode_step", "padding ignored", "padding not masked"),
+    ("check-decoder-step", "decoder_layer_step", "memory mask", "padding not masked"),
+])
+def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
+    msg = mutant_message(check_id, where, models)
+    assert "Hint: this is what you get" in msg and cause in msg, msg
+
+
+def test_the_trials_misleading_hints_are_gone():
+    msg = mutant_message("check-bytes-to-unicode", "bytes_to_unicode", "soft hyphen")
+    assert "chr(b)" not in msg  # one entry of the 256 matched "every byte its own character"
+    msg = mutant_message("check-pretokenize", "pretokenize", "no lookahead")
+    assert "optional space" not in msg
+    msg = mutant_message("check-encode-word", "encode_word", "the latest merge first")
+    assert "or the latest learned pair first" in msg  # both mistakes give this case's answer
+    for models in ("new pairs not added back", "a tie broken by the larger pair"):
+        assert "times the expected one" not in mutant_message("check-train-bpe", "train_bpe",
+                                                              models)
+
+
+def test_a_recount_after_every_merge_is_counted():
+    """Its merges are right: the words it hands to pair_counts tell it."""
+    msg = mutant_message("check-train-bpe", "train_bpe", "recounted after every merge")
+    assert "output['words read by pair_counts']: expected 'at most" in msg
+    assert "a recount after every merge?" in msg
+
+
+def _generic(got, want) -> str:
+    got, want = np.asarray(got), np.asarray(want)
+    return F._generic_hint(F.Difference("output", "", got, want))
+
+
+def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
+    assert _generic(261, 256) == "" and _generic([2, 4, 6], [1, 2, 3]) == ""  # ids, counts
+    assert _generic([-1, -2], [1, 2]) == ""
+    assert "2 times the expected one" in _generic([2.0, 4.0], [1.0, 2.0])
+    assert "negative" in _generic([-1.0, -2.0], [1.0, 2.0])
+    # one number is a factor times any other: only a plain factor is named
+    assert _generic(2.8895, 2.2655) == "" and _generic(1.022 * 3.1, 3.1) == ""
+    assert "0.2 times" in _generic(2.0, 10.0) and "0.5 times" in _generic(1.5, 3.0)
+    mask = np.triu(np.ones((3, 3), bool), 1)
+    assert "transpose" in _generic(mask.T, mask)  # a mask transposed is still named
+
+
+@pytest.mark.parametrize(("check_id", "where", "models", "cause"), [
+    ("check-beam-step", "beam_step", "grows in length", "finished hypotheses growing"),
+    ("check-beam-search", "beam_search", "never stopping early", "never stopping early"),
+    ("check-train-bpe", "train_bpe", "a tie broken by the larger pair", "breaking a tie"),
+])
+def test_the_handout_names_the_mistakes_of_a_hidden_reference(check_id, where, models, cause,
+                                                              tmp_path, monkeypatch):
+    """The handout has neither the reference nor the mistakes: make student stores the answers
+    of both for the public cases, and the hint comes from the stored ones."""
+    cls = F.load_checks()[check_id]
+    F.store_expected(cls(), tmp_path)
+
+    class Stripped(cls):  # what the handout's module holds
+        expected = F.Check.expected
+        hidden_cases = F.Check.hidden_cases
+        mistakes = F.Check.mistakes
+
+    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
+    monkeypatch.setitem(F.REGISTRY, check_id, Stripped)
+    assert not Stripped.has_reference()
+    msg = mutant_message(check_id, where, models)
+    assert "Hint: this is what you get" in msg and cause in msg, msg

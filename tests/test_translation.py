@@ -354,6 +354,21 @@ def test_cli_refuses_bad_options():
     assert proc.returncode == 2 and "warmup=9 must be less than steps=5" in proc.stderr
 
 
+def test_cli_help_describes_every_option_with_its_default(capsys):
+    from transformer_lab.train.cli import main
+    from transformer_lab.train.translate import _parser
+
+    actions = [a for a in _parser()._actions if a.dest != "help"]
+    assert len(actions) > 20 and all(len((a.help or "").split()) > 2 for a in actions), [
+        a.dest for a in actions if len((a.help or "").split()) <= 2]
+    with pytest.raises(SystemExit):
+        main(["--task", "translate-fr", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal width
+    assert text.count("(default: ") == len(actions)
+    for expected in ("(default: 40000)", "(default: 0.6)", "label-smoothed loss", "BLAS"):
+        assert expected in text, expected
+
+
 # --------------------------------------------------------------------------------------------
 # The shipped checkpoint
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dis
+import functools
 import hashlib
 import importlib
 import inspect
@@ -355,8 +356,10 @@ class Verdict:
     message: str = ""
 
 
-def judge(check: Check, case: Case, outcome: Outcome, want: Any) -> Verdict:
-    """Compare an outcome with the expected answer; the message teaches what went wrong."""
+def judge(check: Check, case: Case, outcome: Outcome, want: Any,
+          mistakes: Mapping[str, Any] | None = None) -> Verdict:
+    """Compare an outcome with the expected answer; the message teaches what went wrong (the
+    mistakes it recognises: ``check.mistakes``, or the answers ``mistakes`` stored for them)."""
     label = f"case {case.name!r}"
     if outcome.error is not None:
         if outcome.error.startswith("NotImplementedError"):
@@ -370,7 +373,7 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any) -> Verdict:
     problem = _difference(check, "output", outcome.value, want)
     if problem is None:
         return Verdict(True)
-    hint = _hint(check, case, outcome.value, want, problem)
+    hint = _hint(check, case, outcome.value, want, problem, mistakes)
     return Verdict(False, f"{label}: {problem.text}" + (f"\n  Hint: {hint}" if hint else ""))
 
 
@@ -563,10 +566,13 @@ def _kind(x) -> str:
 # Hints: recognising common mistakes
 
 
-def _hint(check: Check, case: Case, got, want, problem: Difference) -> str:
+def _hint(check: Check, case: Case, got, want, problem: Difference,
+          stored: Mapping[str, Any] | None = None) -> str:
     """A sentence naming the likely mistake, or ''."""
     try:
-        mistakes = check.mistakes(*case.args, **case.kwargs)
+        mistakes = check.mistakes(*case.args, **case.kwargs) if stored is None else {
+            description: functools.partial(copy.deepcopy, answer)
+            for description, answer in stored.items()}
     except Exception:  # a hint must never break the verdict
         mistakes = {}
     answers = {}
@@ -580,9 +586,11 @@ def _hint(check: Check, case: Case, got, want, problem: Difference) -> str:
                     return f"this is what you get {description}."
         except Exception:
             continue
-    # a mistake that gives only some outputs (a forward's, say): the first output that differs
+    # a mistake that gives only some outputs (a forward's, say): the first output that differs,
+    # by its name (the entries of one list are one output: one entry's match tells nothing)
     path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
-    for description, answer in answers.items():
+    path = path[:next((k for k, (key, _) in enumerate(path) if not key), len(path))]
+    for description, answer in answers.items() if path else ():
         try:
             part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
             with np.errstate(all="ignore"):
@@ -660,15 +668,22 @@ def _generic_hint(problem: Difference) -> str:
         return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
                 "happens (a row with nothing to attend to?)")
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    if _rel_error(g, -w) < 1e-6:
+    floating = np.issubdtype(want.dtype, np.floating)  # ids, counts, masks have no sign or scale
+    if floating and _rel_error(g, -w) < 1e-6:
         return "your answer is the negative of the expected one: a sign error?"
     if got.ndim >= 2 and got.shape[-1] == got.shape[-2] and _rel_error(
             np.swapaxes(got, -1, -2), want) < 1e-6:
         return "your answer is the transpose of the expected one (the last two axes swapped)"
+    if not floating:
+        return ""
     ww = float(w @ w)
     if ww > 0:
         c = float(g @ w) / ww
-        if c != 0 and abs(c - 1) > 1e-3 and _rel_error(g, c * w) < 1e-6:
+        # one number is always some factor times another: for one, only a plain factor (2,
+        # 1/5, sqrt(8)) points at a missing or extra one
+        plain = w.size > 1 or (c != 0 and any(abs(x - round(x)) < 1e-6 * x for x in (
+            abs(c), 1 / abs(c), c * c, 1 / (c * c))))
+        if plain and c != 0 and abs(c - 1) > 1e-3 and _rel_error(g, c * w) < 1e-6:
             return (f"your answer is {c:.4g} times the expected one everywhere: a missing or "
                     "extra factor -- a mean where a sum belongs (or the reverse), or a scale "
                     "such as 1/sqrt(d_k)?")
@@ -745,14 +760,42 @@ def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
             for name, entry in stored.items()}
 
 
+def stored_mistakes(check: Check) -> dict[str, dict[str, Any]]:
+    """case name -> {mistake: the answer it gives} stored with the answers of a check whose
+    reference is not here (so that the handout names the mistakes too); {} without them."""
+    path = DATA_DIR / f"{check.id}.npz"
+    stored = load_values(path) if path.exists() else {}
+    return {name: entry.get("mistakes", {}) for name, entry in stored.items()}
+
+
+def _wrong_answers(check: Check, case: Case, want: Any) -> dict[str, Any]:
+    """The answers of the check's mistakes in one case that differ from ``want`` (plain data)."""
+    try:
+        mistakes = check.mistakes(*case.args, **case.kwargs)
+    except Exception:
+        return {}
+    found = {}
+    for description, wrong in mistakes.items():
+        try:
+            with np.errstate(all="ignore"):
+                answer = wrong()
+            encode(answer, {})
+        except Exception:
+            continue
+        if answer is not None and not _matches(check, want, answer):
+            found[description] = answer
+    return found
+
+
 def store_expected(check: Check, folder: Path) -> Path:
     """Write the public cases of ``check`` and their expected answers to ``folder`` (used by
     ``make student`` for checks whose reference the handout does not contain)."""
     folder.mkdir(parents=True, exist_ok=True)
     entries = {}
     for case in all_cases(check, hidden=False):
-        entries[case.name] = {"args": list(case.args), "kwargs": case.kwargs,
-                              "expected": check.expected(*case.args, **case.kwargs)}
+        want = check.expected(*case.args, **case.kwargs)
+        entries[case.name] = {"args": list(case.args), "kwargs": case.kwargs, "expected": want,
+                              "mistakes": _wrong_answers(check, case, want)}
     path = folder / f"{check.id}.npz"
     save_values(path, entries)
     return path
@@ -839,13 +882,14 @@ def _first_failure(chk: Check) -> str | None:
     """The verdict's message of the first public case of ``chk`` that fails (None: they pass,
     or a function is not written yet)."""
     f = functions_for(chk)
+    hints = {} if chk.has_reference() else stored_mistakes(chk)
     for case, stored in public_answers(chk):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             outcome = run_case(chk, f, case)
         if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
             return None
-        verdict = judge(chk, case, outcome, _answer(chk, case, stored))
+        verdict = judge(chk, case, outcome, _answer(chk, case, stored), hints.get(case.name))
         if not verdict.passed:
             return verdict.message
     return None
@@ -902,18 +946,19 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     """
     chk = get_check(check_id)
     f = functions_for(chk, functions, named)
+    hints = {}
     if chk.has_reference():
         cases = [(c, False, None) for c in all_cases(chk)]
         public = len(list(chk.cases(case_rng(chk.id))))
-    else:  # the handout: the public cases and their answers are stored
+    else:  # the handout: the public cases, their answers and their mistakes' are stored
         cases = [(c, True, want) for c, want in stored_expected(chk).values()]
-        public = len(cases)
+        public, hints = len(cases), stored_mistakes(chk)
     for case, is_stored, stored in cases:
         outcome = run_case(chk, f, case)
         if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
             raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")
         want = stored if is_stored else chk.expected(*case.args, **case.kwargs)
-        verdict = judge(chk, case, outcome, want)
+        verdict = judge(chk, case, outcome, want, hints.get(case.name))
         if not verdict.passed:
             # a function this one calls, wrong in its own check, comes first: fix that one
             raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}")

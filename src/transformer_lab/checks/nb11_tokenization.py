@@ -27,6 +27,23 @@ TEXTS = {
     "contractions": "I'm sure it's what they've said we'll do, isn't it?",
     "digits and symbols": "x = 3.14159 * 2**10 + 1e-5 -> 42!!",
 }
+#: Texts for further public cases of the pattern (added later: TEXTS' cases stay as they were).
+MORE_TEXTS = {
+    "uppercase contractions (GPT-2's are lowercase only)":
+    "I'M SURE IT'S WHAT THEY'VE SAID, DON'T",
+    "numbers beyond 0-9 (superscripts, fractions, other scripts)": "x²+1 = ½) ١٢٣ Ⅻ",
+    "Devanagari (its vowel signs are marks, not letters)": "नमस्ते दुनिया, हिन्दी",
+}
+#: GPT-2's pattern, and the pieces of ``text`` by another pattern (for the hints)
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _findall(pattern: str, text: str) -> list[str]:
+    import regex  # the package's dependency for \p{L}; imported where a hint is computed
+
+    return regex.findall(pattern, text)
+
+
 ### BEGIN HIDDEN TESTS
 HIDDEN_TEXTS = {
     "a trailing run of spaces": "end   ",
@@ -170,7 +187,11 @@ class BytesToUnicode(Check):
         for n, b in enumerate(b for b in range(256) if b not in printable):
             shifted[b] = chr(255 + n)
             plain[b] = chr(256 + b)
-        return {"keeping every byte's own character, chr(b) (the space, the newline and the "
+        right = self.expected(bytes_)
+        return {"treating the soft hyphen, byte 173, as printable (Latin-1 shows nothing for "
+                "it: it is the last of the 68 to get a stand-in)":
+                lambda: [chr(b) if b == 173 else c for b, c in zip(bytes_, right, strict=True)],
+                "keeping every byte's own character, chr(b) (the space, the newline and the "
                 "control bytes are not printable)": lambda: [chr(b) for b in bytes_],
                 "giving a non-printable byte chr(256 + b) (they get 256, 257, ... in byte "
                 "order: the n-th of them chr(256 + n))":
@@ -185,7 +206,7 @@ class Pretokenize(Check):
     functions = ("pretokenize",)
 
     def cases(self, rng):
-        for name, text in TEXTS.items():
+        for name, text in {**TEXTS, **MORE_TEXTS}.items():
             yield Case(name, (text,))
 
     ### BEGIN HIDDEN TESTS
@@ -201,12 +222,23 @@ class Pretokenize(Check):
         return _pieces(text)
 
     def mistakes(self, text):
-        return {"without the optional space before letters, digits and symbols (' ?': a "
-                "word keeps the space before it)":
-                lambda: re.findall(r"'s|'t|'re|'ve|'m|'ll|'d|[^\W\d_]+|\d+|[^\s\w]+|_+|\s+",
-                                   text),
-                "splitting on whitespace (text.split() loses the spaces: the pieces must join "
-                "back into the text)": lambda: text.split()}
+        contractions = GPT2_PATTERN[:GPT2_PATTERN.index("| ?")]
+        wrong = {
+            "without the optional space before letters, digits and symbols (' ?': a word "
+            "keeps the space before it)": GPT2_PATTERN.replace(" ?", ""),
+            "without \\s+(?!\\S) (a run of spaces before a word leaves its last space to the "
+            "word: 'a   b' is 'a', '  ', ' b')": GPT2_PATTERN.replace(r"|\s+(?!\S)", ""),
+            "with \\d for the digits (\\d has the decimal digits only: ², ½ and Ⅻ are \\p{N} "
+            "too)": GPT2_PATTERN.replace(r"\p{N}", r"\d"),
+            "with [^\\W\\d_] for the letters (it takes marks too: Devanagari's vowel signs are "
+            "\\p{M}, not \\p{L})":
+            GPT2_PATTERN.replace(r"\p{L}+", r"[^\W\d_]+"),
+            "matching the contractions in any case (GPT-2's are lowercase only: in \"DON'T\", "
+            "' and T are pieces of their own)":
+            f"(?i:{contractions})" + GPT2_PATTERN[len(contractions):]}
+        found = {d: functools.partial(_findall, p, text) for d, p in wrong.items()}
+        return {**found, "splitting on whitespace (text.split() loses the spaces: the pieces "
+                         "must join back into the text)": lambda: text.split()}
 
 
 @register
@@ -320,10 +352,11 @@ class MergePair(Check):
     ### END HIDDEN TESTS
 
     def run(self, f, word, pair, new_id):
-        return [int(i) for i in f.merge_pair(tuple(word), tuple(pair), new_id)]
+        merged = f.merge_pair(tuple(word), tuple(pair), new_id)
+        return {"ids": [int(i) for i in merged], "type": type(merged).__name__}
 
     def expected(self, word, pair, new_id):
-        return list(_merge(word, pair, new_id))
+        return {"ids": list(_merge(word, pair, new_id)), "type": "tuple"}
 
     def mistakes(self, word, pair, new_id):
         def overlapping():
@@ -342,9 +375,11 @@ class MergePair(Check):
             return out + list(word[-1:])
 
         return {"merging the merged id again with what follows (in 'aaa' only the first two "
-                "merge: move on past both)": overlapping,
+                "merge: move on past both)": lambda: {"ids": overlapping(), "type": "tuple"},
                 "writing new_id in place of the pair's first id but keeping its second (skip "
-                "both ids of a merged pair)": no_skip}
+                "both ids of a merged pair)": lambda: {"ids": no_skip(), "type": "tuple"},
+                "returning a list (a word is a tuple: it is a key of the words' dict, which a "
+                "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,18 +455,57 @@ class TrainBPE(Check):
                    (_words_of(rng, 200, "abcdefg", 10), 80))
 
     def expected(self, words, num_merges):
-        return _naive_train(words, num_merges)
+        merges = _naive_train(words, num_merges)
+        return {"merges": merges, _WORK: _work(words, merges)}
 
     def mistakes(self, words, num_merges):
+        def merges(m):
+            return {"merges": m, _WORK: _work(words, m)}
+
         return {"breaking a tie by the larger pair (of two as frequent, take the smaller "
-                "(a, b))": lambda: _naive_train(words, num_merges, larger_first=True),
+                "(a, b))": lambda: merges(_naive_train(words, num_merges, larger_first=True)),
                 "with the counts of the words as they were before the merges (update the "
                 "counts after each merge: the merged words' pairs out, their new pairs in)":
-                lambda: _stale_train(words, num_merges)}
+                lambda: merges(_stale_train(words, num_merges))}
     ### END HIDDEN TESTS
 
     def run(self, f, words, num_merges):
-        return [[int(a), int(b)] for a, b in f.train_bpe(_as_words(words), num_merges)]
+        # the work, counted: the words that the module's pair_counts is given while training
+        space, read = getattr(f.train_bpe, "__globals__", {}), [0]
+        counter = space.get("pair_counts")
+
+        def pair_counts(ws):
+            read[0] += len(ws)
+            return counter(ws)
+
+        if counter is not None:
+            space["pair_counts"] = pair_counts
+        try:
+            merges = [[int(a), int(b)] for a, b in f.train_bpe(_as_words(words), num_merges)]
+        finally:
+            if counter is not None:
+                space["pair_counts"] = counter
+        return {"merges": merges, _WORK: _work(words, merges, read[0])}
+
+
+#: check-train-bpe's output that counts the words whose pairs train_bpe counts (pair_counts)
+_WORK = "words read by pair_counts"
+
+
+def _work(words, merges, read=None) -> str:
+    """The words an update reads at most: each word once, then the words that contain each
+    merged pair four times (out and in; stale index entries too); with ``read``, what was read
+    when it is more."""
+    words = [tuple(w) for w, _ in words]
+    budget = len(words)
+    for new_id, pair in enumerate(merges, 256):
+        merged = [_merge(w, tuple(pair), new_id) for w in words]
+        budget += 4 * sum(a != b for a, b in zip(words, merged, strict=True))
+        words = merged
+    if read is None or read <= budget:
+        return f"at most {budget:,} (each word once, then the words with the merged pair)"
+    return (f"{read:,}: the {len(words)} words {read / len(words):.3g} times over -- a recount "
+            "after every merge? (update the counts: only the words with the merged pair change)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,20 +587,30 @@ class EncodeWord(Check):
                     return list(w)
                 w = _merge(w, pair, 256 + ranks[pair])
 
-        def rank_as_id():
+        def by_rank(pick, first_id):  # ``pick`` (min, right; max) of the ranks first
             ranks = {tuple(p): r for r, p in enumerate(merges)}
             w = tuple(word)
             while len(w) > 1:
                 pairs = [p for p in zip(w, w[1:], strict=False) if p in ranks]
                 if not pairs:
                     break
-                pair = min(pairs, key=ranks.get)
-                w = _merge(w, pair, ranks[pair])
+                pair = pick(pairs, key=ranks.get)
+                w = _merge(w, pair, first_id + ranks[pair])
             return list(w)
 
-        return {"merging the first learned pair found reading the word left to right (merge "
-                "the pair of the lowest rank in the whole word first)": first_found,
-                "with the rank itself as the new id (merge r makes id 256 + r)": rank_as_id}
+        left, latest = first_found(), by_rank(max, 256)
+        first = ("merging the first learned pair found reading the word left to right (merge "
+                 "the pair of the lowest rank in the whole word first)")
+        if left == latest:  # the two mistakes agree on this word: name both
+            first = ("merging the first learned pair found reading the word left to right, or "
+                     "the latest learned pair first (merge the pair of the lowest rank in the "
+                     "whole word first)")
+        return {first: lambda: left,
+                "merging the latest learned pair first, the highest rank (merge the pair of "
+                "the lowest rank first: the merges replay in the order training learned them)":
+                lambda: latest,
+                "with the rank itself as the new id (merge r makes id 256 + r)":
+                lambda: by_rank(min, 0)}
 
 
 @register

@@ -10,10 +10,12 @@ definition, written again with Python lists (hidden; the handout stores its publ
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check, later_rng, register
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
 PAD, BOS, EOS = 0, 1, 2
@@ -94,29 +96,52 @@ class LabelSmoothedLoss(Check):
 # §6 One step of beam search
 
 ### BEGIN HIDDEN TESTS
-def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, normalise=True,
-                    freeze=True):
-    """The definition, with lists: every candidate, ranked by score / lp(length), K kept."""
+def _gnmt(n, alpha):
+    return ((5 + n) / 6) ** alpha
+
+
+def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, done="frozen"):
+    """The definition, with lists: every candidate, ranked by score / lp(length), K kept. The
+    mistakes: another ``lp``; a finished hypothesis ``done`` "extended" by every token, "growing"
+    in length, or "dropped"."""
     B, K, V = logp.shape
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
     for b in range(B):
         cands = []
         for k in range(K):
-            if finished[b, k] and freeze:
-                cands.append((scores[b, k], lengths[b, k], k, pad, True))
-                continue
-            if finished[b, k]:  # the mistake: extended by every token (padding still free)
-                cands += [(scores[b, k] + (0 if t == pad else logp[b, k, t]), lengths[b, k], k,
-                           t, True) for t in range(V)]
-                continue
-            for t in range(V):
-                cands.append((scores[b, k] + logp[b, k, t], lengths[b, k] + 1, k, t,
-                              bool(finished[b, k]) or t == eos))
-        a = alpha if normalise else 0.0
-        cands.sort(key=lambda c: -(c[0] / ((5 + c[1]) / 6) ** a))  # stable: ties keep order
+            s, n = scores[b, k], lengths[b, k]
+            if finished[b, k] and done in ("frozen", "growing"):
+                cands.append((s, n + (done == "growing"), k, pad, True))
+            elif finished[b, k] and done == "extended":  # padding still free
+                cands += [(s + (0 if t == pad else logp[b, k, t]), n, k, t, True)
+                          for t in range(V)]
+            elif finished[b, k]:  # dropped: no candidate but -inf ones
+                cands += [(-np.inf, n, k, t, True) for t in range(V)]
+            else:
+                cands += [(s + logp[b, k, t], n + 1, k, t, t == eos) for t in range(V)]
+        cands.sort(key=lambda c: -(c[0] / lp(c[1], alpha)))  # stable: ties keep their order
         for j, (s, n, k, t, fin) in enumerate(cands[:K]):
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
     return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
+
+
+#: beam_step's mistakes: what each one is -> the variant of the definition that makes it
+STEP_MISTAKES = {
+    "with the exponent alpha forgotten (GNMT's penalty is ((5 + length) / 6) ** alpha)":
+    {"lp": lambda n, alpha: (5 + n) / 6},
+    "with no length normalisation (rank by score / length_penalty(length, alpha))":
+    {"lp": lambda n, alpha: 1.0},
+    "ranking by the mean log-probability, score / length (rank by score / length_penalty"
+    "(length, alpha))": {"lp": lambda n, alpha: n},
+    "with // in the length penalty (integer division: its base is 1 up to length 6; divide "
+    "with /)": {"lp": lambda n, alpha: ((5 + n) // 6) ** alpha},
+    "with finished hypotheses extended by real tokens (a finished hypothesis has one "
+    "continuation: padding, at no cost)": {"done": "extended"},
+    "with finished hypotheses growing in length (a finished hypothesis keeps its length)":
+    {"done": "growing"},
+    "with finished hypotheses dropped (a finished hypothesis stays in the beam, its score "
+    "kept, continued by padding)": {"done": "dropped"},
+}
 ### END HIDDEN TESTS
 
 
@@ -170,11 +195,8 @@ class BeamStep(Check):
 
     def mistakes(self, scores, lengths, finished, logp, alpha, eos, pad):
         args = (scores, lengths, finished, logp, alpha, eos, pad)
-        return {"with no length normalisation (rank by score / length_penalty(length, alpha))":
-                lambda: _reference_step(*args, normalise=False),
-                "with finished hypotheses extended by real tokens (a finished hypothesis has one "
-                "continuation: padding, at no cost)":
-                lambda: _reference_step(*args, freeze=False)}
+        return {description: functools.partial(_reference_step, *args, **variant)
+                for description, variant in STEP_MISTAKES.items()}
     ### END HIDDEN TESTS
 
     def run(self, f, scores, lengths, finished, logp, alpha, eos, pad):
@@ -236,6 +258,46 @@ def _reference_search(table, K, max_len, alpha):
     seqs = np.array([[h[0] for h in hs] for hs in hyps], dtype=np.int64)
     scores = np.array([[h[1] / ((5 + h[2]) / 6) ** alpha for h in hs] for hs in hyps])
     return {"sequences": seqs.reshape(B, K, steps + 1), "scores": scores}
+
+
+def _mistaken_search(table, K, max_len, alpha, offset=True, gather=True, copies=False,
+                     stop=True, **step):
+    """The search as ``beam_search`` runs it -- rows of prefixes, the table's "cache" read
+    through ``rows``, :func:`_reference_step` -- with one of its mistakes (``step``: a variant
+    of beam_step, :data:`STEP_MISTAKES`)."""
+    B = table.shape[0]
+    seqs = [[(BOS,)] * K for _ in range(B)]
+    scores, lengths, finished = np.zeros((B, K)), np.zeros((B, K), int), np.zeros((B, K), bool)
+    if not copies:
+        scores[:, 1:] = -np.inf
+    before, rows = [BOS] * (B * K), range(B * K)
+    for _ in range(max_len):
+        prefix = [p for hs in seqs for p in hs]
+        logp = np.stack([table[i // K, before[r], p[-1]] for i, (p, r) in enumerate(zip(
+            prefix, rows, strict=True))]).reshape(B, K, -1)
+        out = _reference_step(scores, lengths, finished, logp, alpha, EOS, PAD, **step)
+        parents, tokens = out["parents"], out["tokens"]
+        scores, lengths, finished = out["scores"], out["lengths"], out["finished"]
+        seqs = [[seqs[b][parents[b, j] if gather else j] + (int(tokens[b, j]),)
+                 for j in range(K)] for b in range(B)]
+        before = [p[-1] for p in prefix]  # the table's cache: the last call's prefixes
+        rows = (parents + K * np.arange(B)[:, None] * offset).reshape(-1)
+        if stop and finished.all():
+            break
+    return {"sequences": np.array(seqs, dtype=np.int64),
+            "scores": scores / ((5 + lengths) / 6) ** alpha}
+
+
+#: beam_search's mistakes: what each one is -> the variant of the search that makes it
+SEARCH_MISTAKES = {
+    "with rows = parents, the source's offset b * K forgotten (a new hypothesis continues row "
+    "b * K + parent)": {"offset": False},
+    "with the prefixes not gathered by parent (a new hypothesis is its parent's prefix plus "
+    "its token)": {"gather": False},
+    "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":
+    {"copies": True},
+    "never stopping early (stop when every hypothesis is finished)": {"stop": False},
+}
 ### END HIDDEN TESTS
 
 
@@ -250,6 +312,9 @@ class BeamSearch(Check):
         yield Case("K = 1 (greedy), B = 3", _search_case(rng, 3, 1, 5, 5, 0.6))
         yield Case("B = 2, K = 4, V = 5, EOS likely: hypotheses finish at different steps, "
                    "alpha = 1.5", _search_case(rng, 2, 4, 5, 7, 1.5, eos_bonus=1.5))
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
+        yield Case("B = 2, K = 2, V = 5, EOS very likely: every hypothesis finished before "
+                   "max_len = 8", _search_case(later, 2, 2, 5, 8, 0.6, eos_bonus=3.0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -258,6 +323,11 @@ class BeamSearch(Check):
 
     def expected(self, table, K, max_len, alpha):
         return _reference_search(table, K, max_len, alpha)
+
+    def mistakes(self, table, K, max_len, alpha):
+        return {description: functools.partial(_mistaken_search, table, K, max_len, alpha,
+                                               **variant)
+                for description, variant in SEARCH_MISTAKES.items()}
     ### END HIDDEN TESTS
 
     def run(self, f, table, K, max_len, alpha):
@@ -328,24 +398,70 @@ class DecoderStep(Check):
                                                     pad if pad.any() else None)
             logits.append(out)
         return {"memory_keys": memory_kvs[0][0], "memory_values": memory_kvs[0][1],
+                "cached_keys": caches[0][0][:, :, :tgt.shape[1]],
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        from transformer_lab.reference.torch_transformer import _causal_mask
-
-        twin = _twin(config, params)
-        with torch.no_grad():
-            mem = _t(memory)
-            y = twin.decoder(twin.embed(_t(tgt), "tgt"), mem, _causal_mask(tgt.shape[1]), None,
-                             _t(pad) if pad.any() else None)
-            logits = twin.out_proj(y)
-            B, S, E = memory.shape
-            H = config["num_heads"]
-            p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
-            b = (params.get("decoder.layers.0.cross_attn.b_k"),
-                 params.get("decoder.layers.0.cross_attn.b_v"))
-            kv = [memory @ w + (0 if bias is None else bias) for w, bias in zip(p, b,
-                                                                                strict=True)]
+        B, S, E = memory.shape
+        H = config["num_heads"]
+        p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
+        b = (params.get("decoder.layers.0.cross_attn.b_k"),
+             params.get("decoder.layers.0.cross_attn.b_v"))
+        kv = [memory @ w + (0 if bias is None else bias) for w, bias in zip(p, b, strict=True)]
         heads = [a.reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for a in kv]
-        return {"memory_keys": heads[0], "memory_values": heads[1], "logits": _np(logits),
+        return {"memory_keys": heads[0], "memory_values": heads[1],
+                **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}
+
+    def mistakes(self, config, params, memory, pad, tgt, chunks):
+        return {description: functools.partial(_decoded, config, params, memory, pad, tgt,
+                                               chunks, mistake)
+                for description, mistake in DECODER_MISTAKES.items()}
+
+
+def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
+    """The PyTorch model over the whole target at once: the logits, and the keys of the first
+    layer's self-attention (what its cache holds at the end) -- or what a cached step with one
+    of :data:`DECODER_MISTAKES` gives."""
+    twin = _twin(config, params)
+    T = tgt.shape[1]
+    ends = np.repeat(np.cumsum(chunks), chunks)  # the end of each position's step
+    starts = ends - np.repeat(chunks, chunks)  # and its start, the cache's length then
+    p, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    blocked = {"no mask": j >= ends[:, None], "offset mask": j > p - starts[:, None],
+               "new only": (j > p) | (j < starts[:, None])}.get(mistake, j > p)
+    with torch.no_grad():
+        x = twin.embed(_t(tgt), "tgt")
+        if mistake == "positions":  # each step's positions from 0
+            x = x - twin.pe[:T] + twin.pe[p[:, 0] - starts]
+        first = twin.decoder.layers[0]
+        h = first.norm1(x) if twin.config.norm_first else x
+        keys = _np(first.self_attn.split_heads(first.self_attn.project(h, h)[1]))
+        kpm = _t(pad) if pad.any() and mistake != "source padding" else None
+        for layer in twin.decoder.layers:
+            x = layer(x, _t(memory), torch.from_numpy(blocked), None, kpm)
+        logits = _np(twin.out_proj(x if mistake == "final norm" else twin.decoder.norm(x)))
+    if mistake == "cache at 0":  # each step's keys written at 0, ..., t - 1
+        cache = np.zeros_like(keys)
+        for start, n in zip(np.cumsum([0, *chunks[:-1]]), chunks, strict=True):
+            cache[:, :, :n] = keys[:, :, start:start + n]
+        keys = cache
+    return {"cached_keys": keys, "logits": logits}
+
+
+#: the decoder step's mistakes: what each one is -> the variant of :func:`_decoded` it gives
+DECODER_MISTAKES = {
+    "with the mask causal_mask(t, length + t) (new query i is position length + i: it sees the "
+    "keys 0 .. length + i)": "offset mask",
+    "without a causal mask among the new positions (new query i must not see the new ones "
+    "after it)": "no mask",
+    "attending to the new positions only (attend to every position so far, the cache's first "
+    "length + t)": "new only",
+    "with each step's positions counted from 0 (the new tokens are at positions length .. "
+    "length + t - 1)": "positions",
+    "with the keys and values written at the start of the cache (write them at positions "
+    "length .. length + t - 1)": "cache at 0",
+    "without the decoder's final layer norm (params['decoder']['norm'], after the last layer)":
+    "final norm",
+    "with the source's padding not masked in the cross-attention (src_pad)": "source padding",
+}

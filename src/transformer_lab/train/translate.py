@@ -302,6 +302,41 @@ def load_checkpoint(path=CHECKPOINT) -> Transformer:
 # Command line
 
 
+#: What each option of the command line sets (``--help`` adds its default).
+OPTION_HELP = {
+    "task": "translate-fr: English into French; translate-de: into German",
+    "seed": "seed of the data (which numbers, and their split), the initial weights and the "
+            "batch order",
+    "n_train": "training examples (their numbers shared with no validation or test one)",
+    "n_val": "validation examples, for the exact match printed every --eval-every steps",
+    "n_test": "held-out test examples, for the final metrics",
+    "d_model": "model width E, divisible by --num-heads",
+    "num_heads": "attention heads per attention layer",
+    "num_layers": "encoder layers, and as many decoder layers",
+    "d_ff": "hidden width of the feed-forward networks",
+    "lr": "peak learning rate of Adam (after the warm-up; a cosine decay to 0 at --steps)",
+    "warmup": "steps of linear warm-up of the learning rate, fewer than --steps",
+    "steps": "training steps, the schedule's length",
+    "batch_size": "examples per training step (batches of similar lengths)",
+    "clip": "clip the gradients to this global norm; 0: no clipping",
+    "label_smoothing": "eps of the label-smoothed loss (notebook 12 §4), in [0, 1); 0: plain "
+                       "cross-entropy",
+    "eval_every": "steps between evaluations on the validation set (teacher-forced exact "
+                  "match) and progress lines",
+    "beam_size": "beam size of beam_exact_match, beam_bleu and beam_chrf (1: greedy)",
+    "alpha": "length penalty exponent of the beam search, ((5 + |y|) / 6) ** alpha; 0: the "
+             "summed log-probability",
+    "threads": "BLAS threads for NumPy (one thread: a run is deterministic)",
+    "time_budget": "stop after this many seconds of training steps; a budget makes the "
+                   "stopping step depend on the machine's speed (see \"stopped\"); None: no "
+                   "limit",
+    "device": device.HELP,
+    "checkpoint": "save the trained model (.npz) here, with its record",
+    "examples": "held-out translations printed to stderr at the end (0: none)",
+    "quiet": "no progress lines",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     d = TranslateConfig()
     p = argparse.ArgumentParser(
@@ -315,18 +350,17 @@ def _parser() -> argparse.ArgumentParser:
                     "only), steps, stopped, params, threads, device.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=[f"translate-{lang}" for lang in LANGUAGES],
-                   default="translate-fr")
+                   default="translate-fr", help=OPTION_HELP["task"])
     for f in dataclasses.fields(TranslateConfig):
         if f.name in ("lang",):
             continue
         kind = float if f.name == "time_budget" else type(getattr(d, f.name))
-        extra = {"choices": device.DEVICES, "help": device.HELP} if f.name == "device" else {}
+        extra = {"choices": device.DEVICES} if f.name == "device" else {}
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                       default=getattr(d, f.name), **extra)
-    p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its record")
-    p.add_argument("--examples", type=int, default=5,
-                   help="held-out translations printed to stderr at the end")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+                       default=getattr(d, f.name), help=OPTION_HELP[f.name], **extra)
+    p.add_argument("--checkpoint", help=OPTION_HELP["checkpoint"])
+    p.add_argument("--examples", type=int, default=5, help=OPTION_HELP["examples"])
+    p.add_argument("--quiet", action="store_true", help=OPTION_HELP["quiet"])
     return p
 
 
