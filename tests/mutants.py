@@ -999,8 +999,9 @@ mutant("causal_self_attention_step", "the step not extended for RoPE: the new qu
        "not rotated", "        if rope is not None:\n            q, _ = rope_forward(q, *rope)\n"
        "            k, _ = rope_forward(k, *rope)\n", "", "check-grouped-query-attention")
 mutant("causal_self_attention_step", "the step not extended for shared key/value heads",
-       "        keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"
-       "        values, _ = repeat_kv_forward(values, n_rep)\n", "",
+       "        if n_rep > 1:  # shared key/value heads (notebook 15 §4)\n"
+       "            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"
+       "            values, _ = repeat_kv_forward(values, n_rep)\n", "",
        "check-grouped-query-attention")
 mutant("causal_self_attention_step", "the new positions' mask not offset by length",
        "mask = causal_mask(end)[length:]", "mask = causal_mask(q.shape[2], end)",

@@ -53,8 +53,9 @@ def causal_self_attention_step(x, params, num_heads, num_kv_heads, K, V, length,
             q, _ = rope_forward(q, *rope)
             k, _ = rope_forward(k, *rope)
         keys, values, end = kv_cache_append(K, V, length, k, v)  # (B, Hkv, end, Dh)
-        keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)
-        values, _ = repeat_kv_forward(values, n_rep)
+        if n_rep > 1:  # shared key/value heads (notebook 15 §4)
+            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)
+            values, _ = repeat_kv_forward(values, n_rep)
         mask = causal_mask(end)[length:]  # (t, end): new position i is position length + i
         return attention_forward(q, keys, values, mask)  # (B, H, t, Dh)
 
