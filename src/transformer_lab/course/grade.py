@@ -1,57 +1,14 @@
-"""Grade students' work -- notebooks and their package's core -- with verdicts their code cannot
-reach.
+"""Grade students' notebooks and core modules with verdicts their code cannot reach.
 
     python -m transformer_lab.course.grade SUBMISSIONS                  # -> build/grades/
     python -m transformer_lab.course.grade SUBMISSIONS --out grades-week3 --timeout 120
 
-``SUBMISSIONS`` holds one folder per student -- the handout folder as they worked in it,
-``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py`` -- or flat
-``<student>_<NN_topic>.ipynb`` files (notebooks only), or both; names are matched forgivingly
-(see :mod:`.submissions`). For each student and each notebook N that anyone handed in:
-
-1. a **probe package** is made from the handout form of the instructor's package, with the
-   student's own definitions of the functions N teaches, the instructor's of the functions
-   earlier notebooks teach, and stubs for the rest (:mod:`.probe_driver`);
-2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell, the
-   definitions (functions, classes, imports) of the other cells and the exercise cells,
-   then every check of N on every case the grader generated for it (public
-   and hidden, with inputs the notebook never showed), and writes back what the student's
-   functions returned, as plain data;
-3. the grader, in its own process, computes the expected answers with the instructor's checks
-   and judges each case; a check earns its points (from its cell's metadata in the solution
-   notebook) when every case passes, and 0 -- with the case, expected against got, and a hint
-   -- otherwise, or when its evidence is missing (the probe crashed, exited, ran past a time
-   limit or wrote something unreadable);
-4. the **feedback** is the student's notebook with the instructor's check cells restored (by
-   cell id, then by nbgrader ``grade_id``, each after the cell that preceded it), executed in a
-   fresh kernel on the probe package, with a summary cell on top built from the verdicts --
-   never from the kernel's outputs;
-5. the student's code is **scanned** for what reaches into the grader's or IPython's machinery.
-
-Submissions of another course version (as their notebooks record it, :mod:`.versions`) are not
-graded: the run stops before writing anything, naming the version that grades them. Written to
-``--out`` (emptied first; it must be a folder these tools wrote, apart from the submissions and
-the solutions), the same bytes for the same submissions on every run:
-
-- ``grades.csv``: student, notebook, check, points, max_points -- a row per student, notebook
-  handed in by anyone, and check (a notebook a student did not hand in scores 0);
-- ``skipped.csv``: student, file, reason -- every file not graded (the handout's own files,
-  unchanged, and hidden files aside);
-- ``flags.csv``: student, notebook, where, line, what, code -- see :mod:`.flags`;
-- ``sandbox.csv``: student, sandbox -- what each student's code ran in;
-- ``feedback/<student>/<NN_topic>.ipynb``.
-
-This module runs the grading (options, the grader's run, the ledger of the output folder, the
-parallel jobs); :mod:`.reports` holds what a run found (:class:`Graded`, :class:`Outcome`) and
-turns it into the files above and the summary printed at the end (its public names, and
-``_write_rows``, are importable from here too).
-
-Every run of a student's code -- each probe, each feedback kernel -- happens in a sandbox of its
-own (:mod:`.sandbox`: bubblewrap; no network, no other processes, no files but Python's and its
-own, limits on memory, processes and file sizes). Where bubblewrap is missing the grader stops
-and says how to install it; ``--no-sandbox`` grades without one, with the students' code running
-with your permissions, and says so in the summary, in ``sandbox.csv`` and in every feedback.
-``--jobs N`` grades N notebooks at once; the files written are the same for every N.
+What a run does, what it writes (grades.csv, skipped.csv, flags.csv, sandbox.csv, feedback/) and
+what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
+package (:mod:`.probe_driver`) runs the student's code in a sandbox (:mod:`.sandbox`) and returns
+plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files (its
+public names, and ``_write_rows``, are importable from here too). Submissions of another course
+version (:mod:`.versions`) are refused before anything is written.
 """
 
 from __future__ import annotations

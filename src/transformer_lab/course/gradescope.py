@@ -4,58 +4,17 @@
     python -m transformer_lab.course.gradescope build --hidden-visibility after_due_date
     python -m transformer_lab.course.gradescope run --root /autograder  # on Gradescope
 
-**The zip**, ``autograder.zip`` in ``--out``, in Gradescope's autograder format: ``setup.sh`` and
-``run_autograder`` (both executable) at its root, everything else beside them -- Gradescope
-unpacks it into ``/autograder/source``. The same inputs give the same bytes (entries sorted,
-fixed times and modes). It holds
-
-- ``setup.sh``, run once, as root, when Gradescope builds the autograder's image: apt installs
-  Python, bubblewrap (the grader's sandbox) and util-linux (``prlimit``); a virtual environment
-  in ``/autograder/venv`` gets ``requirements.txt`` and the course's package. torch is pinned,
-  and on Linux its default wheel is a CUDA one of several GB: where the environment that builds
-  the zip has ``PIP_EXTRA_INDEX_URL`` or ``PIP_INDEX_URL`` set (README, "CPU-only PyTorch"),
-  setup.sh exports the same value;
-- ``run_autograder``, run for each submission: ``gradescope run`` with the virtual
-  environment's Python on the zip's own package (``PYTHONPATH``). ``$AUTOGRADER_ROOT`` stands
-  in for ``/autograder`` and ``$AUTOGRADER_PYTHON`` for that Python (the tests set both);
-- ``gradescope.json``, the build's options (below);
-- the course: ``src/`` (the whole package -- the grader needs the instructor's reference code),
-  ``notebooks/`` (the solution notebooks of ``--source``), ``img/``, ``requirements.txt``,
-  ``pyproject.toml``, ``README.md``; no caches. The package records the course version it was
-  built from (``src/transformer_lab/_built.py``: the commit, beside ``__version__``).
-
-**A run** grades ``$AUTOGRADER_ROOT/submission``, which holds the student's work in the
-handout's layout (``notebooks/NN_topic.ipynb``, ``src/transformer_lab/core/*.py``), possibly in
-one folder of its own, or notebooks alone (``NN_topic.ipynb``), or a single ``.zip`` of any of
-these (unpacked here: no path may leave the folder, links are left out, the size is bounded).
-Its regular files -- never links -- become one student's folder (named after
-``submission_metadata.json``'s first user) in a folder of submissions, which
-:func:`transformer_lab.course.grade.grade` grades without executing feedback notebooks: only
-the notebooks the student handed in are graded, each check from the grader's own verdicts,
-the student's code in the grader's sandbox. The run then writes
-``$AUTOGRADER_ROOT/results/results.json`` (last, replacing whatever is there):
-
-- a test per check, ``"<NN_topic> · <check>"``: the check's points and its feedback --
-  ``passed (N cases)``, or the failed case with expected against got and a hint;
-- with ``--hidden-visibility`` other than ``visible``: a check with hidden cases gets that
-  visibility, and a visible test of 0 points, ``"... (public cases)"``, says whether its
-  public cases passed (with the failure only when a public case failed); the summary then
-  gives no points either, so that no hidden verdict shows before it should (Gradescope keeps
-  the total from a student while a test is hidden from them);
-- the summary (``output``): the notebooks graded, what of the student's code was graded and
-  what stayed a stub, the files not graded and why, and where the student's code ran;
-  ``stdout_visibility`` hidden (stdout, for the instructor, has the table and the flags).
-
-When the grader cannot start -- no sandbox, solutions it cannot grade, an unusable submission,
-a submission whose notebooks record another course version than the zip's (``make gradescope``
-records it in the zip's package, :mod:`.versions`) -- results.json says why with a score of 0,
-and the run exits 0, so that Gradescope shows it.
-
-**The sandbox.** bubblewrap may be unable to make namespaces inside Gradescope's container.
-By default the sandbox is required: without one nothing is graded, and results.json says so
-and how to rebuild. Built with ``--allow-no-sandbox``, the run grades without one instead --
-the student's code then runs unconfined in the container, where the solutions lie -- and says
-so in the summary and in every test.
+``build`` writes ``autograder.zip``, deterministically: ``setup.sh`` and ``run_autograder`` at
+its root, ``gradescope.json`` (the build's :class:`Config`), the package (recording the course
+version it was built from, :mod:`.versions`), the solution notebooks, ``img/``,
+``requirements.txt``, ``pyproject.toml`` and ``README.md``. ``run`` lays out
+``$AUTOGRADER_ROOT/submission`` (folder, notebooks or one .zip, unpacked safely) as one student's
+folder, grades it with :func:`transformer_lab.course.grade.grade` (no feedback notebooks) and
+writes ``results/results.json``: a test per check, the public-cases tests of
+``--hidden-visibility``, and a summary. When the grader cannot start (no sandbox and no
+``--allow-no-sandbox``, another course version, an unusable submission), results.json says why
+with a score of 0 and the run exits 0. What the student and the instructor see:
+docs/instructors.md, "On Gradescope".
 """
 
 from __future__ import annotations
