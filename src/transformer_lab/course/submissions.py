@@ -1,22 +1,11 @@
 """Finding the submissions in a folder: what each student handed in, and every file skipped.
 
-Two layouts, which may be mixed:
-
-- ``SUBMISSIONS/<student>/...`` -- the student's folder, best the handout folder as they worked
-  in it: ``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py``. Notebooks are found
-  anywhere below it; the core modules in a folder named ``core`` (best
-  ``src/transformer_lab/core/``; with several, the one under ``transformer_lab/``, then the
-  shortest path, is graded);
-- ``SUBMISSIONS/<student>_<NN_topic>.ipynb`` -- one notebook (no package) per file.
-
-Names are matched forgivingly: letter case, spaces, hyphens and dots for underscores, and the
-copies that browsers, file managers and JupyterLab make (``00_gradients (1).ipynb``,
-``00_gradients-Copy1.ipynb``, ``00_gradients copy.ipynb``); a file named after a notebook's
-number alone (``00_grads.ipynb``) is taken when nothing better is there. When a student has
-several candidates for one notebook, the best name wins, then the newest file. Hidden files and
-folders (``.ipynb_checkpoints``, ``__MACOSX``, ``__pycache__``) are ignored; the handout's own
-files, unchanged, are ignored too. Every other file that is not graded is listed with the
-reason (``skipped.csv``).
+Two layouts, which may be mixed: ``SUBMISSIONS/<student>/...`` (notebooks anywhere below it, the
+core modules in a folder named ``core``, best ``src/transformer_lab/core/``) and
+``SUBMISSIONS/<student>_<NN_topic>.ipynb`` (one notebook per file). Names are matched
+forgivingly (:func:`match_notebook`); of several candidates the best name wins, then the newest
+file. Hidden files and the handout's own, unchanged, are ignored; every other file not graded is
+listed with the reason (``skipped.csv``). docs/instructors.md says it for instructors.
 """
 
 from __future__ import annotations
