@@ -303,6 +303,27 @@ def find_regions(lines: list[str], kind: str, report) -> list[Region]:
     return regions
 
 
+def replace_regions(source: str, regions: list[Region], stubs: list[str] | None = None) -> str:
+    """``source`` with each region (markers included) replaced by the line ``stubs[k]``, or
+    removed when there are no ``stubs``."""
+    lines = source.split("\n")
+    out: list[str] = []
+    start = 0
+    for k, region in enumerate(regions):
+        out.extend(lines[start:region.begin])
+        if stubs is not None:
+            out.append(stubs[k])
+        start = region.end + 1
+    out.extend(lines[start:])
+    return "\n".join(out)
+
+
+def raise_line(indent: str, message: str) -> str:
+    """``raise NotImplementedError("<message>")`` at ``indent``, the message as a literal."""
+    literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
+    return f"{indent}raise NotImplementedError({literal})"
+
+
 def _well_formed(marker: re.Match) -> bool:
     """Only BEGIN SOLUTION takes text after the marker (the hint, after ':' or a space)."""
     rest = marker["rest"]

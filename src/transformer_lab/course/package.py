@@ -33,7 +33,13 @@ from pathlib import Path
 
 from transformer_lab import syllabus
 from transformer_lab.course import untrusted, versions
-from transformer_lab.course.assignment import Region, find_regions, has_marker_words
+from transformer_lab.course.assignment import (
+    Region,
+    find_regions,
+    has_marker_words,
+    raise_line,
+    replace_regions,
+)
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
 TOOLS_DIR = "course"
@@ -87,15 +93,10 @@ class CoreModule:
 
     def stubbed(self) -> str:
         """The module as the handout has it: each solution region replaced by its stub."""
-        lines = self.source.split("\n")
-        by_line = sorted(self.functions.values(), key=lambda f: f.region.begin)
-        out, start = [], 0
-        for fn in by_line:
-            out.extend(lines[start:fn.region.begin])
-            out.append(stub_line(fn.name, fn.region.indent, (self.name, fn.place)))
-            start = fn.region.end + 1
-        out.extend(lines[start:])
-        return "\n".join(out)
+        fns = sorted(self.functions.values(), key=lambda f: f.region.begin)
+        return replace_regions(self.source, [f.region for f in fns],
+                               [stub_line(f.name, f.region.indent, (self.name, f.place))
+                                for f in fns])
 
     def definition(self, name: str) -> str:
         """The instructor's whole definition of ``name`` (decorators included)."""
@@ -115,13 +116,7 @@ class CheckModule:
 
     def stripped(self) -> str:
         """The module as the handout has it: every hidden region removed."""
-        lines = self.source.split("\n")
-        out, start = [], 0
-        for region in self.hidden:
-            out.extend(lines[start:region.begin])
-            start = region.end + 1
-        out.extend(lines[start:])
-        return "\n".join(out)
+        return replace_regions(self.source, self.hidden)
 
 
 @dataclass
@@ -135,9 +130,7 @@ class Package:
 
 def stub_line(name: str, indent: str, where: tuple[str, str] | None = None) -> str:
     """``raise NotImplementedError("<syllabus.stub_message(name, where)>")`` at ``indent``."""
-    message = syllabus.stub_message(name, where)
-    literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
-    return f"{indent}raise NotImplementedError({literal})"
+    return raise_line(indent, syllabus.stub_message(name, where))
 
 
 def _label(path: Path, root: Path) -> str:
