@@ -6,9 +6,8 @@
 What a run does, what it writes (grades.csv, skipped.csv, flags.csv, sandbox.csv, feedback/) and
 what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
 package (:mod:`.probe_driver`) runs the student's code in a sandbox (:mod:`.sandbox`) and returns
-plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files (its
-public names, and ``_write_rows``, are importable from here too). Submissions of another course
-version (:mod:`.versions`) are refused before anything is written.
+plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files.
+Submissions of another course version (:mod:`.versions`) are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -47,13 +46,7 @@ from transformer_lab.course.assignment import (
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
 from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
-from transformer_lab.course.kernel_run import (  # noqa: F401  (OutputLimits ... re-exported)
-    LimitedClient,
-    OutputLimits,
-    Run,
-    format_size,
-    run_notebook,
-)
+from transformer_lab.course.kernel_run import format_size, run_notebook
 from transformer_lab.course.package import (
     Package,
     PackageError,
@@ -69,23 +62,14 @@ from transformer_lab.course.probe_driver import (
     reference_free,
     run_probe,
 )
-from transformer_lab.course.reports import (  # noqa: F401  (CSV_COLUMNS ... re-exported)
-    CSV_COLUMNS,
-    FLAG_COLUMNS,
-    SANDBOX_COLUMNS,
-    SKIPPED_COLUMNS,
-    SUMMARY_CELL_ID,
+from transformer_lab.course.reports import (
     CheckResult,
     Graded,
     Outcome,
-    _write_rows,
     add_summary,
     feedback_path,
     flag_rows,
-    format_table,
     print_summary,
-    summary_markdown,
-    write_grades,
     write_reports,
 )
 from transformer_lab.course.sandbox import (

@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 import nbformat
 
 from transformer_lab.checks import framework as F
-from transformer_lab.course import grade, versions
+from transformer_lab.course import grade, reports, versions
 from transformer_lab.course.assignment import (
     AssignmentError,
     format_points,
@@ -409,14 +409,14 @@ def _has_hidden_cases(check_id: str) -> bool:
         return True
 
 
-def feedback(result: grade.CheckResult) -> str:
+def feedback(result: reports.CheckResult) -> str:
     """What a check's test says: ``passed (N cases)`` or why it failed."""
     if result.passed:
         return f"passed ({result.cases} case{'s' * (result.cases != 1)})"
     return result.message
 
 
-def public_verdict(graded: grade.Graded, result: grade.CheckResult) -> tuple[bool, str]:
+def public_verdict(graded: reports.Graded, result: reports.CheckResult) -> tuple[bool, str]:
     """(whether the check's public cases passed, the failure to show): a failure only when a
     public case failed, or when the public cases were not all judged (not a hidden verdict)."""
     if graded.status != "graded":
@@ -429,7 +429,7 @@ def public_verdict(graded: grade.Graded, result: grade.CheckResult) -> tuple[boo
     return False, result.message  # stopped before its public cases were all judged
 
 
-def check_tests(graded: grade.Graded, result: grade.CheckResult, config: Config,
+def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Config,
                 note: str = "") -> list[dict]:
     """The tests of one check: the scored one, and -- where its hidden cases are not visible
     yet -- a visible one of 0 points on its public cases first."""
@@ -455,7 +455,7 @@ def check_tests(graded: grade.Graded, result: grade.CheckResult, config: Config,
     return [public, scored]
 
 
-def summary(outcome: grade.Outcome, config: Config, course: list[str],
+def summary(outcome: reports.Outcome, config: Config, course: list[str],
             left_out: list[tuple[str, str]], sandbox_note: str = "") -> str:
     """The results' top-level output: what was graded, the notes, the files left out, where
     the code ran. Points only where every verdict is visible."""
@@ -493,7 +493,7 @@ def summary(outcome: grade.Outcome, config: Config, course: list[str],
     return "\n".join(lines)
 
 
-def _skipped(outcome: grade.Outcome) -> list[tuple[str, str]]:
+def _skipped(outcome: reports.Outcome) -> list[tuple[str, str]]:
     """(path in the submission, reason) of the files the grader skipped."""
     found = []
     for s in outcome.found.skipped:
@@ -502,7 +502,7 @@ def _skipped(outcome: grade.Outcome) -> list[tuple[str, str]]:
     return found
 
 
-def results_json(outcome: grade.Outcome, config: Config, course: list[str],
+def results_json(outcome: reports.Outcome, config: Config, course: list[str],
                  left_out: list[tuple[str, str]], sandboxed: bool = True) -> dict:
     """Gradescope's results for ``outcome`` (``sandboxed``: whether the code ran in one)."""
     note = "" if sandboxed else NO_SANDBOX_NOTE
@@ -556,7 +556,7 @@ def _version_results(err: grade.VersionError) -> dict:
 
 
 def _grade(submissions: Path, out: Path, source: Path,
-           sandbox: bool) -> grade.Outcome:
+           sandbox: bool) -> reports.Outcome:
     options = grade.Options(source=source / "notebooks", project=source, execute=False,
                             jobs=1, sandbox=sandbox)
     try:
@@ -570,7 +570,7 @@ class _SandboxMissing(Exception):
 
 
 def _grade_here(submissions: Path, out: Path, source: Path,
-                config: Config) -> tuple[grade.Outcome, bool]:
+                config: Config) -> tuple[reports.Outcome, bool]:
     """(the outcome, whether the code ran in a sandbox): graded in the sandbox, or -- where
     none can be made and the build allows it -- without one; else :class:`_SandboxMissing`."""
     try:
@@ -608,10 +608,10 @@ def autograde(root: Path, config: Config) -> dict:
         return results_json(outcome, config, course, left_out, sandboxed)
 
 
-def _report(outcome: grade.Outcome) -> None:
+def _report(outcome: reports.Outcome) -> None:
     """What the instructor sees in Gradescope's stdout: the table, the flags, the sandbox."""
     if outcome.graded:
-        print("\n" + grade.format_table(outcome.graded))
+        print("\n" + reports.format_table(outcome.graded))
     for row in outcome.flags:
         print("flag: " + " | ".join(str(x) for x in row))
     print(f"students' code ran in: {outcome.sandbox}")
