@@ -46,7 +46,7 @@ from transformer_lab.course.assignment import (
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
 from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
-from transformer_lab.course.kernel_run import format_size, run_notebook
+from transformer_lab.course.kernel_run import format_size, one_line, run_notebook
 from transformer_lab.course.package import (
     Package,
     PackageError,
@@ -94,7 +94,6 @@ DEFAULT_PROBE_TIMEOUT = 600
 MAX_NOTEBOOK_BYTES = 50_000_000
 #: What stands for the temporary folders of a grading run in feedback and messages.
 WORKDIR_MARK = "<grading folder>"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # --- reading a submitted notebook, restoring the instructor's checks ---------------------------
@@ -383,7 +382,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
                 want = grader.expected(check.cell_id, case)
             except Exception as exc:  # the reference failed: not the student's fault
                 message = (f"not graded: the instructor's reference failed on case "
-                           f"{case.name!r} ({type(exc).__name__}: {_one_line(str(exc))})")
+                           f"{case.name!r} ({type(exc).__name__}: {one_line(str(exc))})")
                 break
             verdict = F.judge(chk, case, outcome, want)
             judged += 1
@@ -449,7 +448,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                              "its outputs: Edit > Clear Outputs of All Cells, then save)")
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
-        reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
+        reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
         graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                               for c in assignment.checks], "unreadable")
         graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
@@ -553,11 +552,6 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
             for key, value in output.get("data", {}).items():
                 if key.startswith("text/"):
                     output["data"][key] = clean(value)
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(_ANSI.sub("", text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- feedback (what it says: .reports) --------------------------------------------------------
@@ -709,7 +703,7 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
         try:
             g = grade_submission(grader, found.students[student], notebook, found)
         except Exception as exc:  # a bug here must not cost the other students their grades
-            reason = f"not graded: {type(exc).__name__}: {_one_line(str(exc))}"
+            reason = f"not graded: {type(exc).__name__}: {one_line(str(exc))}"
             g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                            for c in assignment.checks], "grading error")
         with grader.lock:

@@ -119,8 +119,6 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
     parsed instructor's package; core_files: the student's core modules by name (None: none
     handed in).
     """
-    import shutil
-
     shutil.copytree(handout_src / "transformer_lab", dest / "transformer_lab")
     overlay = Overlay()
     taught = syllabus.notebook_functions(notebook)
@@ -157,20 +155,15 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
 def reference_free(dest: Path) -> None:
     """Turn the package in ``dest/transformer_lab`` (a copy of the handout form) into the
     probe's: no method of a check computes an answer, no stored answers."""
-    import shutil
-
     checks = dest / "transformer_lab" / "checks"
     for path in sorted(checks.glob("nb*.py")):
         path.write_text(_without_references(path.read_text(encoding="utf-8")), encoding="utf-8")
     shutil.rmtree(checks / "data", ignore_errors=True)
 
 
-@functools.lru_cache(maxsize=64)
-def _without_references(source: str) -> str:
-    """:func:`without_references`, once per check module and grading run (every probe package
-    has the same check modules; parsing them took 2.4 of the 3.1 s that making the 11 probe
-    packages of a student took)."""
-    return without_references(source)
+#: :func:`without_references`, once per check module and grading run (every probe package has
+#: the same check modules; parsing them took 2.4 of the 3.1 s of a student's 11 probe packages).
+_without_references = functools.lru_cache(maxsize=64)(without_references)
 
 
 # --- running the probe ----------------------------------------------------------------------
