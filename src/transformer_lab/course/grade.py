@@ -67,7 +67,6 @@ from transformer_lab.course.reports import (
     Graded,
     Outcome,
     add_summary,
-    feedback_path,
     flag_rows,
     print_summary,
     write_reports,
@@ -560,7 +559,7 @@ def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
     (:mod:`.reports` makes the summary)."""
     add_summary(nb, graded, grader.timeout, grader.execute, grader.sandbox.describe())
-    dest = feedback_path(grader.out, graded)
+    dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
     with grader.lock:  # what the grader writes into out is known to its ledger at once
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)

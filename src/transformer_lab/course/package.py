@@ -1,24 +1,16 @@
 """The package's side of the exercises: solution regions in ``core/``, hidden tests in ``checks/``.
 
-Every function of ``transformer_lab/core/*.py`` holds the code the student writes between a
-``### BEGIN SOLUTION NN §S`` and an ``### END SOLUTION`` line, at the top level of its body (the
-BEGIN line names the notebook and section teaching it, :mod:`transformer_lab.syllabus`); a check
-module ``transformer_lab/checks/nbNN_topic.py`` may hold hidden cases and a hidden reference
-between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``. :func:`parse_package` checks
-these markers as strictly as :mod:`.assignment` checks the notebooks' -- every problem with its
-file and line -- and the functions below make the forms of the package the tools need:
+:func:`parse_package` checks the markers of ``transformer_lab/`` as strictly as
+:mod:`.assignment` checks the notebooks' (the convention: docs/maintainers.md, "Writing
+exercises") -- every problem with its file and line; marker words anywhere but in a core module,
+a check module and the course tools are an error too. From it come the forms the tools need:
 
-- the **handout** (:func:`write_handout_package`): each core solution region replaced by
-  ``raise NotImplementedError(<syllabus.stub_message(name)>)``, each hidden region removed, the
-  public answers stored for every check whose reference was hidden, the course tools left out,
-  and the record of the build added (``transformer_lab/_built.py``: the course version's commit,
-  and the syllabus that the stubbed core no longer says);
+- the **handout** (:func:`write_handout_package`): core solution regions stubbed
+  (:func:`stub_line`), hidden regions removed, the public answers stored for checks whose
+  reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
-  handout's core with chosen functions put back -- the instructor's definition or a student's,
-  taken out of a module's source by its syntax tree.
-
-Marker words anywhere else in the package (outside ``transformer_lab/course/``, the tools that
-define them, which the handout leaves out) are an error too.
+  handout's core with chosen functions put back, the instructor's or a student's, taken out of a
+  module's source by its syntax tree.
 """
 
 from __future__ import annotations

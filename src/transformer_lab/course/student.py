@@ -3,17 +3,11 @@
     python -m transformer_lab.course.student                  # notebooks/ -> build/student/
     python -m transformer_lab.course.student --out handout    # somewhere else
 
-In each notebook every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a stub
-that raises ``NotImplementedError("Exercise: <hint>")``, outputs are cleared, and check cells are
-kept (locked against editing and deletion, as nbgrader does), and the course version it was
-built from is recorded in its metadata (:mod:`.versions`). Beside the notebooks go the
-package (``src/``, ``pyproject.toml``) in its handout form (:mod:`.package`): the body of every
-core function replaced by ``raise NotImplementedError(<syllabus.stub_message(name)>)``, the
-hidden tests of the check modules removed, the public answers stored for checks whose reference
-was hidden, the course tools left out -- plus ``requirements.txt``, ``img/`` and a README for
-students. Not the instructors' tests. A misplaced or unbalanced marker, in a notebook or in the
-package, stops the build before anything is written, with its notebook, cell and line or its
-file and line (see :mod:`.assignment` and :mod:`.package`).
+Each notebook's solution regions become stubs raising ``NotImplementedError("Exercise:
+<hint>")``, outputs are cleared, check cells are locked (as nbgrader does) and the course version
+is recorded (:mod:`.versions`). Beside them: the package in its handout form (:mod:`.package`),
+``pyproject.toml``, ``requirements.txt``, ``img/`` and a README for students. A misplaced or
+unbalanced marker stops the build before anything is written (:mod:`.assignment`).
 """
 
 from __future__ import annotations
