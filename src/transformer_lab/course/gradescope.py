@@ -556,31 +556,24 @@ def _version_results(err: grade.VersionError) -> dict:
 
 
 def _grade(submissions: Path, out: Path, source: Path,
-           sandbox: bool) -> reports.Outcome:
-    options = grade.Options(source=source / "notebooks", project=source, execute=False,
-                            jobs=1, sandbox=sandbox)
-    try:
-        return grade.grade(submissions, out, options)
-    except SystemExit as err:  # the grader's checks of its folders end with SystemExit
-        raise grade.GradingError(str(err).removeprefix("error: ")) from None
-
-
-class _SandboxMissing(Exception):
-    """No sandbox, and the build does not allow grading without one; the message: why."""
-
-
-def _grade_here(submissions: Path, out: Path, source: Path,
-                config: Config) -> tuple[reports.Outcome, bool]:
+           config: Config) -> tuple[reports.Outcome, bool]:
     """(the outcome, whether the code ran in a sandbox): graded in the sandbox, or -- where
-    none can be made and the build allows it -- without one; else :class:`_SandboxMissing`."""
+    none can be made and the build allows it -- without one; else grade.NoSandboxError."""
+    def run(sandbox: bool) -> reports.Outcome:
+        options = grade.Options(source=source / "notebooks", project=source, execute=False,
+                                jobs=1, sandbox=sandbox)
+        try:
+            return grade.grade(submissions, out, options)
+        except SystemExit as err:  # the grader's checks of its folders end with SystemExit
+            raise grade.GradingError(str(err).removeprefix("error: ")) from None
+
     try:
-        return _grade(submissions, out, source, sandbox=True), True
+        return run(True), True
     except grade.NoSandboxError as err:
-        problem = err.reason
-    if not config.allow_no_sandbox:
-        raise _SandboxMissing(problem)
-    print(f"WARNING: grading without a sandbox: {problem}")
-    return _grade(submissions, out, source, sandbox=False), False
+        if not config.allow_no_sandbox:
+            raise
+        print(f"WARNING: grading without a sandbox: {err.reason}")
+    return run(False), False
 
 
 def autograde(root: Path, config: Config) -> dict:
@@ -592,12 +585,12 @@ def autograde(root: Path, config: Config) -> dict:
         try:
             left_out = lay_out(root / "submission",
                                submissions / student_name(root / "submission_metadata.json"))
-            outcome, sandboxed = _grade_here(submissions, Path(tmp) / "grades", source, config)
+            outcome, sandboxed = _grade(submissions, Path(tmp) / "grades", source, config)
         except SubmissionError as err:
             return failure(f"Your submission could not be graded: {err}")
-        except _SandboxMissing as err:
-            print(f"no sandbox: {err}")
-            return _no_sandbox_results(str(err))
+        except grade.NoSandboxError as err:
+            print(f"no sandbox: {err.reason}")
+            return _no_sandbox_results(err.reason)
         except grade.VersionError as err:
             print(f"error: {err.sentence('make gradescope')}")
             return _version_results(err)
