@@ -49,6 +49,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.package import PackageError, parse_package
+from transformer_lab.course.submissions import is_hidden
 
 ZIP_NAME = "autograder.zip"
 CONFIG_NAME = "gradescope.json"
@@ -261,11 +262,6 @@ def build(source: Path, project: Path, out: Path, config: Config | None = None,
 
 # --- laying out a submission ------------------------------------------------------------------
 
-def _ignored(parts: tuple[str, ...]) -> bool:
-    """Hidden files and folders, as the grader ignores them (``.git``, ``__MACOSX``)."""
-    return any(p.startswith((".", "__")) or p == "Thumbs.db" for p in parts)
-
-
 class _Budget:
     """What may still be copied or unpacked of one submission."""
 
@@ -300,12 +296,12 @@ def copy_submission(submission: Path, dest: Path) -> list[tuple[str, str]]:
             rel = (here / name).relative_to(submission)
             if (here / name).is_symlink():
                 left_out.append((rel.as_posix(), "a link: not followed, not graded"))
-            if _ignored(rel.parts) or (here / name).is_symlink():
+            if is_hidden(rel) or (here / name).is_symlink():
                 dirs.remove(name)
         for name in sorted(files):
             path = here / name
             rel = path.relative_to(submission)
-            if _ignored(rel.parts):
+            if is_hidden(rel):
                 continue
             mode = path.lstat().st_mode
             if not stat.S_ISREG(mode):
@@ -344,7 +340,7 @@ def extract_submission(archive: Path, dest: Path) -> list[tuple[str, str]]:
         for info in zf.infolist():
             where = f"{archive.name}: {info.filename}"
             rel = _member_path(info.filename)
-            if info.is_dir() or (rel is not None and _ignored(rel.parts)):
+            if info.is_dir() or (rel is not None and is_hidden(rel)):
                 continue
             if rel is None:
                 left_out.append((where, "a path outside the zip's folder: not unpacked"))
@@ -372,7 +368,7 @@ def lay_out(submission: Path, dest: Path) -> list[tuple[str, str]]:
     of its single .zip; return (path, reason) for what was left out."""
     if not submission.is_dir():
         raise SubmissionError("the autograder found no submission folder: nothing to grade")
-    entries = [e for e in sorted(submission.iterdir()) if not _ignored((e.name,))]
+    entries = [e for e in sorted(submission.iterdir()) if not is_hidden(Path(e.name))]
     dest.mkdir(parents=True)
     only = entries[0] if len(entries) == 1 else None
     if only is not None and only.suffix.lower() == ".zip" and not only.is_symlink() \

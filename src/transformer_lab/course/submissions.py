@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from transformer_lab import syllabus
 
@@ -109,7 +109,8 @@ def match_flat(stem: str, notebooks: list[str]) -> tuple[str, str, tuple] | None
     return None
 
 
-def _hidden(rel: Path) -> bool:
+def is_hidden(rel: PurePath) -> bool:
+    """Whether the grader ignores ``rel``: hidden files and folders (``.git``, ``__MACOSX``)."""
     return any(part.startswith((".", "__")) or part == "Thumbs.db" for part in rel.parts)
 
 
@@ -164,7 +165,7 @@ def find_submissions(folder: Path, notebooks: list[str],
 
     for entry in sorted(folder.iterdir()):
         rel = entry.relative_to(folder)
-        if _hidden(rel):
+        if is_hidden(rel):
             continue
         if entry.is_symlink():
             skip("", entry, LINK_REASON)
@@ -203,7 +204,7 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
                   candidate) -> None:
     files = []
     for p in sorted(root.rglob("*")):  # rglob does not enter linked folders
-        if _hidden(p.relative_to(root)):
+        if is_hidden(p.relative_to(root)):
             continue
         if p.is_symlink():
             skip(work.name, p, LINK_REASON)
