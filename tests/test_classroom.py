@@ -404,7 +404,7 @@ def test_processes_left_by_a_crashed_kernel_are_stopped(kernel_runs):
 
 def test_a_cell_that_prints_for_ever_keeps_a_bounded_output(kernel_runs):
     nb, _ = kernel_runs[0]["loop"]
-    limits = grade.OutputLimits()
+    limits = kernel_run.OutputLimits()
     assert len(nbformat.writes(nb)) < 3 * limits.printed_per_cell
     streams = [o for o in nb.cells[0].outputs if o.output_type == "stream"]
     printed = "".join(o.text for o in streams[:-1])
@@ -425,9 +425,9 @@ def test_output_kept_while_a_cell_runs_is_bounded():
     would send them (no kernel needed)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("spam()"),
                                          nbformat.v4.new_code_cell("more()")])
-    limits = grade.OutputLimits(printed_per_cell=10_000, rich_per_cell=50_000,
+    limits = kernel_run.OutputLimits(printed_per_cell=10_000, rich_per_cell=50_000,
                                 per_notebook=70_000, error_text=1_000)
-    client = grade.LimitedClient(nb, limits=limits)
+    client = kernel_run.LimitedClient(nb, limits=limits)
     client.clear_before_next_output = False  # set when a cell starts
     first, second = nb.cells
 

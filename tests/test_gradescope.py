@@ -47,7 +47,7 @@ from course_helpers import (
 )
 
 from transformer_lab import syllabus
-from transformer_lab.course import grade, versions
+from transformer_lab.course import grade, reports, versions
 from transformer_lab.course import gradescope as G
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -482,11 +482,11 @@ def test_links_in_a_submission_are_never_followed(tmp_path):
                     ("src/transformer_lab/core/layers.py", "a link: not followed, not graded")]
 
 
-def _graded(status="graded", **result) -> tuple[grade.Graded, grade.CheckResult]:
-    r = grade.CheckResult(**{"check": "check-softmax-forward", "points": 0, "max_points": 2,
+def _graded(status="graded", **result) -> tuple[reports.Graded, reports.CheckResult]:
+    r = reports.CheckResult(**{"check": "check-softmax-forward", "points": 0, "max_points": 2,
                              "message": "case 'x': expected 1, got 2", "cases": 7, "public": 6,
                              "failed_case": 6, **result})
-    return grade.Graded("student", "01_attention", [r], status), r
+    return reports.Graded("student", "01_attention", [r], status), r
 
 
 @pytest.mark.parametrize("visibility", ["after_due_date", "after_published", "hidden"])

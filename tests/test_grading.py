@@ -53,7 +53,15 @@ from course_helpers import (
 
 from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
-from transformer_lab.course import assignment, flags, grade, probe_driver, student, versions
+from transformer_lab.course import (
+    assignment,
+    flags,
+    grade,
+    probe_driver,
+    reports,
+    student,
+    versions,
+)
 from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import (
     find_submissions,
@@ -84,7 +92,7 @@ def points(grades: Path, student: str, notebook: str = "01_attention") -> dict[s
 
 def summary(grades: Path, who: str, notebook: str = "01_attention") -> str:
     nb = nbformat.read(grades / "feedback" / who / f"{notebook}.ipynb", as_version=4)
-    assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+    assert nb.cells[0].id == reports.SUMMARY_CELL_ID
     return nb.cells[0].source
 
 
@@ -424,7 +432,7 @@ def test_checks_are_restored_by_id_then_grade_id_after_the_cell_before_them(grad
         before = nb.cells[1 + positions[cid] - 1]
         assert before.source == notebook_01().cells[source.index(cid) - 1].source, cid
     assert order.index("renamed-1") < min(positions.values())  # below the first code cell
-    assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+    assert nb.cells[0].id == reports.SUMMARY_CELL_ID
     # a deleted check and one replaced by a print: the instructor's, where they were
     assert points(graded, "tampered") == {**POINTS_01, "check-cosine-attention": 0}
     nb = nbformat.read(graded / "feedback" / "tampered" / "01_attention.ipynb", as_version=4)
@@ -509,7 +517,7 @@ def test_feedback_notebooks_are_valid(graded, executed):
         for path in (grades / "feedback").rglob("*.ipynb"):
             nb = nbformat.read(path, as_version=4)
             nbformat.validate(nb)
-            assert nb.cells[0].id == grade.SUMMARY_CELL_ID
+            assert nb.cells[0].id == reports.SUMMARY_CELL_ID
             assert not re.search(r"[/\\](grading|probe)-[a-z0-9_]{8}\b", json.dumps(nb)), path
 
 

@@ -37,7 +37,7 @@ from course_helpers import (
     write,
 )
 
-from transformer_lab.course import grade, sandbox, student
+from transformer_lab.course import grade, reports, sandbox, student
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = sum(POINTS_01.values())
@@ -625,7 +625,7 @@ def test_a_file_built_to_break_the_parser_or_the_csv_costs_nothing_else(tmp_path
                        folder=tmp_path / "s")
     assert grade.core_flags(work, tmp_path) == []
     name = os.fsdecode(b"bad\xffname")
-    grade._write_rows(tmp_path / "x.csv", ("student", "sandbox"), [[name, "none"]])
+    reports._write_rows(tmp_path / "x.csv", ("student", "sandbox"), [[name, "none"]])
     assert (tmp_path / "x.csv").read_text() == "student,sandbox\nbad\\udcffname,none\n"
 
 

@@ -1,22 +1,14 @@
 """What the classroom tools share: the markers, nbgrader's cell metadata, and their checks.
 
-The solution notebooks in ``notebooks/`` are the source of every assignment (the package's side,
-the core functions and the check classes, is :mod:`.package`'s). Two kinds of cells matter to
-the tools, both declared with nbgrader's cell metadata (schema version 3):
-
-- an **exercise** cell (``metadata.nbgrader.solution: true``) holds one or more regions
-  between ``### BEGIN SOLUTION`` and ``### END SOLUTION``; the student version replaces each
-  region with a stub that raises ``NotImplementedError``. Text after the BEGIN marker
-  (``### BEGIN SOLUTION: flatten the leading axes``) is the hint the stub shows;
-- a **check** cell (``metadata.nbgrader.grade: true`` with ``points``) is one line,
-  ``check("<its id>", <notebook functions>...)`` (:func:`parse_check_call`); its hidden cases
-  live in the check class. Legacy check cells (asserts, with an optional region between
-  ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``, removed from the student version)
-  are still handed out, but ``make grade`` refuses them.
-
-``grade_id`` equals the cell id: the tools match cells by id, nbgrader by ``grade_id``.
-:func:`parse_notebook` checks all of this and reports every problem with its notebook, cell
-and line, so that a misplaced marker can never ship a solution to students.
+The solution notebooks are the source of every assignment (the package's side is
+:mod:`.package`'s). An **exercise** cell (``metadata.nbgrader.solution: true``) holds regions
+between ``### BEGIN SOLUTION[: hint]`` and ``### END SOLUTION`` that the student version stubs;
+a **check** cell (``grade: true`` with ``points``) is one line, ``check("<its id>", ...)``
+(:func:`parse_check_call`); legacy check cells (asserts, optional hidden-tests regions) are
+handed out but ``make grade`` refuses them. ``grade_id`` equals the cell id. The convention:
+docs/maintainers.md, "Writing exercises". :func:`parse_notebook` checks all of it and reports
+every problem with its notebook, cell and line, so that a misplaced marker never ships a
+solution. Also here: the output folders the tools may empty (:func:`fresh_output_dir`).
 """
 
 from __future__ import annotations
@@ -301,6 +293,27 @@ def find_regions(lines: list[str], kind: str, report) -> list[Region]:
     if open_at is not None:
         report(f"### BEGIN {kind} has no ### END {kind}", open_at + 1)
     return regions
+
+
+def replace_regions(source: str, regions: list[Region], stubs: list[str] | None = None) -> str:
+    """``source`` with each region (markers included) replaced by the line ``stubs[k]``, or
+    removed when there are no ``stubs``."""
+    lines = source.split("\n")
+    out: list[str] = []
+    start = 0
+    for k, region in enumerate(regions):
+        out.extend(lines[start:region.begin])
+        if stubs is not None:
+            out.append(stubs[k])
+        start = region.end + 1
+    out.extend(lines[start:])
+    return "\n".join(out)
+
+
+def raise_line(indent: str, message: str) -> str:
+    """``raise NotImplementedError("<message>")`` at ``indent``, the message as a literal."""
+    literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
+    return f"{indent}raise NotImplementedError({literal})"
 
 
 def _well_formed(marker: re.Match) -> bool:

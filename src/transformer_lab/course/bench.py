@@ -1,59 +1,16 @@
 """Time the NumPy twins against PyTorch's eager CPU autograd.
 
-    python -m transformer_lab.course.bench
+    python -m transformer_lab.course.bench              # the encoder-decoder's modules
+    python -m transformer_lab.course.bench --model gpt  # the GPT's training step
 
-One *step* is what a training step does with the module: forward, then backward of
-``loss = sum(out * dout)`` -- gradients of the inputs and of every parameter. Both sides get the
-same weights (the twin is built with :func:`transformer_lab.reference.interop.from_torch`), the same
-float32 batch, the same masks (a causal mask for the decoder, key padding masks with a few padded
-positions) and the same upstream gradient. The twins compute with the core, as the handout
-does. Before anything is timed, the twin is checked to compute what the module computes: a
-float64 copy of each, same weights and inputs, must agree on the output and the input gradients
-to a relative error of 1e-10 -- a benchmark of two computations that differ would mean nothing.
-(The check is not made in float32: there the two sides legitimately differ by more than
-rounding, e.g. 3 % on one row of an input gradient where a ReLU input lies within float32
-rounding of zero and the two sides' float32 intermediates fall on either side of the kink.)
-
-How the timing stays meaningful on a busy machine (:func:`paired_times`): the two sides are
-timed in *rounds*, one step of each, back to back, in an order that alternates from round to
-round, after a few untimed warm-up rounds. Each round gives one ratio numpy/torch of two steps
-taken within milliseconds of each other, so a load that slows the machine for a while slows
-both alike and mostly cancels out of the ratio. The table reports the median time of each side
-and the median of the per-round ratios with their interquartile range (the middle half of the
-rounds' ratios): a narrow range means a trustworthy ratio; a wide one says the machine was too
-busy -- run again, or with more ``--repeats``.
-
-Threads: one for NumPy's BLAS and one for torch by default (``--threads N`` for N each;
-:func:`transformer_lab.notebook.limit_threads`). One thread is what the course compares (its
-matrices are small), and a multi-threaded BLAS on a machine whose cores are busy swings by
-10-100x from one call to the next.
-
-Clock: with one thread a step is timed in the CPU time this process used
-(:func:`time.process_time`): while other processes hold the cores, wall-clock time counts the
-waiting too, CPU time does not, so the numbers hardly move with the machine's load. With
-``--threads`` above 1 the default is wall-clock time (CPU time would add up the threads);
-``--clock`` chooses either.
-
-Before it starts, the benchmark says how long it should take (from a short calibration of this
-machine's speed, see :func:`estimate_seconds`); while it runs, it reports each size on stderr
-with the time elapsed and an updated estimate of the time left. The table goes to stdout.
-
-Options: ``--quick`` (tiny sizes, a few rounds: checks that everything runs), ``--d-model``,
-``--batch``, ``--length``, ``--heads``, ``--layers``, ``--repeats``, ``--warmup``,
-``--modules``, ``--no-masks``, ``--threads``. See ``--help``.
-
-**The GPT** (``--model gpt``): a training step of :class:`transformer_lab.models.gpt.GPT` --
-``model.loss(ids)``, the loss and every gradient -- against its PyTorch twin
-(:class:`transformer_lab.reference.torch_gpt.TorchGPT`, ``from_numpy``: the same weights) on the
-same batch of token ids, ``twin.loss(ids).backward()``. By default B = 8 sequences of T = 128
-tokens, 4 layers, a vocabulary of 98 (the character model's), at d_model 96 (4 heads) and 256
-(8 heads), with the 2017 / GPT-2 block (``--blocks classic``) and the modern one (``modern``:
-RMSNorm, SwiGLU, RoPE, grouped-query attention with half as many key/value heads). The model
-computes with the core, as the handout does. Checked first in float64: the same loss and
-gradients as the twin to 1e-10. Each round times a torch step and a NumPy step, in an order that
-alternates; the table gives each side's rate of matrix-product arithmetic
-(:func:`gpt_step_flops`, GFLOP/s), and the last line sums up the sizes as for the
-encoder-decoder.
+One *step* is forward, then backward of ``loss = sum(out * dout)`` (for the GPT,
+``model.loss(ids)`` and every gradient), both sides with the same weights
+(:func:`transformer_lab.reference.interop.from_torch`, ``TorchGPT.from_numpy``), float32 batch,
+masks and upstream gradient; each twin is first checked in float64 to compute what its module
+computes (1e-10). :func:`paired_times` times the two sides in alternating rounds and reports
+medians and the per-round ratio's interquartile range; one thread each and CPU time by default
+(``--threads``, ``--clock``). How and why: docs/maintainers.md, "Benchmarks". See ``--help``
+for the options.
 """
 
 from __future__ import annotations

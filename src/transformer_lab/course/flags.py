@@ -3,24 +3,10 @@
 The grader's verdicts do not depend on what a student's code does to its own process (see
 :mod:`.probe_driver`), but an attempt is worth seeing even when it earned nothing.
 :func:`scan_python` reads code -- a notebook's cells, a submitted core module -- by its syntax
-tree and reports, with the line and the code:
-
-- IPython's and the kernel's machinery: ``get_ipython``, ``events``, ``set_custom_exc``, input
-  and AST transformers, ``showtraceback``, ``run_cell``, ``clear_output``, ``sys.excepthook``;
-- patching: assignments to attributes of imported modules and objects, ``setattr``, rebinding an
-  imported name (``check = lambda *a: None``), ``sys.modules``, ``builtins``, ``importlib``,
-  ``__import__``, mocks;
-- copying or reading function code: ``types.FunctionType``, ``__code__``, ``__globals__``,
-  ``inspect.getsource``, ``marshal``;
-- frames and the interpreter: ``sys._getframe``, ``f_back``/``f_globals``, ``gc``, ``ctypes``,
-  ``sys.settrace``;
-- ending the process: ``atexit``, ``os._exit``, ``sys.exit``, ``exit()``, signals;
-- other processes: ``subprocess``, ``os.system``, ``os.popen``, ``os.exec*``, shell lines (``!``);
-- files written outside the working folder (an absolute or ``..`` path, or one computed at run
-  time): ``open(..., "w")``, ``write_text``, ``shutil``, ``os.remove`` ..., ``%%writefile``;
-- code run from strings: ``eval``, ``exec``, ``compile``;
-- the checks' internals (a check's ``expected``, stored answers, ``transformer_lab.checks.*``
-  modules, the grader's tools) and, in a core module, torch.
+tree and reports, with the line and the code, what the sets below name: IPython's and the
+kernel's machinery, patching, copying function code, frames, ending the process, other
+processes, files written outside the working folder, code run from strings, the checks'
+internals and, in a core module, torch (docs/instructors.md, "Grading", item 5).
 """
 
 from __future__ import annotations

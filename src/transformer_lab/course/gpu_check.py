@@ -7,29 +7,17 @@ this package only. About 7.5 minutes at the defaults (``--quick``: about one min
 Each part is recorded whatever the others do (an error is recorded, and the run goes on):
 
 1. **parity** -- the GPT's loss and every gradient on CuPy against the NumPy CPU run of the same
-   float32 model and batch, for the classic block, the modern one (RoPE, grouped-query
-   attention) and tiled attention, at d_model 96 and 384: each array's relative error (its
-   largest difference over its largest magnitude), pass mark 1e-5; and a sampled continuation
-   (``generate`` with top-k and top-p) on the GPU.
-2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64: the
-   core on CuPy (loss and gradients, clipping, the core's Adam with decoupled weight decay in
-   the trainer's two groups) against the PyTorch twin's eager step on the same GPU (forward,
-   backward, ``clip_grad_norm_``, ``AdamW`` with the same groups); interleaved rounds, the GPU
-   synchronised after each step, medians; each side's forward and backward alone too. Target:
-   at most 2x.
-3. **training** -- a character-level GPT on the course corpus through the real trainer
-   (``train_charlm``, device cuda) for ``--budget`` seconds of steps, against the shipped CPU
-   checkpoint (1.397 validation bits per character, evaluated again here: the corpus is the
-   installed NumPy's docstrings). The run: the shipped model's shape (d_model 96, 4 layers, 128
-   positions, 0.47 M parameters) at 8 times its batch, with weight decay 0.1, for as many steps
-   as the budget holds at the step time measured first (so that the cosine schedule ends with
-   the budget). Why: the shipped run was still improving at its last step, and its gap between
-   training (1.01) and validation (1.40) says the corpus, not the model's size, limits it -- a
-   10.8 M model overfit it after about 1,000 steps; the same small model seeing 8 times the
-   tokens a step, for more steps, with the decay that helped it in notebook 13, is the safe bet.
+   float32 model and batch (classic and modern blocks, tiled attention; d_model 96 and 384),
+   each array's relative error against 1e-5, and a sampled continuation on the GPU;
+2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64 (loss,
+   gradients, clipping, the core's AdamW) against the PyTorch twin's eager step on the same GPU;
+   interleaved rounds, medians. Target: at most 2x;
+3. **training** -- a character-level GPT on the course corpus through the real trainer for
+   ``--budget`` seconds (the shipped model's shape at 8 times its batch, weight decay 0.1)
+   against the shipped CPU checkpoint's 1.397 validation bits per character.
 
 Writes ``DIR/gpu_record.json`` (machine, versions, every figure, the command) and a summary on
-stdout.
+stdout. docs/results.md, "The core on a GPU", says what it measures for readers.
 """
 
 from __future__ import annotations

@@ -1,57 +1,13 @@
-"""Grade students' work -- notebooks and their package's core -- with verdicts their code cannot
-reach.
+"""Grade students' notebooks and core modules with verdicts their code cannot reach.
 
     python -m transformer_lab.course.grade SUBMISSIONS                  # -> build/grades/
     python -m transformer_lab.course.grade SUBMISSIONS --out grades-week3 --timeout 120
 
-``SUBMISSIONS`` holds one folder per student -- the handout folder as they worked in it,
-``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py`` -- or flat
-``<student>_<NN_topic>.ipynb`` files (notebooks only), or both; names are matched forgivingly
-(see :mod:`.submissions`). For each student and each notebook N that anyone handed in:
-
-1. a **probe package** is made from the handout form of the instructor's package, with the
-   student's own definitions of the functions N teaches, the instructor's of the functions
-   earlier notebooks teach, and stubs for the rest (:mod:`.probe_driver`);
-2. the **probe**, a fresh Python in an empty folder, runs the student's first code cell, the
-   definitions (functions, classes, imports) of the other cells and the exercise cells,
-   then every check of N on every case the grader generated for it (public
-   and hidden, with inputs the notebook never showed), and writes back what the student's
-   functions returned, as plain data;
-3. the grader, in its own process, computes the expected answers with the instructor's checks
-   and judges each case; a check earns its points (from its cell's metadata in the solution
-   notebook) when every case passes, and 0 -- with the case, expected against got, and a hint
-   -- otherwise, or when its evidence is missing (the probe crashed, exited, ran past a time
-   limit or wrote something unreadable);
-4. the **feedback** is the student's notebook with the instructor's check cells restored (by
-   cell id, then by nbgrader ``grade_id``, each after the cell that preceded it), executed in a
-   fresh kernel on the probe package, with a summary cell on top built from the verdicts --
-   never from the kernel's outputs;
-5. the student's code is **scanned** for what reaches into the grader's or IPython's machinery.
-
-Submissions of another course version (as their notebooks record it, :mod:`.versions`) are not
-graded: the run stops before writing anything, naming the version that grades them. Written to
-``--out`` (emptied first; it must be a folder these tools wrote, apart from the submissions and
-the solutions), the same bytes for the same submissions on every run:
-
-- ``grades.csv``: student, notebook, check, points, max_points -- a row per student, notebook
-  handed in by anyone, and check (a notebook a student did not hand in scores 0);
-- ``skipped.csv``: student, file, reason -- every file not graded (the handout's own files,
-  unchanged, and hidden files aside);
-- ``flags.csv``: student, notebook, where, line, what, code -- see :mod:`.flags`;
-- ``sandbox.csv``: student, sandbox -- what each student's code ran in;
-- ``feedback/<student>/<NN_topic>.ipynb``.
-
-This module runs the grading (options, the grader's run, the ledger of the output folder, the
-parallel jobs); :mod:`.reports` holds what a run found (:class:`Graded`, :class:`Outcome`) and
-turns it into the files above and the summary printed at the end (its public names, and
-``_write_rows``, are importable from here too).
-
-Every run of a student's code -- each probe, each feedback kernel -- happens in a sandbox of its
-own (:mod:`.sandbox`: bubblewrap; no network, no other processes, no files but Python's and its
-own, limits on memory, processes and file sizes). Where bubblewrap is missing the grader stops
-and says how to install it; ``--no-sandbox`` grades without one, with the students' code running
-with your permissions, and says so in the summary, in ``sandbox.csv`` and in every feedback.
-``--jobs N`` grades N notebooks at once; the files written are the same for every N.
+What a run does, what it writes (grades.csv, skipped.csv, flags.csv, sandbox.csv, feedback/) and
+what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
+package (:mod:`.probe_driver`) runs the student's code in a sandbox (:mod:`.sandbox`) and returns
+plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files.
+Submissions of another course version (:mod:`.versions`) are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -90,13 +46,7 @@ from transformer_lab.course.assignment import (
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
 from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
-from transformer_lab.course.kernel_run import (  # noqa: F401  (OutputLimits ... re-exported)
-    LimitedClient,
-    OutputLimits,
-    Run,
-    format_size,
-    run_notebook,
-)
+from transformer_lab.course.kernel_run import format_size, one_line, run_notebook
 from transformer_lab.course.package import (
     Package,
     PackageError,
@@ -112,23 +62,13 @@ from transformer_lab.course.probe_driver import (
     reference_free,
     run_probe,
 )
-from transformer_lab.course.reports import (  # noqa: F401  (CSV_COLUMNS ... re-exported)
-    CSV_COLUMNS,
-    FLAG_COLUMNS,
-    SANDBOX_COLUMNS,
-    SKIPPED_COLUMNS,
-    SUMMARY_CELL_ID,
+from transformer_lab.course.reports import (
     CheckResult,
     Graded,
     Outcome,
-    _write_rows,
     add_summary,
-    feedback_path,
     flag_rows,
-    format_table,
     print_summary,
-    summary_markdown,
-    write_grades,
     write_reports,
 )
 from transformer_lab.course.sandbox import (
@@ -153,7 +93,6 @@ DEFAULT_PROBE_TIMEOUT = 600
 MAX_NOTEBOOK_BYTES = 50_000_000
 #: What stands for the temporary folders of a grading run in feedback and messages.
 WORKDIR_MARK = "<grading folder>"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # --- reading a submitted notebook, restoring the instructor's checks ---------------------------
@@ -442,7 +381,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
                 want = grader.expected(check.cell_id, case)
             except Exception as exc:  # the reference failed: not the student's fault
                 message = (f"not graded: the instructor's reference failed on case "
-                           f"{case.name!r} ({type(exc).__name__}: {_one_line(str(exc))})")
+                           f"{case.name!r} ({type(exc).__name__}: {one_line(str(exc))})")
                 break
             verdict = F.judge(chk, case, outcome, want)
             judged += 1
@@ -508,7 +447,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                              "its outputs: Edit > Clear Outputs of All Cells, then save)")
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
-        reason = f"could not be read as a notebook: {_one_line(str(exc)) or type(exc).__name__}"
+        reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
         graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                               for c in assignment.checks], "unreadable")
         graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
@@ -614,18 +553,13 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
                     output["data"][key] = clean(value)
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(_ANSI.sub("", text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 # --- feedback (what it says: .reports) --------------------------------------------------------
 
 def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
     (:mod:`.reports` makes the summary)."""
     add_summary(nb, graded, grader.timeout, grader.execute, grader.sandbox.describe())
-    dest = feedback_path(grader.out, graded)
+    dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
     with grader.lock:  # what the grader writes into out is known to its ledger at once
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)
@@ -768,7 +702,7 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
         try:
             g = grade_submission(grader, found.students[student], notebook, found)
         except Exception as exc:  # a bug here must not cost the other students their grades
-            reason = f"not graded: {type(exc).__name__}: {_one_line(str(exc))}"
+            reason = f"not graded: {type(exc).__name__}: {one_line(str(exc))}"
             g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
                                            for c in assignment.checks], "grading error")
         with grader.lock:

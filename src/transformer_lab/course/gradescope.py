@@ -4,58 +4,17 @@
     python -m transformer_lab.course.gradescope build --hidden-visibility after_due_date
     python -m transformer_lab.course.gradescope run --root /autograder  # on Gradescope
 
-**The zip**, ``autograder.zip`` in ``--out``, in Gradescope's autograder format: ``setup.sh`` and
-``run_autograder`` (both executable) at its root, everything else beside them -- Gradescope
-unpacks it into ``/autograder/source``. The same inputs give the same bytes (entries sorted,
-fixed times and modes). It holds
-
-- ``setup.sh``, run once, as root, when Gradescope builds the autograder's image: apt installs
-  Python, bubblewrap (the grader's sandbox) and util-linux (``prlimit``); a virtual environment
-  in ``/autograder/venv`` gets ``requirements.txt`` and the course's package. torch is pinned,
-  and on Linux its default wheel is a CUDA one of several GB: where the environment that builds
-  the zip has ``PIP_EXTRA_INDEX_URL`` or ``PIP_INDEX_URL`` set (README, "CPU-only PyTorch"),
-  setup.sh exports the same value;
-- ``run_autograder``, run for each submission: ``gradescope run`` with the virtual
-  environment's Python on the zip's own package (``PYTHONPATH``). ``$AUTOGRADER_ROOT`` stands
-  in for ``/autograder`` and ``$AUTOGRADER_PYTHON`` for that Python (the tests set both);
-- ``gradescope.json``, the build's options (below);
-- the course: ``src/`` (the whole package -- the grader needs the instructor's reference code),
-  ``notebooks/`` (the solution notebooks of ``--source``), ``img/``, ``requirements.txt``,
-  ``pyproject.toml``, ``README.md``; no caches. The package records the course version it was
-  built from (``src/transformer_lab/_built.py``: the commit, beside ``__version__``).
-
-**A run** grades ``$AUTOGRADER_ROOT/submission``, which holds the student's work in the
-handout's layout (``notebooks/NN_topic.ipynb``, ``src/transformer_lab/core/*.py``), possibly in
-one folder of its own, or notebooks alone (``NN_topic.ipynb``), or a single ``.zip`` of any of
-these (unpacked here: no path may leave the folder, links are left out, the size is bounded).
-Its regular files -- never links -- become one student's folder (named after
-``submission_metadata.json``'s first user) in a folder of submissions, which
-:func:`transformer_lab.course.grade.grade` grades without executing feedback notebooks: only
-the notebooks the student handed in are graded, each check from the grader's own verdicts,
-the student's code in the grader's sandbox. The run then writes
-``$AUTOGRADER_ROOT/results/results.json`` (last, replacing whatever is there):
-
-- a test per check, ``"<NN_topic> · <check>"``: the check's points and its feedback --
-  ``passed (N cases)``, or the failed case with expected against got and a hint;
-- with ``--hidden-visibility`` other than ``visible``: a check with hidden cases gets that
-  visibility, and a visible test of 0 points, ``"... (public cases)"``, says whether its
-  public cases passed (with the failure only when a public case failed); the summary then
-  gives no points either, so that no hidden verdict shows before it should (Gradescope keeps
-  the total from a student while a test is hidden from them);
-- the summary (``output``): the notebooks graded, what of the student's code was graded and
-  what stayed a stub, the files not graded and why, and where the student's code ran;
-  ``stdout_visibility`` hidden (stdout, for the instructor, has the table and the flags).
-
-When the grader cannot start -- no sandbox, solutions it cannot grade, an unusable submission,
-a submission whose notebooks record another course version than the zip's (``make gradescope``
-records it in the zip's package, :mod:`.versions`) -- results.json says why with a score of 0,
-and the run exits 0, so that Gradescope shows it.
-
-**The sandbox.** bubblewrap may be unable to make namespaces inside Gradescope's container.
-By default the sandbox is required: without one nothing is graded, and results.json says so
-and how to rebuild. Built with ``--allow-no-sandbox``, the run grades without one instead --
-the student's code then runs unconfined in the container, where the solutions lie -- and says
-so in the summary and in every test.
+``build`` writes ``autograder.zip``, deterministically: ``setup.sh`` and ``run_autograder`` at
+its root, ``gradescope.json`` (the build's :class:`Config`), the package (recording the course
+version it was built from, :mod:`.versions`), the solution notebooks, ``img/``,
+``requirements.txt``, ``pyproject.toml`` and ``README.md``. ``run`` lays out
+``$AUTOGRADER_ROOT/submission`` (folder, notebooks or one .zip, unpacked safely) as one student's
+folder, grades it with :func:`transformer_lab.course.grade.grade` (no feedback notebooks) and
+writes ``results/results.json``: a test per check, the public-cases tests of
+``--hidden-visibility``, and a summary. When the grader cannot start (no sandbox and no
+``--allow-no-sandbox``, another course version, an unusable submission), results.json says why
+with a score of 0 and the run exits 0. What the student and the instructor see:
+docs/instructors.md, "On Gradescope".
 """
 
 from __future__ import annotations
@@ -81,7 +40,7 @@ from pathlib import Path, PurePosixPath
 import nbformat
 
 from transformer_lab.checks import framework as F
-from transformer_lab.course import grade, versions
+from transformer_lab.course import grade, reports, versions
 from transformer_lab.course.assignment import (
     AssignmentError,
     format_points,
@@ -90,6 +49,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.package import PackageError, parse_package
+from transformer_lab.course.submissions import is_hidden
 
 ZIP_NAME = "autograder.zip"
 CONFIG_NAME = "gradescope.json"
@@ -302,11 +262,6 @@ def build(source: Path, project: Path, out: Path, config: Config | None = None,
 
 # --- laying out a submission ------------------------------------------------------------------
 
-def _ignored(parts: tuple[str, ...]) -> bool:
-    """Hidden files and folders, as the grader ignores them (``.git``, ``__MACOSX``)."""
-    return any(p.startswith((".", "__")) or p == "Thumbs.db" for p in parts)
-
-
 class _Budget:
     """What may still be copied or unpacked of one submission."""
 
@@ -341,12 +296,12 @@ def copy_submission(submission: Path, dest: Path) -> list[tuple[str, str]]:
             rel = (here / name).relative_to(submission)
             if (here / name).is_symlink():
                 left_out.append((rel.as_posix(), "a link: not followed, not graded"))
-            if _ignored(rel.parts) or (here / name).is_symlink():
+            if is_hidden(rel) or (here / name).is_symlink():
                 dirs.remove(name)
         for name in sorted(files):
             path = here / name
             rel = path.relative_to(submission)
-            if _ignored(rel.parts):
+            if is_hidden(rel):
                 continue
             mode = path.lstat().st_mode
             if not stat.S_ISREG(mode):
@@ -385,7 +340,7 @@ def extract_submission(archive: Path, dest: Path) -> list[tuple[str, str]]:
         for info in zf.infolist():
             where = f"{archive.name}: {info.filename}"
             rel = _member_path(info.filename)
-            if info.is_dir() or (rel is not None and _ignored(rel.parts)):
+            if info.is_dir() or (rel is not None and is_hidden(rel)):
                 continue
             if rel is None:
                 left_out.append((where, "a path outside the zip's folder: not unpacked"))
@@ -413,7 +368,7 @@ def lay_out(submission: Path, dest: Path) -> list[tuple[str, str]]:
     of its single .zip; return (path, reason) for what was left out."""
     if not submission.is_dir():
         raise SubmissionError("the autograder found no submission folder: nothing to grade")
-    entries = [e for e in sorted(submission.iterdir()) if not _ignored((e.name,))]
+    entries = [e for e in sorted(submission.iterdir()) if not is_hidden(Path(e.name))]
     dest.mkdir(parents=True)
     only = entries[0] if len(entries) == 1 else None
     if only is not None and only.suffix.lower() == ".zip" and not only.is_symlink() \
@@ -450,14 +405,14 @@ def _has_hidden_cases(check_id: str) -> bool:
         return True
 
 
-def feedback(result: grade.CheckResult) -> str:
+def feedback(result: reports.CheckResult) -> str:
     """What a check's test says: ``passed (N cases)`` or why it failed."""
     if result.passed:
         return f"passed ({result.cases} case{'s' * (result.cases != 1)})"
     return result.message
 
 
-def public_verdict(graded: grade.Graded, result: grade.CheckResult) -> tuple[bool, str]:
+def public_verdict(graded: reports.Graded, result: reports.CheckResult) -> tuple[bool, str]:
     """(whether the check's public cases passed, the failure to show): a failure only when a
     public case failed, or when the public cases were not all judged (not a hidden verdict)."""
     if graded.status != "graded":
@@ -470,7 +425,7 @@ def public_verdict(graded: grade.Graded, result: grade.CheckResult) -> tuple[boo
     return False, result.message  # stopped before its public cases were all judged
 
 
-def check_tests(graded: grade.Graded, result: grade.CheckResult, config: Config,
+def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Config,
                 note: str = "") -> list[dict]:
     """The tests of one check: the scored one, and -- where its hidden cases are not visible
     yet -- a visible one of 0 points on its public cases first."""
@@ -496,7 +451,7 @@ def check_tests(graded: grade.Graded, result: grade.CheckResult, config: Config,
     return [public, scored]
 
 
-def summary(outcome: grade.Outcome, config: Config, course: list[str],
+def summary(outcome: reports.Outcome, config: Config, course: list[str],
             left_out: list[tuple[str, str]], sandbox_note: str = "") -> str:
     """The results' top-level output: what was graded, the notes, the files left out, where
     the code ran. Points only where every verdict is visible."""
@@ -534,7 +489,7 @@ def summary(outcome: grade.Outcome, config: Config, course: list[str],
     return "\n".join(lines)
 
 
-def _skipped(outcome: grade.Outcome) -> list[tuple[str, str]]:
+def _skipped(outcome: reports.Outcome) -> list[tuple[str, str]]:
     """(path in the submission, reason) of the files the grader skipped."""
     found = []
     for s in outcome.found.skipped:
@@ -543,7 +498,7 @@ def _skipped(outcome: grade.Outcome) -> list[tuple[str, str]]:
     return found
 
 
-def results_json(outcome: grade.Outcome, config: Config, course: list[str],
+def results_json(outcome: reports.Outcome, config: Config, course: list[str],
                  left_out: list[tuple[str, str]], sandboxed: bool = True) -> dict:
     """Gradescope's results for ``outcome`` (``sandboxed``: whether the code ran in one)."""
     note = "" if sandboxed else NO_SANDBOX_NOTE
@@ -597,31 +552,24 @@ def _version_results(err: grade.VersionError) -> dict:
 
 
 def _grade(submissions: Path, out: Path, source: Path,
-           sandbox: bool) -> grade.Outcome:
-    options = grade.Options(source=source / "notebooks", project=source, execute=False,
-                            jobs=1, sandbox=sandbox)
-    try:
-        return grade.grade(submissions, out, options)
-    except SystemExit as err:  # the grader's checks of its folders end with SystemExit
-        raise grade.GradingError(str(err).removeprefix("error: ")) from None
-
-
-class _SandboxMissing(Exception):
-    """No sandbox, and the build does not allow grading without one; the message: why."""
-
-
-def _grade_here(submissions: Path, out: Path, source: Path,
-                config: Config) -> tuple[grade.Outcome, bool]:
+           config: Config) -> tuple[reports.Outcome, bool]:
     """(the outcome, whether the code ran in a sandbox): graded in the sandbox, or -- where
-    none can be made and the build allows it -- without one; else :class:`_SandboxMissing`."""
+    none can be made and the build allows it -- without one; else grade.NoSandboxError."""
+    def run(sandbox: bool) -> reports.Outcome:
+        options = grade.Options(source=source / "notebooks", project=source, execute=False,
+                                jobs=1, sandbox=sandbox)
+        try:
+            return grade.grade(submissions, out, options)
+        except SystemExit as err:  # the grader's checks of its folders end with SystemExit
+            raise grade.GradingError(str(err).removeprefix("error: ")) from None
+
     try:
-        return _grade(submissions, out, source, sandbox=True), True
+        return run(True), True
     except grade.NoSandboxError as err:
-        problem = err.reason
-    if not config.allow_no_sandbox:
-        raise _SandboxMissing(problem)
-    print(f"WARNING: grading without a sandbox: {problem}")
-    return _grade(submissions, out, source, sandbox=False), False
+        if not config.allow_no_sandbox:
+            raise
+        print(f"WARNING: grading without a sandbox: {err.reason}")
+    return run(False), False
 
 
 def autograde(root: Path, config: Config) -> dict:
@@ -633,12 +581,12 @@ def autograde(root: Path, config: Config) -> dict:
         try:
             left_out = lay_out(root / "submission",
                                submissions / student_name(root / "submission_metadata.json"))
-            outcome, sandboxed = _grade_here(submissions, Path(tmp) / "grades", source, config)
+            outcome, sandboxed = _grade(submissions, Path(tmp) / "grades", source, config)
         except SubmissionError as err:
             return failure(f"Your submission could not be graded: {err}")
-        except _SandboxMissing as err:
-            print(f"no sandbox: {err}")
-            return _no_sandbox_results(str(err))
+        except grade.NoSandboxError as err:
+            print(f"no sandbox: {err.reason}")
+            return _no_sandbox_results(err.reason)
         except grade.VersionError as err:
             print(f"error: {err.sentence('make gradescope')}")
             return _version_results(err)
@@ -649,10 +597,10 @@ def autograde(root: Path, config: Config) -> dict:
         return results_json(outcome, config, course, left_out, sandboxed)
 
 
-def _report(outcome: grade.Outcome) -> None:
+def _report(outcome: reports.Outcome) -> None:
     """What the instructor sees in Gradescope's stdout: the table, the flags, the sandbox."""
     if outcome.graded:
-        print("\n" + grade.format_table(outcome.graded))
+        print("\n" + reports.format_table(outcome.graded))
     for row in outcome.flags:
         print("flag: " + " | ".join(str(x) for x in row))
     print(f"students' code ran in: {outcome.sandbox}")

@@ -341,7 +341,7 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
                      stopped_by_us=watchdog.killed_cell is not None)
         except Exception as exc:  # e.g. the kernel could not start
             run.status = "could not run"
-            run.here = run.later = f"not run: {_one_line(str(exc)) or type(exc).__name__}"
+            run.here = run.later = f"not run: {one_line(str(exc)) or type(exc).__name__}"
         finally:
             if client.sandboxed_km is not None:
                 client.sandboxed_km.release()
@@ -365,11 +365,10 @@ def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool)
         run.later = f"not run: the kernel died {where}"
 
 
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _one_line(text: str, limit: int = 200) -> str:
+def one_line(text: str, limit: int = 200) -> str:
+    """``text`` without ANSI colours, on one line, at most ``limit`` characters."""
     text = " ".join(_ANSI.sub("", text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

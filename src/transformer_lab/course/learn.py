@@ -5,15 +5,9 @@
     python -m transformer_lab.course.learn -- --no-browser       # options for JupyterLab
     make learn                                                   # the same (WORKSPACE=...)
 
-The first time, the handout -- what ``make student`` writes: the notebooks with their exercises
-to do, the package with its core stubbed -- is built into the workspace folder. From then on
-the folder is yours: this command never writes into it again (and no course tool will empty
-it: it carries no tool's mark), it only opens JupyterLab on it. The kernels JupyterLab starts
-import the workspace's package -- your ``src/transformer_lab``, your core -- because the
-workspace's ``src/`` comes first on ``PYTHONPATH``, before the course's own package.
-
-To start over, move the workspace away (or delete it) and run the command again; to start one
-function over, copy its stub back from a fresh handout (``make student``, ``build/student/``).
+The first time, the handout (what ``make student`` writes) is built into the workspace; from
+then on the folder is the learner's: never written again, never emptied by a course tool. The
+kernels JupyterLab starts import the workspace's ``src/`` first. docs/learning.md says more.
 """
 
 from __future__ import annotations

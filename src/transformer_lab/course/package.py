@@ -1,24 +1,16 @@
 """The package's side of the exercises: solution regions in ``core/``, hidden tests in ``checks/``.
 
-Every function of ``transformer_lab/core/*.py`` holds the code the student writes between a
-``### BEGIN SOLUTION NN §S`` and an ``### END SOLUTION`` line, at the top level of its body (the
-BEGIN line names the notebook and section teaching it, :mod:`transformer_lab.syllabus`); a check
-module ``transformer_lab/checks/nbNN_topic.py`` may hold hidden cases and a hidden reference
-between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``. :func:`parse_package` checks
-these markers as strictly as :mod:`.assignment` checks the notebooks' -- every problem with its
-file and line -- and the functions below make the forms of the package the tools need:
+:func:`parse_package` checks the markers of ``transformer_lab/`` as strictly as
+:mod:`.assignment` checks the notebooks' (the convention: docs/maintainers.md, "Writing
+exercises") -- every problem with its file and line; marker words anywhere but in a core module,
+a check module and the course tools are an error too. From it come the forms the tools need:
 
-- the **handout** (:func:`write_handout_package`): each core solution region replaced by
-  ``raise NotImplementedError(<syllabus.stub_message(name)>)``, each hidden region removed, the
-  public answers stored for every check whose reference was hidden, the course tools left out,
-  and the record of the build added (``transformer_lab/_built.py``: the course version's commit,
-  and the syllabus that the stubbed core no longer says);
+- the **handout** (:func:`write_handout_package`): core solution regions stubbed
+  (:func:`stub_line`), hidden regions removed, the public answers stored for checks whose
+  reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
-  handout's core with chosen functions put back -- the instructor's definition or a student's,
-  taken out of a module's source by its syntax tree.
-
-Marker words anywhere else in the package (outside ``transformer_lab/course/``, the tools that
-define them, which the handout leaves out) are an error too.
+  handout's core with chosen functions put back, the instructor's or a student's, taken out of a
+  module's source by its syntax tree.
 """
 
 from __future__ import annotations
@@ -33,7 +25,13 @@ from pathlib import Path
 
 from transformer_lab import syllabus
 from transformer_lab.course import untrusted, versions
-from transformer_lab.course.assignment import Region, find_regions, has_marker_words
+from transformer_lab.course.assignment import (
+    Region,
+    find_regions,
+    has_marker_words,
+    raise_line,
+    replace_regions,
+)
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
 TOOLS_DIR = "course"
@@ -87,15 +85,10 @@ class CoreModule:
 
     def stubbed(self) -> str:
         """The module as the handout has it: each solution region replaced by its stub."""
-        lines = self.source.split("\n")
-        by_line = sorted(self.functions.values(), key=lambda f: f.region.begin)
-        out, start = [], 0
-        for fn in by_line:
-            out.extend(lines[start:fn.region.begin])
-            out.append(stub_line(fn.name, fn.region.indent, (self.name, fn.place)))
-            start = fn.region.end + 1
-        out.extend(lines[start:])
-        return "\n".join(out)
+        fns = sorted(self.functions.values(), key=lambda f: f.region.begin)
+        return replace_regions(self.source, [f.region for f in fns],
+                               [stub_line(f.name, f.region.indent, (self.name, f.place))
+                                for f in fns])
 
     def definition(self, name: str) -> str:
         """The instructor's whole definition of ``name`` (decorators included)."""
@@ -115,13 +108,7 @@ class CheckModule:
 
     def stripped(self) -> str:
         """The module as the handout has it: every hidden region removed."""
-        lines = self.source.split("\n")
-        out, start = [], 0
-        for region in self.hidden:
-            out.extend(lines[start:region.begin])
-            start = region.end + 1
-        out.extend(lines[start:])
-        return "\n".join(out)
+        return replace_regions(self.source, self.hidden)
 
 
 @dataclass
@@ -135,9 +122,7 @@ class Package:
 
 def stub_line(name: str, indent: str, where: tuple[str, str] | None = None) -> str:
     """``raise NotImplementedError("<syllabus.stub_message(name, where)>")`` at ``indent``."""
-    message = syllabus.stub_message(name, where)
-    literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
-    return f"{indent}raise NotImplementedError({literal})"
+    return raise_line(indent, syllabus.stub_message(name, where))
 
 
 def _label(path: Path, root: Path) -> str:

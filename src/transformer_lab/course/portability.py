@@ -5,29 +5,13 @@
     python -m transformer_lab.course.portability --ci             # what `make test` adds
     python -m transformer_lab.course.portability --list           # the combinations, not run
 
-Float32 and float64 results differ in their last bits between CPUs, because the matrix-product
-kernel that NumPy's OpenBLAS picks (and PyTorch's own kernels) sum in different orders. Every
-assertion of a notebook must hold whichever kernel computed it, and every output that nbval
-compares must come out the same. On one machine the kernels can be chosen:
-
-- ``OPENBLAS_CORETYPE``: OpenBLAS's kernel, for NumPy and SciPy. On x86-64: ``Prescott`` (SSE3),
-  ``Sandybridge`` (AVX), ``Haswell`` (AVX2; ``Zen`` loads it too) and ``SkylakeX`` (AVX-512),
-  each where the CPU has the instructions;
-- ``ATEN_CPU_CAPABILITY``: PyTorch's kernels, its native choice or ``default`` (no AVX). Its
-  matrix products go to MKL, which this does not switch.
-
-For every combination of the two, this runs, each in a fresh process with the variables set:
-
-1. ``solved``: the stored notebooks under nbval in strict mode (``make test-notebooks``):
-   every assertion holds and every compared output is the same as stored;
-2. ``handout``: the handout (``make student``) with the solved core dropped into its package,
-   every notebook executed (``tests/test_handout_notebooks.py``): every assertion holds
-   (nothing is compared: the handout stores no outputs).
-
-It prints a table and exits with status 1 when any run fails. The whole matrix takes about
-half an hour on 2 cores; ``make test`` runs the solved notebooks under one non-default
-combination, :data:`CI_COMBINATION`, so that CI catches the next claim that holds on one
-machine only.
+For every combination of ``OPENBLAS_CORETYPE`` (the kernels this CPU has the instructions for)
+and ``ATEN_CPU_CAPABILITY`` (PyTorch's native choice or ``default``), each in a fresh process:
+``solved``, the stored notebooks under strict nbval (``make test-notebooks``), and ``handout``,
+the handout with the solved core dropped in, every notebook executed
+(``tests/test_handout_notebooks.py``). It prints a table and exits with status 1 when any run
+fails; ``make test`` runs the solved notebooks under :data:`CI_COMBINATION` only. Why and what
+it guarantees: docs/maintainers.md, "Every CPU".
 """
 
 from __future__ import annotations

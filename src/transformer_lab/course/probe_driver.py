@@ -1,31 +1,16 @@
 """The probe's driver, the grader's side of the probe: the probe package, the request, the
 watch, the evidence (the side that runs in the sandbox: :mod:`.probe_runner`).
 
-For one student and one notebook N, :func:`build_probe_package` writes a package folder from the
-HANDOUT form of the instructor's package (core stubbed, hidden tests stripped: the reference of
-N's functions and the hidden references never exist there), in which
-
-- the functions N teaches are the student's, taken from the student's core modules by the syntax
-  tree, with the imports and the helpers they use (a missing or unparseable one stays a stub,
-  and the feedback says why);
-- the functions that earlier notebooks teach are the instructor's (so a bug in notebook 02's
-  masks costs notebook 02's points, not every later notebook's);
-- the functions that only later notebooks teach stay stubs, as the student's own handout has
-  them (the references of later notebooks never exist there either).
-
-That folder, in handout form, is what the feedback notebook runs on; :func:`reference_free`
-makes the probe's copy of it, in which no check has a method computing an answer (``expected``,
-``mistakes``) and no answers are stored: nothing in the probe process can produce an expected
-answer for the student's code to hand back.
-
-:func:`run_probe` then runs :mod:`.probe_runner` in a fresh Python -- in a sandbox of its own
-(:mod:`.sandbox`: it sees Python, the probe package, its request and its results folder, nothing
-else), started in an empty folder, with a small environment, in its own process group, its
-output drained and bounded -- and watches it:
-a cell or a case over its time limit, or the whole over its total, gets the process group
-killed. A check whose case was running when the probe stopped scores 0 with the reason, and the
-probe starts again for the checks after it. The outcomes come back as plain data and are
-decoded here, in the grader's process, which computes the expected answers and judges.
+:func:`build_probe_package` writes, from the HANDOUT form of the instructor's package, a package
+in which the functions notebook N teaches are the student's (taken by the syntax tree, with the
+imports and helpers they use; a missing or unparseable one stays a stub, and the feedback says
+why), those earlier notebooks teach the instructor's, and those later notebooks teach stubs.
+The feedback notebook runs on it; :func:`reference_free` makes the probe's copy, in which no
+check can compute or holds an expected answer. :func:`run_probe` runs :mod:`.probe_runner` in a
+sandbox of its own (:mod:`.sandbox`), its output drained and bounded, and kills it when a cell, a
+case or the whole runs past its limit: the check whose case was running scores 0 with the
+reason, and the probe starts again for the checks after it. The outcomes come back as plain
+data, decoded here; the grader judges them (docs/instructors.md, "Grading").
 """
 
 from __future__ import annotations
@@ -134,8 +119,6 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
     parsed instructor's package; core_files: the student's core modules by name (None: none
     handed in).
     """
-    import shutil
-
     shutil.copytree(handout_src / "transformer_lab", dest / "transformer_lab")
     overlay = Overlay()
     taught = syllabus.notebook_functions(notebook)
@@ -172,20 +155,15 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
 def reference_free(dest: Path) -> None:
     """Turn the package in ``dest/transformer_lab`` (a copy of the handout form) into the
     probe's: no method of a check computes an answer, no stored answers."""
-    import shutil
-
     checks = dest / "transformer_lab" / "checks"
     for path in sorted(checks.glob("nb*.py")):
         path.write_text(_without_references(path.read_text(encoding="utf-8")), encoding="utf-8")
     shutil.rmtree(checks / "data", ignore_errors=True)
 
 
-@functools.lru_cache(maxsize=64)
-def _without_references(source: str) -> str:
-    """:func:`without_references`, once per check module and grading run (every probe package
-    has the same check modules; parsing them took 2.4 of the 3.1 s that making the 11 probe
-    packages of a student took)."""
-    return without_references(source)
+#: :func:`without_references`, once per check module and grading run (every probe package has
+#: the same check modules; parsing them took 2.4 of the 3.1 s of a student's 11 probe packages).
+_without_references = functools.lru_cache(maxsize=64)(without_references)
 
 
 # --- running the probe ----------------------------------------------------------------------

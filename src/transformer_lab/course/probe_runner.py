@@ -1,29 +1,18 @@
 """The probe's runner: a student's functions run on the grader's cases, in a process of its own,
-inside the sandbox (the grader's side, which makes its package and starts it, watches it and
-reads its results, is :mod:`.probe_driver`).
+inside the sandbox (the grader's side is :mod:`.probe_driver`).
 
     python -s WORKDIR/in/probe_runner.py WORKDIR    (started by the grader only, on a copy of
                                                      this file put beside its request)
 
-``WORKDIR/in/request.json`` (with its arrays in ``request.npz``), written by the grader, names the
-probe package's folder, the notebook cells to run (the student's first code cell, the
-definitions of its other cells and its exercise cells, IPython's magics already removed)
-and, for each check, the notebook names it takes and its cases as plain data. The probe
-
-1. puts the probe package first on ``sys.path`` and drops every other folder holding a
-   ``transformer_lab`` (the instructor's), then makes sure that is what it imports;
-2. runs the cells, statement by statement, in one namespace, noting each cell's first error;
-3. for each check and case calls :func:`transformer_lab.checks.framework.run_case` and writes the
-   outcome -- the value returned, or the error raised, and the inputs as they were afterwards --
-   as plain data (``npz`` without pickle, a JSON header) to ``WORKDIR/out/case-<i>-<j>.npz``,
-   as soon as it has it.
-
-``WORKDIR/out/progress`` gets a line before each cell and case, so that the grader can stop a
-cell or a case that runs past its time limit. Nothing here decides anything: the grader reads
-the outcomes in its own process, computes the expected answers there, and judges them. Whatever
-the student's code does to this process can only change the values it returns.
-
-This file imports nothing from ``transformer_lab`` before step 1.
+``WORKDIR/in/request.json`` (arrays in ``request.npz``) names the probe package, the cells to run
+and, per check, the notebook names it takes and its cases. The probe puts the probe package
+first on ``sys.path`` (dropping every other ``transformer_lab``), runs the cells statement by
+statement in one namespace, noting each cell's first error, then for each case calls
+:func:`transformer_lab.checks.framework.run_case` and writes the outcome as plain data (``npz``
+without pickle, a JSON header) to ``WORKDIR/out/case-<i>-<j>.npz`` at once.
+``WORKDIR/out/progress`` gets a line before each cell and case, for the grader's time limits.
+Nothing here decides anything; this file imports nothing from ``transformer_lab`` before the
+package is in place.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""What a grading run found, and the reports made from it: the CSV files, the feedback's summary
-cell, the table and summary printed at the end.
-
-:mod:`.grade` grades (it makes the :class:`Graded` records and the :class:`Outcome`); this
-module only turns them into text and files, the same bytes for the same records:
-
-- ``grades.csv``: student, notebook, check, points, max_points (:func:`write_grades`);
-- ``skipped.csv``, ``flags.csv``, ``sandbox.csv`` (:func:`write_reports`, which writes all four);
-- the summary cell on top of each feedback notebook (:func:`summary_markdown`,
-  :func:`add_summary`; :func:`.grade.write_feedback` writes the notebook);
-- the table and the summary printed at the end of ``python -m transformer_lab.course.grade``
-  (:func:`format_table`, :func:`print_summary`).
+"""What a grading run found (:class:`Graded`, :class:`Outcome`), and the reports made from it,
+the same bytes for the same records: ``grades.csv``, ``skipped.csv``, ``flags.csv`` and
+``sandbox.csv`` (:func:`write_reports`), the feedback's summary cell (:func:`add_summary`), the
+table and summary printed at the end (:func:`format_table`, :func:`print_summary`).
+:mod:`.grade` grades; this module only turns its records into text and files.
 """
 
 from __future__ import annotations
@@ -147,11 +140,6 @@ def add_summary(nb, graded: Graded, timeout: int, executed: bool = True,
     nb.cells.insert(0, summary)
 
 
-def feedback_path(out: Path, graded: Graded) -> Path:
-    """Where the feedback of ``graded`` goes: ``out/feedback/<student>/<notebook>.ipynb``."""
-    return out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
-
-
 # --- the CSV files ----------------------------------------------------------------------------
 
 def _write_rows(path: Path, header, rows) -> None:
@@ -162,12 +150,6 @@ def _write_rows(path: Path, header, rows) -> None:
     writer.writerow(header)
     writer.writerows(rows)
     path.write_text(buffer.getvalue(), encoding="utf-8", errors="backslashreplace")
-
-
-def write_grades(graded: list[Graded], path: Path) -> None:
-    _write_rows(path, CSV_COLUMNS, [[g.student, g.notebook, r.check, format_points(r.points),
-                                     format_points(r.max_points)]
-                                    for g in graded for r in g.results])
 
 
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
@@ -185,7 +167,9 @@ def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[lis
                   sandbox: str) -> None:
     """``grades.csv``, ``skipped.csv``, ``flags.csv`` (rows from :func:`flag_rows`) and
     ``sandbox.csv`` (``sandbox``: what every student's code ran in) in ``out``."""
-    write_grades(graded, out / "grades.csv")
+    _write_rows(out / "grades.csv", CSV_COLUMNS,
+                [[g.student, g.notebook, r.check, format_points(r.points),
+                  format_points(r.max_points)] for g in graded for r in g.results])
     _write_rows(out / "skipped.csv", SKIPPED_COLUMNS,
                 [[s.student, s.path, s.reason] for s in found.skipped])
     _write_rows(out / "flags.csv", FLAG_COLUMNS, flags)

@@ -1,26 +1,12 @@
 """Where a student's code runs when the grader runs it: a bubblewrap sandbox.
 
-The grader never runs a student's code in its own process, and -- unless told ``--no-sandbox`` --
-never outside `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, Debian and
-Ubuntu package ``bubblewrap``; the sandbox Flatpak runs applications in). Each run of a
-student's code (one probe process, one feedback kernel) gets a sandbox of its own, in which
-
-- the file system holds the system's programs and libraries (``/usr``, read-only), Python (the
-  interpreter's and the virtual environment's folders, read-only, an installed copy of the
-  course's package emptied), what the grader binds for
-  this run -- the probe package read-only, a work folder and a results folder writable -- and
-  a private ``/tmp`` of bounded size; nothing else: not the instructor's course folder, not the
-  other submissions, not ``$HOME`` (``HOME`` points into the private ``/tmp``);
-- it has namespaces of its own (``--unshare-all``): its own processes only (``/proc`` shows
-  them alone, and when the run ends every process in it ends), no network (a loopback of its
-  own, which reaches nothing of the host's), no capabilities, no new user namespaces;
-- it runs under limits (``prlimit``: memory a process may map, processes and threads, the size
-  of a file, open files, no core dumps) and, where the grader may make control groups (as root
-  on a writable cgroup file system), in a control group of its own that bounds the memory of
-  the whole sandbox (its ``/tmp`` included) and its number of processes -- Linux does not apply
-  the process limit to root's processes, so a grader running as root needs the group for it;
-- time is the caller's to bound: the probe and the feedback run stop what runs past its limit
-  by killing the sandbox, and all that ran in it with it.
+Each run of a student's code (one probe process, one feedback kernel) gets a ``bwrap`` sandbox
+of its own (``--unshare-all``): ``/usr`` and Python read-only (an installed copy of the course's
+package emptied), what the grader binds for the run, a private bounded ``/tmp`` (also ``HOME``)
+and nothing else; its own processes, no network, no capabilities; ``prlimit`` limits and, where
+the grader may make control groups, a group bounding the whole sandbox's memory and processes.
+Time is the caller's to bound (it kills the sandbox). What an instructor is told:
+docs/instructors.md, "The sandbox".
 
 :func:`find_sandbox` returns the sandbox to use, or raises :class:`SandboxUnavailable` with the
 command that installs bubblewrap; :class:`NoSandbox` is what ``--no-sandbox`` runs with (the

@@ -2,16 +2,12 @@
 
     python -m transformer_lab.course.site    # build/notebooks/*.ipynb -> build/html/index.html
 
-The site source is assembled in ``build/site/`` (Sphinx configuration and landing page from
-``docs/``, executed notebooks from ``build/notebooks/``, figures from ``img/``) and rendered by
-Sphinx with myst-nb, without executing anything and without a network. Figures a notebook
-carries as cell attachments (:mod:`transformer_lab.course.standalone`), which myst-nb does not
-render, are shown by :mod:`transformer_lab.course.sphinx_attachments`.
-
-``--src`` is emptied on each run, so it must be a folder this tool wrote (or a new or empty
-one), apart from the inputs and from ``--out``; ``--out`` is left to Sphinx, which updates it
-in place, and must be a folder Sphinx or this tool wrote (or a new or empty one), also apart
-from the inputs. Anything else is refused before a file is touched.
+The site source is assembled in ``--src`` (``build/site/``: Sphinx configuration and landing page
+from ``docs/``, the executed notebooks, ``img/``) and rendered by Sphinx with myst-nb, executing
+nothing; :mod:`.sphinx_attachments` shows the figures notebooks carry as attachments. ``--src``
+is emptied on each run and ``--out`` updated by Sphinx: each must be new, empty or written by
+these tools (or, ``--out``, by Sphinx), and apart from the inputs; anything else is refused
+before a file is touched.
 """
 
 from __future__ import annotations

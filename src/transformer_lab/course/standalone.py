@@ -3,23 +3,12 @@
     python -m transformer_lab.course.standalone notebooks            # apply (make figures)
     python -m transformer_lab.course.standalone --check notebooks    # report, change nothing
 
-A notebook opened on its own -- on Colab, downloaded, handed in -- has no ``../img/`` beside
-it and maybe no course package in its kernel. So:
-
-- **Figures** (:func:`embed_figures`): every Markdown image ``![alt](../img/NAME.png)`` becomes
-  ``![alt](attachment:NAME.png)`` with the bytes of ``img/NAME.png`` stored in the cell's
-  attachments (the notebook format's own way, shown by JupyterLab, Notebook, Colab, VS Code and
-  the site). Attachments already there are refreshed from ``img/``, so after ``make figures``
-  redraws a figure every notebook carries the new one; :func:`figure_problems` is the check.
-- **The package** (:data:`GUARD`, :func:`add_guard`): the first code cell is a guard cell
-  that, when ``transformer_lab`` cannot be imported, stops the notebook with one message saying
-  how to install it -- with the exact ``%pip install -e "<course folder>"`` line when the
-  course folder is the notebook's folder, one above it, or one inside it. Where the package is
-  installed it does nothing and prints nothing; the site leaves it out, and Jupyter shows its
-  source collapsed (one line, "..." to open it), so that it does not fill the first screen.
-
-Applying is idempotent: a notebook already standalone is not rewritten. Stored outputs stay
-valid (the guard prints nothing when the package is there).
+A notebook opened on its own (Colab, downloaded, handed in) has no ``../img/`` beside it and
+maybe no course package. :func:`embed_figures` turns every ``![alt](../img/NAME.png)`` into an
+attachment holding ``img/NAME.png`` (refreshed when there already); :func:`add_guard` makes the
+first code cell :data:`GUARD`, which stops the notebook with the line that installs the package
+where it cannot be imported, and prints nothing where it can. Applying is idempotent, and
+stored outputs stay valid (docs/maintainers.md, "Everyday work").
 """
 
 from __future__ import annotations

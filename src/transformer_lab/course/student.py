@@ -3,17 +3,11 @@
     python -m transformer_lab.course.student                  # notebooks/ -> build/student/
     python -m transformer_lab.course.student --out handout    # somewhere else
 
-In each notebook every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a stub
-that raises ``NotImplementedError("Exercise: <hint>")``, outputs are cleared, and check cells are
-kept (locked against editing and deletion, as nbgrader does), and the course version it was
-built from is recorded in its metadata (:mod:`.versions`). Beside the notebooks go the
-package (``src/``, ``pyproject.toml``) in its handout form (:mod:`.package`): the body of every
-core function replaced by ``raise NotImplementedError(<syllabus.stub_message(name)>)``, the
-hidden tests of the check modules removed, the public answers stored for checks whose reference
-was hidden, the course tools left out -- plus ``requirements.txt``, ``img/`` and a README for
-students. Not the instructors' tests. A misplaced or unbalanced marker, in a notebook or in the
-package, stops the build before anything is written, with its notebook, cell and line or its
-file and line (see :mod:`.assignment` and :mod:`.package`).
+Each notebook's solution regions become stubs raising ``NotImplementedError("Exercise:
+<hint>")``, outputs are cleared, check cells are locked (as nbgrader does) and the course version
+is recorded (:mod:`.versions`). Beside them: the package in its handout form (:mod:`.package`),
+``pyproject.toml``, ``requirements.txt``, ``img/`` and a README for students. A misplaced or
+unbalanced marker stops the build before anything is written (:mod:`.assignment`).
 """
 
 from __future__ import annotations
@@ -37,6 +31,8 @@ from transformer_lab.course.assignment import (
     fresh_output_dir,
     has_marker_words,
     load_assignments,
+    raise_line,
+    replace_regions,
     solution_notebooks,
     source_lines,
 )
@@ -60,9 +56,7 @@ _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
 
 def stub(lines: list[str], region: Region) -> str:
     """The line that replaces ``region``: ``raise NotImplementedError("Exercise: <hint>")``."""
-    message = f"Exercise: {region.hint or _default_hint(lines, region)}"
-    literal = f'"{message}"' if '"' not in message and "\\" not in message else repr(message)
-    return f"{region.indent}raise NotImplementedError({literal})"
+    return raise_line(region.indent, f"Exercise: {region.hint or _default_hint(lines, region)}")
 
 
 def _default_hint(lines: list[str], region: Region) -> str:
@@ -74,20 +68,6 @@ def _default_hint(lines: list[str], region: Region) -> str:
     return DEFAULT_HINT
 
 
-def replace_regions(source: str, regions: list[Region], with_stub: bool) -> str:
-    """``source`` with each region (markers included) replaced by its stub, or removed."""
-    lines = source.split("\n")
-    out: list[str] = []
-    start = 0
-    for region in regions:
-        out.extend(lines[start:region.begin])
-        if with_stub:
-            out.append(stub(lines, region))
-        start = region.end + 1
-    out.extend(lines[start:])
-    return "\n".join(out)
-
-
 def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
     """The student version of one checked solution notebook."""
     nb = copy.deepcopy(assignment.nb)
@@ -95,10 +75,11 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
     checks = {c.cell_id: c for c in assignment.checks}
     for cell in nb.cells:
         if cell.get("id") in exercises:
-            cell.source = replace_regions(cell.source, exercises[cell.id].regions, with_stub=True)
+            regions, lines = exercises[cell.id].regions, cell.source.split("\n")
+            cell.source = replace_regions(cell.source, regions, [stub(lines, r) for r in regions])
             cell.metadata["deletable"] = False  # nbgrader's LockCells does the same
         elif cell.get("id") in checks:
-            cell.source = replace_regions(cell.source, checks[cell.id].hidden, with_stub=False)
+            cell.source = replace_regions(cell.source, checks[cell.id].hidden)
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
         if cell.cell_type == "code":

@@ -1,22 +1,11 @@
 """Finding the submissions in a folder: what each student handed in, and every file skipped.
 
-Two layouts, which may be mixed:
-
-- ``SUBMISSIONS/<student>/...`` -- the student's folder, best the handout folder as they worked
-  in it: ``notebooks/NN_topic.ipynb`` and ``src/transformer_lab/core/*.py``. Notebooks are found
-  anywhere below it; the core modules in a folder named ``core`` (best
-  ``src/transformer_lab/core/``; with several, the one under ``transformer_lab/``, then the
-  shortest path, is graded);
-- ``SUBMISSIONS/<student>_<NN_topic>.ipynb`` -- one notebook (no package) per file.
-
-Names are matched forgivingly: letter case, spaces, hyphens and dots for underscores, and the
-copies that browsers, file managers and JupyterLab make (``00_gradients (1).ipynb``,
-``00_gradients-Copy1.ipynb``, ``00_gradients copy.ipynb``); a file named after a notebook's
-number alone (``00_grads.ipynb``) is taken when nothing better is there. When a student has
-several candidates for one notebook, the best name wins, then the newest file. Hidden files and
-folders (``.ipynb_checkpoints``, ``__MACOSX``, ``__pycache__``) are ignored; the handout's own
-files, unchanged, are ignored too. Every other file that is not graded is listed with the
-reason (``skipped.csv``).
+Two layouts, which may be mixed: ``SUBMISSIONS/<student>/...`` (notebooks anywhere below it, the
+core modules in a folder named ``core``, best ``src/transformer_lab/core/``) and
+``SUBMISSIONS/<student>_<NN_topic>.ipynb`` (one notebook per file). Names are matched
+forgivingly (:func:`match_notebook`); of several candidates the best name wins, then the newest
+file. Hidden files and the handout's own, unchanged, are ignored; every other file not graded is
+listed with the reason (``skipped.csv``). docs/instructors.md says it for instructors.
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from transformer_lab import syllabus
 
@@ -120,7 +109,8 @@ def match_flat(stem: str, notebooks: list[str]) -> tuple[str, str, tuple] | None
     return None
 
 
-def _hidden(rel: Path) -> bool:
+def is_hidden(rel: PurePath) -> bool:
+    """Whether the grader ignores ``rel``: hidden files and folders (``.git``, ``__MACOSX``)."""
     return any(part.startswith((".", "__")) or part == "Thumbs.db" for part in rel.parts)
 
 
@@ -175,7 +165,7 @@ def find_submissions(folder: Path, notebooks: list[str],
 
     for entry in sorted(folder.iterdir()):
         rel = entry.relative_to(folder)
-        if _hidden(rel):
+        if is_hidden(rel):
             continue
         if entry.is_symlink():
             skip("", entry, LINK_REASON)
@@ -214,7 +204,7 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
                   candidate) -> None:
     files = []
     for p in sorted(root.rglob("*")):  # rglob does not enter linked folders
-        if _hidden(p.relative_to(root)):
+        if is_hidden(p.relative_to(root)):
             continue
         if p.is_symlink():
             skip(work.name, p, LINK_REASON)

@@ -1,17 +1,12 @@
 """Course versions: what a handout and an autograder record, and what the grader makes of them.
 
-A course version is the package's version number (``transformer_lab.__version__``, the one
-source: ``pyproject.toml`` reads it from there) and the git commit of the project it was built
+A course version is ``transformer_lab.__version__`` and the git commit the project was built
 from ("unknown" outside a git checkout). ``make student`` records it in the handout's package
-(``transformer_lab/_built.py``, its ``COMMIT``, beside ``__version__``) and in every handout
-notebook's metadata (``metadata.transformer_lab``: ``version``, ``commit``), so that a notebook
-handed in alone carries it too; ``make gradescope`` records it in the autograder's package.
-
-The grader grades the submissions of its own version number only: for another, it stops before
-writing anything, with one sentence naming the version that grades them and how to get it (an
-instructor pins a semester to a version by a git tag ``v<version>``). A notebook that records no
-version (made by hand, or from a handout built before versions were recorded) is graded with
-this version, and the feedback says so.
+(``transformer_lab/_built.py``) and in every handout notebook's metadata
+(``metadata.transformer_lab``); ``make gradescope`` in the autograder's package. The grader
+grades its own version number only, and names the version (a git tag ``v<version>``) that grades
+the others; a notebook that records none is graded with this version, and its feedback says so
+(docs/instructors.md, "Versions").
 """
 
 from __future__ import annotations
