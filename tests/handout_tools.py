@@ -159,3 +159,23 @@ def run_in_handout_package(tmp: Path, stub_core_module: str, script: str) -> str
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def check_as_in_handout(check_id: str, tmp_path: Path, monkeypatch):
+    """Register the check ``check_id`` as the handout holds it: no reference, no hidden cases,
+    no mistakes -- their answers for the public cases stored in ``tmp_path`` by
+    ``store_expected``, as ``make student`` stores them. Returns the stripped class."""
+    from transformer_lab.checks import framework as F
+
+    cls = F.load_checks()[check_id]
+    F.store_expected(cls(), tmp_path)
+
+    class Stripped(cls):  # what the handout's module holds
+        expected = F.Check.expected
+        hidden_cases = F.Check.hidden_cases
+        mistakes = F.Check.mistakes
+
+    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
+    monkeypatch.setitem(F.REGISTRY, check_id, Stripped)
+    assert not Stripped.has_reference()
+    return Stripped

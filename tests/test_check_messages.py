@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from handout_tools import check_as_in_handout
 from mutants import CATALOGUE, Mutant
 from mutation_tools import (
     core_from,
@@ -294,16 +295,6 @@ def test_the_handout_names_the_mistakes_of_a_hidden_reference(check_id, where, m
                                                               tmp_path, monkeypatch):
     """The handout has neither the reference nor the mistakes: make student stores the answers
     of both for the public cases, and the hint comes from the stored ones."""
-    cls = F.load_checks()[check_id]
-    F.store_expected(cls(), tmp_path)
-
-    class Stripped(cls):  # what the handout's module holds
-        expected = F.Check.expected
-        hidden_cases = F.Check.hidden_cases
-        mistakes = F.Check.mistakes
-
-    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
-    monkeypatch.setitem(F.REGISTRY, check_id, Stripped)
-    assert not Stripped.has_reference()
+    check_as_in_handout(check_id, tmp_path, monkeypatch)
     msg = mutant_message(check_id, where, models)
     assert "Hint: this is what you get" in msg and cause in msg, msg

@@ -7,6 +7,7 @@ import functools
 
 import numpy as np
 import pytest
+from handout_tools import check_as_in_handout
 from mutation_tools import exercise_cells, exercise_namespace
 
 from transformer_lab import syllabus
@@ -157,16 +158,7 @@ def test_plain_data_survives_encoding():
 def test_stored_answers_stand_in_for_a_hidden_reference(tmp_path, monkeypatch):
     """The handout has no reference for a variant exercise: its public cases and answers are
     stored by make student, and the same check runs on them."""
-    cls = REGISTRY["check-cosine-attention"]
-    F.store_expected(cls(), tmp_path)
-
-    class Stripped(cls):  # what the handout's module holds: no expected(), no hidden cases
-        expected = F.Check.expected
-        hidden_cases = F.Check.hidden_cases
-
-    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
-    monkeypatch.setitem(REGISTRY, cls.id, Stripped)
-    assert not Stripped.has_reference()
+    cls = check_as_in_handout("check-cosine-attention", tmp_path, monkeypatch)
 
     def cosine_attention(q, k, v, tau=0.1):
         qn = q / np.linalg.norm(q, axis=-1, keepdims=True)

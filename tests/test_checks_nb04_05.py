@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from handout_tools import check_as_in_handout
 
 from transformer_lab.checks import CheckFailed, check, load_checks
 from transformer_lab.checks import nb05_attention_backward as N5
@@ -339,18 +340,7 @@ def test_the_torch_reference_of_the_backward_checks_is_nn_multihead_attention():
 def test_merge_masks_runs_on_stored_answers_in_the_handout(tmp_path, monkeypatch):
     """Its reference is hidden (it would show the answer): the handout checks the public cases
     against answers stored by make student, None for 'no mask at all' included."""
-    from transformer_lab.checks import framework as F
-
-    cls = REGISTRY["check-merge-masks"]
-    F.store_expected(cls(), tmp_path)
-
-    class Stripped(cls):  # what the handout's module holds
-        expected = F.Check.expected
-        hidden_cases = F.Check.hidden_cases
-        mistakes = F.Check.mistakes
-
-    monkeypatch.setattr(F, "DATA_DIR", tmp_path)
-    monkeypatch.setitem(REGISTRY, cls.id, Stripped)
+    cls = check_as_in_handout("check-merge-masks", tmp_path, monkeypatch)
     check(cls.id)
     monkeypatch.setattr(CA, "merge_masks", lambda a=None, k=None: a)
     assert "case 'causal (T, T) and padding (B, T), T = S = 4'" in _fails(cls.id)
