@@ -527,14 +527,12 @@ NB05_CHECK = '''"""A check of a later notebook, for the grader's tests."""
 
 import numpy as np
 
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 
 
-@register
-class TestingAttentionBackward(Check):
-    id = "check-testing-attention-backward"
-    notebook = "05_attention_backward"
-    functions = ("attention_forward", "attention_backward")
+class TestingAttentionBackward(Check, id="check-testing-attention-backward",
+                               notebook="05_attention_backward",
+                               functions=("attention_forward", "attention_backward")):
 
     def cases(self, rng):
         yield Case("T = 3, S = 4", (rng.standard_normal((3, 2)), rng.standard_normal((4, 2)),

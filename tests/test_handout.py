@@ -319,9 +319,9 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
                            "        return f.softmax_forward(x)[0]\n    ### END HIDDEN TESTS\n"),
                      "checks/nb01_attention.py", None, "SoftmaxForward.run is hidden"),
     "a class statement hidden": (
-        _edit("checks/nb01_attention.py", "@register\nclass SoftmaxForward(Check):",
-              "### BEGIN HIDDEN TESTS\n@register\nclass Extra(Check):\n    id = 'check-x'\n"
-              "### END HIDDEN TESTS\n\n\n@register\nclass SoftmaxForward(Check):"),
+        _edit("checks/nb01_attention.py", "class SoftmaxForward(Check,",
+              "### BEGIN HIDDEN TESTS\nclass Extra(Check, id='check-x'):\n    pass\n"
+              "### END HIDDEN TESTS\n\n\nclass SoftmaxForward(Check,"),
         "checks/nb01_attention.py", None, "holds the class statement of Extra"),
     "a method cut in two": (
         _edit("checks/nb01_attention.py", "    def run(self, f, x):\n        return f.",

@@ -91,6 +91,17 @@ class Check:
     check_dtype: ClassVar[bool] = True
     axes: ClassVar[Mapping[str, str]] = {}
 
+    def __init_subclass__(cls, **attributes):
+        """``class Softmax(Check, id="check-softmax-forward", functions=(...)):`` sets those
+        class attributes; a class given an ``id`` is registered (:func:`register`)."""
+        super().__init_subclass__()
+        for name, value in attributes.items():
+            if name not in Check.__annotations__:
+                raise TypeError(f"{cls.__name__}: a check has no attribute {name!r}")
+            setattr(cls, name, value)
+        if "id" in attributes:
+            register(cls)
+
     def cases(self, rng: np.random.Generator) -> Iterable[Case]:
         """The cases a student sees run in the notebook."""
         raise NotImplementedError
@@ -140,8 +151,9 @@ REGISTRY: dict[str, type[Check]] = {}
 
 
 def register(cls: type[Check]) -> type[Check]:
-    """Class decorator: add a check to :data:`REGISTRY` under its id. A check that does not set
-    its ``notebook`` belongs to its module's: ``07_blocks`` for one in ``nb07_blocks.py``."""
+    """Add a check to :data:`REGISTRY` under its id (a class given ``id=`` is added when it is
+    defined). A check that does not set its ``notebook`` belongs to its module's: ``07_blocks``
+    for one in ``nb07_blocks.py``."""
     module = cls.__module__.rpartition(".")[2]
     if "notebook" not in vars(cls) and re.fullmatch(r"nb\d\d_\w+", module):
         cls.notebook = module[2:]

@@ -12,17 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 
 # --------------------------------------------------------------------------------------------
 # Section 4: ReLU
 
 
-@register
-class Relu(Check):
-    id = "check-relu"
-    functions = ("relu_forward", "relu_backward")
-
+class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
     def cases(self, rng):
         yield Case("a matrix (4, 5)", (rng.standard_normal((4, 5)), rng.standard_normal((4, 5))))
         x = rng.standard_normal((3, 4))
@@ -81,11 +77,7 @@ def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=Fal
     return tuple(args)
 
 
-@register
-class LinearForward(Check):
-    id = "check-linear-forward"
-    functions = ("linear_forward",)
-
+class LinearForward(Check, id="check-linear-forward", functions=("linear_forward",)):
     def cases(self, rng):
         yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3))
         yield Case("no bias (b = None)", _linear_case_args(rng, 5, 4, 3, bias=False))
@@ -116,11 +108,8 @@ class LinearForward(Check):
         return found
 
 
-@register
-class LinearBackward(Check):
-    id = "check-linear-backward"
-    functions = ("linear_forward", "linear_backward")
-
+class LinearBackward(Check, id="check-linear-backward",
+                     functions=("linear_forward", "linear_backward")):
     def cases(self, rng):
         yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3, dout=True))
         yield Case("no bias (b = None): grads has W only",
@@ -207,11 +196,7 @@ def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
 # Exercise: the mean squared error (a notebook function)
 
 
-@register
-class MSELoss(Check):
-    id = "check-mse"
-    arguments = ("mse_loss",)
-
+class MSELoss(Check, id="check-mse", arguments=("mse_loss",)):
     def cases(self, rng):
         yield Case("shape (3, 2, 4)", (rng.standard_normal((3, 2, 4)),
                                        rng.standard_normal((3, 2, 4))))

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, python_loops, register
+from transformer_lab.checks.framework import Case, Check, later_rng, python_loops
 
 
 def _softmax(x, dim=-1):
@@ -27,11 +27,7 @@ def _softmax(x, dim=-1):
 # Section 3: the softmax
 
 
-@register
-class SoftmaxForward(Check):
-    id = "check-softmax-forward"
-    functions = ("softmax_forward",)
-
+class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forward",)):
     def cases(self, rng):
         yield Case("one row", (rng.standard_normal(5),))
         yield Case("a square matrix (4, 4)", (rng.standard_normal((4, 4)) * 3,))
@@ -90,10 +86,7 @@ def _no_keepdims(t):
 # Section 6: attention
 
 
-@register
-class AttentionForward(Check):
-    id = "check-attention-forward"
-    functions = ("attention_forward",)
+class AttentionForward(Check, id="check-attention-forward", functions=("attention_forward",)):
     axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
 
     def cases(self, rng):
@@ -197,11 +190,7 @@ def _cached(cache, what: str):
 # Exercises: notebook functions
 
 
-@register
-class LogSumExp(Check):
-    id = "check-logsumexp"
-    arguments = ("logsumexp",)
-
+class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
     def cases(self, rng):
         for shape, axis in [((5,), -1), ((3, 4), 0), ((3, 4), 1), ((2, 3, 4), 1)]:
             yield Case(f"shape {shape}, axis {axis}", (rng.standard_normal(shape) * 5,),
@@ -242,11 +231,7 @@ class LogSumExp(Check):
                 lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy()}
 
 
-@register
-class CosineAttention(Check):
-    id = "check-cosine-attention"
-    arguments = ("cosine_attention",)
-
+class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_attention",)):
     def cases(self, rng):
         yield Case("B = 2, T = 3, S = 5, tau = 0.5",
                    (rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)),
@@ -295,11 +280,7 @@ class CosineAttention(Check):
         return {"out": out, "weights": weights}
 
 
-@register
-class AdditiveAttention(Check):
-    id = "check-additive-attention"
-    arguments = ("additive_attention",)
-
+class AdditiveAttention(Check, id="check-additive-attention", arguments=("additive_attention",)):
     def cases(self, rng):
         yield Case("T = 4, S = 6, d_q = 3, d_k = 5, h = 7",
                    tuple(rng.standard_normal(sh) for sh in

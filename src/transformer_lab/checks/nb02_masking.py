@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 
 
 def _softmax(x):
@@ -51,11 +51,7 @@ def _some_blocked(rng, t, s, p=0.4):
 # Core exercises
 
 
-@register
-class CausalMask(Check):
-    id = "check-causal-mask"
-    functions = ("causal_mask",)
-
+class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
     def cases(self, rng):
         yield Case("T = 4 (S defaults to T)", (4,))
         yield Case("T = 1", (1,))
@@ -106,10 +102,7 @@ class _MaskedAttention(Check):
         return _sdpa(q, k, v, mask)
 
 
-@register
-class AttentionMask(_MaskedAttention):
-    id = "check-attention-mask"
-
+class AttentionMask(_MaskedAttention, id="check-attention-mask"):
     def cases(self, rng):
         q, k, v = _qkv(rng, 4, 4, 3, 3)
         yield Case("causal bool mask, T = S = 4", (q, k, v, np.triu(np.ones((4, 4), bool), 1)))
@@ -153,11 +146,7 @@ class AttentionMask(_MaskedAttention):
                 "ignoring the mask": lambda: _softmax(s) @ v}
 
 
-@register
-class SoftmaxEmptyRows(Check):
-    id = "check-softmax-empty-rows"
-    functions = ("softmax_forward",)
-
+class SoftmaxEmptyRows(Check, id="check-softmax-empty-rows", functions=("softmax_forward",)):
     def cases(self, rng):
         yield Case("a row of -inf only", (np.full((1, 5), -np.inf),))
         x = rng.standard_normal((4, 6))
@@ -204,10 +193,7 @@ class SoftmaxEmptyRows(Check):
                 lambda: _softmax(np.where(np.isneginf(x), -1e9, x))}
 
 
-@register
-class AttentionEmptyRows(_MaskedAttention):
-    id = "check-attention-empty-rows"
-
+class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
     def cases(self, rng):
         left_padded = np.triu(np.ones((6, 6), bool), 1)
         left_padded[:, :2] = True  # keys 0, 1 are padding: queries 0 and 1 see nothing
@@ -246,11 +232,7 @@ class AttentionEmptyRows(_MaskedAttention):
         return found
 
 
-@register
-class PaddingMask(Check):
-    id = "check-padding-mask"
-    functions = ("padding_mask",)
-
+class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
     def cases(self, rng):
         yield Case("lengths [6, 3, 2], S = 6", (np.array([6, 3, 2]), 6))
         yield Case("S longer than every sequence", (np.array([2, 4]), 7))
@@ -292,11 +274,7 @@ class PaddingMask(Check):
 # Variant exercises: each mask's reference is hidden (it would show the answer)
 
 
-@register
-class SlidingWindow(Check):
-    id = "check-sliding-window"
-    arguments = ("sliding_window_mask",)
-
+class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window_mask",)):
     def cases(self, rng):
         yield Case("window 1: each query sees only itself", (5, 1))
         yield Case("T = 6, window 3", (6, 3))
@@ -325,11 +303,7 @@ class SlidingWindow(Check):
     ### END HIDDEN TESTS
 
 
-@register
-class PrefixLM(Check):
-    id = "check-prefix-lm"
-    arguments = ("prefix_lm_mask",)
-
+class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
     def cases(self, rng):
         yield Case("no prefix (P = 0): the causal mask", (5, 0))
         yield Case("T = 5, prefix of 2", (5, 2))
@@ -362,11 +336,7 @@ class PrefixLM(Check):
     ### END HIDDEN TESTS
 
 
-@register
-class CrossMask(Check):
-    id = "check-cross-mask"
-    arguments = ("cross_attention_mask",)
-
+class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",)):
     def cases(self, rng):
         yield Case("B = 3, T = 4, S = 5, different lengths",
                    (np.array([3, 1, 4]), np.array([5, 2, 1]), 4, 5))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb00_gradients import torch_linear
 from transformer_lab.checks.nb02_masking import _MaskedAttention
 
@@ -40,11 +40,8 @@ class _LinearCases:
     ### END HIDDEN TESTS
 
 
-@register
-class LinearForwardBatched(_LinearCases, Check):
-    id = "check-linear-forward-batched"
-    functions = ("linear_forward",)
-
+class LinearForwardBatched(_LinearCases, Check, id="check-linear-forward-batched",
+                           functions=("linear_forward",)):
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
         return out
@@ -62,11 +59,8 @@ class LinearForwardBatched(_LinearCases, Check):
         return found
 
 
-@register
-class LinearBackwardBatched(_LinearCases, Check):
-    id = "check-linear-backward-batched"
-    functions = ("linear_forward", "linear_backward")
-
+class LinearBackwardBatched(_LinearCases, Check, id="check-linear-backward-batched",
+                            functions=("linear_forward", "linear_backward")):
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
         dx, grads = f.linear_backward(dout, cache)
@@ -98,10 +92,7 @@ class LinearBackwardBatched(_LinearCases, Check):
         return found
 
 
-@register
-class AttentionBatched(_MaskedAttention):
-    id = "check-attention-batched"
-
+class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
     def cases(self, rng):
         def qkv(lead, t, s, d_k, d_v, dtype=np.float64):
             return tuple(rng.standard_normal((*lead, n, d)).astype(dtype)
@@ -158,11 +149,7 @@ class AttentionBatched(_MaskedAttention):
 # Variant exercises
 
 
-@register
-class RmsNorm(Check):
-    id = "check-rms-norm"
-    arguments = ("rms_norm",)
-
+class RmsNorm(Check, id="check-rms-norm", arguments=("rms_norm",)):
     def cases(self, rng):
         for shape in [(7,), (4, 7), (3, 4, 7), (2, 3, 4, 7)]:
             yield Case(f"x of shape {shape}", (rng.standard_normal(shape),
@@ -210,11 +197,7 @@ def _padded_batch(rng, b, t, d, full_first=True):
     return H, lengths
 
 
-@register
-class LastToken(Check):
-    id = "check-last-token"
-    arguments = ("last_valid_token",)
-
+class LastToken(Check, id="check-last-token", arguments=("last_valid_token",)):
     def cases(self, rng):
         yield Case("H (3, 5, 4), lengths [5, 2, 1]",
                    (rng.standard_normal((3, 5, 4)), np.array([5, 2, 1])))
@@ -240,11 +223,7 @@ class LastToken(Check):
     ### END HIDDEN TESTS
 
 
-@register
-class MaskedMean(Check):
-    id = "check-masked-mean"
-    arguments = ("masked_mean",)
-
+class MaskedMean(Check, id="check-masked-mean", arguments=("masked_mean",)):
     @staticmethod
     def _case(rng, b, t, d, last_one=True):
         H, lengths = _padded_batch(rng, b, t, d, full_first=False)

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 
 # --------------------------------------------------------------------------------------------
 # Inputs shared by the checks (plain data: the cases hold arrays, never modules)
@@ -202,10 +202,7 @@ def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
 # Heads
 
 
-@register
-class SplitHeads(Check):
-    id = "check-split-heads"
-    functions = ("split_heads",)
+class SplitHeads(Check, id="check-split-heads", functions=("split_heads",)):
     axes = {"output": "bhtd"}  # axis names, for messages
 
     def cases(self, rng):
@@ -240,10 +237,7 @@ class SplitHeads(Check):
                 lambda: x.reshape(b, t, d, h).transpose(0, 3, 1, 2)}
 
 
-@register
-class MergeHeads(Check):
-    id = "check-merge-heads"
-    functions = ("merge_heads",)
+class MergeHeads(Check, id="check-merge-heads", functions=("merge_heads",)):
     axes = {"output": "bte"}  # axis names, for messages
 
     def cases(self, rng):
@@ -278,10 +272,8 @@ class MergeHeads(Check):
 # Multi-head attention, separate projections
 
 
-@register
-class MultiHeadAttentionForward(Check):
-    id = "check-mha-forward"
-    functions = ("multi_head_attention_forward",)
+class MultiHeadAttentionForward(Check, id="check-mha-forward",
+                                functions=("multi_head_attention_forward",)):
     axes = {"output": "bte"}  # axis names, for messages
 
     def cases(self, rng):
@@ -322,10 +314,7 @@ class MultiHeadAttentionForward(Check):
 # One mask for every head
 
 
-@register
-class MergeMasks(Check):
-    id = "check-merge-masks"
-    functions = ("merge_masks",)
+class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
     axes = {"output": "bhts"}  # axis names, for messages
 
     @staticmethod
@@ -402,10 +391,8 @@ class MergeMasks(Check):
 # Self-attention, packed projections
 
 
-@register
-class SelfAttentionForward(Check):
-    id = "check-self-attention-forward"
-    functions = ("self_attention_forward",)
+class SelfAttentionForward(Check, id="check-self-attention-forward",
+                           functions=("self_attention_forward",)):
     axes = {"output": "bte"}  # axis names, for messages
 
     def cases(self, rng):
@@ -446,11 +433,7 @@ class SelfAttentionForward(Check):
 # Variant exercises: grouped-query attention and its cost
 
 
-@register
-class GroupedQueryAttention(Check):
-    id = "check-gqa"
-    arguments = ("grouped_query_attention",)
-
+class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_attention",)):
     @staticmethod
     def _case(rng, name, b, t, e, h, g, dtype=np.float64):
         d_h = e // h
@@ -531,11 +514,7 @@ def torch_gqa_cost(e, h, g, t):
     return int(n_params), int(counter.get_total_flops())
 
 
-@register
-class GroupedQueryAttentionCost(Check):
-    id = "check-gqa-cost"
-    arguments = ("gqa_cost",)
-
+class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost",)):
     def cases(self, rng):
         yield Case("g = h: must be 4E^2 + 4E and 8TE^2 + 4T^2E (E = 16, h = g = 4, T = 5)",
                    (16, 4, 4, 5))

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb04_multihead_attention import (
     blocked_rows_mask,
     mha_case,
@@ -149,11 +149,8 @@ def row_cases(rng):
                (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
 
 
-@register
-class SoftmaxBackward(Check):
-    id = "check-softmax-backward"
-    functions = ("softmax_forward", "softmax_backward")
-
+class SoftmaxBackward(Check, id="check-softmax-backward",
+                      functions=("softmax_forward", "softmax_backward")):
     def cases(self, rng):
         yield from row_cases(rng)
         x = rng.standard_normal((3, 4))
@@ -201,10 +198,8 @@ class SoftmaxBackward(Check):
 # Scaled dot-product attention
 
 
-@register
-class AttentionBackward(Check):
-    id = "check-attention-backward"
-    functions = ("attention_forward", "attention_backward")
+class AttentionBackward(Check, id="check-attention-backward",
+                        functions=("attention_forward", "attention_backward")):
     axes = {"dq": "bhtd", "dk": "bhsd", "dv": "bhsd"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -280,10 +275,9 @@ _mha_case = functools.partial(mha_case, backward=True)
 _self_attention_case = functools.partial(self_attention_case, backward=True)
 
 
-@register
-class MultiHeadAttentionBackward(Check):
-    id = "check-mha-backward"
-    functions = ("multi_head_attention_forward", "multi_head_attention_backward")
+class MultiHeadAttentionBackward(Check, id="check-mha-backward",
+                                 functions=("multi_head_attention_forward",
+                                            "multi_head_attention_backward")):
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -343,10 +337,8 @@ class MultiHeadAttentionBackward(Check):
         return found
 
 
-@register
-class SelfAttentionBackward(Check):
-    id = "check-self-attention-backward"
-    functions = ("self_attention_forward", "self_attention_backward")
+class SelfAttentionBackward(Check, id="check-self-attention-backward",
+                            functions=("self_attention_forward", "self_attention_backward")):
     axes = {"dx": "bte"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -412,11 +404,8 @@ class SelfAttentionBackward(Check):
 # Variant exercises
 
 
-@register
-class SoftmaxTemperatureBackward(Check):
-    id = "check-softmax-temperature"
-    arguments = ("softmax_temperature_backward",)
-
+class SoftmaxTemperatureBackward(Check, id="check-softmax-temperature",
+                                 arguments=("softmax_temperature_backward",)):
     @staticmethod
     def _case(rng, name, shape, tau):
         x = rng.standard_normal(shape)
@@ -451,11 +440,8 @@ class SoftmaxTemperatureBackward(Check):
                 lambda: {**right, "dtau": -right["dtau"]}}
 
 
-@register
-class ScoreBiasAttentionBackward(Check):
-    id = "check-score-bias-attention"
-    arguments = ("score_bias_attention_backward",)
-
+class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
+                                 arguments=("score_bias_attention_backward",)):
     @staticmethod
     def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False):
         q = rng.standard_normal((*lead, t, d_k))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
     row_cases,
@@ -82,11 +82,9 @@ class _LayerNormCases:
         yield _norm_case(later, "beta without gamma", (2, 3, 4), gamma=False)
 
 
-@register
-class LayerNormForward(_LayerNormCases, Check):
-    id = "check-layer-norm-forward"
+class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
+                       functions=("layer_norm_forward",)):
     axes = {"output": "te"}  # axis names, for messages
-    functions = ("layer_norm_forward",)
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
         return f.layer_norm_forward(x, gamma, beta, eps)[0]
@@ -113,11 +111,9 @@ class LayerNormForward(_LayerNormCases, Check):
         return found
 
 
-@register
-class LayerNormBackward(_LayerNormCases, Check):
-    id = "check-layer-norm-backward"
+class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
+                        functions=("layer_norm_forward", "layer_norm_backward")):
     axes = {"dx": "te"}  # axis names, for messages
-    functions = ("layer_norm_forward", "layer_norm_backward")
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
@@ -149,11 +145,8 @@ class LayerNormBackward(_LayerNormCases, Check):
 # Log-softmax and cross-entropy
 
 
-@register
-class LogSoftmax(Check):
-    id = "check-log-softmax"
-    functions = ("log_softmax_forward", "log_softmax_backward")
-
+class LogSoftmax(Check, id="check-log-softmax",
+                 functions=("log_softmax_forward", "log_softmax_backward")):
     def cases(self, rng):
         yield from row_cases(rng)
         yield Case("huge logits (+-1000: exp would overflow)",
@@ -206,11 +199,9 @@ def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reductio
                                           "dloss": dloss})
 
 
-@register
-class CrossEntropy(Check):
-    id = "check-cross-entropy"
+class CrossEntropy(Check, id="check-cross-entropy",
+                   functions=("cross_entropy_forward", "cross_entropy_backward")):
     axes = {"dlogits": "tv"}  # axis names, for messages
-    functions = ("cross_entropy_forward", "cross_entropy_backward")
 
     def cases(self, rng):
         yield _ce_case(rng, "4 tokens, 5 classes, no padding", (4,), 5)
@@ -288,11 +279,8 @@ class CrossEntropy(Check):
 # Embedding
 
 
-@register
-class Embedding(Check):
-    id = "check-embedding"
+class Embedding(Check, id="check-embedding", functions=("embedding_forward", "embedding_backward")):
     axes = {"out": "te"}  # axis names, for messages
-    functions = ("embedding_forward", "embedding_backward")
 
     @staticmethod
     def _case(rng, name, ids, vocab, d, dtype=np.float64):
@@ -337,11 +325,7 @@ class Embedding(Check):
                 fancy_index_add}
 
 
-@register
-class RMSNormBackward(Check):
-    id = "check-rms-norm-backward"
-    arguments = ("rms_norm_backward",)
-
+class RMSNormBackward(Check, id="check-rms-norm-backward", arguments=("rms_norm_backward",)):
     @staticmethod
     def _case(rng, name, shape, eps=1e-6):
         return Case(name, (rng.standard_normal(shape), rng.standard_normal(shape),

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.reference.interop import layout
 
 
@@ -175,11 +175,7 @@ def _copy(tree):
 # Activations (§1)
 
 
-@register
-class Gelu(Check):
-    id = "check-gelu"
-    functions = ("gelu_forward", "gelu_backward")
-
+class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
     def cases(self, rng):
         x, dout = _randn(rng, (3, 5), scale=2), rng.standard_normal((3, 5))
         yield Case("exact (erf), float64", (x, dout), {"approximate": "none"})
@@ -226,11 +222,8 @@ class Gelu(Check):
                 lambda: {"out": right["out"], "dx": dout * _np(first_term)}}
 
 
-@register
-class Activation(Check):
-    id = "check-activation"
-    functions = ("activation_forward", "activation_backward")
-
+class Activation(Check, id="check-activation",
+                 functions=("activation_forward", "activation_backward")):
     def cases(self, rng):
         for name in ("relu", "gelu", "gelu_tanh"):
             yield Case(f"{name!r}", (_randn(rng, (3, 4), scale=2), rng.standard_normal((3, 4)),
@@ -267,11 +260,9 @@ class Activation(Check):
 # The feed-forward network (§2)
 
 
-@register
-class FeedForward(Check):
-    id = "check-feed-forward"
+class FeedForward(Check, id="check-feed-forward",
+                  functions=("feed_forward_forward", "feed_forward_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    functions = ("feed_forward_forward", "feed_forward_backward")
 
     def cases(self, rng):
         yield Case("ReLU, x (2, 3, 4), F = 6",
@@ -368,11 +359,8 @@ def _tanh_sublayer(W):
     return forward, backward
 
 
-@register
-class Residual(Check):
-    id = "check-residual"
+class Residual(Check, id="check-residual", functions=("residual_forward", "residual_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    functions = ("residual_forward", "residual_backward")
 
     def cases(self, rng):
         for norm_first, name in ((True, "pre-norm"), (False, "post-norm")):
@@ -455,11 +443,7 @@ class Residual(Check):
 # Dropout (§4)
 
 
-@register
-class Dropout(Check):
-    id = "check-dropout"
-    functions = ("dropout_forward", "dropout_backward")
-
+class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_backward")):
     def cases(self, rng):
         yield Case("training, p = 0.1", (rng.standard_normal((4, 6)), rng.standard_normal((4, 6)),
                                          0.1, 11, True))
@@ -528,11 +512,7 @@ class Dropout(Check):
 # Initialisation (§5)
 
 
-@register
-class Init(Check):
-    id = "check-init"
-    functions = ("init_uniform", "init_xavier")
-
+class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
     def cases(self, rng):
         yield Case("init_uniform, fan_in 4, shape (4, 6)", ("uniform", 4, (4, 6), 21))
         yield Case("init_uniform, a bias: fan_in 8, shape (5,)", ("uniform", 8, (5,), 22))
@@ -686,11 +666,9 @@ class _TwinCheck(Check):
                                                     norm_first=not keywords["norm_first"]))
 
 
-@register
-class EncoderLayer(_TwinCheck):
-    id = "check-encoder-layer"
+class EncoderLayer(_TwinCheck, id="check-encoder-layer",
+                   functions=("encoder_layer_forward", "encoder_layer_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    functions = ("encoder_layer_forward", "encoder_layer_backward")
 
     def cases(self, rng):
         pad = np.array([[False] * 5, [False] * 3 + [True] * 2])[:, None, None, :]  # (B,1,1,S)
@@ -722,11 +700,9 @@ class EncoderLayer(_TwinCheck):
         return found
 
 
-@register
-class DecoderLayer(_TwinCheck):
-    id = "check-decoder-layer"
+class DecoderLayer(_TwinCheck, id="check-decoder-layer",
+                   functions=("decoder_layer_forward", "decoder_layer_backward")):
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    functions = ("decoder_layer_forward", "decoder_layer_backward")
     decoder = True
 
     def cases(self, rng):

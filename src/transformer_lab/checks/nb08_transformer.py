@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb07_blocks import (
     _activation,
     _copy,
@@ -37,11 +37,8 @@ from transformer_lab.reference.interop import layout
 # Positions and embeddings (§1)
 
 
-@register
-class PositionalEncoding(Check):
-    id = "check-positional-encoding"
+class PositionalEncoding(Check, id="check-positional-encoding", functions=("positional_encoding",)):
     axes = {"output": "te"}  # axis names, for messages
-    functions = ("positional_encoding",)
 
     def cases(self, rng):
         yield Case("10 positions, d_model 8", (10, 8))
@@ -87,11 +84,8 @@ class PositionalEncoding(Check):
                 lambda: self._table(max_len, d_model, base, "swapped")}
 
 
-@register
-class Embed(Check):
-    id = "check-embed"
+class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward")):
     axes = {"x": "bte"}  # axis names, for messages
-    functions = ("embed_forward", "embed_backward")
 
     def cases(self, rng):
         ids = np.array([[3, 1, 3, 0], [2, 3, 3, 4]])  # repeated ids, within and across rows
@@ -167,11 +161,9 @@ class Embed(Check):
 # Stacks (§2): compared with their torch twins as notebook 07's layers are
 
 
-@register
-class EncoderStack(_TwinCheck):
-    id = "check-encoder-stack"
+class EncoderStack(_TwinCheck, id="check-encoder-stack",
+                   functions=("encoder_forward", "encoder_backward")):
     axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
-    functions = ("encoder_forward", "encoder_backward")
     stack = True
 
     def cases(self, rng):
@@ -200,11 +192,9 @@ class EncoderStack(_TwinCheck):
         return found
 
 
-@register
-class DecoderStack(_TwinCheck):
-    id = "check-decoder-stack"
+class DecoderStack(_TwinCheck, id="check-decoder-stack",
+                   functions=("decoder_forward", "decoder_backward")):
     axes = {"out": "bte", "dx": "bte", "dmemory": "bse"}  # axis names, for messages
-    functions = ("decoder_forward", "decoder_backward")
     decoder = stack = True
 
     def cases(self, rng):
@@ -350,12 +340,11 @@ def config_of(config: dict):
     return SimpleNamespace(**config)
 
 
-@register
-class TransformerForward(Check):
-    id = "check-transformer-forward"
+class TransformerForward(Check, id="check-transformer-forward",
+                         functions=("transformer_encode", "transformer_decode",
+                                    "transformer_forward")):
     axes = {"memory (transformer_encode)": "bse", "logits (transformer_decode)": "btv",
             "logits (transformer_forward)": "btv"}  # axis names, for messages
-    functions = ("transformer_encode", "transformer_decode", "transformer_forward")
 
     def cases(self, rng):
         yield Case("pre-norm, sinusoid-like table, padding", model_case(rng))
@@ -410,11 +399,9 @@ class TransformerForward(Check):
 # Weight tying (§4)
 
 
-@register
-class TiedOutput(Check):
-    id = "check-tied-output"
+class TiedOutput(Check, id="check-tied-output",
+                 functions=("tied_output_forward", "tied_output_backward")):
     axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
-    functions = ("tied_output_forward", "tied_output_backward")
 
     def cases(self, rng):
         yield Case("x (2, 3, 4), V = 6", (rng.standard_normal((2, 3, 4)),

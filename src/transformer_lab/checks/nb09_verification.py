@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb08_transformer import (
     config_of,
     model_case,
@@ -60,11 +60,8 @@ def _labels(rng, args):
     return labels
 
 
-@register
-class TransformerBackward(Check):
-    id = "check-transformer-backward"
-    functions = ("transformer_forward", "transformer_backward")
-
+class TransformerBackward(Check, id="check-transformer-backward",
+                          functions=("transformer_forward", "transformer_backward")):
     def cases(self, rng):
         yield from _model_cases(rng, MODEL_CASES, _dlogits)
         # the cases below were added later: the ones above stay as drawn
@@ -104,11 +101,7 @@ class TransformerBackward(Check):
                 lambda: cut}
 
 
-@register
-class TransformerLoss(Check):
-    id = "check-transformer-loss"
-    functions = ("transformer_loss",)
-
+class TransformerLoss(Check, id="check-transformer-loss", functions=("transformer_loss",)):
     def cases(self, rng):
         yield from _model_cases(rng, MODEL_CASES, _labels)
 
@@ -172,11 +165,8 @@ def _mha_case(batch, length, e, heads, seed):
     return mha, x, mask, r.standard_normal((batch, length, e))
 
 
-@register
-class FindTheBug(Check):
-    id = "check-find-the-bug"
+class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    arguments = ("self_attention",)
 
     def cases(self, rng):
         yield Case("B=2, T=5, E=12, 3 heads", (2, 5, 12, 3, 1))
@@ -255,11 +245,8 @@ def _smoothed(logits, labels, pad_id, eps, how="right"):
     return {"loss": float(value), "dlogits": dlogits}
 
 
-@register
-class LabelSmoothing(Check):
-    id = "check-label-smoothing"
+class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_loss",)):
     axes = {"dlogits": "btv"}  # axis names, for messages
-    arguments = ("smoothed_loss",)
 
     def cases(self, rng):
         for shape, eps, scale in [((2, 5, 7), 0.1, 3), ((3, 4, 5), 0.0, 3),
@@ -304,11 +291,8 @@ class LabelSmoothing(Check):
 # Exercise 3: positional encodings of a batch padded on either side
 
 
-@register
-class PaddedPositions(Check):
-    id = "check-padded-positions"
-    arguments = ("padded_positional_encoding",)
-
+class PaddedPositions(Check, id="check-padded-positions",
+                      arguments=("padded_positional_encoding",)):
     def cases(self, rng):
         ids = np.array([[0, 0, 5, 3, 8], [4, 4, 4, 4, 4], [0, 7, 7, 0, 0]])
         yield Case("padded left, not at all, on both sides; d_model 6", (ids, 0, 6))

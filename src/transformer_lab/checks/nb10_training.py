@@ -17,7 +17,7 @@ import numpy as np
 
 from transformer_lab.checks import framework as F
 from transformer_lab.checks._torch_helpers import torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 from transformer_lab.models.config import config_from_dict
 
 
@@ -96,11 +96,7 @@ def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nes
     return out
 
 
-@register
-class SGDStep(Check):
-    id = "check-sgd-step"
-    functions = ("sgd_step",)
-
+class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
     def cases(self, rng):
         yield _trajectory_case(rng, "plain SGD, no momentum (three steps)", (3, 4), 3, lr=0.1)
         yield _trajectory_case(rng, "momentum 0.9, the first step (the buffer starts as a copy "
@@ -217,11 +213,7 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
     return {P_AFTER: np.stack(after).astype(dt), M_AFTER: m.astype(dt), V_AFTER: v.astype(dt)}
 
 
-@register
-class AdamStep(Check):
-    id = "check-adam-step"
-    functions = ("adam_step",)
-
+class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
     def cases(self, rng):
         yield _trajectory_case(rng, "the first step (t = 1): p moves by lr * g / (|g| + eps)",
                                (3, 4), 1, lr=0.01)
@@ -327,11 +319,7 @@ def _as_dtype_of(value, grads):
     return np.asarray(value, dtype=next(iter(grads.values())).dtype)[()]
 
 
-@register
-class GlobalNorm(Check):
-    id = "check-global-norm"
-    functions = ("global_norm",)
-
+class GlobalNorm(Check, id="check-global-norm", functions=("global_norm",)):
     def cases(self, rng):
         yield _grads_case(rng, "one array", {"W": (3, 4)})
         yield _grads_case(rng, "arrays of different shapes", {"W": (4, 3), "b": (3,),
@@ -377,11 +365,7 @@ def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6, norm_afte
     return {NORM: _as_dtype_of(after if norm_after else total, grads), CLIPPED: out}
 
 
-@register
-class ClipGradNorm(Check):
-    id = "check-clip-grad-norm"
-    functions = ("clip_grad_norm",)
-
+class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm",)):
     def cases(self, rng):
         yield _grads_case(rng, "above the threshold: every gradient scaled by max_norm / (norm "
                                "+ 1e-6)", {"W": (3, 4), "b": (4,)}, np.float64, [2.0, 2.0], 1.0)
@@ -526,11 +510,7 @@ def _torch_steps(config, params, batches, lrs, clip, optimizer, variant=""):
             PARAMS: twin.numpy_params()}
 
 
-@register
-class TrainStep(Check):
-    id = "check-train-step"
-    functions = ("train_step",)
-
+class TrainStep(Check, id="check-train-step", functions=("train_step",)):
     def cases(self, rng):
         yield _step_case(rng, "SGD with momentum, clip 0.01: the gradients are clipped", "sgd",
                          [0.05, 0.1, 0.02], 0.01)
@@ -592,11 +572,7 @@ class TrainStep(Check):
 # Exercise 1: the paper's learning-rate schedule (the reference would show the answer: hidden)
 
 
-@register
-class NoamSchedule(Check):
-    id = "check-noam-schedule"
-    arguments = ("noam_lr",)
-
+class NoamSchedule(Check, id="check-noam-schedule", arguments=("noam_lr",)):
     def cases(self, rng):
         yield Case("d_model 512, warm-up 4000 (the paper's), steps 1 to 12009",
                    (np.arange(1, 12010), 512, 4000))
@@ -661,11 +637,7 @@ def _rmsprop_torch(params, grads, fresh_state=False, **settings):
             **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
 
 
-@register
-class RMSprop(Check):
-    id = "check-rmsprop"
-    arguments = ("rmsprop_step",)
-
+class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
     def cases(self, rng):
         yield _rmsprop_case(rng, "plain (alpha 0.99, no momentum, not centred)")
         yield _rmsprop_case(rng, "momentum 0.9", momentum=0.9)
@@ -824,11 +796,7 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
     return Case(name, (SAMPLES_CONFIG, params, CHECK_SRC, temperature, max_len, what))
 
 
-@register
-class SampleDecode(Check):
-    id = "check-sample-decode"
-    arguments = ("sample_decode",)
-
+class SampleDecode(Check, id="check-sample-decode", arguments=("sample_decode",)):
     def cases(self, rng):
         yield _sampling_case(rng, "temperature 1e-6 is greedy decoding", "samples", 1e-6, 6)
         yield _sampling_case(rng, "a model whose likeliest token is always </s>: every sequence "

@@ -14,7 +14,7 @@ import functools
 import re
 
 from transformer_lab.checks._torch_helpers import LazyModule
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 
 tokenizers = LazyModule("tokenizers")
 
@@ -153,11 +153,7 @@ def _as_words(word_list) -> dict:
 # Bytes and pieces (§2, §3)
 
 
-@register
-class BytesToUnicode(Check):
-    id = "check-bytes-to-unicode"
-    functions = ("bytes_to_unicode",)
-
+class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_unicode",)):
     def cases(self, rng):
         yield Case("printable ASCII, bytes 33..126 (they keep their character)",
                    (list(range(33, 127)),))
@@ -200,11 +196,7 @@ class BytesToUnicode(Check):
                 lambda: [shifted.get(b, chr(b)) for b in bytes_]}
 
 
-@register
-class Pretokenize(Check):
-    id = "check-pretokenize"
-    functions = ("pretokenize",)
-
+class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
     def cases(self, rng):
         for name, text in {**TEXTS, **MORE_TEXTS}.items():
             yield Case(name, (text,))
@@ -241,11 +233,7 @@ class Pretokenize(Check):
                          "must join back into the text)": lambda: text.split()}
 
 
-@register
-class WordCounts(Check):
-    id = "check-word-counts"
-    functions = ("word_counts",)
-
+class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
     def cases(self, rng):
         yield Case("a word three times, at the start and after spaces", ("the cat the the",))
         yield Case("accents: two bytes a character", ("Café café naïve",))
@@ -288,11 +276,7 @@ class WordCounts(Check):
 # Counting and merging pairs (§4)
 
 
-@register
-class PairCounts(Check):
-    id = "check-pair-counts"
-    functions = ("pair_counts",)
-
+class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
     def cases(self, rng):
         yield Case("one word, once", ([[[104, 101, 108, 108, 111], 1]],))
         yield Case("words counted 3 and 2 times", ([[[104, 105], 3], [[104, 105, 33], 2]],))
@@ -331,11 +315,7 @@ class PairCounts(Check):
         return {_pair_key(pair): int(n) for pair, n in counts.items()}
 
 
-@register
-class MergePair(Check):
-    id = "check-merge-pair"
-    functions = ("merge_pair",)
-
+class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
     def cases(self, rng):
         yield Case("'aaa': the first two merge, the third stays", ((97, 97, 97), (97, 97), 256))
         yield Case("'aaaa': two merges", ((97, 97, 97, 97), (97, 97), 256))
@@ -428,11 +408,7 @@ def _stale_train(words, num_merges):
 ### END HIDDEN TESTS
 
 
-@register
-class TrainBPE(Check):
-    id = "check-train-bpe"
-    functions = ("train_bpe",)
-
+class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
     def cases(self, rng):
         yield Case("'hug' 10, 'pug' 5, 'pun' 12, 'bun' 4, 'hugs' 5: 4 merges",
                    ([[list(b"hug"), 10], [list(b"pug"), 5], [list(b"pun"), 12],
@@ -512,11 +488,7 @@ def _work(words, merges, read=None) -> str:
 # Encoding and decoding (§6, §7)
 
 
-@register
-class TokenBytes(Check):
-    id = "check-token-bytes"
-    functions = ("token_bytes",)
-
+class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
     def cases(self, rng):
         yield Case("no merges: the 256 bytes", ([],))
         yield Case("'th', 'the', ' the'", ([[116, 104], [256, 101], [32, 257]],))
@@ -543,11 +515,7 @@ class TokenBytes(Check):
         return [bytes(t).hex() if isinstance(t, (bytes, bytearray)) else repr(t) for t in vocab]
 
 
-@register
-class EncodeWord(Check):
-    id = "check-encode-word"
-    functions = ("encode_word",)
-
+class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
     def cases(self, rng):
         the = [[116, 104], [256, 101], [32, 257]]
         yield Case("' the' with 'th', 'the', ' the'", (list(b" the"), the))
@@ -613,11 +581,7 @@ class EncodeWord(Check):
                 lambda: by_rank(min, 0)}
 
 
-@register
-class BPEEncode(Check):
-    id = "check-bpe-encode"
-    functions = ("bpe_encode",)
-
+class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
     def cases(self, rng):
         merges = _random_merges(rng, "".join(TEXTS.values()), 80)
         for name, text in TEXTS.items():
@@ -653,11 +617,7 @@ class BPEEncode(Check):
                 if all(ord(c) < 256 for c in text) else None}
 
 
-@register
-class BPEDecode(Check):
-    id = "check-bpe-decode"
-    functions = ("bpe_decode",)
-
+class BPEDecode(Check, id="check-bpe-decode", functions=("bpe_decode",)):
     def cases(self, rng):
         vocab = [bytes([b]).hex() for b in range(256)] + ["c3a9", "20e4b896", "f09f8c8d"]
         yield Case("bytes and merges", ([72, 105, 256, 33], vocab))

@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
 PAD, BOS, EOS = 0, 1, 2
@@ -33,10 +33,8 @@ def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ign
     return (logits, targets, eps, ignore_index, dloss)
 
 
-@register
-class LabelSmoothedLoss(Check):
-    id = "check-label-smoothed-loss"
-    functions = ("label_smoothed_loss_forward", "label_smoothed_loss_backward")
+class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
+                        functions=("label_smoothed_loss_forward", "label_smoothed_loss_backward")):
     tol = {"float64": 1e-9, "float32": 1e-4}
 
     def cases(self, rng):
@@ -166,11 +164,7 @@ def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
     return (scores, lengths, finished, logp, alpha, EOS, PAD)
 
 
-@register
-class BeamStep(Check):
-    id = "check-beam-step"
-    functions = ("length_penalty", "beam_step")
-
+class BeamStep(Check, id="check-beam-step", functions=("length_penalty", "beam_step")):
     def cases(self, rng):
         yield Case("the first step: one live hypothesis, K = 3, V = 5",
                    _step_case(rng, 1, 3, 5, 0.6, first=True))
@@ -301,11 +295,8 @@ SEARCH_MISTAKES = {
 ### END HIDDEN TESTS
 
 
-@register
-class BeamSearch(Check):
-    id = "check-beam-search"
-    functions = ("length_penalty", "beam_step", "beam_search")
-
+class BeamSearch(Check, id="check-beam-search",
+                 functions=("length_penalty", "beam_step", "beam_search")):
     def cases(self, rng):
         yield Case("B = 1, K = 2, V = 5, 4 steps", _search_case(rng, 1, 2, 5, 4, 0.6))
         yield Case("B = 2, K = 3, V = 6, 6 steps", _search_case(rng, 2, 3, 6, 6, 0.6))
@@ -361,11 +352,9 @@ def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=
     return ({**config_to_dict(config), "dtype": dtype}, params, memory, pad, tgt, list(chunks))
 
 
-@register
-class DecoderStep(Check):
-    id = "check-decoder-step"
-    functions = ("memory_keys_values", "cached_self_attention_step", "decoder_layer_step",
-                 "transformer_decode_step")
+class DecoderStep(Check, id="check-decoder-step",
+                  functions=("memory_keys_values", "cached_self_attention_step",
+                             "decoder_layer_step", "transformer_decode_step")):
     tol = {"float64": 1e-9, "float32": 1e-4}
 
     def cases(self, rng):

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 
 
 def _config(d: dict):
@@ -34,11 +34,9 @@ def _flat_params(config: dict, rng, scale=0.3) -> dict:
 # §2 The next-token loss
 
 
-@register
-class NextTokenLoss(Check):
-    id = "check-next-token-loss"
+class NextTokenLoss(Check, id="check-next-token-loss",
+                    functions=("next_token_loss_forward", "next_token_loss_backward")):
     axes = {"dlogits": "btv"}  # axis names, for messages
-    functions = ("next_token_loss_forward", "next_token_loss_backward")
 
     def cases(self, rng):
         yield Case("B = 2, T = 5, V = 7", (rng.standard_normal((2, 5, 7)),
@@ -128,11 +126,10 @@ def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
     return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
-@register
-class CausalSelfAttention(Check):
-    id = "check-causal-self-attention"
-    functions = ("self_attention_forward", "self_attention_backward",
-                 "causal_self_attention_forward", "causal_self_attention_backward")
+class CausalSelfAttention(Check, id="check-causal-self-attention",
+                          functions=("self_attention_forward", "self_attention_backward",
+                                     "causal_self_attention_forward",
+                                     "causal_self_attention_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
@@ -238,9 +235,7 @@ class _BlockCheck(Check):
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
 
-@register
-class GPTBlock(_BlockCheck):
-    id = "check-gpt-block"
+class GPTBlock(_BlockCheck, id="check-gpt-block"):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     ### BEGIN HIDDEN TESTS
@@ -272,11 +267,8 @@ def _pe(config):
     return pe.astype(c.dtype)
 
 
-@register
-class GPTModel(Check):
-    id = "check-gpt-model"
+class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backward", "gpt_loss")):
     axes = {"logits": "btv"}  # axis names, for messages
-    functions = ("gpt_forward", "gpt_backward", "gpt_loss")
 
     def cases(self, rng):
         yield Case("two layers, learned positions, float64", _model_case(rng))
@@ -359,15 +351,12 @@ class GPTModel(Check):
                 "gets the sum of both uses)": untied}
 
 
-@register
-class GPTDropout(GPTModel):
+class GPTDropout(GPTModel, id="check-gpt-dropout",
+                 functions=("gpt_block_forward", "gpt_block_backward", "gpt_forward",
+                            "gpt_backward", "gpt_loss")):
     """The model trained with dropout: the masks the core draws from the generator (per block,
     the attention's, then the MLP's, each ``rng.random((B, T, E)) >= p``) replayed in
     PyTorch."""
-
-    id = "check-gpt-dropout"
-    functions = ("gpt_block_forward", "gpt_block_backward", "gpt_forward", "gpt_backward",
-                 "gpt_loss")
 
     def cases(self, rng):
         yield Case("training with dropout 0.3 (rng given: layer 0's masks, attention then MLP, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb13_gpt import (
     _config,
     _model_case,
@@ -26,11 +26,7 @@ def _kept_and_values(filtered):
     return {"kept": kept, "values": np.where(kept, filtered, 0)}
 
 
-@register
-class TopKFilter(Check):
-    id = "check-top-k-filter"
-    functions = ("top_k_filter",)
-
+class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 10))
         yield Case("k = 3", (x, 3))
@@ -68,11 +64,7 @@ def _top_p_reference(logits, p):
     return kept
 
 
-@register
-class TopPFilter(Check):
-    id = "check-top-p-filter"
-    functions = ("top_p_filter",)
-
+class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((4, 8)) * 2
         yield Case("p = 0.9", (x, 0.9))
@@ -106,10 +98,7 @@ class TopPFilter(Check):
                 lambda: {"kept": before, "values": np.where(before, logits, 0)}}
 
 
-@register
-class SampleNext(Check):
-    id = "check-sample-next"
-    functions = ("sample_next",)
+class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
     DRAWS = 40000
 
     def cases(self, rng):
@@ -156,11 +145,7 @@ class SampleNext(Check):
                 "reproducible with the same seed": True}
 
 
-@register
-class MinPFilter(Check):
-    id = "check-min-p-filter"
-    arguments = ("min_p_filter",)
-
+class MinPFilter(Check, id="check-min-p-filter", arguments=("min_p_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 9)) * 2
         yield Case("p_min = 0.1", (x, 0.1))
@@ -188,11 +173,8 @@ class MinPFilter(Check):
 # §2 The KV cache
 
 
-@register
-class KVCacheAppend(Check):
-    id = "check-kv-cache-append"
+class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_append",)):
     axes = {"K": "bhsd", "V": "bhsd", "keys": "bhsd", "values": "bhsd"}  # axis names, for messages
-    functions = ("kv_cache_append",)
 
     def cases(self, rng):
         yield Case("a prompt of 3, then 1, then 2 positions",
@@ -240,11 +222,9 @@ class KVCacheAppend(Check):
                 "start)": from_zero}
 
 
-@register
-class CachedStep(Check):
-    id = "check-gpt-step"
+class CachedStep(Check, id="check-gpt-step",
+                 functions=("causal_self_attention_step", "gpt_block_step", "gpt_step")):
     axes = {"logits": "btv"}  # axis names, for messages
-    functions = ("causal_self_attention_step", "gpt_block_step", "gpt_step")
 
     def cases(self, rng):
         yield Case("a prompt of 3, then one token at a time", (*_model_case(rng), (3, 1, 1, 1)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, register
+from transformer_lab.checks.framework import Case, Check
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
     _attention_params,
@@ -24,11 +24,8 @@ from transformer_lab.checks.nb13_gpt import (
 # §1 RoPE
 
 
-@register
-class RoPE(Check):
-    id = "check-rope"
+class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "rope_backward")):
     axes = {"out": "td", "dx": "td"}  # axis names, for messages
-    functions = ("rope_tables", "rope_forward", "rope_backward")
 
     def cases(self, rng):
         yield Case("B = 2, heads = 3, T = 5, Dh = 6", (np.arange(5), rng.standard_normal(
@@ -78,11 +75,8 @@ class RoPE(Check):
 # §2 RMSNorm
 
 
-@register
-class RMSNorm(Check):
-    id = "check-gpt-rms-norm"
+class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rms_norm_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    functions = ("rms_norm_forward", "rms_norm_backward")
 
     def cases(self, rng):
         yield Case("(2, 3, 6)", (rng.standard_normal((2, 3, 6)) * 3, 1 + rng.standard_normal(6)
@@ -132,11 +126,9 @@ def _torch_norm(x, gamma, dout, rms=True):
 # §3 SwiGLU
 
 
-@register
-class SwiGLU(Check):
-    id = "check-swiglu"
+class SwiGLU(Check, id="check-swiglu",
+             functions=("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
-    functions = ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")
 
     def cases(self, rng):
         yield Case("E = 4, F = 6", (rng.standard_normal((2, 3, 4)),
@@ -181,14 +173,13 @@ class SwiGLU(Check):
 # §4 Grouped-query attention and the modern block
 
 
-@register
-class GroupedQueryAttention(Check):
-    id = "check-grouped-query-attention"
+class GroupedQueryAttention(Check, id="check-grouped-query-attention",
+                            functions=("repeat_kv_forward", "repeat_kv_backward",
+                                       "self_attention_forward", "self_attention_backward",
+                                       "causal_self_attention_forward",
+                                       "causal_self_attention_backward", "rope_forward",
+                                       "rope_backward", "causal_self_attention_step")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-    functions = ("repeat_kv_forward", "repeat_kv_backward", "self_attention_forward",
-                 "self_attention_backward", "causal_self_attention_forward",
-                 "causal_self_attention_backward", "rope_forward", "rope_backward",
-                 "causal_self_attention_step")
     STEP = "out of the cached step (causal_self_attention_step: 2 positions, then 1 at a time)"
 
     def cases(self, rng):
@@ -246,9 +237,7 @@ class GroupedQueryAttention(Check):
                 **{k: g for k, g in want.items() if k != "out"}}
 
 
-@register
-class ModernBlock(_BlockCheck):
-    id = "check-modern-block"
+class ModernBlock(_BlockCheck, id="check-modern-block"):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     ### BEGIN HIDDEN TESTS

@@ -15,7 +15,7 @@ import numpy as np
 
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, register
+from transformer_lab.checks.framework import Case, Check, later_rng
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -57,11 +57,8 @@ def _causal_scores(torch, q, k):
 # §2 The online softmax
 
 
-@register
-class OnlineSoftmaxUpdate(Check):
-    id = "check-online-softmax-update"
-    functions = ("online_softmax_update",)
-
+class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
+                          functions=("online_softmax_update",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 10)) * 3
         m, ell = _state(np.full((3, 1), -np.inf))  # nothing seen: m = -inf, ell = 0
@@ -153,11 +150,9 @@ def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=
     return Case(name, (q * dtype(scale), k, v, causal, block))
 
 
-@register
-class FlashAttentionForward(Check):
-    id = "check-flash-forward"
+class FlashAttentionForward(Check, id="check-flash-forward",
+                            functions=("flash_attention_forward",)):
     axes = {"out": "td", "lse": "t"}  # axis names, for messages
-    functions = ("flash_attention_forward",)
 
     def cases(self, rng):
         yield _forward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
@@ -238,11 +233,8 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
     return Case(name, (*args, 1 / math.sqrt(q_i.shape[-1]), blocks, causal))
 
 
-@register
-class FlashAttentionBackwardTile(Check):
-    id = "check-flash-backward-tile"
-    functions = ("flash_attention_backward_tile",)
-
+class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
+                                 functions=("flash_attention_backward_tile",)):
     def cases(self, rng):
         yield _tile_case(rng, "4 queries, key blocks 0:4, 4:8, 8:9, a batch of 2", (2,), 4, 9,
                          [(0, 4), (4, 8), (8, 9)])
@@ -298,11 +290,9 @@ def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
     return Case(name, (q, k, v, dout, causal, block))
 
 
-@register
-class FlashAttentionBackward(Check):
-    id = "check-flash-backward"
+class FlashAttentionBackward(Check, id="check-flash-backward",
+                             functions=("flash_attention_forward", "flash_attention_backward")):
     axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
-    functions = ("flash_attention_forward", "flash_attention_backward")
 
     def cases(self, rng):
         yield _backward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
@@ -350,10 +340,9 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
     return Case(name, (x, params, H, dout, block))
 
 
-@register
-class FlashSelfAttention(Check):
-    id = "check-flash-self-attention"
-    functions = ("flash_self_attention_forward", "flash_self_attention_backward")
+class FlashSelfAttention(Check, id="check-flash-self-attention",
+                         functions=("flash_self_attention_forward",
+                                    "flash_self_attention_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):

@@ -374,7 +374,7 @@ def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
             check_id = _class_id(cls)
             if check_id is None:
                 report(f"{cls.name}.expected is hidden, but the class has no literal "
-                       "id = 'check-...' to store its public answers under", cls.lineno)
+                       "id='check-...' to store its public answers under", cls.lineno)
             else:
                 module.hidden_references.append(check_id)
     try:
@@ -395,11 +395,10 @@ def _names_of(node: ast.AST) -> set[str]:
 
 
 def _class_id(cls: ast.ClassDef) -> str | None:
-    for node in cls.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "id"
-                                                for t in node.targets):
-            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                return node.value.value
+    """The check id a class statement gives, ``class X(Check, id="check-..."):``."""
+    for keyword in cls.keywords:
+        if keyword.arg == "id" and isinstance(keyword.value, ast.Constant):
+            return keyword.value.value
     return None
 
 
