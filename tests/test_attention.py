@@ -409,7 +409,8 @@ def test_attention_rejects_bad_input(rng):
     with pytest.raises(ValueError, match="call the forward function first"):
         A.multi_head_attention_backward(q, None)
     _, _, cache = A.self_attention_forward(q, params, 2)
-    with pytest.raises(ValueError, match="use self_attention_backward"):
+    with pytest.raises(TypeError, match="cache must be the cache that multi_head_attention_forward"
+                                        " returned, got the cache of self_attention_forward"):
         A.multi_head_attention_backward(q, cache)
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 3, 4\)"):
         A.self_attention_backward(q[:, :2], cache)

@@ -234,7 +234,8 @@ def test_bad_input_errors():
     bwd = ea.flash_attention_backward
     with pytest.raises(ValueError, match="call the forward function first"):
         bwd(np.ones_like(out), None)
-    with pytest.raises(TypeError, match="cache must be the FlashAttentionCache"):
+    with pytest.raises(TypeError, match="cache must be the cache that flash_attention_forward "
+                                        "returned, got tuple"):
         bwd(np.ones_like(out), cache.core)
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 4, 5\)"):
         bwd(np.ones((2, 4, 4)), cache)

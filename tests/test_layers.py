@@ -278,7 +278,9 @@ def test_linear_rejects_bad_input(rng):
         L.linear_backward(np.ones((2, 3)), cache)
     with pytest.raises(ValueError, match="call the forward function first"):
         L.linear_backward(np.ones((2, 4)), None)
-    with pytest.raises(TypeError, match="cache must be the LinearCache"):
+    with pytest.raises(TypeError, match="linear_backward: cache must be the cache that "
+                                        "linear_forward returned, got the cache of "
+                                        "softmax_forward"):
         L.linear_backward(np.ones((2, 4)), L.softmax_forward(x)[1])
 
 
@@ -478,8 +480,8 @@ def test_other_integer_arguments_are_checked(rng):
     x = rng.standard_normal((2, 3))
     with pytest.raises(TypeError, match="axis must be an integer, got 'a'"):
         L.softmax_forward(x, axis="a")
-    assert L.softmax_forward(x, axis=np.int64(0))[1].axis == 0
-    assert L.softmax_forward(x, axis=-2)[1].axis == 0
+    assert L.softmax_forward(x, axis=np.int64(0))[1].extra == 0  # the axis, in [0, ndim)
+    assert L.softmax_forward(x, axis=-2)[1].extra == 0
     with pytest.raises(TypeError, match="padding_idx must be an integer, got '1'"):
         L.embedding_forward(np.array([0, 1]), x, padding_idx="1")
     with pytest.raises(ValueError, match=r"padding_idx must be in \[0, 2\), got 2"):

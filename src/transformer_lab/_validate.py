@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,6 +40,26 @@ def shape_is(x: np.ndarray, shape: tuple, name: str, what: str = "") -> None:
     if x.shape != tuple(shape):
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {x.shape}")
+
+
+def attention_inputs(q, k, v, d_k: str = "d_k") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``q`` (..., T, d_k), ``k`` (..., S, d_k), ``v`` (..., S, d_v): float arrays of q's dtype
+    with the same leading (batch, head) axes; ``d_k`` is the width's name in the messages."""
+    q = float_array(q, "q", min_ndim=2)
+    k = float_array(k, "k", min_ndim=2)
+    v = float_array(v, "v", min_ndim=2)
+    same_dtype("q", q, "k", k)
+    same_dtype("q", q, "v", v)
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same leading (batch, head) axes, got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension {d_k}, got {q.shape[-1]} "
+                         f"and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length S (axis -2), got {k.shape[-2]} and "
+                         f"{v.shape[-2]}")
+    return q, k, v
 
 
 def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
@@ -125,11 +146,35 @@ def positive_int(value, name: str) -> int:
     return int(value)
 
 
-def cache_of(cache, name: str, expected: type) -> None:
-    """A backward function called with something that is not its forward's cache."""
+class Cache(NamedTuple):
+    """What a checked forward function hands to its backward function."""
+
+    core: object  # the core function's cache (None where the core has no backward)
+    shape: tuple  # of the forward's output, the shape dout must have
+    dtype: np.dtype  # of the output, the dtype dout must have
+    forward: str  # the forward function that made it, e.g. "linear_forward"
+    extra: object = None  # what the backward needs besides, e.g. softmax's axis
+
+
+def cache_of(cache, name: str, expected) -> None:
+    """A backward function called with something that is not its forward's cache: ``expected``
+    is the cache's type, or the name of the forward function whose :class:`Cache` it must be."""
     if cache is None:
         raise ValueError(f"{name}: cache is None -- call the forward function first and pass "
                          "the cache it returned")
-    if not isinstance(cache, expected):
-        raise TypeError(f"{name}: cache must be the {expected.__name__} returned by the forward "
-                        f"function, got {type(cache).__name__}")
+    if not isinstance(expected, str):
+        if not isinstance(cache, expected):
+            raise TypeError(f"{name}: cache must be the {expected.__name__} returned by the "
+                            f"forward function, got {type(cache).__name__}")
+    elif not (isinstance(cache, Cache) and cache.forward == expected):
+        got = (f"the cache of {cache.forward}" if isinstance(cache, Cache)
+               else type(cache).__name__)
+        raise TypeError(f"{name}: cache must be the cache that {expected} returned, got {got}")
+
+
+def dout_of(dout, cache, name: str) -> np.ndarray:
+    """The checks of a backward function ``name`` (e.g. ``"linear_backward"``): ``cache`` is the
+    :class:`Cache` of the matching forward function (``"linear_forward"``) and ``dout`` an array
+    of its output's shape and dtype (:func:`grad_like`), which is returned."""
+    cache_of(cache, name, name.replace("_backward", "_forward"))
+    return grad_like(dout, "dout", cache.shape, cache.dtype)

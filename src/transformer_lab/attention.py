@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 
@@ -180,10 +179,9 @@ def _check_scores(out: np.ndarray, weights: np.ndarray) -> None:
 # Scaled dot-product attention
 
 
-class AttentionCache(NamedTuple):
-    core: tuple  # core.attention.attention_forward's cache
-    shape: tuple  # of the output (..., T, d_v)
-    dtype: np.dtype
+class AttentionCache(v.Cache):
+    """A :class:`~transformer_lab._validate.Cache` of ``"scaled_dot_product_attention_forward"``
+    (``core``: ``core.attention.attention_forward``'s cache)."""
 
     @property
     def weights(self) -> np.ndarray:
@@ -212,20 +210,7 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
         out: shape (..., T, d_v); cache (``cache.weights``, shape (..., T, S), read-only, are
         the attention weights).
     """
-    q = v.float_array(q, "q", min_ndim=2)
-    k = v.float_array(k, "k", min_ndim=2)
-    v_ = v.float_array(v_, "v", min_ndim=2)
-    v.same_dtype("q", q, "k", k)
-    v.same_dtype("q", q, "v", v_)
-    if not (q.shape[:-2] == k.shape[:-2] == v_.shape[:-2]):
-        raise ValueError(f"q, k and v must have the same leading (batch, head) axes, got shapes "
-                         f"{q.shape}, {k.shape}, {v_.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension d_k, got {q.shape[-1]} and "
-                         f"{k.shape[-1]}")
-    if k.shape[-2] != v_.shape[-2]:
-        raise ValueError(f"k and v must have the same length S (axis -2), got {k.shape[-2]} and "
-                         f"{v_.shape[-2]}")
+    q, k, v_ = v.attention_inputs(q, k, v_)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else v.real(scale, "scale",
                                                                       positive=True)
     mask = combine_masks(attn_mask, key_padding_mask, q.shape[:-2], q.shape[-2], k.shape[-2],
@@ -236,7 +221,7 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
     weights = attention_weights(cache)
     weights.flags.writeable = False  # the backward pass reads them
     _check_scores(out, weights)
-    return out, AttentionCache(cache, out.shape, q.dtype)
+    return out, AttentionCache(cache, out.shape, q.dtype, "scaled_dot_product_attention_forward")
 
 
 def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=None):
@@ -255,8 +240,7 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
     Returns:
         dq: shape (..., T, d_k); dk: shape (..., S, d_k); dv: shape (..., S, d_v).
     """
-    v.cache_of(cache, "scaled_dot_product_attention_backward", AttentionCache)
-    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dout = v.dout_of(dout, cache, "scaled_dot_product_attention_backward")
     if dweights is not None:
         w = cache.weights
         v.grad_like(dweights, "dweights", w.shape, w.dtype, what="the attention weights")
@@ -425,11 +409,6 @@ def to_packed(params: Mapping) -> dict:
     return out
 
 
-def grads_to_packed(grads: Mapping) -> dict:
-    """Gradients of separate projections in the layout of packed parameters."""
-    return to_packed(grads)
-
-
 def grads_to_separate(grads: Mapping, e: int) -> dict:
     """Gradients of packed projections in the layout of separate parameters (new,
     contiguous arrays)."""
@@ -440,24 +419,15 @@ def grads_to_separate(grads: Mapping, e: int) -> dict:
 # Multi-head attention
 
 
-class MHACache(NamedTuple):
-    core: tuple  # core.multihead's cache (multi_head_attention_ or self_attention_forward's)
-    shape: tuple  # of the output (B, T, E)
-    dtype: np.dtype
-    kind: str  # "cross" (multi_head_attention_forward) or "self" (self_attention_forward)
-    convert: bool  # the parameters came in the other layout than the core's: convert the grads
-    num_heads: int
-    average_attn_weights: bool
+class MHACache(v.Cache):
+    """A :class:`~transformer_lab._validate.Cache` of ``"multi_head_attention_forward"`` or
+    ``"self_attention_forward"``; ``extra``: ``(convert, num_heads, average_attn_weights)``,
+    ``convert`` when the parameters came in the other layout than the core's."""
 
     @property
     def weights(self) -> np.ndarray:
         """The attention weights per head, (B, H, T, S), read-only."""
         return multihead_weights(self.core)
-
-
-def _check_flag_args(average_attn_weights, need_weights) -> tuple[bool, bool]:
-    return (v.boolean(average_attn_weights, "average_attn_weights"),
-            v.boolean(need_weights, "need_weights"))
 
 
 def _weights_out(out: np.ndarray, cache: tuple, average: bool, need_weights: bool):
@@ -497,7 +467,8 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     Returns:
         out: (B, T, E); weights: (B, T, S) or (B, H, T, S), or None; cache.
     """
-    average, need_weights = _check_flag_args(average_attn_weights, need_weights)
+    average = v.boolean(average_attn_weights, "average_attn_weights")
+    need_weights = v.boolean(need_weights, "need_weights")
     query = v.float_array(query, "query", ndim=3)
     key = v.float_array(key, "key", ndim=3)
     value = v.float_array(value, "value", ndim=3)
@@ -518,28 +489,24 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
         out, cache = core_multihead.multi_head_attention_forward(query, key, value, core_params,
                                                                  h, mask)
     weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, query.dtype, "cross", packed, h, average)
+    return out, weights, MHACache(cache, out.shape, query.dtype, "multi_head_attention_forward",
+                                  (packed, h, average))
 
 
-def _check_mha_backward(dout, cache, name: str, kind: str, dweights):
+def _check_mha_backward(dout, cache, name: str, dweights):
     """The checks of the two backward functions; returns dweights per head (or None)."""
-    v.cache_of(cache, name, MHACache)
-    if cache.kind != kind:
-        other = {"self": ("self_attention_forward", "self_attention_backward"),
-                 "cross": ("multi_head_attention_forward", "multi_head_attention_backward")}
-        made, use = other[cache.kind]
-        raise ValueError(f"{name}: cache comes from {made}; use {use}")
+    v.dout_of(dout, cache, name)
     if isinstance(dweights, Mapping):
         raise TypeError(f"{name}(dout, cache, dweights=None) takes no parameter dict (the cache "
                         "holds what the backward pass needs); got a dict for dweights")
-    v.grad_like(dout, "dout", cache.shape, cache.dtype)
     if dweights is None:
         return None
     weights = cache.weights  # (B, H, T, S)
-    if cache.average_attn_weights:
+    _, num_heads, average = cache.extra
+    if average:
         v.grad_like(dweights, "dweights", weights.shape[:1] + weights.shape[2:], weights.dtype,
                     what="the averaged attention weights")
-        return np.broadcast_to(dweights[:, None] / cache.num_heads, weights.shape)
+        return np.broadcast_to(dweights[:, None] / num_heads, weights.shape)
     return v.grad_like(dweights, "dweights", weights.shape, weights.dtype,
                        what="the attention weights per head")
 
@@ -556,10 +523,9 @@ def multi_head_attention_backward(dout, cache: MHACache, dweights=None):
         dquery (B, T, E), dkey (B, S, kdim), dvalue (B, S, vdim), and grads: a dict with the
         keys of the forward's ``params``, each of the shape of its parameter.
     """
-    dweights = _check_mha_backward(dout, cache, "multi_head_attention_backward", "cross",
-                                   dweights)
+    dweights = _check_mha_backward(dout, cache, "multi_head_attention_backward", dweights)
     dq, dk, dv, grads = core_multihead.multi_head_attention_backward(dout, cache.core, dweights)
-    return dq, dk, dv, grads_to_packed(grads) if cache.convert else grads
+    return dq, dk, dv, to_packed(grads) if cache.extra[0] else grads
 
 
 def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
@@ -577,7 +543,8 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     Returns:
         out: (B, T, E); weights: (B, T, T) or (B, H, T, T), or None; cache.
     """
-    average, need_weights = _check_flag_args(average_attn_weights, need_weights)
+    average = v.boolean(average_attn_weights, "average_attn_weights")
+    need_weights = v.boolean(need_weights, "need_weights")
     x = v.float_array(x, "x", ndim=3)
     b, t, e = x.shape
     h = _check_heads(e, num_heads)
@@ -587,7 +554,8 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     with np.errstate(invalid="ignore", over="ignore"):
         out, cache = core_multihead.self_attention_forward(x, core_params, h, mask)
     weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, x.dtype, "self", not packed, h, average)
+    return out, weights, MHACache(cache, out.shape, x.dtype, "self_attention_forward",
+                                  (not packed, h, average))
 
 
 def self_attention_backward(dout, cache: MHACache, dweights=None):
@@ -599,6 +567,6 @@ def self_attention_backward(dout, cache: MHACache, dweights=None):
     Returns:
         dx (B, T, E) and grads, a dict with the keys of the forward's ``params``.
     """
-    dweights = _check_mha_backward(dout, cache, "self_attention_backward", "self", dweights)
+    dweights = _check_mha_backward(dout, cache, "self_attention_backward", dweights)
     dx, grads = core_multihead.self_attention_backward(dout, cache.core, dweights)
-    return dx, grads_to_separate(grads, dx.shape[2]) if cache.convert else grads
+    return dx, grads_to_separate(grads, dx.shape[2]) if cache.extra[0] else grads

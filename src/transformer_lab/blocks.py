@@ -29,7 +29,6 @@ they draw from ``np.random.default_rng(0)``, through ``core.layers.init_uniform`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 
@@ -200,7 +199,7 @@ def _layer_grads(grads: dict, converted: tuple) -> dict:
         g = grads["self_attn"]
         grads["self_attn"] = att.grads_to_separate(g, g["W_o"].shape[0])
     if "cross_attn" in converted:
-        grads["cross_attn"] = att.grads_to_packed(grads["cross_attn"])
+        grads["cross_attn"] = att.to_packed(grads["cross_attn"])
     return grads
 
 
@@ -244,12 +243,6 @@ def stack_norm_cache(core_cache):
 # Feed-forward
 
 
-class FeedForwardCache(NamedTuple):
-    core: tuple  # core.blocks.feed_forward_forward's cache
-    shape: tuple
-    dtype: np.dtype
-
-
 def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
     """Position-wise feed-forward network ``act(x W1 + b1) W2 + b2``.
 
@@ -265,13 +258,12 @@ def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
     _check_ff_params(params, x.shape[-1], x.dtype, "params")
     L.check_activation(activation)
     out, cache = core_blocks.feed_forward_forward(x, params, activation)
-    return out, FeedForwardCache(cache, out.shape, x.dtype)
+    return out, v.Cache(cache, out.shape, x.dtype, "feed_forward_forward")
 
 
-def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
+def feed_forward_backward(dout: np.ndarray, cache: v.Cache):
     """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
-    v.cache_of(cache, "feed_forward_backward", FeedForwardCache)
-    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dout = v.dout_of(dout, cache, "feed_forward_backward")
     return core_blocks.feed_forward_backward(dout, cache.core)
 
 
@@ -279,29 +271,17 @@ def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
 # Encoder and decoder layers
 
 
-class EncoderLayerCache(NamedTuple):
-    core: tuple  # core.blocks.encoder_layer_forward's cache
-    shape: tuple
-    dtype: np.dtype
-    converted: tuple  # attention parameters converted for the core (see _layer_to_core)
+class LayerCache(v.Cache):
+    """A :class:`~transformer_lab._validate.Cache` of ``"encoder_layer_forward"`` or
+    ``"decoder_layer_forward"``; ``extra``: the attention parameters converted for the core
+    (see :func:`_layer_to_core`)."""
 
     @property
-    def attention_weights(self) -> np.ndarray:
-        """The self-attention's weights per head, (B, H, T, T)."""
-        return layer_attention_weights(self.core)[0]
-
-
-class DecoderLayerCache(NamedTuple):
-    core: tuple  # core.blocks.decoder_layer_forward's cache
-    shape: tuple
-    dtype: np.dtype
-    converted: tuple
-
-    @property
-    def attention_weights(self) -> tuple[np.ndarray, np.ndarray]:
-        """The weights per head of the self-attention (B, H, T, T) and of the
-        cross-attention (B, H, T, S)."""
-        return tuple(layer_attention_weights(self.core))
+    def attention_weights(self):
+        """The self-attention's weights per head, (B, H, T, T); of a decoder layer, a pair:
+        those and the cross-attention's, (B, H, T, S)."""
+        weights = tuple(layer_attention_weights(self.core))
+        return weights if len(weights) == 2 else weights[0]
 
 
 def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
@@ -332,10 +312,10 @@ def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
     out, cache = core_blocks.encoder_layer_forward(x, core_params, h, mask, norm_first,
                                                    activation, eps)
     _check_finite_norms(out, eps)
-    return out, EncoderLayerCache(cache, out.shape, x.dtype, converted)
+    return out, LayerCache(cache, out.shape, x.dtype, "encoder_layer_forward", converted)
 
 
-def encoder_layer_backward(dout, cache: EncoderLayerCache):
+def encoder_layer_backward(dout, cache: LayerCache):
     """Gradients of :func:`encoder_layer_forward`.
 
     Each residual ``y = x + f(x)`` passes ``dy`` on twice: ``dx = dy + df(dy)``.
@@ -346,10 +326,9 @@ def encoder_layer_backward(dout, cache: EncoderLayerCache):
     Returns:
         dx (B, T, E) and grads (nested like params).
     """
-    v.cache_of(cache, "encoder_layer_backward", EncoderLayerCache)
-    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dout = v.dout_of(dout, cache, "encoder_layer_backward")
     dx, grads = core_blocks.encoder_layer_backward(dout, cache.core)
-    return dx, _layer_grads(grads, cache.converted)
+    return dx, _layer_grads(grads, cache.extra)
 
 
 def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None,
@@ -386,10 +365,10 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
     out, cache = core_blocks.decoder_layer_forward(x, memory, core_params, h, self_mask,
                                                    cross_mask, norm_first, activation, eps)
     _check_finite_norms(out, eps)
-    return out, DecoderLayerCache(cache, out.shape, x.dtype, converted)
+    return out, LayerCache(cache, out.shape, x.dtype, "decoder_layer_forward", converted)
 
 
-def decoder_layer_backward(dout, cache: DecoderLayerCache):
+def decoder_layer_backward(dout, cache: LayerCache):
     """Gradients of :func:`decoder_layer_forward`.
 
     The memory feeds the keys and the values of the cross-attention: ``dmemory = dkey + dvalue``.
@@ -397,28 +376,25 @@ def decoder_layer_backward(dout, cache: DecoderLayerCache):
     Returns:
         dx (B, T, E), dmemory (B, S, E), grads (nested like params).
     """
-    v.cache_of(cache, "decoder_layer_backward", DecoderLayerCache)
-    dout = v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    dout = v.dout_of(dout, cache, "decoder_layer_backward")
     dx, dmemory, grads = core_blocks.decoder_layer_backward(dout, cache.core)
-    return dx, dmemory, _layer_grads(grads, cache.converted)
+    return dx, dmemory, _layer_grads(grads, cache.extra)
 
 
 # --------------------------------------------------------------------------------------------
 # Stacks of layers (nn.TransformerEncoder / nn.TransformerDecoder)
 
 
-class StackCache(NamedTuple):
-    core: tuple  # core.blocks.encoder_forward's / decoder_forward's cache
-    shape: tuple
-    dtype: np.dtype
-    kind: str  # "encoder" or "decoder"
-    converted: tuple  # per layer, as in EncoderLayerCache
+class StackCache(v.Cache):
+    """A :class:`~transformer_lab._validate.Cache` of ``"encoder_forward"`` or
+    ``"decoder_forward"``; ``extra``: per layer, as :class:`LayerCache`'s."""
 
     @property
     def norm(self) -> L.LayerNormCache | None:
         """The final norm's cache (``.xhat``, ``.rstd``), or None without a final norm."""
         c = stack_norm_cache(self.core)
-        return None if c is None else L.LayerNormCache(c, self.shape, self.dtype)
+        return (None if c is None
+                else L.LayerNormCache(c, self.shape, self.dtype, "layer_norm_forward"))
 
     @property
     def attention_weights(self) -> list:
@@ -441,14 +417,14 @@ def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask
     out, cache = core_blocks.encoder_forward(x, core_params, h, mask, norm_first, activation,
                                              eps)
     _check_finite_norms(out, eps)
-    return out, StackCache(cache, out.shape, x.dtype, "encoder", converted)
+    return out, StackCache(cache, out.shape, x.dtype, "encoder_forward", converted)
 
 
 def encoder_backward(dout, cache: StackCache):
     """Gradients of :func:`encoder_forward`: dx and grads ``{"layers": [...], "norm": ...}``."""
-    _check_stack_backward(dout, cache, "encoder")
+    dout = v.dout_of(dout, cache, "encoder_backward")
     dx, grads = core_blocks.encoder_backward(dout, cache.core)
-    return dx, _stack_grads(grads, cache.converted)
+    return dx, _stack_grads(grads, cache.extra)
 
 
 def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memory_mask=None,
@@ -470,21 +446,14 @@ def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memo
     out, cache = core_blocks.decoder_forward(x, memory, core_params, h, self_mask, cross_mask,
                                              norm_first, activation, eps)
     _check_finite_norms(out, eps)
-    return out, StackCache(cache, out.shape, x.dtype, "decoder", converted)
+    return out, StackCache(cache, out.shape, x.dtype, "decoder_forward", converted)
 
 
 def decoder_backward(dout, cache: StackCache):
     """Gradients of :func:`decoder_forward`: dx, dmemory (summed over the layers) and grads."""
-    _check_stack_backward(dout, cache, "decoder")
+    dout = v.dout_of(dout, cache, "decoder_backward")
     dx, dmemory, grads = core_blocks.decoder_backward(dout, cache.core)
-    return dx, dmemory, _stack_grads(grads, cache.converted)
-
-
-def _check_stack_backward(dout, cache, kind: str) -> None:
-    v.cache_of(cache, f"{kind}_backward", StackCache)
-    if cache.kind != kind:
-        raise ValueError(f"{kind}_backward: cache comes from {cache.kind}_forward")
-    v.grad_like(dout, "dout", cache.shape, cache.dtype)
+    return dx, dmemory, _stack_grads(grads, cache.extra)
 
 
 # --------------------------------------------------------------------------------------------

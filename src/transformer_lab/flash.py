@@ -27,23 +27,13 @@ arguments once, with errors that name the argument, and calls the core.
 from __future__ import annotations
 
 import numbers
-from typing import NamedTuple
 
 import numpy as np
 
 from transformer_lab import _validate as check
 from transformer_lab.core import flash as core_flash
 
-__all__ = ["FlashAttentionCache", "flash_attention_backward", "flash_attention_forward",
-           "row_logsumexp"]
-
-
-class FlashAttentionCache(NamedTuple):
-    """What :func:`flash_attention_forward` hands to :func:`flash_attention_backward`."""
-
-    core: tuple  # the core's cache (its layout is the core's business)
-    out_shape: tuple
-    dtype: np.dtype
+__all__ = ["flash_attention_backward", "flash_attention_forward", "row_logsumexp"]
 
 
 def _finite(x: np.ndarray, name: str) -> None:
@@ -65,20 +55,7 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
         out: shape (..., T, d_v), read-only; cache for :func:`flash_attention_backward`
         (:func:`row_logsumexp` reads each query's log-sum-exp from it).
     """
-    q = check.float_array(q, "q", min_ndim=2)
-    k = check.float_array(k, "k", min_ndim=2)
-    v = check.float_array(v, "v", min_ndim=2)
-    check.same_dtype("q", q, "k", k)
-    check.same_dtype("q", q, "v", v)
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"q, k and v must have the same leading (batch, head) axes, got shapes "
-                         f"{q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension d (head_dim), got "
-                         f"{q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length S (axis -2), got {k.shape[-2]} and "
-                         f"{v.shape[-2]}")
+    q, k, v = check.attention_inputs(q, k, v, "d (head_dim)")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.shape[-2] < 1 or x.shape[-1] < 1:
             raise ValueError(f"{name} must have at least one position and one feature "
@@ -91,7 +68,7 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     out, cache = core_flash.flash_attention_forward(q, k, v, causal, int(block_size))
     out.flags.writeable = False
-    return out, FlashAttentionCache(cache, out.shape, out.dtype)
+    return out, check.Cache(cache, out.shape, out.dtype, "flash_attention_forward")
 
 
 def flash_attention_backward(dout, cache):
@@ -104,8 +81,7 @@ def flash_attention_backward(dout, cache):
     Returns:
         dq (..., T, d), dk (..., S, d), dv (..., S, d_v).
     """
-    check.cache_of(cache, "flash_attention_backward", FlashAttentionCache)
-    dout = check.grad_like(dout, "dout", cache.out_shape, cache.dtype)
+    dout = check.dout_of(dout, cache, "flash_attention_backward")
     _finite(dout, "dout")
     return core_flash.flash_attention_backward(dout, cache.core)
 
@@ -116,7 +92,7 @@ def row_logsumexp(cache) -> np.ndarray:
 
     cache: what :func:`flash_attention_forward` returned, or the cache of the core's
     ``core.flash.flash_attention_forward`` (the exercise's checks read it this way)."""
-    if isinstance(cache, FlashAttentionCache):
+    if isinstance(cache, check.Cache) and cache.forward == "flash_attention_forward":
         cache = cache.core
     elif not isinstance(cache, tuple) or len(cache) != 7:
         raise TypeError(f"row_logsumexp: cache must be the cache that flash_attention_forward "

@@ -1,35 +1,22 @@
 """Layers as forward/backward pairs: the checked public entry points to :mod:`transformer_lab.core`.
 
-Every operation comes as ``op_forward(...) -> (out, cache)`` and ``op_backward(dout, cache)``,
-the convention of the core: a backward function returns the gradients of the forward's array
-inputs, in order, followed by a dict ``grads`` keyed like the operation's parameters when it has
-any -- ``linear_backward(dout, cache) -> (dx, {"W": dW, "b": db})``,
-``layer_norm_backward(dout, cache) -> (dx, {"gamma": ..., "beta": ...})`` (the parameters that
-were given), ``embedding_backward(dout, cache) -> {"W": dW}`` (token ids have no gradient).
-Weights use the NumPy layout ``y = x @ W + b`` with ``W`` of shape ``(in, out)`` (PyTorch stores
-the transpose).
+``op_forward(...) -> (out, cache)`` and ``op_backward(dout, cache)``, the core's convention: a
+backward function returns the gradients of the forward's array inputs, in order, then a dict
+``grads`` keyed like the parameters (``linear_backward(dout, cache) -> (dx, {"W": dW, "b": db})``;
+``embedding_backward(dout, cache) -> {"W": dW}``: token ids have no gradient). Weights use the
+NumPy layout ``y = x @ W + b``, ``W`` of shape ``(in, out)`` (PyTorch stores the transpose).
 
-What this module adds to the core is the checking and the conversions, nothing of the math:
-
-- every public function checks its arguments once, with errors that name the argument and say
-  what was expected, then calls the core function (looked up on ``transformer_lab.core.layers``
-  at call time, so an edited core takes effect at once);
-- arguments the core does not take are converted here: softmax's ``axis`` (the core works on
-  the last axis), an embedding's ``padding_idx`` (its gradient row is zeroed), the dtype of the
-  positional table;
-- a cache is the core's cache wrapped with what the backward function needs to refuse a
-  ``dout`` of another shape or dtype (a float64 ``dout`` would silently turn every gradient into
-  float64) and a foreign or missing cache.
-
-Arrays are float32 or float64 and keep their dtype; gradient checks run in float64. Where a
-forward function returns an array that its backward function reads again (softmax,
-log-softmax), that array is read-only: editing it in place raises instead of silently changing
-the gradients. Attention lives in :mod:`transformer_lab.attention`.
+This module adds the checking, nothing of the math: each function checks its arguments once,
+converts what the core takes differently (softmax's ``axis``, an embedding's ``padding_idx``,
+the dtype of the positional table) and calls the core function, looked up on
+``transformer_lab.core.layers`` at call time so that an edited core takes effect at once. A
+cache (:class:`~transformer_lab._validate.Cache`) lets the backward function refuse a foreign
+cache and a ``dout`` of another shape or dtype (a float64 ``dout`` would silently turn every
+gradient into float64). Arrays are float32 or float64 and keep their dtype. Attention lives in
+:mod:`transformer_lab.attention`.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 
@@ -40,19 +27,8 @@ from transformer_lab.core import layers as core_layers
 ACTIVATIONS = tuple(core_layers.ACTIVATIONS)
 
 
-def _dout(dout, cache) -> np.ndarray:
-    """The upstream gradient of a cached forward: a NumPy array of its output's shape/dtype."""
-    return v.grad_like(dout, "dout", cache.shape, cache.dtype)
-
-
 # --------------------------------------------------------------------------------------------
 # Linear
-
-
-class LinearCache(NamedTuple):
-    core: tuple  # core.layers.linear_forward's cache
-    shape: tuple  # of the output (and of dout)
-    dtype: np.dtype
 
 
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
@@ -78,10 +54,10 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
         v.same_dtype("x", x, "b", b)
         v.shape_is(b, (W.shape[1],), "b", "D_out")
     out, cache = core_layers.linear_forward(x, W, b)
-    return out, LinearCache(cache, out.shape, x.dtype)
+    return out, v.Cache(cache, out.shape, x.dtype, "linear_forward")
 
 
-def linear_backward(dout: np.ndarray, cache: LinearCache):
+def linear_backward(dout: np.ndarray, cache: v.Cache):
     """Gradients of :func:`linear_forward`.
 
     Args:
@@ -92,37 +68,23 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
         dx: shape (..., D_in); grads: ``{"W": (D_in, D_out), "b": (D_out,)}`` (no ``"b"``
         without a bias).
     """
-    v.cache_of(cache, "linear_backward", LinearCache)
-    return core_layers.linear_backward(_dout(dout, cache), cache.core)
+    return core_layers.linear_backward(v.dout_of(dout, cache, "linear_backward"), cache.core)
 
 
 # --------------------------------------------------------------------------------------------
 # Activations
 
 
-class ReluCache(NamedTuple):
-    core: np.ndarray  # core.layers.relu_forward's cache
-    shape: tuple
-    dtype: np.dtype
-
-
 def relu_forward(x: np.ndarray):
     """``out = max(x, 0)``. x: any shape S -> out: shape S; cache."""
     x = v.float_array(x, "x")
     out, cache = core_layers.relu_forward(x)
-    return out, ReluCache(cache, x.shape, x.dtype)
+    return out, v.Cache(cache, x.shape, x.dtype, "relu_forward")
 
 
-def relu_backward(dout: np.ndarray, cache: ReluCache):
+def relu_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`relu_forward`: ``dx = dout * [x > 0]`` (0 at x = 0, as PyTorch)."""
-    v.cache_of(cache, "relu_backward", ReluCache)
-    return core_layers.relu_backward(_dout(dout, cache), cache.core)
-
-
-class GeluCache(NamedTuple):
-    core: tuple  # core.layers.gelu_forward's cache
-    shape: tuple
-    dtype: np.dtype
+    return core_layers.relu_backward(v.dout_of(dout, cache, "relu_backward"), cache.core)
 
 
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
@@ -142,19 +104,12 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f'approximate must be "none" or "tanh", got {approximate!r}')
     out, cache = core_layers.gelu_forward(x, approximate)
-    return out, GeluCache(cache, x.shape, x.dtype)
+    return out, v.Cache(cache, x.shape, x.dtype, "gelu_forward")
 
 
-def gelu_backward(dout: np.ndarray, cache: GeluCache):
+def gelu_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`gelu_forward` (dout: the output's shape S -> dx: shape S)."""
-    v.cache_of(cache, "gelu_backward", GeluCache)
-    return core_layers.gelu_backward(_dout(dout, cache), cache.core)
-
-
-class ActivationCache(NamedTuple):
-    core: tuple  # core.layers.activation_forward's cache
-    shape: tuple
-    dtype: np.dtype
+    return core_layers.gelu_backward(v.dout_of(dout, cache, "gelu_backward"), cache.core)
 
 
 def check_activation(activation) -> str:
@@ -172,24 +127,17 @@ def activation_forward(x: np.ndarray, activation: str):
     x = v.float_array(x, "x")
     check_activation(activation)
     out, cache = core_layers.activation_forward(x, activation)
-    return out, ActivationCache(cache, x.shape, x.dtype)
+    return out, v.Cache(cache, x.shape, x.dtype, "activation_forward")
 
 
-def activation_backward(dout: np.ndarray, cache: ActivationCache):
+def activation_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`activation_forward` (dout: the output's shape S -> dx: shape S)."""
-    v.cache_of(cache, "activation_backward", ActivationCache)
-    return core_layers.activation_backward(_dout(dout, cache), cache.core)
+    dout = v.dout_of(dout, cache, "activation_backward")
+    return core_layers.activation_backward(dout, cache.core)
 
 
 # --------------------------------------------------------------------------------------------
 # Softmax, log-softmax, cross-entropy
-
-
-class SoftmaxCache(NamedTuple):
-    core: np.ndarray  # core.layers.softmax_forward's cache, the softmax along the last axis
-    shape: tuple
-    dtype: np.dtype
-    axis: int  # the axis of the distribution, in [0, ndim)
 
 
 def softmax_forward(x: np.ndarray, axis: int = -1):
@@ -211,25 +159,17 @@ def softmax_forward(x: np.ndarray, axis: int = -1):
     _check_finite_slices(x, axis)
     y, cache = core_layers.softmax_forward(_last(x, axis))
     y.flags.writeable = False  # y is the cache: the backward pass reads it
-    return _unlast(y, axis), SoftmaxCache(cache, x.shape, x.dtype, axis)
+    return _unlast(y, axis), v.Cache(cache, x.shape, x.dtype, "softmax_forward", axis)
 
 
-def softmax_backward(dout: np.ndarray, cache: SoftmaxCache):
+def softmax_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`softmax_forward` in O(size), without the Jacobian.
 
     The Jacobian of one slice is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``
     with the sum along ``axis``.
     """
-    v.cache_of(cache, "softmax_backward", SoftmaxCache)
-    dout = _last(_dout(dout, cache), cache.axis)
-    return _unlast(core_layers.softmax_backward(dout, cache.core), cache.axis)
-
-
-class LogSoftmaxCache(NamedTuple):
-    core: np.ndarray  # core.layers.log_softmax_forward's cache, along the last axis
-    shape: tuple
-    dtype: np.dtype
-    axis: int
+    dout = _last(v.dout_of(dout, cache, "softmax_backward"), cache.extra)
+    return _unlast(core_layers.softmax_backward(dout, cache.core), cache.extra)
 
 
 def log_softmax_forward(x: np.ndarray, axis: int = -1):
@@ -247,14 +187,13 @@ def log_softmax_forward(x: np.ndarray, axis: int = -1):
     _check_finite_slices(x, axis)
     out, cache = core_layers.log_softmax_forward(_last(x, axis))
     out.flags.writeable = False
-    return _unlast(out, axis), LogSoftmaxCache(cache, x.shape, x.dtype, axis)
+    return _unlast(out, axis), v.Cache(cache, x.shape, x.dtype, "log_softmax_forward", axis)
 
 
-def log_softmax_backward(dout: np.ndarray, cache: LogSoftmaxCache):
+def log_softmax_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
-    v.cache_of(cache, "log_softmax_backward", LogSoftmaxCache)
-    dout = _last(_dout(dout, cache), cache.axis)
-    return _unlast(core_layers.log_softmax_backward(dout, cache.core), cache.axis)
+    dout = _last(v.dout_of(dout, cache, "log_softmax_backward"), cache.extra)
+    return _unlast(core_layers.log_softmax_backward(dout, cache.core), cache.extra)
 
 
 def _axis(axis: int, ndim: int) -> int:
@@ -287,12 +226,6 @@ def _check_finite_slices(x: np.ndarray, axis: int) -> None:
                 else "only -inf entries (nothing to normalise)")
         raise ValueError(f"x must have a finite entry in every slice along axis {axis} and no "
                          f"NaN or +inf: a slice holds {what}, and its softmax is undefined")
-
-
-class CrossEntropyCache(NamedTuple):
-    core: tuple  # core.layers.cross_entropy_forward's cache
-    shape: tuple  # of the logits (and of dlogits)
-    dtype: np.dtype
 
 
 def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
@@ -332,10 +265,10 @@ def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
         raise ValueError(f"every target equals ignore_index={ignore_index}: the mean loss over "
                          "no tokens is undefined")
     loss, cache = core_layers.cross_entropy_forward(logits, targets, ignore_index, reduction)
-    return loss, CrossEntropyCache(cache, logits.shape, logits.dtype)
+    return loss, v.Cache(cache, logits.shape, logits.dtype, "cross_entropy_forward")
 
 
-def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
+def cross_entropy_backward(dloss: float, cache: v.Cache):
     """Gradient of :func:`cross_entropy_forward`: ``(softmax(logits) - onehot(target)) * w``.
 
     Args:
@@ -346,7 +279,7 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
     Returns:
         dlogits: shape (..., C), the dtype of the logits; rows of ignored targets are zero.
     """
-    v.cache_of(cache, "cross_entropy_backward", CrossEntropyCache)
+    v.cache_of(cache, "cross_entropy_backward", "cross_entropy_forward")
     dloss = v.real(dloss, "dloss")
     return core_layers.cross_entropy_backward(dloss, cache.core)
 
@@ -355,30 +288,18 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache):
 # Layer normalisation
 
 
-class LayerNormCache(NamedTuple):
-    core: tuple  # core.layers.layer_norm_forward's cache
-    shape: tuple
-    dtype: np.dtype
+class LayerNormCache(v.Cache):
+    """A :class:`~transformer_lab._validate.Cache` of ``"layer_norm_forward"``."""
 
     @property
     def xhat(self) -> np.ndarray:
         """The normalised input ``(x - mean) / sqrt(var + eps)``, (..., D)."""
-        return layer_norm_xhat(self.core)
+        return self.core[0]
 
     @property
     def rstd(self) -> np.ndarray:
         """``1 / sqrt(var + eps)`` of every row, (..., 1)."""
-        return layer_norm_rstd(self.core)
-
-
-def layer_norm_xhat(core_cache) -> np.ndarray:
-    """``xhat`` from the cache of ``core.layers.layer_norm_forward``."""
-    return core_cache[0]
-
-
-def layer_norm_rstd(core_cache) -> np.ndarray:
-    """``rstd`` (..., 1) from the cache of ``core.layers.layer_norm_forward``."""
-    return core_cache[1]
+        return self.core[1]
 
 
 def check_norm_params(gamma, beta, d: int, dtype, where: str = "") -> None:
@@ -417,11 +338,11 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
     else:  # eps may be 0 in x's dtype: a row of equal entries would give 1/sqrt(0)
         with np.errstate(divide="ignore", invalid="ignore"):
             out, cache = core_layers.layer_norm_forward(x, gamma, beta, eps)
-        if not np.isfinite(layer_norm_rstd(cache)).all():
+        if not np.isfinite(cache[1]).all():  # rstd
             raise ValueError(f"x has a row whose entries are all equal (variance 0) and eps={eps} "
                              "adds nothing to it: its normalisation would be 0/0 = NaN; use "
                              "eps > 0 (PyTorch's default is 1e-5)")
-    return out, LayerNormCache(cache, x.shape, x.dtype)
+    return out, LayerNormCache(cache, x.shape, x.dtype, "layer_norm_forward")
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -433,29 +354,12 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     Returns:
         dx: shape (..., D); grads: ``{"gamma": (D,), "beta": (D,)}``, those that were given.
     """
-    v.cache_of(cache, "layer_norm_backward", LayerNormCache)
-    return core_layers.layer_norm_backward(_dout(dout, cache), cache.core)
+    dout = v.dout_of(dout, cache, "layer_norm_backward")
+    return core_layers.layer_norm_backward(dout, cache.core)
 
 
 # --------------------------------------------------------------------------------------------
 # Embedding and positional encoding
-
-
-class EmbeddingCache(NamedTuple):
-    core: tuple  # core.layers.embedding_forward's cache
-    shape: tuple  # of the output: ids.shape + (D,)
-    dtype: np.dtype  # of the table and of the output
-    padding_idx: int | None
-
-    @property
-    def ids(self) -> np.ndarray:
-        """The token ids of the forward pass."""
-        return self.core[0]
-
-    @property
-    def vocab_size(self) -> int:
-        """V, the number of rows of the table."""
-        return self.core[1][0]
 
 
 def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
@@ -476,10 +380,10 @@ def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
         if not 0 <= padding_idx < W.shape[0]:
             raise ValueError(f"padding_idx must be in [0, {W.shape[0]}), got {padding_idx}")
     out, cache = core_layers.embedding_forward(ids, W)
-    return out, EmbeddingCache(cache, out.shape, W.dtype, padding_idx)
+    return out, v.Cache(cache, out.shape, W.dtype, "embedding_forward", padding_idx)
 
 
-def embedding_backward(dout: np.ndarray, cache: EmbeddingCache):
+def embedding_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of the table: each row collects the upstream gradients of its occurrences.
 
     Args:
@@ -489,10 +393,10 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache):
     Returns:
         grads: ``{"W": (V, D)}``; row ``padding_idx`` is zero.
     """
-    v.cache_of(cache, "embedding_backward", EmbeddingCache)
-    grads = core_layers.embedding_backward(_dout(dout, cache), cache.core)
-    if cache.padding_idx is not None:
-        grads["W"][cache.padding_idx] = 0
+    grads = core_layers.embedding_backward(v.dout_of(dout, cache, "embedding_backward"),
+                                           cache.core)
+    if cache.extra is not None:  # padding_idx
+        grads["W"][cache.extra] = 0
     return grads
 
 
@@ -518,11 +422,6 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
     return core_layers.positional_encoding(max_len, d_model, base).astype(dtype, copy=False)
 
 
-class PositionalEncodingCache(NamedTuple):
-    shape: tuple  # of x and of the output
-    dtype: np.dtype
-
-
 def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
     """Add the first T rows of a positional table to a batch of sequences.
 
@@ -542,10 +441,9 @@ def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
         raise ValueError(f"x has {t} positions but the positional table has only "
                          f"{table.shape[0]}: sequences may be at most {table.shape[0]} long")
     return (x + table[:t].astype(x.dtype, copy=False),
-            PositionalEncodingCache(x.shape, x.dtype))
+            v.Cache(None, x.shape, x.dtype, "positional_encoding_forward"))
 
 
-def positional_encoding_backward(dout: np.ndarray, cache: PositionalEncodingCache):
+def positional_encoding_backward(dout: np.ndarray, cache: v.Cache):
     """The added table is a constant: ``dx = dout`` (the same array)."""
-    v.cache_of(cache, "positional_encoding_backward", PositionalEncodingCache)
-    return _dout(dout, cache)
+    return v.dout_of(dout, cache, "positional_encoding_backward")

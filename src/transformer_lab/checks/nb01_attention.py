@@ -177,7 +177,7 @@ def _cached(cache, what: str):
     from transformer_lab.attention import AttentionCache
 
     try:
-        value = getattr(AttentionCache(cache, (), None), what)
+        value = getattr(AttentionCache(cache, (), None, "attention_forward"), what)
     except (TypeError, IndexError, KeyError, AttributeError):
         return ("not found: keep the given return line, out, (q, k, v, c_softmax, scale)")
     if value is None:
