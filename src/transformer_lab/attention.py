@@ -16,10 +16,9 @@ Conventions (those of PyTorch, so that :mod:`transformer_lab.reference.interop` 
   and its output bias when ``need_weights=False``. No NaN ever reaches other rows.
 - Attention weights handed out (``cache.weights``, per-head weights) are read-only: the
   backward pass reads the same buffer, so editing them in place raises instead of silently
-  changing the gradients. Backward functions refuse a ``dout`` (or ``dweights``) that is not an
-  array of the forward output's (weights') shape and dtype.
-- Backward functions follow the core's convention: ``(dout, cache[, dweights])`` ->
-  the input gradients, then ``grads`` keyed like the parameters.
+  changing the gradients.
+- Backward functions take ``(dout, cache[, dweights])`` and return the input gradients, then
+  ``grads`` keyed like the parameters (:mod:`transformer_lab.layers`' convention).
 
 Parameters may come packed (``W_qkv``, as PyTorch stores self-attention) or separate
 (``W_q, W_k, W_v``) for either kind of attention; the core takes packed ones for
@@ -315,21 +314,9 @@ def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int 
     dtype = v.float_dtype(dtype, "dtype")
     rng = np.random.default_rng(0) if rng is None else v.generator(rng, "rng")
 
-    def xavier(fan_in, fan_out):
-        return core_layers.init_xavier(fan_in, fan_out, rng).astype(dtype)
-
-    if packed:
-        p = {"W_qkv": xavier(e, 3 * e)}
-    else:
-        p = {"W_q": xavier(e, e), "W_k": xavier(kdim, e), "W_v": xavier(vdim, e)}
-    p["W_o"] = xavier(e, e)
-    if bias:
-        if packed:
-            p["b_qkv"] = np.zeros(3 * e, dtype)
-        else:
-            p.update(b_q=np.zeros(e, dtype), b_k=np.zeros(e, dtype), b_v=np.zeros(e, dtype))
-        p["b_o"] = np.zeros(e, dtype)
-    return p
+    return {name: (core_layers.init_xavier(*shape, rng).astype(dtype) if name[0] == "W"
+                   else np.zeros(shape, dtype))
+            for name, shape in _expected_params(packed, e, kdim, vdim, bias).items()}
 
 
 def check_params(params, e: int, kdim: int, vdim: int, dtype, where: str = "params"
@@ -350,20 +337,15 @@ def check_params(params, e: int, kdim: int, vdim: int, dtype, where: str = "para
     if not isinstance(params, Mapping):
         raise TypeError(f"{where} must be a dict of arrays, got {type(params).__name__}")
     packed = "W_qkv" in params
-    if packed:
-        if kdim != e or vdim != e:
-            raise ValueError(f"packed projections (W_qkv) need key and value width = query width "
-                             f"{e}, got {kdim} and {vdim}")
-        weights = {"W_qkv": (e, 3 * e), "W_o": (e, e)}
-        biases = {"b_qkv": (3 * e,), "b_o": (e,)}
-    else:
-        weights = {"W_q": (e, e), "W_k": (kdim, e), "W_v": (vdim, e), "W_o": (e, e)}
-        biases = {"b_q": (e,), "b_k": (e,), "b_v": (e,), "b_o": (e,)}
+    if packed and (kdim != e or vdim != e):
+        raise ValueError(f"packed projections (W_qkv) need key and value width = query width "
+                         f"{e}, got {kdim} and {vdim}")
+    biases = [name for name in _expected_params(packed, e, kdim, vdim, True) if name[0] == "b"]
     present = [name for name in biases if name in params]
     if present and len(present) != len(biases):
         raise ValueError(f"{where} must have all of the biases {sorted(biases)} or none, "
                          f"got {sorted(present)}")
-    expected = {**weights, **(biases if present else {})}
+    expected = _expected_params(packed, e, kdim, vdim, bool(present))
     unknown = set(params) - set(expected)
     if unknown:
         raise ValueError(f"{where} has unexpected entries {sorted(unknown)}; expected "

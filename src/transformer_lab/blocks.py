@@ -11,19 +11,14 @@ The same computations as PyTorch's ``nn.TransformerEncoderLayer`` / ``nn.Transfo
 - stacks ``{"layers": [layer params, ...], "norm": <layer norm params> or None}``.
 
 Attention parameter dicts are those of :mod:`transformer_lab.attention`, packed (``W_qkv``) or
-separate (``W_q, W_k, W_v``). Backward functions follow the core's convention and return the
-gradients in the same nested structure as the parameters given.
-
-Post-norm (the paper, ``norm_first=False``): ``x = norm(x + sublayer(x))``.
-Pre-norm (``norm_first=True``): ``x = x + sublayer(norm(x))``.
+separate (``W_q, W_k, W_v``); backward functions return the gradients in the nested structure
+of the parameters given.
 
 Each public function checks everything once -- the input, every parameter of every layer, the
 masks -- then converts what the core takes differently (the two masks of an attention merged
 into one; self-attention packed and cross-attention separate; a norm without ``gamma``) and
-calls the core; the backward functions check ``dout`` and the cache and call the core's
-backward, which checks nothing. The ``*_init`` functions are deterministic: without an ``rng``
-they draw from ``np.random.default_rng(0)``, through ``core.layers.init_uniform`` and
-``init_xavier``.
+calls the core, which checks nothing. The ``*_init`` functions are deterministic: without an
+``rng`` they draw from ``np.random.default_rng(0)``.
 """
 
 from __future__ import annotations
@@ -144,6 +139,14 @@ def _check_memory(memory, x):
         raise ValueError(f"memory must have shape (B, S, E) = ({b}, S, {e}) (the batch size and "
                          f"width of x), got {memory.shape}")
     return memory
+
+
+def _decoder_masks(x, memory, h: int, tgt_mask, memory_mask, tgt_key_padding_mask,
+                   memory_key_padding_mask):
+    """The self-attention's and the cross-attention's masks, each merged for the core."""
+    (b, t, _), s = x.shape, memory.shape[1]
+    return (att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype),
+            att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t, s, x.dtype))
 
 
 def _check_stack(params, keys, e: int, dtype) -> None:
@@ -356,11 +359,10 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
     """
     x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
     memory = _check_memory(memory, x)
-    b, t, e = x.shape
+    e = x.shape[2]
     _check_layer_params(params, _DECODER_KEYS, e, x.dtype, "params")
-    self_mask = att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype)
-    cross_mask = att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t,
-                                   memory.shape[1], x.dtype)
+    self_mask, cross_mask = _decoder_masks(x, memory, h, tgt_mask, memory_mask,
+                                           tgt_key_padding_mask, memory_key_padding_mask)
     core_params, converted = _layer_to_core(params)
     out, cache = core_blocks.decoder_layer_forward(x, memory, core_params, h, self_mask,
                                                    cross_mask, norm_first, activation, eps)
@@ -437,11 +439,10 @@ def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memo
     """
     x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
     memory = _check_memory(memory, x)
-    b, t, e = x.shape
+    e = x.shape[2]
     _check_stack(params, _DECODER_KEYS, e, x.dtype)
-    self_mask = att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype)
-    cross_mask = att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t,
-                                   memory.shape[1], x.dtype)
+    self_mask, cross_mask = _decoder_masks(x, memory, h, tgt_mask, memory_mask,
+                                           tgt_key_padding_mask, memory_key_padding_mask)
     core_params, converted = _stack_to_core(params)
     out, cache = core_blocks.decoder_forward(x, memory, core_params, h, self_mask, cross_mask,
                                              norm_first, activation, eps)
