@@ -9,19 +9,14 @@ weights are never formed. The forward pass keeps each query's log-sum-exp (one n
 the backward pass recomputes each tile's weights from it. Notebook ``16_long_context`` derives
 both passes and measures time and memory against naive attention.
 
-Conventions:
+``causal=True`` is the course's causal mask (``attention.causal_mask``): query ``i`` sees the
+keys ``j <= i``, aligned at the top left also when ``T != S`` (``torch``'s ``is_causal``
+convention). Every query sees key 0, so no query is ever left with nothing to attend to, and
+the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention with an
+arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
 
-- ``q``: ``(..., T, d)``, ``k``: ``(..., S, d)``, ``v``: ``(..., S, d_v)``, float32 or float64,
-  one dtype, the same leading (batch, head) axes; the scale is ``1 / sqrt(d)``.
-- ``causal=True`` is the course's causal mask (``attention.causal_mask``): query ``i`` sees the
-  keys ``j <= i``, aligned at the top left also when ``T != S`` (``torch``'s ``is_causal``
-  convention). Every query sees key 0, so no query is ever left with nothing to attend to, and
-  the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention with an
-  arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
-- ``out`` is read-only: the backward pass reads it again (``D = rowsum(dout * out)``).
-
-The math is the student's own (``transformer_lab.core.flash``): this module checks its
-arguments once, with errors that name the argument, and calls the core.
+The math is the student's own (``transformer_lab.core.flash``); this module checks the
+arguments once and calls the core.
 """
 
 from __future__ import annotations

@@ -62,20 +62,8 @@ def eval_numerical_gradient(f: Callable[[np.ndarray], float], x: np.ndarray,
     Returns:
         grad: float64 array of shape ``S``, ``grad[i] ~= df/dx[i]``.
     """
-    x = _as_float64_array(x, "x")
-    h = _check_h(h)
-    grad = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"], op_flags=["readwrite"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + h
-        f_plus = _scalar(f(x))
-        x[i] = old - h
-        f_minus = _scalar(f(x))
-        x[i] = old
-        grad[i] = (f_plus - f_minus) / (2 * h)
-    return grad
+    return _central_difference(lambda: _scalar(f(x)), _as_float64_array(x, "x"), _check_h(h),
+                               lambda f_plus, f_minus: f_plus - f_minus)
 
 
 def eval_numerical_gradient_array(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray,
@@ -95,24 +83,34 @@ def eval_numerical_gradient_array(f: Callable[[np.ndarray], np.ndarray], x: np.n
         dx: float64 array of shape ``S``.
     """
     x = _as_float64_array(x, "x")
-    h = _check_h(h)
     df = np.asarray(df, dtype=np.float64)
+
+    def difference(f_plus, f_minus):
+        if f_plus.shape != df.shape:
+            raise ValueError(
+                f"df must have the shape of f(x): f(x) has shape {f_plus.shape}, "
+                f"df has shape {df.shape}"
+            )
+        return np.sum((f_plus - f_minus) * df)
+
+    return _central_difference(lambda: np.array(f(x), dtype=np.float64, copy=True), x,
+                               _check_h(h), difference)
+
+
+def _central_difference(value, x: np.ndarray, h: float, difference) -> np.ndarray:
+    """``grad[i] = difference(value() at x + h e_i, value() at x - h e_i) / (2 h)`` for every
+    entry ``i`` of ``x``, which is perturbed in place and restored."""
     grad = np.zeros_like(x)
     it = np.nditer(x, flags=["multi_index"], op_flags=["readwrite"])
     for _ in it:
         i = it.multi_index
         old = x[i]
         x[i] = old + h
-        f_plus = np.array(f(x), dtype=np.float64, copy=True)
+        f_plus = value()
         x[i] = old - h
-        f_minus = np.array(f(x), dtype=np.float64, copy=True)
+        f_minus = value()
         x[i] = old
-        if f_plus.shape != df.shape:
-            raise ValueError(
-                f"df must have the shape of f(x): f(x) has shape {f_plus.shape}, "
-                f"df has shape {df.shape}"
-            )
-        grad[i] = np.sum((f_plus - f_minus) * df) / (2 * h)
+        grad[i] = difference(f_plus, f_minus) / (2 * h)
     return grad
 
 

@@ -8,21 +8,15 @@
         opt.lr = schedule(step)
         opt.step(grads)
 
-The update rules follow PyTorch's implementations (``torch.optim.SGD``, ``torch.optim.Adam``,
-``torch.optim.AdamW``) term by term, so that the same gradients give the same parameters;
-tests/test_optim.py asserts it.
+The update rules follow ``torch.optim.SGD``, ``Adam`` and ``AdamW`` term by term, so that the
+same gradients give the same parameters (tests/test_optim.py asserts it). A step checks every
+gradient before it changes anything: a step that raises leaves the parameters, the optimiser's
+state and ``steps`` as they were.
 
-A step validates every gradient before it changes anything: a step that raises (a missing,
-misshapen or non-finite gradient) leaves the parameters, the optimiser's state and ``steps``
-as they were.
-
-The classes keep the state (momentum buffers, moment estimates, the step count) and check the
-arguments; the arithmetic of an update is :func:`transformer_lab.core.optim.sgd_step` /
-:func:`~transformer_lab.core.optim.adam_step`, one parameter array at a time, and
-:func:`global_norm` / :func:`clip_grad_norm` check their arguments and call the core's -- the
-functions the student writes in notebook 10, looked up at call time. They run where the core
-runs (:mod:`transformer_lab.device`): the parameters and the optimiser's state live there, and
-gradients are moved there.
+The classes keep the state and check the arguments; the arithmetic is the core's
+(:mod:`transformer_lab.core.optim`, written in notebook 10, looked up at call time), one
+parameter array at a time. They run where the core runs (:mod:`transformer_lab.device`): the
+parameters and the optimiser's state live there, and gradients are moved there.
 """
 
 from __future__ import annotations
