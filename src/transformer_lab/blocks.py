@@ -236,12 +236,6 @@ def stack_layer_caches(core_cache) -> list:
     return core_cache[0]
 
 
-def stack_norm_cache(core_cache):
-    """The final norm's cache (of ``core.layers.layer_norm_forward``) in a stack's cache, or
-    None without a final norm."""
-    return core_cache[1]
-
-
 # --------------------------------------------------------------------------------------------
 # Feed-forward
 
@@ -394,7 +388,7 @@ class StackCache(v.Cache):
     @property
     def norm(self) -> L.LayerNormCache | None:
         """The final norm's cache (``.xhat``, ``.rstd``), or None without a final norm."""
-        c = stack_norm_cache(self.core)
+        c = self.core[1]  # core.layers.layer_norm_forward's cache, or None
         return (None if c is None
                 else L.LayerNormCache(c, self.shape, self.dtype, "layer_norm_forward"))
 

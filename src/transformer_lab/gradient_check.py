@@ -177,8 +177,7 @@ def check_gradients(
     """
     if not grads:
         raise ValueError("grads must name at least one tensor to check")
-    if not np.isscalar(tol) or not tol > 0:
-        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    _check_tol(tol)
     for name, g in grads.items():
         if name not in params:
             raise ValueError(f"grads[{name!r}] has no matching entry in params "
@@ -197,10 +196,7 @@ def check_gradients(
             num = eval_numerical_gradient(lambda _: f(), x, h)
         else:
             num = eval_numerical_gradient_array(lambda _: f(), x, df, h)
-        errors[name] = _error_unless_zero(_to_numpy(g, name), num, zero_atol)
-        if errors[name] is None:
-            zero.add(name)
-            errors[name] = 0.0
+        _record(errors, zero, name, _to_numpy(g, name), num, zero_atol)
 
     failed = _report(errors, {n: params[n].shape for n in grads}, tol, zero, verbose)
     if failed:
@@ -232,8 +228,7 @@ def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
     Returns:
         name -> relative error (0.0 for zero tensors), in the order of ``ours``.
     """
-    if not np.isscalar(tol) or not tol > 0:
-        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    _check_tol(tol)
     if set(ours) != set(reference):
         raise ValueError(f"ours and reference must have the same names; only in ours: "
                          f"{sorted(set(ours) - set(reference))}, only in reference: "
@@ -249,10 +244,7 @@ def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
         atol = zero_atol
         if atol is None:
             atol = 1e-12 if a.dtype == np.float64 and b.dtype == np.float64 else 1e-6
-        errors[name] = _error_unless_zero(a, b, atol)
-        if errors[name] is None:
-            zero.add(name)
-            errors[name] = 0.0
+        _record(errors, zero, name, a, b, atol)
     failed = _report(errors, shapes, tol, zero, verbose)
     if failed:
         raise AssertionError(f"{len(failed)} of {len(errors)} tensors differ by more than "
@@ -260,11 +252,19 @@ def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
     return errors
 
 
-def _error_unless_zero(a: np.ndarray, b: np.ndarray, atol: float) -> float | None:
-    """rel_error(a, b), or None when both are zero up to ``atol`` in every entry."""
+def _check_tol(tol) -> None:
+    if not np.isscalar(tol) or not tol > 0:
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+
+
+def _record(errors: dict, zero: set, name: str, a: np.ndarray, b: np.ndarray, atol: float):
+    """``errors[name] = rel_error(a, b)``, or 0.0 and ``name`` added to ``zero`` when both are
+    zero up to ``atol`` in every entry."""
     if max(np.max(np.abs(a), initial=0.0), np.max(np.abs(b), initial=0.0)) <= atol:
-        return None
-    return rel_error(a, b)
+        zero.add(name)
+        errors[name] = 0.0
+    else:
+        errors[name] = rel_error(a, b)
 
 
 def _report(errors: Mapping[str, float], shapes: Mapping[str, tuple], tol: float,

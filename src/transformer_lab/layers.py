@@ -154,12 +154,7 @@ def softmax_forward(x: np.ndarray, axis: int = -1):
     Returns:
         y: shape S, read-only (it is also the cache: copy it to modify it); cache.
     """
-    x = v.float_array(x, "x", min_ndim=1)
-    axis = _axis(axis, x.ndim)
-    _check_finite_slices(x, axis)
-    y, cache = core_layers.softmax_forward(_last(x, axis))
-    y.flags.writeable = False  # y is the cache: the backward pass reads it
-    return _unlast(y, axis), v.Cache(cache, x.shape, x.dtype, "softmax_forward", axis)
+    return _along_axis("softmax_forward", x, axis)
 
 
 def softmax_backward(dout: np.ndarray, cache: v.Cache):
@@ -168,8 +163,7 @@ def softmax_backward(dout: np.ndarray, cache: v.Cache):
     The Jacobian of one slice is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``
     with the sum along ``axis``.
     """
-    dout = _last(v.dout_of(dout, cache, "softmax_backward"), cache.extra)
-    return _unlast(core_layers.softmax_backward(dout, cache.core), cache.extra)
+    return _along_axis_backward("softmax_backward", dout, cache)
 
 
 def log_softmax_forward(x: np.ndarray, axis: int = -1):
@@ -182,25 +176,31 @@ def log_softmax_forward(x: np.ndarray, axis: int = -1):
     Returns:
         out: shape S, read-only (it is also the cache); cache.
     """
-    x = v.float_array(x, "x", min_ndim=1)
-    axis = _axis(axis, x.ndim)
-    _check_finite_slices(x, axis)
-    out, cache = core_layers.log_softmax_forward(_last(x, axis))
-    out.flags.writeable = False
-    return _unlast(out, axis), v.Cache(cache, x.shape, x.dtype, "log_softmax_forward", axis)
+    return _along_axis("log_softmax_forward", x, axis)
 
 
 def log_softmax_backward(dout: np.ndarray, cache: v.Cache):
     """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
-    dout = _last(v.dout_of(dout, cache, "log_softmax_backward"), cache.extra)
-    return _unlast(core_layers.log_softmax_backward(dout, cache.core), cache.extra)
+    return _along_axis_backward("log_softmax_backward", dout, cache)
 
 
-def _axis(axis: int, ndim: int) -> int:
+def _along_axis(forward: str, x, axis) -> tuple:
+    """The core's ``forward`` (softmax or log-softmax along the last axis) along ``axis``: the
+    output made read-only (the backward pass reads it again) and its cache."""
+    x = v.float_array(x, "x", min_ndim=1)
     axis = v.integer(axis, "axis")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}")
-    return axis % ndim
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}), got {axis!r}")
+    axis %= x.ndim
+    _check_finite_slices(x, axis)
+    out, cache = getattr(core_layers, forward)(_last(x, axis))
+    out.flags.writeable = False
+    return _unlast(out, axis), v.Cache(cache, x.shape, x.dtype, forward, axis)
+
+
+def _along_axis_backward(backward: str, dout, cache: v.Cache) -> np.ndarray:
+    dout = _last(v.dout_of(dout, cache, backward), cache.extra)
+    return _unlast(getattr(core_layers, backward)(dout, cache.core), cache.extra)
 
 
 def _last(x: np.ndarray, axis: int) -> np.ndarray:

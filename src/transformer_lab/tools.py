@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.attention import to_packed, to_separate
 from transformer_lab.gradient_check import rel_error
 
 
@@ -104,19 +105,14 @@ def from_torch_layout(t) -> np.ndarray:
 def mha_params(module, packed: bool = False) -> dict[str, np.ndarray]:
     """Our parameter dict of an ``nn.MultiheadAttention`` (with ``kdim = vdim = E``): separate
     ``W_q, W_k, W_v`` or, with ``packed``, ``W_qkv``; ``W_o``; the biases if it has them."""
-    e = module.embed_dim
-    w_in = from_torch_layout(module.in_proj_weight)  # (E, 3E) = [W_q | W_k | W_v]
-    p = {"W_qkv": w_in} if packed else {"W_q": w_in[:, :e].copy(), "W_k": w_in[:, e:2 * e].copy(),
-                                        "W_v": w_in[:, 2 * e:].copy()}
-    p["W_o"] = from_torch_layout(module.out_proj.weight)
+    p = {"W_qkv": from_torch_layout(module.in_proj_weight),  # (E, 3E) = [W_q | W_k | W_v]
+         "W_o": from_torch_layout(module.out_proj.weight)}
     if module.in_proj_bias is not None:
-        b_in = module.in_proj_bias.detach().cpu().numpy().copy()
-        if packed:
-            p["b_qkv"] = b_in
-        else:
-            p.update(b_q=b_in[:e], b_k=b_in[e:2 * e], b_v=b_in[2 * e:])
+        p["b_qkv"] = module.in_proj_bias.detach().cpu().numpy().copy()
         p["b_o"] = module.out_proj.bias.detach().cpu().numpy().copy()
-    return p
+    if packed:
+        return p
+    return {k: np.ascontiguousarray(a) for k, a in to_separate(p, module.embed_dim).items()}
 
 
 def torch_mha(params: Mapping[str, np.ndarray], num_heads: int, dtype=None,
@@ -126,19 +122,16 @@ def torch_mha(params: Mapping[str, np.ndarray], num_heads: int, dtype=None,
     the parameters' dtype)."""
     import torch
 
-    w_qkv = params["W_qkv"] if "W_qkv" in params else np.concatenate(
-        [params["W_q"], params["W_k"], params["W_v"]], axis=1)  # (E, 3E)
-    e = w_qkv.shape[0]
-    has_bias = "b_o" in params
+    packed = params if "W_qkv" in params else to_packed(params)
+    w_qkv = packed["W_qkv"]  # (E, 3E)
+    has_bias = "b_o" in packed
     dtype = dtype or getattr(torch, np.dtype(w_qkv.dtype).name)
-    mha = torch.nn.MultiheadAttention(e, num_heads, bias=has_bias, batch_first=batch_first,
-                                      dtype=dtype)
+    mha = torch.nn.MultiheadAttention(w_qkv.shape[0], num_heads, bias=has_bias,
+                                      batch_first=batch_first, dtype=dtype)
     with torch.no_grad():
         mha.in_proj_weight.copy_(to_torch_layout(w_qkv))
-        mha.out_proj.weight.copy_(to_torch_layout(params["W_o"]))
+        mha.out_proj.weight.copy_(to_torch_layout(packed["W_o"]))
         if has_bias:
-            b_qkv = params["b_qkv"] if "b_qkv" in params else np.concatenate(
-                [params["b_q"], params["b_k"], params["b_v"]])
-            mha.in_proj_bias.copy_(torch.from_numpy(np.asarray(b_qkv)))
-            mha.out_proj.bias.copy_(torch.from_numpy(np.asarray(params["b_o"])))
+            mha.in_proj_bias.copy_(torch.from_numpy(np.asarray(packed["b_qkv"])))
+            mha.out_proj.bias.copy_(torch.from_numpy(np.asarray(packed["b_o"])))
     return mha.eval()
