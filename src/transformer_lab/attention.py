@@ -164,11 +164,13 @@ def multihead_weights(core_cache) -> np.ndarray:
 
 
 def _check_scores(out: np.ndarray, weights: np.ndarray) -> None:
-    """A ValueError if the scores held NaN or +inf (a NaN or infinite q or k).
+    """Make the weights read-only (the backward pass reads them); a ValueError if the scores
+    held NaN or +inf (a NaN or infinite q or k).
 
     The softmax of such a row is NaN, and so is the row of the output it multiplies: one sum
     over the output finds it, and only then are the weights searched.
     """
+    weights.flags.writeable = False
     if not np.isfinite(np.add.reduce(out, axis=None)) and np.isnan(weights).any():
         raise ValueError("the attention scores q k^T * scale hold NaN or +inf: q and k must be "
                          "finite")
@@ -217,9 +219,7 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
     # A NaN or infinite q or k would warn inside; _check_scores raises a ValueError instead.
     with np.errstate(invalid="ignore", over="ignore"):
         out, cache = core_attention.attention_forward(q, k, v_, mask, scale)
-    weights = attention_weights(cache)
-    weights.flags.writeable = False  # the backward pass reads them
-    _check_scores(out, weights)
+    _check_scores(out, attention_weights(cache))
     return out, AttentionCache(cache, out.shape, q.dtype, "scaled_dot_product_attention_forward")
 
 
@@ -232,7 +232,6 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
 
     Args:
         dout: upstream gradient of the output, (..., T, d_v).
-        cache: from the forward pass.
         dweights: optional upstream gradient of the attention weights themselves, (..., T, S),
             added to ``dP`` (for a loss that also uses the weights).
 
@@ -415,7 +414,6 @@ class MHACache(v.Cache):
 def _weights_out(out: np.ndarray, cache: tuple, average: bool, need_weights: bool):
     """The per-head weights made read-only and checked; what the forward returns of them."""
     weights = multihead_weights(cache)
-    weights.flags.writeable = False
     _check_scores(out, weights)
     if not need_weights:
         return None
@@ -498,7 +496,6 @@ def multi_head_attention_backward(dout, cache: MHACache, dweights=None):
 
     Args:
         dout: upstream gradient of the output, (B, T, E).
-        cache: from the forward pass.
         dweights: optional upstream gradient of the returned attention weights (same shape).
 
     Returns:

@@ -71,7 +71,6 @@ def flash_attention_backward(dout, cache):
 
     Args:
         dout: the gradient of the loss with respect to ``out``: its shape and dtype.
-        cache: the cache that :func:`flash_attention_forward` returned.
 
     Returns:
         dq (..., T, d), dk (..., S, d), dv (..., S, d_v).

@@ -62,7 +62,6 @@ def linear_backward(dout: np.ndarray, cache: v.Cache):
 
     Args:
         dout: upstream gradient, shape (..., D_out).
-        cache: from :func:`linear_forward`.
 
     Returns:
         dx: shape (..., D_in); grads: ``{"W": (D_in, D_out), "b": (D_out,)}`` (no ``"b"``
@@ -274,7 +273,6 @@ def cross_entropy_backward(dloss: float, cache: v.Cache):
     Args:
         dloss: upstream gradient of the scalar loss, a finite number (1.0 when it is the final
             loss).
-        cache: from :func:`cross_entropy_forward`.
 
     Returns:
         dlogits: shape (..., C), the dtype of the logits; rows of ignored targets are zero.
@@ -388,7 +386,6 @@ def embedding_backward(dout: np.ndarray, cache: v.Cache):
 
     Args:
         dout: upstream gradient, shape ids.shape + (D,).
-        cache: from :func:`embedding_forward`.
 
     Returns:
         grads: ``{"W": (V, D)}``; row ``padding_idx`` is zero.
