@@ -141,14 +141,6 @@ def _check_memory(memory, x):
     return memory
 
 
-def _decoder_masks(x, memory, h: int, tgt_mask, memory_mask, tgt_key_padding_mask,
-                   memory_key_padding_mask):
-    """The self-attention's and the cross-attention's masks, each merged for the core."""
-    (b, t, _), s = x.shape, memory.shape[1]
-    return (att.combine_masks(tgt_mask, tgt_key_padding_mask, (b, h), t, t, x.dtype),
-            att.combine_masks(memory_mask, memory_key_padding_mask, (b, h), t, s, x.dtype))
-
-
 def _check_stack(params, keys, e: int, dtype) -> None:
     if not isinstance(params, Mapping) or not isinstance(params.get("layers"), (list, tuple)) \
             or not params["layers"]:
@@ -301,15 +293,8 @@ def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
     Returns:
         out: (B, T, E); cache.
     """
-    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
-    b, t, e = x.shape
-    _check_layer_params(params, _ENCODER_KEYS, e, x.dtype, "params")
-    mask = att.combine_masks(attn_mask, key_padding_mask, (b, h), t, t, x.dtype)
-    core_params, converted = _layer_to_core(params)
-    out, cache = core_blocks.encoder_layer_forward(x, core_params, h, mask, norm_first,
-                                                   activation, eps)
-    _check_finite_norms(out, eps)
-    return out, LayerCache(cache, out.shape, x.dtype, "encoder_layer_forward", converted)
+    return _forward("encoder_layer_forward", x, None, params, num_heads,
+                    [(attn_mask, key_padding_mask)], norm_first, activation, eps)
 
 
 def encoder_layer_backward(dout, cache: LayerCache):
@@ -351,17 +336,9 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
     Returns:
         out: (B, T, E); cache.
     """
-    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
-    memory = _check_memory(memory, x)
-    e = x.shape[2]
-    _check_layer_params(params, _DECODER_KEYS, e, x.dtype, "params")
-    self_mask, cross_mask = _decoder_masks(x, memory, h, tgt_mask, memory_mask,
-                                           tgt_key_padding_mask, memory_key_padding_mask)
-    core_params, converted = _layer_to_core(params)
-    out, cache = core_blocks.decoder_layer_forward(x, memory, core_params, h, self_mask,
-                                                   cross_mask, norm_first, activation, eps)
-    _check_finite_norms(out, eps)
-    return out, LayerCache(cache, out.shape, x.dtype, "decoder_layer_forward", converted)
+    return _forward("decoder_layer_forward", x, memory, params, num_heads,
+                    [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
+                    norm_first, activation, eps)
 
 
 def decoder_layer_backward(dout, cache: LayerCache):
@@ -405,15 +382,8 @@ def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask
     Returns:
         out: (B, T, E); cache.
     """
-    x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
-    b, t, e = x.shape
-    _check_stack(params, _ENCODER_KEYS, e, x.dtype)
-    mask = att.combine_masks(mask, key_padding_mask, (b, h), t, t, x.dtype)
-    core_params, converted = _stack_to_core(params)
-    out, cache = core_blocks.encoder_forward(x, core_params, h, mask, norm_first, activation,
-                                             eps)
-    _check_finite_norms(out, eps)
-    return out, StackCache(cache, out.shape, x.dtype, "encoder_forward", converted)
+    return _forward("encoder_forward", x, None, params, num_heads, [(mask, key_padding_mask)],
+                    norm_first, activation, eps)
 
 
 def encoder_backward(dout, cache: StackCache):
@@ -431,17 +401,33 @@ def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memo
     Returns:
         out: (B, T, E); cache.
     """
+    return _forward("decoder_forward", x, memory, params, num_heads,
+                    [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
+                    norm_first, activation, eps)
+
+
+def _forward(forward: str, x, memory, params, num_heads, masks: list, norm_first, activation,
+             eps):
+    """The four forwards above: every check once (the decoder's ``memory``, None for an
+    encoder), each attention's ``(attn_mask, key_padding_mask)`` in ``masks`` merged, the
+    parameters converted for the core, then the core's function ``forward``."""
     x, h, norm_first, eps = _check_options(x, num_heads, norm_first, activation, eps)
-    memory = _check_memory(memory, x)
-    e = x.shape[2]
-    _check_stack(params, _DECODER_KEYS, e, x.dtype)
-    self_mask, cross_mask = _decoder_masks(x, memory, h, tgt_mask, memory_mask,
-                                           tgt_key_padding_mask, memory_key_padding_mask)
-    core_params, converted = _stack_to_core(params)
-    out, cache = core_blocks.decoder_forward(x, memory, core_params, h, self_mask, cross_mask,
-                                             norm_first, activation, eps)
+    inputs = (x,) if memory is None else (x, _check_memory(memory, x))
+    b, t, e = x.shape
+    layer_keys = _ENCODER_KEYS if memory is None else _DECODER_KEYS
+    stack = forward in ("encoder_forward", "decoder_forward")
+    if stack:
+        _check_stack(params, layer_keys, e, x.dtype)
+    else:
+        _check_layer_params(params, layer_keys, e, x.dtype, "params")
+    merged = [att.combine_masks(mask, key_padding_mask, (b, h), t, source.shape[1], x.dtype)
+              for (mask, key_padding_mask), source in zip(masks, inputs, strict=True)]
+    core_params, converted = (_stack_to_core if stack else _layer_to_core)(params)
+    out, cache = getattr(core_blocks, forward)(*inputs, core_params, h, *merged, norm_first,
+                                               activation, eps)
     _check_finite_norms(out, eps)
-    return out, StackCache(cache, out.shape, x.dtype, "decoder_forward", converted)
+    return out, (StackCache if stack else LayerCache)(cache, out.shape, x.dtype, forward,
+                                                      converted)
 
 
 def decoder_backward(dout, cache: StackCache):
