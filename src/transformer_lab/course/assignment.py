@@ -1,14 +1,14 @@
 """What the classroom tools share: the markers, nbgrader's cell metadata, and their checks.
 
 The solution notebooks are the source of every assignment (the package's side is
-:mod:`.package`'s). An **exercise** cell (``metadata.nbgrader.solution: true``) holds regions
-between ``### BEGIN SOLUTION[: hint]`` and ``### END SOLUTION`` that the student version stubs;
-a **check** cell (``grade: true`` with ``points``) is one line, ``check("<its id>", ...)``
-(:func:`parse_check_call`); legacy check cells (asserts) are handed out but ``make grade``
-refuses them. Hidden tests live in the check modules (:mod:`.package`), never in a notebook. ``grade_id`` equals the cell id. The convention:
-docs/maintainers.md, "Writing exercises". :func:`parse_notebook` checks all of it and reports
-every problem with its notebook, cell and line, so that a misplaced marker never ships a
-solution. Also here: the output folders the tools may empty (:func:`fresh_output_dir`).
+:mod:`.package`'s, hidden tests included: none in notebooks). An **exercise** cell
+(``metadata.nbgrader.solution: true``) holds regions between ``### BEGIN SOLUTION[: hint]`` and
+``### END SOLUTION`` that the student version stubs; a **check** cell (``grade: true`` with
+``points``) is one line, ``check("<its id>", ...)`` (:func:`parse_check_call`); legacy check
+cells (asserts) are handed out but ``make grade`` refuses them. ``grade_id`` equals the cell id.
+The convention: docs/maintainers.md, "Writing exercises". :func:`parse_notebook` checks all of
+it and reports every problem with its notebook, cell and line, so that a misplaced marker never
+ships a solution. Also here: the output folders the tools may empty (:func:`fresh_output_dir`).
 """
 
 from __future__ import annotations
