@@ -3,14 +3,10 @@
     python -m transformer_lab.course.bench              # the encoder-decoder's modules
     python -m transformer_lab.course.bench --model gpt  # the GPT's training step
 
-One *step* is forward, then backward of ``loss = sum(out * dout)`` (for the GPT,
-``model.loss(ids)`` and every gradient), both sides with the same weights
-(:func:`transformer_lab.reference.interop.from_torch`, ``TorchGPT.from_numpy``), float32 batch,
-masks and upstream gradient; each twin is first checked in float64 to compute what its module
-computes (1e-10). :func:`paired_times` times the two sides in alternating rounds and reports
-medians and the per-round ratio's interquartile range; one thread each and CPU time by default
-(``--threads``, ``--clock``). How and why: docs/maintainers.md, "Benchmarks". See ``--help``
-for the options.
+One *step* is forward and backward on both sides, with the same weights and inputs, each twin
+first checked in float64 against its module (:data:`PARITY_TOL`); :func:`paired_times` times
+the sides in alternating rounds. What it measures and why: docs/maintainers.md, "Benchmarks";
+the options: ``--help``.
 """
 
 from __future__ import annotations
@@ -269,8 +265,7 @@ def calibrate(seconds: float = 0.3) -> tuple[float, float]:
 #: Fitted on the course's 2-core machines: seconds of one step beyond its matrix products,
 #: in units of a small NumPy call, per attention block (both sides together); the matrix
 #: products' efficiency against the calibration's product at d_model 128 (it grows with the
-#: width: the full default run took 17 min where 0.45 at every width planned 25); and the first
-#: size's imports and first calls.
+#: width); and the first size's imports and first calls.
 _OVERHEAD_CALLS = 260.0
 _GEMM_EFFICIENCY = 0.45
 STARTUP_SECONDS = 2.0
