@@ -319,9 +319,8 @@ def _closes_within(lines: list[str], cls: ast.ClassDef, region: Region) -> bool:
 
 
 def _regions_and_tree(path: Path, text: str, report, kind: str, misplaced: str):
-    """(lines, the ``kind`` regions, the syntax tree or None) of a module's ``text``; each
-    region of the other kind is reported with the message ``misplaced``, and so is a
-    SyntaxError."""
+    """(lines, the ``kind`` regions, the syntax tree: None, reported, where it does not parse)
+    of a module's ``text``; a region of the other kind is reported as ``misplaced``."""
     lines = text.split("\n")
     other = "HIDDEN TESTS" if kind == "SOLUTION" else "SOLUTION"
     for region in find_regions(lines, other, report):
