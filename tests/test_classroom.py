@@ -2,7 +2,7 @@
 of the grader's feedback (`make grade`).
 
 What keeps them honest, for every notebook in notebooks/:
-- a student version holds no line of any solution region or hidden test;
+- a student version holds no line of any solution region;
 - a student version keeps everything else, its check cells locked;
 and, on a tiny course made here: misplaced markers fail the build with notebook, cell and line;
 a crash or an endless loop in a kernel stops only that notebook's run and leaves no process
@@ -45,9 +45,7 @@ def tiny_notebook(double_body="    return 2 * x", square_body="    return x * x"
         v4.new_code_cell('def double(x):\n    """Twice x."""\n    ### BEGIN SOLUTION\n'
                          + double_body + "\n    ### END SOLUTION",
                          id="exercise-double", metadata=_meta("exercise", "exercise-double")),
-        v4.new_code_cell("assert double(2) == 4\n### BEGIN HIDDEN TESTS\n"
-                         "assert double(-1.5) == -3.0, 'negative numbers'\n"
-                         "### END HIDDEN TESTS\nprint('double ok')",
+        v4.new_code_cell("assert double(2) == 4\nprint('double ok')",
                          id="check-double", metadata=_meta("check", "check-double", 2)),
         v4.new_code_cell("def square(x):\n    ### BEGIN SOLUTION: multiply \"x\" by itself\n"
                          + square_body + "\n    ### END SOLUTION",
@@ -91,17 +89,17 @@ def solution_and_student(notebook: Path):
 
 
 def removed_lines(parsed) -> dict[str, set[int]]:
-    """Per cell id, the line numbers (0-based) of its solution and hidden-test regions, markers
-    included -- found the way nbgrader finds them, independently of the tools' parser."""
+    """Per cell id, the line numbers (0-based) of its solution regions, markers included --
+    found the way nbgrader finds them, independently of the tools' parser."""
     removed = {}
     for cell in parsed.nb.cells:
         inside, lines = False, set()
         for i, line in enumerate(cell.source.split("\n")):
-            if "BEGIN SOLUTION" in line or "BEGIN HIDDEN TESTS" in line:
+            if "BEGIN SOLUTION" in line:
                 inside = True
             if inside:
                 lines.add(i)
-            if "END SOLUTION" in line or "END HIDDEN TESTS" in line:
+            if "END SOLUTION" in line:
                 inside = False
         removed[cell.id] = lines
     return removed
@@ -110,7 +108,7 @@ def removed_lines(parsed) -> dict[str, set[int]]:
 # --- student versions ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
-def test_student_version_holds_no_solution_line_or_hidden_test(notebook):
+def test_student_version_holds_no_solution_line(notebook):
     parsed, stud = solution_and_student(notebook)
     removed = removed_lines(parsed)
     secret, public = set(), set()  # lines inside regions; lines the solution shows outside them
@@ -285,12 +283,10 @@ BAD_NOTEBOOKS = {  # name: (change, cell number, cell id, line or None, words in
     "region outside an exercise cell": (_edit_source("setup", "x = 1\n### BEGIN SOLUTION\n"
                                                      "y = 2\n### END SOLUTION"),
                                         2, "setup", 2, "not an exercise cell"),
-    "hidden tests outside a check cell": (_edit_source("setup", "### BEGIN HIDDEN TESTS\n"
-                                                       "assert True\n### END HIDDEN TESTS"),
-                                          2, "setup", 1, "not a check cell"),
-    "hidden tests unbalanced": (_edit_source("check-double", "assert double(2) == 4\n"
-                                             "### END HIDDEN TESTS"),
-                                4, "check-double", 2, "without a ### BEGIN HIDDEN TESTS"),
+    "hidden tests in a notebook": (_edit_source("check-double", "assert double(2) == 4\n"
+                                                "### BEGIN HIDDEN TESTS\nassert True\n"
+                                                "### END HIDDEN TESTS"),
+                                   4, "check-double", 2, "belong in a check module"),
     "exercise cell without a region": (_edit_source("exercise-double", "def double(x):\n"
                                                     "    return 2 * x"),
                                        3, "exercise-double", None, "needs a ### BEGIN SOLUTION"),

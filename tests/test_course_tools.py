@@ -252,10 +252,7 @@ def test_site_source_is_rewritten_only_when_it_is_ours(site_project):
     (src / "stale.md").write_text("from an earlier run")
     site.assemble(*args)  # ours: emptied and rewritten
     assert not (src / "stale.md").exists()
-    # a site source written before the tools marked their folders is recognised ...
-    (src / site.OWNER_FILE).unlink()
-    site.assemble(*args)
-    # ... but not once it holds anything else
+    # a site source the tools did not mark is refused
     (src / site.OWNER_FILE).unlink()
     (src / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match="not written by this tool"):

@@ -1,14 +1,14 @@
 """What the classroom tools share: the markers, nbgrader's cell metadata, and their checks.
 
 The solution notebooks are the source of every assignment (the package's side is
-:mod:`.package`'s). An **exercise** cell (``metadata.nbgrader.solution: true``) holds regions
-between ``### BEGIN SOLUTION[: hint]`` and ``### END SOLUTION`` that the student version stubs;
-a **check** cell (``grade: true`` with ``points``) is one line, ``check("<its id>", ...)``
-(:func:`parse_check_call`); legacy check cells (asserts, optional hidden-tests regions) are
-handed out but ``make grade`` refuses them. ``grade_id`` equals the cell id. The convention:
-docs/maintainers.md, "Writing exercises". :func:`parse_notebook` checks all of it and reports
-every problem with its notebook, cell and line, so that a misplaced marker never ships a
-solution. Also here: the output folders the tools may empty (:func:`fresh_output_dir`).
+:mod:`.package`'s, hidden tests included: none in notebooks). An **exercise** cell
+(``metadata.nbgrader.solution: true``) holds regions between ``### BEGIN SOLUTION[: hint]`` and
+``### END SOLUTION`` that the student version stubs; a **check** cell (``grade: true`` with
+``points``) is one line, ``check("<its id>", ...)`` (:func:`parse_check_call`); legacy check
+cells (asserts) are handed out but ``make grade`` refuses them. ``grade_id`` equals the cell id.
+The convention: docs/maintainers.md, "Writing exercises". :func:`parse_notebook` checks all of
+it and reports every problem with its notebook, cell and line, so that a misplaced marker never
+ships a solution. Also here: the output folders the tools may empty (:func:`fresh_output_dir`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -25,8 +25,6 @@ from transformer_lab.course import untrusted
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
-BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
-END_HIDDEN = "### END HIDDEN TESTS"
 
 #: nbgrader recognises a marker by these words anywhere in a line (in any cell type), so any
 #: line that contains them, in any letter case, must be a well-formed marker in the right cell.
@@ -120,7 +118,6 @@ def parse_check_call(source: str) -> CheckCall | None:
 class Check:
     cell_id: str
     points: float
-    hidden: list[Region] = field(default_factory=list)
     call: CheckCall | None = None  # None: a legacy check cell (asserts), which make grade refuses
 
 
@@ -187,15 +184,19 @@ def parse_notebook(nb, name: str) -> Assignment:
             problems.append(Problem(name, _n, _cell.get("id", "?"), line, message))
 
         _check_metadata(cell, report)
+        for k, line in enumerate(source_lines(cell), 1):
+            words = _MARKER_WORDS.search(line)
+            if words and words[2].upper().startswith("HIDDEN"):
+                report("hidden tests belong in a check module (transformer_lab/checks/"
+                       "nbNN_topic.py), not in a notebook (nbgrader would take this line for a "
+                       "marker too)", k)
+            elif words and cell.cell_type != "code":
+                report(f"marker words in a {cell.cell_type} cell; solution regions belong in "
+                       "code cells (nbgrader would take this line for a marker too: rephrase "
+                       "it)", k)
         if cell.cell_type != "code":
-            for k, line in enumerate(source_lines(cell), 1):
-                if has_marker_words(line):
-                    report(f"marker words in a {cell.cell_type} cell; solution and hidden-test "
-                           "regions belong in code cells (nbgrader would take this line for a "
-                           "marker too: rephrase it)", k)
             continue
-        solutions = _find_regions(cell, "SOLUTION", report)
-        hidden = _find_regions(cell, "HIDDEN TESTS", report)
+        solutions = find_regions(source_lines(cell), "SOLUTION", report)
         if is_exercise(cell):
             if not solutions:
                 report(f"an exercise cell (nbgrader solution: true) needs a {BEGIN_SOLUTION} / "
@@ -206,11 +207,8 @@ def parse_notebook(nb, name: str) -> Assignment:
                    "metadata (nbgrader solution: true) or remove the marker",
                    solutions[0].begin + 1)
         if is_check(cell):
-            checks.append(Check(cell.id, nbgrader_meta(cell).get("points", 0), hidden,
+            checks.append(Check(cell.id, nbgrader_meta(cell).get("points", 0),
                                 parse_check_call(cell.source)))
-        elif hidden:
-            report(f"{BEGIN_HIDDEN} in a cell that is not a check cell: add the check metadata "
-                   "(nbgrader grade: true, points) or remove the marker", hidden[0].begin + 1)
     if problems:
         raise AssignmentError(problems)
     return Assignment(name, nb, exercises, checks)
@@ -248,11 +246,6 @@ def _check_metadata(cell, report) -> None:
     if grade and (isinstance(points, bool) or not isinstance(points, (int, float))
                   or not points > 0):
         report(f"a check cell needs metadata.nbgrader.points, a number above 0, got {points!r}")
-
-
-def _find_regions(cell, kind: str, report) -> list[Region]:
-    """The balanced ``### BEGIN <kind>`` ... ``### END <kind>`` regions of a code cell."""
-    return find_regions(source_lines(cell), kind, report)
 
 
 def find_regions(lines: list[str], kind: str, report) -> list[Region]:

@@ -3,14 +3,10 @@
     python -m transformer_lab.course.bench              # the encoder-decoder's modules
     python -m transformer_lab.course.bench --model gpt  # the GPT's training step
 
-One *step* is forward, then backward of ``loss = sum(out * dout)`` (for the GPT,
-``model.loss(ids)`` and every gradient), both sides with the same weights
-(:func:`transformer_lab.reference.interop.from_torch`, ``TorchGPT.from_numpy``), float32 batch,
-masks and upstream gradient; each twin is first checked in float64 to compute what its module
-computes (1e-10). :func:`paired_times` times the two sides in alternating rounds and reports
-medians and the per-round ratio's interquartile range; one thread each and CPU time by default
-(``--threads``, ``--clock``). How and why: docs/maintainers.md, "Benchmarks". See ``--help``
-for the options.
+One *step* is forward and backward on both sides, with the same weights and inputs, each twin
+first checked in float64 against its module (:data:`PARITY_TOL`); :func:`paired_times` times
+the sides in alternating rounds. What it measures and why: docs/maintainers.md, "Benchmarks";
+the options: ``--help``.
 """
 
 from __future__ import annotations
@@ -132,11 +128,16 @@ def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> flo
                                            for i, (g, tg) in enumerate(zip(grads, twin_grads,
                                                                            strict=True))]
     errors = {what: rel_error(ours, theirs) for what, theirs, ours in pairs}
+    return _worst_error(errors, tol, "the NumPy twin's {} differs from torch's")
+
+
+def _worst_error(errors: dict[str, float], tol: float, differs: str) -> float:
+    """The largest of ``errors``; AssertionError, ``differs`` naming the quantity, above
+    ``tol``."""
     worst = max(errors, key=errors.get)
     if not errors[worst] < tol:
-        raise AssertionError(f"the NumPy twin's {worst} differs from torch's (relative error "
-                             f"{errors[worst]:.2e} >= {tol:g}): timing them would compare two "
-                             f"different computations")
+        raise AssertionError(f"{differs.format(worst)} (relative error {errors[worst]:.2e} >= "
+                             f"{tol:g}): timing them would compare two different computations")
     return errors[worst]
 
 
@@ -171,14 +172,11 @@ def measure(kind: str, e: int, b: int, t: int, h: int, layers: int, repeats: int
             p.grad = None
         for x in leaves:
             x.grad = None
-        out = module(*leaves, **tkwargs)
-        (out * tdout).sum().backward()
-        return out
+        (module(*leaves, **tkwargs) * tdout).sum().backward()
 
     def numpy_step():
-        out = twin.forward(*args, **kwargs)
-        grads = twin.backward(dout)
-        return out, grads if isinstance(grads, tuple) else (grads,)
+        twin.forward(*args, **kwargs)
+        twin.backward(dout)
 
     _check_float64_twin(module, args, kwargs, dout)
     return summarize(*paired_times(torch_step, numpy_step, repeats, warmup, clock))
@@ -267,8 +265,7 @@ def calibrate(seconds: float = 0.3) -> tuple[float, float]:
 #: Fitted on the course's 2-core machines: seconds of one step beyond its matrix products,
 #: in units of a small NumPy call, per attention block (both sides together); the matrix
 #: products' efficiency against the calibration's product at d_model 128 (it grows with the
-#: width: the full default run took 17 min where 0.45 at every width planned 25); and the first
-#: size's imports and first calls.
+#: width); and the first size's imports and first calls.
 _OVERHEAD_CALLS = 260.0
 _GEMM_EFFICIENCY = 0.45
 STARTUP_SECONDS = 2.0
@@ -362,12 +359,7 @@ def _check_float64_gpt(model, ids, tol: float = PARITY_TOL) -> float:
     theirs = twin.numpy_grads()
     errors = {name: rel_error(g, theirs[name]) for name, g in grads.items()}
     errors["loss"] = abs(loss - tloss.item()) / abs(tloss.item())
-    worst = max(errors, key=errors.get)
-    if not errors[worst] < tol:
-        raise AssertionError(f"the NumPy GPT's {worst} differs from its PyTorch twin's "
-                             f"(relative error {errors[worst]:.2e} >= {tol:g}): timing them "
-                             f"would compare two different computations")
-    return errors[worst]
+    return _worst_error(errors, tol, "the NumPy GPT's {} differs from its PyTorch twin's")
 
 
 def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats: int,
@@ -414,13 +406,25 @@ def _summary(name: str, timings: list[Timing]) -> None:
           f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
 
 
-def _announce(planned: list[float], args, progress) -> None:
+def _start(planned: list[float], args, about: str, header: str) -> float:
+    """Say how long the run will take (stderr), then what it times -- ``about``, between the
+    versions and the clock -- and the table's ``header`` (stdout); the time it starts."""
+    import torch
+
+    planned[0] += STARTUP_SECONDS
     print(f"bench: {len(planned)} sizes, each {args.repeats} timed rounds after {args.warmup} "
           f"warm-up; expected duration about {format_seconds(sum(planned))} "
-          f"(from this machine's speed now)", file=progress, flush=True)
+          f"(from this machine's speed now)", file=sys.stderr, flush=True)
+    print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
+          f"{torch.__version__} ({torch.get_num_threads()} threads); {about}; "
+          f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
+          flush=True)
+    print(header)
+    print("-" * len(header), flush=True)
+    return time.perf_counter()
 
 
-def _report_left(planned: list[float], k: int, elapsed: float, progress) -> None:
+def _report_left(planned: list[float], k: int, elapsed: float) -> None:
     """After size k (0-based) of the plan: the time so far and the time left -- the plan,
     corrected by how fast the run has gone so far, weighed against a fifth of the plan, so that
     the first size (imports, first calls) does not swing the estimate. Nothing after the last."""
@@ -429,12 +433,15 @@ def _report_left(planned: list[float], k: int, elapsed: float, progress) -> None
     done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
     left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
     print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
-          file=progress, flush=True)
+          file=sys.stderr, flush=True)
+
+
+def _end(start: float) -> int:
+    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=sys.stderr, flush=True)
+    return 0
 
 
 def _main_gpt(args, clock) -> int:
-    import torch
-
     import transformer_lab.models.gpt  # noqa: F401  (its BLAS libraries loaded before the limit)
     import transformer_lab.reference.torch_gpt  # noqa: F401
     from transformer_lab.notebook import limit_threads
@@ -447,26 +454,18 @@ def _main_gpt(args, clock) -> int:
     planned = [estimate_gpt_seconds(gpt_config(block, e, args.heads or _gpt_default_heads(e),
                                                args.layers, t), b, t, rounds, speed)
                for block, e, b, t in sizes]
-    planned[0] += STARTUP_SECONDS
-    progress = sys.stderr
-    _announce(planned, args, progress)
-    print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
-          f"{torch.__version__} ({torch.get_num_threads()} threads); the GPT's training step "
-          f"(loss and every gradient), float32, vocabulary {GPT_VOCAB}, {args.layers} layers, "
-          f"{args.repeats} interleaved rounds after {args.warmup} warm-up; "
-          f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
-          flush=True)
-    header = (f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
-              f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-              f"{'numpy GF/s':>10} {'torch GF/s':>10}")
-    print(header)
-    print("-" * len(header), flush=True)
+    start = _start(planned, args,
+                   f"the GPT's training step (loss and every gradient), float32, vocabulary "
+                   f"{GPT_VOCAB}, {args.layers} layers, {args.repeats} interleaved rounds after "
+                   f"{args.warmup} warm-up",
+                   f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
+                   f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
+                   f"{'numpy GF/s':>10} {'torch GF/s':>10}")
     timings = []
-    start = time.perf_counter()
     for k, (block, e, b, t) in enumerate(sizes):
         h = args.heads or _gpt_default_heads(e)
         print(f"[{k + 1}/{len(sizes)}] GPT {block}, d_model {e}, batch {b}, length {t} ...",
-              file=progress, flush=True)
+              file=sys.stderr, flush=True)
         r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock)
         timings.append(r.timing)
         kv = gpt_config(block, e, h, args.layers, t).num_kv_heads
@@ -475,11 +474,10 @@ def _main_gpt(args, clock) -> int:
         print(f"{block:<8} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
               f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
               f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f}", flush=True)
-        _report_left(planned, k, time.perf_counter() - start, progress)
+        _report_left(planned, k, time.perf_counter() - start)
     print()
     _summary("GPT", timings)
-    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
-    return 0
+    return _end(start)
 
 
 def main(argv=None) -> int:
@@ -548,8 +546,6 @@ def main(argv=None) -> int:
     if gpt:
         return _main_gpt(args, clock)
 
-    import torch
-
     from transformer_lab.notebook import limit_threads
 
     limit_threads(args.threads)
@@ -559,39 +555,29 @@ def main(argv=None) -> int:
     rounds = args.repeats + args.warmup
     planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
                for kind, e, b, t in sizes]
-    planned[0] += STARTUP_SECONDS
     names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
-    progress = sys.stderr
-    _announce(planned, args, progress)
-
-    print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
-          f"{torch.__version__} ({torch.get_num_threads()} threads); float32, forward + "
-          f"backward, {args.repeats} interleaved rounds after {args.warmup} warm-up, masks "
-          f"{'on' if args.masks else 'off'}; the twins compute with the core; "
-          f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
-          flush=True)
-    header = (f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
-              f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13}")
-    print(header)
-    print("-" * len(header), flush=True)
+    start = _start(planned, args,
+                   f"float32, forward + backward, {args.repeats} interleaved rounds after "
+                   f"{args.warmup} warm-up, masks {'on' if args.masks else 'off'}; the twins "
+                   f"compute with the core",
+                   f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
+                   f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13}")
     ratios: dict[str, list[Timing]] = {}
-    start = time.perf_counter()
     for k, (kind, e, b, t) in enumerate(sizes):
         h = args.heads or _default_heads(e)
-        what = f"{names[kind]}, d_model {e}, batch {b}, length {t}"
-        print(f"[{k + 1}/{len(sizes)}] {what} ...", file=progress, flush=True)
+        print(f"[{k + 1}/{len(sizes)}] {names[kind]}, d_model {e}, batch {b}, length {t} ...",
+              file=sys.stderr, flush=True)
         r = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
                     clock)
         ratios.setdefault(kind, []).append(r)
         print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
               f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
               flush=True)
-        _report_left(planned, k, time.perf_counter() - start, progress)
+        _report_left(planned, k, time.perf_counter() - start)
     print()
     for kind, rs in ratios.items():
         _summary(names[kind], rs)
-    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=progress, flush=True)
-    return 0
+    return _end(start)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_lab.course.kernel_env import apply_kernel_env
+from transformer_lab.course.kernel_run import one_line
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -114,10 +114,9 @@ def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = Fa
 
 
 def _short_error(exc: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # drop ANSI colours
-    # nbclient's CellExecutionError ends with the exception line; keep that.
-    tail = [line for line in text if line.strip()][-1:] or [type(exc).__name__]
-    return tail[0][:200]
+    """The last line of ``exc``'s message (a CellExecutionError's is the exception's)."""
+    lines = [one_line(line) for line in str(exc).splitlines()]
+    return next((line for line in reversed(lines) if line), type(exc).__name__)
 
 
 def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) -> list[Result]:

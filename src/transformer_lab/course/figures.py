@@ -288,36 +288,40 @@ def draw_transformer_architecture(fig) -> None:
                     arrowprops=dict(arrowstyle="-|>", color=color, lw=1.3, shrinkA=0, shrinkB=0))
 
     w = 4.2
+
+    def column_start(x, ids, axis, color, layer_height):
+        """The token ids, their embedding, and the dashed frame of the stacked layers."""
+        box(x, 0.0, w, 0.55, f"{ids}: token ids  (B, {axis})", "gray", 0.12)
+        arrow(x, 0.55, x, 0.85)
+        box(x, 0.85, w, 0.75, f"token embedding × √E\n+ positional encoding   (B, {axis}, E)",
+            color)
+        arrow(x, 1.6, x, 2.0)
+        ax.add_patch(FancyBboxPatch((x - w / 2 - 0.15, 2.0), w + 0.3, layer_height,
+                                    boxstyle="round,pad=0.02,rounding_size=0.15",
+                                    facecolor="none", edgecolor=color, lw=1.6, ls="--"))
+
+    def column_end(x, name, color, top):
+        """The name of the layer under the top ``top`` of its frame, then the final LN."""
+        ax.text(x, top - 0.25, name, ha="center", va="center", fontsize=9, style="italic",
+                color=color)
+        arrow(x, top, x, top + 0.35)
+        box(x, top + 0.35, w, 0.55, "LN", color)
+
     # encoder, left column
     xe = 2.3
-    box(xe, 0.0, w, 0.55, "src: token ids  (B, S)", "gray", 0.12)
-    arrow(xe, 0.55, xe, 0.85)
-    box(xe, 0.85, w, 0.75, "token embedding × √E\n+ positional encoding   (B, S, E)", enc_c)
-    arrow(xe, 1.6, xe, 2.0)
-    ax.add_patch(FancyBboxPatch((xe - w / 2 - 0.15, 2.0), w + 0.3, 2.6,
-                                boxstyle="round,pad=0.02,rounding_size=0.15", facecolor="none",
-                                edgecolor=enc_c, lw=1.6, ls="--"))
+    column_start(xe, "src", "S", enc_c, 2.6)
     box(xe, 2.25, w - 0.3, 0.85, "x + SelfAttention(LN(x))\nkeys: no source padding", enc_c)
     arrow(xe, 3.1, xe, 3.45)
     box(xe, 3.45, w - 0.3, 0.7, "x + FFN(LN(x))", enc_c)
     ax.text(xe - w / 2 - 0.3, 3.3, "N ×", ha="right", va="center", fontsize=12, weight="bold",
             color=enc_c)
-    ax.text(xe, 4.35, "encoder layer", ha="center", va="center", fontsize=9, style="italic",
-            color=enc_c)
-    arrow(xe, 4.6, xe, 4.95)
-    box(xe, 4.95, w, 0.55, "LN", enc_c)
+    column_end(xe, "encoder layer", enc_c, 4.6)
     arrow(xe, 5.5, xe, 5.85)
     box(xe, 5.85, w, 0.6, "memory  (B, S, E)", enc_c, 0.35, weight="bold")
 
     # decoder, right column
     xd = 8.1
-    box(xd, 0.0, w, 0.55, "tgt[:, :-1]: token ids  (B, T)", "gray", 0.12)
-    arrow(xd, 0.55, xd, 0.85)
-    box(xd, 0.85, w, 0.75, "token embedding × √E\n+ positional encoding   (B, T, E)", dec_c)
-    arrow(xd, 1.6, xd, 2.0)
-    ax.add_patch(FancyBboxPatch((xd - w / 2 - 0.15, 2.0), w + 0.3, 3.65,
-                                boxstyle="round,pad=0.02,rounding_size=0.15", facecolor="none",
-                                edgecolor=dec_c, lw=1.6, ls="--"))
+    column_start(xd, "tgt[:, :-1]", "T", dec_c, 3.65)
     box(xd, 2.25, w - 0.3, 0.85, "z + SelfAttention(LN(z))\ncausal mask + target padding",
         dec_c)
     arrow(xd, 3.1, xd, 3.35)
@@ -327,10 +331,7 @@ def draw_transformer_architecture(fig) -> None:
     box(xd, 4.45, w - 0.3, 0.7, "z + FFN(LN(z))", dec_c)
     ax.text(xd + w / 2 + 0.3, 3.8, "× N", ha="left", va="center", fontsize=12, weight="bold",
             color=dec_c)
-    ax.text(xd, 5.4, "decoder layer", ha="center", va="center", fontsize=9, style="italic",
-            color=dec_c)
-    arrow(xd, 5.65, xd, 6.0)
-    box(xd, 6.0, w, 0.55, "LN", dec_c)
+    column_end(xd, "decoder layer", dec_c, 5.65)
     arrow(xd, 6.55, xd, 6.9)
     box(xd, 6.9, w, 0.75, "output projection  W_out, b_out\nlogits  (B, T, V_tgt)", dec_c)
     arrow(xd, 7.65, xd, 8.0)

@@ -226,22 +226,19 @@ def _root(node) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+#: What a name means, first match wins: (the names, the flag's reason).
+_NAME_REASONS = ((_IPYTHON_NAMES, "reaches into IPython's machinery"), (_PATCH_NAMES, "patching"),
+                 (_CODE_NAMES, "copies or reads function code"),
+                 (_FRAME_NAMES, "reaches into the interpreter"),
+                 (_EXIT_NAMES, "ends the process or acts when it ends"),
+                 ({"subprocess", "multiprocessing", "pty"}, "starts other processes"),
+                 (_STRING_CODE, "runs code from a string"))
+
+
 def _name(node: ast.Name, flag) -> None:
-    name = node.id
-    if name in _IPYTHON_NAMES:
-        flag(node, f"uses {name}: reaches into IPython's machinery")
-    elif name in _PATCH_NAMES:
-        flag(node, f"uses {name}: patching")
-    elif name in _CODE_NAMES:
-        flag(node, f"uses {name}: copies or reads function code")
-    elif name in _FRAME_NAMES:
-        flag(node, f"uses {name}: reaches into the interpreter")
-    elif name in _EXIT_NAMES:
-        flag(node, f"uses {name}: ends the process or acts when it ends")
-    elif name in ("subprocess", "multiprocessing", "pty"):
-        flag(node, f"uses {name}: starts other processes")
-    elif name in _STRING_CODE:
-        flag(node, f"uses {name}: runs code from a string")
+    reason = next((why for names, why in _NAME_REASONS if node.id in names), None)
+    if reason:
+        flag(node, f"uses {node.id}: {reason}")
 
 
 def _attribute(node: ast.Attribute, flag) -> None:

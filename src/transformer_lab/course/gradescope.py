@@ -4,17 +4,12 @@
     python -m transformer_lab.course.gradescope build --hidden-visibility after_due_date
     python -m transformer_lab.course.gradescope run --root /autograder  # on Gradescope
 
-``build`` writes ``autograder.zip``, deterministically: ``setup.sh`` and ``run_autograder`` at
-its root, ``gradescope.json`` (the build's :class:`Config`), the package (recording the course
-version it was built from, :mod:`.versions`), the solution notebooks, ``img/``,
-``requirements.txt``, ``pyproject.toml`` and ``README.md``. ``run`` lays out
-``$AUTOGRADER_ROOT/submission`` (folder, notebooks or one .zip, unpacked safely) as one student's
-folder, grades it with :func:`transformer_lab.course.grade.grade` (no feedback notebooks) and
-writes ``results/results.json``: a test per check, the public-cases tests of
-``--hidden-visibility``, and a summary. When the grader cannot start (no sandbox and no
-``--allow-no-sandbox``, another course version, an unusable submission), results.json says why
-with a score of 0 and the run exits 0. What the student and the instructor see:
-docs/instructors.md, "On Gradescope".
+``build`` writes ``autograder.zip`` deterministically (:func:`zip_entries`: the scripts, the
+build's :class:`Config`, the package recording its course version, the solution notebooks);
+``run`` lays out ``$AUTOGRADER_ROOT/submission`` (folder, notebooks or one .zip, unpacked safely)
+as one student's folder, grades it with :func:`transformer_lab.course.grade.grade` and writes
+``results/results.json`` -- a score of 0 that says why when the grader cannot start. What the
+student and the instructor see: docs/instructors.md, "On Gradescope".
 """
 
 from __future__ import annotations

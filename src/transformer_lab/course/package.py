@@ -209,11 +209,8 @@ def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, 
     spans = {}
     body = tree.body
     for k, node in enumerate(body):
-        start = (node.decorator_list[0].lineno if getattr(node, "decorator_list", None)
-                 else node.lineno) - 1
-        limit = (body[k + 1].decorator_list[0].lineno
-                 if getattr(body[k + 1], "decorator_list", None)
-                 else body[k + 1].lineno) - 1 if k + 1 < len(body) else len(lines)
+        start = first_line(node)
+        limit = first_line(body[k + 1]) if k + 1 < len(body) else len(lines)
         last = j = node.end_lineno
         last -= 1
         while j < limit:
@@ -228,6 +225,12 @@ def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, 
     return spans
 
 
+def first_line(node: ast.stmt) -> int:
+    """The first line (0-based) of a statement, its decorators included."""
+    decorators = getattr(node, "decorator_list", None)
+    return (decorators[0] if decorators else node).lineno - 1
+
+
 def _body_indent(node: ast.AST, lines: list[str]) -> str:
     first = lines[node.body[0].lineno - 1]
     return first[:len(first) - len(first.lstrip())]
@@ -237,15 +240,10 @@ def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> Cor
     """The core module at ``path``; ``notebooks``: number -> ``NN_topic``, the notebooks a
     solution marker may name."""
     name = path.stem
-    lines = text.split("\n")
-    for region in find_regions(lines, "HIDDEN TESTS", report):
-        report("hidden tests belong in a check module (transformer_lab/checks/nbNN_topic.py), "
-               "not in the core", region.begin + 1)
-    regions = find_regions(lines, "SOLUTION", report)
-    try:
-        tree = ast.parse(text, str(path))
-    except SyntaxError as err:
-        report(f"does not parse: {err.msg}", err.lineno)
+    lines, regions, tree = _regions_and_tree(
+        path, text, report, "SOLUTION", "hidden tests belong in a check module "
+        "(transformer_lab/checks/nbNN_topic.py), not in the core")
+    if tree is None:
         return None
     functions: dict[str, CoreFunction] = {}
     spans = statement_spans(tree, lines)
@@ -320,16 +318,26 @@ def _closes_within(lines: list[str], cls: ast.ClassDef, region: Region) -> bool:
             or all(not line.strip() for line in lines[cls.end_lineno:region.end]))
 
 
-def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
+def _regions_and_tree(path: Path, text: str, report, kind: str, misplaced: str):
+    """(lines, the ``kind`` regions, the syntax tree: None, reported, where it does not parse)
+    of a module's ``text``; a region of the other kind is reported as ``misplaced``."""
     lines = text.split("\n")
-    for region in find_regions(lines, "SOLUTION", report):
-        report("solution regions belong in the core (transformer_lab/core/*.py) or in a "
-               "notebook's exercise cell, not in a check module", region.begin + 1)
-    hidden = find_regions(lines, "HIDDEN TESTS", report)
+    other = "HIDDEN TESTS" if kind == "SOLUTION" else "SOLUTION"
+    for region in find_regions(lines, other, report):
+        report(misplaced, region.begin + 1)
+    regions = find_regions(lines, kind, report)
     try:
-        tree = ast.parse(text, str(path))
+        return lines, regions, ast.parse(text, str(path))
     except SyntaxError as err:
         report(f"does not parse: {err.msg}", err.lineno)
+        return lines, regions, None
+
+
+def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
+    lines, hidden, tree = _regions_and_tree(
+        path, text, report, "HIDDEN TESTS", "solution regions belong in the core "
+        "(transformer_lab/core/*.py) or in a notebook's exercise cell, not in a check module")
+    if tree is None:
         return None
     module = CheckModule(path.stem, path, text, hidden)
 
@@ -337,9 +345,7 @@ def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
         return region.begin < node.lineno - 1 and node.end_lineno - 1 < region.end
 
     def cut(node, region: Region) -> bool:
-        start = (node.decorator_list[0].lineno if getattr(node, "decorator_list", None)
-                 else node.lineno) - 1
-        end = node.end_lineno - 1
+        start, end = first_line(node), node.end_lineno - 1
         return not (end < region.begin or start > region.end
                     or (region.begin < start and end < region.end))
 
@@ -504,8 +510,7 @@ def without_references(source: str) -> str:
         for node in cls.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                     node.name in REFERENCE_METHODS:
-                start = (node.decorator_list[0].lineno if node.decorator_list
-                         else node.lineno) - 1
+                start = first_line(node)
                 drop.update(range(start, node.end_lineno))
                 first = start if first is None else first
             else:
@@ -538,9 +543,14 @@ def top_level_names(source: str) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= _bound_by(node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            names.update(_assigned(node))
     return names
+
+
+def _assigned(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    """The names an assignment's targets hold (a tuple's, a subscript's too)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 def compose_core_module(stub_source: str, definitions: dict[str, str],
@@ -613,11 +623,7 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        defined[name.id] = node
+            defined.update(dict.fromkeys(_assigned(node), node))
     functions, problems = {}, {}
     for name in wanted:
         node = defined.get(name)

@@ -23,15 +23,6 @@ from transformer_lab.course.assignment import OWNER_FILE, check_apart, fresh_out
 SPHINX_BUILDINFO = ".buildinfo"
 
 
-def _legacy_site_src(src: Path, docs: Path) -> bool:
-    """Whether ``src`` is a site source assembled before the tools marked their folders: it
-    holds ``notebooks/`` and nothing but what :func:`assemble` copies there."""
-    if not (src / "notebooks").is_dir() or not docs.is_dir():
-        return False
-    expected = {p.name for p in docs.iterdir()} | {"notebooks", "img", OWNER_FILE}
-    return {p.name for p in src.iterdir()} <= expected
-
-
 def assemble(docs: Path, executed: Path, img: Path, src: Path) -> list[Path]:
     """Copy the site's sources into ``src`` (emptied first); return the notebooks copied.
 
@@ -45,8 +36,6 @@ def assemble(docs: Path, executed: Path, img: Path, src: Path) -> list[Path]:
     if not notebooks:
         raise SystemExit(f"error: no executed notebooks in {executed}; run `make` first")
     check_apart(src, "--src", {"--docs": docs, "--executed": executed, "--img": img})
-    if src.is_dir() and not src.is_symlink() and not is_ours(src) and _legacy_site_src(src, docs):
-        (src / OWNER_FILE).touch()  # written by an earlier version of this tool
     fresh_output_dir(src, "--src")
     shutil.copytree(docs, src, dirs_exist_ok=True)
     (src / "notebooks").mkdir(exist_ok=True)

@@ -72,14 +72,13 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
     """The student version of one checked solution notebook."""
     nb = copy.deepcopy(assignment.nb)
     exercises = {e.cell_id: e for e in assignment.exercises}
-    checks = {c.cell_id: c for c in assignment.checks}
+    checks = {c.cell_id for c in assignment.checks}
     for cell in nb.cells:
         if cell.get("id") in exercises:
             regions, lines = exercises[cell.id].regions, cell.source.split("\n")
             cell.source = replace_regions(cell.source, regions, [stub(lines, r) for r in regions])
             cell.metadata["deletable"] = False  # nbgrader's LockCells does the same
         elif cell.get("id") in checks:
-            cell.source = replace_regions(cell.source, checks[cell.id].hidden)
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
         if cell.cell_type == "code":
