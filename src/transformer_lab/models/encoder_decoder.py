@@ -42,11 +42,8 @@ reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, and the loss is the mean cros
 the predicted tokens up to and including each sequence's first EOS, skipping padding: whatever
 follows a sequence's EOS changes neither the loss nor the gradients.
 
-**Checkpoints.** ``model.save("model.npz")`` stores the config and every parameter (NumPy
-``.npz``, no pickle); ``Transformer.load("model.npz")`` rebuilds the model, and
-``model.load_params(path)`` copies the parameters into an existing model, refusing a file whose
-names, shapes or dtypes differ (:class:`CheckpointError`, naming the tensor and both shapes) or
-whose config differs in any other field (``norm_first``, ``activation``, ``eps``, ...).
+**Checkpoints.** ``model.save("model.npz")``, ``Transformer.load("model.npz")`` and
+``model.load_params(path)``: see :mod:`transformer_lab.models.checkpoints`.
 
 **Input checks** are module functions (:func:`check_inputs`, :func:`check_loss_inputs`,
 :func:`check_decode_length`, :func:`decoded_sequences`, ...), shared with the
@@ -72,9 +69,7 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import translation as core_translation
 
-# check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
-# is importable from here too (notebook 08 does: from transformer_lab.models.encoder_decoder import
-# ...).
+# check_parity (two models' gradients, tensor by tensor): notebook 08 imports it from here
 from transformer_lab.gradient_check import check_parity  # noqa: F401
 from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
     CHECKPOINT_FORMAT,
@@ -127,23 +122,18 @@ def _norm_names(prefix: str, bias: bool) -> dict:
 def _templates(c: TransformerConfig) -> tuple[dict, dict]:
     """Nested dicts of parameter *names*, shaped like the params of the core's encoder and
     decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
-    enc = {"layers": [], "norm": _norm_names("encoder.norm", c.bias)}
-    for i in range(c.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        enc["layers"].append({"self_attn": _attention_names(f"{p}.self_attn", True, c.bias),
-                              "ff": _ff_names(f"{p}.ff", c.bias),
-                              "norm1": _norm_names(f"{p}.norm1", c.bias),
-                              "norm2": _norm_names(f"{p}.norm2", c.bias)})
-    dec = {"layers": [], "norm": _norm_names("decoder.norm", c.bias)}
-    for i in range(c.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        dec["layers"].append({"self_attn": _attention_names(f"{p}.self_attn", True, c.bias),
-                              "cross_attn": _attention_names(f"{p}.cross_attn", False, c.bias),
-                              "ff": _ff_names(f"{p}.ff", c.bias),
-                              "norm1": _norm_names(f"{p}.norm1", c.bias),
-                              "norm2": _norm_names(f"{p}.norm2", c.bias),
-                              "norm3": _norm_names(f"{p}.norm3", c.bias)})
-    return enc, dec
+    def stack(side: str, num_layers: int, attentions: tuple, norms: tuple) -> dict:
+        layers = []
+        for i in range(num_layers):
+            p = f"{side}.layers.{i}"
+            layer = {a: _attention_names(f"{p}.{a}", a == "self_attn", c.bias) for a in attentions}
+            layer["ff"] = _ff_names(f"{p}.ff", c.bias)
+            layers.append({**layer, **{n: _norm_names(f"{p}.{n}", c.bias) for n in norms}})
+        return {"layers": layers, "norm": _norm_names(f"{side}.norm", c.bias)}
+
+    return (stack("encoder", c.num_encoder_layers, ("self_attn",), ("norm1", "norm2")),
+            stack("decoder", c.num_decoder_layers, ("self_attn", "cross_attn"),
+                  ("norm1", "norm2", "norm3")))
 
 
 def parameter_names(config: TransformerConfig) -> list[str]:
@@ -242,9 +232,7 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     nested_dec = {"layers": [B.decoder_layer_init(d, c.num_heads, c.d_ff, c.bias, rng, dt)
                              for _ in range(c.num_decoder_layers)],
                   "norm": B.layer_norm_init(d, c.bias, dt)}
-    enc_t, dec_t = _templates(c)
-    _flatten_grads(enc_t, nested_enc, params)
-    _flatten_grads(dec_t, nested_dec, params)
+    params.update(flatten_params(c, nested_enc, nested_dec))
     params["out_proj.W"] = core_layers.init_uniform(d, (d, c.tgt_vocab_size), rng).astype(dt)
     if c.bias:
         params["out_proj.b"] = np.zeros(c.tgt_vocab_size, dt)

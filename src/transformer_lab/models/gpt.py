@@ -14,16 +14,13 @@ once; this module checks the inputs once, keeps the parameters and runs the deco
 runs where the core runs (:mod:`transformer_lab.device`): the parameters live there, token ids
 are moved there, and logits, gradients and generated ids come back as arrays of that device.
 
-**Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
-(V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
-positions; per block ``"layers.0.norm1.gamma"`` (and ``.beta`` for a layer norm with biases),
-``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.attn.W_o"`` (E, E) (and
-``b_qkv``, ``b_o`` with biases), ``"layers.0.norm2.*"``, ``"layers.0.mlp.W1"``, ``b1``, ``W2``,
-``b2`` (GELU) or ``W_gate``, ``W_up``, ``W_down`` (SwiGLU); ``"norm.gamma"`` (+ ``.beta``) at
-the end; and, untied (``GPTConfig(tie_embeddings=False)``), the output projection's own table
-``"lm_head.W"`` (V, E) last. ``backward`` and ``loss`` return gradients with exactly these
-keys. The nested dicts of the core are rebuilt at every call from the same arrays (no copies):
-an optimiser may update ``model.params[name]`` in place.
+**Parameters** live in one flat dict ``model.params``, dotted name -> array, named, shaped and
+ordered as :func:`parameter_shapes` lists them: ``"embed.W"`` (V, E), also the output projection
+unless ``GPTConfig(tie_embeddings=False)`` adds ``"lm_head.W"``; per block
+``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.mlp.W1"`` or ``W_gate`` (SwiGLU), ...
+``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of the core
+are rebuilt at every call from the same arrays (no copies): an optimiser may update
+``model.params[name]`` in place.
 
 **Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
 ``use_cache=True`` (the default) the keys and values of every position are computed once and

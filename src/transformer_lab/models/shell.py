@@ -157,8 +157,9 @@ class Model:
         Refuses (:class:`~transformer_lab.models.checkpoints.CheckpointError`, nothing copied)
         a file that does not fit this model: another kind of model, other parameter names,
         shapes or dtypes (the message names the tensor and both shapes), values that are not
-        finite, or a configuration that differs in any other field: such parameters would load
-        but compute a different function.
+        finite, or a configuration that differs in any other field (``norm_first``,
+        ``activation``, ``eps``, ``max_len``, the special token ids, ...): such parameters
+        would load but compute a different function.
 
         Returns:
             The metadata stored with the parameters.
