@@ -74,7 +74,7 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers, run_command
+from transformer_lab.train.config import check_run_numbers, run_command, set_field
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -144,19 +144,17 @@ class CharLMConfig:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if self.device not in device.DEVICES:
             raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
-        self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
+        set_field(self, "bpe_vocab_size",
+                  v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),
                           positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
                                     "eval_every", "eval_tokens", "threads"),
                           rates=("lr", "final_lr", "clip", "weight_decay", "dropout"))
-        self._set("context", v.integer(self.context, "context", minimum=2))
+        set_field(self, "context", v.integer(self.context, "context", minimum=2))
         for name in ("num_kv_heads", "d_ff"):
             if getattr(self, name) is not None:
-                self._set(name, v.integer(getattr(self, name), name, minimum=1))
+                set_field(self, name, v.integer(getattr(self, name), name, minimum=1))
         self.model_config(vocab_size=2)  # the model's own checks (heads dividing d_model, ...)
-
-    def _set(self, name, value) -> None:
-        object.__setattr__(self, name, value)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The :class:`GPTConfig` of this run for a vocabulary of ``vocab_size`` tokens."""

@@ -137,9 +137,6 @@ class TranslateConfig:
             raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
         self.model_config(3, 3)  # the model's own checks (heads dividing d_model, ...)
 
-    def _set(self, name, value) -> None:
-        object.__setattr__(self, name, value)
-
     def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
         return TransformerConfig(
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=self.d_model,
