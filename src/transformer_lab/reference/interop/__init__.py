@@ -123,11 +123,8 @@ def from_torch(module):
     """A NumPy twin of a PyTorch module, built from a copy of its weights.
 
     Args:
-        module: one of ``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``,
-            ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``,
-            ``nn.TransformerDecoderLayer``, ``nn.TransformerEncoder``,
-            ``nn.TransformerDecoder``, ``nn.Transformer``; float32 or float64, on the CPU, not
-            applying dropout.
+        module: one of the modules the module docstring lists; float32 or float64, on the CPU,
+            not applying dropout.
 
     Returns:
         The twin (see the module docstring): ``forward(...)``, ``backward(dout)``, ``grads``,
