@@ -1,6 +1,7 @@
 """The models' configurations: :class:`TransformerConfig` (the encoder-decoder) and
-:class:`GPTConfig` (the GPT), frozen dataclasses checked when made, and their JSON form
-(:func:`config_to_dict`, :func:`config_from_dict`) that checkpoints store.
+:class:`GPTConfig` (the GPT), frozen dataclasses checked when made, the GPT's parameters a config
+asks for (:func:`parameter_shapes`), and their JSON form (:func:`config_to_dict`,
+:func:`config_from_dict`) that checkpoints store.
 
 They live apart from the models so that the models' helpers (input checks, checkpoints) can
 import them without importing the models.
@@ -247,6 +248,40 @@ def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
     c = config
     return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
             * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
+
+
+def _norm_shapes(prefix: str, c: GPTConfig) -> dict:
+    keys = ("gamma", "beta") if c.norm == "layer" and c.bias else ("gamma",)
+    return {f"{prefix}.{k}": (c.d_model,) for k in keys}
+
+
+def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
+    """Name -> shape of every parameter of a GPT with config ``c``, in order."""
+    E, F = c.d_model, c.d_ff
+    qkv = E + 2 * c.num_kv_heads * c.head_dim
+    shapes = {"embed.W": (c.vocab_size, E)}
+    if c.positional == "learned":
+        shapes["pos.W"] = (c.max_len, E)
+    for i in range(c.num_layers):
+        p = f"layers.{i}"
+        shapes.update(_norm_shapes(f"{p}.norm1", c))
+        shapes[f"{p}.attn.W_qkv"] = (E, qkv)
+        shapes[f"{p}.attn.W_o"] = (E, E)
+        if c.bias:
+            shapes[f"{p}.attn.b_qkv"] = (qkv,)
+            shapes[f"{p}.attn.b_o"] = (E,)
+        shapes.update(_norm_shapes(f"{p}.norm2", c))
+        if c.mlp == "swiglu":
+            shapes.update({f"{p}.mlp.W_gate": (E, F), f"{p}.mlp.W_up": (E, F),
+                           f"{p}.mlp.W_down": (F, E)})
+        else:
+            shapes.update({f"{p}.mlp.W1": (E, F), f"{p}.mlp.W2": (F, E)})
+            if c.bias:
+                shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
+    shapes.update(_norm_shapes("norm", c))
+    if not c.tie_embeddings:
+        shapes["lm_head.W"] = (c.vocab_size, E)
+    return shapes
 
 
 #: The config classes by the "kind" a checkpoint's header names.

@@ -256,16 +256,11 @@ def _stack_caches(core_cache) -> tuple:
 
 
 class Transformer(Model):
-    """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core.
-
-    Args:
-        config: a :class:`TransformerConfig`.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``
-            (and do not depend on ``config.dtype`` beyond rounding).
+    """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core:
+    ``Transformer(config, seed)`` with a :class:`TransformerConfig` (arguments and attributes:
+    :class:`~.shell.Model`), and
 
     Attributes:
-        config: the configuration.
-        params: name -> array, every parameter (see the module docstring).
         pe: the sinusoidal table (max_len, d_model) added to the embeddings, or None.
     """
 

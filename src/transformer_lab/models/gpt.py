@@ -55,6 +55,7 @@ from transformer_lab.models.config import (  # noqa: F401
     GPTConfig,
     config_to_dict,
     kv_cache_bytes,
+    parameter_shapes,
 )
 from transformer_lab.models.shell import Model, ModelCache
 
@@ -65,41 +66,7 @@ def config_from_dict(d: Mapping) -> GPTConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Parameter names, shapes and the nested structure of the core
-
-
-def _norm_shapes(prefix: str, c: GPTConfig) -> dict:
-    keys = ("gamma", "beta") if c.norm == "layer" and c.bias else ("gamma",)
-    return {f"{prefix}.{k}": (c.d_model,) for k in keys}
-
-
-def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
-    """Name -> shape of every parameter of a :class:`GPT` with config ``c``, in order."""
-    E, F = c.d_model, c.d_ff
-    qkv = E + 2 * c.num_kv_heads * c.head_dim
-    shapes = {"embed.W": (c.vocab_size, E)}
-    if c.positional == "learned":
-        shapes["pos.W"] = (c.max_len, E)
-    for i in range(c.num_layers):
-        p = f"layers.{i}"
-        shapes.update(_norm_shapes(f"{p}.norm1", c))
-        shapes[f"{p}.attn.W_qkv"] = (E, qkv)
-        shapes[f"{p}.attn.W_o"] = (E, E)
-        if c.bias:
-            shapes[f"{p}.attn.b_qkv"] = (qkv,)
-            shapes[f"{p}.attn.b_o"] = (E,)
-        shapes.update(_norm_shapes(f"{p}.norm2", c))
-        if c.mlp == "swiglu":
-            shapes.update({f"{p}.mlp.W_gate": (E, F), f"{p}.mlp.W_up": (E, F),
-                           f"{p}.mlp.W_down": (F, E)})
-        else:
-            shapes.update({f"{p}.mlp.W1": (E, F), f"{p}.mlp.W2": (F, E)})
-            if c.bias:
-                shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
-    shapes.update(_norm_shapes("norm", c))
-    if not c.tie_embeddings:
-        shapes["lm_head.W"] = (c.vocab_size, E)
-    return shapes
+# The nested structure of the core (the names and shapes: config.parameter_shapes)
 
 
 def nest(flat: Mapping[str, np.ndarray]) -> dict:
@@ -187,15 +154,10 @@ def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndar
 
 
 class GPT(Model):
-    """The decoder-only language model, as NumPy forward/backward passes.
-
-    Args:
-        config: a :class:`GPTConfig`.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+    """The decoder-only language model, as NumPy forward/backward passes: ``GPT(config, seed)``
+    with a :class:`GPTConfig` (arguments and attributes: :class:`~.shell.Model`), and
 
     Attributes:
-        config: the configuration.
-        params: name -> array, every parameter (see the module docstring).
         pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
         rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
     """

@@ -63,7 +63,7 @@ import numpy as np
 
 from transformer_lab.models import llama
 from transformer_lab.models.checkpoints import CheckpointError
-from transformer_lab.models.config import GPTConfig
+from transformer_lab.models.config import GPTConfig, parameter_shapes
 from transformer_lab.models.hf_checkpoint import (
     CONFIG_FILE,
     LM_HEAD,
@@ -120,24 +120,6 @@ def gpt2_names(num_layers: int, tie_embeddings: bool = True) -> dict[str, str]:
     if not tie_embeddings:
         names["lm_head.W"] = LM_HEAD
     return names
-
-
-def _gpt2_shapes(hf: Mapping) -> dict[str, tuple]:
-    """GPT-2's tensor name -> the shape its config asks for."""
-    E, F, V, L = hf["n_embd"], hf["n_inner"] or 4 * hf["n_embd"], hf["vocab_size"], \
-        hf["n_positions"]
-    layer = {"ln_1.weight": (E,), "ln_1.bias": (E,), "attn.c_attn.weight": (E, 3 * E),
-             "attn.c_attn.bias": (3 * E,), "attn.c_proj.weight": (E, E),
-             "attn.c_proj.bias": (E,), "ln_2.weight": (E,), "ln_2.bias": (E,),
-             "mlp.c_fc.weight": (E, F), "mlp.c_fc.bias": (F,), "mlp.c_proj.weight": (F, E),
-             "mlp.c_proj.bias": (E,)}
-    shapes = {"wte.weight": (V, E), "wpe.weight": (L, E)}
-    for i in range(hf["n_layer"]):
-        shapes.update({f"h.{i}.{k}": s for k, s in layer.items()})
-    shapes.update({"ln_f.weight": (E,), "ln_f.bias": (E,)})
-    if not hf["tie_word_embeddings"]:
-        shapes[LM_HEAD] = (V, E)
-    return shapes
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,8 +223,10 @@ def _read_gpt2(root: Path, config_path: Path, hf_config, dtype):
     """(config, params) of a GPT-2 folder whose config.json is ``hf_config``."""
     hf = _checked_hf_config(hf_config, str(config_path))
     config = _config(hf, dtype)
-    tensors = read_tensors(root, _gpt2_shapes(hf), np.dtype(config.dtype), GPT2)
     names = gpt2_names(config.num_layers, config.tie_embeddings)
+    shapes = parameter_shapes(config)  # GPT-2's tensors are the GPT's parameters, untransposed
+    tensors = read_tensors(root, {theirs: shapes[ours] for ours, theirs in names.items()},
+                           np.dtype(config.dtype), GPT2)
     return config, {ours: tensors[theirs] for ours, theirs in names.items()}
 
 

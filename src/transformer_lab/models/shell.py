@@ -34,7 +34,8 @@ class Model:
 
     Args:
         config: an instance of the model's config class.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+        seed: the initial parameters are a deterministic function of ``(config, seed)`` (and
+            do not depend on ``config.dtype`` beyond rounding).
 
     Attributes:
         config: the configuration.
