@@ -79,10 +79,7 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.d_model must be divisible by num_heads, got "
                              f"d_model={self.d_model} and num_heads={self.num_heads}")
         for name in ("norm_first", "scale_embeddings", "bias"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"TransformerConfig.{name} must be True or False, got "
-                                f"{getattr(self, name)!r}")
-            self._set(name, bool(getattr(self, name)))
+            self._set(name, v.boolean(getattr(self, name), f"TransformerConfig.{name}"))
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TransformerConfig.activation must be one of {ACTIVATIONS}, got "
                              f"{self.activation!r}")
@@ -106,14 +103,7 @@ class TransformerConfig:
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must be three "
                              f"different ids, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            dtype = None
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"TransformerConfig.dtype must be np.float32 or np.float64, got "
-                            f"{self.dtype!r}")
-        self._set("dtype", dtype.type)
+        self._set("dtype", v.float_dtype(self.dtype, "TransformerConfig.dtype").type)
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # the dataclass is frozen

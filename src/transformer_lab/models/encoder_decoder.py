@@ -22,9 +22,12 @@ checks every input once, and converts between its flat parameter names and the c
 parameters. It runs where the core runs (:mod:`transformer_lab.device`): the parameters live
 there, inputs are checked on the host and moved there, and logits, gradients and decoded tokens
 come back as arrays of that device. Its configuration is in
-:mod:`transformer_lab.models.config`, its input checks in :mod:`transformer_lab.models.inputs`,
-the parameter handling it shares with the GPT in :mod:`transformer_lab.models.shell` and its
-checkpoints in :mod:`transformer_lab.models.checkpoints` (all importable from here too).
+:mod:`transformer_lab.models.config`, its input checks (shared with its PyTorch versions: the
+three accept and refuse the same input, with the same messages) in
+:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
+:mod:`transformer_lab.models.shell` and its checkpoints (``model.save(path)``,
+``Transformer.load(path)``, ``model.load_params(path)``) in
+:mod:`transformer_lab.models.checkpoints` (all importable from here too).
 
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
@@ -41,14 +44,6 @@ self-attention and of the decoder's cross-attention (key padding masks). A targe
 reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, and the loss is the mean cross-entropy over
 the predicted tokens up to and including each sequence's first EOS, skipping padding: whatever
 follows a sequence's EOS changes neither the loss nor the gradients.
-
-**Checkpoints.** ``model.save("model.npz")``, ``Transformer.load("model.npz")`` and
-``model.load_params(path)``: see :mod:`transformer_lab.models.checkpoints`.
-
-**Input checks** are module functions (:func:`check_inputs`, :func:`check_loss_inputs`,
-:func:`check_decode_length`, :func:`decoded_sequences`, ...), shared with the
-PyTorch versions of the model in :mod:`transformer_lab.reference.torch_transformer`: the
-three models accept the same input and refuse bad input with the same messages.
 
 Everything is vectorised over the batch, the heads and the positions. float32 by default;
 ``TransformerConfig(dtype=np.float64)`` (or :meth:`Transformer.astype`) for gradient checks.

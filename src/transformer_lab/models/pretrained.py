@@ -22,17 +22,9 @@ projection tied to the token embeddings (or, with ``tie_word_embeddings: false``
 
 and its tensors (named with a ``transformer.`` prefix, as ``GPT2LMHeadModel`` saves them, or
 without, as ``GPT2Model`` and the checkpoints on the Hub do) onto the GPT's parameters as
-
-    wte.weight (V, E)                        embed.W (also the output projection: tied)
-    wpe.weight (n_positions, E)              pos.W
-    h.N.ln_1.weight, .bias                   layers.N.norm1.gamma, .beta
-    h.N.attn.c_attn.weight (E, 3E), .bias    layers.N.attn.W_qkv, .b_qkv
-    h.N.attn.c_proj.weight (E, E), .bias     layers.N.attn.W_o, .b_o
-    h.N.ln_2.weight, .bias                   layers.N.norm2.gamma, .beta
-    h.N.mlp.c_fc.weight (E, F), .bias        layers.N.mlp.W1, .b1
-    h.N.mlp.c_proj.weight (F, E), .bias      layers.N.mlp.W2, .b2
-    ln_f.weight, .bias                       norm.gamma, .beta
-    lm_head.weight (V, E), untied only       lm_head.W
+:func:`gpt2_names` lists them (``wte.weight`` -> ``embed.W``, ``wpe.weight`` -> ``pos.W``,
+``h.N.attn.c_attn.weight`` -> ``layers.N.attn.W_qkv``, ..., ``ln_f.weight`` -> ``norm.gamma``,
+``lm_head.weight`` -> ``lm_head.W`` when untied), with the GPT's shapes.
 
 No weight is transposed: GPT-2's linear maps are ``Conv1D`` modules, which store their weight
 as (in, out) and compute ``x @ W + b`` -- the GPT's layout (``nn.Linear`` would store

@@ -74,7 +74,7 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers, run_command, set_field
+from transformer_lab.train.config import check_choices, check_run_numbers, run_command, set_field
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -136,14 +136,8 @@ class CharLMConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.block not in BLOCKS:
-            raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        if self.device not in device.DEVICES:
-            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
+        check_choices(self, block=BLOCKS, dtype=("float32", "float64"), tokenizer=TOKENIZERS,
+                      device=device.DEVICES)
         set_field(self, "bpe_vocab_size",
                   v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),

@@ -44,6 +44,14 @@ def set_field(config, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
+def check_choices(config, **choices) -> None:
+    """Each named field of a run configuration is one of its choices (else a ValueError)."""
+    for name, allowed in choices.items():
+        value = getattr(config, name)
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
 def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:
     """Check a frozen run configuration's numbers, and store them as Python's int and float (so
     that ``dataclasses.asdict`` is JSON-ready): ``counts`` are integers >= 0, ``positive``
@@ -131,18 +139,11 @@ class TrainConfig:
                              "target=None")
 
     def _check_choices(self) -> None:
-        for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
-                              ("decay", ("cosine", "linear", "inverse_sqrt")),
-                              ("positional", POSITIONAL), ("dtype", ("float32", "float64")),
-                              ("device", DEVICES)):
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in choices:
-                raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        check_choices(self, task=D.TASKS, optimizer=("adam", "adamw", "sgd"),
+                      decay=("cosine", "linear", "inverse_sqrt"), positional=POSITIONAL,
+                      dtype=("float32", "float64"), device=DEVICES)
         for name in ("bucket", "norm_first"):
-            value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
-            set_field(self, name, bool(value))
+            set_field(self, name, v.boolean(getattr(self, name), name))
 
     def _check_numbers(self) -> None:
         """Every number has the right type and range; ints and floats are stored as Python's

@@ -78,7 +78,7 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers, run_command
+from transformer_lab.train.config import check_choices, check_run_numbers, run_command
 from transformer_lab.train.evaluation import teacher_forced_accuracy
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
@@ -125,10 +125,7 @@ class TranslateConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.lang not in LANGUAGES:
-            raise ValueError(f"lang must be one of {LANGUAGES}, got {self.lang!r}")
-        if self.device not in device.DEVICES:
-            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
+        check_choices(self, lang=LANGUAGES, device=device.DEVICES)
         check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
                           positive=("n_train", "d_model", "num_heads", "num_layers", "d_ff",
                                     "steps", "batch_size", "eval_every", "beam_size", "threads"),
