@@ -278,8 +278,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
             ``steps``, ``loss``, ``lr``, ``val_bits_per_char``, ``seconds``).
 
     Returns:
-        the model, its history, the metrics (``val_bits_per_char``, ``train_bits_per_char``,
-        ``seconds``, ``tokens_per_s``, ``steps``, ``stopped``, ``parameters``, ...).
+        the model, its history, the metrics (the module docstring's, and ``--help``'s).
     """
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)

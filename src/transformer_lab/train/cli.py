@@ -17,8 +17,6 @@ from transformer_lab.train.compare import step_times
 from transformer_lab.train.config import TASK_DEFAULTS, TrainConfig, make_model, model_config
 from transformer_lab.train.loop import train
 
-# --------------------------------------------------------------------------------------------
-# Command line
 
 def _translate(argv) -> int:
     """``--task translate-fr|translate-de``: :func:`transformer_lab.train.translate.main`,
