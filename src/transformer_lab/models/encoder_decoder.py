@@ -235,18 +235,6 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
-# Accessors: what the model reads from the core's model cache
-
-
-def _stack_caches(core_cache) -> tuple:
-    """The encoder's and the decoder's stack caches in the cache of
-    ``core.model.transformer_forward``: ``((c_embed, c_stack), (c_embed, c_stack, c_out),
-    learned)``."""
-    (_, encoder), (_, decoder, _), _ = core_cache
-    return encoder, decoder
-
-
-# --------------------------------------------------------------------------------------------
 # The model
 
 
@@ -517,9 +505,10 @@ class Transformer(Model):
             ``{"encoder.layers.i.self_attn": (B, H, S, S), "decoder.layers.i.self_attn":
             (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
         """
-        # the core's caches hold the weights
         _, cache = self.forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
-        enc, dec = _stack_caches(cache.core)
+        # the stacks' caches, which hold the weights, in core.model.transformer_forward's cache:
+        # ((c_embed, c_stack), (c_embed, c_stack, c_out), learned)
+        (_, enc), (_, dec, _), _ = cache.core
         maps = {}
         for i, layer in enumerate(B.stack_layer_caches(enc)):
             (maps[f"encoder.layers.{i}.self_attn"],) = B.layer_attention_weights(layer)

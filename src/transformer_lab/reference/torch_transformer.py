@@ -514,10 +514,6 @@ class TorchTransformer(_Seq2Seq):
 # layout conversion of transformer_lab.reference.interop, the one the twins use.
 
 
-def _is_core(name: str) -> bool:
-    return name.startswith(("encoder.", "decoder."))
-
-
 def _core_to_torch(config: TransformerConfig, params: Mapping[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:
     """The NumPy model's encoder/decoder parameters (or gradients) -> nn.Transformer's names
@@ -605,6 +601,6 @@ class ReferenceTransformer(_Seq2Seq):
         return {**outer, **_core_to_numpy(self.config, core)}
 
     def _torch_layout(self, arrays):
-        outer = {k: a for k, a in arrays.items() if not _is_core(k)}
+        outer = {k: a for k, a in arrays.items() if not k.startswith(("encoder.", "decoder."))}
         core = _core_to_torch(self.config, arrays)
         return {**outer, **{self._CORE + k: a for k, a in core.items()}}
