@@ -13,18 +13,13 @@ checkpoint (``"gpt2"``: this module, below) or a LLaMA-architecture one (``"llam
 GPT-2 *is* the course's GPT with the 2017 block (``GPTConfig.classic``): pre-norm layer norms
 with biases, learned positions, biases in every linear map, GELU in its tanh form, the output
 projection tied to the token embeddings (or, with ``tie_word_embeddings: false``, an
-``lm_head`` of its own). Its config maps onto the GPT's as
-
-    vocab_size -> vocab_size, n_embd -> d_model, n_head -> num_heads, n_layer -> num_layers,
-    n_inner -> d_ff (None: 4 n_embd), n_positions -> max_len, layer_norm_epsilon -> eps,
-    activation_function "gelu_new" / "gelu_pytorch_tanh" -> mlp "gelu_tanh"
-    ("gelu" -> "gelu", "relu" -> "relu"), tie_word_embeddings -> tie_embeddings
-
-and its tensors (named with a ``transformer.`` prefix, as ``GPT2LMHeadModel`` saves them, or
-without, as ``GPT2Model`` and the checkpoints on the Hub do) onto the GPT's parameters as
-:func:`gpt2_names` lists them (``wte.weight`` -> ``embed.W``, ``wpe.weight`` -> ``pos.W``,
-``h.N.attn.c_attn.weight`` -> ``layers.N.attn.W_qkv``, ..., ``ln_f.weight`` -> ``norm.gamma``,
-``lm_head.weight`` -> ``lm_head.W`` when untied), with the GPT's shapes.
+``lm_head`` of its own). Its config maps onto the GPT's field by field (:func:`gpt2_config`:
+``n_embd`` -> ``d_model``, ``n_inner`` -> ``d_ff``, ...; ``activation_function`` -> ``mlp`` by
+:data:`GPT2_ACTIVATIONS`), and its tensors (named with a ``transformer.`` prefix, as
+``GPT2LMHeadModel`` saves them, or without, as ``GPT2Model`` and the checkpoints on the Hub do)
+onto the GPT's parameters as :func:`gpt2_names` lists them (``wte.weight`` -> ``embed.W``,
+``h.N.attn.c_attn.weight`` -> ``layers.N.attn.W_qkv``, ..., ``lm_head.weight`` -> ``lm_head.W``
+when untied), with the GPT's shapes.
 
 No weight is transposed: GPT-2's linear maps are ``Conv1D`` modules, which store their weight
 as (in, out) and compute ``x @ W + b`` -- the GPT's layout (``nn.Linear`` would store

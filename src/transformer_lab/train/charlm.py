@@ -79,13 +79,12 @@ from transformer_lab.train.config import check_choices, check_run_numbers, run_c
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
 #: Files the notebook reads: the trained model and the record of the block comparison.
-DATA_DIR = SHIPPED
-CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
-BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
+CHECKPOINT = SHIPPED / "charlm_gpt.npz"
+BLOCKS_RECORD = SHIPPED / "charlm_blocks.json"
 #: Dropout and weight decay against neither, on the checkpoint's run (notebook 13 §4):
 #: ``--record REGULARISATION_RECORD --record-name NAME --steps 7000`` with ``--dropout``,
 #: ``--weight-decay`` or both.
-REGULARISATION_RECORD = DATA_DIR / "charlm_regularisation.json"
+REGULARISATION_RECORD = SHIPPED / "charlm_regularisation.json"
 
 
 @dataclasses.dataclass(frozen=True)
