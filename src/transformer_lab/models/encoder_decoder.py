@@ -90,10 +90,10 @@ from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importa
     length_limit,
     loss_labels,
 )
-from transformer_lab.models.shell import Model, ModelCache
+from transformer_lab.models.shell import Model, ModelCache, flatten, nest
 
 # --------------------------------------------------------------------------------------------
-# Parameter names: one flat dict, and templates that give the core's nested structures
+# Parameter names: one flat dict, nested for the core by shell.nest (and back by shell.flatten)
 
 
 def _attention_names(prefix: str, packed: bool, bias: bool) -> dict:
@@ -115,8 +115,8 @@ def _norm_names(prefix: str, bias: bool) -> dict:
 
 
 def _templates(c: TransformerConfig) -> tuple[dict, dict]:
-    """Nested dicts of parameter *names*, shaped like the params of the core's encoder and
-    decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
+    """Nested dicts of parameter *names*, in order, shaped like the params of the core's
+    encoder and decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
     def stack(side: str, num_layers: int, attentions: tuple, norms: tuple) -> dict:
         layers = []
         for i in range(num_layers):
@@ -136,15 +136,12 @@ def parameter_names(config: TransformerConfig) -> list[str]:
     names = ["src_embed.W", "tgt_embed.W"]
     if config.positional == "learned":
         names += ["src_pos.W", "tgt_pos.W"]
-    flat: dict = {}
-    for template in _templates(config):
-        _flatten_grads(template, template, flat)
-    names += list(flat)
+    names += list(flatten(dict(zip(("encoder", "decoder"), _templates(config), strict=True))))
     names += ["out_proj.W", "out_proj.b"] if config.bias else ["out_proj.W"]
     return names
 
 
-def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+def nest_params(flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The encoder's and the decoder's parameters (or gradients) as the core (``core.model``,
     ``core.blocks``) takes them, from a flat dict with the names of :func:`parameter_names`.
 
@@ -155,48 +152,13 @@ def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tu
     Returns:
         (encoder, decoder): ``{"layers": [layer dicts], "norm": {"gamma", "beta"}}`` each.
     """
-    enc_t, dec_t = _templates(config)
-    return _resolve(enc_t, flat), _resolve(dec_t, flat)
+    nested = nest(flat)
+    return nested["encoder"], nested["decoder"]
 
 
-def flatten_params(config: TransformerConfig, encoder: dict, decoder: dict) -> dict:
+def flatten_params(encoder: dict, decoder: dict) -> dict:
     """The inverse of :func:`nest_params`: dotted name -> array (the same array objects)."""
-    out: dict = {}
-    for template, nested in zip(_templates(config), (encoder, decoder), strict=True):
-        _flatten_grads(template, nested, out)
-    return out
-
-
-def _resolve(template, params):
-    """The template with every name replaced by ``params[name]`` (the same array object)."""
-    if isinstance(template, str):
-        return params[template]
-    if isinstance(template, dict):
-        return {k: _resolve(t, params) for k, t in template.items()}
-    return [_resolve(t, params) for t in template]
-
-
-def _flatten_grads(template, grads, out: dict) -> None:
-    """Walk the template and nested params or grads together; fill ``out[name]``."""
-    if isinstance(template, str):
-        out[template] = grads
-    elif isinstance(template, dict):
-        for k, t in template.items():
-            _flatten_grads(t, grads[k], out)
-    else:
-        for t, g in zip(template, grads, strict=True):
-            _flatten_grads(t, g, out)
-
-
-def _model_template(c: TransformerConfig) -> dict:
-    """Nested dict of parameter *names*, shaped like the ``params`` of ``core.model``."""
-    enc, dec = _templates(c)
-    t = {"src_embed": {"W": "src_embed.W"}, "tgt_embed": {"W": "tgt_embed.W"}}
-    if c.positional == "learned":
-        t.update(src_pos={"W": "src_pos.W"}, tgt_pos={"W": "tgt_pos.W"})
-    t.update(encoder=enc, decoder=dec,
-             out_proj={"W": "out_proj.W", "b": "out_proj.b"} if c.bias else {"W": "out_proj.W"})
-    return t
+    return flatten({"encoder": encoder, "decoder": decoder})
 
 
 def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
@@ -227,7 +189,7 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     nested_dec = {"layers": [B.decoder_layer_init(d, c.num_heads, c.d_ff, c.bias, rng, dt)
                              for _ in range(c.num_decoder_layers)],
                   "norm": B.layer_norm_init(d, c.bias, dt)}
-    params.update(flatten_params(c, nested_enc, nested_dec))
+    params.update(flatten_params(nested_enc, nested_dec))
     params["out_proj.W"] = core_layers.init_uniform(d, (d, c.tgt_vocab_size), rng).astype(dt)
     if c.bias:
         params["out_proj.b"] = np.zeros(c.tgt_vocab_size, dt)
@@ -254,7 +216,6 @@ class Transformer(Model):
 
     def _setup(self, config: TransformerConfig, params: dict[str, np.ndarray]) -> None:
         super()._setup(config, params)
-        self._template = _model_template(config)
         self.pe = (L.positional_encoding(config.max_len, config.d_model, dtype=config.dtype)
                    if config.positional == "sinusoidal" else None)
 
@@ -263,13 +224,7 @@ class Transformer(Model):
     def _nested(self) -> dict:
         """``self.params`` checked (names, shapes, dtype) and nested as ``core.model`` takes
         them: the same arrays, no copies."""
-        return _resolve(self._template, self._checked_params())
-
-    def _flat(self, grads: Mapping) -> dict[str, np.ndarray]:
-        """The core's nested gradients under the names of ``self.params``, in their order."""
-        flat: dict[str, np.ndarray] = {}
-        _flatten_grads(self._template, grads, flat)
-        return {k: flat[k] for k in self.params}
+        return nest(self._checked_params())
 
     # ---------------------------------------------------------------------------- forward
 

@@ -57,49 +57,12 @@ from transformer_lab.models.config import (  # noqa: F401
     kv_cache_bytes,
     parameter_shapes,
 )
-from transformer_lab.models.shell import Model, ModelCache
+from transformer_lab.models.shell import Model, ModelCache, flatten, nest  # noqa: F401
 
 
 def config_from_dict(d: Mapping) -> GPTConfig:
     """Inverse of :func:`config_to_dict` for a GPT's config."""
     return _config.config_from_dict(d, "gpt")
-
-
-# --------------------------------------------------------------------------------------------
-# The nested structure of the core (the names and shapes: config.parameter_shapes)
-
-
-def nest(flat: Mapping[str, np.ndarray]) -> dict:
-    """``{"layers.0.attn.W_o": a}`` -> ``{"layers": [{"attn": {"W_o": a}}]}`` (the same arrays);
-    the parameters (or gradients) as :mod:`transformer_lab.core.gpt` takes them."""
-    root: dict = {}
-    for name, value in flat.items():
-        parts = name.split(".")
-        node = root
-        for part, nxt in zip(parts[:-1], parts[1:], strict=True):
-            if nxt.isdigit():
-                node = node.setdefault(part, [])
-            elif part.isdigit():
-                while len(node) <= int(part):
-                    node.append({})
-                node = node[int(part)]
-            else:
-                node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return root
-
-
-def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
-    """The inverse of :func:`nest`: dotted name -> array (the same arrays)."""
-    out = {} if out is None else out
-    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, (dict, list)):
-            flatten(value, name + ".", out)
-        else:
-            out[name] = value
-    return out
 
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
@@ -244,9 +207,7 @@ class GPT(Model):
         Returns:
             name -> array, exactly the keys (and shapes) of ``model.params``.
         """
-        dlogits = self._checked_dlogits(dlogits, cache)
-        grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
-        return {k: grads[k] for k in self.params}
+        return self._flat(core_gpt.gpt_backward(self._checked_dlogits(dlogits, cache), cache.core))
 
     def loss(self, ids, compute_grads: bool = True, rng=None):
         """Mean cross-entropy of the next-token predictions (in nats), and its gradients.
@@ -274,8 +235,7 @@ class GPT(Model):
         if compute_grads:
             loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
                                             self._rope(0, ids.shape[1]), rng)
-            grads = flatten(grads)
-            return loss, {k: grads[k] for k in self.params}
+            return loss, self._flat(grads)
         logits, _ = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                          self._rope(0, ids.shape[1]), rng)
         return core_next_token.next_token_loss_forward(logits, ids)[0], None

@@ -1,5 +1,6 @@
-"""What the encoder-decoder and the GPT share: one flat dict of parameters, checked copies in and
-out, dtype conversion, and checkpoints (:mod:`.checkpoints`).
+"""What the encoder-decoder and the GPT share: one flat dict of parameters (nested as the core
+takes them by :func:`nest`, and back by :func:`flatten`), checked copies in and out, dtype
+conversion, and checkpoints (:mod:`.checkpoints`).
 
 A model class sets :attr:`Model.kind` (the checkpoint header's name for it) and
 :attr:`Model.config_class`, writes ``_init_params(config, seed)`` and, where it keeps more than
@@ -17,6 +18,39 @@ import numpy as np
 from transformer_lab import _validate as v
 from transformer_lab import device
 from transformer_lab.models import checkpoints
+
+
+def nest(flat: Mapping[str, np.ndarray]) -> dict:
+    """``{"layers.0.attn.W_o": a}`` -> ``{"layers": [{"attn": {"W_o": a}}]}`` (the same arrays);
+    a model's parameters (or gradients) as the core (``core.gpt``, ``core.model``) takes them."""
+    root: dict = {}
+    for name, value in flat.items():
+        parts = name.split(".")
+        node = root
+        for part, nxt in zip(parts[:-1], parts[1:], strict=True):
+            if nxt.isdigit():
+                node = node.setdefault(part, [])
+            elif part.isdigit():
+                while len(node) <= int(part):
+                    node.append({})
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return root
+
+
+def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
+    """The inverse of :func:`nest`: dotted name -> array (the same arrays)."""
+    out = {} if out is None else out
+    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            flatten(value, name + ".", out)
+        else:
+            out[name] = value
+    return out
 
 
 class ModelCache(NamedTuple):
@@ -110,6 +144,11 @@ class Model:
                                  f"transformer_lab.device.use(...), or copy it there with "
                                  f"model.copy()")
         return self.params
+
+    def _flat(self, grads) -> dict[str, np.ndarray]:
+        """The core's nested gradients under the names of ``self.params``, in their order."""
+        flat = flatten(grads)
+        return {k: flat[k] for k in self.params}
 
     def _checked_dlogits(self, dlogits, cache: ModelCache) -> np.ndarray:
         """``dlogits`` checked against the logits of the forward pass that made ``cache``, on the

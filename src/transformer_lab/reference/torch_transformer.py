@@ -518,7 +518,7 @@ def _core_to_torch(config: TransformerConfig, params: Mapping[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:
     """The NumPy model's encoder/decoder parameters (or gradients) -> nn.Transformer's names
     and layouts."""
-    encoder, decoder = T.nest_params(config, params)
+    encoder, decoder = T.nest_params(params)
     return {**stack_to_torch(encoder, "encoder."), **stack_to_torch(decoder, "decoder.")}
 
 
@@ -529,7 +529,7 @@ def _core_to_numpy(config: TransformerConfig, state: Mapping[str, np.ndarray]
     encoder = stack_from_torch(state, "encoder.", config.num_encoder_layers, e, decoder=False)
     decoder = stack_from_torch(state, "decoder.", config.num_decoder_layers, e, decoder=True,
                                split_cross=True)
-    return T.flatten_params(config, encoder, decoder)
+    return T.flatten_params(encoder, decoder)
 
 
 def nn_transformer_state(model: Transformer) -> dict[str, torch.Tensor]:
