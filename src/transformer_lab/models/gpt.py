@@ -32,7 +32,6 @@ the same tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -44,25 +43,16 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import next_token as core_next_token
 from transformer_lab.core import rope as core_rope
 from transformer_lab.core import sampling as core_sampling
-from transformer_lab.models import config as _config
 
 # re-exported: importable from here, as before the configs had a module of their own
-from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
-from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
+from transformer_lab.models.checkpoints import CheckpointError  # noqa: F401
 from transformer_lab.models.config import (  # noqa: F401
-    MLPS,
-    NORMS,
     GPTConfig,
     config_to_dict,
     kv_cache_bytes,
     parameter_shapes,
 )
 from transformer_lab.models.shell import Model, ModelCache, flatten, nest  # noqa: F401
-
-
-def config_from_dict(d: Mapping) -> GPTConfig:
-    """Inverse of :func:`config_to_dict` for a GPT's config."""
-    return _config.config_from_dict(d, "gpt")
 
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
