@@ -416,8 +416,7 @@ class _LayerTwin(_Twin):
         self.d_model, self.num_heads = cfg["d_model"], cfg["num_heads"]
         self.norm_first, self.activation = cfg["norm_first"], cfg["activation"]
         self.eps, self.batch_first = cfg["eps"], cfg["batch_first"]
-        self._kw = {"norm_first": self.norm_first, "activation": self.activation,
-                    "eps": self.eps}
+        self._kw = {k: cfg[k] for k in ("norm_first", "activation", "eps")}  # the core's options
 
     def _seqs(self, **xs):
         """Batch-first views of sequence arguments; checks ranks and batch sizes."""
@@ -539,8 +538,7 @@ class _Stack:
                                        split_cross=True, final_norm=False)
         self.norm_eps = _final_norm(module.norm, where, e)
         self.norm = None if self.norm_eps is None else norm_from_torch(P, prefix + "norm.")
-        self.kw = {"norm_first": self.cfg["norm_first"], "activation": self.cfg["activation"],
-                   "eps": self.cfg["eps"]}
+        self.kw = {k: self.cfg[k] for k in ("norm_first", "activation", "eps")}
 
     def forward(self, x, *masks, memory=None):
         """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks."""
