@@ -22,8 +22,20 @@ from transformer_lab import _validate as v
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL = ("sinusoidal", "learned", "none")  # the encoder-decoder's
 
+
+class _ModelConfig:
+    """What both configs have: a setter for their checks, and the head width."""
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(_ModelConfig):
     """Hyperparameters of :class:`Transformer`. Every field is checked when the config is made.
 
     Attributes:
@@ -105,20 +117,13 @@ class TransformerConfig:
                              f"different ids, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
         self._set("dtype", v.float_dtype(self.dtype, "TransformerConfig.dtype").type)
 
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
 
 NORMS = ("layer", "rms")
 MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
 GPT_POSITIONAL = ("learned", "sinusoidal", "rope", "none")
 
 @dataclasses.dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(_ModelConfig):
     """Hyperparameters of :class:`GPT`, checked when the config is made.
 
     Attributes:
@@ -207,13 +212,6 @@ class GPTConfig:
             self._set("attention_block_size", v.integer(
                 self.attention_block_size, "GPTConfig.attention_block_size", minimum=1))
         self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
 
     @classmethod
     def classic(cls, vocab_size: int, **overrides) -> GPTConfig:
