@@ -122,7 +122,7 @@ def test_state_dict_loads_into_plain_nn_transformer():
     from transformer_lab import blocks as B
     from transformer_lab.attention import causal_mask
     from transformer_lab.models.encoder_decoder import nest_params
-    enc, dec = nest_params(cfg, m.params)
+    enc, dec = nest_params(m.params)
     mem, _ = B.encoder_forward(src, enc, 3, norm_first=True)
     ours, _ = B.decoder_forward(tgt, mem, dec, 3, tgt_mask=causal_mask(4), norm_first=True)
     assert rel_error(ours, out.detach().numpy()) < 1e-10

@@ -17,10 +17,7 @@ for bytes (:func:`transformer_lab.core.bpe.bytes_to_unicode`: the space is ``Ġ`
 
 ``tokenizer.json``, the one file in which Hugging Face ``tokenizers`` saves a whole tokenizer
 (and in which LLaMA-architecture checkpoints such as SmolLM2 ship theirs), is read by
-:meth:`BPETokenizer.from_tokenizer_json` when it is a byte-level BPE: its ``model.vocab`` and
-``model.merges``, its ``added_tokens`` (special tokens, matched first), and GPT-2's pattern
-(``ByteLevel`` with ``use_regex``), optionally after the digits are split off (``Digits`` or a
-``Split`` on ``\\p{N}``). Anything that would give other ids is refused, by name.
+:meth:`BPETokenizer.from_tokenizer_json` when it is a byte-level BPE.
 
 Ids: the 256 bytes are 0..255, merge ``i`` is ``256 + i``, the special tokens follow. Files whose
 ids are numbered otherwise (GPT-2's own: ``!`` is 0) load too: the ids read and written are the

@@ -332,6 +332,17 @@ def _ngram_keys(ids: np.ndarray, n: int, base: int) -> np.ndarray:
     return keys
 
 
+def _padded_streams(train_ids, val_ids, order: int, base: int):
+    """The two streams after ``order - 1`` boundaries (a stream starts after a boundary), and
+    the positions of ``val_ids[1:]`` in the padded validation stream."""
+    if order * math.log2(base) > 62:
+        raise ValueError(f"order {order} is too high to index {base}-token n-grams")
+    pad = np.full(order - 1, BOUNDARY, dtype=np.int64)
+    val = np.concatenate([pad, np.asarray(val_ids, dtype=np.int64)])
+    return (np.concatenate([pad, np.asarray(train_ids, dtype=np.int64)]), val,
+            np.arange(order, val.size))
+
+
 def _lookup(sorted_keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """values[i] where sorted_keys[i] == query, 0 where a query is absent."""
     if sorted_keys.size == 0:
@@ -356,20 +367,11 @@ def ngram_probabilities(train_ids, val_ids, order: int, vocab_size: int,
     Returns:
         float64 (len(val_ids) - 1,), each in (0, 1].
     """
-    train_ids = np.asarray(train_ids, dtype=np.int64)
-    val_ids = np.asarray(val_ids, dtype=np.int64)
     base = vocab_size
-    if order * math.log2(base) > 62:
-        raise ValueError(f"order {order} is too high to index {vocab_size}-token n-grams")
-    pad = np.full(order - 1, BOUNDARY, dtype=np.int64)  # the stream starts after a boundary
-    train = np.concatenate([pad, train_ids])
-    val = np.concatenate([pad, val_ids])
-    targets = np.arange(order, val.size)  # val_ids[1:] in the padded stream
+    train, val, targets = _padded_streams(train_ids, val_ids, order, base)
     if smoothing == "laplace":
         u, c = np.unique(_ngram_keys(train, order, base), return_counts=True)
-        queries = np.zeros(targets.size, dtype=np.int64)
-        for j in range(order):
-            queries = queries * base + val[targets - order + 1 + j]
+        queries = _ngram_keys(val, order, base)[targets - order + 1]  # the n-grams ending there
         c_hw = _lookup(u, c, queries)
         if order == 1:
             return (c_hw + 1) / (train.size + base)
@@ -381,9 +383,7 @@ def ngram_probabilities(train_ids, val_ids, order: int, vocab_size: int,
     prob = np.full(targets.size, 1.0 / base)
     raw_ids = train  # level n counts its n-grams after n - 1 boundaries, its (n+1)-grams after n
     for n in range(1, order + 1):
-        queries = np.zeros(targets.size, dtype=np.int64)
-        for j in range(n):
-            queries = queries * base + val[targets - n + 1 + j]
+        queries = _ngram_keys(val, n, base)[targets - n + 1]
         if n == order:  # raw counts of the n-grams (the stream after n - 1 boundaries)
             counts = np.unique(_ngram_keys(raw_ids[order - n:], n, base), return_counts=True)
         else:  # continuation counts: distinct tokens seen before each n-gram
@@ -399,12 +399,7 @@ def kneser_ney_bits_per_char(corpus: Corpus, max_order: int) -> list[float]:
     interpolation, with raw counts, of level n on the continuation-count model of order n - 1,
     which the next order reuses. About the cost of the highest order alone."""
     base = corpus.vocab_size
-    if max_order * math.log2(base) > 62:
-        raise ValueError(f"order {max_order} is too high to index {base}-token n-grams")
-    pad = np.full(max_order - 1, BOUNDARY, dtype=np.int64)
-    train = np.concatenate([pad, corpus.train_ids])
-    val = np.concatenate([pad, corpus.val_ids])
-    targets = np.arange(max_order, val.size)  # val_ids[1:] in the padded stream
+    train, val, targets = _padded_streams(corpus.train_ids, corpus.val_ids, max_order, base)
     lower = np.full(targets.size, 1.0 / base)  # the continuation model of order n - 1
     raw = np.unique(_ngram_keys(train[max_order - 1:], 1, base), return_counts=True)
     bits = []
@@ -412,9 +407,7 @@ def kneser_ney_bits_per_char(corpus: Corpus, max_order: int) -> list[float]:
         # the order-n n-grams, which the padding before the stream also starts
         longer = np.unique(_ngram_keys(train[max_order - 1 - n:], n + 1, base),
                            return_counts=True) if n < max_order else None
-        queries = np.zeros(targets.size, dtype=np.int64)
-        for j in range(n):
-            queries = queries * base + val[targets - n + 1 + j]
+        queries = _ngram_keys(val, n, base)[targets - n + 1]
         top = _kneser_ney_level(*raw, queries, lower, base)
         bits.append(float(-np.log2(top).mean()))
         if longer is not None:

@@ -93,16 +93,7 @@ def read_archive(path) -> tuple[object, dict[str, np.ndarray]]:
 
 
 def save(model, path, metadata: Mapping | None = None) -> str:
-    """Save ``model`` (a :class:`~transformer_lab.models.shell.Model`: a Transformer or a GPT),
-    its kind and configuration with every parameter, to a NumPy ``.npz`` file.
-
-    The file holds one array per parameter (``params/<name>``, compressed) and a JSON header
-    (format version, kind, the config, the parameter names, and ``metadata`` -- anything JSON
-    can hold, e.g. the training step or the task). ``.npz`` is appended to ``path`` if missing.
-
-    Returns:
-        The path written.
-    """
+    """:meth:`~transformer_lab.models.shell.Model.save` (the parameters compressed)."""
     path = npz_path(path)
     header = {"format": CHECKPOINT_FORMAT, "kind": model.kind,
               "config": config_to_dict(model.config), "names": list(model.params),
@@ -113,8 +104,7 @@ def save(model, path, metadata: Mapping | None = None) -> str:
 
 
 def load(cls: type, path):
-    """A model of class ``cls`` with the configuration and parameters stored by :func:`save`;
-    the stored metadata in ``model.metadata``."""
+    """:meth:`~transformer_lab.models.shell.Model.load` for a model class ``cls``."""
     header, _ = read_checkpoint(path)
     kind = header.get("kind", DEFAULT_KIND)
     if kind != cls.kind:
@@ -126,17 +116,8 @@ def load(cls: type, path):
 
 
 def load_params(model, path) -> dict:
-    """Copy the parameters stored by :func:`save` into ``model``, in place.
-
-    Refuses (:class:`CheckpointError`, nothing copied) a file that does not fit the model:
-    another kind of model, other parameter names, shapes or dtypes (the message names the
-    tensor and both shapes), values that are not finite, or a configuration that differs in
-    any other field (``norm_first``, ``activation``, ``positional``, ``eps``, ``max_len``, the
-    special token ids, ...): such parameters would load but compute a different function.
-
-    Returns:
-        The metadata stored with the parameters.
-    """
+    """:meth:`~transformer_lab.models.shell.Model.load_params`: the stored parameters copied
+    into ``model`` after every check; the stored metadata returned."""
     header, arrays = read_checkpoint(path)
     kind = header.get("kind", DEFAULT_KIND)
     if kind != model.kind:

@@ -1,6 +1,7 @@
 """The models' configurations: :class:`TransformerConfig` (the encoder-decoder) and
-:class:`GPTConfig` (the GPT), frozen dataclasses checked when made, and their JSON form
-(:func:`config_to_dict`, :func:`config_from_dict`) that checkpoints store.
+:class:`GPTConfig` (the GPT), frozen dataclasses checked when made, the GPT's parameters a config
+asks for (:func:`parameter_shapes`), and their JSON form (:func:`config_to_dict`,
+:func:`config_from_dict`) that checkpoints store.
 
 They live apart from the models so that the models' helpers (input checks, checkpoints) can
 import them without importing the models.
@@ -21,8 +22,20 @@ from transformer_lab import _validate as v
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL = ("sinusoidal", "learned", "none")  # the encoder-decoder's
 
+
+class _ModelConfig:
+    """What both configs have: a setter for their checks, and the head width."""
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the dataclass is frozen
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(_ModelConfig):
     """Hyperparameters of :class:`Transformer`. Every field is checked when the config is made.
 
     Attributes:
@@ -78,10 +91,7 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.d_model must be divisible by num_heads, got "
                              f"d_model={self.d_model} and num_heads={self.num_heads}")
         for name in ("norm_first", "scale_embeddings", "bias"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"TransformerConfig.{name} must be True or False, got "
-                                f"{getattr(self, name)!r}")
-            self._set(name, bool(getattr(self, name)))
+            self._set(name, v.boolean(getattr(self, name), f"TransformerConfig.{name}"))
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TransformerConfig.activation must be one of {ACTIVATIONS}, got "
                              f"{self.activation!r}")
@@ -105,21 +115,7 @@ class TransformerConfig:
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must be three "
                              f"different ids, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            dtype = None
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"TransformerConfig.dtype must be np.float32 or np.float64, got "
-                            f"{self.dtype!r}")
-        self._set("dtype", dtype.type)
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        self._set("dtype", v.float_dtype(self.dtype, "TransformerConfig.dtype").type)
 
 
 NORMS = ("layer", "rms")
@@ -127,7 +123,7 @@ MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
 GPT_POSITIONAL = ("learned", "sinusoidal", "rope", "none")
 
 @dataclasses.dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(_ModelConfig):
     """Hyperparameters of :class:`GPT`, checked when the config is made.
 
     Attributes:
@@ -217,13 +213,6 @@ class GPTConfig:
                 self.attention_block_size, "GPTConfig.attention_block_size", minimum=1))
         self._set("dtype", v.float_dtype(self.dtype, "GPTConfig.dtype").type)
 
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
     @classmethod
     def classic(cls, vocab_size: int, **overrides) -> GPTConfig:
         """The 2017 / GPT-2 block: layer norm, GELU MLP (tanh form), learned positions, biases,
@@ -247,6 +236,40 @@ def kv_cache_bytes(config: GPTConfig, batch: int, length: int) -> int:
     c = config
     return (2 * c.num_layers * v.integer(batch, "batch", minimum=0) * c.num_kv_heads
             * v.integer(length, "length", minimum=0) * c.head_dim * np.dtype(c.dtype).itemsize)
+
+
+def _norm_shapes(prefix: str, c: GPTConfig) -> dict:
+    keys = ("gamma", "beta") if c.norm == "layer" and c.bias else ("gamma",)
+    return {f"{prefix}.{k}": (c.d_model,) for k in keys}
+
+
+def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
+    """Name -> shape of every parameter of a GPT with config ``c``, in order."""
+    E, F = c.d_model, c.d_ff
+    qkv = E + 2 * c.num_kv_heads * c.head_dim
+    shapes = {"embed.W": (c.vocab_size, E)}
+    if c.positional == "learned":
+        shapes["pos.W"] = (c.max_len, E)
+    for i in range(c.num_layers):
+        p = f"layers.{i}"
+        shapes.update(_norm_shapes(f"{p}.norm1", c))
+        shapes[f"{p}.attn.W_qkv"] = (E, qkv)
+        shapes[f"{p}.attn.W_o"] = (E, E)
+        if c.bias:
+            shapes[f"{p}.attn.b_qkv"] = (qkv,)
+            shapes[f"{p}.attn.b_o"] = (E,)
+        shapes.update(_norm_shapes(f"{p}.norm2", c))
+        if c.mlp == "swiglu":
+            shapes.update({f"{p}.mlp.W_gate": (E, F), f"{p}.mlp.W_up": (E, F),
+                           f"{p}.mlp.W_down": (F, E)})
+        else:
+            shapes.update({f"{p}.mlp.W1": (E, F), f"{p}.mlp.W2": (F, E)})
+            if c.bias:
+                shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
+    shapes.update(_norm_shapes("norm", c))
+    if not c.tie_embeddings:
+        shapes["lm_head.W"] = (c.vocab_size, E)
+    return shapes
 
 
 #: The config classes by the "kind" a checkpoint's header names.

@@ -22,9 +22,12 @@ checks every input once, and converts between its flat parameter names and the c
 parameters. It runs where the core runs (:mod:`transformer_lab.device`): the parameters live
 there, inputs are checked on the host and moved there, and logits, gradients and decoded tokens
 come back as arrays of that device. Its configuration is in
-:mod:`transformer_lab.models.config`, its input checks in :mod:`transformer_lab.models.inputs`,
-the parameter handling it shares with the GPT in :mod:`transformer_lab.models.shell` and its
-checkpoints in :mod:`transformer_lab.models.checkpoints` (all importable from here too).
+:mod:`transformer_lab.models.config`, its input checks (shared with its PyTorch versions: the
+three accept and refuse the same input, with the same messages) in
+:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
+:mod:`transformer_lab.models.shell` and its checkpoints (``model.save(path)``,
+``Transformer.load(path)``, ``model.load_params(path)``) in
+:mod:`transformer_lab.models.checkpoints` (all importable from here too).
 
 **Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
 ``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
@@ -41,17 +44,6 @@ self-attention and of the decoder's cross-attention (key padding masks). A targe
 reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, and the loss is the mean cross-entropy over
 the predicted tokens up to and including each sequence's first EOS, skipping padding: whatever
 follows a sequence's EOS changes neither the loss nor the gradients.
-
-**Checkpoints.** ``model.save("model.npz")`` stores the config and every parameter (NumPy
-``.npz``, no pickle); ``Transformer.load("model.npz")`` rebuilds the model, and
-``model.load_params(path)`` copies the parameters into an existing model, refusing a file whose
-names, shapes or dtypes differ (:class:`CheckpointError`, naming the tensor and both shapes) or
-whose config differs in any other field (``norm_first``, ``activation``, ``eps``, ...).
-
-**Input checks** are module functions (:func:`check_inputs`, :func:`check_loss_inputs`,
-:func:`check_decode_length`, :func:`decoded_sequences`, ...), shared with the
-PyTorch versions of the model in :mod:`transformer_lab.reference.torch_transformer`: the
-three models accept the same input and refuse bad input with the same messages.
 
 Everything is vectorised over the batch, the heads and the positions. float32 by default;
 ``TransformerConfig(dtype=np.float64)`` (or :meth:`Transformer.astype`) for gradient checks.
@@ -72,9 +64,7 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import translation as core_translation
 
-# check_parity compares two models' gradients tensor by tensor; it lives in gradient_check and
-# is importable from here too (notebook 08 does: from transformer_lab.models.encoder_decoder import
-# ...).
+# check_parity (two models' gradients, tensor by tensor): notebook 08 imports it from here
 from transformer_lab.gradient_check import check_parity  # noqa: F401
 from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
     CHECKPOINT_FORMAT,
@@ -100,10 +90,10 @@ from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importa
     length_limit,
     loss_labels,
 )
-from transformer_lab.models.shell import Model, ModelCache
+from transformer_lab.models.shell import Model, ModelCache, flatten, nest
 
 # --------------------------------------------------------------------------------------------
-# Parameter names: one flat dict, and templates that give the core's nested structures
+# Parameter names: one flat dict, nested for the core by shell.nest (and back by shell.flatten)
 
 
 def _attention_names(prefix: str, packed: bool, bias: bool) -> dict:
@@ -125,25 +115,20 @@ def _norm_names(prefix: str, bias: bool) -> dict:
 
 
 def _templates(c: TransformerConfig) -> tuple[dict, dict]:
-    """Nested dicts of parameter *names*, shaped like the params of the core's encoder and
-    decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
-    enc = {"layers": [], "norm": _norm_names("encoder.norm", c.bias)}
-    for i in range(c.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        enc["layers"].append({"self_attn": _attention_names(f"{p}.self_attn", True, c.bias),
-                              "ff": _ff_names(f"{p}.ff", c.bias),
-                              "norm1": _norm_names(f"{p}.norm1", c.bias),
-                              "norm2": _norm_names(f"{p}.norm2", c.bias)})
-    dec = {"layers": [], "norm": _norm_names("decoder.norm", c.bias)}
-    for i in range(c.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        dec["layers"].append({"self_attn": _attention_names(f"{p}.self_attn", True, c.bias),
-                              "cross_attn": _attention_names(f"{p}.cross_attn", False, c.bias),
-                              "ff": _ff_names(f"{p}.ff", c.bias),
-                              "norm1": _norm_names(f"{p}.norm1", c.bias),
-                              "norm2": _norm_names(f"{p}.norm2", c.bias),
-                              "norm3": _norm_names(f"{p}.norm3", c.bias)})
-    return enc, dec
+    """Nested dicts of parameter *names*, in order, shaped like the params of the core's
+    encoder and decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
+    def stack(side: str, num_layers: int, attentions: tuple, norms: tuple) -> dict:
+        layers = []
+        for i in range(num_layers):
+            p = f"{side}.layers.{i}"
+            layer = {a: _attention_names(f"{p}.{a}", a == "self_attn", c.bias) for a in attentions}
+            layer["ff"] = _ff_names(f"{p}.ff", c.bias)
+            layers.append({**layer, **{n: _norm_names(f"{p}.{n}", c.bias) for n in norms}})
+        return {"layers": layers, "norm": _norm_names(f"{side}.norm", c.bias)}
+
+    return (stack("encoder", c.num_encoder_layers, ("self_attn",), ("norm1", "norm2")),
+            stack("decoder", c.num_decoder_layers, ("self_attn", "cross_attn"),
+                  ("norm1", "norm2", "norm3")))
 
 
 def parameter_names(config: TransformerConfig) -> list[str]:
@@ -151,15 +136,12 @@ def parameter_names(config: TransformerConfig) -> list[str]:
     names = ["src_embed.W", "tgt_embed.W"]
     if config.positional == "learned":
         names += ["src_pos.W", "tgt_pos.W"]
-    flat: dict = {}
-    for template in _templates(config):
-        _flatten_grads(template, template, flat)
-    names += list(flat)
+    names += list(flatten(dict(zip(("encoder", "decoder"), _templates(config), strict=True))))
     names += ["out_proj.W", "out_proj.b"] if config.bias else ["out_proj.W"]
     return names
 
 
-def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+def nest_params(flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The encoder's and the decoder's parameters (or gradients) as the core (``core.model``,
     ``core.blocks``) takes them, from a flat dict with the names of :func:`parameter_names`.
 
@@ -170,48 +152,13 @@ def nest_params(config: TransformerConfig, flat: Mapping[str, np.ndarray]) -> tu
     Returns:
         (encoder, decoder): ``{"layers": [layer dicts], "norm": {"gamma", "beta"}}`` each.
     """
-    enc_t, dec_t = _templates(config)
-    return _resolve(enc_t, flat), _resolve(dec_t, flat)
+    nested = nest(flat)
+    return nested["encoder"], nested["decoder"]
 
 
-def flatten_params(config: TransformerConfig, encoder: dict, decoder: dict) -> dict:
+def flatten_params(encoder: dict, decoder: dict) -> dict:
     """The inverse of :func:`nest_params`: dotted name -> array (the same array objects)."""
-    out: dict = {}
-    for template, nested in zip(_templates(config), (encoder, decoder), strict=True):
-        _flatten_grads(template, nested, out)
-    return out
-
-
-def _resolve(template, params):
-    """The template with every name replaced by ``params[name]`` (the same array object)."""
-    if isinstance(template, str):
-        return params[template]
-    if isinstance(template, dict):
-        return {k: _resolve(t, params) for k, t in template.items()}
-    return [_resolve(t, params) for t in template]
-
-
-def _flatten_grads(template, grads, out: dict) -> None:
-    """Walk the template and nested params or grads together; fill ``out[name]``."""
-    if isinstance(template, str):
-        out[template] = grads
-    elif isinstance(template, dict):
-        for k, t in template.items():
-            _flatten_grads(t, grads[k], out)
-    else:
-        for t, g in zip(template, grads, strict=True):
-            _flatten_grads(t, g, out)
-
-
-def _model_template(c: TransformerConfig) -> dict:
-    """Nested dict of parameter *names*, shaped like the ``params`` of ``core.model``."""
-    enc, dec = _templates(c)
-    t = {"src_embed": {"W": "src_embed.W"}, "tgt_embed": {"W": "tgt_embed.W"}}
-    if c.positional == "learned":
-        t.update(src_pos={"W": "src_pos.W"}, tgt_pos={"W": "tgt_pos.W"})
-    t.update(encoder=enc, decoder=dec,
-             out_proj={"W": "out_proj.W", "b": "out_proj.b"} if c.bias else {"W": "out_proj.W"})
-    return t
+    return flatten({"encoder": encoder, "decoder": decoder})
 
 
 def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
@@ -242,9 +189,7 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
     nested_dec = {"layers": [B.decoder_layer_init(d, c.num_heads, c.d_ff, c.bias, rng, dt)
                              for _ in range(c.num_decoder_layers)],
                   "norm": B.layer_norm_init(d, c.bias, dt)}
-    enc_t, dec_t = _templates(c)
-    _flatten_grads(enc_t, nested_enc, params)
-    _flatten_grads(dec_t, nested_dec, params)
+    params.update(flatten_params(nested_enc, nested_dec))
     params["out_proj.W"] = core_layers.init_uniform(d, (d, c.tgt_vocab_size), rng).astype(dt)
     if c.bias:
         params["out_proj.b"] = np.zeros(c.tgt_vocab_size, dt)
@@ -252,32 +197,15 @@ def _init_params(c: TransformerConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
-# Accessors: what the model reads from the core's model cache
-
-
-def _stack_caches(core_cache) -> tuple:
-    """The encoder's and the decoder's stack caches in the cache of
-    ``core.model.transformer_forward``: ``((c_embed, c_stack), (c_embed, c_stack, c_out),
-    learned)``."""
-    (_, encoder), (_, decoder, _), _ = core_cache
-    return encoder, decoder
-
-
-# --------------------------------------------------------------------------------------------
 # The model
 
 
 class Transformer(Model):
-    """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core.
-
-    Args:
-        config: a :class:`TransformerConfig`.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``
-            (and do not depend on ``config.dtype`` beyond rounding).
+    """The encoder-decoder Transformer, as NumPy forward/backward passes on the course's core:
+    ``Transformer(config, seed)`` with a :class:`TransformerConfig` (arguments and attributes:
+    :class:`~.shell.Model`), and
 
     Attributes:
-        config: the configuration.
-        params: name -> array, every parameter (see the module docstring).
         pe: the sinusoidal table (max_len, d_model) added to the embeddings, or None.
     """
 
@@ -288,7 +216,6 @@ class Transformer(Model):
 
     def _setup(self, config: TransformerConfig, params: dict[str, np.ndarray]) -> None:
         super()._setup(config, params)
-        self._template = _model_template(config)
         self.pe = (L.positional_encoding(config.max_len, config.d_model, dtype=config.dtype)
                    if config.positional == "sinusoidal" else None)
 
@@ -297,13 +224,7 @@ class Transformer(Model):
     def _nested(self) -> dict:
         """``self.params`` checked (names, shapes, dtype) and nested as ``core.model`` takes
         them: the same arrays, no copies."""
-        return _resolve(self._template, self._checked_params())
-
-    def _flat(self, grads: Mapping) -> dict[str, np.ndarray]:
-        """The core's nested gradients under the names of ``self.params``, in their order."""
-        flat: dict[str, np.ndarray] = {}
-        _flatten_grads(self._template, grads, flat)
-        return {k: flat[k] for k in self.params}
+        return nest(self._checked_params())
 
     # ---------------------------------------------------------------------------- forward
 
@@ -539,9 +460,10 @@ class Transformer(Model):
             ``{"encoder.layers.i.self_attn": (B, H, S, S), "decoder.layers.i.self_attn":
             (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
         """
-        # the core's caches hold the weights
         _, cache = self.forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
-        enc, dec = _stack_caches(cache.core)
+        # the stacks' caches, which hold the weights, in core.model.transformer_forward's cache:
+        # ((c_embed, c_stack), (c_embed, c_stack, c_out), learned)
+        (_, enc), (_, dec, _), _ = cache.core
         maps = {}
         for i, layer in enumerate(B.stack_layer_caches(enc)):
             (maps[f"encoder.layers.{i}.self_attn"],) = B.layer_attention_weights(layer)

@@ -14,16 +14,13 @@ once; this module checks the inputs once, keeps the parameters and runs the deco
 runs where the core runs (:mod:`transformer_lab.device`): the parameters live there, token ids
 are moved there, and logits, gradients and generated ids come back as arrays of that device.
 
-**Parameters** live in one flat dict ``model.params``, dotted name -> array: ``"embed.W"``
-(V, E), also the output projection (tied embeddings); ``"pos.W"`` (max_len, E) for learned
-positions; per block ``"layers.0.norm1.gamma"`` (and ``.beta`` for a layer norm with biases),
-``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.attn.W_o"`` (E, E) (and
-``b_qkv``, ``b_o`` with biases), ``"layers.0.norm2.*"``, ``"layers.0.mlp.W1"``, ``b1``, ``W2``,
-``b2`` (GELU) or ``W_gate``, ``W_up``, ``W_down`` (SwiGLU); ``"norm.gamma"`` (+ ``.beta``) at
-the end; and, untied (``GPTConfig(tie_embeddings=False)``), the output projection's own table
-``"lm_head.W"`` (V, E) last. ``backward`` and ``loss`` return gradients with exactly these
-keys. The nested dicts of the core are rebuilt at every call from the same arrays (no copies):
-an optimiser may update ``model.params[name]`` in place.
+**Parameters** live in one flat dict ``model.params``, dotted name -> array, named, shaped and
+ordered as :func:`parameter_shapes` lists them: ``"embed.W"`` (V, E), also the output projection
+unless ``GPTConfig(tie_embeddings=False)`` adds ``"lm_head.W"``; per block
+``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.mlp.W1"`` or ``W_gate`` (SwiGLU), ...
+``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of the core
+are rebuilt at every call from the same arrays (no copies): an optimiser may update
+``model.params[name]`` in place.
 
 **Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
 ``use_cache=True`` (the default) the keys and values of every position are computed once and
@@ -35,7 +32,6 @@ the same tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -47,95 +43,16 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import next_token as core_next_token
 from transformer_lab.core import rope as core_rope
 from transformer_lab.core import sampling as core_sampling
-from transformer_lab.models import config as _config
 
 # re-exported: importable from here, as before the configs had a module of their own
-from transformer_lab.models.checkpoints import CHECKPOINT_FORMAT, CheckpointError  # noqa: F401
-from transformer_lab.models.config import GPT_POSITIONAL as POSITIONAL  # noqa: F401
+from transformer_lab.models.checkpoints import CheckpointError  # noqa: F401
 from transformer_lab.models.config import (  # noqa: F401
-    MLPS,
-    NORMS,
     GPTConfig,
     config_to_dict,
     kv_cache_bytes,
+    parameter_shapes,
 )
-from transformer_lab.models.shell import Model, ModelCache
-
-
-def config_from_dict(d: Mapping) -> GPTConfig:
-    """Inverse of :func:`config_to_dict` for a GPT's config."""
-    return _config.config_from_dict(d, "gpt")
-
-
-# --------------------------------------------------------------------------------------------
-# Parameter names, shapes and the nested structure of the core
-
-
-def _norm_shapes(prefix: str, c: GPTConfig) -> dict:
-    keys = ("gamma", "beta") if c.norm == "layer" and c.bias else ("gamma",)
-    return {f"{prefix}.{k}": (c.d_model,) for k in keys}
-
-
-def parameter_shapes(c: GPTConfig) -> dict[str, tuple]:
-    """Name -> shape of every parameter of a :class:`GPT` with config ``c``, in order."""
-    E, F = c.d_model, c.d_ff
-    qkv = E + 2 * c.num_kv_heads * c.head_dim
-    shapes = {"embed.W": (c.vocab_size, E)}
-    if c.positional == "learned":
-        shapes["pos.W"] = (c.max_len, E)
-    for i in range(c.num_layers):
-        p = f"layers.{i}"
-        shapes.update(_norm_shapes(f"{p}.norm1", c))
-        shapes[f"{p}.attn.W_qkv"] = (E, qkv)
-        shapes[f"{p}.attn.W_o"] = (E, E)
-        if c.bias:
-            shapes[f"{p}.attn.b_qkv"] = (qkv,)
-            shapes[f"{p}.attn.b_o"] = (E,)
-        shapes.update(_norm_shapes(f"{p}.norm2", c))
-        if c.mlp == "swiglu":
-            shapes.update({f"{p}.mlp.W_gate": (E, F), f"{p}.mlp.W_up": (E, F),
-                           f"{p}.mlp.W_down": (F, E)})
-        else:
-            shapes.update({f"{p}.mlp.W1": (E, F), f"{p}.mlp.W2": (F, E)})
-            if c.bias:
-                shapes.update({f"{p}.mlp.b1": (F,), f"{p}.mlp.b2": (E,)})
-    shapes.update(_norm_shapes("norm", c))
-    if not c.tie_embeddings:
-        shapes["lm_head.W"] = (c.vocab_size, E)
-    return shapes
-
-
-def nest(flat: Mapping[str, np.ndarray]) -> dict:
-    """``{"layers.0.attn.W_o": a}`` -> ``{"layers": [{"attn": {"W_o": a}}]}`` (the same arrays);
-    the parameters (or gradients) as :mod:`transformer_lab.core.gpt` takes them."""
-    root: dict = {}
-    for name, value in flat.items():
-        parts = name.split(".")
-        node = root
-        for part, nxt in zip(parts[:-1], parts[1:], strict=True):
-            if nxt.isdigit():
-                node = node.setdefault(part, [])
-            elif part.isdigit():
-                while len(node) <= int(part):
-                    node.append({})
-                node = node[int(part)]
-            else:
-                node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return root
-
-
-def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
-    """The inverse of :func:`nest`: dotted name -> array (the same arrays)."""
-    out = {} if out is None else out
-    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, (dict, list)):
-            flatten(value, name + ".", out)
-        else:
-            out[name] = value
-    return out
+from transformer_lab.models.shell import Model, ModelCache, flatten, nest  # noqa: F401
 
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
@@ -190,15 +107,10 @@ def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndar
 
 
 class GPT(Model):
-    """The decoder-only language model, as NumPy forward/backward passes.
-
-    Args:
-        config: a :class:`GPTConfig`.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+    """The decoder-only language model, as NumPy forward/backward passes: ``GPT(config, seed)``
+    with a :class:`GPTConfig` (arguments and attributes: :class:`~.shell.Model`), and
 
     Attributes:
-        config: the configuration.
-        params: name -> array, every parameter (see the module docstring).
         pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
         rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
     """
@@ -285,9 +197,7 @@ class GPT(Model):
         Returns:
             name -> array, exactly the keys (and shapes) of ``model.params``.
         """
-        dlogits = self._checked_dlogits(dlogits, cache)
-        grads = flatten(core_gpt.gpt_backward(dlogits, cache.core))
-        return {k: grads[k] for k in self.params}
+        return self._flat(core_gpt.gpt_backward(self._checked_dlogits(dlogits, cache), cache.core))
 
     def loss(self, ids, compute_grads: bool = True, rng=None):
         """Mean cross-entropy of the next-token predictions (in nats), and its gradients.
@@ -315,8 +225,7 @@ class GPT(Model):
         if compute_grads:
             loss, grads = core_gpt.gpt_loss(self.nested_params(), ids, self.config, self.pe,
                                             self._rope(0, ids.shape[1]), rng)
-            grads = flatten(grads)
-            return loss, {k: grads[k] for k in self.params}
+            return loss, self._flat(grads)
         logits, _ = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                          self._rope(0, ids.shape[1]), rng)
         return core_next_token.next_token_loss_forward(logits, ids)[0], None

@@ -10,15 +10,9 @@ without ``transformers`` (:func:`save_llama`)::
 
 A LLaMA-architecture model *is* the course's GPT with the modern block (``GPTConfig.modern``):
 RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, tied or untied output projection.
-Its config maps onto the GPT's as
-
-    vocab_size -> vocab_size, hidden_size -> d_model, num_attention_heads -> num_heads,
-    num_key_value_heads -> num_kv_heads (None: num_heads), num_hidden_layers -> num_layers,
-    intermediate_size -> d_ff, max_position_embeddings -> max_len, rms_norm_eps -> eps,
-    rope_parameters["rope_theta"] (or the top-level rope_theta of configs written before
-    transformers 5) -> rope_base, tie_word_embeddings -> tie_embeddings,
-    attention_bias -> bias (biases of the query, key, value and output projections)
-
+Its config maps onto the GPT's field by field (:func:`llama_config`: ``hidden_size`` ->
+``d_model``, ``num_key_value_heads`` -> ``num_kv_heads``, ``rope_theta`` -> ``rope_base``, ...;
+``attention_bias`` -> ``bias``, the biases of the query, key, value and output projections),
 and its tensors (named with a ``model.`` prefix, as ``LlamaForCausalLM`` saves them, or without,
 as ``LlamaModel`` does; ``lm_head.weight`` never has one) onto the GPT's parameters as
 

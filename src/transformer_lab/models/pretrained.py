@@ -13,26 +13,13 @@ checkpoint (``"gpt2"``: this module, below) or a LLaMA-architecture one (``"llam
 GPT-2 *is* the course's GPT with the 2017 block (``GPTConfig.classic``): pre-norm layer norms
 with biases, learned positions, biases in every linear map, GELU in its tanh form, the output
 projection tied to the token embeddings (or, with ``tie_word_embeddings: false``, an
-``lm_head`` of its own). Its config maps onto the GPT's as
-
-    vocab_size -> vocab_size, n_embd -> d_model, n_head -> num_heads, n_layer -> num_layers,
-    n_inner -> d_ff (None: 4 n_embd), n_positions -> max_len, layer_norm_epsilon -> eps,
-    activation_function "gelu_new" / "gelu_pytorch_tanh" -> mlp "gelu_tanh"
-    ("gelu" -> "gelu", "relu" -> "relu"), tie_word_embeddings -> tie_embeddings
-
-and its tensors (named with a ``transformer.`` prefix, as ``GPT2LMHeadModel`` saves them, or
-without, as ``GPT2Model`` and the checkpoints on the Hub do) onto the GPT's parameters as
-
-    wte.weight (V, E)                        embed.W (also the output projection: tied)
-    wpe.weight (n_positions, E)              pos.W
-    h.N.ln_1.weight, .bias                   layers.N.norm1.gamma, .beta
-    h.N.attn.c_attn.weight (E, 3E), .bias    layers.N.attn.W_qkv, .b_qkv
-    h.N.attn.c_proj.weight (E, E), .bias     layers.N.attn.W_o, .b_o
-    h.N.ln_2.weight, .bias                   layers.N.norm2.gamma, .beta
-    h.N.mlp.c_fc.weight (E, F), .bias        layers.N.mlp.W1, .b1
-    h.N.mlp.c_proj.weight (F, E), .bias      layers.N.mlp.W2, .b2
-    ln_f.weight, .bias                       norm.gamma, .beta
-    lm_head.weight (V, E), untied only       lm_head.W
+``lm_head`` of its own). Its config maps onto the GPT's field by field (:func:`gpt2_config`:
+``n_embd`` -> ``d_model``, ``n_inner`` -> ``d_ff``, ...; ``activation_function`` -> ``mlp`` by
+:data:`GPT2_ACTIVATIONS`), and its tensors (named with a ``transformer.`` prefix, as
+``GPT2LMHeadModel`` saves them, or without, as ``GPT2Model`` and the checkpoints on the Hub do)
+onto the GPT's parameters as :func:`gpt2_names` lists them (``wte.weight`` -> ``embed.W``,
+``h.N.attn.c_attn.weight`` -> ``layers.N.attn.W_qkv``, ..., ``lm_head.weight`` -> ``lm_head.W``
+when untied), with the GPT's shapes.
 
 No weight is transposed: GPT-2's linear maps are ``Conv1D`` modules, which store their weight
 as (in, out) and compute ``x @ W + b`` -- the GPT's layout (``nn.Linear`` would store
@@ -63,7 +50,7 @@ import numpy as np
 
 from transformer_lab.models import llama
 from transformer_lab.models.checkpoints import CheckpointError
-from transformer_lab.models.config import GPTConfig
+from transformer_lab.models.config import GPTConfig, parameter_shapes
 from transformer_lab.models.hf_checkpoint import (
     CONFIG_FILE,
     LM_HEAD,
@@ -120,24 +107,6 @@ def gpt2_names(num_layers: int, tie_embeddings: bool = True) -> dict[str, str]:
     if not tie_embeddings:
         names["lm_head.W"] = LM_HEAD
     return names
-
-
-def _gpt2_shapes(hf: Mapping) -> dict[str, tuple]:
-    """GPT-2's tensor name -> the shape its config asks for."""
-    E, F, V, L = hf["n_embd"], hf["n_inner"] or 4 * hf["n_embd"], hf["vocab_size"], \
-        hf["n_positions"]
-    layer = {"ln_1.weight": (E,), "ln_1.bias": (E,), "attn.c_attn.weight": (E, 3 * E),
-             "attn.c_attn.bias": (3 * E,), "attn.c_proj.weight": (E, E),
-             "attn.c_proj.bias": (E,), "ln_2.weight": (E,), "ln_2.bias": (E,),
-             "mlp.c_fc.weight": (E, F), "mlp.c_fc.bias": (F,), "mlp.c_proj.weight": (F, E),
-             "mlp.c_proj.bias": (E,)}
-    shapes = {"wte.weight": (V, E), "wpe.weight": (L, E)}
-    for i in range(hf["n_layer"]):
-        shapes.update({f"h.{i}.{k}": s for k, s in layer.items()})
-    shapes.update({"ln_f.weight": (E,), "ln_f.bias": (E,)})
-    if not hf["tie_word_embeddings"]:
-        shapes[LM_HEAD] = (V, E)
-    return shapes
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,8 +210,10 @@ def _read_gpt2(root: Path, config_path: Path, hf_config, dtype):
     """(config, params) of a GPT-2 folder whose config.json is ``hf_config``."""
     hf = _checked_hf_config(hf_config, str(config_path))
     config = _config(hf, dtype)
-    tensors = read_tensors(root, _gpt2_shapes(hf), np.dtype(config.dtype), GPT2)
     names = gpt2_names(config.num_layers, config.tie_embeddings)
+    shapes = parameter_shapes(config)  # GPT-2's tensors are the GPT's parameters, untransposed
+    tensors = read_tensors(root, {theirs: shapes[ours] for ours, theirs in names.items()},
+                           np.dtype(config.dtype), GPT2)
     return config, {ours: tensors[theirs] for ours, theirs in names.items()}
 
 

@@ -1,5 +1,6 @@
-"""What the encoder-decoder and the GPT share: one flat dict of parameters, checked copies in and
-out, dtype conversion, and checkpoints (:mod:`.checkpoints`).
+"""What the encoder-decoder and the GPT share: one flat dict of parameters (nested as the core
+takes them by :func:`nest`, and back by :func:`flatten`), checked copies in and out, dtype
+conversion, and checkpoints (:mod:`.checkpoints`).
 
 A model class sets :attr:`Model.kind` (the checkpoint header's name for it) and
 :attr:`Model.config_class`, writes ``_init_params(config, seed)`` and, where it keeps more than
@@ -19,6 +20,39 @@ from transformer_lab import device
 from transformer_lab.models import checkpoints
 
 
+def nest(flat: Mapping[str, np.ndarray]) -> dict:
+    """``{"layers.0.attn.W_o": a}`` -> ``{"layers": [{"attn": {"W_o": a}}]}`` (the same arrays);
+    a model's parameters (or gradients) as the core (``core.gpt``, ``core.model``) takes them."""
+    root: dict = {}
+    for name, value in flat.items():
+        parts = name.split(".")
+        node = root
+        for part, nxt in zip(parts[:-1], parts[1:], strict=True):
+            if nxt.isdigit():
+                node = node.setdefault(part, [])
+            elif part.isdigit():
+                while len(node) <= int(part):
+                    node.append({})
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return root
+
+
+def flatten(nested, prefix: str = "", out: dict | None = None) -> dict:
+    """The inverse of :func:`nest`: dotted name -> array (the same arrays)."""
+    out = {} if out is None else out
+    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            flatten(value, name + ".", out)
+        else:
+            out[name] = value
+    return out
+
+
 class ModelCache(NamedTuple):
     """What a model's ``forward`` hands to its ``backward``: the core's cache, and the shape and
     dtype of the logits it was made for."""
@@ -34,7 +68,8 @@ class Model:
 
     Args:
         config: an instance of the model's config class.
-        seed: the initial parameters are a deterministic function of ``(config, seed)``.
+        seed: the initial parameters are a deterministic function of ``(config, seed)`` (and
+            do not depend on ``config.dtype`` beyond rounding).
 
     Attributes:
         config: the configuration.
@@ -110,6 +145,11 @@ class Model:
                                  f"model.copy()")
         return self.params
 
+    def _flat(self, grads) -> dict[str, np.ndarray]:
+        """The core's nested gradients under the names of ``self.params``, in their order."""
+        flat = flatten(grads)
+        return {k: flat[k] for k in self.params}
+
     def _checked_dlogits(self, dlogits, cache: ModelCache) -> np.ndarray:
         """``dlogits`` checked against the logits of the forward pass that made ``cache``, on the
         device."""
@@ -157,8 +197,9 @@ class Model:
         Refuses (:class:`~transformer_lab.models.checkpoints.CheckpointError`, nothing copied)
         a file that does not fit this model: another kind of model, other parameter names,
         shapes or dtypes (the message names the tensor and both shapes), values that are not
-        finite, or a configuration that differs in any other field: such parameters would load
-        but compute a different function.
+        finite, or a configuration that differs in any other field (``norm_first``,
+        ``activation``, ``eps``, ``max_len``, the special token ids, ...): such parameters
+        would load but compute a different function.
 
         Returns:
             The metadata stored with the parameters.

@@ -28,8 +28,9 @@ from torch import nn
 from transformer_lab.models.gpt import GPT, GPTConfig, check_ids, parameter_shapes
 
 
-def torch_dtype(config: GPTConfig) -> torch.dtype:
-    """The torch dtype of a GPT with ``config`` (float32 or float64)."""
+def torch_dtype(config) -> torch.dtype:
+    """The torch dtype of a model with ``config`` (a GPT's or an encoder-decoder's: float32 or
+    float64)."""
     return torch.float64 if np.dtype(config.dtype) == np.float64 else torch.float32
 
 
@@ -52,12 +53,6 @@ class TorchBlock(nn.Module):
         self.c = c
         for part in ("norm1", "attn", "norm2", "mlp"):
             setattr(self, part, _Params(_sub(shapes, part), dtype))
-
-    def norm(self, x, p):
-        E = (self.c.d_model,)
-        if self.c.norm == "rms":
-            return F.rms_norm(x, E, p.gamma, self.c.eps)
-        return F.layer_norm(x, E, p.gamma, getattr(p, "beta", None), self.c.eps)
 
     def attention(self, x, rope):
         c, p = self.c, self.attn
@@ -89,8 +84,15 @@ class TorchBlock(nn.Module):
         """drop: None, or the two dropout factors (keep mask times 1 / (1 - p)) of the
         attention's and the MLP's output, each (B, T, E)."""
         a, m = (1, 1) if drop is None else drop
-        x = x + self.attention(self.norm(x, self.norm1), rope) * a
-        return x + self.feed_forward(self.norm(x, self.norm2)) * m
+        x = x + self.attention(_norm(x, self.norm1, self.c), rope) * a
+        return x + self.feed_forward(_norm(x, self.norm2, self.c)) * m
+
+
+def _norm(x, p, c: GPTConfig):
+    """The config's normalisation of ``x`` over its features, with the parameters of ``p``."""
+    if c.norm == "rms":
+        return F.rms_norm(x, (c.d_model,), p.gamma, c.eps)
+    return F.layer_norm(x, (c.d_model,), p.gamma, getattr(p, "beta", None), c.eps)
 
 
 def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -144,11 +146,7 @@ class TorchGPT(nn.Module):
         rope = self.angles[:T] if c.positional == "rope" else None
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, None if drop is None else drop[i])
-        E = (c.d_model,)
-        if c.norm == "rms":
-            x = F.rms_norm(x, E, self.norm.gamma, c.eps)
-        else:
-            x = F.layer_norm(x, E, self.norm.gamma, getattr(self.norm, "beta", None), c.eps)
+        x = _norm(x, self.norm, c)
         head = self.embed if c.tie_embeddings else self.lm_head  # tied, or a table of its own
         return x @ head.W.T
 

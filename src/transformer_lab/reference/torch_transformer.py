@@ -42,14 +42,11 @@ from transformer_lab import layers as L
 from transformer_lab.models import encoder_decoder as T
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig, parameter_names
 from transformer_lab.reference.interop import stack_from_torch, stack_to_torch
+from transformer_lab.reference.torch_gpt import torch_dtype
 
 __all__ = ["LayerNorm", "FeedForward", "MultiHeadAttention", "EncoderLayer", "DecoderLayer",
            "Encoder", "Decoder", "Embedding", "Linear", "TorchTransformer",
            "ReferenceTransformer", "nn_transformer_state", "nn_transformer_grads"]
-
-
-def _torch_dtype(dtype) -> torch.dtype:
-    return torch.float64 if np.dtype(dtype) == np.float64 else torch.float32
 
 
 def _param(shape, dtype, fill=0.0) -> nn.Parameter:
@@ -317,7 +314,7 @@ class _Seq2Seq(nn.Module, abc.ABC):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         c = self.config = config
-        dt = self.torch_dtype = _torch_dtype(c.dtype)
+        dt = self.torch_dtype = torch_dtype(c)
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, dt)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, dt)
         if c.positional == "learned":
@@ -517,15 +514,11 @@ class TorchTransformer(_Seq2Seq):
 # layout conversion of transformer_lab.reference.interop, the one the twins use.
 
 
-def _is_core(name: str) -> bool:
-    return name.startswith(("encoder.", "decoder."))
-
-
 def _core_to_torch(config: TransformerConfig, params: Mapping[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:
     """The NumPy model's encoder/decoder parameters (or gradients) -> nn.Transformer's names
     and layouts."""
-    encoder, decoder = T.nest_params(config, params)
+    encoder, decoder = T.nest_params(params)
     return {**stack_to_torch(encoder, "encoder."), **stack_to_torch(decoder, "decoder.")}
 
 
@@ -536,7 +529,7 @@ def _core_to_numpy(config: TransformerConfig, state: Mapping[str, np.ndarray]
     encoder = stack_from_torch(state, "encoder.", config.num_encoder_layers, e, decoder=False)
     decoder = stack_from_torch(state, "decoder.", config.num_decoder_layers, e, decoder=True,
                                split_cross=True)
-    return T.flatten_params(config, encoder, decoder)
+    return T.flatten_params(encoder, decoder)
 
 
 def nn_transformer_state(model: Transformer) -> dict[str, torch.Tensor]:
@@ -593,7 +586,7 @@ class ReferenceTransformer(_Seq2Seq):
                                   c.num_decoder_layers, c.d_ff, dropout=0.0,
                                   activation=activation, layer_norm_eps=c.eps, batch_first=True,
                                   norm_first=c.norm_first, bias=c.bias,
-                                  dtype=_torch_dtype(c.dtype))
+                                  dtype=torch_dtype(c))
 
     def core(self, x_src, x_tgt, src_kpm, tgt_kpm):
         return self.transformer(x_src, x_tgt, tgt_mask=_causal_mask(x_tgt.shape[1]),
@@ -608,6 +601,6 @@ class ReferenceTransformer(_Seq2Seq):
         return {**outer, **_core_to_numpy(self.config, core)}
 
     def _torch_layout(self, arrays):
-        outer = {k: a for k, a in arrays.items() if not _is_core(k)}
+        outer = {k: a for k, a in arrays.items() if not k.startswith(("encoder.", "decoder."))}
         core = _core_to_torch(self.config, arrays)
         return {**outer, **{self._CORE + k: a for k, a in core.items()}}

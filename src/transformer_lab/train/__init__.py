@@ -52,12 +52,8 @@ the learning rate and the latest validation scores -- and exactly one JSON line 
 **stdout**, so that ``python -m transformer_lab.train ... > metrics.json`` captures only the JSON
 (``--help`` describes every key).
 
-**Defaults** (:class:`TrainConfig`, :data:`TASK_DEFAULTS`): d_model 64, 4 heads, 2 + 2 layers,
-d_ff 128 (170 thousand parameters); batches of 64; Adam, peak lr 3e-3, 100 warm-up steps,
-cosine decay over 1000 steps (3000 for "add"); clipping at 1; 40 000 training, 500 validation
-and 1000 held-out sequences. Measured on a shared 2-core machine: reverse, copy and sort reach
-99.5-100 % held-out exact match in 700-800 steps (about 10 s of CPU time), addition in about
-2000-3000 steps (about 25 s).
+**Defaults**: :class:`TrainConfig`, :data:`TASK_DEFAULTS` (``--help`` prints them); what they
+reach: ``docs/results.md``.
 
 **Runs on the core.** Every training step is ``transformer_lab.core.training.train_step`` (the
 student writes it in notebook 10), which calls the model's loss and backward and the

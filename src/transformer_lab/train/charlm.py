@@ -74,18 +74,17 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers, run_command
+from transformer_lab.train.config import check_choices, check_run_numbers, run_command, set_field
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
 #: Files the notebook reads: the trained model and the record of the block comparison.
-DATA_DIR = SHIPPED
-CHECKPOINT = DATA_DIR / "charlm_gpt.npz"
-BLOCKS_RECORD = DATA_DIR / "charlm_blocks.json"
+CHECKPOINT = SHIPPED / "charlm_gpt.npz"
+BLOCKS_RECORD = SHIPPED / "charlm_blocks.json"
 #: Dropout and weight decay against neither, on the checkpoint's run (notebook 13 §4):
 #: ``--record REGULARISATION_RECORD --record-name NAME --steps 7000`` with ``--dropout``,
 #: ``--weight-decay`` or both.
-REGULARISATION_RECORD = DATA_DIR / "charlm_regularisation.json"
+REGULARISATION_RECORD = SHIPPED / "charlm_regularisation.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,27 +135,19 @@ class CharLMConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.block not in BLOCKS:
-            raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f'dtype must be "float32" or "float64", got {self.dtype!r}')
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        if self.device not in device.DEVICES:
-            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
-        self._set("bpe_vocab_size", v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
+        check_choices(self, block=BLOCKS, dtype=("float32", "float64"), tokenizer=TOKENIZERS,
+                      device=device.DEVICES)
+        set_field(self, "bpe_vocab_size",
+                  v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),
                           positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
                                     "eval_every", "eval_tokens", "threads"),
                           rates=("lr", "final_lr", "clip", "weight_decay", "dropout"))
-        self._set("context", v.integer(self.context, "context", minimum=2))
+        set_field(self, "context", v.integer(self.context, "context", minimum=2))
         for name in ("num_kv_heads", "d_ff"):
             if getattr(self, name) is not None:
-                self._set(name, v.integer(getattr(self, name), name, minimum=1))
+                set_field(self, name, v.integer(getattr(self, name), name, minimum=1))
         self.model_config(vocab_size=2)  # the model's own checks (heads dividing d_model, ...)
-
-    def _set(self, name, value) -> None:
-        object.__setattr__(self, name, value)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The :class:`GPTConfig` of this run for a vocabulary of ``vocab_size`` tokens."""
@@ -286,8 +277,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
             ``steps``, ``loss``, ``lr``, ``val_bits_per_char``, ``seconds``).
 
     Returns:
-        the model, its history, the metrics (``val_bits_per_char``, ``train_bits_per_char``,
-        ``seconds``, ``tokens_per_s``, ``steps``, ``stopped``, ``parameters``, ...).
+        the model, its history, the metrics (the module docstring's, and ``--help``'s).
     """
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)

@@ -17,8 +17,6 @@ from transformer_lab.train.compare import step_times
 from transformer_lab.train.config import TASK_DEFAULTS, TrainConfig, make_model, model_config
 from transformer_lab.train.loop import train
 
-# --------------------------------------------------------------------------------------------
-# Command line
 
 def _translate(argv) -> int:
     """``--task translate-fr|translate-de``: :func:`transformer_lab.train.translate.main`,
@@ -162,12 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_CONFIG_OPTIONS = ("min_len", "max_len", "num_symbols", "n_train", "n_val", "n_test",
-                   "d_model", "num_heads", "num_layers", "d_ff", "positional", "norm_first",
-                   "dtype", "optimizer", "lr", "warmup", "decay", "weight_decay", "clip",
-                   "batch_size", "bucket", "steps", "eval_every", "threads", "device")
-
-
 def _trainer_of(argv):
     """The command line of the task ``argv`` names: the encoder-decoder's toy tasks (:func:`
     train_seq2seq`) or the GPT's ``charlm`` (:func:`transformer_lab.train.charlm.main`, which
@@ -188,7 +180,10 @@ def train_seq2seq(argv) -> int:
     encoder-decoder, one JSON line of metrics on stdout."""
     parser = _parser()
     args = parser.parse_args(argv)
-    options = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k) is not None}
+    # the TrainConfig fields given as options (task, seed, target, time_budget: below)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+               if f.name not in ("task", "seed", "target", "time_budget")
+               and getattr(args, f.name, None) is not None}
     if args.target is not None:
         options["target"] = args.target or None
     if args.time_budget is not None:

@@ -11,9 +11,6 @@ from transformer_lab.tools import median_times
 from transformer_lab.train.config import TrainConfig, make_model, make_optimizer, make_schedule
 from transformer_lab.train.loop import blas_threads, train_step
 
-# --------------------------------------------------------------------------------------------
-# The same training in PyTorch, and step times
-
 
 def numpy_loss_curve(model: Transformer, batches, cfg: TrainConfig) -> list[float]:
     """Losses of ``len(batches)`` training steps of ``model`` (changed in place) with the

@@ -39,22 +39,32 @@ def run_command(argv) -> str:
     return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
 
 
+def set_field(config, name: str, value) -> None:
+    """Set a field of a frozen run configuration (while it checks itself)."""
+    object.__setattr__(config, name, value)
+
+
+def check_choices(config, **choices) -> None:
+    """Each named field of a run configuration is one of its choices (else a ValueError)."""
+    for name, allowed in choices.items():
+        value = getattr(config, name)
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
 def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:
     """Check a frozen run configuration's numbers, and store them as Python's int and float (so
     that ``dataclasses.asdict`` is JSON-ready): ``counts`` are integers >= 0, ``positive``
     integers >= 1, ``rates`` reals >= 0; ``time_budget`` is None or positive, and ``warmup``
     is below ``steps``. The errors name the field."""
-    def store(name, value):
-        object.__setattr__(config, name, value)  # the dataclass is frozen
-
     for name in counts:
-        store(name, v.integer(getattr(config, name), name, minimum=0))
+        set_field(config, name, v.integer(getattr(config, name), name, minimum=0))
     for name in positive:
-        store(name, v.integer(getattr(config, name), name, minimum=1))
+        set_field(config, name, v.integer(getattr(config, name), name, minimum=1))
     for name in rates:
-        store(name, v.real(getattr(config, name), name, minimum=0))
+        set_field(config, name, v.real(getattr(config, name), name, minimum=0))
     if config.time_budget is not None:
-        store("time_budget", v.real(config.time_budget, "time_budget", positive=True))
+        set_field(config, "time_budget", v.real(config.time_budget, "time_budget", positive=True))
     if config.warmup >= config.steps:
         raise ValueError(f"warmup={config.warmup} must be less than steps={config.steps}: the "
                          f"learning rate would still be rising (or at its peak) at the last "
@@ -129,18 +139,11 @@ class TrainConfig:
                              "target=None")
 
     def _check_choices(self) -> None:
-        for name, choices in (("task", D.TASKS), ("optimizer", ("adam", "adamw", "sgd")),
-                              ("decay", ("cosine", "linear", "inverse_sqrt")),
-                              ("positional", POSITIONAL), ("dtype", ("float32", "float64")),
-                              ("device", DEVICES)):
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in choices:
-                raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        check_choices(self, task=D.TASKS, optimizer=("adam", "adamw", "sgd"),
+                      decay=("cosine", "linear", "inverse_sqrt"), positional=POSITIONAL,
+                      dtype=("float32", "float64"), device=DEVICES)
         for name in ("bucket", "norm_first"):
-            value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
-            self._set(name, bool(value))
+            set_field(self, name, v.boolean(getattr(self, name), name))
 
     def _check_numbers(self) -> None:
         """Every number has the right type and range; ints and floats are stored as Python's
@@ -151,14 +154,11 @@ class TrainConfig:
                                     "threads"),
                           rates=("lr", "weight_decay", "momentum", "clip"))
         if self.max_len is not None:
-            self._set("max_len", v.integer(self.max_len, "max_len", minimum=self.min_len))
+            set_field(self, "max_len", v.integer(self.max_len, "max_len", minimum=self.min_len))
         if self.target is not None:
-            self._set("target", v.real(self.target, "target"))
+            set_field(self, "target", v.real(self.target, "target"))
             if not 0 < self.target <= 1:
                 raise ValueError(f"target must be in (0, 1] or None, got {self.target!r}")
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen
 
     @classmethod
     def for_task(cls, task: str = "reverse", **overrides) -> TrainConfig:

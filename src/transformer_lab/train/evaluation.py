@@ -9,9 +9,6 @@ from transformer_lab import device
 from transformer_lab.datasets import tasks as D
 from transformer_lab.models.encoder_decoder import Transformer
 
-# --------------------------------------------------------------------------------------------
-# Evaluation
-
 
 def evaluate(model: Transformer, pairs: Sequence[tuple], batch_size: int = 1000,
              max_len: int | None = None) -> dict:

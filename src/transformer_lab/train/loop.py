@@ -137,12 +137,8 @@ def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
         **options: :class:`TrainConfig` fields, e.g. ``seed=1, steps=500, positional="none"``.
 
     Returns:
-        A :class:`TrainResult`. Its ``metrics``: task, seed, exact_match and token_accuracy
-        (greedy decoding of the held-out test set), val_exact_match, steps (taken),
-        stopped ("target", "steps" or "time"), seconds (the whole run: data, training,
-        evaluations), train_seconds (training steps only), tokens_per_s (non-padding source
-        and target tokens per second of training step), step_ms (median), final_loss,
-        params, threads, device.
+        A :class:`TrainResult`; its ``metrics`` are the JSON line's, each key described in
+        :data:`~transformer_lab.train.cli.METRICS_HELP`.
     """
     t_start = time.perf_counter()
     if isinstance(task, TrainConfig):

@@ -5,9 +5,6 @@ from __future__ import annotations
 import sys
 import time
 
-# --------------------------------------------------------------------------------------------
-# Progress
-
 
 class Progress:
     """A ``\\r`` progress bar on a terminal; otherwise one plain line every ``log_every`` steps.

@@ -78,7 +78,7 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_run_numbers, run_command
+from transformer_lab.train.config import check_choices, check_run_numbers, run_command
 from transformer_lab.train.evaluation import teacher_forced_accuracy
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
@@ -125,10 +125,7 @@ class TranslateConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.lang not in LANGUAGES:
-            raise ValueError(f"lang must be one of {LANGUAGES}, got {self.lang!r}")
-        if self.device not in device.DEVICES:
-            raise ValueError(f"device must be one of {device.DEVICES}, got {self.device!r}")
+        check_choices(self, lang=LANGUAGES, device=device.DEVICES)
         check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
                           positive=("n_train", "d_model", "num_heads", "num_layers", "d_ff",
                                     "steps", "batch_size", "eval_every", "beam_size", "threads"),
@@ -136,9 +133,6 @@ class TranslateConfig:
         if self.label_smoothing >= 1:
             raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
         self.model_config(3, 3)  # the model's own checks (heads dividing d_model, ...)
-
-    def _set(self, name, value) -> None:
-        object.__setattr__(self, name, value)
 
     def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
         return TransformerConfig(

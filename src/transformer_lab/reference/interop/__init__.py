@@ -72,17 +72,9 @@ The contract, and where a twin deliberately differs from torch:
   ``key_padding_mask`` into it -- their union when both are boolean, else their sum as additive
   float masks (True -> -inf), as torch does. A float mask holding NaN or +inf is refused.
 
-The package, by concern:
-
-- :mod:`transformer_lab.reference.interop.layout` -- ``norm_from_torch`` / ``mha_from_torch`` /
-  ``ff_from_torch`` / ``layer_from_torch`` / ``stack_from_torch`` and their ``*_to_torch``
-  inverses: the one mapping between torch's parameter names and layouts and the core's parameter
-  dicts; the twins and :mod:`transformer_lab.reference.torch_transformer` (the NumPy
-  Transformer's weights in ``nn.Transformer``) use it.
-- :mod:`transformer_lab.reference.interop.arguments` -- torch's sequence layouts and masks,
-  checked and converted to what the core takes.
-- :mod:`transformer_lab.reference.interop.twins` -- the twin classes.
-- here -- :func:`from_torch`.
+The package, by concern: :mod:`.layout` (torch's parameter names and layouts <-> the core's
+parameter dicts, ``*_from_torch`` / ``*_to_torch``), :mod:`.arguments` (torch's sequence layouts
+and masks, checked and converted), :mod:`.twins` (the twin classes); here, :func:`from_torch`.
 """
 
 from __future__ import annotations
@@ -123,11 +115,8 @@ def from_torch(module):
     """A NumPy twin of a PyTorch module, built from a copy of its weights.
 
     Args:
-        module: one of ``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``,
-            ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``,
-            ``nn.TransformerDecoderLayer``, ``nn.TransformerEncoder``,
-            ``nn.TransformerDecoder``, ``nn.Transformer``; float32 or float64, on the CPU, not
-            applying dropout.
+        module: one of the modules the module docstring lists; float32 or float64, on the CPU,
+            not applying dropout.
 
     Returns:
         The twin (see the module docstring): ``forward(...)``, ``backward(dout)``, ``grads``,

@@ -8,8 +8,7 @@ arrays ``P[prefix + name]`` and returns the core's dict, made of views of them (
 ``*_to_torch(p, prefix)`` is the inverse and applies to parameters and to gradients alike.
 
 The twins (:mod:`transformer_lab.reference.interop.twins`) use it for their weights and gradients;
-:mod:`transformer_lab.reference.torch_transformer` uses it to move the NumPy Transformer's weights
-into
+:mod:`transformer_lab.reference.torch_transformer` to move the NumPy Transformer's weights into
 ``nn.Transformer`` and ``nn.Transformer``'s gradients back.
 """
 

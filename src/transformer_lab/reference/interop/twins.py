@@ -197,18 +197,6 @@ def _final_norm(norm, where: str, e: int):
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the core's caches (their layout is fixed by the core's return statements)
-
-
-def _head_weights(cache) -> np.ndarray:
-    """The attention weights per head, (B, H, T, S), in the cache of
-    ``core.multihead.multi_head_attention_forward``: ``(c_q, c_k, c_v, c_att, c_o, H)`` with
-    ``c_att = (q, k, v, weights, scale)`` from ``core.attention.attention_forward`` -- read by
-    the boundary's accessor, the one place that knows that layout."""
-    return multihead_weights(cache)
-
-
-# --------------------------------------------------------------------------------------------
 # Linear, Embedding, LayerNorm
 
 
@@ -380,7 +368,7 @@ class MultiheadAttentionTwin(_Twin):
             q, k, val, self._p, h, args.merge(am, kpm, self.dtype))
         weights = None
         if need_weights:
-            weights = _head_weights(cache)  # (B, H, T, S)
+            weights = multihead_weights(cache)  # (B, H, T, S)
             if average:
                 weights = weights.mean(axis=1)
             else:  # the backward pass reads these again: handed out read-only
@@ -406,7 +394,7 @@ class MultiheadAttentionTwin(_Twin):
         if not need_weights:
             raise ValueError("dweights: the last forward returned no weights "
                              "(need_weights=False)")
-        full = _head_weights(cache).shape  # (B, H, T, S)
+        full = multihead_weights(cache).shape  # (B, H, T, S)
         shape = full[:1] + full[2:] if average else full
         what = "the averaged attention weights" if average else "the attention weights per head"
         dweights = v.grad_like(self._input(dweights, "dweights"), "dweights",
@@ -428,8 +416,7 @@ class _LayerTwin(_Twin):
         self.d_model, self.num_heads = cfg["d_model"], cfg["num_heads"]
         self.norm_first, self.activation = cfg["norm_first"], cfg["activation"]
         self.eps, self.batch_first = cfg["eps"], cfg["batch_first"]
-        self._kw = {"norm_first": self.norm_first, "activation": self.activation,
-                    "eps": self.eps}
+        self._kw = {k: cfg[k] for k in ("norm_first", "activation", "eps")}  # the core's options
 
     def _seqs(self, **xs):
         """Batch-first views of sequence arguments; checks ranks and batch sizes."""
@@ -551,8 +538,7 @@ class _Stack:
                                        split_cross=True, final_norm=False)
         self.norm_eps = _final_norm(module.norm, where, e)
         self.norm = None if self.norm_eps is None else norm_from_torch(P, prefix + "norm.")
-        self.kw = {"norm_first": self.cfg["norm_first"], "activation": self.cfg["activation"],
-                   "eps": self.cfg["eps"]}
+        self.kw = {k: self.cfg[k] for k in ("norm_first", "activation", "eps")}
 
     def forward(self, x, *masks, memory=None):
         """x: (B, T, E); masks: the encoder's one mask, or the decoder's (tgt, memory) masks."""
