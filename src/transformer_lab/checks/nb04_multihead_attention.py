@@ -456,11 +456,11 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
         yield self._case(rng, "h = 6, g = 2, d_h = 1", 2, 3, 6, 6, 2)
     ### END HIDDEN TESTS
 
-    @staticmethod
-    def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
-                   project_out=True):
+    def expected(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads, scale=None,
+                 groups="consecutive", project_out=True):
         F = torch.nn.functional
         b, t, e = x.shape
+        h, g = num_heads, num_kv_heads
         d_h = e // h
         xt = torch.from_numpy(x)
 
@@ -476,22 +476,19 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
         merged = o.transpose(1, 2).reshape(b, t, e)
         return (merged @ torch.from_numpy(W_o) if project_out else merged).numpy()
 
-    def expected(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
-        return self._torch_gqa(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-
     def mistakes(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
         args = (x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
         e = x.shape[-1]
         return {"pairing key/value head j with query heads j, j + g, j + 2g, ... (np.tile, or "
                 "np.repeat over the wrong axis) instead of with the h/g consecutive query heads "
                 "of its group (np.repeat(k, h // g, axis=1))":
-                lambda: self._torch_gqa(*args, groups="tiled"),
+                lambda: self.expected(*args, groups="tiled"),
                 "without the scale 1/sqrt(d_h) on the scores":
-                lambda: self._torch_gqa(*args, scale=1.0),
+                lambda: self.expected(*args, scale=1.0),
                 "scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h)":
-                lambda: self._torch_gqa(*args, scale=1 / math.sqrt(e)),
+                lambda: self.expected(*args, scale=1 / math.sqrt(e)),
                 "without the output projection W_o":
-                lambda: self._torch_gqa(*args, project_out=False)}
+                lambda: self.expected(*args, project_out=False)}
 
 
 def torch_gqa_cost(e, h, g, t):

@@ -230,9 +230,8 @@ class CrossEntropy(Check, id="check-cross-entropy",
         loss, cache = f.cross_entropy_forward(logits, targets, ignore_index, reduction)
         return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache)}
 
-    @staticmethod
-    def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
-                  count_all=False, keep_padding=False):
+    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
+                 count_all=False, keep_padding=False):
         F = torch.nn.functional
         c = logits.shape[-1]
         lt = _t(logits, True)
@@ -250,21 +249,18 @@ class CrossEntropy(Check, id="check-cross-entropy",
         return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
                 "dlogits": _np(lt.grad)}
 
-    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
-        return self._torch_ce(logits, targets, ignore_index, reduction, dloss)
-
     def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
         args = (logits, targets, ignore_index, reduction, dloss)
-        right = self._torch_ce(*args)
+        right = self.expected(*args)
         real = int((np.asarray(targets) != ignore_index).sum())
         found = {}
         if reduction == "mean" and real < np.size(targets):
             found["dividing by all tokens, padding included, instead of by the real tokens "
                   "only (the mean is over the tokens that count)"] = (
-                lambda: self._torch_ce(*args, count_all=True))
+                lambda: self.expected(*args, count_all=True))
         if 0 <= ignore_index < logits.shape[-1]:
             found["not ignoring the padded targets (they get a loss and a gradient)"] = (
-                lambda: self._torch_ce(*args, keep_padding=True))
+                lambda: self.expected(*args, keep_padding=True))
         if reduction == "mean" and real > 1:
             found["forgetting the 1 / (number of real tokens) of the mean in the backward "
                   "(p - y without dividing)"] = (

@@ -531,7 +531,7 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         W = f.init_uniform(a, b, rng) if kind == "uniform" else f.init_xavier(a, b, rng)
         return {"W": W, "next draw": rng.random()}  # one call of rng.uniform, nothing more
 
-    def _draw(self, kind, a, b, seed, how="right"):
+    def expected(self, kind, a, b, seed, how="right"):
         rng = np.random.default_rng(seed)
         shape = b if kind == "uniform" else (a, b)
         if kind == "uniform":
@@ -549,24 +549,21 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
             W = rng.uniform(-bound, bound, size=shape)
         return {"W": W, "next draw": rng.random()}
 
-    def expected(self, kind, a, b, seed):
-        return self._draw(kind, a, b, seed)
-
     def mistakes(self, kind, a, b, seed):
         found = {"drawing from a normal distribution: both initialisers are uniform, "
-                 "rng.uniform(-bound, bound, size=shape)": lambda: self._draw(kind, a, b, seed,
+                 "rng.uniform(-bound, bound, size=shape)": lambda: self.expected(kind, a, b, seed,
                                                                                "normal"),
                  "drawing from [0, bound) instead of (-bound, bound)":
-                 lambda: self._draw(kind, a, b, seed, "half")}
+                 lambda: self.expected(kind, a, b, seed, "half")}
         if kind == "uniform":
-            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self._draw(
+            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self.expected(
                 kind, a, b, seed, "1/fan_in")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
-                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self._draw(kind, a, b, seed,
+                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self.expected(kind, a, b, seed,
                                                                                 "std")
-            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self._draw(
+            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self.expected(
                 kind, a, b, seed, "fan_in")
         return found
 

@@ -154,15 +154,11 @@ class SwiGLU(Check, id="check-swiglu",
         dx, grads = f.swiglu_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
-    def expected(self, x, params, dout):
-        return self._answer(x, params, dout)
-
     def mistakes(self, x, params, dout):
         return {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                lambda: self._answer(x, params, dout, gate="W_up", up="W_gate")}
+                lambda: self.expected(x, params, dout, gate="W_up", up="W_gate")}
 
-    @staticmethod
-    def _answer(x, params, dout, gate="W_gate", up="W_up"):
+    def expected(self, x, params, dout, gate="W_gate", up="W_up"):
         silu = torch.nn.functional.silu
         out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
                                   dout, x, params)
