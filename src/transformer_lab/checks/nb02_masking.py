@@ -22,15 +22,6 @@ def _softmax(x):
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def _sdpa(q, k, v, mask):
-    """PyTorch's scaled dot-product attention with the course's mask (bool True = blocked, or
-    float added). A query whose keys are all blocked gets a zero output, as in the course."""
-    t = [torch.from_numpy(a) for a in (q, k, v)]
-    if mask is not None:
-        mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
-    return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
-
-
 def _scores(q, k):
     return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
 
@@ -89,7 +80,8 @@ class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
 
 class _MaskedAttention(Check):
     """attention_forward with a mask (its output only) against PyTorch's scaled dot-product
-    attention given the same mask (:func:`_sdpa`)."""
+    attention given the same mask (bool True = blocked, or float added; a query whose keys are
+    all blocked gets a zero output, as in the course)."""
 
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
@@ -99,7 +91,10 @@ class _MaskedAttention(Check):
         return out
 
     def expected(self, q, k, v, mask=None):
-        return _sdpa(q, k, v, mask)
+        t = [torch.from_numpy(a) for a in (q, k, v)]
+        if mask is not None:
+            mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
+        return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
 
 
 class AttentionMask(_MaskedAttention, id="check-attention-mask"):

@@ -59,29 +59,25 @@ class NextTokenLoss(Check, id="check-next-token-loss",
         return {"loss": np.asarray(loss, dtype=logits.dtype),
                 "dlogits": f.next_token_loss_backward(1.0, cache)}
 
-    def expected(self, logits, ids):
-        return _shifted_loss(logits, ids, 1)
+    def expected(self, logits, ids, shift=1):
+        """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
+        token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
+        T = ids.shape[1]
+        scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
+                          else (slice(-shift, T), slice(0, T + shift)))
+
+        def loss(x):
+            return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
+                                                     _t(ids[:, target]).reshape(-1))
+
+        value, dlogits = autograd(loss, None, logits)
+        return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
     def mistakes(self, logits, ids):
         return {"without the shift (each position scored against its own token)":
-                lambda: _shifted_loss(logits, ids, 0),
+                lambda: self.expected(logits, ids, 0),
                 "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
-                lambda: _shifted_loss(logits, ids, -1)}
-
-
-def _shifted_loss(logits, ids, shift):
-    """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
-    token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
-    T = ids.shape[1]
-    scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
-                      else (slice(-shift, T), slice(0, T + shift)))
-
-    def loss(x):
-        return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
-                                                 _t(ids[:, target]).reshape(-1))
-
-    value, dlogits = autograd(loss, None, logits)
-    return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
+                lambda: self.expected(logits, ids, -1)}
 
 
 # --------------------------------------------------------------------------------------------
