@@ -160,15 +160,13 @@ def quiet_key_bias(grads, dtype):
     return grads
 
 
-def _copy(tree):
-    """Plain copies of nested dicts/lists of arrays (views of torch's memory become arrays)."""
+def tree_map(fn, tree):
+    """``fn`` applied to every array of nested dicts/lists of arrays (None stays None)."""
     if isinstance(tree, dict):
-        return {k: _copy(v) for k, v in tree.items()}
+        return {k: tree_map(fn, v) for k, v in tree.items()}
     if isinstance(tree, list):
-        return [_copy(v) for v in tree]
-    return None if tree is None else np.array(tree)
-
-
+        return [tree_map(fn, v) for v in tree]
+    return None if tree is None else fn(tree)
 
 
 # --------------------------------------------------------------------------------------------
@@ -648,9 +646,10 @@ class _TwinCheck(Check):
                                      for m, s in zip(masks, lengths, strict=True)))
         out.backward(_t(dout))
         named = _named_grads(twin)
-        grads = _copy(layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder,
-                                              True, params["norm"] is not None) if self.stack
-                      else layout.layer_from_torch(named, "", e, self.decoder, True))
+        grads = (layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder, True,
+                                         params["norm"] is not None) if self.stack
+                 else layout.layer_from_torch(named, "", e, self.decoder, True))
+        grads = tree_map(np.array, grads)  # copies: views of torch's memory become arrays
         if not self.decoder:
             return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}, []
         parts = [_np(leaf.grad) for leaf in reads]

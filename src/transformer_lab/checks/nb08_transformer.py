@@ -20,7 +20,6 @@ from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb07_blocks import (
     _activation,
-    _copy,
     _decoder_masks,
     _dims,
     _load,
@@ -30,6 +29,7 @@ from transformer_lab.checks.nb07_blocks import (
     _TwinCheck,
     quiet_key_bias,
     stack_params,
+    tree_map,
 )
 from transformer_lab.reference.interop import layout
 
@@ -326,7 +326,7 @@ def torch_model_grads(params, core, outer):
         key, sub = name.split(".")
         grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
             np.zeros(tuple(tensor.shape))
-    return quiet_key_bias(_copy(grads), params["out_proj"]["W"].dtype)
+    return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
 def config_of(config: dict):

@@ -12,6 +12,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb07_blocks import tree_map
 from transformer_lab.checks.nb08_transformer import (
     config_of,
     model_case,
@@ -85,17 +86,8 @@ class TransformerBackward(Check, id="check-transformer-backward",
 
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
         right = self.expected(params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits)
-
-        def zeros(tree):
-            if isinstance(tree, dict):
-                return {k: zeros(v) for k, v in tree.items()}
-            if isinstance(tree, list):
-                return [zeros(v) for v in tree]
-            return None if tree is None else np.zeros_like(tree)
-
-        cut = dict(right, encoder=zeros(right["encoder"]), src_embed=zeros(right["src_embed"]))
-        if "src_pos" in right:
-            cut["src_pos"] = zeros(right["src_pos"])
+        cut = dict(right, **{k: tree_map(np.zeros_like, right[k])
+                             for k in ("encoder", "src_embed", "src_pos") if k in right})
         return {"without sending the memory's gradient into the encoder (decoder_backward "
                 "returns dmemory: run encoder_backward on it, then the source embedding's)":
                 lambda: cut}
