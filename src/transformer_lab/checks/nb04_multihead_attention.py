@@ -491,26 +491,6 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                 lambda: self.expected(*args, project_out=False)}
 
 
-def torch_gqa_cost(e, h, g, t):
-    """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer with
-    biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length ``t``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    nn = torch.nn
-    d_h = e // h
-    q_proj, o_proj = nn.Linear(e, e), nn.Linear(e, e)
-    k_proj, v_proj = nn.Linear(e, g * d_h), nn.Linear(e, g * d_h)
-    n_params = sum(p.numel() for m in (q_proj, k_proj, v_proj, o_proj) for p in m.parameters())
-    x = torch.zeros(1, t, e)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        q = q_proj(x).view(1, t, h, d_h).transpose(1, 2)
-        k = k_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-        v = v_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-        w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
-        o_proj((w @ v).transpose(1, 2).reshape(1, t, e))
-    return int(n_params), int(counter.get_total_flops())
-
-
 class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost",)):
     def cases(self, rng):
         yield Case("g = h: must be 4E^2 + 4E and 8TE^2 + 4T^2E (E = 16, h = g = 4, T = 5)",
@@ -531,8 +511,23 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
         return {"params": params, "flops": flops}
 
     def expected(self, E, num_heads, num_kv_heads, T):
-        params, flops = torch_gqa_cost(E, num_heads, num_kv_heads, T)
-        return {"params": params, "flops": flops}
+        """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer
+        with biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length T."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        nn = torch.nn
+        h, g, d_h = num_heads, num_kv_heads, E // num_heads
+        q_proj, o_proj = nn.Linear(E, E), nn.Linear(E, E)
+        k_proj, v_proj = nn.Linear(E, g * d_h), nn.Linear(E, g * d_h)
+        n_params = sum(p.numel() for m in (q_proj, k_proj, v_proj, o_proj) for p in m.parameters())
+        x = torch.zeros(1, T, E)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            q = q_proj(x).view(1, T, h, d_h).transpose(1, 2)
+            k = k_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            v = v_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
+            o_proj((w @ v).transpose(1, 2).reshape(1, T, E))
+        return {"params": int(n_params), "flops": int(counter.get_total_flops())}
 
     def mistakes(self, E, num_heads, num_kv_heads, T):
         right = self.expected(E, num_heads, num_kv_heads, T)

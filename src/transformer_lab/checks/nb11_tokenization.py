@@ -140,11 +140,6 @@ def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
 
 
-def _word_list(words) -> list:
-    """A {word: count} dict as plain data: [[ids...], count] pairs."""
-    return [[list(map(int, w)), int(n)] for w, n in words.items()]
-
-
 def _as_words(word_list) -> dict:
     return {tuple(w): n for w, n in word_list}
 
