@@ -774,14 +774,6 @@ def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
             for name, entry in stored.items()}
 
 
-def stored_mistakes(check: Check) -> dict[str, dict[str, Any]]:
-    """case name -> {mistake: the answer it gives} stored with the answers of a check whose
-    reference is not here (so that the handout names the mistakes too); {} without them."""
-    path = DATA_DIR / f"{check.id}.npz"
-    stored = load_values(path) if path.exists() else {}
-    return {name: entry.get("mistakes", {}) for name, entry in stored.items()}
-
-
 def _wrong_answers(check: Check, case: Case, want: Any) -> dict[str, Any]:
     """The answers of the check's mistakes in one case that differ from ``want`` (plain data)."""
     try:
@@ -826,8 +818,10 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
     Stops after a stub's NotImplementedError, whose verdict is None (not written yet)."""
     if chk.has_reference():
         cases, hints = [(c, None) for c in all_cases(chk, hidden=hidden)], {}
-    else:
-        cases, hints = list(stored_expected(chk).values()), stored_mistakes(chk)
+    else:  # the handout names the mistakes by their answers, stored with the right ones
+        cases = list(stored_expected(chk).values())
+        hints = {name: entry.get("mistakes", {})
+                 for name, entry in load_values(DATA_DIR / f"{chk.id}.npz").items()}
     for case, stored in cases:
         outcome = run_case(chk, f, case)
         if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
