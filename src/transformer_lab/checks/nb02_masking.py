@@ -26,8 +26,9 @@ def _scores(q, k):
     return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
 
 
-def _qkv(rng, t, s, d_k, d_v, dtype=np.float64):
-    return tuple(rng.standard_normal(shape).astype(dtype)
+def _qkv(rng, t, s, d_k, d_v, dtype=np.float64, lead=()):
+    """q (*lead, t, d_k), k (*lead, s, d_k), v (*lead, s, d_v), drawn in that order."""
+    return tuple(rng.standard_normal((*lead, *shape)).astype(dtype)
                  for shape in [(t, d_k), (s, d_k), (s, d_v)])
 
 
