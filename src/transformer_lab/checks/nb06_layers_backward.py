@@ -48,15 +48,6 @@ def _row_mean(a):
     return a.mean(axis=-1, keepdims=True)
 
 
-def _np_layer_norm_parts(x, gamma, dout, eps):
-    """xhat, 1/sigma and g = dout * gamma in float64 (the pieces of the hints)."""
-    x64 = x.astype(np.float64)
-    xc = x64 - x64.mean(axis=-1, keepdims=True)
-    rstd = 1 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
-    g = dout * gamma if gamma is not None else dout
-    return xc * rstd, rstd, g.astype(np.float64)
-
-
 class _LayerNormCases:
     """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
 
@@ -126,8 +117,11 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
 
     def mistakes(self, x, gamma, beta, dout, eps=1e-5):
         right = self.expected(x, gamma, beta, dout, eps)
-        xhat, rstd, g = _np_layer_norm_parts(x, gamma, dout, eps)
         mean, rows, dtype = _row_mean, x.size // x.shape[-1], x.dtype
+        x64 = x.astype(np.float64)  # the pieces, in float64: xhat, 1/sigma, g = dout * gamma
+        xc = x64 - mean(x64)
+        rstd = 1 / np.sqrt(mean(xc * xc) + eps)
+        xhat, g = xc * rstd, (dout * gamma if gamma is not None else dout).astype(np.float64)
         d = dout.astype(np.float64)
         return {"dropping the term xhat * mean(g * xhat) (the path through the standard "
                 "deviation)":
