@@ -407,13 +407,10 @@ class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm"
 LOSSES = "the losses returned"
 NORMS = "the gradient norms returned (before clipping)"
 PARAMS = "the parameters after the steps"
-
-
-def _tiny_config(dtype="float64", **kw) -> dict:
-    """A small model with learned positions (so that neither side needs a positional table)."""
-    return {"src_vocab_size": 8, "tgt_vocab_size": 9, "d_model": 8, "num_heads": 2,
-            "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 16, "max_len": 8,
-            "positional": "learned", "dtype": dtype, **kw}
+#: the training step's model: small, with learned positions (neither side needs a table)
+STEP_CONFIG = {"src_vocab_size": 8, "tgt_vocab_size": 9, "d_model": 8, "num_heads": 2,
+               "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 16, "max_len": 8,
+               "positional": "learned"}
 
 
 def _random_params(config: dict, rng, scale=0.4) -> dict:
@@ -440,7 +437,7 @@ def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
 
 
 def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Case:
-    config = _tiny_config(dtype)
+    config = {**STEP_CONFIG, "dtype": dtype}
     params = _random_params(config, rng)
     batches = [_batch(rng, config, batch, 5, 4) for _ in lrs]
     return Case(name, (config, params, batches, list(lrs), clip, optimizer))
