@@ -31,7 +31,7 @@ import sys
 import sysconfig
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -258,23 +258,25 @@ def python_loops(function: Callable) -> str:
     exercises whose text asks for broadcasting instead. Read from the compiled code."""
     jumps = set(dis.hasjrel) | set(dis.hasjabs)
     lines: list[int] = []
-
-    def visit(code) -> None:
+    for code in _code_objects(function):
         for ins in dis.get_instructions(code):
             backward = (ins.opcode in jumps and isinstance(ins.argval, int)
                         and ins.argval <= ins.offset)
             if ins.opname == "FOR_ITER" or backward:
                 line = getattr(getattr(ins, "positions", None), "lineno", None)
                 lines.append(line if line is not None else code.co_firstlineno)
-        for const in code.co_consts:
-            if hasattr(const, "co_code"):
-                visit(const)
-
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return "none"
-    visit(code)
     return f"a loop at line {min(lines)}" if lines else "none"
+
+
+def _code_objects(function: Callable) -> Iterator:
+    """The compiled code of ``function`` and of the functions it defines inside (none for an
+    object without code: a builtin, a class)."""
+    stack = [getattr(function, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is not None:
+            yield code
+            stack += [c for c in code.co_consts if hasattr(c, "co_code")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -772,14 +774,6 @@ def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
             for name, entry in stored.items()}
 
 
-def stored_mistakes(check: Check) -> dict[str, dict[str, Any]]:
-    """case name -> {mistake: the answer it gives} stored with the answers of a check whose
-    reference is not here (so that the handout names the mistakes too); {} without them."""
-    path = DATA_DIR / f"{check.id}.npz"
-    stored = load_values(path) if path.exists() else {}
-    return {name: entry.get("mistakes", {}) for name, entry in stored.items()}
-
-
 def _wrong_answers(check: Check, case: Case, want: Any) -> dict[str, Any]:
     """The answers of the check's mistakes in one case that differ from ``want`` (plain data)."""
     try:
@@ -817,33 +811,30 @@ def store_expected(check: Check, folder: Path) -> Path:
 # The culprit: a function the checked one calls, wrong in its own check
 
 
-def public_answers(chk: Check) -> list[tuple[Case, Any]]:
-    """The public cases of ``chk`` with their expected answers: computed where the reference is
-    here, else the answers ``make student`` stored (the handout)."""
+def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome, Verdict | None]]:
+    """The outcome of each case of ``chk`` in turn (the public ones, then with ``hidden`` the
+    hidden ones) and its verdict against the expected answer: computed where the reference is
+    here, else the answer ``make student`` stored (the handout), with its mistakes' answers.
+    Stops after a stub's NotImplementedError, whose verdict is None (not written yet)."""
     if chk.has_reference():
-        return [(c, None) for c in all_cases(chk, hidden=False)]
-    return list(stored_expected(chk).values())
-
-
-def _answer(chk: Check, case: Case, stored: Any) -> Any:
-    return chk.expected(*case.args, **case.kwargs) if chk.has_reference() else stored
+        cases, hints = [(c, None) for c in all_cases(chk, hidden=hidden)], {}
+    else:  # the handout names the mistakes by their answers, stored with the right ones
+        cases = list(stored_expected(chk).values())
+        hints = {name: entry.get("mistakes", {})
+                 for name, entry in load_values(DATA_DIR / f"{chk.id}.npz").items()}
+    for case, stored in cases:
+        outcome = run_case(chk, f, case)
+        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
+            yield outcome, None
+            return
+        want = chk.expected(*case.args, **case.kwargs) if chk.has_reference() else stored
+        yield outcome, judge(chk, case, outcome, want, hints.get(case.name))
 
 
 def _core_names_used(function: Callable) -> set[str]:
     """The core functions a notebook function names in its code (nested functions included)."""
     known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
-    found: set[str] = set()
-
-    def visit(code) -> None:
-        found.update(n for n in code.co_names if n in known)
-        for const in code.co_consts:
-            if hasattr(const, "co_code"):
-                visit(const)
-
-    code = getattr(function, "__code__", None)
-    if code is not None:
-        visit(code)
-    return found
+    return {n for code in _code_objects(function) for n in code.co_names if n in known}
 
 
 def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
@@ -893,17 +884,11 @@ def _place(function: str, notebook: str) -> str:
 def _first_failure(chk: Check) -> str | None:
     """The verdict's message of the first public case of ``chk`` that fails (None: they pass,
     or a function is not written yet)."""
-    f = functions_for(chk)
-    hints = {} if chk.has_reference() else stored_mistakes(chk)
-    for case, stored in public_answers(chk):
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            outcome = run_case(chk, f, case)
-        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
-            return None
-        verdict = judge(chk, case, outcome, _answer(chk, case, stored), hints.get(case.name))
-        if not verdict.passed:
-            return verdict.message
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for _, verdict in _verdicts(chk, functions_for(chk)):
+            if verdict is None or not verdict.passed:
+                return verdict and verdict.message
     return None
 
 
@@ -958,20 +943,11 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     """
     chk = get_check(check_id)
     f = functions_for(chk, functions, named)
-    hints = {}
-    if chk.has_reference():
-        cases = [(c, False, None) for c in all_cases(chk)]
-        public = len(list(chk.cases(case_rng(chk.id))))
-    else:  # the handout: the public cases, their answers and their mistakes' are stored
-        cases = [(c, True, want) for c, want in stored_expected(chk).values()]
-        public, hints = len(cases), stored_mistakes(chk)
-    for case, is_stored, stored in cases:
-        outcome = run_case(chk, f, case)
-        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
+    for outcome, verdict in _verdicts(chk, f, hidden=True):
+        if verdict is None:
             raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")
-        want = stored if is_stored else chk.expected(*case.args, **case.kwargs)
-        verdict = judge(chk, case, outcome, want, hints.get(case.name))
         if not verdict.passed:
             # a function this one calls, wrong in its own check, comes first: fix that one
             raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}")
+    public = len(list(chk.cases(case_rng(chk.id))))  # the handout stores their answers only
     print(f"{check_id} passed ({public} case{'s' * (public != 1)}).")

@@ -254,10 +254,7 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
         yield Case("B = 4 = S = d_k (a square batch)", tuple(rng.standard_normal((4, 4, 4))
                                                              for _ in range(3)), {"tau": 0.3})
 
-    def expected(self, q, k, v, tau=0.1):
-        return self._reference(q, k, v, tau)
-
-    def _reference(self, q, k, v, tau, norm_dim=-1, softmax_dim=-1, normalise_k=True):
+    def expected(self, q, k, v, tau=0.1, norm_dim=-1, softmax_dim=-1, normalise_k=True):
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
         qn = q / q.norm(dim=norm_dim, keepdim=True)
         kn = k / k.norm(dim=norm_dim, keepdim=True) if normalise_k else k
@@ -266,13 +263,13 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
 
     def mistakes(self, q, k, v, tau=0.1):
         return {"normalising q and k along the wrong axis (the sequence axis, -2, instead of "
-                "the features, -1)": lambda: self._reference(q, k, v, tau, norm_dim=-2),
+                "the features, -1)": lambda: self.expected(q, k, v, tau, norm_dim=-2),
                 "with the softmax over the queries (axis -2) instead of the keys (axis -1)":
-                lambda: self._reference(q, k, v, tau, softmax_dim=-2),
+                lambda: self.expected(q, k, v, tau, softmax_dim=-2),
                 "multiplying the cosines by tau instead of dividing":
-                lambda: self._reference(q, k, v, 1 / tau),
+                lambda: self.expected(q, k, v, 1 / tau),
                 "normalising only the queries (the keys need unit length too)":
-                lambda: self._reference(q, k, v, tau, normalise_k=False)}
+                lambda: self.expected(q, k, v, tau, normalise_k=False)}
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, tau=0.1):
@@ -299,10 +296,7 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
             rng.standard_normal(sh) * s for sh, s in
             [((5, 3), 10), ((4, 3), 10), ((4, 2), 1), ((3, 6), 1), ((3, 6), 1), ((6,), 5)]))
 
-    def expected(self, q, k, v, W1, W2, w):
-        return self._reference(q, k, v, W1, W2, w)
-
-    def _reference(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True):
+    def expected(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True):
         q, k, v, W1, W2, w = (torch.from_numpy(a) for a in (q, k, v, W1, W2, w))
         a, b = (q @ W2, k @ W1) if swap else (q @ W1, k @ W2)
         hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)
@@ -312,10 +306,10 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
 
     def mistakes(self, q, k, v, W1, W2, w):
         return {"with the softmax over the queries (axis 0) instead of the keys":
-                lambda: self._reference(q, k, v, W1, W2, w, dim=0),
-                "without the tanh": lambda: self._reference(q, k, v, W1, W2, w, act=False),
+                lambda: self.expected(q, k, v, W1, W2, w, dim=0),
+                "without the tanh": lambda: self.expected(q, k, v, W1, W2, w, act=False),
                 "with W1 and W2 swapped (q goes through W1, k through W2)":
-                lambda: self._reference(q, k, v, W1, W2, w, swap=True)}
+                lambda: self.expected(q, k, v, W1, W2, w, swap=True)}
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, W1, W2, w):

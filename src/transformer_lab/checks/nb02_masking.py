@@ -22,21 +22,13 @@ def _softmax(x):
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def _sdpa(q, k, v, mask):
-    """PyTorch's scaled dot-product attention with the course's mask (bool True = blocked, or
-    float added). A query whose keys are all blocked gets a zero output, as in the course."""
-    t = [torch.from_numpy(a) for a in (q, k, v)]
-    if mask is not None:
-        mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
-    return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
-
-
 def _scores(q, k):
     return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
 
 
-def _qkv(rng, t, s, d_k, d_v, dtype=np.float64):
-    return tuple(rng.standard_normal(shape).astype(dtype)
+def _qkv(rng, t, s, d_k, d_v, dtype=np.float64, lead=()):
+    """q (*lead, t, d_k), k (*lead, s, d_k), v (*lead, s, d_v), drawn in that order."""
+    return tuple(rng.standard_normal((*lead, *shape)).astype(dtype)
                  for shape in [(t, d_k), (s, d_k), (s, d_v)])
 
 
@@ -89,7 +81,8 @@ class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
 
 class _MaskedAttention(Check):
     """attention_forward with a mask (its output only) against PyTorch's scaled dot-product
-    attention given the same mask (:func:`_sdpa`)."""
+    attention given the same mask (bool True = blocked, or float added; a query whose keys are
+    all blocked gets a zero output, as in the course)."""
 
     functions = ("attention_forward",)
     axes = {"output": "bhtd"}  # axis names, for messages
@@ -99,7 +92,10 @@ class _MaskedAttention(Check):
         return out
 
     def expected(self, q, k, v, mask=None):
-        return _sdpa(q, k, v, mask)
+        t = [torch.from_numpy(a) for a in (q, k, v)]
+        if mask is not None:
+            mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
+        return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
 
 
 class AttentionMask(_MaskedAttention, id="check-attention-mask"):

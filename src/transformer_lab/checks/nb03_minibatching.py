@@ -10,7 +10,7 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb00_gradients import torch_linear
-from transformer_lab.checks.nb02_masking import _MaskedAttention
+from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
 
 
 def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
@@ -94,36 +94,30 @@ class LinearBackwardBatched(_LinearCases, Check, id="check-linear-backward-batch
 
 class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
     def cases(self, rng):
-        def qkv(lead, t, s, d_k, d_v, dtype=np.float64):
-            return tuple(rng.standard_normal((*lead, n, d)).astype(dtype)
-                         for n, d in [(t, d_k), (s, d_k), (s, d_v)])
-
-        yield Case("a batch (B, T, d_k) = (3, 4, 6), S = 5, d_v = 2", (*qkv((3,), 4, 5, 6, 2),))
+        yield Case("a batch (B, T, d_k) = (3, 4, 6), S = 5, d_v = 2",
+                   _qkv(rng, 4, 5, 6, 2, lead=(3,)))
         yield Case("batch and head axes (B, H, T, d_k) = (2, 3, 4, 5)",
-                   (*qkv((2, 3), 4, 6, 5, 2),))
+                   _qkv(rng, 4, 6, 5, 2, lead=(2, 3)))
         pad = np.arange(5)[None, :] >= np.array([5, 3, 1])[:, None]
         yield Case("a padding mask (B, 1, S) broadcast over the queries",
-                   (*qkv((3,), 5, 5, 4, 3), pad[:, None, :]))
+                   (*_qkv(rng, 5, 5, 4, 3, lead=(3,)), pad[:, None, :]))
         yield Case("a causal mask (T, S) shared by batch and heads",
-                   (*qkv((2, 2), 4, 4, 3, 5), np.triu(np.ones((4, 4), bool), 1)))
+                   (*_qkv(rng, 4, 4, 3, 5, lead=(2, 2)), np.triu(np.ones((4, 4), bool), 1)))
         yield Case("float32 batch with a padding mask",
-                   (*qkv((3,), 5, 5, 8, 2, np.float32), pad[:, None, :]))
+                   (*_qkv(rng, 5, 5, 8, 2, np.float32, lead=(3,)), pad[:, None, :]))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        def qkv(lead, t, s, d_k, d_v):
-            return tuple(rng.standard_normal((*lead, n, d)) for n, d in [(t, d_k), (s, d_k),
-                                                                          (s, d_v)])
-
-        yield Case("batch of 1", (*qkv((1,), 3, 4, 2, 2),))
-        yield Case("square shapes B = T = S = d_k = 4", (*qkv((4,), 4, 4, 4, 4),))
-        yield Case("three leading axes", (*qkv((2, 1, 3), 2, 3, 4, 2),))
+        yield Case("batch of 1", _qkv(rng, 3, 4, 2, 2, lead=(1,)))
+        yield Case("square shapes B = T = S = d_k = 4", _qkv(rng, 4, 4, 4, 4, lead=(4,)))
+        yield Case("three leading axes", _qkv(rng, 2, 3, 4, 2, lead=(2, 1, 3)))
         penalty = -np.abs(np.arange(3)[:, None] - np.arange(3)[None, :]) * rng.uniform(0, 1, (
             2, 1, 1, 1))
-        yield Case("a float mask (B, 1, T, S), added", (*qkv((2, 2), 3, 3, 2, 3), penalty))
+        yield Case("a float mask (B, 1, T, S), added",
+                   (*_qkv(rng, 3, 3, 2, 3, lead=(2, 2)), penalty))
         blocked = np.zeros((2, 3, 4), bool)
         blocked[1, 0] = True
-        yield Case("a fully blocked row in a batch", (*qkv((2,), 3, 4, 3, 2), blocked))
+        yield Case("a fully blocked row in a batch", (*_qkv(rng, 3, 4, 3, 2, lead=(2,)), blocked))
     ### END HIDDEN TESTS
 
     def mistakes(self, q, k, v, mask=None):

@@ -456,11 +456,11 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
         yield self._case(rng, "h = 6, g = 2, d_h = 1", 2, 3, 6, 6, 2)
     ### END HIDDEN TESTS
 
-    @staticmethod
-    def _torch_gqa(x, W_q, W_k, W_v, W_o, h, g, scale=None, groups="consecutive",
-                   project_out=True):
+    def expected(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads, scale=None,
+                 groups="consecutive", project_out=True):
         F = torch.nn.functional
         b, t, e = x.shape
+        h, g = num_heads, num_kv_heads
         d_h = e // h
         xt = torch.from_numpy(x)
 
@@ -476,42 +476,19 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
         merged = o.transpose(1, 2).reshape(b, t, e)
         return (merged @ torch.from_numpy(W_o) if project_out else merged).numpy()
 
-    def expected(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
-        return self._torch_gqa(x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-
     def mistakes(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
         args = (x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
         e = x.shape[-1]
         return {"pairing key/value head j with query heads j, j + g, j + 2g, ... (np.tile, or "
                 "np.repeat over the wrong axis) instead of with the h/g consecutive query heads "
                 "of its group (np.repeat(k, h // g, axis=1))":
-                lambda: self._torch_gqa(*args, groups="tiled"),
+                lambda: self.expected(*args, groups="tiled"),
                 "without the scale 1/sqrt(d_h) on the scores":
-                lambda: self._torch_gqa(*args, scale=1.0),
+                lambda: self.expected(*args, scale=1.0),
                 "scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h)":
-                lambda: self._torch_gqa(*args, scale=1 / math.sqrt(e)),
+                lambda: self.expected(*args, scale=1 / math.sqrt(e)),
                 "without the output projection W_o":
-                lambda: self._torch_gqa(*args, project_out=False)}
-
-
-def torch_gqa_cost(e, h, g, t):
-    """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer with
-    biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length ``t``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    nn = torch.nn
-    d_h = e // h
-    q_proj, o_proj = nn.Linear(e, e), nn.Linear(e, e)
-    k_proj, v_proj = nn.Linear(e, g * d_h), nn.Linear(e, g * d_h)
-    n_params = sum(p.numel() for m in (q_proj, k_proj, v_proj, o_proj) for p in m.parameters())
-    x = torch.zeros(1, t, e)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        q = q_proj(x).view(1, t, h, d_h).transpose(1, 2)
-        k = k_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-        v = v_proj(x).view(1, t, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-        w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
-        o_proj((w @ v).transpose(1, 2).reshape(1, t, e))
-    return int(n_params), int(counter.get_total_flops())
+                lambda: self.expected(*args, project_out=False)}
 
 
 class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost",)):
@@ -534,8 +511,23 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
         return {"params": params, "flops": flops}
 
     def expected(self, E, num_heads, num_kv_heads, T):
-        params, flops = torch_gqa_cost(E, num_heads, num_kv_heads, T)
-        return {"params": params, "flops": flops}
+        """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer
+        with biases, counted by PyTorch (``FlopCounterMode``) on one sequence of length T."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        nn = torch.nn
+        h, g, d_h = num_heads, num_kv_heads, E // num_heads
+        q_proj, o_proj = nn.Linear(E, E), nn.Linear(E, E)
+        k_proj, v_proj = nn.Linear(E, g * d_h), nn.Linear(E, g * d_h)
+        n_params = sum(p.numel() for m in (q_proj, k_proj, v_proj, o_proj) for p in m.parameters())
+        x = torch.zeros(1, T, E)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            q = q_proj(x).view(1, T, h, d_h).transpose(1, 2)
+            k = k_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            v = v_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
+            o_proj((w @ v).transpose(1, 2).reshape(1, T, E))
+        return {"params": int(n_params), "flops": int(counter.get_total_flops())}
 
     def mistakes(self, E, num_heads, num_kv_heads, T):
         right = self.expected(E, num_heads, num_kv_heads, T)

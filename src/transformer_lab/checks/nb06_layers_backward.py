@@ -48,15 +48,6 @@ def _row_mean(a):
     return a.mean(axis=-1, keepdims=True)
 
 
-def _np_layer_norm_parts(x, gamma, dout, eps):
-    """xhat, 1/sigma and g = dout * gamma in float64 (the pieces of the hints)."""
-    x64 = x.astype(np.float64)
-    xc = x64 - x64.mean(axis=-1, keepdims=True)
-    rstd = 1 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
-    g = dout * gamma if gamma is not None else dout
-    return xc * rstd, rstd, g.astype(np.float64)
-
-
 class _LayerNormCases:
     """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
 
@@ -126,8 +117,11 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
 
     def mistakes(self, x, gamma, beta, dout, eps=1e-5):
         right = self.expected(x, gamma, beta, dout, eps)
-        xhat, rstd, g = _np_layer_norm_parts(x, gamma, dout, eps)
         mean, rows, dtype = _row_mean, x.size // x.shape[-1], x.dtype
+        x64 = x.astype(np.float64)  # the pieces, in float64: xhat, 1/sigma, g = dout * gamma
+        xc = x64 - mean(x64)
+        rstd = 1 / np.sqrt(mean(xc * xc) + eps)
+        xhat, g = xc * rstd, (dout * gamma if gamma is not None else dout).astype(np.float64)
         d = dout.astype(np.float64)
         return {"dropping the term xhat * mean(g * xhat) (the path through the standard "
                 "deviation)":
@@ -230,9 +224,8 @@ class CrossEntropy(Check, id="check-cross-entropy",
         loss, cache = f.cross_entropy_forward(logits, targets, ignore_index, reduction)
         return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache)}
 
-    @staticmethod
-    def _torch_ce(logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
-                  count_all=False, keep_padding=False):
+    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
+                 count_all=False, keep_padding=False):
         F = torch.nn.functional
         c = logits.shape[-1]
         lt = _t(logits, True)
@@ -250,21 +243,18 @@ class CrossEntropy(Check, id="check-cross-entropy",
         return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
                 "dlogits": _np(lt.grad)}
 
-    def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
-        return self._torch_ce(logits, targets, ignore_index, reduction, dloss)
-
     def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
         args = (logits, targets, ignore_index, reduction, dloss)
-        right = self._torch_ce(*args)
+        right = self.expected(*args)
         real = int((np.asarray(targets) != ignore_index).sum())
         found = {}
         if reduction == "mean" and real < np.size(targets):
             found["dividing by all tokens, padding included, instead of by the real tokens "
                   "only (the mean is over the tokens that count)"] = (
-                lambda: self._torch_ce(*args, count_all=True))
+                lambda: self.expected(*args, count_all=True))
         if 0 <= ignore_index < logits.shape[-1]:
             found["not ignoring the padded targets (they get a loss and a gradient)"] = (
-                lambda: self._torch_ce(*args, keep_padding=True))
+                lambda: self.expected(*args, keep_padding=True))
         if reduction == "mean" and real > 1:
             found["forgetting the 1 / (number of real tokens) of the mean in the backward "
                   "(p - y without dividing)"] = (

@@ -160,15 +160,13 @@ def quiet_key_bias(grads, dtype):
     return grads
 
 
-def _copy(tree):
-    """Plain copies of nested dicts/lists of arrays (views of torch's memory become arrays)."""
+def tree_map(fn, tree):
+    """``fn`` applied to every array of nested dicts/lists of arrays (None stays None)."""
     if isinstance(tree, dict):
-        return {k: _copy(v) for k, v in tree.items()}
+        return {k: tree_map(fn, v) for k, v in tree.items()}
     if isinstance(tree, list):
-        return [_copy(v) for v in tree]
-    return None if tree is None else np.array(tree)
-
-
+        return [tree_map(fn, v) for v in tree]
+    return None if tree is None else fn(tree)
 
 
 # --------------------------------------------------------------------------------------------
@@ -531,7 +529,7 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         W = f.init_uniform(a, b, rng) if kind == "uniform" else f.init_xavier(a, b, rng)
         return {"W": W, "next draw": rng.random()}  # one call of rng.uniform, nothing more
 
-    def _draw(self, kind, a, b, seed, how="right"):
+    def expected(self, kind, a, b, seed, how="right"):
         rng = np.random.default_rng(seed)
         shape = b if kind == "uniform" else (a, b)
         if kind == "uniform":
@@ -549,24 +547,21 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
             W = rng.uniform(-bound, bound, size=shape)
         return {"W": W, "next draw": rng.random()}
 
-    def expected(self, kind, a, b, seed):
-        return self._draw(kind, a, b, seed)
-
     def mistakes(self, kind, a, b, seed):
         found = {"drawing from a normal distribution: both initialisers are uniform, "
-                 "rng.uniform(-bound, bound, size=shape)": lambda: self._draw(kind, a, b, seed,
+                 "rng.uniform(-bound, bound, size=shape)": lambda: self.expected(kind, a, b, seed,
                                                                                "normal"),
                  "drawing from [0, bound) instead of (-bound, bound)":
-                 lambda: self._draw(kind, a, b, seed, "half")}
+                 lambda: self.expected(kind, a, b, seed, "half")}
         if kind == "uniform":
-            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self._draw(
+            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self.expected(
                 kind, a, b, seed, "1/fan_in")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
-                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self._draw(kind, a, b, seed,
+                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self.expected(kind, a, b, seed,
                                                                                 "std")
-            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self._draw(
+            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self.expected(
                 kind, a, b, seed, "fan_in")
         return found
 
@@ -651,9 +646,10 @@ class _TwinCheck(Check):
                                      for m, s in zip(masks, lengths, strict=True)))
         out.backward(_t(dout))
         named = _named_grads(twin)
-        grads = _copy(layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder,
-                                              True, params["norm"] is not None) if self.stack
-                      else layout.layer_from_torch(named, "", e, self.decoder, True))
+        grads = (layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder, True,
+                                         params["norm"] is not None) if self.stack
+                 else layout.layer_from_torch(named, "", e, self.decoder, True))
+        grads = tree_map(np.array, grads)  # copies: views of torch's memory become arrays
         if not self.decoder:
             return {"out": _np(out), "dx": _np(xt.grad), "grads": grads}, []
         parts = [_np(leaf.grad) for leaf in reads]

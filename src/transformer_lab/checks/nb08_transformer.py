@@ -20,7 +20,6 @@ from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb07_blocks import (
     _activation,
-    _copy,
     _decoder_masks,
     _dims,
     _load,
@@ -30,6 +29,7 @@ from transformer_lab.checks.nb07_blocks import (
     _TwinCheck,
     quiet_key_bias,
     stack_params,
+    tree_map,
 )
 from transformer_lab.reference.interop import layout
 
@@ -54,7 +54,7 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
     def run(self, f, max_len, d_model, base=10000.0):
         return f.positional_encoding(max_len, d_model, base)
 
-    def _table(self, max_len, d_model, base=10000.0, how="right"):
+    def expected(self, max_len, d_model, base=10000.0, how="right"):
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
         i = torch.arange(0, d_model, 2, dtype=torch.float64)
         if how == "i/d":
@@ -71,17 +71,14 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
             pe[:, 1::2] = second(angles[:, : d_model // 2])
         return pe.numpy()
 
-    def expected(self, max_len, d_model, base=10000.0):
-        return self._table(max_len, d_model, base)
-
     def mistakes(self, max_len, d_model, base=10000.0):
         return {"with the frequencies base^(-i/d) instead of base^(-2i/d) (the exponent of "
-                "column pair i is 2i/d)": lambda: self._table(max_len, d_model, base, "i/d"),
+                "column pair i is 2i/d)": lambda: self.expected(max_len, d_model, base, "i/d"),
                 "with the sines in the first half and the cosines in the second instead of "
                 "interleaved (sines in the even columns)":
-                lambda: self._table(max_len, d_model, base, "halves"),
+                lambda: self.expected(max_len, d_model, base, "halves"),
                 "with cosines in the even columns and sines in the odd ones":
-                lambda: self._table(max_len, d_model, base, "swapped")}
+                lambda: self.expected(max_len, d_model, base, "swapped")}
 
 
 class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward")):
@@ -115,7 +112,7 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
         dtable, dpositions = f.embed_backward(dx, cache)
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
 
-    def _torch_run(self, ids, table, positions, scale, dx, how="right"):
+    def expected(self, ids, table, positions, scale, dx, how="right"):
         t = ids.shape[1]
 
         def embed(W, P):
@@ -128,9 +125,6 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
 
         x, dtable, dpositions = autograd(embed, dx, table, positions)
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
-
-    def expected(self, ids, table, positions, scale, dx):
-        return self._torch_run(ids, table, positions, scale, dx)
 
     def mistakes(self, ids, table, positions, scale, dx):
         right = self.expected(ids, table, positions, scale, dx)
@@ -146,8 +140,8 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
                  "looked-up rows by scale, so their gradient is scaled too)":
                  lambda: dict(right, dtable=right["dtable"] / scale),
                  "with the positions scaled too: scale multiplies the token embeddings only":
-                 lambda: self._torch_run(ids, table, positions, scale, dx, "scale positions too"),
-                 "without the scale in the forward pass": lambda: self._torch_run(
+                 lambda: self.expected(ids, table, positions, scale, dx, "scale positions too"),
+                 "without the scale in the forward pass": lambda: self.expected(
                      ids, table, positions, scale, dx, "no scale")}
         if positions is not None and ids.shape[0] > 1:
             first = np.zeros_like(positions)
@@ -332,7 +326,7 @@ def torch_model_grads(params, core, outer):
         key, sub = name.split(".")
         grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
             np.zeros(tuple(tensor.shape))
-    return quiet_key_bias(_copy(grads), params["out_proj"]["W"].dtype)
+    return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
 def config_of(config: dict):
@@ -371,27 +365,25 @@ class TransformerForward(Check, id="check-transformer-forward",
         return {"memory (transformer_encode)": memory, "logits (transformer_decode)": decoded,
                 "logits (transformer_forward)": logits}
 
-    def _answer(self, *case, how="right"):
-        memory, logits, _, _ = torch_logits(*case, how=how)
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
+        memory, logits, _, _ = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad,
+                                            how)
         return {"memory (transformer_encode)": _np(memory),
                 "logits (transformer_decode)": _np(logits),
                 "logits (transformer_forward)": _np(logits)}
 
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        return self._answer(params, src, tgt_in, config, pe, src_pad, tgt_pad)
-
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
         case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
         found = {"without the positions (add the first T rows of the table)":
-                 lambda: self._answer(*case, how="no positions"),
+                 lambda: self.expected(*case, how="no positions"),
                  "without the causal mask in the decoder's self-attention":
-                 lambda: self._answer(*case, how="no causal mask")}
+                 lambda: self.expected(*case, how="no causal mask")}
         if config["scale_embeddings"]:
             found["without multiplying the token embeddings by sqrt(E) "
-                  "(config.scale_embeddings)"] = lambda: self._answer(*case, how="no scale")
+                  "(config.scale_embeddings)"] = lambda: self.expected(*case, how="no scale")
         if src_pad is not None:
             found["with the source padding left out of the cross-attention's mask"] = (
-                lambda: self._answer(*case, how="no memory padding mask"))
+                lambda: self.expected(*case, how="no memory padding mask"))
         return found
 
 

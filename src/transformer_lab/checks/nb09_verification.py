@@ -12,6 +12,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb07_blocks import tree_map
 from transformer_lab.checks.nb08_transformer import (
     config_of,
     model_case,
@@ -85,17 +86,8 @@ class TransformerBackward(Check, id="check-transformer-backward",
 
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
         right = self.expected(params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits)
-
-        def zeros(tree):
-            if isinstance(tree, dict):
-                return {k: zeros(v) for k, v in tree.items()}
-            if isinstance(tree, list):
-                return [zeros(v) for v in tree]
-            return None if tree is None else np.zeros_like(tree)
-
-        cut = dict(right, encoder=zeros(right["encoder"]), src_embed=zeros(right["src_embed"]))
-        if "src_pos" in right:
-            cut["src_pos"] = zeros(right["src_pos"])
+        cut = dict(right, **{k: tree_map(np.zeros_like, right[k])
+                             for k in ("encoder", "src_embed", "src_pos") if k in right})
         return {"without sending the memory's gradient into the encoder (decoder_backward "
                 "returns dmemory: run encoder_backward on it, then the source embedding's)":
                 lambda: cut}
@@ -115,7 +107,7 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
                                          src_pad, tgt_pad, -1)
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
-    def _answer(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
         flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
@@ -132,19 +124,16 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
         dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
         return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}
 
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
-        return self._answer(params, src, tgt_in, config, pe, src_pad, tgt_pad, labels)
-
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
         case = (params, src, tgt_in, config, pe, src_pad, tgt_pad, labels)
         return {"dividing by every position, ignored ones included: the mean is over the "
-                "labels that count": lambda: self._answer(*case, how="mean over all"),
+                "labels that count": lambda: self.expected(*case, how="mean over all"),
                 "with the sum over the labels instead of their mean":
-                lambda: self._answer(*case, how="sum"),
+                lambda: self.expected(*case, how="sum"),
                 "calling cross_entropy_forward(logits, labels) without ignore_index: its "
                 "default is -100 (PyTorch's), the model marks padding with -1, so the padded "
                 "positions count (as the last class); pass ignore_index on":
-                lambda: self._answer(*case, how="ignore_index -100")}
+                lambda: self.expected(*case, how="ignore_index -100")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +293,7 @@ class PaddedPositions(Check, id="check-padded-positions",
         yield Case("long left padding, pad_id 9", (np.array([[9, 9, 9, 9, 1, 2, 3, 4]]), 9, 8))
         yield Case("one column", (np.array([[0], [5]]), 0, 3))
 
-    def _answer(self, ids, pad_id, d_model, how="right"):
+    def expected(self, ids, pad_id, d_model, how="right"):
         out = np.zeros(ids.shape + (d_model,))
         omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
         for b, row in enumerate(ids):
@@ -319,13 +308,10 @@ class PaddedPositions(Check, id="check-padded-positions",
                     out[b, col, 1::2] = 1.0  # PE of position 0
         return out
 
-    def expected(self, ids, pad_id, d_model):
-        return self._answer(ids, pad_id, d_model)
-
     def mistakes(self, ids, pad_id, d_model):
         return {"with each token's column as its position: count the positions from each "
-                "sequence's first real token": lambda: self._answer(ids, pad_id, d_model,
+                "sequence's first real token": lambda: self.expected(ids, pad_id, d_model,
                                                                     "column"),
                 "with the encoding of position 0 at the padding, which must be zeros":
-                lambda: self._answer(ids, pad_id, d_model, "padding not zeroed")}
+                lambda: self.expected(ids, pad_id, d_model, "padding not zeroed")}
     ### END HIDDEN TESTS

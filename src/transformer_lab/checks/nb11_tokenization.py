@@ -111,22 +111,13 @@ def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
     return merges
 
 
-def _strings(merges) -> list[str]:
-    """Each id's token as GPT-2's characters (bytes, then merges)."""
-    chars = list(_gpt2_chars())
-    for a, b in merges:
-        chars.append(chars[a] + chars[b])
-    return chars
-
-
 def _hf_bpe(merges, byte_level: bool):
     """A ``tokenizers`` BPE model of ``merges``: on GPT-2's characters (``byte_level``, with its
     pre-tokenizer, a whole Tokenizer) or on the plain ids as characters (a bare model)."""
     tk = tokenizers
-    strings = _strings(merges) if byte_level else [chr(0x4E00 + i) for i in range(256)]
-    if not byte_level:
-        for a, b in merges:
-            strings.append(strings[a] + strings[b])
+    strings = list(_gpt2_chars()) if byte_level else [chr(0x4E00 + i) for i in range(256)]
+    for a, b in merges:  # each id's token: the 256 bytes, then the merges
+        strings.append(strings[a] + strings[b])
     model = tk.models.BPE({s: i for i, s in enumerate(strings)},
                           [(strings[a], strings[b]) for a, b in merges])
     if not byte_level:
@@ -138,11 +129,6 @@ def _hf_bpe(merges, byte_level: bool):
 
 def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
-
-
-def _word_list(words) -> list:
-    """A {word: count} dict as plain data: [[ids...], count] pairs."""
-    return [[list(map(int, w)), int(n)] for w, n in words.items()]
 
 
 def _as_words(word_list) -> dict:

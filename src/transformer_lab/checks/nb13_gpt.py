@@ -59,29 +59,25 @@ class NextTokenLoss(Check, id="check-next-token-loss",
         return {"loss": np.asarray(loss, dtype=logits.dtype),
                 "dlogits": f.next_token_loss_backward(1.0, cache)}
 
-    def expected(self, logits, ids):
-        return _shifted_loss(logits, ids, 1)
+    def expected(self, logits, ids, shift=1):
+        """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
+        token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
+        T = ids.shape[1]
+        scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
+                          else (slice(-shift, T), slice(0, T + shift)))
+
+        def loss(x):
+            return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
+                                                     _t(ids[:, target]).reshape(-1))
+
+        value, dlogits = autograd(loss, None, logits)
+        return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
     def mistakes(self, logits, ids):
         return {"without the shift (each position scored against its own token)":
-                lambda: _shifted_loss(logits, ids, 0),
+                lambda: self.expected(logits, ids, 0),
                 "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
-                lambda: _shifted_loss(logits, ids, -1)}
-
-
-def _shifted_loss(logits, ids, shift):
-    """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
-    token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
-    T = ids.shape[1]
-    scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
-                      else (slice(-shift, T), slice(0, T + shift)))
-
-    def loss(x):
-        return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
-                                                 _t(ids[:, target]).reshape(-1))
-
-    value, dlogits = autograd(loss, None, logits)
-    return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
+                lambda: self.expected(logits, ids, -1)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,22 +169,16 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
 
 
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
-    from transformer_lab.models.gpt import GPTConfig
+    from transformer_lab.models.gpt import GPTConfig, config_to_dict
 
     make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
-    config = {**_config_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
-                                  num_layers=1, d_ff=12, max_len=T, **change)),
+    config = {**config_to_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
+                                    num_layers=1, d_ff=12, max_len=T, **change)),
               "dtype": np.dtype(dt).name}
     flat = _flat_params(config, rng, 0.2)
     block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
     return (rng.standard_normal((B, T, 8)).astype(dt), block,
             rng.standard_normal((B, T, 8)).astype(dt), config)
-
-
-def _config_dict(c) -> dict:
-    from transformer_lab.models.gpt import config_to_dict
-
-    return config_to_dict(c)
 
 
 def _rope_angles(config, start, stop):
@@ -249,10 +239,11 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
 
 
 def _model_case(rng, dt=np.float64, **kw):
-    from transformer_lab.models.gpt import GPTConfig
+    from transformer_lab.models.gpt import GPTConfig, config_to_dict
 
-    config = {**_config_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
-                                               max_len=6, **kw)), "dtype": np.dtype(dt).name}
+    config = {**config_to_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2,
+                                                 d_ff=12, max_len=6, **kw)),
+              "dtype": np.dtype(dt).name}
     return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
 
 

@@ -199,27 +199,20 @@ class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_appe
                 "lengths": np.asarray(lengths, dtype=np.int64), "K": K, "V": V,
                 "the returned keys are a view of the cache": bool(np.shares_memory(keys, K))}
 
-    def expected(self, shape, pieces):
-        filled = np.concatenate(pieces, axis=2)
-        K = np.zeros(shape, pieces[0].dtype)
-        K[:, :, :filled.shape[2]] = filled
-        return {"keys": filled, "values": -filled,
+    def expected(self, shape, pieces, at_zero=False):
+        """The cache after the pieces (``at_zero``, a mistake: each written at position 0)."""
+        K, length = np.zeros(shape, pieces[0].dtype), 0
+        for p in pieces:
+            start = 0 if at_zero else length
+            K[:, :, start:start + p.shape[2]] = p
+            length += p.shape[2]
+        return {"keys": K[:, :, :length].copy(), "values": -K[:, :, :length],
                 "lengths": np.cumsum([p.shape[2] for p in pieces]).astype(np.int64),
                 "K": K, "V": -K, "the returned keys are a view of the cache": True}
 
     def mistakes(self, shape, pieces):
-        def from_zero():  # every piece written at position 0
-            K = np.zeros(shape, pieces[0].dtype)
-            length = 0
-            for p in pieces:
-                K[:, :, :p.shape[2]] = p
-                length += p.shape[2]
-            return {"keys": K[:, :, :length].copy(), "values": -K[:, :, :length],
-                    "lengths": np.cumsum([p.shape[2] for p in pieces]).astype(np.int64),
-                    "K": K, "V": -K, "the returned keys are a view of the cache": True}
-
         return {"writing every piece at position 0 (the length tells where the free slots "
-                "start)": from_zero}
+                "start)": lambda: self.expected(shape, pieces, at_zero=True)}
 
 
 class CachedStep(Check, id="check-gpt-step",

@@ -97,29 +97,25 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
         dx, grads = f.rms_norm_backward(dout, cache)
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
-    def expected(self, x, gamma, dout):
-        return _torch_norm(x, gamma, dout)
+    def expected(self, x, gamma, dout, rms=True):
+        """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
+        F = torch.nn.functional
+
+        def norm(tx, tg):
+            return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
+                    else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
+
+        out, dx, dgamma = autograd(norm, dout, x, gamma)
+        return {"out": out, "dx": dx, "dgamma": dgamma}
 
     def mistakes(self, x, gamma, dout):
         tx, tg = _t(x), _t(gamma)
         eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
         return {"subtracting the mean first (that is a layer norm)":
-                lambda: _torch_norm(x, gamma, dout, rms=False),
+                lambda: self.expected(x, gamma, dout, rms=False),
                 # the forward alone: a hint names the first output that differs
                 "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
-
-
-def _torch_norm(x, gamma, dout, rms=True):
-    """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
-    F = torch.nn.functional
-
-    def norm(tx, tg):
-        return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
-                else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
-
-    out, dx, dgamma = autograd(norm, dout, x, gamma)
-    return {"out": out, "dx": dx, "dgamma": dgamma}
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,15 +150,11 @@ class SwiGLU(Check, id="check-swiglu",
         dx, grads = f.swiglu_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
-    def expected(self, x, params, dout):
-        return self._answer(x, params, dout)
-
     def mistakes(self, x, params, dout):
         return {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                lambda: self._answer(x, params, dout, gate="W_up", up="W_gate")}
+                lambda: self.expected(x, params, dout, gate="W_up", up="W_gate")}
 
-    @staticmethod
-    def _answer(x, params, dout, gate="W_gate", up="W_up"):
+    def expected(self, x, params, dout, gate="W_gate", up="W_up"):
         silu = torch.nn.functional.silu
         out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
                                   dout, x, params)
