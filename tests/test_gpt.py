@@ -20,7 +20,9 @@ from transformer_lab.core import sampling as S
 from transformer_lab.core.attention import causal_mask
 from transformer_lab.gradient_check import check_gradients, check_parity, rel_error
 from transformer_lab.models.checkpoints import CheckpointError
-from transformer_lab.models.gpt import GPT, GPTConfig, flatten, nest, parameter_shapes
+from transformer_lab.models.config import parameter_shapes
+from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.models.shell import flatten, nest
 from transformer_lab.reference.torch_gpt import TorchGPT
 
 

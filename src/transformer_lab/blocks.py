@@ -270,7 +270,7 @@ class LayerCache(v.Cache):
         """The self-attention's weights per head, (B, H, T, T); of a decoder layer, a pair:
         those and the cross-attention's, (B, H, T, S)."""
         weights = tuple(layer_attention_weights(self.core))
-        return weights if len(weights) == 2 else weights[0]
+        return weights if self.forward == "decoder_layer_forward" else weights[0]
 
 
 def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,

@@ -194,7 +194,7 @@ class _BlockCheck(Check):
                  "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
 
     def run(self, f, x, block, dout, config):
-        from transformer_lab.models.gpt import flatten, nest
+        from transformer_lab.models.shell import flatten, nest
 
         c = _config(config)
         rope = None
@@ -206,7 +206,7 @@ class _BlockCheck(Check):
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
     def expected(self, x, block, dout, config):
-        from transformer_lab.models.gpt import parameter_shapes
+        from transformer_lab.models.config import parameter_shapes
         from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
 
         c = _config(config)
@@ -276,7 +276,7 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
     ### END HIDDEN TESTS
 
     def run(self, f, flat, ids, config, seed=None):
-        from transformer_lab.models.gpt import flatten, nest
+        from transformer_lab.models.shell import flatten, nest
 
         c = _config(config)
         params = nest(flat)

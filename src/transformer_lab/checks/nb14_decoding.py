@@ -232,7 +232,7 @@ class CachedStep(Check, id="check-gpt-step",
     ### END HIDDEN TESTS
 
     def run(self, f, flat, ids, config, chunks):
-        from transformer_lab.models.gpt import nest
+        from transformer_lab.models.shell import nest
 
         c = _config(config)
         B, T = ids.shape

@@ -52,7 +52,7 @@ from transformer_lab.models.config import (  # noqa: F401
     kv_cache_bytes,
     parameter_shapes,
 )
-from transformer_lab.models.shell import Model, ModelCache, flatten, nest  # noqa: F401
+from transformer_lab.models.shell import Model, ModelCache, nest
 
 
 def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:

@@ -170,7 +170,7 @@ def read_pretrained(folder, dtype=np.float32) -> tuple[GPTConfig, dict[str, np.n
     Returns:
         (config, params, metadata): the :class:`GPTConfig`; the GPT's parameters (name -> a
         new C-contiguous array in ``dtype``), the names and shapes of
-        ``transformer_lab.models.gpt.parameter_shapes(config)``; ``{"gpt2_config": ...}`` or
+        ``transformer_lab.models.config.parameter_shapes(config)``; ``{"gpt2_config": ...}`` or
         ``{"llama_config": ...}``, the ``config.json`` as read.
 
     Raises:
