@@ -9,32 +9,8 @@ nothing downloaded -- and the n-gram baselines a language model must beat on it.
     corpus.decode(corpus.val_ids[:200])     # back to text
     ngram_bits_per_char(corpus, 5)          # a smoothed 5-gram's validation bits per character
 
-**Documents.** Every public module, function, class and method of NumPy's public namespaces
-(:data:`MODULES`) whose ``__module__`` is NumPy's (so that nothing of Python's own builtins,
-which change with the Python version, gets in), visited in sorted order; a document is one
-docstring, dedented with ``inspect.cleandoc`` (and, where NumPy pasted text into it, as
-Python 3.12 and earlier dedent it: :func:`_undo_pasted_indent`); exact duplicates are kept once.
-
-**Split by document, near-duplicates together.** Many docstrings are near copies of others
-(``chebadd``/``legadd``/``hermadd``..., ``ndarray.sum``/``matrix.sum``/``ma.sum``...). A
-random split by document would put one copy in training and its twin in validation, and every
-model that memorises -- a high-order n-gram above all -- would look better than it is. So two
-docstrings are *near-duplicates* when at least :data:`NEAR_DUPLICATE_SHARE` of the
-:data:`SHINGLE`-character substrings of the shorter one also occur in the other (substrings that
-occur in more than :data:`BOILERPLATE_DOCS` docstrings, like ``"Parameters\\n----------"``, are
-boilerplate and do not count); near-duplicates form groups (connected components), and each
-group goes to validation when the CRC-32 of its first name (in sorted order) is 0 modulo
-:data:`VAL_MODULUS`, else to training. The assignment depends on names and texts only.
-
-**Tokens.** Id 0 (:data:`BOUNDARY`) ends every document; id 1 (:data:`UNKNOWN`) stands for a
-character outside printable ASCII and the newline (about a hundred of two million); then the
-newline and the 95 printable ASCII characters, in code order (:data:`VOCAB`, fixed: the same
-98 tokens whatever NumPy's docstrings hold, so that a trained model fits every installation).
-The streams ``train_ids`` and ``val_ids`` are the documents of each split, in name order, each
-followed by the boundary.
-
-**Bits per character** of a model on the validation stream: the mean over every token of
-``val_ids`` but the first of ``-log2 p(token | the tokens before it)``.
+Its documents, its split (by document, near-duplicates together), its tokens and bits per
+character: docs/maintainers.md, "Models and trainers".
 """
 
 from __future__ import annotations
@@ -241,8 +217,9 @@ def read_docstrings(modules=MODULES) -> dict[str, str]:
 
 def near_duplicate_groups(texts, shingle: int = SHINGLE, share: float = NEAR_DUPLICATE_SHARE,
                           boilerplate: int = BOILERPLATE_DOCS) -> np.ndarray:
-    """Group id of each text: connected components of the near-duplicate relation (see the
-    module docstring). -> int64 (n,), ids numbered in order of first appearance."""
+    """Group id of each text: connected components of the near-duplicate relation
+    (docs/maintainers.md, "Models and trainers"). -> int64 (n,), ids numbered in order of first
+    appearance."""
     n = len(texts)
     keys, doc_of = [], []
     for i, text in enumerate(texts):

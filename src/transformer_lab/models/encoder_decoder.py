@@ -9,44 +9,9 @@
         model.params[name] -= 0.1 * g
     model.greedy_decode(src)                    # list of generated token-id arrays
 
-The model runs on the core the course builds, ``transformer_lab.core.model`` (its forward and
-backward passes and its loss), called at call time -- a core function replaced at run time
-takes effect at once::
-
-    src ids -> token embedding (* sqrt(d_model)) + positions -> N encoder layers -> norm = memory
-    tgt ids -> token embedding (* sqrt(d_model)) + positions -> N decoder layers -> norm
-            -> output projection -> logits (B, T, V)
-
-This module is the model's checked boundary: it holds the configuration and the parameters,
-checks every input once, and converts between its flat parameter names and the core's nested
-parameters. It runs where the core runs (:mod:`transformer_lab.device`): the parameters live
-there, inputs are checked on the host and moved there, and logits, gradients and decoded tokens
-come back as arrays of that device. Its configuration is in
-:mod:`transformer_lab.models.config`, its input checks (shared with its PyTorch versions: the
-three accept and refuse the same input, with the same messages) in
-:mod:`transformer_lab.models.inputs`, the parameter handling it shares with the GPT in
-:mod:`transformer_lab.models.shell` and its checkpoints (``model.save(path)``,
-``Transformer.load(path)``, ``model.load_params(path)``) in
-:mod:`transformer_lab.models.checkpoints` (all importable from here too).
-
-**Parameters** live in ONE flat dict ``model.params``: dotted name -> array, e.g.
-``"src_embed.W"``, ``"encoder.layers.0.self_attn.W_qkv"``, ``"encoder.norm.gamma"``,
-``"decoder.layers.1.cross_attn.W_q"``, ``"out_proj.W"`` (all in NumPy layout, ``y = x @ W + b``).
-The nested structure that the core takes (``core.model``'s ``params``) is rebuilt from
-``model.params`` at every call and holds the very same arrays (no copies), so an optimiser may
-update ``model.params[name]`` in place (``p -= lr * g``) or assign a new array of the same shape
-and dtype; :meth:`Transformer.set_params` copies values in with checks. ``model.backward`` and
-``model.loss`` return gradients in a dict with exactly the keys of ``model.params``.
-
-**Padding.** Token ``config.pad_id`` marks padding. Source padding is masked out of the encoder's
-self-attention and of the decoder's cross-attention (key padding masks). A target batch for
-:meth:`Transformer.loss` holds sequences ``BOS y_1 ... y_n EOS`` padded on the right; the decoder
-reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, and the loss is the mean cross-entropy over
-the predicted tokens up to and including each sequence's first EOS, skipping padding: whatever
-follows a sequence's EOS changes neither the loss nor the gradients.
-
-Everything is vectorised over the batch, the heads and the positions. float32 by default;
-``TransformerConfig(dtype=np.float64)`` (or :meth:`Transformer.astype`) for gradient checks.
+The checked boundary of ``transformer_lab.core.model``: parameters in one flat dict
+``model.params`` (:func:`parameter_names`), nested for the core at every call. How it runs on
+the core, its parameters and its padding: docs/maintainers.md, "Models and trainers".
 """
 
 from __future__ import annotations

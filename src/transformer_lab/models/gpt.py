@@ -7,26 +7,9 @@
     loss, grads = model.loss(ids)                # ids (B, T): position t predicts ids[:, t+1]
     model.generate(prompt, 100, temperature=0.8, top_k=20, seed=0)   # prompt + 100 token ids
 
-The math is the core's: :mod:`transformer_lab.core.gpt` and the modules it calls (``gqa``,
-``rope``, ``modern``, ``next_token``; ``decoding`` and ``sampling`` for generation) -- the
-student's code, called through the modules at call time, so an edited package takes effect at
-once; this module checks the inputs once, keeps the parameters and runs the decoding loop. It
-runs where the core runs (:mod:`transformer_lab.device`): the parameters live there, token ids
-are moved there, and logits, gradients and generated ids come back as arrays of that device.
-
-**Parameters** live in one flat dict ``model.params``, dotted name -> array, named, shaped and
-ordered as :func:`parameter_shapes` lists them: ``"embed.W"`` (V, E), also the output projection
-unless ``GPTConfig(tie_embeddings=False)`` adds ``"lm_head.W"``; per block
-``"layers.0.attn.W_qkv"`` (E, (H + 2 Hkv) Dh), ``"layers.0.mlp.W1"`` or ``W_gate`` (SwiGLU), ...
-``backward`` and ``loss`` return gradients with exactly these keys. The nested dicts of the core
-are rebuilt at every call from the same arrays (no copies): an optimiser may update
-``model.params[name]`` in place.
-
-**Decoding.** :meth:`GPT.generate` returns the prompt followed by the new tokens. With
-``use_cache=True`` (the default) the keys and values of every position are computed once and
-kept (:func:`transformer_lab.core.decoding.gpt_step`); with ``use_cache=False`` the whole prefix is
-recomputed at every step. Both give the same logits (up to rounding) and, with the same seed,
-the same tokens.
+The checked boundary of ``transformer_lab.core.gpt``: parameters in one flat dict
+``model.params`` (:func:`~.config.parameter_shapes`). How it runs on the core, its parameters
+and its decoding: docs/maintainers.md, "Models and trainers".
 """
 
 from __future__ import annotations

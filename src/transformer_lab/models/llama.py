@@ -1,56 +1,15 @@
-"""LLaMA-architecture checkpoints in the NumPy GPT: what a ``transformers`` ``LlamaForCausalLM``
-folder means for the GPT (:func:`read_llama`, which
-:func:`transformer_lab.models.pretrained.read_pretrained` calls for ``model_type: llama``), the
-figures of a model from its config alone (:func:`llama_figures`), and a writer of such folders
-without ``transformers`` (:func:`save_llama`)::
+"""LLaMA-architecture checkpoints in the NumPy GPT (the modern block): :func:`read_llama`
+(which :func:`~.pretrained.read_pretrained` calls for ``model_type: llama``),
+:func:`llama_figures` (a model's figures from its config alone) and :func:`save_llama` (a
+writer of such folders without ``transformers``)::
 
     from transformer_lab.models.gpt import GPT
     model = GPT.from_pretrained("~/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M/"
                                 "snapshots/<hash>")
 
-A LLaMA-architecture model *is* the course's GPT with the modern block (``GPTConfig.modern``):
-RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, tied or untied output projection.
-Its config maps onto the GPT's field by field (:func:`llama_config`: ``hidden_size`` ->
-``d_model``, ``num_key_value_heads`` -> ``num_kv_heads``, ``rope_theta`` -> ``rope_base``, ...;
-``attention_bias`` -> ``bias``, the biases of the query, key, value and output projections),
-and its tensors (named with a ``model.`` prefix, as ``LlamaForCausalLM`` saves them, or without,
-as ``LlamaModel`` does; ``lm_head.weight`` never has one) onto the GPT's parameters as
-
-    embed_tokens.weight (V, E)                  embed.W
-    layers.N.input_layernorm.weight             layers.N.norm1.gamma
-    layers.N.self_attn.q_proj.weight (H Dh, E)  layers.N.attn.W_qkv, the E query columns:
-                                                  transposed, features paired (see below)
-    layers.N.self_attn.k_proj.weight (Hkv Dh, E)  the Hkv Dh key columns: likewise
-    layers.N.self_attn.v_proj.weight (Hkv Dh, E)  the Hkv Dh value columns: transposed
-    layers.N.self_attn.o_proj.weight (E, E)     layers.N.attn.W_o, transposed
-      (.bias of each, with attention_bias)      layers.N.attn.b_qkv, b_o
-    layers.N.post_attention_layernorm.weight    layers.N.norm2.gamma
-    layers.N.mlp.gate_proj.weight (F, E)        layers.N.mlp.W_gate, transposed
-    layers.N.mlp.up_proj.weight (F, E)          layers.N.mlp.W_up, transposed
-    layers.N.mlp.down_proj.weight (E, F)        layers.N.mlp.W_down, transposed
-    norm.weight                                 norm.gamma
-    lm_head.weight (V, E), untied only          lm_head.W
-
-``nn.Linear`` stores its weight as (out, in) and computes ``x @ W.T``: the GPT's layout
-(``x @ W``) is the transpose. **RoPE's pairs.** ``transformers`` rotates the queries and keys
-with ``rotate_half``: in each head, feature ``j < Dh/2`` turns together with feature
-``j + Dh/2`` (by the angle of frequency ``j``); the core turns neighbours, ``(2i, 2i+1)`` (by
-the angle of frequency ``i``), both counterclockwise. Reordering each head's query and key
-features once, when the checkpoint is read -- the core's feature ``2i`` is the checkpoint's
-``i``, the core's ``2i + 1`` is its ``i + Dh/2`` (:func:`half_split_to_pairs`) -- makes the two
-rotations the same; the scores ``q . k`` are sums over the features, which the same reordering
-of queries and keys leaves unchanged. The values are not rotated and keep their order.
-
-Refused with a :class:`~.checkpoints.CheckpointError` naming ``config.json`` and the option: a
-RoPE other than the default (``rope_parameters``/``rope_scaling`` with another ``rope_type``,
-e.g. LLaMA 3.1's "llama3", or other keys such as ``partial_rotary_factor``), ``head_dim`` other
-than ``hidden_size / num_attention_heads``, ``hidden_act`` other than SiLU, ``mlp_bias``, a
-``sliding_window``, sizes that are not positive integers. Accepted and ignored: fields that do
-not change the function (``pretraining_tp``, which only splits the products;
-``attention_dropout``, used in training by ``transformers`` only; token ids, ``dtype``, ...).
-Fields missing from ``config.json`` take ``transformers.LlamaConfig``'s defaults
-(:data:`LLAMA_DEFAULTS`). The rotary buffers that old checkpoints store
-(``layers.N.self_attn.rotary_emb.inv_freq``) are skipped.
+How the config and tensors map onto the GPT (RoPE's pairs reordered once, by
+:func:`half_split_to_pairs`) and which options are refused: docs/maintainers.md, "Models and
+trainers".
 """
 
 from __future__ import annotations
@@ -289,7 +248,8 @@ def llama_figures(hf_config: Mapping) -> dict[str, int | float]:
     block for one more token, float32: 2 x layers x kv heads x head width x 4).
 
     Raises:
-        CheckpointError: for a config the GPT cannot compute (see the module docstring).
+        CheckpointError: for a config the GPT cannot compute (which: docs/maintainers.md,
+            "Models and trainers").
     """
     hf = checked_llama_config(hf_config)
     parameters = sum(int(np.prod(s)) for s in llama_shapes(hf).values())

@@ -1,44 +1,15 @@
 """The field's checkpoints in the NumPy GPT: a folder as Hugging Face ``transformers`` writes it
-(``config.json`` and ``model.safetensors``, or the shards a ``model.safetensors.index.json``
-lists) read into a :class:`~.config.GPTConfig` and the GPT's parameters.
-:meth:`transformer_lab.models.gpt.GPT.from_pretrained` calls :func:`read_pretrained`, which
-reads ``config.json``'s ``model_type`` (or, without one, its ``architectures``) and reads a GPT-2
-checkpoint (``"gpt2"``: this module, below) or a LLaMA-architecture one (``"llama"``:
-:mod:`transformer_lab.models.llama`, which says how LLaMA maps onto the GPT)::
+(``config.json`` and ``model.safetensors``, or its shards; read by :mod:`.hf_checkpoint`) read
+into a :class:`~.config.GPTConfig` and the GPT's parameters by :func:`read_pretrained`, which
+:meth:`transformer_lab.models.gpt.GPT.from_pretrained` calls: GPT-2 (``"gpt2"``, here) or a
+LLaMA-architecture model (``"llama"``, :mod:`transformer_lab.models.llama`)::
 
     from transformer_lab.models.gpt import GPT
     model = GPT.from_pretrained("~/.cache/huggingface/hub/models--gpt2/snapshots/<hash>")
     logits, _ = model.forward(ids)          # GPT-2's logits, (B, T, 50257)
 
-GPT-2 *is* the course's GPT with the 2017 block (``GPTConfig.classic``): pre-norm layer norms
-with biases, learned positions, biases in every linear map, GELU in its tanh form, the output
-projection tied to the token embeddings (or, with ``tie_word_embeddings: false``, an
-``lm_head`` of its own). Its config maps onto the GPT's field by field (:func:`gpt2_config`:
-``n_embd`` -> ``d_model``, ``n_inner`` -> ``d_ff``, ...; ``activation_function`` -> ``mlp`` by
-:data:`GPT2_ACTIVATIONS`), and its tensors (named with a ``transformer.`` prefix, as
-``GPT2LMHeadModel`` saves them, or without, as ``GPT2Model`` and the checkpoints on the Hub do)
-onto the GPT's parameters as :func:`gpt2_names` lists them (``wte.weight`` -> ``embed.W``,
-``h.N.attn.c_attn.weight`` -> ``layers.N.attn.W_qkv``, ..., ``lm_head.weight`` -> ``lm_head.W``
-when untied), with the GPT's shapes.
-
-No weight is transposed: GPT-2's linear maps are ``Conv1D`` modules, which store their weight
-as (in, out) and compute ``x @ W + b`` -- the GPT's layout (``nn.Linear`` would store
-(out, in)). ``c_attn``'s columns are the queries, the keys and the values side by side, each
-split into heads in order, as ``W_qkv``'s. The attention's causal-mask buffers that older
-checkpoints store (``h.N.attn.bias``, ``h.N.attn.masked_bias``) are not parameters and are
-skipped; an ``lm_head.weight`` stored beside tied embeddings must equal ``wte.weight``.
-
-Anything else is refused with a :class:`~.checkpoints.CheckpointError` (a ``ValueError``)
-naming the file and what is wrong: a missing folder or file, a config of another model
-(``model_type``), options that compute another function (``scale_attn_weights=False``,
-``scale_attn_by_inverse_layer_idx``, ``add_cross_attention``, another activation), missing,
-unexpected or misshapen tensors, or values that are not finite. ``reorder_and_upcast_attn`` is
-accepted: it only changes the order and precision of the attention's arithmetic in
-mixed-precision training, not the function. Fields missing from ``config.json`` take
-``transformers.GPT2Config``'s defaults (:data:`GPT2_DEFAULTS`), as ``transformers`` does.
-
-The folder itself -- files, shards, tensors, their checks and dtypes (float16, bfloat16,
-float32, float64) -- is read by :mod:`.hf_checkpoint`.
+How GPT-2's config and tensors map onto the GPT, and what is refused: docs/maintainers.md,
+"Models and trainers".
 """
 
 from __future__ import annotations

@@ -9,48 +9,8 @@ or, from Python::
     result.metrics["val_bits_per_char"]
     result.model.generate(...)
 
-What one run does:
-
-1. **Data**: :func:`transformer_lab.datasets.corpus.load_corpus`, split by document (near-duplicates
-   together). A batch is ``batch_size`` windows of ``context`` consecutive tokens of the
-   training stream, at start positions drawn from ``seed``.
-2. **Model**: :class:`transformer_lab.models.gpt.GPT` -- ``block="classic"`` (layer norm, GELU,
-   learned positions: GPT-2) or ``"modern"`` (RMSNorm, SwiGLU, RoPE, grouped-query attention)
-   -- initialised from ``seed``.
-3. **Training**: Adam, the learning rate warmed up linearly over ``warmup`` steps then decayed
-   along a half cosine to ``final_lr`` at ``steps`` (:class:`transformer_lab.optim.WarmupSchedule`),
-   gradients clipped to global norm ``clip``; every ``eval_every`` steps the bits per character
-   on the first ``eval_tokens`` tokens of the validation stream. It stops after ``steps``, or --
-   only when one is given -- when ``time_budget`` seconds have passed.
-4. **Metrics**: bits per character on the *whole* validation stream (every token but the first,
-   each predicted once, from at least ``context // 2`` tokens before it but at the very start:
-   windows of ``context`` tokens sliding by half a window, :func:`bits_per_char`), and on as
-   many training tokens; ``seconds``, the wall-clock time
-   of the whole run (reading the corpus, training, evaluations), ``train_seconds`` and
-   ``cpu_seconds``, the wall-clock and CPU time of the training steps alone, and
-   ``tokens_per_s`` (``batch_size * context`` tokens a step, per second of training step). On
-   a machine shared with other work the wall-clock times depend on the others; the CPU time
-   (all threads of this process) much less.
-
-With one thread and no time budget a run is deterministic: the same seed gives the same model.
-``--device cuda`` runs the core on an NVIDIA GPU with CuPy (:mod:`transformer_lab.device`):
-repeatable there too, but not the CPU's run bit for bit (dropout draws from CuPy's generator;
-sums round in another order).
-
-The files notebooks 13 to 15 read were made by these two commands, run from the project folder
-with the code of commit 4314d2c and today's default of 10,000 steps (that code computed the
-GPT's steps with a second, speed-only copy of the math, since removed; the core computes the
-same numbers to rounding, so a run today gives a model close to these, not the same bits; and
-that code turned RoPE's pairs the other way, by ``-p * omega_i``, which changes the modern run
-in no result in distribution: the scores depend on offsets only either way):
-
-    python -m transformer_lab.train --task charlm --seed 0 \\
-        --checkpoint src/transformer_lab/datasets/shipped/charlm_gpt.npz \\
-        --record src/transformer_lab/datasets/shipped/charlm_blocks.json
-    python -m transformer_lab.train --task charlm --seed 0 --block modern \\
-        --record src/transformer_lab/datasets/shipped/charlm_blocks.json
-
-Each file stores its command; what the runs cost and reached is in ``docs/results.md``.
+What a run does and measures: docs/maintainers.md, "Models and trainers"; the commands that made
+the shipped files, and what they cost and reached: docs/results.md.
 """
 
 from __future__ import annotations
@@ -268,7 +228,7 @@ def token_streams(c: CharLMConfig, corpus: Corpus) -> TokenStreams:
 
 def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = None,
                  progress: Callable[[dict], None] | None = None, **overrides) -> CharLMResult:
-    """Train a GPT on the corpus (see the module docstring).
+    """Train a GPT on the corpus (what a run does: docs/maintainers.md, "Models and trainers").
 
     Args:
         config: the run (default ``CharLMConfig()``), with ``overrides`` as fields.
@@ -277,7 +237,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
             ``steps``, ``loss``, ``lr``, ``val_bits_per_char``, ``seconds``).
 
     Returns:
-        the model, its history, the metrics (the module docstring's, and ``--help``'s).
+        the model, its history, the metrics (``--help`` describes them).
     """
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)

@@ -9,40 +9,8 @@ or, from Python::
     result = train_translation(TranslateConfig(seed=0, steps=200))
     result.metrics["exact_match"], result.model.beam_decode(src, beam_size=4)
 
-What one run does:
-
-1. **Data**: :func:`transformer_lab.datasets.translation.make_translation_data`, split by
-   number, tokenised by characters; batches of similar lengths
-   (:func:`transformer_lab.datasets.tasks.bucketed_batches`).
-2. **Model**: the course encoder-decoder
-   (:class:`transformer_lab.models.encoder_decoder.Transformer`), pre-norm, sinusoidal
-   positions, initialised from ``seed``.
-3. **Training**: every step is ``core.training.train_step`` (notebook 10) on a loss that is the
-   label-smoothed cross-entropy of ``core.translation`` (notebook 12): the student's own code
-   all the way down, so that on the handout's stubs the run stops at the first stub with its
-   message. Adam, a linear warm-up then a cosine decay to 0 at ``steps``, gradients clipped. Every
-   ``eval_every`` steps, the teacher-forced exact match on the validation set.
-4. **Metrics** on the held-out test numbers: ``exact_match`` (greedy decoding: beam size 1,
-   which is greedy), ``beam_exact_match`` (beam size ``beam_size``, length penalty ``alpha``),
-   corpus ``bleu`` and ``chrf`` of sacrebleu (greedy; ``beam_bleu``, ``beam_chrf``), ``seconds``
-   (the whole run), ``train_seconds`` and ``cpu_seconds`` (wall-clock and CPU time of the
-   training steps alone: on a shared machine the wall-clock time depends on the others).
-
-With one thread a run is deterministic: the same seed gives the same model. ``--device cuda``
-runs the core on an NVIDIA GPU (:mod:`transformer_lab.device`), not bit for bit as on the CPU.
-
-The checkpoints notebook 12 reads were made by these commands, run from the project folder;
-each file stores its record -- the command as run, the metrics, the configuration, the history
-and the numbers of its test set (``tests/test_translation.py`` draws the data again and checks
-that they are the same numbers)::
-
-    python -m transformer_lab.train --task translate-fr --seed 0 --checkpoint A.npz --examples 0
-    python -m transformer_lab.train --task translate-fr --seed 0 --steps 300 --warmup 50 \\
-        --eval-every 100 --checkpoint src/transformer_lab/datasets/shipped/translate_fr_early.npz
-    python -m transformer_lab.train --task translate-de --seed 0 --steps 1500 \\
-        --checkpoint src/transformer_lab/datasets/shipped/translate_de.npz
-
-What each run cost and reached is in ``docs/results.md``.
+What a run does and measures: docs/maintainers.md, "Models and trainers"; the commands that made
+the shipped checkpoints, and what they cost and reached: docs/results.md.
 """
 
 from __future__ import annotations
@@ -203,7 +171,8 @@ class TranslateResult:
 
 def train_translation(config: TranslateConfig | None = None, data: TranslationData | None = None,
                       log=None, **overrides) -> TranslateResult:
-    """One run (see the module docstring); progress lines go to ``log`` (None: none)."""
+    """One run (what it does: docs/maintainers.md, "Models and trainers"); progress lines go to
+    ``log`` (None: none)."""
     start = time.perf_counter()
     c = dataclasses.replace(config or TranslateConfig(), **overrides)
     data = data or make_translation_data(c.n_train, c.n_val, c.n_test, c.seed, c.lang)

@@ -28,49 +28,9 @@ Usage::
     dsrc, dtgt = twin.backward(dout)          # gradients of the array inputs, argument order
     twin.grads["encoder.layers.0.self_attn.in_proj_weight"]   # torch name, torch layout
 
-The contract, and where a twin deliberately differs from torch:
-
-- ``twin.forward`` takes the positional arguments and mask keywords of the module's
-  ``forward`` (NumPy arrays for tensors; bool masks with True = blocked, or float masks added to
-  the scores; ``attn_mask`` of shape (T, S) or (batch * num_heads, T, S); key padding masks
-  (batch, S)); ``batch_first`` True or False, and unbatched (2-D) sequences, as torch accepts.
-- ``twin.backward(dout)`` returns the gradients of the array inputs of the last forward -- one
-  array, or a tuple in argument order -- and fills ``twin.grads``: torch parameter name
-  (``module.named_parameters()``) -> gradient in torch's layout (e.g. Linear weights
-  (out, in)). ``twin.grads`` holds the gradients of the last backward only, like torch's
-  ``.grad`` after ``zero_grad()``; nothing accumulates. Integer inputs (token ids) get None.
-- **Shared inputs.** ``MultiheadAttention`` twins return one gradient per argument even when the
-  same array is passed as query, key and value (self-attention): torch accumulates the *sum* of
-  the three into the shared leaf tensor, so ``sum(twin.backward(dout))`` is torch's
-  ``x.grad``. Encoder/decoder layers and stacks return the gradient of ``src`` (and ``tgt``,
-  ``memory``), already summed over every path, as torch does.
-- **Fully masked query rows.** A query whose keys are all blocked attends to nothing: its
-  attention weights are zero, its attention output is zero (the output projection's bias), and
-  no NaN reaches any output or gradient (``core.layers.softmax_forward``). This is what torch
-  computes on the path used by its Transformer layers (``need_weights=False``, i.e.
-  ``F.scaled_dot_product_attention``); ``nn.MultiheadAttention`` with ``need_weights=True``
-  returns NaN for such rows instead. Every other row is unaffected either way.
-- **is_causal** follows torch 2.13: it is a hint that needs the mask too (an error without
-  it). For ``nn.MultiheadAttention`` with ``need_weights=False``, and hence for the layers,
-  ``is_causal=True`` without a key padding mask applies the causal mask (top-left aligned,
-  key j > query i blocked) *instead of* the given mask -- as torch does; with a key padding
-  mask, or with ``need_weights=True``, the given mask is used. ``None`` (the stacks' default)
-  means "use the mask as given", which is what torch's detection amounts to.
-- **Fast path.** Under ``torch.no_grad()`` in eval mode, torch may run its inference fast path
-  (``torch._transformer_encoder_layer_fwd``; ``nn.TransformerEncoder`` additionally converts a
-  padded batch to a nested tensor). Outputs at non-padded positions agree with the autograd
-  path up to rounding, but ``nn.TransformerEncoder`` returns **zeros at padded positions** (the
-  final norm, if any, then maps them to its bias) where the autograd path computes values
-  there. Twins compute the autograd path: the one whose gradients they reproduce.
-- **Dropout** is refused: a module in training mode with any dropout probability > 0 raises a
-  ``ValueError`` -- call ``module.eval()`` or build it with ``dropout=0.0``.
-- **A twin is a snapshot.** Weights are copied at construction; ``twin.params`` maps the torch
-  names to these copies, in torch's layout (the NumPy-layout parameters used internally are
-  views of them, so writing into ``twin.params[name]`` changes the twin). After the module's
-  weights change, call ``twin.refresh(module)`` (or ``from_torch`` again).
-- **Masks.** The core takes one mask per attention: a twin merges ``attn_mask`` and
-  ``key_padding_mask`` into it -- their union when both are boolean, else their sum as additive
-  float masks (True -> -inf), as torch does. A float mask holding NaN or +inf is refused.
+The contract, and where a twin deliberately differs from torch (shared inputs, fully masked
+rows, ``is_causal``, the fast path, dropout, snapshots, masks): docs/maintainers.md, "Models and
+trainers".
 
 The package, by concern: :mod:`.layout` (torch's parameter names and layouts <-> the core's
 parameter dicts, ``*_from_torch`` / ``*_to_torch``), :mod:`.arguments` (torch's sequence layouts
