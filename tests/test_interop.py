@@ -699,13 +699,14 @@ def test_twin_weights_are_views_of_torchs_layout_and_chosen_per_attention(rng):
     dec = from_torch(build(nn.TransformerDecoderLayer, np.float64, 4, 2, 6))
     in_self, in_cross = (dec.params[f"{a}.in_proj_weight"] for a in ("self_attn",
                                                                      "multihead_attn"))
-    assert set(dec._p["self_attn"]) == {"W_qkv", "b_qkv", "W_o", "b_o"}
-    assert np.shares_memory(dec._p["self_attn"]["W_qkv"], in_self)
-    np.testing.assert_array_equal(dec._p["self_attn"]["W_qkv"], in_self.T)
-    assert set(dec._p["cross_attn"]) == {"W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o"}
+    p = dec._core.params
+    assert set(p["self_attn"]) == {"W_qkv", "b_qkv", "W_o", "b_o"}
+    assert np.shares_memory(p["self_attn"]["W_qkv"], in_self)
+    np.testing.assert_array_equal(p["self_attn"]["W_qkv"], in_self.T)
+    assert set(p["cross_attn"]) == {"W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o"}
     for i, c in enumerate("qkv"):
-        assert np.shares_memory(dec._p["cross_attn"][f"W_{c}"], in_cross)
-        np.testing.assert_array_equal(dec._p["cross_attn"][f"W_{c}"], in_cross[4 * i:4 * i + 4].T)
+        assert np.shares_memory(p["cross_attn"][f"W_{c}"], in_cross)
+        np.testing.assert_array_equal(p["cross_attn"][f"W_{c}"], in_cross[4 * i:4 * i + 4].T)
     mha = from_torch(build(nn.MultiheadAttention, np.float64, 4, 2))
     assert "W_qkv" not in mha._p and np.shares_memory(mha._p["W_k"], mha.params["in_proj_weight"])
 

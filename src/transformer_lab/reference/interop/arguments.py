@@ -12,7 +12,7 @@ core computes.
 Merging (:func:`merge`): two boolean masks give their union (``core.attention.merge_masks``);
 when either is a float mask, both become additive masks (True -> -inf) and are added, as torch
 does. A query whose keys are all blocked (a row of True, or of -inf) attends to nothing: the core
-gives it zero weights and a zero attention output (see :mod:`transformer_lab.reference.interop`).
+gives it zero weights and a zero attention output (docs/maintainers.md, "Models and trainers").
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def padding_mask(mask, name: str, b: int, s: int, batched: bool):
 
 def is_causal(mask, hint, padding, t: int, s: int, mask_name: str, flag_name: str,
               override: bool = True):
-    """The attention mask torch 2.13 applies given an ``is_causal`` hint (see
-    :mod:`transformer_lab.reference.interop`): with ``hint`` True the mask must be given; it is
+    """The attention mask torch 2.13 applies given an ``is_causal`` hint
+    (docs/maintainers.md, "Models and trainers"): with ``hint`` True the mask must be given; it is
     replaced by the causal mask when ``override`` (torch's ``need_weights=False`` path) and
     there is no key padding mask."""
     if hint is True:

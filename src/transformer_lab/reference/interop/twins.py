@@ -7,7 +7,7 @@ A twin checks the arguments of ``forward`` / ``backward`` once, with the errors 
 and calls :mod:`transformer_lab.core` -- through the core modules' attributes at call time, so
 that an edited core (the student's, the grader's) is the one that runs. It computes none of the
 core's math itself. What every twin does and where it differs from torch:
-:mod:`transformer_lab.reference.interop`.
+docs/maintainers.md, "Models and trainers".
 """
 
 from __future__ import annotations
@@ -410,13 +410,14 @@ class MultiheadAttentionTwin(_Twin):
 
 
 class _LayerTwin(_Twin):
-    """Common set-up of the layer and stack twins: configuration, sequences and masks."""
+    """Common set-up of the layer and stack twins: configuration, sequences, masks, and the
+    backward pass through ``self._core`` (a :class:`_Layer` or a :class:`_Stack`)."""
 
-    def _configure(self, cfg: dict) -> None:
+    def _configure(self, core) -> None:
+        self._core, cfg = core, core.cfg
         self.d_model, self.num_heads = cfg["d_model"], cfg["num_heads"]
         self.norm_first, self.activation = cfg["norm_first"], cfg["activation"]
         self.eps, self.batch_first = cfg["eps"], cfg["batch_first"]
-        self._kw = {k: cfg[k] for k in ("norm_first", "activation", "eps")}  # the core's options
 
     def _seqs(self, **xs):
         """Batch-first views of sequence arguments; checks ranks and batch sizes."""
@@ -445,6 +446,63 @@ class _LayerTwin(_Twin):
                                                 "memory_is_causal"),
                           x.shape[0], x.shape[1], mem.shape[1], batched, heads)
 
+    def _encode(self, src, mask, padding, hint, names):
+        """The forward of an encoder layer or stack (``names``: of its mask arguments)."""
+        x, batched = self._seqs(src=src)
+        out, cache = self._core.forward(x, self._self_mask(x, mask, padding, hint, names,
+                                                           batched))
+        return self._done(out, cache, batched, src.shape)
+
+    def _decode(self, tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                memory_key_padding_mask, tgt_is_causal, memory_is_causal):
+        """The forward of a decoder layer or stack."""
+        x, mem, batched = self._seqs(tgt=tgt, memory=memory)
+        tm = self._self_mask(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
+                             ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
+        mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
+                              batched)
+        out, cache = self._core.forward(x, tm, mm, memory=mem)
+        return self._done(out, cache, batched, tgt.shape)
+
+    def _done(self, out, cache, batched: bool, shape: tuple):
+        self._cache = (cache, batched, shape)
+        return args.torch_layout(out, batched, self.batch_first)
+
+    def _grads(self, dout, cache):
+        return self._core.backward(dout, cache)
+
+    def backward(self, dout):
+        cache, batched, shape = self._last()
+        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
+        dx, dy, grads = self._grads(d, cache)
+        self._set_grads(grads)
+        dx = args.torch_layout(dx, batched, self.batch_first)
+        return dx if dy is None else (dx, args.torch_layout(dy, batched, self.batch_first))
+
+
+class _Layer:
+    """One encoder or decoder layer inside a twin, run as :class:`_Stack` runs a stack."""
+
+    def __init__(self, module, P: dict, decoder: bool):
+        self.cfg, self.decoder = _layer_config(module, "the layer"), decoder
+        self.params = layer_from_torch(P, "", self.cfg["d_model"], decoder, split_cross=decoder)
+        self.kw = {k: self.cfg[k] for k in ("norm_first", "activation", "eps")}
+
+    def forward(self, x, *masks, memory=None):
+        h = self.cfg["num_heads"]
+        if self.decoder:
+            return core_blocks.decoder_layer_forward(x, memory, self.params, h, *masks,
+                                                     **self.kw)
+        return core_blocks.encoder_layer_forward(x, self.params, h, *masks, **self.kw)
+
+    def backward(self, dout, cache):
+        """Returns dx, dmemory (decoders; None for encoders) and torch-named grads."""
+        if self.decoder:
+            dx, dmem, g = core_blocks.decoder_layer_backward(dout, cache)
+        else:
+            (dx, g), dmem = core_blocks.encoder_layer_backward(dout, cache), None
+        return dx, dmem, layer_to_torch(g, "")
+
 
 class TransformerEncoderLayerTwin(_LayerTwin):
     """Twin of ``nn.TransformerEncoderLayer`` (any bias, batch_first, norm_first, activation,
@@ -459,24 +517,11 @@ class TransformerEncoderLayerTwin(_LayerTwin):
 
     def __init__(self, module):
         super().__init__(module)
-        self._configure(_layer_config(module, "the layer"))
-        self._p = layer_from_torch(self.params, "", self.d_model, decoder=False)
+        self._configure(_Layer(module, self.params, decoder=False))
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        x, batched = self._seqs(src=src)
-        mask = self._self_mask(x, src_mask, src_key_padding_mask, is_causal,
-                               ("src_mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = core_blocks.encoder_layer_forward(x, self._p, self.num_heads, mask,
-                                                       **self._kw)
-        self._cache = (cache, batched, src.shape)
-        return args.torch_layout(out, batched, self.batch_first)
-
-    def backward(self, dout):
-        cache, batched, shape = self._last()
-        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, g = core_blocks.encoder_layer_backward(d, cache)
-        self._set_grads(layer_to_torch(g, ""))
-        return args.torch_layout(dx, batched, self.batch_first)
+        return self._encode(src, src_mask, src_key_padding_mask, is_causal,
+                            ("src_mask", "src_key_padding_mask", "is_causal"))
 
 
 class TransformerDecoderLayerTwin(_LayerTwin):
@@ -493,28 +538,12 @@ class TransformerDecoderLayerTwin(_LayerTwin):
 
     def __init__(self, module):
         super().__init__(module)
-        self._configure(_layer_config(module, "the layer"))
-        self._p = layer_from_torch(self.params, "", self.d_model, decoder=True, split_cross=True)
+        self._configure(_Layer(module, self.params, decoder=True))
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
-        x, mem, batched = self._seqs(tgt=tgt, memory=memory)
-        tm = self._self_mask(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
-                             ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
-        mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
-                              batched)
-        out, cache = core_blocks.decoder_layer_forward(x, mem, self._p, self.num_heads, tm, mm,
-                                                       **self._kw)
-        self._cache = (cache, batched, tgt.shape)
-        return args.torch_layout(out, batched, self.batch_first)
-
-    def backward(self, dout):
-        cache, batched, shape = self._last()
-        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, dmem, g = core_blocks.decoder_layer_backward(d, cache)
-        self._set_grads(layer_to_torch(g, ""))
-        return (args.torch_layout(dx, batched, self.batch_first),
-                args.torch_layout(dmem, batched, self.batch_first))
+        return self._decode(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                            memory_key_padding_mask, tgt_is_causal, memory_is_causal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -574,28 +603,17 @@ class TransformerEncoderTwin(_LayerTwin):
     ``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)`` -> out, the shape of
     src. ``backward(dout)`` -> dsrc. ``grads``: ``layers.0.self_attn.in_proj_weight``, ...,
     ``norm.weight``, ``norm.bias``. Computes torch's autograd path, not its no-grad nested-tensor
-    fast path (see :mod:`transformer_lab.reference.interop`). Runs ``core.blocks.encoder_forward``.
+    fast path (docs/maintainers.md, "Models and trainers"). Runs
+    ``core.blocks.encoder_forward``.
     """
 
     def __init__(self, module):
         super().__init__(module)
-        self._stack = _Stack(module, self.params, "", "the encoder", decoder=False)
-        self._configure(self._stack.cfg)
+        self._configure(_Stack(module, self.params, "", "the encoder", decoder=False))
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
-        x, batched = self._seqs(src=src)
-        m = self._self_mask(x, mask, src_key_padding_mask, is_causal,
-                            ("mask", "src_key_padding_mask", "is_causal"), batched)
-        out, cache = self._stack.forward(x, m)
-        self._cache = (cache, batched, src.shape)
-        return args.torch_layout(out, batched, self.batch_first)
-
-    def backward(self, dout):
-        cache, batched, shape = self._last()
-        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, _, grads = self._stack.backward(d, cache)
-        self._set_grads(grads)
-        return args.torch_layout(dx, batched, self.batch_first)
+        return self._encode(src, mask, src_key_padding_mask, is_causal,
+                            ("mask", "src_key_padding_mask", "is_causal"))
 
 
 class TransformerDecoderTwin(_LayerTwin):
@@ -609,27 +627,12 @@ class TransformerDecoderTwin(_LayerTwin):
 
     def __init__(self, module):
         super().__init__(module)
-        self._stack = _Stack(module, self.params, "", "the decoder", decoder=True)
-        self._configure(self._stack.cfg)
+        self._configure(_Stack(module, self.params, "", "the decoder", decoder=True))
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
-        x, mem, batched = self._seqs(tgt=tgt, memory=memory)
-        tm = self._self_mask(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
-                             ("tgt_mask", "tgt_key_padding_mask", "tgt_is_causal"), batched)
-        mm = self._cross_mask(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal,
-                              batched)
-        out, cache = self._stack.forward(x, tm, mm, memory=mem)
-        self._cache = (cache, batched, tgt.shape)
-        return args.torch_layout(out, batched, self.batch_first)
-
-    def backward(self, dout):
-        cache, batched, shape = self._last()
-        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dx, dmem, grads = self._stack.backward(d, cache)
-        self._set_grads(grads)
-        return (args.torch_layout(dx, batched, self.batch_first),
-                args.torch_layout(dmem, batched, self.batch_first))
+        return self._decode(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                            memory_key_padding_mask, tgt_is_causal, memory_is_causal)
 
 
 class TransformerTwin(_LayerTwin):
@@ -657,7 +660,7 @@ class TransformerTwin(_LayerTwin):
                 self._enc.cfg["d_model"] != self._dec.cfg["d_model"]:
             raise ValueError("the encoder and decoder must have the same d_model and "
                              "batch_first")
-        self._configure(self._enc.cfg)
+        self._configure(self._enc)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                 src_key_padding_mask=None, tgt_key_padding_mask=None,
@@ -675,14 +678,10 @@ class TransformerTwin(_LayerTwin):
                               batched, heads=h)
         memory, ecache = self._enc.forward(x, sm)
         out, dcache = self._dec.forward(y, tm, mm, memory=memory)
-        self._cache = (ecache, dcache, batched, tgt.shape)
-        return args.torch_layout(out, batched, self.batch_first)
+        return self._done(out, (ecache, dcache), batched, tgt.shape)
 
-    def backward(self, dout):
-        ecache, dcache, batched, shape = self._last()
-        d = self._seq(self._dout(dout, shape), "dout", self.d_model)
-        dtgt, dmem, grads = self._dec.backward(d, dcache)
+    def _grads(self, dout, cache):  # -> dsrc, dtgt, grads
+        ecache, dcache = cache
+        dtgt, dmem, grads = self._dec.backward(dout, dcache)
         dsrc, _, egrads = self._enc.backward(dmem, ecache)
-        self._set_grads({**grads, **egrads})
-        return (args.torch_layout(dsrc, batched, self.batch_first),
-                args.torch_layout(dtgt, batched, self.batch_first))
+        return dsrc, dtgt, {**grads, **egrads}
