@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from transformer_lab import _validate as v
 from transformer_lab import device
@@ -34,7 +33,15 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_choices, check_run_numbers, run_command, set_field
+from transformer_lab.train.config import (
+    check_choices,
+    check_run_numbers,
+    config_from_args,
+    run_command,
+    set_field,
+)
+from transformer_lab.train.loop import blas_threads, run_steps
+from transformer_lab.train.progress import progress_line
 
 BLOCKS = ("classic", "modern")
 TOKENIZERS = ("char", "bpe")
@@ -242,7 +249,7 @@ def train_charlm(config: CharLMConfig | None = None, corpus: Corpus | None = Non
     start = time.perf_counter()
     config = dataclasses.replace(config or CharLMConfig(), **overrides)
     corpus = corpus or load_corpus()
-    with threadpool_limits(limits=config.threads, user_api="blas"), device.on(config.device):
+    with blas_threads(config.threads), device.on(config.device):
         result = _train(config, corpus, progress)
     result.metrics["seconds"] = time.perf_counter() - start
     return result
@@ -274,42 +281,35 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
     history = CharLMHistory()
     val_subset = data.val_ids[:c.eval_tokens]
     train_ids = data.train_ids
-    stopped, step, elapsed, eval_time, eval_cpu = "steps", 0, 0.0, 0.0, 0.0
-    start, start_cpu = time.perf_counter(), time.process_time()
-    while step < c.steps:
+
+    def take_step(i):
         batch = random_windows(train_ids, c.batch_size, c.context, rng)
         loss, grads = model.loss(batch, rng=drop_rng)
         if c.clip:
             core_optim.clip_grad_norm(grads, c.clip)
-        lr = schedule(step)
+        history.lr.append(schedule(i))
         for opt in optimizers:
-            opt.lr = lr
+            opt.lr = history.lr[-1]
             opt.step({name: grads[name] for name in opt.params})
-        step += 1
         history.loss.append(loss)
-        history.lr.append(lr)
-        elapsed = time.perf_counter() - start - eval_time
-        last = step == c.steps
-        over = c.time_budget is not None and elapsed >= c.time_budget
-        if step % c.eval_every == 0 or last or over:
-            t0, c0 = time.perf_counter(), time.process_time()
-            bpc = bits_per_char_of(val_subset)[0]
-            eval_time += time.perf_counter() - t0
-            eval_cpu += time.process_time() - c0
-            history.val_steps.append(step)
-            history.val_bits_per_char.append(bpc)
-            history.val_seconds.append(elapsed)
-            if progress is not None:
-                progress({"step": step, "steps": c.steps, "loss": loss, "lr": history.lr[-1],
-                          "val_bits_per_char": bpc, "seconds": elapsed})
-        if over and not last:
-            stopped = "time"
-            break
-    cpu = time.process_time() - start_cpu - eval_cpu
-    tokens = step * c.batch_size * c.context
+        return loss
+
+    def evaluate(n, loss, seconds):
+        bpc = bits_per_char_of(val_subset)[0]
+        history.val_steps.append(n)
+        history.val_bits_per_char.append(bpc)
+        history.val_seconds.append(seconds)
+        if progress is not None:
+            progress({"step": n, "steps": c.steps, "loss": loss, "lr": history.lr[-1],
+                      "val_bits_per_char": bpc, "seconds": seconds})
+
+    stopped, step_seconds, cpu = run_steps(c.steps, take_step, evaluate, c.eval_every,
+                                           c.time_budget)
+    steps, elapsed = len(history.loss), sum(step_seconds)
+    tokens = steps * c.batch_size * c.context
     val_bpc, val_bpt = bits_per_char_of(data.val_ids)
     metrics = {
-        "task": "charlm", "block": c.block, "seed": c.seed, "steps": step, "stopped": stopped,
+        "task": "charlm", "block": c.block, "seed": c.seed, "steps": steps, "stopped": stopped,
         "val_bits_per_char": val_bpc,
         "train_bits_per_char": bits_per_char_of(train_ids[:data.val_ids.size])[0],
         "tokenizer": c.tokenizer, "vocab_size": data.vocab_size,
@@ -385,19 +385,13 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)
-               if f.name not in ("dtype",)}
-    try:
-        config = CharLMConfig(**options)
-        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
-    except (TypeError, ValueError, device.DeviceError) as e:
-        parser.error(str(e))
+    config = config_from_args(parser, args, CharLMConfig)
     log = sys.stderr
 
     def progress(d):
         if not args.quiet:
-            print(f"step {d['step']:>5}/{d['steps']}  loss {d['loss']:.4f}  lr {d['lr']:.2e}  "
-                  f"val {d['val_bits_per_char']:.4f} bits/char  {d['seconds']:6.1f} s",
+            print(progress_line(d["step"], d["steps"], d["loss"], d["lr"], d["seconds"],
+                                f"val {d['val_bits_per_char']:.4f} bits/char"),
                   file=log, flush=True)
 
     corpus = load_corpus()

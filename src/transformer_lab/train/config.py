@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab import device
 from transformer_lab.datasets import tasks as D
-from transformer_lab.device import DEVICES
 from transformer_lab.models.encoder_decoder import POSITIONAL, Transformer, TransformerConfig
 from transformer_lab.optim import SGD, Adam, WarmupSchedule
 
@@ -37,6 +37,20 @@ def run_command(argv) -> str:
         except ValueError:
             return path.name
     return " ".join(["python -m transformer_lab.train", *(shlex.quote(shown(a)) for a in argv)])
+
+
+def config_from_args(parser, args, cls, **fixed):
+    """The run configuration ``cls`` of the text trainers' command lines from the options
+    ``args`` (one per field, but the ``fixed`` fields), checked with its device before any work:
+    a wrong value is a usage error of ``parser``."""
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+               if f.name not in fixed and hasattr(args, f.name)}
+    try:
+        config = cls(**options, **fixed)
+        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
+    except (TypeError, ValueError, device.DeviceError) as e:
+        parser.error(str(e))
+    return config
 
 
 def set_field(config, name: str, value) -> None:
@@ -141,7 +155,7 @@ class TrainConfig:
     def _check_choices(self) -> None:
         check_choices(self, task=D.TASKS, optimizer=("adam", "adamw", "sgd"),
                       decay=("cosine", "linear", "inverse_sqrt"), positional=POSITIONAL,
-                      dtype=("float32", "float64"), device=DEVICES)
+                      dtype=("float32", "float64"), device=device.DEVICES)
         for name in ("bucket", "norm_first"):
             set_field(self, name, v.boolean(getattr(self, name), name))
 

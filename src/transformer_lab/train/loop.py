@@ -120,6 +120,32 @@ def blas_threads(n: int | None):
         yield
 
 
+def run_steps(steps: int, step, evaluate, eval_every: int, time_budget: float | None):
+    """The loop of the text trainers (:mod:`.charlm`, :mod:`.translate`): ``step(i)`` for
+    ``i = 0, 1, ...`` (one training step; it returns the loss) up to ``steps`` times, and
+    ``evaluate(n, loss, seconds)`` after every ``eval_every``-th step, the last one, and the
+    one that uses up ``time_budget`` seconds of training steps (None: no limit), which ends
+    the run. Returns ``(stopped, step_seconds, cpu_seconds)``: "steps" or "time", the seconds
+    of each step, and the CPU time of the steps (evaluations not counted)."""
+    step_seconds, seconds, eval_cpu, stopped = [], 0.0, 0.0, "steps"
+    cpu0 = time.process_time()
+    for i in range(steps):
+        t0 = time.perf_counter()
+        loss = step(i)
+        step_seconds.append(time.perf_counter() - t0)
+        seconds += step_seconds[-1]
+        last = i + 1 == steps
+        over = time_budget is not None and seconds >= time_budget
+        if (i + 1) % eval_every == 0 or last or over:
+            e0 = time.process_time()
+            evaluate(i + 1, loss, seconds)
+            eval_cpu += time.process_time() - e0
+        if over and not last:
+            stopped = "time"
+            break
+    return stopped, step_seconds, time.process_time() - cpu0 - eval_cpu
+
+
 def train(task: str | TrainConfig = "reverse", *, progress: str = "auto",
           log_every: int | None = None, stream=None, checkpoint: str | None = None,
           model: Transformer | None = None,

@@ -6,6 +6,14 @@ import sys
 import time
 
 
+def progress_line(step: int, total: int, loss: float, lr: float, seconds: float,
+                  scores: str = "") -> str:
+    """A plain progress line of every trainer: the step, its loss and learning rate, the latest
+    validation ``scores`` and the elapsed time."""
+    text = f"step {step:>5}/{total}  loss {loss:.4f}  lr {lr:.2e}"
+    return f"{text}  {scores}  {seconds:6.1f} s" if scores else f"{text}  {seconds:6.1f} s"
+
+
 class Progress:
     """A ``\\r`` progress bar on a terminal; otherwise one plain line every ``log_every`` steps.
 
@@ -48,13 +56,13 @@ class Progress:
 
     def _line(self) -> None:
         step, loss, lr, elapsed = self._state
-        text = f"step {step:>5}/{self.total}  loss {loss:.4f}  lr {lr:.2e}"
+        scores = ""
         if self._val is not None:
             at, exact, token = self._val
-            text += f"  val exact {exact:.4f} token {token:.4f}"
+            scores = f"val exact {exact:.4f} token {token:.4f}"
             if at != step:
-                text += f" (step {at})"
-        self._write(f"{text}  {elapsed:6.1f} s\n")
+                scores += f" (step {at})"
+        self._write(progress_line(step, self.total, loss, lr, elapsed, scores) + "\n")
         self._last_line = step
 
     def update(self, step: int, loss: float, lr: float, elapsed: float) -> None:

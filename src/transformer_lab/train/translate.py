@@ -24,7 +24,6 @@ import time
 
 import numpy as np
 import sacrebleu
-from threadpoolctl import threadpool_limits
 
 from transformer_lab import device
 from transformer_lab.core import training as core_training
@@ -46,8 +45,15 @@ from transformer_lab.models.encoder_decoder import (
     loss_labels,
 )
 from transformer_lab.optim import Adam, WarmupSchedule
-from transformer_lab.train.config import check_choices, check_run_numbers, run_command
+from transformer_lab.train.config import (
+    check_choices,
+    check_run_numbers,
+    config_from_args,
+    run_command,
+)
 from transformer_lab.train.evaluation import teacher_forced_accuracy
+from transformer_lab.train.loop import blas_threads, run_steps
+from transformer_lab.train.progress import progress_line
 
 #: The checkpoints notebook 12 reads: the trained model, an undertrained one (300 steps), and
 #: a German one (English -> German).
@@ -176,7 +182,7 @@ def train_translation(config: TranslateConfig | None = None, data: TranslationDa
     start = time.perf_counter()
     c = dataclasses.replace(config or TranslateConfig(), **overrides)
     data = data or make_translation_data(c.n_train, c.n_val, c.n_test, c.seed, c.lang)
-    with threadpool_limits(limits=c.threads, user_api="blas"), device.on(c.device):
+    with blas_threads(c.threads), device.on(c.device):
         model = Transformer(c.model_config(data.src_vocab.size, data.tgt_vocab.size),
                             seed=c.seed)
         history, timing = _train(c, data, model, log)
@@ -209,37 +215,30 @@ def _train(c: TranslateConfig, data: TranslationData, model: Transformer, log):
     rng = np.random.default_rng([c.seed, 1])
     train_pairs = data.pairs("train")
     history: dict = {"loss": [], "val_steps": [], "val_exact_match": []}
-    step_seconds: list[float] = []
-    stopped = "steps"
-    cpu0 = time.process_time()
-    eval_cpu = 0.0
-    batches = iter(())
-    for step in range(c.steps):
-        batch = next(batches, None)
-        if batch is None:  # a new epoch
-            batches = D.bucketed_batches(train_pairs, c.batch_size, rng, drop_last=True)
-            batch = next(batches)
-        t0 = time.perf_counter()
-        loss, _ = core_training.train_step(smoothed, opt, *batch, schedule(step), c.clip)
-        step_seconds.append(time.perf_counter() - t0)
+
+    def epochs():  # a new order at each epoch
+        while True:
+            yield from D.bucketed_batches(train_pairs, c.batch_size, rng, drop_last=True)
+
+    batches = epochs()
+
+    def take_step(i):
+        loss, _ = core_training.train_step(smoothed, opt, *next(batches), schedule(i), c.clip)
         history["loss"].append(round(float(loss), 5))
-        last = step + 1 == c.steps
-        over = c.time_budget is not None and sum(step_seconds) >= c.time_budget
-        if (step + 1) % c.eval_every == 0 or last or over:
-            e0 = time.process_time()
-            exact = teacher_forced_accuracy(model, val)["exact_match"] if val else float("nan")
-            eval_cpu += time.process_time() - e0
-            history["val_steps"].append(step + 1)
-            history["val_exact_match"].append(round(exact, 4))
-            if log is not None:
-                print(f"step {step + 1:>5}/{c.steps}  loss {loss:.4f}  lr {schedule(step):.2e}  "
-                      f"val exact (teacher-forced) {exact:.4f}  {sum(step_seconds):6.1f} s",
-                      file=log, flush=True)
-        if over and not last:
-            stopped = "time"
-            break
+        return loss
+
+    def evaluate(n, loss, seconds):
+        exact = teacher_forced_accuracy(model, val)["exact_match"] if val else float("nan")
+        history["val_steps"].append(n)
+        history["val_exact_match"].append(round(exact, 4))
+        if log is not None:
+            print(progress_line(n, c.steps, loss, schedule(n - 1), seconds,
+                                f"val exact (teacher-forced) {exact:.4f}"), file=log, flush=True)
+
+    stopped, step_seconds, cpu = run_steps(c.steps, take_step, evaluate, c.eval_every,
+                                           c.time_budget)
     timing = {"stopped": stopped, "train_seconds": round(sum(step_seconds), 2),
-              "cpu_seconds": round(time.process_time() - cpu0 - eval_cpu, 2),
+              "cpu_seconds": round(cpu, 2),
               "step_ms": round(1e3 * statistics.median(step_seconds), 2)}
     return history, timing
 
@@ -331,13 +330,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(TranslateConfig)
-               if f.name != "lang"}
-    try:
-        config = TranslateConfig(lang=args.task.split("-")[1], **options)
-        device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
-    except (TypeError, ValueError, device.DeviceError) as e:
-        parser.error(str(e))
+    config = config_from_args(parser, args, TranslateConfig, lang=args.task.split("-")[1])
     log = None if args.quiet else sys.stderr
     if log:
         print(f"{args.task}: {config.n_train} training numbers, d_model {config.d_model}, "
