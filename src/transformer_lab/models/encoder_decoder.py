@@ -107,16 +107,10 @@ def parameter_names(config: TransformerConfig) -> list[str]:
 
 
 def nest_params(flat: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-    """The encoder's and the decoder's parameters (or gradients) as the core (``core.model``,
-    ``core.blocks``) takes them, from a flat dict with the names of :func:`parameter_names`.
-
-    ``flat["encoder.layers.0.ff.W1"]`` becomes ``encoder["layers"][0]["ff"]["W1"]`` (the same
-    array object, no copy); ``"decoder.norm.gamma"`` becomes ``decoder["norm"]["gamma"]``.
-    Embeddings and the output projection are not part of either.
-
-    Returns:
-        (encoder, decoder): ``{"layers": [layer dicts], "norm": {"gamma", "beta"}}`` each.
-    """
+    """(encoder, decoder): the parameters (or gradients) of the two stacks as the core
+    (``core.model``, ``core.blocks``) takes them, nested by :func:`~.shell.nest` from a flat dict
+    with the names of :func:`parameter_names` (the same arrays; embeddings and the output
+    projection are in neither)."""
     nested = nest(flat)
     return nested["encoder"], nested["decoder"]
 
@@ -201,18 +195,10 @@ class Transformer(Model):
                 put(src_kpm) if src_kpm.any() else None, put(tgt_kpm) if tgt_kpm.any() else None)
 
     def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
-        """Logits for every position of the decoder input.
-
-        Args:
-            src: source token ids, (B, S) integers.
-            tgt_in: decoder input token ids, (B, T) (a target batch without its last column).
-            src_key_padding_mask: (B, S) bool, True = padding; default ``src == pad_id``.
-            tgt_key_padding_mask: (B, T) bool; default ``tgt_in == pad_id``. (The decoder's
-                self-attention is causal as well.)
-
-        Returns:
-            logits: (B, T, tgt_vocab_size) in the model's dtype; cache for :meth:`backward`.
-        """
+        """(logits (B, T, tgt_vocab_size), cache for :meth:`backward`) of source ids ``src``
+        (B, S) and decoder input ids ``tgt_in`` (B, T: a target batch without its last column);
+        the key padding masks, True = padding, default to ``ids == pad_id`` (the decoder's
+        self-attention is causal as well)."""
         args = self._core_args(*check_inputs(self.config, src, tgt_in, src_key_padding_mask,
                                              tgt_key_padding_mask))
         logits, cache = core_model.transformer_forward(self._nested(), *args)
@@ -223,45 +209,23 @@ class Transformer(Model):
     # ---------------------------------------------------------------------------- backward
 
     def backward(self, dlogits: np.ndarray, cache: ModelCache) -> dict[str, np.ndarray]:
-        """Gradients of every parameter, given the gradient of the logits.
-
-        Args:
-            dlogits: (B, T, tgt_vocab_size), the gradient of a scalar loss w.r.t. the logits.
-            cache: from :meth:`forward`.
-
-        Returns:
-            grads: name -> array, exactly the keys (and shapes) of ``model.params``.
-        """
+        """The gradients of every parameter (the keys and shapes of ``model.params``) given
+        ``dlogits``, the gradient of a scalar loss w.r.t. the logits of :meth:`forward`."""
         dlogits = self._checked_dlogits(dlogits, cache)
         return self._flat(core_model.transformer_backward(dlogits, cache.core))
 
     # ---------------------------------------------------------------------------- loss
 
     def loss_mask(self, tgt) -> np.ndarray:
-        """(B, T-1) bool: which labels ``tgt[:, 1:]`` count in the loss.
-
-        Args:
-            tgt: (B, T) target batch, as for :meth:`loss`.
-
-        A label counts when it is not padding and comes no later than the first EOS of its
-        sequence.
-        """
+        """(B, T-1) bool: which labels ``tgt[:, 1:]`` of a target batch (B, T) count in the
+        loss (:func:`~.inputs.label_mask`)."""
         return label_mask(self.config, check_target(self.config, tgt))
 
     def loss(self, src, tgt, compute_grads: bool = True):
-        """Mean cross-entropy of the next-token predictions, and its gradients.
-
-        Args:
-            src: source token ids (B, S), padded with ``pad_id``.
-            tgt: target token ids (B, T): ``BOS y_1 ... y_n EOS`` then padding. The decoder
-                reads ``tgt[:, :-1]``; the labels are ``tgt[:, 1:]``, counted up to and
-                including each sequence's first EOS (see :meth:`loss_mask`).
-            compute_grads: False to skip the backward pass (evaluation); True or False.
-
-        Returns:
-            loss: a Python float, the mean over the counted labels;
-            grads: name -> array with the keys of ``params`` (None without compute_grads).
-        """
+        """(loss, grads): the mean cross-entropy (a Python float) of the next-token predictions
+        of source ids ``src`` (B, S) and a target batch ``tgt`` (B, T) -- the decoder reads
+        ``tgt[:, :-1]``, the labels are those of :meth:`loss_mask` -- and its gradients (keys of
+        ``params``; None with ``compute_grads=False``, for evaluation)."""
         compute_grads = v.boolean(compute_grads, "compute_grads")
         src, tgt, labels = check_loss_inputs(self.config, src, tgt)
         tgt_in = tgt[:, :-1]
@@ -281,50 +245,51 @@ class Transformer(Model):
     # ---------------------------------------------------------------------------- inference
 
     def greedy_decode(self, src, max_len: int | None = None, padded: bool = False):
-        """Greedy decoding of a batch: start from BOS, append the most likely token, repeat.
+        """Greedy decoding of source ids ``src`` (B, S): from BOS, append the most likely token,
+        all sequences together, each stopping at its first EOS (later steps give it padding),
+        until all have stopped or after ``max_len`` tokens, EOS included (default and maximum:
+        ``config.max_len``). The encoder runs once (``core.model.transformer_encode``), the
+        decoder (``core.model.transformer_decode``) over the whole prefix at every step.
 
-        All sequences of the batch are decoded together, step by step; a sequence stops at its
-        first EOS (later steps give it padding), and decoding stops when every sequence has
-        stopped or after ``max_len`` tokens. The encoder runs once
-        (``core.model.transformer_encode``); every step runs the decoder
-        (``core.model.transformer_decode``) over the prefix generated so far.
-
-        Args:
-            src: source token ids (B, S).
-            max_len: most tokens to generate per sequence, EOS included (default and maximum:
-                ``config.max_len``).
-            padded: return one (B, 1 + longest) array in the target format (BOS, tokens, EOS,
-                padding) instead of a list.
-
-        Returns:
-            a list of B int64 arrays of the device, the generated tokens of each sequence
-            (without BOS, ending with EOS unless the sequence hit ``max_len``); or the padded
-            array.
+        Returns a list of B int64 arrays of the device, each sequence's tokens after BOS (ending
+        with EOS unless it hit ``max_len``), or with ``padded`` one (B, 1 + longest) array in
+        the target format (:func:`~.inputs.decoded_sequences`).
         """
         c, xp = self.config, device.xp
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
         max_len = check_decode_length(c, max_len)
-        params = self._nested()
-        src_pad = src == c.pad_id
-        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
-        memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)  # once
+        params, memory, src_pad = self._encode(src)
         b = src.shape[0]
         out = xp.full((b, max_len + 1), c.pad_id, dtype=np.int64)
         out[:, 0] = c.bos_id
         done = xp.zeros(b, dtype=bool)
         steps = 0
         for t in range(max_len):
-            prefix = out[:, :t + 1]
-            tgt_pad = prefix == c.pad_id
-            logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
-                                                      src_pad, tgt_pad if tgt_pad.any() else None)
-            nxt = xp.where(done, c.pad_id, logits[:, -1].argmax(axis=-1))
+            logits = self._last_logits(params, out[:, :t + 1], memory, src_pad)
+            nxt = xp.where(done, c.pad_id, logits.argmax(axis=-1))
             out[:, t + 1] = nxt
             done |= nxt == c.eos_id
             steps = t + 1
             if done.all():
                 break
         return decoded_sequences(out[:, :steps + 1], c.eos_id, padded)
+
+    def _encode(self, src):
+        """(params, memory, source padding mask or None) for checked source ids: the encoder
+        (``core.model.transformer_encode``) run once, on the device."""
+        params = self._nested()
+        src_pad = src == self.config.pad_id
+        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
+        memory, _ = core_model.transformer_encode(params, src, self.config, self.pe, src_pad)
+        return params, memory, src_pad
+
+    def _last_logits(self, params, prefix, memory, src_pad):
+        """The decoder's logits at the last position of ``prefix`` (B, t), run over the whole
+        prefix (``core.model.transformer_decode``, its padding masked)."""
+        tgt_pad = prefix == self.config.pad_id
+        logits, _ = core_model.transformer_decode(params, prefix, memory, self.config, self.pe,
+                                                  src_pad, tgt_pad if tgt_pad.any() else None)
+        return logits[:, -1]
 
     def beam_decode(self, src, beam_size: int = 4, max_len: int | None = None,
                     alpha: float = 0.6, padded: bool = False, n_best: bool = False,
@@ -339,21 +304,11 @@ class Transformer(Model):
         ``cache=False``, over their whole prefixes (``core.model.transformer_decode``, padding
         masked as :meth:`greedy_decode` masks it). ``beam_size=1`` is greedy decoding.
 
-        Args:
-            src: source token ids (B, S).
-            beam_size: hypotheses kept per source, an integer >= 1.
-            max_len: most tokens to generate, EOS included (default and maximum:
-                ``config.max_len``).
-            alpha: the length penalty's exponent, a number >= 0 (0: summed log-probability).
-            padded: as for :meth:`greedy_decode`.
-            n_best: also return every hypothesis and its score.
-            cache: decode with the cache (True or False; the same sequences, unless a live
-                hypothesis emits padding, which only the uncached decoder masks).
-
-        Returns:
-            as :meth:`greedy_decode` returns (the best hypothesis of each source); with
-            ``n_best``, also ``(sequences (B, beam_size, 1 + steps), scores (B, beam_size))``,
-            best first.
+        ``src``, ``max_len`` and ``padded`` as for :meth:`greedy_decode`, which this returns
+        for the best hypothesis of each source; ``alpha >= 0`` (0: summed log-probability);
+        ``n_best``: also return ``(sequences (B, beam_size, 1 + steps), scores (B,
+        beam_size))``, best first; ``cache``: the same sequences, unless a live hypothesis emits
+        padding, which only the uncached decoder masks.
         """
         c = self.config
         src = check_ids(src, "src", c.src_vocab_size, length_limit(c))
@@ -373,30 +328,21 @@ class Transformer(Model):
         """The ``step(prefix, rows) -> logp`` of ``core.translation.beam_search`` for ``src``:
         the encoder's memory computed once and repeated ``beam_size`` times (row ``b * K + k``
         reads source ``b``), the decoder run over the whole prefix at each step."""
-        c = self.config
-        params = self._nested()
-        src_pad = src == c.pad_id
-        src, src_pad = device.put(src), device.put(src_pad) if src_pad.any() else None
-        memory, _ = core_model.transformer_encode(params, src, c, self.pe, src_pad)
+        params, memory, src_pad = self._encode(src)
         memory = memory.repeat(beam_size, axis=0)  # (B*K, S, E)
         src_pad = None if src_pad is None else src_pad.repeat(beam_size, axis=0)
 
         def step(prefix, rows):  # no cache: ``rows`` is not needed
-            tgt_pad = prefix == c.pad_id
-            logits, _ = core_model.transformer_decode(params, prefix, memory, c, self.pe,
-                                                      src_pad, tgt_pad if tgt_pad.any() else None)
-            return core_layers.log_softmax_forward(logits[:, -1])[0]  # (B*K, V)
+            logits = self._last_logits(params, prefix, memory, src_pad)
+            return core_layers.log_softmax_forward(logits)[0]  # (B*K, V)
         return step
 
     def _cached_beam_step(self, src, beam_size: int):
         """:meth:`_beam_step` with the decoder's caches: each step reorders the caches by
         ``rows`` (each hypothesis takes its parent's) and runs the decoder for the new token."""
         c, zeros = self.config, device.xp.zeros
-        params = self._nested()
-        src_pad = src == c.pad_id
-        src_pad = device.put(src_pad).repeat(beam_size, axis=0) if src_pad.any() else None
-        memory, _ = core_model.transformer_encode(params, device.put(src), c, self.pe,
-                                                  None if src_pad is None else src_pad[::beam_size])
+        params, memory, src_pad = self._encode(src)
+        src_pad = None if src_pad is None else src_pad.repeat(beam_size, axis=0)
         memory_kvs = [tuple(a.repeat(beam_size, axis=0) for a in
                             core_translation.memory_keys_values(memory, layer["cross_attn"],
                                                                 c.num_heads))
@@ -419,12 +365,9 @@ class Transformer(Model):
 
     def attention_maps(self, src, tgt_in, src_key_padding_mask=None,
                        tgt_key_padding_mask=None) -> dict[str, np.ndarray]:
-        """The attention weights of every attention layer, per head, for plotting.
-
-        Returns:
-            ``{"encoder.layers.i.self_attn": (B, H, S, S), "decoder.layers.i.self_attn":
-            (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries).
-        """
+        """The attention weights of every attention layer, per head, for plotting:
+        ``{"encoder.layers.i.self_attn": (B, H, S, S), "decoder.layers.i.self_attn":
+        (B, H, T, T), "decoder.layers.i.cross_attn": (B, H, T, S)}`` (rows: queries)."""
         _, cache = self.forward(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask)
         # the stacks' caches, which hold the weights, in core.model.transformer_forward's cache:
         # ((c_embed, c_stack), (c_embed, c_stack, c_out), learned)
