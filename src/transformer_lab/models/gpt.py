@@ -117,23 +117,12 @@ class GPT(Model):
 
     @classmethod
     def from_pretrained(cls, folder, dtype=np.float32) -> GPT:
-        """A GPT holding a GPT-2 or a LLaMA-architecture checkpoint: a folder as Hugging Face
-        ``transformers`` writes it (``config.json`` and ``model.safetensors`` or its shards,
-        e.g. a snapshot folder of its cache), read by
-        :func:`transformer_lab.models.pretrained.read_pretrained` by its ``model_type``
-        (``pretrained`` says how GPT-2's names and options map onto the GPT's,
-        :mod:`transformer_lab.models.llama` LLaMA's). ``forward(ids)[0]`` are the checkpoint's
-        logits; ``loss`` and ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` (or
-        ``["llama_config"]``) is its config.json.
-
-        Args:
-            folder: the checkpoint folder (``~`` is expanded).
-            dtype: np.float32 (default) or np.float64 (gradient checks).
-
-        Raises:
-            CheckpointError: naming the file and what is wrong: a missing folder or file, a
-                config of another model or an option the GPT does not compute, tensors
-                missing, unexpected or of the wrong shape.
+        """A GPT holding a GPT-2 or a LLaMA-architecture checkpoint: a ``transformers`` folder
+        (``~`` expanded; e.g. a snapshot folder of its cache) read by
+        :func:`~.pretrained.read_pretrained`, in ``dtype`` (np.float32, or np.float64 for
+        gradient checks). ``forward(ids)[0]`` are the checkpoint's logits; ``loss`` and
+        ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` (or ``["llama_config"]``)
+        is its config.json. A :class:`CheckpointError` names the file and what is wrong.
         """
         from transformer_lab.models import pretrained
 
@@ -158,15 +147,8 @@ class GPT(Model):
     # ---------------------------------------------------------------------------- forward
 
     def forward(self, ids):
-        """Logits of the next token at every position.
-
-        Args:
-            ids: (B, T) token ids, 1 <= T <= max_len.
-
-        Returns:
-            logits: (B, T, V) in the model's dtype; logits[:, t] predicts ids[:, t + 1].
-            cache: for :meth:`backward`.
-        """
+        """(logits (B, T, V), cache for :meth:`backward`) of token ids (B, T), 1 <= T <= max_len:
+        ``logits[:, t]`` predicts ``ids[:, t + 1]``."""
         ids = device.put(check_ids(ids, "ids", self.config))
         logits, cache = core_gpt.gpt_forward(self.nested_params(), ids, self.config, self.pe,
                                              self._rope(0, ids.shape[1]))
@@ -175,29 +157,16 @@ class GPT(Model):
     __call__ = forward
 
     def backward(self, dlogits, cache: ModelCache) -> dict[str, np.ndarray]:
-        """Gradients of every parameter given the gradient of the logits (B, T, V).
-
-        Returns:
-            name -> array, exactly the keys (and shapes) of ``model.params``.
-        """
+        """The gradients of every parameter (the keys and shapes of ``model.params``) given the
+        gradient of the logits (B, T, V)."""
         return self._flat(core_gpt.gpt_backward(self._checked_dlogits(dlogits, cache), cache.core))
 
     def loss(self, ids, compute_grads: bool = True, rng=None):
-        """Mean cross-entropy of the next-token predictions (in nats), and its gradients.
-
-        Args:
-            ids: (B, T) token ids, 2 <= T <= max_len: the model reads all of them and the
-                logits at position t are scored against ids[:, t + 1] (the last position
-                predicts nothing), B (T - 1) predictions in all.
-            compute_grads: False to skip the backward pass.
-            rng: a random generator of the device the core runs on
-                (``transformer_lab.device.generator(seed)``; on the CPU ``np.random.default_rng``)
-                to train with the config's ``dropout`` (the masks are drawn from it); None
-                (default): no dropout, as in evaluation.
-
-        Returns:
-            loss: a Python float; grads: name -> array (None without compute_grads).
-        """
+        """(loss, grads): the mean cross-entropy in nats (a Python float) of the B (T - 1)
+        next-token predictions of ``ids`` (B, T), 2 <= T <= max_len, and its gradients (None
+        with ``compute_grads=False``). ``rng``, a generator of the device the core runs on
+        (``transformer_lab.device.generator(seed)``), trains with the config's ``dropout``;
+        None: no dropout, as in evaluation."""
         compute_grads = v.boolean(compute_grads, "compute_grads")
         ids = device.put(check_ids(ids, "ids", self.config, min_len=2))
         if rng is not None and not isinstance(rng, device.xp.random.Generator):
@@ -216,7 +185,7 @@ class GPT(Model):
     # ---------------------------------------------------------------------------- generation
 
     def kv_cache_bytes(self, batch: int, length: int) -> int:
-        """Bytes of this model's KV cache: see :func:`kv_cache_bytes`."""
+        """:func:`~.config.kv_cache_bytes` of this model."""
         return kv_cache_bytes(self.config, batch, length)
 
     def new_kv_cache(self, batch: int, length: int) -> list:
@@ -251,10 +220,9 @@ class GPT(Model):
 
         Returns:
             ids: int64 array of the device, the prompt followed by the new tokens,
-            (B, T + max_new_tokens)
-            (or (T + max_new_tokens,) for a 1-D prompt); with ``return_logits`` also the
-            logits, (B, max_new_tokens, V) (or (max_new_tokens, V)), before temperature and
-            filtering.
+            (B, T + max_new_tokens) (or (T + max_new_tokens,) for a 1-D prompt); with
+            ``return_logits`` also the logits, (B, max_new_tokens, V) (or (max_new_tokens, V)),
+            before temperature and filtering.
         """
         c = self.config
         ids = device.to_host(ids)
