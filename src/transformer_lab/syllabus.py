@@ -1,11 +1,8 @@
 """Which notebook teaches each function of :mod:`transformer_lab.core`, read from the core.
 
-The line that opens a core function's solution region names where it is taught, by notebook
-number and section: ``05 §3``; for a function that later notebooks extend, every place in
-teaching order, ``00 §6, 03 §3`` (``14 §2, §3``: two sections of one notebook). The student
-writes the function where it is listed first, and extends it in the notebooks listed after
-(``linear_forward`` takes one sequence in 00 and any leading axes in 03). A notebook's full name
-is its check module's (``checks/nb05_attention_backward.py``: ``05_attention_backward``).
+The line that opens a core function's solution region names where it is taught (``05 §3``; a
+function that later notebooks extend lists every place in teaching order: docs/maintainers.md,
+"Writing exercises"); a notebook's full name is its check module's.
 
 ``make student`` names the first place in the stub it leaves in the handout; ``make grade``
 grades a notebook with the student's own version of the functions that list it, and the

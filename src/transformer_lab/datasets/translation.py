@@ -1,16 +1,7 @@
 """Translation data: English number expressions -> French (or German), written by ``num2words``.
 
-Real parallel text cannot be downloaded at run time, but a real grammar can be generated
-offline. ``num2words`` writes a number in English and in French; the pair is a translation with
-real phenomena (notebook 12):
-
-- French counts by twenties from 60 to 99 (vigesimal): seventy-two -> ``soixante-douze``,
-  ninety-one -> ``quatre-vingt-onze``;
-- agreement: ``quatre-vingts`` and ``deux cents`` take a plural s, but not when another number
-  follows (``quatre-vingt-un``, ``deux cent un``) nor before ``mille`` (``quatre-vingt mille``);
-- ``et un``: twenty-one -> ``vingt et un`` but eighty-one -> ``quatre-vingt-un``;
-- German writes the units before the tens, in one word: forty-two -> ``zweiundvierzig`` (an
-  alignment that crosses).
+The pairs show real phenomena of French (counting by twenties, agreement, ``et un``) and
+German (units before tens): notebook 12, section 1.
 
 Four kinds of expression: cardinals from 0 to a million, ordinals (1 to 9,999), years (1000 to
 2099) and amounts of money in euros (1 to 999 euros and 1 to 99 cents). Two corrections to

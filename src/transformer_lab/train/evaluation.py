@@ -12,18 +12,10 @@ from transformer_lab.models.encoder_decoder import Transformer
 
 def evaluate(model: Transformer, pairs: Sequence[tuple], batch_size: int = 1000,
              max_len: int | None = None) -> dict:
-    """Greedy-decode the sources of ``pairs`` and compare with their targets.
-
-    Args:
-        model: the model.
-        pairs: (source, target) tuples of token ids (no special tokens).
-        batch_size: sequences decoded together.
-        max_len: most tokens generated per sequence (default: longest target + 1, for EOS).
-
-    Returns:
-        ``{"exact_match", "token_accuracy", "predictions"}`` (predictions: one token tuple per
-        pair, without special tokens).
-    """
+    """Greedy-decode the sources of ``pairs`` ((source, target) token ids, no special tokens),
+    ``batch_size`` at a time, at most ``max_len`` tokens each (default: longest target + 1, for
+    EOS) -> ``{"exact_match", "token_accuracy", "predictions"}`` (one token tuple per pair,
+    without special tokens)."""
     if len(pairs) == 0:
         raise ValueError("pairs must not be empty")
     if max_len is None:

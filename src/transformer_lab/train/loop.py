@@ -39,21 +39,8 @@ from transformer_lab.train.progress import Progress
 
 
 def train_step(model: Transformer, opt, src, tgt, lr: float, clip: float) -> tuple[float, float]:
-    """One step: loss and gradients, clip to global norm ``clip`` (0: no clipping), update.
-
-    Checks ``clip`` (the optimiser checks ``lr`` when it is set), then runs
-    ``transformer_lab.core.training.train_step``.
-
-    Args:
-        model: the model, updated in place.
-        opt: its optimiser (:mod:`transformer_lab.optim`), which checks ``lr``.
-        src, tgt: a padded batch (B, S), (B, T).
-        lr: the learning rate of this step.
-        clip: largest global gradient norm, >= 0 (0: no clipping).
-
-    Returns:
-        (loss, gradient norm before clipping).
-    """
+    """``transformer_lab.core.training.train_step`` (its docstring says the arguments), with
+    ``clip >= 0`` checked first (the optimiser, :mod:`transformer_lab.optim`, checks ``lr``)."""
     clip = v.real(clip, "clip", minimum=0)
     return core_training.train_step(model, opt, src, tgt, lr, clip)
 
