@@ -19,8 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from transformer_lab import syllabus
 from transformer_lab.models import llama
+from transformer_lab.models.checkpoints import CheckpointError
 from transformer_lab.models.config import parameter_shapes
-from transformer_lab.models.gpt import GPT, CheckpointError, GPTConfig
+from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.reference.torch_gpt import TorchGPT
 
 #: Small LLaMA configs: untied with grouped-query attention; tied, every head its own, the

@@ -24,8 +24,9 @@ from hf_tools import (  # noqa: F401 (one_torch_thread: an autouse fixture)
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
 from transformer_lab.models import pretrained
+from transformer_lab.models.checkpoints import CheckpointError
 from transformer_lab.models.config import parameter_shapes
-from transformer_lab.models.gpt import GPT, CheckpointError
+from transformer_lab.models.gpt import GPT
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 

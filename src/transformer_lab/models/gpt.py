@@ -27,8 +27,7 @@ from transformer_lab.core import next_token as core_next_token
 from transformer_lab.core import rope as core_rope
 from transformer_lab.core import sampling as core_sampling
 
-# re-exported: importable from here, as before the configs had a module of their own
-from transformer_lab.models.checkpoints import CheckpointError  # noqa: F401
+# GPTConfig, config_to_dict and kv_cache_bytes also importable from here (notebooks, checks)
 from transformer_lab.models.config import (  # noqa: F401
     GPTConfig,
     config_to_dict,
@@ -122,7 +121,8 @@ class GPT(Model):
         :func:`~.pretrained.read_pretrained`, in ``dtype`` (np.float32, or np.float64 for
         gradient checks). ``forward(ids)[0]`` are the checkpoint's logits; ``loss`` and
         ``backward`` fine-tune it; ``model.metadata["gpt2_config"]`` (or ``["llama_config"]``)
-        is its config.json. A :class:`CheckpointError` names the file and what is wrong.
+        is its config.json. A :class:`~.checkpoints.CheckpointError` names the file and what is
+        wrong.
         """
         from transformer_lab.models import pretrained
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer_lab import device
 from transformer_lab.models.checkpoints import CheckpointError
-from transformer_lab.models.config import GPTConfig, kv_cache_bytes
+from transformer_lab.models.config import GPTConfig, kv_cache_bytes, parameter_shapes
 from transformer_lab.models.hf_checkpoint import (
     CONFIG_FILE,
     LM_HEAD,
@@ -205,9 +205,11 @@ def llama_params(tensors: Mapping[str, np.ndarray], config: GPTConfig) -> dict[s
     """The GPT's parameters (``parameter_shapes(config)``'s names, in order) from LLaMA's
     tensors (names without the prefix, shapes of :func:`llama_shapes`)."""
     c = config
-    params = {"embed.W": tensors["embed_tokens.weight"]}
+    params = {"embed.W": tensors["embed_tokens.weight"], "norm.gamma": tensors["norm.weight"]}
+    if not c.tie_embeddings:
+        params["lm_head.W"] = tensors["lm_head.weight"]
     for i in range(c.num_layers):
-        t, p = f"layers.{i}.", f"layers.{i}."
+        t = f"layers.{i}."
         layer = {ours: tensors[t + theirs] for theirs, ours in _LAYER.items()
                  if t + theirs in tensors}
         heads = (c.num_heads, c.num_kv_heads, None)  # queries and keys reordered, values not
@@ -217,11 +219,8 @@ def llama_params(tensors: Mapping[str, np.ndarray], config: GPTConfig) -> dict[s
             layer["attn.b_qkv"] = _qkv([tensors[f"{t}self_attn.{n}.bias"] for n in _QKV], heads)
         for name in ("attn.W_o", "mlp.W_gate", "mlp.W_up", "mlp.W_down"):
             layer[name] = np.ascontiguousarray(layer[name].T)
-        params.update({p + name: layer[name] for name in _layer_order(c)})
-    params["norm.gamma"] = tensors["norm.weight"]
-    if not c.tie_embeddings:
-        params["lm_head.W"] = tensors["lm_head.weight"]
-    return params
+        params.update({t + name: w for name, w in layer.items()})
+    return {name: params[name] for name in parameter_shapes(c)}
 
 
 def _qkv(parts, heads) -> np.ndarray:
@@ -229,12 +228,6 @@ def _qkv(parts, heads) -> np.ndarray:
     features in the core's RoPE pairs."""
     return np.concatenate([w if h is None else half_split_to_pairs(w, h)
                            for w, h in zip(parts, heads, strict=True)], axis=-1)
-
-
-def _layer_order(c: GPTConfig) -> list[str]:
-    """A block's parameter names (after ``layers.N.``) in ``parameter_shapes``' order."""
-    attn = ["attn.W_qkv", "attn.W_o"] + (["attn.b_qkv", "attn.b_o"] if c.bias else [])
-    return ["norm1.gamma", *attn, "norm2.gamma", "mlp.W_gate", "mlp.W_up", "mlp.W_down"]
 
 
 # --------------------------------------------------------------------------------------------

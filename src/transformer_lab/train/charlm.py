@@ -353,14 +353,10 @@ def _parser():
     p.add_argument("--block", choices=BLOCKS, default=d.block,
                    help="classic: layer norm, GELU, learned positions; modern: RMSNorm, "
                         "SwiGLU, RoPE, grouped-query attention")
-    for name, kind in (("d_model", int), ("num_heads", int), ("num_kv_heads", int),
-                       ("num_layers", int), ("d_ff", int), ("context", int),
-                       ("batch_size", int), ("steps", int), ("lr", float), ("final_lr", float),
-                       ("warmup", int), ("clip", float), ("weight_decay", float),
-                       ("dropout", float), ("eval_every", int), ("eval_tokens", int),
-                       ("threads", int), ("time_budget", float)):
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
-                       default=getattr(d, name))
+    for f in dataclasses.fields(CharLMConfig):  # the sizes and numbers, in the fields' order
+        if f.name not in ("seed", "block", "dtype", "tokenizer", "bpe_vocab_size", "device"):
+            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           type=float if "float" in f.type else int, default=f.default)
     p.add_argument("--device", choices=device.DEVICES, default=d.device, help=device.HELP)
     p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
     p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "

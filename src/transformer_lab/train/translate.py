@@ -66,15 +66,8 @@ MAX_LEN = 80
 
 @dataclasses.dataclass(frozen=True)
 class TranslateConfig:
-    """Everything a translation run depends on (defaults: the shipped checkpoint's run).
-
-    Data: ``lang`` ("fr" or "de"), ``n_train``, ``n_val``, ``n_test``. Model: ``d_model``,
-    ``num_heads``, ``num_layers`` (encoder and decoder each), ``d_ff``. Optimisation: ``lr``
-    (peak), ``warmup``, ``steps``, ``batch_size``, ``clip``, ``label_smoothing``. Evaluation:
-    ``eval_every`` steps; ``beam_size`` and ``alpha`` of the beam search. Run: ``seed``,
-    ``threads`` (BLAS threads), ``time_budget`` (seconds of training, None: no limit),
-    ``device`` ("cpu" or "cuda", :mod:`transformer_lab.device`).
-    """
+    """Everything a translation run depends on (defaults: the shipped checkpoint's run): ``lang``
+    ("fr" or "de", ``--task``) and the fields :data:`OPTION_HELP` describes (``--help``)."""
 
     seed: int = 0
     lang: str = "fr"
