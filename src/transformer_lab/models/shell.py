@@ -173,16 +173,9 @@ class Model:
     # ---------------------------------------------------------------------------- checkpoints
 
     def save(self, path, metadata: Mapping | None = None) -> str:
-        """Save the configuration and every parameter to a NumPy ``.npz`` file.
-
-        The file holds one array per parameter (``params/<name>``) and a JSON header (format
-        version, the model's kind, the config, the parameter names, and ``metadata`` --
-        anything JSON can hold, e.g. the training step or the task). ``.npz`` is appended to
-        ``path`` if missing.
-
-        Returns:
-            The path written.
-        """
+        """Save the configuration, every parameter and ``metadata`` (anything JSON can hold, e.g.
+        the training step) to a checkpoint (:mod:`.checkpoints`; ``.npz`` is appended to
+        ``path`` if missing) -> the path written."""
         return checkpoints.save(self, path, metadata)
 
     @classmethod
@@ -192,16 +185,8 @@ class Model:
         return checkpoints.load(cls, path)
 
     def load_params(self, path) -> dict:
-        """Copy the parameters stored by :meth:`save` into this model, in place.
-
-        Refuses (:class:`~transformer_lab.models.checkpoints.CheckpointError`, nothing copied)
-        a file that does not fit this model: another kind of model, other parameter names,
-        shapes or dtypes (the message names the tensor and both shapes), values that are not
-        finite, or a configuration that differs in any other field (``norm_first``,
-        ``activation``, ``eps``, ``max_len``, the special token ids, ...): such parameters
-        would load but compute a different function.
-
-        Returns:
-            The metadata stored with the parameters.
-        """
+        """Copy the parameters stored by :meth:`save` into this model, in place, and return the
+        metadata stored with them; nothing is copied from a file that does not fit this model
+        (a :class:`~.checkpoints.CheckpointError` says why, :mod:`.checkpoints`), its config
+        included: one that differs in any field but ``dtype`` would compute another function."""
         return checkpoints.load_params(self, path)

@@ -72,21 +72,10 @@ __all__ = ["from_torch", "LinearTwin", "EmbeddingTwin", "LayerNormTwin",
 
 
 def from_torch(module):
-    """A NumPy twin of a PyTorch module, built from a copy of its weights.
-
-    Args:
-        module: one of the modules the module docstring lists; float32 or float64, on the CPU,
-            not applying dropout.
-
-    Returns:
-        The twin (see the module docstring): ``forward(...)``, ``backward(dout)``, ``grads``,
-        ``params``, ``refresh(module)``.
-
-    Raises:
-        TypeError: for another module type or dtype.
-        ValueError: for a module that would apply dropout, or an option the twins do not
-            support (e.g. ``add_bias_kv``).
-    """
+    """A NumPy twin (see the module docstring) of a PyTorch module it lists, float32 or float64,
+    on the CPU, built from a copy of its weights. A TypeError for another module type or dtype,
+    a ValueError for a module that would apply dropout or an option the twins do not support
+    (e.g. ``add_bias_kv``)."""
     from torch import nn
 
     # Most specific first: out_proj is a subclass of nn.Linear, for instance.

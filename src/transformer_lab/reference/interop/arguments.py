@@ -9,10 +9,8 @@ broadcastable to (B, H, T, S), boolean or float. The functions here check the ar
 errors name the argument and say what was expected) and convert them; they compute nothing the
 core computes.
 
-Merging (:func:`merge`): two boolean masks give their union (``core.attention.merge_masks``);
-when either is a float mask, both become additive masks (True -> -inf) and are added, as torch
-does. A query whose keys are all blocked (a row of True, or of -inf) attends to nothing: the core
-gives it zero weights and a zero attention output (docs/maintainers.md, "Models and trainers").
+How :func:`merge` merges two masks, and what a query whose keys are all blocked gets:
+docs/maintainers.md, "Models and trainers".
 """
 
 from __future__ import annotations
