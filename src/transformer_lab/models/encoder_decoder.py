@@ -61,48 +61,35 @@ from transformer_lab.models.shell import Model, ModelCache, flatten, nest
 # Parameter names: one flat dict, nested for the core by shell.nest (and back by shell.flatten)
 
 
-def _attention_names(prefix: str, packed: bool, bias: bool) -> dict:
+def _attention_names(prefix: str, packed: bool, bias: bool) -> list[str]:
     keys = ["W_qkv"] if packed else ["W_q", "W_k", "W_v"]
     keys.append("W_o")
     if bias:
         keys += ["b_qkv"] if packed else ["b_q", "b_k", "b_v"]
         keys.append("b_o")
-    return {k: f"{prefix}.{k}" for k in keys}
-
-
-def _ff_names(prefix: str, bias: bool) -> dict:
-    keys = ["W1", "b1", "W2", "b2"] if bias else ["W1", "W2"]
-    return {k: f"{prefix}.{k}" for k in keys}
-
-
-def _norm_names(prefix: str, bias: bool) -> dict:
-    return {k: f"{prefix}.{k}" for k in (("gamma", "beta") if bias else ("gamma",))}
-
-
-def _templates(c: TransformerConfig) -> tuple[dict, dict]:
-    """Nested dicts of parameter *names*, in order, shaped like the params of the core's
-    encoder and decoder stacks (``core.blocks.encoder_forward`` / ``decoder_forward``)."""
-    def stack(side: str, num_layers: int, attentions: tuple, norms: tuple) -> dict:
-        layers = []
-        for i in range(num_layers):
-            p = f"{side}.layers.{i}"
-            layer = {a: _attention_names(f"{p}.{a}", a == "self_attn", c.bias) for a in attentions}
-            layer["ff"] = _ff_names(f"{p}.ff", c.bias)
-            layers.append({**layer, **{n: _norm_names(f"{p}.{n}", c.bias) for n in norms}})
-        return {"layers": layers, "norm": _norm_names(f"{side}.norm", c.bias)}
-
-    return (stack("encoder", c.num_encoder_layers, ("self_attn",), ("norm1", "norm2")),
-            stack("decoder", c.num_decoder_layers, ("self_attn", "cross_attn"),
-                  ("norm1", "norm2", "norm3")))
+    return [f"{prefix}.{k}" for k in keys]
 
 
 def parameter_names(config: TransformerConfig) -> list[str]:
-    """The names of :attr:`Transformer.params`, in order, for a config."""
+    """The names of :attr:`Transformer.params`, in order, for a config: the order of the
+    core's nested encoder and decoder stacks (``core.blocks.encoder_forward`` /
+    ``decoder_forward``), flattened, between the embeddings and the output projection."""
+    c = config
     names = ["src_embed.W", "tgt_embed.W"]
-    if config.positional == "learned":
+    if c.positional == "learned":
         names += ["src_pos.W", "tgt_pos.W"]
-    names += list(flatten(dict(zip(("encoder", "decoder"), _templates(config), strict=True))))
-    names += ["out_proj.W", "out_proj.b"] if config.bias else ["out_proj.W"]
+    norm = ("gamma", "beta") if c.bias else ("gamma",)
+    for side, num_layers, attentions in (("encoder", c.num_encoder_layers, ("self_attn",)),
+                                         ("decoder", c.num_decoder_layers,
+                                          ("self_attn", "cross_attn"))):
+        for i in range(num_layers):
+            p = f"{side}.layers.{i}"
+            for a in attentions:
+                names += _attention_names(f"{p}.{a}", a == "self_attn", c.bias)
+            names += [f"{p}.ff.{k}" for k in (("W1", "b1", "W2", "b2") if c.bias else ("W1", "W2"))]
+            names += [f"{p}.norm{j}.{k}" for j in range(1, len(attentions) + 2) for k in norm]
+        names += [f"{side}.norm.{k}" for k in norm]
+    names += ["out_proj.W", "out_proj.b"] if c.bias else ["out_proj.W"]
     return names
 
 
