@@ -897,6 +897,8 @@ mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of
 mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(0, head_dim, 2) / head_dim)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
+mutant("rope_tables", "the base 10000 written in, the argument base ignored",
+       "omega = base ** (", "omega = 10000.0 ** (", "check-rope")
 mutant("rope_forward", "the rotation by minus the angle (clockwise, not RoFormer's +p omega)",
        "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
        "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
     _attention_params,
@@ -34,6 +34,9 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
             (1, 2, 4, 4)), rng.standard_normal((1, 2, 4, 4))))
         yield Case("float32", (np.arange(3), rng.standard_normal((2, 3, 8)).astype(np.float32),
                                rng.standard_normal((2, 3, 8)).astype(np.float32)))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("base 500 (the frequencies' base is an argument)", (np.arange(6),
+                   later.standard_normal((2, 6, 8)), later.standard_normal((2, 6, 8)), 500.0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -41,22 +44,23 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
                                               rng.standard_normal((3, 2))))
     ### END HIDDEN TESTS
 
-    def run(self, f, positions, x, dout):
-        cos, sin = f.rope_tables(positions, x.shape[-1])
+    def run(self, f, positions, x, dout, base=None):
+        cos, sin = (f.rope_tables(positions, x.shape[-1]) if base is None
+                    else f.rope_tables(positions, x.shape[-1], base))
         out, cache = f.rope_forward(x, cos.astype(x.dtype), sin.astype(x.dtype))
         return {"cos": np.asarray(cos, np.float64), "sin": np.asarray(sin, np.float64),
                 "out": out, "dx": f.rope_backward(dout, cache)}
 
-    def expected(self, positions, x, dout):
-        Dh = x.shape[-1]
-        omega = 10000.0 ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
+    def expected(self, positions, x, dout, base=None):
+        Dh, base = x.shape[-1], 10000.0 if base is None else base
+        omega = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
         angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
         out, dx = autograd(lambda tx: _torch_rotate(tx, angles.to(tx.dtype)), dout, x)
         return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(), "out": out,
                 "dx": dx}
 
-    def mistakes(self, positions, x, dout):
-        want = self.expected(positions, x, dout)
+    def mistakes(self, positions, x, dout, base=None):
+        want = self.expected(positions, x, dout, base)
         x0, x1 = x[..., 0::2], x[..., 1::2]
         c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
         other = np.empty_like(x)
@@ -64,11 +68,15 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
         half = x.shape[-1] // 2
         halves = np.concatenate([x[..., :half] * c - x[..., half:] * s,
                                  x[..., :half] * s + x[..., half:] * c], axis=-1)
-        return {"rotating by minus the angle (clockwise; RoPE, as RoFormer and LLaMA write it, "
-                "turns each pair counterclockwise by a = p omega_i: (x_2i cos a - x_2i+1 sin a, "
-                "x_2i sin a + x_2i+1 cos a))": lambda: {**want, "out": other},
-                "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
-                "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
+        hints = {"rotating by minus the angle (clockwise; RoPE, as RoFormer and LLaMA write it, "
+                 "turns each pair counterclockwise by a = p omega_i: (x_2i cos a - x_2i+1 sin a, "
+                 "x_2i sin a + x_2i+1 cos a))": lambda: {**want, "out": other},
+                 "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
+                 "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
+        if base is not None:
+            hints["writing in the base 10000 instead of using the argument base"] = (
+                lambda: self.expected(positions, x, dout))
+        return hints
 
 
 # --------------------------------------------------------------------------------------------
