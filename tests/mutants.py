@@ -907,6 +907,8 @@ mutant("rope_backward", "the forward's rotation in the backward (not its transpo
        "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
        "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d0 * sin + d1 * cos",
        "check-rope")
+mutant("rms_norm_forward", "eps = 1e-5 written in, the argument eps ignored",
+       "/ d + eps)", "/ d + 1e-5)", "check-gpt-rms-norm")
 mutant("rms_norm_forward", "eps added outside the square root",
        "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",
        "rstd = 1 / (np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d) + eps)",
@@ -1024,6 +1026,13 @@ mutant("top_p_filter", "the token that crosses p dropped (its own probability co
        "above = np.cumsum(sorted_probs, axis=-1)", "check-top-p-filter")
 mutant("sample_next", "temperature ignored", "z = logits / temperature", "z = logits",
        "check-sample-next")
+mutant("sample_next", "top_k ignored (no top-k filter)", "        z = top_k_filter(z, top_k)\n",
+       "        pass\n", "check-sample-next")
+mutant("sample_next", "the filters in the other order (top-p before top-k)",
+       "    if top_k is not None:\n        z = top_k_filter(z, top_k)\n    if top_p is not None:\n"
+       "        z = top_p_filter(z, top_p)\n",
+       "    if top_p is not None:\n        z = top_p_filter(z, top_p)\n    if top_k is not None:\n"
+       "        z = top_k_filter(z, top_k)\n", "check-sample-next")
 MINP = "14_decoding/exercise-min-p-filter"
 mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=-1, keepdims=True)",
        "probs >= p_min", "check-min-p-filter")

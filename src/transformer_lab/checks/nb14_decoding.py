@@ -108,6 +108,10 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
         yield Case("temperature 1", (row,), {"temperature": 1.0})
         yield Case("temperature 0.5, top-k 4", (row,), {"temperature": 0.5, "top_k": 4})
         yield Case("temperature 2, top-p 0.8", (row,), {"temperature": 2.0, "top_p": 0.8})
+        yield Case("temperature 2, top-k 3 (the cut tokens hold much of the mass)", (row,),
+                   {"temperature": 2.0, "top_k": 3})
+        yield Case("temperature 2, top-k 4, then top-p 0.5 of what top-k kept", (row,),
+                   {"temperature": 2.0, "top_k": 4, "top_p": 0.5})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -92,6 +92,10 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
         yield Case("float32", (rng.standard_normal((4, 5)).astype(np.float32),
                                np.ones(5, np.float32), rng.standard_normal((4, 5))
                                .astype(np.float32)))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("eps = 0.01 for inputs of size 0.1 (eps is an argument)",
+                   (later.standard_normal((3, 4)) * 0.1, 1 + later.standard_normal(4) * 0.3,
+                    later.standard_normal((3, 4))), {"eps": 0.01})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -100,30 +104,38 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
                                                  rng.standard_normal((2, 4))))
     ### END HIDDEN TESTS
 
-    def run(self, f, x, gamma, dout):
-        out, cache = f.rms_norm_forward(x, gamma)
+    def run(self, f, x, gamma, dout, eps=None):
+        out, cache = (f.rms_norm_forward(x, gamma) if eps is None
+                      else f.rms_norm_forward(x, gamma, eps))
         dx, grads = f.rms_norm_backward(dout, cache)
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
-    def expected(self, x, gamma, dout, rms=True):
-        """RMSNorm with eps 1e-5 -- or, a mistake, a layer norm without beta -- by autograd."""
+    def expected(self, x, gamma, dout, eps=None, rms=True):
+        """RMSNorm (eps by default 1e-5) -- or, a mistake, a layer norm without beta -- by
+        autograd."""
         F = torch.nn.functional
+        eps = 1e-5 if eps is None else eps
 
         def norm(tx, tg):
-            return (F.rms_norm(tx, (x.shape[-1],), tg, 1e-5) if rms
-                    else F.layer_norm(tx, (x.shape[-1],), tg, None, 1e-5))
+            return (F.rms_norm(tx, (x.shape[-1],), tg, eps) if rms
+                    else F.layer_norm(tx, (x.shape[-1],), tg, None, eps))
 
         out, dx, dgamma = autograd(norm, dout, x, gamma)
         return {"out": out, "dx": dx, "dgamma": dgamma}
 
-    def mistakes(self, x, gamma, dout):
+    def mistakes(self, x, gamma, dout, eps=None):
         tx, tg = _t(x), _t(gamma)
-        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5))
-        return {"subtracting the mean first (that is a layer norm)":
-                lambda: self.expected(x, gamma, dout, rms=False),
-                # the forward alone: a hint names the first output that differs
-                "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
-                "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt()
+                                     + (1e-5 if eps is None else eps)))
+        hints = {"subtracting the mean first (that is a layer norm)":
+                 lambda: self.expected(x, gamma, dout, eps, rms=False),
+                 # the forward alone: a hint names the first output that differs
+                 "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
+                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+        if eps is not None:
+            hints["writing in eps = 1e-5 instead of using the argument eps"] = (
+                lambda: self.expected(x, gamma, dout))
+        return hints
 
 
 # --------------------------------------------------------------------------------------------
