@@ -803,6 +803,9 @@ mutant("transformer_backward", "the memory's gradient not passed into the encode
 mutant("transformer_loss", "ignore_index not passed on (-100, not the model's padding label)",
        "cross_entropy_forward(logits, labels, ignore_index)",
        "cross_entropy_forward(logits, labels)", "check-transformer-loss")
+mutant("transformer_loss", "-1 written in, the argument ignore_index ignored",
+       "cross_entropy_forward(logits, labels, ignore_index)",
+       "cross_entropy_forward(logits, labels, -1)", "check-transformer-loss")
 BUG = "09_verification/exercise-find-the-bug"
 mutant(BUG, "the first bug left: the scores scaled by sqrt(E)", "/ math.sqrt(head_dim)",
        "/ math.sqrt(e)", "check-find-the-bug")

@@ -96,18 +96,24 @@ class TransformerBackward(Check, id="check-transformer-backward",
 class TransformerLoss(Check, id="check-transformer-loss", functions=("transformer_loss",)):
     def cases(self, rng):
         yield from _model_cases(rng, MODEL_CASES, _labels)
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        args = model_case(later)
+        labels = _labels(later, args)
+        labels[labels == -1] = 0
+        yield Case("padding marked 0 (ignore_index = 0)", args + (labels,), {"ignore_index": 0})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield from _model_cases(rng, HIDDEN_MODEL_CASES, _labels)
     ### END HIDDEN TESTS
 
-    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
+    def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1):
         loss, grads = f.transformer_loss(params, src, tgt_in, labels, config_of(config), pe,
-                                         src_pad, tgt_pad, -1)
+                                         src_pad, tgt_pad, ignore_index)
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, how="mean"):
+    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1,
+                 how="mean"):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
         flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
@@ -115,25 +121,30 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
             loss = torch.nn.functional.cross_entropy(flat, torch.where(target == -1, v - 1,
                                                                        target))
         elif how == "mean over all":
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=-1,
+            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
                                                      reduction="sum") / labels.size
         else:
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=-1,
+            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
                                                      reduction=how)
         loss.backward()
         dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
         return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}
 
-    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels):
-        case = (params, src, tgt_in, config, pe, src_pad, tgt_pad, labels)
-        return {"dividing by every position, ignored ones included: the mean is over the "
-                "labels that count": lambda: self.expected(*case, how="mean over all"),
-                "with the sum over the labels instead of their mean":
-                lambda: self.expected(*case, how="sum"),
-                "calling cross_entropy_forward(logits, labels) without ignore_index: its "
-                "default is -100 (PyTorch's), the model marks padding with -1, so the padded "
-                "positions count (as the last class); pass ignore_index on":
-                lambda: self.expected(*case, how="ignore_index -100")}
+    def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1):
+        case = (params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index)
+        hints = {"dividing by every position, ignored ones included: the mean is over the "
+                 "labels that count": lambda: self.expected(*case, how="mean over all"),
+                 "with the sum over the labels instead of their mean":
+                 lambda: self.expected(*case, how="sum")}
+        if ignore_index == -1:
+            hints["calling cross_entropy_forward(logits, labels) without ignore_index: its "
+                  "default is -100 (PyTorch's), the model marks padding with -1, so the padded "
+                  "positions count (as the last class); pass ignore_index on"] = (
+                lambda: self.expected(*case, how="ignore_index -100"))
+        else:
+            hints["writing in -1 instead of using the argument ignore_index"] = (
+                lambda: self.expected(*case[:-1]))
+        return hints
 
 
 # --------------------------------------------------------------------------------------------
