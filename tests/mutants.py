@@ -989,6 +989,9 @@ mutant("gpt_loss", "the generator not passed on: no dropout in training",
 mutant("gpt_forward", "learned positions ignored",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe", "positions = pe",
        "check-gpt-model")
+mutant("gpt_forward", "a fixed positional table pe ignored (only learned positions added)",
+       "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe",
+       "positions = params[\"pos\"][\"W\"] if \"pos\" in params else None", "check-gpt-model")
 mutant("gpt_backward", "the output projection's share of the tied table's gradient forgotten",
        "        d_table += g_out[\"W\"]  # tied: the two uses of the table add up\n",
        "        pass\n", "check-gpt-model")

@@ -268,6 +268,8 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
         yield Case("float32", _model_case(rng, np.float32))
         yield Case("an output table of its own (untied: params['lm_head']['W'])",
                    _model_case(later_rng(rng), tie_embeddings=False))
+        yield Case("a fixed sinusoidal table (pe) instead of learned positions",
+                   _model_case(later_rng(rng), positional="sinusoidal"))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
