@@ -953,6 +953,14 @@ mutant("causal_self_attention_backward", "the values' shared heads not summed ba
 mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
        "dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)",
        "dq = rope_backward(dq, c_rope)", "check-grouped-query-attention")
+mutant("norm_forward", "eps ignored: 1e-5 written in for the layer norm",
+       "params.get(\"beta\"), eps)", "params.get(\"beta\"), 1e-5)", "check-gpt-block")
+mutant("gpt_block_forward", "config.eps not passed to the first norm (1e-5 written in)",
+       "params[\"norm1\"], True, c.eps, norm)", "params[\"norm1\"], True, 1e-5, norm)",
+       "check-gpt-block")
+mutant("gpt_forward", "config.eps not passed to the final norm",
+       "norm_forward(x, params[\"norm\"], config.norm, config.eps)",
+       "norm_forward(x, params[\"norm\"], config.norm)", "check-gpt-model")
 mutant("norm_forward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
        "check-modern-block")
 mutant("norm_backward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",

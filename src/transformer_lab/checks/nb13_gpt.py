@@ -236,6 +236,8 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
     def cases(self, rng):
         yield Case("the 2017 / GPT-2 block, float64", _block_case(rng, "classic"))
         yield Case("float32", _block_case(rng, "classic", np.float32))
+        yield Case("eps = 0.1 in both norms (config.eps)",
+                   _block_case(later_rng(rng), "classic", eps=0.1))
 
 
 def _model_case(rng, dt=np.float64, **kw):
@@ -270,6 +272,7 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
                    _model_case(later_rng(rng), tie_embeddings=False))
         yield Case("a fixed sinusoidal table (pe) instead of learned positions",
                    _model_case(later_rng(rng), positional="sinusoidal"))
+        yield Case("eps = 0.1 in every norm (config.eps)", _model_case(later_rng(rng), eps=0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
