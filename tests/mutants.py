@@ -1030,6 +1030,9 @@ mutant("gpt_block_step", "the attention's residual connection forgotten",
 mutant("gpt_step", "an untied model's output table ignored in the cached step",
        "params.get(\"lm_head\", params[\"embed\"])[\"W\"]", "params[\"embed\"][\"W\"]",
        "check-gpt-step")
+mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
+       "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe",
+       "positions = params[\"pos\"][\"W\"] if \"pos\" in params else None", "check-gpt-step")
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")

@@ -228,6 +228,8 @@ class CachedStep(Check, id="check-gpt-step",
         yield Case("chunks of 2", (*_model_case(rng), (2, 2, 2)))
         yield Case("an output table of its own (untied: params['lm_head']['W']), chunks of 3",
                    (*_model_case(later_rng(rng), tie_embeddings=False), (3, 3)))
+        yield Case("a fixed sinusoidal table (pe), chunks of 2",
+                   (*_model_case(later_rng(rng), positional="sinusoidal"), (2, 2, 2)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
