@@ -196,6 +196,12 @@ def later_rng(rng: np.random.Generator) -> np.random.Generator:
     return np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
 
 
+def normals(rng: np.random.Generator, *shapes, dtype=np.float64, scale=1.0) -> tuple:
+    """Arrays of ``shapes`` drawn in turn from ``rng``'s standard normal, times ``scale``, as
+    ``dtype``: the inputs of most cases (``Case("x and dout", normals(rng, (3, 4), (3, 4)))``)."""
+    return tuple((rng.standard_normal(shape) * scale).astype(dtype) for shape in shapes)
+
+
 def all_cases(check: Check, salt: str = "notebook", hidden: bool = True) -> list[Case]:
     """The check's cases, public first, then (with ``hidden``) the hidden ones."""
     rng = case_rng(check.id, salt)
