@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb04_multihead_attention import (
     blocked_rows_mask,
     mha_case,
@@ -143,10 +143,8 @@ def row_cases(rng):
     row, a batch of rows, and square rows (where a row sum that drops its axis broadcasts
     along the wrong one)."""
     yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
-    yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
-                                          rng.standard_normal((3, 5))))
-    yield Case("square rows (4, 4): the row sum must keep its axis",
-               (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+    yield Case("a batch of rows (3, 5)", normals(rng, (3, 5), (3, 5)))
+    yield Case("square rows (4, 4): the row sum must keep its axis", normals(rng, (4, 4), (4, 4)))
 
 
 class SoftmaxBackward(Check, id="check-softmax-backward",
@@ -161,17 +159,14 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
         x[1] = -np.inf
         yield Case("a fully blocked row (all -inf: zero weights, zero gradient)",
                    (x, rng.standard_normal((3, 4))))
-        yield Case("float32", (rng.standard_normal((2, 3, 6)).astype(np.float32),
-                               rng.standard_normal((2, 3, 6)).astype(np.float32)))
+        yield Case("float32", normals(rng, (2, 3, 6), (2, 3, 6), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
-                                 rng.standard_normal((2, 2, 3, 4))))
+        yield Case("four axes", normals(rng, (2, 2, 3, 4), (2, 2, 3, 4)))
         yield Case("huge scores", (rng.standard_normal((3, 7)) * 1000,
                                    rng.standard_normal((3, 7))))
-        yield Case("one entry per row", (rng.standard_normal((4, 1)),
-                                         rng.standard_normal((4, 1))))
+        yield Case("one entry per row", normals(rng, (4, 1), (4, 1)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout):
@@ -206,13 +201,10 @@ class AttentionBackward(Check, id="check-attention-backward",
     @staticmethod
     def _case(rng, name, lead, t, s, d_k, d_v, dtype=np.float64, mask=None, scale=None,
               dweights=False):
-        q = rng.standard_normal((*lead, t, d_k))
-        k = rng.standard_normal((*lead, s, d_k))
-        v = rng.standard_normal((*lead, s, d_v))
-        dout = rng.standard_normal((*lead, t, d_v))
+        q_k_v_dout = normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v),
+                             (*lead, t, d_v), dtype=dtype)
         dw = rng.standard_normal((*lead, t, s)).astype(dtype) if dweights else None
-        return Case(name, tuple(a.astype(dtype) for a in (q, k, v, dout)),
-                    {"mask": mask, "scale": scale, "dweights": dw})
+        return Case(name, q_k_v_dout, {"mask": mask, "scale": scale, "dweights": dw})
 
     def cases(self, rng):
         yield self._case(rng, "one sequence, T = S = 4, d_k = d_v = 3", (), 4, 4, 3, 3)
@@ -442,9 +434,7 @@ class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
                                  arguments=("score_bias_attention_backward",)):
     @staticmethod
     def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False):
-        q = rng.standard_normal((*lead, t, d_k))
-        k = rng.standard_normal((*lead, s, d_k))
-        v = rng.standard_normal((*lead, s, d_v))
+        q, k, v = normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v))
         a = np.zeros((t, s)) if zero_bias else rng.standard_normal((t, s))
         scale = 1 / math.sqrt(d_k)
         p = _np(torch_softmax_rows(_t(q @ np.swapaxes(k, -1, -2) * scale + a)))

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.reference.interop import layout
 
 
@@ -191,8 +191,7 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
                    {"approximate": "none"})
         yield Case("one entry, tanh", (np.array([0.7]), np.array([1.5])),
                    {"approximate": "tanh"})
-        yield Case("four axes, exact", (rng.standard_normal((2, 2, 3, 2)),
-                                        rng.standard_normal((2, 2, 3, 2))))
+        yield Case("four axes, exact", normals(rng, (2, 2, 3, 2), (2, 2, 3, 2)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, approximate="none"):
@@ -233,8 +232,7 @@ class Activation(Check, id="check-activation",
     def hidden_cases(self, rng):
         yield Case("'relu' at exactly 0 (gradient 0, as torch)",
                    (np.array([-1.0, 0.0, 2.0]), np.ones(3), "relu"))
-        yield Case("'gelu_tanh', three axes", (rng.standard_normal((2, 3, 2)),
-                                               rng.standard_normal((2, 3, 2)), "gelu_tanh"))
+        yield Case("'gelu_tanh', three axes", (*normals(rng, (2, 3, 2), (2, 3, 2)), "gelu_tanh"))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, activation):
@@ -443,30 +441,26 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
 
 class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_backward")):
     def cases(self, rng):
-        yield Case("training, p = 0.1", (rng.standard_normal((4, 6)), rng.standard_normal((4, 6)),
-                                         0.1, 11, True))
+        yield Case("training, p = 0.1", (*normals(rng, (4, 6), (4, 6)), 0.1, 11, True))
         yield Case("training, p = 0.5, float32",
-                   (_randn(rng, (3, 5, 2), np.float32), _randn(rng, (3, 5, 2), np.float32),
-                    0.5, 12, True))
+                   (*normals(rng, (3, 5, 2), (3, 5, 2), dtype=np.float32), 0.5, 12, True))
         yield Case("evaluation (train=False): the identity",
-                   (rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), 0.3, 13, False))
+                   (*normals(rng, (3, 4), (3, 4)), 0.3, 13, False))
         yield Case("training with p = 0: the identity",
-                   (rng.standard_normal((2, 5)), rng.standard_normal((2, 5)), 0.0, 14, True))
+                   (*normals(rng, (2, 5), (2, 5)), 0.0, 14, True))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield Case("training with p = 1: every entry dropped (zeros, as PyTorch)",
                    (later.standard_normal((3, 4)), later.standard_normal((3, 4)), 1.0, 18, True))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("training, p = 0.9", (rng.standard_normal((5, 7)), rng.standard_normal((5, 7)),
-                                         0.9, 15, True))
+        yield Case("training, p = 0.9", (*normals(rng, (5, 7), (5, 7)), 0.9, 15, True))
         yield Case("training, one entry", (np.array([1.5]), np.array([2.0]), 0.25, 16, True))
         yield Case("evaluation, float32", (_randn(rng, (2, 3), np.float32),
                                            _randn(rng, (2, 3), np.float32), 0.5, 17, False))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("training with p = 1, float32", (_randn(later, (2, 5), np.float32),
-                                                    _randn(later, (2, 5), np.float32), 1.0, 19,
-                                                    True))
+        yield Case("training with p = 1, float32",
+                   (*normals(later, (2, 5), (2, 5), dtype=np.float32), 1.0, 19, True))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, p, seed, train):

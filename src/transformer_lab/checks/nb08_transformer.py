@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb07_blocks import (
     _activation,
     _decoder_masks,
@@ -396,21 +396,14 @@ class TiedOutput(Check, id="check-tied-output",
     axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("x (2, 3, 4), V = 6", (rng.standard_normal((2, 3, 4)),
-                                          rng.standard_normal((6, 4)),
-                                          rng.standard_normal((2, 3, 6))))
-        yield Case("one sequence (T, E)", (rng.standard_normal((5, 3)), rng.standard_normal((4, 3)),
-                                           rng.standard_normal((5, 4))))
-        yield Case("float32", (_randn(rng, (2, 2, 5), np.float32), _randn(rng, (7, 5), np.float32),
-                               _randn(rng, (2, 2, 7), np.float32)))
+        yield Case("x (2, 3, 4), V = 6", normals(rng, (2, 3, 4), (6, 4), (2, 3, 6)))
+        yield Case("one sequence (T, E)", normals(rng, (5, 3), (4, 3), (5, 4)))
+        yield Case("float32", normals(rng, (2, 2, 5), (7, 5), (2, 2, 7), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("V = E (a square table)", (rng.standard_normal((2, 2, 4)),
-                                              rng.standard_normal((4, 4)),
-                                              rng.standard_normal((2, 2, 4))))
-        yield Case("four axes", (rng.standard_normal((2, 1, 3, 2)), rng.standard_normal((5, 2)),
-                                 rng.standard_normal((2, 1, 3, 5))))
+        yield Case("V = E (a square table)", normals(rng, (2, 2, 4), (4, 4), (2, 2, 4)))
+        yield Case("four axes", normals(rng, (2, 1, 3, 2), (5, 2), (2, 1, 3, 5)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, dout):
