@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dis
-import functools
 import hashlib
 import importlib
 import inspect
@@ -589,19 +588,12 @@ def _kind(x) -> str:
 def _hint(check: Check, case: Case, got, want, problem: Difference,
           stored: Mapping[str, Any] | None = None) -> str:
     """A sentence naming the likely mistake, or ''."""
-    try:
-        mistakes = check.mistakes(*case.args, **case.kwargs) if stored is None else {
-            description: functools.partial(copy.deepcopy, answer)
-            for description, answer in stored.items()}
-    except Exception:  # a hint must never break the verdict
-        mistakes = {}
-    answers = {}
-    for description, wrong in mistakes.items():
+    answers = _mistake_answers(check, case, stored)
+    for description, answer in answers:
+        # the answer this mistake gives: the one that came back, and a wrong one here (a
+        # mistake that gives the right answer in this case tells nothing)
         try:
             with np.errstate(all="ignore"):
-                answers[description] = answer = wrong()
-                # the answer this mistake gives: the one that came back, and a wrong one here
-                # (a mistake that gives the right answer in this case tells nothing)
                 if _matches(check, got, answer) and not _matches(check, want, answer):
                     return f"this is what you get {description}."
         except Exception:
@@ -610,7 +602,7 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
     # by its name (the entries of one list are one output: one entry's match tells nothing)
     path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
     path = path[:next((k for k, (key, _) in enumerate(path) if not key), len(path))]
-    for description, answer in answers.items() if path else ():
+    for description, answer in dict(answers).items() if path else ():
         try:
             part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
             with np.errstate(all="ignore"):
@@ -621,6 +613,25 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
         except Exception:
             continue
     return _generic_hint(problem)
+
+
+def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None = None) -> list:
+    """(description, answer) of each of the check's mistakes in one case that gives one without
+    an error, in order; ``stored``: the answers :func:`store_expected` kept for them."""
+    if stored is not None:
+        return [(description, copy.deepcopy(answer)) for description, answer in stored.items()]
+    try:
+        mistakes = check.mistakes(*case.args, **case.kwargs)
+    except Exception:  # a hint must never break the verdict
+        return []
+    found = []
+    for description, wrong in mistakes.items():
+        try:
+            with np.errstate(all="ignore"):
+                found.append((description, wrong()))
+        except Exception:
+            continue
+    return found
 
 
 _MISSING = object()
@@ -782,15 +793,9 @@ def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
 
 def _wrong_answers(check: Check, case: Case, want: Any) -> dict[str, Any]:
     """The answers of the check's mistakes in one case that differ from ``want`` (plain data)."""
-    try:
-        mistakes = check.mistakes(*case.args, **case.kwargs)
-    except Exception:
-        return {}
     found = {}
-    for description, wrong in mistakes.items():
+    for description, answer in _mistake_answers(check, case):
         try:
-            with np.errstate(all="ignore"):
-                answer = wrong()
             encode(answer, {})
         except Exception:
             continue
