@@ -315,23 +315,9 @@ class FeedForward(Check, id="check-feed-forward",
 def _derivative_at_output(h, act):
     """``act(h)`` whose backward pass multiplies by ``act'(a)``, the derivative at the output
     ``a = act(h)`` -- the wrong point -- instead of ``act'(h)``: a mistake of FeedForward."""
-
-    class WrongPoint(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, h_):
-            a = act(h_)
-            ctx.save_for_backward(a)
-            return a
-
-        @staticmethod
-        def backward(ctx, g):
-            (a,) = ctx.saved_tensors
-            with torch.enable_grad():
-                at = a.detach().requires_grad_(True)
-                (local,) = torch.autograd.grad(act(at).sum(), at)
-            return g * local
-
-    return WrongPoint.apply(h)
+    a = act(h)
+    at_a = h + (a - h).detach()  # the value a, with the gradient of h
+    return a.detach() + (act(at_a) - act(at_a).detach())
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,18 +512,15 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
     def expected(self, kind, a, b, seed, how="right"):
         rng = np.random.default_rng(seed)
         shape = b if kind == "uniform" else (a, b)
-        if kind == "uniform":
-            bound = {"right": 1 / math.sqrt(a), "1/fan_in": 1 / a}.get(how)
-        else:
-            bound = {"right": math.sqrt(6 / (a + b)), "std": math.sqrt(2 / (a + b)),
-                     "fan_in": math.sqrt(6 / (2 * a))}.get(how)
+        right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
+        std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
         if how == "normal":
-            scale = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
-            W = rng.standard_normal(shape) * scale
+            W = rng.standard_normal(shape) * std
         elif how == "half":
-            W = rng.uniform(0, 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b)),
-                            size=shape)
+            W = rng.uniform(0, right, size=shape)
         else:
+            bound = {"right": right, "1/fan_in": 1 / a, "std": std,
+                     "fan_in": math.sqrt(6 / (2 * a))}[how]
             W = rng.uniform(-bound, bound, size=shape)
         return {"W": W, "next draw": rng.random()}
 
