@@ -15,6 +15,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
 from transformer_lab.checks.framework import Case, Check
+from transformer_lab.reference.interop import layout
 
 # --------------------------------------------------------------------------------------------
 # Inputs shared by the checks (plain data: the cases hold arrays, never modules)
@@ -94,40 +95,27 @@ def blocked_rows_mask(rng, b, t, s):
 
 def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     """``nn.MultiheadAttention(batch_first=True)`` in eval mode holding ``params`` (separate or
-    packed ``W_qkv``, any key/value widths), run with the boolean mask broadcast to
-    ``(B * H, T, S)`` (True = blocked); returns the output as a NumPy array of the inputs'
-    dtype. A fully blocked query row gets the output bias (PyTorch with need_weights=False)."""
-    e = query.shape[-1]
-    dtype = getattr(torch, query.dtype.name)
-    packed = "W_qkv" in params
-    w_q, w_k, w_v = ((params["W_qkv"][:, :e], params["W_qkv"][:, e:2 * e],
-                      params["W_qkv"][:, 2 * e:]) if packed else
-                     (params["W_q"], params["W_k"], params["W_v"]))
-    bias = any(name.startswith("b_") for name in params)  # a missing one: zeros below
-    mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
-                                      kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
-
+    packed ``W_qkv``, any key/value widths, every bias or none), loaded through
+    ``interop.layout``, run with the boolean mask (True = blocked) as :func:`torch_mask`; the
+    output as a NumPy array of the inputs' dtype. A fully blocked query row gets the output bias
+    (PyTorch with need_weights=False)."""
+    (b, t, e), s = query.shape, key.shape[1]
+    mha = torch.nn.MultiheadAttention(e, num_heads, bias="b_o" in params, batch_first=True,
+                                      kdim=key.shape[-1], vdim=value.shape[-1],
+                                      dtype=getattr(torch, query.dtype.name)).eval()
+    state = layout.mha_to_torch(params, "", packed=mha._qkv_same_embed_dim)
+    mha.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     with torch.no_grad():
-        if mha._qkv_same_embed_dim:
-            mha.in_proj_weight.copy_(_t(np.concatenate([w_q, w_k, w_v], axis=1).T))
-        else:
-            mha.q_proj_weight.copy_(_t(w_q.T))
-            mha.k_proj_weight.copy_(_t(w_k.T))
-            mha.v_proj_weight.copy_(_t(w_v.T))
-        mha.out_proj.weight.copy_(_t(params["W_o"].T))
-        if bias:
-            zero = np.zeros(e, dtype=query.dtype)
-            b_in = params.get("b_qkv", np.concatenate([zero] * 3)) if packed else np.concatenate(
-                [params.get("b_q", zero), params.get("b_k", zero), params.get("b_v", zero)])
-            mha.in_proj_bias.copy_(_t(b_in))
-            mha.out_proj.bias.copy_(_t(params.get("b_o", zero)))
-        attn_mask = None
-        if mask is not None:
-            b, t_len, s = query.shape[0], query.shape[1], key.shape[1]
-            full = np.broadcast_to(mask, (b, num_heads, t_len, s))
-            attn_mask = _t(full.reshape(b * num_heads, t_len, s))
-        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=attn_mask, need_weights=False)
+        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=torch_mask(mask, b, num_heads, t, s),
+                     need_weights=False)
     return out.numpy()
+
+
+def torch_mask(mask, b, h, t, s):
+    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
+    if mask is None:
+        return None
+    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
 
 
 def torch_softmax_rows(scores, mask=None):

@@ -19,6 +19,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
+from transformer_lab.checks.nb04_multihead_attention import torch_mask
 from transformer_lab.reference.interop import layout
 
 
@@ -123,13 +124,6 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
             stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
                                                 enable_nested_tensor=False)
     return _load(stack, layout.stack_to_torch(params, ""))
-
-
-def torch_mask(mask, b, h, t, s):
-    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
-    if mask is None:
-        return None
-    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
 
 
 def _named_grads(module) -> dict:
