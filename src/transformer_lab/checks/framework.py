@@ -123,8 +123,9 @@ class Check:
         raise NotImplementedError
 
     def mistakes(self, *args, **kwargs) -> Mapping[str, Callable[[], Any]]:
-        """Common wrong answers for one case: description -> a function computing it. When a
-        wrong answer matches one of them, the failure message names the mistake."""
+        """Common wrong answers for one case: description -> a function computing it (or a list
+        of such pairs, where a description may come twice). When a wrong answer matches one of
+        them, the failure message names the mistake."""
         return {}
 
     def tolerance(self, name: str, expected: np.ndarray) -> float:
@@ -625,7 +626,7 @@ def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None 
     except Exception:  # a hint must never break the verdict
         return []
     found = []
-    for description, wrong in mistakes.items():
+    for description, wrong in mistakes.items() if isinstance(mistakes, Mapping) else mistakes:
         try:
             with np.errstate(all="ignore"):
                 found.append((description, wrong()))

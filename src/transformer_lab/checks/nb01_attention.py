@@ -143,7 +143,7 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                 "dividing by the scale instead of multiplying by it": (1 / scale, -1)})
         # One mistake, two ways to fill the cache: with the right scale, or with the factor
         # actually applied; the hint names the mistake either way.
-        found = _Pairs()
+        found = []  # pairs: a description may come twice
         for description, (factor, dim) in applied.items():
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
@@ -154,13 +154,6 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                           "pass multiplies by it)",
                           lambda: self._reference(q, k, v, want, cached=math.sqrt(d))))
         return found
-
-
-class _Pairs(list):
-    """Hints as (description, wrong answer) pairs, where a description may come twice."""
-
-    def items(self):
-        return iter(self)
 
 
 def _cached(cache, what: str):
