@@ -254,19 +254,18 @@ class FeedForward(Check, id="check-feed-forward",
                   functions=("feed_forward_forward", "feed_forward_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, shape, f, activation, bias=True, dtype=np.float64):
+        """x of ``shape``, the parameters (width ``f``), dout like x, the activation."""
+        x = _randn(rng, shape, dtype)
+        return Case(name, (x, ff_params(rng, shape[-1], f, bias, dtype),
+                           _randn(rng, shape, dtype), activation))
+
     def cases(self, rng):
-        yield Case("ReLU, x (2, 3, 4), F = 6",
-                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
-                    rng.standard_normal((2, 3, 4)), "relu"))
-        yield Case("GELU, x (2, 3, 4), F = 6",
-                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
-                    rng.standard_normal((2, 3, 4)), "gelu"))
-        yield Case("GELU (tanh), no biases",
-                   (rng.standard_normal((3, 2, 5)), ff_params(rng, 5, 3, bias=False),
-                    rng.standard_normal((3, 2, 5)), "gelu_tanh"))
-        yield Case("ReLU, float32", (_randn(rng, (2, 4, 3), np.float32),
-                                     ff_params(rng, 3, 8, dtype=np.float32),
-                                     _randn(rng, (2, 4, 3), np.float32), "relu"))
+        yield self._case(rng, "ReLU, x (2, 3, 4), F = 6", (2, 3, 4), 6, "relu")
+        yield self._case(rng, "GELU, x (2, 3, 4), F = 6", (2, 3, 4), 6, "gelu")
+        yield self._case(rng, "GELU (tanh), no biases", (3, 2, 5), 3, "gelu_tanh", bias=False)
+        yield self._case(rng, "ReLU, float32", (2, 4, 3), 8, "relu", dtype=np.float32)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         for name, dropped in (("b1 only (no b2)", "b2"), ("b2 only (no b1)", "b1")):
             params = ff_params(later, 4, 5)
@@ -276,10 +275,8 @@ class FeedForward(Check, id="check-feed-forward",
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one sequence (T, E), GELU", (rng.standard_normal((5, 4)), ff_params(rng, 4, 7),
-                                                 rng.standard_normal((5, 4)), "gelu"))
-        yield Case("four axes, F = 1", (rng.standard_normal((2, 2, 2, 3)), ff_params(rng, 3, 1),
-                                        rng.standard_normal((2, 2, 2, 3)), "relu"))
+        yield self._case(rng, "one sequence (T, E), GELU", (5, 4), 7, "gelu")
+        yield self._case(rng, "four axes, F = 1", (2, 2, 2, 3), 1, "relu")
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, activation):
@@ -338,34 +335,28 @@ def _tanh_sublayer(W):
 class Residual(Check, id="check-residual", functions=("residual_forward", "residual_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, shape, norm_first, scale=0.8, beta=True, dtype=np.float64, **keywords):
+        """x of ``shape``, the sublayer's W (entries of size ``scale``), the norm's parameters,
+        dout like x, norm_first; the keywords (eps)."""
+        e = shape[-1]
+        x, W = _randn(rng, shape, dtype), _randn(rng, (e, e), dtype, scale)
+        return Case(name, (x, W, norm_params(rng, e, beta, dtype), _randn(rng, shape, dtype),
+                           norm_first), keywords)
+
     def cases(self, rng):
         for norm_first, name in ((True, "pre-norm"), (False, "post-norm")):
-            yield Case(f"{name}, sublayer tanh(h W)",
-                       (rng.standard_normal((2, 3, 4)), _randn(rng, (4, 4), scale=0.8),
-                        norm_params(rng, 4), rng.standard_normal((2, 3, 4)), norm_first))
-        yield Case("post-norm, a norm without beta, eps = 0.1",
-                   (rng.standard_normal((3, 2, 5)), _randn(rng, (5, 5), scale=0.8),
-                    norm_params(rng, 5, bias=False), rng.standard_normal((3, 2, 5)), False),
-                   {"eps": 0.1})
-        yield Case("pre-norm, float32", (_randn(rng, (2, 4, 3), np.float32),
-                                         _randn(rng, (3, 3), np.float32, 0.8),
-                                         norm_params(rng, 3, dtype=np.float32),
-                                         _randn(rng, (2, 4, 3), np.float32), True))
+            yield self._case(rng, f"{name}, sublayer tanh(h W)", (2, 3, 4), norm_first)
+        yield self._case(rng, "post-norm, a norm without beta, eps = 0.1", (3, 2, 5), False,
+                         beta=False, eps=0.1)
+        yield self._case(rng, "pre-norm, float32", (2, 4, 3), True, dtype=np.float32)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("pre-norm, eps = 0.1", (later.standard_normal((2, 3, 4)),
-                                           _randn(later, (4, 4), scale=0.8), norm_params(later, 4),
-                                           later.standard_normal((2, 3, 4)), True), {"eps": 0.1})
+        yield self._case(later, "pre-norm, eps = 0.1", (2, 3, 4), True, eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("pre-norm, B = 1, T = 1", (rng.standard_normal((1, 1, 6)),
-                                              _randn(rng, (6, 6), scale=0.8),
-                                              norm_params(rng, 6), rng.standard_normal((1, 1, 6)),
-                                              True))
-        yield Case("post-norm, wide E = 16", (rng.standard_normal((2, 2, 16)),
-                                              _randn(rng, (16, 16), scale=0.3),
-                                              norm_params(rng, 16), rng.standard_normal((2, 2, 16)),
-                                              False))
+        yield self._case(rng, "pre-norm, B = 1, T = 1", (1, 1, 6), True)
+        yield self._case(rng, "post-norm, wide E = 16", (2, 2, 16), False, scale=0.3)
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, norm, dout, norm_first, eps=1e-5):

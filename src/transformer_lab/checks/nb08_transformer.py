@@ -84,27 +84,24 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
 class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward")):
     axes = {"x": "bte"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, ids, vocab, max_len, e, scale, dtype=np.float64):
+        """ids, a table (vocab, e), positions (max_len, e) or None, the scale, dx (B, T, e)."""
+        ids, table = np.array(ids), _randn(rng, (vocab, e), dtype)
+        positions = None if max_len is None else _randn(rng, (max_len, e), dtype)
+        return Case(name, (ids, table, positions, scale, _randn(rng, (*ids.shape, e), dtype)))
+
     def cases(self, rng):
-        ids = np.array([[3, 1, 3, 0], [2, 3, 3, 4]])  # repeated ids, within and across rows
-        yield Case("scale sqrt(E), sinusoid-like table, repeated ids",
-                   (ids, rng.standard_normal((5, 6)), rng.standard_normal((7, 6)), math.sqrt(6),
-                    rng.standard_normal((2, 4, 6))))
-        yield Case("learned positions L > T, scale 1",
-                   (np.array([[1, 1, 2]]), rng.standard_normal((3, 4)),
-                    rng.standard_normal((5, 4)), 1.0, rng.standard_normal((1, 3, 4))))
-        yield Case("no positions", (np.array([[0, 2], [2, 2], [1, 0]]), rng.standard_normal((3, 5)),
-                                    None, 2.0, rng.standard_normal((3, 2, 5))))
-        yield Case("float32", (np.array([[4, 0, 4]]), _randn(rng, (6, 4), np.float32),
-                               _randn(rng, (3, 4), np.float32), 2.0,
-                               _randn(rng, (1, 3, 4), np.float32)))
+        yield self._case(rng, "scale sqrt(E), sinusoid-like table, repeated ids",  # within rows
+                         [[3, 1, 3, 0], [2, 3, 3, 4]], 5, 7, 6, math.sqrt(6))  # and across
+        yield self._case(rng, "learned positions L > T, scale 1", [[1, 1, 2]], 3, 5, 4, 1.0)
+        yield self._case(rng, "no positions", [[0, 2], [2, 2], [1, 0]], 3, None, 5, 2.0)
+        yield self._case(rng, "float32", [[4, 0, 4]], 6, 3, 4, 2.0, np.float32)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("every id the same", (np.full((3, 2), 1), rng.standard_normal((2, 3)),
-                                         rng.standard_normal((4, 3)), math.sqrt(3),
-                                         rng.standard_normal((3, 2, 3))))
-        yield Case("T = L = 1", (np.array([[2], [0]]), rng.standard_normal((3, 2)),
-                                 rng.standard_normal((1, 2)), 1.5, rng.standard_normal((2, 1, 2))))
+        yield self._case(rng, "every id the same", np.full((3, 2), 1), 2, 4, 3, math.sqrt(3))
+        yield self._case(rng, "T = L = 1", [[2], [0]], 3, 1, 2, 1.5)
     ### END HIDDEN TESTS
 
     def run(self, f, ids, table, positions, scale, dx):
