@@ -2,7 +2,7 @@
 dropout, initialisation, and the encoder and decoder layers.
 
 Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.TransformerEncoderLayer``
-... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
+... ``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout``), except
 where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
 from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
 The helpers that build the torch models are shared with notebook 08's checks, whose stacks

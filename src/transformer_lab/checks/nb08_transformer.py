@@ -1,9 +1,9 @@
 """Checks of notebook 08_transformer: positions and embeddings, the encoder and decoder stacks,
 the model's forward pass and the tied output projection.
 
-Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder``,
-``nn.TransformerDecoder`` and ``nn.Transformer`` loaded with the case's parameters through
-``interop.layout`` (the stacks are compared with their twins by notebook 07's
+Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder`` and
+``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout`` (the
+stacks are compared with their twins by notebook 07's
 :class:`~transformer_lab.checks.nb07_blocks._TwinCheck`, as the layers are). The helpers that
 build the model are shared with notebook 09's checks.
 """
@@ -11,7 +11,6 @@ build the model are shared with notebook 09's checks.
 from __future__ import annotations
 
 import math
-import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,16 +18,14 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb07_blocks import (
-    _activation,
     _decoder_masks,
-    _dims,
-    _load,
     _named_grads,
     _randn,
     _twin_case,
     _TwinCheck,
     quiet_key_bias,
     stack_params,
+    torch_stack,
     tree_map,
 )
 from transformer_lab.reference.interop import layout
@@ -260,33 +257,17 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
     return params, src, tgt_in, config, pe, src_pad, tgt_pad
 
 
-def torch_model(params, config, dtype):
-    """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
-    holding the stacks."""
-    enc, dec = params["encoder"], params["decoder"]
-    e, f, bias, _ = _dims(enc["layers"][0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        core = torch.nn.Transformer(e, config["num_heads"], len(enc["layers"]),
-                                    len(dec["layers"]), f, dropout=0.0,
-                                    activation=_activation(config["activation"]),
-                                    layer_norm_eps=config["eps"], batch_first=True,
-                                    norm_first=config["norm_first"], bias=bias,
-                                    dtype=getattr(torch, np.dtype(dtype).name))
-    _load(core, {**layout.stack_to_torch(enc, "encoder."),
-                 **layout.stack_to_torch(dec, "decoder.")})
+def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
+    """(memory, logits, stacks, outer tensors) of the course model, in PyTorch: the stacks are
+    :func:`torch_stack`'s (a ``ModuleDict``: ``encoder``, ``decoder``), the other parameters
+    tensors that record their gradients. ``how`` names a mistake to reproduce ("no scale",
+    "no positions", "no causal mask", "no memory padding mask")."""
+    layer = (config["num_heads"], config["norm_first"], config["activation"], config["eps"])
+    core = torch.nn.ModuleDict({side: torch_stack(params[side], *layer, side == "decoder")
+                                for side in ("encoder", "decoder")})
     outer = {f"{k}.{n}": _t(v, grad=True)
              for k in ("src_embed", "tgt_embed", "src_pos", "tgt_pos", "out_proj") if k in params
              for n, v in params[k].items()}
-    return core, outer
-
-
-def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
-    """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
-    ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
-    "no memory padding mask")."""
-    dtype = params["out_proj"]["W"].dtype
-    core, outer = torch_model(params, config, dtype)
     scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
         else 1.0
 
