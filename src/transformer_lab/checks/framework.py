@@ -11,10 +11,7 @@ them in different processes:
 - :meth:`Check.expected` computes the right answer without the student's code (with PyTorch,
   autograd or an independent reference); :func:`judge` compares, in the process that decides.
 
-A notebook's check cell is one line, ``check("check-softmax-forward")`` for core functions of
-the package, or ``check("check-logsumexp", logsumexp)`` for a function defined in the notebook.
-When a case fails, :class:`CheckFailed` says which case, what was expected and what came back,
-and, where it recognises one, the mistake that gives such an answer.
+A notebook's check cell is one call of :func:`check`.
 """
 
 from __future__ import annotations

@@ -272,8 +272,7 @@ class Embedding(Check, id="check-embedding", functions=("embedding_forward", "em
     @staticmethod
     def _case(rng, name, ids, vocab, d, dtype=np.float64):
         ids = np.asarray(ids, dtype=np.int64)
-        return Case(name, (ids, rng.standard_normal((vocab, d)).astype(dtype),
-                           rng.standard_normal((*ids.shape, d)).astype(dtype)))
+        return Case(name, (ids, *normals(rng, (vocab, d), (*ids.shape, d), dtype=dtype)))
 
     def cases(self, rng):
         yield self._case(rng, "distinct ids (1-D)", [3, 0, 4], 6, 4)
