@@ -433,20 +433,14 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         if set(got) != set(want):
             return Difference(name, f"{name} must have exactly the keys {sorted(want)}, got "
                                     f"{sorted(got)}")
-        for key in want:
-            found = _difference(check, f"{name}[{key!r}]", got[key], want[key])
-            if found:
-                return found
-        return None
-    if isinstance(want, (tuple, list)):
+        parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
+    elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return Difference(name, f"{name} must be a sequence of {len(want)} values, got "
                                     f"{_kind(got)}")
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            found = _difference(check, f"{name}[{i}]", g, w)
-            if found:
-                return found
-        return None
+        parts = [(f"{name}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want, strict=True))]
+    if isinstance(want, (dict, tuple, list)):  # the first part that differs
+        return next(filter(None, (_difference(check, *part) for part in parts)), None)
     if want is None or isinstance(want, (str, bool)):
         same = got is None if want is None else (type(got) is type(want) and got == want)
         return None if same else Difference(name, f"{name}: expected {want!r}, got "
