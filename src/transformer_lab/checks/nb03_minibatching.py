@@ -10,7 +10,7 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb00_gradients import linear_case, torch_linear
-from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
+from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv, _softmax
 
 
 class _LinearCases:
@@ -118,8 +118,7 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
             s = q @ np.swapaxes(k, -1, -2) * scale
             if mask is not None:
                 s = np.where(mask, -np.inf, s) if mask.dtype == bool else s + mask
-            z = np.exp(s - s.max(axis=axis, keepdims=True))
-            return (z / z.sum(axis=axis, keepdims=True)) @ v
+            return _softmax(s, axis) @ v
 
         right = 1 / math.sqrt(q.shape[-1])
         return {"scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "

@@ -563,11 +563,9 @@ class _TwinCheck(Check):
     its PyTorch twin under autograd: ``nn.TransformerEncoderLayer`` ... ``nn.TransformerDecoder``
     holding the case's parameters (:func:`torch_layer`, :func:`torch_stack`).
 
-    A case (:func:`_twin_case`) is (x, [memory,] params, num_heads, mask(s), dout) with the
-    keywords norm_first, activation and eps. Compared, at the framework's tolerance for the
-    dtype: out, dx, a decoder's dmemory, and the parameters' gradients in the core's layout --
-    where the cross-attention's gradients that are zero in exact arithmetic are set to zero on
-    both sides (:func:`quiet_key_bias`)."""
+    Its cases are :func:`_twin_case`'s. Compared, at the framework's tolerance for the dtype:
+    out, dx, a decoder's dmemory, and the parameters' gradients in the core's layout (the
+    cross-attention's that are zero in exact arithmetic: :func:`quiet_key_bias`)."""
 
     decoder: ClassVar[bool] = False
     stack: ClassVar[bool] = False
