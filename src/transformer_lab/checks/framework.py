@@ -11,17 +11,13 @@ them in different processes:
 - :meth:`Check.expected` computes the right answer without the student's code (with PyTorch,
   autograd or an independent reference); :func:`judge` compares, in the process that decides.
 
-A notebook's check cell is one line, ``check("check-softmax-forward")`` for core functions of
-the package, or ``check("check-logsumexp", logsumexp)`` for a function defined in the notebook.
-When a case fails, :class:`CheckFailed` says which case, what was expected and what came back,
-and, where it recognises one, the mistake that gives such an answer.
+A notebook's check cell is one call of :func:`check`.
 """
 
 from __future__ import annotations
 
 import copy
 import dis
-import functools
 import hashlib
 import importlib
 import inspect
@@ -124,8 +120,9 @@ class Check:
         raise NotImplementedError
 
     def mistakes(self, *args, **kwargs) -> Mapping[str, Callable[[], Any]]:
-        """Common wrong answers for one case: description -> a function computing it. When a
-        wrong answer matches one of them, the failure message names the mistake."""
+        """Common wrong answers for one case: description -> a function computing it (or a list
+        of such pairs, where a description may come twice). When a wrong answer matches one of
+        them, the failure message names the mistake."""
         return {}
 
     def tolerance(self, name: str, expected: np.ndarray) -> float:
@@ -194,6 +191,12 @@ def later_rng(rng: np.random.Generator) -> np.random.Generator:
     from the check's id and salt), it leaves ``rng``'s own stream, and so the inputs of every
     case drawn from it, as they were. Each call gives the next one of a fixed sequence."""
     return np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
+
+
+def normals(rng: np.random.Generator, *shapes, dtype=np.float64, scale=1.0) -> tuple:
+    """Arrays of ``shapes`` drawn in turn from ``rng``'s standard normal, times ``scale``, as
+    ``dtype``: the inputs of most cases (``Case("x and dout", normals(rng, (3, 4), (3, 4)))``)."""
+    return tuple((rng.standard_normal(shape) * scale).astype(dtype) for shape in shapes)
 
 
 def all_cases(check: Check, salt: str = "notebook", hidden: bool = True) -> list[Case]:
@@ -430,20 +433,14 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         if set(got) != set(want):
             return Difference(name, f"{name} must have exactly the keys {sorted(want)}, got "
                                     f"{sorted(got)}")
-        for key in want:
-            found = _difference(check, f"{name}[{key!r}]", got[key], want[key])
-            if found:
-                return found
-        return None
-    if isinstance(want, (tuple, list)):
+        parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
+    elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return Difference(name, f"{name} must be a sequence of {len(want)} values, got "
                                     f"{_kind(got)}")
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            found = _difference(check, f"{name}[{i}]", g, w)
-            if found:
-                return found
-        return None
+        parts = [(f"{name}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want, strict=True))]
+    if isinstance(want, (dict, tuple, list)):  # the first part that differs
+        return next(filter(None, (_difference(check, *part) for part in parts)), None)
     if want is None or isinstance(want, (str, bool)):
         same = got is None if want is None else (type(got) is type(want) and got == want)
         return None if same else Difference(name, f"{name}: expected {want!r}, got "
@@ -583,19 +580,12 @@ def _kind(x) -> str:
 def _hint(check: Check, case: Case, got, want, problem: Difference,
           stored: Mapping[str, Any] | None = None) -> str:
     """A sentence naming the likely mistake, or ''."""
-    try:
-        mistakes = check.mistakes(*case.args, **case.kwargs) if stored is None else {
-            description: functools.partial(copy.deepcopy, answer)
-            for description, answer in stored.items()}
-    except Exception:  # a hint must never break the verdict
-        mistakes = {}
-    answers = {}
-    for description, wrong in mistakes.items():
+    answers = _mistake_answers(check, case, stored)
+    for description, answer in answers:
+        # the answer this mistake gives: the one that came back, and a wrong one here (a
+        # mistake that gives the right answer in this case tells nothing)
         try:
             with np.errstate(all="ignore"):
-                answers[description] = answer = wrong()
-                # the answer this mistake gives: the one that came back, and a wrong one here
-                # (a mistake that gives the right answer in this case tells nothing)
                 if _matches(check, got, answer) and not _matches(check, want, answer):
                     return f"this is what you get {description}."
         except Exception:
@@ -604,7 +594,7 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
     # by its name (the entries of one list are one output: one entry's match tells nothing)
     path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
     path = path[:next((k for k, (key, _) in enumerate(path) if not key), len(path))]
-    for description, answer in answers.items() if path else ():
+    for description, answer in dict(answers).items() if path else ():
         try:
             part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
             with np.errstate(all="ignore"):
@@ -615,6 +605,25 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
         except Exception:
             continue
     return _generic_hint(problem)
+
+
+def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None = None) -> list:
+    """(description, answer) of each of the check's mistakes in one case that gives one without
+    an error, in order; ``stored``: the answers :func:`store_expected` kept for them."""
+    if stored is not None:
+        return [(description, copy.deepcopy(answer)) for description, answer in stored.items()]
+    try:
+        mistakes = check.mistakes(*case.args, **case.kwargs)
+    except Exception:  # a hint must never break the verdict
+        return []
+    found = []
+    for description, wrong in mistakes.items() if isinstance(mistakes, Mapping) else mistakes:
+        try:
+            with np.errstate(all="ignore"):
+                found.append((description, wrong()))
+        except Exception:
+            continue
+    return found
 
 
 _MISSING = object()
@@ -776,15 +785,9 @@ def stored_expected(check: Check) -> dict[str, tuple[Case, Any]]:
 
 def _wrong_answers(check: Check, case: Case, want: Any) -> dict[str, Any]:
     """The answers of the check's mistakes in one case that differ from ``want`` (plain data)."""
-    try:
-        mistakes = check.mistakes(*case.args, **case.kwargs)
-    except Exception:
-        return {}
     found = {}
-    for description, wrong in mistakes.items():
+    for description, answer in _mistake_answers(check, case):
         try:
-            with np.errstate(all="ignore"):
-                answer = wrong()
             encode(answer, {})
         except Exception:
             continue

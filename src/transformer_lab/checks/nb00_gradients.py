@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check
+from transformer_lab.checks.framework import Case, Check, normals
 
 # --------------------------------------------------------------------------------------------
 # Section 4: ReLU
@@ -20,18 +20,17 @@ from transformer_lab.checks.framework import Case, Check
 
 class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
     def cases(self, rng):
-        yield Case("a matrix (4, 5)", (rng.standard_normal((4, 5)), rng.standard_normal((4, 5))))
+        yield Case("a matrix (4, 5)", normals(rng, (4, 5), (4, 5)))
         x = rng.standard_normal((3, 4))
         x[0, 1] = x[1, 3] = x[2, 0] = 0.0
         yield Case("exact zeros in x (the gradient at 0 is 0, as in PyTorch)",
                    (x, rng.standard_normal((3, 4))))
-        yield Case("float32", (rng.standard_normal((2, 6)).astype(np.float32),
-                               rng.standard_normal((2, 6)).astype(np.float32)))
+        yield Case("float32", normals(rng, (2, 6), (2, 6), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one axis", (rng.standard_normal(7), rng.standard_normal(7)))
-        yield Case("three axes", (rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))))
+        yield Case("one axis", normals(rng, 7, 7))
+        yield Case("three axes", normals(rng, (2, 3, 4), (2, 3, 4)))
         yield Case("all negative", (-np.abs(rng.standard_normal((2, 3))) - 0.1,
                                     rng.standard_normal((2, 3))))
         yield Case("zeros only", (np.zeros((2, 2)), rng.standard_normal((2, 2))))
@@ -39,8 +38,7 @@ class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
 
     def run(self, f, x, dout):
         out, cache = f.relu_forward(x)
-        dx = f.relu_backward(dout, cache)
-        return {"out": out, "dx": dx}
+        return {"out": out, "dx": f.relu_backward(dout, cache)}
 
     def expected(self, x, dout):
         out, dx = autograd(torch.relu, dout, x)
@@ -68,29 +66,28 @@ def torch_linear(x, W, b, dout):
     return autograd(lambda xt, Wt, bt: xt @ Wt if bt is None else xt @ Wt + bt, dout, x, W, b)
 
 
-def _linear_case_args(rng, n, d_in, d_out, bias=True, dtype=np.float64, dout=False):
-    args = [rng.standard_normal((n, d_in)).astype(dtype),
-            rng.standard_normal((d_in, d_out)).astype(dtype),
-            rng.standard_normal(d_out).astype(dtype) if bias else None]
-    if dout:
-        args.append(rng.standard_normal((n, d_out)).astype(dtype))
-    return tuple(args)
+def linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64, dout=True):
+    """x (*lead, d_in), W (d_in, d_out), b (d_out,) or None and, with ``dout``, an upstream
+    gradient (*lead, d_out), drawn in that order (notebook 03's batched checks use it too)."""
+    x, W = normals(rng, (*lead, d_in), (d_in, d_out), dtype=dtype)
+    b = normals(rng, d_out, dtype=dtype)[0] if bias else None
+    return (x, W, b, *(normals(rng, (*lead, d_out), dtype=dtype) if dout else ()))
 
 
 class LinearForward(Check, id="check-linear-forward", functions=("linear_forward",)):
     def cases(self, rng):
-        yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3))
-        yield Case("no bias (b = None)", _linear_case_args(rng, 5, 4, 3, bias=False))
-        yield Case("a square W (D_in = D_out = 4)", _linear_case_args(rng, 3, 4, 4))
-        yield Case("float32", _linear_case_args(rng, 4, 3, 2, dtype=np.float32))
+        yield Case("N = 5, D_in = 4, D_out = 3", linear_case(rng, (5,), 4, 3, dout=False))
+        yield Case("no bias (b = None)", linear_case(rng, (5,), 4, 3, bias=False, dout=False))
+        yield Case("a square W (D_in = D_out = 4)", linear_case(rng, (3,), 4, 4, dout=False))
+        yield Case("float32", linear_case(rng, (4,), 3, 2, dtype=np.float32, dout=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one row (N = 1)", _linear_case_args(rng, 1, 3, 5))
-        yield Case("D_out = 1", _linear_case_args(rng, 6, 4, 1))
-        yield Case("D_in = 1, no bias", _linear_case_args(rng, 3, 1, 4, bias=False))
-        yield Case("float32, no bias, square W", _linear_case_args(rng, 5, 6, 6, bias=False,
-                                                                    dtype=np.float32))
+        yield Case("one row (N = 1)", linear_case(rng, (1,), 3, 5, dout=False))
+        yield Case("D_out = 1", linear_case(rng, (6,), 4, 1, dout=False))
+        yield Case("D_in = 1, no bias", linear_case(rng, (3,), 1, 4, bias=False, dout=False))
+        yield Case("float32, no bias, square W", linear_case(rng, (5,), 6, 6, bias=False,
+                                                             dtype=np.float32, dout=False))
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, b):
@@ -111,19 +108,17 @@ class LinearForward(Check, id="check-linear-forward", functions=("linear_forward
 class LinearBackward(Check, id="check-linear-backward",
                      functions=("linear_forward", "linear_backward")):
     def cases(self, rng):
-        yield Case("N = 5, D_in = 4, D_out = 3", _linear_case_args(rng, 5, 4, 3, dout=True))
-        yield Case("no bias (b = None): grads has W only",
-                   _linear_case_args(rng, 5, 4, 3, bias=False, dout=True))
-        yield Case("a square W (D_in = D_out = 4)", _linear_case_args(rng, 6, 4, 4, dout=True))
-        yield Case("float32", _linear_case_args(rng, 4, 3, 2, dtype=np.float32, dout=True))
+        yield Case("N = 5, D_in = 4, D_out = 3", linear_case(rng, (5,), 4, 3))
+        yield Case("no bias (b = None): grads has W only", linear_case(rng, (5,), 4, 3, False))
+        yield Case("a square W (D_in = D_out = 4)", linear_case(rng, (6,), 4, 4))
+        yield Case("float32", linear_case(rng, (4,), 3, 2, dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one row (N = 1)", _linear_case_args(rng, 1, 3, 5, dout=True))
-        yield Case("D_out = 1", _linear_case_args(rng, 7, 4, 1, dout=True))
-        yield Case("N = 64, D_in = D_out = 8", _linear_case_args(rng, 64, 8, 8, dout=True))
-        yield Case("float32, no bias, square W", _linear_case_args(rng, 5, 6, 6, bias=False,
-                                                                    dtype=np.float32, dout=True))
+        yield Case("one row (N = 1)", linear_case(rng, (1,), 3, 5))
+        yield Case("D_out = 1", linear_case(rng, (7,), 4, 1))
+        yield Case("N = 64, D_in = D_out = 8", linear_case(rng, (64,), 8, 8))
+        yield Case("float32, no bias, square W", linear_case(rng, (5,), 6, 6, False, np.float32))
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, b, dout):
@@ -198,11 +193,9 @@ def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
 
 class MSELoss(Check, id="check-mse", arguments=("mse_loss",)):
     def cases(self, rng):
-        yield Case("shape (3, 2, 4)", (rng.standard_normal((3, 2, 4)),
-                                       rng.standard_normal((3, 2, 4))))
-        yield Case("a column (5, 1)", (rng.standard_normal((5, 1)), rng.standard_normal((5, 1))))
-        yield Case("float32 (dP stays float32)", (rng.standard_normal((4, 3)).astype(np.float32),
-                                                  rng.standard_normal((4, 3)).astype(np.float32)))
+        yield Case("shape (3, 2, 4)", normals(rng, (3, 2, 4), (3, 2, 4)))
+        yield Case("a column (5, 1)", normals(rng, (5, 1), (5, 1)))
+        yield Case("float32 (dP stays float32)", normals(rng, (4, 3), (4, 3), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, python_loops
+from transformer_lab.checks.framework import Case, Check, later_rng, normals, python_loops
 
 
 def _softmax(x, dim=-1):
@@ -91,26 +91,18 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
 
     def cases(self, rng):
         yield Case("T = S = 4, d_k = d_v = 3", tuple(rng.standard_normal((4, 3)) for _ in range(3)))
-        yield Case("T = 2, S = 5, d_k = 4, d_v = 6", (rng.standard_normal((2, 4)),
-                                                      rng.standard_normal((5, 4)),
-                                                      rng.standard_normal((5, 6))))
-        yield Case("float32, d_k = 8", tuple(rng.standard_normal((3, 8)).astype(np.float32)
-                                             for _ in range(3)))
-        yield Case("scale = 0.3 given (d_k = 4)", tuple(rng.standard_normal((3, 4))
-                                                        for _ in range(3)), {"scale": 0.3})
+        yield Case("T = 2, S = 5, d_k = 4, d_v = 6", normals(rng, (2, 4), (5, 4), (5, 6)))
+        yield Case("float32, d_k = 8", normals(rng, *[(3, 8)] * 3, dtype=np.float32))
+        yield Case("scale = 0.3 given (d_k = 4)", normals(rng, *[(3, 4)] * 3), {"scale": 0.3})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one query, one key", tuple(rng.standard_normal((1, 2)) for _ in range(3)))
-        yield Case("large d_k = 64, T = 3, S = 5", (rng.standard_normal((3, 64)),
-                                                    rng.standard_normal((5, 64)),
-                                                    rng.standard_normal((5, 2))))
+        yield Case("large d_k = 64, T = 3, S = 5", normals(rng, (3, 64), (5, 64), (5, 2)))
         yield Case("large scores (q and k of size 30)",
                    tuple(rng.standard_normal((4, 4)) * s for s in (30, 30, 1)))
         yield Case("float32, T = 6, S = 2, d_k = 16, scale = 0.1",
-                   (rng.standard_normal((6, 16)).astype(np.float32),
-                    rng.standard_normal((2, 16)).astype(np.float32),
-                    rng.standard_normal((2, 3)).astype(np.float32)), {"scale": 0.1})
+                   normals(rng, (6, 16), (2, 16), (2, 3), dtype=np.float32), {"scale": 0.1})
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, scale=None):
@@ -151,7 +143,7 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                 "dividing by the scale instead of multiplying by it": (1 / scale, -1)})
         # One mistake, two ways to fill the cache: with the right scale, or with the factor
         # actually applied; the hint names the mistake either way.
-        found = _Pairs()
+        found = []  # pairs: a description may come twice
         for description, (factor, dim) in applied.items():
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
@@ -162,13 +154,6 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                           "pass multiplies by it)",
                           lambda: self._reference(q, k, v, want, cached=math.sqrt(d))))
         return found
-
-
-class _Pairs(list):
-    """Hints as (description, wrong answer) pairs, where a description may come twice."""
-
-    def items(self):
-        return iter(self)
 
 
 def _cached(cache, what: str):
@@ -233,9 +218,8 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
 
 class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_attention",)):
     def cases(self, rng):
-        yield Case("B = 2, T = 3, S = 5, tau = 0.5",
-                   (rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)),
-                    rng.standard_normal((2, 5, 6))), {"tau": 0.5})
+        yield Case("B = 2, T = 3, S = 5, tau = 0.5", normals(rng, (2, 3, 4), (2, 5, 4), (2, 5, 6)),
+                   {"tau": 0.5})
         yield Case("tau = 1e6 (almost uniform weights)",
                    tuple(rng.standard_normal((1, 4, 3)) for _ in range(3)), {"tau": 1e6})
         yield Case("tau = 1e-4 (sharp, must stay finite)",
@@ -280,18 +264,14 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
 class AdditiveAttention(Check, id="check-additive-attention", arguments=("additive_attention",)):
     def cases(self, rng):
         yield Case("T = 4, S = 6, d_q = 3, d_k = 5, h = 7",
-                   tuple(rng.standard_normal(sh) for sh in
-                         [(4, 3), (6, 5), (6, 2), (3, 7), (5, 7), (7,)]))
+                   normals(rng, (4, 3), (6, 5), (6, 2), (3, 7), (5, 7), (7,)))
         yield Case("T = S = 3, d_q = d_k = h = 2",
-                   tuple(rng.standard_normal(sh) for sh in
-                         [(3, 2), (3, 2), (3, 4), (2, 2), (2, 2), (2,)]))
+                   normals(rng, (3, 2), (3, 2), (3, 4), (2, 2), (2, 2), (2,)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one query", tuple(rng.standard_normal(sh) for sh in
-                                      [(1, 2), (3, 4), (3, 5), (2, 6), (4, 6), (6,)]))
-        yield Case("h = 1", tuple(rng.standard_normal(sh) for sh in
-                                  [(3, 2), (4, 2), (4, 2), (2, 1), (2, 1), (1,)]))
+        yield Case("one query", normals(rng, (1, 2), (3, 4), (3, 5), (2, 6), (4, 6), (6,)))
+        yield Case("h = 1", normals(rng, (3, 2), (4, 2), (4, 2), (2, 1), (2, 1), (1,)))
         yield Case("large weights (tanh saturates)", tuple(
             rng.standard_normal(sh) * s for sh, s in
             [((5, 3), 10), ((4, 3), 10), ((4, 2), 1), ((3, 6), 1), ((3, 6), 1), ((6,), 5)]))

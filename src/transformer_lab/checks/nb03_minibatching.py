@@ -8,43 +8,33 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import torch
-from transformer_lab.checks.framework import Case, Check, later_rng
-from transformer_lab.checks.nb00_gradients import torch_linear
-from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
-
-
-def _linear_case(rng, lead, d_in, d_out, bias=True, dtype=np.float64):
-    """x (*lead, d_in), W (d_in, d_out), b (d_out,) or None, and an upstream gradient."""
-    x = rng.standard_normal((*lead, d_in)).astype(dtype)
-    W = rng.standard_normal((d_in, d_out)).astype(dtype)
-    b = rng.standard_normal(d_out).astype(dtype) if bias else None
-    dout = rng.standard_normal((*lead, d_out)).astype(dtype)
-    return x, W, b, dout
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
+from transformer_lab.checks.nb00_gradients import linear_case, torch_linear
+from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv, _softmax
 
 
 class _LinearCases:
     """The cases of both linear checks (the forward and the backward see the same inputs)."""
 
     def cases(self, rng):
-        yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", _linear_case(rng, (2, 3), 4, 5))
-        yield Case("two leading axes (2, 3, 4, D_in = 3)", _linear_case(rng, (2, 3, 4), 3, 2))
-        yield Case("a batch without bias", _linear_case(rng, (3, 2), 4, 3, bias=False))
-        yield Case("float32 batch", _linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
-        yield Case("2-D input (N, D_in) still works", _linear_case(rng, (5,), 3, 4))
+        yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", linear_case(rng, (2, 3), 4, 5))
+        yield Case("two leading axes (2, 3, 4, D_in = 3)", linear_case(rng, (2, 3, 4), 3, 2))
+        yield Case("a batch without bias", linear_case(rng, (3, 2), 4, 3, bias=False))
+        yield Case("float32 batch", linear_case(rng, (2, 5), 6, 3, dtype=np.float32))
+        yield Case("2-D input (N, D_in) still works", linear_case(rng, (5,), 3, 4))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("a single vector (D_in,)", _linear_case(rng, (), 4, 3))
-        yield Case("batch of 1, one token", _linear_case(rng, (1, 1), 3, 2))
-        yield Case("square shapes B = T = D_in = D_out = 4", _linear_case(rng, (4, 4), 4, 4))
+        yield Case("a single vector (D_in,)", linear_case(rng, (), 4, 3))
+        yield Case("batch of 1, one token", linear_case(rng, (1, 1), 3, 2))
+        yield Case("square shapes B = T = D_in = D_out = 4", linear_case(rng, (4, 4), 4, 4))
     ### END HIDDEN TESTS
 
 
 class LinearForwardBatched(_LinearCases, Check, id="check-linear-forward-batched",
                            functions=("linear_forward",)):
     def run(self, f, x, W, b, dout):
-        out, cache = f.linear_forward(x, W, b)
-        return out
+        return f.linear_forward(x, W, b)[0]
 
     def expected(self, x, W, b, dout):
         return torch_linear(x, W, b, dout)[0]
@@ -128,8 +118,7 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
             s = q @ np.swapaxes(k, -1, -2) * scale
             if mask is not None:
                 s = np.where(mask, -np.inf, s) if mask.dtype == bool else s + mask
-            z = np.exp(s - s.max(axis=axis, keepdims=True))
-            return (z / z.sum(axis=axis, keepdims=True)) @ v
+            return _softmax(s, axis) @ v
 
         right = 1 / math.sqrt(q.shape[-1])
         return {"scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "
@@ -146,25 +135,19 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
 class RmsNorm(Check, id="check-rms-norm", arguments=("rms_norm",)):
     def cases(self, rng):
         for shape in [(7,), (4, 7), (3, 4, 7), (2, 3, 4, 7)]:
-            yield Case(f"x of shape {shape}", (rng.standard_normal(shape),
-                                               rng.standard_normal(shape[-1])))
-        yield Case("x of shape (7, 7): as many tokens as features",
-                   (rng.standard_normal((7, 7)), rng.standard_normal(7)))
-        yield Case("x of shape (3, 7, 7)", (rng.standard_normal((3, 7, 7)),
-                                            rng.standard_normal(7)))
-        yield Case("float32 batch", (rng.standard_normal((2, 3, 5)).astype(np.float32),
-                                     rng.standard_normal(5).astype(np.float32)))
+            yield Case(f"x of shape {shape}", normals(rng, shape, shape[-1]))
+        yield Case("x of shape (7, 7): as many tokens as features", normals(rng, (7, 7), 7))
+        yield Case("x of shape (3, 7, 7)", normals(rng, (3, 7, 7), 7))
+        yield Case("float32 batch", normals(rng, (2, 3, 5), 5, dtype=np.float32))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("eps = 0.1 given by keyword", (later.standard_normal((3, 4)),
-                                                  later.standard_normal(4)), {"eps": 0.1})
+        yield Case("eps = 0.1 given by keyword", normals(later, (3, 4), 4), {"eps": 0.1})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("eps = 0.5 given by keyword", (rng.standard_normal((2, 3, 5)), np.ones(5)),
                    {"eps": 0.5})
-        yield Case("D = 1", (rng.standard_normal((3, 2, 1)), rng.standard_normal(1)))
-        yield Case("(5, 5, 5): every axis the same size",
-                   (rng.standard_normal((5, 5, 5)), rng.standard_normal(5)))
+        yield Case("D = 1", normals(rng, (3, 2, 1), 1))
+        yield Case("(5, 5, 5): every axis the same size", normals(rng, (5, 5, 5), 5))
 
     def mistakes(self, x, gamma, eps=1e-6):
         ms = np.mean(x * x, axis=-1, keepdims=True)

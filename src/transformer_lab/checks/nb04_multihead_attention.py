@@ -15,6 +15,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
 from transformer_lab.checks.framework import Case, Check
+from transformer_lab.reference.interop import layout
 
 # --------------------------------------------------------------------------------------------
 # Inputs shared by the checks (plain data: the cases hold arrays, never modules)
@@ -94,87 +95,87 @@ def blocked_rows_mask(rng, b, t, s):
 
 def torch_mha_forward(query, key, value, params, num_heads, mask=None):
     """``nn.MultiheadAttention(batch_first=True)`` in eval mode holding ``params`` (separate or
-    packed ``W_qkv``, any key/value widths), run with the boolean mask broadcast to
-    ``(B * H, T, S)`` (True = blocked); returns the output as a NumPy array of the inputs'
-    dtype. A fully blocked query row gets the output bias (PyTorch with need_weights=False)."""
-    e = query.shape[-1]
-    dtype = getattr(torch, query.dtype.name)
-    packed = "W_qkv" in params
-    w_q, w_k, w_v = ((params["W_qkv"][:, :e], params["W_qkv"][:, e:2 * e],
-                      params["W_qkv"][:, 2 * e:]) if packed else
-                     (params["W_q"], params["W_k"], params["W_v"]))
-    bias = any(name.startswith("b_") for name in params)  # a missing one: zeros below
-    mha = torch.nn.MultiheadAttention(e, num_heads, bias=bias, batch_first=True,
-                                      kdim=w_k.shape[0], vdim=w_v.shape[0], dtype=dtype).eval()
-
+    packed ``W_qkv``, any key/value widths, every bias or none), loaded through
+    ``interop.layout``, run with the boolean mask (True = blocked) as :func:`torch_mask`; the
+    output as a NumPy array of the inputs' dtype. A fully blocked query row gets the output bias
+    (PyTorch with need_weights=False)."""
+    (b, t, e), s = query.shape, key.shape[1]
+    mha = torch.nn.MultiheadAttention(e, num_heads, bias="b_o" in params, batch_first=True,
+                                      kdim=key.shape[-1], vdim=value.shape[-1],
+                                      dtype=getattr(torch, query.dtype.name)).eval()
+    state = layout.mha_to_torch(params, "", packed=mha._qkv_same_embed_dim)
+    mha.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     with torch.no_grad():
-        if mha._qkv_same_embed_dim:
-            mha.in_proj_weight.copy_(_t(np.concatenate([w_q, w_k, w_v], axis=1).T))
-        else:
-            mha.q_proj_weight.copy_(_t(w_q.T))
-            mha.k_proj_weight.copy_(_t(w_k.T))
-            mha.v_proj_weight.copy_(_t(w_v.T))
-        mha.out_proj.weight.copy_(_t(params["W_o"].T))
-        if bias:
-            zero = np.zeros(e, dtype=query.dtype)
-            b_in = params.get("b_qkv", np.concatenate([zero] * 3)) if packed else np.concatenate(
-                [params.get("b_q", zero), params.get("b_k", zero), params.get("b_v", zero)])
-            mha.in_proj_bias.copy_(_t(b_in))
-            mha.out_proj.bias.copy_(_t(params.get("b_o", zero)))
-        attn_mask = None
-        if mask is not None:
-            b, t_len, s = query.shape[0], query.shape[1], key.shape[1]
-            full = np.broadcast_to(mask, (b, num_heads, t_len, s))
-            attn_mask = _t(full.reshape(b * num_heads, t_len, s))
-        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=attn_mask, need_weights=False)
+        out, _ = mha(_t(query), _t(key), _t(value), attn_mask=torch_mask(mask, b, num_heads, t, s),
+                     need_weights=False)
     return out.numpy()
 
 
-def torch_heads_forward(query, key, value, params, num_heads, mask=None, scale=None,
-                        split="heads", project_out=True, transpose_weights=False):
-    """Multi-head attention written out in PyTorch, with knobs that reproduce classic mistakes:
-    ``scale`` (default 1/sqrt(d_h)), ``split`` ("heads": reshape (B, T, H, d_h) then swap;
-    "no swap": reshape straight to (B, H, T, d_h); "interleaved": W_qkv cut per head as
-    [q_i | k_i | v_i]), ``project_out`` (False: no W_o), ``transpose_weights`` (x @ W.T)."""
-    F = torch.nn.functional
+def torch_mask(mask, b, h, t, s):
+    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
+    if mask is None:
+        return None
+    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
+
+
+def torch_softmax_rows(scores, mask=None):
+    """Softmax over the last axis of a torch tensor, with the core's conventions: a bool mask
+    (True = blocked) puts -inf, a float mask is added; a row with no finite entry gets zeros
+    (and passes no gradient)."""
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask))
+        scores = scores.masked_fill(m, -math.inf) if m.dtype == torch.bool else scores + m
+    blocked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with nothing to attend
+    scores = scores.masked_fill(blocked, 0.0)
+    return torch.softmax(scores, dim=-1) * (~blocked)
+
+
+def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, split="heads",
+                project_out=True, transpose_weights=False):
+    """Multi-head attention written out in PyTorch on tensors (``params`` in the core's layout:
+    separate projections, or packed ``W_qkv`` applied to ``query``), with knobs that reproduce
+    classic mistakes: ``scale`` (default 1/sqrt(d_h)), ``split`` ("heads": reshape (B, T, H,
+    d_h) then swap; "no swap": reshape straight to (B, H, T, d_h); "interleaved": W_qkv cut per
+    head as [q_i | k_i | v_i]), ``project_out`` (False: no W_o), ``transpose_weights`` (x @
+    W.T). Returns the output, the weights (B, H, T, S) and the projections (q, k, v), or (qkv,)."""
     e = query.shape[-1]
     h, d_h = num_heads, e // num_heads
 
-    def lin(x, w, b):
-        w = _t(w)
+    def lin(x, name):
+        w = params[f"W_{name}"]
         y = x @ (w.T if transpose_weights else w)
-        return y if b is None else y + _t(b)
+        return y + params[f"b_{name}"] if f"b_{name}" in params else y
 
-    q_in, k_in, v_in = _t(query), _t(key), _t(value)
-    if "W_qkv" in params and split == "interleaved":
-        qkv = lin(q_in, params["W_qkv"], params.get("b_qkv"))  # (B, T, 3E)
-        b_, t_ = qkv.shape[:2]
-        qkv = qkv.reshape(b_, t_, h, 3 * d_h).transpose(1, 2)  # per head [q_i | k_i | v_i]
-        q, k, v = qkv.split(d_h, dim=-1)
-    else:
-        if "W_qkv" in params:
-            w, b = params["W_qkv"], params.get("b_qkv")
-            pieces = [(w[:, i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
-                      for i in range(3)]
+    def heads(x):
+        b, n, _ = x.shape
+        if split == "no swap":
+            return x.reshape(b, h, n, d_h)
+        return x.reshape(b, n, h, d_h).transpose(1, 2)
+
+    if "W_qkv" in params:
+        projected = (lin(query, "qkv"),)
+        if split == "interleaved":
+            b, t = query.shape[:2]
+            qkv = projected[0].reshape(b, t, h, 3 * d_h).transpose(1, 2)
+            q, k, v = qkv.split(d_h, dim=-1)
         else:
-            pieces = [(params[f"W_{n}"], params.get(f"b_{n}")) for n in "qkv"]
-        projected = [lin(x, w, b) for x, (w, b) in zip((q_in, k_in, v_in), pieces, strict=True)]
-
-        def heads(x):
-            b_, n_ = x.shape[:2]
-            if split == "no swap":
-                return x.reshape(b_, h, n_, d_h)
-            return x.reshape(b_, n_, h, d_h).transpose(1, 2)
-
+            q, k, v = (heads(x) for x in projected[0].split(e, dim=-1))
+    else:
+        projected = lin(query, "q"), lin(key, "k"), lin(value, "v")
         q, k, v = (heads(x) for x in projected)
-    allowed = None if mask is None else ~_t(np.asarray(mask))
-    scale = 1 / math.sqrt(d_h) if scale is None else scale
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # (B, H, T, d_h)
-    b_, _, t_, _ = o.shape
-    merged = o.reshape(b_, t_, e) if split == "no swap" else o.transpose(1, 2).reshape(b_, t_, e)
-    if not project_out:
-        return merged.numpy()
-    return lin(merged, params["W_o"], params.get("b_o")).numpy()
+    scores = (q / math.sqrt(d_h) if scale is None else q * scale) @ k.transpose(-1, -2)
+    weights = torch_softmax_rows(scores, mask)
+    o = weights @ v  # (B, H, T, d_h)
+    b, _, t, _ = o.shape
+    merged = o.reshape(b, t, e) if split == "no swap" else o.transpose(1, 2).reshape(b, t, e)
+    return (lin(merged, "o") if project_out else merged), weights, projected
+
+
+def torch_heads_forward(query, key, value, params, num_heads, mask=None, **knobs):
+    """:func:`torch_heads` on NumPy inputs, its output as a NumPy array."""
+    tensors = {name: _t(a) for name, a in params.items()}
+    out = torch_heads(_t(query), _t(key), _t(value), tensors, num_heads, mask, **knobs)[0]
+    return out.numpy()
 
 
 def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
@@ -300,8 +301,7 @@ class MultiHeadAttentionForward(Check, id="check-mha-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
-        out, _ = f.multi_head_attention_forward(query, key, value, params, num_heads, mask)
-        return out
+        return f.multi_head_attention_forward(query, key, value, params, num_heads, mask)[0]
 
     def expected(self, query, key, value, params, num_heads, mask=None):
         return torch_mha_forward(query, key, value, params, num_heads, mask)
@@ -415,8 +415,7 @@ class SelfAttentionForward(Check, id="check-self-attention-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, num_heads, mask=None):
-        out, _ = f.self_attention_forward(x, params, num_heads, mask)
-        return out
+        return f.self_attention_forward(x, params, num_heads, mask)[0]
 
     def expected(self, x, params, num_heads, mask=None):
         return torch_mha_forward(x, x, x, params, num_heads, mask)

@@ -17,24 +17,14 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb04_multihead_attention import (
     blocked_rows_mask,
     mha_case,
     self_attention_case,
+    torch_heads,
+    torch_softmax_rows,
 )
-
-
-def torch_softmax_rows(scores, mask=None):
-    """Softmax over the last axis of a torch tensor, with the core's conventions: a bool mask
-    (True = blocked) puts -inf, a float mask is added; a row with no finite entry gets zeros
-    (and passes no gradient)."""
-    if mask is not None:
-        m = torch.from_numpy(np.asarray(mask))
-        scores = scores.masked_fill(m, -math.inf) if m.dtype == torch.bool else scores + m
-    blocked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with nothing to attend
-    scores = scores.masked_fill(blocked, 0.0)
-    return torch.softmax(scores, dim=-1) * (~blocked)
 
 
 def torch_attention(q, k, v, dout, mask=None, scale=None, dweights=None):
@@ -57,50 +47,27 @@ def torch_attention(q, k, v, dout, mask=None, scale=None, dweights=None):
 
 
 def torch_mha_backward(query, key, value, params, num_heads, dout, mask=None, dweights=None):
-    """Autograd of multi-head attention (separate projections, or packed ``W_qkv`` with
-    ``query`` the input x) in the core's parameter layout. Returns the answer in the layout of
-    the core's backward and the gradients of the projected Q, K, V (B, T|S, E)."""
-    packed = "W_qkv" in params
+    """Autograd of :func:`~.nb04_multihead_attention.torch_heads` (separate projections, or
+    packed ``W_qkv`` with ``query`` the input x). Returns the answer in the layout of the core's
+    backward and the gradients of the projections: dQ, dK, dV (B, T|S, E), or dQKV."""
     leaves = {name: _t(a, True) for name, a in params.items()}
-    e = query.shape[-1]
-    h, d_h = num_heads, e // num_heads
-    xq = _t(query, True)
-    if packed:
-        qkv = xq @ leaves["W_qkv"]
-        if "b_qkv" in leaves:
-            qkv = qkv + leaves["b_qkv"]
-        qkv.retain_grad()
-        q, k, v = qkv.split(e, dim=-1)
-        inputs = [xq]
-    else:
-        xk, xv = _t(key, True), _t(value, True)
-        q, k, v = (x @ leaves[f"W_{n}"] + (leaves[f"b_{n}"] if f"b_{n}" in leaves else 0)
-                   for x, n in zip((xq, xk, xv), "qkv", strict=True))
-        for a in (q, k, v):
-            a.retain_grad()
-        inputs = [xq, xk, xv]
-
-    def heads(a):
-        b, n, _ = a.shape
-        return a.reshape(b, n, h, d_h).transpose(1, 2)
-
-    qh, kh, vh = heads(q), heads(k), heads(v)
-    weights = torch_softmax_rows((qh / math.sqrt(d_h)) @ kh.transpose(-1, -2), mask)
-    o = weights @ vh  # (B, H, T, d_h)
-    b, _, t, _ = o.shape
-    out = o.transpose(1, 2).reshape(b, t, e) @ leaves["W_o"]
-    if "b_o" in leaves:
-        out = out + leaves["b_o"]
+    packed = "W_qkv" in params
+    inputs = [_t(a, True) for a in ((query,) if packed else (query, key, value))]
+    out, weights, projected = torch_heads(*(inputs * 3 if packed else inputs), leaves, num_heads,
+                                          mask)
+    for a in projected:
+        a.retain_grad()
     loss = (out * _t(dout)).sum()
     if dweights is not None:
         loss = loss + (weights * _t(dweights)).sum()
     loss.backward()
     grads = {name: _np(leaf.grad) for name, leaf in leaves.items()}
+    middle = {name: _np(a.grad) for name, a in zip(("dQKV",) if packed else ("dQ", "dK", "dV"),
+                                                   projected, strict=True)}
     if packed:
-        return {"dx": _np(xq.grad), "grads": grads}, {"dQKV": _np(qkv.grad)}
-    answer = {"dquery": _np(xq.grad), "dkey": _np(inputs[1].grad), "dvalue": _np(inputs[2].grad),
-              "grads": grads}
-    return answer, {"dQ": _np(q.grad), "dK": _np(k.grad), "dV": _np(v.grad)}
+        return {"dx": _np(inputs[0].grad), "grads": grads}, middle
+    return {"dquery": _np(inputs[0].grad), "dkey": _np(inputs[1].grad),
+            "dvalue": _np(inputs[2].grad), "grads": grads}, middle
 
 
 def snap_key_bias(answer):
@@ -143,10 +110,8 @@ def row_cases(rng):
     row, a batch of rows, and square rows (where a row sum that drops its axis broadcasts
     along the wrong one)."""
     yield Case("one row", (rng.standard_normal(5), rng.standard_normal(5)))
-    yield Case("a batch of rows (3, 5)", (rng.standard_normal((3, 5)),
-                                          rng.standard_normal((3, 5))))
-    yield Case("square rows (4, 4): the row sum must keep its axis",
-               (rng.standard_normal((4, 4)), rng.standard_normal((4, 4))))
+    yield Case("a batch of rows (3, 5)", normals(rng, (3, 5), (3, 5)))
+    yield Case("square rows (4, 4): the row sum must keep its axis", normals(rng, (4, 4), (4, 4)))
 
 
 class SoftmaxBackward(Check, id="check-softmax-backward",
@@ -161,17 +126,14 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
         x[1] = -np.inf
         yield Case("a fully blocked row (all -inf: zero weights, zero gradient)",
                    (x, rng.standard_normal((3, 4))))
-        yield Case("float32", (rng.standard_normal((2, 3, 6)).astype(np.float32),
-                               rng.standard_normal((2, 3, 6)).astype(np.float32)))
+        yield Case("float32", normals(rng, (2, 3, 6), (2, 3, 6), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
-                                 rng.standard_normal((2, 2, 3, 4))))
+        yield Case("four axes", normals(rng, (2, 2, 3, 4), (2, 2, 3, 4)))
         yield Case("huge scores", (rng.standard_normal((3, 7)) * 1000,
                                    rng.standard_normal((3, 7))))
-        yield Case("one entry per row", (rng.standard_normal((4, 1)),
-                                         rng.standard_normal((4, 1))))
+        yield Case("one entry per row", normals(rng, (4, 1), (4, 1)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout):
@@ -206,13 +168,10 @@ class AttentionBackward(Check, id="check-attention-backward",
     @staticmethod
     def _case(rng, name, lead, t, s, d_k, d_v, dtype=np.float64, mask=None, scale=None,
               dweights=False):
-        q = rng.standard_normal((*lead, t, d_k))
-        k = rng.standard_normal((*lead, s, d_k))
-        v = rng.standard_normal((*lead, s, d_v))
-        dout = rng.standard_normal((*lead, t, d_v))
+        q_k_v_dout = normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v),
+                             (*lead, t, d_v), dtype=dtype)
         dw = rng.standard_normal((*lead, t, s)).astype(dtype) if dweights else None
-        return Case(name, tuple(a.astype(dtype) for a in (q, k, v, dout)),
-                    {"mask": mask, "scale": scale, "dweights": dw})
+        return Case(name, q_k_v_dout, {"mask": mask, "scale": scale, "dweights": dw})
 
     def cases(self, rng):
         yield self._case(rng, "one sequence, T = S = 4, d_k = d_v = 3", (), 4, 4, 3, 3)
@@ -442,9 +401,7 @@ class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
                                  arguments=("score_bias_attention_backward",)):
     @staticmethod
     def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False):
-        q = rng.standard_normal((*lead, t, d_k))
-        k = rng.standard_normal((*lead, s, d_k))
-        v = rng.standard_normal((*lead, s, d_v))
+        q, k, v = normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v))
         a = np.zeros((t, s)) if zero_bias else rng.standard_normal((t, s))
         scale = 1 / math.sqrt(d_k)
         p = _np(torch_softmax_rows(_t(q @ np.swapaxes(k, -1, -2) * scale + a)))

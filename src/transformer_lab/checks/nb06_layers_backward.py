@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb05_attention_backward import (
     _averaged,
     row_cases,
@@ -145,8 +145,7 @@ class LogSoftmax(Check, id="check-log-softmax",
         yield from row_cases(rng)
         yield Case("huge logits (+-1000: exp would overflow)",
                    (rng.standard_normal((3, 6)) * 1000, rng.standard_normal((3, 6))))
-        yield Case("float32", (rng.standard_normal((2, 3, 7)).astype(np.float32),
-                               rng.standard_normal((2, 3, 7)).astype(np.float32)))
+        yield Case("float32", normals(rng, (2, 3, 7), (2, 3, 7), dtype=np.float32))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield Case("rows near +1e4 and near -1e4 in one array (each row has its own maximum)",
                    (np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4]),
@@ -154,10 +153,8 @@ class LogSoftmax(Check, id="check-log-softmax",
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("four axes", (rng.standard_normal((2, 2, 3, 4)),
-                                 rng.standard_normal((2, 2, 3, 4))))
-        yield Case("one class (log-probability 0)", (rng.standard_normal((3, 1)),
-                                                     rng.standard_normal((3, 1))))
+        yield Case("four axes", normals(rng, (2, 2, 3, 4), (2, 2, 3, 4)))
+        yield Case("one class (log-probability 0)", normals(rng, (3, 1), (3, 1)))
         yield Case("rows near -1e4", (rng.standard_normal((2, 5)) - 1e4,
                                       rng.standard_normal((2, 5))))
     ### END HIDDEN TESTS
@@ -275,8 +272,7 @@ class Embedding(Check, id="check-embedding", functions=("embedding_forward", "em
     @staticmethod
     def _case(rng, name, ids, vocab, d, dtype=np.float64):
         ids = np.asarray(ids, dtype=np.int64)
-        return Case(name, (ids, rng.standard_normal((vocab, d)).astype(dtype),
-                           rng.standard_normal((*ids.shape, d)).astype(dtype)))
+        return Case(name, (ids, *normals(rng, (vocab, d), (*ids.shape, d), dtype=dtype)))
 
     def cases(self, rng):
         yield self._case(rng, "distinct ids (1-D)", [3, 0, 4], 6, 4)
@@ -318,8 +314,7 @@ class Embedding(Check, id="check-embedding", functions=("embedding_forward", "em
 class RMSNormBackward(Check, id="check-rms-norm-backward", arguments=("rms_norm_backward",)):
     @staticmethod
     def _case(rng, name, shape, eps=1e-6):
-        return Case(name, (rng.standard_normal(shape), rng.standard_normal(shape),
-                           rng.standard_normal(shape[-1])), {"eps": eps})
+        return Case(name, normals(rng, shape, shape, shape[-1]), {"eps": eps})
 
     def cases(self, rng):
         yield self._case(rng, "one vector (D = 5)", (5,))

@@ -2,7 +2,7 @@
 dropout, initialisation, and the encoder and decoder layers.
 
 Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.TransformerEncoderLayer``
-... ``nn.Transformer`` loaded with the case's parameters through ``interop.layout``), except
+... ``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout``), except
 where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
 from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
 The helpers that build the torch models are shared with notebook 08's checks, whose stacks
@@ -18,7 +18,8 @@ from typing import ClassVar
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
+from transformer_lab.checks.nb04_multihead_attention import torch_mask
 from transformer_lab.reference.interop import layout
 
 
@@ -125,13 +126,6 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     return _load(stack, layout.stack_to_torch(params, ""))
 
 
-def torch_mask(mask, b, h, t, s):
-    """The core's merged bool mask (broadcastable to (B, H, T, S)) as torch's 3-D attn_mask."""
-    if mask is None:
-        return None
-    return _t(np.broadcast_to(mask, (b, h, t, s)).reshape(b * h, t, s))
-
-
 def _named_grads(module) -> dict:
     return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad))
             for n, p in module.named_parameters()}
@@ -191,8 +185,7 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
                    {"approximate": "none"})
         yield Case("one entry, tanh", (np.array([0.7]), np.array([1.5])),
                    {"approximate": "tanh"})
-        yield Case("four axes, exact", (rng.standard_normal((2, 2, 3, 2)),
-                                        rng.standard_normal((2, 2, 3, 2))))
+        yield Case("four axes, exact", normals(rng, (2, 2, 3, 2), (2, 2, 3, 2)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, approximate="none"):
@@ -233,8 +226,7 @@ class Activation(Check, id="check-activation",
     def hidden_cases(self, rng):
         yield Case("'relu' at exactly 0 (gradient 0, as torch)",
                    (np.array([-1.0, 0.0, 2.0]), np.ones(3), "relu"))
-        yield Case("'gelu_tanh', three axes", (rng.standard_normal((2, 3, 2)),
-                                               rng.standard_normal((2, 3, 2)), "gelu_tanh"))
+        yield Case("'gelu_tanh', three axes", (*normals(rng, (2, 3, 2), (2, 3, 2)), "gelu_tanh"))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, activation):
@@ -262,19 +254,18 @@ class FeedForward(Check, id="check-feed-forward",
                   functions=("feed_forward_forward", "feed_forward_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, shape, f, activation, bias=True, dtype=np.float64):
+        """x of ``shape``, the parameters (width ``f``), dout like x, the activation."""
+        x = _randn(rng, shape, dtype)
+        return Case(name, (x, ff_params(rng, shape[-1], f, bias, dtype),
+                           _randn(rng, shape, dtype), activation))
+
     def cases(self, rng):
-        yield Case("ReLU, x (2, 3, 4), F = 6",
-                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
-                    rng.standard_normal((2, 3, 4)), "relu"))
-        yield Case("GELU, x (2, 3, 4), F = 6",
-                   (rng.standard_normal((2, 3, 4)), ff_params(rng, 4, 6),
-                    rng.standard_normal((2, 3, 4)), "gelu"))
-        yield Case("GELU (tanh), no biases",
-                   (rng.standard_normal((3, 2, 5)), ff_params(rng, 5, 3, bias=False),
-                    rng.standard_normal((3, 2, 5)), "gelu_tanh"))
-        yield Case("ReLU, float32", (_randn(rng, (2, 4, 3), np.float32),
-                                     ff_params(rng, 3, 8, dtype=np.float32),
-                                     _randn(rng, (2, 4, 3), np.float32), "relu"))
+        yield self._case(rng, "ReLU, x (2, 3, 4), F = 6", (2, 3, 4), 6, "relu")
+        yield self._case(rng, "GELU, x (2, 3, 4), F = 6", (2, 3, 4), 6, "gelu")
+        yield self._case(rng, "GELU (tanh), no biases", (3, 2, 5), 3, "gelu_tanh", bias=False)
+        yield self._case(rng, "ReLU, float32", (2, 4, 3), 8, "relu", dtype=np.float32)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         for name, dropped in (("b1 only (no b2)", "b2"), ("b2 only (no b1)", "b1")):
             params = ff_params(later, 4, 5)
@@ -284,10 +275,8 @@ class FeedForward(Check, id="check-feed-forward",
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one sequence (T, E), GELU", (rng.standard_normal((5, 4)), ff_params(rng, 4, 7),
-                                                 rng.standard_normal((5, 4)), "gelu"))
-        yield Case("four axes, F = 1", (rng.standard_normal((2, 2, 2, 3)), ff_params(rng, 3, 1),
-                                        rng.standard_normal((2, 2, 2, 3)), "relu"))
+        yield self._case(rng, "one sequence (T, E), GELU", (5, 4), 7, "gelu")
+        yield self._case(rng, "four axes, F = 1", (2, 2, 2, 3), 1, "relu")
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, activation):
@@ -317,23 +306,9 @@ class FeedForward(Check, id="check-feed-forward",
 def _derivative_at_output(h, act):
     """``act(h)`` whose backward pass multiplies by ``act'(a)``, the derivative at the output
     ``a = act(h)`` -- the wrong point -- instead of ``act'(h)``: a mistake of FeedForward."""
-
-    class WrongPoint(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, h_):
-            a = act(h_)
-            ctx.save_for_backward(a)
-            return a
-
-        @staticmethod
-        def backward(ctx, g):
-            (a,) = ctx.saved_tensors
-            with torch.enable_grad():
-                at = a.detach().requires_grad_(True)
-                (local,) = torch.autograd.grad(act(at).sum(), at)
-            return g * local
-
-    return WrongPoint.apply(h)
+    a = act(h)
+    at_a = h + (a - h).detach()  # the value a, with the gradient of h
+    return a.detach() + (act(at_a) - act(at_a).detach())
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,34 +335,28 @@ def _tanh_sublayer(W):
 class Residual(Check, id="check-residual", functions=("residual_forward", "residual_backward")):
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, shape, norm_first, scale=0.8, beta=True, dtype=np.float64, **keywords):
+        """x of ``shape``, the sublayer's W (entries of size ``scale``), the norm's parameters,
+        dout like x, norm_first; the keywords (eps)."""
+        e = shape[-1]
+        x, W = _randn(rng, shape, dtype), _randn(rng, (e, e), dtype, scale)
+        return Case(name, (x, W, norm_params(rng, e, beta, dtype), _randn(rng, shape, dtype),
+                           norm_first), keywords)
+
     def cases(self, rng):
         for norm_first, name in ((True, "pre-norm"), (False, "post-norm")):
-            yield Case(f"{name}, sublayer tanh(h W)",
-                       (rng.standard_normal((2, 3, 4)), _randn(rng, (4, 4), scale=0.8),
-                        norm_params(rng, 4), rng.standard_normal((2, 3, 4)), norm_first))
-        yield Case("post-norm, a norm without beta, eps = 0.1",
-                   (rng.standard_normal((3, 2, 5)), _randn(rng, (5, 5), scale=0.8),
-                    norm_params(rng, 5, bias=False), rng.standard_normal((3, 2, 5)), False),
-                   {"eps": 0.1})
-        yield Case("pre-norm, float32", (_randn(rng, (2, 4, 3), np.float32),
-                                         _randn(rng, (3, 3), np.float32, 0.8),
-                                         norm_params(rng, 3, dtype=np.float32),
-                                         _randn(rng, (2, 4, 3), np.float32), True))
+            yield self._case(rng, f"{name}, sublayer tanh(h W)", (2, 3, 4), norm_first)
+        yield self._case(rng, "post-norm, a norm without beta, eps = 0.1", (3, 2, 5), False,
+                         beta=False, eps=0.1)
+        yield self._case(rng, "pre-norm, float32", (2, 4, 3), True, dtype=np.float32)
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("pre-norm, eps = 0.1", (later.standard_normal((2, 3, 4)),
-                                           _randn(later, (4, 4), scale=0.8), norm_params(later, 4),
-                                           later.standard_normal((2, 3, 4)), True), {"eps": 0.1})
+        yield self._case(later, "pre-norm, eps = 0.1", (2, 3, 4), True, eps=0.1)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("pre-norm, B = 1, T = 1", (rng.standard_normal((1, 1, 6)),
-                                              _randn(rng, (6, 6), scale=0.8),
-                                              norm_params(rng, 6), rng.standard_normal((1, 1, 6)),
-                                              True))
-        yield Case("post-norm, wide E = 16", (rng.standard_normal((2, 2, 16)),
-                                              _randn(rng, (16, 16), scale=0.3),
-                                              norm_params(rng, 16), rng.standard_normal((2, 2, 16)),
-                                              False))
+        yield self._case(rng, "pre-norm, B = 1, T = 1", (1, 1, 6), True)
+        yield self._case(rng, "post-norm, wide E = 16", (2, 2, 16), False, scale=0.3)
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, norm, dout, norm_first, eps=1e-5):
@@ -443,30 +412,26 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
 
 class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_backward")):
     def cases(self, rng):
-        yield Case("training, p = 0.1", (rng.standard_normal((4, 6)), rng.standard_normal((4, 6)),
-                                         0.1, 11, True))
+        yield Case("training, p = 0.1", (*normals(rng, (4, 6), (4, 6)), 0.1, 11, True))
         yield Case("training, p = 0.5, float32",
-                   (_randn(rng, (3, 5, 2), np.float32), _randn(rng, (3, 5, 2), np.float32),
-                    0.5, 12, True))
+                   (*normals(rng, (3, 5, 2), (3, 5, 2), dtype=np.float32), 0.5, 12, True))
         yield Case("evaluation (train=False): the identity",
-                   (rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), 0.3, 13, False))
+                   (*normals(rng, (3, 4), (3, 4)), 0.3, 13, False))
         yield Case("training with p = 0: the identity",
-                   (rng.standard_normal((2, 5)), rng.standard_normal((2, 5)), 0.0, 14, True))
+                   (*normals(rng, (2, 5), (2, 5)), 0.0, 14, True))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield Case("training with p = 1: every entry dropped (zeros, as PyTorch)",
                    (later.standard_normal((3, 4)), later.standard_normal((3, 4)), 1.0, 18, True))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("training, p = 0.9", (rng.standard_normal((5, 7)), rng.standard_normal((5, 7)),
-                                         0.9, 15, True))
+        yield Case("training, p = 0.9", (*normals(rng, (5, 7), (5, 7)), 0.9, 15, True))
         yield Case("training, one entry", (np.array([1.5]), np.array([2.0]), 0.25, 16, True))
         yield Case("evaluation, float32", (_randn(rng, (2, 3), np.float32),
                                            _randn(rng, (2, 3), np.float32), 0.5, 17, False))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
-        yield Case("training with p = 1, float32", (_randn(later, (2, 5), np.float32),
-                                                    _randn(later, (2, 5), np.float32), 1.0, 19,
-                                                    True))
+        yield Case("training with p = 1, float32",
+                   (*normals(later, (2, 5), (2, 5), dtype=np.float32), 1.0, 19, True))
     ### END HIDDEN TESTS
 
     def run(self, f, x, dout, p, seed, train):
@@ -532,18 +497,15 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
     def expected(self, kind, a, b, seed, how="right"):
         rng = np.random.default_rng(seed)
         shape = b if kind == "uniform" else (a, b)
-        if kind == "uniform":
-            bound = {"right": 1 / math.sqrt(a), "1/fan_in": 1 / a}.get(how)
-        else:
-            bound = {"right": math.sqrt(6 / (a + b)), "std": math.sqrt(2 / (a + b)),
-                     "fan_in": math.sqrt(6 / (2 * a))}.get(how)
+        right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
+        std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
         if how == "normal":
-            scale = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
-            W = rng.standard_normal(shape) * scale
+            W = rng.standard_normal(shape) * std
         elif how == "half":
-            W = rng.uniform(0, 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b)),
-                            size=shape)
+            W = rng.uniform(0, right, size=shape)
         else:
+            bound = {"right": right, "1/fan_in": 1 / a, "std": std,
+                     "fan_in": math.sqrt(6 / (2 * a))}[how]
             W = rng.uniform(-bound, bound, size=shape)
         return {"W": W, "next draw": rng.random()}
 
@@ -601,11 +563,9 @@ class _TwinCheck(Check):
     its PyTorch twin under autograd: ``nn.TransformerEncoderLayer`` ... ``nn.TransformerDecoder``
     holding the case's parameters (:func:`torch_layer`, :func:`torch_stack`).
 
-    A case (:func:`_twin_case`) is (x, [memory,] params, num_heads, mask(s), dout) with the
-    keywords norm_first, activation and eps. Compared, at the framework's tolerance for the
-    dtype: out, dx, a decoder's dmemory, and the parameters' gradients in the core's layout --
-    where the cross-attention's gradients that are zero in exact arithmetic are set to zero on
-    both sides (:func:`quiet_key_bias`)."""
+    Its cases are :func:`_twin_case`'s. Compared, at the framework's tolerance for the dtype:
+    out, dx, a decoder's dmemory, and the parameters' gradients in the core's layout (the
+    cross-attention's that are zero in exact arithmetic: :func:`quiet_key_bias`)."""
 
     decoder: ClassVar[bool] = False
     stack: ClassVar[bool] = False

@@ -1,9 +1,9 @@
 """Checks of notebook 08_transformer: positions and embeddings, the encoder and decoder stacks,
 the model's forward pass and the tied output projection.
 
-Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder``,
-``nn.TransformerDecoder`` and ``nn.Transformer`` loaded with the case's parameters through
-``interop.layout`` (the stacks are compared with their twins by notebook 07's
+Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder`` and
+``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout`` (the
+stacks are compared with their twins by notebook 07's
 :class:`~transformer_lab.checks.nb07_blocks._TwinCheck`, as the layers are). The helpers that
 build the model are shared with notebook 09's checks.
 """
@@ -11,24 +11,21 @@ build the model are shared with notebook 09's checks.
 from __future__ import annotations
 
 import math
-import warnings
 from types import SimpleNamespace
 
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb07_blocks import (
-    _activation,
     _decoder_masks,
-    _dims,
-    _load,
     _named_grads,
     _randn,
     _twin_case,
     _TwinCheck,
     quiet_key_bias,
     stack_params,
+    torch_stack,
     tree_map,
 )
 from transformer_lab.reference.interop import layout
@@ -84,27 +81,24 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
 class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward")):
     axes = {"x": "bte"}  # axis names, for messages
 
+    @staticmethod
+    def _case(rng, name, ids, vocab, max_len, e, scale, dtype=np.float64):
+        """ids, a table (vocab, e), positions (max_len, e) or None, the scale, dx (B, T, e)."""
+        ids, table = np.array(ids), _randn(rng, (vocab, e), dtype)
+        positions = None if max_len is None else _randn(rng, (max_len, e), dtype)
+        return Case(name, (ids, table, positions, scale, _randn(rng, (*ids.shape, e), dtype)))
+
     def cases(self, rng):
-        ids = np.array([[3, 1, 3, 0], [2, 3, 3, 4]])  # repeated ids, within and across rows
-        yield Case("scale sqrt(E), sinusoid-like table, repeated ids",
-                   (ids, rng.standard_normal((5, 6)), rng.standard_normal((7, 6)), math.sqrt(6),
-                    rng.standard_normal((2, 4, 6))))
-        yield Case("learned positions L > T, scale 1",
-                   (np.array([[1, 1, 2]]), rng.standard_normal((3, 4)),
-                    rng.standard_normal((5, 4)), 1.0, rng.standard_normal((1, 3, 4))))
-        yield Case("no positions", (np.array([[0, 2], [2, 2], [1, 0]]), rng.standard_normal((3, 5)),
-                                    None, 2.0, rng.standard_normal((3, 2, 5))))
-        yield Case("float32", (np.array([[4, 0, 4]]), _randn(rng, (6, 4), np.float32),
-                               _randn(rng, (3, 4), np.float32), 2.0,
-                               _randn(rng, (1, 3, 4), np.float32)))
+        yield self._case(rng, "scale sqrt(E), sinusoid-like table, repeated ids",  # within rows
+                         [[3, 1, 3, 0], [2, 3, 3, 4]], 5, 7, 6, math.sqrt(6))  # and across
+        yield self._case(rng, "learned positions L > T, scale 1", [[1, 1, 2]], 3, 5, 4, 1.0)
+        yield self._case(rng, "no positions", [[0, 2], [2, 2], [1, 0]], 3, None, 5, 2.0)
+        yield self._case(rng, "float32", [[4, 0, 4]], 6, 3, 4, 2.0, np.float32)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("every id the same", (np.full((3, 2), 1), rng.standard_normal((2, 3)),
-                                         rng.standard_normal((4, 3)), math.sqrt(3),
-                                         rng.standard_normal((3, 2, 3))))
-        yield Case("T = L = 1", (np.array([[2], [0]]), rng.standard_normal((3, 2)),
-                                 rng.standard_normal((1, 2)), 1.5, rng.standard_normal((2, 1, 2))))
+        yield self._case(rng, "every id the same", np.full((3, 2), 1), 2, 4, 3, math.sqrt(3))
+        yield self._case(rng, "T = L = 1", [[2], [0]], 3, 1, 2, 1.5)
     ### END HIDDEN TESTS
 
     def run(self, f, ids, table, positions, scale, dx):
@@ -263,33 +257,17 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
     return params, src, tgt_in, config, pe, src_pad, tgt_pad
 
 
-def torch_model(params, config, dtype):
-    """The model's parameters as torch tensors (requiring gradients) and an ``nn.Transformer``
-    holding the stacks."""
-    enc, dec = params["encoder"], params["decoder"]
-    e, f, bias, _ = _dims(enc["layers"][0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        core = torch.nn.Transformer(e, config["num_heads"], len(enc["layers"]),
-                                    len(dec["layers"]), f, dropout=0.0,
-                                    activation=_activation(config["activation"]),
-                                    layer_norm_eps=config["eps"], batch_first=True,
-                                    norm_first=config["norm_first"], bias=bias,
-                                    dtype=getattr(torch, np.dtype(dtype).name))
-    _load(core, {**layout.stack_to_torch(enc, "encoder."),
-                 **layout.stack_to_torch(dec, "decoder.")})
+def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
+    """(memory, logits, stacks, outer tensors) of the course model, in PyTorch: the stacks are
+    :func:`torch_stack`'s (a ``ModuleDict``: ``encoder``, ``decoder``), the other parameters
+    tensors that record their gradients. ``how`` names a mistake to reproduce ("no scale",
+    "no positions", "no causal mask", "no memory padding mask")."""
+    layer = (config["num_heads"], config["norm_first"], config["activation"], config["eps"])
+    core = torch.nn.ModuleDict({side: torch_stack(params[side], *layer, side == "decoder")
+                                for side in ("encoder", "decoder")})
     outer = {f"{k}.{n}": _t(v, grad=True)
              for k in ("src_embed", "tgt_embed", "src_pos", "tgt_pos", "out_proj") if k in params
              for n, v in params[k].items()}
-    return core, outer
-
-
-def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
-    """(memory, logits, nn.Transformer, outer tensors) of the course model, in PyTorch.
-    ``how`` names a mistake to reproduce ("no scale", "no positions", "no causal mask",
-    "no memory padding mask")."""
-    dtype = params["out_proj"]["W"].dtype
-    core, outer = torch_model(params, config, dtype)
     scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
         else 1.0
 
@@ -396,21 +374,14 @@ class TiedOutput(Check, id="check-tied-output",
     axes = {"logits": "btv", "dx": "bte"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("x (2, 3, 4), V = 6", (rng.standard_normal((2, 3, 4)),
-                                          rng.standard_normal((6, 4)),
-                                          rng.standard_normal((2, 3, 6))))
-        yield Case("one sequence (T, E)", (rng.standard_normal((5, 3)), rng.standard_normal((4, 3)),
-                                           rng.standard_normal((5, 4))))
-        yield Case("float32", (_randn(rng, (2, 2, 5), np.float32), _randn(rng, (7, 5), np.float32),
-                               _randn(rng, (2, 2, 7), np.float32)))
+        yield Case("x (2, 3, 4), V = 6", normals(rng, (2, 3, 4), (6, 4), (2, 3, 6)))
+        yield Case("one sequence (T, E)", normals(rng, (5, 3), (4, 3), (5, 4)))
+        yield Case("float32", normals(rng, (2, 2, 5), (7, 5), (2, 2, 7), dtype=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("V = E (a square table)", (rng.standard_normal((2, 2, 4)),
-                                              rng.standard_normal((4, 4)),
-                                              rng.standard_normal((2, 2, 4))))
-        yield Case("four axes", (rng.standard_normal((2, 1, 3, 2)), rng.standard_normal((5, 2)),
-                                 rng.standard_normal((2, 1, 3, 5))))
+        yield Case("V = E (a square table)", normals(rng, (2, 2, 4), (4, 4), (2, 2, 4)))
+        yield Case("four axes", normals(rng, (2, 1, 3, 2), (5, 2), (2, 1, 3, 5)))
     ### END HIDDEN TESTS
 
     def run(self, f, x, W, dout):
