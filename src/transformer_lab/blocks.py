@@ -233,16 +233,7 @@ def stack_layer_caches(core_cache) -> list:
 
 
 def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
-    """Position-wise feed-forward network ``act(x W1 + b1) W2 + b2``.
-
-    Args:
-        x: (..., E).
-        params: ``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,) and ``b2`` (E,).
-        activation: "relu", "gelu" (exact) or "gelu_tanh".
-
-    Returns:
-        out: (..., E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.feed_forward_forward` (shapes there)."""
     x = v.float_array(x, "x", min_ndim=1)
     _check_ff_params(params, x.shape[-1], x.dtype, "params")
     L.check_activation(activation)
@@ -251,7 +242,7 @@ def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
 
 
 def feed_forward_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
+    """Checked :func:`transformer_lab.core.blocks.feed_forward_backward`."""
     dout = v.dout_of(dout, cache, "feed_forward_backward")
     return core_blocks.feed_forward_backward(dout, cache.core)
 
@@ -276,38 +267,15 @@ class LayerCache(v.Cache):
 def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
                           key_padding_mask=None, norm_first: bool = False,
                           activation: str = "relu", eps: float = 1e-5):
-    """One encoder layer: self-attention, then feed-forward, each with residual and layer norm.
-
-    Post-norm: ``x1 = norm1(x + SA(x))``, ``out = norm2(x1 + FF(x1))``.
-    Pre-norm: ``x1 = x + SA(norm1(x))``, ``out = x1 + FF(norm2(x1))``.
-
-    Args:
-        x: (B, T, E).
-        params: ``{"self_attn", "ff", "norm1", "norm2"}`` (see the module docstring).
-        num_heads: heads of the self-attention.
-        attn_mask: None or (T, T) bool/float mask; key_padding_mask: None or (B, T).
-        norm_first: pre-norm (True) or post-norm (False, the paper's).
-        activation: of the feed-forward network.
-        eps: of the layer norms.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_layer_forward` (shapes there); the
+    masks are merged by :func:`transformer_lab.attention.combine_masks`."""
     return _forward("encoder_layer_forward", x, None, params, num_heads,
                     [(attn_mask, key_padding_mask)], norm_first, activation, eps)
 
 
 def encoder_layer_backward(dout, cache: LayerCache):
-    """Gradients of :func:`encoder_layer_forward`.
-
-    Each residual ``y = x + f(x)`` passes ``dy`` on twice: ``dx = dy + df(dy)``.
-
-    Args:
-        dout: (B, T, E), the output's shape and dtype.
-
-    Returns:
-        dx (B, T, E) and grads (nested like params).
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_layer_backward` (grads nested like
+    the params given)."""
     dout = v.dout_of(dout, cache, "encoder_layer_backward")
     dx, grads = core_blocks.encoder_layer_backward(dout, cache.core)
     return dx, _layer_grads(grads, cache.extra)
@@ -317,38 +285,16 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
                           memory_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, norm_first: bool = False,
                           activation: str = "relu", eps: float = 1e-5):
-    """One decoder layer: masked self-attention, cross-attention to the memory, feed-forward.
-
-    Post-norm: ``x1 = norm1(x + SA(x))``, ``x2 = norm2(x1 + CA(x1, memory))``,
-    ``out = norm3(x2 + FF(x2))``.
-    Pre-norm: ``x1 = x + SA(norm1(x))``, ``x2 = x1 + CA(norm2(x1), memory)``,
-    ``out = x2 + FF(norm3(x2))``.
-
-    Args:
-        x: decoder input, (B, T, E).
-        memory: encoder output, (B, S, E).
-        params: ``{"self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"}``.
-        tgt_mask: None or (T, T) mask for the self-attention (usually causal).
-        memory_mask: None or (T, S) mask for the cross-attention.
-        tgt_key_padding_mask: None or (B, T); memory_key_padding_mask: None or (B, S).
-        norm_first, activation, eps: as for :func:`encoder_layer_forward`.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_layer_forward` (shapes there); the
+    self-attention's masks are ``tgt_*`` (T, T) and (B, T), the cross-attention's ``memory_*``
+    (T, S) and (B, S)."""
     return _forward("decoder_layer_forward", x, memory, params, num_heads,
                     [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
                     norm_first, activation, eps)
 
 
 def decoder_layer_backward(dout, cache: LayerCache):
-    """Gradients of :func:`decoder_layer_forward`.
-
-    The memory feeds the keys and the values of the cross-attention: ``dmemory = dkey + dvalue``.
-
-    Returns:
-        dx (B, T, E), dmemory (B, S, E), grads (nested like params).
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_layer_backward`."""
     dout = v.dout_of(dout, cache, "decoder_layer_backward")
     dx, dmemory, grads = core_blocks.decoder_layer_backward(dout, cache.core)
     return dx, dmemory, _layer_grads(grads, cache.extra)
@@ -377,17 +323,13 @@ class StackCache(v.Cache):
 
 def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask=None,
                     norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
-    """N encoder layers, then an optional final layer norm (``params["norm"]``, may be None).
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_forward` (shapes there)."""
     return _forward("encoder_forward", x, None, params, num_heads, [(mask, key_padding_mask)],
                     norm_first, activation, eps)
 
 
 def encoder_backward(dout, cache: StackCache):
-    """Gradients of :func:`encoder_forward`: dx and grads ``{"layers": [...], "norm": ...}``."""
+    """Checked :func:`transformer_lab.core.blocks.encoder_backward`."""
     dout = v.dout_of(dout, cache, "encoder_backward")
     dx, grads = core_blocks.encoder_backward(dout, cache.core)
     return dx, _stack_grads(grads, cache.extra)
@@ -396,11 +338,7 @@ def encoder_backward(dout, cache: StackCache):
 def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memory_mask=None,
                     tgt_key_padding_mask=None, memory_key_padding_mask=None,
                     norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
-    """N decoder layers over the same memory, then an optional final layer norm.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_forward` (shapes there)."""
     return _forward("decoder_forward", x, memory, params, num_heads,
                     [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
                     norm_first, activation, eps)
@@ -431,7 +369,7 @@ def _forward(forward: str, x, memory, params, num_heads, masks: list, norm_first
 
 
 def decoder_backward(dout, cache: StackCache):
-    """Gradients of :func:`decoder_forward`: dx, dmemory (summed over the layers) and grads."""
+    """Checked :func:`transformer_lab.core.blocks.decoder_backward`."""
     dout = v.dout_of(dout, cache, "decoder_backward")
     dx, dmemory, grads = core_blocks.decoder_backward(dout, cache.core)
     return dx, dmemory, _stack_grads(grads, cache.extra)
