@@ -241,21 +241,11 @@ def _check_heads(e: int, num_heads, width: str = "query.shape[-1]") -> int:
 def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int | None = None,
              bias: bool = True, packed: bool = False, rng: np.random.Generator | None = None,
              dtype=np.float32) -> dict[str, np.ndarray]:
-    """Parameters for multi-head attention, Xavier-uniform weights and zero biases like PyTorch.
-
-    Args:
-        embed_dim: E; num_heads: H, must divide E.
-        kdim, vdim: widths of the keys and values (default E, as PyTorch's None).
-        bias: with the biases; packed: one ``W_qkv`` instead of ``W_q, W_k, W_v``.
-        rng: a ``np.random.Generator``; default ``np.random.default_rng(0)``, so that two calls
-            without one return the same parameters.
-        dtype: np.float32 or np.float64.
-
-    Returns a dict with ``W_q`` (E, E), ``W_k`` (kdim, E), ``W_v`` (vdim, E), ``W_o`` (E, E) and,
-    with ``bias``, ``b_q``, ``b_k``, ``b_v``, ``b_o`` (E,). With ``packed`` (needs
-    kdim = vdim = E), ``W_qkv`` (E, 3E) and ``b_qkv`` (3E,) replace the three input projections:
-    the layout of PyTorch's ``in_proj_weight``, transposed. The weights are drawn by
-    ``core.layers.init_xavier``, in the order of the keys.
+    """Parameters for multi-head attention in the layout of :mod:`transformer_lab.core.multihead`
+    (E = ``embed_dim``, ``kdim`` and ``vdim`` default E; ``packed`` needs kdim = vdim = E):
+    Xavier-uniform weights (``core.layers.init_xavier``, drawn in the order of the keys) and
+    zero biases, like PyTorch. ``rng``: default ``np.random.default_rng(0)``, so that two calls
+    without one return the same parameters.
     """
     e = v.positive_int(embed_dim, "embed_dim")
     h = v.positive_int(num_heads, "num_heads")
@@ -307,11 +297,7 @@ def check_params(params, e: int, kdim: int, vdim: int, dtype, where: str = "para
     for name, shape in expected.items():
         if name not in params:
             raise ValueError(f"{where} is missing {name!r} of shape {shape}")
-        arr = v.float_array(params[name], f"{where}[{name!r}]")
-        if arr.dtype != dtype:
-            raise TypeError(f"{where}[{name!r}] must have the dtype of the query ({dtype}), "
-                            f"got {arr.dtype}")
-        v.shape_is(arr, shape, f"{where}[{name!r}]")
+        v.param(params[name], f"{where}[{name!r}]", shape, dtype, of="the query")
     return packed, bool(present)
 
 

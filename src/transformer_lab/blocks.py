@@ -1,18 +1,10 @@
 """Transformer blocks as forward/backward pairs -- feed-forward, encoder and decoder layers,
 stacks: the checked public entry points to ``transformer_lab.core.blocks``.
 
-The same computations as PyTorch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
-(without dropout), batch-first. Parameters are nested dicts of arrays in NumPy layout:
-
-- feed-forward ``{"W1": (E, F), "b1": (F,), "W2": (F, E), "b2": (E,)}`` (both biases or none);
-- layer norm ``{"gamma": (E,), "beta": (E,)}`` (each optional);
-- encoder layer ``{"self_attn": <attention params>, "ff": ..., "norm1": ..., "norm2": ...}``;
-- decoder layer ``{"self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"}``;
-- stacks ``{"layers": [layer params, ...], "norm": <layer norm params> or None}``.
-
-Attention parameter dicts are those of :mod:`transformer_lab.attention`, packed (``W_qkv``) or
-separate (``W_q, W_k, W_v``); backward functions return the gradients in the nested structure
-of the parameters given.
+Parameters are the nested dicts that :mod:`transformer_lab.core.blocks` lists (a feed-forward
+has both biases or none); attention parameter dicts are those of :mod:`transformer_lab.attention`,
+packed (``W_qkv``) or separate (``W_q, W_k, W_v``); backward functions return the gradients in
+the nested structure of the parameters given.
 
 Each public function checks everything once -- the input, every parameter of every layer, the
 masks -- then converts what the core takes differently (the two masks of an attention merged
@@ -79,13 +71,8 @@ def _check_ff_params(params, e: int, dtype, where: str) -> None:
                 "W2": ((f, e), f"(F, E), F = {where}['W1'].shape[1]"),
                 "b1": ((f,), "(F,)"), "b2": ((e,), "(E,)")}
     for name, (shape, what) in expected.items():
-        if params.get(name) is None:
-            continue
-        arr = v.float_array(params[name], f"{where}[{name!r}]")
-        if arr.dtype != dtype:
-            raise TypeError(f"{where}[{name!r}] must have the dtype of x ({dtype}), "
-                            f"got {arr.dtype}")
-        v.shape_is(arr, shape, f"{where}[{name!r}]", what)
+        if params.get(name) is not None:
+            v.param(params[name], f"{where}[{name!r}]", shape, dtype, what=what)
     if (params.get("b1") is None) != (params.get("b2") is None):
         raise ValueError(f"{where} must have both biases b1 and b2, or neither")
 

@@ -3,20 +3,13 @@
     out, cache = flash_attention_forward(q, k, v, causal=False, block_size=64)
     dq, dk, dv = flash_attention_backward(dout, cache)
 
-The same result as scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``, computed one
-``block_size`` x ``block_size`` tile of queries and keys at a time: the ``(T, S)`` scores and
-weights are never formed. The forward pass keeps each query's log-sum-exp (one number a row);
-the backward pass recomputes each tile's weights from it. Notebook ``16_long_context`` derives
-both passes and measures time and memory against naive attention.
-
-``causal=True`` is the course's causal mask (``attention.causal_mask``): query ``i`` sees the
-keys ``j <= i``, aligned at the top left also when ``T != S`` (``torch``'s ``is_causal``
-convention). Every query sees key 0, so no query is ever left with nothing to attend to, and
-the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention with an
-arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
-
-The math is the student's own (``transformer_lab.core.flash``); this module checks the
-arguments once and calls the core.
+The same result as scaled dot-product attention, without ever forming the ``(T, S)`` scores:
+:mod:`transformer_lab.core.flash` (the student's own; notebook ``16_long_context`` derives it)
+says how, and states its causal convention -- query ``i`` sees the keys ``j <= i``, aligned at
+the top left also when ``T != S`` (``torch``'s ``is_causal``): no query is left with nothing to
+attend to, and the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention
+with an arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
+This module checks the arguments once and calls the core.
 """
 
 from __future__ import annotations

@@ -212,21 +212,12 @@ def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
     """Compare two dicts of arrays with the same keys, one relative error per tensor.
 
     For our gradients (or weights) against a reference's -- PyTorch's, or the same model's in
-    another dtype. Prints the table of :func:`check_gradients` (name, shape, relative error,
-    ok) and raises ``AssertionError`` naming every tensor above ``tol``. A tensor that is zero
-    up to rounding in both (every entry at most ``zero_atol``; default 1e-12 when both are
-    float64, else 1e-6) passes as "ok (zero gradient)": e.g. the gradient of an attention key
-    bias, which the softmax ignores -- the relative error of two rounding noises means nothing.
-
-    Args:
-        ours, reference: name -> array of shape S_name (NumPy arrays or torch tensors), the
-            same names and shapes.
-        tol: largest relative error that passes (1e-10 for float64, 1e-5 for float32).
-        zero_atol: see above.
-        verbose: print the table.
-
-    Returns:
-        name -> relative error (0.0 for zero tensors), in the order of ``ours``.
+    another dtype: ``ours`` and ``reference`` map the same names to arrays (NumPy arrays or
+    torch tensors) of the same shapes. Prints the table of :func:`check_gradients` (when
+    ``verbose``) and raises ``AssertionError`` naming every tensor above ``tol`` (1e-10 for
+    float64, 1e-5 for float32). ``zero_atol`` as for :func:`check_gradients` (default 1e-12
+    when both are float64, else 1e-6). Returns name -> relative error (0.0 for zero tensors),
+    in the order of ``ours``.
     """
     _check_tol(tol)
     if set(ours) != set(reference):

@@ -236,11 +236,8 @@ def check_norm_params(gamma, beta, d: int, dtype, where: str = "") -> None:
     e.g. ``"params['norm1']"``)."""
     for name, p in (("gamma", gamma), ("beta", beta)):
         if p is not None:
-            full = f"{where}[{name!r}]" if where else name
-            v.float_array(p, full, ndim=1)
-            if p.dtype != dtype:
-                raise TypeError(f"{full} must have the dtype of x ({dtype}), got {p.dtype}")
-            v.shape_is(p, (d,), full, "x.shape[-1]")
+            v.param(p, f"{where}[{name!r}]" if where else name, (d,), dtype, what="x.shape[-1]",
+                    ndim=1)
 
 
 def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
