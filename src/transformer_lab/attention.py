@@ -5,15 +5,15 @@ attention: the checked public entry points to ``transformer_lab.core.attention``
 Conventions (those of PyTorch, so that :mod:`transformer_lab.reference.interop` can mirror it):
 
 - Sequences are batch-first: queries ``(B, T, E)``, keys/values ``(B, S, E)``.
-- A **boolean** mask is True where attention is **blocked**; a **float** mask is added to the
-  scores (``-inf`` blocks). ``attn_mask`` is broadcast to the scores ``(..., T, S)``;
-  ``key_padding_mask`` has shape ``(B, S)`` and blocks padded keys for every query of a sequence.
-  The two are merged here into the one mask the core takes (:func:`combine_masks`).
-- A query row whose keys are **all** blocked attends to nothing: its attention weights are all
-  zero, its output is zero (the output projection's bias in multi-head attention), and it gets
-  and passes on zero gradient. This is the behaviour of ``F.scaled_dot_product_attention``;
-  ``nn.MultiheadAttention`` returns NaN for such rows when ``need_weights=True`` (its default)
-  and its output bias when ``need_weights=False``. No NaN ever reaches other rows.
+- Masks are the core's (:mod:`transformer_lab.core.attention`: True or ``-inf`` blocks).
+  ``attn_mask`` is broadcast to the scores ``(..., T, S)``; ``key_padding_mask`` has shape
+  ``(B, S)`` and blocks padded keys for every query of a sequence. The two are merged here into
+  the one mask the core takes (:func:`combine_masks`).
+- A query row whose keys are **all** blocked attends to nothing, as in the core (in multi-head
+  attention its output is the output projection's bias). This is the behaviour of
+  ``F.scaled_dot_product_attention``; ``nn.MultiheadAttention`` returns NaN for such rows when
+  ``need_weights=True`` (its default) and its output bias when ``need_weights=False``. No NaN
+  ever reaches other rows.
 - Attention weights handed out (``cache.weights``, per-head weights) are read-only: the
   backward pass reads the same buffer, so editing them in place raises instead of silently
   changing the gradients.
@@ -352,13 +352,18 @@ class MHACache(v.Cache):
         return multihead_weights(self.core)
 
 
-def _weights_out(out: np.ndarray, cache: tuple, average: bool, need_weights: bool):
-    """The per-head weights made read-only and checked; what the forward returns of them."""
+def _attend(forward: str, inputs: tuple, core_params, h: int, mask, convert: bool,
+            average: bool, need_weights: bool):
+    """The two forwards below, once checked: the core's ``forward``, its per-head weights
+    checked by :func:`_check_scores`, then ``(out, weights or None, cache)``."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: _check_scores raises
+        out, cache = getattr(core_multihead, forward)(*inputs, core_params, h, mask)
     weights = multihead_weights(cache)
     _check_scores(out, weights)
-    if not need_weights:
-        return None
-    return weights.mean(axis=1) if average else weights
+    if need_weights and average:
+        weights = weights.mean(axis=1)
+    return (out, weights if need_weights else None,
+            MHACache(cache, out.shape, out.dtype, forward, (convert, h, average)))
 
 
 def multi_head_attention_forward(query, key, value, params: dict, num_heads: int,
@@ -391,12 +396,8 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     packed, _ = check_params(params, e, key.shape[2], value.shape[2], query.dtype)
     mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, key.shape[1], query.dtype)
     core_params = to_separate(params, e) if packed else params
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: _check_scores raises
-        out, cache = core_multihead.multi_head_attention_forward(query, key, value, core_params,
-                                                                 h, mask)
-    weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, query.dtype, "multi_head_attention_forward",
-                                  (packed, h, average))
+    return _attend("multi_head_attention_forward", (query, key, value), core_params, h, mask,
+                   packed, average, need_weights)
 
 
 def _check_mha_backward(dout, cache, name: str, dweights):
@@ -439,11 +440,8 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     packed, _ = check_params(params, e, e, e, x.dtype)
     mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, t, x.dtype)
     core_params = params if packed else to_packed(params)
-    with np.errstate(invalid="ignore", over="ignore"):
-        out, cache = core_multihead.self_attention_forward(x, core_params, h, mask)
-    weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, x.dtype, "self_attention_forward",
-                                  (not packed, h, average))
+    return _attend("self_attention_forward", (x,), core_params, h, mask, not packed, average,
+                   need_weights)
 
 
 def self_attention_backward(dout, cache: MHACache, dweights=None):

@@ -296,17 +296,9 @@ def compare(name: str, ours, reference, *, rtol: float = 1e-5, atol: float = 1e-
 
     The line says whether the two are bit-for-bit equal, whether they agree within
     ``rtol``/``atol`` (``np.allclose``) and their largest absolute difference -- the one-line
-    check of Karpathy's "backprop ninja" exercise.
-
-    Args:
-        name: label printed at the start of the line.
-        ours: array of shape ``S`` (NumPy array or torch tensor).
-        reference: array of shape ``S`` (NumPy array or torch tensor).
-        rtol, atol: tolerances of ``np.allclose``.
-        raise_on_mismatch: raise ``AssertionError`` when the two do not agree within tolerance.
-
-    Returns:
-        Whether the two agree within tolerance.
+    check of Karpathy's "backprop ninja" exercise. ``ours`` and ``reference``: arrays of the
+    same shape (NumPy arrays or torch tensors); ``name`` starts the line. Returns whether they
+    agree; with ``raise_on_mismatch``, an ``AssertionError`` when they do not.
     """
     a, b = _to_numpy(ours, "ours"), _to_numpy(reference, "reference")
     if a.shape != b.shape:
