@@ -42,6 +42,17 @@ def shape_is(x: np.ndarray, shape: tuple, name: str, what: str = "") -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {x.shape}")
 
 
+def param(p, name: str, shape: tuple, dtype, *, of: str = "x", what: str = "",
+          ndim: int | None = None) -> np.ndarray:
+    """A parameter: a float array (:func:`float_array`) of the dtype of ``of`` (``dtype``) and
+    of ``shape`` (``what`` says where the shape comes from)."""
+    p = float_array(p, name, ndim=ndim)
+    if p.dtype != dtype:
+        raise TypeError(f"{name} must have the dtype of {of} ({dtype}), got {p.dtype}")
+    shape_is(p, shape, name, what)
+    return p
+
+
 def attention_inputs(q, k, v, d_k: str = "d_k") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``q`` (..., T, d_k), ``k`` (..., S, d_k), ``v`` (..., S, d_v): float arrays of q's dtype
     with the same leading (batch, head) axes; ``d_k`` is the width's name in the messages."""

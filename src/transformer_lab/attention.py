@@ -5,15 +5,15 @@ attention: the checked public entry points to ``transformer_lab.core.attention``
 Conventions (those of PyTorch, so that :mod:`transformer_lab.reference.interop` can mirror it):
 
 - Sequences are batch-first: queries ``(B, T, E)``, keys/values ``(B, S, E)``.
-- A **boolean** mask is True where attention is **blocked**; a **float** mask is added to the
-  scores (``-inf`` blocks). ``attn_mask`` is broadcast to the scores ``(..., T, S)``;
-  ``key_padding_mask`` has shape ``(B, S)`` and blocks padded keys for every query of a sequence.
-  The two are merged here into the one mask the core takes (:func:`combine_masks`).
-- A query row whose keys are **all** blocked attends to nothing: its attention weights are all
-  zero, its output is zero (the output projection's bias in multi-head attention), and it gets
-  and passes on zero gradient. This is the behaviour of ``F.scaled_dot_product_attention``;
-  ``nn.MultiheadAttention`` returns NaN for such rows when ``need_weights=True`` (its default)
-  and its output bias when ``need_weights=False``. No NaN ever reaches other rows.
+- Masks are the core's (:mod:`transformer_lab.core.attention`: True or ``-inf`` blocks).
+  ``attn_mask`` is broadcast to the scores ``(..., T, S)``; ``key_padding_mask`` has shape
+  ``(B, S)`` and blocks padded keys for every query of a sequence. The two are merged here into
+  the one mask the core takes (:func:`combine_masks`).
+- A query row whose keys are **all** blocked attends to nothing, as in the core (in multi-head
+  attention its output is the output projection's bias). This is the behaviour of
+  ``F.scaled_dot_product_attention``; ``nn.MultiheadAttention`` returns NaN for such rows when
+  ``need_weights=True`` (its default) and its output bias when ``need_weights=False``. No NaN
+  ever reaches other rows.
 - Attention weights handed out (``cache.weights``, per-head weights) are read-only: the
   backward pass reads the same buffer, so editing them in place raises instead of silently
   changing the gradients.
@@ -43,30 +43,16 @@ from transformer_lab.core import multihead as core_multihead
 
 
 def causal_mask(length: int, source_length: int | None = None) -> np.ndarray:
-    """Boolean mask that blocks attention to future positions.
-
-    Args:
-        length: number of queries T.
-        source_length: number of keys S (default T).
-
-    Returns:
-        mask: bool array of shape (T, S), True where key j > query i (the future).
-    """
+    """Checked :func:`transformer_lab.core.attention.causal_mask`: T = ``length``, S =
+    ``source_length``."""
     t = v.positive_int(length, "length")
     s = t if source_length is None else v.positive_int(source_length, "source_length")
     return core_attention.causal_mask(t, s)
 
 
 def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
-    """Boolean key padding mask from the valid length of every sequence of a batch.
-
-    Args:
-        lengths: integer array of shape (B,), each in [0, max_len].
-        max_len: padded length S (default ``max(lengths)``).
-
-    Returns:
-        mask: bool array of shape (B, S), True at padding positions (``j >= lengths[b]``).
-    """
+    """Checked :func:`transformer_lab.core.attention.padding_mask`: S = ``max_len``, default
+    ``max(lengths)``."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.dtype == bool or not np.issubdtype(lengths.dtype, np.integer):
         raise TypeError(f"lengths must be a 1-D integer array, got dtype {lengths.dtype} and "
@@ -105,20 +91,13 @@ def _additive(mask: np.ndarray, dtype) -> np.ndarray:
 
 
 def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: int, dtype):
-    """Check ``attn_mask`` and ``key_padding_mask`` and merge them into the one mask the core's
-    attention takes, or None.
+    """Check ``attn_mask`` (broadcastable to ``batch_shape + (T, S)``, ``batch_shape`` e.g.
+    (B,) or (B, H)) and ``key_padding_mask`` ((B, S)) and merge them into the one mask the
+    core's attention takes, or None.
 
     Two boolean masks stay boolean (for the scores of multi-head attention, ``(B, H, T, S)``,
     through ``core.attention.merge_masks``); when either is a float mask, both are added as
     float masks of ``dtype`` (``-inf`` where a boolean mask blocks).
-
-    Args:
-        attn_mask: None, or bool/float, broadcastable to ``batch_shape + (T, S)``.
-        key_padding_mask: None, or bool/float of shape (B, S) with B = batch_shape[0].
-        batch_shape: the leading axes of the scores, e.g. (B,) or (B, H).
-
-    Returns:
-        None, or a bool or float array broadcastable to ``batch_shape + (T, S)``.
     """
     full = (*batch_shape, t, s)
     am = kpm = None
@@ -197,19 +176,10 @@ class AttentionCache(v.Cache):
 
 def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_mask=None,
                                          scale: float | None = None):
-    """``softmax(q k^T * scale + mask) v`` over any number of leading (batch, head) axes.
+    """Checked :func:`transformer_lab.core.attention.attention_forward` (shapes there).
 
-    Args:
-        q: queries, shape (..., T, d_k).
-        k: keys, shape (..., S, d_k).
-        v_: values, shape (..., S, d_v).
-        attn_mask: None, or bool (True = blocked) / float (added), broadcastable to (..., T, S).
-        key_padding_mask: None, or bool / float of shape (B, S), B the first axis of q.
-        scale: multiplies the scores, a finite positive number; default ``1 / sqrt(d_k)``.
-
-    Returns:
-        out: shape (..., T, d_v); cache (``cache.weights``, shape (..., T, S), read-only, are
-        the attention weights).
+    The two masks are merged by :func:`combine_masks`; ``scale`` must be finite and positive;
+    ``cache.weights`` are the attention weights, read-only.
     """
     q, k, v_ = v.attention_inputs(q, k, v_)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else v.real(scale, "scale",
@@ -224,20 +194,7 @@ def scaled_dot_product_attention_forward(q, k, v_, attn_mask=None, key_padding_m
 
 
 def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=None):
-    """Gradients of :func:`scaled_dot_product_attention_forward`.
-
-    With ``P`` the attention weights and ``dP = dout v^T``:
-    ``dv = P^T dout``, ``dS = P * (dP - sum(dP * P))`` (softmax backward, zero where blocked),
-    ``dq = scale * dS k``, ``dk = scale * dS^T q``.
-
-    Args:
-        dout: upstream gradient of the output, (..., T, d_v).
-        dweights: optional upstream gradient of the attention weights themselves, (..., T, S),
-            added to ``dP`` (for a loss that also uses the weights).
-
-    Returns:
-        dq: shape (..., T, d_k); dk: shape (..., S, d_k); dv: shape (..., S, d_v).
-    """
+    """Checked :func:`transformer_lab.core.attention.attention_backward` (shapes there)."""
     dout = v.dout_of(dout, cache, "scaled_dot_product_attention_backward")
     if dweights is not None:
         w = cache.weights
@@ -250,16 +207,14 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache, dweights=
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """(B, T, E) -> (B, H, T, E/H): reshape the features into heads, move heads before time.
-
-    ``num_heads`` must divide E. The result is a view of ``x`` where possible (no copy).
+    """Checked :func:`transformer_lab.core.multihead.split_heads` (``num_heads`` must divide E).
     """
     _check_ndim(x, 3, "(B, T, E)")
     return core_multihead.split_heads(x, _check_heads(x.shape[2], num_heads, "x.shape[-1]"))
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(B, H, T, Dh) -> (B, T, H*Dh): the inverse of :func:`split_heads` (concatenate heads)."""
+    """Checked :func:`transformer_lab.core.multihead.merge_heads`."""
     _check_ndim(x, 4, "(B, H, T, Dh)")
     return core_multihead.merge_heads(x)
 
@@ -286,21 +241,11 @@ def _check_heads(e: int, num_heads, width: str = "query.shape[-1]") -> int:
 def mha_init(embed_dim: int, num_heads: int, kdim: int | None = None, vdim: int | None = None,
              bias: bool = True, packed: bool = False, rng: np.random.Generator | None = None,
              dtype=np.float32) -> dict[str, np.ndarray]:
-    """Parameters for multi-head attention, Xavier-uniform weights and zero biases like PyTorch.
-
-    Args:
-        embed_dim: E; num_heads: H, must divide E.
-        kdim, vdim: widths of the keys and values (default E, as PyTorch's None).
-        bias: with the biases; packed: one ``W_qkv`` instead of ``W_q, W_k, W_v``.
-        rng: a ``np.random.Generator``; default ``np.random.default_rng(0)``, so that two calls
-            without one return the same parameters.
-        dtype: np.float32 or np.float64.
-
-    Returns a dict with ``W_q`` (E, E), ``W_k`` (kdim, E), ``W_v`` (vdim, E), ``W_o`` (E, E) and,
-    with ``bias``, ``b_q``, ``b_k``, ``b_v``, ``b_o`` (E,). With ``packed`` (needs
-    kdim = vdim = E), ``W_qkv`` (E, 3E) and ``b_qkv`` (3E,) replace the three input projections:
-    the layout of PyTorch's ``in_proj_weight``, transposed. The weights are drawn by
-    ``core.layers.init_xavier``, in the order of the keys.
+    """Parameters for multi-head attention in the layout of :mod:`transformer_lab.core.multihead`
+    (E = ``embed_dim``, ``kdim`` and ``vdim`` default E; ``packed`` needs kdim = vdim = E):
+    Xavier-uniform weights (``core.layers.init_xavier``, drawn in the order of the keys) and
+    zero biases, like PyTorch. ``rng``: default ``np.random.default_rng(0)``, so that two calls
+    without one return the same parameters.
     """
     e = v.positive_int(embed_dim, "embed_dim")
     h = v.positive_int(num_heads, "num_heads")
@@ -352,11 +297,7 @@ def check_params(params, e: int, kdim: int, vdim: int, dtype, where: str = "para
     for name, shape in expected.items():
         if name not in params:
             raise ValueError(f"{where} is missing {name!r} of shape {shape}")
-        arr = v.float_array(params[name], f"{where}[{name!r}]")
-        if arr.dtype != dtype:
-            raise TypeError(f"{where}[{name!r}] must have the dtype of the query ({dtype}), "
-                            f"got {arr.dtype}")
-        v.shape_is(arr, shape, f"{where}[{name!r}]")
+        v.param(params[name], f"{where}[{name!r}]", shape, dtype, of="the query")
     return packed, bool(present)
 
 
@@ -411,41 +352,31 @@ class MHACache(v.Cache):
         return multihead_weights(self.core)
 
 
-def _weights_out(out: np.ndarray, cache: tuple, average: bool, need_weights: bool):
-    """The per-head weights made read-only and checked; what the forward returns of them."""
+def _attend(forward: str, inputs: tuple, core_params, h: int, mask, convert: bool,
+            average: bool, need_weights: bool):
+    """The two forwards below, once checked: the core's ``forward``, its per-head weights
+    checked by :func:`_check_scores`, then ``(out, weights or None, cache)``."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: _check_scores raises
+        out, cache = getattr(core_multihead, forward)(*inputs, core_params, h, mask)
     weights = multihead_weights(cache)
     _check_scores(out, weights)
-    if not need_weights:
-        return None
-    return weights.mean(axis=1) if average else weights
+    if need_weights and average:
+        weights = weights.mean(axis=1)
+    return (out, weights if need_weights else None,
+            MHACache(cache, out.shape, out.dtype, forward, (convert, h, average)))
 
 
 def multi_head_attention_forward(query, key, value, params: dict, num_heads: int,
                                  attn_mask=None, key_padding_mask=None,
                                  average_attn_weights: bool = True, need_weights: bool = True):
-    """Multi-head attention, as ``nn.MultiheadAttention(batch_first=True)`` without dropout.
+    """Checked :func:`transformer_lab.core.multihead.multi_head_attention_forward` (shapes
+    there), as ``nn.MultiheadAttention(batch_first=True)`` without dropout: cross-attention
+    (for self-attention :func:`self_attention_forward` saves work).
 
-    ``Q = query W_q + b_q``, ``K = key W_k + b_k``, ``V = value W_v + b_v``; each is split into
-    ``num_heads`` heads of width ``Dh = E / num_heads``; every head runs scaled dot-product
-    attention (scale ``1/sqrt(Dh)``); the heads are concatenated and projected by ``W_o, b_o``.
-    Used for cross-attention (decoder queries, encoder memory as keys and values); for
-    self-attention :func:`self_attention_forward` saves work.
-
-    Args:
-        query: (B, T, E).
-        key: (B, S, kdim).
-        value: (B, S, vdim).
-        params: see :func:`mha_init`: separate ``W_q, W_k, W_v`` or packed ``W_qkv``,
-            ``W_o`` and optional biases.
-        num_heads: H, must divide E.
-        attn_mask: None, or bool/float of shape (T, S) or broadcastable to (B, H, T, S).
-        key_padding_mask: None, or bool/float of shape (B, S).
-        average_attn_weights: return the weights averaged over heads, (B, T, S), instead of
-            per head, (B, H, T, S) (read-only: the backward pass reads them).
-        need_weights: False returns None for the weights (saves averaging them; as PyTorch's).
-
-    Returns:
-        out: (B, T, E); weights: (B, T, S) or (B, H, T, S), or None; cache.
+    ``params``: as :func:`mha_init` makes them, separate or packed. The masks are merged by
+    :func:`combine_masks`. Returns ``(out, weights, cache)``: the weights averaged over heads,
+    (B, T, S), with ``average_attn_weights``, else per head, (B, H, T, S) (read-only), or None
+    with ``need_weights=False`` (as PyTorch's).
     """
     average = v.boolean(average_attn_weights, "average_attn_weights")
     need_weights = v.boolean(need_weights, "need_weights")
@@ -465,12 +396,8 @@ def multi_head_attention_forward(query, key, value, params: dict, num_heads: int
     packed, _ = check_params(params, e, key.shape[2], value.shape[2], query.dtype)
     mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, key.shape[1], query.dtype)
     core_params = to_separate(params, e) if packed else params
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: _check_scores raises
-        out, cache = core_multihead.multi_head_attention_forward(query, key, value, core_params,
-                                                                 h, mask)
-    weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, query.dtype, "multi_head_attention_forward",
-                                  (packed, h, average))
+    return _attend("multi_head_attention_forward", (query, key, value), core_params, h, mask,
+                   packed, average, need_weights)
 
 
 def _check_mha_backward(dout, cache, name: str, dweights):
@@ -492,16 +419,8 @@ def _check_mha_backward(dout, cache, name: str, dweights):
 
 
 def multi_head_attention_backward(dout, cache: MHACache, dweights=None):
-    """Gradients of :func:`multi_head_attention_forward`.
-
-    Args:
-        dout: upstream gradient of the output, (B, T, E).
-        dweights: optional upstream gradient of the returned attention weights (same shape).
-
-    Returns:
-        dquery (B, T, E), dkey (B, S, kdim), dvalue (B, S, vdim), and grads: a dict with the
-        keys of the forward's ``params``, each of the shape of its parameter.
-    """
+    """Checked :func:`transformer_lab.core.multihead.multi_head_attention_backward` (shapes
+    there); ``dweights`` has the shape of the weights the forward returned."""
     dweights = _check_mha_backward(dout, cache, "multi_head_attention_backward", dweights)
     dq, dk, dv, grads = core_multihead.multi_head_attention_backward(dout, cache.core, dweights)
     return dq, dk, dv, to_packed(grads) if cache.extra[0] else grads
@@ -510,18 +429,9 @@ def multi_head_attention_backward(dout, cache: MHACache, dweights=None):
 def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
                            key_padding_mask=None, average_attn_weights: bool = True,
                            need_weights: bool = True):
-    """Multi-head self-attention: :func:`multi_head_attention_forward` with query = key = value,
-    the three projections one matrix product with the packed ``W_qkv``.
-
-    Args:
-        x: (B, T, E).
-        params, num_heads, attn_mask, key_padding_mask, average_attn_weights, need_weights: as
-            for :func:`multi_head_attention_forward` (masks are (T, T) and (B, T); separate
-            ``W_q, W_k, W_v`` are packed for the call, and their gradients come back separate).
-
-    Returns:
-        out: (B, T, E); weights: (B, T, T) or (B, H, T, T), or None; cache.
-    """
+    """Checked :func:`transformer_lab.core.multihead.self_attention_forward` (shapes there):
+    :func:`multi_head_attention_forward` with query = key = value (S = T); separate
+    ``W_q, W_k, W_v`` are packed for the call, and their gradients come back separate."""
     average = v.boolean(average_attn_weights, "average_attn_weights")
     need_weights = v.boolean(need_weights, "need_weights")
     x = v.float_array(x, "x", ndim=3)
@@ -530,22 +440,12 @@ def self_attention_forward(x, params: dict, num_heads: int, attn_mask=None,
     packed, _ = check_params(params, e, e, e, x.dtype)
     mask = combine_masks(attn_mask, key_padding_mask, (b, h), t, t, x.dtype)
     core_params = params if packed else to_packed(params)
-    with np.errstate(invalid="ignore", over="ignore"):
-        out, cache = core_multihead.self_attention_forward(x, core_params, h, mask)
-    weights = _weights_out(out, cache, average, need_weights)
-    return out, weights, MHACache(cache, out.shape, x.dtype, "self_attention_forward",
-                                  (not packed, h, average))
+    return _attend("self_attention_forward", (x,), core_params, h, mask, not packed, average,
+                   need_weights)
 
 
 def self_attention_backward(dout, cache: MHACache, dweights=None):
-    """Gradients of :func:`self_attention_forward`.
-
-    ``x`` feeds the queries, the keys and the values, so its gradient is the sum of the three
-    paths: ``dx = dQ W_q^T + dK W_k^T + dV W_v^T``, one product ``dQKV W_qkv^T``.
-
-    Returns:
-        dx (B, T, E) and grads, a dict with the keys of the forward's ``params``.
-    """
+    """Checked :func:`transformer_lab.core.multihead.self_attention_backward` (shapes there)."""
     dweights = _check_mha_backward(dout, cache, "self_attention_backward", dweights)
     dx, grads = core_multihead.self_attention_backward(dout, cache.core, dweights)
     return dx, grads_to_separate(grads, dx.shape[2]) if cache.extra[0] else grads

@@ -1,18 +1,10 @@
 """Transformer blocks as forward/backward pairs -- feed-forward, encoder and decoder layers,
 stacks: the checked public entry points to ``transformer_lab.core.blocks``.
 
-The same computations as PyTorch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
-(without dropout), batch-first. Parameters are nested dicts of arrays in NumPy layout:
-
-- feed-forward ``{"W1": (E, F), "b1": (F,), "W2": (F, E), "b2": (E,)}`` (both biases or none);
-- layer norm ``{"gamma": (E,), "beta": (E,)}`` (each optional);
-- encoder layer ``{"self_attn": <attention params>, "ff": ..., "norm1": ..., "norm2": ...}``;
-- decoder layer ``{"self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"}``;
-- stacks ``{"layers": [layer params, ...], "norm": <layer norm params> or None}``.
-
-Attention parameter dicts are those of :mod:`transformer_lab.attention`, packed (``W_qkv``) or
-separate (``W_q, W_k, W_v``); backward functions return the gradients in the nested structure
-of the parameters given.
+Parameters are the nested dicts that :mod:`transformer_lab.core.blocks` lists (a feed-forward
+has both biases or none); attention parameter dicts are those of :mod:`transformer_lab.attention`,
+packed (``W_qkv``) or separate (``W_q, W_k, W_v``); backward functions return the gradients in
+the nested structure of the parameters given.
 
 Each public function checks everything once -- the input, every parameter of every layer, the
 masks -- then converts what the core takes differently (the two masks of an attention merged
@@ -79,13 +71,8 @@ def _check_ff_params(params, e: int, dtype, where: str) -> None:
                 "W2": ((f, e), f"(F, E), F = {where}['W1'].shape[1]"),
                 "b1": ((f,), "(F,)"), "b2": ((e,), "(E,)")}
     for name, (shape, what) in expected.items():
-        if params.get(name) is None:
-            continue
-        arr = v.float_array(params[name], f"{where}[{name!r}]")
-        if arr.dtype != dtype:
-            raise TypeError(f"{where}[{name!r}] must have the dtype of x ({dtype}), "
-                            f"got {arr.dtype}")
-        v.shape_is(arr, shape, f"{where}[{name!r}]", what)
+        if params.get(name) is not None:
+            v.param(params[name], f"{where}[{name!r}]", shape, dtype, what=what)
     if (params.get("b1") is None) != (params.get("b2") is None):
         raise ValueError(f"{where} must have both biases b1 and b2, or neither")
 
@@ -233,16 +220,7 @@ def stack_layer_caches(core_cache) -> list:
 
 
 def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
-    """Position-wise feed-forward network ``act(x W1 + b1) W2 + b2``.
-
-    Args:
-        x: (..., E).
-        params: ``W1`` (E, F), ``W2`` (F, E), optional ``b1`` (F,) and ``b2`` (E,).
-        activation: "relu", "gelu" (exact) or "gelu_tanh".
-
-    Returns:
-        out: (..., E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.feed_forward_forward` (shapes there)."""
     x = v.float_array(x, "x", min_ndim=1)
     _check_ff_params(params, x.shape[-1], x.dtype, "params")
     L.check_activation(activation)
@@ -251,7 +229,7 @@ def feed_forward_forward(x: np.ndarray, params: dict, activation: str = "relu"):
 
 
 def feed_forward_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradients of :func:`feed_forward_forward`: dx (..., E) and grads (keys of params)."""
+    """Checked :func:`transformer_lab.core.blocks.feed_forward_backward`."""
     dout = v.dout_of(dout, cache, "feed_forward_backward")
     return core_blocks.feed_forward_backward(dout, cache.core)
 
@@ -276,38 +254,15 @@ class LayerCache(v.Cache):
 def encoder_layer_forward(x, params: dict, num_heads: int, attn_mask=None,
                           key_padding_mask=None, norm_first: bool = False,
                           activation: str = "relu", eps: float = 1e-5):
-    """One encoder layer: self-attention, then feed-forward, each with residual and layer norm.
-
-    Post-norm: ``x1 = norm1(x + SA(x))``, ``out = norm2(x1 + FF(x1))``.
-    Pre-norm: ``x1 = x + SA(norm1(x))``, ``out = x1 + FF(norm2(x1))``.
-
-    Args:
-        x: (B, T, E).
-        params: ``{"self_attn", "ff", "norm1", "norm2"}`` (see the module docstring).
-        num_heads: heads of the self-attention.
-        attn_mask: None or (T, T) bool/float mask; key_padding_mask: None or (B, T).
-        norm_first: pre-norm (True) or post-norm (False, the paper's).
-        activation: of the feed-forward network.
-        eps: of the layer norms.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_layer_forward` (shapes there); the
+    masks are merged by :func:`transformer_lab.attention.combine_masks`."""
     return _forward("encoder_layer_forward", x, None, params, num_heads,
                     [(attn_mask, key_padding_mask)], norm_first, activation, eps)
 
 
 def encoder_layer_backward(dout, cache: LayerCache):
-    """Gradients of :func:`encoder_layer_forward`.
-
-    Each residual ``y = x + f(x)`` passes ``dy`` on twice: ``dx = dy + df(dy)``.
-
-    Args:
-        dout: (B, T, E), the output's shape and dtype.
-
-    Returns:
-        dx (B, T, E) and grads (nested like params).
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_layer_backward` (grads nested like
+    the params given)."""
     dout = v.dout_of(dout, cache, "encoder_layer_backward")
     dx, grads = core_blocks.encoder_layer_backward(dout, cache.core)
     return dx, _layer_grads(grads, cache.extra)
@@ -317,38 +272,16 @@ def decoder_layer_forward(x, memory, params: dict, num_heads: int, tgt_mask=None
                           memory_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, norm_first: bool = False,
                           activation: str = "relu", eps: float = 1e-5):
-    """One decoder layer: masked self-attention, cross-attention to the memory, feed-forward.
-
-    Post-norm: ``x1 = norm1(x + SA(x))``, ``x2 = norm2(x1 + CA(x1, memory))``,
-    ``out = norm3(x2 + FF(x2))``.
-    Pre-norm: ``x1 = x + SA(norm1(x))``, ``x2 = x1 + CA(norm2(x1), memory)``,
-    ``out = x2 + FF(norm3(x2))``.
-
-    Args:
-        x: decoder input, (B, T, E).
-        memory: encoder output, (B, S, E).
-        params: ``{"self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"}``.
-        tgt_mask: None or (T, T) mask for the self-attention (usually causal).
-        memory_mask: None or (T, S) mask for the cross-attention.
-        tgt_key_padding_mask: None or (B, T); memory_key_padding_mask: None or (B, S).
-        norm_first, activation, eps: as for :func:`encoder_layer_forward`.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_layer_forward` (shapes there); the
+    self-attention's masks are ``tgt_*`` (T, T) and (B, T), the cross-attention's ``memory_*``
+    (T, S) and (B, S)."""
     return _forward("decoder_layer_forward", x, memory, params, num_heads,
                     [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
                     norm_first, activation, eps)
 
 
 def decoder_layer_backward(dout, cache: LayerCache):
-    """Gradients of :func:`decoder_layer_forward`.
-
-    The memory feeds the keys and the values of the cross-attention: ``dmemory = dkey + dvalue``.
-
-    Returns:
-        dx (B, T, E), dmemory (B, S, E), grads (nested like params).
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_layer_backward`."""
     dout = v.dout_of(dout, cache, "decoder_layer_backward")
     dx, dmemory, grads = core_blocks.decoder_layer_backward(dout, cache.core)
     return dx, dmemory, _layer_grads(grads, cache.extra)
@@ -377,17 +310,13 @@ class StackCache(v.Cache):
 
 def encoder_forward(x, params: dict, num_heads: int, mask=None, key_padding_mask=None,
                     norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
-    """N encoder layers, then an optional final layer norm (``params["norm"]``, may be None).
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.encoder_forward` (shapes there)."""
     return _forward("encoder_forward", x, None, params, num_heads, [(mask, key_padding_mask)],
                     norm_first, activation, eps)
 
 
 def encoder_backward(dout, cache: StackCache):
-    """Gradients of :func:`encoder_forward`: dx and grads ``{"layers": [...], "norm": ...}``."""
+    """Checked :func:`transformer_lab.core.blocks.encoder_backward`."""
     dout = v.dout_of(dout, cache, "encoder_backward")
     dx, grads = core_blocks.encoder_backward(dout, cache.core)
     return dx, _stack_grads(grads, cache.extra)
@@ -396,11 +325,7 @@ def encoder_backward(dout, cache: StackCache):
 def decoder_forward(x, memory, params: dict, num_heads: int, tgt_mask=None, memory_mask=None,
                     tgt_key_padding_mask=None, memory_key_padding_mask=None,
                     norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
-    """N decoder layers over the same memory, then an optional final layer norm.
-
-    Returns:
-        out: (B, T, E); cache.
-    """
+    """Checked :func:`transformer_lab.core.blocks.decoder_forward` (shapes there)."""
     return _forward("decoder_forward", x, memory, params, num_heads,
                     [(tgt_mask, tgt_key_padding_mask), (memory_mask, memory_key_padding_mask)],
                     norm_first, activation, eps)
@@ -431,7 +356,7 @@ def _forward(forward: str, x, memory, params, num_heads, masks: list, norm_first
 
 
 def decoder_backward(dout, cache: StackCache):
-    """Gradients of :func:`decoder_forward`: dx, dmemory (summed over the layers) and grads."""
+    """Checked :func:`transformer_lab.core.blocks.decoder_backward`."""
     dout = v.dout_of(dout, cache, "decoder_backward")
     dx, dmemory, grads = core_blocks.decoder_backward(dout, cache.core)
     return dx, dmemory, _stack_grads(grads, cache.extra)

@@ -3,20 +3,13 @@
     out, cache = flash_attention_forward(q, k, v, causal=False, block_size=64)
     dq, dk, dv = flash_attention_backward(dout, cache)
 
-The same result as scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``, computed one
-``block_size`` x ``block_size`` tile of queries and keys at a time: the ``(T, S)`` scores and
-weights are never formed. The forward pass keeps each query's log-sum-exp (one number a row);
-the backward pass recomputes each tile's weights from it. Notebook ``16_long_context`` derives
-both passes and measures time and memory against naive attention.
-
-``causal=True`` is the course's causal mask (``attention.causal_mask``): query ``i`` sees the
-keys ``j <= i``, aligned at the top left also when ``T != S`` (``torch``'s ``is_causal``
-convention). Every query sees key 0, so no query is ever left with nothing to attend to, and
-the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention with an
-arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
-
-The math is the student's own (``transformer_lab.core.flash``); this module checks the
-arguments once and calls the core.
+The same result as scaled dot-product attention, without ever forming the ``(T, S)`` scores:
+:mod:`transformer_lab.core.flash` (the student's own; notebook ``16_long_context`` derives it)
+says how, and states its causal convention -- query ``i`` sees the keys ``j <= i``, aligned at
+the top left also when ``T != S`` (``torch``'s ``is_causal``): no query is left with nothing to
+attend to, and the keys ``j >= T`` of a causal call with ``S > T`` get zero gradient. (Attention
+with an arbitrary mask, where a query may see no key at all and gets zeros, is ``attention``'s.)
+This module checks the arguments once and calls the core.
 """
 
 from __future__ import annotations
@@ -37,18 +30,10 @@ def _finite(x: np.ndarray, name: str) -> None:
 
 
 def flash_attention_forward(q, k, v, causal=False, block_size=64):
-    """Tiled scaled dot-product attention, ``softmax(q k^T / sqrt(d)) v``.
+    """Checked :func:`transformer_lab.core.flash.flash_attention_forward` (shapes there).
 
-    Args:
-        q: queries, shape (..., T, d), float32 or float64, T >= 1.
-        k: keys, shape (..., S, d), the dtype and leading axes of q, S >= 1.
-        v: values, shape (..., S, d_v), the dtype and leading axes of q.
-        causal: True to block the future (query i sees keys j <= i); a bool.
-        block_size: queries and keys per tile, a positive integer (larger than T or S is fine).
-
-    Returns:
-        out: shape (..., T, d_v), read-only; cache for :func:`flash_attention_backward`
-        (:func:`row_logsumexp` reads each query's log-sum-exp from it).
+    q (..., T, d), k (..., S, d), v (..., S, d_v): finite, one dtype, T, S, d >= 1;
+    ``block_size`` may exceed T or S. The output is read-only.
     """
     q, k, v = check.attention_inputs(q, k, v, "d (head_dim)")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -67,14 +52,8 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
 
 
 def flash_attention_backward(dout, cache):
-    """Gradients of :func:`flash_attention_forward`.
-
-    Args:
-        dout: the gradient of the loss with respect to ``out``: its shape and dtype.
-
-    Returns:
-        dq (..., T, d), dk (..., S, d), dv (..., S, d_v).
-    """
+    """Checked :func:`transformer_lab.core.flash.flash_attention_backward` (``dout``
+    finite)."""
     dout = check.dout_of(dout, cache, "flash_attention_backward")
     _finite(dout, "dout")
     return core_flash.flash_attention_backward(dout, cache.core)

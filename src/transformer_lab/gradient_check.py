@@ -212,21 +212,12 @@ def check_parity(ours: Mapping, reference: Mapping, *, tol: float,
     """Compare two dicts of arrays with the same keys, one relative error per tensor.
 
     For our gradients (or weights) against a reference's -- PyTorch's, or the same model's in
-    another dtype. Prints the table of :func:`check_gradients` (name, shape, relative error,
-    ok) and raises ``AssertionError`` naming every tensor above ``tol``. A tensor that is zero
-    up to rounding in both (every entry at most ``zero_atol``; default 1e-12 when both are
-    float64, else 1e-6) passes as "ok (zero gradient)": e.g. the gradient of an attention key
-    bias, which the softmax ignores -- the relative error of two rounding noises means nothing.
-
-    Args:
-        ours, reference: name -> array of shape S_name (NumPy arrays or torch tensors), the
-            same names and shapes.
-        tol: largest relative error that passes (1e-10 for float64, 1e-5 for float32).
-        zero_atol: see above.
-        verbose: print the table.
-
-    Returns:
-        name -> relative error (0.0 for zero tensors), in the order of ``ours``.
+    another dtype: ``ours`` and ``reference`` map the same names to arrays (NumPy arrays or
+    torch tensors) of the same shapes. Prints the table of :func:`check_gradients` (when
+    ``verbose``) and raises ``AssertionError`` naming every tensor above ``tol`` (1e-10 for
+    float64, 1e-5 for float32). ``zero_atol`` as for :func:`check_gradients` (default 1e-12
+    when both are float64, else 1e-6). Returns name -> relative error (0.0 for zero tensors),
+    in the order of ``ours``.
     """
     _check_tol(tol)
     if set(ours) != set(reference):
@@ -305,17 +296,9 @@ def compare(name: str, ours, reference, *, rtol: float = 1e-5, atol: float = 1e-
 
     The line says whether the two are bit-for-bit equal, whether they agree within
     ``rtol``/``atol`` (``np.allclose``) and their largest absolute difference -- the one-line
-    check of Karpathy's "backprop ninja" exercise.
-
-    Args:
-        name: label printed at the start of the line.
-        ours: array of shape ``S`` (NumPy array or torch tensor).
-        reference: array of shape ``S`` (NumPy array or torch tensor).
-        rtol, atol: tolerances of ``np.allclose``.
-        raise_on_mismatch: raise ``AssertionError`` when the two do not agree within tolerance.
-
-    Returns:
-        Whether the two agree within tolerance.
+    check of Karpathy's "backprop ninja" exercise. ``ours`` and ``reference``: arrays of the
+    same shape (NumPy arrays or torch tensors); ``name`` starts the line. Returns whether they
+    agree; with ``raise_on_mismatch``, an ``AssertionError`` when they do not.
     """
     a, b = _to_numpy(ours, "ours"), _to_numpy(reference, "reference")
     if a.shape != b.shape:

@@ -32,17 +32,7 @@ ACTIVATIONS = tuple(core_layers.ACTIVATIONS)
 
 
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
-    """Affine map ``out = x @ W + b`` over the last axis.
-
-    Args:
-        x: input, shape (..., D_in).
-        W: weights, shape (D_in, D_out).
-        b: bias, shape (D_out,), or None for no bias.
-
-    Returns:
-        out: shape (..., D_out).
-        cache: for :func:`linear_backward`.
-    """
+    """Checked :func:`transformer_lab.core.layers.linear_forward` (shapes there)."""
     x = v.float_array(x, "x", min_ndim=1)
     W = v.float_array(W, "W", ndim=2)
     v.same_dtype("x", x, "W", W)
@@ -58,15 +48,7 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
 
 
 def linear_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradients of :func:`linear_forward`.
-
-    Args:
-        dout: upstream gradient, shape (..., D_out).
-
-    Returns:
-        dx: shape (..., D_in); grads: ``{"W": (D_in, D_out), "b": (D_out,)}`` (no ``"b"``
-        without a bias).
-    """
+    """Checked :func:`transformer_lab.core.layers.linear_backward` (shapes there)."""
     return core_layers.linear_backward(v.dout_of(dout, cache, "linear_backward"), cache.core)
 
 
@@ -75,30 +57,20 @@ def linear_backward(dout: np.ndarray, cache: v.Cache):
 
 
 def relu_forward(x: np.ndarray):
-    """``out = max(x, 0)``. x: any shape S -> out: shape S; cache."""
+    """Checked :func:`transformer_lab.core.layers.relu_forward`."""
     x = v.float_array(x, "x")
     out, cache = core_layers.relu_forward(x)
     return out, v.Cache(cache, x.shape, x.dtype, "relu_forward")
 
 
 def relu_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of :func:`relu_forward`: ``dx = dout * [x > 0]`` (0 at x = 0, as PyTorch)."""
+    """Checked :func:`transformer_lab.core.layers.relu_backward`."""
     return core_layers.relu_backward(v.dout_of(dout, cache, "relu_backward"), cache.core)
 
 
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
-    """GELU, exact or tanh-approximated, as ``torch.nn.functional.gelu``.
-
-    ``approximate="none"``: ``x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``.
-    ``approximate="tanh"``: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
-
-    Args:
-        x: any shape S.
-        approximate: "none" or "tanh".
-
-    Returns:
-        out: shape S; cache.
-    """
+    """Checked :func:`transformer_lab.core.layers.gelu_forward` (``approximate``: "none" or
+    "tanh")."""
     x = v.float_array(x, "x")
     if approximate not in ("none", "tanh"):
         raise ValueError(f'approximate must be "none" or "tanh", got {approximate!r}')
@@ -107,7 +79,7 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
 
 
 def gelu_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of :func:`gelu_forward` (dout: the output's shape S -> dx: shape S)."""
+    """Checked :func:`transformer_lab.core.layers.gelu_backward`."""
     return core_layers.gelu_backward(v.dout_of(dout, cache, "gelu_backward"), cache.core)
 
 
@@ -119,10 +91,8 @@ def check_activation(activation) -> str:
 
 
 def activation_forward(x: np.ndarray, activation: str):
-    """The activation named ``activation``: "relu", "gelu" (exact) or "gelu_tanh".
-
-    x: any shape S -> out: shape S; cache for :func:`activation_backward`.
-    """
+    """Checked :func:`transformer_lab.core.layers.activation_forward` (one of
+    :data:`ACTIVATIONS`)."""
     x = v.float_array(x, "x")
     check_activation(activation)
     out, cache = core_layers.activation_forward(x, activation)
@@ -130,7 +100,7 @@ def activation_forward(x: np.ndarray, activation: str):
 
 
 def activation_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of :func:`activation_forward` (dout: the output's shape S -> dx: shape S)."""
+    """Checked :func:`transformer_lab.core.layers.activation_backward`."""
     dout = v.dout_of(dout, cache, "activation_backward")
     return core_layers.activation_backward(dout, cache.core)
 
@@ -140,46 +110,27 @@ def activation_backward(dout: np.ndarray, cache: v.Cache):
 
 
 def softmax_forward(x: np.ndarray, axis: int = -1):
-    """Numerically stable softmax along ``axis``.
+    """Checked :func:`transformer_lab.core.layers.softmax_forward`, along any ``axis``.
 
-    ``y = exp(x - max(x)) / sum(exp(x - max(x)))``: subtracting the maximum changes nothing
-    mathematically and keeps ``exp`` from overflowing.
-
-    Args:
-        x: any shape S (entries may be -inf, as long as every slice along ``axis`` has a finite
-            entry; NaN and +inf are refused).
-        axis: the axis that sums to one.
-
-    Returns:
-        y: shape S, read-only (it is also the cache: copy it to modify it); cache.
+    Every slice along ``axis`` needs a finite entry (-inf is allowed, NaN and +inf are not).
+    The output is read-only: it is also the cache (copy it to modify it).
     """
     return _along_axis("softmax_forward", x, axis)
 
 
 def softmax_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of :func:`softmax_forward` in O(size), without the Jacobian.
-
-    The Jacobian of one slice is ``diag(y) - y y^T``, so ``dx = y * (dout - sum(dout * y))``
-    with the sum along ``axis``.
-    """
+    """Checked :func:`transformer_lab.core.layers.softmax_backward`, along the forward's axis."""
     return _along_axis_backward("softmax_backward", dout, cache)
 
 
 def log_softmax_forward(x: np.ndarray, axis: int = -1):
-    """``log(softmax(x))`` computed stably as ``z - log(sum(exp(z)))``, ``z = x - max(x)``.
-
-    Args:
-        x: any shape S (as for :func:`softmax_forward`: every slice needs a finite entry).
-        axis: the axis of the distribution.
-
-    Returns:
-        out: shape S, read-only (it is also the cache); cache.
-    """
+    """Checked :func:`transformer_lab.core.layers.log_softmax_forward`, along any ``axis``
+    (input and read-only output as for :func:`softmax_forward`)."""
     return _along_axis("log_softmax_forward", x, axis)
 
 
 def log_softmax_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of :func:`log_softmax_forward`: ``dx = dout - softmax(x) * sum(dout)``."""
+    """Checked :func:`transformer_lab.core.layers.log_softmax_backward`."""
     return _along_axis_backward("log_softmax_backward", dout, cache)
 
 
@@ -229,22 +180,9 @@ def _check_finite_slices(x: np.ndarray, axis: int) -> None:
 
 def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
                           reduction: str = "mean"):
-    """Softmax cross-entropy over the last axis, as ``torch.nn.functional.cross_entropy``.
+    """Checked :func:`transformer_lab.core.layers.cross_entropy_forward` (shapes there).
 
-    ``loss_i = -log softmax(logits_i)[targets_i]``, reduced over the entries whose target is not
-    ``ignore_index`` (e.g. padding): their mean (``"mean"``) or sum (``"sum"``).
-
-    Args:
-        logits: shape (..., C) -- e.g. (batch, time, vocabulary).
-        targets: integer class ids, shape (...), each in [0, C) or equal to ``ignore_index``.
-        ignore_index: target value that contributes nothing to the loss or the gradient.
-        reduction: "mean" or "sum".
-
-    Returns:
-        loss: a Python float; cache.
-
-    Raises:
-        ValueError: with ``reduction="mean"`` when every target is ignored (the mean of nothing).
+    Refuses ``reduction="mean"`` when every target is ignored (the mean of nothing).
     """
     logits = v.float_array(logits, "logits", min_ndim=1)
     ignore_index = v.integer(ignore_index, "ignore_index")
@@ -268,15 +206,8 @@ def cross_entropy_forward(logits: np.ndarray, targets, ignore_index: int = -100,
 
 
 def cross_entropy_backward(dloss: float, cache: v.Cache):
-    """Gradient of :func:`cross_entropy_forward`: ``(softmax(logits) - onehot(target)) * w``.
-
-    Args:
-        dloss: upstream gradient of the scalar loss, a finite number (1.0 when it is the final
-            loss).
-
-    Returns:
-        dlogits: shape (..., C), the dtype of the logits; rows of ignored targets are zero.
-    """
+    """Checked :func:`transformer_lab.core.layers.cross_entropy_backward` (``dloss``: a finite
+    number, 1.0 for the final loss)."""
     v.cache_of(cache, "cross_entropy_backward", "cross_entropy_forward")
     dloss = v.real(dloss, "dloss")
     return core_layers.cross_entropy_backward(dloss, cache.core)
@@ -305,28 +236,15 @@ def check_norm_params(gamma, beta, d: int, dtype, where: str = "") -> None:
     e.g. ``"params['norm1']"``)."""
     for name, p in (("gamma", gamma), ("beta", beta)):
         if p is not None:
-            full = f"{where}[{name!r}]" if where else name
-            v.float_array(p, full, ndim=1)
-            if p.dtype != dtype:
-                raise TypeError(f"{full} must have the dtype of x ({dtype}), got {p.dtype}")
-            v.shape_is(p, (d,), full, "x.shape[-1]")
+            v.param(p, f"{where}[{name!r}]" if where else name, (d,), dtype, what="x.shape[-1]",
+                    ndim=1)
 
 
 def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
                        beta: np.ndarray | None = None, eps: float = 1e-5):
-    """Layer normalisation over the last axis, as ``torch.nn.LayerNorm(D)``.
+    """Checked :func:`transformer_lab.core.layers.layer_norm_forward` (shapes there).
 
-    ``xhat = (x - mean) / sqrt(var + eps)`` (biased variance), ``out = xhat * gamma + beta``.
-
-    Args:
-        x: shape (..., D).
-        gamma: scale, shape (D,), or None (no elementwise affine).
-        beta: shift, shape (D,), or None (no bias).
-        eps: added to the variance, a finite number >= 0 (0 refuses rows of equal entries,
-            whose variance is 0: they would give 0/0).
-
-    Returns:
-        out: shape (..., D), a new array (never the cache's); cache.
+    ``eps`` may be 0, which refuses rows of equal entries (variance 0: they would give 0/0).
     """
     x = v.float_array(x, "x", min_ndim=1)
     eps = v.real(eps, "eps", minimum=0)
@@ -344,14 +262,7 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray | None = None,
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
-    """Gradients of :func:`layer_norm_forward`.
-
-    With ``g = dout * gamma``: ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``,
-    ``dgamma = sum(dout * xhat)``, ``dbeta = sum(dout)`` over all leading axes.
-
-    Returns:
-        dx: shape (..., D); grads: ``{"gamma": (D,), "beta": (D,)}``, those that were given.
-    """
+    """Checked :func:`transformer_lab.core.layers.layer_norm_backward` (shapes there)."""
     dout = v.dout_of(dout, cache, "layer_norm_backward")
     return core_layers.layer_norm_backward(dout, cache.core)
 
@@ -361,16 +272,8 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
 
 
 def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
-    """Look up rows of ``W``: ``out[...] = W[ids[...]]``, as ``torch.nn.Embedding``.
-
-    Args:
-        ids: integer token ids, any shape S, each in [0, V).
-        W: embedding table, shape (V, D).
-        padding_idx: a row whose gradient is always zero (PyTorch's ``padding_idx``), or None.
-
-    Returns:
-        out: shape (*S, D); cache.
-    """
+    """Checked :func:`transformer_lab.core.layers.embedding_forward` (shapes there), plus
+    PyTorch's ``padding_idx``: a row whose gradient is always zero, or None."""
     W = v.float_array(W, "W", ndim=2)
     ids = v.token_ids(ids, "ids", W.shape[0])
     if padding_idx is not None:
@@ -382,14 +285,8 @@ def embedding_forward(ids, W: np.ndarray, padding_idx: int | None = None):
 
 
 def embedding_backward(dout: np.ndarray, cache: v.Cache):
-    """Gradient of the table: each row collects the upstream gradients of its occurrences.
-
-    Args:
-        dout: upstream gradient, shape ids.shape + (D,).
-
-    Returns:
-        grads: ``{"W": (V, D)}``; row ``padding_idx`` is zero.
-    """
+    """Checked :func:`transformer_lab.core.layers.embedding_backward`; row ``padding_idx`` of
+    the gradient is zero."""
     grads = core_layers.embedding_backward(v.dout_of(dout, cache, "embedding_backward"),
                                            cache.core)
     if cache.extra is not None:  # padding_idx
@@ -399,19 +296,8 @@ def embedding_backward(dout: np.ndarray, cache: v.Cache):
 
 def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
                         dtype=np.float64) -> np.ndarray:
-    """The sinusoidal table of "Attention Is All You Need".
-
-    ``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
-
-    Args:
-        max_len: number of positions L.
-        d_model: model width D (odd widths get one more sine than cosine column).
-        base: wavelength base, a positive number.
-        dtype: np.float32 or np.float64 (the table is computed in float64, then rounded).
-
-    Returns:
-        PE: shape (L, D).
-    """
+    """Checked :func:`transformer_lab.core.layers.positional_encoding`, rounded to ``dtype``
+    (np.float32 or np.float64)."""
     max_len = v.positive_int(max_len, "max_len")
     d_model = v.positive_int(d_model, "d_model")
     base = v.real(base, "base", positive=True)
@@ -420,15 +306,8 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
 
 
 def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
-    """Add the first T rows of a positional table to a batch of sequences.
-
-    Args:
-        x: embeddings, shape (B, T, D) or (T, D).
-        table: positional table, shape (L, D) with L >= T.
-
-    Returns:
-        out: shape of x; cache (the table is fixed: only x gets a gradient).
-    """
+    """``x`` (B, T, D) or (T, D) plus the first T rows of ``table`` (L, D), L >= T; the table
+    is fixed: only x gets a gradient."""
     x = v.float_array(x, "x", min_ndim=2)
     table = v.float_array(table, "table", ndim=2)
     t, d = x.shape[-2:]

@@ -84,11 +84,8 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with momentum, as ``torch.optim.SGD``.
-
-    ``g += weight_decay * p``; ``b = momentum * b + (1 - dampening) * g`` (``b = g`` on the first
-    step); ``g = g + momentum * b`` if nesterov else ``b``; ``p -= lr * g``.
-    """
+    """SGD with momentum, as ``torch.optim.SGD``: :func:`transformer_lab.core.optim.sgd_step`
+    on every parameter (the update rule there)."""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
@@ -111,13 +108,8 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam, as ``torch.optim.Adam``; with ``decoupled=True`` AdamW, as ``torch.optim.AdamW``.
-
-    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, then
-    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
-    Weight decay: added to the gradient (Adam, L2) or ``p *= 1 - lr * weight_decay`` before the
-    update (AdamW).
-    """
+    """Adam, as ``torch.optim.Adam``; with ``decoupled=True`` AdamW, as ``torch.optim.AdamW``:
+    :func:`transformer_lab.core.optim.adam_step` on every parameter (the update rule there)."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False):
@@ -158,14 +150,8 @@ def AdamW(params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
 
 
 def global_norm(grads: Mapping[str, np.ndarray]) -> float:
-    """The L2 norm of all gradients together: ``sqrt(sum over arrays of sum(g * g))``.
-
-    Args:
-        grads: a non-empty dict of name -> float array.
-
-    Returns:
-        The norm, a Python float (NaN or inf if a gradient holds NaN or inf).
-    """
+    """Checked :func:`transformer_lab.core.optim.global_norm` (NaN or inf if a gradient holds
+    NaN or inf)."""
     _check_grads(grads)
     return core_optim.global_norm(grads)
 
@@ -178,14 +164,8 @@ def _check_grads(grads) -> None:
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
-    """Scale all gradients in place so that their global L2 norm is at most ``max_norm``.
-
-    As ``torch.nn.utils.clip_grad_norm_``: ``scale = min(1, max_norm / (norm + 1e-6))``, with
-    the norm of :func:`global_norm`.
-
-    Returns:
-        The global norm before clipping.
-    """
+    """Checked :func:`transformer_lab.core.optim.clip_grad_norm`: scales ``grads`` in place,
+    returns the global norm before clipping."""
     max_norm = v.real(max_norm, "max_norm", positive=True)
     _check_grads(grads)
     return core_optim.clip_grad_norm(grads, max_norm)

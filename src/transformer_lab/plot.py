@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
+from transformer_lab import _validate as v
+
 
 def _labels(labels, n: int, name: str):
     if labels is None:
@@ -86,9 +88,7 @@ def attention_heads(weights, query_labels=None, key_labels=None, ncols: int = 2,
     if w.ndim != 3:
         raise ValueError(f"weights must be a (heads, queries, keys) array, got shape {w.shape}")
     h, t, s = w.shape
-    if isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer)) or ncols < 1:
-        raise ValueError(f"ncols must be a positive integer, got {ncols!r}")
-    ncols = min(int(ncols), h)
+    ncols = min(v.positive_int(ncols, "ncols"), h)
     nrows = -(-h // ncols)
     top = vmax if vmax is not None else (float(w.max()) if w.size else 1.0)
     fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.45 * s + 1.3) + 0.8,

@@ -22,10 +22,7 @@ for bytes (:func:`transformer_lab.core.bpe.bytes_to_unicode`: the space is ``Ġ`
 Ids: the 256 bytes are 0..255, merge ``i`` is ``256 + i``, the special tokens follow. Files whose
 ids are numbered otherwise (GPT-2's own: ``!`` is 0) load too: the ids read and written are the
 file's. This class checks its arguments once and calls the core (``transformer_lab.core.bpe``,
-looked up at call time: the student's own functions); :meth:`BPETokenizer.encode` cuts a text at
-its special tokens and encodes the pieces (``pretokenize``) of every segment with one cache, so
-a piece that recurs in any segment is encoded once (``encode_word``), as ``bpe_encode`` does
-within one text.
+looked up at call time: the student's own functions).
 """
 
 from __future__ import annotations
@@ -162,7 +159,7 @@ class BPETokenizer:
             raise ValueError("this tokenizer splits the digits off before GPT-2's pattern (its "
                              "tokenizer.json's pre_tokenizer), which GPT-2's vocab.json and "
                              "merges.txt cannot say: keep its tokenizer.json")
-        folder = _folder(folder)
+        folder = _path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         strings = self.token_strings()
         if len(set(strings)) != len(strings):
@@ -181,7 +178,7 @@ class BPETokenizer:
     def load(cls, folder) -> BPETokenizer:
         """Read ``vocab.json`` and ``merges.txt`` from ``folder``: what :meth:`save` writes, or
         GPT-2's own files (the tokens of vocab.json that no merge makes are special tokens)."""
-        folder = _folder(folder)
+        folder = _path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"folder must be an existing folder holding vocab.json and "
                                     f"merges.txt, got {str(folder)!r}")
@@ -228,9 +225,7 @@ class BPETokenizer:
                 adds tokens, truncation or padding, added tokens that strip spaces or match
                 whole words only, a vocabulary that lacks a byte.
         """
-        if not isinstance(path, (str, Path)):
-            raise TypeError(f"path must be a str or a Path, got {type(path).__name__}")
-        path = Path(path).expanduser()
+        path = _path(path, "path").expanduser()
         path = path / "tokenizer.json" if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(f"path must be a tokenizer.json file (or its folder), got "
@@ -386,10 +381,10 @@ def _kind(value) -> str:
     return repr(value.get("type", value)) if isinstance(value, dict) else repr(value)
 
 
-def _folder(folder) -> Path:
-    if not isinstance(folder, (str, Path)):
-        raise TypeError(f"folder must be a str or a Path, got {type(folder).__name__}")
-    return Path(folder)
+def _path(value, name: str = "folder") -> Path:
+    if not isinstance(value, (str, Path)):
+        raise TypeError(f"{name} must be a str or a Path, got {type(value).__name__}")
+    return Path(value)
 
 
 def _check_specials(special_tokens) -> tuple[str, ...]:

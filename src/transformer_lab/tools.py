@@ -36,18 +36,11 @@ def best_time(fn: Callable[[], object], repeats: int = 5, number: int = 1) -> fl
 
 def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
                  ) -> dict[str, float]:
-    """Median seconds of each step function, timed alternately.
+    """name -> median seconds of one call of ``steps[name]`` (a function of no arguments, one
+    step of the work to time), over ``repeats`` >= 1 rounds after ``warmup`` >= 0 untimed ones.
 
     Each round calls every function once, in order, so that a busy moment of the machine hits
-    all of them alike; the first ``warmup`` rounds are not timed.
-
-    Args:
-        steps: name -> a function of no arguments (one step of the work to time).
-        repeats: timed rounds (at least 1).
-        warmup: untimed rounds before them (at least 0).
-
-    Returns:
-        name -> median seconds of one call.
+    all of them alike.
     """
     repeats = v.integer(repeats, "repeats", minimum=1)
     warmup = v.integer(warmup, "warmup", minimum=0)
