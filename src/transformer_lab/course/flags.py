@@ -1,12 +1,8 @@
 """What the instructor should look at: code that reaches into the grader's machinery.
 
-The grader's verdicts do not depend on what a student's code does to its own process (see
-:mod:`.probe_driver`), but an attempt is worth seeing even when it earned nothing.
-:func:`scan_python` reads code -- a notebook's cells, a submitted core module -- by its syntax
-tree and reports, with the line and the code, what the sets below name: IPython's and the
-kernel's machinery, patching, copying function code, frames, ending the process, other
-processes, files written outside the working folder, code run from strings, the checks'
-internals and, in a core module, torch (docs/instructors.md, "Grading", item 5).
+The verdicts do not depend on it, but an attempt is worth seeing even when it earned nothing:
+:func:`scan_python` reads code by its syntax tree and reports, with the line and the code, what
+the sets below name (the list: docs/instructors.md, "Grading", item 5).
 """
 
 from __future__ import annotations

@@ -423,6 +423,13 @@ def name_culprits(results: list[CheckResult]) -> None:
             result.message = "\n".join(lines) + "\n" + result.message
 
 
+def not_graded(student: str, notebook: str, assignment: Assignment, reason: str,
+               status: str) -> Graded:
+    """0 points for every check of the notebook, with ``reason``."""
+    return Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
+                                      for c in assignment.checks], status)
+
+
 def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                      found: Found) -> Graded:
     """Grade one student's notebook; never raises for bad student work."""
@@ -435,8 +442,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             reason += " (files skipped: " + "; ".join(f"{s.path}: {s.reason}"
                                                      for s in skipped[:5]) + \
                 ("; ..." if len(skipped) > 5 else "") + ")"
-        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                              for c in assignment.checks], "not submitted")
+        graded = not_graded(work.name, notebook, assignment, reason, "not submitted")
         if skipped:
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
@@ -448,8 +454,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
         reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
-        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                              for c in assignment.checks], "unreadable")
+        graded = not_graded(work.name, notebook, assignment, reason, "unreadable")
         graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
     start = time.perf_counter()
@@ -698,13 +703,12 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
 
     def one(pair: tuple[str, str]) -> Graded:
         student, notebook = pair
-        assignment = grader.assignments[notebook]
         try:
             g = grade_submission(grader, found.students[student], notebook, found)
         except Exception as exc:  # a bug here must not cost the other students their grades
             reason = f"not graded: {type(exc).__name__}: {one_line(str(exc))}"
-            g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                           for c in assignment.checks], "grading error")
+            g = not_graded(student, notebook, grader.assignments[notebook], reason,
+                           "grading error")
         with grader.lock:
             events = grader.ledger.police()
         # with a sandbox, a student's code never sees the output folder; without one, and with

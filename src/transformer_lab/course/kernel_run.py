@@ -1,12 +1,7 @@
-"""Running a notebook in a fresh kernel for the grader's feedback: time limits, bounded output.
-
-The grader's points never come from here (see :mod:`.probe_driver`): this runs the student's
-notebook, with the instructor's check cells restored, so that the feedback shows the student
-what their notebook does. A cell over its time limit is interrupted and the notebook goes on;
-one that ignores the interrupt gets its kernel stopped; processes the student's code started are
-stopped with the kernel; output is kept up to :class:`OutputLimits`. Given a sandbox
-(:mod:`.sandbox`), the kernel runs inside it (:class:`SandboxedKernelManager`); the client that
-keeps the output runs here, out of its reach.
+"""Running a notebook in a fresh kernel for the grader's feedback: time limits, bounded output
+(:func:`run_notebook`). The points never come from here (see :mod:`.probe_driver`). Given a
+sandbox (:mod:`.sandbox`), the kernel runs inside it (:class:`SandboxedKernelManager`); the
+client that keeps the output runs here, out of its reach.
 """
 
 from __future__ import annotations

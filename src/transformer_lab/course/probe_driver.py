@@ -1,16 +1,10 @@
-"""The probe's driver, the grader's side of the probe: the probe package, the request, the
-watch, the evidence (the side that runs in the sandbox: :mod:`.probe_runner`).
+"""The probe's driver, the grader's side of the probe (the side that runs in the sandbox:
+:mod:`.probe_runner`); what the probe is and does: docs/instructors.md, "Grading", steps 1-3.
 
-:func:`build_probe_package` writes, from the HANDOUT form of the instructor's package, a package
-in which the functions notebook N teaches are the student's (taken by the syntax tree, with the
-imports and helpers they use; a missing or unparseable one stays a stub, and the feedback says
-why), those earlier notebooks teach the instructor's, and those later notebooks teach stubs.
-The feedback notebook runs on it; :func:`reference_free` makes the probe's copy, in which no
-check can compute or holds an expected answer. :func:`run_probe` runs :mod:`.probe_runner` in a
-sandbox of its own (:mod:`.sandbox`), its output drained and bounded, and kills it when a cell, a
-case or the whole runs past its limit: the check whose case was running scores 0 with the
-reason, and the probe starts again for the checks after it. The outcomes come back as plain
-data, decoded here; the grader judges them (docs/instructors.md, "Grading").
+:func:`build_probe_package` writes the probe package of notebook N from the HANDOUT form of the
+instructor's package (:func:`owner`: whose each core function is there), on which the feedback
+notebook runs; :func:`reference_free` makes the probe's copy; :func:`run_probe` runs it, killing
+it at its limits, and decodes the outcomes it wrote as plain data for the grader to judge.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Where a student's code runs when the grader runs it: a bubblewrap sandbox.
-
-Each run of a student's code (one probe process, one feedback kernel) gets a ``bwrap`` sandbox
-of its own (``--unshare-all``): ``/usr`` and Python read-only (an installed copy of the course's
-package emptied), what the grader binds for the run, a private bounded ``/tmp`` (also ``HOME``)
-and nothing else; its own processes, no network, no capabilities; ``prlimit`` limits and, where
-the grader may make control groups, a group bounding the whole sandbox's memory and processes.
-Time is the caller's to bound (it kills the sandbox). What an instructor is told:
-docs/instructors.md, "The sandbox".
+"""Where a student's code runs when the grader runs it: a bubblewrap sandbox of its own for
+each run (one probe process, one feedback kernel). What it shows and bounds:
+docs/instructors.md, "The sandbox"; time is the caller's to bound (it kills the sandbox).
 
 :func:`find_sandbox` returns the sandbox to use, or raises :class:`SandboxUnavailable` with the
 command that installs bubblewrap; :class:`NoSandbox` is what ``--no-sandbox`` runs with (the

@@ -3,11 +3,9 @@
     python -m transformer_lab.course.student                  # notebooks/ -> build/student/
     python -m transformer_lab.course.student --out handout    # somewhere else
 
-Each notebook's solution regions become stubs raising ``NotImplementedError("Exercise:
-<hint>")``, outputs are cleared, check cells are locked (as nbgrader does) and the course version
-is recorded (:mod:`.versions`). Beside them: the package in its handout form (:mod:`.package`),
-``pyproject.toml``, ``requirements.txt``, ``img/`` and a README for students. A misplaced or
-unbalanced marker stops the build before anything is written (:mod:`.assignment`).
+What it holds: docs/instructors.md, "Handing out"; the course version is recorded in it
+(:mod:`.versions`). A misplaced or unbalanced marker stops the build before anything is
+written (:mod:`.assignment`).
 """
 
 from __future__ import annotations
