@@ -45,7 +45,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
-from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
+from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env, with_pythonpath
 from transformer_lab.course.kernel_run import format_size, one_line, run_notebook
 from transformer_lab.course.package import (
     Package,
@@ -337,18 +337,14 @@ class Grader:
     unversioned: set[tuple[str, str]] = field(default_factory=set)
 
     def check_cases(self, check_id: str) -> list[F.Case]:
-        """The grader's cases of a check: public and hidden, drawn with the grader's salt."""
+        """The grader's cases of a check: public and hidden, drawn with the grader's salt
+        (``public[check_id]``: how many of them, the first ones, are public)."""
         with self.lock:
             if check_id not in self.cases:
                 check = F.get_check(check_id)
                 self.cases[check_id] = F.all_cases(check, salt="grader")
                 self.public[check_id] = len(F.all_cases(check, salt="grader", hidden=False))
             return self.cases[check_id]
-
-    def public_cases(self, check_id: str) -> int:
-        """How many of the check's cases (the first ones) are public."""
-        self.check_cases(check_id)
-        return self.public[check_id]
 
     def expected(self, check_id: str, case: F.Case):
         key = (check_id, case.name)
@@ -393,7 +389,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
             message = report.missing[check.cell_id]
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
                                    check.points, message, judged,
-                                   grader.public_cases(check.cell_id), failed))
+                                   grader.public[check.cell_id], failed))
     name_culprits(results)
     return results
 
@@ -485,13 +481,10 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         if grader.execute:
             package = (tmp / "feedback").resolve()
             if grader.sandbox.isolated:  # the sandbox's environment, and the package
-                env = {**KERNEL_ENV, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-                       "PYTHONPATH": str(package)}
+                env = {**KERNEL_ENV, "PYTHONIOENCODING": "utf-8"}
             else:
                 env = dict(os.environ)
-                env["PYTHONPATH"] = os.pathsep.join(
-                    [str(package)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-                env["PYTHONDONTWRITEBYTECODE"] = "1"
+            env = {**with_pythonpath(env, package), "PYTHONDONTWRITEBYTECODE": "1"}
             clock.lap("other")
             graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
                                       read_only=(package,))

@@ -236,10 +236,16 @@ def write_zip(entries: dict[str, tuple[bytes, int]], dest: Path) -> None:
             info.external_attr = (stat.S_IFREG | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, content, compresslevel=9)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
-    partial.write_bytes(buffer.getvalue())
-    os.replace(partial, dest)
+    _replace(dest, buffer.getvalue())
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` in one step, replacing whatever is there (a file, or a link
+    planted there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def build(source: Path, project: Path, out: Path, config: Config | None = None,
@@ -400,13 +406,6 @@ def _has_hidden_cases(check_id: str) -> bool:
         return True
 
 
-def feedback(result: reports.CheckResult) -> str:
-    """What a check's test says: ``passed (N cases)`` or why it failed."""
-    if result.passed:
-        return f"passed ({result.cases} case{'s' * (result.cases != 1)})"
-    return result.message
-
-
 def public_verdict(graded: reports.Graded, result: reports.CheckResult) -> tuple[bool, str]:
     """(whether the check's public cases passed, the failure to show): a failure only when a
     public case failed, or when the public cases were not all judged (not a hidden verdict)."""
@@ -428,18 +427,16 @@ def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Con
     suffix = f"\n\n{note}" if note else ""
     scored = {"name": name, "score": result.points, "max_score": result.max_points,
               "status": "passed" if result.passed else "failed",
-              "output": feedback(result) + suffix, "visibility": "visible"}
+              "output": (reports.passed(result.cases) if result.passed else result.message)
+              + suffix, "visibility": "visible"}
     if config.hidden_visibility == "visible" or not _has_hidden_cases(result.check):
         return [scored]
     scored["visibility"] = config.hidden_visibility
     passed, failure = public_verdict(graded, result)
     later = (f"The check's points count its hidden cases too; they show "
              f"{SHOWN[config.hidden_visibility]}.")
-    if passed:
-        count = result.public
-        text = f"passed ({count} public case{'s' * (count != 1)}). {later}"
-    else:
-        text = f"failed:\n{failure}\n\n{later}"
+    text = f"{reports.passed(result.public, 'public ')}. {later}" if passed else \
+        f"failed:\n{failure}\n\n{later}"
     public = {"name": name + PUBLIC_SUFFIX, "score": 0, "max_score": 0,
               "status": "passed" if passed else "failed", "output": text + suffix,
               "visibility": "visible"}
@@ -476,21 +473,13 @@ def summary(outcome: reports.Outcome, config: Config, course: list[str],
         lines += ["", "Each check's points count hidden cases too: they show "
                       f"{SHOWN[config.hidden_visibility]}. The tests marked "
                       f"'{PUBLIC_SUFFIX.strip()}' say how your code did on the public cases."]
-    not_graded = left_out + _skipped(outcome)
+    not_graded = left_out + [(s.path.split("/", 1)[1] if s.student and "/" in s.path else s.path,
+                              s.reason) for s in outcome.found.skipped]
     if not_graded:
         lines += ["", "Files not graded:"] + [f"- {path}: {why}" for path, why in not_graded]
     if graded:
         lines += ["", sandbox_note or f"Your code ran in: {outcome.sandbox}."]
     return "\n".join(lines)
-
-
-def _skipped(outcome: reports.Outcome) -> list[tuple[str, str]]:
-    """(path in the submission, reason) of the files the grader skipped."""
-    found = []
-    for s in outcome.found.skipped:
-        path = s.path.split("/", 1)[1] if s.student and "/" in s.path else s.path
-        found.append((path, s.reason))
-    return found
 
 
 def results_json(outcome: reports.Outcome, config: Config, course: list[str],
@@ -514,12 +503,8 @@ def failure(message: str) -> dict:
 
 
 def write_results(results: dict, path: Path) -> None:
-    """Write results.json, replacing whatever is there (a file, or a link planted there)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
-                       encoding="utf-8")
-    os.replace(partial, path)
+    """Write results.json (:func:`_replace`)."""
+    _replace(path, (json.dumps(results, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 # --- a run on Gradescope ----------------------------------------------------------------------

@@ -18,3 +18,9 @@ KERNEL_ENV = {
 def apply_kernel_env() -> None:
     """Set :data:`KERNEL_ENV` in this process, so that kernels it starts inherit it."""
     os.environ.update(KERNEL_ENV)
+
+
+def with_pythonpath(env: dict[str, str], folder) -> dict[str, str]:
+    """``env`` with ``folder`` first on its ``PYTHONPATH``."""
+    rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    return {**env, "PYTHONPATH": os.pathsep.join([str(folder), *rest])}

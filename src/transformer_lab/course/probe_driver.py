@@ -89,19 +89,18 @@ def student_functions(core_files: dict[str, Path] | None, module: str, wanted: l
                       provided: set[str], core_label: str) -> StudentCode:
     """The student's definitions of the functions ``wanted`` of the core module ``module``
     (:func:`student_code`), from their file of that module."""
-    if core_files is None:
-        return StudentCode({}, [], {name: "no core files were handed in "
-                                          "(src/transformer_lab/core/*.py)" for name in wanted})
     label = f"{core_label}/{module}.py"
-    path = core_files.get(module)
-    if path is None:
-        return StudentCode({}, [], {name: f"{label} was not handed in" for name in wanted})
-    try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        return StudentCode({}, [], {name: f"{label} could not be read ({type(err).__name__})"
-                                    for name in wanted})
-    return student_code(source, wanted, provided, label)
+    path = (core_files or {}).get(module)
+    if core_files is None:
+        why = "no core files were handed in (src/transformer_lab/core/*.py)"
+    elif path is None:
+        why = f"{label} was not handed in"
+    else:
+        try:
+            return student_code(path.read_text(encoding="utf-8"), wanted, provided, label)
+        except (OSError, UnicodeDecodeError) as err:
+            why = f"{label} could not be read ({type(err).__name__})"
+    return StudentCode({}, [], dict.fromkeys(wanted, why))
 
 
 def build_probe_package(handout_src: Path, instructor: Package, notebook: str,

@@ -87,10 +87,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
              f"{format_points(graded.max_points)} points.**", "",
              "| check | points | result |", "|---|---|---|"]
     for r in graded.results:
-        if r.passed:
-            result = f"passed ({r.cases} case{'s' * (r.cases != 1)})"
-        else:
-            result = "**failed**: " + _table_text(_first_line(r.message))
+        result = passed(r.cases) if r.passed else \
+            "**failed**: " + _table_text(_first_line(r.message))
         lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
                      f"| {result} |")
     for r in graded.results:
@@ -119,6 +117,11 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
         if sandbox:
             lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
+
+
+def passed(cases: int, kind: str = "") -> str:
+    """``passed (N cases)``, ``passed (1 public case)``: what a passed check says."""
+    return f"passed ({cases} {kind}case{'s' * (cases != 1)})"
 
 
 def _first_line(text: str) -> str:
