@@ -146,51 +146,41 @@ def draw_batched_matmul_shapes(fig) -> None:
         ax.text(x + 0.25, y, text, ha="center", va="center", fontsize=16)
         return x + 0.5
 
-    # Row 1: (B,T,D) @ (D,E) -> (B,T,E)
-    y = 0.0
-    ax.text(-0.2, y - 0.6, "weight broadcast\nover the batch", ha="right", va="center",
-            fontsize=9.5, style="italic")
-    x = _stacked_matrices(ax, 0.0, y, b, t, d, "X", FORWARD, "(B, T, D)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
-    x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
-    x = op(x + 0.05, y - t * 0.15, "=")
-    _stacked_matrices(ax, x, y, b, t, e, "Y", FORWARD, "(B, T, E)")
-    ax.text(x + 3.3, y - 0.45, "the same W for\nevery sequence b", ha="left", va="center",
-            fontsize=9)
-
-    # Row 2: (B,T,D) @ (B,D,S) -> (B,T,S)
-    y = -2.5
-    ax.text(-0.2, y - 0.6, "batched product:\nb pairs with b", ha="right", va="center",
-            fontsize=9.5, style="italic")
-    x = _stacked_matrices(ax, 0.0, y, b, t, d, "Q", FORWARD, "(B, T, D)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
-    x = _stacked_matrices(ax, x, y, b, d, s, "Kᵀ", FORWARD, "(B, D, S)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "=")
-    _stacked_matrices(ax, x, y, b, t, s, "scores", FORWARD, "(B, T, S)")
-    ax.text(x + 2.0, y - 0.45, "B independent\nmatrix products", ha="left", va="center",
-            fontsize=9)
+    # Row 1: (B,T,D) @ (D,E) -> (B,T,E); row 2: (B,T,D) @ (B,D,S) -> (B,T,S)
+    for y, title, operands, note, note_x in (
+            (0.0, "weight broadcast\nover the batch",
+             [(b, t, d, "X", FORWARD, "(B, T, D)"), (1, d, e, "W", weight, "(D, E)"),
+              (b, t, e, "Y", FORWARD, "(B, T, E)")], "the same W for\nevery sequence b", 3.3),
+            (-2.5, "batched product:\nb pairs with b",
+             [(b, t, d, "Q", FORWARD, "(B, T, D)"), (b, d, s, "Kᵀ", FORWARD, "(B, D, S)"),
+              (b, t, s, "scores", FORWARD, "(B, T, S)")], "B independent\nmatrix products", 2.0)):
+        ax.text(-0.2, y - 0.6, title, ha="right", va="center", fontsize=9.5, style="italic")
+        x = 0.0
+        for sign, (depth, *matrix) in zip("@=", operands[:2], strict=True):
+            x = _stacked_matrices(ax, x, y, depth, *matrix)
+            x = op(x + 0.05 + (depth - 1) * 0.18, y - t * 0.15, sign)
+        _stacked_matrices(ax, x, y, *operands[2])
+        ax.text(x + note_x, y - 0.45, note, ha="left", va="center", fontsize=9)
 
     # Row 3: the reshape trick: (B*T, D) @ (D, E)
     y = -5.0
     ax.text(-0.2, y - 1.6, "reshape trick:\nX.reshape(-1, D) @ W\none big product", ha="right",
             va="center", fontsize=9.5, style="italic")
     cell = 0.3
-    x0 = 0.0
-    for k in range(b):  # the B sequences laid one under the other: a (B*T, D) matrix
-        _stacked_matrices(ax, x0, y - k * t * cell, 1, t, d, "", FORWARD, "")
-    ax.text(x0 + d * cell / 2, y - b * t * cell / 2, "X", ha="center", va="center", fontsize=12,
-            weight="bold", zorder=20)
-    ax.text(x0 + d * cell / 2, y - b * t * cell - 0.12, "(B·T, D)", ha="center", va="top",
-            fontsize=9)
-    x = op(x0 + d * cell + 0.05, y - b * t * cell / 2, "@")
+
+    def tall(x, cols, label, shape):  # the B sequences one under the other: a (B*T, .) matrix
+        for k in range(b):
+            _stacked_matrices(ax, x, y - k * t * cell, 1, t, cols, "", FORWARD, "")
+        ax.text(x + cols * cell / 2, y - b * t * cell / 2, label, ha="center", va="center",
+                fontsize=12, weight="bold", zorder=20)
+        ax.text(x + cols * cell / 2, y - b * t * cell - 0.12, shape, ha="center", va="top",
+                fontsize=9)
+
+    tall(0.0, d, "X", "(B·T, D)")
+    x = op(0.0 + d * cell + 0.05, y - b * t * cell / 2, "@")
     x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
     x = op(x + 0.05, y - b * t * cell / 2, "=")
-    for k in range(b):
-        _stacked_matrices(ax, x, y - k * t * cell, 1, t, e, "", FORWARD, "")
-    ax.text(x + e * cell / 2, y - b * t * cell / 2, "Y", ha="center", va="center", fontsize=12,
-            weight="bold", zorder=20)
-    ax.text(x + e * cell / 2, y - b * t * cell - 0.12, "(B·T, E)", ha="center", va="top",
-            fontsize=9)
+    tall(x, e, "Y", "(B·T, E)")
     ax.set_xlim(-2.6, 8.4)
     ax.set_ylim(y - b * t * cell - 0.6, 0.9)
     ax.set_aspect("equal")

@@ -676,14 +676,19 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
     return problems
 
 
-def _load_all(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, AssignmentError]]:
-    good, bad = {}, {}
+def load_solutions(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, list[str]]]:
+    """The solution notebooks the grader can grade (name -> assignment), and what stops it on
+    each (name -> problems: its markers and metadata, else its check cells)."""
+    good, problems = {}, {}
     for path in paths:
         try:
             good[path.stem] = parse_notebook(nbformat.read(path, as_version=4), str(path))
+            problems[path.stem] = check_cell_problems(good[path.stem])
         except AssignmentError as err:
-            bad[path.stem] = err
-    return good, bad
+            problems[path.stem] = [str(err)]
+        except Exception as err:  # not a notebook at all
+            problems[path.stem] = [f"{path}: could not be read as a notebook ({err})"]
+    return good, problems
 
 
 def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
@@ -814,11 +819,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     recorded, unversioned = recorded_versions(first)
     if versions.mismatch(recorded, ours):
         raise VersionError(recorded, ours)
-    assignments, broken = _load_all(list(sources.values()))
+    assignments, problems = load_solutions(list(sources.values()))
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks})
-    errors = [str(broken[n]) for n in handed_in if n in broken]
-    errors += [p for n in handed_in if n in assignments
-               for p in check_cell_problems(assignments[n])]
+    errors = [p for n in handed_in for p in problems[n]]
     if errors:  # only the notebooks handed in need to be right
         raise GradingError(f"the solution notebooks cannot be graded, {len(errors)} "
                            "problem(s):\n" + "\n".join(errors))

@@ -32,15 +32,11 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-import nbformat
-
 from transformer_lab.checks import framework as F
 from transformer_lab.course import grade, reports, versions
 from transformer_lab.course.assignment import (
-    AssignmentError,
     format_points,
     overlaps,
-    parse_notebook,
     solution_notebooks,
 )
 from transformer_lab.course.package import PackageError, parse_package
@@ -193,17 +189,7 @@ def _grading_problems(notebooks: list[Path], project: Path) -> list[str]:
         parse_package(project / "src" / "transformer_lab")
     except PackageError as err:
         problems.append(f"the package's markers: {err}")
-    for path in notebooks:
-        try:
-            parsed = parse_notebook(nbformat.read(path, as_version=4), str(path))
-        except AssignmentError as err:
-            problems.append(str(err))
-            continue
-        except Exception as err:  # not a notebook at all
-            problems.append(f"{path}: could not be read as a notebook ({err})")
-            continue
-        problems += grade.check_cell_problems(parsed)
-    return problems
+    return problems + [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
 
 
 def zip_entries(notebooks: list[Path], project: Path, config: Config,
@@ -466,9 +452,7 @@ def summary(outcome: reports.Outcome, config: Config, course: list[str],
             head += f": {format_points(g.points)} / {format_points(g.max_points)} points"
         if g.status != "graded":
             head += f" ({g.status})"
-        lines += ["", head] + [f"- {n}" for n in g.notes]
-        lines += [f"- your cell `{cid}`, as the grader ran it: {err}" for cid, err in g.cells
-                  if err]
+        lines += ["", head, *reports.note_lines(g)]
     if not show_points and graded:
         lines += ["", "Each check's points count hidden cases too: they show "
                       f"{SHOWN[config.hidden_visibility]}. The tests marked "

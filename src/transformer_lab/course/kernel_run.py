@@ -141,19 +141,17 @@ class LimitedClient(NotebookClient):
                 self.cell_dropped += size - _nbytes(kept)
                 if not kept:
                     return None
-                text, size = kept, _nbytes(kept)
-                content = {**content, "text": text}
+                size, content = _nbytes(kept), {**content, "text": kept}
             self.cell_printed += limits.per_output + size
-            self.notebook_bytes += limits.per_output + size
-            return {**msg, "content": content}
-        size = _nbytes(json.dumps(content.get("data", {}), default=str))
-        room = min(limits.rich_per_cell - self.cell_rich - limits.per_output, notebook_room)
-        if size > room:
-            self.cell_dropped += size
-            return None
-        self.cell_rich += limits.per_output + size
+        else:
+            size = _nbytes(json.dumps(content.get("data", {}), default=str))
+            if size > min(limits.rich_per_cell - self.cell_rich - limits.per_output,
+                          notebook_room):
+                self.cell_dropped += size
+                return None
+            self.cell_rich += limits.per_output + size
         self.notebook_bytes += limits.per_output + size
-        return msg
+        return {**msg, "content": content}
 
     def _short_traceback(self, lines: list) -> list[str]:
         kept, room = [], self.limits.error_text
