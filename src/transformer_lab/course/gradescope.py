@@ -486,11 +486,6 @@ def failure(message: str) -> dict:
     return {"score": 0, "output": message, "stdout_visibility": "hidden", "tests": []}
 
 
-def write_results(results: dict, path: Path) -> None:
-    """Write results.json (:func:`_replace`)."""
-    _replace(path, (json.dumps(results, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-
 # --- a run on Gradescope ----------------------------------------------------------------------
 
 def _no_sandbox_results(problem: str) -> dict:
@@ -586,7 +581,8 @@ def run(root: Path) -> int:
                           "your fault -- please tell your instructor.")
         status = 1
     results["execution_time"] = round(time.monotonic() - start)
-    write_results(results, root / "results" / "results.json")
+    _replace(root / "results" / "results.json",
+             (json.dumps(results, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     print(f"score: {format_points(results['score'])}; results: "
           f"{root / 'results' / 'results.json'}")
     return status

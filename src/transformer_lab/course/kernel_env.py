@@ -15,6 +15,14 @@ KERNEL_ENV = {
 }
 
 
+def client_options(folder) -> dict:
+    """nbclient's ``NotebookClient`` options for a kernel started in ``folder``: no wall-clock
+    times in the stored metadata, and only errors of the kernel's own log (not the notebook's
+    output), which would warn about unencrypted TCP on localhost at every start."""
+    return {"kernel_name": "python3", "resources": {"metadata": {"path": str(folder)}},
+            "record_timing": False, "extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
+
+
 def apply_kernel_env() -> None:
     """Set :data:`KERNEL_ENV` in this process, so that kernels it starts inherit it."""
     os.environ.update(KERNEL_ENV)

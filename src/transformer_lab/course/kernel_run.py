@@ -23,6 +23,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from transformer_lab.course.kernel_env import client_options
 from transformer_lab.course.sandbox import Mounts, NoSandbox
 
 
@@ -313,10 +314,8 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
                         cwd=Path(workdir), env=tuple((env or {}).items()))
         client = LimitedClient(
             nb, limits=limits, sandbox=sandbox, mounts=mounts,
-            timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
-            kernel_name="python3", record_timing=False,
-            resources={"metadata": {"path": workdir}},  # the kernel's working folder
-            extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
+            timeout=timeout, allow_errors=True, interrupt_on_timeout=True, log=_QUIET_LOG,
+            **client_options(workdir))
         client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
         client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
                                                                                   cell_index)

@@ -5,9 +5,9 @@
 exercises") -- every problem with its file and line; marker words anywhere but in a core module,
 a check module and the course tools are an error too. From it come the forms the tools need:
 
-- the **handout** (:func:`write_handout_package`): core solution regions stubbed
-  (:func:`stub_line`), hidden regions removed, the public answers stored for checks whose
-  reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
+- the **handout** (:func:`write_handout_package`): core solution regions stubbed (the message:
+  :func:`syllabus.stub_message`), hidden regions removed, the public answers stored for checks
+  whose reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
   handout's core with chosen functions put back, the instructor's or a student's, taken out of a
   module's source by its syntax tree.
@@ -87,7 +87,8 @@ class CoreModule:
         """The module as the handout has it: each solution region replaced by its stub."""
         fns = sorted(self.functions.values(), key=lambda f: f.region.begin)
         return replace_regions(self.source, [f.region for f in fns],
-                               [stub_line(f.name, f.region.indent, (self.name, f.place))
+                               [raise_line(f.region.indent,
+                                           syllabus.stub_message(f.name, (self.name, f.place)))
                                 for f in fns])
 
     def definition(self, name: str) -> str:
@@ -118,11 +119,6 @@ class Package:
     root: Path
     core: dict[str, CoreModule]
     checks: dict[str, CheckModule]
-
-
-def stub_line(name: str, indent: str, where: tuple[str, str] | None = None) -> str:
-    """``raise NotImplementedError("<syllabus.stub_message(name, where)>")`` at ``indent``."""
-    return raise_line(indent, syllabus.stub_message(name, where))
 
 
 def _label(path: Path, root: Path) -> str:

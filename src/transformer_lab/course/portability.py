@@ -6,12 +6,10 @@
     python -m transformer_lab.course.portability --list           # the combinations, not run
 
 For every combination of ``OPENBLAS_CORETYPE`` (the kernels this CPU has the instructions for)
-and ``ATEN_CPU_CAPABILITY`` (PyTorch's native choice or ``default``), each in a fresh process:
-``solved``, the stored notebooks under strict nbval (``make test-notebooks``), and ``handout``,
-the handout with the solved core dropped in, every notebook executed
-(``tests/test_handout_notebooks.py``). It prints a table and exits with status 1 when any run
-fails; ``make test`` runs the solved notebooks under :data:`CI_COMBINATION` only. Why and what
-it guarantees: docs/maintainers.md, "Every CPU".
+and ``ATEN_CPU_CAPABILITY`` (PyTorch's native choice or ``default``), each in a fresh process, it
+runs :data:`RUNS` (:func:`commands`), prints a table and exits with status 1 when any run fails;
+``make test`` runs the solved notebooks under :data:`CI_COMBINATION` only. What the runs are
+and why: docs/maintainers.md, "Every CPU".
 """
 
 from __future__ import annotations
