@@ -56,6 +56,26 @@ def _equation(ax, y: float, terms: list[tuple], gap: float = 0.45) -> None:
             x += 0.1
 
 
+def _equations(ax, rows: list[tuple[str, list]], title_y: float,
+               step: float | None = None) -> float:
+    """Draw each (title, terms) row of ``rows`` under the last, ``step`` apart (or as tall as its
+    tallest matrix, and room for the shape labels); return the y below the last."""
+    y = 0.0
+    for title, terms in rows:
+        ax.text(-0.1, y - title_y, title, ha="right", va="center", fontsize=10, style="italic")
+        _equation(ax, y, terms)
+        y -= step or max(term[0] for term in terms if not isinstance(term, str)) * 0.35 + 0.75
+    return y
+
+
+def _frame(ax, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
+    """The shape diagrams' axes: these limits, equal scales, no frame."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
 def draw_matmul_gradient_shapes(fig) -> None:
     """Forward C = A B and the two backward products, drawn as matrices of their shapes."""
     n, k, m = 4, 3, 5
@@ -67,15 +87,8 @@ def draw_matmul_gradient_shapes(fig) -> None:
         ("backward to B", [(k, m, "dB", GRADIENT), "=", (k, n, "Aᵀ", FORWARD), "@",
                            (n, m, "dC", GRADIENT)]),
     ]
-    y = 0.0
-    for title, terms in rows:
-        ax.text(-0.1, y - 0.5, title, ha="right", va="center", fontsize=10, style="italic")
-        _equation(ax, y, terms)
-        y -= 2.4
-    ax.set_xlim(-2.3, 6.6)
-    ax.set_ylim(y + 0.5, 0.4)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    y = _equations(ax, rows, 0.5, step=2.4)
+    _frame(ax, (-2.3, 6.6), (y + 0.5, 0.4))
     fig.suptitle("Shapes decide the backward pass of a matrix product", fontsize=11)
 
 
@@ -95,18 +108,10 @@ def draw_qkv_projections(fig) -> None:
         ("output", [(t, t, "A", FORWARD), "@", (t, dv, "V", FORWARD), "=",
                     (t, dv, "out", FORWARD)]),
     ]
-    y = 0.0
-    for title, terms in rows:
-        ax.text(-0.1, y - 0.7, title, ha="right", va="center", fontsize=10, style="italic")
-        _equation(ax, y, terms)
-        tallest = max(term[0] for term in terms if not isinstance(term, str))
-        y -= tallest * 0.35 + 0.75  # rows of 0.35 each, plus room for the shape labels
+    y = _equations(ax, rows, 0.7)
     ax.text(0.2, y - 0.1, "A = softmax(Z / √dₖ), row by row:  every row of A sums to 1",
             ha="left", va="center", fontsize=10)
-    ax.set_xlim(-1.6, 7.0)
-    ax.set_ylim(y - 0.4, 0.3)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    _frame(ax, (-1.6, 7.0), (y - 0.4, 0.3))
     ax.set_title("Self-attention in shapes (T = 4 tokens, d_model = 5, dₖ = dᵥ = 3)", fontsize=11)
 
 
@@ -181,10 +186,7 @@ def draw_batched_matmul_shapes(fig) -> None:
     x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
     x = op(x + 0.05, y - b * t * cell / 2, "=")
     tall(x, e, "Y", "(B·T, E)")
-    ax.set_xlim(-2.6, 8.4)
-    ax.set_ylim(y - b * t * cell - 0.6, 0.9)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    _frame(ax, (-2.6, 8.4), (y - b * t * cell - 0.6, 0.9))
     fig.suptitle("Batched matrix products: the last two axes multiply, leading axes broadcast",
                  fontsize=11)
 
@@ -252,10 +254,8 @@ def draw_head_split_shapes(fig) -> None:
             "(B, h, T, dₕ)", ha="center", fontsize=10, weight="bold")
     ax.text(x + dh * cell / 2 + 0.4, top - t * cell - 0.2, "h independent\n(T, dₕ) matrices:\n"
             "attention runs\nper (b, head)", ha="center", va="top", fontsize=8.5)
-    ax.set_xlim(-0.3, x + dh * cell + h * shift + 1.2)
-    ax.set_ylim(top - t * cell - 1.4, top + 0.6 + h * shift)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    _frame(ax, (-0.3, x + dh * cell + h * shift + 1.2),
+           (top - t * cell - 1.4, top + 0.6 + h * shift))
     fig.suptitle("Splitting into heads: reshape, then move the head axis before time",
                  fontsize=11)
 
