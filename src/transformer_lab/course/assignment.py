@@ -159,6 +159,14 @@ def has_marker_words(line: str) -> bool:
     return _MARKER_WORDS.search(line) is not None
 
 
+def assert_no_markers(lines: list[str], where: str, what: str) -> None:
+    """A last guard on what is handed out: AssertionError for a line that holds marker words,
+    left in ``what`` (the checks before it should leave none)."""
+    for k, line in enumerate(lines, 1):
+        if has_marker_words(line):
+            raise AssertionError(f"{where}, line {k}: a marker is left in the {what}")
+
+
 def source_lines(cell) -> list[str]:
     return cell.source.split("\n")
 

@@ -36,16 +36,11 @@ PARITY_TOL = 1e-10
 def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int, warmup: int,
                  clock: Callable[[], float] = time.perf_counter
                  ) -> tuple[list[float], list[float]]:
-    """Seconds of ``a`` and of ``b`` in each of ``repeats`` rounds, after ``warmup`` rounds.
-
-    A round calls both once, back to back; the order alternates (a b, b a, a b, ...) so that
-    neither always runs second, on caches the other warmed or in the other's slowdown.
-    ``clock`` reads the time: wall-clock by default; ``time.process_time`` counts only the
-    CPU time this process got, which other processes' load barely changes (one thread).
-
-    Returns:
-        (times of a, times of b), one entry per timed round: ``b[i] / a[i]`` is round i's ratio.
-    """
+    """(times of ``a``, times of ``b``), one entry per timed round (:func:`round_robin_times`):
+    ``b[i] / a[i]`` is round i's ratio. The order alternates (a b, b a, ...) so that neither
+    always runs second, on caches the other warmed or in the other's slowdown. ``clock`` reads
+    the time: wall-clock by default; ``time.process_time`` counts only the CPU time this process
+    got, which other processes' load barely changes (one thread)."""
     times = round_robin_times({"a": a, "b": b}, repeats, warmup, clock)
     return times["a"], times["b"]
 

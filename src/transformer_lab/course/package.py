@@ -27,6 +27,7 @@ from transformer_lab import syllabus
 from transformer_lab.course import untrusted, versions
 from transformer_lab.course.assignment import (
     Region,
+    assert_no_markers,
     find_regions,
     has_marker_words,
     raise_line,
@@ -456,11 +457,8 @@ def assert_handout_package(root: Path) -> None:
     (its body, after the docstring, starts by raising NotImplementedError)."""
     for path in sorted(root.rglob("*")):
         text = _read_text(path) if path.is_file() else None
-        if text is None:
-            continue
-        for k, line in enumerate(text.split("\n"), 1):
-            if has_marker_words(line):
-                raise AssertionError(f"{path}, line {k}: a marker is left in the handout")
+        if text is not None:
+            assert_no_markers(text.split("\n"), str(path), "handout")
     for path in sorted((root / "core").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \

@@ -25,9 +25,9 @@ from transformer_lab.course.assignment import (
     Assignment,
     AssignmentError,
     Region,
+    assert_no_markers,
     check_apart,
     fresh_output_dir,
-    has_marker_words,
     load_assignments,
     raise_line,
     replace_regions,
@@ -84,18 +84,11 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
             cell.execution_count = None
             for key in ("execution", "collapsed", "scrolled"):
                 cell.metadata.pop(key, None)
-    _assert_no_markers_left(nb, assignment.name)
+    for number, cell in enumerate(nb.cells, 1):  # a last guard: parse_notebook's checks
+        assert_no_markers(source_lines(cell), f"{assignment.name}, cell {number}",
+                          "student version")
     nbformat.validate(nb)
     return nb
-
-
-def _assert_no_markers_left(nb, name: str) -> None:
-    """A last guard: parse_notebook's checks leave no marker behind; fail loudly if one is."""
-    for number, cell in enumerate(nb.cells, 1):
-        for k, line in enumerate(source_lines(cell), 1):
-            if has_marker_words(line):
-                raise AssertionError(f"{name}, cell {number}, line {k}: a marker is left in the "
-                                     "student version")
 
 
 def title(nb) -> str:
