@@ -727,16 +727,11 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
               + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""), flush=True)
 
     results: dict[tuple[str, str], Graded] = {}
-    if jobs <= 1:
-        for pair in pairs:
-            results[pair] = one(pair)
-            report(results[pair])
-    else:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
-            futures = {pool.submit(one, pair): pair for pair in pairs}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                report(results[futures[future]])
+    with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="grade") as pool:
+        futures = {pool.submit(one, pair): pair for pair in pairs}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            report(results[futures[future]])
     return [results[pair] for pair in pairs]
 
 

@@ -272,34 +272,55 @@ def _copy_limited(read, dest: Path, budget: _Budget) -> None:
             out.write(chunk)
 
 
+def _write_files(files, dest: Path) -> list[tuple[str, str]]:
+    """Write ``files`` -- (where, path relative to ``dest``, why it is left out or "", a function
+    opening its content) -- into ``dest``, within one submission's budget; return (where,
+    reason) for what was left out."""
+    left_out = []
+    budget = _Budget()
+    for where, rel, why, open_ in files:
+        if why:
+            left_out.append((where, why))
+            continue
+        budget.take(0, files=1)
+        target = dest / rel
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open_() as src:
+                _copy_limited(src.read, target, budget)
+        except FileExistsError:
+            left_out.append((where, "a second file of the same name: not unpacked"))
+        except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError,
+                zipfile.BadZipFile, zlib.error) as err:  # encrypted, corrupt, odd names
+            target.unlink(missing_ok=True)
+            left_out.append((where, f"could not be unpacked ({err})"))
+    return left_out
+
+
 def copy_submission(submission: Path, dest: Path) -> list[tuple[str, str]]:
     """Copy the regular files of ``submission`` into ``dest``, never following a link; return
     (path, reason) for what was left out."""
-    left_out = []
-    budget = _Budget()
-    for folder, dirs, files in os.walk(submission, followlinks=False):
-        here = Path(folder)
-        for name in sorted(dirs):
-            rel = (here / name).relative_to(submission)
-            if (here / name).is_symlink():
-                left_out.append((rel.as_posix(), "a link: not followed, not graded"))
-            if is_hidden(rel) or (here / name).is_symlink():
-                dirs.remove(name)
-        for name in sorted(files):
-            path = here / name
-            rel = path.relative_to(submission)
-            if is_hidden(rel):
-                continue
-            mode = path.lstat().st_mode
-            if not stat.S_ISREG(mode):
-                reason = "a link" if stat.S_ISLNK(mode) else "not a regular file"
-                left_out.append((rel.as_posix(), f"{reason}: not followed, not graded"))
-                continue
-            budget.take(0, files=1)
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            with path.open("rb") as src:
-                _copy_limited(src.read, dest / rel, budget)
-    return left_out
+    def files():
+        for folder, dirs, names in os.walk(submission, followlinks=False):
+            here = Path(folder)
+            for name in sorted(dirs):
+                rel = (here / name).relative_to(submission)
+                if (here / name).is_symlink():
+                    yield rel.as_posix(), rel, "a link: not followed, not graded", None
+                if is_hidden(rel) or (here / name).is_symlink():
+                    dirs.remove(name)
+            for name in sorted(names):
+                path = here / name
+                rel = path.relative_to(submission)
+                if is_hidden(rel):
+                    continue
+                mode = path.lstat().st_mode
+                why = "" if stat.S_ISREG(mode) else \
+                    f"{'a link' if stat.S_ISLNK(mode) else 'not a regular file'}: not followed, " \
+                    "not graded"
+                yield rel.as_posix(), rel, why, lambda path=path: path.open("rb")
+
+    return _write_files(files(), dest)
 
 
 def _member_path(name: str) -> PurePosixPath | None:
@@ -321,33 +342,19 @@ def extract_submission(archive: Path, dest: Path) -> list[tuple[str, str]]:
     except (zipfile.BadZipFile, OSError) as err:
         raise SubmissionError(f"{archive.name} could not be read as a zip file ({err}); "
                               "hand in the zip of your course folder, or its files") from None
-    left_out = []
-    budget = _Budget()
-    with zf:
+
+    def files():
         for info in zf.infolist():
-            where = f"{archive.name}: {info.filename}"
             rel = _member_path(info.filename)
             if info.is_dir() or (rel is not None and is_hidden(rel)):
                 continue
-            if rel is None:
-                left_out.append((where, "a path outside the zip's folder: not unpacked"))
-                continue
-            if stat.S_ISLNK(info.external_attr >> 16):
-                left_out.append((where, "a link: not unpacked, not graded"))
-                continue
-            budget.take(0, files=1)
-            target = dest / rel
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as src:
-                    _copy_limited(src.read, target, budget)
-            except FileExistsError:
-                left_out.append((where, "a second file of the same name: not unpacked"))
-            except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError,
-                    zipfile.BadZipFile, zlib.error) as err:  # encrypted, corrupt, odd names
-                target.unlink(missing_ok=True)
-                left_out.append((where, f"could not be unpacked ({err})"))
-    return left_out
+            why = "a path outside the zip's folder: not unpacked" if rel is None else \
+                "a link: not unpacked, not graded" if stat.S_ISLNK(info.external_attr >> 16) \
+                else ""
+            yield f"{archive.name}: {info.filename}", rel, why, lambda info=info: zf.open(info)
+
+    with zf:
+        return _write_files(files(), dest)
 
 
 def lay_out(submission: Path, dest: Path) -> list[tuple[str, str]]:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import tempfile
 import threading
@@ -24,7 +22,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from transformer_lab.course.kernel_env import client_options
-from transformer_lab.course.sandbox import Mounts, NoSandbox
+from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
 
 
 @dataclass
@@ -258,30 +256,15 @@ class _Watchdog:
     def __exit__(self, *exc):
         self._done.set()
         self._thread.join()
-        self._kill()  # whatever is left of the kernel's process group
+        kill_group(self._pgid, self._process)  # whatever is left of the kernel's group
 
     def _watch(self) -> None:
         while not self._done.wait(0.2):
             running = self._running
             if running is not None and time.monotonic() - running[1] > self.limit:
                 self.killed_cell = running[0]
-                self._kill()
+                kill_group(self._pgid, self._process)
                 return
-
-    def _kill(self) -> None:
-        """Kill the kernel's process group (the kernel alone where there are none)."""
-        own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
-        if self._pgid and self._pgid != own_group and hasattr(os, "killpg"):
-            try:
-                os.killpg(self._pgid, signal.SIGKILL)
-                return
-            except OSError:  # the group is gone already
-                pass
-        if self._process is not None:
-            try:
-                self._process.kill()
-            except Exception:  # already gone
-                pass
 
 
 _QUIET_LOG = logging.getLogger("transformer_lab.course.kernel_run.nbclient")

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from transformer_lab.course.package import (
     top_level_names,
     without_references,
 )
-from transformer_lab.course.sandbox import Mounts, NoSandbox
+from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
 
 RUNNER = Path(runner.__file__).resolve()
 #: Environment variables the probe keeps from the grader's; the rest is left out.
@@ -208,16 +207,6 @@ class _Drain(threading.Thread):
                 self.kept += chunk[:room]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (OSError, AttributeError):
-        try:
-            proc.kill()
-        except OSError:
-            pass
-
-
 def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
               limits: ProbeLimits | None = None, sandbox=None) -> ProbeReport:
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
@@ -328,7 +317,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                                       f"{_during(unit, cells, checks)}")
                 break
     finally:
-        _kill_group(proc)
+        kill_group(proc.pid, proc)  # its own session: its group's id is its pid
         proc.wait()
         drain.join(timeout=5)
         sandbox.release(argv)

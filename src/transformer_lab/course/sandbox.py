@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -281,6 +282,23 @@ class _ControlGroups:
             for folder in sorted(parent.glob("sandbox-*")):
                 _rmdir_when_empty(folder)
             _rmdir_when_empty(parent)
+
+
+def kill_group(pgid: int | None, process) -> None:
+    """Kill the process group ``pgid`` (never this process's own), or, where that cannot be
+    done, ``process`` alone; either may be gone already."""
+    own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
+    if pgid and pgid != own_group and hasattr(os, "killpg"):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            return
+        except OSError:  # the group is gone already
+            pass
+    if process is not None:
+        try:
+            process.kill()
+        except Exception:  # already gone
+            pass
 
 
 def _rmdir_when_empty(folder: Path, tries: int = 50) -> None:
