@@ -107,11 +107,10 @@ def read_submission(path: Path):
     submission would give different feedback on each run: the ids are settled here first.
     """
     nb = nbformat.reader.reads(path.read_text(encoding="utf-8"))  # no conversion, no repair
-    if nb.get("nbformat") == 4:
-        _ensure_ids(nb)
-        return nb
-    nb = nbformat.convert(nb, 4)  # from v3 or older, with random ids: give them all anew
-    _ensure_ids(nb, renew=True)
+    old = nb.get("nbformat") != 4
+    if old:  # v3 or older: converted with random ids, given them all anew
+        nb = nbformat.convert(nb, 4)
+    _ensure_ids(nb, renew=old)
     return nb
 
 

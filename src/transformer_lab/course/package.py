@@ -82,7 +82,6 @@ class CoreModule:
     path: Path
     source: str
     functions: dict[str, CoreFunction]
-    defined: set[str] = field(default_factory=set)  # every top-level function, region or not
 
     def stubbed(self) -> str:
         """The module as the handout has it: each solution region replaced by its stub."""
@@ -117,7 +116,6 @@ class CheckModule:
 class Package:
     """The parsed ``transformer_lab`` folder: its core modules and check modules by name."""
 
-    root: Path
     core: dict[str, CoreModule]
     checks: dict[str, CheckModule]
 
@@ -196,7 +194,7 @@ def parse_package(root: Path) -> Package:
                            "else is stubbed or stripped, so rephrase the line", k)
     if problems:
         raise PackageError(problems)
-    return Package(root, core, checks)
+    return Package(core, checks)
 
 
 def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, int]]:
@@ -276,7 +274,7 @@ def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> Cor
                                                   for r in regions):
             report(f"core function {node.name}() has no solution region: its code would ship "
                    "in the handout", node.lineno)
-    module = CoreModule(name, path, text, functions, {n.name for n in nodes})
+    module = CoreModule(name, path, text, functions)
     if len(functions) == len(nodes):
         try:
             compile(module.stubbed(), str(path), "exec")
