@@ -107,32 +107,27 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
         opts = [Adam(decayed, lr=1e-4, weight_decay=0.1, decoupled=True),
                 Adam(kept, lr=1e-4, decoupled=True)]
 
-        def core_step():
+        def core(step: bool):  # a training step, or forward and backward alone
             loss, grads = model.loss(ids)
-            core_optim.clip_grad_norm(grads, 1.0)
-            for opt in opts:
-                opt.step({name: grads[name] for name in opt.params})
+            if step:
+                core_optim.clip_grad_norm(grads, 1.0)
+                for opt in opts:
+                    opt.step({name: grads[name] for name in opt.params})
             synchronize()
 
-        def core_loss():
-            model.loss(ids)
-            synchronize()
-
-        def torch_step():
+        def torch_(step: bool):
             torch_opt.zero_grad(set_to_none=True)
             twin.loss(ids).backward()
-            torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
-            torch_opt.step()
+            if step:
+                torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+                torch_opt.step()
             synchronize()
 
-        def torch_loss():
-            torch_opt.zero_grad(set_to_none=True)
-            twin.loss(ids).backward()
-            synchronize()
-
-        times = round_robin_times({"core step": core_step, "torch step": torch_step,
-                                   "core forward+backward": core_loss,
-                                   "torch forward+backward": torch_loss}, rounds, warmup)
+        times = round_robin_times({"core step": lambda: core(True),
+                                   "torch step": lambda: torch_(True),
+                                   "core forward+backward": lambda: core(False),
+                                   "torch forward+backward": lambda: torch_(False)},
+                                  rounds, warmup)
     medians = {name: statistics.median(t) for name, t in times.items()}
     ratio = statistics.median(c / t for c, t in zip(times["core step"], times["torch step"],
                                                     strict=True))
