@@ -146,10 +146,6 @@ def nbgrader_meta(cell) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def is_exercise(cell) -> bool:
-    return bool(nbgrader_meta(cell).get("solution"))
-
-
 def is_check(cell) -> bool:
     return bool(nbgrader_meta(cell).get("grade"))
 
@@ -205,7 +201,7 @@ def parse_notebook(nb, name: str) -> Assignment:
         if cell.cell_type != "code":
             continue
         solutions = find_regions(source_lines(cell), "SOLUTION", report)
-        if is_exercise(cell):
+        if nbgrader_meta(cell).get("solution"):  # an exercise cell
             if not solutions:
                 report(f"an exercise cell (nbgrader solution: true) needs a {BEGIN_SOLUTION} / "
                        f"{END_SOLUTION} region")

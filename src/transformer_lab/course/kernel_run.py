@@ -73,12 +73,9 @@ def format_size(nbytes: int) -> str:
 
 
 class LimitedClient(NotebookClient):
-    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output.
-
-    nbclient appends each output message to the cell as it arrives; this client looks at every
-    output message first (``process_message``) and keeps it, shortens it or drops it, and adds
-    a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
-    """
+    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output:
+    it sees every output message before nbclient appends it (``process_message``), and adds the
+    note to a cell that lost output (``async_execute_cell``, also when the kernel dies)."""
 
     def __init__(self, nb, limits: OutputLimits | None = None, sandbox=None,
                  mounts: Mounts | None = None, **kw):

@@ -294,10 +294,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
         while proc.poll() is None:
             time.sleep(0.05)
             now = time.monotonic()
-            try:
-                text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
-            except OSError:
-                text = b""
+            text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
             if b"\n" in text:
                 lines = text[:text.rindex(b"\n")].decode("utf-8", "replace").split("\n")
                 seen += text.rindex(b"\n") + 1
