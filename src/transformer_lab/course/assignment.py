@@ -146,10 +146,6 @@ def nbgrader_meta(cell) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def is_exercise(cell) -> bool:
-    return bool(nbgrader_meta(cell).get("solution"))
-
-
 def is_check(cell) -> bool:
     return bool(nbgrader_meta(cell).get("grade"))
 
@@ -157,6 +153,14 @@ def is_check(cell) -> bool:
 def has_marker_words(line: str) -> bool:
     """Whether nbgrader (or these tools) could take ``line`` for a marker."""
     return _MARKER_WORDS.search(line) is not None
+
+
+def assert_no_markers(lines: list[str], where: str, what: str) -> None:
+    """A last guard on what is handed out: AssertionError for a line that holds marker words,
+    left in ``what`` (the checks before it should leave none)."""
+    for k, line in enumerate(lines, 1):
+        if has_marker_words(line):
+            raise AssertionError(f"{where}, line {k}: a marker is left in the {what}")
 
 
 def source_lines(cell) -> list[str]:
@@ -197,7 +201,7 @@ def parse_notebook(nb, name: str) -> Assignment:
         if cell.cell_type != "code":
             continue
         solutions = find_regions(source_lines(cell), "SOLUTION", report)
-        if is_exercise(cell):
+        if nbgrader_meta(cell).get("solution"):  # an exercise cell
             if not solutions:
                 report(f"an exercise cell (nbgrader solution: true) needs a {BEGIN_SOLUTION} / "
                        f"{END_SOLUTION} region")

@@ -36,16 +36,11 @@ PARITY_TOL = 1e-10
 def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int, warmup: int,
                  clock: Callable[[], float] = time.perf_counter
                  ) -> tuple[list[float], list[float]]:
-    """Seconds of ``a`` and of ``b`` in each of ``repeats`` rounds, after ``warmup`` rounds.
-
-    A round calls both once, back to back; the order alternates (a b, b a, a b, ...) so that
-    neither always runs second, on caches the other warmed or in the other's slowdown.
-    ``clock`` reads the time: wall-clock by default; ``time.process_time`` counts only the
-    CPU time this process got, which other processes' load barely changes (one thread).
-
-    Returns:
-        (times of a, times of b), one entry per timed round: ``b[i] / a[i]`` is round i's ratio.
-    """
+    """(times of ``a``, times of ``b``), one entry per timed round (:func:`round_robin_times`):
+    ``b[i] / a[i]`` is round i's ratio. The order alternates (a b, b a, ...) so that neither
+    always runs second, on caches the other warmed or in the other's slowdown. ``clock`` reads
+    the time: wall-clock by default; ``time.process_time`` counts only the CPU time this process
+    got, which other processes' load barely changes (one thread)."""
     times = round_robin_times({"a": a, "b": b}, repeats, warmup, clock)
     return times["a"], times["b"]
 
@@ -436,50 +431,6 @@ def _report_left(planned: list[float], k: int, elapsed: float) -> None:
           file=sys.stderr, flush=True)
 
 
-def _end(start: float) -> int:
-    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=sys.stderr, flush=True)
-    return 0
-
-
-def _main_gpt(args, clock) -> int:
-    import transformer_lab.models.gpt  # noqa: F401  (its BLAS libraries loaded before the limit)
-    import transformer_lab.reference.torch_gpt  # noqa: F401
-    from transformer_lab.notebook import limit_threads
-
-    limit_threads(args.threads)
-    sizes = [(block, e, b, t) for block in args.blocks
-             for e, b, t in itertools.product(args.d_model, args.batch, args.length)]
-    speed = calibrate()
-    rounds = args.repeats + args.warmup
-    planned = [estimate_gpt_seconds(gpt_config(block, e, args.heads or _gpt_default_heads(e),
-                                               args.layers, t), b, t, rounds, speed)
-               for block, e, b, t in sizes]
-    start = _start(planned, args,
-                   f"the GPT's training step (loss and every gradient), float32, vocabulary "
-                   f"{GPT_VOCAB}, {args.layers} layers, {args.repeats} interleaved rounds after "
-                   f"{args.warmup} warm-up",
-                   f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
-                   f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13} "
-                   f"{'numpy GF/s':>10} {'torch GF/s':>10}")
-    timings = []
-    for k, (block, e, b, t) in enumerate(sizes):
-        h = args.heads or _gpt_default_heads(e)
-        print(f"[{k + 1}/{len(sizes)}] GPT {block}, d_model {e}, batch {b}, length {t} ...",
-              file=sys.stderr, flush=True)
-        r = measure_gpt(block, e, b, t, h, args.layers, args.repeats, args.warmup, clock)
-        timings.append(r.timing)
-        kv = gpt_config(block, e, h, args.layers, t).num_kv_heads
-        heads = f"{h}/{kv}" if kv != h else f"{h}"
-        m = r.timing
-        print(f"{block:<8} {e:>7} {heads:>5} {b:>5} {t:>6} {m.torch * 1e3:>9.2f} "
-              f"{m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x {m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x "
-              f"{r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f}", flush=True)
-        _report_left(planned, k, time.perf_counter() - start)
-    print()
-    _summary("GPT", timings)
-    return _end(start)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lab.course.bench",
@@ -543,41 +494,68 @@ def main(argv=None) -> int:
         h = args.heads or heads(e)
         if e < 1 or e % h:
             parser.error(f"--heads {h} must divide --d-model {e}")
-    if gpt:
-        return _main_gpt(args, clock)
+    return _run(args, gpt, heads, clock)
 
+
+def _run(args, gpt: bool, default_heads: Callable[[int], int], clock) -> int:
+    """Time every size of the parsed command line ``args`` (the GPT's step with ``gpt``), one
+    table row each, then the summary."""
     from transformer_lab.notebook import limit_threads
 
+    if gpt:  # their BLAS libraries loaded before the limit
+        import transformer_lab.models.gpt  # noqa: F401
+        import transformer_lab.reference.torch_gpt  # noqa: F401
     limit_threads(args.threads)
-    sizes = [(kind, e, b, t) for kind in args.modules
+    sizes = [(kind, e, b, t) for kind in (args.blocks if gpt else args.modules)
              for e, b, t in itertools.product(args.d_model, args.batch, args.length)]
     speed = calibrate()
     rounds = args.repeats + args.warmup
-    planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
-               for kind, e, b, t in sizes]
     names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
-    start = _start(planned, args,
-                   f"float32, forward + backward, {args.repeats} interleaved rounds after "
-                   f"{args.warmup} warm-up, masks {'on' if args.masks else 'off'}; the twins "
-                   f"compute with the core",
-                   f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
-                   f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13}")
-    ratios: dict[str, list[Timing]] = {}
+    if gpt:
+        planned = [estimate_gpt_seconds(gpt_config(kind, e, args.heads or default_heads(e),
+                                                   args.layers, t), b, t, rounds, speed)
+                   for kind, e, b, t in sizes]
+        start = _start(planned, args,
+                       f"the GPT's training step (loss and every gradient), float32, vocabulary "
+                       f"{GPT_VOCAB}, {args.layers} layers, {args.repeats} interleaved rounds "
+                       f"after {args.warmup} warm-up",
+                       f"{'block':<8} {'d_model':>7} {'heads':>5} {'batch':>5} {'length':>6} "
+                       f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} "
+                       f"{'middle half':>13} {'numpy GF/s':>10} {'torch GF/s':>10}")
+    else:
+        planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
+                   for kind, e, b, t in sizes]
+        start = _start(planned, args,
+                       f"float32, forward + backward, {args.repeats} interleaved rounds after "
+                       f"{args.warmup} warm-up, masks {'on' if args.masks else 'off'}; the twins "
+                       f"compute with the core",
+                       f"{'module':<24} {'d_model':>7} {'batch':>5} {'length':>6} {'heads':>5} "
+                       f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} {'middle half':>13}")
+    timings: dict[str, list[Timing]] = {}
     for k, (kind, e, b, t) in enumerate(sizes):
-        h = args.heads or _default_heads(e)
-        print(f"[{k + 1}/{len(sizes)}] {names[kind]}, d_model {e}, batch {b}, length {t} ...",
-              file=sys.stderr, flush=True)
-        r = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
-                    clock)
-        ratios.setdefault(kind, []).append(r)
-        print(f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5} {r.torch * 1e3:>9.2f} "
-              f"{r.numpy * 1e3:>9.2f} {r.ratio:>10.2f}x {r.ratio_q1:>5.2f}-{r.ratio_q3:.2f}x",
-              flush=True)
+        h = args.heads or default_heads(e)
+        print(f"[{k + 1}/{len(sizes)}] {f'GPT {kind}' if gpt else names[kind]}, d_model {e}, "
+              f"batch {b}, length {t} ...", file=sys.stderr, flush=True)
+        if gpt:
+            r = measure_gpt(kind, e, b, t, h, args.layers, args.repeats, args.warmup, clock)
+            m = r.timing
+            kv = gpt_config(kind, e, h, args.layers, t).num_kv_heads
+            heads = f"{h}/{kv}" if kv != h else f"{h}"
+            row, tail = f"{kind:<8} {e:>7} {heads:>5} {b:>5} {t:>6}", \
+                f" {r.numpy_flops / 1e9:>10.1f} {r.torch_flops / 1e9:>10.1f}"
+        else:
+            m = measure(kind, e, b, t, h, args.layers, args.repeats, args.warmup, args.masks,
+                        clock)
+            row, tail = f"{names[kind]:<24} {e:>7} {b:>5} {t:>6} {h:>5}", ""
+        timings.setdefault("GPT" if gpt else names[kind], []).append(m)
+        print(f"{row} {m.torch * 1e3:>9.2f} {m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x "
+              f"{m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x{tail}", flush=True)
         _report_left(planned, k, time.perf_counter() - start)
     print()
-    for kind, rs in ratios.items():
-        _summary(names[kind], rs)
-    return _end(start)
+    for name, rs in timings.items():
+        _summary(name, rs)
+    print(f"\n{format_seconds(time.perf_counter() - start)} in all", file=sys.stderr, flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_lab.course.kernel_env import apply_kernel_env
+from transformer_lab.course.kernel_env import apply_kernel_env, client_options
 from transformer_lab.course.kernel_run import one_line
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -91,16 +91,7 @@ def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = Fa
     from nbclient import NotebookClient
 
     nb = nbformat.read(src, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(src.parent.resolve())}},
-        record_timing=False,  # keeps the stored metadata free of wall-clock times
-        # The kernel's own log (not the notebook's output) would warn about unencrypted TCP on
-        # localhost at every start; only errors are worth printing.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )
+    client = NotebookClient(nb, timeout=timeout, **client_options(src.parent.resolve()))
     try:
         client.execute()
     except Exception:

@@ -56,6 +56,26 @@ def _equation(ax, y: float, terms: list[tuple], gap: float = 0.45) -> None:
             x += 0.1
 
 
+def _equations(ax, rows: list[tuple[str, list]], title_y: float,
+               step: float | None = None) -> float:
+    """Draw each (title, terms) row of ``rows`` under the last, ``step`` apart (or as tall as its
+    tallest matrix, and room for the shape labels); return the y below the last."""
+    y = 0.0
+    for title, terms in rows:
+        ax.text(-0.1, y - title_y, title, ha="right", va="center", fontsize=10, style="italic")
+        _equation(ax, y, terms)
+        y -= step or max(term[0] for term in terms if not isinstance(term, str)) * 0.35 + 0.75
+    return y
+
+
+def _frame(ax, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
+    """The shape diagrams' axes: these limits, equal scales, no frame."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
 def draw_matmul_gradient_shapes(fig) -> None:
     """Forward C = A B and the two backward products, drawn as matrices of their shapes."""
     n, k, m = 4, 3, 5
@@ -67,15 +87,8 @@ def draw_matmul_gradient_shapes(fig) -> None:
         ("backward to B", [(k, m, "dB", GRADIENT), "=", (k, n, "Aᵀ", FORWARD), "@",
                            (n, m, "dC", GRADIENT)]),
     ]
-    y = 0.0
-    for title, terms in rows:
-        ax.text(-0.1, y - 0.5, title, ha="right", va="center", fontsize=10, style="italic")
-        _equation(ax, y, terms)
-        y -= 2.4
-    ax.set_xlim(-2.3, 6.6)
-    ax.set_ylim(y + 0.5, 0.4)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    y = _equations(ax, rows, 0.5, step=2.4)
+    _frame(ax, (-2.3, 6.6), (y + 0.5, 0.4))
     fig.suptitle("Shapes decide the backward pass of a matrix product", fontsize=11)
 
 
@@ -95,18 +108,10 @@ def draw_qkv_projections(fig) -> None:
         ("output", [(t, t, "A", FORWARD), "@", (t, dv, "V", FORWARD), "=",
                     (t, dv, "out", FORWARD)]),
     ]
-    y = 0.0
-    for title, terms in rows:
-        ax.text(-0.1, y - 0.7, title, ha="right", va="center", fontsize=10, style="italic")
-        _equation(ax, y, terms)
-        tallest = max(term[0] for term in terms if not isinstance(term, str))
-        y -= tallest * 0.35 + 0.75  # rows of 0.35 each, plus room for the shape labels
+    y = _equations(ax, rows, 0.7)
     ax.text(0.2, y - 0.1, "A = softmax(Z / √dₖ), row by row:  every row of A sums to 1",
             ha="left", va="center", fontsize=10)
-    ax.set_xlim(-1.6, 7.0)
-    ax.set_ylim(y - 0.4, 0.3)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    _frame(ax, (-1.6, 7.0), (y - 0.4, 0.3))
     ax.set_title("Self-attention in shapes (T = 4 tokens, d_model = 5, dₖ = dᵥ = 3)", fontsize=11)
 
 
@@ -146,55 +151,42 @@ def draw_batched_matmul_shapes(fig) -> None:
         ax.text(x + 0.25, y, text, ha="center", va="center", fontsize=16)
         return x + 0.5
 
-    # Row 1: (B,T,D) @ (D,E) -> (B,T,E)
-    y = 0.0
-    ax.text(-0.2, y - 0.6, "weight broadcast\nover the batch", ha="right", va="center",
-            fontsize=9.5, style="italic")
-    x = _stacked_matrices(ax, 0.0, y, b, t, d, "X", FORWARD, "(B, T, D)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
-    x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
-    x = op(x + 0.05, y - t * 0.15, "=")
-    _stacked_matrices(ax, x, y, b, t, e, "Y", FORWARD, "(B, T, E)")
-    ax.text(x + 3.3, y - 0.45, "the same W for\nevery sequence b", ha="left", va="center",
-            fontsize=9)
-
-    # Row 2: (B,T,D) @ (B,D,S) -> (B,T,S)
-    y = -2.5
-    ax.text(-0.2, y - 0.6, "batched product:\nb pairs with b", ha="right", va="center",
-            fontsize=9.5, style="italic")
-    x = _stacked_matrices(ax, 0.0, y, b, t, d, "Q", FORWARD, "(B, T, D)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "@")
-    x = _stacked_matrices(ax, x, y, b, d, s, "Kᵀ", FORWARD, "(B, D, S)")
-    x = op(x + 0.05 + (b - 1) * 0.18, y - t * 0.15, "=")
-    _stacked_matrices(ax, x, y, b, t, s, "scores", FORWARD, "(B, T, S)")
-    ax.text(x + 2.0, y - 0.45, "B independent\nmatrix products", ha="left", va="center",
-            fontsize=9)
+    # Row 1: (B,T,D) @ (D,E) -> (B,T,E); row 2: (B,T,D) @ (B,D,S) -> (B,T,S)
+    for y, title, operands, note, note_x in (
+            (0.0, "weight broadcast\nover the batch",
+             [(b, t, d, "X", FORWARD, "(B, T, D)"), (1, d, e, "W", weight, "(D, E)"),
+              (b, t, e, "Y", FORWARD, "(B, T, E)")], "the same W for\nevery sequence b", 3.3),
+            (-2.5, "batched product:\nb pairs with b",
+             [(b, t, d, "Q", FORWARD, "(B, T, D)"), (b, d, s, "Kᵀ", FORWARD, "(B, D, S)"),
+              (b, t, s, "scores", FORWARD, "(B, T, S)")], "B independent\nmatrix products", 2.0)):
+        ax.text(-0.2, y - 0.6, title, ha="right", va="center", fontsize=9.5, style="italic")
+        x = 0.0
+        for sign, (depth, *matrix) in zip("@=", operands[:2], strict=True):
+            x = _stacked_matrices(ax, x, y, depth, *matrix)
+            x = op(x + 0.05 + (depth - 1) * 0.18, y - t * 0.15, sign)
+        _stacked_matrices(ax, x, y, *operands[2])
+        ax.text(x + note_x, y - 0.45, note, ha="left", va="center", fontsize=9)
 
     # Row 3: the reshape trick: (B*T, D) @ (D, E)
     y = -5.0
     ax.text(-0.2, y - 1.6, "reshape trick:\nX.reshape(-1, D) @ W\none big product", ha="right",
             va="center", fontsize=9.5, style="italic")
     cell = 0.3
-    x0 = 0.0
-    for k in range(b):  # the B sequences laid one under the other: a (B*T, D) matrix
-        _stacked_matrices(ax, x0, y - k * t * cell, 1, t, d, "", FORWARD, "")
-    ax.text(x0 + d * cell / 2, y - b * t * cell / 2, "X", ha="center", va="center", fontsize=12,
-            weight="bold", zorder=20)
-    ax.text(x0 + d * cell / 2, y - b * t * cell - 0.12, "(B·T, D)", ha="center", va="top",
-            fontsize=9)
-    x = op(x0 + d * cell + 0.05, y - b * t * cell / 2, "@")
+
+    def tall(x, cols, label, shape):  # the B sequences one under the other: a (B*T, .) matrix
+        for k in range(b):
+            _stacked_matrices(ax, x, y - k * t * cell, 1, t, cols, "", FORWARD, "")
+        ax.text(x + cols * cell / 2, y - b * t * cell / 2, label, ha="center", va="center",
+                fontsize=12, weight="bold", zorder=20)
+        ax.text(x + cols * cell / 2, y - b * t * cell - 0.12, shape, ha="center", va="top",
+                fontsize=9)
+
+    tall(0.0, d, "X", "(B·T, D)")
+    x = op(0.0 + d * cell + 0.05, y - b * t * cell / 2, "@")
     x = _stacked_matrices(ax, x, y, 1, d, e, "W", weight, "(D, E)")
     x = op(x + 0.05, y - b * t * cell / 2, "=")
-    for k in range(b):
-        _stacked_matrices(ax, x, y - k * t * cell, 1, t, e, "", FORWARD, "")
-    ax.text(x + e * cell / 2, y - b * t * cell / 2, "Y", ha="center", va="center", fontsize=12,
-            weight="bold", zorder=20)
-    ax.text(x + e * cell / 2, y - b * t * cell - 0.12, "(B·T, E)", ha="center", va="top",
-            fontsize=9)
-    ax.set_xlim(-2.6, 8.4)
-    ax.set_ylim(y - b * t * cell - 0.6, 0.9)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    tall(x, e, "Y", "(B·T, E)")
+    _frame(ax, (-2.6, 8.4), (y - b * t * cell - 0.6, 0.9))
     fig.suptitle("Batched matrix products: the last two axes multiply, leading axes broadcast",
                  fontsize=11)
 
@@ -262,10 +254,8 @@ def draw_head_split_shapes(fig) -> None:
             "(B, h, T, dₕ)", ha="center", fontsize=10, weight="bold")
     ax.text(x + dh * cell / 2 + 0.4, top - t * cell - 0.2, "h independent\n(T, dₕ) matrices:\n"
             "attention runs\nper (b, head)", ha="center", va="top", fontsize=8.5)
-    ax.set_xlim(-0.3, x + dh * cell + h * shift + 1.2)
-    ax.set_ylim(top - t * cell - 1.4, top + 0.6 + h * shift)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    _frame(ax, (-0.3, x + dh * cell + h * shift + 1.2),
+           (top - t * cell - 1.4, top + 0.6 + h * shift))
     fig.suptitle("Splitting into heads: reshape, then move the head axis before time",
                  fontsize=11)
 

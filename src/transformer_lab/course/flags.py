@@ -1,12 +1,8 @@
 """What the instructor should look at: code that reaches into the grader's machinery.
 
-The grader's verdicts do not depend on what a student's code does to its own process (see
-:mod:`.probe_driver`), but an attempt is worth seeing even when it earned nothing.
-:func:`scan_python` reads code -- a notebook's cells, a submitted core module -- by its syntax
-tree and reports, with the line and the code, what the sets below name: IPython's and the
-kernel's machinery, patching, copying function code, frames, ending the process, other
-processes, files written outside the working folder, code run from strings, the checks'
-internals and, in a core module, torch (docs/instructors.md, "Grading", item 5).
+The verdicts do not depend on it, but an attempt is worth seeing even when it earned nothing:
+:func:`scan_python` reads code by its syntax tree and reports, with the line and the code, what
+the sets below name (the list: docs/instructors.md, "Grading", item 5).
 """
 
 from __future__ import annotations
@@ -46,12 +42,19 @@ _EXIT_NAMES = {"atexit", "exit", "quit", "signal"}
 _PROCESS_ATTRS = {"system", "popen", "Popen", "run", "call", "check_call", "check_output",
                   "fork", "spawnl", "spawnv", "spawnve", "execv", "execve", "execl", "execvp",
                   "startfile"}
-_PROCESS_NAMES = {"subprocess", "multiprocessing", "pty", "os.system"}
+_PROCESS_NAMES = {"subprocess", "multiprocessing", "pty"}
 _WRITE_ATTRS = {"write_text", "write_bytes", "unlink", "rmdir", "remove", "removedirs",
                 "rename", "replace", "rmtree", "copy", "copy2", "copyfile", "copytree", "move",
                 "makedirs", "mkdir", "symlink", "symlink_to", "hardlink_to", "chmod", "truncate",
                 "savez", "savez_compressed", "savetxt", "tofile", "touch"}
 _STRING_CODE = {"eval", "exec", "compile"}
+#: What importing a module means, by its top-level name.
+_IMPORT_REASONS = {
+    **dict.fromkeys(("builtins", "importlib"), "patching or re-importing modules"),
+    **dict.fromkeys(_PROCESS_NAMES, "starts other processes"),
+    **dict.fromkeys(("atexit", "signal"), "acts when the process ends or is signalled"),
+    **dict.fromkeys(("ctypes", "gc", "marshal"), "reaches into the interpreter"),
+    "IPython": "reaches into the kernel's machinery"}
 _CHECK_ATTRS = {"expected", "stored_expected", "store_expected", "get_check", "REGISTRY",
                 "run_case", "hidden_cases", "load_values", "judge"}
 _SHELL_MAGICS = {"bash", "sh", "script", "system", "sx", "writefile", "file", "run", "capture",
@@ -156,16 +159,8 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
                 [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
             for module in modules:
                 top = module.split(".")[0]
-                if top in ("builtins", "importlib"):
-                    flag(node, f"imports {top}: patching or re-importing modules")
-                elif top in ("subprocess", "multiprocessing", "pty"):
-                    flag(node, f"imports {top}: starts other processes")
-                elif top in ("atexit", "signal"):
-                    flag(node, f"imports {top}: acts when the process ends or is signalled")
-                elif top in ("ctypes", "gc", "marshal"):
-                    flag(node, f"imports {top}: reaches into the interpreter")
-                elif top == "IPython":
-                    flag(node, "imports IPython: reaches into the kernel's machinery")
+                if top in _IMPORT_REASONS:
+                    flag(node, f"imports {top}: {_IMPORT_REASONS[top]}")
                 elif module in ("unittest.mock", "mock"):
                     flag(node, "imports mock: patching")
                 elif module.startswith(("transformer_lab.checks.", "transformer_lab.course")) \
@@ -231,7 +226,7 @@ _NAME_REASONS = ((_IPYTHON_NAMES, "reaches into IPython's machinery"), (_PATCH_N
                  (_CODE_NAMES, "copies or reads function code"),
                  (_FRAME_NAMES, "reaches into the interpreter"),
                  (_EXIT_NAMES, "ends the process or acts when it ends"),
-                 ({"subprocess", "multiprocessing", "pty"}, "starts other processes"),
+                 (_PROCESS_NAMES, "starts other processes"),
                  (_STRING_CODE, "runs code from a string"))
 
 
@@ -256,7 +251,7 @@ def _attribute(node: ast.Attribute, flag) -> None:
         flag(node, f"uses {base}.{attr}: ends the process or acts when it ends")
     elif attr == "register" and base == "atexit":
         flag(node, "uses atexit.register: acts when the process ends")
-    elif attr in _PROCESS_ATTRS and base in ("os", "subprocess", "multiprocessing", "pty"):
+    elif attr in _PROCESS_ATTRS and base in ("os", *_PROCESS_NAMES):
         flag(node, f"uses {base}.{attr}: starts other processes")
     elif attr in _CHECK_ATTRS:
         flag(node, f"uses .{attr}: the checks' or the grader's internals")

@@ -4,20 +4,12 @@
 
 on a machine with CuPy, PyTorch and a GPU; it needs numpy, scipy, threadpoolctl, cupy, torch and
 this package only. About 7.5 minutes at the defaults (``--quick``: about one minute, tiny sizes).
-Each part is recorded whatever the others do (an error is recorded, and the run goes on):
-
-1. **parity** -- the GPT's loss and every gradient on CuPy against the NumPy CPU run of the same
-   float32 model and batch (classic and modern blocks, tiled attention; d_model 96 and 384),
-   each array's relative error against 1e-5, and a sampled continuation on the GPU;
-2. **timing** -- a training step at d_model 384, 6 layers, 6 heads, 256 positions, batch 64 (loss,
-   gradients, clipping, the core's AdamW) against the PyTorch twin's eager step on the same GPU;
-   interleaved rounds, medians. Target: at most 2x;
-3. **training** -- a character-level GPT on the course corpus through the real trainer for
-   ``--budget`` seconds (the shipped model's shape at 8 times its batch, weight decay 0.1)
-   against the shipped CPU checkpoint's 1.397 validation bits per character.
-
-Writes ``DIR/gpu_record.json`` (machine, versions, every figure, the command) and a summary on
-stdout. docs/results.md, "The core on a GPU", says what it measures for readers.
+What it measures -- the GPT's loss and gradients on CuPy against the CPU's (:func:`parity`), a
+training step against the PyTorch twin's on the same GPU (:func:`timing`), the trainer on the
+GPU for ``--budget`` seconds against the shipped checkpoint (:func:`training`) -- is said for
+readers in docs/results.md, "The core on a GPU". Each part is recorded whatever the others do
+(an error is recorded, and the run goes on) in ``DIR/gpu_record.json`` (machine, versions,
+every figure, the command), with a summary on stdout.
 """
 
 from __future__ import annotations
@@ -115,32 +107,27 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
         opts = [Adam(decayed, lr=1e-4, weight_decay=0.1, decoupled=True),
                 Adam(kept, lr=1e-4, decoupled=True)]
 
-        def core_step():
+        def core(step: bool):  # a training step, or forward and backward alone
             loss, grads = model.loss(ids)
-            core_optim.clip_grad_norm(grads, 1.0)
-            for opt in opts:
-                opt.step({name: grads[name] for name in opt.params})
+            if step:
+                core_optim.clip_grad_norm(grads, 1.0)
+                for opt in opts:
+                    opt.step({name: grads[name] for name in opt.params})
             synchronize()
 
-        def core_loss():
-            model.loss(ids)
-            synchronize()
-
-        def torch_step():
+        def torch_(step: bool):
             torch_opt.zero_grad(set_to_none=True)
             twin.loss(ids).backward()
-            torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
-            torch_opt.step()
+            if step:
+                torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+                torch_opt.step()
             synchronize()
 
-        def torch_loss():
-            torch_opt.zero_grad(set_to_none=True)
-            twin.loss(ids).backward()
-            synchronize()
-
-        times = round_robin_times({"core step": core_step, "torch step": torch_step,
-                                   "core forward+backward": core_loss,
-                                   "torch forward+backward": torch_loss}, rounds, warmup)
+        times = round_robin_times({"core step": lambda: core(True),
+                                   "torch step": lambda: torch_(True),
+                                   "core forward+backward": lambda: core(False),
+                                   "torch forward+backward": lambda: torch_(False)},
+                                  rounds, warmup)
     medians = {name: statistics.median(t) for name, t in times.items()}
     ratio = statistics.median(c / t for c, t in zip(times["core step"], times["torch step"],
                                                     strict=True))

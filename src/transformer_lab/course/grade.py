@@ -45,7 +45,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.flags import Flag, python_source, scan_notebook_cells, scan_python
-from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env
+from transformer_lab.course.kernel_env import KERNEL_ENV, apply_kernel_env, with_pythonpath
 from transformer_lab.course.kernel_run import format_size, one_line, run_notebook
 from transformer_lab.course.package import (
     Package,
@@ -107,11 +107,10 @@ def read_submission(path: Path):
     submission would give different feedback on each run: the ids are settled here first.
     """
     nb = nbformat.reader.reads(path.read_text(encoding="utf-8"))  # no conversion, no repair
-    if nb.get("nbformat") == 4:
-        _ensure_ids(nb)
-        return nb
-    nb = nbformat.convert(nb, 4)  # from v3 or older, with random ids: give them all anew
-    _ensure_ids(nb, renew=True)
+    old = nb.get("nbformat") != 4
+    if old:  # v3 or older: converted with random ids, given them all anew
+        nb = nbformat.convert(nb, 4)
+    _ensure_ids(nb, renew=old)
     return nb
 
 
@@ -337,18 +336,14 @@ class Grader:
     unversioned: set[tuple[str, str]] = field(default_factory=set)
 
     def check_cases(self, check_id: str) -> list[F.Case]:
-        """The grader's cases of a check: public and hidden, drawn with the grader's salt."""
+        """The grader's cases of a check: public and hidden, drawn with the grader's salt
+        (``public[check_id]``: how many of them, the first ones, are public)."""
         with self.lock:
             if check_id not in self.cases:
                 check = F.get_check(check_id)
                 self.cases[check_id] = F.all_cases(check, salt="grader")
                 self.public[check_id] = len(F.all_cases(check, salt="grader", hidden=False))
             return self.cases[check_id]
-
-    def public_cases(self, check_id: str) -> int:
-        """How many of the check's cases (the first ones) are public."""
-        self.check_cases(check_id)
-        return self.public[check_id]
 
     def expected(self, check_id: str, case: F.Case):
         key = (check_id, case.name)
@@ -393,7 +388,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
             message = report.missing[check.cell_id]
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
                                    check.points, message, judged,
-                                   grader.public_cases(check.cell_id), failed))
+                                   grader.public[check.cell_id], failed))
     name_culprits(results)
     return results
 
@@ -423,6 +418,13 @@ def name_culprits(results: list[CheckResult]) -> None:
             result.message = "\n".join(lines) + "\n" + result.message
 
 
+def not_graded(student: str, notebook: str, assignment: Assignment, reason: str,
+               status: str) -> Graded:
+    """0 points for every check of the notebook, with ``reason``."""
+    return Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
+                                      for c in assignment.checks], status)
+
+
 def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                      found: Found) -> Graded:
     """Grade one student's notebook; never raises for bad student work."""
@@ -435,8 +437,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             reason += " (files skipped: " + "; ".join(f"{s.path}: {s.reason}"
                                                      for s in skipped[:5]) + \
                 ("; ..." if len(skipped) > 5 else "") + ")"
-        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                              for c in assignment.checks], "not submitted")
+        graded = not_graded(work.name, notebook, assignment, reason, "not submitted")
         if skipped:
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
@@ -448,8 +449,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
         reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
-        graded = Graded(work.name, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                              for c in assignment.checks], "unreadable")
+        graded = not_graded(work.name, notebook, assignment, reason, "unreadable")
         graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
     start = time.perf_counter()
@@ -480,13 +480,10 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         if grader.execute:
             package = (tmp / "feedback").resolve()
             if grader.sandbox.isolated:  # the sandbox's environment, and the package
-                env = {**KERNEL_ENV, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-                       "PYTHONPATH": str(package)}
+                env = {**KERNEL_ENV, "PYTHONIOENCODING": "utf-8"}
             else:
                 env = dict(os.environ)
-                env["PYTHONPATH"] = os.pathsep.join(
-                    [str(package)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-                env["PYTHONDONTWRITEBYTECODE"] = "1"
+            env = {**with_pythonpath(env, package), "PYTHONDONTWRITEBYTECODE": "1"}
             clock.lap("other")
             graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
                                       read_only=(package,))
@@ -678,14 +675,19 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
     return problems
 
 
-def _load_all(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, AssignmentError]]:
-    good, bad = {}, {}
+def load_solutions(paths: list[Path]) -> tuple[dict[str, Assignment], dict[str, list[str]]]:
+    """The solution notebooks the grader can grade (name -> assignment), and what stops it on
+    each (name -> problems: its markers and metadata, else its check cells)."""
+    good, problems = {}, {}
     for path in paths:
         try:
             good[path.stem] = parse_notebook(nbformat.read(path, as_version=4), str(path))
+            problems[path.stem] = check_cell_problems(good[path.stem])
         except AssignmentError as err:
-            bad[path.stem] = err
-    return good, bad
+            problems[path.stem] = [str(err)]
+        except Exception as err:  # not a notebook at all
+            problems[path.stem] = [f"{path}: could not be read as a notebook ({err})"]
+    return good, problems
 
 
 def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
@@ -698,13 +700,12 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
 
     def one(pair: tuple[str, str]) -> Graded:
         student, notebook = pair
-        assignment = grader.assignments[notebook]
         try:
             g = grade_submission(grader, found.students[student], notebook, found)
         except Exception as exc:  # a bug here must not cost the other students their grades
             reason = f"not graded: {type(exc).__name__}: {one_line(str(exc))}"
-            g = Graded(student, notebook, [CheckResult(c.cell_id, 0, c.points, reason)
-                                           for c in assignment.checks], "grading error")
+            g = not_graded(student, notebook, grader.assignments[notebook], reason,
+                           "grading error")
         with grader.lock:
             events = grader.ledger.police()
         # with a sandbox, a student's code never sees the output folder; without one, and with
@@ -725,16 +726,11 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
               + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""), flush=True)
 
     results: dict[tuple[str, str], Graded] = {}
-    if jobs <= 1:
-        for pair in pairs:
-            results[pair] = one(pair)
-            report(results[pair])
-    else:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
-            futures = {pool.submit(one, pair): pair for pair in pairs}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                report(results[futures[future]])
+    with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="grade") as pool:
+        futures = {pool.submit(one, pair): pair for pair in pairs}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            report(results[futures[future]])
     return [results[pair] for pair in pairs]
 
 
@@ -817,11 +813,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     recorded, unversioned = recorded_versions(first)
     if versions.mismatch(recorded, ours):
         raise VersionError(recorded, ours)
-    assignments, broken = _load_all(list(sources.values()))
+    assignments, problems = load_solutions(list(sources.values()))
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks})
-    errors = [str(broken[n]) for n in handed_in if n in broken]
-    errors += [p for n in handed_in if n in assignments
-               for p in check_cell_problems(assignments[n])]
+    errors = [p for n in handed_in for p in problems[n]]
     if errors:  # only the notebooks handed in need to be right
         raise GradingError(f"the solution notebooks cannot be graded, {len(errors)} "
                            "problem(s):\n" + "\n".join(errors))

@@ -32,15 +32,11 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-import nbformat
-
 from transformer_lab.checks import framework as F
 from transformer_lab.course import grade, reports, versions
 from transformer_lab.course.assignment import (
-    AssignmentError,
     format_points,
     overlaps,
-    parse_notebook,
     solution_notebooks,
 )
 from transformer_lab.course.package import PackageError, parse_package
@@ -193,17 +189,7 @@ def _grading_problems(notebooks: list[Path], project: Path) -> list[str]:
         parse_package(project / "src" / "transformer_lab")
     except PackageError as err:
         problems.append(f"the package's markers: {err}")
-    for path in notebooks:
-        try:
-            parsed = parse_notebook(nbformat.read(path, as_version=4), str(path))
-        except AssignmentError as err:
-            problems.append(str(err))
-            continue
-        except Exception as err:  # not a notebook at all
-            problems.append(f"{path}: could not be read as a notebook ({err})")
-            continue
-        problems += grade.check_cell_problems(parsed)
-    return problems
+    return problems + [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
 
 
 def zip_entries(notebooks: list[Path], project: Path, config: Config,
@@ -236,10 +222,16 @@ def write_zip(entries: dict[str, tuple[bytes, int]], dest: Path) -> None:
             info.external_attr = (stat.S_IFREG | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, content, compresslevel=9)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
-    partial.write_bytes(buffer.getvalue())
-    os.replace(partial, dest)
+    _replace(dest, buffer.getvalue())
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` in one step, replacing whatever is there (a file, or a link
+    planted there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def build(source: Path, project: Path, out: Path, config: Config | None = None,
@@ -280,34 +272,55 @@ def _copy_limited(read, dest: Path, budget: _Budget) -> None:
             out.write(chunk)
 
 
+def _write_files(files, dest: Path) -> list[tuple[str, str]]:
+    """Write ``files`` -- (where, path relative to ``dest``, why it is left out or "", a function
+    opening its content) -- into ``dest``, within one submission's budget; return (where,
+    reason) for what was left out."""
+    left_out = []
+    budget = _Budget()
+    for where, rel, why, open_ in files:
+        if why:
+            left_out.append((where, why))
+            continue
+        budget.take(0, files=1)
+        target = dest / rel
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open_() as src:
+                _copy_limited(src.read, target, budget)
+        except FileExistsError:
+            left_out.append((where, "a second file of the same name: not unpacked"))
+        except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError,
+                zipfile.BadZipFile, zlib.error) as err:  # encrypted, corrupt, odd names
+            target.unlink(missing_ok=True)
+            left_out.append((where, f"could not be unpacked ({err})"))
+    return left_out
+
+
 def copy_submission(submission: Path, dest: Path) -> list[tuple[str, str]]:
     """Copy the regular files of ``submission`` into ``dest``, never following a link; return
     (path, reason) for what was left out."""
-    left_out = []
-    budget = _Budget()
-    for folder, dirs, files in os.walk(submission, followlinks=False):
-        here = Path(folder)
-        for name in sorted(dirs):
-            rel = (here / name).relative_to(submission)
-            if (here / name).is_symlink():
-                left_out.append((rel.as_posix(), "a link: not followed, not graded"))
-            if is_hidden(rel) or (here / name).is_symlink():
-                dirs.remove(name)
-        for name in sorted(files):
-            path = here / name
-            rel = path.relative_to(submission)
-            if is_hidden(rel):
-                continue
-            mode = path.lstat().st_mode
-            if not stat.S_ISREG(mode):
-                reason = "a link" if stat.S_ISLNK(mode) else "not a regular file"
-                left_out.append((rel.as_posix(), f"{reason}: not followed, not graded"))
-                continue
-            budget.take(0, files=1)
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            with path.open("rb") as src:
-                _copy_limited(src.read, dest / rel, budget)
-    return left_out
+    def files():
+        for folder, dirs, names in os.walk(submission, followlinks=False):
+            here = Path(folder)
+            for name in sorted(dirs):
+                rel = (here / name).relative_to(submission)
+                if (here / name).is_symlink():
+                    yield rel.as_posix(), rel, "a link: not followed, not graded", None
+                if is_hidden(rel) or (here / name).is_symlink():
+                    dirs.remove(name)
+            for name in sorted(names):
+                path = here / name
+                rel = path.relative_to(submission)
+                if is_hidden(rel):
+                    continue
+                mode = path.lstat().st_mode
+                why = "" if stat.S_ISREG(mode) else \
+                    f"{'a link' if stat.S_ISLNK(mode) else 'not a regular file'}: not followed, " \
+                    "not graded"
+                yield rel.as_posix(), rel, why, lambda path=path: path.open("rb")
+
+    return _write_files(files(), dest)
 
 
 def _member_path(name: str) -> PurePosixPath | None:
@@ -329,33 +342,19 @@ def extract_submission(archive: Path, dest: Path) -> list[tuple[str, str]]:
     except (zipfile.BadZipFile, OSError) as err:
         raise SubmissionError(f"{archive.name} could not be read as a zip file ({err}); "
                               "hand in the zip of your course folder, or its files") from None
-    left_out = []
-    budget = _Budget()
-    with zf:
+
+    def files():
         for info in zf.infolist():
-            where = f"{archive.name}: {info.filename}"
             rel = _member_path(info.filename)
             if info.is_dir() or (rel is not None and is_hidden(rel)):
                 continue
-            if rel is None:
-                left_out.append((where, "a path outside the zip's folder: not unpacked"))
-                continue
-            if stat.S_ISLNK(info.external_attr >> 16):
-                left_out.append((where, "a link: not unpacked, not graded"))
-                continue
-            budget.take(0, files=1)
-            target = dest / rel
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as src:
-                    _copy_limited(src.read, target, budget)
-            except FileExistsError:
-                left_out.append((where, "a second file of the same name: not unpacked"))
-            except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError,
-                    zipfile.BadZipFile, zlib.error) as err:  # encrypted, corrupt, odd names
-                target.unlink(missing_ok=True)
-                left_out.append((where, f"could not be unpacked ({err})"))
-    return left_out
+            why = "a path outside the zip's folder: not unpacked" if rel is None else \
+                "a link: not unpacked, not graded" if stat.S_ISLNK(info.external_attr >> 16) \
+                else ""
+            yield f"{archive.name}: {info.filename}", rel, why, lambda info=info: zf.open(info)
+
+    with zf:
+        return _write_files(files(), dest)
 
 
 def lay_out(submission: Path, dest: Path) -> list[tuple[str, str]]:
@@ -400,13 +399,6 @@ def _has_hidden_cases(check_id: str) -> bool:
         return True
 
 
-def feedback(result: reports.CheckResult) -> str:
-    """What a check's test says: ``passed (N cases)`` or why it failed."""
-    if result.passed:
-        return f"passed ({result.cases} case{'s' * (result.cases != 1)})"
-    return result.message
-
-
 def public_verdict(graded: reports.Graded, result: reports.CheckResult) -> tuple[bool, str]:
     """(whether the check's public cases passed, the failure to show): a failure only when a
     public case failed, or when the public cases were not all judged (not a hidden verdict)."""
@@ -428,18 +420,16 @@ def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Con
     suffix = f"\n\n{note}" if note else ""
     scored = {"name": name, "score": result.points, "max_score": result.max_points,
               "status": "passed" if result.passed else "failed",
-              "output": feedback(result) + suffix, "visibility": "visible"}
+              "output": (reports.passed(result.cases) if result.passed else result.message)
+              + suffix, "visibility": "visible"}
     if config.hidden_visibility == "visible" or not _has_hidden_cases(result.check):
         return [scored]
     scored["visibility"] = config.hidden_visibility
     passed, failure = public_verdict(graded, result)
     later = (f"The check's points count its hidden cases too; they show "
              f"{SHOWN[config.hidden_visibility]}.")
-    if passed:
-        count = result.public
-        text = f"passed ({count} public case{'s' * (count != 1)}). {later}"
-    else:
-        text = f"failed:\n{failure}\n\n{later}"
+    text = f"{reports.passed(result.public, 'public ')}. {later}" if passed else \
+        f"failed:\n{failure}\n\n{later}"
     public = {"name": name + PUBLIC_SUFFIX, "score": 0, "max_score": 0,
               "status": "passed" if passed else "failed", "output": text + suffix,
               "visibility": "visible"}
@@ -469,28 +459,18 @@ def summary(outcome: reports.Outcome, config: Config, course: list[str],
             head += f": {format_points(g.points)} / {format_points(g.max_points)} points"
         if g.status != "graded":
             head += f" ({g.status})"
-        lines += ["", head] + [f"- {n}" for n in g.notes]
-        lines += [f"- your cell `{cid}`, as the grader ran it: {err}" for cid, err in g.cells
-                  if err]
+        lines += ["", head, *reports.note_lines(g)]
     if not show_points and graded:
         lines += ["", "Each check's points count hidden cases too: they show "
                       f"{SHOWN[config.hidden_visibility]}. The tests marked "
                       f"'{PUBLIC_SUFFIX.strip()}' say how your code did on the public cases."]
-    not_graded = left_out + _skipped(outcome)
+    not_graded = left_out + [(s.path.split("/", 1)[1] if s.student and "/" in s.path else s.path,
+                              s.reason) for s in outcome.found.skipped]
     if not_graded:
         lines += ["", "Files not graded:"] + [f"- {path}: {why}" for path, why in not_graded]
     if graded:
         lines += ["", sandbox_note or f"Your code ran in: {outcome.sandbox}."]
     return "\n".join(lines)
-
-
-def _skipped(outcome: reports.Outcome) -> list[tuple[str, str]]:
-    """(path in the submission, reason) of the files the grader skipped."""
-    found = []
-    for s in outcome.found.skipped:
-        path = s.path.split("/", 1)[1] if s.student and "/" in s.path else s.path
-        found.append((path, s.reason))
-    return found
 
 
 def results_json(outcome: reports.Outcome, config: Config, course: list[str],
@@ -511,15 +491,6 @@ def results_json(outcome: reports.Outcome, config: Config, course: list[str],
 def failure(message: str) -> dict:
     """Results that grade nothing and say why."""
     return {"score": 0, "output": message, "stdout_visibility": "hidden", "tests": []}
-
-
-def write_results(results: dict, path: Path) -> None:
-    """Write results.json, replacing whatever is there (a file, or a link planted there)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
-                       encoding="utf-8")
-    os.replace(partial, path)
 
 
 # --- a run on Gradescope ----------------------------------------------------------------------
@@ -617,7 +588,8 @@ def run(root: Path) -> int:
                           "your fault -- please tell your instructor.")
         status = 1
     results["execution_time"] = round(time.monotonic() - start)
-    write_results(results, root / "results" / "results.json")
+    _replace(root / "results" / "results.json",
+             (json.dumps(results, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     print(f"score: {format_points(results['score'])}; results: "
           f"{root / 'results' / 'results.json'}")
     return status

@@ -1,21 +1,14 @@
-"""Running a notebook in a fresh kernel for the grader's feedback: time limits, bounded output.
-
-The grader's points never come from here (see :mod:`.probe_driver`): this runs the student's
-notebook, with the instructor's check cells restored, so that the feedback shows the student
-what their notebook does. A cell over its time limit is interrupted and the notebook goes on;
-one that ignores the interrupt gets its kernel stopped; processes the student's code started are
-stopped with the kernel; output is kept up to :class:`OutputLimits`. Given a sandbox
-(:mod:`.sandbox`), the kernel runs inside it (:class:`SandboxedKernelManager`); the client that
-keeps the output runs here, out of its reach.
+"""Running a notebook in a fresh kernel for the grader's feedback: time limits, bounded output
+(:func:`run_notebook`). The points never come from here (see :mod:`.probe_driver`). Given a
+sandbox (:mod:`.sandbox`), the kernel runs inside it (:class:`SandboxedKernelManager`); the
+client that keeps the output runs here, out of its reach.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import tempfile
 import threading
@@ -28,7 +21,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from transformer_lab.course.sandbox import Mounts, NoSandbox
+from transformer_lab.course.kernel_env import client_options
+from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
 
 
 @dataclass
@@ -79,12 +73,9 @@ def format_size(nbytes: int) -> str:
 
 
 class LimitedClient(NotebookClient):
-    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output.
-
-    nbclient appends each output message to the cell as it arrives; this client looks at every
-    output message first (``process_message``) and keeps it, shortens it or drops it, and adds
-    a note to a cell that lost output (``async_execute_cell``, also when the kernel dies).
-    """
+    """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output:
+    it sees every output message before nbclient appends it (``process_message``), and adds the
+    note to a cell that lost output (``async_execute_cell``, also when the kernel dies)."""
 
     def __init__(self, nb, limits: OutputLimits | None = None, sandbox=None,
                  mounts: Mounts | None = None, **kw):
@@ -146,19 +137,17 @@ class LimitedClient(NotebookClient):
                 self.cell_dropped += size - _nbytes(kept)
                 if not kept:
                     return None
-                text, size = kept, _nbytes(kept)
-                content = {**content, "text": text}
+                size, content = _nbytes(kept), {**content, "text": kept}
             self.cell_printed += limits.per_output + size
-            self.notebook_bytes += limits.per_output + size
-            return {**msg, "content": content}
-        size = _nbytes(json.dumps(content.get("data", {}), default=str))
-        room = min(limits.rich_per_cell - self.cell_rich - limits.per_output, notebook_room)
-        if size > room:
-            self.cell_dropped += size
-            return None
-        self.cell_rich += limits.per_output + size
+        else:
+            size = _nbytes(json.dumps(content.get("data", {}), default=str))
+            if size > min(limits.rich_per_cell - self.cell_rich - limits.per_output,
+                          notebook_room):
+                self.cell_dropped += size
+                return None
+            self.cell_rich += limits.per_output + size
         self.notebook_bytes += limits.per_output + size
-        return msg
+        return {**msg, "content": content}
 
     def _short_traceback(self, lines: list) -> list[str]:
         kept, room = [], self.limits.error_text
@@ -264,30 +253,15 @@ class _Watchdog:
     def __exit__(self, *exc):
         self._done.set()
         self._thread.join()
-        self._kill()  # whatever is left of the kernel's process group
+        kill_group(self._pgid, self._process)  # whatever is left of the kernel's group
 
     def _watch(self) -> None:
         while not self._done.wait(0.2):
             running = self._running
             if running is not None and time.monotonic() - running[1] > self.limit:
                 self.killed_cell = running[0]
-                self._kill()
+                kill_group(self._pgid, self._process)
                 return
-
-    def _kill(self) -> None:
-        """Kill the kernel's process group (the kernel alone where there are none)."""
-        own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
-        if self._pgid and self._pgid != own_group and hasattr(os, "killpg"):
-            try:
-                os.killpg(self._pgid, signal.SIGKILL)
-                return
-            except OSError:  # the group is gone already
-                pass
-        if self._process is not None:
-            try:
-                self._process.kill()
-            except Exception:  # already gone
-                pass
 
 
 _QUIET_LOG = logging.getLogger("transformer_lab.course.kernel_run.nbclient")
@@ -320,10 +294,8 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
                         cwd=Path(workdir), env=tuple((env or {}).items()))
         client = LimitedClient(
             nb, limits=limits, sandbox=sandbox, mounts=mounts,
-            timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
-            kernel_name="python3", record_timing=False,
-            resources={"metadata": {"path": workdir}},  # the kernel's working folder
-            extra_arguments=["--IPKernelApp.log_level=ERROR"], log=_QUIET_LOG)
+            timeout=timeout, allow_errors=True, interrupt_on_timeout=True, log=_QUIET_LOG,
+            **client_options(workdir))
         client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
         client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
                                                                                   cell_index)

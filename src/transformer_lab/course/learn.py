@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from transformer_lab.course.assignment import OWNER_FILE
+from transformer_lab.course.kernel_env import with_pythonpath
 
 DEFAULT_WORKSPACE = Path("workspace")
 
@@ -68,9 +69,7 @@ def lab_command(workspace: Path, lab_args: list[str] | None = None,
     workspace's ``src/`` first on ``PYTHONPATH`` (so kernels import its package), and
     ``--allow-root`` when run as root (JupyterLab refuses to start as root without it)."""
     workspace = workspace.resolve()
-    env = dict(os.environ if environ is None else environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(workspace / "src")]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = with_pythonpath(dict(os.environ if environ is None else environ), workspace / "src")
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")

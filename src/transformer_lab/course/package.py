@@ -5,9 +5,9 @@
 exercises") -- every problem with its file and line; marker words anywhere but in a core module,
 a check module and the course tools are an error too. From it come the forms the tools need:
 
-- the **handout** (:func:`write_handout_package`): core solution regions stubbed
-  (:func:`stub_line`), hidden regions removed, the public answers stored for checks whose
-  reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
+- the **handout** (:func:`write_handout_package`): core solution regions stubbed (the message:
+  :func:`syllabus.stub_message`), hidden regions removed, the public answers stored for checks
+  whose reference was hidden, the course tools left out, ``transformer_lab/_built.py`` added;
 - the **probe package** of the grader (:func:`compose_core_module`, :func:`student_code`): the
   handout's core with chosen functions put back, the instructor's or a student's, taken out of a
   module's source by its syntax tree.
@@ -27,6 +27,7 @@ from transformer_lab import syllabus
 from transformer_lab.course import untrusted, versions
 from transformer_lab.course.assignment import (
     Region,
+    assert_no_markers,
     find_regions,
     has_marker_words,
     raise_line,
@@ -81,13 +82,13 @@ class CoreModule:
     path: Path
     source: str
     functions: dict[str, CoreFunction]
-    defined: set[str] = field(default_factory=set)  # every top-level function, region or not
 
     def stubbed(self) -> str:
         """The module as the handout has it: each solution region replaced by its stub."""
         fns = sorted(self.functions.values(), key=lambda f: f.region.begin)
         return replace_regions(self.source, [f.region for f in fns],
-                               [stub_line(f.name, f.region.indent, (self.name, f.place))
+                               [raise_line(f.region.indent,
+                                           syllabus.stub_message(f.name, (self.name, f.place)))
                                 for f in fns])
 
     def definition(self, name: str) -> str:
@@ -115,14 +116,8 @@ class CheckModule:
 class Package:
     """The parsed ``transformer_lab`` folder: its core modules and check modules by name."""
 
-    root: Path
     core: dict[str, CoreModule]
     checks: dict[str, CheckModule]
-
-
-def stub_line(name: str, indent: str, where: tuple[str, str] | None = None) -> str:
-    """``raise NotImplementedError("<syllabus.stub_message(name, where)>")`` at ``indent``."""
-    return raise_line(indent, syllabus.stub_message(name, where))
 
 
 def _label(path: Path, root: Path) -> str:
@@ -199,7 +194,7 @@ def parse_package(root: Path) -> Package:
                            "else is stubbed or stripped, so rephrase the line", k)
     if problems:
         raise PackageError(problems)
-    return Package(root, core, checks)
+    return Package(core, checks)
 
 
 def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, int]]:
@@ -279,7 +274,7 @@ def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> Cor
                                                   for r in regions):
             report(f"core function {node.name}() has no solution region: its code would ship "
                    "in the handout", node.lineno)
-    module = CoreModule(name, path, text, functions, {n.name for n in nodes})
+    module = CoreModule(name, path, text, functions)
     if len(functions) == len(nodes):
         try:
             compile(module.stubbed(), str(path), "exec")
@@ -460,11 +455,8 @@ def assert_handout_package(root: Path) -> None:
     (its body, after the docstring, starts by raising NotImplementedError)."""
     for path in sorted(root.rglob("*")):
         text = _read_text(path) if path.is_file() else None
-        if text is None:
-            continue
-        for k, line in enumerate(text.split("\n"), 1):
-            if has_marker_words(line):
-                raise AssertionError(f"{path}, line {k}: a marker is left in the handout")
+        if text is not None:
+            assert_no_markers(text.split("\n"), str(path), "handout")
     for path in sorted((root / "core").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \

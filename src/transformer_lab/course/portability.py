@@ -6,12 +6,10 @@
     python -m transformer_lab.course.portability --list           # the combinations, not run
 
 For every combination of ``OPENBLAS_CORETYPE`` (the kernels this CPU has the instructions for)
-and ``ATEN_CPU_CAPABILITY`` (PyTorch's native choice or ``default``), each in a fresh process:
-``solved``, the stored notebooks under strict nbval (``make test-notebooks``), and ``handout``,
-the handout with the solved core dropped in, every notebook executed
-(``tests/test_handout_notebooks.py``). It prints a table and exits with status 1 when any run
-fails; ``make test`` runs the solved notebooks under :data:`CI_COMBINATION` only. Why and what
-it guarantees: docs/maintainers.md, "Every CPU".
+and ``ATEN_CPU_CAPABILITY`` (PyTorch's native choice or ``default``), each in a fresh process, it
+runs :data:`RUNS` (:func:`commands`), prints a table and exits with status 1 when any run fails;
+``make test`` runs the solved notebooks under :data:`CI_COMBINATION` only. What the runs are
+and why: docs/maintainers.md, "Every CPU".
 """
 
 from __future__ import annotations
@@ -59,12 +57,8 @@ class Combination:
 
     def env(self) -> dict[str, str]:
         """The variables to set (the others are removed: a kernel chosen outside stays out)."""
-        env = {}
-        if self.openblas != "native":
-            env["OPENBLAS_CORETYPE"] = self.openblas
-        if self.aten != "native":
-            env["ATEN_CPU_CAPABILITY"] = self.aten
-        return env
+        chosen = {"OPENBLAS_CORETYPE": self.openblas, "ATEN_CPU_CAPABILITY": self.aten}
+        return {name: value for name, value in chosen.items() if value != "native"}
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
@@ -110,8 +104,7 @@ def run(combination: Combination, name: str, command: list[str], project: Path,
     """Run one command under ``combination``: (passed, seconds, pytest's last line); its
     output goes to a log file."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY")}
-    env.update(combination.env())
+           if k not in ("OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY")} | combination.env()
     log = log_dir / f"{combination.openblas}_{combination.aten}_{name}.log"
     start = time.monotonic()
     with log.open("w") as out:

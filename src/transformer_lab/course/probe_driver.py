@@ -1,16 +1,10 @@
-"""The probe's driver, the grader's side of the probe: the probe package, the request, the
-watch, the evidence (the side that runs in the sandbox: :mod:`.probe_runner`).
+"""The probe's driver, the grader's side of the probe (the side that runs in the sandbox:
+:mod:`.probe_runner`); what the probe is and does: docs/instructors.md, "Grading", steps 1-3.
 
-:func:`build_probe_package` writes, from the HANDOUT form of the instructor's package, a package
-in which the functions notebook N teaches are the student's (taken by the syntax tree, with the
-imports and helpers they use; a missing or unparseable one stays a stub, and the feedback says
-why), those earlier notebooks teach the instructor's, and those later notebooks teach stubs.
-The feedback notebook runs on it; :func:`reference_free` makes the probe's copy, in which no
-check can compute or holds an expected answer. :func:`run_probe` runs :mod:`.probe_runner` in a
-sandbox of its own (:mod:`.sandbox`), its output drained and bounded, and kills it when a cell, a
-case or the whole runs past its limit: the check whose case was running scores 0 with the
-reason, and the probe starts again for the checks after it. The outcomes come back as plain
-data, decoded here; the grader judges them (docs/instructors.md, "Grading").
+:func:`build_probe_package` writes the probe package of notebook N from the HANDOUT form of the
+instructor's package (:func:`owner`: whose each core function is there), on which the feedback
+notebook runs; :func:`reference_free` makes the probe's copy; :func:`run_probe` runs it, killing
+it at its limits, and decodes the outcomes it wrote as plain data for the grader to judge.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -44,7 +37,7 @@ from transformer_lab.course.package import (
     top_level_names,
     without_references,
 )
-from transformer_lab.course.sandbox import Mounts, NoSandbox
+from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
 
 RUNNER = Path(runner.__file__).resolve()
 #: Environment variables the probe keeps from the grader's; the rest is left out.
@@ -95,19 +88,18 @@ def student_functions(core_files: dict[str, Path] | None, module: str, wanted: l
                       provided: set[str], core_label: str) -> StudentCode:
     """The student's definitions of the functions ``wanted`` of the core module ``module``
     (:func:`student_code`), from their file of that module."""
-    if core_files is None:
-        return StudentCode({}, [], {name: "no core files were handed in "
-                                          "(src/transformer_lab/core/*.py)" for name in wanted})
     label = f"{core_label}/{module}.py"
-    path = core_files.get(module)
-    if path is None:
-        return StudentCode({}, [], {name: f"{label} was not handed in" for name in wanted})
-    try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        return StudentCode({}, [], {name: f"{label} could not be read ({type(err).__name__})"
-                                    for name in wanted})
-    return student_code(source, wanted, provided, label)
+    path = (core_files or {}).get(module)
+    if core_files is None:
+        why = "no core files were handed in (src/transformer_lab/core/*.py)"
+    elif path is None:
+        why = f"{label} was not handed in"
+    else:
+        try:
+            return student_code(path.read_text(encoding="utf-8"), wanted, provided, label)
+        except (OSError, UnicodeDecodeError) as err:
+            why = f"{label} could not be read ({type(err).__name__})"
+    return StudentCode({}, [], dict.fromkeys(wanted, why))
 
 
 def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
@@ -182,13 +174,11 @@ class CheckSpec:
 @dataclass
 class ProbeReport:
     """What came back: outcomes by (check id, case name), why evidence is missing per check,
-    the first error of each cell the probe ran, and notes on the run."""
+    the first error of each cell the probe ran."""
 
     outcomes: dict[tuple[str, str], F.Outcome] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
     cells: list[tuple[str, str | None]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def probe_env(sandboxed: bool = False) -> dict[str, str]:
@@ -215,16 +205,6 @@ class _Drain(threading.Thread):
                 self.kept += chunk[:room]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (OSError, AttributeError):
-        try:
-            proc.kill()
-        except OSError:
-            pass
-
-
 def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
               limits: ProbeLimits | None = None, sandbox=None) -> ProbeReport:
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
@@ -234,8 +214,7 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     limits = limits or ProbeLimits()
     sandbox = sandbox or NoSandbox()
     report = ProbeReport()
-    start = time.monotonic()
-    deadline = start + limits.total
+    deadline = time.monotonic() + limits.total
     todo = list(range(len(checks)))
     first_run = True
     while todo:
@@ -271,7 +250,6 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
         if lost:
             report.missing[spec.check_id] = (f"no result came back for case {lost[0]!r}: the "
                                              "grader's run of your code ended before it")
-    report.seconds = time.monotonic() - start
     return report
 
 
@@ -316,10 +294,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
         while proc.poll() is None:
             time.sleep(0.05)
             now = time.monotonic()
-            try:
-                text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
-            except OSError:
-                text = b""
+            text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
             if b"\n" in text:
                 lines = text[:text.rindex(b"\n")].decode("utf-8", "replace").split("\n")
                 seen += text.rindex(b"\n") + 1
@@ -335,7 +310,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                                       f"{_during(unit, cells, checks)}")
                 break
     finally:
-        _kill_group(proc)
+        kill_group(proc.pid, proc)  # its own session: its group's id is its pid
         proc.wait()
         drain.join(timeout=5)
         sandbox.release(argv)

@@ -87,10 +87,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
              f"{format_points(graded.max_points)} points.**", "",
              "| check | points | result |", "|---|---|---|"]
     for r in graded.results:
-        if r.passed:
-            result = f"passed ({r.cases} case{'s' * (r.cases != 1)})"
-        else:
-            result = "**failed**: " + _table_text(_first_line(r.message))
+        result = passed(r.cases) if r.passed else \
+            "**failed**: " + _table_text(_first_line(r.message))
         lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
                      f"| {result} |")
     for r in graded.results:
@@ -103,10 +101,7 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
                       "cells, then called your functions on its own inputs (the "
                       "cases you saw and hidden ones) in a process of its own, and compared "
                       "what they returned with the reference there."]
-        lines += [f"- {_table_text(n)}" for n in graded.notes]
-        failing = [(cid, err) for cid, err in graded.cells if err]
-        for cid, err in failing:
-            lines.append(f"- your cell `{cid}`, as the grader ran it: {_table_text(err)}")
+        lines += note_lines(graded, _table_text)
         lines += ["", "Below: your notebook run top to bottom in a fresh kernel on the same "
                       "code, with the instructor's check cells"
                   + (f" and a time limit of {timeout} s per cell" if executed else
@@ -119,6 +114,19 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
         if sandbox:
             lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
+
+
+def note_lines(graded: Graded, text=str) -> list[str]:
+    """The notes on what was graded, and the error of each of the student's cells as the grader
+    ran it, a "- " line each (``text``: how a note or error is written)."""
+    return [f"- {text(n)}" for n in graded.notes] + [
+        f"- your cell `{cid}`, as the grader ran it: {text(err)}" for cid, err in graded.cells
+        if err]
+
+
+def passed(cases: int, kind: str = "") -> str:
+    """``passed (N cases)``, ``passed (1 public case)``: what a passed check says."""
+    return f"passed ({cases} {kind}case{'s' * (cases != 1)})"
 
 
 def _first_line(text: str) -> str:

@@ -1,12 +1,6 @@
-"""Where a student's code runs when the grader runs it: a bubblewrap sandbox.
-
-Each run of a student's code (one probe process, one feedback kernel) gets a ``bwrap`` sandbox
-of its own (``--unshare-all``): ``/usr`` and Python read-only (an installed copy of the course's
-package emptied), what the grader binds for the run, a private bounded ``/tmp`` (also ``HOME``)
-and nothing else; its own processes, no network, no capabilities; ``prlimit`` limits and, where
-the grader may make control groups, a group bounding the whole sandbox's memory and processes.
-Time is the caller's to bound (it kills the sandbox). What an instructor is told:
-docs/instructors.md, "The sandbox".
+"""Where a student's code runs when the grader runs it: a bubblewrap sandbox of its own for
+each run (one probe process, one feedback kernel). What it shows and bounds:
+docs/instructors.md, "The sandbox"; time is the caller's to bound (it kills the sandbox).
 
 :func:`find_sandbox` returns the sandbox to use, or raises :class:`SandboxUnavailable` with the
 command that installs bubblewrap; :class:`NoSandbox` is what ``--no-sandbox`` runs with (the
@@ -18,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -287,6 +282,23 @@ class _ControlGroups:
             for folder in sorted(parent.glob("sandbox-*")):
                 _rmdir_when_empty(folder)
             _rmdir_when_empty(parent)
+
+
+def kill_group(pgid: int | None, process) -> None:
+    """Kill the process group ``pgid`` (never this process's own), or, where that cannot be
+    done, ``process`` alone; either may be gone already."""
+    own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
+    if pgid and pgid != own_group and hasattr(os, "killpg"):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            return
+        except OSError:  # the group is gone already
+            pass
+    if process is not None:
+        try:
+            process.kill()
+        except Exception:  # already gone
+            pass
 
 
 def _rmdir_when_empty(folder: Path, tries: int = 50) -> None:

@@ -58,18 +58,6 @@ def check_out(out: Path, inputs: dict[str, Path]) -> None:
                          "tool; name a new folder or empty it yourself")
 
 
-def mark_out(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / OWNER_FILE).write_text("This folder is rewritten by the course's tools "
-                                  "(transformer_lab.course.site).\n")
-
-
-def build(src: Path, out: Path) -> int:
-    from sphinx.cmd.build import build_main
-
-    return build_main(["-b", "html", "-q", str(src), str(out)])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=Path, default=Path("docs"),
@@ -88,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     inputs = {"--docs": args.docs, "--executed": args.executed, "--img": args.img}
     check_out(args.out, {**inputs, "--src": args.src})  # before --src is emptied
     notebooks = assemble(args.docs, args.executed, args.img, args.src)
-    mark_out(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / OWNER_FILE).write_text("This folder is rewritten by the course's tools "
+                                       "(transformer_lab.course.site).\n")
     print(f"building the site from {len(notebooks)} executed notebooks ...", flush=True)
-    status = build(args.src, args.out)
+    from sphinx.cmd.build import build_main
+
+    status = build_main(["-b", "html", "-q", str(args.src), str(args.out)])
     if status == 0:
         print(f"site: {args.out / 'index.html'}")
     return status

@@ -3,11 +3,9 @@
     python -m transformer_lab.course.student                  # notebooks/ -> build/student/
     python -m transformer_lab.course.student --out handout    # somewhere else
 
-Each notebook's solution regions become stubs raising ``NotImplementedError("Exercise:
-<hint>")``, outputs are cleared, check cells are locked (as nbgrader does) and the course version
-is recorded (:mod:`.versions`). Beside them: the package in its handout form (:mod:`.package`),
-``pyproject.toml``, ``requirements.txt``, ``img/`` and a README for students. A misplaced or
-unbalanced marker stops the build before anything is written (:mod:`.assignment`).
+What it holds: docs/instructors.md, "Handing out"; the course version is recorded in it
+(:mod:`.versions`). A misplaced or unbalanced marker stops the build before anything is
+written (:mod:`.assignment`).
 """
 
 from __future__ import annotations
@@ -27,9 +25,9 @@ from transformer_lab.course.assignment import (
     Assignment,
     AssignmentError,
     Region,
+    assert_no_markers,
     check_apart,
     fresh_output_dir,
-    has_marker_words,
     load_assignments,
     raise_line,
     replace_regions,
@@ -86,18 +84,11 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
             cell.execution_count = None
             for key in ("execution", "collapsed", "scrolled"):
                 cell.metadata.pop(key, None)
-    _assert_no_markers_left(nb, assignment.name)
+    for number, cell in enumerate(nb.cells, 1):  # a last guard: parse_notebook's checks
+        assert_no_markers(source_lines(cell), f"{assignment.name}, cell {number}",
+                          "student version")
     nbformat.validate(nb)
     return nb
-
-
-def _assert_no_markers_left(nb, name: str) -> None:
-    """A last guard: parse_notebook's checks leave no marker behind; fail loudly if one is."""
-    for number, cell in enumerate(nb.cells, 1):
-        for k, line in enumerate(source_lines(cell), 1):
-            if has_marker_words(line):
-                raise AssertionError(f"{name}, cell {number}, line {k}: a marker is left in the "
-                                     "student version")
 
 
 def title(nb) -> str:

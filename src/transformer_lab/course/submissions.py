@@ -1,11 +1,6 @@
-"""Finding the submissions in a folder: what each student handed in, and every file skipped.
-
-Two layouts, which may be mixed: ``SUBMISSIONS/<student>/...`` (notebooks anywhere below it, the
-core modules in a folder named ``core``, best ``src/transformer_lab/core/``) and
-``SUBMISSIONS/<student>_<NN_topic>.ipynb`` (one notebook per file). Names are matched
-forgivingly (:func:`match_notebook`); of several candidates the best name wins, then the newest
-file. Hidden files and the handout's own, unchanged, are ignored; every other file not graded is
-listed with the reason (``skipped.csv``). docs/instructors.md says it for instructors.
+"""Finding the submissions in a folder: what each student handed in, and every file skipped
+with the reason (``skipped.csv``). The layouts and how names are matched: docs/instructors.md,
+"Submissions".
 """
 
 from __future__ import annotations

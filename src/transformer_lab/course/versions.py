@@ -1,12 +1,9 @@
 """Course versions: what a handout and an autograder record, and what the grader makes of them.
 
 A course version is ``transformer_lab.__version__`` and the git commit the project was built
-from ("unknown" outside a git checkout). ``make student`` records it in the handout's package
-(``transformer_lab/_built.py``) and in every handout notebook's metadata
-(``metadata.transformer_lab``); ``make gradescope`` in the autograder's package. The grader
-grades its own version number only, and names the version (a git tag ``v<version>``) that grades
-the others; a notebook that records none is graded with this version, and its feedback says so
-(docs/instructors.md, "Versions").
+from ("unknown" outside a git checkout), recorded in a built package's ``_built.py`` and in a
+handout notebook's ``metadata.transformer_lab``; what the grader makes of it:
+docs/instructors.md, "Versions".
 """
 
 from __future__ import annotations
