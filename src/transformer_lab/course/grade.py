@@ -728,9 +728,13 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
     results: dict[tuple[str, str], Graded] = {}
     with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="grade") as pool:
         futures = {pool.submit(one, pair): pair for pair in pairs}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            report(results[futures[future]])
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                report(results[futures[future]])
+        except BaseException:  # Ctrl+C: what has not started yet is not graded
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [results[pair] for pair in pairs]
 
 
