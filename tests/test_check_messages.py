@@ -172,9 +172,14 @@ def test_a_float32_gradient_promoted_by_a_bool_mask_times_a_float():
 
 
 def test_the_ignore_index_default_is_named_in_the_loss():
-    msg = mutant_message("check-transformer-loss", "transformer_loss", "ignore_index")
+    msg = mutant_message("check-transformer-loss", "transformer_loss", "ignore_index not passed")
     assert "ignore_index" in msg and "-100" in msg
     assert "times the expected one" not in msg
+
+
+def test_a_written_in_ignore_index_is_named():
+    msg = mutant_message("check-transformer-loss", "transformer_loss", "-1 written in")
+    assert "writing in -1 instead of using the argument ignore_index" in msg
 
 
 @pytest.mark.parametrize(("check_id", "where", "models", "cause"), [
