@@ -30,18 +30,30 @@ def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_
     return Case(name, (p0, grads.astype(dtype)), hyper)
 
 
-def _torch_trajectory(opt_class, p0, grads, **settings):
-    """Feed ``grads`` to ``opt_class([p], **settings)`` one step at a time; (p after each step
-    (k, ...), the optimiser's state of p after the last)."""
-    p = torch.tensor(p0.copy(), requires_grad=True)
-    opt = opt_class([p], **settings)
-    after = []
-    for g in grads:
-        p.grad = torch.from_numpy(g.copy())
+def _torch_trajectory(opt_class, params, grads, fresh_state=False, **settings):
+    """Feed ``grads`` (one dict name -> gradient a step) to ``opt_class`` over ``params`` (name
+    -> array) one step at a time (``fresh_state``: a new optimiser, with empty state, for every
+    step -- the mistake of not keeping the state); (name -> p after each step (k, ...), name ->
+    the optimiser's state of p after the last)."""
+    tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
+    after = {k: [] for k in params}
+    for i, g in enumerate(grads):
+        if i == 0 or fresh_state:
+            opt = opt_class(list(tensors.values()), **settings)
+        for k, t in tensors.items():
+            t.grad = torch.from_numpy(g[k].copy())
         opt.step()
-        after.append(p.detach().numpy().copy())
-    return np.stack(after), {k: (v.numpy().copy() if hasattr(v, "numpy") else v)
-                             for k, v in opt.state[p].items()}
+        for k, t in tensors.items():
+            after[k].append(t.detach().numpy().copy())
+    state = {k: {n: (v.numpy().copy() if hasattr(v, "numpy") else v)
+                 for n, v in opt.state[t].items()} for k, t in tensors.items()}
+    return {k: np.stack(v) for k, v in after.items()}, state
+
+
+def _torch_p_trajectory(opt_class, p0, grads, **settings):
+    """:func:`_torch_trajectory` of one parameter p0, with the gradients (steps, ...) for it."""
+    after, state = _torch_trajectory(opt_class, {"p": p0}, [{"p": g} for g in grads], **settings)
+    return after["p"], state["p"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,6 +62,11 @@ def _torch_trajectory(opt_class, p0, grads, **settings):
 P_AFTER = "p after each step"
 BUFFER = "the momentum buffer returned after the last step"
 NO_BUFFER = "without momentum, the returned buffer is None"
+
+
+def _sgd_answer(after, buf, momentum) -> dict:
+    """p after each step, and the buffer returned after the last (without momentum: None)."""
+    return {P_AFTER: after, **({BUFFER: buf} if momentum else {NO_BUFFER: buf is None})}
 
 
 def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
@@ -73,12 +90,8 @@ def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nes
         if in_place:
             p = new
         after.append(p.copy())
-    out = {P_AFTER: np.stack(after).astype(p0.dtype)}
-    if momentum:
-        out[BUFFER] = buf.astype(p0.dtype)
-    else:
-        out[NO_BUFFER] = True
-    return out
+    return _sgd_answer(np.stack(after).astype(p0.dtype), buf if buf is None else
+                       buf.astype(p0.dtype), momentum)
 
 
 class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
@@ -116,21 +129,11 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
         for g in grads:  # g is a view into the case's gradients: changing it is noticed
             buf = f.sgd_step(p, g, buf, **hyper)
             after.append(p.copy())
-        out = {P_AFTER: np.stack(after)}
-        if hyper.get("momentum"):
-            out[BUFFER] = buf
-        else:
-            out[NO_BUFFER] = buf is None
-        return out
+        return _sgd_answer(np.stack(after), buf, hyper.get("momentum"))
 
     def expected(self, p0, grads, **hyper):
-        after, state = _torch_trajectory(torch.optim.SGD, p0, grads, **hyper)
-        out = {P_AFTER: after}
-        if hyper.get("momentum"):
-            out[BUFFER] = state["momentum_buffer"]
-        else:
-            out[NO_BUFFER] = True
-        return out
+        after, state = _torch_p_trajectory(torch.optim.SGD, p0, grads, **hyper)
+        return _sgd_answer(after, state.get("momentum_buffer"), hyper.get("momentum"))
 
     def mistakes(self, p0, grads, **hyper):
         found = {"updating a new array instead of p in place (p = p - lr * g rebinds the name; "
@@ -240,8 +243,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
     def expected(self, p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                  decoupled=False):
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-        after, state = _torch_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2), eps=eps,
-                                         weight_decay=weight_decay)
+        after, state = _torch_p_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2),
+                                           eps=eps, weight_decay=weight_decay)
         return {P_AFTER: after, M_AFTER: state["exp_avg"], V_AFTER: state["exp_avg_sq"]}
 
     def mistakes(self, p0, grads, **hyper):
@@ -436,6 +439,11 @@ def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
     return src, tgt
 
 
+def _step_answer(config, losses, norms, params) -> dict:
+    dt = np.dtype(config["dtype"])
+    return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt), PARAMS: params}
+
+
 def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Case:
     config = {**STEP_CONFIG, "dtype": dtype}
     params = _random_params(config, rng)
@@ -492,9 +500,7 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             loss, norm = f.train_step(model, opt, src, tgt, lr, clip)
             losses.append(loss)
             norms.append(norm)
-        dt = np.dtype(config["dtype"])
-        return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
-                PARAMS: dict(model.params)}
+        return _step_answer(config, losses, norms, dict(model.params))
 
     def expected(self, config, params, batches, lrs, clip, optimizer, variant=""):
         """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
@@ -521,9 +527,7 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             opt.step()
             losses.append(loss.item())
             norms.append(norm)
-        dt = np.dtype(config["dtype"])
-        return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
-                PARAMS: twin.numpy_params()}
+        return _step_answer(config, losses, norms, twin.numpy_params())
 
     def mistakes(self, config, params, batches, lrs, clip, optimizer):
         def wrong(variant):
@@ -587,6 +591,12 @@ RETURNS_NONE = "rmsprop_step returns None"
 SAME_ARRAYS = "params updated in place (the same arrays after the step)"
 
 
+def _rmsprop_answer(after: dict, returns_none=True, same_arrays=True) -> dict:
+    """What check-rmsprop compares; ``after``: name -> the parameter after each step."""
+    return {RETURNS_NONE: returns_none, SAME_ARRAYS: same_arrays,
+            **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+
+
 def _rmsprop_case(rng, name, steps=6, dtype=np.float64, **hyper) -> Case:
     params = {"W": rng.standard_normal((3, 4)).astype(dtype),
               "b": rng.standard_normal(4).astype(dtype)}
@@ -639,8 +649,7 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
                     else:
                         p -= lr * g / a
                     after[k].append(p.astype(params[k].dtype))
-            return {RETURNS_NONE: True, SAME_ARRAYS: True,
-                    **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+            return _rmsprop_answer(after)
 
         found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
                  lambda: numpy_rmsprop(eps_inside=True)}
@@ -659,26 +668,14 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
             returned.append(f.rmsprop_step(params, g, state, **hyper))
             for k in after:
                 after[k].append(np.array(params[k], copy=True))
-        return {RETURNS_NONE: all(r is None for r in returned),
-                SAME_ARRAYS: all(params[k] is arrays[k] for k in arrays),
-                **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+        return _rmsprop_answer(after, all(r is None for r in returned),
+                               all(params[k] is arrays[k] for k in arrays))
 
     def expected(self, params, grads, fresh_state=False, **settings):
-        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: a new optimiser, with empty
-        state, for every step -- the mistake of not keeping the state)."""
-        tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
-        opt = torch.optim.RMSprop(list(tensors.values()), **settings)
-        after = {k: [] for k in params}
-        for g in grads:
-            if fresh_state:
-                opt = torch.optim.RMSprop(list(tensors.values()), **settings)
-            for k, t in tensors.items():
-                t.grad = torch.from_numpy(g[k].copy())
-            opt.step()
-            for k, t in tensors.items():
-                after[k].append(t.detach().numpy().copy())
-        return {RETURNS_NONE: True, SAME_ARRAYS: True,
-                **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: see
+        :func:`_torch_trajectory`)."""
+        after, _ = _torch_trajectory(torch.optim.RMSprop, params, grads, fresh_state, **settings)
+        return _rmsprop_answer(after)
 
     def mistakes(self, params, grads, **hyper):
         found = {"without keeping the running averages in state between calls (each step "
