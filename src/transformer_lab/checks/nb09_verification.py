@@ -116,16 +116,14 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
                  how="mean"):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
-        flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
+        flat, target, F = logits.reshape(-1, v), _t(labels.reshape(-1)), torch.nn.functional
         if how == "ignore_index -100":  # -1 is no longer ignored: it picks the last class
-            loss = torch.nn.functional.cross_entropy(flat, torch.where(target == -1, v - 1,
-                                                                       target))
+            loss = F.cross_entropy(flat, torch.where(target == -1, v - 1, target))
         elif how == "mean over all":
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
-                                                     reduction="sum") / labels.size
+            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum")
+            loss = loss / labels.size
         else:
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
-                                                     reduction=how)
+            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction=how)
         loss.backward()
         dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
         return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}

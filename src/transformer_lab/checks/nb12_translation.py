@@ -229,11 +229,12 @@ def _table_step(table, K):
 
 
 ### BEGIN HIDDEN TESTS
-def _mistaken_search(table, K, max_len, alpha, offset=True, gather=True, copies=False,
-                     stop=True, **step):
-    """The search as ``beam_search`` runs it -- rows of prefixes, the table's "cache" read
-    through ``rows``, :func:`_reference_step` -- with one of its mistakes (``step``: a variant
-    of beam_step, :data:`STEP_MISTAKES`)."""
+def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
+            **step):
+    """The search by its definition, step by step with :func:`_reference_step`, as
+    ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
+    or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
+    :data:`STEP_MISTAKES`)."""
     B = table.shape[0]
     seqs = [[(BOS,)] * K for _ in range(B)]
     scores, lengths, finished = np.zeros((B, K)), np.zeros((B, K), int), np.zeros((B, K), bool)
@@ -288,32 +289,10 @@ class BeamSearch(Check, id="check-beam-search",
         yield Case("alpha = 0, EOS very likely", _search_case(rng, 2, 3, 5, 5, 0.0, 3.0))
 
     def expected(self, table, K, max_len, alpha):
-        B, V = table.shape[0], table.shape[-1]
-        hyps = [[((BOS,), 0.0, 0, False)] for _ in range(B)]  # (tokens, score, length, finished)
-        steps = 0
-        for _ in range(max_len):
-            steps += 1
-            for b in range(B):
-                cands = []
-                for toks, s, n, fin in hyps[b]:
-                    if fin:
-                        cands.append((toks + (PAD,), s, n, True))
-                        continue
-                    before = toks[-2] if len(toks) > 1 else BOS
-                    for t in range(V):
-                        cands.append((toks + (t,), s + table[b, before, toks[-1], t], n + 1,
-                                      t == EOS))
-                cands.sort(key=lambda c: -(c[1] / ((5 + c[2]) / 6) ** alpha))
-                hyps[b] = cands[:K]
-            if all(h[3] for hs in hyps for h in hs):
-                break
-        seqs = np.array([[h[0] for h in hs] for hs in hyps], dtype=np.int64)
-        scores = np.array([[h[1] / ((5 + h[2]) / 6) ** alpha for h in hs] for hs in hyps])
-        return {"sequences": seqs.reshape(B, K, steps + 1), "scores": scores}
+        return _search(table, K, max_len, alpha)
 
     def mistakes(self, table, K, max_len, alpha):
-        return {description: functools.partial(_mistaken_search, table, K, max_len, alpha,
-                                               **variant)
+        return {description: functools.partial(_search, table, K, max_len, alpha, **variant)
                 for description, variant in SEARCH_MISTAKES.items()}
     ### END HIDDEN TESTS
 
