@@ -100,9 +100,10 @@ def _attention_case(rng, B, T, E, H, Hkv, bias, dt=np.float64) -> tuple:
 
 
 def _torch_rotate(x, angles):
-    """RoPE as a complex multiplication by exp(i angle) (RoFormer's and LLaMA's rotation)."""
-    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
+    """RoPE: reference.torch_gpt's rotation (imported where used: it imports torch)."""
+    from transformer_lab.reference.torch_gpt import _rotate
+
+    return _rotate(x, angles)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
@@ -321,24 +322,10 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
             return {"with the embedding table as the output projection: this model has one of "
                     "its own, params['lm_head']['W'] (untied)": tied}
 
-        def untied():  # only the output projection's gradient for the table
-            want = self.expected(flat, ids, config)
-            from transformer_lab.reference.torch_gpt import TorchGPT
-
-            twin = TorchGPT(_config(config))
-            twin.load_numpy_params(flat)
-            with torch.no_grad():
-                x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
-            for layer in twin.layers:
-                x = layer(x)
-            norm = twin.norm
-            x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.gamma,
-                                               getattr(norm, "beta", None), _config(config).eps)
-            twin.zero_grad()
-            logits = x @ twin.embed.W.T
-            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                              _t(ids[:, 1:]).reshape(-1)).backward()
-            return {**want, "d.embed.W": _np(twin.embed.W.grad)}
+        def untied():  # only the output projection's gradient for the table: that of a copy
+            copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
+                                 {**config, "tie_embeddings": False})
+            return {**self.expected(flat, ids, config), "d.embed.W": copy["d.lm_head.W"]}
 
         return {"with the table's gradient from the output projection only (a tied table "
                 "gets the sum of both uses)": untied}
