@@ -70,20 +70,19 @@ def _sgd_answer(after, buf, momentum) -> dict:
 
 
 def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-               first_buffer="g", use_decay=True, use_nesterov=True, decay_after=False,
-               in_place=True):
+               first_buffer="g", decay_after=False, in_place=True):
     """The SGD trajectory with the switches of the classic mistakes (float64)."""
     p = p0.astype(np.float64)
     buf = None
     after = []
     for g in grads.astype(np.float64):
-        d = g + weight_decay * p if use_decay and weight_decay and not decay_after else g
+        d = g + weight_decay * p if weight_decay and not decay_after else g
         if momentum:
             if buf is None:
                 buf = d.copy() if first_buffer == "g" else (1 - dampening) * d
             else:
                 buf = momentum * buf + (1 - dampening) * d
-            d = d + momentum * buf if nesterov and use_nesterov else buf
+            d = d + momentum * buf if nesterov else buf
         if decay_after and weight_decay:
             d = d + weight_decay * p
         new = p - lr * d
@@ -144,10 +143,10 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
                 lambda: _sgd_numpy(p0, grads, **hyper, first_buffer="zero"))
         if hyper.get("nesterov"):
             found["ignoring nesterov (with it the step uses g + momentum * buf, not buf)"] = (
-                lambda: _sgd_numpy(p0, grads, **hyper, use_nesterov=False))
+                lambda: self.expected(p0, grads, **{**hyper, "nesterov": False}))
         if hyper.get("weight_decay"):
             found["ignoring weight_decay (it adds weight_decay * p to g first)"] = (
-                lambda: _sgd_numpy(p0, grads, **hyper, use_decay=False))
+                lambda: self.expected(p0, grads, **{**hyper, "weight_decay": 0.0}))
             if hyper.get("momentum"):
                 found["adding the weight decay after the momentum instead of to g before it"] = (
                     lambda: _sgd_numpy(p0, grads, **hyper, decay_after=True))
@@ -162,22 +161,19 @@ V_AFTER = "v (the second moment) after the last step"
 
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                decoupled=False, correction=0, eps_inside=False, decay="as asked",
-                state_in_place=True, p_in_place=True, kept="m and v"):
+                decoupled=False, correction=0, eps_inside=False, lr_in_decay=True, rebound="",
+                p_in_place=True):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
-    the shift of t in the bias correction, or None for none; decay: "as asked", "gradient",
-    "decoupled" or "decoupled without lr"; state_in_place False: ``kept`` ("m and v", "m",
-    "v") rebound to new arrays, so the caller's stay zero."""
+    the shift of t in the bias correction, or None for none; lr_in_decay False: AdamW shrinks
+    p by 1 - weight_decay; ``rebound`` ("m and v", "m", "v"): rebound to new arrays, so the
+    caller's stay zero."""
     p = p0.astype(np.float64)
     m, v = np.zeros_like(p), np.zeros_like(p)
     after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
-        how = decay if decay != "as asked" else "decoupled" if decoupled else "gradient"
         q = p
-        if weight_decay and how == "decoupled":
-            q = p * (1 - lr * weight_decay)
-        elif weight_decay and how == "decoupled without lr":
-            q = p * (1 - weight_decay)
+        if weight_decay and decoupled:
+            q = p * (1 - (lr if lr_in_decay else 1.0) * weight_decay)
         elif weight_decay:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
@@ -190,9 +186,9 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
             v_hat = v_new / (1 - np.float64(beta2) ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         new = q - lr * m_hat / denom
-        if state_in_place or "m" not in kept:
+        if "m" not in rebound:
             m = m_new
-        if state_in_place or "v" not in kept:
+        if "v" not in rebound:
             v = v_new
         if p_in_place:
             p = new
@@ -262,26 +258,27 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 wrong(eps_inside=True),
             "updating new arrays instead of m and v in place (m = beta1 * m + ... rebinds the "
             "name; the caller's m and v stay zero: write m *= beta1; m += ...)":
-                wrong(state_in_place=False),
+                wrong(rebound="m and v"),
             "rebinding m instead of updating it in place (m = m + ... or m = beta1 * m + ... "
             "makes a new array: the caller's m stays zero, every step starts afresh; write "
             "m += ..., as for v)":
-                wrong(state_in_place=False, kept="m"),
+                wrong(rebound="m"),
             "rebinding v instead of updating it in place (v = ... makes a new array: the "
             "caller's v stays zero; write v *= beta2; v += ...)":
-                wrong(state_in_place=False, kept="v"),
+                wrong(rebound="v"),
             "updating a new array instead of p in place (write p -= ...)":
                 wrong(p_in_place=False),
         }
         if hyper.get("weight_decay") and hyper.get("decoupled"):
             found["adding AdamW's weight decay to the gradient (that is Adam's L2 penalty; AdamW "
-                  "shrinks p by 1 - lr * weight_decay before the update)"] = wrong(
-                decay="gradient")
+                  "shrinks p by 1 - lr * weight_decay before the update)"] = (
+                lambda: self.expected(p0, grads, **{**hyper, "decoupled": False}))
             found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = wrong(
-                decay="decoupled without lr")
+                lr_in_decay=False)
         elif hyper.get("weight_decay"):
             found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
-                  "to the gradient; shrinking p is AdamW)"] = wrong(decay="decoupled")
+                  "to the gradient; shrinking p is AdamW)"] = (
+                lambda: self.expected(p0, grads, **{**hyper, "decoupled": True}))
         return found
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb13_gpt import (
     _attention_case,
     _attention_expected,
@@ -29,20 +29,18 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
     axes = {"out": "td", "dx": "td"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("B = 2, heads = 3, T = 5, Dh = 6", (np.arange(5), rng.standard_normal(
-            (2, 3, 5, 6)), rng.standard_normal((2, 3, 5, 6))))
-        yield Case("positions 7..10 (a cached step)", (np.arange(7, 11), rng.standard_normal(
-            (1, 2, 4, 4)), rng.standard_normal((1, 2, 4, 4))))
-        yield Case("float32", (np.arange(3), rng.standard_normal((2, 3, 8)).astype(np.float32),
-                               rng.standard_normal((2, 3, 8)).astype(np.float32)))
+        yield Case("B = 2, heads = 3, T = 5, Dh = 6",
+                   (np.arange(5), *normals(rng, (2, 3, 5, 6), (2, 3, 5, 6))))
+        yield Case("positions 7..10 (a cached step)",
+                   (np.arange(7, 11), *normals(rng, (1, 2, 4, 4), (1, 2, 4, 4))))
+        yield Case("float32", (np.arange(3), *normals(rng, (2, 3, 8), (2, 3, 8), dtype=np.float32)))
         later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
-        yield Case("base 500 (the frequencies' base is an argument)", (np.arange(6),
-                   later.standard_normal((2, 6, 8)), later.standard_normal((2, 6, 8)), 500.0))
+        yield Case("base 500 (the frequencies' base is an argument)",
+                   (np.arange(6), *normals(later, (2, 6, 8), (2, 6, 8)), 500.0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("Dh = 2, long positions", (np.arange(100, 103), rng.standard_normal((3, 2)),
-                                              rng.standard_normal((3, 2))))
+        yield Case("Dh = 2, long positions", (np.arange(100, 103), *normals(rng, (3, 2), (3, 2))))
     ### END HIDDEN TESTS
 
     def run(self, f, positions, x, dout, base=None):

@@ -15,7 +15,7 @@ import numpy as np
 
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -137,9 +137,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
 
 
 def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
-    q = rng.standard_normal((*lead, T, d)).astype(dtype)
-    k = rng.standard_normal((*lead, S, d)).astype(dtype)
-    return q, k, rng.standard_normal((*lead, S, d_v)).astype(dtype)
+    return normals(rng, (*lead, T, d), (*lead, S, d), (*lead, S, d_v), dtype=dtype)
 
 
 MEMORY = "peak extra memory below T * S * itemsize / 10"
@@ -329,7 +327,7 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
               "W_o": rng.standard_normal((E, E)) / math.sqrt(E),
               "b_o": rng.standard_normal(E) * 0.1}
     params = {n: a.astype(dtype) for n, a in params.items()}
-    x, dout = (rng.standard_normal((B, T, E)).astype(dtype) for _ in range(2))
+    x, dout = normals(rng, (B, T, E), (B, T, E), dtype=dtype)
     return Case(name, (x, params, H, dout, block))
 
 
