@@ -34,14 +34,8 @@ MORE_TEXTS = {
     "numbers beyond 0-9 (superscripts, fractions, other scripts)": "x²+1 = ½) ١٢٣ Ⅻ",
     "Devanagari (its vowel signs are marks, not letters)": "नमस्ते दुनिया, हिन्दी",
 }
-#: GPT-2's pattern, and the pieces of ``text`` by another pattern (for the hints)
+#: GPT-2's pattern (the hints of check-pretokenize vary it)
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def _findall(pattern: str, text: str) -> list[str]:
-    import regex  # the package's dependency for \p{L}; imported where a hint is computed
-
-    return regex.findall(pattern, text)
 
 
 ### BEGIN HIDDEN TESTS
@@ -127,6 +121,11 @@ def _hf_bpe(merges, byte_level: bool):
     return tok
 
 
+def _hf_ids(model, word) -> list[int]:
+    """The ids of ``word`` (its bytes) by a bare model of :func:`_hf_bpe`."""
+    return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
+
+
 def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
 
@@ -209,6 +208,8 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
         return _pieces(text)
 
     def mistakes(self, text):
+        import regex  # the package's dependency for \p{L}; imported where a hint is computed
+
         contractions = GPT2_PATTERN[:GPT2_PATTERN.index("| ?")]
         wrong = {
             "without the optional space before letters, digits and symbols (' ?': a word "
@@ -223,7 +224,7 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
             "matching the contractions in any case (GPT-2's are lowercase only: in \"DON'T\", "
             "' and T are pieces of their own)":
             f"(?i:{contractions})" + GPT2_PATTERN[len(contractions):]}
-        found = {d: functools.partial(_findall, p, text) for d, p in wrong.items()}
+        found = {d: functools.partial(regex.findall, p, text) for d, p in wrong.items()}
         return {**found, "splitting on whitespace (text.split() loses the spaces: the pieces "
                          "must join back into the text)": lambda: text.split()}
 
@@ -524,8 +525,7 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
         return [int(i) for i in f.encode_word(bytes(word), ranks)]
 
     def expected(self, word, merges):
-        model = _hf_bpe(merges, byte_level=False)
-        return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
+        return _hf_ids(_hf_bpe(merges, byte_level=False), word)
 
     def mistakes(self, word, merges):
         def by_rank(pick, first_id):  # ``pick`` (min, right; max) of the ranks first
@@ -581,8 +581,7 @@ class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
         model = _hf_bpe(merges, byte_level=False)
 
         def words(pieces):
-            return [t.id for p in pieces
-                    for t in model.tokenize("".join(chr(0x4E00 + b) for b in p))]
+            return [i for p in pieces for i in _hf_ids(model, p)]
 
         return {"encoding the whole text as one word (encode each piece of pretokenize on its "
                 "own)": lambda: words([text.encode("utf-8")] if text else []),
