@@ -13,6 +13,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb09_verification import sinusoid_table
 
 
 def _config(d: dict):
@@ -254,11 +255,7 @@ def _pe(config):
     c = _config(config)
     if c.positional != "sinusoidal":
         return None
-    p = np.arange(c.max_len)[:, None]
-    omega = 10000.0 ** (-np.arange(0, c.d_model, 2) / c.d_model)
-    pe = np.zeros((c.max_len, c.d_model))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :c.d_model // 2]
-    return pe.astype(c.dtype)
+    return sinusoid_table(c.max_len, c.d_model).astype(c.dtype)
 
 
 class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backward", "gpt_loss")):
