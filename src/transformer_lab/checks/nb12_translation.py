@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb09_verification import _smoothed
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
 PAD, BOS, EOS = 0, 1, 2
@@ -59,12 +60,8 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
                 "dlogits": f.label_smoothed_loss_backward(dloss, cache)}
 
     def expected(self, logits, targets, eps, ignore_index, dloss):
-        x = _t(logits, grad=True)
-        loss = torch.nn.functional.cross_entropy(
-            x.reshape(-1, logits.shape[-1]), _t(targets).reshape(-1), label_smoothing=eps,
-            ignore_index=ignore_index)
-        (loss * dloss).backward()
-        return {"loss": np.asarray(loss.item(), logits.dtype), "dlogits": _np(x.grad)}
+        want = _smoothed(logits, targets, ignore_index, eps)  # torch's, as notebook 09's
+        return {"loss": np.asarray(want["loss"], logits.dtype), "dlogits": want["dlogits"] * dloss}
 
     def mistakes(self, logits, targets, eps, ignore_index, dloss):
         V = logits.shape[-1]

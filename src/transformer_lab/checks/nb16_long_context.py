@@ -22,9 +22,12 @@ from transformer_lab.checks.framework import Case, Check, later_rng, normals
 NEG_INF = "m_new is -inf"
 
 
-def _split_neg_inf(m):
-    m = np.asarray(m)
-    return np.isneginf(m), np.where(np.isneginf(m), 0, m)
+def _update_answer(m_new, ell_new, p, alpha) -> dict:
+    """What check-online-softmax-update compares: m_new split at -inf (:data:`NEG_INF`)."""
+    m_new = np.asarray(m_new)
+    finite = np.where(np.isneginf(m_new), 0, m_new)
+    return {NEG_INF: np.isneginf(m_new), "m_new (where finite)": finite, "ell_new": ell_new,
+            "p": p, "alpha": alpha}
 
 
 def _state(prev):
@@ -105,9 +108,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
 
     def run(self, f, m, ell, scores):
         m_new, ell_new, p, alpha = f.online_softmax_update(m, ell, scores)
-        is_neg_inf, finite = _split_neg_inf(m_new)
-        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite, "ell_new": ell_new,
-                "p": p, "alpha": alpha}
+        return _update_answer(m_new, ell_new, p, alpha)
 
     def expected(self, m, ell, scores):
         m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
@@ -115,9 +116,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         alpha, p = torch.exp(m - shift), torch.exp(s - shift)
         ell_new = alpha * ell + p.sum(-1, keepdim=True)
-        is_neg_inf, finite = _split_neg_inf(m_new.numpy())
-        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite,
-                "ell_new": ell_new.numpy(), "p": p.numpy(), "alpha": alpha.numpy()}
+        return _update_answer(*(a.numpy() for a in (m_new, ell_new, p, alpha)))
 
     def mistakes(self, m, ell, scores):
         want = self.expected(m, ell, scores)
@@ -234,6 +233,11 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
     return Case(name, (*args, 1 / math.sqrt(q_i.shape[-1]), blocks, causal))
 
 
+#: check-flash-backward-tile's outputs
+TILE_GRADS = ("dq_i (the sum of the tiles' parts)", "dk (the tiles' parts, side by side)",
+              "dv (the tiles' parts, side by side)")
+
+
 class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
                                  functions=("flash_attention_backward_tile",)):
     def cases(self, rng):
@@ -262,15 +266,11 @@ class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
             dq = dq + np.asarray(dq_t)
             dks.append(np.asarray(dk_t))
             dvs.append(np.asarray(dv_t))
-        return {"dq_i (the sum of the tiles' parts)": dq,
-                "dk (the tiles' parts, side by side)": np.concatenate(dks, axis=-2),
-                "dv (the tiles' parts, side by side)": np.concatenate(dvs, axis=-2)}
+        return dict(zip(TILE_GRADS, (dq, np.concatenate(dks, axis=-2),
+                                     np.concatenate(dvs, axis=-2)), strict=True))
 
     def expected(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
-        dq, dk, dv = _torch_grads(q_i, k, v, dout_i, causal)
-        return {"dq_i (the sum of the tiles' parts)": dq,
-                "dk (the tiles' parts, side by side)": dk,
-                "dv (the tiles' parts, side by side)": dv}
+        return dict(zip(TILE_GRADS, _torch_grads(q_i, k, v, dout_i, causal), strict=True))
 
 
 def _torch_grads(q, k, v, dout, causal):
