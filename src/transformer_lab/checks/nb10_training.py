@@ -5,8 +5,9 @@ Expected answers come from PyTorch: ``torch.optim.SGD``, ``Adam``, ``AdamW`` and
 fed the same gradients, ``torch.nn.utils.clip_grad_norm_``, and -- for the training step and
 for decoding -- ``TorchTransformer``, the course model written again in PyTorch (autograd,
 ``torch.optim``, ``clip_grad_norm_``); none of them calls the core. The hints for the classic
-mistakes of the optimiser steps are computed in NumPy from the update rules that the core's
-docstrings state.
+mistakes of the optimiser steps are torch's optimisers with another setting (a switch ignored,
+Adam for AdamW) or, where torch has no such setting, computed in NumPy from the update rules
+that the core's docstrings state.
 """
 
 from __future__ import annotations

@@ -363,13 +363,10 @@ class DecoderStep(Check, id="check-decoder-step",
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        B, S, E = memory.shape
-        H = config["num_heads"]
-        p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
-        b = (params.get("decoder.layers.0.cross_attn.b_k"),
-             params.get("decoder.layers.0.cross_attn.b_v"))
-        kv = [memory @ w + (0 if bias is None else bias) for w, bias in zip(p, b, strict=True)]
-        heads = [a.reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for a in kv]
+        (B, S, E), H = memory.shape, config["num_heads"]
+        cross = "decoder.layers.0.cross_attn."  # the first layer's memory keys and values
+        heads = [(memory @ params[f"{cross}W_{n}"] + params.get(f"{cross}b_{n}", 0))
+                 .reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for n in "kv"]
         return {"memory_keys": heads[0], "memory_values": heads[1],
                 **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}
