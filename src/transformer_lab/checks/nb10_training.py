@@ -90,8 +90,8 @@ def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nes
         if in_place:
             p = new
         after.append(p.copy())
-    return _sgd_answer(np.stack(after).astype(p0.dtype), buf if buf is None else
-                       buf.astype(p0.dtype), momentum)
+    return _sgd_answer(np.stack(after).astype(p0.dtype),
+                       buf.astype(p0.dtype) if momentum else None, momentum)
 
 
 class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
