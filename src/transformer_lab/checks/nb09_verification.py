@@ -116,16 +116,14 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
                  how="mean"):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
         v = logits.shape[-1]
-        flat, target = logits.reshape(-1, v), _t(labels.reshape(-1))
+        flat, target, F = logits.reshape(-1, v), _t(labels.reshape(-1)), torch.nn.functional
         if how == "ignore_index -100":  # -1 is no longer ignored: it picks the last class
-            loss = torch.nn.functional.cross_entropy(flat, torch.where(target == -1, v - 1,
-                                                                       target))
+            loss = F.cross_entropy(flat, torch.where(target == -1, v - 1, target))
         elif how == "mean over all":
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
-                                                     reduction="sum") / labels.size
+            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum")
+            loss = loss / labels.size
         else:
-            loss = torch.nn.functional.cross_entropy(flat, target, ignore_index=ignore_index,
-                                                     reduction=how)
+            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction=how)
         loss.backward()
         dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
         return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}
@@ -291,6 +289,16 @@ class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_los
 # Exercise 3: positional encodings of a batch padded on either side
 
 
+def sinusoid_table(length: int, d_model: int) -> np.ndarray:
+    """The sinusoidal encodings of positions 0 .. length - 1 (length, d_model), float64: sin
+    at the even features, cos at the odd ones, frequencies 10000^(-2i/d_model)."""
+    p = np.arange(length)[:, None]
+    omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
+    table = np.zeros((length, d_model))
+    table[:, 0::2], table[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :d_model // 2]
+    return table
+
+
 class PaddedPositions(Check, id="check-padded-positions",
                       arguments=("padded_positional_encoding",)):
     def cases(self, rng):
@@ -305,18 +313,12 @@ class PaddedPositions(Check, id="check-padded-positions",
         yield Case("one column", (np.array([[0], [5]]), 0, 3))
 
     def expected(self, ids, pad_id, d_model, how="right"):
-        out = np.zeros(ids.shape + (d_model,))
-        omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
+        table, out = sinusoid_table(ids.shape[1], d_model), np.zeros(ids.shape + (d_model,))
         for b, row in enumerate(ids):
             cols = np.flatnonzero(row != pad_id)
-            for k, col in enumerate(cols):
-                p = col if how == "column" else k
-                out[b, col, 0::2] = np.sin(p * omega)
-                out[b, col, 1::2] = np.cos(p * omega[: d_model // 2])
+            out[b, cols] = table[cols if how == "column" else np.arange(len(cols))]
             if how == "padding not zeroed":
-                for col in np.flatnonzero(row == pad_id):
-                    out[b, col, 0::2] = 0.0
-                    out[b, col, 1::2] = 1.0  # PE of position 0
+                out[b, row == pad_id] = table[0]
         return out
 
     def mistakes(self, ids, pad_id, d_model):

@@ -5,8 +5,9 @@ Expected answers come from PyTorch: ``torch.optim.SGD``, ``Adam``, ``AdamW`` and
 fed the same gradients, ``torch.nn.utils.clip_grad_norm_``, and -- for the training step and
 for decoding -- ``TorchTransformer``, the course model written again in PyTorch (autograd,
 ``torch.optim``, ``clip_grad_norm_``); none of them calls the core. The hints for the classic
-mistakes of the optimiser steps are computed in NumPy from the update rules that the core's
-docstrings state.
+mistakes of the optimiser steps are torch's optimisers with another setting (a switch ignored,
+Adam for AdamW) or, where torch has no such setting, computed in NumPy from the update rules
+that the core's docstrings state.
 """
 
 from __future__ import annotations
@@ -30,18 +31,30 @@ def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_
     return Case(name, (p0, grads.astype(dtype)), hyper)
 
 
-def _torch_trajectory(opt_class, p0, grads, **settings):
-    """Feed ``grads`` to ``opt_class([p], **settings)`` one step at a time; (p after each step
-    (k, ...), the optimiser's state of p after the last)."""
-    p = torch.tensor(p0.copy(), requires_grad=True)
-    opt = opt_class([p], **settings)
-    after = []
-    for g in grads:
-        p.grad = torch.from_numpy(g.copy())
+def _torch_trajectory(opt_class, params, grads, fresh_state=False, **settings):
+    """Feed ``grads`` (one dict name -> gradient a step) to ``opt_class`` over ``params`` (name
+    -> array) one step at a time (``fresh_state``: a new optimiser, with empty state, for every
+    step -- the mistake of not keeping the state); (name -> p after each step (k, ...), name ->
+    the optimiser's state of p after the last)."""
+    tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
+    after = {k: [] for k in params}
+    for i, g in enumerate(grads):
+        if i == 0 or fresh_state:
+            opt = opt_class(list(tensors.values()), **settings)
+        for k, t in tensors.items():
+            t.grad = torch.from_numpy(g[k].copy())
         opt.step()
-        after.append(p.detach().numpy().copy())
-    return np.stack(after), {k: (v.numpy().copy() if hasattr(v, "numpy") else v)
-                             for k, v in opt.state[p].items()}
+        for k, t in tensors.items():
+            after[k].append(t.detach().numpy().copy())
+    state = {k: {n: (v.numpy().copy() if hasattr(v, "numpy") else v)
+                 for n, v in opt.state[t].items()} for k, t in tensors.items()}
+    return {k: np.stack(v) for k, v in after.items()}, state
+
+
+def _torch_p_trajectory(opt_class, p0, grads, **settings):
+    """:func:`_torch_trajectory` of one parameter p0, with the gradients (steps, ...) for it."""
+    after, state = _torch_trajectory(opt_class, {"p": p0}, [{"p": g} for g in grads], **settings)
+    return after["p"], state["p"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,33 +65,33 @@ BUFFER = "the momentum buffer returned after the last step"
 NO_BUFFER = "without momentum, the returned buffer is None"
 
 
+def _sgd_answer(after, buf, momentum) -> dict:
+    """p after each step, and the buffer returned after the last (without momentum: None)."""
+    return {P_AFTER: after, **({BUFFER: buf} if momentum else {NO_BUFFER: buf is None})}
+
+
 def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-               first_buffer="g", use_decay=True, use_nesterov=True, decay_after=False,
-               in_place=True):
+               first_buffer="g", decay_after=False, in_place=True):
     """The SGD trajectory with the switches of the classic mistakes (float64)."""
     p = p0.astype(np.float64)
     buf = None
     after = []
     for g in grads.astype(np.float64):
-        d = g + weight_decay * p if use_decay and weight_decay and not decay_after else g
+        d = g + weight_decay * p if weight_decay and not decay_after else g
         if momentum:
             if buf is None:
                 buf = d.copy() if first_buffer == "g" else (1 - dampening) * d
             else:
                 buf = momentum * buf + (1 - dampening) * d
-            d = d + momentum * buf if nesterov and use_nesterov else buf
+            d = d + momentum * buf if nesterov else buf
         if decay_after and weight_decay:
             d = d + weight_decay * p
         new = p - lr * d
         if in_place:
             p = new
         after.append(p.copy())
-    out = {P_AFTER: np.stack(after).astype(p0.dtype)}
-    if momentum:
-        out[BUFFER] = buf.astype(p0.dtype)
-    else:
-        out[NO_BUFFER] = True
-    return out
+    return _sgd_answer(np.stack(after).astype(p0.dtype),
+                       buf.astype(p0.dtype) if momentum else None, momentum)
 
 
 class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
@@ -116,21 +129,11 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
         for g in grads:  # g is a view into the case's gradients: changing it is noticed
             buf = f.sgd_step(p, g, buf, **hyper)
             after.append(p.copy())
-        out = {P_AFTER: np.stack(after)}
-        if hyper.get("momentum"):
-            out[BUFFER] = buf
-        else:
-            out[NO_BUFFER] = buf is None
-        return out
+        return _sgd_answer(np.stack(after), buf, hyper.get("momentum"))
 
     def expected(self, p0, grads, **hyper):
-        after, state = _torch_trajectory(torch.optim.SGD, p0, grads, **hyper)
-        out = {P_AFTER: after}
-        if hyper.get("momentum"):
-            out[BUFFER] = state["momentum_buffer"]
-        else:
-            out[NO_BUFFER] = True
-        return out
+        after, state = _torch_p_trajectory(torch.optim.SGD, p0, grads, **hyper)
+        return _sgd_answer(after, state.get("momentum_buffer"), hyper.get("momentum"))
 
     def mistakes(self, p0, grads, **hyper):
         found = {"updating a new array instead of p in place (p = p - lr * g rebinds the name; "
@@ -141,10 +144,10 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
                 lambda: _sgd_numpy(p0, grads, **hyper, first_buffer="zero"))
         if hyper.get("nesterov"):
             found["ignoring nesterov (with it the step uses g + momentum * buf, not buf)"] = (
-                lambda: _sgd_numpy(p0, grads, **hyper, use_nesterov=False))
+                lambda: self.expected(p0, grads, **{**hyper, "nesterov": False}))
         if hyper.get("weight_decay"):
             found["ignoring weight_decay (it adds weight_decay * p to g first)"] = (
-                lambda: _sgd_numpy(p0, grads, **hyper, use_decay=False))
+                lambda: self.expected(p0, grads, **{**hyper, "weight_decay": 0.0}))
             if hyper.get("momentum"):
                 found["adding the weight decay after the momentum instead of to g before it"] = (
                     lambda: _sgd_numpy(p0, grads, **hyper, decay_after=True))
@@ -159,22 +162,19 @@ V_AFTER = "v (the second moment) after the last step"
 
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                decoupled=False, correction=0, eps_inside=False, decay="as asked",
-                state_in_place=True, p_in_place=True, kept="m and v"):
+                decoupled=False, correction=0, eps_inside=False, lr_in_decay=True, rebound="",
+                p_in_place=True):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
-    the shift of t in the bias correction, or None for none; decay: "as asked", "gradient",
-    "decoupled" or "decoupled without lr"; state_in_place False: ``kept`` ("m and v", "m",
-    "v") rebound to new arrays, so the caller's stay zero."""
+    the shift of t in the bias correction, or None for none; lr_in_decay False: AdamW shrinks
+    p by 1 - weight_decay; ``rebound`` ("m and v", "m", "v"): rebound to new arrays, so the
+    caller's stay zero."""
     p = p0.astype(np.float64)
     m, v = np.zeros_like(p), np.zeros_like(p)
     after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
-        how = decay if decay != "as asked" else "decoupled" if decoupled else "gradient"
         q = p
-        if weight_decay and how == "decoupled":
-            q = p * (1 - lr * weight_decay)
-        elif weight_decay and how == "decoupled without lr":
-            q = p * (1 - weight_decay)
+        if weight_decay and decoupled:
+            q = p * (1 - (lr if lr_in_decay else 1.0) * weight_decay)
         elif weight_decay:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
@@ -187,9 +187,9 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
             v_hat = v_new / (1 - np.float64(beta2) ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         new = q - lr * m_hat / denom
-        if state_in_place or "m" not in kept:
+        if "m" not in rebound:
             m = m_new
-        if state_in_place or "v" not in kept:
+        if "v" not in rebound:
             v = v_new
         if p_in_place:
             p = new
@@ -240,8 +240,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
     def expected(self, p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                  decoupled=False):
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-        after, state = _torch_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2), eps=eps,
-                                         weight_decay=weight_decay)
+        after, state = _torch_p_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2),
+                                           eps=eps, weight_decay=weight_decay)
         return {P_AFTER: after, M_AFTER: state["exp_avg"], V_AFTER: state["exp_avg_sq"]}
 
     def mistakes(self, p0, grads, **hyper):
@@ -259,26 +259,27 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 wrong(eps_inside=True),
             "updating new arrays instead of m and v in place (m = beta1 * m + ... rebinds the "
             "name; the caller's m and v stay zero: write m *= beta1; m += ...)":
-                wrong(state_in_place=False),
+                wrong(rebound="m and v"),
             "rebinding m instead of updating it in place (m = m + ... or m = beta1 * m + ... "
             "makes a new array: the caller's m stays zero, every step starts afresh; write "
             "m += ..., as for v)":
-                wrong(state_in_place=False, kept="m"),
+                wrong(rebound="m"),
             "rebinding v instead of updating it in place (v = ... makes a new array: the "
             "caller's v stays zero; write v *= beta2; v += ...)":
-                wrong(state_in_place=False, kept="v"),
+                wrong(rebound="v"),
             "updating a new array instead of p in place (write p -= ...)":
                 wrong(p_in_place=False),
         }
         if hyper.get("weight_decay") and hyper.get("decoupled"):
             found["adding AdamW's weight decay to the gradient (that is Adam's L2 penalty; AdamW "
-                  "shrinks p by 1 - lr * weight_decay before the update)"] = wrong(
-                decay="gradient")
+                  "shrinks p by 1 - lr * weight_decay before the update)"] = (
+                lambda: self.expected(p0, grads, **{**hyper, "decoupled": False}))
             found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = wrong(
-                decay="decoupled without lr")
+                lr_in_decay=False)
         elif hyper.get("weight_decay"):
             found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
-                  "to the gradient; shrinking p is AdamW)"] = wrong(decay="decoupled")
+                  "to the gradient; shrinking p is AdamW)"] = (
+                lambda: self.expected(p0, grads, **{**hyper, "decoupled": True}))
         return found
 
 
@@ -436,6 +437,11 @@ def _batch(rng, config: dict, batch: int, max_src: int, max_tgt: int):
     return src, tgt
 
 
+def _step_answer(config, losses, norms, params) -> dict:
+    dt = np.dtype(config["dtype"])
+    return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt), PARAMS: params}
+
+
 def _step_case(rng, name, optimizer, lrs, clip, dtype="float64", batch=3) -> Case:
     config = {**STEP_CONFIG, "dtype": dtype}
     params = _random_params(config, rng)
@@ -492,9 +498,7 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             loss, norm = f.train_step(model, opt, src, tgt, lr, clip)
             losses.append(loss)
             norms.append(norm)
-        dt = np.dtype(config["dtype"])
-        return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
-                PARAMS: dict(model.params)}
+        return _step_answer(config, losses, norms, dict(model.params))
 
     def expected(self, config, params, batches, lrs, clip, optimizer, variant=""):
         """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
@@ -521,9 +525,7 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             opt.step()
             losses.append(loss.item())
             norms.append(norm)
-        dt = np.dtype(config["dtype"])
-        return {LOSSES: np.asarray(losses, dt), NORMS: np.asarray(norms, dt),
-                PARAMS: twin.numpy_params()}
+        return _step_answer(config, losses, norms, twin.numpy_params())
 
     def mistakes(self, config, params, batches, lrs, clip, optimizer):
         def wrong(variant):
@@ -587,6 +589,12 @@ RETURNS_NONE = "rmsprop_step returns None"
 SAME_ARRAYS = "params updated in place (the same arrays after the step)"
 
 
+def _rmsprop_answer(after: dict, returns_none=True, same_arrays=True) -> dict:
+    """What check-rmsprop compares; ``after``: name -> the parameter after each step."""
+    return {RETURNS_NONE: returns_none, SAME_ARRAYS: same_arrays,
+            **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+
+
 def _rmsprop_case(rng, name, steps=6, dtype=np.float64, **hyper) -> Case:
     params = {"W": rng.standard_normal((3, 4)).astype(dtype),
               "b": rng.standard_normal(4).astype(dtype)}
@@ -639,8 +647,7 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
                     else:
                         p -= lr * g / a
                     after[k].append(p.astype(params[k].dtype))
-            return {RETURNS_NONE: True, SAME_ARRAYS: True,
-                    **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+            return _rmsprop_answer(after)
 
         found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
                  lambda: numpy_rmsprop(eps_inside=True)}
@@ -659,26 +666,14 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
             returned.append(f.rmsprop_step(params, g, state, **hyper))
             for k in after:
                 after[k].append(np.array(params[k], copy=True))
-        return {RETURNS_NONE: all(r is None for r in returned),
-                SAME_ARRAYS: all(params[k] is arrays[k] for k in arrays),
-                **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+        return _rmsprop_answer(after, all(r is None for r in returned),
+                               all(params[k] is arrays[k] for k in arrays))
 
     def expected(self, params, grads, fresh_state=False, **settings):
-        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: a new optimiser, with empty
-        state, for every step -- the mistake of not keeping the state)."""
-        tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
-        opt = torch.optim.RMSprop(list(tensors.values()), **settings)
-        after = {k: [] for k in params}
-        for g in grads:
-            if fresh_state:
-                opt = torch.optim.RMSprop(list(tensors.values()), **settings)
-            for k, t in tensors.items():
-                t.grad = torch.from_numpy(g[k].copy())
-            opt.step()
-            for k, t in tensors.items():
-                after[k].append(t.detach().numpy().copy())
-        return {RETURNS_NONE: True, SAME_ARRAYS: True,
-                **{f"{k} after each step": np.stack(v) for k, v in after.items()}}
+        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: see
+        :func:`_torch_trajectory`)."""
+        after, _ = _torch_trajectory(torch.optim.RMSprop, params, grads, fresh_state, **settings)
+        return _rmsprop_answer(after)
 
     def mistakes(self, params, grads, **hyper):
         found = {"without keeping the running averages in state between calls (each step "

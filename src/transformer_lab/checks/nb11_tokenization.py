@@ -34,14 +34,8 @@ MORE_TEXTS = {
     "numbers beyond 0-9 (superscripts, fractions, other scripts)": "x²+1 = ½) ١٢٣ Ⅻ",
     "Devanagari (its vowel signs are marks, not letters)": "नमस्ते दुनिया, हिन्दी",
 }
-#: GPT-2's pattern, and the pieces of ``text`` by another pattern (for the hints)
+#: GPT-2's pattern (the hints of check-pretokenize vary it)
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def _findall(pattern: str, text: str) -> list[str]:
-    import regex  # the package's dependency for \p{L}; imported where a hint is computed
-
-    return regex.findall(pattern, text)
 
 
 ### BEGIN HIDDEN TESTS
@@ -127,12 +121,26 @@ def _hf_bpe(merges, byte_level: bool):
     return tok
 
 
+def _hf_ids(model, word) -> list[int]:
+    """The ids of ``word`` (its bytes) by a bare model of :func:`_hf_bpe`."""
+    return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
+
+
 def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
 
 
 def _as_words(word_list) -> dict:
     return {tuple(w): n for w, n in word_list}
+
+
+def _counted(pieces, to_ids) -> dict[str, int]:
+    """How often each piece occurs, keyed by its ids (``to_ids(piece)``) written as a list."""
+    found: dict[str, int] = {}
+    for piece in pieces:
+        key = str(list(to_ids(piece)))
+        found[key] = found.get(key, 0) + 1
+    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,6 +208,8 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
         return _pieces(text)
 
     def mistakes(self, text):
+        import regex  # the package's dependency for \p{L}; imported where a hint is computed
+
         contractions = GPT2_PATTERN[:GPT2_PATTERN.index("| ?")]
         wrong = {
             "without the optional space before letters, digits and symbols (' ?': a word "
@@ -214,7 +224,7 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
             "matching the contractions in any case (GPT-2's are lowercase only: in \"DON'T\", "
             "' and T are pieces of their own)":
             f"(?i:{contractions})" + GPT2_PATTERN[len(contractions):]}
-        found = {d: functools.partial(_findall, p, text) for d, p in wrong.items()}
+        found = {d: functools.partial(regex.findall, p, text) for d, p in wrong.items()}
         return {**found, "splitting on whitespace (text.split() loses the spaces: the pieces "
                          "must join back into the text)": lambda: text.split()}
 
@@ -236,26 +246,15 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
         counts = f.word_counts(text)
         return {str(list(map(int, word))): int(n) for word, n in counts.items()}
 
-    def expected(self, text):
-        found: dict[str, int] = {}
-        for piece in _pieces(text):
-            key = str(list(piece.encode("utf-8")))
-            found[key] = found.get(key, 0) + 1
-        return found
+    def expected(self, text, whole=False):
+        """Each piece's count (``whole``, a mistake: the text as one piece)."""
+        return _counted([text] if whole else _pieces(text), lambda p: p.encode("utf-8"))
 
     def mistakes(self, text):
-        def counted(pieces, to_ids):
-            found: dict[str, int] = {}
-            for piece in pieces:
-                key = str(list(to_ids(piece)))
-                found[key] = found.get(key, 0) + 1
-            return found
-
         return {"with the characters' code points (ord) instead of the UTF-8 bytes "
-                "(piece.encode('utf-8'))": lambda: counted(_pieces(text), lambda p: map(ord, p)),
+                "(piece.encode('utf-8'))": lambda: _counted(_pieces(text), lambda p: map(ord, p)),
                 "counting the whole text as one word (cut it into pieces with pretokenize "
-                "first: merges never cross two pieces)":
-                lambda: counted([text], lambda p: p.encode("utf-8"))}
+                "first: merges never cross two pieces)": lambda: self.expected(text, whole=True)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,12 +280,7 @@ class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
         yield Case("twelve random words", ([[list(w), n] for w, n in unique.items()],))
 
     def expected(self, words):
-        found: dict[str, int] = {}
-        for word, n in words:
-            for k in range(len(word) - 1):
-                key = _pair_key(word[k:k + 2])
-                found[key] = found.get(key, 0) + n
-        return found
+        return {_pair_key(pair): n for pair, n in _pair_counts(words).items()}
 
     def mistakes(self, words):
         joined = [i for word, n in words for i in word]
@@ -362,15 +356,21 @@ def _words_of(rng, n_words: int, alphabet: str, max_len: int) -> list:
 
 
 ### BEGIN HIDDEN TESTS
+def _pair_counts(words) -> dict[tuple[int, int], int]:
+    """Pair -> how often it occurs in ``words`` ((word, n) pairs: each word n times)."""
+    counts: dict[tuple[int, int], int] = {}
+    for word, n in words:
+        for pair in zip(word, word[1:], strict=False):
+            counts[pair] = counts.get(pair, 0) + n
+    return counts
+
+
 def _naive_train(words, num_merges, larger_first=False):
     """The definition of training: recount every pair after every merge."""
     words = {tuple(w): n for w, n in words}
     merges = []
     for new_id in range(256, 256 + num_merges):
-        counts: dict[tuple[int, ...], int] = {}
-        for word, n in words.items():
-            for k in range(len(word) - 1):
-                counts[word[k:k + 2]] = counts.get(word[k:k + 2], 0) + n
+        counts = _pair_counts(words.items())
         if not counts:
             break
         order = sorted(counts, reverse=larger_first)
@@ -386,10 +386,7 @@ def _naive_train(words, num_merges, larger_first=False):
 
 def _stale_train(words, num_merges):
     """The mistake of counting once: the pairs ranked by their counts before any merge."""
-    counts: dict[tuple[int, ...], int] = {}
-    for word, n in words:
-        for k in range(len(word) - 1):
-            counts[tuple(word[k:k + 2])] = counts.get(tuple(word[k:k + 2]), 0) + n
+    counts = _pair_counts(words)
     return [list(p) for p in sorted(counts, key=lambda p: (-counts[p], p))[:num_merges]]
 ### END HIDDEN TESTS
 
@@ -528,19 +525,9 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
         return [int(i) for i in f.encode_word(bytes(word), ranks)]
 
     def expected(self, word, merges):
-        model = _hf_bpe(merges, byte_level=False)
-        return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
+        return _hf_ids(_hf_bpe(merges, byte_level=False), word)
 
     def mistakes(self, word, merges):
-        def first_found():  # the first pair of the word that is a merge, left to right
-            ranks = {tuple(p): r for r, p in enumerate(merges)}
-            w = tuple(word)
-            while True:
-                pair = next((p for p in zip(w, w[1:], strict=False) if p in ranks), None)
-                if pair is None:
-                    return list(w)
-                w = _merge(w, pair, 256 + ranks[pair])
-
         def by_rank(pick, first_id):  # ``pick`` (min, right; max) of the ranks first
             ranks = {tuple(p): r for r, p in enumerate(merges)}
             w = tuple(word)
@@ -552,7 +539,8 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
                 w = _merge(w, pair, first_id + ranks[pair])
             return list(w)
 
-        left, latest = first_found(), by_rank(max, 256)
+        # the first pair of the word that is a merge, left to right; the highest rank
+        left, latest = by_rank(lambda pairs, key: pairs[0], 256), by_rank(max, 256)
         first = ("merging the first learned pair found reading the word left to right (merge "
                  "the pair of the lowest rank in the whole word first)")
         if left == latest:  # the two mistakes agree on this word: name both
@@ -593,8 +581,7 @@ class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
         model = _hf_bpe(merges, byte_level=False)
 
         def words(pieces):
-            return [t.id for p in pieces
-                    for t in model.tokenize("".join(chr(0x4E00 + b) for b in p))]
+            return [i for p in pieces for i in _hf_ids(model, p)]
 
         return {"encoding the whole text as one word (encode each piece of pretokenize on its "
                 "own)": lambda: words([text.encode("utf-8")] if text else []),

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb09_verification import _smoothed
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
 PAD, BOS, EOS = 0, 1, 2
@@ -59,12 +60,8 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
                 "dlogits": f.label_smoothed_loss_backward(dloss, cache)}
 
     def expected(self, logits, targets, eps, ignore_index, dloss):
-        x = _t(logits, grad=True)
-        loss = torch.nn.functional.cross_entropy(
-            x.reshape(-1, logits.shape[-1]), _t(targets).reshape(-1), label_smoothing=eps,
-            ignore_index=ignore_index)
-        (loss * dloss).backward()
-        return {"loss": np.asarray(loss.item(), logits.dtype), "dlogits": _np(x.grad)}
+        want = _smoothed(logits, targets, ignore_index, eps)  # torch's, as notebook 09's
+        return {"loss": np.asarray(want["loss"], logits.dtype), "dlogits": want["dlogits"] * dloss}
 
     def mistakes(self, logits, targets, eps, ignore_index, dloss):
         V = logits.shape[-1]
@@ -229,11 +226,12 @@ def _table_step(table, K):
 
 
 ### BEGIN HIDDEN TESTS
-def _mistaken_search(table, K, max_len, alpha, offset=True, gather=True, copies=False,
-                     stop=True, **step):
-    """The search as ``beam_search`` runs it -- rows of prefixes, the table's "cache" read
-    through ``rows``, :func:`_reference_step` -- with one of its mistakes (``step``: a variant
-    of beam_step, :data:`STEP_MISTAKES`)."""
+def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
+            **step):
+    """The search by its definition, step by step with :func:`_reference_step`, as
+    ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
+    or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
+    :data:`STEP_MISTAKES`)."""
     B = table.shape[0]
     seqs = [[(BOS,)] * K for _ in range(B)]
     scores, lengths, finished = np.zeros((B, K)), np.zeros((B, K), int), np.zeros((B, K), bool)
@@ -288,32 +286,10 @@ class BeamSearch(Check, id="check-beam-search",
         yield Case("alpha = 0, EOS very likely", _search_case(rng, 2, 3, 5, 5, 0.0, 3.0))
 
     def expected(self, table, K, max_len, alpha):
-        B, V = table.shape[0], table.shape[-1]
-        hyps = [[((BOS,), 0.0, 0, False)] for _ in range(B)]  # (tokens, score, length, finished)
-        steps = 0
-        for _ in range(max_len):
-            steps += 1
-            for b in range(B):
-                cands = []
-                for toks, s, n, fin in hyps[b]:
-                    if fin:
-                        cands.append((toks + (PAD,), s, n, True))
-                        continue
-                    before = toks[-2] if len(toks) > 1 else BOS
-                    for t in range(V):
-                        cands.append((toks + (t,), s + table[b, before, toks[-1], t], n + 1,
-                                      t == EOS))
-                cands.sort(key=lambda c: -(c[1] / ((5 + c[2]) / 6) ** alpha))
-                hyps[b] = cands[:K]
-            if all(h[3] for hs in hyps for h in hs):
-                break
-        seqs = np.array([[h[0] for h in hs] for hs in hyps], dtype=np.int64)
-        scores = np.array([[h[1] / ((5 + h[2]) / 6) ** alpha for h in hs] for hs in hyps])
-        return {"sequences": seqs.reshape(B, K, steps + 1), "scores": scores}
+        return _search(table, K, max_len, alpha)
 
     def mistakes(self, table, K, max_len, alpha):
-        return {description: functools.partial(_mistaken_search, table, K, max_len, alpha,
-                                               **variant)
+        return {description: functools.partial(_search, table, K, max_len, alpha, **variant)
                 for description, variant in SEARCH_MISTAKES.items()}
     ### END HIDDEN TESTS
 
@@ -387,13 +363,10 @@ class DecoderStep(Check, id="check-decoder-step",
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        B, S, E = memory.shape
-        H = config["num_heads"]
-        p = params["decoder.layers.0.cross_attn.W_k"], params["decoder.layers.0.cross_attn.W_v"]
-        b = (params.get("decoder.layers.0.cross_attn.b_k"),
-             params.get("decoder.layers.0.cross_attn.b_v"))
-        kv = [memory @ w + (0 if bias is None else bias) for w, bias in zip(p, b, strict=True)]
-        heads = [a.reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for a in kv]
+        (B, S, E), H = memory.shape, config["num_heads"]
+        cross = "decoder.layers.0.cross_attn."  # the first layer's memory keys and values
+        heads = [(memory @ params[f"{cross}W_{n}"] + params.get(f"{cross}b_{n}", 0))
+                 .reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for n in "kv"]
         return {"memory_keys": heads[0], "memory_values": heads[1],
                 **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}

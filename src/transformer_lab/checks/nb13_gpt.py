@@ -13,6 +13,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb09_verification import sinusoid_table
 
 
 def _config(d: dict):
@@ -93,10 +94,17 @@ def _attention_params(rng, E, H, Hkv, bias, dtype=np.float64):
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
+def _attention_case(rng, B, T, E, H, Hkv, bias, dt=np.float64) -> tuple:
+    """x (B, T, E), the attention's parameters (:func:`_attention_params`) and dout."""
+    return (rng.standard_normal((B, T, E)).astype(dt), _attention_params(rng, E, H, Hkv, bias, dt),
+            rng.standard_normal((B, T, E)).astype(dt))
+
+
 def _torch_rotate(x, angles):
-    """RoPE as a complex multiplication by exp(i angle) (RoFormer's and LLaMA's rotation)."""
-    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
+    """RoPE: reference.torch_gpt's rotation (imported where used: it imports torch)."""
+    from transformer_lab.reference.torch_gpt import _rotate
+
+    return _rotate(x, angles)
 
 
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
@@ -133,9 +141,7 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
                 "B = 2, T = 5, E = 8, two heads, biases": (2, 5, 8, 2, True, np.float64),
                 "one head, no biases": (1, 4, 6, 1, False, np.float64),
                 "float32": (2, 6, 8, 4, True, np.float32)}.items():
-            yield Case(name, (rng.standard_normal((B, T, E)).astype(dt),
-                              _attention_params(rng, E, H, H, bias, dt),
-                              rng.standard_normal((B, T, E)).astype(dt), H))
+            yield Case(name, (*_attention_case(rng, B, T, E, H, H, bias, dt), H))
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         for name, dropped in (("b_qkv only (no b_o)", "b_o"), ("b_o only (no b_qkv)", "b_qkv")):
             params = _attention_params(later, 6, 2, 2, True, np.float64)
@@ -145,12 +151,8 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one position", (rng.standard_normal((3, 1, 4)),
-                                    _attention_params(rng, 4, 2, 2, True),
-                                    rng.standard_normal((3, 1, 4)), 2))
-        yield Case("as many heads as features", (rng.standard_normal((1, 3, 4)),
-                                                 _attention_params(rng, 4, 4, 4, True),
-                                                 rng.standard_normal((1, 3, 4)), 4))
+        yield Case("one position", (*_attention_case(rng, 3, 1, 4, 2, 2, True), 2))
+        yield Case("as many heads as features", (*_attention_case(rng, 1, 3, 4, 4, 4, True), 4))
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H):
@@ -181,10 +183,10 @@ def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
             rng.standard_normal((B, T, 8)).astype(dt), config)
 
 
-def _rope_angles(config, start, stop):
-    c = _config(config)
-    omega = c.rope_base ** (-np.arange(0, c.head_dim, 2) / c.head_dim)
-    return np.arange(start, stop)[:, None] * omega
+def _rope_angles(T, Dh, base=10000.0):
+    """RoPE's angles p omega_i of positions 0 .. T - 1 (T, Dh / 2), omega_i = base^(-2i/Dh)."""
+    omega = base ** (-np.arange(0, Dh, 2) / Dh)
+    return np.arange(T)[:, None] * omega
 
 
 class _BlockCheck(Check):
@@ -199,7 +201,7 @@ class _BlockCheck(Check):
         c = _config(config)
         rope = None
         if c.positional == "rope":
-            angles = _rope_angles(config, 0, x.shape[1])
+            angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
             rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
         out, cache = f.gpt_block_forward(x, nest(block), c, rope)
         dx, grads = f.gpt_block_backward(dout, cache)
@@ -217,7 +219,7 @@ class _BlockCheck(Check):
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))
         tx = _t(x, grad=True)
-        angles = _t(_rope_angles(config, 0, x.shape[1]).astype(c.dtype)) \
+        angles = _t(_rope_angles(x.shape[1], c.head_dim, c.rope_base).astype(c.dtype)) \
             if c.positional == "rope" else None
         out = torch_block(tx, angles)
         out.backward(_t(dout))
@@ -253,11 +255,7 @@ def _pe(config):
     c = _config(config)
     if c.positional != "sinusoidal":
         return None
-    p = np.arange(c.max_len)[:, None]
-    omega = 10000.0 ** (-np.arange(0, c.d_model, 2) / c.d_model)
-    pe = np.zeros((c.max_len, c.d_model))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :c.d_model // 2]
-    return pe.astype(c.dtype)
+    return sinusoid_table(c.max_len, c.d_model).astype(c.dtype)
 
 
 class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backward", "gpt_loss")):
@@ -283,16 +281,13 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
     def run(self, f, flat, ids, config, seed=None):
         from transformer_lab.models.shell import flatten, nest
 
-        c = _config(config)
-        params = nest(flat)
-        if seed is None:
-            logits, _ = f.gpt_forward(params, ids, c, _pe(config))
-            loss, grads = f.gpt_loss(params, ids, c, _pe(config))
-        else:  # training with dropout: each call draws the same masks from a fresh generator
-            logits, _ = f.gpt_forward(params, ids, c, _pe(config), None,
-                                      np.random.default_rng(seed))
-            loss, grads = f.gpt_loss(params, ids, c, _pe(config), None,
-                                     np.random.default_rng(seed))
+        c, params = _config(config), nest(flat)
+
+        def train():  # with dropout: each call draws the same masks from a fresh generator
+            return () if seed is None else (None, np.random.default_rng(seed))
+
+        logits, _ = f.gpt_forward(params, ids, c, _pe(config), *train())
+        loss, grads = f.gpt_loss(params, ids, c, _pe(config), *train())
         return {"logits": logits, "loss": np.asarray(loss, dtype=c.dtype),
                 **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
@@ -324,24 +319,10 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
             return {"with the embedding table as the output projection: this model has one of "
                     "its own, params['lm_head']['W'] (untied)": tied}
 
-        def untied():  # only the output projection's gradient for the table
-            want = self.expected(flat, ids, config)
-            from transformer_lab.reference.torch_gpt import TorchGPT
-
-            twin = TorchGPT(_config(config))
-            twin.load_numpy_params(flat)
-            with torch.no_grad():
-                x = twin.embed.W[_t(ids)] + twin.pos.W[:ids.shape[1]]
-            for layer in twin.layers:
-                x = layer(x)
-            norm = twin.norm
-            x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.gamma,
-                                               getattr(norm, "beta", None), _config(config).eps)
-            twin.zero_grad()
-            logits = x @ twin.embed.W.T
-            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                              _t(ids[:, 1:]).reshape(-1)).backward()
-            return {**want, "d.embed.W": _np(twin.embed.W.grad)}
+        def untied():  # only the output projection's gradient for the table: that of a copy
+            copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
+                                 {**config, "tie_embeddings": False})
+            return {**self.expected(flat, ids, config), "d.embed.W": copy["d.lm_head.W"]}
 
         return {"with the table's gradient from the output projection only (a tied table "
                 "gets the sum of both uses)": untied}

@@ -21,9 +21,13 @@ from transformer_lab.checks.nb13_gpt import (
 # §1 Sampling
 
 
+def _kept(kept, logits) -> dict:
+    """Which logits a filter keeps, and their values (0 where cut)."""
+    return {"kept": kept, "values": np.where(kept, logits, 0)}
+
+
 def _kept_and_values(filtered):
-    kept = np.isfinite(filtered)
-    return {"kept": kept, "values": np.where(kept, filtered, 0)}
+    return _kept(np.isfinite(filtered), filtered)
 
 
 class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
@@ -44,15 +48,14 @@ class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
 
     def expected(self, logits, k):
         kth = torch.topk(_t(logits), k, dim=-1).values[..., -1:]
-        kept = _t(logits) >= kth
-        return {"kept": kept.numpy(), "values": np.where(kept.numpy(), logits, 0)}
+        return _kept((_t(logits) >= kth).numpy(), logits)
 
     def mistakes(self, logits, k):
         order = np.argsort(logits, axis=-1)
         smallest = np.zeros(logits.shape, bool)
         np.put_along_axis(smallest, order[..., :k], True, axis=-1)
         return {"keeping the k smallest logits instead of the k largest":
-                lambda: {"kept": smallest, "values": np.where(smallest, logits, 0)}}
+                lambda: _kept(smallest, logits)}
 
 
 def _top_p_reference(logits, p):
@@ -60,8 +63,7 @@ def _top_p_reference(logits, p):
     probs = torch.softmax(x, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     keep_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < p
-    kept = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted).numpy()
-    return kept
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted).numpy()
 
 
 class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
@@ -83,8 +85,7 @@ class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
         return _kept_and_values(f.top_p_filter(logits, p))
 
     def expected(self, logits, p):
-        kept = _top_p_reference(logits, p)
-        return {"kept": kept, "values": np.where(kept, logits, 0)}
+        return _kept(_top_p_reference(logits, p), logits)
 
     def mistakes(self, logits, p):
         probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -94,8 +95,7 @@ class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
         before = np.zeros(logits.shape, bool)
         np.put_along_axis(before, order, cum < p, axis=-1)  # stops one token short
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
-                "kept set must reach p)":
-                lambda: {"kept": before, "values": np.where(before, logits, 0)}}
+                "kept set must reach p)": lambda: _kept(before, logits)}
 
 
 class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
@@ -165,8 +165,7 @@ class MinPFilter(Check, id="check-min-p-filter", arguments=("min_p_filter",)):
 
     def expected(self, logits, p_min):
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
-        kept = (probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy()
-        return {"kept": kept, "values": np.where(kept, logits, 0)}
+        return _kept((probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy(), logits)
     ### END HIDDEN TESTS
 
     def run(self, f, logits, p_min):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb13_gpt import (
+    _attention_case,
     _attention_expected,
-    _attention_params,
     _block_case,
     _BlockCheck,
+    _rope_angles,
     _torch_rotate,
 )
 
@@ -28,20 +29,18 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
     axes = {"out": "td", "dx": "td"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("B = 2, heads = 3, T = 5, Dh = 6", (np.arange(5), rng.standard_normal(
-            (2, 3, 5, 6)), rng.standard_normal((2, 3, 5, 6))))
-        yield Case("positions 7..10 (a cached step)", (np.arange(7, 11), rng.standard_normal(
-            (1, 2, 4, 4)), rng.standard_normal((1, 2, 4, 4))))
-        yield Case("float32", (np.arange(3), rng.standard_normal((2, 3, 8)).astype(np.float32),
-                               rng.standard_normal((2, 3, 8)).astype(np.float32)))
+        yield Case("B = 2, heads = 3, T = 5, Dh = 6",
+                   (np.arange(5), *normals(rng, (2, 3, 5, 6), (2, 3, 5, 6))))
+        yield Case("positions 7..10 (a cached step)",
+                   (np.arange(7, 11), *normals(rng, (1, 2, 4, 4), (1, 2, 4, 4))))
+        yield Case("float32", (np.arange(3), *normals(rng, (2, 3, 8), (2, 3, 8), dtype=np.float32)))
         later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
-        yield Case("base 500 (the frequencies' base is an argument)", (np.arange(6),
-                   later.standard_normal((2, 6, 8)), later.standard_normal((2, 6, 8)), 500.0))
+        yield Case("base 500 (the frequencies' base is an argument)",
+                   (np.arange(6), *normals(later, (2, 6, 8), (2, 6, 8)), 500.0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("Dh = 2, long positions", (np.arange(100, 103), rng.standard_normal((3, 2)),
-                                              rng.standard_normal((3, 2))))
+        yield Case("Dh = 2, long positions", (np.arange(100, 103), *normals(rng, (3, 2), (3, 2))))
     ### END HIDDEN TESTS
 
     def run(self, f, positions, x, dout, base=None):
@@ -142,27 +141,27 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
 # §3 SwiGLU
 
 
+def _swiglu_case(rng, shape, F, scale=0.5, dt=np.float64, x_scale=1.0) -> tuple:
+    """x (..., E), the weights W_gate, W_up (E, F) and W_down (F, E), and dout."""
+    E = shape[-1]
+    return ((rng.standard_normal(shape) * x_scale).astype(dt),
+            {k: (rng.standard_normal(s) * scale).astype(dt)
+             for k, s in (("W_gate", (E, F)), ("W_up", (E, F)), ("W_down", (F, E)))},
+            rng.standard_normal(shape).astype(dt))
+
+
 class SwiGLU(Check, id="check-swiglu",
              functions=("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")):
     axes = {"out": "te", "dx": "te"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("E = 4, F = 6", (rng.standard_normal((2, 3, 4)),
-                                    {k: rng.standard_normal(s) * 0.5 for k, s in
-                                     (("W_gate", (4, 6)), ("W_up", (4, 6)), ("W_down", (6, 4)))},
-                                    rng.standard_normal((2, 3, 4))))
-        yield Case("float32", (rng.standard_normal((5, 3)).astype(np.float32),
-                               {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in
-                                (("W_gate", (3, 2)), ("W_up", (3, 2)), ("W_down", (2, 3)))},
-                               rng.standard_normal((5, 3)).astype(np.float32)))
+        yield Case("E = 4, F = 6", _swiglu_case(rng, (2, 3, 4), 6))
+        yield Case("float32", _swiglu_case(rng, (5, 3), 2, dt=np.float32))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("large pre-activations (no overflow)", (
-            rng.standard_normal((2, 3)) * 100,
-            {k: rng.standard_normal(s) for k, s in
-             (("W_gate", (3, 4)), ("W_up", (3, 4)), ("W_down", (4, 3)))},
-            rng.standard_normal((2, 3))))
+        yield Case("large pre-activations (no overflow)",
+                   _swiglu_case(rng, (2, 3), 4, scale=1.0, x_scale=100.0))
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout):
@@ -199,27 +198,18 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
                 "4 query heads sharing 2 key/value heads": (2, 5, 8, 4, 2, False),
                 "one key/value head (multi-query), RoPE": (1, 4, 8, 4, 1, True),
                 "2 key/value heads, RoPE": (2, 6, 12, 6, 2, True)}.items():
-            yield Case(name, (rng.standard_normal((B, T, E)),
-                              _attention_params(rng, E, H, Hkv, False),
-                              rng.standard_normal((B, T, E)), H, Hkv, rope))
+            yield Case(name, (*_attention_case(rng, B, T, E, H, Hkv, False), H, Hkv, rope))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("float32, biases, RoPE", (rng.standard_normal((2, 3, 8)).astype(np.float32),
-                                             _attention_params(rng, 8, 4, 2, True, np.float32),
-                                             rng.standard_normal((2, 3, 8)).astype(np.float32),
-                                             4, 2, True))
+        yield Case("float32, biases, RoPE",
+                   (*_attention_case(rng, 2, 3, 8, 4, 2, True, np.float32), 4, 2, True))
     ### END HIDDEN TESTS
-
-    @staticmethod
-    def _angles(T, Dh):
-        omega = 10000.0 ** (-np.arange(0, Dh, 2) / Dh)
-        return np.arange(T)[:, None] * omega
 
     def run(self, f, x, params, dout, H, Hkv, rope):
         tables = None
         if rope:
-            a = self._angles(x.shape[1], x.shape[-1] // H)
+            a = _rope_angles(x.shape[1], x.shape[-1] // H)
             tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
         out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
         dx, grads = f.causal_self_attention_backward(dout, cache)
@@ -243,7 +233,7 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         return np.concatenate(pieces, axis=1)
 
     def expected(self, x, params, dout, H, Hkv, rope):
-        angles = self._angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
         want = _attention_expected(x, params, dout, H, Hkv, angles)
         return {"out": want["out"], self.STEP: want["out"],
                 **{k: g for k, g in want.items() if k != "out"}}

@@ -15,16 +15,19 @@ import numpy as np
 
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
-from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
 NEG_INF = "m_new is -inf"
 
 
-def _split_neg_inf(m):
-    m = np.asarray(m)
-    return np.isneginf(m), np.where(np.isneginf(m), 0, m)
+def _update_answer(m_new, ell_new, p, alpha) -> dict:
+    """What check-online-softmax-update compares: m_new split at -inf (:data:`NEG_INF`)."""
+    m_new = np.asarray(m_new)
+    finite = np.where(np.isneginf(m_new), 0, m_new)
+    return {NEG_INF: np.isneginf(m_new), "m_new (where finite)": finite, "ell_new": ell_new,
+            "p": p, "alpha": alpha}
 
 
 def _state(prev):
@@ -47,10 +50,19 @@ def _peak_extra(fn):
         tracemalloc.stop()
 
 
-def _causal_scores(torch, q, k):
+def _scores(q, k, causal):
+    """q k^T / sqrt(d) of torch tensors, the future (key j > query i) -inf where ``causal``."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if not causal:
+        return scores
     future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
     return scores.masked_fill(future, -torch.inf)
+
+
+def _attention(scores, v) -> dict:
+    """The attention's output and the rows' logsumexp, from torch scores and values."""
+    return {"out": (torch.softmax(scores, -1) @ v).numpy(),
+            "lse": torch.logsumexp(scores, -1).numpy()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,9 +108,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
 
     def run(self, f, m, ell, scores):
         m_new, ell_new, p, alpha = f.online_softmax_update(m, ell, scores)
-        is_neg_inf, finite = _split_neg_inf(m_new)
-        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite, "ell_new": ell_new,
-                "p": p, "alpha": alpha}
+        return _update_answer(m_new, ell_new, p, alpha)
 
     def expected(self, m, ell, scores):
         m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
@@ -106,9 +116,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         alpha, p = torch.exp(m - shift), torch.exp(s - shift)
         ell_new = alpha * ell + p.sum(-1, keepdim=True)
-        is_neg_inf, finite = _split_neg_inf(m_new.numpy())
-        return {NEG_INF: is_neg_inf, "m_new (where finite)": finite,
-                "ell_new": ell_new.numpy(), "p": p.numpy(), "alpha": alpha.numpy()}
+        return _update_answer(*(a.numpy() for a in (m_new, ell_new, p, alpha)))
 
     def mistakes(self, m, ell, scores):
         want = self.expected(m, ell, scores)
@@ -128,9 +136,7 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
 
 
 def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
-    q = rng.standard_normal((*lead, T, d)).astype(dtype)
-    k = rng.standard_normal((*lead, S, d)).astype(dtype)
-    return q, k, rng.standard_normal((*lead, S, d_v)).astype(dtype)
+    return normals(rng, (*lead, T, d), (*lead, S, d), (*lead, S, d_v), dtype=dtype)
 
 
 MEMORY = "peak extra memory below T * S * itemsize / 10"
@@ -145,9 +151,24 @@ def _memory_case(rng, backward=False):
                 (q, k, v, *dout, True, 64), {"measure_memory": True})
 
 
-def _forward_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.0):
+def _tiled_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.0,
+                dout=False):
+    """q (times ``scale``), k, v -- and with ``dout`` the upstream gradient -- causal, block."""
     q, k, v = _qkv(rng, lead, T, S, dtype)
-    return Case(name, (q * dtype(scale), k, v, causal, block))
+    grad = (rng.standard_normal((*lead, T, v.shape[-1])).astype(dtype),) if dout else ()
+    return Case(name, (q * dtype(scale), k, v, *grad, causal, block))
+
+
+#: the public cases of the tiled attention: name, leading axes, T, S, causal, block (, dtype)
+TILED_CASES = [("T = S = 9, blocks of 4", (), 9, 9, False, 4),
+               ("causal, T = S = 9, blocks of 4", (), 9, 9, True, 4),
+               ("causal, T = S = 8, lengths a multiple of the block", (), 8, 8, True, 4),
+               ("causal, T = 7 < S = 12, a batch of 2", (2,), 7, 12, True, 3),
+               ("causal, T = 12 > S = 7, a batch of 2", (2,), 12, 7, True, 5),
+               ("causal, blocks of 1", (), 5, 5, True, 1),
+               ("a block larger than both lengths, batch and heads (2, 3)", (2, 3), 5, 6, False,
+                64),
+               ("float32, causal, T = S = 13", (3,), 13, 13, True, 4, np.float32)]
 
 
 class FlashAttentionForward(Check, id="check-flash-forward",
@@ -155,25 +176,16 @@ class FlashAttentionForward(Check, id="check-flash-forward",
     axes = {"out": "td", "lse": "t"}  # axis names, for messages
 
     def cases(self, rng):
-        yield _forward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
-        yield _forward_case(rng, "causal, T = S = 9, blocks of 4", (), 9, 9, True, 4)
-        yield _forward_case(rng, "causal, T = S = 8, lengths a multiple of the block", (), 8, 8,
-                            True, 4)
-        yield _forward_case(rng, "causal, T = 7 < S = 12, a batch of 2", (2,), 7, 12, True, 3)
-        yield _forward_case(rng, "causal, T = 12 > S = 7, a batch of 2", (2,), 12, 7, True, 5)
-        yield _forward_case(rng, "causal, blocks of 1", (), 5, 5, True, 1)
-        yield _forward_case(rng, "a block larger than both lengths, batch and heads (2, 3)",
-                            (2, 3), 5, 6, False, 64)
-        yield _forward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
-                            np.float32)
+        for spec in TILED_CASES:
+            yield _tiled_case(rng, *spec)
         yield _memory_case(rng)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield _forward_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5)
-        yield _forward_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32)
-        yield _forward_case(rng, "scores of hundreds", (), 10, 10, False, 3, scale=60.0)
-        yield _forward_case(rng, "one query, one key", (), 1, 1, True, 2)
+        yield _tiled_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5)
+        yield _tiled_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32)
+        yield _tiled_case(rng, "scores of hundreds", (), 10, 10, False, 3, scale=60.0)
+        yield _tiled_case(rng, "one query, one key", (), 1, 1, True, 2)
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, causal, block_size, measure_memory=False):
@@ -187,31 +199,22 @@ class FlashAttentionForward(Check, id="check-flash-forward",
         if measure_memory:
             return {MEMORY: True}
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))
-        scores = (_causal_scores(torch, q, k) if causal
-                  else q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
-        return {"out": (torch.softmax(scores, -1) @ v).numpy(),
-                "lse": torch.logsumexp(scores, -1).numpy()}
+        return _attention(_scores(q, k, causal), v)
 
     def mistakes(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
             return {}
         qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
-
-        def answer(scores):
-            return {"out": (torch.softmax(scores, -1) @ vt).numpy(),
-                    "lse": torch.logsumexp(scores, -1).numpy()}
-
-        raw = qt @ kt.transpose(-1, -2)
-        scaled = raw / math.sqrt(q.shape[-1])
-        diagonal = torch.ones(raw.shape[-2:], dtype=torch.bool).triu(0)
+        scaled = _scores(qt, kt, False)
+        diagonal = torch.ones(scaled.shape[-2:], dtype=torch.bool).triu(0)
         found = {"without scaling the scores by 1 / sqrt(d)":
-                 lambda: answer(_causal_scores(torch, qt, kt) * math.sqrt(q.shape[-1])
-                                if causal else raw)}
+                 lambda: _attention(_scores(qt, kt, causal) * math.sqrt(q.shape[-1]), vt)}
         if causal:
-            found["ignoring causal (every tile computed, no mask)"] = lambda: answer(scaled)
-            if raw.shape[-2] > 1:
+            found["ignoring causal (every tile computed, no mask)"] = (
+                lambda: _attention(scaled, vt))
+            if scaled.shape[-2] > 1:
                 found["masking the diagonal too (a query must see its own key, j <= i)"] = (
-                    lambda: answer(scaled.masked_fill(diagonal, -torch.inf)))
+                    lambda: _attention(scaled.masked_fill(diagonal, -torch.inf), vt))
         return found
 
 
@@ -224,13 +227,15 @@ def _tile_case(rng, name, lead, b_q, S, blocks, causal=False, dtype=np.float64):
     q_i, k, v = _qkv(rng, lead, b_q, S)
     dout_i = rng.standard_normal((*lead, b_q, v.shape[-1]))
     qt, kt, vt = (torch.from_numpy(a) for a in (q_i, k, v))
-    scores = (_causal_scores(torch, qt, kt) if causal
-              else qt @ kt.transpose(-1, -2) / math.sqrt(q_i.shape[-1]))
-    out = (torch.softmax(scores, -1) @ vt).numpy()
-    lse = torch.logsumexp(scores, -1).numpy()
-    D = (dout_i * out).sum(-1)
-    args = [a.astype(dtype) for a in (q_i, k, v, dout_i, lse, D)]
+    answer = _attention(_scores(qt, kt, causal), vt)
+    D = (dout_i * answer["out"]).sum(-1)
+    args = [a.astype(dtype) for a in (q_i, k, v, dout_i, answer["lse"], D)]
     return Case(name, (*args, 1 / math.sqrt(q_i.shape[-1]), blocks, causal))
+
+
+#: check-flash-backward-tile's outputs
+TILE_GRADS = ("dq_i (the sum of the tiles' parts)", "dk (the tiles' parts, side by side)",
+              "dv (the tiles' parts, side by side)")
 
 
 class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
@@ -261,15 +266,11 @@ class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
             dq = dq + np.asarray(dq_t)
             dks.append(np.asarray(dk_t))
             dvs.append(np.asarray(dv_t))
-        return {"dq_i (the sum of the tiles' parts)": dq,
-                "dk (the tiles' parts, side by side)": np.concatenate(dks, axis=-2),
-                "dv (the tiles' parts, side by side)": np.concatenate(dvs, axis=-2)}
+        return dict(zip(TILE_GRADS, (dq, np.concatenate(dks, axis=-2),
+                                     np.concatenate(dvs, axis=-2)), strict=True))
 
     def expected(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
-        dq, dk, dv = _torch_grads(q_i, k, v, dout_i, causal)
-        return {"dq_i (the sum of the tiles' parts)": dq,
-                "dk (the tiles' parts, side by side)": dk,
-                "dv (the tiles' parts, side by side)": dv}
+        return dict(zip(TILE_GRADS, _torch_grads(q_i, k, v, dout_i, causal), strict=True))
 
 
 def _torch_grads(q, k, v, dout, causal):
@@ -284,33 +285,23 @@ def _float64(*arrays):
     return tuple(a.astype(np.float64) for a in arrays)
 
 
-def _backward_case(rng, name, lead, T, S, causal, block, dtype=np.float64):
-    q, k, v = _qkv(rng, lead, T, S, dtype)
-    dout = rng.standard_normal((*lead, T, v.shape[-1])).astype(dtype)
-    return Case(name, (q, k, v, dout, causal, block))
-
-
 class FlashAttentionBackward(Check, id="check-flash-backward",
                              functions=("flash_attention_forward", "flash_attention_backward")):
     axes = {"dq": "td", "dk": "sd", "dv": "sd"}  # axis names, for messages
 
     def cases(self, rng):
-        yield _backward_case(rng, "T = S = 9, blocks of 4", (), 9, 9, False, 4)
-        yield _backward_case(rng, "causal, T = S = 9, blocks of 4", (), 9, 9, True, 4)
-        yield _backward_case(rng, "causal, T = 7 < S = 12, a batch of 2", (2,), 7, 12, True, 3)
-        yield _backward_case(rng, "causal, T = 12 > S = 7, a batch of 2", (2,), 12, 7, True, 5)
-        yield _backward_case(rng, "causal, blocks of 1", (), 5, 5, True, 1)
-        yield _backward_case(rng, "a block larger than both lengths, batch and heads (2, 3)",
-                             (2, 3), 5, 6, False, 64)
-        yield _backward_case(rng, "float32, causal, T = S = 13", (3,), 13, 13, True, 4,
-                             np.float32)
+        for spec in TILED_CASES[:2] + TILED_CASES[3:]:  # all but the multiple of the block
+            yield _tiled_case(rng, *spec, dout=True)
         yield _memory_case(rng, backward=True)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield _backward_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5)
-        yield _backward_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32)
-        yield _backward_case(rng, "a block larger than the length, causal", (), 3, 3, True, 7)
+        yield _tiled_case(rng, "causal, T = 6 < S = 17, blocks of 5", (), 6, 17, True, 5,
+                          dout=True)
+        yield _tiled_case(rng, "float32, T = 17 > S = 6", (2,), 17, 6, False, 4, np.float32,
+                          dout=True)
+        yield _tiled_case(rng, "a block larger than the length, causal", (), 3, 3, True, 7,
+                          dout=True)
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, dout, causal, block_size, measure_memory=False):
@@ -336,7 +327,7 @@ def _self_attention_case(rng, name, B, T, E, H, block, dtype=np.float64):
               "W_o": rng.standard_normal((E, E)) / math.sqrt(E),
               "b_o": rng.standard_normal(E) * 0.1}
     params = {n: a.astype(dtype) for n, a in params.items()}
-    x, dout = (rng.standard_normal((B, T, E)).astype(dtype) for _ in range(2))
+    x, dout = normals(rng, (B, T, E), (B, T, E), dtype=dtype)
     return Case(name, (x, params, H, dout, block))
 
 
