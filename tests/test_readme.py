@@ -57,8 +57,11 @@ def test_every_module_named_exists(page):
         parts = dotted.split(".")
         # the longest importable prefix; what follows it must be an attribute of that module
         for n in range(len(parts), 0, -1):
-            if importlib.util.find_spec(".".join(parts[:n])) is not None:
-                break
+            try:
+                if importlib.util.find_spec(".".join(parts[:n])) is not None:
+                    break
+            except ModuleNotFoundError:  # a name inside a module, not a submodule
+                continue
         obj = importlib.import_module(".".join(parts[:n]))
         for attr in parts[n:]:
             assert hasattr(obj, attr), f"{page.name} names {dotted}, which does not exist"
