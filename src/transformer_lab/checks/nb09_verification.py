@@ -1,9 +1,9 @@
 """Checks of notebook 09_verification: the model's backward pass and loss, and the notebook's
 variants (find the bug, label smoothing, positions of a left-padded batch).
 
-The model's references are PyTorch's: ``nn.Transformer`` loaded with the case's parameters,
-embeddings and output projection as tensor operations, autograd for every gradient (the
-helpers are notebook 06's).
+The model's references are PyTorch's: ``nn.TransformerEncoder`` and ``nn.TransformerDecoder``
+loaded with the case's parameters (notebook 08's :func:`torch_logits`), embeddings and output
+projection as tensor operations, autograd for every gradient.
 """
 
 from __future__ import annotations
