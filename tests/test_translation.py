@@ -309,6 +309,8 @@ def test_training_is_deterministic_and_reports_the_metrics():
                               "train_seconds", "cpu_seconds"}
     with pytest.raises(ValueError, match="label_smoothing must be less than 1"):
         TranslateConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match="batch_size must be at most n_train = 10, got 16"):
+        TranslateConfig(n_train=10, batch_size=16)  # no full batch: training could never step
 
 
 def _run(args, env=None):

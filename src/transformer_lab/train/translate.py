@@ -99,6 +99,9 @@ class TranslateConfig:
                           rates=("lr", "clip", "alpha", "label_smoothing"))
         if self.label_smoothing >= 1:
             raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
+        if self.batch_size > self.n_train:  # a step takes batch_size examples (no partial batch)
+            raise ValueError(f"batch_size must be at most n_train = {self.n_train}, got "
+                             f"{self.batch_size}")
         self.model_config(3, 3)  # the model's own checks (heads dividing d_model, ...)
 
     def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
