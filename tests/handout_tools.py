@@ -45,11 +45,10 @@ def build_handout(dest: Path, complete_core: bool = False, source: Path | None =
 
 def handout_env(handout: Path) -> dict[str, str]:
     """This process's environment with the handout's ``src/`` first on ``PYTHONPATH``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str((handout / "src").resolve())]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
+    from transformer_lab.course.kernel_env import with_pythonpath
+
+    return {**with_pythonpath(dict(os.environ), (handout / "src").resolve()),
+            "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 @dataclass
@@ -79,13 +78,12 @@ def execute_handout_notebook(handout: Path, name: str, timeout: int = 600,
 
     from transformer_lab.checks import framework as F
     from transformer_lab.course.assignment import is_check, parse_check_call
+    from transformer_lab.course.kernel_env import client_options
 
     path = handout / "notebooks" / name
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            allow_errors=not stop_at_first_error, record_timing=False,
-                            resources={"metadata": {"path": str(path.parent.resolve())}},
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    client = NotebookClient(nb, timeout=timeout, allow_errors=not stop_at_first_error,
+                            **client_options(path.parent.resolve()))
     try:
         client.execute(env=handout_env(handout))
     except CellExecutionError:
