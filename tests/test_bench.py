@@ -1,5 +1,5 @@
 """`python -m transformer_lab.course.bench`: interleaved rounds, the spread of the ratio, one thread
-and CPU time by default, progress and an expected duration on stderr. (The twin-parity check and the
+and CPU time by default, progress and the time elapsed on stderr. (The twin-parity check and the
 table's rows are tested in test_interop.py.)"""
 
 import math
@@ -52,27 +52,19 @@ def test_a_busy_machine_moves_the_medians_but_not_the_paired_ratio():
     assert t.ratio == pytest.approx(0.8) and t.ratio_q1 == pytest.approx(0.8)
 
 
-def test_estimate_and_format():
-    speed = (2e10, 2e-6)
-    small = bench.estimate_seconds("encoder_layer", 64, 32, 16, 2, 18, speed)
-    assert 0 < small < bench.estimate_seconds("encoder_layer", 256, 64, 64, 2, 18, speed) \
-        < bench.estimate_seconds("transformer", 256, 64, 64, 2, 18, speed)
-    assert bench.estimate_seconds("transformer", 64, 32, 16, 2, 36, speed) > \
-        bench.estimate_seconds("transformer", 64, 32, 16, 2, 18, speed)
-    flops, call = bench.calibrate(0.05)
-    assert flops > 1e8 and 0 < call < 1e-2
+def test_format_seconds():
     assert [bench.format_seconds(s) for s in (0.4, 42, 190, 3725)] == \
         ["0 s", "42 s", "3 min 10 s", "1 h 02 min"]
 
 
-def test_bench_reports_progress_and_duration_on_stderr_and_uses_one_thread_by_default():
+def test_bench_reports_progress_on_stderr_and_uses_one_thread_by_default():
     res = subprocess.run([sys.executable, "-m", "transformer_lab.course.bench", "--quick"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     err = res.stderr
-    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up; expected duration about" in err
+    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up\n" in err
     assert "[1/2] TransformerEncoderLayer, d_model 32, batch 4, length 8 ..." in err
-    assert "[2/2] Transformer (1+1)" in err and "elapsed, about" in err and "in all" in err
+    assert "[2/2] Transformer (1+1)" in err and "elapsed" in err and "in all" in err
     out = res.stdout
     assert "(1 BLAS threads), torch" in out and "(1 threads)" in out
     assert "interleaved rounds" in out and "middle half" in out
@@ -118,7 +110,7 @@ def test_bench_gpt_times_the_training_step_against_the_torch_twin():
                           "--quick"], capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
     err, out = res.stderr, res.stdout
-    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up; expected duration about" in err
+    assert "bench: 2 sizes, each 3 timed rounds after 1 warm-up\n" in err
     assert "[1/2] GPT classic, d_model 32, batch 4, length 16 ..." in err
     assert "[2/2] GPT modern" in err and "in all" in err
     assert "(1 BLAS threads), torch" in out and "(1 threads)" in out

@@ -199,85 +199,6 @@ def _check_float64_twin(module, args, kwargs, dout) -> float:
                       twin_grads)
 
 
-# --------------------------------------------------------------------------------------------
-# How long a run takes, said before it starts
-
-def step_flops(kind: str, e: int, b: int, t: int, layers: int) -> float:
-    """Multiply-adds x 2 of one forward + backward step (backward ~ twice the forward), counting
-    the matrix products only: projections, attention scores and weighted sums, feed-forward."""
-    n = b * t
-    self_attention = 8 * n * e * e + 4 * n * t * e   # Q, K, V, out projections; scores, A @ V
-    feed_forward = 16 * n * e * e                    # E -> 4E -> E
-    encoder = self_attention + feed_forward
-    decoder = 2 * self_attention + feed_forward       # self- and cross-attention
-    forward = encoder if kind == "encoder_layer" else layers * (encoder + decoder)
-    return 3.0 * forward
-
-
-def step_calls(kind: str, layers: int) -> int:
-    """Attention blocks in one step: a rough count of the per-call overhead (Python, dispatch)
-    that dominates at small sizes."""
-    return 1 if kind == "encoder_layer" else 3 * layers
-
-
-#: The matrix product whose one-thread rate is the yardstick: (512, 256) @ (256, 256), float32.
-MATMUL_SHAPE = (512, 256, 256)
-
-
-def matmul_step(repeat: int = 1) -> tuple[Callable[[], object], float]:
-    """A step of ``repeat`` float32 products of :data:`MATMUL_SHAPE`, and its FLOPs."""
-    m, k, n = MATMUL_SHAPE
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    w = rng.standard_normal((k, n)).astype(np.float32)
-    out = np.empty((m, n), np.float32)
-
-    def step():
-        for _ in range(repeat):
-            np.matmul(a, w, out=out)
-    return step, 2.0 * m * k * n * repeat
-
-
-def calibrate(seconds: float = 0.3) -> tuple[float, float]:
-    """This machine's speed now, on one thread: (float32 matrix-product FLOP/s, seconds of a
-    small NumPy call). Takes about ``seconds``."""
-    rng = np.random.default_rng(0)
-    product, product_flops = matmul_step()
-    product()
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2:
-        product()
-        calls += 1
-    flops = calls * product_flops / (time.perf_counter() - t0)
-    x = rng.standard_normal((4, 8)).astype(np.float32)
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2:
-        np.exp(x - x.max(axis=-1, keepdims=True)).sum(axis=-1)
-        calls += 1
-    return flops, (time.perf_counter() - t0) / calls
-
-
-#: Fitted on the course's 2-core machines: seconds of one step beyond its matrix products,
-#: in units of a small NumPy call, per attention block (both sides together); the matrix
-#: products' efficiency against the calibration's product at d_model 128 (it grows with the
-#: width); and the first size's imports and first calls.
-_OVERHEAD_CALLS = 260.0
-_GEMM_EFFICIENCY = 0.45
-STARTUP_SECONDS = 2.0
-
-
-def estimate_seconds(kind: str, e: int, b: int, t: int, layers: int, rounds: int,
-                     speed: tuple[float, float]) -> float:
-    """Rough seconds for one size: building, the float64 check, and ``rounds`` rounds of a
-    torch and a NumPy step, from the machine's ``speed`` (:func:`calibrate`)."""
-    flops_per_s, call_s = speed
-    efficiency = min(0.8, _GEMM_EFFICIENCY * math.sqrt(max(e, 128) / 128))
-    one_side = (step_flops(kind, e, b, t, layers) / (flops_per_s * efficiency)
-                + _OVERHEAD_CALLS / 2 * call_s * step_calls(kind, layers))
-    build = 0.002 * step_calls(kind, layers) + 8e-9 * e * e * step_calls(kind, layers)
-    return build + 2 * one_side * (rounds + 4)  # + the float64 check (about 2 float32 steps)
-
-
 def format_seconds(s: float) -> str:
     """``42 s``, ``3 min 10 s``, ``1 h 05 min``."""
     s = max(0, round(s))
@@ -383,14 +304,6 @@ def measure_gpt(block: str, e: int, b: int, t: int, h: int, layers: int, repeats
     return GPTTiming(timing, flops / timing.numpy, flops / timing.torch)
 
 
-def estimate_gpt_seconds(config, b: int, t: int, rounds: int,
-                         speed: tuple[float, float]) -> float:
-    """Rough seconds for one GPT size: the float64 check and ``rounds`` rounds of the two
-    steps, each about twice its matrix products' time at the calibration's rate."""
-    step = 2 * gpt_step_flops(config, b, t) / speed[0] + 400 * speed[1] * config.num_layers
-    return step * (2 * rounds + 6)
-
-
 def _summary(name: str, timings: list[Timing]) -> None:
     """The ratios' geometric mean and range over the sizes, and the widest middle half."""
     ratios = [m.ratio for m in timings]
@@ -401,15 +314,13 @@ def _summary(name: str, timings: list[Timing]) -> None:
           f"{widest.ratio_q1:.2f}-{widest.ratio_q3:.2f}x")
 
 
-def _start(planned: list[float], args, about: str, header: str) -> float:
-    """Say how long the run will take (stderr), then what it times -- ``about``, between the
-    versions and the clock -- and the table's ``header`` (stdout); the time it starts."""
+def _start(sizes: int, args, about: str, header: str) -> float:
+    """Say what the run does (stderr), then what it times -- ``about``, between the versions
+    and the clock -- and the table's ``header`` (stdout); the time it starts."""
     import torch
 
-    planned[0] += STARTUP_SECONDS
-    print(f"bench: {len(planned)} sizes, each {args.repeats} timed rounds after {args.warmup} "
-          f"warm-up; expected duration about {format_seconds(sum(planned))} "
-          f"(from this machine's speed now)", file=sys.stderr, flush=True)
+    print(f"bench: {sizes} sizes, each {args.repeats} timed rounds after {args.warmup} "
+          f"warm-up", file=sys.stderr, flush=True)
     print(f"numpy {np.__version__} ({_blas_threads()} BLAS threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads); {about}; "
           f"{'CPU time of this process' if args.clock == 'cpu' else 'wall-clock time'}",
@@ -419,26 +330,13 @@ def _start(planned: list[float], args, about: str, header: str) -> float:
     return time.perf_counter()
 
 
-def _report_left(planned: list[float], k: int, elapsed: float) -> None:
-    """After size k (0-based) of the plan: the time so far and the time left -- the plan,
-    corrected by how fast the run has gone so far, weighed against a fifth of the plan, so that
-    the first size (imports, first calls) does not swing the estimate. Nothing after the last."""
-    if k + 1 >= len(planned):
-        return
-    done, prior = sum(planned[:k + 1]), 0.2 * sum(planned)
-    left = sum(planned[k + 1:]) * (elapsed + prior) / (done + prior)
-    print(f"    {format_seconds(elapsed)} elapsed, about {format_seconds(left)} left",
-          file=sys.stderr, flush=True)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lab.course.bench",
         description="Time forward + backward: the NumPy twin vs torch (eager CPU, autograd), "
                     "float32, same weights, batch and masks, in interleaved rounds on one "
                     "thread each; with --model gpt, the GPT's training step against its "
-                    "PyTorch twin. Progress and the expected duration go to stderr, the table "
-                    "to stdout.")
+                    "PyTorch twin. Progress goes to stderr, the table to stdout.")
     parser.add_argument("--model", choices=("encoder-decoder", "gpt"), default="encoder-decoder",
                         help="the encoder-decoder's layers (default) or the GPT")
     parser.add_argument("--quick", action="store_true",
@@ -508,14 +406,9 @@ def _run(args, gpt: bool, default_heads: Callable[[int], int], clock) -> int:
     limit_threads(args.threads)
     sizes = [(kind, e, b, t) for kind in (args.blocks if gpt else args.modules)
              for e, b, t in itertools.product(args.d_model, args.batch, args.length)]
-    speed = calibrate()
-    rounds = args.repeats + args.warmup
     names = {**NAMES, "transformer": f"Transformer ({args.layers}+{args.layers})"}
     if gpt:
-        planned = [estimate_gpt_seconds(gpt_config(kind, e, args.heads or default_heads(e),
-                                                   args.layers, t), b, t, rounds, speed)
-                   for kind, e, b, t in sizes]
-        start = _start(planned, args,
+        start = _start(len(sizes), args,
                        f"the GPT's training step (loss and every gradient), float32, vocabulary "
                        f"{GPT_VOCAB}, {args.layers} layers, {args.repeats} interleaved rounds "
                        f"after {args.warmup} warm-up",
@@ -523,9 +416,7 @@ def _run(args, gpt: bool, default_heads: Callable[[int], int], clock) -> int:
                        f"{'torch ms':>9} {'numpy ms':>9} {'numpy/torch':>11} "
                        f"{'middle half':>13} {'numpy GF/s':>10} {'torch GF/s':>10}")
     else:
-        planned = [estimate_seconds(kind, e, b, t, args.layers, rounds, speed)
-                   for kind, e, b, t in sizes]
-        start = _start(planned, args,
+        start = _start(len(sizes), args,
                        f"float32, forward + backward, {args.repeats} interleaved rounds after "
                        f"{args.warmup} warm-up, masks {'on' if args.masks else 'off'}; the twins "
                        f"compute with the core",
@@ -550,7 +441,8 @@ def _run(args, gpt: bool, default_heads: Callable[[int], int], clock) -> int:
         timings.setdefault("GPT" if gpt else names[kind], []).append(m)
         print(f"{row} {m.torch * 1e3:>9.2f} {m.numpy * 1e3:>9.2f} {m.ratio:>10.2f}x "
               f"{m.ratio_q1:>5.2f}-{m.ratio_q3:.2f}x{tail}", flush=True)
-        _report_left(planned, k, time.perf_counter() - start)
+        print(f"    {format_seconds(time.perf_counter() - start)} elapsed", file=sys.stderr,
+              flush=True)
     print()
     for name, rs in timings.items():
         _summary(name, rs)
