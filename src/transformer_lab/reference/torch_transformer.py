@@ -46,7 +46,7 @@ from transformer_lab.reference.torch_gpt import torch_dtype
 
 __all__ = ["LayerNorm", "FeedForward", "MultiHeadAttention", "EncoderLayer", "DecoderLayer",
            "Encoder", "Decoder", "Embedding", "Linear", "TorchTransformer",
-           "ReferenceTransformer", "nn_transformer_state", "nn_transformer_grads"]
+           "ReferenceTransformer"]
 
 
 def _param(shape, dtype, fill=0.0) -> nn.Parameter:
@@ -530,29 +530,6 @@ def _core_to_numpy(config: TransformerConfig, state: Mapping[str, np.ndarray]
     decoder = stack_from_torch(state, "decoder.", config.num_decoder_layers, e, decoder=True,
                                split_cross=True)
     return T.flatten_params(encoder, decoder)
-
-
-def nn_transformer_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """The NumPy model's encoder-decoder weights as an ``nn.Transformer`` state dict (copies).
-
-    Load with ``core.load_state_dict(nn_transformer_state(model))`` into an ``nn.Transformer``
-    made with the model's sizes, ``batch_first=True``, ``norm_first``, ``bias`` and
-    ``layer_norm_eps`` (see :meth:`ReferenceTransformer.make_core`).
-    """
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a transformer_lab.models.encoder_decoder.Transformer, got "
-                        f"{type(model).__name__}")
-    state = _core_to_torch(model.config, model.params)
-    return {name: torch.from_numpy(np.array(a, order="C")) for name, a in state.items()}
-
-
-def nn_transformer_grads(core: nn.Transformer, config: TransformerConfig
-                         ) -> dict[str, np.ndarray]:
-    """The gradients of an ``nn.Transformer`` core under the NumPy model's names and layouts
-    (copies; zeros where a parameter got no gradient)."""
-    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy()
-             for name, p in core.named_parameters()}
-    return {name: np.array(g, order="C") for name, g in _core_to_numpy(config, grads).items()}
 
 
 class ReferenceTransformer(_Seq2Seq):
