@@ -426,75 +426,70 @@ class Difference:
 
 def _difference(check: Check, name: str, got, want) -> Difference | None:
     """The first way ``got`` differs from ``want`` (None when it does not)."""
+    def differs(text: str) -> Difference:
+        return Difference(name, name + text, got, want)
     if isinstance(want, dict):
         if not isinstance(got, dict):
-            return Difference(name, f"{name} must be a dict with keys {sorted(want)}, got "
-                                    f"{_kind(got)}")
+            return differs(f" must be a dict with keys {sorted(want)}, got {_kind(got)}")
         if set(got) != set(want):
-            return Difference(name, f"{name} must have exactly the keys {sorted(want)}, got "
-                                    f"{sorted(got)}")
+            return differs(f" must have exactly the keys {sorted(want)}, got {sorted(got)}")
         parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
     elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
-            return Difference(name, f"{name} must be a sequence of {len(want)} values, got "
-                                    f"{_kind(got)}")
+            return differs(f" must be a sequence of {len(want)} values, got {_kind(got)}")
         parts = [(f"{name}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want, strict=True))]
     if isinstance(want, (dict, tuple, list)):  # the first part that differs
         return next(filter(None, (_difference(check, *part) for part in parts)), None)
     if want is None or isinstance(want, (str, bool)):
         same = got is None if want is None else (type(got) is type(want) and got == want)
-        return None if same else Difference(name, f"{name}: expected {want!r}, got "
-                                                  f"{_short(got)}", got, want)
-    want_arr = np.asarray(want)
+        return None if same else differs(f": expected {want!r}, got {_short(got)}")
     if isinstance(got, str):  # also a check's sentence saying what is missing ("None: set ...")
-        return Difference(name, f"{name}: expected {_describe(want_arr)}, got {got}", got, want)
+        return differs(f": expected {_kind(np.asarray(want))}, got {got}")
     if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not np.isscalar(got):
-        return Difference(name, f"{name} must be a NumPy array or a number like the expected "
-                                f"one ({_describe(want_arr)}), got {_kind(got)}", got, want)
-    got_arr = np.asarray(got)
-    is_bool = want_arr.dtype == bool or got_arr.dtype == bool
-    if is_bool or np.issubdtype(want_arr.dtype, np.integer):  # masks, ids, counts: exactly
-        if got_arr.shape != want_arr.shape:
-            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
-                                    f"{got_arr.shape}", got_arr, want_arr)
-        if is_bool and got_arr.dtype != want_arr.dtype:
-            return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
-                                    f"{got_arr.dtype}", got_arr, want_arr)
-        if want_arr.ndim == 0:
-            return None if got_arr == want_arr else Difference(
-                name, f"{name}: expected {want_arr}, got {got_arr}", got_arr, want_arr)
-        wrong = np.argwhere(got_arr != want_arr)
+        return differs(f" must be a NumPy array or a number like the expected one "
+                       f"({_kind(np.asarray(want))}), got {_kind(got)}")
+    return _array_difference(check, name, np.asarray(got), np.asarray(want),
+                             typed=isinstance(want, np.ndarray))
+
+
+def _array_difference(check: Check, name: str, got: np.ndarray, want: np.ndarray,
+                      typed: bool) -> Difference | None:
+    """:func:`_difference` of two arrays; ``typed``: the expected answer was an array (not a
+    number), whose dtype a float answer must have (:attr:`Check.check_dtype`)."""
+    def differs(text: str) -> Difference:
+        return Difference(name, f"{name}: {text}", got, want)
+    is_bool = want.dtype == bool or got.dtype == bool
+    exact = is_bool or np.issubdtype(want.dtype, np.integer)  # masks, ids, counts: exactly
+    if got.shape != want.shape:
+        return differs(f"expected shape {want.shape}, got {'' if exact else 'shape '}{got.shape}")
+    if exact:
+        if is_bool and got.dtype != want.dtype:
+            return differs(f"expected a {want.dtype} array, got {got.dtype}")
+        if want.ndim == 0:
+            return None if got == want else differs(f"expected {want}, got {got}")
+        wrong = np.argwhere(got != want)
         if not wrong.size:
             return None
         first = tuple(wrong[0])
-        return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, the "
-                                f"first at {_index(first, check, name, want_arr)}: expected "
-                                f"{want_arr[first]}, got {got_arr[first]}"
-                                f"{_both(got_arr, want_arr)}", got_arr, want_arr)
-    if got_arr.shape != want_arr.shape:
-        return Difference(name, f"{name}: expected shape {want_arr.shape}, got shape "
-                                f"{got_arr.shape}", got_arr, want_arr)
-    if not np.issubdtype(got_arr.dtype, np.floating) and not np.issubdtype(got_arr.dtype,
-                                                                           np.integer):
-        return Difference(name, f"{name}: expected numbers, got dtype {got_arr.dtype}",
-                          got_arr, want_arr)
-    if (check.check_dtype and isinstance(want, np.ndarray) and want_arr.ndim
-            and got_arr.dtype != want_arr.dtype):
-        return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
-                                f"{got_arr.dtype}", got_arr, want_arr)
-    if not np.all(np.isfinite(got_arr)):
-        bad = np.argwhere(~np.isfinite(got_arr))
+        return differs(f"{len(wrong)} of {want.size} entries differ, the first at "
+                       f"{_index(first, check, name)}: expected {want[first]}, got {got[first]}"
+                       f"{_both(got, want)}")
+    if not np.issubdtype(got.dtype, np.floating) and not np.issubdtype(got.dtype, np.integer):
+        return differs(f"expected numbers, got dtype {got.dtype}")
+    if check.check_dtype and typed and want.ndim and got.dtype != want.dtype:
+        return differs(f"expected a {want.dtype} array, got {got.dtype}")
+    if not np.all(np.isfinite(got)):
+        bad = np.argwhere(~np.isfinite(got))
         count = f"{len(bad)} entries are" if len(bad) > 1 else "1 entry is"
-        at = _index(bad[0], check, name, want_arr) if got_arr.ndim else "the value"
-        return Difference(name, f"{name}: {count} NaN or infinite, the first at "
-                                f"{at} (expected "
-                                f"{_num(want_arr[tuple(bad[0])])})", got_arr, want_arr)
-    tol = check.tolerance(name, want_arr.astype(want_arr.dtype))
-    err = _rel_error(got_arr, want_arr)
+        at = _index(bad[0], check, name) if got.ndim else "the value"
+        return differs(f"{count} NaN or infinite, the first at {at} (expected "
+                       f"{_num(want[tuple(bad[0])])})")
+    tol = check.tolerance(name, want)
+    err = _rel_error(got, want)
     if err <= tol:
         return None
-    return Difference(name, f"{name}: relative error {err:.1e} (tolerance {tol:.0e}); "
-                            f"{_largest(got_arr, want_arr, check, name)}", got_arr, want_arr)
+    return differs(f"relative error {err:.1e} (tolerance {tol:.0e}); "
+                   f"{_largest(got, want, check, name)}")
 
 
 def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
@@ -504,15 +499,14 @@ def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
     return 0.0 if denom == 0 else float(np.linalg.norm(a - b)) / denom
 
 
-def _largest(got: np.ndarray, want: np.ndarray, check: Check | None = None,
-             name: str = "output") -> str:
+def _largest(got: np.ndarray, want: np.ndarray, check: Check, name: str) -> str:
     """Where the two differ most -- first, so that two arrays that print alike (a difference
     in the fifth digit) still show where and how much -- and, when small, the two in full."""
     if got.ndim == 0:
         return f"expected {_short(want)}, got {_short(got)}"
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    largest = (f"largest difference {_num(diff[where])} at {_index(where, check, name, want)}: "
+    largest = (f"largest difference {_num(diff[where])} at {_index(where, check, name)}: "
                f"expected {_num(want[where])}, got {_num(got[where])}")
     if got.size <= 36 and got.ndim >= 2:
         return f"{largest}; the two in full:" + _both(got, want)
@@ -522,26 +516,24 @@ def _largest(got: np.ndarray, want: np.ndarray, check: Check | None = None,
 
 
 def _both(got: np.ndarray, want: np.ndarray) -> str:
+    """The two arrays in full, one under the other, indented ('' past 36 entries)."""
     if got.size > 36:
         return ""
-    return f"\n  expected:\n{_indent(want)}\n  got:\n{_indent(got)}"
+    text = ""
+    for label, a in (("expected", want), ("got", got)):
+        shown = np.array2string(a.astype(int) if a.dtype == bool else a, precision=4,
+                                suppress_small=True)
+        text += f"\n  {label}:\n" + "\n".join("    " + line for line in shown.split("\n"))
+    return text
 
 
-def _indent(a: np.ndarray) -> str:
-    text = np.array2string(np.asarray(a).astype(int) if a.dtype == bool else a, precision=4,
-                           suppress_small=True)
-    return "\n".join("    " + line for line in text.split("\n"))
-
-
-def _index(ix, check: Check | None = None, name: str = "", array=None) -> str:
+def _index(ix, check: Check, name: str) -> str:
     """``[1, 0, 2]``, or with the axes' names where the check knows them: ``[b=1, h=0, t=2]``."""
     ix = [int(i) for i in ix]
-    names = ("",) * len(ix)
-    if check is not None and name:
-        try:
-            names = check.axis_names(name, len(ix))
-        except Exception:  # a message must never break the verdict
-            names = ("",) * len(ix)
+    try:
+        names = check.axis_names(name, len(ix))
+    except Exception:  # a message must never break the verdict
+        names = ("",) * len(ix)
     return "[" + ", ".join(f"{n}={i}" if n else str(i) for n, i in zip(names, ix,
                                                                       strict=True)) + "]"
 
@@ -551,21 +543,17 @@ def _num(x) -> str:
 
 
 def _short(x) -> str:
+    if isinstance(x, np.ndarray) and x.size <= 12:
+        return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
     if isinstance(x, np.ndarray):
-        if x.size <= 12:
-            return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
-        return _describe(x)
+        return _kind(x)
     text = repr(x)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _describe(a: np.ndarray) -> str:
-    return f"a {a.dtype} array of shape {a.shape}" if a.ndim else f"the number {_num(a)}"
-
-
 def _kind(x) -> str:
     if isinstance(x, np.ndarray):
-        return _describe(x)
+        return f"a {x.dtype} array of shape {x.shape}" if x.ndim else f"the number {_num(x)}"
     if isinstance(x, (tuple, list)):
         return f"a {type(x).__name__} of {len(x)} values"
     if isinstance(x, dict):
