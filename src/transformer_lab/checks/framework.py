@@ -29,6 +29,9 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import takewhile
+from operator import getitem
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -567,31 +570,23 @@ def _kind(x) -> str:
 
 def _hint(check: Check, case: Case, got, want, problem: Difference,
           stored: Mapping[str, Any] | None = None) -> str:
-    """A sentence naming the likely mistake, or ''."""
+    """A sentence naming the likely mistake, or ''. A mistake is named when its answer is the
+    one that came back and a wrong one here (a mistake that gives the right answer in this case
+    tells nothing): the whole answer, else the first output that differs, by its name, for a
+    mistake that gives only some outputs (a forward's, say; the entries of one list are one
+    output: one entry's match tells nothing)."""
     answers = _mistake_answers(check, case, stored)
-    for description, answer in answers:
-        # the answer this mistake gives: the one that came back, and a wrong one here (a
-        # mistake that gives the right answer in this case tells nothing)
-        try:
-            with np.errstate(all="ignore"):
-                if _matches(check, got, answer) and not _matches(check, want, answer):
-                    return f"this is what you get {description}."
-        except Exception:
-            continue
-    # a mistake that gives only some outputs (a forward's, say): the first output that differs,
-    # by its name (the entries of one list are one output: one entry's match tells nothing)
-    path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
-    path = path[:next((k for k, (key, _) in enumerate(path) if not key), len(path))]
-    for description, answer in dict(answers).items() if path else ():
-        try:
-            part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
-            with np.errstate(all="ignore"):
-                if (part is not _MISSING and got_part is not _MISSING
-                        and _matches(check, got_part, part)
-                        and not _matches(check, want_part, part)):
-                    return f"this is what you get {description}."
-        except Exception:
-            continue
+    keys = list(takewhile(bool, (k for k, _ in re.findall(r"\[(?:'([^']*)'|(\d+))\]",
+                                                               problem.name))))
+    for path, pairs in ((), answers), (keys, dict(answers).items() if keys else ()):
+        for description, answer in pairs:
+            try:
+                with np.errstate(all="ignore"):
+                    g, w, a = (reduce(getitem, path, x) for x in (got, want, answer))
+                    if _matches(check, g, a) and not _matches(check, w, a):
+                        return f"this is what you get {description}."
+            except Exception:  # a mistake without that output, or a hint's own error
+                continue
     return _generic_hint(problem)
 
 
@@ -612,19 +607,6 @@ def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None 
         except Exception:
             continue
     return found
-
-
-_MISSING = object()
-
-
-def _at(value, path):
-    """``value['key'][0]...`` along the path of an output's name, or _MISSING."""
-    for key, index in path:
-        try:
-            value = value[key] if key or not index else value[int(index)]
-        except (KeyError, IndexError, TypeError):
-            return _MISSING
-    return value
 
 
 def _matches(check: Check, got, wrong) -> bool:
