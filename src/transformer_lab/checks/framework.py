@@ -320,13 +320,6 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _library_folders() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    folders = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return tuple(sorted(f.replace("\\", "/").rstrip("/") + "/" for f in folders if f))
-
-
 def _is_students(filename: str) -> bool:
     """Whether a frame's file is the student's code: their ``core/*.py`` or a notebook cell (an
     IPython cell file, or the ``<...>`` name a cell compiled by the grader gets), not a library
@@ -336,7 +329,10 @@ def _is_students(filename: str) -> bool:
         return True
     if "/transformer_lab/" in path or "/site-packages/" in path or "/dist-packages/" in path:
         return False
-    return not path.startswith(_library_folders())
+    paths = sysconfig.get_paths()
+    folders = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return not path.startswith(tuple(f.replace("\\", "/").rstrip("/") + "/" for f in folders if f))
 
 
 def _frame_text(fr: traceback.FrameSummary) -> str:
@@ -804,23 +800,15 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
         yield outcome, judge(chk, case, outcome, want, hints.get(case.name))
 
 
-def _core_names_used(function: Callable) -> set[str]:
-    """The core functions a notebook function names in its code (nested functions included)."""
-    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
-    return {n for code in _code_objects(function) for n in code.co_names if n in known}
-
-
 def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
     """The core functions that ``chk``'s functions call (:data:`syllabus.CALLS`), directly or
-    not, without its own; for a notebook function, the core functions its code names too."""
-    used: set[str] = set()
-    for name in chk.arguments if f is not None else ():
-        try:
-            used |= _core_names_used(getattr(f, name))
-        except AttributeError:
-            continue
-    used -= set(chk.functions)
-    return (set(syllabus.dependencies([*chk.functions, *used])) | used) - set(chk.functions)
+    not, without its own; for a notebook function, the core functions its code names too
+    (in the functions it defines inside as well)."""
+    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
+    own = set(chk.functions)
+    used = {n for name in (chk.arguments if f is not None else ())
+            for code in _code_objects(getattr(f, name)) for n in code.co_names if n in known} - own
+    return (set(syllabus.dependencies([*chk.functions, *used])) | used) - own
 
 
 def _teaching_order(chk) -> tuple[str, int]:
@@ -865,16 +853,10 @@ def _first_failure(chk: Check) -> str | None:
     return None
 
 
-_LOOKING: list[str] = []  # the checks whose culprit is being looked for (no lookup inside one)
-
-
 def culprit(chk: Check, f: Functions | None = None) -> str:
     """When ``chk`` failed: a paragraph naming the first function it depends on (in teaching
     order) that fails its own check, or ''. Runs the public cases of those checks, so it is
     called only after a failure; never raises."""
-    if _LOOKING:
-        return ""
-    _LOOKING.append(chk.id)
     try:
         for other_cls in dependency_checks(chk, f):
             other = other_cls()
@@ -896,8 +878,6 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
         return ""
     except Exception:  # finding the culprit must never hide the verdict
         return ""
-    finally:
-        _LOOKING.pop()
 
 
 # --------------------------------------------------------------------------------------------
