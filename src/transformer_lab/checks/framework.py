@@ -635,16 +635,14 @@ def _generic_hint(problem: Difference) -> str:
     if not isinstance(got, np.ndarray) or not isinstance(want, np.ndarray):
         return ""
     if got.shape != want.shape:
-        if got.size == want.size:
-            return ("the right number of entries in the wrong shape: a reshape or transpose "
-                    "that does not match the expected layout?")
-        squeezed_g = tuple(s for s in got.shape if s != 1)
-        squeezed_w = tuple(s for s in want.shape if s != 1)
-        if squeezed_g == squeezed_w:
-            return "an axis of length 1 too many or too few: keepdims=True where you reduce?"
-        if got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape):
-            return "the axes are in another order: a transposed result or weight?"
-        return ""
+        squeezed = [tuple(s for s in a.shape if s != 1) for a in (got, want)]
+        return next((text for wrong, text in (
+            (got.size == want.size, "the right number of entries in the wrong shape: a reshape "
+                                    "or transpose that does not match the expected layout?"),
+            (squeezed[0] == squeezed[1],
+             "an axis of length 1 too many or too few: keepdims=True where you reduce?"),
+            (got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape),
+             "the axes are in another order: a transposed result or weight?")) if wrong), "")
     if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):
         if want.dtype == np.float32 and got.dtype == np.float64:
             return ("a float32 input came back as float64: something float64 met it and "
@@ -683,10 +681,10 @@ def _generic_hint(problem: Difference) -> str:
 # Plain data: encoding for the grader's probe and for stored answers
 
 
-def encode(value, arrays: dict[str, np.ndarray], prefix: str = "a") -> Any:
+def encode(value, arrays: dict[str, np.ndarray]) -> Any:
     """A JSON-ready form of plain data; arrays go into ``arrays`` under generated keys."""
     if isinstance(value, np.ndarray):
-        key = f"{prefix}{len(arrays)}"
+        key = f"a{len(arrays)}"
         arrays[key] = value
         return {"__array__": key}
     if isinstance(value, np.generic):
@@ -696,13 +694,13 @@ def encode(value, arrays: dict[str, np.ndarray], prefix: str = "a") -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, tuple):
-        return {"__tuple__": [encode(v, arrays, prefix) for v in value]}
+        return {"__tuple__": [encode(v, arrays) for v in value]}
     if isinstance(value, list):
-        return [encode(v, arrays, prefix) for v in value]
+        return [encode(v, arrays) for v in value]
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise TypeError("dict keys must be strings")
-        return {"__dict__": {k: encode(v, arrays, prefix) for k, v in value.items()}}
+        return {"__dict__": {k: encode(v, arrays) for k, v in value.items()}}
     raise TypeError(f"cannot pass a {type(value).__name__} between processes (plain data only)")
 
 
