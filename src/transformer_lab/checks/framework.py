@@ -405,8 +405,7 @@ def _modified_inputs(case: Case, outcome: Outcome) -> str:
 
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b,
-                                                                                  equal_nan=True)
+        return isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=True)
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
             _same(x, y) for x, y in zip(a, b, strict=True))
