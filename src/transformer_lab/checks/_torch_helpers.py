@@ -35,9 +35,7 @@ torch = LazyModule("torch")
 def _t(a, grad: bool = False):
     """A torch tensor holding a copy of ``a`` (an array, a number or a nested list; None stays
     None), in ``a``'s dtype, a leaf that records its gradient when ``grad``."""
-    if a is None:
-        return None
-    return torch.tensor(np.asarray(a), requires_grad=grad)
+    return None if a is None else torch.tensor(np.asarray(a), requires_grad=grad)
 
 
 def _np(t):
@@ -51,19 +49,13 @@ def autograd(fn, dout, *inputs):
     None, which stays None), its output back-propagated from ``dout`` (None: the output is a
     scalar loss). Returns the output and the gradient of each input, in the input's form, as
     NumPy arrays: ``out, dx, grads = autograd(layer, dout, x, params)``."""
-    leaves = [_leaves(a) for a in inputs]
+    leaves = [_each(lambda a: _t(a, grad=True), a) for a in inputs]
     out = fn(*leaves)
     out.backward(None if dout is None else _t(dout))
-    return (_np(out), *(_grads(leaf) for leaf in leaves))
+    grads = (_each(lambda t: None if t is None else _np(t.grad), leaf) for leaf in leaves)
+    return (_np(out), *grads)
 
 
-def _leaves(a):
-    if isinstance(a, dict):
-        return {k: _leaves(v) for k, v in a.items()}
-    return _t(a, grad=a is not None)
-
-
-def _grads(leaf):
-    if isinstance(leaf, dict):
-        return {k: _grads(v) for k, v in leaf.items()}
-    return None if leaf is None else _np(leaf.grad)
+def _each(fn, a):
+    """``fn(a)``, or for a dict (a layer's parameters) the dict of ``fn`` of each value."""
+    return {k: _each(fn, v) for k, v in a.items()} if isinstance(a, dict) else fn(a)

@@ -29,6 +29,9 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import takewhile
+from operator import getitem
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -317,13 +320,6 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _library_folders() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    folders = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return tuple(sorted(f.replace("\\", "/").rstrip("/") + "/" for f in folders if f))
-
-
 def _is_students(filename: str) -> bool:
     """Whether a frame's file is the student's code: their ``core/*.py`` or a notebook cell (an
     IPython cell file, or the ``<...>`` name a cell compiled by the grader gets), not a library
@@ -333,7 +329,10 @@ def _is_students(filename: str) -> bool:
         return True
     if "/transformer_lab/" in path or "/site-packages/" in path or "/dist-packages/" in path:
         return False
-    return not path.startswith(_library_folders())
+    paths = sysconfig.get_paths()
+    folders = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return not path.startswith(tuple(f.replace("\\", "/").rstrip("/") + "/" for f in folders if f))
 
 
 def _frame_text(fr: traceback.FrameSummary) -> str:
@@ -406,8 +405,7 @@ def _modified_inputs(case: Case, outcome: Outcome) -> str:
 
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b,
-                                                                                  equal_nan=True)
+        return isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=True)
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
             _same(x, y) for x, y in zip(a, b, strict=True))
@@ -426,75 +424,70 @@ class Difference:
 
 def _difference(check: Check, name: str, got, want) -> Difference | None:
     """The first way ``got`` differs from ``want`` (None when it does not)."""
+    def differs(text: str) -> Difference:
+        return Difference(name, name + text, got, want)
     if isinstance(want, dict):
         if not isinstance(got, dict):
-            return Difference(name, f"{name} must be a dict with keys {sorted(want)}, got "
-                                    f"{_kind(got)}")
+            return differs(f" must be a dict with keys {sorted(want)}, got {_kind(got)}")
         if set(got) != set(want):
-            return Difference(name, f"{name} must have exactly the keys {sorted(want)}, got "
-                                    f"{sorted(got)}")
+            return differs(f" must have exactly the keys {sorted(want)}, got {sorted(got)}")
         parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
     elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
-            return Difference(name, f"{name} must be a sequence of {len(want)} values, got "
-                                    f"{_kind(got)}")
+            return differs(f" must be a sequence of {len(want)} values, got {_kind(got)}")
         parts = [(f"{name}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want, strict=True))]
     if isinstance(want, (dict, tuple, list)):  # the first part that differs
         return next(filter(None, (_difference(check, *part) for part in parts)), None)
     if want is None or isinstance(want, (str, bool)):
         same = got is None if want is None else (type(got) is type(want) and got == want)
-        return None if same else Difference(name, f"{name}: expected {want!r}, got "
-                                                  f"{_short(got)}", got, want)
-    want_arr = np.asarray(want)
+        return None if same else differs(f": expected {want!r}, got {_short(got)}")
     if isinstance(got, str):  # also a check's sentence saying what is missing ("None: set ...")
-        return Difference(name, f"{name}: expected {_describe(want_arr)}, got {got}", got, want)
+        return differs(f": expected {_kind(np.asarray(want))}, got {got}")
     if not isinstance(got, (np.ndarray, np.generic, int, float, bool)) and not np.isscalar(got):
-        return Difference(name, f"{name} must be a NumPy array or a number like the expected "
-                                f"one ({_describe(want_arr)}), got {_kind(got)}", got, want)
-    got_arr = np.asarray(got)
-    is_bool = want_arr.dtype == bool or got_arr.dtype == bool
-    if is_bool or np.issubdtype(want_arr.dtype, np.integer):  # masks, ids, counts: exactly
-        if got_arr.shape != want_arr.shape:
-            return Difference(name, f"{name}: expected shape {want_arr.shape}, got "
-                                    f"{got_arr.shape}", got_arr, want_arr)
-        if is_bool and got_arr.dtype != want_arr.dtype:
-            return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
-                                    f"{got_arr.dtype}", got_arr, want_arr)
-        if want_arr.ndim == 0:
-            return None if got_arr == want_arr else Difference(
-                name, f"{name}: expected {want_arr}, got {got_arr}", got_arr, want_arr)
-        wrong = np.argwhere(got_arr != want_arr)
+        return differs(f" must be a NumPy array or a number like the expected one "
+                       f"({_kind(np.asarray(want))}), got {_kind(got)}")
+    return _array_difference(check, name, np.asarray(got), np.asarray(want),
+                             typed=isinstance(want, np.ndarray))
+
+
+def _array_difference(check: Check, name: str, got: np.ndarray, want: np.ndarray,
+                      typed: bool) -> Difference | None:
+    """:func:`_difference` of two arrays; ``typed``: the expected answer was an array (not a
+    number), whose dtype a float answer must have (:attr:`Check.check_dtype`)."""
+    def differs(text: str) -> Difference:
+        return Difference(name, f"{name}: {text}", got, want)
+    is_bool = want.dtype == bool or got.dtype == bool
+    exact = is_bool or np.issubdtype(want.dtype, np.integer)  # masks, ids, counts: exactly
+    if got.shape != want.shape:
+        return differs(f"expected shape {want.shape}, got {'' if exact else 'shape '}{got.shape}")
+    if exact:
+        if is_bool and got.dtype != want.dtype:
+            return differs(f"expected a {want.dtype} array, got {got.dtype}")
+        if want.ndim == 0:
+            return None if got == want else differs(f"expected {want}, got {got}")
+        wrong = np.argwhere(got != want)
         if not wrong.size:
             return None
         first = tuple(wrong[0])
-        return Difference(name, f"{name}: {len(wrong)} of {want_arr.size} entries differ, the "
-                                f"first at {_index(first, check, name, want_arr)}: expected "
-                                f"{want_arr[first]}, got {got_arr[first]}"
-                                f"{_both(got_arr, want_arr)}", got_arr, want_arr)
-    if got_arr.shape != want_arr.shape:
-        return Difference(name, f"{name}: expected shape {want_arr.shape}, got shape "
-                                f"{got_arr.shape}", got_arr, want_arr)
-    if not np.issubdtype(got_arr.dtype, np.floating) and not np.issubdtype(got_arr.dtype,
-                                                                           np.integer):
-        return Difference(name, f"{name}: expected numbers, got dtype {got_arr.dtype}",
-                          got_arr, want_arr)
-    if (check.check_dtype and isinstance(want, np.ndarray) and want_arr.ndim
-            and got_arr.dtype != want_arr.dtype):
-        return Difference(name, f"{name}: expected a {want_arr.dtype} array, got "
-                                f"{got_arr.dtype}", got_arr, want_arr)
-    if not np.all(np.isfinite(got_arr)):
-        bad = np.argwhere(~np.isfinite(got_arr))
+        return differs(f"{len(wrong)} of {want.size} entries differ, the first at "
+                       f"{_index(first, check, name)}: expected {want[first]}, got {got[first]}"
+                       f"{_both(got, want)}")
+    if not np.issubdtype(got.dtype, np.floating) and not np.issubdtype(got.dtype, np.integer):
+        return differs(f"expected numbers, got dtype {got.dtype}")
+    if check.check_dtype and typed and want.ndim and got.dtype != want.dtype:
+        return differs(f"expected a {want.dtype} array, got {got.dtype}")
+    if not np.all(np.isfinite(got)):
+        bad = np.argwhere(~np.isfinite(got))
         count = f"{len(bad)} entries are" if len(bad) > 1 else "1 entry is"
-        at = _index(bad[0], check, name, want_arr) if got_arr.ndim else "the value"
-        return Difference(name, f"{name}: {count} NaN or infinite, the first at "
-                                f"{at} (expected "
-                                f"{_num(want_arr[tuple(bad[0])])})", got_arr, want_arr)
-    tol = check.tolerance(name, want_arr.astype(want_arr.dtype))
-    err = _rel_error(got_arr, want_arr)
+        at = _index(bad[0], check, name) if got.ndim else "the value"
+        return differs(f"{count} NaN or infinite, the first at {at} (expected "
+                       f"{_num(want[tuple(bad[0])])})")
+    tol = check.tolerance(name, want)
+    err = _rel_error(got, want)
     if err <= tol:
         return None
-    return Difference(name, f"{name}: relative error {err:.1e} (tolerance {tol:.0e}); "
-                            f"{_largest(got_arr, want_arr, check, name)}", got_arr, want_arr)
+    return differs(f"relative error {err:.1e} (tolerance {tol:.0e}); "
+                   f"{_largest(got, want, check, name)}")
 
 
 def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
@@ -504,15 +497,14 @@ def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
     return 0.0 if denom == 0 else float(np.linalg.norm(a - b)) / denom
 
 
-def _largest(got: np.ndarray, want: np.ndarray, check: Check | None = None,
-             name: str = "output") -> str:
+def _largest(got: np.ndarray, want: np.ndarray, check: Check, name: str) -> str:
     """Where the two differ most -- first, so that two arrays that print alike (a difference
     in the fifth digit) still show where and how much -- and, when small, the two in full."""
     if got.ndim == 0:
         return f"expected {_short(want)}, got {_short(got)}"
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    largest = (f"largest difference {_num(diff[where])} at {_index(where, check, name, want)}: "
+    largest = (f"largest difference {_num(diff[where])} at {_index(where, check, name)}: "
                f"expected {_num(want[where])}, got {_num(got[where])}")
     if got.size <= 36 and got.ndim >= 2:
         return f"{largest}; the two in full:" + _both(got, want)
@@ -522,26 +514,24 @@ def _largest(got: np.ndarray, want: np.ndarray, check: Check | None = None,
 
 
 def _both(got: np.ndarray, want: np.ndarray) -> str:
+    """The two arrays in full, one under the other, indented ('' past 36 entries)."""
     if got.size > 36:
         return ""
-    return f"\n  expected:\n{_indent(want)}\n  got:\n{_indent(got)}"
+    text = ""
+    for label, a in (("expected", want), ("got", got)):
+        shown = np.array2string(a.astype(int) if a.dtype == bool else a, precision=4,
+                                suppress_small=True)
+        text += f"\n  {label}:\n" + "\n".join("    " + line for line in shown.split("\n"))
+    return text
 
 
-def _indent(a: np.ndarray) -> str:
-    text = np.array2string(np.asarray(a).astype(int) if a.dtype == bool else a, precision=4,
-                           suppress_small=True)
-    return "\n".join("    " + line for line in text.split("\n"))
-
-
-def _index(ix, check: Check | None = None, name: str = "", array=None) -> str:
+def _index(ix, check: Check, name: str) -> str:
     """``[1, 0, 2]``, or with the axes' names where the check knows them: ``[b=1, h=0, t=2]``."""
     ix = [int(i) for i in ix]
-    names = ("",) * len(ix)
-    if check is not None and name:
-        try:
-            names = check.axis_names(name, len(ix))
-        except Exception:  # a message must never break the verdict
-            names = ("",) * len(ix)
+    try:
+        names = check.axis_names(name, len(ix))
+    except Exception:  # a message must never break the verdict
+        names = ("",) * len(ix)
     return "[" + ", ".join(f"{n}={i}" if n else str(i) for n, i in zip(names, ix,
                                                                       strict=True)) + "]"
 
@@ -551,21 +541,17 @@ def _num(x) -> str:
 
 
 def _short(x) -> str:
+    if isinstance(x, np.ndarray) and x.size <= 12:
+        return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
     if isinstance(x, np.ndarray):
-        if x.size <= 12:
-            return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
-        return _describe(x)
+        return _kind(x)
     text = repr(x)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _describe(a: np.ndarray) -> str:
-    return f"a {a.dtype} array of shape {a.shape}" if a.ndim else f"the number {_num(a)}"
-
-
 def _kind(x) -> str:
     if isinstance(x, np.ndarray):
-        return _describe(x)
+        return f"a {x.dtype} array of shape {x.shape}" if x.ndim else f"the number {_num(x)}"
     if isinstance(x, (tuple, list)):
         return f"a {type(x).__name__} of {len(x)} values"
     if isinstance(x, dict):
@@ -579,31 +565,23 @@ def _kind(x) -> str:
 
 def _hint(check: Check, case: Case, got, want, problem: Difference,
           stored: Mapping[str, Any] | None = None) -> str:
-    """A sentence naming the likely mistake, or ''."""
+    """A sentence naming the likely mistake, or ''. A mistake is named when its answer is the
+    one that came back and a wrong one here (a mistake that gives the right answer in this case
+    tells nothing): the whole answer, else the first output that differs, by its name, for a
+    mistake that gives only some outputs (a forward's, say; the entries of one list are one
+    output: one entry's match tells nothing)."""
     answers = _mistake_answers(check, case, stored)
-    for description, answer in answers:
-        # the answer this mistake gives: the one that came back, and a wrong one here (a
-        # mistake that gives the right answer in this case tells nothing)
-        try:
-            with np.errstate(all="ignore"):
-                if _matches(check, got, answer) and not _matches(check, want, answer):
-                    return f"this is what you get {description}."
-        except Exception:
-            continue
-    # a mistake that gives only some outputs (a forward's, say): the first output that differs,
-    # by its name (the entries of one list are one output: one entry's match tells nothing)
-    path = re.findall(r"\[(?:'([^']*)'|(\d+))\]", problem.name)
-    path = path[:next((k for k, (key, _) in enumerate(path) if not key), len(path))]
-    for description, answer in dict(answers).items() if path else ():
-        try:
-            part, got_part, want_part = (_at(x, path) for x in (answer, got, want))
-            with np.errstate(all="ignore"):
-                if (part is not _MISSING and got_part is not _MISSING
-                        and _matches(check, got_part, part)
-                        and not _matches(check, want_part, part)):
-                    return f"this is what you get {description}."
-        except Exception:
-            continue
+    keys = list(takewhile(bool, (k for k, _ in re.findall(r"\[(?:'([^']*)'|(\d+))\]",
+                                                               problem.name))))
+    for path, pairs in ((), answers), (keys, dict(answers).items() if keys else ()):
+        for description, answer in pairs:
+            try:
+                with np.errstate(all="ignore"):
+                    g, w, a = (reduce(getitem, path, x) for x in (got, want, answer))
+                    if _matches(check, g, a) and not _matches(check, w, a):
+                        return f"this is what you get {description}."
+            except Exception:  # a mistake without that output, or a hint's own error
+                continue
     return _generic_hint(problem)
 
 
@@ -624,19 +602,6 @@ def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None 
         except Exception:
             continue
     return found
-
-
-_MISSING = object()
-
-
-def _at(value, path):
-    """``value['key'][0]...`` along the path of an output's name, or _MISSING."""
-    for key, index in path:
-        try:
-            value = value[key] if key or not index else value[int(index)]
-        except (KeyError, IndexError, TypeError):
-            return _MISSING
-    return value
 
 
 def _matches(check: Check, got, wrong) -> bool:
@@ -669,16 +634,14 @@ def _generic_hint(problem: Difference) -> str:
     if not isinstance(got, np.ndarray) or not isinstance(want, np.ndarray):
         return ""
     if got.shape != want.shape:
-        if got.size == want.size:
-            return ("the right number of entries in the wrong shape: a reshape or transpose "
-                    "that does not match the expected layout?")
-        squeezed_g = tuple(s for s in got.shape if s != 1)
-        squeezed_w = tuple(s for s in want.shape if s != 1)
-        if squeezed_g == squeezed_w:
-            return "an axis of length 1 too many or too few: keepdims=True where you reduce?"
-        if got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape):
-            return "the axes are in another order: a transposed result or weight?"
-        return ""
+        squeezed = [tuple(s for s in a.shape if s != 1) for a in (got, want)]
+        return next((text for wrong, text in (
+            (got.size == want.size, "the right number of entries in the wrong shape: a reshape "
+                                    "or transpose that does not match the expected layout?"),
+            (squeezed[0] == squeezed[1],
+             "an axis of length 1 too many or too few: keepdims=True where you reduce?"),
+            (got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape),
+             "the axes are in another order: a transposed result or weight?")) if wrong), "")
     if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):
         if want.dtype == np.float32 and got.dtype == np.float64:
             return ("a float32 input came back as float64: something float64 met it and "
@@ -717,10 +680,10 @@ def _generic_hint(problem: Difference) -> str:
 # Plain data: encoding for the grader's probe and for stored answers
 
 
-def encode(value, arrays: dict[str, np.ndarray], prefix: str = "a") -> Any:
+def encode(value, arrays: dict[str, np.ndarray]) -> Any:
     """A JSON-ready form of plain data; arrays go into ``arrays`` under generated keys."""
     if isinstance(value, np.ndarray):
-        key = f"{prefix}{len(arrays)}"
+        key = f"a{len(arrays)}"
         arrays[key] = value
         return {"__array__": key}
     if isinstance(value, np.generic):
@@ -730,13 +693,13 @@ def encode(value, arrays: dict[str, np.ndarray], prefix: str = "a") -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, tuple):
-        return {"__tuple__": [encode(v, arrays, prefix) for v in value]}
+        return {"__tuple__": [encode(v, arrays) for v in value]}
     if isinstance(value, list):
-        return [encode(v, arrays, prefix) for v in value]
+        return [encode(v, arrays) for v in value]
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise TypeError("dict keys must be strings")
-        return {"__dict__": {k: encode(v, arrays, prefix) for k, v in value.items()}}
+        return {"__dict__": {k: encode(v, arrays) for k, v in value.items()}}
     raise TypeError(f"cannot pass a {type(value).__name__} between processes (plain data only)")
 
 
@@ -834,23 +797,15 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
         yield outcome, judge(chk, case, outcome, want, hints.get(case.name))
 
 
-def _core_names_used(function: Callable) -> set[str]:
-    """The core functions a notebook function names in its code (nested functions included)."""
-    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
-    return {n for code in _code_objects(function) for n in code.co_names if n in known}
-
-
 def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
     """The core functions that ``chk``'s functions call (:data:`syllabus.CALLS`), directly or
-    not, without its own; for a notebook function, the core functions its code names too."""
-    used: set[str] = set()
-    for name in chk.arguments if f is not None else ():
-        try:
-            used |= _core_names_used(getattr(f, name))
-        except AttributeError:
-            continue
-    used -= set(chk.functions)
-    return (set(syllabus.dependencies([*chk.functions, *used])) | used) - set(chk.functions)
+    not, without its own; for a notebook function, the core functions its code names too
+    (in the functions it defines inside as well)."""
+    known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
+    own = set(chk.functions)
+    used = {n for name in (chk.arguments if f is not None else ())
+            for code in _code_objects(getattr(f, name)) for n in code.co_names if n in known} - own
+    return (set(syllabus.dependencies([*chk.functions, *used])) | used) - own
 
 
 def _teaching_order(chk) -> tuple[str, int]:
@@ -895,16 +850,10 @@ def _first_failure(chk: Check) -> str | None:
     return None
 
 
-_LOOKING: list[str] = []  # the checks whose culprit is being looked for (no lookup inside one)
-
-
 def culprit(chk: Check, f: Functions | None = None) -> str:
     """When ``chk`` failed: a paragraph naming the first function it depends on (in teaching
     order) that fails its own check, or ''. Runs the public cases of those checks, so it is
     called only after a failure; never raises."""
-    if _LOOKING:
-        return ""
-    _LOOKING.append(chk.id)
     try:
         for other_cls in dependency_checks(chk, f):
             other = other_cls()
@@ -926,8 +875,6 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
         return ""
     except Exception:  # finding the culprit must never hide the verdict
         return ""
-    finally:
-        _LOOKING.pop()
 
 
 # --------------------------------------------------------------------------------------------
