@@ -46,19 +46,19 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
 
 
 def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
-             mask=None, self_attention=False, backward=False, dweights=False):
-    """A case of multi-head attention with separate projections: query (B, T, E), key and value
-    (B, S, kdim | vdim) -- the query itself, for self-attention -- the parameters, the number
-    of heads; for a backward pass (notebook 05) dout and, with ``dweights``, a gradient of the
-    weights (B, H, T, S) after them."""
+             mask=None, self_attention=False, packed=False, backward=False, dweights=False):
+    """A case of multi-head attention: query (B, T, E), key and value (B, S, kdim | vdim) -- the
+    query itself, for self-attention -- or, ``packed``, x (B, T, E) alone (packed projections,
+    S = T); the parameters, the number of heads; for a backward pass (notebook 05) dout and,
+    with ``dweights``, a gradient of the weights (B, H, T, S) after them."""
     query = rng.standard_normal((b, t, e))
-    if self_attention:
+    if self_attention or packed:
         key = value = query
     else:
         key = rng.standard_normal((b, s, kdim or e))
         value = rng.standard_normal((b, s, vdim or e))
-    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
-    arrays = tuple(a.astype(dtype) for a in (query, key, value))
+    params = mha_case_params(rng, e, kdim, vdim, bias, packed, dtype)
+    arrays = tuple(a.astype(dtype) for a in ((query,) if packed else (query, key, value)))
     if not backward:
         return Case(name, (*arrays, params, h), {"mask": mask})
     dout = rng.standard_normal((b, t, e)).astype(dtype)
@@ -68,17 +68,10 @@ def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np
     return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
 
 
-def self_attention_case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None,
-                        backward=False, dweights=False):
-    """A case of self-attention with packed projections: x (B, T, E), the parameters, the number
-    of heads; for a backward pass dout and, with ``dweights``, a gradient of the weights."""
-    x = rng.standard_normal((b, t, e)).astype(dtype)
-    params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
-    if not backward:
-        return Case(name, (x, params, h), {"mask": mask})
-    dout = rng.standard_normal((b, t, e)).astype(dtype)
-    dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
-    return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
+def self_attention_case(rng, name, b, t, e, h, **options):
+    """:func:`mha_case` of self-attention with packed projections: x (B, T, E), the parameters,
+    the number of heads (and dout, dweights for a backward pass)."""
+    return mha_case(rng, name, b, t, t, e, h, packed=True, **options)
 
 
 def blocked_rows_mask(rng, b, t, s):
