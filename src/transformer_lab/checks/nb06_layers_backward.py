@@ -29,10 +29,8 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
     g = 1 + 0.5 * rng.standard_normal(shape[-1]) if gamma else None
     b = rng.standard_normal(shape[-1]) if beta else None
     dout = rng.standard_normal(shape)
-
-    def cast(a):
-        return None if a is None else a.astype(dtype)
-    return Case(name, (cast(x), cast(g), cast(b), cast(dout)), {"eps": eps})
+    return Case(name, tuple(None if a is None else a.astype(dtype) for a in (x, g, b, dout)),
+                {"eps": eps})
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
