@@ -136,32 +136,29 @@ class LinearBackward(Check, id="check-linear-backward",
         e = self.expected(x, W, b, dout)
         n = x.shape[0]
 
-        def wrong(dx=None, dW=None, db=None):
-            grads = {"W": e["grads"]["W"] if dW is None else dW}
-            if b is not None:
-                grads["b"] = e["grads"]["b"] if db is None else db
-            return {"dx": e["dx"] if dx is None else dx, "grads": grads}
+        def wrong(dx=e["dx"], **grads):
+            return {"dx": dx, "grads": {**e["grads"], **grads}}
 
         found = {
             "with the transpose on the wrong side of dW (dout.T @ x): dW must have W's shape "
             "(D_in, D_out), and x.T @ dout is the product that has it":
-            lambda: wrong(dW=e["grads"]["W"].T),
+            lambda: wrong(W=e["grads"]["W"].T),
             "with dx = dout @ W: the gradient of x multiplies by W transposed":
             lambda: wrong(dx=dout @ W),
             "averaging dW over the batch (dividing by N): every row of x contributes to the "
             "loss, and the contributions add up":
-            lambda: wrong(dW=e["grads"]["W"] / n),
+            lambda: wrong(W=e["grads"]["W"] / n),
         }
         if b is not None:
             found.update({
                 "averaging the bias gradient over the batch (a mean): b is added to every row, "
                 "so its gradient is the SUM of dout over the rows (section 3)":
-                lambda: wrong(db=e["grads"]["b"] / n),
+                lambda: wrong(b=e["grads"]["b"] / n),
                 "summing the bias gradient over the wrong axis (axis=1, the features): sum "
                 "over the rows, axis=0":
-                lambda: wrong(db=dout.sum(axis=1)),
+                lambda: wrong(b=dout.sum(axis=1)),
                 "keeping the summed axis (keepdims=True): db must have b's shape (D_out,)":
-                lambda: wrong(db=e["grads"]["b"][None, :]),
+                lambda: wrong(b=e["grads"]["b"][None, :]),
             })
         return found
 

@@ -171,27 +171,6 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, **knobs
     return out.numpy()
 
 
-def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
-    """The classic wrong answers of a multi-head attention forward, by description."""
-    e = query.shape[-1]
-    d_h = e // num_heads
-    args = (query, key, value, params, num_heads, mask)
-    found = {"without the scale 1/sqrt(d_h) on the scores":
-             lambda: torch_heads_forward(*args, scale=1.0),
-             "splitting the features by a reshape straight to (B, H, T, d_h), without swapping "
-             "the time and head axes":
-             lambda: torch_heads_forward(*args, split="no swap"),
-             "without the output projection W_o, b_o":
-             lambda: torch_heads_forward(*args, project_out=False)}
-    if d_h != e:
-        found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
-            lambda: torch_heads_forward(*args, scale=1 / math.sqrt(e)))
-    if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
-        found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not ours)"] = (
-            lambda: torch_heads_forward(*args, transpose_weights=True))
-    return found
-
-
 # --------------------------------------------------------------------------------------------
 # Heads
 
@@ -266,10 +245,41 @@ class MergeHeads(Check, id="check-merge-heads", functions=("merge_heads",)):
 # Multi-head attention, separate projections
 
 
-class MultiHeadAttentionForward(Check, id="check-mha-forward",
-                                functions=("multi_head_attention_forward",)):
+class _LayerForward(Check):
+    """The forward checks of multi-head attention and self-attention: the output, against
+    :func:`torch_mha_forward` on the case's inputs as :meth:`_inputs` gives them."""
+
     axes = {"output": "bte"}  # axis names, for messages
 
+    def _inputs(self, *args):
+        """query, key, value, params, num_heads of a case's positional arguments."""
+        return args
+
+    def expected(self, *args, mask=None):
+        return torch_mha_forward(*self._inputs(*args), mask)
+
+    def mistakes(self, *args, mask=None):
+        inputs = (*self._inputs(*args), mask)
+        query, params, num_heads = inputs[0], inputs[3], inputs[4]
+        e = query.shape[-1]
+        found = {"without the scale 1/sqrt(d_h) on the scores":
+                 lambda: torch_heads_forward(*inputs, scale=1.0),
+                 "splitting the features by a reshape straight to (B, H, T, d_h), without "
+                 "swapping the time and head axes":
+                 lambda: torch_heads_forward(*inputs, split="no swap"),
+                 "without the output projection W_o, b_o":
+                 lambda: torch_heads_forward(*inputs, project_out=False)}
+        if num_heads > 1:
+            found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
+                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(e)))
+        if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
+            found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
+                  "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
+        return found
+
+
+class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
+                                functions=("multi_head_attention_forward",)):
     def cases(self, rng):
         yield mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
         yield mha_case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
@@ -295,12 +305,6 @@ class MultiHeadAttentionForward(Check, id="check-mha-forward",
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
         return f.multi_head_attention_forward(query, key, value, params, num_heads, mask)[0]
-
-    def expected(self, query, key, value, params, num_heads, mask=None):
-        return torch_mha_forward(query, key, value, params, num_heads, mask)
-
-    def mistakes(self, query, key, value, params, num_heads, mask=None):
-        return mha_forward_mistakes(query, key, value, params, num_heads, mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,9 +388,8 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
 # Self-attention, packed projections
 
 
-class SelfAttentionForward(Check, id="check-self-attention-forward",
+class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
                            functions=("self_attention_forward",)):
-    axes = {"output": "bte"}  # axis names, for messages
 
     def cases(self, rng):
         yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
@@ -410,11 +413,11 @@ class SelfAttentionForward(Check, id="check-self-attention-forward",
     def run(self, f, x, params, num_heads, mask=None):
         return f.self_attention_forward(x, params, num_heads, mask)[0]
 
-    def expected(self, x, params, num_heads, mask=None):
-        return torch_mha_forward(x, x, x, params, num_heads, mask)
+    def _inputs(self, x, params, num_heads):
+        return x, x, x, params, num_heads
 
     def mistakes(self, x, params, num_heads, mask=None):
-        found = mha_forward_mistakes(x, x, x, params, num_heads, mask)
+        found = super().mistakes(x, params, num_heads, mask=mask)
         found["cutting the packed projection per head as [q_i | k_i | v_i] (another library's "
               "layout) instead of [Q | K | V] side by side, as in_proj_weight stacks them"] = (
             lambda: torch_heads_forward(x, x, x, params, num_heads, mask, split="interleaved"))

@@ -226,13 +226,10 @@ class CrossEntropy(Check, id="check-cross-entropy",
         lt = _t(logits, True)
         tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
         flat = lt.reshape(-1, c)
-        if keep_padding:
-            loss = F.cross_entropy(flat, tt, reduction=reduction)
-        elif count_all:
-            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction="sum")
+        loss = F.cross_entropy(flat, tt, ignore_index=-100 if keep_padding else ignore_index,
+                               reduction="sum" if count_all else reduction)
+        if count_all:
             loss = loss / tt.numel()
-        else:
-            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction=reduction)
         (loss * dloss).backward()
         value = float(loss.detach())
         return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
