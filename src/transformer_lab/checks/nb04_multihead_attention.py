@@ -259,8 +259,8 @@ class _LayerForward(Check):
         return torch_mha_forward(*self._inputs(*args), mask)
 
     def mistakes(self, *args, mask=None):
-        inputs = (*self._inputs(*args), mask)
-        query, params, num_heads = inputs[0], inputs[3], inputs[4]
+        query, key, value, params, num_heads = self._inputs(*args)
+        inputs = (query, key, value, params, num_heads, mask)
         e = query.shape[-1]
         found = {"without the scale 1/sqrt(d_h) on the scores":
                  lambda: torch_heads_forward(*inputs, scale=1.0),
@@ -390,7 +390,6 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
 
 class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
                            functions=("self_attention_forward",)):
-
     def cases(self, rng):
         yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
         yield self_attention_case(rng, "2 heads", 2, 5, 8, 2)

@@ -236,7 +236,8 @@ _self_attention_case = functools.partial(self_attention_case, backward=True)
 
 class _LayerBackward(Check):
     """The backward checks of multi-head attention and self-attention, against
-    :func:`torch_mha_backward` on the case's inputs as :meth:`_inputs` gives them."""
+    :func:`torch_mha_backward` on the case's inputs as :meth:`_inputs` gives them. Each adds its
+    own mistakes (``_own_mistakes``) to the ones they share."""
 
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -248,11 +249,11 @@ class _LayerBackward(Check):
         return snap_key_bias(torch_mha_backward(*self._inputs(*args), mask, dweights)[0])
 
     def mistakes(self, *args, mask=None, dweights=None):
-        inputs = self._inputs(*args)
+        query, key, value, params, num_heads, dout = inputs = self._inputs(*args)
         right, mid = torch_mha_backward(*inputs, mask, dweights)
         right = snap_key_bias(right)
-        b, t = inputs[-1].shape[:2]  # dout (B, T, E)
-        found = {**self._own_mistakes(right, mid, inputs[0], inputs[3]),
+        b, t = dout.shape[:2]
+        found = {**self._own_mistakes(right, mid, query, params),
                  "averaging the parameter gradients over the batch instead of summing them "
                  "(every sequence uses the same weights: their contributions add)":
                  lambda: _averaged(right, b),
