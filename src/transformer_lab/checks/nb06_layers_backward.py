@@ -34,11 +34,9 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
-    def layer_norm(xt, gt, bt):
-        return torch.nn.functional.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
-
-    out, dx, dgamma, dbeta = autograd(layer_norm, dout, x, gamma, beta)
-    grads = {k: g for k, g in (("gamma", dgamma), ("beta", dbeta)) if g is not None}
+    params = {name: a for name, a in (("gamma", gamma), ("beta", beta)) if a is not None}
+    out, dx, grads = autograd(lambda xt, p: torch.nn.functional.layer_norm(
+        xt, (x.shape[-1],), p.get("gamma"), p.get("beta"), eps), dout, x, params)
     return out, {"dx": dx, "grads": grads}
 
 
