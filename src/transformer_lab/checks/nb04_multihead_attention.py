@@ -35,11 +35,8 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
              "W_v": rng.standard_normal((vdim, e)) / math.sqrt(vdim)}
     p["W_o"] = rng.standard_normal((e, e)) * scale
     if bias and bias != "out":
-        if packed:
-            p["b_qkv"] = 0.1 * rng.standard_normal(3 * e)
-        else:
-            p.update(b_q=0.1 * rng.standard_normal(e), b_k=0.1 * rng.standard_normal(e),
-                     b_v=0.1 * rng.standard_normal(e))
+        for name in ("qkv",) if packed else "qkv":  # b_qkv: the three biases side by side
+            p[f"b_{name}"] = 0.1 * rng.standard_normal(len(name) * e)
     if bias and bias != "in":
         p["b_o"] = 0.1 * rng.standard_normal(e)
     return {k: v.astype(dtype) for k, v in p.items()}
