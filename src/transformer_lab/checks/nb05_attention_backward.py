@@ -234,41 +234,11 @@ _mha_case = functools.partial(mha_case, backward=True)
 _self_attention_case = functools.partial(self_attention_case, backward=True)
 
 
-class _LayerBackward(Check):
-    """The backward checks of multi-head attention and self-attention, against
-    :func:`torch_mha_backward` on the case's inputs as :meth:`_inputs` gives them. Each adds its
-    own mistakes (``_own_mistakes``) to the ones they share."""
-
-    tol = {"float64": 1e-9, "float32": 5e-5}
-
-    def _inputs(self, *args):
-        """query, key, value, params, num_heads, dout of a case's positional arguments."""
-        return args
-
-    def expected(self, *args, mask=None, dweights=None):
-        return snap_key_bias(torch_mha_backward(*self._inputs(*args), mask, dweights)[0])
-
-    def mistakes(self, *args, mask=None, dweights=None):
-        query, key, value, params, num_heads, dout = inputs = self._inputs(*args)
-        right, mid = torch_mha_backward(*inputs, mask, dweights)
-        right = snap_key_bias(right)
-        b, t = dout.shape[:2]
-        found = {**self._own_mistakes(right, mid, query, params),
-                 "averaging the parameter gradients over the batch instead of summing them "
-                 "(every sequence uses the same weights: their contributions add)":
-                 lambda: _averaged(right, b),
-                 "averaging the parameter gradients over the B * T rows instead of summing them":
-                 lambda: _averaged(right, b * t)}
-        if dweights is not None:
-            found["ignoring dweights (pass it on to attention_backward)"] = (
-                lambda: self.expected(*args, mask=mask))
-        return found
-
-
-class MultiHeadAttentionBackward(_LayerBackward, id="check-mha-backward",
+class MultiHeadAttentionBackward(Check, id="check-mha-backward",
                                  functions=("multi_head_attention_forward",
                                             "multi_head_attention_backward")):
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
+    tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):
         yield _mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
@@ -302,16 +272,33 @@ class MultiHeadAttentionBackward(_LayerBackward, id="check-mha-backward",
         dquery, dkey, dvalue, grads = f.multi_head_attention_backward(dout, cache, dweights)
         return snap_key_bias({"dquery": dquery, "dkey": dkey, "dvalue": dvalue, "grads": grads})
 
-    def _own_mistakes(self, right, mid, query, params):
-        if params["W_q"].shape[0] != params["W_q"].shape[1]:
-            return {}
-        return {"with dquery = dQ W_q instead of dQ W_q^T (the weight not transposed)":
-                lambda: {**right, "dquery": mid["dQ"] @ params["W_q"]}}
+    def expected(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
+        return snap_key_bias(torch_mha_backward(query, key, value, params, num_heads, dout, mask,
+                                                dweights)[0])
+
+    def mistakes(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
+        right, mid = torch_mha_backward(query, key, value, params, num_heads, dout, mask,
+                                        dweights)
+        right = snap_key_bias(right)
+        b, t = dout.shape[:2]
+        found = {"averaging the parameter gradients over the batch instead of summing them "
+                 "(every sequence uses the same weights: their contributions add)":
+                 lambda: _averaged(right, b),
+                 "averaging the parameter gradients over the B * T rows instead of summing them":
+                 lambda: _averaged(right, b * t)}
+        if params["W_q"].shape[0] == params["W_q"].shape[1]:
+            found["with dquery = dQ W_q instead of dQ W_q^T (the weight not transposed)"] = (
+                lambda: {**right, "dquery": mid["dQ"] @ params["W_q"]})
+        if dweights is not None:
+            found["ignoring dweights (pass it on to attention_backward)"] = (
+                lambda: self.expected(query, key, value, params, num_heads, dout, mask))
+        return found
 
 
-class SelfAttentionBackward(_LayerBackward, id="check-self-attention-backward",
+class SelfAttentionBackward(Check, id="check-self-attention-backward",
                             functions=("self_attention_forward", "self_attention_backward")):
     axes = {"dx": "bte"}  # axis names, for messages
+    tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):
         yield _self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
@@ -342,20 +329,32 @@ class SelfAttentionBackward(_LayerBackward, id="check-self-attention-backward",
         dx, grads = f.self_attention_backward(dout, cache, dweights)
         return snap_key_bias({"dx": dx, "grads": grads})
 
-    def _inputs(self, x, params, num_heads, dout):
-        return x, x, x, params, num_heads, dout
+    def expected(self, x, params, num_heads, dout, mask=None, dweights=None):
+        return snap_key_bias(torch_mha_backward(x, x, x, params, num_heads, dout, mask,
+                                                dweights)[0])
 
-    def _own_mistakes(self, right, mid, x, params):
+    def mistakes(self, x, params, num_heads, dout, mask=None, dweights=None):
+        right, mid = torch_mha_backward(x, x, x, params, num_heads, dout, mask, dweights)
+        right = snap_key_bias(right)
         e = x.shape[-1]
         w, d = params["W_qkv"], mid["dQKV"]
         path = {n: d[..., i * e:(i + 1) * e] @ w[:, i * e:(i + 1) * e].T
                 for i, n in enumerate("qkv")}
-        return {"forgetting the key path of the input gradient (dx = dQ W_q^T + dV W_v^T: x "
-                "feeds the keys too)":
-                lambda: {**right, "dx": path["q"] + path["v"]},
-                "keeping only the query path of the input gradient (dx = dQ W_q^T; x also "
-                "feeds the keys and the values)":
-                lambda: {**right, "dx": path["q"]}}
+        b, t = dout.shape[:2]
+        found = {"forgetting the key path of the input gradient (dx = dQ W_q^T + dV W_v^T: x "
+                 "feeds the keys too)":
+                 lambda: {**right, "dx": path["q"] + path["v"]},
+                 "keeping only the query path of the input gradient (dx = dQ W_q^T; x also "
+                 "feeds the keys and the values)":
+                 lambda: {**right, "dx": path["q"]},
+                 "averaging the parameter gradients over the batch instead of summing them":
+                 lambda: _averaged(right, b),
+                 "averaging the parameter gradients over the B * T rows instead of summing them":
+                 lambda: _averaged(right, b * t)}
+        if dweights is not None:
+            found["ignoring dweights (pass it on to attention_backward)"] = (
+                lambda: self.expected(x, params, num_heads, dout, mask))
+        return found
 
 
 # --------------------------------------------------------------------------------------------
