@@ -48,12 +48,10 @@ class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
         e = self.expected(x, dout)
         return {
             "with a gradient of 1 at x = 0 (a mask x >= 0): PyTorch, and the course, take 0 "
-            "there": lambda: {"out": e["out"], "dx": np.where(x >= 0, dout, 0).astype(x.dtype)},
+            "there": lambda: {**e, "dx": np.where(x >= 0, dout, 0).astype(x.dtype)},
             "applying the ReLU to dout (max(dout, 0)): the mask must come from x, the input of "
-            "the forward pass, which the cache holds": lambda: {
-                "out": e["out"], "dx": np.maximum(dout, 0)},
-            "returning the mask itself: multiply dout by it": lambda: {
-                "out": e["out"], "dx": x > 0},
+            "the forward pass, which the cache holds": lambda: {**e, "dx": np.maximum(dout, 0)},
+            "returning the mask itself: multiply dout by it": lambda: {**e, "dx": x > 0},
         }
 
 
@@ -138,32 +136,29 @@ class LinearBackward(Check, id="check-linear-backward",
         e = self.expected(x, W, b, dout)
         n = x.shape[0]
 
-        def wrong(dx=None, dW=None, db=None):
-            grads = {"W": e["grads"]["W"] if dW is None else dW}
-            if b is not None:
-                grads["b"] = e["grads"]["b"] if db is None else db
-            return {"dx": e["dx"] if dx is None else dx, "grads": grads}
+        def wrong(dx=e["dx"], **grads):
+            return {"dx": dx, "grads": {**e["grads"], **grads}}
 
         found = {
             "with the transpose on the wrong side of dW (dout.T @ x): dW must have W's shape "
             "(D_in, D_out), and x.T @ dout is the product that has it":
-            lambda: wrong(dW=e["grads"]["W"].T),
+            lambda: wrong(W=e["grads"]["W"].T),
             "with dx = dout @ W: the gradient of x multiplies by W transposed":
             lambda: wrong(dx=dout @ W),
             "averaging dW over the batch (dividing by N): every row of x contributes to the "
             "loss, and the contributions add up":
-            lambda: wrong(dW=e["grads"]["W"] / n),
+            lambda: wrong(W=e["grads"]["W"] / n),
         }
         if b is not None:
             found.update({
                 "averaging the bias gradient over the batch (a mean): b is added to every row, "
                 "so its gradient is the SUM of dout over the rows (section 3)":
-                lambda: wrong(db=e["grads"]["b"] / n),
+                lambda: wrong(b=e["grads"]["b"] / n),
                 "summing the bias gradient over the wrong axis (axis=1, the features): sum "
                 "over the rows, axis=0":
-                lambda: wrong(db=dout.sum(axis=1)),
+                lambda: wrong(b=dout.sum(axis=1)),
                 "keeping the summed axis (keepdims=True): db must have b's shape (D_out,)":
-                lambda: wrong(db=e["grads"]["b"][None, :]),
+                lambda: wrong(b=e["grads"]["b"][None, :]),
             })
         return found
 
@@ -173,15 +168,13 @@ def _agrees_with_numerical_gradient(want, x, W, b, dout, tol=1e-7):
     differences (float64, tolerance 1e-7)."""
     from transformer_lab.gradient_check import eval_numerical_gradient_array, rel_error
 
-    bias = 0.0 if b is None else b
-    numerical = {"dx": eval_numerical_gradient_array(lambda xp: xp @ W + bias, x.copy(), dout),
-                 "W": eval_numerical_gradient_array(lambda Wp: x @ Wp + bias, W.copy(), dout)}
-    autograd = {"dx": want["dx"], "W": want["grads"]["W"]}
-    if b is not None:
-        numerical["b"] = eval_numerical_gradient_array(lambda bp: x @ W + bp, b.copy(), dout)
-        autograd["b"] = want["grads"]["b"]
-    for name, value in numerical.items():
-        err = rel_error(autograd[name], value)
+    arrays = {"dx": x, "W": W, "b": b}
+    for name, grad in {"dx": want["dx"], **want["grads"]}.items():
+        def linear(p, name=name):
+            a = {**arrays, name: p}
+            return a["dx"] @ a["W"] + (0.0 if a["b"] is None else a["b"])
+
+        err = rel_error(grad, eval_numerical_gradient_array(linear, arrays[name].copy(), dout))
         if not err < tol:
             raise RuntimeError(f"check-linear-backward's reference: autograd and the numerical "
                                f"gradient of {name} differ by {err:.1e}")
@@ -217,19 +210,14 @@ class MSELoss(Check, id="check-mse", arguments=("mse_loss",)):
     def mistakes(self, P, Y):
         e = self.expected(P, Y)
         n, rows = P.size, (P.shape[0] if P.ndim else 1)
-
-        def wrong(loss=None, dP=None):
-            return {"loss": e["loss"] if loss is None else loss,
-                    "dP": e["dP"] if dP is None else dP, "the loss is a float": True}
-
         found = {
-            "without the factor 2 of the square's derivative": lambda: wrong(dP=e["dP"] / 2),
+            "without the factor 2 of the square's derivative": lambda: {**e, "dP": e["dP"] / 2},
             "without dividing the gradient by the number of entries (the gradient of the sum, "
-            "not of the mean)": lambda: wrong(dP=e["dP"] * n),
+            "not of the mean)": lambda: {**e, "dP": e["dP"] * n},
             "with the sum of the squares as the loss instead of their mean":
-            lambda: wrong(loss=e["loss"] * n),
+            lambda: {**e, "loss": e["loss"] * n},
         }
         if rows != n:
             found["dividing by the number of rows (P.shape[0]) instead of the number of "
-                  "entries (P.size)"] = lambda: wrong(dP=e["dP"] * n / rows)
+                  "entries (P.size)"] = lambda: {**e, "dP": e["dP"] * n / rows}
         return found

@@ -13,13 +13,8 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import torch
-from transformer_lab.checks.framework import Case, Check, later_rng
-
-
-def _softmax(x, axis=-1):
-    """The plain stable softmax of notebook 01 (a row of only -inf gives NaN)."""
-    z = np.exp(x - x.max(axis=axis, keepdims=True))
-    return z / z.sum(axis=axis, keepdims=True)
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
+from transformer_lab.checks.nb01_attention import _softmax  # a row of only -inf gives NaN
 
 
 def _scores(q, k):
@@ -28,8 +23,7 @@ def _scores(q, k):
 
 def _qkv(rng, t, s, d_k, d_v, dtype=np.float64, lead=()):
     """q (*lead, t, d_k), k (*lead, s, d_k), v (*lead, s, d_v), drawn in that order."""
-    return tuple(rng.standard_normal((*lead, *shape)).astype(dtype)
-                 for shape in [(t, d_k), (s, d_k), (s, d_v)])
+    return normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v), dtype=dtype)
 
 
 def _some_blocked(rng, t, s, p=0.4):

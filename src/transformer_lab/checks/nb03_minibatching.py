@@ -10,7 +10,8 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb00_gradients import linear_case, torch_linear
-from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv, _softmax
+from transformer_lab.checks.nb01_attention import _softmax
+from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
 
 
 class _LinearCases:

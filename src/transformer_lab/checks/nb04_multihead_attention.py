@@ -35,30 +35,27 @@ def mha_case_params(rng, e, kdim=None, vdim=None, bias=True, packed=False, dtype
              "W_v": rng.standard_normal((vdim, e)) / math.sqrt(vdim)}
     p["W_o"] = rng.standard_normal((e, e)) * scale
     if bias and bias != "out":
-        if packed:
-            p["b_qkv"] = 0.1 * rng.standard_normal(3 * e)
-        else:
-            p.update(b_q=0.1 * rng.standard_normal(e), b_k=0.1 * rng.standard_normal(e),
-                     b_v=0.1 * rng.standard_normal(e))
+        for name in ("qkv",) if packed else "qkv":  # b_qkv: the three biases side by side
+            p[f"b_{name}"] = 0.1 * rng.standard_normal(len(name) * e)
     if bias and bias != "in":
         p["b_o"] = 0.1 * rng.standard_normal(e)
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
 def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np.float64,
-             mask=None, self_attention=False, backward=False, dweights=False):
-    """A case of multi-head attention with separate projections: query (B, T, E), key and value
-    (B, S, kdim | vdim) -- the query itself, for self-attention -- the parameters, the number
-    of heads; for a backward pass (notebook 05) dout and, with ``dweights``, a gradient of the
-    weights (B, H, T, S) after them."""
+             mask=None, self_attention=False, packed=False, backward=False, dweights=False):
+    """A case of multi-head attention: query (B, T, E), key and value (B, S, kdim | vdim) -- the
+    query itself, for self-attention -- or, ``packed``, x (B, T, E) alone (packed projections,
+    S = T); the parameters, the number of heads; for a backward pass (notebook 05) dout and,
+    with ``dweights``, a gradient of the weights (B, H, T, S) after them."""
     query = rng.standard_normal((b, t, e))
-    if self_attention:
+    if self_attention or packed:
         key = value = query
     else:
         key = rng.standard_normal((b, s, kdim or e))
         value = rng.standard_normal((b, s, vdim or e))
-    params = mha_case_params(rng, e, kdim, vdim, bias, dtype=dtype)
-    arrays = tuple(a.astype(dtype) for a in (query, key, value))
+    params = mha_case_params(rng, e, kdim, vdim, bias, packed, dtype)
+    arrays = tuple(a.astype(dtype) for a in ((query,) if packed else (query, key, value)))
     if not backward:
         return Case(name, (*arrays, params, h), {"mask": mask})
     dout = rng.standard_normal((b, t, e)).astype(dtype)
@@ -68,17 +65,10 @@ def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np
     return Case(name, (*arrays, params, h, dout), {"mask": mask, "dweights": dw})
 
 
-def self_attention_case(rng, name, b, t, e, h, bias=True, dtype=np.float64, mask=None,
-                        backward=False, dweights=False):
-    """A case of self-attention with packed projections: x (B, T, E), the parameters, the number
-    of heads; for a backward pass dout and, with ``dweights``, a gradient of the weights."""
-    x = rng.standard_normal((b, t, e)).astype(dtype)
-    params = mha_case_params(rng, e, bias=bias, packed=True, dtype=dtype)
-    if not backward:
-        return Case(name, (x, params, h), {"mask": mask})
-    dout = rng.standard_normal((b, t, e)).astype(dtype)
-    dw = rng.standard_normal((b, h, t, t)).astype(dtype) if dweights else None
-    return Case(name, (x, params, h, dout), {"mask": mask, "dweights": dw})
+def self_attention_case(rng, name, b, t, e, h, **options):
+    """:func:`mha_case` of self-attention with packed projections: x (B, T, E), the parameters,
+    the number of heads (and dout, dweights for a backward pass)."""
+    return mha_case(rng, name, b, t, t, e, h, packed=True, **options)
 
 
 def blocked_rows_mask(rng, b, t, s):
@@ -178,27 +168,6 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, **knobs
     return out.numpy()
 
 
-def mha_forward_mistakes(query, key, value, params, num_heads, mask=None):
-    """The classic wrong answers of a multi-head attention forward, by description."""
-    e = query.shape[-1]
-    d_h = e // num_heads
-    args = (query, key, value, params, num_heads, mask)
-    found = {"without the scale 1/sqrt(d_h) on the scores":
-             lambda: torch_heads_forward(*args, scale=1.0),
-             "splitting the features by a reshape straight to (B, H, T, d_h), without swapping "
-             "the time and head axes":
-             lambda: torch_heads_forward(*args, split="no swap"),
-             "without the output projection W_o, b_o":
-             lambda: torch_heads_forward(*args, project_out=False)}
-    if d_h != e:
-        found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
-            lambda: torch_heads_forward(*args, scale=1 / math.sqrt(e)))
-    if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
-        found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not ours)"] = (
-            lambda: torch_heads_forward(*args, transpose_weights=True))
-    return found
-
-
 # --------------------------------------------------------------------------------------------
 # Heads
 
@@ -273,10 +242,41 @@ class MergeHeads(Check, id="check-merge-heads", functions=("merge_heads",)):
 # Multi-head attention, separate projections
 
 
-class MultiHeadAttentionForward(Check, id="check-mha-forward",
-                                functions=("multi_head_attention_forward",)):
+class _LayerForward(Check):
+    """The forward checks of multi-head attention and self-attention: the output, against
+    :func:`torch_mha_forward` on the case's inputs as :meth:`_inputs` gives them."""
+
     axes = {"output": "bte"}  # axis names, for messages
 
+    def _inputs(self, *args):
+        """query, key, value, params, num_heads of a case's positional arguments."""
+        return args
+
+    def expected(self, *args, mask=None):
+        return torch_mha_forward(*self._inputs(*args), mask)
+
+    def mistakes(self, *args, mask=None):
+        query, key, value, params, num_heads = self._inputs(*args)
+        inputs = (query, key, value, params, num_heads, mask)
+        e = query.shape[-1]
+        found = {"without the scale 1/sqrt(d_h) on the scores":
+                 lambda: torch_heads_forward(*inputs, scale=1.0),
+                 "splitting the features by a reshape straight to (B, H, T, d_h), without "
+                 "swapping the time and head axes":
+                 lambda: torch_heads_forward(*inputs, split="no swap"),
+                 "without the output projection W_o, b_o":
+                 lambda: torch_heads_forward(*inputs, project_out=False)}
+        if num_heads > 1:
+            found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
+                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(e)))
+        if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
+            found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
+                  "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
+        return found
+
+
+class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
+                                functions=("multi_head_attention_forward",)):
     def cases(self, rng):
         yield mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
         yield mha_case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
@@ -302,12 +302,6 @@ class MultiHeadAttentionForward(Check, id="check-mha-forward",
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
         return f.multi_head_attention_forward(query, key, value, params, num_heads, mask)[0]
-
-    def expected(self, query, key, value, params, num_heads, mask=None):
-        return torch_mha_forward(query, key, value, params, num_heads, mask)
-
-    def mistakes(self, query, key, value, params, num_heads, mask=None):
-        return mha_forward_mistakes(query, key, value, params, num_heads, mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,10 +385,8 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
 # Self-attention, packed projections
 
 
-class SelfAttentionForward(Check, id="check-self-attention-forward",
+class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
                            functions=("self_attention_forward",)):
-    axes = {"output": "bte"}  # axis names, for messages
-
     def cases(self, rng):
         yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
         yield self_attention_case(rng, "2 heads", 2, 5, 8, 2)
@@ -417,11 +409,11 @@ class SelfAttentionForward(Check, id="check-self-attention-forward",
     def run(self, f, x, params, num_heads, mask=None):
         return f.self_attention_forward(x, params, num_heads, mask)[0]
 
-    def expected(self, x, params, num_heads, mask=None):
-        return torch_mha_forward(x, x, x, params, num_heads, mask)
+    def _inputs(self, x, params, num_heads):
+        return x, x, x, params, num_heads
 
     def mistakes(self, x, params, num_heads, mask=None):
-        found = mha_forward_mistakes(x, x, x, params, num_heads, mask)
+        found = super().mistakes(x, params, num_heads, mask=mask)
         found["cutting the packed projection per head as [q_i | k_i | v_i] (another library's "
               "layout) instead of [Q | K | V] side by side, as in_proj_weight stacks them"] = (
             lambda: torch_heads_forward(x, x, x, params, num_heads, mask, split="interleaved"))

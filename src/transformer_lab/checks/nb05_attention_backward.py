@@ -96,9 +96,9 @@ def snap_key_bias(answer):
     return {**answer, "grads": grads}
 
 
-def _averaged(answer, rows, what="grads"):
+def _averaged(answer, rows):
     """``answer`` with its parameter gradients divided by ``rows`` (a mean instead of a sum)."""
-    return {**answer, what: {k: g / g.dtype.type(rows) for k, g in answer[what].items()}}
+    return {**answer, "grads": {k: g / g.dtype.type(rows) for k, g in answer["grads"].items()}}
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,18 +29,14 @@ def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float
     g = 1 + 0.5 * rng.standard_normal(shape[-1]) if gamma else None
     b = rng.standard_normal(shape[-1]) if beta else None
     dout = rng.standard_normal(shape)
-
-    def cast(a):
-        return None if a is None else a.astype(dtype)
-    return Case(name, (cast(x), cast(g), cast(b), cast(dout)), {"eps": eps})
+    return Case(name, tuple(None if a is None else a.astype(dtype) for a in (x, g, b, dout)),
+                {"eps": eps})
 
 
 def _torch_layer_norm(x, gamma, beta, dout, eps):
-    def layer_norm(xt, gt, bt):
-        return torch.nn.functional.layer_norm(xt, (x.shape[-1],), gt, bt, eps)
-
-    out, dx, dgamma, dbeta = autograd(layer_norm, dout, x, gamma, beta)
-    grads = {k: g for k, g in (("gamma", dgamma), ("beta", dbeta)) if g is not None}
+    params = {name: a for name, a in (("gamma", gamma), ("beta", beta)) if a is not None}
+    out, dx, grads = autograd(lambda xt, p: torch.nn.functional.layer_norm(
+        xt, (x.shape[-1],), p.get("gamma"), p.get("beta"), eps), dout, x, params)
     return out, {"dx": dx, "grads": grads}
 
 
@@ -228,13 +224,10 @@ class CrossEntropy(Check, id="check-cross-entropy",
         lt = _t(logits, True)
         tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
         flat = lt.reshape(-1, c)
-        if keep_padding:
-            loss = F.cross_entropy(flat, tt, reduction=reduction)
-        elif count_all:
-            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction="sum")
+        loss = F.cross_entropy(flat, tt, ignore_index=-100 if keep_padding else ignore_index,
+                               reduction="sum" if count_all else reduction)
+        if count_all:
             loss = loss / tt.numel()
-        else:
-            loss = F.cross_entropy(flat, tt, ignore_index=ignore_index, reduction=reduction)
         (loss * dloss).backward()
         value = float(loss.detach())
         return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
