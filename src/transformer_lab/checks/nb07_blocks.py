@@ -48,18 +48,11 @@ def norm_params(rng, e, bias=True, dtype=np.float64):
 
 
 def attn_params(rng, e, packed, bias=True, dtype=np.float64):
-    s = 1 / math.sqrt(e)
-    p = ({"W_qkv": _randn(rng, (e, 3 * e), dtype, s)} if packed else
-         {"W_q": _randn(rng, (e, e), dtype, s), "W_k": _randn(rng, (e, e), dtype, s),
-          "W_v": _randn(rng, (e, e), dtype, s)})
-    p["W_o"] = _randn(rng, (e, e), dtype, s)
+    """Attention parameters: W_qkv (packed) or W_q, W_k, W_v, then W_o; then their biases."""
+    names, width = ("qkv", "o") if packed else ("q", "k", "v", "o"), {"qkv": 3 * e}
+    p = {f"W_{n}": _randn(rng, (e, width.get(n, e)), dtype, 1 / math.sqrt(e)) for n in names}
     if bias:
-        if packed:
-            p["b_qkv"] = _randn(rng, (3 * e,), dtype, 0.3)
-        else:
-            p.update(b_q=_randn(rng, (e,), dtype, 0.3), b_k=_randn(rng, (e,), dtype, 0.3),
-                     b_v=_randn(rng, (e,), dtype, 0.3))
-        p["b_o"] = _randn(rng, (e,), dtype, 0.3)
+        p.update({f"b_{n}": _randn(rng, (width.get(n, e),), dtype, 0.3) for n in names})
     return p
 
 
@@ -526,8 +519,6 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
             found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self.expected(
                 kind, a, b, seed, "fan_in")
         return found
-
-
 
 
 # --------------------------------------------------------------------------------------------
