@@ -358,45 +358,31 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
         dx, g_norm, *rest = f.residual_backward(dout, cache, backward)
         return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
 
-    def _torch_run(self, x, W, norm, dout, norm_first, eps, where="right"):
-        xt, Wt = _t(x, grad=True), _t(W, grad=True)
-        g = {k: _t(v, grad=True) for k, v in norm.items()}
+    def expected(self, x, W, norm, dout, norm_first, eps=1e-5, how="right"):
+        def residual(xt, Wt, g):
+            def ln(u):
+                return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"],
+                                                      g.get("beta"), eps)
 
-        def ln(u):
-            return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"], g.get("beta"),
-                                                  eps)
+            skip = xt.detach() if how == "no identity path" else xt  # dx: through f only
+            if how == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
+                return xt + ln(torch.tanh(xt @ Wt))
+            if norm_first:
+                return skip + torch.tanh(ln(xt) @ Wt)
+            return ln(skip + torch.tanh(xt @ Wt))
 
-        def sub(u):
-            return torch.tanh(u @ Wt)
-
-        s = None
-        if where == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
-            out = xt + ln(sub(xt))
-        elif norm_first:
-            out = xt + sub(ln(xt))
-        else:
-            s = xt + sub(xt)
-            s.retain_grad()
-            out = ln(s)
-        out.backward(_t(dout))
-        result = {"out": _np(out), "dx": _np(xt.grad), "norm grads": {k: _np(v.grad)
-                                                                       for k, v in g.items()},
-                  "sublayer grads": [{"W": _np(Wt.grad)}]}
-        return result, (dout if norm_first else _np(s.grad) if s is not None else None)
-
-    def expected(self, x, W, norm, dout, norm_first, eps=1e-5):
-        return self._torch_run(x, W, norm, dout, norm_first, eps)[0]
+        out, dx, dW, dnorm = autograd(residual, dout, x, W, norm)
+        return {"out": out, "dx": dx, "norm grads": dnorm, "sublayer grads": [{"W": dW}]}
 
     def mistakes(self, x, W, norm, dout, norm_first, eps=1e-5):
-        right, identity_grad = self._torch_run(x, W, norm, dout, norm_first, eps)
-        dropped = dict(right, dx=right["dx"] - identity_grad)
+        case = (x, W, norm, dout)
         return {"with pre-norm and post-norm swapped (norm_first=True is x + f(norm(x)))":
-                lambda: self.expected(x, W, norm, dout, not norm_first, eps),
+                lambda: self.expected(*case, not norm_first, eps),
                 "without the identity path in the backward pass: the gradient that reaches the "
                 "sum x + f(...) flows to x directly as well as through f -- add it to dx":
-                lambda: dropped,
+                lambda: self.expected(*case, norm_first, eps, "no identity path"),
                 "with the norm on the sublayer's output only, x + norm(f(x))":
-                lambda: self._torch_run(x, W, norm, dout, norm_first, eps, "sublayer only")[0]}
+                lambda: self.expected(*case, norm_first, eps, "sublayer only")}
 
 
 # --------------------------------------------------------------------------------------------
