@@ -307,11 +307,6 @@ def torch_model_grads(params, core, outer):
     return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
-def config_of(config: dict):
-    """The config object the core reads (attribute access) from the case's plain dict."""
-    return SimpleNamespace(**config)
-
-
 class TransformerForward(Check, id="check-transformer-forward",
                          functions=("transformer_encode", "transformer_decode",
                                     "transformer_forward")):
@@ -336,7 +331,7 @@ class TransformerForward(Check, id="check-transformer-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        c = config_of(config)
+        c = SimpleNamespace(**config)  # the core reads attributes; a case holds plain data
         memory, _ = f.transformer_encode(params, src, c, pe, src_pad)
         decoded, _ = f.transformer_decode(params, tgt_in, memory, c, pe, src_pad, tgt_pad)
         logits, _ = f.transformer_forward(params, src, tgt_in, c, pe, src_pad, tgt_pad)

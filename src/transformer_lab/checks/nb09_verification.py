@@ -8,13 +8,14 @@ projection as tensor operations, autograd for every gradient.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb07_blocks import tree_map
 from transformer_lab.checks.nb08_transformer import (
-    config_of,
     model_case,
     quiet_key_bias,
     torch_logits,
@@ -74,8 +75,8 @@ class TransformerBackward(Check, id="check-transformer-backward",
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
-        _, cache = f.transformer_forward(params, src, tgt_in, config_of(config), pe, src_pad,
-                                         tgt_pad)
+        _, cache = f.transformer_forward(params, src, tgt_in, SimpleNamespace(**config), pe,
+                                         src_pad, tgt_pad)
         grads = f.transformer_backward(dlogits, cache)
         return quiet_key_bias(grads, dlogits.dtype)
 
@@ -108,8 +109,8 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1):
-        loss, grads = f.transformer_loss(params, src, tgt_in, labels, config_of(config), pe,
-                                         src_pad, tgt_pad, ignore_index)
+        loss, grads = f.transformer_loss(params, src, tgt_in, labels, SimpleNamespace(**config),
+                                         pe, src_pad, tgt_pad, ignore_index)
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
     def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1,
@@ -231,13 +232,11 @@ def _smoothed(logits, labels, pad_id, eps, how="right"):
     smoothing = eps * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else eps
 
     def loss(lt):
-        flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
-        if how == "mean over all":
-            return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                     label_smoothing=eps,
-                                                     reduction="sum") / labels.size
-        return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                 label_smoothing=smoothing)
+        every = how == "mean over all"  # divided by every position, padding included
+        total = torch.nn.functional.cross_entropy(
+            lt.reshape(-1, v), _t(labels.reshape(-1)), ignore_index=pad_id,
+            label_smoothing=smoothing, reduction="sum" if every else "mean")
+        return total / labels.size if every else total
 
     value, dlogits = autograd(loss, None, logits)
     return {"loss": float(value), "dlogits": dlogits}
