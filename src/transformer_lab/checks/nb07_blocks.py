@@ -417,8 +417,10 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
         return {"out": out, "dx": f.dropout_backward(dout, cache)}
 
-    def _answer(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
-                eval_scale=None):
+    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
+                 eval_scale=None):
+        # torch's F.dropout draws its own mask; what it computes with a mask is
+        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
         if not train or p == 0:
             s = 1.0 if eval_scale is None else eval_scale
             return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
@@ -429,25 +431,20 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         k = {"1/(1-p)": lambda: 1 / (1 - p), "1": lambda: 1.0, "1-p": lambda: 1 - p}[scale]()
         return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
 
-    def expected(self, x, dout, p, seed, train):
-        # torch's F.dropout draws its own mask; what it computes with a mask is
-        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
-        return self._answer(x, dout, p, seed, train)
-
     def mistakes(self, x, dout, p, seed, train):
         if not train:
             return {"scaling in evaluation mode too: there dropout is the identity, the "
-                    "1/(1-p) belongs to training": lambda: self._answer(
+                    "1/(1-p) belongs to training": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 / (1 - p)),
                     "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
-                    "with inverted dropout evaluation does nothing)": lambda: self._answer(
+                    "with inverted dropout evaluation does nothing)": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 - p)}
         return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
-                "(1-p) x, not x)": lambda: self._answer(x, dout, p, seed, train, scale="1"),
+                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale="1"),
                 "scaling by (1 - p) instead of 1/(1 - p)":
-                lambda: self._answer(x, dout, p, seed, train, scale="1-p"),
+                lambda: self.expected(x, dout, p, seed, train, scale="1-p"),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
-                "them where u >= p": lambda: self._answer(x, dout, p, seed, train, "u < p")}
+                "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p")}
 
 
 # --------------------------------------------------------------------------------------------

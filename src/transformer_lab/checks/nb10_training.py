@@ -493,33 +493,29 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
 
     def expected(self, config, params, batches, lrs, clip, optimizer, variant=""):
         """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
-        learning rate, step -- or one of the classic mistakes (``variant``)."""
+        learning rate, step -- or a classic mistake (``variant``: "clip 0 is 0", "norm after")."""
         twin = _twin(config, params)
         tparams = list(twin.parameters())
         opt = (torch.optim.SGD(tparams, lr=0.0, momentum=0.9) if optimizer == "sgd"
                else torch.optim.Adam(tparams, lr=0.0))
         losses, norms = [], []
-        for i, ((src, tgt), lr) in enumerate(zip(batches, lrs, strict=True)):
+        for (src, tgt), lr in zip(batches, lrs, strict=True):
             opt.zero_grad(set_to_none=True)
             loss = twin.loss(src, tgt)
             loss.backward()
-            limit = clip if clip and variant != "update unclipped" else math.inf
-            if variant == "clip 0 is 0" and not clip:
-                limit = 0.0
+            limit = 0.0 if variant == "clip 0 is 0" else clip or math.inf
             norm = float(torch.nn.utils.clip_grad_norm_(tparams, limit))
-            if variant == "norm after" and clip:
+            if variant == "norm after":
                 norm *= min(1.0, clip / (norm + 1e-6))
-            step_lr = {"lr never set": 0.0, "lr set after the step": lrs[i - 1] if i else 0.0}.get(
-                variant, lr)
             for group in opt.param_groups:
-                group["lr"] = step_lr
+                group["lr"] = lr
             opt.step()
             losses.append(loss.item())
             norms.append(norm)
         return _step_answer(config, losses, norms, twin.numpy_params())
 
     def mistakes(self, config, params, batches, lrs, clip, optimizer):
-        def wrong(variant):
+        def wrong(variant="", lrs=lrs, clip=clip):
             return lambda: self.expected(config, params, batches, lrs, clip, optimizer, variant)
 
         found = {}
@@ -527,12 +523,12 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             found["clipping to norm 0 when clip = 0 (0 means: no clipping; return the global "
                   "norm)"] = wrong("clip 0 is 0")
         found["not handing the learning rate to the optimiser (optimizer.lr = lr before its "
-              "step): it stays at 0"] = wrong("lr never set")
+              "step): it stays at 0"] = wrong(lrs=[0.0] * len(lrs))
         found["setting the learning rate after the optimiser's step (each step then uses the "
-              "previous step's lr)"] = wrong("lr set after the step")
+              "previous step's lr)"] = wrong(lrs=[0.0, *lrs[:-1]])
         if clip:
             found["updating with the unclipped gradients (clipping after the update, or not at "
-                  "all)"] = wrong("update unclipped")
+                  "all)"] = wrong(clip=0.0)  # the norm returned is the same
             found["returning the norm after clipping instead of before"] = wrong("norm after")
         return found
 
@@ -715,8 +711,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
                                          max_len))
         again = np.asarray(f.sample_decode(model, src, temperature,
                                            np.random.default_rng(seed), max_len))
-        same = hot.shape == again.shape and np.array_equal(hot, again)
-        facts["the same generator state gives the same samples"] &= bool(same)
+        facts["the same generator state gives the same samples"] &= np.array_equal(hot, again)
         if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
             facts["one row per source, 1 + at most max_len columns"] = False
             continue
