@@ -164,10 +164,8 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
     m, v = np.zeros_like(p), np.zeros_like(p)
     after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
-        q = p
-        if weight_decay and decoupled:
-            q = p * (1 - lr * weight_decay)
-        elif weight_decay:
+        q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
+        if weight_decay and not decoupled:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
         v_new = beta2 * v + (1 - beta2) * g * g
@@ -179,10 +177,8 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
             v_hat = v_new / (1 - np.float64(beta2) ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         p = q - lr * m_hat / denom
-        if "m" not in rebound:
-            m = m_new
-        if "v" not in rebound:
-            v = v_new
+        m = m if "m" in rebound else m_new
+        v = v if "v" in rebound else v_new
         after.append(p)
     dt = p0.dtype
     return {P_AFTER: np.stack(after).astype(dt), M_AFTER: m.astype(dt), V_AFTER: v.astype(dt)}
@@ -327,17 +323,12 @@ NORM = "the norm before clipping (returned)"
 CLIPPED = "the gradients after clipping"
 
 
-def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6):
-    """clip_grad_norm's answer with the switches of the classic mistakes."""
-    norms = _torch_norms(grads)
-    total = math.sqrt(float((norms ** 2).sum()))
-    out = {}
-    for (name, g), n in zip(grads.items(), norms, strict=True):
-        scale = max_norm / ((n if per_array else total) + plus)
-        if cap:
-            scale = min(scale, 1.0)
-        out[name] = (g * scale).astype(g.dtype)
-    return {NORM: _as_dtype_of(total, grads), CLIPPED: out}
+def _clip_numpy(grads, max_norm, cap=True, plus=1e-6):
+    """clip_grad_norm's answer with the switches of two classic mistakes."""
+    total = math.sqrt(float((_torch_norms(grads) ** 2).sum()))
+    scale = min(max_norm / (total + plus), 1.0) if cap else max_norm / (total + plus)
+    return {NORM: _as_dtype_of(total, grads),
+            CLIPPED: {name: (g * scale).astype(g.dtype) for name, g in grads.items()}}
 
 
 class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm",)):
@@ -381,7 +372,8 @@ class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm"
         right = self.expected(grads, max_norm)
         return {
             "clipping each gradient on its own by its own norm, instead of scaling all of them "
-            "by the global norm": lambda: _clip_numpy(grads, max_norm, per_array=True),
+            "by the global norm": lambda: {**right, CLIPPED: {
+                k: self.expected({k: g}, max_norm)[CLIPPED][k] for k, g in grads.items()}},
             "scaling gradients below the threshold up to max_norm (the scale is "
             "min(1, max_norm / (norm + 1e-6)))": lambda: _clip_numpy(grads, max_norm, cap=False),
             "returning the norm after clipping instead of before":
