@@ -5,8 +5,6 @@ Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.Transform
 ... ``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout``), except
 where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
 from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
-The helpers that build the torch models are shared with notebook 08's checks, whose stacks
-are compared with their twins as the layers are (:class:`_TwinCheck`).
 """
 
 from __future__ import annotations

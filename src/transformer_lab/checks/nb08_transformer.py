@@ -2,10 +2,9 @@
 the model's forward pass and the tied output projection.
 
 Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder`` and
-``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout`` (the
-stacks are compared with their twins by notebook 07's
-:class:`~transformer_lab.checks.nb07_blocks._TwinCheck`, as the layers are). The helpers that
-build the model are shared with notebook 09's checks.
+``nn.TransformerDecoder`` loaded with the case's parameters (notebook 07's
+:class:`~transformer_lab.checks.nb07_blocks._TwinCheck`). The helpers that build the model are
+shared with notebook 09's checks.
 """
 
 from __future__ import annotations
@@ -110,12 +109,10 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
         t = ids.shape[1]
 
         def embed(W, P):
-            emb = W[_t(ids)]
+            pos = 0 if P is None else P[:t]
             if how == "scale positions too":
-                return (emb + P[:t]) * scale if P is not None else emb * scale
-            if how == "no scale":
-                return emb + (P[:t] if P is not None else 0)
-            return emb * scale + (P[:t] if P is not None else 0)
+                return (W[_t(ids)] + pos) * scale
+            return W[_t(ids)] * (1.0 if how == "no scale" else scale) + pos
 
         x, dtable, dpositions = autograd(embed, dx, table, positions)
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
