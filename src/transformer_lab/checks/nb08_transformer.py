@@ -58,21 +58,17 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
         angles = pos * base ** (-i / d_model)
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
-        if how == "halves":
-            half = (d_model + 1) // 2
-            pe[:, :half] = torch.sin(angles)
-            pe[:, half:] = torch.cos(angles[:, : d_model // 2])
-        else:
-            pe[:, 0::2] = first(angles)
-            pe[:, 1::2] = second(angles[:, : d_model // 2])
+        pe[:, 0::2] = first(angles)
+        pe[:, 1::2] = second(angles[:, : d_model // 2])
         return pe.numpy()
 
     def mistakes(self, max_len, d_model, base=10000.0):
+        right = self.expected(max_len, d_model, base)
         return {"with the frequencies base^(-i/d) instead of base^(-2i/d) (the exponent of "
                 "column pair i is 2i/d)": lambda: self.expected(max_len, d_model, base, "i/d"),
                 "with the sines in the first half and the cosines in the second instead of "
                 "interleaved (sines in the even columns)":
-                lambda: self.expected(max_len, d_model, base, "halves"),
+                lambda: np.concatenate([right[:, 0::2], right[:, 1::2]], axis=1),
                 "with cosines in the even columns and sines in the odd ones":
                 lambda: self.expected(max_len, d_model, base, "swapped")}
 
