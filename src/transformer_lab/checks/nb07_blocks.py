@@ -484,21 +484,19 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):
+        def wrong(how):
+            return lambda: self.expected(kind, a, b, seed, how)
+
         found = {"drawing from a normal distribution: both initialisers are uniform, "
-                 "rng.uniform(-bound, bound, size=shape)": lambda: self.expected(kind, a, b, seed,
-                                                                               "normal"),
-                 "drawing from [0, bound) instead of (-bound, bound)":
-                 lambda: self.expected(kind, a, b, seed, "half")}
+                 "rng.uniform(-bound, bound, size=shape)": wrong("normal"),
+                 "drawing from [0, bound) instead of (-bound, bound)": wrong("half")}
         if kind == "uniform":
-            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self.expected(
-                kind, a, b, seed, "1/fan_in")
+            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = wrong("1/fan_in")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
-                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self.expected(kind, a, b, seed,
-                                                                                "std")
-            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self.expected(
-                kind, a, b, seed, "fan_in")
+                  "further, sqrt(6/(fan_in + fan_out))"] = wrong("std")
+            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = wrong("fan_in")
         return found
 
 
