@@ -130,18 +130,16 @@ def quiet_key_bias(grads, dtype):
     (an array whose every entry is below ``atol``) to zero on both sides, so that two noises
     are not compared; a gradient that is not noise stays as it is (and fails)."""
     atol = 1e-10 if np.dtype(dtype) == np.float64 else 1e-4
-    if isinstance(grads, dict):
-        for key, value in grads.items():
-            if key == "cross_attn" and isinstance(value, dict):
-                for name in ("b_k", "W_q", "b_q", "W_k"):
-                    g = value.get(name)
-                    if isinstance(g, np.ndarray) and g.size and np.all(np.abs(g) < atol):
-                        value[name] = np.zeros_like(g)
-            else:
-                quiet_key_bias(value, dtype)
-    elif isinstance(grads, (list, tuple)):
-        for value in grads:
+    items = grads.items() if isinstance(grads, dict) else \
+        enumerate(grads) if isinstance(grads, (list, tuple)) else ()
+    for key, value in items:
+        if key != "cross_attn" or not isinstance(value, dict):
             quiet_key_bias(value, dtype)
+            continue
+        for name in ("b_k", "W_q", "b_q", "W_k"):
+            g = value.get(name)
+            if isinstance(g, np.ndarray) and g.size and np.all(np.abs(g) < atol):
+                value[name] = np.zeros_like(g)
     return grads
 
 
