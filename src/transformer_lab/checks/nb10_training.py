@@ -605,22 +605,18 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
     def _numpy_mistakes(self, params, grads, **hyper):  # noqa: F811 (replaces the public one)
         def numpy_rmsprop(lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
                           centered=False, eps_inside=False, buffer_of_g=False):
-            ps = {k: p.astype(np.float64) for k, p in params.items()}
-            state = {k: [np.zeros_like(p) for _ in range(3)] for k, p in ps.items()}
-            after = {k: [] for k in ps}
-            for g_all in grads:
-                for k, p in ps.items():
+            after = {}
+            for k, p0 in params.items():  # each parameter on its own, through every step
+                p, v, g_avg, buf, after[k] = p0.astype(np.float64), 0.0, 0.0, 0.0, []
+                for g_all in grads:
                     g = g_all[k] + weight_decay * p
-                    v, g_avg, buf = state[k]
-                    v[...] = alpha * v + (1 - alpha) * g * g
-                    square = v
-                    if centered:
-                        g_avg[...] = alpha * g_avg + (1 - alpha) * g
-                        square = v - g_avg ** 2
+                    v = alpha * v + (1 - alpha) * g * g
+                    g_avg = alpha * g_avg + (1 - alpha) * g
+                    square = v - g_avg ** 2 if centered else v
                     a = np.sqrt(square + eps) if eps_inside else np.sqrt(square) + eps
-                    buf[...] = momentum * buf + (g if buffer_of_g else g / a)  # momentum 0: g/a
-                    p -= lr * (buf / a if buffer_of_g else buf)
-                    after[k].append(p.astype(params[k].dtype))
+                    buf = momentum * buf + (g if buffer_of_g else g / a)  # momentum 0: g / a
+                    p = p - lr * (buf / a if buffer_of_g else buf)
+                    after[k].append(p.astype(p0.dtype))
             return _rmsprop_answer(after)
 
         found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
