@@ -5,8 +5,6 @@ Every reference is PyTorch (``torch.nn.functional`` and autograd, ``nn.Transform
 ... ``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout``), except
 where there is nothing for PyTorch to compute: dropout's mask and the initialisers' draws come
 from a ``np.random.Generator`` seeded by the case, and the expected answer replays the same draws.
-The helpers that build the torch models are shared with notebook 08's checks, whose stacks
-are compared with their twins as the layers are (:class:`_TwinCheck`).
 """
 
 from __future__ import annotations
@@ -48,18 +46,11 @@ def norm_params(rng, e, bias=True, dtype=np.float64):
 
 
 def attn_params(rng, e, packed, bias=True, dtype=np.float64):
-    s = 1 / math.sqrt(e)
-    p = ({"W_qkv": _randn(rng, (e, 3 * e), dtype, s)} if packed else
-         {"W_q": _randn(rng, (e, e), dtype, s), "W_k": _randn(rng, (e, e), dtype, s),
-          "W_v": _randn(rng, (e, e), dtype, s)})
-    p["W_o"] = _randn(rng, (e, e), dtype, s)
+    """Attention parameters: W_qkv (packed) or W_q, W_k, W_v, then W_o; then their biases."""
+    names, width = ("qkv", "o") if packed else ("q", "k", "v", "o"), {"qkv": 3 * e}
+    p = {f"W_{n}": _randn(rng, (e, width.get(n, e)), dtype, 1 / math.sqrt(e)) for n in names}
     if bias:
-        if packed:
-            p["b_qkv"] = _randn(rng, (3 * e,), dtype, 0.3)
-        else:
-            p.update(b_q=_randn(rng, (e,), dtype, 0.3), b_k=_randn(rng, (e,), dtype, 0.3),
-                     b_v=_randn(rng, (e,), dtype, 0.3))
-        p["b_o"] = _randn(rng, (e,), dtype, 0.3)
+        p.update({f"b_{n}": _randn(rng, (width.get(n, e),), dtype, 0.3) for n in names})
     return p
 
 
@@ -139,18 +130,16 @@ def quiet_key_bias(grads, dtype):
     (an array whose every entry is below ``atol``) to zero on both sides, so that two noises
     are not compared; a gradient that is not noise stays as it is (and fails)."""
     atol = 1e-10 if np.dtype(dtype) == np.float64 else 1e-4
-    if isinstance(grads, dict):
-        for key, value in grads.items():
-            if key == "cross_attn" and isinstance(value, dict):
-                for name in ("b_k", "W_q", "b_q", "W_k"):
-                    g = value.get(name)
-                    if isinstance(g, np.ndarray) and g.size and np.all(np.abs(g) < atol):
-                        value[name] = np.zeros_like(g)
-            else:
-                quiet_key_bias(value, dtype)
-    elif isinstance(grads, (list, tuple)):
-        for value in grads:
+    items = grads.items() if isinstance(grads, dict) else \
+        enumerate(grads) if isinstance(grads, (list, tuple)) else ()
+    for key, value in items:
+        if key != "cross_attn" or not isinstance(value, dict):
             quiet_key_bias(value, dtype)
+            continue
+        for name in ("b_k", "W_q", "b_q", "W_k"):
+            g = value.get(name)
+            if isinstance(g, np.ndarray) and g.size and np.all(np.abs(g) < atol):
+                value[name] = np.zeros_like(g)
     return grads
 
 
@@ -365,45 +354,31 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
         dx, g_norm, *rest = f.residual_backward(dout, cache, backward)
         return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
 
-    def _torch_run(self, x, W, norm, dout, norm_first, eps, where="right"):
-        xt, Wt = _t(x, grad=True), _t(W, grad=True)
-        g = {k: _t(v, grad=True) for k, v in norm.items()}
+    def expected(self, x, W, norm, dout, norm_first, eps=1e-5, how="right"):
+        def residual(xt, Wt, g):
+            def ln(u):
+                return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"],
+                                                      g.get("beta"), eps)
 
-        def ln(u):
-            return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"], g.get("beta"),
-                                                  eps)
+            skip = xt.detach() if how == "no identity path" else xt  # dx: through f only
+            if how == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
+                return xt + ln(torch.tanh(xt @ Wt))
+            if norm_first:
+                return skip + torch.tanh(ln(xt) @ Wt)
+            return ln(skip + torch.tanh(xt @ Wt))
 
-        def sub(u):
-            return torch.tanh(u @ Wt)
-
-        s = None
-        if where == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
-            out = xt + ln(sub(xt))
-        elif norm_first:
-            out = xt + sub(ln(xt))
-        else:
-            s = xt + sub(xt)
-            s.retain_grad()
-            out = ln(s)
-        out.backward(_t(dout))
-        result = {"out": _np(out), "dx": _np(xt.grad), "norm grads": {k: _np(v.grad)
-                                                                       for k, v in g.items()},
-                  "sublayer grads": [{"W": _np(Wt.grad)}]}
-        return result, (dout if norm_first else _np(s.grad) if s is not None else None)
-
-    def expected(self, x, W, norm, dout, norm_first, eps=1e-5):
-        return self._torch_run(x, W, norm, dout, norm_first, eps)[0]
+        out, dx, dW, dnorm = autograd(residual, dout, x, W, norm)
+        return {"out": out, "dx": dx, "norm grads": dnorm, "sublayer grads": [{"W": dW}]}
 
     def mistakes(self, x, W, norm, dout, norm_first, eps=1e-5):
-        right, identity_grad = self._torch_run(x, W, norm, dout, norm_first, eps)
-        dropped = dict(right, dx=right["dx"] - identity_grad)
+        case = (x, W, norm, dout)
         return {"with pre-norm and post-norm swapped (norm_first=True is x + f(norm(x)))":
-                lambda: self.expected(x, W, norm, dout, not norm_first, eps),
+                lambda: self.expected(*case, not norm_first, eps),
                 "without the identity path in the backward pass: the gradient that reaches the "
                 "sum x + f(...) flows to x directly as well as through f -- add it to dx":
-                lambda: dropped,
+                lambda: self.expected(*case, norm_first, eps, "no identity path"),
                 "with the norm on the sublayer's output only, x + norm(f(x))":
-                lambda: self._torch_run(x, W, norm, dout, norm_first, eps, "sublayer only")[0]}
+                lambda: self.expected(*case, norm_first, eps, "sublayer only")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,8 +413,10 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
         return {"out": out, "dx": f.dropout_backward(dout, cache)}
 
-    def _answer(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
-                eval_scale=None):
+    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
+                 eval_scale=None):
+        # torch's F.dropout draws its own mask; what it computes with a mask is
+        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
         if not train or p == 0:
             s = 1.0 if eval_scale is None else eval_scale
             return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
@@ -450,25 +427,20 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         k = {"1/(1-p)": lambda: 1 / (1 - p), "1": lambda: 1.0, "1-p": lambda: 1 - p}[scale]()
         return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
 
-    def expected(self, x, dout, p, seed, train):
-        # torch's F.dropout draws its own mask; what it computes with a mask is
-        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
-        return self._answer(x, dout, p, seed, train)
-
     def mistakes(self, x, dout, p, seed, train):
         if not train:
             return {"scaling in evaluation mode too: there dropout is the identity, the "
-                    "1/(1-p) belongs to training": lambda: self._answer(
+                    "1/(1-p) belongs to training": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 / (1 - p)),
                     "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
-                    "with inverted dropout evaluation does nothing)": lambda: self._answer(
+                    "with inverted dropout evaluation does nothing)": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 - p)}
         return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
-                "(1-p) x, not x)": lambda: self._answer(x, dout, p, seed, train, scale="1"),
+                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale="1"),
                 "scaling by (1 - p) instead of 1/(1 - p)":
-                lambda: self._answer(x, dout, p, seed, train, scale="1-p"),
+                lambda: self.expected(x, dout, p, seed, train, scale="1-p"),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
-                "them where u >= p": lambda: self._answer(x, dout, p, seed, train, "u < p")}
+                "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,24 +482,20 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):
+        def wrong(how):
+            return lambda: self.expected(kind, a, b, seed, how)
+
         found = {"drawing from a normal distribution: both initialisers are uniform, "
-                 "rng.uniform(-bound, bound, size=shape)": lambda: self.expected(kind, a, b, seed,
-                                                                               "normal"),
-                 "drawing from [0, bound) instead of (-bound, bound)":
-                 lambda: self.expected(kind, a, b, seed, "half")}
+                 "rng.uniform(-bound, bound, size=shape)": wrong("normal"),
+                 "drawing from [0, bound) instead of (-bound, bound)": wrong("half")}
         if kind == "uniform":
-            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = lambda: self.expected(
-                kind, a, b, seed, "1/fan_in")
+            found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = wrong("1/fan_in")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
-                  "further, sqrt(6/(fan_in + fan_out))"] = lambda: self.expected(kind, a, b, seed,
-                                                                                "std")
-            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = lambda: self.expected(
-                kind, a, b, seed, "fan_in")
+                  "further, sqrt(6/(fan_in + fan_out))"] = wrong("std")
+            found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = wrong("fan_in")
         return found
-
-
 
 
 # --------------------------------------------------------------------------------------------

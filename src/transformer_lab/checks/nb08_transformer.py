@@ -2,10 +2,9 @@
 the model's forward pass and the tied output projection.
 
 Every reference is PyTorch: tensor operations and autograd, ``nn.TransformerEncoder`` and
-``nn.TransformerDecoder`` loaded with the case's parameters through ``interop.layout`` (the
-stacks are compared with their twins by notebook 07's
-:class:`~transformer_lab.checks.nb07_blocks._TwinCheck`, as the layers are). The helpers that
-build the model are shared with notebook 09's checks.
+``nn.TransformerDecoder`` loaded with the case's parameters (notebook 07's
+:class:`~transformer_lab.checks.nb07_blocks._TwinCheck`). The helpers that build the model are
+shared with notebook 09's checks.
 """
 
 from __future__ import annotations
@@ -59,21 +58,17 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
         angles = pos * base ** (-i / d_model)
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
-        if how == "halves":
-            half = (d_model + 1) // 2
-            pe[:, :half] = torch.sin(angles)
-            pe[:, half:] = torch.cos(angles[:, : d_model // 2])
-        else:
-            pe[:, 0::2] = first(angles)
-            pe[:, 1::2] = second(angles[:, : d_model // 2])
+        pe[:, 0::2] = first(angles)
+        pe[:, 1::2] = second(angles[:, : d_model // 2])
         return pe.numpy()
 
     def mistakes(self, max_len, d_model, base=10000.0):
+        right = self.expected(max_len, d_model, base)
         return {"with the frequencies base^(-i/d) instead of base^(-2i/d) (the exponent of "
                 "column pair i is 2i/d)": lambda: self.expected(max_len, d_model, base, "i/d"),
                 "with the sines in the first half and the cosines in the second instead of "
                 "interleaved (sines in the even columns)":
-                lambda: self.expected(max_len, d_model, base, "halves"),
+                lambda: np.concatenate([right[:, 0::2], right[:, 1::2]], axis=1),
                 "with cosines in the even columns and sines in the odd ones":
                 lambda: self.expected(max_len, d_model, base, "swapped")}
 
@@ -110,12 +105,10 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
         t = ids.shape[1]
 
         def embed(W, P):
-            emb = W[_t(ids)]
+            pos = 0 if P is None else P[:t]
             if how == "scale positions too":
-                return (emb + P[:t]) * scale if P is not None else emb * scale
-            if how == "no scale":
-                return emb + (P[:t] if P is not None else 0)
-            return emb * scale + (P[:t] if P is not None else 0)
+                return (W[_t(ids)] + pos) * scale
+            return W[_t(ids)] * (1.0 if how == "no scale" else scale) + pos
 
         x, dtable, dpositions = autograd(embed, dx, table, positions)
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
@@ -307,11 +300,6 @@ def torch_model_grads(params, core, outer):
     return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
-def config_of(config: dict):
-    """The config object the core reads (attribute access) from the case's plain dict."""
-    return SimpleNamespace(**config)
-
-
 class TransformerForward(Check, id="check-transformer-forward",
                          functions=("transformer_encode", "transformer_decode",
                                     "transformer_forward")):
@@ -336,7 +324,7 @@ class TransformerForward(Check, id="check-transformer-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        c = config_of(config)
+        c = SimpleNamespace(**config)  # the core reads attributes; a case holds plain data
         memory, _ = f.transformer_encode(params, src, c, pe, src_pad)
         decoded, _ = f.transformer_decode(params, tgt_in, memory, c, pe, src_pad, tgt_pad)
         logits, _ = f.transformer_forward(params, src, tgt_in, c, pe, src_pad, tgt_pad)

@@ -8,13 +8,14 @@ projection as tensor operations, autograd for every gradient.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb07_blocks import tree_map
 from transformer_lab.checks.nb08_transformer import (
-    config_of,
     model_case,
     quiet_key_bias,
     torch_logits,
@@ -74,8 +75,8 @@ class TransformerBackward(Check, id="check-transformer-backward",
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, dlogits):
-        _, cache = f.transformer_forward(params, src, tgt_in, config_of(config), pe, src_pad,
-                                         tgt_pad)
+        _, cache = f.transformer_forward(params, src, tgt_in, SimpleNamespace(**config), pe,
+                                         src_pad, tgt_pad)
         grads = f.transformer_backward(dlogits, cache)
         return quiet_key_bias(grads, dlogits.dtype)
 
@@ -108,8 +109,8 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
     ### END HIDDEN TESTS
 
     def run(self, f, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1):
-        loss, grads = f.transformer_loss(params, src, tgt_in, labels, config_of(config), pe,
-                                         src_pad, tgt_pad, ignore_index)
+        loss, grads = f.transformer_loss(params, src, tgt_in, labels, SimpleNamespace(**config),
+                                         pe, src_pad, tgt_pad, ignore_index)
         return {"loss": loss, "grads": quiet_key_bias(grads, params["out_proj"]["W"].dtype)}
 
     def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1,
@@ -149,9 +150,11 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
 # Exercise 1: find the bugs (a torch function, compared with nn.MultiheadAttention)
 
 
-def _mha_case(batch, length, e, heads, seed):
-    """An ``nn.MultiheadAttention`` (float64) with seeded weights, an input, a padding mask and
-    an upstream gradient."""
+def _mha_answer(case, attend):
+    """out and dx of ``attend(mha, x, mask)`` on the case's (batch, length, e, heads, seed):
+    an ``nn.MultiheadAttention`` (float64) with seeded weights, an input, a padding mask (B, T:
+    True = padding) and an upstream gradient."""
+    batch, length, e, heads, seed = case
     r = np.random.default_rng(seed)
     mha = torch.nn.MultiheadAttention(e, heads, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
@@ -159,8 +162,9 @@ def _mha_case(batch, length, e, heads, seed):
             p.copy_(torch.from_numpy(r.standard_normal(tuple(p.shape)) * 0.5))
     x = r.standard_normal((batch, length, e))
     lengths = r.integers(1, length + 1, batch)
-    mask = np.arange(length)[None, :] >= lengths[:, None]  # (B, T) True = padding
-    return mha, x, mask, r.standard_normal((batch, length, e))
+    mask = _t(np.arange(length)[None, :] >= lengths[:, None])
+    out, dx = autograd(lambda xt: attend(mha, xt, mask), r.standard_normal((batch, length, e)), x)
+    return {"out": out, "dx": dx}
 
 
 class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
@@ -176,30 +180,26 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
         yield Case("head width 1 (H = E = 8), T = 1", (4, 1, 8, 8, 4))
         yield Case("B=1, T=6, E=16, 4 heads", (1, 6, 16, 4, 5))
 
-    def expected(self, batch, length, e, heads, seed):
-        mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
-        out, dx = autograd(lambda xt: mha(xt, xt, xt, key_padding_mask=_t(mask),
-                                          need_weights=False)[0], dout, x)
-        return {"out": out, "dx": dx}
+    def expected(self, *case):
+        return _mha_answer(case, lambda mha, xt, mask: mha(xt, xt, xt, key_padding_mask=mask,
+                                                           need_weights=False)[0])
 
     def mistakes(self, batch, length, e, heads, seed):
         def variant(scale_by_e, transpose_back, query_axis=False):
-            mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
             dh = e // heads
 
-            def attention(xt):
+            def attention(mha, xt, mask):
                 q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
                 q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2)
                            for a in (q, k, v))
                 scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
-                blocked = _t(mask)[:, None, :, None] if query_axis else _t(mask)[:, None, None, :]
+                blocked = mask[:, None, :, None] if query_axis else mask[:, None, None, :]
                 scores = scores.masked_fill(blocked, float("-inf"))
                 ctx = torch.softmax(scores, dim=-1) @ v
                 ctx = ctx.transpose(1, 2) if transpose_back else ctx
                 return ctx.reshape(batch, length, e) @ mha.out_proj.weight.T + mha.out_proj.bias
 
-            out, dx = autograd(attention, dout, x)
-            return {"out": out, "dx": dx}
+            return _mha_answer((batch, length, e, heads, seed), attention)
 
         return {"with the scores still divided by sqrt(E) (the first bug): each head's scores "
                 "are dot products of E/H numbers": lambda: variant(True, True),
@@ -213,12 +213,10 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
                 lambda: variant(False, True, query_axis=True)}
     ### END HIDDEN TESTS
 
-    def run(self, f, batch, length, e, heads, seed):
-        mha, x, mask, dout = _mha_case(batch, length, e, heads, seed)
-        out, dx = autograd(lambda xt: f.self_attention(
+    def run(self, f, *case):
+        return _mha_answer(case, lambda mha, xt, mask: f.self_attention(
             xt, mha.in_proj_weight.T, mha.in_proj_bias, mha.out_proj.weight.T, mha.out_proj.bias,
-            heads, key_padding_mask=_t(mask)), dout, x)
-        return {"out": out, "dx": dx}
+            case[3], key_padding_mask=mask))
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,13 +229,11 @@ def _smoothed(logits, labels, pad_id, eps, how="right"):
     smoothing = eps * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else eps
 
     def loss(lt):
-        flat, target = lt.reshape(-1, v), _t(labels.reshape(-1))
-        if how == "mean over all":
-            return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                     label_smoothing=eps,
-                                                     reduction="sum") / labels.size
-        return torch.nn.functional.cross_entropy(flat, target, ignore_index=pad_id,
-                                                 label_smoothing=smoothing)
+        every = how == "mean over all"  # divided by every position, padding included
+        total = torch.nn.functional.cross_entropy(
+            lt.reshape(-1, v), _t(labels.reshape(-1)), ignore_index=pad_id,
+            label_smoothing=smoothing, reduction="sum" if every else "mean")
+        return total / labels.size if every else total
 
     value, dlogits = autograd(loss, None, logits)
     return {"loss": float(value), "dlogits": dlogits}

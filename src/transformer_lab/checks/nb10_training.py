@@ -70,28 +70,15 @@ def _sgd_answer(after, buf, momentum) -> dict:
     return {P_AFTER: after, **({BUFFER: buf} if momentum else {NO_BUFFER: buf is None})}
 
 
-def _sgd_numpy(p0, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-               first_buffer="g", decay_after=False, in_place=True):
-    """The SGD trajectory with the switches of the classic mistakes (float64)."""
-    p = p0.astype(np.float64)
-    buf = None
-    after = []
+def _sgd_decay_after(p0, grads, lr, momentum, dampening=0.0, weight_decay=0.0, nesterov=False):
+    """The SGD trajectory with the weight decay added after the momentum, not to g before it
+    (a mistake; float64)."""
+    p, buf, after = p0.astype(np.float64), None, []
     for g in grads.astype(np.float64):
-        d = g + weight_decay * p if weight_decay and not decay_after else g
-        if momentum:
-            if buf is None:
-                buf = d.copy() if first_buffer == "g" else (1 - dampening) * d
-            else:
-                buf = momentum * buf + (1 - dampening) * d
-            d = d + momentum * buf if nesterov else buf
-        if decay_after and weight_decay:
-            d = d + weight_decay * p
-        new = p - lr * d
-        if in_place:
-            p = new
-        after.append(p.copy())
-    return _sgd_answer(np.stack(after).astype(p0.dtype),
-                       buf.astype(p0.dtype) if momentum else None, momentum)
+        buf = g if buf is None else momentum * buf + (1 - dampening) * g
+        p = p - lr * ((g + momentum * buf if nesterov else buf) + weight_decay * p)
+        after.append(p)
+    return _sgd_answer(np.stack(after).astype(p0.dtype), buf.astype(p0.dtype), momentum)
 
 
 class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
@@ -136,21 +123,28 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
         return _sgd_answer(after, state.get("momentum_buffer"), hyper.get("momentum"))
 
     def mistakes(self, p0, grads, **hyper):
+        def torch_with(grads=grads, **settings):
+            return lambda: self.expected(p0, grads, **{**hyper, **settings})
+
         found = {"updating a new array instead of p in place (p = p - lr * g rebinds the name; "
-                 "write p -= lr * g)": lambda: _sgd_numpy(p0, grads, **hyper, in_place=False)}
+                 "write p -= lr * g)": torch_with(lr=0.0)}  # p stays; the buffer moves on
         if hyper.get("momentum") and hyper.get("dampening"):
+            # from zero, the first step is damped as the others: torch without dampening, fed
+            # the damped gradient and weight decay
+            damped = 1 - hyper["dampening"]
             found["starting the momentum buffer at zero instead of a copy of g (torch's first "
                   "step takes buf = g, undamped; from zero the first step is damped)"] = (
-                lambda: _sgd_numpy(p0, grads, **hyper, first_buffer="zero"))
+                torch_with(grads * damped, dampening=0.0,
+                           weight_decay=damped * hyper.get("weight_decay", 0.0)))
         if hyper.get("nesterov"):
             found["ignoring nesterov (with it the step uses g + momentum * buf, not buf)"] = (
-                lambda: self.expected(p0, grads, **{**hyper, "nesterov": False}))
+                torch_with(nesterov=False))
         if hyper.get("weight_decay"):
             found["ignoring weight_decay (it adds weight_decay * p to g first)"] = (
-                lambda: self.expected(p0, grads, **{**hyper, "weight_decay": 0.0}))
+                torch_with(weight_decay=0.0))
             if hyper.get("momentum"):
                 found["adding the weight decay after the momentum instead of to g before it"] = (
-                    lambda: _sgd_numpy(p0, grads, **hyper, decay_after=True))
+                    lambda: _sgd_decay_after(p0, grads, **hyper))
         return found
 
 
@@ -162,20 +156,16 @@ V_AFTER = "v (the second moment) after the last step"
 
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                decoupled=False, correction=0, eps_inside=False, lr_in_decay=True, rebound="",
-                p_in_place=True):
+                decoupled=False, correction=0, eps_inside=False, rebound=""):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
-    the shift of t in the bias correction, or None for none; lr_in_decay False: AdamW shrinks
-    p by 1 - weight_decay; ``rebound`` ("m and v", "m", "v"): rebound to new arrays, so the
-    caller's stay zero."""
+    the shift of t in the bias correction, or None for none; ``rebound`` ("m and v", "m", "v"):
+    rebound to new arrays, so the caller's stay zero."""
     p = p0.astype(np.float64)
     m, v = np.zeros_like(p), np.zeros_like(p)
     after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
-        q = p
-        if weight_decay and decoupled:
-            q = p * (1 - (lr if lr_in_decay else 1.0) * weight_decay)
-        elif weight_decay:
+        q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
+        if weight_decay and not decoupled:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
         v_new = beta2 * v + (1 - beta2) * g * g
@@ -186,14 +176,10 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
             m_hat = m_new / (1 - np.float64(beta1) ** tc)
             v_hat = v_new / (1 - np.float64(beta2) ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
-        new = q - lr * m_hat / denom
-        if "m" not in rebound:
-            m = m_new
-        if "v" not in rebound:
-            v = v_new
-        if p_in_place:
-            p = new
-        after.append(p.copy())
+        p = q - lr * m_hat / denom
+        m = m if "m" in rebound else m_new
+        v = v if "v" in rebound else v_new
+        after.append(p)
     dt = p0.dtype
     return {P_AFTER: np.stack(after).astype(dt), M_AFTER: m.astype(dt), V_AFTER: v.astype(dt)}
 
@@ -248,6 +234,9 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
         def wrong(**switches):
             return lambda: _adam_numpy(p0, grads, **hyper, **switches)
 
+        def torch_with(**settings):
+            return lambda: self.expected(p0, grads, **{**hyper, **settings})
+
         found = {
             "without the bias correction (m and v must be divided by 1 - beta1**t and "
             "1 - beta2**t)": wrong(correction=None),
@@ -268,18 +257,17 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
             "caller's v stays zero; write v *= beta2; v += ...)":
                 wrong(rebound="v"),
             "updating a new array instead of p in place (write p -= ...)":
-                wrong(p_in_place=False),
+                torch_with(lr=0.0),  # p stays; m and v move on
         }
         if hyper.get("weight_decay") and hyper.get("decoupled"):
             found["adding AdamW's weight decay to the gradient (that is Adam's L2 penalty; AdamW "
                   "shrinks p by 1 - lr * weight_decay before the update)"] = (
-                lambda: self.expected(p0, grads, **{**hyper, "decoupled": False}))
-            found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = wrong(
-                lr_in_decay=False)
+                torch_with(decoupled=False))
+            found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = (
+                torch_with(weight_decay=hyper["weight_decay"] / hyper["lr"]))  # 1 - lr * that
         elif hyper.get("weight_decay"):
             found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
-                  "to the gradient; shrinking p is AdamW)"] = (
-                lambda: self.expected(p0, grads, **{**hyper, "decoupled": True}))
+                  "to the gradient; shrinking p is AdamW)"] = torch_with(decoupled=True)
         return found
 
 
@@ -335,19 +323,12 @@ NORM = "the norm before clipping (returned)"
 CLIPPED = "the gradients after clipping"
 
 
-def _clip_numpy(grads, max_norm, per_array=False, cap=True, plus=1e-6, norm_after=False,
-                in_place=True):
-    """clip_grad_norm's answer with the switches of the classic mistakes."""
-    norms = _torch_norms(grads)
-    total = math.sqrt(float((norms ** 2).sum()))
-    out = {}
-    for (name, g), n in zip(grads.items(), norms, strict=True):
-        scale = max_norm / ((n if per_array else total) + plus)
-        if cap:
-            scale = min(scale, 1.0)
-        out[name] = (g * scale).astype(g.dtype) if in_place else g.copy()
-    after = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in out.values()))
-    return {NORM: _as_dtype_of(after if norm_after else total, grads), CLIPPED: out}
+def _clip_numpy(grads, max_norm, cap=True, plus=1e-6):
+    """clip_grad_norm's answer with the switches of two classic mistakes."""
+    total = math.sqrt(float((_torch_norms(grads) ** 2).sum()))
+    scale = min(max_norm / (total + plus), 1.0) if cap else max_norm / (total + plus)
+    return {NORM: _as_dtype_of(total, grads),
+            CLIPPED: {name: (g * scale).astype(g.dtype) for name, g in grads.items()}}
 
 
 class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm",)):
@@ -388,17 +369,19 @@ class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm"
                 CLIPPED: {name: t.grad.numpy().copy() for name, t in tensors.items()}}
 
     def mistakes(self, grads, max_norm):
+        right = self.expected(grads, max_norm)
         return {
             "clipping each gradient on its own by its own norm, instead of scaling all of them "
-            "by the global norm": lambda: _clip_numpy(grads, max_norm, per_array=True),
+            "by the global norm": lambda: {**right, CLIPPED: {
+                k: self.expected({k: g}, max_norm)[CLIPPED][k] for k, g in grads.items()}},
             "scaling gradients below the threshold up to max_norm (the scale is "
             "min(1, max_norm / (norm + 1e-6)))": lambda: _clip_numpy(grads, max_norm, cap=False),
             "returning the norm after clipping instead of before":
-                lambda: _clip_numpy(grads, max_norm, norm_after=True),
+                lambda: {**right, NORM: GlobalNorm().expected(right[CLIPPED])},
             "dividing by the norm without torch's + 1e-6":
                 lambda: _clip_numpy(grads, max_norm, plus=0.0),
             "returning new arrays: the caller's gradients are not scaled (scale them in place, "
-            "g *= scale)": lambda: _clip_numpy(grads, max_norm, in_place=False),
+            "g *= scale)": lambda: {**right, CLIPPED: grads},
         }
 
 
@@ -502,33 +485,29 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
 
     def expected(self, config, params, batches, lrs, clip, optimizer, variant=""):
         """The training steps in PyTorch: zero the gradients, loss, backward, clip (or not), set the
-        learning rate, step -- or one of the classic mistakes (``variant``)."""
+        learning rate, step -- or a classic mistake (``variant``: "clip 0 is 0", "norm after")."""
         twin = _twin(config, params)
         tparams = list(twin.parameters())
         opt = (torch.optim.SGD(tparams, lr=0.0, momentum=0.9) if optimizer == "sgd"
                else torch.optim.Adam(tparams, lr=0.0))
         losses, norms = [], []
-        for i, ((src, tgt), lr) in enumerate(zip(batches, lrs, strict=True)):
+        for (src, tgt), lr in zip(batches, lrs, strict=True):
             opt.zero_grad(set_to_none=True)
             loss = twin.loss(src, tgt)
             loss.backward()
-            limit = clip if clip and variant != "update unclipped" else math.inf
-            if variant == "clip 0 is 0" and not clip:
-                limit = 0.0
+            limit = 0.0 if variant == "clip 0 is 0" else clip or math.inf
             norm = float(torch.nn.utils.clip_grad_norm_(tparams, limit))
-            if variant == "norm after" and clip:
+            if variant == "norm after":
                 norm *= min(1.0, clip / (norm + 1e-6))
-            step_lr = {"lr never set": 0.0, "lr set after the step": lrs[i - 1] if i else 0.0}.get(
-                variant, lr)
             for group in opt.param_groups:
-                group["lr"] = step_lr
+                group["lr"] = lr
             opt.step()
             losses.append(loss.item())
             norms.append(norm)
         return _step_answer(config, losses, norms, twin.numpy_params())
 
     def mistakes(self, config, params, batches, lrs, clip, optimizer):
-        def wrong(variant):
+        def wrong(variant="", lrs=lrs, clip=clip):
             return lambda: self.expected(config, params, batches, lrs, clip, optimizer, variant)
 
         found = {}
@@ -536,12 +515,12 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
             found["clipping to norm 0 when clip = 0 (0 means: no clipping; return the global "
                   "norm)"] = wrong("clip 0 is 0")
         found["not handing the learning rate to the optimiser (optimizer.lr = lr before its "
-              "step): it stays at 0"] = wrong("lr never set")
+              "step): it stays at 0"] = wrong(lrs=[0.0] * len(lrs))
         found["setting the learning rate after the optimiser's step (each step then uses the "
-              "previous step's lr)"] = wrong("lr set after the step")
+              "previous step's lr)"] = wrong(lrs=[0.0, *lrs[:-1]])
         if clip:
             found["updating with the unclipped gradients (clipping after the update, or not at "
-                  "all)"] = wrong("update unclipped")
+                  "all)"] = wrong(clip=0.0)  # the norm returned is the same
             found["returning the norm after clipping instead of before"] = wrong("norm after")
         return found
 
@@ -624,36 +603,27 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
                             momentum=0.9)
 
     def _numpy_mistakes(self, params, grads, **hyper):  # noqa: F811 (replaces the public one)
-        def numpy_rmsprop(eps_inside=False, buffer_of_g=False):
-            settings = {"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0,
-                        "momentum": 0.0, "centered": False, **hyper}
-            lr, alpha, eps = settings["lr"], settings["alpha"], settings["eps"]
-            ps = {k: p.astype(np.float64) for k, p in params.items()}
-            state = {k: [np.zeros_like(p) for _ in range(3)] for k, p in ps.items()}
-            after = {k: [] for k in ps}
-            for g_all in grads:
-                for k, p in ps.items():
-                    g = g_all[k] + settings["weight_decay"] * p
-                    v, g_avg, buf = state[k]
-                    v[...] = alpha * v + (1 - alpha) * g * g
-                    square = v
-                    if settings["centered"]:
-                        g_avg[...] = alpha * g_avg + (1 - alpha) * g
-                        square = v - g_avg ** 2
+        def numpy_rmsprop(lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                          centered=False, eps_inside=False, buffer_of_g=False):
+            after = {}
+            for k, p0 in params.items():  # each parameter on its own, through every step
+                p, v, g_avg, buf, after[k] = p0.astype(np.float64), 0.0, 0.0, 0.0, []
+                for g_all in grads:
+                    g = g_all[k] + weight_decay * p
+                    v = alpha * v + (1 - alpha) * g * g
+                    g_avg = alpha * g_avg + (1 - alpha) * g
+                    square = v - g_avg ** 2 if centered else v
                     a = np.sqrt(square + eps) if eps_inside else np.sqrt(square) + eps
-                    if settings["momentum"] > 0:
-                        buf[...] = settings["momentum"] * buf + (g if buffer_of_g else g / a)
-                        p -= lr * (buf / a if buffer_of_g else buf)
-                    else:
-                        p -= lr * g / a
-                    after[k].append(p.astype(params[k].dtype))
+                    buf = momentum * buf + (g if buffer_of_g else g / a)  # momentum 0: g / a
+                    p = p - lr * (buf / a if buffer_of_g else buf)
+                    after[k].append(p.astype(p0.dtype))
             return _rmsprop_answer(after)
 
         found = {"with eps inside the square root (torch adds it outside: a = sqrt(v) + eps)":
-                 lambda: numpy_rmsprop(eps_inside=True)}
+                 lambda: numpy_rmsprop(**hyper, eps_inside=True)}
         if hyper.get("momentum"):
             found["accumulating g in the momentum buffer and dividing afterwards (torch: "
-                  "b = momentum * b + g / a)"] = lambda: numpy_rmsprop(buffer_of_g=True)
+                  "b = momentum * b + g / a)"] = lambda: numpy_rmsprop(**hyper, buffer_of_g=True)
         return found
     ### END HIDDEN TESTS
 
@@ -676,21 +646,20 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         return _rmsprop_answer(after)
 
     def mistakes(self, params, grads, **hyper):
+        def torch_with(fresh_state=False, **settings):
+            return lambda: self.expected(params, grads, fresh_state, **{**hyper, **settings})
+
         found = {"without keeping the running averages in state between calls (each step "
-                 "starts again from zero)": lambda: self.expected(params, grads,
-                                                                    fresh_state=True, **hyper),
+                 "starts again from zero)": torch_with(fresh_state=True),
                  "with alpha and 1 - alpha swapped (v = alpha * v + (1 - alpha) * g^2)":
-                 lambda: self.expected(params, grads, **{**hyper, "alpha": 1 - hyper.get(
-                     "alpha", 0.99)})}
+                 torch_with(alpha=1 - hyper.get("alpha", 0.99))}
         if hyper.get("weight_decay"):
-            found["ignoring weight_decay (g + weight_decay * p)"] = lambda: self.expected(
-                params, grads, **{**hyper, "weight_decay": 0.0})
+            found["ignoring weight_decay (g + weight_decay * p)"] = torch_with(weight_decay=0.0)
         if hyper.get("centered"):
             found["ignoring centered (subtract the squared running mean of g from v)"] = (
-                lambda: self.expected(params, grads, **{**hyper, "centered": False}))
+                torch_with(centered=False))
         if hyper.get("momentum"):
-            found["ignoring momentum"] = lambda: self.expected(params, grads,
-                                                                **{**hyper, "momentum": 0.0})
+            found["ignoring momentum"] = torch_with(momentum=0.0)
         return {**found, **self._numpy_mistakes(params, grads, **hyper)}
 
 
@@ -730,8 +699,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
                                          max_len))
         again = np.asarray(f.sample_decode(model, src, temperature,
                                            np.random.default_rng(seed), max_len))
-        same = hot.shape == again.shape and np.array_equal(hot, again)
-        facts["the same generator state gives the same samples"] &= bool(same)
+        facts["the same generator state gives the same samples"] &= np.array_equal(hot, again)
         if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
             facts["one row per source, 1 + at most max_len columns"] = False
             continue
