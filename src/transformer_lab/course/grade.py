@@ -539,10 +539,9 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
     graded.cells = [(cid, clean(err)) for cid, err in graded.cells]
     for cell in nb.cells:
         for output in cell.get("outputs", []):
-            if "text" in output:
-                output["text"] = clean(output["text"])
-            if "evalue" in output:
-                output["evalue"] = clean(output["evalue"])
+            for key in ("text", "evalue"):
+                if key in output:
+                    output[key] = clean(output[key])
             if "traceback" in output:
                 output["traceback"] = [clean(t) for t in output["traceback"]]
             for key, value in output.get("data", {}).items():
@@ -655,23 +654,23 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
     stem = Path(assignment.name).stem
     problems = []
     for check in assignment.checks:
-        where = f"{assignment.name}, check cell {check.cell_id!r}"
         call = check.call
+        chk = registry.get(call.check_id) if call is not None else None
         if call is None:
-            problems.append(f"{where}: not a one-line check(...) call; the grader decides points "
-                            "only from check classes (README, 'Writing exercises')")
+            why = ("not a one-line check(...) call; the grader decides points only from check "
+                   "classes (README, 'Writing exercises')")
         elif call.check_id != check.cell_id:
-            problems.append(f"{where}: calls check({call.check_id!r}); a check cell's id is the "
-                            "id of the check it calls")
-        elif call.check_id not in registry:
-            problems.append(f"{where}: no check class is registered as {call.check_id!r} "
-                            "(transformer_lab/checks/nbNN_topic.py)")
-        elif registry[call.check_id].notebook != stem:
-            problems.append(f"{where}: the check belongs to notebook "
-                            f"{registry[call.check_id].notebook}")
-        elif len(call.names) != len(registry[call.check_id].arguments):
-            problems.append(f"{where}: passes {len(call.names)} function(s), the check takes "
-                            f"{len(registry[call.check_id].arguments)}")
+            why = f"calls check({call.check_id!r}); a check cell's id is the id of the check it calls"
+        elif chk is None:
+            why = (f"no check class is registered as {call.check_id!r} "
+                   "(transformer_lab/checks/nbNN_topic.py)")
+        elif chk.notebook != stem:
+            why = f"the check belongs to notebook {chk.notebook}"
+        elif len(call.names) != len(chk.arguments):
+            why = f"passes {len(call.names)} function(s), the check takes {len(chk.arguments)}"
+        else:
+            continue
+        problems.append(f"{assignment.name}, check cell {check.cell_id!r}: {why}")
     return problems
 
 

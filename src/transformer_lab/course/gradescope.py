@@ -174,22 +174,18 @@ def _check_build_args(source: Path, project: Path, out: Path) -> list[Path]:
             raise BuildError(f"--out {str(out)!r} and {name} {str(given)!r} overlap (the same "
                              f"folder, or one inside the other); the zip packs {name}, so it "
                              "must be written apart from it")
-    problems = _grading_problems(notebooks, project)
-    if problems:
-        raise BuildError(f"the autograder could not grade these solutions, {len(problems)} "
-                         "problem(s):\n" + "\n".join(problems))
-    return notebooks
-
-
-def _grading_problems(notebooks: list[Path], project: Path) -> list[str]:
-    """What would stop the grader on Gradescope: the package's markers, the notebooks' markers
-    and metadata, their check cells."""
+    # what would stop the grader on Gradescope: the package's markers, the notebooks' markers
+    # and metadata, their check cells
     problems = []
     try:
         parse_package(project / "src" / "transformer_lab")
     except PackageError as err:
         problems.append(f"the package's markers: {err}")
-    return problems + [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
+    problems += [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
+    if problems:
+        raise BuildError(f"the autograder could not grade these solutions, {len(problems)} "
+                         "problem(s):\n" + "\n".join(problems))
+    return notebooks
 
 
 def zip_entries(notebooks: list[Path], project: Path, config: Config,

@@ -17,7 +17,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,13 +50,11 @@ MAX_PROGRESS_BYTES = 10_000_000
 
 @dataclass(frozen=True)
 class ProbeLimits:
-    """Seconds: a notebook cell, one case of a check, the whole probe (restarts included);
-    bytes of the probe's printed output kept (the rest is read and dropped)."""
+    """Seconds: a notebook cell, one case of a check, the whole probe (restarts included)."""
 
     cell: float = 60
     case: float = 30
     total: float = 600
-    output: int = 64_000
 
 
 # --- the probe package ----------------------------------------------------------------------
@@ -168,7 +165,6 @@ class CheckSpec:
     args: tuple[str, ...]
     kwargs: dict[str, str]
     cases: list[F.Case]
-    module: str = ""  # the check's module, transformer_lab.checks.nbNN_topic (else: all of them)
 
 
 @dataclass
@@ -191,20 +187,6 @@ def probe_env(sandboxed: bool = False) -> dict[str, str]:
     return env
 
 
-class _Drain(threading.Thread):
-    """Reads a pipe to its end, keeping the first ``limit`` bytes."""
-
-    def __init__(self, stream, limit: int):
-        super().__init__(daemon=True)
-        self.stream, self.limit, self.kept = stream, limit, bytearray()
-
-    def run(self) -> None:
-        while chunk := self.stream.read(65536):
-            room = self.limit - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
-
-
 def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
               limits: ProbeLimits | None = None, sandbox=None) -> ProbeReport:
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
@@ -216,33 +198,27 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     report = ProbeReport()
     deadline = time.monotonic() + limits.total
     todo = list(range(len(checks)))
-    first_run = True
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
             stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
                                             limits, deadline, report, sandbox)
-        if first_run:
-            report.cells = cell_errors
-            first_run = False
-        done = [i for i in todo if all((checks[i].check_id, c.name) in report.outcomes
-                                       for c in checks[i].cases)
-                or checks[i].check_id in report.missing]
+        report.cells = report.cells or cell_errors  # the first run's (the same cells each run)
         if stopped is None:  # the probe finished (or said why not): no second chance
             break
+        todo = [i for i in todo if checks[i].check_id not in report.missing
+                and not all((checks[i].check_id, c.name) in report.outcomes
+                            for c in checks[i].cases)]
         kind, index, reason = stopped
-        if kind != "case":  # stopped while running the cells: nothing after it can run
-            for i in todo:
-                if i not in done:
-                    report.missing.setdefault(checks[i].check_id, reason)
-            break
-        report.missing.setdefault(checks[index].check_id, reason)
-        todo = [i for i in todo if i not in done and i != index]
-        if time.monotonic() >= deadline:
-            for i in todo:
-                report.missing.setdefault(checks[i].check_id,
-                                          f"not run: the grader's run of your code reached its "
-                                          f"total limit of {limits.total:g} s")
-            break
+        if kind == "case":  # the others get another run, within the total limit
+            report.missing.setdefault(checks[index].check_id, reason)
+            todo = [i for i in todo if i != index]
+            if time.monotonic() < deadline:
+                continue
+            reason = (f"not run: the grader's run of your code reached its total limit of "
+                      f"{limits.total:g} s")
+        for i in todo:  # what is left cannot run: the cells stopped, or the total limit passed
+            report.missing.setdefault(checks[i].check_id, reason)
+        break
     for spec in checks:
         if spec.check_id in report.missing:
             continue
@@ -265,7 +241,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     request = {"package": str(package_root.resolve()),
                "cells": [{"id": cid, "source": src} for cid, src in cells],
                "checks": [F.encode({"index": i, "id": checks[i].check_id,
-                                    "module": checks[i].module or _module_of(checks[i]),
+                                    "module": _module_of(checks[i]),
                                     "args": list(checks[i].args), "kwargs": checks[i].kwargs,
                                     "cases": [{"name": c.name, "args": list(c.args),
                                                "kwargs": c.kwargs} for c in checks[i].cases]},
@@ -282,11 +258,10 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     mounts = Mounts(read_only=(package_root.resolve(), inputs), writable=(out, cwd), cwd=cwd,
                     env=tuple(env.items()))
     argv = sandbox.command([sys.executable, "-s", str(inputs / RUNNER.name), str(tmp)], mounts)
+    # what the student's code prints is not kept: the cells' errors come back in files
     proc = subprocess.Popen(argv, cwd=cwd, env=sandbox.environment(mounts),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    drain = _Drain(proc.stdout, limits.output)
-    drain.start()
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     progress = out / runner.PROGRESS
     current, since, seen = None, time.monotonic(), 0
     stopped = None
@@ -312,7 +287,6 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
     finally:
         kill_group(proc.pid, proc)  # its own session: its group's id is its pid
         proc.wait()
-        drain.join(timeout=5)
         sandbox.release(argv)
     lines = (read_regular(progress, 0, MAX_PROGRESS_BYTES) or b"").decode(
         "utf-8", "replace").split("\n")
@@ -332,6 +306,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
 
 
 def _module_of(spec: CheckSpec) -> str:
+    """The check's module, transformer_lab.checks.nbNN_topic ("": the probe imports them all)."""
     try:
         return type(F.get_check(spec.check_id)).__module__
     except KeyError:
