@@ -321,8 +321,7 @@ class Grader:
     handout_src: Path  # the handout's src/ (holding transformer_lab/)
     submissions: Path
     out: Path
-    timeout: int
-    limits: ProbeLimits
+    limits: ProbeLimits  # limits.cell: also each cell's time limit in the feedback run
     execute: bool = True
     sandbox: Bubblewrap | NoSandbox = field(default_factory=NoSandbox)
     cases: dict[str, list[F.Case]] = field(default_factory=dict)
@@ -430,17 +429,19 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
     """Grade one student's notebook; never raises for bad student work."""
     assignment = grader.assignments[notebook]
     path = work.notebooks.get(notebook)
-    if path is None:
-        reason = "not submitted"
-        skipped = found.skipped_of(work.name)
-        if skipped:
-            reason += " (files skipped: " + "; ".join(f"{s.path}: {s.reason}"
-                                                     for s in skipped[:5]) + \
-                ("; ..." if len(skipped) > 5 else "") + ")"
-        graded = not_graded(work.name, notebook, assignment, reason, "not submitted")
-        if skipped:
+
+    def refused(reason: str, status: str, feedback: bool = True) -> Graded:
+        graded = not_graded(work.name, notebook, assignment, reason, status)
+        if feedback:
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
+
+    if path is None:
+        skipped = found.skipped_of(work.name)
+        files = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]) + \
+            ("; ..." if len(skipped) > 5 else "")
+        return refused("not submitted" + (f" (files skipped: {files})" if skipped else ""),
+                       "not submitted", feedback=bool(skipped))
     try:
         if path.stat().st_size > MAX_NOTEBOOK_BYTES:
             raise ValueError(f"it is {format_size(path.stat().st_size)}; the grader reads "
@@ -448,10 +449,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                              "its outputs: Edit > Clear Outputs of All Cells, then save)")
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
-        reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
-        graded = not_graded(work.name, notebook, assignment, reason, "unreadable")
-        graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
-        return graded
+        return refused("could not be read as a notebook: "
+                       f"{one_line(str(exc)) or type(exc).__name__}", "unreadable")
     start = time.perf_counter()
     clock = _Clock()
     with tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True) as tmp:
@@ -485,7 +484,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                 env = dict(os.environ)
             env = {**with_pythonpath(env, package), "PYTHONDONTWRITEBYTECODE": "1"}
             clock.lap("other")
-            graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
+            graded.run = run_notebook(nb, grader.limits.cell, env=env, sandbox=grader.sandbox,
                                       read_only=(package,))
             clock.lap("feedback")
         _sanitize(graded, nb, tmp)
@@ -554,7 +553,7 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
 def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
     (:mod:`.reports` makes the summary)."""
-    add_summary(nb, graded, grader.timeout, grader.execute, grader.sandbox.describe())
+    add_summary(nb, graded, grader.limits.cell, grader.execute, grader.sandbox.describe())
     dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
     with grader.lock:  # what the grader writes into out is known to its ledger at once
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -660,7 +659,8 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
             why = ("not a one-line check(...) call; the grader decides points only from check "
                    "classes (README, 'Writing exercises')")
         elif call.check_id != check.cell_id:
-            why = f"calls check({call.check_id!r}); a check cell's id is the id of the check it calls"
+            why = (f"calls check({call.check_id!r}); a check cell's id is the id of the check "
+                   "it calls")
         elif chk is None:
             why = (f"no check class is registered as {call.check_id!r} "
                    "(transformer_lab/checks/nbNN_topic.py)")
@@ -695,7 +695,6 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
     others. The results come in the order of (student, notebook), whatever ``jobs`` is."""
     grader.ledger = Ledger(grader.out, vault)
     pairs = [(s, nb) for s in sorted(found.students) for nb in notebooks]
-    done = 0
 
     def one(pair: tuple[str, str]) -> Graded:
         student, notebook = pair
@@ -716,21 +715,17 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
                                 f"the grader's output folder changed {where}", event))
         return g
 
-    def report(g: Graded) -> None:
-        nonlocal done
-        done += 1
-        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in g.timing.items())
-        print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
-              f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
-              + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""), flush=True)
-
     results: dict[tuple[str, str], Graded] = {}
     with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="grade") as pool:
         futures = {pool.submit(one, pair): pair for pair in pairs}
         try:
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                report(results[futures[future]])
+            for done, future in enumerate(as_completed(futures), 1):
+                g = results[futures[future]] = future.result()
+                parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in g.timing.items())
+                print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
+                      f"{format_points(g.points)}/{format_points(g.max_points)} points, "
+                      f"{g.status}" + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""),
+                      flush=True)
         except BaseException:  # Ctrl+C: what has not started yet is not graded
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -840,9 +835,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
             found = find_submissions(submissions, sorted(sources), handout_digests(handout))
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
-                            handout / "src", submissions, out, options.timeout,
-                            ProbeLimits(cell=options.timeout, case=options.case_timeout,
-                                        total=options.probe_timeout),
+                            handout / "src", submissions, out,
+                            ProbeLimits(options.timeout, options.case_timeout,
+                                        options.probe_timeout),
                             execute=options.execute, sandbox=sandbox, version=ours,
                             unversioned=unversioned)
             graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
@@ -879,15 +874,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
                         help="folder for grades.csv, skipped.csv, flags.csv, sandbox.csv and "
                              "feedback/, emptied first (default: build/grades)")
-    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
-                        help=f"seconds a notebook cell may run, in the probe and in the "
-                             f"feedback run (default: {DEFAULT_TIMEOUT})")
-    parser.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
-                        help=f"seconds one case of a check may run (default: "
-                             f"{DEFAULT_CASE_TIMEOUT})")
-    parser.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
-                        help=f"seconds the probe of one notebook may run in all (default: "
-                             f"{DEFAULT_PROBE_TIMEOUT})")
+    for option, kind, default, what in (
+            ("--timeout", int, DEFAULT_TIMEOUT,
+             "a notebook cell may run, in the probe and in the feedback run"),
+            ("--case-timeout", float, DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
+            ("--probe-timeout", float, DEFAULT_PROBE_TIMEOUT,
+             "the probe of one notebook may run in all")):
+        parser.add_argument(option, type=kind, default=default,
+                            help=f"seconds {what} (default: {default})")
     parser.add_argument("--no-execute", action="store_true",
                         help="do not execute the feedback notebooks (faster; the grades do not "
                              "change)")

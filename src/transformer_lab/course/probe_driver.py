@@ -9,6 +9,7 @@ it at its limits, and decodes the outcomes it wrote as plain data for the grader
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -323,7 +324,7 @@ def _unit(line: str | None, cells, checks):
     if not line:
         return None
     parts = line.split()
-    try:
+    with contextlib.suppress(ValueError):
         if parts[0] == "cell" and len(parts) == 2 and 0 <= int(parts[1]) < len(cells):
             return ("cell", int(parts[1]))
         if parts[0] == "case" and len(parts) == 3:
@@ -332,8 +333,6 @@ def _unit(line: str | None, cells, checks):
                 return ("case", i, j)
         if parts[0] == "prepare" and len(parts) == 2 and 0 <= int(parts[1]) < len(checks):
             return ("case", int(parts[1]), None)
-    except ValueError:
-        pass
     return None
 
 

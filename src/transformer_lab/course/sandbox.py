@@ -9,6 +9,7 @@ same interface, no isolation), recorded per student in the grader's output.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,37 +291,27 @@ def kill_group(pgid: int | None, process) -> None:
     done, ``process`` alone; either may be gone already."""
     own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
     if pgid and pgid != own_group and hasattr(os, "killpg"):
-        try:
+        with contextlib.suppress(OSError):  # the group is gone already
             os.killpg(pgid, signal.SIGKILL)
             return
-        except OSError:  # the group is gone already
-            pass
     if process is not None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             process.kill()
-        except Exception:  # already gone
-            pass
 
 
-def _rmdir_when_empty(folder: Path, tries: int = 50) -> None:
+def _rmdir_when_empty(folder: Path) -> None:
     """Remove a control group once its processes have gone (they are being killed)."""
-    import time
-
-    for _ in range(tries):
+    for _ in range(50):
         try:
             folder.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 for pid in (folder / "cgroup.procs").read_text().split():
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(int(pid), 9)
-                    except OSError:
-                        pass
-            except OSError:
-                pass
             time.sleep(0.02)
 
 
