@@ -206,8 +206,7 @@ def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, 
     for k, node in enumerate(body):
         start = first_line(node)
         limit = first_line(body[k + 1]) if k + 1 < len(body) else len(lines)
-        last = j = node.end_lineno
-        last -= 1
+        last, j = node.end_lineno - 1, node.end_lineno
         while j < limit:
             if not lines[j].strip():
                 j += 1

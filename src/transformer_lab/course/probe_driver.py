@@ -234,10 +234,9 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
              limits: ProbeLimits, deadline: float, report: ProbeReport, sandbox):
     """One probe process over the checks ``todo``; returns (what it stopped during, or None
     when it ended by itself; the cells' errors)."""
-    out = tmp / "out"
-    out.mkdir()
-    cwd = tmp / "work"
-    cwd.mkdir()
+    out, cwd, inputs = tmp / "out", tmp / "work", tmp / "in"  # in: what the probe reads
+    for folder in (out, cwd, inputs):
+        folder.mkdir()
     arrays: dict[str, np.ndarray] = {}
     request = {"package": str(package_root.resolve()),
                "cells": [{"id": cid, "source": src} for cid, src in cells],
@@ -247,14 +246,10 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                                     "cases": [{"name": c.name, "args": list(c.args),
                                                "kwargs": c.kwargs} for c in checks[i].cases]},
                                    arrays) for i in todo]}
-    (tmp / "request.json").write_text(json.dumps(request), encoding="utf-8")
-    with open(tmp / "request.npz", "wb") as f:
-        np.savez(f, **arrays)
-    inputs = tmp / "in"  # what the probe reads: the grader's runner, the request
-    inputs.mkdir()
     shutil.copyfile(RUNNER, inputs / RUNNER.name)
-    for name in ("request.json", "request.npz"):
-        (tmp / name).replace(inputs / name)
+    (inputs / "request.json").write_text(json.dumps(request), encoding="utf-8")
+    with open(inputs / "request.npz", "wb") as f:
+        np.savez(f, **arrays)
     env = probe_env(sandbox.isolated)
     mounts = Mounts(read_only=(package_root.resolve(), inputs), writable=(out, cwd), cwd=cwd,
                     env=tuple(env.items()))
@@ -277,13 +272,12 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                 current, since = lines[-1], now
             unit = _unit(current, cells, checks)
             limit = limits.case if unit and unit[0] == "case" else limits.cell
-            if now >= deadline:
-                stopped = _stop(unit, f"the grader's run of your code reached its total limit "
-                                      f"of {limits.total:g} s{_during(unit, cells, checks)}")
-                break
-            if unit and now - since > limit:
-                stopped = _stop(unit, f"ran past the time limit of {limit:g} s"
-                                      f"{_during(unit, cells, checks)}")
+            over = (f"the grader's run of your code reached its total limit of "
+                    f"{limits.total:g} s" if now >= deadline else
+                    f"ran past the time limit of {limit:g} s" if unit and now - since > limit
+                    else None)
+            if over:
+                stopped = _stop(unit, over + _during(unit, cells, checks))
                 break
     finally:
         kill_group(proc.pid, proc)  # its own session: its group's id is its pid

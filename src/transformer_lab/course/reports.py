@@ -87,8 +87,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
              f"{format_points(graded.max_points)} points.**", "",
              "| check | points | result |", "|---|---|---|"]
     for r in graded.results:
-        result = passed(r.cases) if r.passed else \
-            "**failed**: " + _table_text(_first_line(r.message))
+        first = r.message.split("\n", 1)[0] + (" (see below)" if "\n" in r.message else "")
+        result = passed(r.cases) if r.passed else "**failed**: " + _table_text(first)
         lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
                      f"| {result} |")
     for r in graded.results:
@@ -127,11 +127,6 @@ def note_lines(graded: Graded, text=str) -> list[str]:
 def passed(cases: int, kind: str = "") -> str:
     """``passed (N cases)``, ``passed (1 public case)``: what a passed check says."""
     return f"passed ({cases} {kind}case{'s' * (cases != 1)})"
-
-
-def _first_line(text: str) -> str:
-    first = text.split("\n", 1)[0]
-    return first + (" (see below)" if "\n" in text else "")
 
 
 def _table_text(text: str) -> str:
