@@ -624,14 +624,9 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
             problems[name] = f"{name}() is not defined in {label}"
     # helpers: what the wanted functions use, and what that uses, defined at the top level
     needed: set[int] = set()
-    todo = [defined[name] for name in functions]
-    seen_nodes: set[int] = set()
+    todo = [defined[name] for name in functions]  # each node goes in once
     while todo:
-        node = todo.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        for used in ast.walk(node):
+        for used in ast.walk(todo.pop()):
             if isinstance(used, ast.Name) and used.id in defined and used.id not in provided:
                 helper = defined[used.id]
                 if id(helper) not in needed and used.id not in functions:
