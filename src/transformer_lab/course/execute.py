@@ -67,17 +67,13 @@ def _tree_mtimes(root: Path) -> list[float]:
     return times
 
 
-def newest_input_mtime(notebook: Path) -> float:
-    """The newest modification time among what an executed copy of ``notebook`` depends on:
-    the notebook, every file of the package (not only ``*.py``: data files count too) and the
+def is_up_to_date(notebook: Path, copy: Path) -> bool:
+    """Whether ``copy`` (an executed copy of ``notebook``) is newer than all it depends on: the
+    notebook, every file of the package (not only ``*.py``: data files count too) and the
     figures in ``img/`` beside the notebooks' folder (the notebooks show ``../img/*.png``)."""
     img = notebook.resolve().parent.parent / "img"
-    return max([notebook.stat().st_mtime, *_tree_mtimes(PACKAGE_DIR), *_tree_mtimes(img)])
-
-
-def is_up_to_date(notebook: Path, copy: Path) -> bool:
-    """Whether ``copy`` (an executed copy of ``notebook``) is newer than all it depends on."""
-    return copy.exists() and copy.stat().st_mtime > newest_input_mtime(notebook)
+    return copy.exists() and copy.stat().st_mtime > max(
+        [notebook.stat().st_mtime, *_tree_mtimes(PACKAGE_DIR), *_tree_mtimes(img)])
 
 
 def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = False) -> None:

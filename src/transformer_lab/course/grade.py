@@ -361,9 +361,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
         cases = grader.check_cases(check.cell_id)
-        message = "ok"
-        judged = 0
-        failed = None
+        message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
             outcome = report.outcomes.get((check.cell_id, case.name))
             if outcome is None:

@@ -225,11 +225,6 @@ def first_line(node: ast.stmt) -> int:
     return (decorators[0] if decorators else node).lineno - 1
 
 
-def _body_indent(node: ast.AST, lines: list[str]) -> str:
-    first = lines[node.body[0].lineno - 1]
-    return first[:len(first) - len(first.lstrip())]
-
-
 def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> CoreModule | None:
     """The core module at ``path``; ``notebooks``: number -> ``NN_topic``, the notebooks a
     solution marker may name."""
@@ -255,7 +250,8 @@ def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> Cor
             report("a solution region in the core must sit inside a function's body",
                    region.begin + 1)
             continue
-        if region.indent != _body_indent(owner, lines):
+        first = lines[owner.body[0].lineno - 1]  # the body's first line, and its indent
+        if region.indent != first[:len(first) - len(first.lstrip())]:
             report(f"the solution region of {owner.name}() must sit at the top level of its body "
                    "(indented like its first line), so that the stub replaces all of it",
                    region.begin + 1)
@@ -371,7 +367,8 @@ def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
         expected = [n for n in cls.body if isinstance(n, ast.FunctionDef)
                     and n.name == "expected"]
         if expected and any(inside(expected[0], r) for r in hidden):
-            check_id = _class_id(cls)
+            check_id = next((k.value.value for k in cls.keywords  # class X(Check, id="...")
+                             if k.arg == "id" and isinstance(k.value, ast.Constant)), None)
             if check_id is None:
                 report(f"{cls.name}.expected is hidden, but the class has no literal "
                        "id='check-...' to store its public answers under", cls.lineno)
@@ -392,14 +389,6 @@ def _names_of(node: ast.AST) -> set[str]:
     targets = node.targets if isinstance(node, ast.Assign) else \
         [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
     return {t.id for t in targets if isinstance(t, ast.Name)}
-
-
-def _class_id(cls: ast.ClassDef) -> str | None:
-    """The check id a class statement gives, ``class X(Check, id="check-..."):``."""
-    for keyword in cls.keywords:
-        if keyword.arg == "id" and isinstance(keyword.value, ast.Constant):
-            return keyword.value.value
-    return None
 
 
 # --- the handout's package ------------------------------------------------------------------

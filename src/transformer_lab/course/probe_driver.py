@@ -114,21 +114,20 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
     taught = syllabus.notebook_functions(notebook)
     for module, core in instructor.core.items():
         stub_path = dest / "transformer_lab" / "core" / core.path.name
+        stub = stub_path.read_text()
         definitions = {name: core.definition(name) for name in core.functions
                        if owner(name, notebook) == "instructor"}
-        extras: list[str] = []
+        composed = None
         wanted = taught.get(module, [])
         if wanted:
             # the module's own names (its functions, and constants such as ACTIVATIONS, which
             # refer to them) come from the package, never from the student's file
-            provided = set(core.functions) | top_level_names(stub_path.read_text())
+            provided = set(core.functions) | top_level_names(stub)
             code = student_functions(core_files, module, wanted, provided, core_label)
             reasons = code.problems
             try:
-                compose_core_module(stub_path.read_text(), {**definitions, **code.functions},
-                                    code.extras)
-                definitions.update(code.functions)
-                extras = code.extras
+                composed = compose_core_module(stub, {**definitions, **code.functions},
+                                               code.extras)
             except SyntaxError as err:  # cannot happen with parsed parts; be safe
                 reasons = {name: f"{core_label}/{module}.py: your code could not be put "
                                  f"together with the package ({err.msg})" for name in wanted}
@@ -137,8 +136,7 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
                     overlay.stubs[name] = reasons[name]
                 else:
                     overlay.students.append(name)
-        stub_path.write_text(compose_core_module(stub_path.read_text(), definitions, extras),
-                             encoding="utf-8")
+        stub_path.write_text(composed or compose_core_module(stub, definitions), encoding="utf-8")
     return overlay
 
 

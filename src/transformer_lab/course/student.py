@@ -80,8 +80,7 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
         if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+            cell.outputs, cell.execution_count = [], None
             for key in ("execution", "collapsed", "scrolled"):
                 cell.metadata.pop(key, None)
     for number, cell in enumerate(nb.cells, 1):  # a last guard: parse_notebook's checks
