@@ -99,12 +99,6 @@ def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = Fa
     nbformat.write(nb, dest)
 
 
-def _short_error(exc: BaseException) -> str:
-    """The last line of ``exc``'s message (a CellExecutionError's is the exception's)."""
-    lines = [one_line(line) for line in str(exc).splitlines()]
-    return next((line for line in reversed(lines) if line), type(exc).__name__)
-
-
 def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) -> list[Result]:
     apply_kernel_env()
     results = []
@@ -124,7 +118,9 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
             execute_notebook(src, dest, timeout, keep_failed=out_dir is not None)
         except Exception as exc:  # report and go on with the next notebook
             seconds = time.perf_counter() - start
-            error = _short_error(exc)
+            # the last line of the message (a CellExecutionError's is the exception's)
+            lines = [one_line(line) for line in str(exc).splitlines()]
+            error = next((line for line in reversed(lines) if line), type(exc).__name__)
             if out_dir is not None:
                 error += f" (executed up to the failing cell in {dest})"
             results.append(Result(src.name, "FAILED", seconds, error))

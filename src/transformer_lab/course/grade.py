@@ -573,12 +573,9 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
             continue
         lines = source.split("\n")
         spans = statement_spans(tree, lines)
-        owners = []
-        for node in tree.body:
-            name = getattr(node, "name", None)
-            if name in syllabus.TAUGHT_IN.get(module, {}):
-                first_place = syllabus.where_taught(name)[1]
-                owners.append((spans[id(node)], first_place.split(" §")[0]))
+        taught = syllabus.TAUGHT_IN.get(module, {})
+        owners = [(spans[id(node)], syllabus.where_taught(node.name)[1].split(" §")[0])
+                  for node in tree.body if getattr(node, "name", None) in taught]
         try:
             scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
         except Exception:  # see above: a student's file must not stop the run
