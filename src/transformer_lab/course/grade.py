@@ -230,8 +230,7 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
         chosen[id(code[0])] = code[0]
     notes = []
     for exercise in assignment.exercises:
-        instructor_cell = next(c for c in assignment.nb.cells if c.id == exercise.cell_id)
-        cell = _find_by_id(submission, instructor_cell)
+        cell = _find_by_id(submission, exercise.cell_id)
         if cell is None:
             notes.append(f"the exercise cell `{exercise.cell_id}` is not in your notebook (it "
                          "was found neither by its id nor by its nbgrader grade_id)")
@@ -300,10 +299,11 @@ def _definitions(source: str) -> str:
                         if isinstance(node, _DEFINITIONS))
 
 
-def _find_by_id(nb, cell):
-    grade_id = nbgrader_meta(cell).get("grade_id") or cell.id
-    for test in (lambda c: c.get("id") == cell.id,
-                 lambda c: nbgrader_meta(c).get("grade_id") == grade_id):
+def _find_by_id(nb, cell_id: str):
+    """The code cell of ``nb`` whose id is ``cell_id``, else the one whose nbgrader grade_id is
+    (an exercise cell's grade_id is its id: :func:`.assignment.parse_notebook` checks it)."""
+    for test in (lambda c: c.get("id") == cell_id,
+                 lambda c: nbgrader_meta(c).get("grade_id") == cell_id):
         for c in nb.cells:
             if c.cell_type == "code" and test(c):
                 return c

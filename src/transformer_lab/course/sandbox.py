@@ -237,8 +237,7 @@ class _ControlGroups:
             parents[controller] = folder
         groups = cls(parents, limits)
         try:
-            probe = groups._new()
-            groups._remove(probe)
+            groups._remove(groups._new())
         except OSError:
             groups.close()
             return None
@@ -246,11 +245,9 @@ class _ControlGroups:
 
     def _new(self) -> dict[str, Path]:
         k = next(self._counter)
-        group = {}
-        for controller, parent in self.parents.items():
-            folder = parent / f"sandbox-{k}"
+        group = {controller: parent / f"sandbox-{k}" for controller, parent in self.parents.items()}
+        for folder in group.values():
             folder.mkdir()
-            group[controller] = folder
         mem, pids = group["memory"], group["pids"]
         if (mem / "memory.max").exists():  # cgroup v2
             (mem / "memory.max").write_text(str(self.limits.memory))
