@@ -106,8 +106,7 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
     for k, src in enumerate(notebooks, 1):
         dest = src if out_dir is None else out_dir / src.name
         prefix = f"[{k}/{n}] {src.name}"
-        fresh = out_dir is not None and not force and is_up_to_date(src, dest)
-        if fresh:
+        if out_dir is not None and not force and is_up_to_date(src, dest):
             print(f"{prefix} ... up to date", flush=True)
             results.append(Result(src.name, "up to date", 0.0))
             continue
@@ -134,15 +133,13 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
 
 def format_table(results: list[Result]) -> str:
     w = max(len("notebook"), *(len(r.notebook) for r in results))
-    lines = [f"{'notebook':<{w}}  {'status':<10}  {'seconds':>7}",
-             f"{'-' * w}  {'-' * 10}  {'-' * 7}"]
+    rule = f"{'-' * w}  {'-' * 10}  {'-' * 7}"
+    lines = [f"{'notebook':<{w}}  {'status':<10}  {'seconds':>7}", rule]
     for r in results:
         secs = f"{r.seconds:7.1f}" if r.status != "up to date" else f"{'-':>7}"
         lines.append(f"{r.notebook:<{w}}  {r.status:<10}  {secs}")
     total = sum(r.seconds for r in results)
-    lines.append(f"{'-' * w}  {'-' * 10}  {'-' * 7}")
-    lines.append(f"{'total':<{w}}  {'':<10}  {total:7.1f}")
-    return "\n".join(lines)
+    return "\n".join([*lines, rule, f"{'total':<{w}}  {'':<10}  {total:7.1f}"])
 
 
 def main(argv: list[str] | None = None) -> int:

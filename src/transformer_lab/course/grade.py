@@ -200,13 +200,11 @@ def restore_checks(submission, assignment: Assignment):
             fresh = copy.deepcopy(cell)
             if found is not None:
                 nb.cells[_position(nb, found)] = fresh
+            elif anchor is not None:
+                nb.cells.insert(_position(nb, anchor) + 1, fresh)
             else:
-                if anchor is not None:
-                    index = _position(nb, anchor) + 1
-                else:
-                    code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
-                    index = code[0] + 1 if code else min(1, len(nb.cells))
-                nb.cells.insert(index, fresh)
+                code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
+                nb.cells.insert(code[0] + 1 if code else min(1, len(nb.cells)), fresh)
             found = fresh
         if found is not None:
             anchor = found

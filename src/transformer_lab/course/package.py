@@ -142,11 +142,9 @@ def package_files(root: Path) -> list[Path]:
     found = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or rel.parts[0] == TOOLS_DIR:
-            continue
-        if any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _IGNORE_NAMES):
-            continue
-        found.append(path)
+        if path.is_file() and rel.parts[0] != TOOLS_DIR and not any(
+                fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _IGNORE_NAMES):
+            found.append(path)
     return found
 
 

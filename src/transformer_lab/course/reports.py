@@ -158,12 +158,10 @@ def _write_rows(path: Path, header, rows) -> None:
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
     """The rows of ``flags.csv``: the flags of every graded notebook, and ``core``'s (student ->
     (notebook, flag) in the student's core modules, in the order of the students), sorted."""
-    rows = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
-            for g in graded for f in g.flags]
-    for student, found in core.items():
-        rows += [[student, nb, f.where, f.line, f.what, f.code] for nb, f in found]
-    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
-    return rows
+    flags = [(g.student, g.notebook, f) for g in graded for f in g.flags]
+    flags += [(student, nb, f) for student, found in core.items() for nb, f in found]
+    return sorted(([s, nb, f.where, f.line, f.what, f.code] for s, nb, f in flags),
+                  key=lambda r: r[:5])
 
 
 def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[list],
