@@ -67,18 +67,13 @@ def _tree_mtimes(root: Path) -> list[float]:
     return times
 
 
-def newest_input_mtime(notebook: Path, package_dir: Path | None = None) -> float:
-    """The newest modification time among what an executed copy of ``notebook`` depends on:
-    the notebook, every file of the package (not only ``*.py``: data files count too) and the
+def is_up_to_date(notebook: Path, copy: Path) -> bool:
+    """Whether ``copy`` (an executed copy of ``notebook``) is newer than all it depends on: the
+    notebook, every file of the package (not only ``*.py``: data files count too) and the
     figures in ``img/`` beside the notebooks' folder (the notebooks show ``../img/*.png``)."""
-    package_dir = PACKAGE_DIR if package_dir is None else package_dir
     img = notebook.resolve().parent.parent / "img"
-    return max([notebook.stat().st_mtime, *_tree_mtimes(package_dir), *_tree_mtimes(img)])
-
-
-def is_up_to_date(notebook: Path, copy: Path, package_dir: Path | None = None) -> bool:
-    """Whether ``copy`` (an executed copy of ``notebook``) is newer than all it depends on."""
-    return copy.exists() and copy.stat().st_mtime > newest_input_mtime(notebook, package_dir)
+    return copy.exists() and copy.stat().st_mtime > max(
+        [notebook.stat().st_mtime, *_tree_mtimes(PACKAGE_DIR), *_tree_mtimes(img)])
 
 
 def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = False) -> None:
@@ -104,12 +99,6 @@ def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = Fa
     nbformat.write(nb, dest)
 
 
-def _short_error(exc: BaseException) -> str:
-    """The last line of ``exc``'s message (a CellExecutionError's is the exception's)."""
-    lines = [one_line(line) for line in str(exc).splitlines()]
-    return next((line for line in reversed(lines) if line), type(exc).__name__)
-
-
 def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) -> list[Result]:
     apply_kernel_env()
     results = []
@@ -117,8 +106,7 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
     for k, src in enumerate(notebooks, 1):
         dest = src if out_dir is None else out_dir / src.name
         prefix = f"[{k}/{n}] {src.name}"
-        fresh = out_dir is not None and not force and is_up_to_date(src, dest)
-        if fresh:
+        if out_dir is not None and not force and is_up_to_date(src, dest):
             print(f"{prefix} ... up to date", flush=True)
             results.append(Result(src.name, "up to date", 0.0))
             continue
@@ -129,7 +117,9 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
             execute_notebook(src, dest, timeout, keep_failed=out_dir is not None)
         except Exception as exc:  # report and go on with the next notebook
             seconds = time.perf_counter() - start
-            error = _short_error(exc)
+            # the last line of the message (a CellExecutionError's is the exception's)
+            lines = [one_line(line) for line in str(exc).splitlines()]
+            error = next((line for line in reversed(lines) if line), type(exc).__name__)
             if out_dir is not None:
                 error += f" (executed up to the failing cell in {dest})"
             results.append(Result(src.name, "FAILED", seconds, error))
@@ -143,15 +133,13 @@ def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) 
 
 def format_table(results: list[Result]) -> str:
     w = max(len("notebook"), *(len(r.notebook) for r in results))
-    lines = [f"{'notebook':<{w}}  {'status':<10}  {'seconds':>7}",
-             f"{'-' * w}  {'-' * 10}  {'-' * 7}"]
+    rule = f"{'-' * w}  {'-' * 10}  {'-' * 7}"
+    lines = [f"{'notebook':<{w}}  {'status':<10}  {'seconds':>7}", rule]
     for r in results:
         secs = f"{r.seconds:7.1f}" if r.status != "up to date" else f"{'-':>7}"
         lines.append(f"{r.notebook:<{w}}  {r.status:<10}  {secs}")
     total = sum(r.seconds for r in results)
-    lines.append(f"{'-' * w}  {'-' * 10}  {'-' * 7}")
-    lines.append(f"{'total':<{w}}  {'':<10}  {total:7.1f}")
-    return "\n".join(lines)
+    return "\n".join([*lines, rule, f"{'total':<{w}}  {'':<10}  {total:7.1f}"])
 
 
 def main(argv: list[str] | None = None) -> int:

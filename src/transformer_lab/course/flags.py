@@ -182,11 +182,9 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
             _call(node, flag)
     merged: dict[int, Flag] = {}  # one row per line, its reasons joined
     for (line, _), f in sorted(found.items()):
-        if line in merged:
-            merged[line] = Flag(where, line, f"{merged[line].what}; {f.what}", f.code)
-        else:
-            merged[line] = f
-    return [merged[line] for line in sorted(merged)]
+        merged[line] = Flag(where, line, f"{merged[line].what}; {f.what}", f.code) \
+            if line in merged else f
+    return list(merged.values())
 
 
 def _target(node, target, imported: set[str], flag) -> None:

@@ -200,13 +200,11 @@ def restore_checks(submission, assignment: Assignment):
             fresh = copy.deepcopy(cell)
             if found is not None:
                 nb.cells[_position(nb, found)] = fresh
+            elif anchor is not None:
+                nb.cells.insert(_position(nb, anchor) + 1, fresh)
             else:
-                if anchor is not None:
-                    index = _position(nb, anchor) + 1
-                else:
-                    code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
-                    index = code[0] + 1 if code else min(1, len(nb.cells))
-                nb.cells.insert(index, fresh)
+                code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
+                nb.cells.insert(code[0] + 1 if code else min(1, len(nb.cells)), fresh)
             found = fresh
         if found is not None:
             anchor = found
@@ -230,8 +228,7 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
         chosen[id(code[0])] = code[0]
     notes = []
     for exercise in assignment.exercises:
-        instructor_cell = next(c for c in assignment.nb.cells if c.id == exercise.cell_id)
-        cell = _find_by_id(submission, instructor_cell)
+        cell = _find_by_id(submission, exercise.cell_id)
         if cell is None:
             notes.append(f"the exercise cell `{exercise.cell_id}` is not in your notebook (it "
                          "was found neither by its id nor by its nbgrader grade_id)")
@@ -300,10 +297,11 @@ def _definitions(source: str) -> str:
                         if isinstance(node, _DEFINITIONS))
 
 
-def _find_by_id(nb, cell):
-    grade_id = nbgrader_meta(cell).get("grade_id") or cell.id
-    for test in (lambda c: c.get("id") == cell.id,
-                 lambda c: nbgrader_meta(c).get("grade_id") == grade_id):
+def _find_by_id(nb, cell_id: str):
+    """The code cell of ``nb`` whose id is ``cell_id``, else the one whose nbgrader grade_id is
+    (an exercise cell's grade_id is its id: :func:`.assignment.parse_notebook` checks it)."""
+    for test in (lambda c: c.get("id") == cell_id,
+                 lambda c: nbgrader_meta(c).get("grade_id") == cell_id):
         for c in nb.cells:
             if c.cell_type == "code" and test(c):
                 return c
@@ -321,8 +319,7 @@ class Grader:
     handout_src: Path  # the handout's src/ (holding transformer_lab/)
     submissions: Path
     out: Path
-    timeout: int
-    limits: ProbeLimits
+    limits: ProbeLimits  # limits.cell: also each cell's time limit in the feedback run
     execute: bool = True
     sandbox: Bubblewrap | NoSandbox = field(default_factory=NoSandbox)
     cases: dict[str, list[F.Case]] = field(default_factory=dict)
@@ -362,9 +359,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
         cases = grader.check_cases(check.cell_id)
-        message = "ok"
-        judged = 0
-        failed = None
+        message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
             outcome = report.outcomes.get((check.cell_id, case.name))
             if outcome is None:
@@ -430,17 +425,19 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
     """Grade one student's notebook; never raises for bad student work."""
     assignment = grader.assignments[notebook]
     path = work.notebooks.get(notebook)
-    if path is None:
-        reason = "not submitted"
-        skipped = found.skipped_of(work.name)
-        if skipped:
-            reason += " (files skipped: " + "; ".join(f"{s.path}: {s.reason}"
-                                                     for s in skipped[:5]) + \
-                ("; ..." if len(skipped) > 5 else "") + ")"
-        graded = not_graded(work.name, notebook, assignment, reason, "not submitted")
-        if skipped:
+
+    def refused(reason: str, status: str, feedback: bool = True) -> Graded:
+        graded = not_graded(work.name, notebook, assignment, reason, status)
+        if feedback:
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
+
+    if path is None:
+        skipped = found.skipped_of(work.name)
+        files = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]) + \
+            ("; ..." if len(skipped) > 5 else "")
+        return refused("not submitted" + (f" (files skipped: {files})" if skipped else ""),
+                       "not submitted", feedback=bool(skipped))
     try:
         if path.stat().st_size > MAX_NOTEBOOK_BYTES:
             raise ValueError(f"it is {format_size(path.stat().st_size)}; the grader reads "
@@ -448,11 +445,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                              "its outputs: Edit > Clear Outputs of All Cells, then save)")
         submission = read_submission(path)
     except Exception as exc:  # not a notebook, broken JSON, too big ...
-        reason = f"could not be read as a notebook: {one_line(str(exc)) or type(exc).__name__}"
-        graded = not_graded(work.name, notebook, assignment, reason, "unreadable")
-        graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
-        return graded
-    start = time.perf_counter()
+        return refused("could not be read as a notebook: "
+                       f"{one_line(str(exc)) or type(exc).__name__}", "unreadable")
     clock = _Clock()
     with tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True) as tmp:
         tmp = Path(tmp)
@@ -479,20 +473,18 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         nb = restore_checks(submission, assignment)
         if grader.execute:
             package = (tmp / "feedback").resolve()
-            if grader.sandbox.isolated:  # the sandbox's environment, and the package
-                env = {**KERNEL_ENV, "PYTHONIOENCODING": "utf-8"}
-            else:
-                env = dict(os.environ)
+            # in a sandbox, the sandbox's environment; either way, the package
+            env = {**KERNEL_ENV, "PYTHONIOENCODING": "utf-8"} if grader.sandbox.isolated \
+                else dict(os.environ)
             env = {**with_pythonpath(env, package), "PYTHONDONTWRITEBYTECODE": "1"}
             clock.lap("other")
-            graded.run = run_notebook(nb, grader.timeout, env=env, sandbox=grader.sandbox,
+            graded.run = run_notebook(nb, grader.limits.cell, env=env, sandbox=grader.sandbox,
                                       read_only=(package,))
             clock.lap("feedback")
         _sanitize(graded, nb, tmp)
     graded.feedback = write_feedback(nb, graded, grader)
     clock.lap("other")
-    graded.seconds = time.perf_counter() - start
-    graded.timing = clock.laps
+    graded.seconds, graded.timing = sum(clock.laps.values()), clock.laps
     return graded
 
 
@@ -539,10 +531,9 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
     graded.cells = [(cid, clean(err)) for cid, err in graded.cells]
     for cell in nb.cells:
         for output in cell.get("outputs", []):
-            if "text" in output:
-                output["text"] = clean(output["text"])
-            if "evalue" in output:
-                output["evalue"] = clean(output["evalue"])
+            for key in ("text", "evalue"):
+                if key in output:
+                    output[key] = clean(output[key])
             if "traceback" in output:
                 output["traceback"] = [clean(t) for t in output["traceback"]]
             for key, value in output.get("data", {}).items():
@@ -555,7 +546,7 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
 def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
     (:mod:`.reports` makes the summary)."""
-    add_summary(nb, graded, grader.timeout, grader.execute, grader.sandbox.describe())
+    add_summary(nb, graded, grader.limits.cell, grader.execute, grader.sandbox.describe())
     dest = grader.out / "feedback" / graded.student / f"{graded.notebook}.ipynb"
     with grader.lock:  # what the grader writes into out is known to its ledger at once
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -580,12 +571,9 @@ def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
             continue
         lines = source.split("\n")
         spans = statement_spans(tree, lines)
-        owners = []
-        for node in tree.body:
-            name = getattr(node, "name", None)
-            if name in syllabus.TAUGHT_IN.get(module, {}):
-                first_place = syllabus.where_taught(name)[1]
-                owners.append((spans[id(node)], first_place.split(" §")[0]))
+        taught = syllabus.TAUGHT_IN.get(module, {})
+        owners = [(spans[id(node)], syllabus.where_taught(node.name)[1].split(" §")[0])
+                  for node in tree.body if getattr(node, "name", None) in taught]
         try:
             scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
         except Exception:  # see above: a student's file must not stop the run
@@ -655,23 +643,24 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
     stem = Path(assignment.name).stem
     problems = []
     for check in assignment.checks:
-        where = f"{assignment.name}, check cell {check.cell_id!r}"
         call = check.call
+        chk = registry.get(call.check_id) if call is not None else None
         if call is None:
-            problems.append(f"{where}: not a one-line check(...) call; the grader decides points "
-                            "only from check classes (README, 'Writing exercises')")
+            why = ("not a one-line check(...) call; the grader decides points only from check "
+                   "classes (README, 'Writing exercises')")
         elif call.check_id != check.cell_id:
-            problems.append(f"{where}: calls check({call.check_id!r}); a check cell's id is the "
-                            "id of the check it calls")
-        elif call.check_id not in registry:
-            problems.append(f"{where}: no check class is registered as {call.check_id!r} "
-                            "(transformer_lab/checks/nbNN_topic.py)")
-        elif registry[call.check_id].notebook != stem:
-            problems.append(f"{where}: the check belongs to notebook "
-                            f"{registry[call.check_id].notebook}")
-        elif len(call.names) != len(registry[call.check_id].arguments):
-            problems.append(f"{where}: passes {len(call.names)} function(s), the check takes "
-                            f"{len(registry[call.check_id].arguments)}")
+            why = (f"calls check({call.check_id!r}); a check cell's id is the id of the check "
+                   "it calls")
+        elif chk is None:
+            why = (f"no check class is registered as {call.check_id!r} "
+                   "(transformer_lab/checks/nbNN_topic.py)")
+        elif chk.notebook != stem:
+            why = f"the check belongs to notebook {chk.notebook}"
+        elif len(call.names) != len(chk.arguments):
+            why = f"passes {len(call.names)} function(s), the check takes {len(chk.arguments)}"
+        else:
+            continue
+        problems.append(f"{assignment.name}, check cell {check.cell_id!r}: {why}")
     return problems
 
 
@@ -696,7 +685,6 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
     others. The results come in the order of (student, notebook), whatever ``jobs`` is."""
     grader.ledger = Ledger(grader.out, vault)
     pairs = [(s, nb) for s in sorted(found.students) for nb in notebooks]
-    done = 0
 
     def one(pair: tuple[str, str]) -> Graded:
         student, notebook = pair
@@ -717,21 +705,17 @@ def grade_all(grader: Grader, found: Found, notebooks: list[str], vault: Path,
                                 f"the grader's output folder changed {where}", event))
         return g
 
-    def report(g: Graded) -> None:
-        nonlocal done
-        done += 1
-        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in g.timing.items())
-        print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
-              f"{format_points(g.points)}/{format_points(g.max_points)} points, {g.status}"
-              + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""), flush=True)
-
     results: dict[tuple[str, str], Graded] = {}
     with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="grade") as pool:
         futures = {pool.submit(one, pair): pair for pair in pairs}
         try:
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                report(results[futures[future]])
+            for done, future in enumerate(as_completed(futures), 1):
+                g = results[futures[future]] = future.result()
+                parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in g.timing.items())
+                print(f"[{done}/{len(pairs)}] {g.student} / {g.notebook}: "
+                      f"{format_points(g.points)}/{format_points(g.max_points)} points, "
+                      f"{g.status}" + (f" ({g.seconds:.1f} s: {parts})" if g.seconds else ""),
+                      flush=True)
         except BaseException:  # Ctrl+C: what has not started yet is not graded
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -841,9 +825,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
             found = find_submissions(submissions, sorted(sources), handout_digests(handout))
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
-                            handout / "src", submissions, out, options.timeout,
-                            ProbeLimits(cell=options.timeout, case=options.case_timeout,
-                                        total=options.probe_timeout),
+                            handout / "src", submissions, out,
+                            ProbeLimits(options.timeout, options.case_timeout,
+                                        options.probe_timeout),
                             execute=options.execute, sandbox=sandbox, version=ours,
                             unversioned=unversioned)
             graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
@@ -880,15 +864,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
                         help="folder for grades.csv, skipped.csv, flags.csv, sandbox.csv and "
                              "feedback/, emptied first (default: build/grades)")
-    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
-                        help=f"seconds a notebook cell may run, in the probe and in the "
-                             f"feedback run (default: {DEFAULT_TIMEOUT})")
-    parser.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
-                        help=f"seconds one case of a check may run (default: "
-                             f"{DEFAULT_CASE_TIMEOUT})")
-    parser.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
-                        help=f"seconds the probe of one notebook may run in all (default: "
-                             f"{DEFAULT_PROBE_TIMEOUT})")
+    for option, kind, default, what in (
+            ("--timeout", int, DEFAULT_TIMEOUT,
+             "a notebook cell may run, in the probe and in the feedback run"),
+            ("--case-timeout", float, DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
+            ("--probe-timeout", float, DEFAULT_PROBE_TIMEOUT,
+             "the probe of one notebook may run in all")):
+        parser.add_argument(option, type=kind, default=default,
+                            help=f"seconds {what} (default: {default})")
     parser.add_argument("--no-execute", action="store_true",
                         help="do not execute the feedback notebooks (faster; the grades do not "
                              "change)")

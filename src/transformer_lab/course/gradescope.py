@@ -174,22 +174,18 @@ def _check_build_args(source: Path, project: Path, out: Path) -> list[Path]:
             raise BuildError(f"--out {str(out)!r} and {name} {str(given)!r} overlap (the same "
                              f"folder, or one inside the other); the zip packs {name}, so it "
                              "must be written apart from it")
-    problems = _grading_problems(notebooks, project)
-    if problems:
-        raise BuildError(f"the autograder could not grade these solutions, {len(problems)} "
-                         "problem(s):\n" + "\n".join(problems))
-    return notebooks
-
-
-def _grading_problems(notebooks: list[Path], project: Path) -> list[str]:
-    """What would stop the grader on Gradescope: the package's markers, the notebooks' markers
-    and metadata, their check cells."""
+    # what would stop the grader on Gradescope: the package's markers, the notebooks' markers
+    # and metadata, their check cells
     problems = []
     try:
         parse_package(project / "src" / "transformer_lab")
     except PackageError as err:
         problems.append(f"the package's markers: {err}")
-    return problems + [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
+    problems += [p for found in grade.load_solutions(notebooks)[1].values() for p in found]
+    if problems:
+        raise BuildError(f"the autograder could not grade these solutions, {len(problems)} "
+                         "problem(s):\n" + "\n".join(problems))
+    return notebooks
 
 
 def zip_entries(notebooks: list[Path], project: Path, config: Config,
@@ -265,13 +261,6 @@ class _Budget:
                 "(unpacked). Hand in the notebooks and src/transformer_lab/core/*.py only.")
 
 
-def _copy_limited(read, dest: Path, budget: _Budget) -> None:
-    with dest.open("xb") as out:
-        while chunk := read(1 << 20):
-            budget.take(len(chunk))
-            out.write(chunk)
-
-
 def _write_files(files, dest: Path) -> list[tuple[str, str]]:
     """Write ``files`` -- (where, path relative to ``dest``, why it is left out or "", a function
     opening its content) -- into ``dest``, within one submission's budget; return (where,
@@ -286,8 +275,10 @@ def _write_files(files, dest: Path) -> list[tuple[str, str]]:
         target = dest / rel
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open_() as src:
-                _copy_limited(src.read, target, budget)
+            with open_() as src, target.open("xb") as out:
+                while chunk := src.read(1 << 20):
+                    budget.take(len(chunk))
+                    out.write(chunk)
         except FileExistsError:
             left_out.append((where, "a second file of the same name: not unpacked"))
         except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError,
@@ -376,11 +367,9 @@ def student_name(metadata: Path) -> str:
     ``submission_metadata.json`` in ASCII letters, digits and ``_``; else ``student``."""
     try:
         name = json.loads(metadata.read_text(encoding="utf-8"))["users"][0]["name"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    except (OSError, ValueError, KeyError, IndexError, TypeError):  # TypeError: not a string
         return DEFAULT_STUDENT
-    if not isinstance(name, str):
-        return DEFAULT_STUDENT
-    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
     safe = re.sub(r"[^A-Za-z0-9]+", "_", ascii_name).strip("_")[:64].strip("_")
     return safe or DEFAULT_STUDENT
 

@@ -268,19 +268,18 @@ _QUIET_LOG = logging.getLogger("transformer_lab.course.kernel_run.nbclient")
 _QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported per submission
 
 
-def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
-                 env: dict[str, str] | None = None, sandbox=None,
+def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=None,
                  read_only: tuple[Path, ...] = ()) -> Run:
     """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
 
     A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
     ``grace`` seconds later gets its kernel stopped (the time limit again, at least 5 s -- a
     kernel that was flooding its output needs a moment to answer, more on a busy machine --
-    and at most 10 s). Output over ``limits`` is not kept (see
-    :class:`OutputLimits`). ``env``: the kernel's environment (default: this process's).
-    The kernel starts in an empty temporary folder. ``sandbox`` (see :mod:`.sandbox`): the
-    kernel runs in it, seeing ``read_only`` and its folder besides Python, with ``env`` alone
-    as its environment. Never raises: see the returned :class:`Run`.
+    and at most 10 s). Output over :class:`OutputLimits` is not kept. ``env``: the kernel's
+    environment (default: this process's). The kernel starts in an empty temporary folder.
+    ``sandbox`` (see :mod:`.sandbox`): the kernel runs in it, seeing ``read_only`` and its folder
+    besides Python, with ``env`` alone as its environment. Never raises: see the returned
+    :class:`Run`.
     """
     sandbox = sandbox or NoSandbox()
     grace = min(max(timeout, 5), 10)
@@ -293,9 +292,8 @@ def run_notebook(nb, timeout: int, limits: OutputLimits | None = None,
         mounts = Mounts(read_only=tuple(read_only), writable=(Path(workdir),),
                         cwd=Path(workdir), env=tuple((env or {}).items()))
         client = LimitedClient(
-            nb, limits=limits, sandbox=sandbox, mounts=mounts,
-            timeout=timeout, allow_errors=True, interrupt_on_timeout=True, log=_QUIET_LOG,
-            **client_options(workdir))
+            nb, sandbox=sandbox, mounts=mounts, timeout=timeout, allow_errors=True,
+            interrupt_on_timeout=True, log=_QUIET_LOG, **client_options(workdir))
         client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
         client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
                                                                                   cell_index)

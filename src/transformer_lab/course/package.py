@@ -142,11 +142,9 @@ def package_files(root: Path) -> list[Path]:
     found = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or rel.parts[0] == TOOLS_DIR:
-            continue
-        if any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _IGNORE_NAMES):
-            continue
-        found.append(path)
+        if path.is_file() and rel.parts[0] != TOOLS_DIR and not any(
+                fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _IGNORE_NAMES):
+            found.append(path)
     return found
 
 
@@ -206,8 +204,7 @@ def statement_spans(tree: ast.Module, lines: list[str]) -> dict[int, tuple[int, 
     for k, node in enumerate(body):
         start = first_line(node)
         limit = first_line(body[k + 1]) if k + 1 < len(body) else len(lines)
-        last = j = node.end_lineno
-        last -= 1
+        last, j = node.end_lineno - 1, node.end_lineno
         while j < limit:
             if not lines[j].strip():
                 j += 1
@@ -224,11 +221,6 @@ def first_line(node: ast.stmt) -> int:
     """The first line (0-based) of a statement, its decorators included."""
     decorators = getattr(node, "decorator_list", None)
     return (decorators[0] if decorators else node).lineno - 1
-
-
-def _body_indent(node: ast.AST, lines: list[str]) -> str:
-    first = lines[node.body[0].lineno - 1]
-    return first[:len(first) - len(first.lstrip())]
 
 
 def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> CoreModule | None:
@@ -256,7 +248,8 @@ def _parse_core(path: Path, text: str, report, notebooks: dict[int, str]) -> Cor
             report("a solution region in the core must sit inside a function's body",
                    region.begin + 1)
             continue
-        if region.indent != _body_indent(owner, lines):
+        first = lines[owner.body[0].lineno - 1]  # the body's first line, and its indent
+        if region.indent != first[:len(first) - len(first.lstrip())]:
             report(f"the solution region of {owner.name}() must sit at the top level of its body "
                    "(indented like its first line), so that the stub replaces all of it",
                    region.begin + 1)
@@ -372,7 +365,8 @@ def _parse_checks(path: Path, text: str, report) -> CheckModule | None:
         expected = [n for n in cls.body if isinstance(n, ast.FunctionDef)
                     and n.name == "expected"]
         if expected and any(inside(expected[0], r) for r in hidden):
-            check_id = _class_id(cls)
+            check_id = next((k.value.value for k in cls.keywords  # class X(Check, id="...")
+                             if k.arg == "id" and isinstance(k.value, ast.Constant)), None)
             if check_id is None:
                 report(f"{cls.name}.expected is hidden, but the class has no literal "
                        "id='check-...' to store its public answers under", cls.lineno)
@@ -393,14 +387,6 @@ def _names_of(node: ast.AST) -> set[str]:
     targets = node.targets if isinstance(node, ast.Assign) else \
         [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
     return {t.id for t in targets if isinstance(t, ast.Name)}
-
-
-def _class_id(cls: ast.ClassDef) -> str | None:
-    """The check id a class statement gives, ``class X(Check, id="check-..."):``."""
-    for keyword in cls.keywords:
-        if keyword.arg == "id" and isinstance(keyword.value, ast.Constant):
-            return keyword.value.value
-    return None
 
 
 # --- the handout's package ------------------------------------------------------------------
@@ -625,14 +611,9 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
             problems[name] = f"{name}() is not defined in {label}"
     # helpers: what the wanted functions use, and what that uses, defined at the top level
     needed: set[int] = set()
-    todo = [defined[name] for name in functions]
-    seen_nodes: set[int] = set()
+    todo = [defined[name] for name in functions]  # each node goes in once
     while todo:
-        node = todo.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        for used in ast.walk(node):
+        for used in ast.walk(todo.pop()):
             if isinstance(used, ast.Name) and used.id in defined and used.id not in provided:
                 helper = defined[used.id]
                 if id(helper) not in needed and used.id not in functions:

@@ -9,6 +9,7 @@ it at its limits, and decodes the outcomes it wrote as plain data for the grader
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,7 +18,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,13 +51,11 @@ MAX_PROGRESS_BYTES = 10_000_000
 
 @dataclass(frozen=True)
 class ProbeLimits:
-    """Seconds: a notebook cell, one case of a check, the whole probe (restarts included);
-    bytes of the probe's printed output kept (the rest is read and dropped)."""
+    """Seconds: a notebook cell, one case of a check, the whole probe (restarts included)."""
 
     cell: float = 60
     case: float = 30
     total: float = 600
-    output: int = 64_000
 
 
 # --- the probe package ----------------------------------------------------------------------
@@ -116,21 +114,20 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
     taught = syllabus.notebook_functions(notebook)
     for module, core in instructor.core.items():
         stub_path = dest / "transformer_lab" / "core" / core.path.name
+        stub = stub_path.read_text()
         definitions = {name: core.definition(name) for name in core.functions
                        if owner(name, notebook) == "instructor"}
-        extras: list[str] = []
+        composed = None
         wanted = taught.get(module, [])
         if wanted:
             # the module's own names (its functions, and constants such as ACTIVATIONS, which
             # refer to them) come from the package, never from the student's file
-            provided = set(core.functions) | top_level_names(stub_path.read_text())
+            provided = set(core.functions) | top_level_names(stub)
             code = student_functions(core_files, module, wanted, provided, core_label)
             reasons = code.problems
             try:
-                compose_core_module(stub_path.read_text(), {**definitions, **code.functions},
-                                    code.extras)
-                definitions.update(code.functions)
-                extras = code.extras
+                composed = compose_core_module(stub, {**definitions, **code.functions},
+                                               code.extras)
             except SyntaxError as err:  # cannot happen with parsed parts; be safe
                 reasons = {name: f"{core_label}/{module}.py: your code could not be put "
                                  f"together with the package ({err.msg})" for name in wanted}
@@ -139,8 +136,7 @@ def build_probe_package(handout_src: Path, instructor: Package, notebook: str,
                     overlay.stubs[name] = reasons[name]
                 else:
                     overlay.students.append(name)
-        stub_path.write_text(compose_core_module(stub_path.read_text(), definitions, extras),
-                             encoding="utf-8")
+        stub_path.write_text(composed or compose_core_module(stub, definitions), encoding="utf-8")
     return overlay
 
 
@@ -168,7 +164,6 @@ class CheckSpec:
     args: tuple[str, ...]
     kwargs: dict[str, str]
     cases: list[F.Case]
-    module: str = ""  # the check's module, transformer_lab.checks.nbNN_topic (else: all of them)
 
 
 @dataclass
@@ -191,20 +186,6 @@ def probe_env(sandboxed: bool = False) -> dict[str, str]:
     return env
 
 
-class _Drain(threading.Thread):
-    """Reads a pipe to its end, keeping the first ``limit`` bytes."""
-
-    def __init__(self, stream, limit: int):
-        super().__init__(daemon=True)
-        self.stream, self.limit, self.kept = stream, limit, bytearray()
-
-    def run(self) -> None:
-        while chunk := self.stream.read(65536):
-            room = self.limit - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
-
-
 def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[CheckSpec],
               limits: ProbeLimits | None = None, sandbox=None) -> ProbeReport:
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
@@ -216,33 +197,27 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     report = ProbeReport()
     deadline = time.monotonic() + limits.total
     todo = list(range(len(checks)))
-    first_run = True
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
             stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
                                             limits, deadline, report, sandbox)
-        if first_run:
-            report.cells = cell_errors
-            first_run = False
-        done = [i for i in todo if all((checks[i].check_id, c.name) in report.outcomes
-                                       for c in checks[i].cases)
-                or checks[i].check_id in report.missing]
+        report.cells = report.cells or cell_errors  # the first run's (the same cells each run)
         if stopped is None:  # the probe finished (or said why not): no second chance
             break
+        todo = [i for i in todo if checks[i].check_id not in report.missing
+                and not all((checks[i].check_id, c.name) in report.outcomes
+                            for c in checks[i].cases)]
         kind, index, reason = stopped
-        if kind != "case":  # stopped while running the cells: nothing after it can run
-            for i in todo:
-                if i not in done:
-                    report.missing.setdefault(checks[i].check_id, reason)
-            break
-        report.missing.setdefault(checks[index].check_id, reason)
-        todo = [i for i in todo if i not in done and i != index]
-        if time.monotonic() >= deadline:
-            for i in todo:
-                report.missing.setdefault(checks[i].check_id,
-                                          f"not run: the grader's run of your code reached its "
-                                          f"total limit of {limits.total:g} s")
-            break
+        if kind == "case":  # the others get another run, within the total limit
+            report.missing.setdefault(checks[index].check_id, reason)
+            todo = [i for i in todo if i != index]
+            if time.monotonic() < deadline:
+                continue
+            reason = (f"not run: the grader's run of your code reached its total limit of "
+                      f"{limits.total:g} s")
+        for i in todo:  # what is left cannot run: the cells stopped, or the total limit passed
+            report.missing.setdefault(checks[i].check_id, reason)
+        break
     for spec in checks:
         if spec.check_id in report.missing:
             continue
@@ -257,36 +232,30 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
              limits: ProbeLimits, deadline: float, report: ProbeReport, sandbox):
     """One probe process over the checks ``todo``; returns (what it stopped during, or None
     when it ended by itself; the cells' errors)."""
-    out = tmp / "out"
-    out.mkdir()
-    cwd = tmp / "work"
-    cwd.mkdir()
+    out, cwd, inputs = tmp / "out", tmp / "work", tmp / "in"  # in: what the probe reads
+    for folder in (out, cwd, inputs):
+        folder.mkdir()
     arrays: dict[str, np.ndarray] = {}
     request = {"package": str(package_root.resolve()),
                "cells": [{"id": cid, "source": src} for cid, src in cells],
                "checks": [F.encode({"index": i, "id": checks[i].check_id,
-                                    "module": checks[i].module or _module_of(checks[i]),
+                                    "module": _module_of(checks[i]),
                                     "args": list(checks[i].args), "kwargs": checks[i].kwargs,
                                     "cases": [{"name": c.name, "args": list(c.args),
                                                "kwargs": c.kwargs} for c in checks[i].cases]},
                                    arrays) for i in todo]}
-    (tmp / "request.json").write_text(json.dumps(request), encoding="utf-8")
-    with open(tmp / "request.npz", "wb") as f:
-        np.savez(f, **arrays)
-    inputs = tmp / "in"  # what the probe reads: the grader's runner, the request
-    inputs.mkdir()
     shutil.copyfile(RUNNER, inputs / RUNNER.name)
-    for name in ("request.json", "request.npz"):
-        (tmp / name).replace(inputs / name)
+    (inputs / "request.json").write_text(json.dumps(request), encoding="utf-8")
+    with open(inputs / "request.npz", "wb") as f:
+        np.savez(f, **arrays)
     env = probe_env(sandbox.isolated)
     mounts = Mounts(read_only=(package_root.resolve(), inputs), writable=(out, cwd), cwd=cwd,
                     env=tuple(env.items()))
     argv = sandbox.command([sys.executable, "-s", str(inputs / RUNNER.name), str(tmp)], mounts)
+    # what the student's code prints is not kept: the cells' errors come back in files
     proc = subprocess.Popen(argv, cwd=cwd, env=sandbox.environment(mounts),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    drain = _Drain(proc.stdout, limits.output)
-    drain.start()
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     progress = out / runner.PROGRESS
     current, since, seen = None, time.monotonic(), 0
     stopped = None
@@ -301,18 +270,16 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                 current, since = lines[-1], now
             unit = _unit(current, cells, checks)
             limit = limits.case if unit and unit[0] == "case" else limits.cell
-            if now >= deadline:
-                stopped = _stop(unit, f"the grader's run of your code reached its total limit "
-                                      f"of {limits.total:g} s{_during(unit, cells, checks)}")
-                break
-            if unit and now - since > limit:
-                stopped = _stop(unit, f"ran past the time limit of {limit:g} s"
-                                      f"{_during(unit, cells, checks)}")
+            over = (f"the grader's run of your code reached its total limit of "
+                    f"{limits.total:g} s" if now >= deadline else
+                    f"ran past the time limit of {limit:g} s" if unit and now - since > limit
+                    else None)
+            if over:
+                stopped = _stop(unit, over + _during(unit, cells, checks))
                 break
     finally:
         kill_group(proc.pid, proc)  # its own session: its group's id is its pid
         proc.wait()
-        drain.join(timeout=5)
         sandbox.release(argv)
     lines = (read_regular(progress, 0, MAX_PROGRESS_BYTES) or b"").decode(
         "utf-8", "replace").split("\n")
@@ -332,6 +299,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
 
 
 def _module_of(spec: CheckSpec) -> str:
+    """The check's module, transformer_lab.checks.nbNN_topic ("": the probe imports them all)."""
     try:
         return type(F.get_check(spec.check_id)).__module__
     except KeyError:
@@ -348,7 +316,7 @@ def _unit(line: str | None, cells, checks):
     if not line:
         return None
     parts = line.split()
-    try:
+    with contextlib.suppress(ValueError):
         if parts[0] == "cell" and len(parts) == 2 and 0 <= int(parts[1]) < len(cells):
             return ("cell", int(parts[1]))
         if parts[0] == "case" and len(parts) == 3:
@@ -357,8 +325,6 @@ def _unit(line: str | None, cells, checks):
                 return ("case", i, j)
         if parts[0] == "prepare" and len(parts) == 2 and 0 <= int(parts[1]) < len(checks):
             return ("case", int(parts[1]), None)
-    except ValueError:
-        pass
     return None
 
 

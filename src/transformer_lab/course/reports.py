@@ -87,8 +87,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
              f"{format_points(graded.max_points)} points.**", "",
              "| check | points | result |", "|---|---|---|"]
     for r in graded.results:
-        result = passed(r.cases) if r.passed else \
-            "**failed**: " + _table_text(_first_line(r.message))
+        first = r.message.split("\n", 1)[0] + (" (see below)" if "\n" in r.message else "")
+        result = passed(r.cases) if r.passed else "**failed**: " + _table_text(first)
         lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
                      f"| {result} |")
     for r in graded.results:
@@ -129,11 +129,6 @@ def passed(cases: int, kind: str = "") -> str:
     return f"passed ({cases} {kind}case{'s' * (cases != 1)})"
 
 
-def _first_line(text: str) -> str:
-    first = text.split("\n", 1)[0]
-    return first + (" (see below)" if "\n" in text else "")
-
-
 def _table_text(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -163,12 +158,10 @@ def _write_rows(path: Path, header, rows) -> None:
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
     """The rows of ``flags.csv``: the flags of every graded notebook, and ``core``'s (student ->
     (notebook, flag) in the student's core modules, in the order of the students), sorted."""
-    rows = [[g.student, g.notebook, f.where, f.line, f.what, f.code]
-            for g in graded for f in g.flags]
-    for student, found in core.items():
-        rows += [[student, nb, f.where, f.line, f.what, f.code] for nb, f in found]
-    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4]))
-    return rows
+    flags = [(g.student, g.notebook, f) for g in graded for f in g.flags]
+    flags += [(student, nb, f) for student, found in core.items() for nb, f in found]
+    return sorted(([s, nb, f.where, f.line, f.what, f.code] for s, nb, f in flags),
+                  key=lambda r: r[:5])
 
 
 def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[list],

@@ -9,6 +9,7 @@ same interface, no isolation), recorded per student in the grader's output.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,8 +237,7 @@ class _ControlGroups:
             parents[controller] = folder
         groups = cls(parents, limits)
         try:
-            probe = groups._new()
-            groups._remove(probe)
+            groups._remove(groups._new())
         except OSError:
             groups.close()
             return None
@@ -244,11 +245,9 @@ class _ControlGroups:
 
     def _new(self) -> dict[str, Path]:
         k = next(self._counter)
-        group = {}
-        for controller, parent in self.parents.items():
-            folder = parent / f"sandbox-{k}"
+        group = {controller: parent / f"sandbox-{k}" for controller, parent in self.parents.items()}
+        for folder in group.values():
             folder.mkdir()
-            group[controller] = folder
         mem, pids = group["memory"], group["pids"]
         if (mem / "memory.max").exists():  # cgroup v2
             (mem / "memory.max").write_text(str(self.limits.memory))
@@ -289,37 +288,27 @@ def kill_group(pgid: int | None, process) -> None:
     done, ``process`` alone; either may be gone already."""
     own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
     if pgid and pgid != own_group and hasattr(os, "killpg"):
-        try:
+        with contextlib.suppress(OSError):  # the group is gone already
             os.killpg(pgid, signal.SIGKILL)
             return
-        except OSError:  # the group is gone already
-            pass
     if process is not None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             process.kill()
-        except Exception:  # already gone
-            pass
 
 
-def _rmdir_when_empty(folder: Path, tries: int = 50) -> None:
+def _rmdir_when_empty(folder: Path) -> None:
     """Remove a control group once its processes have gone (they are being killed)."""
-    import time
-
-    for _ in range(tries):
+    for _ in range(50):
         try:
             folder.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 for pid in (folder / "cgroup.procs").read_text().split():
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(int(pid), 9)
-                    except OSError:
-                        pass
-            except OSError:
-                pass
             time.sleep(0.02)
 
 

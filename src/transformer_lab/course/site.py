@@ -35,8 +35,7 @@ def assemble(docs: Path, executed: Path, img: Path, src: Path) -> list[Path]:
     notebooks = sorted(executed.glob("*.ipynb"))
     if not notebooks:
         raise SystemExit(f"error: no executed notebooks in {executed}; run `make` first")
-    check_apart(src, "--src", {"--docs": docs, "--executed": executed, "--img": img})
-    fresh_output_dir(src, "--src")
+    fresh_output_dir(src, "--src", {"--docs": docs, "--executed": executed, "--img": img})
     shutil.copytree(docs, src, dirs_exist_ok=True)
     (src / "notebooks").mkdir(exist_ok=True)
     for nb in notebooks:

@@ -118,14 +118,13 @@ def figure_problems(nb, img_dir: Path) -> list[str]:
     differs from the file in ``img_dir`` (``make figures`` fixes each)."""
     problems = []
     for number, cell in enumerate(nb.cells, 1):
-        where = f"cell {number} ({cell.get('id', '?')})"
-        source = _source(cell)
-        if cell.cell_type == "markdown" and re.search(r"\.\./img/|\(img/|src=[\"']?img/",
-                                                      source):
-            problems.append(f"{where}: refers to a file in img/, which a notebook opened on "
-                            "its own cannot find")
         if cell.cell_type != "markdown":
             continue
+        where = f"cell {number} ({cell.get('id', '?')})"
+        source = _source(cell)
+        if re.search(r"\.\./img/|\(img/|src=[\"']?img/", source):
+            problems.append(f"{where}: refers to a file in img/, which a notebook opened on "
+                            "its own cannot find")
         attachments = cell.get("attachments", {})
         for name in dict.fromkeys(m["name"] for m in ATTACHMENT_REFERENCE.finditer(source)):
             if name not in attachments:

@@ -80,8 +80,7 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
         if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+            cell.outputs, cell.execution_count = [], None
             for key in ("execution", "collapsed", "scrolled"):
                 cell.metadata.pop(key, None)
     for number, cell in enumerate(nb.cells, 1):  # a last guard: parse_notebook's checks
@@ -93,12 +92,8 @@ def student_notebook(assignment: Assignment) -> nbformat.NotebookNode:
 
 def title(nb) -> str:
     """The first Markdown heading of a notebook, without the ``#``."""
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            for line in source_lines(cell):
-                if line.startswith("# "):
-                    return line[2:].strip()
-    return ""
+    return next((line[2:].strip() for cell in nb.cells if cell.cell_type == "markdown"
+                 for line in source_lines(cell) if line.startswith("# ")), "")
 
 
 def _core_functions(notebook: str) -> list[str]:

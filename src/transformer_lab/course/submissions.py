@@ -205,10 +205,8 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
             skip(work.name, p, LINK_REASON)
         elif p.is_file():
             files.append(p)
-    core_dirs: dict[Path, list[Path]] = {}
-    for path in files:
-        if path.suffix == ".py" and path.parent.name == "core":
-            core_dirs.setdefault(path.parent, []).append(path)
+    core_dirs = {path.parent for path in files if path.suffix == ".py"
+                 and path.parent.name == "core"}
     chosen = None
     if core_dirs:
         def rank(d: Path):
