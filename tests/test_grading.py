@@ -511,6 +511,30 @@ def test_without_a_sandbox_the_output_folder_is_put_back(tmp_path):
         {grade.NoSandbox().describe()}
 
 
+def test_the_ledger_restores_a_file_replaced_by_a_link_a_folder_or_nothing(tmp_path):
+    """What a student's code may leave where the grader's file was: a link to a folder outside
+    (removed, never followed), a folder, or nothing; each file comes back."""
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    (out / "a").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    ledger = grade.Ledger(out, tmp_path / "vault")
+    files = {out / "a" / "linked.txt": "one", out / "folder.txt": "two", out / "gone.txt": "3"}
+    for path, text in files.items():
+        path.write_text(text)
+        ledger.add(path)
+    (out / "a" / "linked.txt").unlink()
+    (out / "a" / "linked.txt").symlink_to(outside, target_is_directory=True)
+    (out / "folder.txt").unlink()
+    (out / "folder.txt").mkdir()
+    (out / "folder.txt" / "x").write_text("x")
+    (out / "gone.txt").unlink()
+    assert ledger.police() == ["a/linked.txt changed (restored)", "folder.txt changed (restored)",
+                               "folder.txt/x appeared (removed)", "gone.txt changed (restored)"]
+    assert {path: path.read_text() for path in files} == files
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
 @pytest.mark.slow
 def test_feedback_notebooks_are_valid(graded, executed):
     for grades in (graded, executed):

@@ -627,8 +627,10 @@ class Ledger:
         for path, stat in sorted(self.known.items()):
             if self._stat(path) != stat:
                 events.append(f"{path.relative_to(self.out).as_posix()} changed (restored)")
-                if path.is_symlink() or path.is_dir():
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if path.is_symlink():  # to a folder too: rmtree refuses a link
+                    path.unlink()
+                elif path.is_dir():
+                    shutil.rmtree(path)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(self.vault / path.relative_to(self.out), path)
                 self.known[path] = self._stat(path)
