@@ -506,7 +506,8 @@ def test_bad_arguments_say_what_was_expected(tmp_path):
     for option in ("--timeout", "--case-timeout", "--probe-timeout"):
         with pytest.raises(SystemExit):
             grade.main([str(tmp_path / "subs"), *source, option, "0"])
-    with pytest.raises(SystemExit):  # no src/transformer_lab there
+    with pytest.raises(SystemExit, match="--project must be the course's folder; .* lacks "
+                       "src/transformer_lab/__init__.py, pyproject.toml, requirements.txt"):
         grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "src"),
                     "--project", str(tmp_path)])
     with pytest.raises(SystemExit, match="--source must be the folder of solution notebooks"):
@@ -514,7 +515,7 @@ def test_bad_arguments_say_what_was_expected(tmp_path):
                     "--project", str(ROOT)])
     with pytest.raises(SystemExit, match="holds no notebooks"):
         student.main(["--source", str(tmp_path / "empty"), "--project", str(ROOT)])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="--project must be the course's folder"):
         student.main([*source[:2], "--project", str(tmp_path)])  # no src/, pyproject.toml, ...
 
 

@@ -521,7 +521,7 @@ def run_here(root: Path, config: G.Config) -> dict:
     write(notebook_01(), root / "source" / "notebooks" / "01_attention.ipynb")
     shutil.copytree(ROOT / "src", root / "source" / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in G.REQUIRED_FILES:
+    for name in G.PROJECT_FILES:
         shutil.copy(ROOT / name, root / "source" / name)
     (root / "source" / G.CONFIG_NAME).write_text(config.to_json())
     with contextlib.redirect_stdout(io.StringIO()):

@@ -354,6 +354,19 @@ def solution_notebooks(source: Path) -> list[Path]:
 OWNER_FILE = ".written-by-transformer-lab"
 
 
+#: What a handout and an autograder copy of the course's folder besides src/ and img/.
+PROJECT_FILES = ("pyproject.toml", "requirements.txt")
+
+
+def check_project(project: Path) -> None:
+    """Refuse a --project that is not the course's folder, naming what it lacks."""
+    missing = [name for name in ("src/transformer_lab/__init__.py", *PROJECT_FILES)
+               if not (project / name).is_file()]
+    if missing:
+        raise SystemExit(f"error: --project must be the course's folder; {str(project)!r} lacks "
+                         f"{', '.join(missing)}")
+
+
 def overlaps(a: Path, b: Path) -> bool:
     """Whether ``a`` and ``b`` are the same folder or one holds the other."""
     a, b = a.resolve(), b.resolve()

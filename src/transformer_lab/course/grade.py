@@ -38,6 +38,7 @@ from transformer_lab.course.assignment import (
     Assignment,
     AssignmentError,
     check_apart,
+    check_project,
     format_points,
     fresh_output_dir,
     nbgrader_meta,
@@ -785,10 +786,8 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     """Grade ``submissions`` into ``out`` (see the module's docstring); raises
     :class:`GradingError` when it cannot start (:class:`VersionError` for submissions of
     another course version), before writing anything."""
+    check_project(options.project)
     src = options.project / "src"
-    if not (src / "transformer_lab" / "__init__.py").is_file():
-        raise GradingError(f"--project must be the course's folder; {str(options.project)!r} "
-                           "has no src/transformer_lab")
     inputs = {"SUBMISSIONS": submissions, "--source": options.source,
               "--project's src/": src}
     check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
@@ -903,9 +902,6 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optio
         if getattr(args, name) < least:
             parser.error(f"--{name} must be a whole number of at least {least}, "
                          f"got {getattr(args, name)}")
-    if not (args.project / "src" / "transformer_lab" / "__init__.py").is_file():
-        parser.error(f"--project must be the course's folder; {str(args.project)!r} has no "
-                     "src/transformer_lab")
     return Options(args.source, args.project, args.timeout, args.case_timeout,
                    args.probe_timeout, execute=not args.no_execute, jobs=args.jobs,
                    sandbox=not args.no_sandbox,

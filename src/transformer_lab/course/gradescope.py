@@ -35,6 +35,8 @@ from pathlib import Path, PurePosixPath
 from transformer_lab.checks import framework as F
 from transformer_lab.course import grade, reports, versions
 from transformer_lab.course.assignment import (
+    PROJECT_FILES,
+    check_project,
     format_points,
     overlaps,
     solution_notebooks,
@@ -51,9 +53,8 @@ SHOWN = {"after_due_date": "after the due date", "after_published": "once grades
          "hidden": "to your instructor only"}
 #: pip's variables naming where torch's CPU wheels come from, copied into setup.sh.
 INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
-#: Files of --project the autograder needs besides src/ (README.md: pyproject.toml's readme).
-PROJECT_FILES = ("requirements.txt", "pyproject.toml", "README.md")
-REQUIRED_FILES = ("requirements.txt", "pyproject.toml")
+#: Files of --project the autograder holds besides src/ (README.md: pyproject.toml's readme).
+AUTOGRADER_FILES = (*PROJECT_FILES, "README.md")
 #: Names left out of the zip wherever they are: caches, build metadata, hidden files.
 _LEFT_OUT = re.compile(r"^(?:__pycache__|.*\.py[co]|.*\.egg-info|\..*)$")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: the same for every build
@@ -157,15 +158,10 @@ def _tree(folder: Path, prefix: str) -> dict[str, Path]:
 
 def _check_build_args(source: Path, project: Path, out: Path) -> list[Path]:
     """The solution notebooks, once the arguments are known to be usable (or BuildError)."""
-    missing = [name for name in ("src/transformer_lab/__init__.py", *REQUIRED_FILES)
-               if not (project / name).is_file()]
-    if missing:
-        raise BuildError(f"--project must be the course's folder (holding src/transformer_lab, "
-                         f"requirements.txt and pyproject.toml); {str(project)!r} lacks "
-                         f"{', '.join(missing)}")
     try:
+        check_project(project)
         notebooks = solution_notebooks(source)
-    except SystemExit as err:  # its message names --source
+    except SystemExit as err:  # its message names --project or --source
         raise BuildError(str(err).removeprefix("error: ")) from None
     if out.exists() and not out.is_dir():
         raise BuildError(f"--out must be a folder for {ZIP_NAME}; {str(out)!r} is a file")
@@ -194,7 +190,7 @@ def zip_entries(notebooks: list[Path], project: Path, config: Config,
     entries = {"setup.sh": (setup_script(environ).encode(), 0o755),
                "run_autograder": (RUN_AUTOGRADER.encode(), 0o755),
                CONFIG_NAME: (config.to_json().encode(), 0o644)}
-    files = {name: project / name for name in PROJECT_FILES if (project / name).is_file()}
+    files = {name: project / name for name in AUTOGRADER_FILES if (project / name).is_file()}
     files.update(_tree(project / "src", "src"))
     if (project / "img").is_dir():
         files.update(_tree(project / "img", "img"))

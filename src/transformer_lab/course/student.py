@@ -22,11 +22,13 @@ import nbformat
 from transformer_lab import syllabus
 from transformer_lab.course.assignment import (
     DEFAULT_HINT,
+    PROJECT_FILES,
     Assignment,
     AssignmentError,
     Region,
     assert_no_markers,
     check_apart,
+    check_project,
     fresh_output_dir,
     load_assignments,
     raise_line,
@@ -45,8 +47,7 @@ from transformer_lab.course.versions import project_version, stamp
 
 #: PyTorch's CPU wheel index: the README's set-up installs torch from it first.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-#: What the student tree holds besides the notebooks and the package, relative to the project.
-PROJECT_FILES = ("pyproject.toml", "requirements.txt")
+#: What the student tree holds besides the notebooks, the package and PROJECT_FILES.
 PROJECT_DIRS = ("img",)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
@@ -263,16 +264,12 @@ class HandoutError(Exception):
     """The handout cannot be built: the message says why (the problems, one per line)."""
 
 
-def missing_project_files(project: Path) -> list[str]:
-    """What of the course's files ``project`` lacks (it must be the course's folder)."""
-    return [n for n in (*PROJECT_FILES, "src") if not (project / n).exists()]
-
-
 def build(source: Path, out: Path, project: Path) -> list[Assignment]:
     """Check the markers of the notebooks in ``source`` and of ``project``'s package, then write
     the handout into ``out`` (emptied first; nothing is written when a check fails); the
     assignments. Raises :class:`HandoutError`, or SystemExit for an ``out`` that may not be
     emptied."""
+    check_project(project)
     inputs = {"--source": source,
               **{f"--project's {name}/": project / name for name in (*PROJECT_DIRS, "src")}}
     check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
@@ -302,10 +299,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder holding src/, pyproject.toml, requirements.txt and img/ "
                              "(default: the current folder)")
     args = parser.parse_args(argv)
-    missing = missing_project_files(args.project)
-    if missing:
-        parser.error(f"--project must be the course's folder; {str(args.project)!r} lacks "
-                     f"{', '.join(missing)}")
     try:
         assignments = build(args.source, args.out, args.project)
     except HandoutError as err:
