@@ -28,6 +28,7 @@ import numpy as np
 
 from transformer_lab import device
 from transformer_lab.course.bench import round_robin_times
+from transformer_lab.gradient_check import rel_error
 from transformer_lab.models.gpt import GPT, GPTConfig
 
 PARITY_TOL = 1e-5
@@ -46,12 +47,6 @@ def gpt_config(kind: str, d_model: int, layers: int, length: int, vocab: int = 9
                 max_len=length, **options)
 
 
-def relative_error(ours, theirs) -> float:
-    """The largest difference over the largest magnitude of ``theirs``."""
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    return float(np.max(np.abs(ours - theirs)) / max(np.max(np.abs(theirs)), 1e-30))
-
-
 def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: int = 4) -> dict:
     """Part 1 for one model: the loss and every gradient on the GPU against the CPU's."""
     config = gpt_config(kind, d_model, layers, length)
@@ -65,7 +60,7 @@ def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: i
         grads = {name: device.to_host(g) for name, g in grads.items()}
         sampled = device.to_host(gpu_model.generate(ids[:2, :4], 8, temperature=0.8, top_k=10,
                                                     top_p=0.9, seed=0))  # runs on the GPU
-    errors = {name: relative_error(grads[name], g) for name, g in cpu_grads.items()}
+    errors = {name: rel_error(grads[name], g) for name, g in cpu_grads.items()}
     errors["loss"] = abs(loss - cpu_loss) / abs(cpu_loss)
     worst = max(errors, key=errors.get)
     return {"kind": kind, "d_model": d_model, "layers": layers, "length": length,
