@@ -10,6 +10,7 @@ is computed; the cases and the runs need NumPy and the standard library only.
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 
@@ -78,16 +79,12 @@ def _merge(word, pair, new_id) -> tuple[int, ...]:
     return tuple(map(ord, text.replace(chr(pair[0]) + chr(pair[1]), chr(new_id))))
 
 
-def _rough_words(text: str) -> list[list[int]]:
-    """Words for drawing merges (not GPT-2's exact pieces: any that a merge may apply to)."""
-    return [list(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
-
-
 def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
     """``n`` merges of pairs that occur in ``text``'s words, drawn at random (not by frequency,
     so that the order of the merges, not the text, decides an encoding); two merges never make
     the same bytes."""
-    words = [tuple(w) for w in _rough_words(text)]
+    # rough words (not GPT-2's exact pieces: any that a merge may apply to)
+    words = [tuple(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
     made = {bytes([b]) for b in range(256)}
     strings = [bytes([b]) for b in range(256)]
     merges: list[tuple[int, int]] = []
@@ -137,15 +134,6 @@ def _pair_key(pair) -> str:
 
 def _as_words(word_list) -> dict:
     return {tuple(w): n for w, n in word_list}
-
-
-def _counted(pieces, to_ids) -> dict[str, int]:
-    """How often each piece occurs, keyed by its ids (``to_ids(piece)``) written as a list."""
-    found: dict[str, int] = {}
-    for piece in pieces:
-        key = str(list(to_ids(piece)))
-        found[key] = found.get(key, 0) + 1
-    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,13 +236,16 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
         counts = f.word_counts(text)
         return {str(list(map(int, word))): int(n) for word, n in counts.items()}
 
-    def expected(self, text, whole=False):
-        """Each piece's count (``whole``, a mistake: the text as one piece)."""
-        return _counted([text] if whole else _pieces(text), lambda p: p.encode("utf-8"))
+    def expected(self, text, whole=False, to_ids=lambda piece: piece.encode("utf-8")):
+        """How often each piece occurs, keyed by its ids written as a list (mistakes:
+        ``whole``, the text as one piece; ``to_ids``, other ids than its UTF-8 bytes)."""
+        pieces = [text] if whole else _pieces(text)
+        return dict(collections.Counter(str(list(to_ids(p))) for p in pieces))
 
     def mistakes(self, text):
         return {"with the characters' code points (ord) instead of the UTF-8 bytes "
-                "(piece.encode('utf-8'))": lambda: _counted(_pieces(text), lambda p: map(ord, p)),
+                "(piece.encode('utf-8'))":
+                lambda: self.expected(text, to_ids=lambda p: map(ord, p)),
                 "counting the whole text as one word (cut it into pieces with pretokenize "
                 "first: merges never cross two pieces)": lambda: self.expected(text, whole=True)}
 
@@ -610,10 +601,9 @@ class BPEDecode(Check, id="check-bpe-decode", functions=("bpe_decode",)):
         return tokenizers.decoders.ByteLevel().decode(tokens)
 
     def mistakes(self, ids, vocab):
+        tokens = [bytes.fromhex(vocab[i]) for i in ids]
         return {"decoding each token on its own (a character cut between two tokens becomes "
                 "two U+FFFD: join the bytes first, then decode)":
-                lambda: "".join(bytes.fromhex(vocab[i]).decode("utf-8", errors="replace")
-                                for i in ids),
+                lambda: "".join(t.decode("utf-8", errors="replace") for t in tokens),
                 "with errors='ignore' (a cut character must show, as U+FFFD)":
-                lambda: b"".join(bytes.fromhex(vocab[i]) for i in ids).decode(
-                    "utf-8", errors="ignore")}
+                lambda: b"".join(tokens).decode("utf-8", errors="ignore")}
