@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import re
 
 from transformer_lab.checks._torch_helpers import LazyModule
@@ -85,10 +86,10 @@ def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
     the same bytes."""
     # rough words (not GPT-2's exact pieces: any that a merge may apply to)
     words = [tuple(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
-    made = {bytes([b]) for b in range(256)}
-    strings = [bytes([b]) for b in range(256)]
+    strings = [bytes([b]) for b in range(256)]  # each id's bytes
     merges: list[tuple[int, int]] = []
     while len(merges) < n:
+        made = set(strings)
         pairs = sorted({p for w in words for p in zip(w, w[1:], strict=False)
                         if strings[p[0]] + strings[p[1]] not in made})
         if not pairs:
@@ -97,7 +98,6 @@ def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
         new_id = 256 + len(merges)
         merges.append((a, b))
         strings.append(strings[a] + strings[b])
-        made.add(strings[-1])
         words = [_merge(w, (a, b), new_id) for w in words]
     return merges
 
@@ -321,15 +321,12 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
                 k += 1
             return out
 
-        def no_skip():
-            out = [new_id if (a, b) == tuple(pair) else a
-                   for a, b in zip(word, word[1:], strict=False)]
-            return out + list(word[-1:])
-
+        no_skip = [new_id if p == tuple(pair) else p[0]
+                   for p in itertools.zip_longest(word, word[1:])]  # (id, next id or None)
         return {"merging the merged id again with what follows (in 'aaa' only the first two "
                 "merge: move on past both)": lambda: {"ids": overlapping(), "type": "tuple"},
                 "writing new_id in place of the pair's first id but keeping its second (skip "
-                "both ids of a merged pair)": lambda: {"ids": no_skip(), "type": "tuple"},
+                "both ids of a merged pair)": lambda: {"ids": no_skip, "type": "tuple"},
                 "returning a list (a word is a tuple: it is a key of the words' dict, which a "
                 "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"}}
 
@@ -368,11 +365,7 @@ def _naive_train(words, num_merges, larger_first=False):
         order = sorted(counts, reverse=larger_first)
         best = max(order, key=counts.get)  # the first of the most frequent
         merges.append(list(best))
-        merged: dict[tuple[int, ...], int] = {}
-        for word, n in words.items():
-            new = _merge(word, best, new_id)
-            merged[new] = merged.get(new, 0) + n
-        words = merged
+        words = {_merge(w, best, new_id): n for w, n in words.items()}  # stays one-to-one
     return merges
 
 
