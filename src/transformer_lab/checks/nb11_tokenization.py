@@ -512,10 +512,7 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
     def mistakes(self, word, merges):
         def by_rank(pick, first_id):  # ``pick`` (min, right; max) of the ranks first
             ranks, w = _ranks(merges), tuple(word)
-            while len(w) > 1:
-                pairs = [p for p in zip(w, w[1:], strict=False) if p in ranks]
-                if not pairs:
-                    break
+            while pairs := [p for p in zip(w, w[1:], strict=False) if p in ranks]:
                 pair = pick(pairs, key=ranks.get)
                 w = _merge(w, pair, first_id + ranks[pair])
             return list(w)
