@@ -61,8 +61,7 @@ def _gpt2_chars() -> tuple[str, ...]:
     codes = [*range(0x80), *range(0x80, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
              0x10000, 0x40000, 0x80000, 0xC0000, 0x100000, *range(0x80, 0xC0)]
     found: dict[int, str] = {}
-    for code in codes:
-        char = chr(code)
+    for char in map(chr, codes):
         mapped = "".join(piece for piece, _ in pre.pre_tokenize_str(char))
         found.update(zip(char.encode("utf-8"), mapped, strict=True))
     return tuple(found.get(b, chr(b)) for b in range(256))
@@ -182,13 +181,11 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
 
 class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
     def cases(self, rng):
-        for name, text in {**TEXTS, **MORE_TEXTS}.items():
-            yield Case(name, (text,))
+        return [Case(name, (text,)) for name, text in {**TEXTS, **MORE_TEXTS}.items()]
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        for name, text in HIDDEN_TEXTS.items():
-            yield Case(name, (text,))
+        return [Case(name, (text,)) for name, text in HIDDEN_TEXTS.items()]
     ### END HIDDEN TESTS
 
     def run(self, f, text):
@@ -336,11 +333,10 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
 
 
 def _words_of(rng, n_words: int, alphabet: str, max_len: int) -> list:
-    words: dict[tuple[int, ...], int] = {}
+    words: collections.Counter = collections.Counter()
     for _ in range(n_words):
         text = "".join(rng.choice(list(alphabet), size=int(rng.integers(1, max_len + 1))))
-        word = tuple(text.encode("utf-8"))
-        words[word] = words.get(word, 0) + int(rng.integers(1, 20))
+        words[tuple(text.encode("utf-8"))] += int(rng.integers(1, 20))
     return [[list(w), n] for w, n in words.items()]
 
 
