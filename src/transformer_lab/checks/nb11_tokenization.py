@@ -230,8 +230,7 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
     ### END HIDDEN TESTS
 
     def run(self, f, text):
-        counts = f.word_counts(text)
-        return {str(list(map(int, word))): int(n) for word, n in counts.items()}
+        return {str(list(map(int, word))): int(n) for word, n in f.word_counts(text).items()}
 
     def expected(self, text, whole=False, to_ids=lambda piece: piece.encode("utf-8")):
         """How often each piece occurs, keyed by its ids written as a list (mistakes:
@@ -280,8 +279,7 @@ class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
     ### END HIDDEN TESTS
 
     def run(self, f, words):
-        counts = f.pair_counts(_as_words(words))
-        return {_pair_key(pair): int(n) for pair, n in counts.items()}
+        return {_pair_key(pair): int(n) for pair, n in f.pair_counts(_as_words(words)).items()}
 
 
 class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
