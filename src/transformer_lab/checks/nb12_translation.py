@@ -28,8 +28,7 @@ PAD, BOS, EOS = 0, 1, 2
 def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ignore_index=-1):
     logits = (rng.standard_normal(shape) * 2).astype(dtype)
     targets = rng.integers(0, shape[-1], shape[:-1])
-    flat = targets.reshape(-1)
-    flat[rng.choice(flat.size, ignored, replace=False)] = ignore_index
+    targets.flat[rng.choice(targets.size, ignored, replace=False)] = ignore_index
     return (logits, targets, eps, ignore_index, dloss)
 
 
@@ -307,8 +306,7 @@ def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=
 
     config = TransformerConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8, num_heads=2,
                                num_encoder_layers=1, num_decoder_layers=layers, d_ff=12,
-                               max_len=8, norm_first=norm_first,
-                               dtype=np.dtype(dtype).type)
+                               max_len=8, norm_first=norm_first, dtype=np.dtype(dtype).type)
     model = Transformer(config, seed=int(rng.integers(1000)))
     params = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dtype)
               for k, p in model.params.items()}
