@@ -359,7 +359,7 @@ def _naive_train(words, num_merges, larger_first=False):
         order = sorted(counts, reverse=larger_first)
         best = max(order, key=counts.get)  # the first of the most frequent
         merges.append(list(best))
-        words = {_merge(w, best, new_id): n for w, n in words.items()}  # stays one-to-one
+        words = {_merge(w, best, new_id): n for w, n in words.items()}  # still distinct
     return merges
 
 
@@ -513,7 +513,7 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
 
         # the first pair of the word that is a merge, left to right; the highest rank
         left, latest = by_rank(lambda pairs, key: pairs[0], 256), by_rank(max, 256)
-        both = ", or the latest learned pair first" if left == latest else ""  # they agree
+        both = ", or the latest learned pair first" if left == latest else ""  # agreeing: name both
         first = (f"merging the first learned pair found reading the word left to right{both} "
                  "(merge the pair of the lowest rank in the whole word first)")
         return {first: lambda: left,
