@@ -10,7 +10,9 @@ is computed; the cases and the runs need NumPy and the standard library only.
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import re
 
 from transformer_lab.checks._torch_helpers import LazyModule
@@ -59,8 +61,7 @@ def _gpt2_chars() -> tuple[str, ...]:
     codes = [*range(0x80), *range(0x80, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
              0x10000, 0x40000, 0x80000, 0xC0000, 0x100000, *range(0x80, 0xC0)]
     found: dict[int, str] = {}
-    for code in codes:
-        char = chr(code)
+    for char in map(chr, codes):
         mapped = "".join(piece for piece, _ in pre.pre_tokenize_str(char))
         found.update(zip(char.encode("utf-8"), mapped, strict=True))
     return tuple(found.get(b, chr(b)) for b in range(256))
@@ -78,20 +79,16 @@ def _merge(word, pair, new_id) -> tuple[int, ...]:
     return tuple(map(ord, text.replace(chr(pair[0]) + chr(pair[1]), chr(new_id))))
 
 
-def _rough_words(text: str) -> list[list[int]]:
-    """Words for drawing merges (not GPT-2's exact pieces: any that a merge may apply to)."""
-    return [list(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
-
-
 def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
     """``n`` merges of pairs that occur in ``text``'s words, drawn at random (not by frequency,
     so that the order of the merges, not the text, decides an encoding); two merges never make
     the same bytes."""
-    words = [tuple(w) for w in _rough_words(text)]
-    made = {bytes([b]) for b in range(256)}
-    strings = [bytes([b]) for b in range(256)]
+    # rough words (not GPT-2's exact pieces: any that a merge may apply to)
+    words = [tuple(p.encode("utf-8")) for p in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text)]
+    strings = [bytes([b]) for b in range(256)]  # each id's bytes
     merges: list[tuple[int, int]] = []
     while len(merges) < n:
+        made = set(strings)
         pairs = sorted({p for w in words for p in zip(w, w[1:], strict=False)
                         if strings[p[0]] + strings[p[1]] not in made})
         if not pairs:
@@ -100,7 +97,6 @@ def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
         new_id = 256 + len(merges)
         merges.append((a, b))
         strings.append(strings[a] + strings[b])
-        made.add(strings[-1])
         words = [_merge(w, (a, b), new_id) for w in words]
     return merges
 
@@ -126,21 +122,17 @@ def _hf_ids(model, word) -> list[int]:
     return [t.id for t in model.tokenize("".join(chr(0x4E00 + b) for b in word))]
 
 
+def _ranks(merges) -> dict:
+    """Each merge's pair -> its rank, the order training learned it in."""
+    return {tuple(p): r for r, p in enumerate(merges)}
+
+
 def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
 
 
 def _as_words(word_list) -> dict:
     return {tuple(w): n for w, n in word_list}
-
-
-def _counted(pieces, to_ids) -> dict[str, int]:
-    """How often each piece occurs, keyed by its ids (``to_ids(piece)``) written as a list."""
-    found: dict[str, int] = {}
-    for piece in pieces:
-        key = str(list(to_ids(piece)))
-        found[key] = found.get(key, 0) + 1
-    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,15 +160,12 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
         return [mapping.get(b, f"nothing for byte {b}") for b in bytes_]
 
     def expected(self, bytes_):
-        chars = _gpt2_chars()
-        return [chars[b] for b in bytes_]
+        return [_gpt2_chars()[b] for b in bytes_]
 
     def mistakes(self, bytes_):
         printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-        shifted, plain = {}, {}
-        for n, b in enumerate(b for b in range(256) if b not in printable):
-            shifted[b] = chr(255 + n)
-            plain[b] = chr(256 + b)
+        others = [b for b in range(256) if b not in printable]
+        shifted = {b: chr(255 + n) for n, b in enumerate(others)}
         right = self.expected(bytes_)
         return {"treating the soft hyphen, byte 173, as printable (Latin-1 shows nothing for "
                 "it: it is the last of the 68 to get a stand-in)":
@@ -185,20 +174,18 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
                 "control bytes are not printable)": lambda: [chr(b) for b in bytes_],
                 "giving a non-printable byte chr(256 + b) (they get 256, 257, ... in byte "
                 "order: the n-th of them chr(256 + n))":
-                lambda: [plain.get(b, chr(b)) for b in bytes_],
+                lambda: [chr(256 + b) if b in others else chr(b) for b in bytes_],
                 "counting the stand-ins from chr(255) (the first is chr(256), 'Ā')":
                 lambda: [shifted.get(b, chr(b)) for b in bytes_]}
 
 
 class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
     def cases(self, rng):
-        for name, text in {**TEXTS, **MORE_TEXTS}.items():
-            yield Case(name, (text,))
+        return [Case(name, (text,)) for name, text in {**TEXTS, **MORE_TEXTS}.items()]
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        for name, text in HIDDEN_TEXTS.items():
-            yield Case(name, (text,))
+        return [Case(name, (text,)) for name, text in HIDDEN_TEXTS.items()]
     ### END HIDDEN TESTS
 
     def run(self, f, text):
@@ -243,16 +230,18 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
     ### END HIDDEN TESTS
 
     def run(self, f, text):
-        counts = f.word_counts(text)
-        return {str(list(map(int, word))): int(n) for word, n in counts.items()}
+        return {str(list(map(int, word))): int(n) for word, n in f.word_counts(text).items()}
 
-    def expected(self, text, whole=False):
-        """Each piece's count (``whole``, a mistake: the text as one piece)."""
-        return _counted([text] if whole else _pieces(text), lambda p: p.encode("utf-8"))
+    def expected(self, text, whole=False, to_ids=lambda piece: piece.encode("utf-8")):
+        """How often each piece occurs, keyed by its ids written as a list (mistakes:
+        ``whole``, the text as one piece; ``to_ids``, other ids than its UTF-8 bytes)."""
+        pieces = [text] if whole else _pieces(text)
+        return dict(collections.Counter(str(list(to_ids(p))) for p in pieces))
 
     def mistakes(self, text):
         return {"with the characters' code points (ord) instead of the UTF-8 bytes "
-                "(piece.encode('utf-8'))": lambda: _counted(_pieces(text), lambda p: map(ord, p)),
+                "(piece.encode('utf-8'))":
+                lambda: self.expected(text, to_ids=lambda p: map(ord, p)),
                 "counting the whole text as one word (cut it into pieces with pretokenize "
                 "first: merges never cross two pieces)": lambda: self.expected(text, whole=True)}
 
@@ -276,8 +265,7 @@ class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
         yield Case("words of one id only", ([[[5], 3], [[6], 1]],))
         words = [[rng.integers(97, 100, size=int(rng.integers(1, 6))).tolist(),
                   int(rng.integers(1, 9))] for _ in range(12)]
-        unique = {tuple(w): n for w, n in words}
-        yield Case("twelve random words", ([[list(w), n] for w, n in unique.items()],))
+        yield Case("twelve random words", ([[list(w), n] for w, n in _as_words(words).items()],))
 
     def expected(self, words):
         return {_pair_key(pair): n for pair, n in _pair_counts(words).items()}
@@ -291,8 +279,7 @@ class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
     ### END HIDDEN TESTS
 
     def run(self, f, words):
-        counts = f.pair_counts(_as_words(words))
-        return {_pair_key(pair): int(n) for pair, n in counts.items()}
+        return {_pair_key(pair): int(n) for pair, n in f.pair_counts(_as_words(words)).items()}
 
 
 class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
@@ -329,15 +316,12 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
                 k += 1
             return out
 
-        def no_skip():
-            out = [new_id if (a, b) == tuple(pair) else a
-                   for a, b in zip(word, word[1:], strict=False)]
-            return out + list(word[-1:])
-
+        no_skip = [new_id if p == tuple(pair) else p[0]
+                   for p in itertools.zip_longest(word, word[1:])]  # (id, next id or None)
         return {"merging the merged id again with what follows (in 'aaa' only the first two "
                 "merge: move on past both)": lambda: {"ids": overlapping(), "type": "tuple"},
                 "writing new_id in place of the pair's first id but keeping its second (skip "
-                "both ids of a merged pair)": lambda: {"ids": no_skip(), "type": "tuple"},
+                "both ids of a merged pair)": lambda: {"ids": no_skip, "type": "tuple"},
                 "returning a list (a word is a tuple: it is a key of the words' dict, which a "
                 "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"}}
 
@@ -347,11 +331,10 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
 
 
 def _words_of(rng, n_words: int, alphabet: str, max_len: int) -> list:
-    words: dict[tuple[int, ...], int] = {}
+    words: collections.Counter = collections.Counter()
     for _ in range(n_words):
         text = "".join(rng.choice(list(alphabet), size=int(rng.integers(1, max_len + 1))))
-        word = tuple(text.encode("utf-8"))
-        words[word] = words.get(word, 0) + int(rng.integers(1, 20))
+        words[tuple(text.encode("utf-8"))] += int(rng.integers(1, 20))
     return [[list(w), n] for w, n in words.items()]
 
 
@@ -376,11 +359,7 @@ def _naive_train(words, num_merges, larger_first=False):
         order = sorted(counts, reverse=larger_first)
         best = max(order, key=counts.get)  # the first of the most frequent
         merges.append(list(best))
-        merged: dict[tuple[int, ...], int] = {}
-        for word, n in words.items():
-            new = _merge(word, best, new_id)
-            merged[new] = merged.get(new, 0) + n
-        words = merged
+        words = {_merge(w, best, new_id): n for w, n in words.items()}  # still distinct
     return merges
 
 
@@ -413,19 +392,18 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
         yield Case("200 random words over 'abcdefg', 80 merges",
                    (_words_of(rng, 200, "abcdefg", 10), 80))
 
-    def expected(self, words, num_merges):
-        merges = _naive_train(words, num_merges)
+    def expected(self, words, num_merges, train=_naive_train):
+        """The merges, and the work (``train``, a mistake: another way of training)."""
+        merges = train(words, num_merges)
         return {"merges": merges, _WORK: _work(words, merges)}
 
     def mistakes(self, words, num_merges):
-        def merges(m):
-            return {"merges": m, _WORK: _work(words, m)}
-
+        larger = functools.partial(_naive_train, larger_first=True)
         return {"breaking a tie by the larger pair (of two as frequent, take the smaller "
-                "(a, b))": lambda: merges(_naive_train(words, num_merges, larger_first=True)),
+                "(a, b))": lambda: self.expected(words, num_merges, larger),
                 "with the counts of the words as they were before the merges (update the "
                 "counts after each merge: the merged words' pairs out, their new pairs in)":
-                lambda: merges(_stale_train(words, num_merges))}
+                lambda: self.expected(words, num_merges, _stale_train)}
     ### END HIDDEN TESTS
 
     def run(self, f, words, num_merges):
@@ -507,8 +485,7 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
                    (list(b"abc"), [[98, 99], [97, 98], [97, 257]]))
         yield Case("'aaaa' with (a, a) then (aa, aa)", (list(b"aaaa"), [[97, 97], [256, 256]]))
         yield Case("no merge applies", (list(b"xyz"), the))
-        text = TEXTS["plain words"]
-        merges = _random_merges(rng, text, 40)
+        merges = _random_merges(rng, TEXTS["plain words"], 40)
         for word in ("elements", " array", " given"):
             yield Case(f"{word!r} with 40 random merges", (list(word.encode()), merges))
 
@@ -521,32 +498,24 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
     ### END HIDDEN TESTS
 
     def run(self, f, word, merges):
-        ranks = {tuple(p): r for r, p in enumerate(merges)}
-        return [int(i) for i in f.encode_word(bytes(word), ranks)]
+        return [int(i) for i in f.encode_word(bytes(word), _ranks(merges))]
 
     def expected(self, word, merges):
         return _hf_ids(_hf_bpe(merges, byte_level=False), word)
 
     def mistakes(self, word, merges):
         def by_rank(pick, first_id):  # ``pick`` (min, right; max) of the ranks first
-            ranks = {tuple(p): r for r, p in enumerate(merges)}
-            w = tuple(word)
-            while len(w) > 1:
-                pairs = [p for p in zip(w, w[1:], strict=False) if p in ranks]
-                if not pairs:
-                    break
+            ranks, w = _ranks(merges), tuple(word)
+            while pairs := [p for p in zip(w, w[1:], strict=False) if p in ranks]:
                 pair = pick(pairs, key=ranks.get)
                 w = _merge(w, pair, first_id + ranks[pair])
             return list(w)
 
         # the first pair of the word that is a merge, left to right; the highest rank
         left, latest = by_rank(lambda pairs, key: pairs[0], 256), by_rank(max, 256)
-        first = ("merging the first learned pair found reading the word left to right (merge "
-                 "the pair of the lowest rank in the whole word first)")
-        if left == latest:  # the two mistakes agree on this word: name both
-            first = ("merging the first learned pair found reading the word left to right, or "
-                     "the latest learned pair first (merge the pair of the lowest rank in the "
-                     "whole word first)")
+        both = ", or the latest learned pair first" if left == latest else ""  # agreeing: name both
+        first = (f"merging the first learned pair found reading the word left to right{both} "
+                 "(merge the pair of the lowest rank in the whole word first)")
         return {first: lambda: left,
                 "merging the latest learned pair first, the highest rank (merge the pair of "
                 "the lowest rank first: the merges replay in the order training learned them)":
@@ -571,8 +540,7 @@ class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
     ### END HIDDEN TESTS
 
     def run(self, f, text, merges):
-        ranks = {tuple(p): r for r, p in enumerate(merges)}
-        return [int(i) for i in f.bpe_encode(text, ranks)]
+        return [int(i) for i in f.bpe_encode(text, _ranks(merges))]
 
     def expected(self, text, merges):
         return _hf_bpe(merges, byte_level=True).encode(text).ids if text else []
@@ -617,10 +585,9 @@ class BPEDecode(Check, id="check-bpe-decode", functions=("bpe_decode",)):
         return tokenizers.decoders.ByteLevel().decode(tokens)
 
     def mistakes(self, ids, vocab):
+        tokens = [bytes.fromhex(vocab[i]) for i in ids]
         return {"decoding each token on its own (a character cut between two tokens becomes "
                 "two U+FFFD: join the bytes first, then decode)":
-                lambda: "".join(bytes.fromhex(vocab[i]).decode("utf-8", errors="replace")
-                                for i in ids),
+                lambda: "".join(t.decode("utf-8", errors="replace") for t in tokens),
                 "with errors='ignore' (a cut character must show, as U+FFFD)":
-                lambda: b"".join(bytes.fromhex(vocab[i]) for i in ids).decode(
-                    "utf-8", errors="ignore")}
+                lambda: b"".join(tokens).decode("utf-8", errors="ignore")}

@@ -26,11 +26,9 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def _smoothing_case(rng, shape, eps, ignored=0, dtype=np.float64, dloss=1.0, ignore_index=-1):
-    V = shape[-1]
     logits = (rng.standard_normal(shape) * 2).astype(dtype)
-    targets = rng.integers(0, V, shape[:-1])
-    flat = targets.reshape(-1)
-    flat[rng.choice(flat.size, ignored, replace=False)] = ignore_index
+    targets = rng.integers(0, shape[-1], shape[:-1])
+    targets.flat[rng.choice(targets.size, ignored, replace=False)] = ignore_index
     return (logits, targets, eps, ignore_index, dloss)
 
 
@@ -76,7 +74,6 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
                     "dlogits": ((np.exp(logp) - q) * (w * dloss)[..., None]).astype(
                         logits.dtype)}
 
-        everything = np.ones(keep.shape)
         return {"with eps spread over the V - 1 other classes (torch spreads it over all V, the "
                 "target included: q = (1 - eps) onehot + eps / V)":
                 lambda: smoothed(1 - eps, eps / (V - 1), keep),
@@ -84,7 +81,7 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
                 "others 0 (the uniform part is on every class)":
                 lambda: smoothed(1 - eps + eps / V, 0.0, keep),
                 "with the ignored positions counted (mask them out and divide by the number kept)":
-                lambda: smoothed(1 - eps + eps / V, eps / V, everything)}
+                lambda: smoothed(1 - eps + eps / V, eps / V, np.ones(keep.shape))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,15 +102,15 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
         cands = []
         for k in range(K):
             s, n = scores[b, k], lengths[b, k]
-            if finished[b, k] and done in ("frozen", "growing"):
+            if not finished[b, k]:
+                cands += [(s + logp[b, k, t], n + 1, k, t, t == eos) for t in range(V)]
+            elif done in ("frozen", "growing"):
                 cands.append((s, n + (done == "growing"), k, pad, True))
-            elif finished[b, k] and done == "extended":  # padding still free
+            elif done == "extended":  # padding still free
                 cands += [(s + (0 if t == pad else logp[b, k, t]), n, k, t, True)
                           for t in range(V)]
-            elif finished[b, k]:  # dropped: no candidate but -inf ones
+            else:  # dropped: no candidate but -inf ones
                 cands += [(-np.inf, n, k, t, True) for t in range(V)]
-            else:
-                cands += [(s + logp[b, k, t], n + 1, k, t, t == eos) for t in range(V)]
         cands.sort(key=lambda c: -(c[0] / lp(c[1], alpha)))  # stable: ties keep their order
         for j, (s, n, k, t, fin) in enumerate(cands[:K]):
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
@@ -147,15 +144,14 @@ def _log_softmax(x):
 
 def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
     logp = _log_softmax(rng.standard_normal((B, K, V)) * 1.5)
+    finished = np.zeros((B, K), bool)
     if first:
         scores = np.full((B, K), -np.inf)
         scores[:, 0] = 0.0
         lengths = np.zeros((B, K), np.int64)
-        finished = np.zeros((B, K), bool)
     else:
         scores = -np.sort(rng.uniform(0.5, 4.0, (B, K)), axis=1)  # best first
         lengths = rng.integers(2, 9, (B, K))
-        finished = np.zeros((B, K), bool)
         for b in range(B):
             finished[b, rng.choice(K, n_finished, replace=False)] = True
     return (scores, lengths, finished, logp, alpha, EOS, PAD)
@@ -252,7 +248,7 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
         if stop and finished.all():
             break
     return {"sequences": np.array(seqs, dtype=np.int64),
-            "scores": scores / ((5 + lengths) / 6) ** alpha}
+            "scores": scores / _gnmt(lengths, alpha)}
 
 
 #: beam_search's mistakes: what each one is -> the variant of the search that makes it
@@ -310,15 +306,13 @@ def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=
 
     config = TransformerConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8, num_heads=2,
                                num_encoder_layers=1, num_decoder_layers=layers, d_ff=12,
-                               max_len=8, norm_first=norm_first,
-                               dtype=np.dtype(dtype).type)
+                               max_len=8, norm_first=norm_first, dtype=np.dtype(dtype).type)
     model = Transformer(config, seed=int(rng.integers(1000)))
     params = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dtype)
               for k, p in model.params.items()}
     memory = rng.standard_normal((B, S, 8)).astype(dtype)
     pad = np.zeros((B, S), bool)
-    if src_pad:
-        pad[0, S - 2:] = True
+    pad[0, S - 2:] = src_pad  # the first source's last two positions are padding, or none
     tgt = rng.integers(3, 9, (B, T))
     tgt[:, 0] = BOS
     return ({**config_to_dict(config), "dtype": dtype}, params, memory, pad, tgt, list(chunks))
@@ -346,12 +340,10 @@ class DecoderStep(Check, id="check-decoder-step",
     def run(self, f, config, params, memory, pad, tgt, chunks):
         model = _numpy_model(config, params)
         c, nested = model.config, model._nested()
-        H, Dh = c.num_heads, c.d_model // c.num_heads
-        memory_kvs = [f.memory_keys_values(memory, layer["cross_attn"], H)
-                      for layer in nested["decoder"]["layers"]]
-        shape = (tgt.shape[0], H, c.max_len, Dh)
-        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
-                  for _ in nested["decoder"]["layers"]]
+        layers, H = nested["decoder"]["layers"], c.num_heads
+        memory_kvs = [f.memory_keys_values(memory, layer["cross_attn"], H) for layer in layers]
+        shape = (tgt.shape[0], H, c.max_len, c.d_model // H)
+        caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype)) for _ in layers]
         length, logits = 0, []
         for n in chunks:
             out, length = f.transformer_decode_step(nested, tgt[:, length:length + n], c, caches,
