@@ -306,22 +306,11 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
         return {"ids": list(_merge(word, pair, new_id)), "type": "tuple"}
 
     def mistakes(self, word, pair, new_id):
-        def overlapping():
-            out = list(word)
-            k = 0
-            while k < len(out) - 1:
-                if (out[k], out[k + 1]) == tuple(pair):
-                    out[k:k + 2] = [new_id]
-                    k -= 1 if k else 0
-                k += 1
-            return out
-
         no_skip = [new_id if p == tuple(pair) else p[0]
                    for p in itertools.zip_longest(word, word[1:])]  # (id, next id or None)
-        return {"merging the merged id again with what follows (in 'aaa' only the first two "
-                "merge: move on past both)": lambda: {"ids": overlapping(), "type": "tuple"},
-                "writing new_id in place of the pair's first id but keeping its second (skip "
-                "both ids of a merged pair)": lambda: {"ids": no_skip, "type": "tuple"},
+        return {"moving on by one id after a merge, so the pair's second id is read again (in "
+                "'aaa' only the first two merge: move on past both)":
+                lambda: {"ids": no_skip, "type": "tuple"},
                 "returning a list (a word is a tuple: it is a key of the words' dict, which a "
                 "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"}}
 
