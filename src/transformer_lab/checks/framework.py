@@ -306,11 +306,10 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
     (a stub's NotImplementedError included: it comes back as the outcome's error)."""
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
     try:
-        value = check.run(f, *args, **kwargs)
+        return Outcome(value=check.run(f, *args, **kwargs), after=args, after_kwargs=kwargs)
     except Exception as exc:  # the student's code: any error is a finding
         return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
                        after_kwargs=kwargs)
-    return Outcome(value=value, after=args, after_kwargs=kwargs)
 
 
 def _error_text(exc: BaseException) -> str:
