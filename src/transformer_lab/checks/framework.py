@@ -843,10 +843,8 @@ def _first_failure(chk: Check) -> str | None:
     or a function is not written yet)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        for _, verdict in _verdicts(chk, functions_for(chk)):
-            if verdict is None or not verdict.passed:
-                return verdict and verdict.message
-    return None
+        return next((verdict and verdict.message for _, verdict in _verdicts(
+            chk, functions_for(chk)) if verdict is None or not verdict.passed), None)
 
 
 def culprit(chk: Check, f: Functions | None = None) -> str:
@@ -864,10 +862,9 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
                 continue
             names = [n for n in other.functions if n in depends_on(chk, f)]
             fails = "fails" if len(names) == 1 else "fail"
-            first = failure.split("\n", 1)[0].removesuffix("; the two in full:")
-            hint = next((line.strip() for line in failure.split("\n")
-                         if line.strip().startswith("Hint:")), "")
-            first += f" {hint}" if hint else ""
+            message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
+            first = message.split("\n", 1)[0].removesuffix("; the two in full:")
+            first += f" Hint: {hint}" if hint else ""
             culprits = " and ".join(f"`{n}`" for n in names)
             return (f"{culprits} ({_place(names[0], other.notebook)}) {fails} `{other.id}`; fix "
                     f"it, then run this check again.\n  ({other.id}: {first})\n")
