@@ -393,13 +393,10 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
 
 
 def _modified_inputs(case: Case, outcome: Outcome) -> str:
-    for i, (before, after) in enumerate(zip(case.args, outcome.after, strict=False)):
-        if not _same(before, after):
-            return f"(argument {i + 1})"
-    for name, before in case.kwargs.items():
-        if not _same(before, outcome.after_kwargs.get(name)):
-            return repr(name)
-    return ""
+    inputs = [(f"(argument {i + 1})", before, after) for i, (before, after)
+              in enumerate(zip(case.args, outcome.after, strict=False))]
+    inputs += [(repr(k), v, outcome.after_kwargs.get(k)) for k, v in case.kwargs.items()]
+    return next((label for label, before, after in inputs if not _same(before, after)), "")
 
 
 def _same(a, b) -> bool:
