@@ -306,11 +306,10 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
     (a stub's NotImplementedError included: it comes back as the outcome's error)."""
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
     try:
-        value = check.run(f, *args, **kwargs)
+        return Outcome(value=check.run(f, *args, **kwargs), after=args, after_kwargs=kwargs)
     except Exception as exc:  # the student's code: any error is a finding
         return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
                        after_kwargs=kwargs)
-    return Outcome(value=value, after=args, after_kwargs=kwargs)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -394,13 +393,10 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
 
 
 def _modified_inputs(case: Case, outcome: Outcome) -> str:
-    for i, (before, after) in enumerate(zip(case.args, outcome.after, strict=False)):
-        if not _same(before, after):
-            return f"(argument {i + 1})"
-    for name, before in case.kwargs.items():
-        if not _same(before, outcome.after_kwargs.get(name)):
-            return repr(name)
-    return ""
+    inputs = [(f"(argument {i + 1})", before, after) for i, (before, after)
+              in enumerate(zip(case.args, outcome.after, strict=False))]
+    inputs += [(repr(k), v, outcome.after_kwargs.get(k)) for k, v in case.kwargs.items()]
+    return next((label for label, before, after in inputs if not _same(before, after)), "")
 
 
 def _same(a, b) -> bool:
@@ -439,7 +435,7 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
     if isinstance(want, (dict, tuple, list)):  # the first part that differs
         return next(filter(None, (_difference(check, *part) for part in parts)), None)
     if want is None or isinstance(want, (str, bool)):
-        same = got is None if want is None else (type(got) is type(want) and got == want)
+        same = type(got) is type(want) and got == want
         return None if same else differs(f": expected {want!r}, got {_short(got)}")
     if isinstance(got, str):  # also a check's sentence saying what is missing ("None: set ...")
         return differs(f": expected {_kind(np.asarray(want))}, got {got}")
@@ -589,7 +585,7 @@ def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None 
     """(description, answer) of each of the check's mistakes in one case that gives one without
     an error, in order; ``stored``: the answers :func:`store_expected` kept for them."""
     if stored is not None:
-        return [(description, copy.deepcopy(answer)) for description, answer in stored.items()]
+        return list(stored.items())
     try:
         mistakes = check.mistakes(*case.args, **case.kwargs)
     except Exception:  # a hint must never break the verdict
@@ -844,10 +840,8 @@ def _first_failure(chk: Check) -> str | None:
     or a function is not written yet)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        for _, verdict in _verdicts(chk, functions_for(chk)):
-            if verdict is None or not verdict.passed:
-                return verdict and verdict.message
-    return None
+        return next((verdict and verdict.message for _, verdict in _verdicts(
+            chk, functions_for(chk)) if verdict is None or not verdict.passed), None)
 
 
 def culprit(chk: Check, f: Functions | None = None) -> str:
@@ -865,10 +859,9 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
                 continue
             names = [n for n in other.functions if n in depends_on(chk, f)]
             fails = "fails" if len(names) == 1 else "fail"
-            first = failure.split("\n", 1)[0].removesuffix("; the two in full:")
-            hint = next((line.strip() for line in failure.split("\n")
-                         if line.strip().startswith("Hint:")), "")
-            first += f" {hint}" if hint else ""
+            message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
+            first = message.split("\n", 1)[0].removesuffix("; the two in full:")
+            first += f" Hint: {hint}" if hint else ""
             culprits = " and ".join(f"`{n}`" for n in names)
             return (f"{culprits} ({_place(names[0], other.notebook)}) {fails} `{other.id}`; fix "
                     f"it, then run this check again.\n  ({other.id}: {first})\n")

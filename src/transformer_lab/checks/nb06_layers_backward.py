@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
+from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
-from transformer_lab.checks.nb05_attention_backward import (
-    _averaged,
-    row_cases,
-)
+from transformer_lab.checks.nb05_attention_backward import _averaged, row_cases
 
 # --------------------------------------------------------------------------------------------
 # Layer normalisation
@@ -219,19 +216,17 @@ class CrossEntropy(Check, id="check-cross-entropy",
 
     def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
                  count_all=False, keep_padding=False):
-        F = torch.nn.functional
-        c = logits.shape[-1]
-        lt = _t(logits, True)
         tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
-        flat = lt.reshape(-1, c)
-        loss = F.cross_entropy(flat, tt, ignore_index=-100 if keep_padding else ignore_index,
-                               reduction="sum" if count_all else reduction)
-        if count_all:
-            loss = loss / tt.numel()
-        (loss * dloss).backward()
-        value = float(loss.detach())
-        return {"loss": np.float32(value) if logits.dtype == np.float32 else value,
-                "dlogits": _np(lt.grad)}
+
+        def loss_of(lt):
+            loss = torch.nn.functional.cross_entropy(
+                lt.reshape(-1, logits.shape[-1]), tt, reduction="sum" if count_all else reduction,
+                ignore_index=-100 if keep_padding else ignore_index)
+            return loss / tt.numel() if count_all else loss
+
+        loss, dlogits = autograd(loss_of, dloss, logits)
+        return {"loss": loss[()] if logits.dtype == np.float32 else float(loss),
+                "dlogits": dlogits}
 
     def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
         args = (logits, targets, ignore_index, reduction, dloss)
