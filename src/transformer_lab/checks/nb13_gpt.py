@@ -22,13 +22,15 @@ def _config(d: dict):
     return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
 
 
-def _flat_params(config: dict, rng, scale=0.3) -> dict:
-    """Random parameters for a config (plain data: name -> array), off their initial values."""
-    from transformer_lab.models.gpt import GPT
+def _random_gpt(rng, make: str, vocab: int, **kw) -> tuple[dict, dict]:
+    """The config ``GPTConfig.<make>(vocab, **kw)`` as plain data, and random parameters for it
+    (name -> array), off their initial values."""
+    from transformer_lab.models.gpt import GPT, GPTConfig, config_to_dict
 
-    model = GPT(_config(config), seed=int(rng.integers(1000)))
+    model = GPT(getattr(GPTConfig, make)(vocab, **kw), seed=int(rng.integers(1000)))
     dt = model.config.dtype
-    return {k: (p + rng.normal(0, scale, p.shape)).astype(dt) for k, p in model.params.items()}
+    flat = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dt) for k, p in model.params.items()}
+    return config_to_dict(model.config), flat
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,13 +173,8 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
 
 
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
-    from transformer_lab.models.gpt import GPTConfig, config_to_dict
-
-    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
-    config = {**config_to_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
-                                    num_layers=1, d_ff=12, max_len=T, **change)),
-              "dtype": np.dtype(dt).name}
-    flat = _flat_params(config, rng, 0.2)
+    config, flat = _random_gpt(rng, kind, 11, d_model=8, num_heads=2 if kind == "classic" else 4,
+                               num_layers=1, d_ff=12, max_len=T, dtype=dt, **change)
     block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
     return (rng.standard_normal((B, T, 8)).astype(dt), block,
             rng.standard_normal((B, T, 8)).astype(dt), config)
@@ -243,12 +240,9 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
 
 
 def _model_case(rng, dt=np.float64, **kw):
-    from transformer_lab.models.gpt import GPTConfig, config_to_dict
-
-    config = {**config_to_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2,
-                                                 d_ff=12, max_len=6, **kw)),
-              "dtype": np.dtype(dt).name}
-    return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
+    config, flat = _random_gpt(rng, "classic", 9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
+                               max_len=6, dtype=dt, **kw)
+    return flat, rng.integers(0, 9, (2, 6)), config
 
 
 def _pe(config):

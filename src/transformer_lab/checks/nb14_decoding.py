@@ -11,11 +11,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
-from transformer_lab.checks.nb13_gpt import (
-    _config,
-    _model_case,
-    _pe,
-)
+from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe
 
 # --------------------------------------------------------------------------------------------
 # §1 Sampling
@@ -51,11 +47,8 @@ class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
         return _kept((_t(logits) >= kth).numpy(), logits)
 
     def mistakes(self, logits, k):
-        order = np.argsort(logits, axis=-1)
-        smallest = np.zeros(logits.shape, bool)
-        np.put_along_axis(smallest, order[..., :k], True, axis=-1)
         return {"keeping the k smallest logits instead of the k largest":
-                lambda: _kept(smallest, logits)}
+                lambda: _kept(self.expected(-logits, k)["kept"], logits)}
 
 
 def _top_p_reference(logits, p):
