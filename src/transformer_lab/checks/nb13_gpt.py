@@ -102,14 +102,9 @@ def _attention_case(rng, B, T, E, H, Hkv, bias, dt=np.float64) -> tuple:
             rng.standard_normal((B, T, E)).astype(dt))
 
 
-def _torch_rotate(x, angles):
-    """RoPE: reference.torch_gpt's rotation (imported where used: it imports torch)."""
-    from transformer_lab.reference.torch_gpt import _rotate
-
-    return _rotate(x, angles)
-
-
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
+    from transformer_lab.reference.torch_gpt import _rotate  # RoPE (here: it imports torch)
+
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
@@ -118,7 +113,7 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
     k = k.view(B, T, Hkv, Dh).transpose(1, 2)
     v = v.view(B, T, Hkv, Dh).transpose(1, 2)
     if angles is not None:
-        q, k = _torch_rotate(q, angles), _torch_rotate(k, angles)
+        q, k = _rotate(q, angles), _rotate(k, angles)
     k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
     heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
@@ -126,9 +121,8 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
 
 
 def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    ta = None if angles is None else _t(angles)
-    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, ta, causal), dout,
-                              x, params)
+    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, _t(angles), causal),
+                              dout, x, params)
     return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
@@ -191,6 +185,7 @@ class _BlockCheck(Check):
 
     functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
                  "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def run(self, f, x, block, dout, config):
         from transformer_lab.models.shell import flatten, nest
@@ -225,8 +220,6 @@ class _BlockCheck(Check):
 
 
 class GPTBlock(_BlockCheck, id="check-gpt-block"):
-    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))

@@ -41,17 +41,6 @@ def _update_case(name, prev, block) -> Case:
     return Case(name, (m.numpy(), ell.numpy(), block))
 
 
-def _peak_extra(fn):
-    """Bytes allocated at the peak of ``fn()`` beyond what was allocated before; fn's result."""
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        result = fn()
-        return tracemalloc.get_traced_memory()[1] - before, result
-    finally:
-        tracemalloc.stop()
-
-
 def _scores(q, k, causal):
     """q k^T / sqrt(d) of torch tensors, the future (key j > query i) -inf where ``causal``."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -137,6 +126,20 @@ def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
 MEMORY = "peak extra memory below T * S * itemsize / 10"
 
 
+def _measured(fn, q, k):
+    """The answer of a memory case, {:data:`MEMORY`: whether ``fn()`` allocated at its peak
+    less than a tenth of one (T, S) score matrix of q and k beyond what was allocated before};
+    and fn's result."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - before
+        return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}, result
+    finally:
+        tracemalloc.stop()
+
+
 def _memory_case(rng, backward=False):
     """The tiled attention of a long sequence, whose peak memory is measured (:data:`MEMORY`);
     with dout after q, k, v for the backward pass."""
@@ -184,11 +187,9 @@ class FlashAttentionForward(Check, id="check-flash-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, causal, block_size, measure_memory=False):
-        peak, (out, cache) = _peak_extra(lambda: f.flash_attention_forward(q, k, v, causal,
-                                                                            block_size))
-        if measure_memory:
-            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
-        return {"out": out, "lse": flash.row_logsumexp(cache)}
+        memory, (out, cache) = _measured(
+            lambda: f.flash_attention_forward(q, k, v, causal, block_size), q, k)
+        return memory if measure_memory else {"out": out, "lse": flash.row_logsumexp(cache)}
 
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
@@ -301,10 +302,8 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
 
     def run(self, f, q, k, v, dout, causal, block_size, measure_memory=False):
         out, cache = f.flash_attention_forward(q, k, v, causal, block_size)
-        peak, (dq, dk, dv) = _peak_extra(lambda: f.flash_attention_backward(dout, cache))
-        if measure_memory:
-            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
-        return {"dq": dq, "dk": dk, "dv": dv}
+        memory, (dq, dk, dv) = _measured(lambda: f.flash_attention_backward(dout, cache), q, k)
+        return memory if measure_memory else {"dq": dq, "dk": dk, "dv": dv}
 
     def expected(self, q, k, v, dout, causal, block_size, measure_memory=False):
         if measure_memory:
