@@ -108,10 +108,8 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
-    q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
-    q = q.view(B, T, H, Dh).transpose(1, 2)
-    k = k.view(B, T, Hkv, Dh).transpose(1, 2)
-    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+    q, k, v = (a.view(B, T, -1, Dh).transpose(1, 2)  # H heads of queries, Hkv of keys, values
+               for a in qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1))
     if angles is not None:
         q, k = _rotate(q, angles), _rotate(k, angles)
     k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
@@ -191,31 +189,26 @@ class _BlockCheck(Check):
         from transformer_lab.models.shell import flatten, nest
 
         c = _config(config)
-        rope = None
-        if c.positional == "rope":
-            angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
-            rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+        angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
+        rope = ((np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+                if c.positional == "rope" else None)
         out, cache = f.gpt_block_forward(x, nest(block), c, rope)
         dx, grads = f.gpt_block_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
     def expected(self, x, block, dout, config):
         from transformer_lab.models.config import parameter_shapes
-        from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
+        from transformer_lab.reference.torch_gpt import TorchBlock, _sub, torch_dtype
 
         c = _config(config)
-        shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
-                  if k.startswith("layers.0.")}
-        torch_block = TorchBlock(c, shapes, torch_dtype(c))
+        torch_block = TorchBlock(c, _sub(parameter_shapes(c), "layers.0"), torch_dtype(c))
         with torch.no_grad():
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))
-        tx = _t(x, grad=True)
         angles = _t(_rope_angles(x.shape[1], c.head_dim, c.rope_base).astype(c.dtype)) \
             if c.positional == "rope" else None
-        out = torch_block(tx, angles)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad),
+        out, dx = autograd(lambda tx: torch_block(tx, angles), dout, x)
+        return {"out": out, "dx": dx,
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
 

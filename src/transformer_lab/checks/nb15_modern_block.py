@@ -208,10 +208,8 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H, Hkv, rope):
-        tables = None
-        if rope:
-            a = _rope_angles(x.shape[1], x.shape[-1] // H)
-            tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
+        a = _rope_angles(x.shape[1], x.shape[-1] // H)
+        tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype)) if rope else None
         out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
         dx, grads = f.causal_self_attention_backward(dout, cache)
         return {"out": out, self.STEP: self._cached(f, x, params, H, Hkv, tables), "dx": dx,
