@@ -22,13 +22,15 @@ def _config(d: dict):
     return GPTConfig(**{**d, "dtype": np.dtype(d.get("dtype", "float64")).type})
 
 
-def _flat_params(config: dict, rng, scale=0.3) -> dict:
-    """Random parameters for a config (plain data: name -> array), off their initial values."""
-    from transformer_lab.models.gpt import GPT
+def _random_gpt(rng, make: str, vocab: int, **kw) -> tuple[dict, dict]:
+    """The config ``GPTConfig.<make>(vocab, **kw)`` as plain data, and random parameters for it
+    (name -> array), off their initial values."""
+    from transformer_lab.models.gpt import GPT, GPTConfig, config_to_dict
 
-    model = GPT(_config(config), seed=int(rng.integers(1000)))
+    model = GPT(getattr(GPTConfig, make)(vocab, **kw), seed=int(rng.integers(1000)))
     dt = model.config.dtype
-    return {k: (p + rng.normal(0, scale, p.shape)).astype(dt) for k, p in model.params.items()}
+    flat = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dt) for k, p in model.params.items()}
+    return config_to_dict(model.config), flat
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,23 +102,16 @@ def _attention_case(rng, B, T, E, H, Hkv, bias, dt=np.float64) -> tuple:
             rng.standard_normal((B, T, E)).astype(dt))
 
 
-def _torch_rotate(x, angles):
-    """RoPE: reference.torch_gpt's rotation (imported where used: it imports torch)."""
-    from transformer_lab.reference.torch_gpt import _rotate
-
-    return _rotate(x, angles)
-
-
 def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
+    from transformer_lab.reference.torch_gpt import _rotate  # RoPE (here: it imports torch)
+
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
-    q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
-    q = q.view(B, T, H, Dh).transpose(1, 2)
-    k = k.view(B, T, Hkv, Dh).transpose(1, 2)
-    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+    q, k, v = (a.view(B, T, -1, Dh).transpose(1, 2)  # H heads of queries, Hkv of keys, values
+               for a in qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1))
     if angles is not None:
-        q, k = _torch_rotate(q, angles), _torch_rotate(k, angles)
+        q, k = _rotate(q, angles), _rotate(k, angles)
     k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
     heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
@@ -124,9 +119,8 @@ def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
 
 
 def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    ta = None if angles is None else _t(angles)
-    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, ta, causal), dout,
-                              x, params)
+    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, _t(angles), causal),
+                              dout, x, params)
     return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 
 
@@ -171,13 +165,8 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
 
 
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
-    from transformer_lab.models.gpt import GPTConfig, config_to_dict
-
-    make = GPTConfig.classic if kind == "classic" else GPTConfig.modern
-    config = {**config_to_dict(make(11, d_model=8, num_heads=2 if kind == "classic" else 4,
-                                    num_layers=1, d_ff=12, max_len=T, **change)),
-              "dtype": np.dtype(dt).name}
-    flat = _flat_params(config, rng, 0.2)
+    config, flat = _random_gpt(rng, kind, 11, d_model=8, num_heads=2 if kind == "classic" else 4,
+                               num_layers=1, d_ff=12, max_len=T, dtype=dt, **change)
     block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
     return (rng.standard_normal((B, T, 8)).astype(dt), block,
             rng.standard_normal((B, T, 8)).astype(dt), config)
@@ -194,42 +183,36 @@ class _BlockCheck(Check):
 
     functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
                  "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def run(self, f, x, block, dout, config):
         from transformer_lab.models.shell import flatten, nest
 
         c = _config(config)
-        rope = None
-        if c.positional == "rope":
-            angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
-            rope = (np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+        angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
+        rope = ((np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
+                if c.positional == "rope" else None)
         out, cache = f.gpt_block_forward(x, nest(block), c, rope)
         dx, grads = f.gpt_block_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
     def expected(self, x, block, dout, config):
         from transformer_lab.models.config import parameter_shapes
-        from transformer_lab.reference.torch_gpt import TorchBlock, torch_dtype
+        from transformer_lab.reference.torch_gpt import TorchBlock, _sub, torch_dtype
 
         c = _config(config)
-        shapes = {k[len("layers.0."):]: s for k, s in parameter_shapes(c).items()
-                  if k.startswith("layers.0.")}
-        torch_block = TorchBlock(c, shapes, torch_dtype(c))
+        torch_block = TorchBlock(c, _sub(parameter_shapes(c), "layers.0"), torch_dtype(c))
         with torch.no_grad():
             for name, p in torch_block.named_parameters():
                 p.copy_(_t(block[name]))
-        tx = _t(x, grad=True)
         angles = _t(_rope_angles(x.shape[1], c.head_dim, c.rope_base).astype(c.dtype)) \
             if c.positional == "rope" else None
-        out = torch_block(tx, angles)
-        out.backward(_t(dout))
-        return {"out": _np(out), "dx": _np(tx.grad),
+        out, dx = autograd(lambda tx: torch_block(tx, angles), dout, x)
+        return {"out": out, "dx": dx,
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
 
 class GPTBlock(_BlockCheck, id="check-gpt-block"):
-    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("one position, one sequence", _block_case(rng, "classic", T=1, B=1))
@@ -243,12 +226,9 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
 
 
 def _model_case(rng, dt=np.float64, **kw):
-    from transformer_lab.models.gpt import GPTConfig, config_to_dict
-
-    config = {**config_to_dict(GPTConfig.classic(9, d_model=8, num_heads=2, num_layers=2,
-                                                 d_ff=12, max_len=6, **kw)),
-              "dtype": np.dtype(dt).name}
-    return (_flat_params(config, rng, 0.2), rng.integers(0, 9, (2, 6)), config)
+    config, flat = _random_gpt(rng, "classic", 9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
+                               max_len=6, dtype=dt, **kw)
+    return flat, rng.integers(0, 9, (2, 6)), config
 
 
 def _pe(config):

@@ -11,11 +11,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
-from transformer_lab.checks.nb13_gpt import (
-    _config,
-    _model_case,
-    _pe,
-)
+from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe
 
 # --------------------------------------------------------------------------------------------
 # §1 Sampling
@@ -26,11 +22,16 @@ def _kept(kept, logits) -> dict:
     return {"kept": kept, "values": np.where(kept, logits, 0)}
 
 
-def _kept_and_values(filtered):
-    return _kept(np.isfinite(filtered), filtered)
+class _FilterCheck(Check):
+    """A filter of logits, ``filter(logits, parameter)``: compares which logits it keeps (the
+    finite entries of its answer) and their values."""
+
+    def run(self, f, logits, parameter):
+        filtered = super().run(f, logits, parameter)
+        return _kept(np.isfinite(filtered), filtered)
 
 
-class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
+class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 10))
         yield Case("k = 3", (x, 3))
@@ -43,19 +44,13 @@ class TopKFilter(Check, id="check-top-k-filter", functions=("top_k_filter",)):
         yield Case("one row, k = V - 1", (rng.standard_normal((1, 5)) * 10, 4))
     ### END HIDDEN TESTS
 
-    def run(self, f, logits, k):
-        return _kept_and_values(f.top_k_filter(logits, k))
-
     def expected(self, logits, k):
         kth = torch.topk(_t(logits), k, dim=-1).values[..., -1:]
         return _kept((_t(logits) >= kth).numpy(), logits)
 
     def mistakes(self, logits, k):
-        order = np.argsort(logits, axis=-1)
-        smallest = np.zeros(logits.shape, bool)
-        np.put_along_axis(smallest, order[..., :k], True, axis=-1)
         return {"keeping the k smallest logits instead of the k largest":
-                lambda: _kept(smallest, logits)}
+                lambda: _kept(self.expected(-logits, k)["kept"], logits)}
 
 
 def _top_p_reference(logits, p):
@@ -66,7 +61,7 @@ def _top_p_reference(logits, p):
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted).numpy()
 
 
-class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
+class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((4, 8)) * 2
         yield Case("p = 0.9", (x, 0.9))
@@ -80,9 +75,6 @@ class TopPFilter(Check, id="check-top-p-filter", functions=("top_p_filter",)):
             rng.standard_normal((2, 3, 7)).astype(np.float32) * 3, 0.7))
         yield Case("a peaked row", (np.array([[8.0, 1.0, 0.5, 0.0, -1.0]]), 0.95))
     ### END HIDDEN TESTS
-
-    def run(self, f, logits, p):
-        return _kept_and_values(f.top_p_filter(logits, p))
 
     def expected(self, logits, p):
         return _kept(_top_p_reference(logits, p), logits)
@@ -149,7 +141,7 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                 "reproducible with the same seed": True}
 
 
-class MinPFilter(Check, id="check-min-p-filter", arguments=("min_p_filter",)):
+class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 9)) * 2
         yield Case("p_min = 0.1", (x, 0.1))
@@ -167,9 +159,6 @@ class MinPFilter(Check, id="check-min-p-filter", arguments=("min_p_filter",)):
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         return _kept((probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy(), logits)
     ### END HIDDEN TESTS
-
-    def run(self, f, logits, p_min):
-        return _kept_and_values(f.min_p_filter(logits, p_min))
 
 
 # --------------------------------------------------------------------------------------------

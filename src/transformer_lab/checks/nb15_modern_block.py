@@ -18,7 +18,6 @@ from transformer_lab.checks.nb13_gpt import (
     _block_case,
     _BlockCheck,
     _rope_angles,
-    _torch_rotate,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -51,10 +50,12 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
                 "out": out, "dx": f.rope_backward(dout, cache)}
 
     def expected(self, positions, x, dout, base=None):
+        from transformer_lab.reference.torch_gpt import _rotate  # here: it imports torch
+
         Dh, base = x.shape[-1], 10000.0 if base is None else base
         omega = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
         angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * omega
-        out, dx = autograd(lambda tx: _torch_rotate(tx, angles.to(tx.dtype)), dout, x)
+        out, dx = autograd(lambda tx: _rotate(tx, angles.to(tx.dtype)), dout, x)
         return {"cos": torch.cos(angles).numpy(), "sin": torch.sin(angles).numpy(), "out": out,
                 "dx": dx}
 
@@ -207,10 +208,8 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H, Hkv, rope):
-        tables = None
-        if rope:
-            a = _rope_angles(x.shape[1], x.shape[-1] // H)
-            tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype))
+        a = _rope_angles(x.shape[1], x.shape[-1] // H)
+        tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype)) if rope else None
         out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
         dx, grads = f.causal_self_attention_backward(dout, cache)
         return {"out": out, self.STEP: self._cached(f, x, params, H, Hkv, tables), "dx": dx,
@@ -240,8 +239,6 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
 
 
 class ModernBlock(_BlockCheck, id="check-modern-block"):
-    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("the modern block in float32", _block_case(rng, "modern", np.float32))

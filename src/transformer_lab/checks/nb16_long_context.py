@@ -16,6 +16,7 @@ import numpy as np
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
+from transformer_lab.checks.nb13_gpt import _attention_expected
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -30,24 +31,14 @@ def _update_answer(m_new, ell_new, p, alpha) -> dict:
             "p": p, "alpha": alpha}
 
 
-def _state(prev):
-    """The running (m, ell) after the scores ``prev`` (..., n) -- computed with torch."""
+def _update_case(name, prev, block) -> Case:
+    """An update of the running (m, ell) after the scores ``prev`` (..., n) -- computed with
+    torch -- by the scores ``block``."""
     t = torch.from_numpy(prev)
     m = t.amax(-1, keepdim=True)
     lse = torch.logsumexp(t, -1, keepdim=True)
     ell = torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(lse - m))
-    return m.numpy(), ell.numpy()
-
-
-def _peak_extra(fn):
-    """Bytes allocated at the peak of ``fn()`` beyond what was allocated before; fn's result."""
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        result = fn()
-        return tracemalloc.get_traced_memory()[1] - before, result
-    finally:
-        tracemalloc.stop()
+    return Case(name, (m.numpy(), ell.numpy(), block))
 
 
 def _scores(q, k, causal):
@@ -73,37 +64,30 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
                           functions=("online_softmax_update",)):
     def cases(self, rng):
         x = rng.standard_normal((3, 10)) * 3
-        m, ell = _state(np.full((3, 1), -np.inf))  # nothing seen: m = -inf, ell = 0
-        yield Case("the first block (nothing seen yet)", (m, ell, x[:, :4]))
-        m, ell = _state(x[:, :4])
-        yield Case("a second block", (m, ell, x[:, 4:]))
+        nothing = np.full((3, 1), -np.inf)  # nothing seen: m = -inf, ell = 0
+        yield _update_case("the first block (nothing seen yet)", nothing, x[:, :4])
+        yield _update_case("a second block", x[:, :4], x[:, 4:])
         late = np.linspace(-5.0, 900.0, 12).reshape(2, 6)  # exp(900) overflows
-        m, ell = _state(late[:1])
-        yield Case("the maximum arrives late (scores of hundreds)", (m, ell, late[1:]))
+        yield _update_case("the maximum arrives late (scores of hundreds)", late[:1], late[1:])
         block = rng.standard_normal((3, 4))
         block[1] = -np.inf
-        m, ell = _state(x[:, :4])
-        yield Case("a fully masked block after visible scores", (m, ell, block))
-        m, ell = _state(np.full((3, 2), -np.inf))
-        yield Case("a fully masked block with nothing seen yet", (m, ell, block))
-        prev = rng.standard_normal((2, 3, 5)).astype(np.float32)
-        m, ell = _state(prev)
-        yield Case("float32, leading axes (2, 3)",
-                   (m, ell, rng.standard_normal((2, 3, 4)).astype(np.float32) * 2))
+        yield _update_case("a fully masked block after visible scores", x[:, :4], block)
+        yield _update_case("a fully masked block with nothing seen yet",
+                           np.full((3, 2), -np.inf), block)
+        yield _update_case("float32, leading axes (2, 3)",
+                           rng.standard_normal((2, 3, 5)).astype(np.float32),
+                           rng.standard_normal((2, 3, 4)).astype(np.float32) * 2)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        m, ell = _state(rng.standard_normal((4, 3)))
-        yield Case("a block of one score", (m, ell, rng.standard_normal((4, 1))))
+        yield _update_case("a block of one score", rng.standard_normal((4, 3)),
+                           rng.standard_normal((4, 1)))
         prev = rng.standard_normal((2, 2, 3, 5))
-        m, ell = _state(prev)
-        yield Case("four axes, scores below the running maximum",
-                   (m, ell, prev[..., :2] - 10))
+        yield _update_case("four axes, scores below the running maximum", prev, prev[..., :2] - 10)
         prev = rng.standard_normal((3, 5)).astype(np.float32)
         block = rng.standard_normal((3, 5)).astype(np.float32)
         block[0, :] = -np.inf
-        m, ell = _state(prev)
-        yield Case("float32 with a masked row", (m, ell, block))
+        yield _update_case("float32 with a masked row", prev, block)
     ### END HIDDEN TESTS
 
     def run(self, f, m, ell, scores):
@@ -140,6 +124,20 @@ def _qkv(rng, lead, T, S, dtype=np.float64, d=8, d_v=5):
 
 
 MEMORY = "peak extra memory below T * S * itemsize / 10"
+
+
+def _measured(fn, q, k):
+    """The answer of a memory case, {:data:`MEMORY`: whether ``fn()`` allocated at its peak
+    less than a tenth of one (T, S) score matrix of q and k beyond what was allocated before};
+    and fn's result."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - before
+        return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}, result
+    finally:
+        tracemalloc.stop()
 
 
 def _memory_case(rng, backward=False):
@@ -189,11 +187,9 @@ class FlashAttentionForward(Check, id="check-flash-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, q, k, v, causal, block_size, measure_memory=False):
-        peak, (out, cache) = _peak_extra(lambda: f.flash_attention_forward(q, k, v, causal,
-                                                                            block_size))
-        if measure_memory:
-            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
-        return {"out": out, "lse": flash.row_logsumexp(cache)}
+        memory, (out, cache) = _measured(
+            lambda: f.flash_attention_forward(q, k, v, causal, block_size), q, k)
+        return memory if measure_memory else {"out": out, "lse": flash.row_logsumexp(cache)}
 
     def expected(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
@@ -306,10 +302,8 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
 
     def run(self, f, q, k, v, dout, causal, block_size, measure_memory=False):
         out, cache = f.flash_attention_forward(q, k, v, causal, block_size)
-        peak, (dq, dk, dv) = _peak_extra(lambda: f.flash_attention_backward(dout, cache))
-        if measure_memory:
-            return {MEMORY: bool(peak < q.shape[-2] * k.shape[-2] * q.itemsize / 10)}
-        return {"dq": dq, "dk": dk, "dv": dv}
+        memory, (dq, dk, dv) = _measured(lambda: f.flash_attention_backward(dout, cache), q, k)
+        return memory if measure_memory else {"dq": dq, "dk": dk, "dv": dv}
 
     def expected(self, q, k, v, dout, causal, block_size, measure_memory=False):
         if measure_memory:
@@ -358,18 +352,8 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, num_heads, dout, block_size):
-        B, T, E = x.shape
-
-        def attention(x, p):  # in float64
-            qkv = x @ p["W_qkv"] + (p["b_qkv"] if "b_qkv" in p else 0)
-            q, k, v = (a.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
-                       for a in qkv.split(E, dim=-1))
-            heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return heads.transpose(1, 2).reshape(B, T, E) @ p["W_o"] + (p["b_o"] if "b_o" in p
-                                                                         else 0)
-
-        out, dx, grads = autograd(attention, *_float64(dout, x),
-                                  dict(zip(params, _float64(*params.values()), strict=True)))
-        cast = x.dtype
-        return {"out": out.astype(cast), "dx": dx.astype(cast),
-                "grads": {n: g.astype(cast) for n, g in grads.items()}}
+        """Notebook 13's causal self-attention by autograd in float64, in x's dtype."""
+        p64 = dict(zip(params, _float64(*params.values()), strict=True))
+        want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads)
+        want = {k: a.astype(x.dtype) for k, a in want.items()}
+        return {"out": want["out"], "dx": want["dx"], "grads": {n: want[f"d{n}"] for n in params}}
