@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check
+from transformer_lab.checks.framework import Case, Check, normals
 from transformer_lab.reference.interop import layout
 
 # --------------------------------------------------------------------------------------------
@@ -49,11 +49,8 @@ def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np
     S = T); the parameters, the number of heads; for a backward pass (notebook 05) dout and,
     with ``dweights``, a gradient of the weights (B, H, T, S) after them."""
     query = rng.standard_normal((b, t, e))
-    if self_attention or packed:
-        key = value = query
-    else:
-        key = rng.standard_normal((b, s, kdim or e))
-        value = rng.standard_normal((b, s, vdim or e))
+    key, value = ((query, query) if self_attention or packed
+                  else normals(rng, (b, s, kdim or e), (b, s, vdim or e)))
     params = mha_case_params(rng, e, kdim, vdim, bias, packed, dtype)
     arrays = tuple(a.astype(dtype) for a in ((query,) if packed else (query, key, value)))
     if not backward:
@@ -348,8 +345,7 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
         if attn_mask is not None:
             full = full | torch.from_numpy(attn_mask)
         if key_padding_mask is not None:
-            b, s = key_padding_mask.shape
-            full = full | torch.from_numpy(key_padding_mask).view(b, 1, 1, s)
+            full = full | torch.from_numpy(key_padding_mask)[:, None, None, :]
         return full.numpy()
 
     def mistakes(self, attn_mask, key_padding_mask, scores_shape):
@@ -427,10 +423,9 @@ class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
 class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_attention",)):
     @staticmethod
     def _case(rng, name, b, t, e, h, g, dtype=np.float64):
-        d_h = e // h
         x = rng.standard_normal((b, t, e))
         w_q, w_o = rng.standard_normal((2, e, e)) / math.sqrt(e)
-        w_k, w_v = rng.standard_normal((2, e, g * d_h)) / math.sqrt(e)
+        w_k, w_v = rng.standard_normal((2, e, g * (e // h))) / math.sqrt(e)
         return Case(name, tuple(a.astype(dtype) for a in (x, w_q, w_k, w_v, w_o)) + (h, g))
 
     def cases(self, rng):
@@ -514,8 +509,8 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
         x = torch.zeros(1, T, E)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             q = q_proj(x).view(1, T, h, d_h).transpose(1, 2)
-            k = k_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-            v = v_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            k, v = (p(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+                    for p in (k_proj, v_proj))
             w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
             o_proj((w @ v).transpose(1, 2).reshape(1, T, E))
         return {"params": int(n_params), "flops": int(counter.get_total_flops())}
