@@ -26,9 +26,9 @@ def _qkv(rng, t, s, d_k, d_v, dtype=np.float64, lead=()):
     return normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v), dtype=dtype)
 
 
-def _some_blocked(rng, t, s, p=0.4):
+def _some_blocked(rng, t, s):
     """A random (t, s) mask, True = blocked, with at least one allowed key in every row."""
-    mask = rng.random((t, s)) < p
+    mask = rng.random((t, s)) < 0.4
     mask[np.arange(t), rng.integers(s, size=t)] = False
     return mask
 
@@ -248,10 +248,7 @@ class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
 
     def mistakes(self, lengths, S):
         want = self.expected(lengths, S)
-        lengths = np.asarray(lengths)
-        first_pad = want.copy()
-        rows = np.flatnonzero(lengths < S)
-        first_pad[rows, lengths[rows]] = False
+        first_pad = np.arange(S)[None, :] > np.asarray(lengths)[:, None]
         return {"with > instead of >= (position lengths[b] is already padding: positions "
                 "count from 0)": lambda: first_pad,
                 "with True = a real token (the convention inverted: True must mean padding)":
@@ -282,11 +279,10 @@ class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window
         return (~allowed).numpy()
 
     def mistakes(self, T, window):
-        ones = torch.ones(T, T, dtype=torch.bool)
         return {"seeing window + 1 positions (j >= i - window allowed: itself and window - 1 "
-                "before it)": lambda: (~(ones.tril() & ~ones.tril(-window - 1))).numpy(),
-                "without the causal part (the future must stay blocked)":
-                lambda: ones.tril(-window).numpy(),  # only j <= i - window blocked
+                "before it)": lambda: self.expected(T, window + 1),
+                "without the causal part (the future must stay blocked)":  # blocks j <= i - window
+                lambda: torch.ones(T, T, dtype=torch.bool).tril(-window).numpy(),
                 "with True = allowed (True must mean blocked)":
                 lambda: ~self.expected(T, window)}
     ### END HIDDEN TESTS
@@ -311,15 +307,14 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
         return (~allowed).numpy()
 
     def mistakes(self, T, prefix_len):
-        causal = ~torch.ones(T, T, dtype=torch.bool).tril()
-        one_more = self.expected(T, min(prefix_len + 1, T))
-        rows_open = causal.clone()
+        rows_open = self.expected(T, 0)  # the causal mask
         rows_open[:prefix_len] = False
         return {"the plain causal mask (the prefix keys are visible to every query)":
-                lambda: causal.numpy(),
-                "a prefix one position too long (j <= P instead of j < P)": lambda: one_more,
+                lambda: self.expected(T, 0),
+                "a prefix one position too long (j <= P instead of j < P)":
+                lambda: self.expected(T, min(prefix_len + 1, T)),
                 "opening the prefix queries' rows to the whole sequence (they must not see past "
-                "the prefix)": lambda: rows_open.numpy(),
+                "the prefix)": lambda: rows_open,
                 "with True = allowed (True must mean blocked)":
                 lambda: ~self.expected(T, prefix_len)}
     ### END HIDDEN TESTS
