@@ -216,8 +216,7 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
         if mask.dtype == bool:
             found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "
                   "then attends to its blocked keys anyway (as if unmasked; uniformly in "
-                  "float32)"] = (
-                lambda: _softmax(np.where(mask, -1e9, s)) @ v)
+                  "float32)"] = lambda: _softmax(np.where(mask, -1e9, s)) @ v
         return found
 
 

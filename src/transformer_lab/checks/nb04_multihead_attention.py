@@ -133,18 +133,16 @@ def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, spl
         y = x @ (w.T if transpose_weights else w)
         return y + params[f"b_{name}"] if f"b_{name}" in params else y
 
-    def heads(x):
+    def heads(x, width=d_h):
         b, n, _ = x.shape
         if split == "no swap":
-            return x.reshape(b, h, n, d_h)
-        return x.reshape(b, n, h, d_h).transpose(1, 2)
+            return x.reshape(b, h, n, width)
+        return x.reshape(b, n, h, width).transpose(1, 2)
 
     if "W_qkv" in params:
         projected = (lin(query, "qkv"),)
-        if split == "interleaved":
-            b, t = query.shape[:2]
-            qkv = projected[0].reshape(b, t, h, 3 * d_h).transpose(1, 2)
-            q, k, v = qkv.split(d_h, dim=-1)
+        if split == "interleaved":  # each head's [q_i | k_i | v_i] side by side
+            q, k, v = heads(projected[0], 3 * d_h).split(d_h, dim=-1)
         else:
             q, k, v = (heads(x) for x in projected[0].split(e, dim=-1))
     else:
