@@ -139,12 +139,10 @@ class SoftmaxEmptyRows(Check, id="check-softmax-empty-rows", functions=("softmax
     def cases(self, rng):
         yield Case("a row of -inf only", (np.full((1, 5), -np.inf),))
         x = rng.standard_normal((4, 6))
-        x[0, [1, 4]] = -np.inf
-        x[[1, 3]] = -np.inf
+        x[0, [1, 4]] = x[[1, 3]] = -np.inf
         yield Case("rows of -inf among ordinary rows", (x,))
         x = rng.standard_normal((3, 4)).astype(np.float32)
-        x[2] = -np.inf
-        x[0, 0] = -np.inf
+        x[2] = x[0, 0] = -np.inf
         yield Case("float32, one row of -inf", (x,))
         x = rng.standard_normal((2, 3, 4))
         x[0, 1] = x[1, 2] = -np.inf
@@ -192,8 +190,7 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
         mask[1] = True
         yield Case("one fully blocked row, T = 3, S = 5", (*_qkv(rng, 3, 5, 2, 4), mask))
         penalty = np.zeros((4, 4))
-        penalty[2] = -np.inf
-        penalty[0, 3] = -np.inf
+        penalty[2] = penalty[0, 3] = -np.inf
         yield Case("float mask with a row of -inf", (*_qkv(rng, 4, 4, 3, 2), penalty))
         mask = _some_blocked(rng, 4, 3)
         mask[0] = True

@@ -444,8 +444,7 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                  groups="consecutive", project_out=True):
         F = torch.nn.functional
         b, t, e = x.shape
-        h, g = num_heads, num_kv_heads
-        d_h = e // h
+        h, g, d_h = num_heads, num_kv_heads, e // num_heads
         xt = torch.from_numpy(x)
 
         def heads(w, n):  # (B, T, n d_h) -> (B, n, T, d_h)

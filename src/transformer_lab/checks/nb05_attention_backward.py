@@ -75,7 +75,6 @@ def snap_key_bias(answer):
     grads = answer.get("grads") if isinstance(answer, dict) else None
     if not isinstance(grads, dict):
         return answer
-    grads = dict(grads)
     key = "b_k" if "b_k" in grads else "b_qkv"
     g = grads.get(key)
     weights = [w for name, w in grads.items() if name.startswith("W_")
@@ -87,8 +86,7 @@ def snap_key_bias(answer):
     g = g.copy()
     part = g if key == "b_k" else g[g.shape[0] // 3: 2 * g.shape[0] // 3]  # a view of g
     part[np.abs(part) <= noise] = 0
-    grads[key] = g
-    return {**answer, "grads": grads}
+    return {**answer, "grads": {**grads, key: g}}
 
 
 def _averaged(answer, rows):
@@ -203,8 +201,7 @@ class AttentionBackward(Check, id="check-attention-backward",
 
     def mistakes(self, q, k, v, dout, mask=None, scale=None, dweights=None):
         right, mid = torch_attention(q, k, v, dout, mask, scale, dweights)
-        c = mid["scale"]
-        P, dP, dS = mid["P"], mid["dP"], mid["dS"]
+        P, dP, dS, c = (mid[name] for name in ("P", "dP", "dS", "scale"))
         sw = np.swapaxes
         found = {"without the scale in dq and dk (the scores are q k^T * scale)":
                  lambda: {**right, "dq": right["dq"] / c, "dk": right["dk"] / c},
