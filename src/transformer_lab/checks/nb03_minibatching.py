@@ -109,9 +109,7 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
     ### END HIDDEN TESTS
 
     def mistakes(self, q, k, v, mask=None):
-        if q.ndim < 3:
-            return {}
-
+        # (on a single sequence, q (T, d_k), both give the right answer: no hint)
         def attend(scale, axis=-1):
             s = q @ np.swapaxes(k, -1, -2) * scale
             if mask is not None:

@@ -151,8 +151,7 @@ def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, spl
     scores = (q / math.sqrt(d_h) if scale is None else q * scale) @ k.transpose(-1, -2)
     weights = torch_softmax_rows(scores, mask)
     o = weights @ v  # (B, H, T, d_h)
-    b, _, t, _ = o.shape
-    merged = o.reshape(b, t, e) if split == "no swap" else o.transpose(1, 2).reshape(b, t, e)
+    merged = (o if split == "no swap" else o.transpose(1, 2)).reshape(query.shape)
     return (lin(merged, "o") if project_out else merged), weights, projected
 
 
@@ -253,7 +252,6 @@ class _LayerForward(Check):
     def mistakes(self, *args, mask=None):
         query, key, value, params, num_heads = self._inputs(*args)
         inputs = (query, key, value, params, num_heads, mask)
-        e = query.shape[-1]
         found = {"without the scale 1/sqrt(d_h) on the scores":
                  lambda: torch_heads_forward(*inputs, scale=1.0),
                  "splitting the features by a reshape straight to (B, H, T, d_h), without "
@@ -263,7 +261,7 @@ class _LayerForward(Check):
                  lambda: torch_heads_forward(*inputs, project_out=False)}
         if num_heads > 1:
             found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
-                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(e)))
+                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(query.shape[-1])))
         if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
             found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
                   "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
@@ -461,7 +459,6 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
 
     def mistakes(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
         args = (x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-        e = x.shape[-1]
         return {"pairing key/value head j with query heads j, j + g, j + 2g, ... (np.tile, or "
                 "np.repeat over the wrong axis) instead of with the h/g consecutive query heads "
                 "of its group (np.repeat(k, h // g, axis=1))":
@@ -469,7 +466,7 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                 "without the scale 1/sqrt(d_h) on the scores":
                 lambda: self.expected(*args, scale=1.0),
                 "scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h)":
-                lambda: self.expected(*args, scale=1 / math.sqrt(e)),
+                lambda: self.expected(*args, scale=1 / math.sqrt(x.shape[-1])),
                 "without the output projection W_o":
                 lambda: self.expected(*args, project_out=False)}
 
