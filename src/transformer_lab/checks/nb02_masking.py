@@ -338,11 +338,10 @@ class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",
     def mistakes(self, query_lengths, key_lengths, T, S):
         q_pad = (torch.arange(T)[None, :] >= torch.as_tensor(query_lengths)[:, None]).numpy()
         k_pad = (torch.arange(S)[None, :] >= torch.as_tensor(key_lengths)[:, None]).numpy()
-        b = len(q_pad)
         found = {"blocking the padded keys only (the padded queries' rows must be blocked too)":
-                 lambda: np.broadcast_to(k_pad[:, None, :], (b, T, S)).copy(),
+                 lambda: k_pad[:, None, :].repeat(T, axis=1),
                  "blocking the padded queries only (the padded keys must be blocked too)":
-                 lambda: np.broadcast_to(q_pad[:, :, None], (b, T, S)).copy(),
+                 lambda: q_pad[:, :, None].repeat(S, axis=2),
                  "with True = allowed (True must mean blocked)":
                  lambda: ~self.expected(query_lengths, key_lengths, T, S)}
         if T == S:

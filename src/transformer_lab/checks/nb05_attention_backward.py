@@ -324,10 +324,8 @@ class SelfAttentionBackward(Check, id="check-self-attention-backward",
 
     def mistakes(self, x, params, num_heads, dout, mask=None, dweights=None):
         right, mid = torch_mha_backward(x, x, x, params, num_heads, dout, mask, dweights)
-        e = x.shape[-1]
-        w, d = params["W_qkv"], mid["dQKV"]
-        path = {n: d[..., i * e:(i + 1) * e] @ w[:, i * e:(i + 1) * e].T
-                for i, n in enumerate("qkv")}
+        thirds = np.split(mid["dQKV"], 3, axis=-1), np.split(params["W_qkv"], 3, axis=1)
+        path = {n: d @ w.T for n, d, w in zip("qkv", *thirds, strict=True)}  # dx through q, k, v
         b, t = dout.shape[:2]
         found = {"forgetting the key path of the input gradient (dx = dQ W_q^T + dV W_v^T: x "
                  "feeds the keys too)":
