@@ -90,14 +90,14 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
     axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
 
     def cases(self, rng):
-        yield Case("T = S = 4, d_k = d_v = 3", tuple(rng.standard_normal((4, 3)) for _ in range(3)))
+        yield Case("T = S = 4, d_k = d_v = 3", normals(rng, *[(4, 3)] * 3))
         yield Case("T = 2, S = 5, d_k = 4, d_v = 6", normals(rng, (2, 4), (5, 4), (5, 6)))
         yield Case("float32, d_k = 8", normals(rng, *[(3, 8)] * 3, dtype=np.float32))
         yield Case("scale = 0.3 given (d_k = 4)", normals(rng, *[(3, 4)] * 3), {"scale": 0.3})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
-        yield Case("one query, one key", tuple(rng.standard_normal((1, 2)) for _ in range(3)))
+        yield Case("one query, one key", normals(rng, *[(1, 2)] * 3))
         yield Case("large d_k = 64, T = 3, S = 5", normals(rng, (3, 64), (5, 64), (5, 2)))
         yield Case("large scores (q and k of size 30)",
                    tuple(rng.standard_normal((4, 4)) * s for s in (30, 30, 1)))
@@ -220,12 +220,11 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
     def cases(self, rng):
         yield Case("B = 2, T = 3, S = 5, tau = 0.5", normals(rng, (2, 3, 4), (2, 5, 4), (2, 5, 6)),
                    {"tau": 0.5})
-        yield Case("tau = 1e6 (almost uniform weights)",
-                   tuple(rng.standard_normal((1, 4, 3)) for _ in range(3)), {"tau": 1e6})
-        yield Case("tau = 1e-4 (sharp, must stay finite)",
-                   tuple(rng.standard_normal((1, 4, 3)) for _ in range(3)), {"tau": 1e-4})
-        yield Case("the default tau, B = 3, T = S = 2", tuple(rng.standard_normal((3, 2, 5))
-                                                              for _ in range(3)))
+        yield Case("tau = 1e6 (almost uniform weights)", normals(rng, *[(1, 4, 3)] * 3),
+                   {"tau": 1e6})
+        yield Case("tau = 1e-4 (sharp, must stay finite)", normals(rng, *[(1, 4, 3)] * 3),
+                   {"tau": 1e-4})
+        yield Case("the default tau, B = 3, T = S = 2", normals(rng, *[(3, 2, 5)] * 3))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -233,10 +232,8 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
         yield Case("queries and keys of very different lengths",
                    (q * rng.uniform(0.1, 10, (3, 2, 1)), k * rng.uniform(0.1, 10, (3, 4, 1)), v),
                    {"tau": 0.2})
-        yield Case("one query, one key", tuple(rng.standard_normal((1, 1, 2)) for _ in range(3)),
-                   {"tau": 0.1})
-        yield Case("B = 4 = S = d_k (a square batch)", tuple(rng.standard_normal((4, 4, 4))
-                                                             for _ in range(3)), {"tau": 0.3})
+        yield Case("one query, one key", normals(rng, *[(1, 1, 2)] * 3), {"tau": 0.1})
+        yield Case("B = 4 = S = d_k (a square batch)", normals(rng, *[(4, 4, 4)] * 3), {"tau": 0.3})
 
     def expected(self, q, k, v, tau=0.1, norm_dim=-1, softmax_dim=-1, normalise_k=True):
         q, k, v = (torch.from_numpy(a) for a in (q, k, v))

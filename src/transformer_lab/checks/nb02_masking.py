@@ -26,9 +26,9 @@ def _qkv(rng, t, s, d_k, d_v, dtype=np.float64, lead=()):
     return normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v), dtype=dtype)
 
 
-def _some_blocked(rng, t, s, p=0.4):
+def _some_blocked(rng, t, s):
     """A random (t, s) mask, True = blocked, with at least one allowed key in every row."""
-    mask = rng.random((t, s)) < p
+    mask = rng.random((t, s)) < 0.4
     mask[np.arange(t), rng.integers(s, size=t)] = False
     return mask
 
@@ -139,12 +139,10 @@ class SoftmaxEmptyRows(Check, id="check-softmax-empty-rows", functions=("softmax
     def cases(self, rng):
         yield Case("a row of -inf only", (np.full((1, 5), -np.inf),))
         x = rng.standard_normal((4, 6))
-        x[0, [1, 4]] = -np.inf
-        x[[1, 3]] = -np.inf
+        x[0, [1, 4]] = x[[1, 3]] = -np.inf
         yield Case("rows of -inf among ordinary rows", (x,))
         x = rng.standard_normal((3, 4)).astype(np.float32)
-        x[2] = -np.inf
-        x[0, 0] = -np.inf
+        x[2] = x[0, 0] = -np.inf
         yield Case("float32, one row of -inf", (x,))
         x = rng.standard_normal((2, 3, 4))
         x[0, 1] = x[1, 2] = -np.inf
@@ -192,8 +190,7 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
         mask[1] = True
         yield Case("one fully blocked row, T = 3, S = 5", (*_qkv(rng, 3, 5, 2, 4), mask))
         penalty = np.zeros((4, 4))
-        penalty[2] = -np.inf
-        penalty[0, 3] = -np.inf
+        penalty[2] = penalty[0, 3] = -np.inf
         yield Case("float mask with a row of -inf", (*_qkv(rng, 4, 4, 3, 2), penalty))
         mask = _some_blocked(rng, 4, 3)
         mask[0] = True
@@ -216,8 +213,7 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
         if mask.dtype == bool:
             found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "
                   "then attends to its blocked keys anyway (as if unmasked; uniformly in "
-                  "float32)"] = (
-                lambda: _softmax(np.where(mask, -1e9, s)) @ v)
+                  "float32)"] = lambda: _softmax(np.where(mask, -1e9, s)) @ v
         return found
 
 
@@ -248,10 +244,7 @@ class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
 
     def mistakes(self, lengths, S):
         want = self.expected(lengths, S)
-        lengths = np.asarray(lengths)
-        first_pad = want.copy()
-        rows = np.flatnonzero(lengths < S)
-        first_pad[rows, lengths[rows]] = False
+        first_pad = np.arange(S)[None, :] > np.asarray(lengths)[:, None]
         return {"with > instead of >= (position lengths[b] is already padding: positions "
                 "count from 0)": lambda: first_pad,
                 "with True = a real token (the convention inverted: True must mean padding)":
@@ -282,11 +275,10 @@ class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window
         return (~allowed).numpy()
 
     def mistakes(self, T, window):
-        ones = torch.ones(T, T, dtype=torch.bool)
         return {"seeing window + 1 positions (j >= i - window allowed: itself and window - 1 "
-                "before it)": lambda: (~(ones.tril() & ~ones.tril(-window - 1))).numpy(),
-                "without the causal part (the future must stay blocked)":
-                lambda: ones.tril(-window).numpy(),  # only j <= i - window blocked
+                "before it)": lambda: self.expected(T, window + 1),
+                "without the causal part (the future must stay blocked)":  # blocks j <= i - window
+                lambda: torch.ones(T, T, dtype=torch.bool).tril(-window).numpy(),
                 "with True = allowed (True must mean blocked)":
                 lambda: ~self.expected(T, window)}
     ### END HIDDEN TESTS
@@ -311,15 +303,14 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
         return (~allowed).numpy()
 
     def mistakes(self, T, prefix_len):
-        causal = ~torch.ones(T, T, dtype=torch.bool).tril()
-        one_more = self.expected(T, min(prefix_len + 1, T))
-        rows_open = causal.clone()
+        rows_open = self.expected(T, 0)  # the causal mask
         rows_open[:prefix_len] = False
         return {"the plain causal mask (the prefix keys are visible to every query)":
-                lambda: causal.numpy(),
-                "a prefix one position too long (j <= P instead of j < P)": lambda: one_more,
+                lambda: self.expected(T, 0),
+                "a prefix one position too long (j <= P instead of j < P)":
+                lambda: self.expected(T, min(prefix_len + 1, T)),
                 "opening the prefix queries' rows to the whole sequence (they must not see past "
-                "the prefix)": lambda: rows_open.numpy(),
+                "the prefix)": lambda: rows_open,
                 "with True = allowed (True must mean blocked)":
                 lambda: ~self.expected(T, prefix_len)}
     ### END HIDDEN TESTS
@@ -347,11 +338,10 @@ class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",
     def mistakes(self, query_lengths, key_lengths, T, S):
         q_pad = (torch.arange(T)[None, :] >= torch.as_tensor(query_lengths)[:, None]).numpy()
         k_pad = (torch.arange(S)[None, :] >= torch.as_tensor(key_lengths)[:, None]).numpy()
-        b = len(q_pad)
         found = {"blocking the padded keys only (the padded queries' rows must be blocked too)":
-                 lambda: np.broadcast_to(k_pad[:, None, :], (b, T, S)).copy(),
+                 lambda: k_pad[:, None, :].repeat(T, axis=1),
                  "blocking the padded queries only (the padded keys must be blocked too)":
-                 lambda: np.broadcast_to(q_pad[:, :, None], (b, T, S)).copy(),
+                 lambda: q_pad[:, :, None].repeat(S, axis=2),
                  "with True = allowed (True must mean blocked)":
                  lambda: ~self.expected(query_lengths, key_lengths, T, S)}
         if T == S:

@@ -14,9 +14,7 @@ from transformer_lab.checks.nb01_attention import _softmax
 from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
 
 
-class _LinearCases:
-    """The cases of both linear checks (the forward and the backward see the same inputs)."""
-
+class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=("linear_forward",)):
     def cases(self, rng):
         yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", linear_case(rng, (2, 3), 4, 5))
         yield Case("two leading axes (2, 3, 4, D_in = 3)", linear_case(rng, (2, 3, 4), 3, 2))
@@ -31,9 +29,6 @@ class _LinearCases:
         yield Case("square shapes B = T = D_in = D_out = 4", linear_case(rng, (4, 4), 4, 4))
     ### END HIDDEN TESTS
 
-
-class LinearForwardBatched(_LinearCases, Check, id="check-linear-forward-batched",
-                           functions=("linear_forward",)):
     def run(self, f, x, W, b, dout):
         return f.linear_forward(x, W, b)[0]
 
@@ -50,8 +45,10 @@ class LinearForwardBatched(_LinearCases, Check, id="check-linear-forward-batched
         return found
 
 
-class LinearBackwardBatched(_LinearCases, Check, id="check-linear-backward-batched",
+class LinearBackwardBatched(LinearForwardBatched, id="check-linear-backward-batched",
                             functions=("linear_forward", "linear_backward")):
+    """The forward check's cases (the same inputs), the backward's answer."""
+
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
         dx, grads = f.linear_backward(dout, cache)
@@ -112,21 +109,18 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
     ### END HIDDEN TESTS
 
     def mistakes(self, q, k, v, mask=None):
-        if q.ndim < 3:
-            return {}
-
+        # (on a single sequence, q (T, d_k), both give the right answer: no hint)
         def attend(scale, axis=-1):
             s = q @ np.swapaxes(k, -1, -2) * scale
             if mask is not None:
                 s = np.where(mask, -np.inf, s) if mask.dtype == bool else s + mask
             return _softmax(s, axis) @ v
 
-        right = 1 / math.sqrt(q.shape[-1])
         return {"scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "
                 "(count axes from the right: q.shape[-1])":
                 lambda: attend(1 / math.sqrt(q.shape[1])),
                 "with the softmax over axis 1 -- on a batch that is not the keys' axis "
-                "(use the last axis)": lambda: attend(right, axis=1)}
+                "(use the last axis)": lambda: attend(1 / math.sqrt(q.shape[-1]), axis=1)}
 
 
 # --------------------------------------------------------------------------------------------

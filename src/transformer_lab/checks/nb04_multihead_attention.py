@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check
+from transformer_lab.checks.framework import Case, Check, normals
 from transformer_lab.reference.interop import layout
 
 # --------------------------------------------------------------------------------------------
@@ -49,11 +49,8 @@ def mha_case(rng, name, b, t, s, e, h, kdim=None, vdim=None, bias=True, dtype=np
     S = T); the parameters, the number of heads; for a backward pass (notebook 05) dout and,
     with ``dweights``, a gradient of the weights (B, H, T, S) after them."""
     query = rng.standard_normal((b, t, e))
-    if self_attention or packed:
-        key = value = query
-    else:
-        key = rng.standard_normal((b, s, kdim or e))
-        value = rng.standard_normal((b, s, vdim or e))
+    key, value = ((query, query) if self_attention or packed
+                  else normals(rng, (b, s, kdim or e), (b, s, vdim or e)))
     params = mha_case_params(rng, e, kdim, vdim, bias, packed, dtype)
     arrays = tuple(a.astype(dtype) for a in ((query,) if packed else (query, key, value)))
     if not backward:
@@ -136,18 +133,16 @@ def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, spl
         y = x @ (w.T if transpose_weights else w)
         return y + params[f"b_{name}"] if f"b_{name}" in params else y
 
-    def heads(x):
+    def heads(x, width=d_h):
         b, n, _ = x.shape
         if split == "no swap":
-            return x.reshape(b, h, n, d_h)
-        return x.reshape(b, n, h, d_h).transpose(1, 2)
+            return x.reshape(b, h, n, width)
+        return x.reshape(b, n, h, width).transpose(1, 2)
 
     if "W_qkv" in params:
         projected = (lin(query, "qkv"),)
-        if split == "interleaved":
-            b, t = query.shape[:2]
-            qkv = projected[0].reshape(b, t, h, 3 * d_h).transpose(1, 2)
-            q, k, v = qkv.split(d_h, dim=-1)
+        if split == "interleaved":  # each head's [q_i | k_i | v_i] side by side
+            q, k, v = heads(projected[0], 3 * d_h).split(d_h, dim=-1)
         else:
             q, k, v = (heads(x) for x in projected[0].split(e, dim=-1))
     else:
@@ -156,8 +151,7 @@ def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, spl
     scores = (q / math.sqrt(d_h) if scale is None else q * scale) @ k.transpose(-1, -2)
     weights = torch_softmax_rows(scores, mask)
     o = weights @ v  # (B, H, T, d_h)
-    b, _, t, _ = o.shape
-    merged = o.reshape(b, t, e) if split == "no swap" else o.transpose(1, 2).reshape(b, t, e)
+    merged = (o if split == "no swap" else o.transpose(1, 2)).reshape(query.shape)
     return (lin(merged, "o") if project_out else merged), weights, projected
 
 
@@ -258,7 +252,6 @@ class _LayerForward(Check):
     def mistakes(self, *args, mask=None):
         query, key, value, params, num_heads = self._inputs(*args)
         inputs = (query, key, value, params, num_heads, mask)
-        e = query.shape[-1]
         found = {"without the scale 1/sqrt(d_h) on the scores":
                  lambda: torch_heads_forward(*inputs, scale=1.0),
                  "splitting the features by a reshape straight to (B, H, T, d_h), without "
@@ -268,7 +261,7 @@ class _LayerForward(Check):
                  lambda: torch_heads_forward(*inputs, project_out=False)}
         if num_heads > 1:
             found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
-                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(e)))
+                lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(query.shape[-1])))
         if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
             found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
                   "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
@@ -348,8 +341,7 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
         if attn_mask is not None:
             full = full | torch.from_numpy(attn_mask)
         if key_padding_mask is not None:
-            b, s = key_padding_mask.shape
-            full = full | torch.from_numpy(key_padding_mask).view(b, 1, 1, s)
+            full = full | torch.from_numpy(key_padding_mask)[:, None, None, :]
         return full.numpy()
 
     def mistakes(self, attn_mask, key_padding_mask, scores_shape):
@@ -427,10 +419,9 @@ class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
 class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_attention",)):
     @staticmethod
     def _case(rng, name, b, t, e, h, g, dtype=np.float64):
-        d_h = e // h
         x = rng.standard_normal((b, t, e))
         w_q, w_o = rng.standard_normal((2, e, e)) / math.sqrt(e)
-        w_k, w_v = rng.standard_normal((2, e, g * d_h)) / math.sqrt(e)
+        w_k, w_v = rng.standard_normal((2, e, g * (e // h))) / math.sqrt(e)
         return Case(name, tuple(a.astype(dtype) for a in (x, w_q, w_k, w_v, w_o)) + (h, g))
 
     def cases(self, rng):
@@ -451,8 +442,7 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                  groups="consecutive", project_out=True):
         F = torch.nn.functional
         b, t, e = x.shape
-        h, g = num_heads, num_kv_heads
-        d_h = e // h
+        h, g, d_h = num_heads, num_kv_heads, e // num_heads
         xt = torch.from_numpy(x)
 
         def heads(w, n):  # (B, T, n d_h) -> (B, n, T, d_h)
@@ -469,7 +459,6 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
 
     def mistakes(self, x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads):
         args = (x, W_q, W_k, W_v, W_o, num_heads, num_kv_heads)
-        e = x.shape[-1]
         return {"pairing key/value head j with query heads j, j + g, j + 2g, ... (np.tile, or "
                 "np.repeat over the wrong axis) instead of with the h/g consecutive query heads "
                 "of its group (np.repeat(k, h // g, axis=1))":
@@ -477,7 +466,7 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                 "without the scale 1/sqrt(d_h) on the scores":
                 lambda: self.expected(*args, scale=1.0),
                 "scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h)":
-                lambda: self.expected(*args, scale=1 / math.sqrt(e)),
+                lambda: self.expected(*args, scale=1 / math.sqrt(x.shape[-1])),
                 "without the output projection W_o":
                 lambda: self.expected(*args, project_out=False)}
 
@@ -514,8 +503,8 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
         x = torch.zeros(1, T, E)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             q = q_proj(x).view(1, T, h, d_h).transpose(1, 2)
-            k = k_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
-            v = v_proj(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+            k, v = (p(x).view(1, T, g, d_h).transpose(1, 2).repeat_interleave(h // g, dim=1)
+                    for p in (k_proj, v_proj))
             w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
             o_proj((w @ v).transpose(1, 2).reshape(1, T, E))
         return {"params": int(n_params), "flops": int(counter.get_total_flops())}

@@ -37,10 +37,8 @@ def torch_attention(q, k, v, dout, mask=None, scale=None, dweights=None):
     weights = torch_softmax_rows(scores, mask)
     weights.retain_grad()
     out = weights @ vt
-    loss = (out * _t(dout)).sum()
-    if dweights is not None:
-        loss = loss + (weights * _t(dweights)).sum()
-    loss.backward()
+    extra = 0 if dweights is None else (weights * _t(dweights)).sum()  # a loss on P too
+    ((out * _t(dout)).sum() + extra).backward()
     grads = {"dq": _np(qt.grad), "dk": _np(kt.grad), "dv": _np(vt.grad)}
     return grads, {"P": _np(weights), "dP": _np(weights.grad), "dS": _np(scores.grad),
                    "scale": scale}
@@ -49,7 +47,8 @@ def torch_attention(q, k, v, dout, mask=None, scale=None, dweights=None):
 def torch_mha_backward(query, key, value, params, num_heads, dout, mask=None, dweights=None):
     """Autograd of :func:`~.nb04_multihead_attention.torch_heads` (separate projections, or
     packed ``W_qkv`` with ``query`` the input x). Returns the answer in the layout of the core's
-    backward and the gradients of the projections: dQ, dK, dV (B, T|S, E), or dQKV."""
+    backward (the key bias's gradient snapped: :func:`snap_key_bias`) and the gradients of the
+    projections: dQ, dK, dV (B, T|S, E), or dQKV."""
     leaves = {name: _t(a, True) for name, a in params.items()}
     packed = "W_qkv" in params
     inputs = [_t(a, True) for a in ((query,) if packed else (query, key, value))]
@@ -57,17 +56,14 @@ def torch_mha_backward(query, key, value, params, num_heads, dout, mask=None, dw
                                           mask)
     for a in projected:
         a.retain_grad()
-    loss = (out * _t(dout)).sum()
-    if dweights is not None:
-        loss = loss + (weights * _t(dweights)).sum()
-    loss.backward()
+    extra = 0 if dweights is None else (weights * _t(dweights)).sum()  # a loss on P too
+    ((out * _t(dout)).sum() + extra).backward()
     grads = {name: _np(leaf.grad) for name, leaf in leaves.items()}
     middle = {name: _np(a.grad) for name, a in zip(("dQKV",) if packed else ("dQ", "dK", "dV"),
                                                    projected, strict=True)}
-    if packed:
-        return {"dx": _np(inputs[0].grad), "grads": grads}, middle
-    return {"dquery": _np(inputs[0].grad), "dkey": _np(inputs[1].grad),
-            "dvalue": _np(inputs[2].grad), "grads": grads}, middle
+    names = ("dx",) if packed else ("dquery", "dkey", "dvalue")
+    answer = {name: _np(a.grad) for name, a in zip(names, inputs, strict=True)}
+    return snap_key_bias({**answer, "grads": grads}), middle
 
 
 def snap_key_bias(answer):
@@ -79,21 +75,18 @@ def snap_key_bias(answer):
     grads = answer.get("grads") if isinstance(answer, dict) else None
     if not isinstance(grads, dict):
         return answer
-    grads = dict(grads)
-    key = "b_k" if "b_k" in grads else "b_qkv" if "b_qkv" in grads else None
+    key = "b_k" if "b_k" in grads else "b_qkv"
     g = grads.get(key)
     weights = [w for name, w in grads.items() if name.startswith("W_")
                and isinstance(w, np.ndarray) and np.issubdtype(w.dtype, np.floating)]
-    if key is None or not isinstance(g, np.ndarray) or not np.issubdtype(g.dtype, np.floating) \
-            or not weights:
+    if not isinstance(g, np.ndarray) or not np.issubdtype(g.dtype, np.floating) or not weights:
         return answer
     scale = max(float(np.abs(w).max()) for w in weights)
     noise = math.sqrt(np.finfo(g.dtype).eps) * scale
     g = g.copy()
     part = g if key == "b_k" else g[g.shape[0] // 3: 2 * g.shape[0] // 3]  # a view of g
     part[np.abs(part) <= noise] = 0
-    grads[key] = g
-    return {**answer, "grads": grads}
+    return {**answer, "grads": {**grads, key: g}}
 
 
 def _averaged(answer, rows):
@@ -208,8 +201,7 @@ class AttentionBackward(Check, id="check-attention-backward",
 
     def mistakes(self, q, k, v, dout, mask=None, scale=None, dweights=None):
         right, mid = torch_attention(q, k, v, dout, mask, scale, dweights)
-        c = mid["scale"]
-        P, dP, dS = mid["P"], mid["dP"], mid["dS"]
+        P, dP, dS, c = (mid[name] for name in ("P", "dP", "dS", "scale"))
         sw = np.swapaxes
         found = {"without the scale in dq and dk (the scores are q k^T * scale)":
                  lambda: {**right, "dq": right["dq"] / c, "dk": right["dk"] / c},
@@ -273,13 +265,11 @@ class MultiHeadAttentionBackward(Check, id="check-mha-backward",
         return snap_key_bias({"dquery": dquery, "dkey": dkey, "dvalue": dvalue, "grads": grads})
 
     def expected(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
-        return snap_key_bias(torch_mha_backward(query, key, value, params, num_heads, dout, mask,
-                                                dweights)[0])
+        return torch_mha_backward(query, key, value, params, num_heads, dout, mask, dweights)[0]
 
     def mistakes(self, query, key, value, params, num_heads, dout, mask=None, dweights=None):
         right, mid = torch_mha_backward(query, key, value, params, num_heads, dout, mask,
                                         dweights)
-        right = snap_key_bias(right)
         b, t = dout.shape[:2]
         found = {"averaging the parameter gradients over the batch instead of summing them "
                  "(every sequence uses the same weights: their contributions add)":
@@ -330,16 +320,12 @@ class SelfAttentionBackward(Check, id="check-self-attention-backward",
         return snap_key_bias({"dx": dx, "grads": grads})
 
     def expected(self, x, params, num_heads, dout, mask=None, dweights=None):
-        return snap_key_bias(torch_mha_backward(x, x, x, params, num_heads, dout, mask,
-                                                dweights)[0])
+        return torch_mha_backward(x, x, x, params, num_heads, dout, mask, dweights)[0]
 
     def mistakes(self, x, params, num_heads, dout, mask=None, dweights=None):
         right, mid = torch_mha_backward(x, x, x, params, num_heads, dout, mask, dweights)
-        right = snap_key_bias(right)
-        e = x.shape[-1]
-        w, d = params["W_qkv"], mid["dQKV"]
-        path = {n: d[..., i * e:(i + 1) * e] @ w[:, i * e:(i + 1) * e].T
-                for i, n in enumerate("qkv")}
+        thirds = np.split(mid["dQKV"], 3, axis=-1), np.split(params["W_qkv"], 3, axis=1)
+        path = {n: d @ w.T for n, d, w in zip("qkv", *thirds, strict=True)}  # dx through q, k, v
         b, t = dout.shape[:2]
         found = {"forgetting the key path of the input gradient (dx = dQ W_q^T + dV W_v^T: x "
                  "feeds the keys too)":
@@ -432,8 +418,7 @@ class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
 
     def mistakes(self, dO, Q, K, V, P, scale, A=None):
         right = self.expected(dO, Q, K, V, P, scale, A)
-        lead = Q.ndim - 2
-        n = int(np.prod(Q.shape[:lead])) if lead else 1
+        n = math.prod(Q.shape[:-2])
         return {"averaging dA over the leading axes instead of summing (A is shared by every "
                 "sequence and head: their gradients add)":
                 lambda: {**right, "dA": right["dA"] / n},
