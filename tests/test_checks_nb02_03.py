@@ -133,6 +133,11 @@ def test_mask_variant_mistakes():
     message = _fails("check-cross-mask", keys_only)
     assert "blocking the padded keys only" in message
 
+    def swapped(ql, kl, T, S):  # valid queries counted by the key lengths, and the other way
+        q_valid = np.arange(T)[None, :] < np.asarray(kl)[:, None]
+        return ~(q_valid[:, :, None] & (np.arange(S)[None, :] < np.asarray(ql)[:, None])[:, None])
+    assert "the query and key lengths swapped" in _fails("check-cross-mask", swapped)
+
 
 # --------------------------------------------------------------------------------------------
 # 03: core exercises
