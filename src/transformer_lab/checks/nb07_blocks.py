@@ -104,22 +104,19 @@ def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     layers = params["layers"]
     e, _, bias, dtype = _dims(layers[0])
     one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
-    norm = None
-    if params["norm"] is not None:
-        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    norm = None if params["norm"] is None else torch.nn.LayerNorm(
+        e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    cls, extra = ((torch.nn.TransformerDecoder, {}) if decoder
+                  else (torch.nn.TransformerEncoder, {"enable_nested_tensor": False}))
     with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
         warnings.simplefilter("ignore")
-        if decoder:
-            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
-        else:
-            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
-                                                enable_nested_tensor=False)
+        stack = cls(one, len(layers), norm=norm, **extra)
     return _load(stack, layout.stack_to_torch(params, ""))
 
 
-def _named_grads(module) -> dict:
-    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad))
-            for n, p in module.named_parameters()}
+def _named_grads(named) -> dict:
+    """name -> gradient of each (name, tensor) of ``named`` (zeros where none reached it)."""
+    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad)) for n, p in named}
 
 
 def quiet_key_bias(grads, dtype):
@@ -182,8 +179,7 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
         return {"out": out, "dx": f.gelu_backward(dout, cache)}
 
     def expected(self, x, dout, approximate="none"):
-        gelu = torch.nn.functional.gelu
-        out, dx = autograd(lambda xt: gelu(xt, approximate=approximate), dout, x)
+        out, dx = autograd(_activation("gelu" if approximate == "none" else "gelu_tanh"), dout, x)
         return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout, approximate="none"):
@@ -413,18 +409,15 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
         return {"out": out, "dx": f.dropout_backward(dout, cache)}
 
-    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
-                 eval_scale=None):
+    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale=None, eval_scale=1.0):
         # torch's F.dropout draws its own mask; what it computes with a mask is
-        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
-        if not train or p == 0:
-            s = 1.0 if eval_scale is None else eval_scale
-            return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
-        u = np.random.default_rng(seed).random(x.shape)
-        keep = u >= p if keep_if == "u >= p" else u < p
-        if p == 1:  # every entry dropped: PyTorch's F.dropout(x, 1.0) is all zeros
-            keep, scale = np.zeros(x.shape, dtype=bool), "1"
-        k = {"1/(1-p)": lambda: 1 / (1 - p), "1": lambda: 1.0, "1-p": lambda: 1 - p}[scale]()
+        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator.
+        # A mistake's scale replaces 1/(1-p); its eval_scale the identity of evaluation.
+        keep, k = True, eval_scale  # evaluation, or p = 0: the identity
+        if train and p > 0:  # p = 1 drops every entry (F.dropout(x, 1.0) is all zeros)
+            u = np.random.default_rng(seed).random(x.shape)
+            keep = (u >= p if keep_if == "u >= p" else u < p) & (p < 1)
+            k = 1.0 if p == 1 else 1 / (1 - p) if scale is None else scale
         return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
 
     def mistakes(self, x, dout, p, seed, train):
@@ -436,9 +429,9 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                     "with inverted dropout evaluation does nothing)": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 - p)}
         return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
-                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale="1"),
+                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale=1.0),
                 "scaling by (1 - p) instead of 1/(1 - p)":
-                lambda: self.expected(x, dout, p, seed, train, scale="1-p"),
+                lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
                 "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p")}
 
@@ -471,14 +464,12 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         shape = b if kind == "uniform" else (a, b)
         right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
+        bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
+                 "fan_in": math.sqrt(6 / (2 * a))}[how]
         if how == "normal":
-            W = rng.standard_normal(shape) * std
-        elif how == "half":
-            W = rng.uniform(0, right, size=shape)
+            W = rng.standard_normal(shape) * bound
         else:
-            bound = {"right": right, "1/fan_in": 1 / a, "std": std,
-                     "fan_in": math.sqrt(6 / (2 * a))}[how]
-            W = rng.uniform(-bound, bound, size=shape)
+            W = rng.uniform(0 if how == "half" else -bound, bound, size=shape)
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):
@@ -573,7 +564,7 @@ class _TwinCheck(Check):
         out = twin(xt, *reads[:1], *(torch_mask(m, b, heads, t, s)
                                      for m, s in zip(masks, lengths, strict=True)))
         out.backward(_t(dout))
-        named = _named_grads(twin)
+        named = _named_grads(twin.named_parameters())
         grads = (layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder, True,
                                          params["norm"] is not None) if self.stack
                  else layout.layer_from_torch(named, "", e, self.decoder, True))

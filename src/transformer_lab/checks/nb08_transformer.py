@@ -10,6 +10,7 @@ shared with notebook 09's checks.
 from __future__ import annotations
 
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -232,12 +233,10 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
     if bias:
         params["out_proj"]["b"] = _randn(rng, (v_tgt,), dtype, 0.3)
     max_len = max(s, t) + 2
-    pe = None
     if learned:
-        params["src_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-        params["tgt_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-    else:
-        pe = _randn(rng, (max_len, e), dtype, 0.7)  # any table: the model adds its rows
+        params.update({f"{side}_pos": {"W": _randn(rng, (max_len, e), dtype, 0.7)}
+                       for side in ("src", "tgt")})
+    pe = None if learned else _randn(rng, (max_len, e), dtype, 0.7)  # any table: its rows added
     src = rng.integers(0, v_src, (b, s))
     tgt_in = rng.integers(0, v_tgt, (b, t))
     src_pad = tgt_pad = None
@@ -287,16 +286,14 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
 
 def torch_model_grads(params, core, outer):
     """The gradients of a :func:`torch_logits` run, nested like ``params``."""
-    named = _named_grads(core)
+    named = _named_grads([*core.named_parameters(), *outer.items()])
     e = params["out_proj"]["W"].shape[0]
-    grads = {"encoder": layout.stack_from_torch(named, "encoder.", len(params["encoder"]["layers"]),
-                                                e, decoder=False),
-             "decoder": layout.stack_from_torch(named, "decoder.", len(params["decoder"]["layers"]),
-                                                e, decoder=True, split_cross=True)}
-    for name, tensor in outer.items():
+    grads = {side: layout.stack_from_torch(named, f"{side}.", len(params[side]["layers"]), e,
+                                           side == "decoder", split_cross=True)
+             for side in ("encoder", "decoder")}
+    for name in outer:  # "src_embed.W" -> grads["src_embed"]["W"]
         key, sub = name.split(".")
-        grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
-            np.zeros(tuple(tensor.shape))
+        grads.setdefault(key, {})[sub] = named[name]
     return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
@@ -331,26 +328,21 @@ class TransformerForward(Check, id="check-transformer-forward",
         return {"memory (transformer_encode)": memory, "logits (transformer_decode)": decoded,
                 "logits (transformer_forward)": logits}
 
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
-        memory, logits, _, _ = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad,
-                                            how)
+    def expected(self, *case, how="right"):
+        memory, logits, _, _ = torch_logits(*case, how)
         return {"memory (transformer_encode)": _np(memory),
                 "logits (transformer_decode)": _np(logits),
                 "logits (transformer_forward)": _np(logits)}
 
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
+        hows = {"without the positions (add the first T rows of the table)": "no positions",
+                "without the causal mask in the decoder's self-attention": "no causal mask",
+                "without multiplying the token embeddings by sqrt(E) (config.scale_embeddings)":
+                "no scale" if config["scale_embeddings"] else None,
+                "with the source padding left out of the cross-attention's mask":
+                "no memory padding mask" if src_pad is not None else None}
         case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
-        found = {"without the positions (add the first T rows of the table)":
-                 lambda: self.expected(*case, how="no positions"),
-                 "without the causal mask in the decoder's self-attention":
-                 lambda: self.expected(*case, how="no causal mask")}
-        if config["scale_embeddings"]:
-            found["without multiplying the token embeddings by sqrt(E) "
-                  "(config.scale_embeddings)"] = lambda: self.expected(*case, how="no scale")
-        if src_pad is not None:
-            found["with the source padding left out of the cross-attention's mask"] = (
-                lambda: self.expected(*case, how="no memory padding mask"))
-        return found
+        return {text: partial(self.expected, *case, how=how) for text, how in hows.items() if how}
 
 
 # --------------------------------------------------------------------------------------------
