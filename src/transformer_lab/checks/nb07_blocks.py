@@ -9,6 +9,7 @@ from a ``np.random.Generator`` seeded by the case, and the expected answer repla
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import ClassVar
@@ -22,7 +23,7 @@ from transformer_lab.reference.interop import layout
 
 
 def _randn(rng, shape, dtype=np.float64, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
+    return normals(rng, shape, dtype=dtype, scale=scale)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,11 +80,6 @@ def _activation(name):
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
 
 
-def _dims(layer_p):
-    e, f = layer_p["ff"]["W1"].shape
-    return e, f, "b1" in layer_p["ff"], layer_p["ff"]["W1"].dtype
-
-
 def _load(module, state):
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     return module
@@ -91,21 +87,20 @@ def _load(module, state):
 
 def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
-    e, f, bias, dtype = _dims(params)
+    ff = params["ff"]
+    (e, f), dtype = ff["W1"].shape, ff["W1"].dtype
     cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
     layer = cls(e, num_heads, f, dropout=0.0, activation=_activation(activation),
-                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
-                dtype=getattr(torch, np.dtype(dtype).name))
+                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias="b1" in ff,
+                dtype=getattr(torch, dtype.name))
     return _load(layer, layout.layer_to_torch(params, ""))
 
 
 def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
     layers = params["layers"]
-    e, _, bias, dtype = _dims(layers[0])
     one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
-    norm = None if params["norm"] is None else torch.nn.LayerNorm(
-        e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    norm = None if params["norm"] is None else copy.deepcopy(one.norm1)  # loaded below
     cls, extra = ((torch.nn.TransformerDecoder, {}) if decoder
                   else (torch.nn.TransformerEncoder, {"enable_nested_tensor": False}))
     with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
