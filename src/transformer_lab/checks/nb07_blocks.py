@@ -181,11 +181,8 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
         other = "tanh" if approximate == "none" else "none"
         right = self.expected(x, dout, approximate)
         xt = _t(x.astype(np.float64))
-        if approximate == "none":
-            first_term = 0.5 * (1 + torch.erf(xt / math.sqrt(2)))  # Phi(x)
-        else:
-            first_term = 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi)
-                                                * (xt + 0.044715 * xt ** 3)))
+        gelu = _activation("gelu" if approximate == "none" else "gelu_tanh")
+        first_term = gelu(xt) / xt  # Phi(x) = gelu(x) / x, or (1 + t)/2 = gelu_tanh(x) / x
         return {f"with approximate={other!r} where {approximate!r} is asked (the exact GELU "
                 "uses erf, the approximation tanh)": lambda: self.expected(x, dout, other),
                 "with only the first term of the derivative (Phi(x), or (1 + t)/2): the product "

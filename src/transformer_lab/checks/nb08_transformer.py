@@ -53,9 +53,7 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
 
     def expected(self, max_len, d_model, base=10000.0, how="right"):
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-        i = torch.arange(0, d_model, 2, dtype=torch.float64)
-        if how == "i/d":
-            i = i / 2
+        i = torch.arange(0, d_model, 2, dtype=torch.float64) / (2 if how == "i/d" else 1)
         angles = pos * base ** (-i / d_model)
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
@@ -278,9 +276,7 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
                      tgt_key_padding_mask=_t(tgt_pad),
                      memory_key_padding_mask=None if how == "no memory padding mask"
                      else kpm_src)
-    logits = y @ outer["out_proj.W"]
-    if "out_proj.b" in outer:
-        logits = logits + outer["out_proj.b"]
+    logits = y @ outer["out_proj.W"] + outer.get("out_proj.b", 0)
     return memory, logits, core, outer
 
 
