@@ -303,8 +303,7 @@ def _tanh_sublayer(W):
     def backward(dy, cache):
         h, y = cache
         dpre = dy * (1 - y * y)
-        e = h.shape[-1]
-        return dpre @ W.T, {"W": h.reshape(-1, e).T @ dpre.reshape(-1, W.shape[1])}
+        return dpre @ W.T, {"W": h.reshape(-1, W.shape[0]).T @ dpre.reshape(-1, W.shape[1])}
 
     return forward, backward
 
@@ -458,10 +457,8 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
         bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
                  "fan_in": math.sqrt(6 / (2 * a))}[how]
-        if how == "normal":
-            W = rng.standard_normal(shape) * bound
-        else:
-            W = rng.uniform(0 if how == "half" else -bound, bound, size=shape)
+        W = (rng.standard_normal(shape) * bound if how == "normal"
+             else rng.uniform(0 if how == "half" else -bound, bound, size=shape))
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):

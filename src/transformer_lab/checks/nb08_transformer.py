@@ -101,10 +101,8 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
 
     def expected(self, ids, table, positions, scale, dx, how="right"):
-        t = ids.shape[1]
-
         def embed(W, P):
-            pos = 0 if P is None else P[:t]
+            pos = 0 if P is None else P[: ids.shape[1]]
             if how == "scale positions too":
                 return (W[_t(ids)] + pos) * scale
             return W[_t(ids)] * (1.0 if how == "no scale" else scale) + pos
