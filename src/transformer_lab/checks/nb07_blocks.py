@@ -262,9 +262,8 @@ class FeedForward(Check, id="check-feed-forward",
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, dout, activation, at_output=False):
-        act = _activation(activation)
-
         def ff(xt, p):
+            act = _activation(activation)
             h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
             a = _derivative_at_output(h, act) if at_output else act(h)
             return a @ p["W2"] + (p["b2"] if "b2" in p else 0)
@@ -402,8 +401,7 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
 
     def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale=None, eval_scale=1.0):
         # torch's F.dropout draws its own mask; what it computes with a mask is
-        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator.
-        # A mistake's scale replaces 1/(1-p); its eval_scale the identity of evaluation.
+        # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
         keep, k = True, eval_scale  # evaluation, or p = 0: the identity
         if train and p > 0:  # p = 1 drops every entry (F.dropout(x, 1.0) is all zeros)
             u = np.random.default_rng(seed).random(x.shape)
