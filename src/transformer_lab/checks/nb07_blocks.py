@@ -9,6 +9,7 @@ from a ``np.random.Generator`` seeded by the case, and the expected answer repla
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import ClassVar
@@ -22,7 +23,7 @@ from transformer_lab.reference.interop import layout
 
 
 def _randn(rng, shape, dtype=np.float64, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
+    return normals(rng, shape, dtype=dtype, scale=scale)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,11 +80,6 @@ def _activation(name):
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
 
 
-def _dims(layer_p):
-    e, f = layer_p["ff"]["W1"].shape
-    return e, f, "b1" in layer_p["ff"], layer_p["ff"]["W1"].dtype
-
-
 def _load(module, state):
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     return module
@@ -91,35 +87,31 @@ def _load(module, state):
 
 def torch_layer(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` holding ``params``."""
-    e, f, bias, dtype = _dims(params)
+    ff = params["ff"]
+    (e, f), dtype = ff["W1"].shape, ff["W1"].dtype
     cls = torch.nn.TransformerDecoderLayer if decoder else torch.nn.TransformerEncoderLayer
     layer = cls(e, num_heads, f, dropout=0.0, activation=_activation(activation),
-                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias=bias,
-                dtype=getattr(torch, np.dtype(dtype).name))
+                layer_norm_eps=eps, batch_first=True, norm_first=norm_first, bias="b1" in ff,
+                dtype=getattr(torch, dtype.name))
     return _load(layer, layout.layer_to_torch(params, ""))
 
 
 def torch_stack(params, num_heads, norm_first, activation, eps, decoder):
     """``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` holding ``params``."""
     layers = params["layers"]
-    e, _, bias, dtype = _dims(layers[0])
     one = torch_layer(layers[0], num_heads, norm_first, activation, eps, decoder)
-    norm = None
-    if params["norm"] is not None:
-        norm = torch.nn.LayerNorm(e, eps=eps, bias=bias, dtype=one.norm1.weight.dtype)
+    norm = None if params["norm"] is None else copy.deepcopy(one.norm1)  # loaded below
+    cls, extra = ((torch.nn.TransformerDecoder, {}) if decoder
+                  else (torch.nn.TransformerEncoder, {"enable_nested_tensor": False}))
     with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." and friends
         warnings.simplefilter("ignore")
-        if decoder:
-            stack = torch.nn.TransformerDecoder(one, len(layers), norm=norm)
-        else:
-            stack = torch.nn.TransformerEncoder(one, len(layers), norm=norm,
-                                                enable_nested_tensor=False)
+        stack = cls(one, len(layers), norm=norm, **extra)
     return _load(stack, layout.stack_to_torch(params, ""))
 
 
-def _named_grads(module) -> dict:
-    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad))
-            for n, p in module.named_parameters()}
+def _named_grads(named) -> dict:
+    """name -> gradient of each (name, tensor) of ``named`` (zeros where none reached it)."""
+    return {n: (np.zeros(tuple(p.shape)) if p.grad is None else _np(p.grad)) for n, p in named}
 
 
 def quiet_key_bias(grads, dtype):
@@ -182,19 +174,15 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
         return {"out": out, "dx": f.gelu_backward(dout, cache)}
 
     def expected(self, x, dout, approximate="none"):
-        gelu = torch.nn.functional.gelu
-        out, dx = autograd(lambda xt: gelu(xt, approximate=approximate), dout, x)
+        out, dx = autograd(_activation("gelu" if approximate == "none" else "gelu_tanh"), dout, x)
         return {"out": out, "dx": dx}
 
     def mistakes(self, x, dout, approximate="none"):
         other = "tanh" if approximate == "none" else "none"
         right = self.expected(x, dout, approximate)
         xt = _t(x.astype(np.float64))
-        if approximate == "none":
-            first_term = 0.5 * (1 + torch.erf(xt / math.sqrt(2)))  # Phi(x)
-        else:
-            first_term = 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi)
-                                                * (xt + 0.044715 * xt ** 3)))
+        gelu = _activation("gelu" if approximate == "none" else "gelu_tanh")
+        first_term = gelu(xt) / xt  # Phi(x) = gelu(x) / x, or (1 + t)/2 = gelu_tanh(x) / x
         return {f"with approximate={other!r} where {approximate!r} is asked (the exact GELU "
                 "uses erf, the approximation tanh)": lambda: self.expected(x, dout, other),
                 "with only the first term of the derivative (Phi(x), or (1 + t)/2): the product "
@@ -274,9 +262,8 @@ class FeedForward(Check, id="check-feed-forward",
         return {"out": out, "dx": dx, "grads": grads}
 
     def expected(self, x, params, dout, activation, at_output=False):
-        act = _activation(activation)
-
         def ff(xt, p):
+            act = _activation(activation)
             h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
             a = _derivative_at_output(h, act) if at_output else act(h)
             return a @ p["W2"] + (p["b2"] if "b2" in p else 0)
@@ -315,8 +302,7 @@ def _tanh_sublayer(W):
     def backward(dy, cache):
         h, y = cache
         dpre = dy * (1 - y * y)
-        e = h.shape[-1]
-        return dpre @ W.T, {"W": h.reshape(-1, e).T @ dpre.reshape(-1, W.shape[1])}
+        return dpre @ W.T, {"W": h.reshape(-1, W.shape[0]).T @ dpre.reshape(-1, W.shape[1])}
 
     return forward, backward
 
@@ -413,18 +399,14 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
         return {"out": out, "dx": f.dropout_backward(dout, cache)}
 
-    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale="1/(1-p)",
-                 eval_scale=None):
+    def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale=None, eval_scale=1.0):
         # torch's F.dropout draws its own mask; what it computes with a mask is
         # where(keep, x / (1 - p), 0): the same formula, on the mask of the case's generator
-        if not train or p == 0:
-            s = 1.0 if eval_scale is None else eval_scale
-            return {"out": (x * s).astype(x.dtype), "dx": (dout * s).astype(x.dtype)}
-        u = np.random.default_rng(seed).random(x.shape)
-        keep = u >= p if keep_if == "u >= p" else u < p
-        if p == 1:  # every entry dropped: PyTorch's F.dropout(x, 1.0) is all zeros
-            keep, scale = np.zeros(x.shape, dtype=bool), "1"
-        k = {"1/(1-p)": lambda: 1 / (1 - p), "1": lambda: 1.0, "1-p": lambda: 1 - p}[scale]()
+        keep, k = True, eval_scale  # evaluation, or p = 0: the identity
+        if train and p > 0:  # p = 1 drops every entry (F.dropout(x, 1.0) is all zeros)
+            u = np.random.default_rng(seed).random(x.shape)
+            keep = (u >= p if keep_if == "u >= p" else u < p) & (p < 1)
+            k = 1.0 if p == 1 else 1 / (1 - p) if scale is None else scale
         return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
 
     def mistakes(self, x, dout, p, seed, train):
@@ -436,9 +418,9 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                     "with inverted dropout evaluation does nothing)": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 - p)}
         return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
-                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale="1"),
+                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale=1.0),
                 "scaling by (1 - p) instead of 1/(1 - p)":
-                lambda: self.expected(x, dout, p, seed, train, scale="1-p"),
+                lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
                 "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p")}
 
@@ -471,14 +453,10 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         shape = b if kind == "uniform" else (a, b)
         right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
-        if how == "normal":
-            W = rng.standard_normal(shape) * std
-        elif how == "half":
-            W = rng.uniform(0, right, size=shape)
-        else:
-            bound = {"right": right, "1/fan_in": 1 / a, "std": std,
-                     "fan_in": math.sqrt(6 / (2 * a))}[how]
-            W = rng.uniform(-bound, bound, size=shape)
+        bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
+                 "fan_in": math.sqrt(6 / (2 * a))}[how]
+        W = (rng.standard_normal(shape) * bound if how == "normal"
+             else rng.uniform(0 if how == "half" else -bound, bound, size=shape))
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):
@@ -573,7 +551,7 @@ class _TwinCheck(Check):
         out = twin(xt, *reads[:1], *(torch_mask(m, b, heads, t, s)
                                      for m, s in zip(masks, lengths, strict=True)))
         out.backward(_t(dout))
-        named = _named_grads(twin)
+        named = _named_grads(twin.named_parameters())
         grads = (layout.stack_from_torch(named, "", len(params["layers"]), e, self.decoder, True,
                                          params["norm"] is not None) if self.stack
                  else layout.layer_from_torch(named, "", e, self.decoder, True))

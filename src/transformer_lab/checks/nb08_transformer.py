@@ -10,6 +10,7 @@ shared with notebook 09's checks.
 from __future__ import annotations
 
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -52,9 +53,7 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
 
     def expected(self, max_len, d_model, base=10000.0, how="right"):
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-        i = torch.arange(0, d_model, 2, dtype=torch.float64)
-        if how == "i/d":
-            i = i / 2
+        i = torch.arange(0, d_model, 2, dtype=torch.float64) / (2 if how == "i/d" else 1)
         angles = pos * base ** (-i / d_model)
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         first, second = (torch.cos, torch.sin) if how == "swapped" else (torch.sin, torch.cos)
@@ -102,10 +101,8 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
         return {"x": x, "dtable": dtable, "dpositions": dpositions}
 
     def expected(self, ids, table, positions, scale, dx, how="right"):
-        t = ids.shape[1]
-
         def embed(W, P):
-            pos = 0 if P is None else P[:t]
+            pos = 0 if P is None else P[: ids.shape[1]]
             if how == "scale positions too":
                 return (W[_t(ids)] + pos) * scale
             return W[_t(ids)] * (1.0 if how == "no scale" else scale) + pos
@@ -232,12 +229,10 @@ def model_case(rng, *, e=8, heads=2, f=12, n_enc=2, n_dec=1, vocab=(7, 6), b=2, 
     if bias:
         params["out_proj"]["b"] = _randn(rng, (v_tgt,), dtype, 0.3)
     max_len = max(s, t) + 2
-    pe = None
     if learned:
-        params["src_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-        params["tgt_pos"] = {"W": _randn(rng, (max_len, e), dtype, 0.7)}
-    else:
-        pe = _randn(rng, (max_len, e), dtype, 0.7)  # any table: the model adds its rows
+        params.update({f"{side}_pos": {"W": _randn(rng, (max_len, e), dtype, 0.7)}
+                       for side in ("src", "tgt")})
+    pe = None if learned else _randn(rng, (max_len, e), dtype, 0.7)  # any table: its rows added
     src = rng.integers(0, v_src, (b, s))
     tgt_in = rng.integers(0, v_tgt, (b, t))
     src_pad = tgt_pad = None
@@ -279,24 +274,20 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
                      tgt_key_padding_mask=_t(tgt_pad),
                      memory_key_padding_mask=None if how == "no memory padding mask"
                      else kpm_src)
-    logits = y @ outer["out_proj.W"]
-    if "out_proj.b" in outer:
-        logits = logits + outer["out_proj.b"]
+    logits = y @ outer["out_proj.W"] + outer.get("out_proj.b", 0)
     return memory, logits, core, outer
 
 
 def torch_model_grads(params, core, outer):
     """The gradients of a :func:`torch_logits` run, nested like ``params``."""
-    named = _named_grads(core)
+    named = _named_grads([*core.named_parameters(), *outer.items()])
     e = params["out_proj"]["W"].shape[0]
-    grads = {"encoder": layout.stack_from_torch(named, "encoder.", len(params["encoder"]["layers"]),
-                                                e, decoder=False),
-             "decoder": layout.stack_from_torch(named, "decoder.", len(params["decoder"]["layers"]),
-                                                e, decoder=True, split_cross=True)}
-    for name, tensor in outer.items():
+    grads = {side: layout.stack_from_torch(named, f"{side}.", len(params[side]["layers"]), e,
+                                           side == "decoder", split_cross=True)
+             for side in ("encoder", "decoder")}
+    for name in outer:  # "src_embed.W" -> grads["src_embed"]["W"]
         key, sub = name.split(".")
-        grads.setdefault(key, {})[sub] = _np(tensor.grad) if tensor.grad is not None else \
-            np.zeros(tuple(tensor.shape))
+        grads.setdefault(key, {})[sub] = named[name]
     return quiet_key_bias(tree_map(np.array, grads), params["out_proj"]["W"].dtype)
 
 
@@ -331,26 +322,21 @@ class TransformerForward(Check, id="check-transformer-forward",
         return {"memory (transformer_encode)": memory, "logits (transformer_decode)": decoded,
                 "logits (transformer_forward)": logits}
 
-    def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right"):
-        memory, logits, _, _ = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad,
-                                            how)
+    def expected(self, *case, how="right"):
+        memory, logits, _, _ = torch_logits(*case, how)
         return {"memory (transformer_encode)": _np(memory),
                 "logits (transformer_decode)": _np(logits),
                 "logits (transformer_forward)": _np(logits)}
 
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
+        hows = {"without the positions (add the first T rows of the table)": "no positions",
+                "without the causal mask in the decoder's self-attention": "no causal mask",
+                "without multiplying the token embeddings by sqrt(E) (config.scale_embeddings)":
+                "no scale" if config["scale_embeddings"] else None,
+                "with the source padding left out of the cross-attention's mask":
+                "no memory padding mask" if src_pad is not None else None}
         case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
-        found = {"without the positions (add the first T rows of the table)":
-                 lambda: self.expected(*case, how="no positions"),
-                 "without the causal mask in the decoder's self-attention":
-                 lambda: self.expected(*case, how="no causal mask")}
-        if config["scale_embeddings"]:
-            found["without multiplying the token embeddings by sqrt(E) "
-                  "(config.scale_embeddings)"] = lambda: self.expected(*case, how="no scale")
-        if src_pad is not None:
-            found["with the source padding left out of the cross-attention's mask"] = (
-                lambda: self.expected(*case, how="no memory padding mask"))
-        return found
+        return {text: partial(self.expected, *case, how=how) for text, how in hows.items() if how}
 
 
 # --------------------------------------------------------------------------------------------
