@@ -4,7 +4,8 @@ packed projections, the merged mask, and the notebook's grouped-query variants.
 The references are PyTorch's: ``nn.MultiheadAttention`` for the layers (our ``(in, out)``
 weights copied in transposed, notebook 01 section 8), tensor ``view``/``transpose`` for the
 heads, ``F.scaled_dot_product_attention(enable_gqa=True)`` and PyTorch's FLOP counter for the
-grouped-query exercises. The hints compute the classic wrong answers with PyTorch as well.
+grouped-query exercises. The hints compute the classic wrong answers with PyTorch as well,
+but for the heads' and the mask's, which are NumPy reshapes and broadcasts of the input.
 """
 
 from __future__ import annotations
