@@ -100,9 +100,7 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
     ### END HIDDEN TESTS
 
     def run(self, f, p0, grads, **hyper):
-        p = p0.copy()
-        buf = None
-        after = []
+        p, buf, after = p0.copy(), None, []
         for g in grads:  # g is a view into the case's gradients: changing it is noticed
             buf = f.sgd_step(p, g, buf, **hyper)
             after.append(p.copy())
@@ -150,21 +148,16 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero."""
-    p = p0.astype(np.float64)
+    p, after = p0.astype(np.float64), []
     m, v = np.zeros_like(p), np.zeros_like(p)
-    after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
         q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
         if weight_decay and not decoupled:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
         v_new = beta2 * v + (1 - beta2) * g * g
-        if correction is None:
-            m_hat, v_hat = m_new, v_new
-        else:
-            tc = np.float64(t + correction)
-            m_hat = m_new / (1 - np.float64(beta1) ** tc)
-            v_hat = v_new / (1 - np.float64(beta2) ** tc)
+        tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
+        m_hat, v_hat = m_new / (1 - beta1 ** tc), v_new / (1 - beta2 ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         p = q - lr * m_hat / denom
         m = m if "m" in rebound else m_new
@@ -205,9 +198,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
     ### END HIDDEN TESTS
 
     def run(self, f, p0, grads, **hyper):
-        p = p0.copy()
+        p, after = p0.copy(), []
         m, v = np.zeros_like(p), np.zeros_like(p)
-        after = []
         for t, g in enumerate(grads, 1):
             f.adam_step(p, g, m, v, t, **hyper)
             after.append(p.copy())
@@ -624,15 +616,12 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         return _rmsprop_answer(after, all(r is None for r in returned),
                                all(params[k] is arrays[k] for k in arrays))
 
-    def expected(self, params, grads, fresh_state=False, **settings):
-        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: see
-        :func:`_torch_trajectory`)."""
-        after, _ = _torch_trajectory(torch.optim.RMSprop, params, grads, fresh_state, **settings)
-        return _rmsprop_answer(after)
+    def expected(self, params, grads, **settings):
+        return _rmsprop_answer(_torch_trajectory(torch.optim.RMSprop, params, grads, **settings)[0])
 
     def mistakes(self, params, grads, **hyper):
-        def torch_with(fresh_state=False, **settings):
-            return lambda: self.expected(params, grads, fresh_state, **{**hyper, **settings})
+        def torch_with(**settings):
+            return lambda: self.expected(params, grads, **{**hyper, **settings})
 
         found = {"without keeping the running averages in state between calls (each step "
                  "starts again from zero)": torch_with(fresh_state=True),
