@@ -182,9 +182,8 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
             dh = e // heads
 
             def attention(mha, xt, mask):
-                q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
-                q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2)
-                           for a in (q, k, v))
+                qkv = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
+                q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2) for a in qkv)
                 scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
                 blocked = mask[:, None, :, None] if query_axis else mask[:, None, None, :]
                 scores = scores.masked_fill(blocked, float("-inf"))

@@ -670,10 +670,9 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
     facts = dict.fromkeys(PROPERTIES[:-1], True)
     ended_early = False
     for seed in range(seeds):
-        hot = np.asarray(f.sample_decode(model, src, temperature, np.random.default_rng(seed),
-                                         max_len))
-        again = np.asarray(f.sample_decode(model, src, temperature,
-                                           np.random.default_rng(seed), max_len))
+        hot, again = (np.asarray(f.sample_decode(model, src, temperature,
+                                                 np.random.default_rng(seed), max_len))
+                      for _ in range(2))
         facts["the same generator state gives the same samples"] &= np.array_equal(hot, again)
         if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
             facts["one row per source, 1 + at most max_len columns"] = False
