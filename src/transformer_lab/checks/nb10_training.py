@@ -34,9 +34,9 @@ def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_
 def _torch_trajectory(opt_class, params, grads, fresh_state=False, shrink=0.0, **settings):
     """Feed ``grads`` (one dict name -> gradient a step) to ``opt_class`` over ``params`` (name
     -> array) one step at a time; (name -> p after each step (k, ...), name -> the optimiser's
-    state of p after the last). Two mistakes: ``fresh_state``, a new optimiser, with
-    empty state, for every step (the state not kept); ``shrink``, p times 1 - shrink before
-    each step (SGD's weight decay added after the momentum: decoupled, as AdamW's)."""
+    state of p after the last). Two mistakes: ``fresh_state``, a new optimiser, with empty
+    state, for every step (the state not kept); ``shrink``, p times 1 - shrink before each
+    step (SGD's weight decay added after the momentum: decoupled, as AdamW's)."""
     tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     after = {k: [] for k in params}
     for i, g in enumerate(grads):
