@@ -116,15 +116,7 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
     def expected(self, params, src, tgt_in, config, pe, src_pad, tgt_pad, labels, ignore_index=-1,
                  how="mean"):
         _, logits, core, outer = torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad)
-        v = logits.shape[-1]
-        flat, target, F = logits.reshape(-1, v), _t(labels.reshape(-1)), torch.nn.functional
-        if how == "ignore_index -100":  # -1 is no longer ignored: it picks the last class
-            loss = F.cross_entropy(flat, torch.where(target == -1, v - 1, target))
-        elif how == "mean over all":
-            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum")
-            loss = loss / labels.size
-        else:
-            loss = F.cross_entropy(flat, target, ignore_index=ignore_index, reduction=how)
+        loss = _cross_entropy(logits, labels, ignore_index, how)
         loss.backward()
         dtype = params["out_proj"]["W"].dtype  # the loss in the model's precision (tolerance)
         return {"loss": dtype.type(loss.item()), "grads": torch_model_grads(params, core, outer)}
@@ -135,11 +127,12 @@ class TransformerLoss(Check, id="check-transformer-loss", functions=("transforme
                  "labels that count": lambda: self.expected(*case, how="mean over all"),
                  "with the sum over the labels instead of their mean":
                  lambda: self.expected(*case, how="sum")}
-        if ignore_index == -1:
+        if ignore_index == -1:  # the label -1, no longer ignored, picks the last class
+            last = np.where(labels == -1, params["out_proj"]["W"].shape[1] - 1, labels)
             hints["calling cross_entropy_forward(logits, labels) without ignore_index: its "
                   "default is -100 (PyTorch's), the model marks padding with -1, so the padded "
                   "positions count (as the last class); pass ignore_index on"] = (
-                lambda: self.expected(*case, how="ignore_index -100"))
+                lambda: self.expected(*case[:-2], last, -100))
         else:
             hints["writing in -1 instead of using the argument ignore_index"] = (
                 lambda: self.expected(*case[:-1]))
@@ -189,9 +182,8 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
             dh = e // heads
 
             def attention(mha, xt, mask):
-                q, k, v = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
-                q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2)
-                           for a in (q, k, v))
+                qkv = (xt @ mha.in_proj_weight.T + mha.in_proj_bias).chunk(3, dim=-1)
+                q, k, v = (a.reshape(batch, length, heads, dh).transpose(1, 2) for a in qkv)
                 scores = q @ k.transpose(-2, -1) / np.sqrt(e if scale_by_e else dh)
                 blocked = mask[:, None, :, None] if query_axis else mask[:, None, None, :]
                 scores = scores.masked_fill(blocked, float("-inf"))
@@ -223,19 +215,22 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
 # Exercise 2: label-smoothed cross-entropy over the labels that are not padding
 
 
-def _smoothed(logits, labels, pad_id, eps, how="right"):
-    """Loss and dlogits from torch's ``cross_entropy(label_smoothing=...)`` (or a mistake)."""
-    v = logits.shape[-1]
-    smoothing = eps * v / (v - 1) if how == "V - 1" else 0.0 if how == "no smoothing" else eps
+def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
+    """torch's cross-entropy of ``logits`` (..., V) and ``labels`` (...) over the labels that
+    are not ``ignore_index``: their mean, their sum (``how="sum"``) or, a mistake, their sum
+    divided by every position, ignored ones included (``how="mean over all"``)."""
+    every = how == "mean over all"
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), _t(labels.reshape(-1)), ignore_index=ignore_index,
+        label_smoothing=smoothing, reduction="sum" if every else how)
+    return loss / labels.size if every else loss
 
-    def loss(lt):
-        every = how == "mean over all"  # divided by every position, padding included
-        total = torch.nn.functional.cross_entropy(
-            lt.reshape(-1, v), _t(labels.reshape(-1)), ignore_index=pad_id,
-            label_smoothing=smoothing, reduction="sum" if every else "mean")
-        return total / labels.size if every else total
 
-    value, dlogits = autograd(loss, None, logits)
+def _smoothed(logits, labels, pad_id, eps, how="mean"):
+    """Loss and dlogits from torch's ``cross_entropy(label_smoothing=eps)`` (``how``: see
+    :func:`_cross_entropy`)."""
+    value, dlogits = autograd(lambda lt: _cross_entropy(lt, labels, pad_id, how, eps), None,
+                              logits)
     return {"loss": float(value), "dlogits": dlogits}
 
 
@@ -268,11 +263,12 @@ class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_los
         found = {"with the mean over every position, padding included: the mean is over the "
                  "labels that are not pad_id": lambda: _smoothed(*case, how="mean over all")}
         if eps > 0:
+            v = logits.shape[-1]
             found["without the smoothing (q must be (1 - eps) onehot + eps / V)"] = (
-                lambda: _smoothed(*case, how="no smoothing"))
+                lambda: _smoothed(*case[:3], 0.0))
             found["with eps spread over the V - 1 other tokens: q = (1 - eps) onehot + "
                   "eps / V puts eps / V on every token, the label included"] = (
-                lambda: _smoothed(*case, how="V - 1"))
+                lambda: _smoothed(*case[:3], eps * v / (v - 1)))
         return found
     ### END HIDDEN TESTS
 

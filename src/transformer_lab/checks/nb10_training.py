@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import torch
+from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check
 from transformer_lab.models.config import config_from_dict
 
@@ -31,11 +31,12 @@ def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_
     return Case(name, (p0, grads.astype(dtype)), hyper)
 
 
-def _torch_trajectory(opt_class, params, grads, fresh_state=False, **settings):
+def _torch_trajectory(opt_class, params, grads, fresh_state=False, shrink=0.0, **settings):
     """Feed ``grads`` (one dict name -> gradient a step) to ``opt_class`` over ``params`` (name
-    -> array) one step at a time (``fresh_state``: a new optimiser, with empty state, for every
-    step -- the mistake of not keeping the state); (name -> p after each step (k, ...), name ->
-    the optimiser's state of p after the last)."""
+    -> array) one step at a time; (name -> p after each step (k, ...), name -> the optimiser's
+    state of p after the last). Two mistakes: ``fresh_state``, a new optimiser, with empty
+    state, for every step (the state not kept); ``shrink``, p times 1 - shrink before each
+    step (SGD's weight decay added after the momentum: decoupled, as AdamW's)."""
     tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     after = {k: [] for k in params}
     for i, g in enumerate(grads):
@@ -43,12 +44,12 @@ def _torch_trajectory(opt_class, params, grads, fresh_state=False, **settings):
             opt = opt_class(list(tensors.values()), **settings)
         for k, t in tensors.items():
             t.grad = torch.from_numpy(g[k].copy())
+            if shrink:
+                t.data *= 1 - shrink
         opt.step()
         for k, t in tensors.items():
-            after[k].append(t.detach().numpy().copy())
-    state = {k: {n: (v.numpy().copy() if hasattr(v, "numpy") else v)
-                 for n, v in opt.state[t].items()} for k, t in tensors.items()}
-    return {k: np.stack(v) for k, v in after.items()}, state
+            after[k].append(_np(t))
+    return {k: np.stack(v) for k, v in after.items()}, {k: opt.state[t] for k, t in tensors.items()}
 
 
 def _torch_p_trajectory(opt_class, p0, grads, **settings):
@@ -68,17 +69,6 @@ NO_BUFFER = "without momentum, the returned buffer is None"
 def _sgd_answer(after, buf, momentum) -> dict:
     """p after each step, and the buffer returned after the last (without momentum: None)."""
     return {P_AFTER: after, **({BUFFER: buf} if momentum else {NO_BUFFER: buf is None})}
-
-
-def _sgd_decay_after(p0, grads, lr, momentum, dampening=0.0, weight_decay=0.0, nesterov=False):
-    """The SGD trajectory with the weight decay added after the momentum, not to g before it
-    (a mistake; float64)."""
-    p, buf, after = p0.astype(np.float64), None, []
-    for g in grads.astype(np.float64):
-        buf = g if buf is None else momentum * buf + (1 - dampening) * g
-        p = p - lr * ((g + momentum * buf if nesterov else buf) + weight_decay * p)
-        after.append(p)
-    return _sgd_answer(np.stack(after).astype(p0.dtype), buf.astype(p0.dtype), momentum)
 
 
 class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
@@ -110,9 +100,7 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
     ### END HIDDEN TESTS
 
     def run(self, f, p0, grads, **hyper):
-        p = p0.copy()
-        buf = None
-        after = []
+        p, buf, after = p0.copy(), None, []
         for g in grads:  # g is a view into the case's gradients: changing it is noticed
             buf = f.sgd_step(p, g, buf, **hyper)
             after.append(p.copy())
@@ -120,7 +108,7 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
 
     def expected(self, p0, grads, **hyper):
         after, state = _torch_p_trajectory(torch.optim.SGD, p0, grads, **hyper)
-        return _sgd_answer(after, state.get("momentum_buffer"), hyper.get("momentum"))
+        return _sgd_answer(after, _np(state.get("momentum_buffer")), hyper.get("momentum"))
 
     def mistakes(self, p0, grads, **hyper):
         def torch_with(grads=grads, **settings):
@@ -144,7 +132,7 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
                 torch_with(weight_decay=0.0))
             if hyper.get("momentum"):
                 found["adding the weight decay after the momentum instead of to g before it"] = (
-                    lambda: _sgd_decay_after(p0, grads, **hyper))
+                    torch_with(weight_decay=0.0, shrink=hyper["lr"] * hyper["weight_decay"]))
         return found
 
 
@@ -160,21 +148,16 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero."""
-    p = p0.astype(np.float64)
+    p, after = p0.astype(np.float64), []
     m, v = np.zeros_like(p), np.zeros_like(p)
-    after = []
     for t, g in enumerate(grads.astype(np.float64), 1):
         q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
         if weight_decay and not decoupled:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
         v_new = beta2 * v + (1 - beta2) * g * g
-        if correction is None:
-            m_hat, v_hat = m_new, v_new
-        else:
-            tc = np.float64(t + correction)
-            m_hat = m_new / (1 - np.float64(beta1) ** tc)
-            v_hat = v_new / (1 - np.float64(beta2) ** tc)
+        tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
+        m_hat, v_hat = m_new / (1 - beta1 ** tc), v_new / (1 - beta2 ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         p = q - lr * m_hat / denom
         m = m if "m" in rebound else m_new
@@ -215,9 +198,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
     ### END HIDDEN TESTS
 
     def run(self, f, p0, grads, **hyper):
-        p = p0.copy()
+        p, after = p0.copy(), []
         m, v = np.zeros_like(p), np.zeros_like(p)
-        after = []
         for t, g in enumerate(grads, 1):
             f.adam_step(p, g, m, v, t, **hyper)
             after.append(p.copy())
@@ -228,7 +210,7 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
         after, state = _torch_p_trajectory(cls, p0, grads, lr=lr, betas=(beta1, beta2),
                                            eps=eps, weight_decay=weight_decay)
-        return {P_AFTER: after, M_AFTER: state["exp_avg"], V_AFTER: state["exp_avg_sq"]}
+        return {P_AFTER: after, M_AFTER: _np(state["exp_avg"]), V_AFTER: _np(state["exp_avg_sq"])}
 
     def mistakes(self, p0, grads, **hyper):
         def wrong(**switches):
@@ -359,11 +341,9 @@ class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm"
         return {NORM: total, CLIPPED: grads}
 
     def expected(self, grads, max_norm):
-        tensors = {}
-        for name, g in grads.items():
-            t = torch.zeros(g.shape, dtype=getattr(torch, g.dtype.name), requires_grad=True)
-            t.grad = torch.from_numpy(g.copy())
-            tensors[name] = t
+        tensors = {name: _t(g, grad=True) for name, g in grads.items()}  # p = g: any p would do
+        for t in tensors.values():
+            t.grad = t.detach().clone()
         total = torch.nn.utils.clip_grad_norm_(list(tensors.values()), max_norm)
         return {NORM: _as_dtype_of(float(total), grads),
                 CLIPPED: {name: t.grad.numpy().copy() for name, t in tensors.items()}}
@@ -590,10 +570,6 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         yield _rmsprop_case(rng, "centred, momentum 0.5, weight decay 0.1, alpha 0.9, lr 0.05",
                             centered=True, momentum=0.5, weight_decay=0.1, alpha=0.9, lr=0.05)
 
-    def _numpy_mistakes(self, params, grads, **hyper):
-        """Hints computed with a NumPy RMSprop: the grader's (hidden) version has them."""
-        return {}
-
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield _rmsprop_case(rng, "eps 0.1 (where eps is added matters)", eps=0.1)
@@ -602,7 +578,8 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         yield _rmsprop_case(rng, "one step, centred with momentum", steps=1, centered=True,
                             momentum=0.9)
 
-    def _numpy_mistakes(self, params, grads, **hyper):  # noqa: F811 (replaces the public one)
+    def _numpy_mistakes(self, params, grads, **hyper):
+        """Hints computed with a NumPy RMSprop (hidden: it shows the answer)."""
         def numpy_rmsprop(lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
                           centered=False, eps_inside=False, buffer_of_g=False):
             after = {}
@@ -639,15 +616,12 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         return _rmsprop_answer(after, all(r is None for r in returned),
                                all(params[k] is arrays[k] for k in arrays))
 
-    def expected(self, params, grads, fresh_state=False, **settings):
-        """The RMSprop answer from torch.optim.RMSprop (``fresh_state``: see
-        :func:`_torch_trajectory`)."""
-        after, _ = _torch_trajectory(torch.optim.RMSprop, params, grads, fresh_state, **settings)
-        return _rmsprop_answer(after)
+    def expected(self, params, grads, **settings):
+        return _rmsprop_answer(_torch_trajectory(torch.optim.RMSprop, params, grads, **settings)[0])
 
     def mistakes(self, params, grads, **hyper):
-        def torch_with(fresh_state=False, **settings):
-            return lambda: self.expected(params, grads, fresh_state, **{**hyper, **settings})
+        def torch_with(**settings):
+            return lambda: self.expected(params, grads, **{**hyper, **settings})
 
         found = {"without keeping the running averages in state between calls (each step "
                  "starts again from zero)": torch_with(fresh_state=True),
@@ -660,7 +634,8 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
                 torch_with(centered=False))
         if hyper.get("momentum"):
             found["ignoring momentum"] = torch_with(momentum=0.0)
-        return {**found, **self._numpy_mistakes(params, grads, **hyper)}
+        numpy_mistakes = getattr(self, "_numpy_mistakes", None)  # none in the handout
+        return {**found, **(numpy_mistakes(params, grads, **hyper) if numpy_mistakes else {})}
 
 
 # --------------------------------------------------------------------------------------------
@@ -695,10 +670,9 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
     facts = dict.fromkeys(PROPERTIES[:-1], True)
     ended_early = False
     for seed in range(seeds):
-        hot = np.asarray(f.sample_decode(model, src, temperature, np.random.default_rng(seed),
-                                         max_len))
-        again = np.asarray(f.sample_decode(model, src, temperature,
-                                           np.random.default_rng(seed), max_len))
+        hot, again = (np.asarray(f.sample_decode(model, src, temperature,
+                                                 np.random.default_rng(seed), max_len))
+                      for _ in range(2))
         facts["the same generator state gives the same samples"] &= np.array_equal(hot, again)
         if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
             facts["one row per source, 1 + at most max_len columns"] = False
