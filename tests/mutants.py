@@ -1030,6 +1030,16 @@ mutant("gpt_block_step", "the attention's residual connection forgotten",
 mutant("gpt_step", "an untied model's output table ignored in the cached step",
        "params.get(\"lm_head\", params[\"embed\"])[\"W\"]", "params[\"embed\"][\"W\"]",
        "check-gpt-step")
+mutant("gpt_forward", "RoPE's tables not passed to the blocks",
+       "gpt_block_forward(x, layer, config, rope, rng)",
+       "gpt_block_forward(x, layer, config, None, rng)", "check-modern-gpt")
+mutant("gpt_loss", "RoPE's tables not passed on", "gpt_forward(params, ids, config, pe, rope, rng)",
+       "gpt_forward(params, ids, config, pe, None, rng)", "check-modern-gpt")
+mutant("gpt_step", "RoPE's tables not passed to the blocks in the cached step",
+       "gpt_block_step(x, layer, c, K, V, length, rope)",
+       "gpt_block_step(x, layer, c, K, V, length, None)", "check-modern-gpt")
+mutant("gpt_block_step", "RoPE's tables not passed to the cached attention", "length, rope)",
+       "length, None)", "check-modern-gpt")
 mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else None", "check-gpt-step")

@@ -226,6 +226,8 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     ("check-pretokenize", "pretokenize", "no lookahead", r"without \s+(?!\S)"),
     ("check-merge-pair", "merge_pair", "a list returned", "returning a list"),
     ("check-merge-pair", "merge_pair", "overlapping pairs", "moving on by one id after a merge"),
+    ("check-modern-gpt", "gpt_forward", "RoPE's tables not passed", "with rope=None in the blocks"),
+    ("check-modern-gpt", "gpt_step", "RoPE's tables not passed", "with rope=None in the blocks"),
     ("check-encode-word", "encode_word", "the latest merge first", "the latest learned pair"),
     ("check-beam-step", "beam_step", "no length normalisation", "no length normalisation"),
     ("check-beam-step", "beam_step", "mean log-probability", "by the mean log-probability"),

@@ -94,10 +94,9 @@ def _random_merges(rng, text: str, n: int) -> list[tuple[int, int]]:
         if not pairs:
             break
         a, b = pairs[int(rng.integers(len(pairs)))]
-        new_id = 256 + len(merges)
+        words = [_merge(w, (a, b), 256 + len(merges)) for w in words]  # the next id
         merges.append((a, b))
         strings.append(strings[a] + strings[b])
-        words = [_merge(w, (a, b), new_id) for w in words]
     return merges
 
 

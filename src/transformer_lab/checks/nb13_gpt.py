@@ -178,6 +178,14 @@ def _rope_angles(T, Dh, base=10000.0):
     return np.arange(T)[:, None] * omega
 
 
+def _rope(c, T):
+    """RoPE's (cos, sin) tables (T, Dh / 2) in config ``c``'s dtype; None without RoPE."""
+    if c.positional != "rope":
+        return None
+    angles = _rope_angles(T, c.head_dim, c.rope_base)
+    return np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype)
+
+
 class _BlockCheck(Check):
     """A block of a given kind, forward and backward, against reference.torch_gpt's TorchBlock."""
 
@@ -189,10 +197,7 @@ class _BlockCheck(Check):
         from transformer_lab.models.shell import flatten, nest
 
         c = _config(config)
-        angles = _rope_angles(x.shape[1], c.head_dim, c.rope_base)
-        rope = ((np.cos(angles).astype(c.dtype), np.sin(angles).astype(c.dtype))
-                if c.positional == "rope" else None)
-        out, cache = f.gpt_block_forward(x, nest(block), c, rope)
+        out, cache = f.gpt_block_forward(x, nest(block), c, _rope(c, x.shape[1]))
         dx, grads = f.gpt_block_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
@@ -225,17 +230,16 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
                    _block_case(later_rng(rng), "classic", eps=0.1))
 
 
-def _model_case(rng, dt=np.float64, **kw):
-    config, flat = _random_gpt(rng, "classic", 9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
+def _model_case(rng, dt=np.float64, make="classic", **kw):
+    config, flat = _random_gpt(rng, make, 9, d_model=8, num_heads=2, num_layers=2, d_ff=12,
                                max_len=6, dtype=dt, **kw)
     return flat, rng.integers(0, 9, (2, 6)), config
 
 
-def _pe(config):
-    c = _config(config)
-    if c.positional != "sinusoidal":
-        return None
-    return sinusoid_table(c.max_len, c.d_model).astype(c.dtype)
+def _pe(c):
+    """The sinusoidal table (max_len, E) in config ``c``'s dtype; None without it."""
+    table = sinusoid_table(c.max_len, c.d_model) if c.positional == "sinusoidal" else None
+    return None if table is None else table.astype(c.dtype)
 
 
 class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backward", "gpt_loss")):
@@ -264,10 +268,11 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
         c, params = _config(config), nest(flat)
 
         def train():  # with dropout: each call draws the same masks from a fresh generator
-            return () if seed is None else (None, np.random.default_rng(seed))
+            return () if seed is None else (np.random.default_rng(seed),)
 
-        logits, _ = f.gpt_forward(params, ids, c, _pe(config), *train())
-        loss, grads = f.gpt_loss(params, ids, c, _pe(config), *train())
+        rope = _rope(c, ids.shape[1])
+        logits, _ = f.gpt_forward(params, ids, c, _pe(c), rope, *train())
+        loss, grads = f.gpt_loss(params, ids, c, _pe(c), rope, *train())
         return {"logits": logits, "loss": np.asarray(loss, dtype=c.dtype),
                 **{f"d.{k}": g for k, g in flatten(grads).items()}}
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
-from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe
+from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe, _rope
 
 # --------------------------------------------------------------------------------------------
 # §1 Sampling
@@ -233,10 +233,11 @@ class CachedStep(Check, id="check-gpt-step",
         shape = (B, c.num_kv_heads, T, c.head_dim)
         caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
                   for _ in range(c.num_layers)]
-        params, length, pieces = nest(flat), 0, []
+        params, length, pieces, rope = nest(flat), 0, [], _rope(c, T)
         for size in chunks:
-            logits, length = f.gpt_step(params, ids[:, length:length + size], c, caches, length,
-                                        _pe(config))
+            end = length + size  # the step's rows of the RoPE tables, if any
+            logits, length = f.gpt_step(params, ids[:, length:end], c, caches, length,
+                                        _pe(c), rope and tuple(r[length:end] for r in rope))
             pieces.append(logits)
         return {"logits": np.concatenate(pieces, axis=1), "length": np.int64(length)}
 

@@ -1,5 +1,5 @@
-"""Checks of notebook 15_modern_block: RoPE, RMSNorm, SwiGLU, grouped-query attention and the
-modern block.
+"""Checks of notebook 15_modern_block: RoPE, RMSNorm, SwiGLU, grouped-query attention, the
+modern block and the modern model.
 
 Expected answers come from PyTorch (functional ops and autograd) and, for whole blocks, from
 :mod:`transformer_lab.reference.torch_gpt` -- the same model written again in PyTorch; none of
@@ -13,12 +13,15 @@ import numpy as np
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb13_gpt import (
+    GPTModel,
     _attention_case,
     _attention_expected,
     _block_case,
     _BlockCheck,
+    _model_case,
     _rope_angles,
 )
+from transformer_lab.checks.nb14_decoding import CachedStep
 
 # --------------------------------------------------------------------------------------------
 # §1 RoPE
@@ -43,8 +46,7 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
     ### END HIDDEN TESTS
 
     def run(self, f, positions, x, dout, base=None):
-        cos, sin = (f.rope_tables(positions, x.shape[-1]) if base is None
-                    else f.rope_tables(positions, x.shape[-1], base))
+        cos, sin = f.rope_tables(positions, x.shape[-1], *([] if base is None else [base]))
         out, cache = f.rope_forward(x, cos.astype(x.dtype), sin.astype(x.dtype))
         return {"cos": np.asarray(cos, np.float64), "sin": np.asarray(sin, np.float64),
                 "out": out, "dx": f.rope_backward(dout, cache)}
@@ -105,8 +107,7 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
     ### END HIDDEN TESTS
 
     def run(self, f, x, gamma, dout, eps=None):
-        out, cache = (f.rms_norm_forward(x, gamma) if eps is None
-                      else f.rms_norm_forward(x, gamma, eps))
+        out, cache = f.rms_norm_forward(x, gamma, *([] if eps is None else [eps]))
         dx, grads = f.rms_norm_backward(dout, cache)
         return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
 
@@ -253,3 +254,36 @@ class ModernBlock(_BlockCheck, id="check-modern-block"):
             yield Case(name, _block_case(rng, "classic", **change))
         yield Case("all four: RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4 query heads",
                    _block_case(rng, "modern"))
+
+
+class ModernGPT(GPTModel, id="check-modern-gpt",
+                functions=(*GPTModel.functions, *CachedStep.functions)):
+    """The whole model with RoPE, and its cached step, against TorchGPT."""
+
+    STEP = "logits of the cached step (gpt_step: 4 positions, then 1 at a time)"
+    axes = {"logits": "btv", STEP: "btv"}  # axis names, for messages
+
+    def cases(self, rng):
+        yield Case("two modern layers: RMSNorm, SwiGLU, RoPE, 1 key/value head for 2 query heads",
+                   _model_case(rng, make="modern"))
+        yield Case("float32, an output table of its own",
+                   _model_case(rng, np.float32, "modern", tie_embeddings=False))
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield Case("RoPE in the 2017 block", _model_case(rng, positional="rope"))
+    ### END HIDDEN TESTS
+
+    def run(self, f, flat, ids, config):
+        step = CachedStep().run(f, flat, ids, config, (4, 1, 1))["logits"]
+        return {**super().run(f, flat, ids, config), self.STEP: step}
+
+    def expected(self, flat, ids, config):
+        want = super().expected(flat, ids, config)
+        return {**want, self.STEP: want["logits"]}
+
+    def mistakes(self, flat, ids, config):
+        return {**super().mistakes(flat, ids, config),
+                "with rope=None in the blocks: gpt_forward, gpt_loss and gpt_step must pass RoPE's "
+                "tables on to every block": lambda: self.expected(flat, ids,
+                                                                  {**config, "positional": "none"})}
