@@ -102,24 +102,11 @@ def _attention_case(rng, B, T, E, H, Hkv, bias, dt=np.float64) -> tuple:
             rng.standard_normal((B, T, E)).astype(dt))
 
 
-def _torch_attention(x, params, H, Hkv, angles=None, causal=True):
-    from transformer_lab.reference.torch_gpt import _rotate  # RoPE (here: it imports torch)
-
-    B, T, E = x.shape
-    Dh = E // H
-    qkv = x @ params["W_qkv"] + (params["b_qkv"] if "b_qkv" in params else 0)
-    q, k, v = (a.view(B, T, -1, Dh).transpose(1, 2)  # H heads of queries, Hkv of keys, values
-               for a in qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1))
-    if angles is not None:
-        q, k = _rotate(q, angles), _rotate(k, angles)
-    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    out = heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"]
-    return out + params["b_o"] if "b_o" in params else out
-
-
 def _attention_expected(x, params, dout, H, Hkv, angles=None, causal=True):
-    out, dx, grads = autograd(lambda tx, tp: _torch_attention(tx, tp, H, Hkv, _t(angles), causal),
+    """The attention of reference.torch_gpt (the model's twin), forward and backward."""
+    from transformer_lab.reference.torch_gpt import attention  # here: it imports torch
+
+    out, dx, grads = autograd(lambda tx, tp: attention(tx, tp, H, Hkv, _t(angles), causal),
                               dout, x, params)
     return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
 

@@ -55,21 +55,8 @@ class TorchBlock(nn.Module):
             setattr(self, part, _Params(_sub(shapes, part), dtype))
 
     def attention(self, x, rope):
-        c, p = self.c, self.attn
-        B, T, E = x.shape
-        H, Hkv, Dh = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = x @ p.W_qkv + (p.b_qkv if c.bias else 0)
-        q, k, v = qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1)
-        q = q.view(B, T, H, Dh).transpose(1, 2)
-        k = k.view(B, T, Hkv, Dh).transpose(1, 2)
-        v = v.view(B, T, Hkv, Dh).transpose(1, 2)
-        if rope is not None:
-            q, k = _rotate(q, rope), _rotate(k, rope)
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
-        heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = heads.transpose(1, 2).reshape(B, T, E) @ p.W_o
-        return out + p.b_o if c.bias else out
+        return attention(x, dict(self.attn.named_parameters()), self.c.num_heads,
+                         self.c.num_kv_heads, rope)
 
     def feed_forward(self, x):
         c, p = self.c, self.mlp
@@ -93,6 +80,22 @@ def _norm(x, p, c: GPTConfig):
     if c.norm == "rms":
         return F.rms_norm(x, (c.d_model,), p.gamma, c.eps)
     return F.layer_norm(x, (c.d_model,), p.gamma, getattr(p, "beta", None), c.eps)
+
+
+def attention(x, params: Mapping[str, torch.Tensor], H: int, Hkv: int, angles=None,
+              causal: bool = True) -> torch.Tensor:
+    """The GPT's self-attention of x (B, T, E): ``params`` W_qkv, W_o and, where present, b_qkv
+    and b_o; H query heads, Hkv key/value heads; RoPE by ``angles`` (T, Dh / 2) unless None."""
+    B, T, E = x.shape
+    Dh = E // H
+    qkv = x @ params["W_qkv"] + params.get("b_qkv", 0)
+    q, k, v = (a.view(B, T, -1, Dh).transpose(1, 2)  # H heads of queries, Hkv of keys, values
+               for a in qkv.split([E, Hkv * Dh, Hkv * Dh], dim=-1))
+    if angles is not None:
+        q, k = _rotate(q, angles), _rotate(k, angles)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    heads = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"] + params.get("b_o", 0)
 
 
 def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
