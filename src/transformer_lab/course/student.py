@@ -267,8 +267,8 @@ class HandoutError(Exception):
 def build(source: Path, out: Path, project: Path) -> list[Assignment]:
     """Check the markers of the notebooks in ``source`` and of ``project``'s package, then write
     the handout into ``out`` (emptied first; nothing is written when a check fails); the
-    assignments. Raises :class:`HandoutError`, or SystemExit for an ``out`` that may not be
-    emptied."""
+    assignments. Raises :class:`HandoutError`, or SystemExit for a ``project`` that is not the
+    course's folder or an ``out`` that may not be emptied."""
     check_project(project)
     inputs = {"--source": source,
               **{f"--project's {name}/": project / name for name in (*PROJECT_DIRS, "src")}}
