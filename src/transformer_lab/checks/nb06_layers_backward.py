@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab.checks._torch_helpers import autograd, torch
+from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb05_attention_backward import _averaged, row_cases
 
@@ -183,6 +183,17 @@ def _ce_case(rng, name, shape, n_classes, ignore=(), ignore_index=-100, reductio
                                           "dloss": dloss})
 
 
+def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
+    """torch's cross-entropy of ``logits`` (..., V) and ``labels`` (...) over the labels that
+    are not ``ignore_index``: their mean, their sum (``how="sum"``) or, a mistake, their sum
+    divided by every position, ignored ones included (``how="mean over all"``)."""
+    every = how == "mean over all"
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), _t(np.asarray(labels, np.int64).reshape(-1)),
+        ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum" if every else how)
+    return loss / np.size(labels) if every else loss
+
+
 class CrossEntropy(Check, id="check-cross-entropy",
                    functions=("cross_entropy_forward", "cross_entropy_backward")):
     axes = {"dlogits": "tv"}  # axis names, for messages
@@ -216,15 +227,9 @@ class CrossEntropy(Check, id="check-cross-entropy",
 
     def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
                  count_all=False, keep_padding=False):
-        tt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).reshape(-1)
-
-        def loss_of(lt):
-            loss = torch.nn.functional.cross_entropy(
-                lt.reshape(-1, logits.shape[-1]), tt, reduction="sum" if count_all else reduction,
-                ignore_index=-100 if keep_padding else ignore_index)
-            return loss / tt.numel() if count_all else loss
-
-        loss, dlogits = autograd(loss_of, dloss, logits)
+        how = "mean over all" if count_all else reduction
+        loss, dlogits = autograd(lambda lt: _cross_entropy(
+            lt, targets, -100 if keep_padding else ignore_index, how), dloss, logits)
         return {"loss": loss[()] if logits.dtype == np.float32 else float(loss),
                 "dlogits": dlogits}
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb06_layers_backward import _cross_entropy
 from transformer_lab.checks.nb07_blocks import tree_map
 from transformer_lab.checks.nb08_transformer import (
     model_case,
@@ -215,20 +216,9 @@ class FindTheBug(Check, id="check-find-the-bug", arguments=("self_attention",)):
 # Exercise 2: label-smoothed cross-entropy over the labels that are not padding
 
 
-def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
-    """torch's cross-entropy of ``logits`` (..., V) and ``labels`` (...) over the labels that
-    are not ``ignore_index``: their mean, their sum (``how="sum"``) or, a mistake, their sum
-    divided by every position, ignored ones included (``how="mean over all"``)."""
-    every = how == "mean over all"
-    loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), _t(labels.reshape(-1)), ignore_index=ignore_index,
-        label_smoothing=smoothing, reduction="sum" if every else how)
-    return loss / labels.size if every else loss
-
-
 def _smoothed(logits, labels, pad_id, eps, how="mean"):
     """Loss and dlogits from torch's ``cross_entropy(label_smoothing=eps)`` (``how``: see
-    :func:`_cross_entropy`)."""
+    :func:`.nb06_layers_backward._cross_entropy`)."""
     value, dlogits = autograd(lambda lt: _cross_entropy(lt, labels, pad_id, how, eps), None,
                               logits)
     return {"loss": float(value), "dlogits": dlogits}
