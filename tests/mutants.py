@@ -1195,10 +1195,11 @@ mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the unif
        "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum() * weight)",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
-       "dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]", "dlogp[...] = 0",
+       "uniform = (-w * eps / c_logp.shape[-1])", "uniform = (0 * w)",
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps",
-       "picked - ((1 - eps) * w)[..., None]", "picked - w[..., None]", "check-label-smoothed-loss")
+       "uniform - ((1 - eps) * w)[..., None]", "uniform - w[..., None]",
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
        "w = weight * keep", "check-label-smoothed-loss")
 mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",

@@ -248,8 +248,9 @@ def cross_entropy_backward(dloss, cache):
     """
     c_logp, safe, keep, weight = cache
     ### BEGIN SOLUTION 06 §2
-    dlogp = np.zeros_like(c_logp)  # c_logp is log softmax(logits)
-    np.put_along_axis(dlogp, safe[..., None], (-dloss * weight * keep)[..., None], axis=-1)
+    w = (-dloss * weight * keep).astype(c_logp.dtype)  # (...): d loss / d logp at the target
+    onehot = np.arange(c_logp.shape[-1]) == safe[..., None]  # (..., C)
+    dlogp = np.where(onehot, w[..., None], 0)  # 0 off the target; c_logp is log softmax(logits)
     return log_softmax_backward(dlogp, c_logp)
     ### END SOLUTION
 

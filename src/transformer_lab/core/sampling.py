@@ -35,8 +35,8 @@ def top_p_filter(logits, p):
     order = np.argsort(-logits, axis=-1, kind="stable")  # most probable first
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
     above = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass ranked above each token
-    keep = np.empty(logits.shape, dtype=bool)
-    np.put_along_axis(keep, order, above < p, axis=-1)  # back to the vocabulary's order
+    rank = np.argsort(order, axis=-1)  # each token's place in that order
+    keep = np.take_along_axis(above < p, rank, axis=-1)  # back to the vocabulary's order
     return np.where(keep, logits, -np.inf)
     ### END SOLUTION
 

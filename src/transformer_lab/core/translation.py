@@ -75,11 +75,10 @@ def label_smoothed_loss_backward(dloss, cache):
     c_logp, safe, keep, weight, eps = cache
     ### BEGIN SOLUTION 12 §4
     w = dloss * weight * keep  # (...)
-    dlogp = np.empty_like(c_logp)  # the logits' dtype
-    dlogp[...] = (-w * eps / c_logp.shape[-1])[..., None]  # the uniform part, every class
-    picked = np.take_along_axis(dlogp, safe[..., None], axis=-1)  # (..., 1)
-    np.put_along_axis(dlogp, safe[..., None], picked - ((1 - eps) * w)[..., None], axis=-1)
-    return log_softmax_backward(dlogp, c_logp)
+    uniform = (-w * eps / c_logp.shape[-1]).astype(c_logp.dtype)[..., None]  # every class
+    onehot = np.arange(c_logp.shape[-1]) == safe[..., None]  # (..., V)
+    dlogp = np.where(onehot, uniform - ((1 - eps) * w)[..., None], uniform)  # (..., V)
+    return log_softmax_backward(dlogp.astype(c_logp.dtype, copy=False), c_logp)
     ### END SOLUTION
 
 
