@@ -93,13 +93,17 @@ def _function(fn, transfer: bool):
 
 
 class Generator:
-    """NumPy's generator (``np.random.default_rng(seed)``), its draws on the device."""
+    """NumPy's generator (``np.random.default_rng(seed)``), its draws on the device; its methods
+    are the class's, as CuPy's are (``device.use`` looks them up there)."""
 
     def __init__(self, seed=None):
         self._rng = np.random.default_rng(seed)
 
-    def __getattr__(self, attr):
-        return _function(getattr(self._rng, attr), transfer=True)
+
+for _name in dir(np.random.Generator):
+    if not _name.startswith("_"):
+        setattr(Generator, _name, lambda self, *args, _name=_name, **kwargs: _function(
+            getattr(self._rng, _name), transfer=True)(*args, **kwargs))
 
 
 class _StandIn(types.ModuleType):

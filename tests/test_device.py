@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -98,7 +99,34 @@ def test_use_binds_every_core_module_and_back(on_standin):
 
 
 def test_the_core_reaches_numpy_by_np_only():
-    assert device.core_problems() == []
+    assert device.core_problems() == [] and device.core_problems(standin) == []
+
+
+def line_of(module: str, text: str) -> int:
+    """The number of the core's first line in ``core/{module}.py`` that holds ``text``."""
+    source = (device._CORE / f"{module}.py").read_text().split("\n")
+    return next(i for i, line in enumerate(source, 1) if text in line)
+
+
+def test_a_name_the_devices_array_module_lacks_is_named_before_binding():
+    class Older(type(standin)):  # as CuPy 13 lacks np.put_along_axis, CuPy's generators choice
+        __version__ = "13.6.0"
+        random = types.SimpleNamespace(Generator=type("Generator", (), {"uniform": None}))
+
+        def __getattr__(self, attr):
+            if attr == "partition":
+                raise AttributeError(attr)
+            return super().__getattr__(attr)
+
+    with pytest.raises(device.DeviceError) as err:
+        device.use(Older("older"))
+    message = str(err.value)
+    assert (f"core/sampling.py, line {line_of('sampling', 'np.partition(')}, in top_k_filter: "
+            f"np.partition is not in older 13.6.0: write it with what it has") in message
+    assert (f"core/layers.py, line {line_of('layers', 'rng.random(')}, in dropout_forward: "
+            f"rng.random is not in older 13.6.0's random.Generator") in message
+    assert "rng.uniform" not in message
+    assert device.name == "cpu" and core_layers.np is np  # nothing bound
 
 
 def test_a_core_function_that_imports_numpy_by_another_name_is_named_before_binding(

@@ -13,7 +13,9 @@ functions or from their inputs), and the exact GELU reaches SciPy's error functi
 ``cupyx.scipy.special.erf``), so the same functions run on the GPU; ``use("cpu")`` binds them
 back. First it reads the core's source and refuses (:class:`DeviceError`, naming the function
 and the line) what the binding would not reach -- ``from numpy import zeros``, ``numpy.zeros``,
-a core function replaced by one defined elsewhere: it would make host arrays among the GPU's.
+a core function replaced by one defined elsewhere: it would make host arrays among the GPU's --
+and each ``np.<name>``, or ``rng.<method>`` of a generator, that the installed CuPy lacks (CuPy
+13 has no ``put_along_axis``, CuPy's generators no ``choice``).
 
 The models put their parameters on the device (:func:`put`) when they are made or loaded, take
 ids and gradients from the host or the device and return arrays of the device; the optimisers
@@ -66,7 +68,7 @@ def use(device) -> None:
         raise ValueError(f"device must be one of {DEVICES} (or an array module), got {device!r}")
     else:
         module, erf = device, device.erf
-    problems = core_problems() if module is not numpy else []
+    problems = core_problems(module) if module is not numpy else []
     if problems:
         raise DeviceError("the core cannot run on the device: " + "; ".join(problems))
     for core_module in core_modules():
@@ -132,14 +134,14 @@ def core_modules() -> list:
             for path in sorted(_CORE.glob("*.py")) if "import numpy as np" in path.read_text()]
 
 
-def core_problems() -> list[str]:
-    """What binding ``np`` and ``erf`` would not reach, one message each: ``"core/layers.py,
-    line 88, in gelu_forward: ..."``."""
+def core_problems(xp=numpy) -> list[str]:
+    """What binding ``np`` and ``erf`` to array module ``xp``'s would not reach, or not find,
+    one message each: ``"core/layers.py, line 88, in gelu_forward: ..."``."""
     problems = []
     for path in sorted(_CORE.glob("*.py")):
         tree = ast.parse(path.read_text())
         problems += [f"core/{path.name}, line {line}, in {where}: {what}"
-                     for line, where, what in _source_problems(tree)]
+                     for line, where, what in _source_problems(tree, xp)]
         module = sys.modules.get(f"transformer_lab.core.{path.stem}")  # replaced only if imported
         for node in tree.body if module else ():
             fn = getattr(module, getattr(node, "name", ""), None)
@@ -152,10 +154,12 @@ def core_problems() -> list[str]:
     return problems
 
 
-def _source_problems(tree: ast.Module):
+def _source_problems(tree: ast.Module, xp):
     """(line, function, message) for each use of an array library other than ``np`` and
-    ``erf`` imported at the top of the module, and each use of those at import time."""
+    ``erf`` imported at the top of the module, each use of those at import time, and each
+    ``np.<name>`` (``np.linalg.<name>``, ...) or ``rng.<method>`` that ``xp`` lacks."""
     top = "the module's top level"
+    missing = set()
 
     def walk(node, where):
         for child in ast.iter_child_nodes(node):
@@ -178,3 +182,27 @@ def _source_problems(tree: ast.Module):
             yield line, where, f"'{node.id}.' spelled out: write np.<function>"
         elif isinstance(node, ast.Name) and node.id in ("np", "erf") and where == top:
             yield line, where, f"{node.id} used at import time makes a host array"
+        elif (name := _lacks(xp, node)) and (line, name) not in missing:
+            missing.add((line, name))
+            library = f"{xp.__name__} {getattr(xp, '__version__', '')}".strip()
+            within = f"{library}'s random.Generator" if name.startswith("rng.") else library
+            yield line, where, (f"{name} is not in {within}: write it with what it has, or "
+                                f"install a newer version")
+
+
+def _lacks(xp, node) -> str | None:
+    """``"np.put_along_axis"`` when ``node`` is that name, or one under it, and ``xp`` lacks
+    it; ``"rng.choice"`` when ``xp``'s generators lack that method; else None."""
+    path = []
+    while isinstance(node, ast.Attribute):
+        path.insert(0, node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id == "rng" and path:  # the core's generators
+        return None if hasattr(xp.random.Generator, path[0]) else f"rng.{path[0]}"
+    if not (isinstance(node, ast.Name) and node.id == "np"):
+        return None
+    for i, attr in enumerate(path):
+        if not hasattr(xp, attr):  # (np.newaxis is None: a value, not a miss)
+            return "np." + ".".join(path[:i + 1])
+        xp = getattr(xp, attr)
+    return None
