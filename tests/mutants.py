@@ -850,11 +850,9 @@ mutant("adam_step", "decoupled weight decay without the learning rate",
 mutant("adam_step", "the moments not updated in place",
        "m += c(1 - beta1) * (g - m)", "m = m + c(1 - beta1) * (g - m)", "check-adam-step")
 mutant("global_norm", "the sum of squares without the square root",
-       "return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))",
-       "return sum(float(np.vdot(g, g)) for g in grads.values())", "check-global-norm")
+       "return math.sqrt(float(sum(squares)))", "return float(sum(squares))", "check-global-norm")
 mutant("global_norm", "the largest array's norm instead of all together",
-       "return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))",
-       "return max(math.sqrt(float(np.vdot(g, g))) for g in grads.values())",
+       "return math.sqrt(float(sum(squares)))", "return math.sqrt(float(max(squares)))",
        "check-global-norm")
 mutant("clip_grad_norm", "small gradients scaled up too", "    if scale < 1:\n", "    if True:\n",
        "check-clip-grad-norm")
