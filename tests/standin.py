@@ -9,7 +9,9 @@ or NumPy scalars, and ``asnumpy`` copies one back to the host. The module expose
 namespace: its functions return DeviceArray (those that take arrays refuse host ones, except the
 transfers ``asarray``/``array``), its types and constants are NumPy's; ``random.default_rng``
 gives NumPy's generator with its draws on the device -- the same numbers as NumPy's, so a run on
-the stand-in equals the CPU's exactly; ``erf`` is SciPy's.
+the stand-in equals the CPU's exactly; ``erf`` is SciPy's. ``standin.waits`` counts the
+transfers to the host (``bool``, ``float``, ``int``, ``item``, ``tolist`` of a device array,
+``asnumpy``): on a GPU, each makes the host wait for the device.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ class DeviceArray(np.ndarray):
     def __setitem__(self, key, value):
         _refuse_host("assignment", key, value)
         np.ndarray.__setitem__(self.view(np.ndarray), _host(key), _host(value))
+
+
+def _waits(method: str):
+    """``DeviceArray.method``, counted in ``standin.waits``: a number or a copy for the host,
+    for which, on a GPU, the host waits until the device has done all it was given."""
+    def wait(self, *args):
+        standin.waits += 1
+        return getattr(np.ndarray, method)(self.view(np.ndarray), *args)
+    return wait
+
+
+for _method in ("__bool__", "__float__", "__int__", "__index__", "item", "tolist"):
+    setattr(DeviceArray, _method, _waits(_method))
 
 
 def _refuse_host(what: str, *objects) -> None:
@@ -111,8 +126,10 @@ class _StandIn(types.ModuleType):
     random = types.SimpleNamespace(default_rng=Generator, Generator=Generator)
     erf = scipy.special.erf
 
-    @staticmethod
-    def asnumpy(a):
+    waits = 0
+
+    def asnumpy(self, a):
+        self.waits += isinstance(a, DeviceArray)
         return np.array(_host(a))
 
     def __getattr__(self, attr):

@@ -20,10 +20,12 @@ from standin import DeviceArray, HostArrayError, assert_on_device, host_arrays, 
 
 from transformer_lab import device
 from transformer_lab.core import layers as core_layers
+from transformer_lab.core import optim as core_optim
 from transformer_lab.core import translation as core_translation
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import SGD, Adam, AdamW, clip_grad_norm
+from transformer_lab.train.charlm import decay_groups
 
 
 @pytest.fixture
@@ -246,6 +248,19 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
 
     cpu, dev = on_cpu_and_device(run)
     assert_equal_values(cpu, dev)
+
+
+def test_a_training_step_waits_for_the_device_once_per_look_not_once_per_array(on_standin):
+    model = GPT(gpt_config(num_layers=4), seed=0)  # 52 arrays
+    decayed, kept = decay_groups(model.params)
+    opts = [AdamW(decayed, lr=1e-3, weight_decay=0.1), Adam(kept, lr=1e-3)]
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 12))
+    standin.waits = 0
+    loss, grads = model.loss(ids)  # as the trainer's step: the loss, a Python float
+    core_optim.clip_grad_norm(grads, 1.0)  # the global norm
+    for opt in opts:  # each checks every gradient is finite
+        opt.step({name: grads[name] for name in opt.params})
+    assert standin.waits == 4, f"{standin.waits} transfers to the host in one step"
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
