@@ -10,8 +10,10 @@ namespace: its functions return DeviceArray (those that take arrays refuse host 
 transfers ``asarray``/``array``), its types and constants are NumPy's; ``random.default_rng``
 gives NumPy's generator with its draws on the device -- the same numbers as NumPy's, so a run on
 the stand-in equals the CPU's exactly; ``erf`` is SciPy's. ``standin.waits`` counts the
-transfers to the host (``bool``, ``float``, ``int``, ``item``, ``tolist`` of a device array,
-``asnumpy``): on a GPU, each makes the host wait for the device.
+transfers to the host (``bool``, ``float``, ``int``, ``format``, ``item``, ``tolist`` of a
+device array, ``asnumpy``) and the operations whose output's size depends on the data (a boolean
+mask as an index, ``nonzero``, ``unique``, ...): on a GPU, each makes the host wait for the
+device.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class DeviceArray(np.ndarray):
 
     def __getitem__(self, key):
         _refuse_host("indexing", key)
+        keys = key if isinstance(key, tuple) else (key,)
+        standin.waits += any(isinstance(k, DeviceArray) and k.dtype == bool for k in keys)
         return _device(np.ndarray.__getitem__(self.view(np.ndarray), _host(key)))
 
     def __setitem__(self, key, value):
@@ -61,7 +65,7 @@ def _waits(method: str):
     return wait
 
 
-for _method in ("__bool__", "__float__", "__int__", "__index__", "item", "tolist"):
+for _method in ("__bool__", "__float__", "__int__", "__index__", "__format__", "item", "tolist"):
     setattr(DeviceArray, _method, _waits(_method))
 
 
@@ -98,11 +102,16 @@ def _device(obj):
     return obj
 
 
-def _function(fn, transfer: bool):
+#: Functions whose output's size depends on the data: the host must see it (a wait).
+_SIZED_BY_DATA = ("nonzero", "flatnonzero", "argwhere", "unique")
+
+
+def _function(fn, transfer: bool, waits: bool = False):
     @functools.wraps(fn)
     def on_device(*args, **kwargs):
         if not transfer:
             _refuse_host(f"np.{fn.__name__}", args, kwargs)
+        standin.waits += waits
         return _device(fn(*_host(args), **_host(kwargs)))
     return on_device
 
@@ -135,7 +144,8 @@ class _StandIn(types.ModuleType):
     def __getattr__(self, attr):
         value = getattr(np, attr)
         if callable(value) and not isinstance(value, (type, np.ufunc)):
-            value = _function(value, transfer=attr in ("asarray", "array"))
+            value = _function(value, transfer=attr in ("asarray", "array"),
+                              waits=attr in _SIZED_BY_DATA)
         setattr(self, attr, value)
         return value
 

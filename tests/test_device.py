@@ -124,9 +124,10 @@ def test_a_name_the_devices_array_module_lacks_is_named_before_binding():
         device.use(Older("older"))
     message = str(err.value)
     assert (f"core/sampling.py, line {line_of('sampling', 'np.partition(')}, in top_k_filter: "
-            f"np.partition is not in older 13.6.0: write it with what it has") in message
+            f"np.partition is not in older 13.6.0: write it with the functions it has") in message
     assert (f"core/layers.py, line {line_of('layers', 'rng.random(')}, in dropout_forward: "
-            f"rng.random is not in older 13.6.0's random.Generator") in message
+            f"rng.random is not a method of older 13.6.0's random.Generator, which has "
+            f"uniform") in message
     assert "rng.uniform" not in message
     assert device.name == "cpu" and core_layers.np is np  # nothing bound
 

@@ -14,8 +14,9 @@ functions or from their inputs), and the exact GELU reaches SciPy's error functi
 back. First it reads the core's source and refuses (:class:`DeviceError`, naming the function
 and the line) what the binding would not reach -- ``from numpy import zeros``, ``numpy.zeros``,
 a core function replaced by one defined elsewhere: it would make host arrays among the GPU's --
-and each ``np.<name>``, or ``rng.<method>`` of a generator, that the installed CuPy lacks (CuPy
-13 has no ``put_along_axis``, CuPy's generators no ``choice``).
+and each ``np.<name>`` that the installed CuPy lacks (CuPy 13 has no ``put_along_axis``), and
+each ``rng.<method>`` that CuPy's generators lack (``choice``, ``normal``; the name ``rng`` is
+the core's for its generators).
 
 The models put their parameters on the device (:func:`put`) when they are made or loaded, take
 ids and gradients from the host or the device and return arrays of the device; the optimisers
@@ -182,12 +183,16 @@ def _source_problems(tree: ast.Module, xp):
             yield line, where, f"'{node.id}.' spelled out: write np.<function>"
         elif isinstance(node, ast.Name) and node.id in ("np", "erf") and where == top:
             yield line, where, f"{node.id} used at import time makes a host array"
-        elif (name := _lacks(xp, node)) and (line, name) not in missing:
-            missing.add((line, name))
+        elif (lack := _lacks(xp, node)) and (line, lack) not in missing:
+            missing.add((line, lack))
             library = f"{xp.__name__} {getattr(xp, '__version__', '')}".strip()
-            within = f"{library}'s random.Generator" if name.startswith("rng.") else library
-            yield line, where, (f"{name} is not in {within}: write it with what it has, or "
-                                f"install a newer version")
+            if lack.startswith("np."):
+                yield line, where, (f"{lack} is not in {library}: write it with the functions "
+                                    f"it has, or install a newer version")
+            else:
+                has = ", ".join(m for m in dir(xp.random.Generator) if not m.startswith("_"))
+                yield line, where, (f"{lack} is not a method of {library}'s random.Generator, "
+                                    f"which has {has}")
 
 
 def _lacks(xp, node) -> str | None:
@@ -197,7 +202,7 @@ def _lacks(xp, node) -> str | None:
     while isinstance(node, ast.Attribute):
         path.insert(0, node.attr)
         node = node.value
-    if isinstance(node, ast.Name) and node.id == "rng" and path:  # the core's generators
+    if isinstance(node, ast.Name) and node.id == "rng" and path:  # a generator, by its name
         return None if hasattr(xp.random.Generator, path[0]) else f"rng.{path[0]}"
     if not (isinstance(node, ast.Name) and node.id == "np"):
         return None

@@ -76,9 +76,10 @@ def label_smoothed_loss_backward(dloss, cache):
     ### BEGIN SOLUTION 12 §4
     w = dloss * weight * keep  # (...)
     uniform = (-w * eps / c_logp.shape[-1]).astype(c_logp.dtype)[..., None]  # every class
+    target = (uniform - ((1 - eps) * w)[..., None]).astype(c_logp.dtype)  # and the target's
     onehot = np.arange(c_logp.shape[-1]) == safe[..., None]  # (..., V)
-    dlogp = np.where(onehot, uniform - ((1 - eps) * w)[..., None], uniform)  # (..., V)
-    return log_softmax_backward(dlogp.astype(c_logp.dtype, copy=False), c_logp)
+    dlogp = np.where(onehot, target, uniform)  # (..., V), the logits' dtype
+    return log_softmax_backward(dlogp, c_logp)
     ### END SOLUTION
 
 
