@@ -140,8 +140,10 @@ def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
 
     corpus = corpus or load_corpus()
     config = charlm.CharLMConfig(**{**TRAIN, **(overrides or {})}, device="cuda")
-    probe = charlm.train_charlm(config, corpus, steps=30, warmup=5, eval_every=30)
-    step = probe.metrics["train_seconds"] / 30  # a first run's, its first steps' compiling in
+    at = {}  # training seconds after steps 20, 40, 60 of a probe
+    charlm.train_charlm(config, corpus, lambda d: at.update({d["step"]: d["seconds"]}),
+                        steps=60, warmup=5, eval_every=20)
+    step = (at[60] - at[20]) / 40  # warm steps: CuPy compiles its kernels in the first ones
     config = dataclasses.replace(config, steps=max(config.warmup + 1, int(0.9 * budget / step)),
                                  time_budget=budget)
     curve = []
