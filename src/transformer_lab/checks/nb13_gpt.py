@@ -225,8 +225,9 @@ def _model_case(rng, dt=np.float64, make="classic", **kw):
 
 def _pe(c):
     """The sinusoidal table (max_len, E) in config ``c``'s dtype; None without it."""
-    table = sinusoid_table(c.max_len, c.d_model) if c.positional == "sinusoidal" else None
-    return None if table is None else table.astype(c.dtype)
+    if c.positional != "sinusoidal":
+        return None
+    return sinusoid_table(c.max_len, c.d_model).astype(c.dtype)
 
 
 class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backward", "gpt_loss")):
