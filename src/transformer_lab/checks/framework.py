@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transformer_lab import syllabus
+from transformer_lab.gradient_check import rel_error
 from transformer_lab.models.checkpoints import read_archive, write_archive
 
 #: The folder of stored expected answers (written into the handout by ``make student`` for
@@ -479,18 +480,11 @@ def _array_difference(check: Check, name: str, got: np.ndarray, want: np.ndarray
         return differs(f"{count} NaN or infinite, the first at {at} (expected "
                        f"{_num(want[tuple(bad[0])])})")
     tol = check.tolerance(name, want)
-    err = _rel_error(got, want)
+    err = rel_error(got, want)
     if err <= tol:
         return None
     return differs(f"relative error {err:.1e} (tolerance {tol:.0e}); "
                    f"{_largest(got, want, check, name)}")
-
-
-def _rel_error(a: np.ndarray, b: np.ndarray) -> float:
-    """``||a - b|| / (||a|| + ||b||)``, the course's relative error (0 for two zeros)."""
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    denom = float(np.linalg.norm(a) + np.linalg.norm(b))
-    return 0.0 if denom == 0 else float(np.linalg.norm(a - b)) / denom
 
 
 def _largest(got: np.ndarray, want: np.ndarray, check: Check, name: str) -> str:
@@ -620,7 +614,7 @@ def _matches(check: Check, got, wrong) -> bool:
         if not np.array_equal(finite, np.isfinite(g)) or not np.array_equal(
                 g[~finite], w[~finite], equal_nan=True):
             return False
-        return _rel_error(g[finite], w[finite]) <= check.tolerance("output", w)
+        return rel_error(g[finite], w[finite]) <= check.tolerance("output", w)
     except (TypeError, ValueError):
         return False
 
@@ -649,11 +643,13 @@ def _generic_hint(problem: Difference) -> str:
     if not np.all(np.isfinite(got)):
         return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
                 "happens (a row with nothing to attend to?)")
+    if not np.all(np.isfinite(want)):  # (rel_error takes finite arrays)
+        return ""
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
     floating = np.issubdtype(want.dtype, np.floating)  # ids, counts, masks have no sign or scale
-    if floating and _rel_error(g, -w) < 1e-6:
+    if floating and rel_error(g, -w) < 1e-6:
         return "your answer is the negative of the expected one: a sign error?"
-    if got.ndim >= 2 and got.shape[-1] == got.shape[-2] and _rel_error(
+    if got.ndim >= 2 and got.shape[-1] == got.shape[-2] and rel_error(
             np.swapaxes(got, -1, -2), want) < 1e-6:
         return "your answer is the transpose of the expected one (the last two axes swapped)"
     if not floating:
@@ -665,7 +661,7 @@ def _generic_hint(problem: Difference) -> str:
         # 1/5, sqrt(8)) points at a missing or extra one
         plain = w.size > 1 or (c != 0 and any(abs(x - round(x)) < 1e-6 * x for x in (
             abs(c), 1 / abs(c), c * c, 1 / (c * c))))
-        if plain and c != 0 and abs(c - 1) > 1e-3 and _rel_error(g, c * w) < 1e-6:
+        if plain and c != 0 and abs(c - 1) > 1e-3 and rel_error(g, c * w) < 1e-6:
             return (f"your answer is {c:.4g} times the expected one everywhere: a missing or "
                     "extra factor -- a mean where a sum belongs (or the reverse), or a scale "
                     "such as 1/sqrt(d_k)?")
