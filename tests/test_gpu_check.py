@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,9 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert set(timing["median_seconds"]) == {"core step", "torch step", "core forward+backward",
                                              "torch forward+backward"}
     assert timing["core_over_torch_step"] > 0 and len(timing["seconds"]["core step"]) == 3
+    own = timing["core step by function"]  # each core function's own seconds in a step
+    assert {"linear_forward", "linear_backward", "adam_step", "outside the core"} <= set(own)
+    assert list(own.values()) == sorted(own.values(), reverse=True) and min(own.values()) > 0
     training = record["training"]
     assert training["config"]["device"] == "cuda" and training["metrics"]["steps"] >= 6
     assert training["metrics"]["stopped"] in ("steps", "time")
@@ -59,6 +63,20 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "parity tiled d32: worst" in out and "core/torch step" in out and "bits/char" in out
     assert device.name == "cpu"
+
+
+def test_by_function_charges_each_core_function_its_own_time():
+    from transformer_lab.core import layers
+
+    def step():  # 20 ms outside the core, a linear layer's forward inside it
+        time.sleep(0.02)
+        layers.linear_forward(np.ones((2, 3)), np.ones((3, 4)), np.zeros(4))
+
+    syncs = []
+    own = gpu_check.by_function(step, lambda: syncs.append(1), repeats=2)
+    assert set(own) == {"outside the core", "linear_forward"}
+    assert 0.02 <= own["outside the core"] < 0.2 and own["linear_forward"] < 0.02
+    assert len(syncs) == 2 * 2  # at the start and the end of each call
 
 
 def test_the_full_sizes_are_the_issue_s():

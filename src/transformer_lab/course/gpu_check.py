@@ -15,6 +15,7 @@ every figure, the command), with a summary on stdout.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import platform
@@ -72,7 +73,8 @@ def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: i
 def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 64,
            rounds: int = 10, warmup: int = 3, torch_device: str = "cuda") -> dict:
     """Part 2: median seconds of a training step, and of forward and backward alone, of the core
-    on the GPU and of the PyTorch twin on ``torch_device``, in interleaved rounds."""
+    on the GPU and of the PyTorch twin on ``torch_device``, in interleaved rounds; then where the
+    core's step goes (:func:`by_function`)."""
     import torch
 
     from transformer_lab.core import optim as core_optim
@@ -123,13 +125,46 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
                                    "core forward+backward": lambda: core(False),
                                    "torch forward+backward": lambda: torch_(False)},
                                   rounds, warmup)
+        own = by_function(lambda: core(True), synchronize)
     medians = {name: statistics.median(t) for name, t in times.items()}
     ratio = statistics.median(c / t for c, t in zip(times["core step"], times["torch step"],
                                                     strict=True))
     return {"d_model": d_model, "layers": layers, "heads": config.num_heads, "length": length,
             "batch": batch, "rounds": rounds, "warmup": warmup, "median_seconds": medians,
             "core_over_torch_step": ratio, "target": TIMING_TARGET,
-            "pass": ratio <= TIMING_TARGET, "seconds": times}
+            "pass": ratio <= TIMING_TARGET, "core step by function": own, "seconds": times}
+
+
+def by_function(step, synchronize, repeats: int = 3) -> dict[str, float]:
+    """Seconds of ``step`` spent in each function of the core, its own time (that of the core
+    functions it calls taken out), and ``"outside the core"``, per step, the most first. The
+    device is synchronised as each core function starts and ends: the sum is a slower step's,
+    and each function is charged the GPU's work that it queued."""
+    core = str(Path(device.__file__).parent / "core")
+    own: collections.Counter = collections.Counter()
+    starts, inner = [], [0.0]  # the open calls' start, and seconds spent in their core callees
+
+    def profile(frame, event, arg):
+        if event in ("call", "return") and frame.f_code.co_filename.startswith(core):
+            synchronize()
+            now = time.perf_counter()
+            if event == "call":
+                starts.append(now)
+                inner.append(0.0)
+            else:
+                spent = now - starts.pop()
+                own[frame.f_code.co_name] += spent - inner.pop()
+                inner[-1] += spent
+
+    start = time.perf_counter()
+    sys.setprofile(profile)
+    try:
+        for _ in range(repeats):
+            step()
+    finally:
+        sys.setprofile(None)
+    own["outside the core"] = time.perf_counter() - start - inner[0]
+    return {name: seconds / repeats for name, seconds in own.most_common()}
 
 
 def training(budget: float, overrides: dict | None = None, corpus=None) -> dict:
@@ -224,7 +259,9 @@ def summary(record: dict) -> str:
     t, r = record.get("timing", {}), record.get("training", {})
     lines.append("timing: " + (t.get("error") or ", ".join(
         f"{k} {1e3 * s:.1f} ms" for k, s in t["median_seconds"].items())
-        + f"; core/torch step {t['core_over_torch_step']:.2f}x (target <= {TIMING_TARGET}x)"))
+        + f"; core/torch step {t['core_over_torch_step']:.2f}x (target <= {TIMING_TARGET}x); "
+        + "most of a synchronised core step: " + ", ".join(
+            f"{k} {1e3 * s:.1f} ms" for k, s in list(t["core step by function"].items())[:6])))
     lines.append("training: " + (r.get("error") or (
         f"{r['metrics']['steps']} steps in {r['metrics']['train_seconds']:.0f} s, "
         f"val {r['metrics']['val_bits_per_char']:.3f} bits/char against the shipped "
