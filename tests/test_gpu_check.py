@@ -79,6 +79,13 @@ def test_by_function_charges_each_core_function_its_own_time():
     assert len(syncs) == 2 * 2  # at the start and the end of each call
 
 
+def test_training_runs_train_s_steps_when_the_budget_holds_more(cuda_is_the_standin):
+    tiny = dict(d_model=32, num_layers=1, warmup=2, eval_every=50, steps=8)
+    result = gpu_check.training(1000.0, tiny, small_corpus())
+    assert result["metrics"]["steps"] == 8 and result["metrics"]["stopped"] == "steps"
+    assert result["config"]["dropout"] == gpu_check.TRAIN["dropout"] > 0
+
+
 def test_the_full_sizes_are_the_issue_s():
     assert gpu_check.gpt_config("classic", 384, 6, 256).num_heads == 6
     assert gpu_check.gpt_config("modern", 96, 2, 128).num_kv_heads == 2
