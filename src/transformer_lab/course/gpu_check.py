@@ -143,7 +143,7 @@ def by_function(step, synchronize, repeats: int = 3) -> dict[str, float]:
     functions it calls taken out), and ``"outside the core"``, per step, the most first. The
     device is synchronised as each core function starts and ends: the sum is a slower step's,
     and each function is charged the GPU's work that it queued."""
-    core = str(Path(device.__file__).parent / "core")
+    core = str(device._CORE)  # the folder of the core's modules
     own: collections.Counter = collections.Counter()
     starts, inner = [], [0.0]  # the open calls' start, and seconds spent in their core callees
 
