@@ -9,6 +9,7 @@ different computation, not rounding."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -244,11 +245,48 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
             loss, grads = model.loss(ids, rng=rng)
             norms.append(clip_grad_norm(grads, 0.5))
             opt.step(grads)
-        state = {k: v for k, v in vars(opt).items() if isinstance(v, dict) and k != "params"}
-        return {"params": model.params, "norms": norms, "state": state}
+        return {"params": model.params, "norms": norms}
 
     cpu, dev = on_cpu_and_device(run)
     assert_equal_values(cpu, dev)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: Adam(p, lr=1e-2, weight_decay=0.1), lambda p: AdamW(p, lr=1e-2, weight_decay=0.1),
+    lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)],
+    ids=["adam", "adamw", "sgd"])
+def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimizer,
+                                                                         monkeypatch):
+    """On the CPU the core updates one parameter array at a time; on the device, one flat array
+    per dtype (two here, interleaved in params, with a 0-d parameter): the same steps, bit for
+    bit, in one core call per dtype."""
+    shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
+              "V": ((2, 2, 2), np.float64)}
+    calls = []
+
+    def spy(*args, _real, **kwargs):
+        calls.append(_real.__name__)
+        return _real(*args, **kwargs)
+
+    def draw(rng):
+        return {n: device.put(np.asarray(rng.standard_normal(s), dt))
+                for n, (s, dt) in shapes.items()}
+
+    def run():
+        rng = np.random.default_rng(0)
+        params = draw(rng)
+        opt = optimizer(params)
+        with monkeypatch.context() as patch:  # (once bound: the device refuses a replaced core)
+            for name in ("adam_step", "sgd_step"):
+                patch.setattr(core_optim, name,
+                              functools.partial(spy, _real=getattr(core_optim, name)))
+            for _ in range(3):
+                opt.step(draw(rng))
+        return params
+
+    cpu, dev = on_cpu_and_device(run)
+    assert_equal_values(cpu, dev)
+    assert len(calls) == 3 * 4 + 3 * 2  # on the CPU, 4 arrays a step; on the device, 2 dtypes
 
 
 def test_a_training_step_waits_for_the_device_once_per_look_not_once_per_array(on_standin):

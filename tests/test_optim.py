@@ -111,7 +111,8 @@ def _state(opt):
     """Everything a step may change, copied."""
     arrays = {f"param.{n}": p for n, p in opt.params.items()}
     for attr in ("m", "v", "buffers"):
-        arrays.update({f"{attr}.{n}": a for n, a in getattr(opt, attr, {}).items()})
+        arrays.update({f"{attr}.{i}": a for i, a in enumerate(getattr(opt, attr, []))
+                       if a is not None})  # one flat array per dtype group
     return {n: a.copy() for n, a in arrays.items()}, opt.steps
 
 
