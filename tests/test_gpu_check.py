@@ -65,6 +65,15 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert device.name == "cpu"
 
 
+def test_parts_runs_only_the_parts_named(cuda_is_the_standin, tmp_path, capsys):
+    record = gpu_check.run(tmp_path, budget=1.0, quick=True, torch_device="cpu",
+                           parts=("timing",))
+    assert set(record) == {"command", "quick", "device", "machine", "timing", "part_seconds"}
+    assert record["timing"]["core_over_torch_step"] > 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("machine: ") and out[1].startswith("timing: ") and len(out) == 2
+
+
 def test_by_function_charges_each_core_function_its_own_time():
     from transformer_lab.core import layers
 

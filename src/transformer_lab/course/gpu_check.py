@@ -1,6 +1,6 @@
 """The core on an NVIDIA GPU, measured once and recorded (issue 38):
 
-    python -m transformer_lab.course.gpu_check --out DIR [--budget 360] [--quick]
+    python -m transformer_lab.course.gpu_check --out DIR [--budget 360] [--quick] [--parts ...]
 
 on a machine with CuPy, PyTorch and a GPU; it needs numpy, scipy, threadpoolctl, cupy, torch and
 this package only. About 7.5 minutes at the defaults (``--quick``: about one minute, tiny sizes).
@@ -9,7 +9,8 @@ training step against the PyTorch twin's on the same GPU (:func:`timing`), the t
 GPU for ``--budget`` seconds against the shipped checkpoint (:func:`training`) -- is said for
 readers in docs/results.md, "The core on a GPU". Each part is recorded whatever the others do
 (an error is recorded, and the run goes on) in ``DIR/gpu_record.json`` (machine, versions,
-every figure, the command), with a summary on stdout.
+every figure, the command), with a summary on stdout. ``--parts timing`` (or ``parity``,
+``training``) runs only those: a change measured again without the rest.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ PARITY_TOL = 1e-5
 TIMING_TARGET = 2.5
 SHIPPED_BITS_PER_CHAR = 1.397
 KINDS = {"classic": {}, "modern": {"block": "modern"}, "tiled": {"attention_block_size": 64}}
+PARTS = ("parity", "timing", "training")
 #: The training run of part 3: the shipped CPU model at batch 64 (8 there), with dropout 0.1
 #: and weight decay 0.1, which it needs at that batch (docs/results.md has its run on a CPU);
 #: fewer steps if the budget would not hold them.
@@ -230,24 +232,28 @@ def _part(record: dict, name: str, run, out: Path) -> None:
           flush=True)
 
 
-def run(out: Path, budget: float, quick: bool, torch_device: str = "cuda", corpus=None) -> dict:
-    """All three parts; the record, also written to ``out/gpu_record.json`` (``torch_device``
-    and ``corpus``: the tests' CPU and small corpus)."""
+def run(out: Path, budget: float, quick: bool, torch_device: str = "cuda", corpus=None,
+        parts=PARTS) -> dict:
+    """The ``parts`` named (all three by default); the record, also written to
+    ``out/gpu_record.json`` (``torch_device`` and ``corpus``: the tests' CPU and small
+    corpus)."""
     record: dict = {"command": " ".join(["python -m transformer_lab.course.gpu_check",
                                          *sys.argv[1:]]), "quick": quick}
     out.mkdir(parents=True, exist_ok=True)
     _part(record, "device", lambda: device.use("cuda") or device.name, out)
     _part(record, "machine", machine, out)
     sizes = (32,) if quick else (96, 384)
-    for kind in KINDS:
+    for kind in KINDS if "parity" in parts else ():
         for d in sizes:
             _part(record, f"parity {kind} d{d}",
                   lambda k=kind, d=d: parity(k, d, layers=1 if quick else 2,
                                              length=32 if quick else 128), out)
     small = dict(d_model=64, layers=2, length=64, batch=8, rounds=3, warmup=1) if quick else {}
-    _part(record, "timing", lambda: timing(**small, torch_device=torch_device), out)
+    if "timing" in parts:
+        _part(record, "timing", lambda: timing(**small, torch_device=torch_device), out)
     tiny = dict(d_model=32, num_layers=1, warmup=5, eval_every=50) if quick else None
-    _part(record, "training", lambda: training(budget, tiny, corpus), out)
+    if "training" in parts:
+        _part(record, "training", lambda: training(budget, tiny, corpus), out)
     device.use("cpu")
     print(summary(record))
     return record
@@ -260,16 +266,18 @@ def summary(record: dict) -> str:
             lines.append(f"{name}: " + (part.get("error") or
                                         f"worst {part['worst']} {part['worst_error']:.2e} "
                                         f"({'pass' if part['pass'] else 'FAIL'} < {PARITY_TOL})"))
-    t, r = record.get("timing", {}), record.get("training", {})
-    lines.append("timing: " + (t.get("error") or ", ".join(
-        f"{k} {1e3 * s:.1f} ms" for k, s in t["median_seconds"].items())
-        + f"; core/torch step {t['core_over_torch_step']:.2f}x (target <= {TIMING_TARGET}x); "
-        + "most of a synchronised core step: " + ", ".join(
-            f"{k} {1e3 * s:.1f} ms" for k, s in list(t["core step by function"].items())[:6])))
-    lines.append("training: " + (r.get("error") or (
-        f"{r['metrics']['steps']} steps in {r['metrics']['train_seconds']:.0f} s, "
-        f"val {r['metrics']['val_bits_per_char']:.3f} bits/char against the shipped "
-        f"checkpoint's {r['shipped_checkpoint_val_bits_per_char_here']:.3f} here")))
+    t, r = record.get("timing"), record.get("training")
+    if t:
+        lines.append("timing: " + (t.get("error") or ", ".join(
+            f"{k} {1e3 * s:.1f} ms" for k, s in t["median_seconds"].items())
+            + f"; core/torch step {t['core_over_torch_step']:.2f}x (target <= {TIMING_TARGET}x); "
+            + "most of a synchronised core step: " + ", ".join(
+                f"{k} {1e3 * s:.1f} ms" for k, s in list(t["core step by function"].items())[:6])))
+    if r:
+        lines.append("training: " + (r.get("error") or (
+            f"{r['metrics']['steps']} steps in {r['metrics']['train_seconds']:.0f} s, "
+            f"val {r['metrics']['val_bits_per_char']:.3f} bits/char against the shipped "
+            f"checkpoint's {r['shipped_checkpoint_val_bits_per_char_here']:.3f} here")))
     return "\n".join(lines)
 
 
@@ -280,11 +288,14 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds of training steps in part 3 (default 360; --quick: 20)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: about one minute")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
+                        help="the parts to run (default all three): e.g. timing alone, to "
+                             "measure a change again without the rest")
     args = parser.parse_args(argv)
     budget = args.budget if args.budget is not None else 20.0 if args.quick else 360.0
     if budget <= 0:
         parser.error("--budget must be positive")
-    run(Path(args.out), budget, args.quick)
+    run(Path(args.out), budget, args.quick, parts=args.parts)
     return 0
 
 
