@@ -289,6 +289,20 @@ def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimi
     assert len(calls) == 3 * 4 + 3 * 2  # on the CPU, 4 arrays a step; on the device, 2 dtypes
 
 
+def test_on_the_device_a_failing_step_changes_nothing(on_standin):
+    """Every gradient is checked before the flat arrays are updated and copied back."""
+    rng = np.random.default_rng(0)
+    params = {n: device.put(rng.standard_normal(s)) for n, s in (("W", (3, 4)), ("b", (4,)))}
+    opt = AdamW(params, lr=0.1)
+    opt.step({n: device.put(rng.standard_normal(p.shape)) for n, p in params.items()})
+    before = [a.copy() for a in (*params.values(), *opt.m, *opt.v)]
+    with pytest.raises(ValueError, match=r"grads\['b'\] contains NaN"):
+        opt.step({"W": device.put(np.ones((3, 4))), "b": device.put(np.array([0, np.nan, 0, 0]))})
+    for a, b in zip((*params.values(), *opt.m, *opt.v), before, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert opt.steps == 1
+
+
 def test_a_training_step_waits_for_the_device_once_per_look_not_once_per_array(on_standin):
     model = GPT(gpt_config(num_layers=4), seed=0)  # 52 arrays
     decayed, kept = decay_groups(model.params)

@@ -112,7 +112,7 @@ def _state(opt):
     arrays = {f"param.{n}": p for n, p in opt.params.items()}
     for attr in ("m", "v", "buffers"):
         arrays.update({f"{attr}.{i}": a for i, a in enumerate(getattr(opt, attr, []))
-                       if a is not None})  # one flat array per dtype group
+                       if a is not None})  # one array per group (see optim._groups)
     return {n: a.copy() for n, a in arrays.items()}, opt.steps
 
 
