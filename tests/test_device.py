@@ -258,10 +258,10 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
 def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimizer,
                                                                          monkeypatch):
     """On the CPU the core updates one parameter array at a time; on the device, one flat array
-    per dtype (two here, interleaved in params, with a 0-d parameter): the same steps, bit for
-    bit, in one core call per dtype."""
+    per dtype (float32: four arrays, among them a transposed view and an empty one; float64: a
+    0-d array alone, updated in place): the same steps, bit for bit, one core call per dtype."""
     shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
-              "V": ((2, 2, 2), np.float64)}
+              "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
     calls = []
 
     def spy(*args, _real, **kwargs):
@@ -269,8 +269,9 @@ def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimi
         return _real(*args, **kwargs)
 
     def draw(rng):
-        return {n: device.put(np.asarray(rng.standard_normal(s), dt))
-                for n, (s, dt) in shapes.items()}
+        arrays = {n: device.put(np.asarray(rng.standard_normal(s), dt))
+                  for n, (s, dt) in shapes.items()}
+        return {**arrays, "T": arrays["T"].T}  # (3, 2), not contiguous
 
     def run():
         rng = np.random.default_rng(0)
@@ -286,18 +287,21 @@ def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimi
 
     cpu, dev = on_cpu_and_device(run)
     assert_equal_values(cpu, dev)
-    assert len(calls) == 3 * 4 + 3 * 2  # on the CPU, 4 arrays a step; on the device, 2 dtypes
+    assert len(calls) == 3 * 5 + 3 * 2  # on the CPU, 5 arrays a step; on the device, 2 dtypes
 
 
 def test_on_the_device_a_failing_step_changes_nothing(on_standin):
-    """Every gradient is checked before the flat arrays are updated and copied back."""
+    """Every gradient, of every dtype's flat array, is checked before any is updated."""
     rng = np.random.default_rng(0)
-    params = {n: device.put(rng.standard_normal(s)) for n, s in (("W", (3, 4)), ("b", (4,)))}
+    params = {"W": device.put(rng.standard_normal((3, 4)).astype(np.float32)),
+              "b": device.put(rng.standard_normal(4))}  # two groups: float32, then float64
     opt = AdamW(params, lr=0.1)
-    opt.step({n: device.put(rng.standard_normal(p.shape)) for n, p in params.items()})
+    opt.step({n: device.put(rng.standard_normal(p.shape).astype(p.dtype))
+              for n, p in params.items()})
     before = [a.copy() for a in (*params.values(), *opt.m, *opt.v)]
     with pytest.raises(ValueError, match=r"grads\['b'\] contains NaN"):
-        opt.step({"W": device.put(np.ones((3, 4))), "b": device.put(np.array([0, np.nan, 0, 0]))})
+        opt.step({"W": device.put(np.ones((3, 4), np.float32)),
+                  "b": device.put(np.array([0, np.nan, 0, 0]))})
     for a, b in zip((*params.values(), *opt.m, *opt.v), before, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert opt.steps == 1

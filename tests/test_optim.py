@@ -95,6 +95,17 @@ def test_optimizers_reject_bad_input():
         opt.step({"W": np.zeros(2)})
     with pytest.raises(ValueError, match="contains NaN"):
         opt.step({"W": np.full((2, 2), np.nan)})
+    for shared in ({"W": p["W"], "V": p["W"]}, {"W": p["W"], "row": p["W"][0]}):
+        with pytest.raises(ValueError, match=r"params\['W'\] and params\['(V|row)'\] share "
+                                             r"memory"):  # one step each, not two
+            Adam(shared)
+    Adam({"W": p["W"][0], "V": p["W"][1]})  # two rows of one array: no memory in common
+    grown = dict(p)
+    opt = SGD(grown, lr=0.1)
+    grown["b"] = np.zeros(2)
+    with pytest.raises(ValueError, match="params has gained or lost names since the optimiser "
+                                         "was made"):
+        opt.step({"W": np.zeros((2, 2)), "b": np.zeros(2)})
     with pytest.raises(ValueError, match="max_norm must be positive, got 0"):
         clip_grad_norm({"W": np.ones(2)}, 0)
     with pytest.raises(ValueError, match="nesterov needs momentum"):

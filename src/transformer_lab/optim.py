@@ -19,9 +19,10 @@ where the core runs (:mod:`transformer_lab.device`): the parameters and the opti
 live there, and gradients are moved there. On the CPU the core updates one parameter array at a
 time, so that its temporaries stay in the cache. On a GPU every array operation costs a launch
 whatever its size, so the parameters of one dtype are laid end to end in one flat array, updated
-by one call and copied back: a dozen operations a step instead of a dozen per parameter
-(``torch.optim``'s ``foreach`` implementations group tensors for the same reason). The update is
-elementwise, so both give every parameter the same step, bit for bit.
+by one call and copied back: about a dozen operations per dtype and one copy per parameter,
+instead of a dozen per parameter (``torch.optim``'s ``foreach`` implementations group tensors
+for the same reason). The core's update is elementwise, so both give every parameter the same
+step, bit for bit.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def _check_params(params) -> Mapping[str, np.ndarray]:
             raise ValueError(f"params[{name!r}] is not on the device the core runs on "
                              f"({device.name}): update them where they live (make the model "
                              f"after transformer_lab.device.use(...))")
+    names = list(params)
+    for i, a in enumerate(names):  # one step per parameter: none may be another's memory
+        for b in names[i + 1:]:
+            if device.xp.may_share_memory(params[a], params[b]):
+                raise ValueError(f"params[{a!r}] and params[{b!r}] share memory: give each "
+                                 f"parameter once, under one name")
     return params
 
 
@@ -59,8 +66,8 @@ class Optimizer:
         self._groups = _groups(self.params)
 
     def _by_group(self, arrays: Mapping[str, np.ndarray]) -> list:
-        """``arrays`` (keyed as params) by group: a group's one array itself, or its arrays laid
-        end to end in one flat array."""
+        """``arrays`` (keyed as params) by group: a group's one array itself (updated in place:
+        :meth:`_write_back` skips it), or its arrays laid end to end in one flat array."""
         xp = device.xp
         return [arrays[names[0]] if len(names) == 1 else
                 xp.concatenate([arrays[name].ravel() for name in names]) for names in self._groups]
@@ -88,6 +95,9 @@ class Optimizer:
         """The gradients by group (:meth:`_by_group`), once **every** one has been checked:
         the keys of params, each an array of its parameter's shape and dtype, finite; moved to
         the device."""
+        if set(self.params) != {name for names in self._groups for name in names}:
+            raise ValueError("params has gained or lost names since the optimiser was made: "
+                             "make a new optimiser for the new parameters")
         if not isinstance(grads, Mapping):
             raise TypeError(f"grads must be a dict of name -> array, got {type(grads).__name__}")
         missing = set(self.params) - set(grads)
