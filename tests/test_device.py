@@ -4,7 +4,9 @@ as CuPy's arrays do). Every forward, backward, optimiser step, sampling step, ``
 beam search and a few trainer steps keep their arrays on the "device" -- no plain NumPy array
 leaks out -- and give the CPU's numbers. The stand-in computes with NumPy and draws NumPy's
 random numbers, so "the CPU's numbers" means equal, not equal to rounding: any difference is a
-different computation, not rounding."""
+different computation, not rounding. One difference is meant: on the device the global norm for
+clipping is summed over the gradients laid end to end (one test, to a tolerance from float32's
+eps and the size of the sum)."""
 
 from __future__ import annotations
 
@@ -240,12 +242,10 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
 
     def run():
         model, rng = GPT(config, seed=0), device.generator(3)
-        opt, norms = optimizer(model.params), []
+        opt = optimizer(model.params)
         for _ in range(3):
-            loss, grads = model.loss(ids, rng=rng)
-            norms.append(clip_grad_norm(grads, 0.5))
-            opt.step(grads)
-        return {"params": model.params, "norms": norms}
+            opt.step(model.loss(ids, rng=rng)[1])
+        return model.params
 
     cpu, dev = on_cpu_and_device(run)
     assert_equal_values(cpu, dev)
@@ -290,6 +290,49 @@ def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimi
     assert len(calls) == 3 * 5 + 3 * 2  # on the CPU, 5 arrays a step; on the device, 2 dtypes
 
 
+def test_on_the_device_clipping_scales_the_gradients_laid_end_to_end(monkeypatch):
+    """The core's clip_grad_norm clips one gradient array at a time on the CPU, and on the device
+    each dtype's laid end to end (float32: four arrays, a transposed view and an empty one among
+    them; float64: a 0-d array alone, scaled in place), then copied back: the same gradients,
+    up to the order in which the float32 squares are summed. Two sums of the same n squares
+    (>= 0) differ by at most 2 n u relative (u = eps / 2): n eps; a product rounds once more."""
+    shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
+              "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
+    eps = float(np.finfo(np.float32).eps)
+    tol = (12 + 4 + 6) * eps  # n: the float32 squares
+    calls = []
+
+    def spy(grads, max_norm, _real=core_optim.clip_grad_norm):
+        calls.append(len(grads))
+        return _real(grads, max_norm)
+
+    def run(max_norm):
+        rng = np.random.default_rng(0)
+        grads = {n: device.put(np.asarray(rng.standard_normal(s), dt))
+                 for n, (s, dt) in shapes.items()}
+        grads["T"] = grads["T"].T  # (3, 2), not contiguous
+        given = dict(grads)
+        with monkeypatch.context() as patch:  # (once bound: the device refuses a replaced core)
+            patch.setattr(core_optim, "clip_grad_norm", spy)
+            total = clip_grad_norm(grads, max_norm)
+        assert all(grads[name] is g for name, g in given.items())  # scaled in place
+        return total, grads
+
+    for max_norm, scaled in ((1.0, True), (1e3, False)):
+        calls.clear()
+        (cpu_total, cpu), (dev_total, dev) = on_cpu_and_device(functools.partial(run, max_norm))
+        assert calls == [5, 2]  # on the CPU, 5 arrays; on the device, 2 dtypes
+        assert type(dev_total) is float and dev_total == pytest.approx(cpu_total, rel=tol)
+        assert_on_device(dev)
+        assert (cpu_total > max_norm) is scaled
+        for name, g in cpu.items():
+            np.testing.assert_allclose(np.asarray(dev[name]), g, rtol=tol + eps, err_msg=name)
+        if scaled:  # to max_norm (the core's 1e-6 below it)
+            assert core_optim.global_norm(cpu) == pytest.approx(max_norm, rel=tol)
+        else:  # every gradient as drawn, bit for bit
+            assert_equal_values(cpu, dev)
+
+
 def test_on_the_device_a_failing_step_changes_nothing(on_standin):
     """Every gradient, of every dtype's flat array, is checked before any is updated."""
     rng = np.random.default_rng(0)
@@ -314,7 +357,7 @@ def test_a_training_step_waits_for_the_device_once_per_look_not_once_per_array(o
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 12))
     standin.waits = 0
     loss, grads = model.loss(ids)  # as the trainer's step: the loss, a Python float
-    core_optim.clip_grad_norm(grads, 1.0)  # the global norm
+    clip_grad_norm(grads, 1.0)  # the global norm
     for opt in opts:  # each checks every gradient is finite
         opt.step({name: grads[name] for name in opt.params})
     assert standin.waits == 4, f"{standin.waits} transfers to the host in one step"
@@ -452,7 +495,8 @@ def test_the_charlm_trainer_on_the_device(cuda_is_the_standin, capsys, monkeypat
     args = ["--steps", "3", "--warmup", "1", "--eval-every", "2", "--d-model", "16",
             "--num-layers", "1",
             "--context", "16", "--batch-size", "2", "--eval-tokens", "64", "--dropout", "0.1",
-            "--quiet", "--samples", "2"]
+            "--quiet", "--samples", "2",
+            "--clip", "0"]  # the device sums the global norm in another order (tested above)
     charlm.main([*args, "--device", "cuda", "--checkpoint", str(tmp_path / "gpu.npz")])
     dev = _json_line(capsys)
     charlm.main(args)

@@ -21,8 +21,9 @@ time, so that its temporaries stay in the cache. On a GPU every array operation 
 whatever its size, so the parameters of one dtype are laid end to end in one flat array, updated
 by one call and copied back: about a dozen operations per dtype and one copy per parameter,
 instead of a dozen per parameter (``torch.optim``'s ``foreach`` implementations group tensors
-for the same reason). The core's update is elementwise, so both give every parameter the same
-step, bit for bit.
+for the same reason); :func:`clip_grad_norm` clips the gradients laid end to end in the same
+way. The core's update is elementwise, so both give every parameter the same step, bit for bit;
+the global norm is summed in another order.
 """
 
 from __future__ import annotations
@@ -65,24 +66,6 @@ class Optimizer:
         self.steps = 0
         self._groups = _groups(self.params)
 
-    def _by_group(self, arrays: Mapping[str, np.ndarray]) -> list:
-        """``arrays`` (keyed as params) by group: a group's one array itself (updated in place:
-        :meth:`_write_back` skips it), or its arrays laid end to end in one flat array."""
-        xp = device.xp
-        return [arrays[names[0]] if len(names) == 1 else
-                xp.concatenate([arrays[name].ravel() for name in names]) for names in self._groups]
-
-    def _write_back(self, flats: list) -> None:
-        """Copy the flat arrays of :meth:`_by_group` back into the parameters."""
-        for names, flat in zip(self._groups, flats, strict=True):
-            if len(names) == 1:  # the parameter itself, updated in place
-                continue
-            start = 0
-            for name in names:
-                p = self.params[name]
-                p[...] = flat[start:start + p.size].reshape(p.shape)
-                start += p.size
-
     @property
     def lr(self) -> float:
         return self._lr
@@ -92,7 +75,7 @@ class Optimizer:
         self._lr = v.real(value, "lr", minimum=0)
 
     def _checked_grads(self, grads: Mapping[str, np.ndarray]) -> list:
-        """The gradients by group (:meth:`_by_group`), once **every** one has been checked:
+        """The gradients by group (:func:`_lay_flat`), once **every** one has been checked:
         the keys of params, each an array of its parameter's shape and dtype, finite; moved to
         the device."""
         if set(self.params) != {name for names in self._groups for name in names}:
@@ -108,7 +91,7 @@ class Optimizer:
         checked = {name: device.put(v.grad_like(grads[name], f"grads[{name!r}]", p.shape,
                                                 p.dtype, what=f"params[{name!r}]"))
                    for name, p in self.params.items()}
-        flats = self._by_group(checked)
+        flats = _lay_flat(self._groups, checked)
         xp = device.xp  # one look at every verdict: on a GPU, one wait
         if not device.to_host(xp.stack([xp.isfinite(g).all() for g in flats])).all():
             name = next(n for n, g in checked.items() if not device.to_host(xp.isfinite(g).all()))
@@ -135,12 +118,12 @@ class SGD(Optimizer):
         self.buffers: list = [None] * len(self._groups)  # momentum, one array per group
 
     def step(self, grads) -> None:
-        gs, ps = self._checked_grads(grads), self._by_group(self.params)
+        gs, ps = self._checked_grads(grads), _lay_flat(self._groups, self.params)
         for i, (p, g) in enumerate(zip(ps, gs, strict=True)):
             self.buffers[i] = core_optim.sgd_step(p, g, self.buffers[i], self.lr, self.momentum,
                                                   self.dampening, self.weight_decay,
                                                   self.nesterov)
-        self._write_back(ps)
+        _write_back(self._groups, self.params, ps)
         self.steps += 1
 
 
@@ -156,22 +139,22 @@ class Adam(Optimizer):
         self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
         self.decoupled = v.boolean(decoupled, "decoupled")
         # the moment estimates, one array per group (as the parameters: see _groups)
-        self.m = [device.xp.zeros_like(p) for p in self._by_group(self.params)]
+        self.m = [device.xp.zeros_like(p) for p in _lay_flat(self._groups, self.params)]
         self.v = [device.xp.zeros_like(p) for p in self.m]
 
     def step(self, grads) -> None:
-        gs, ps = self._checked_grads(grads), self._by_group(self.params)
+        gs, ps = self._checked_grads(grads), _lay_flat(self._groups, self.params)
         b1, b2 = self.betas
         t = self.steps + 1
         for p, g, m, v_ in zip(ps, gs, self.m, self.v, strict=True):
             core_optim.adam_step(p, g, m, v_, t, self.lr, b1, b2, self.eps, self.weight_decay,
                                  self.decoupled)
-        self._write_back(ps)
+        _write_back(self._groups, self.params, ps)
         self.steps = t
 
 
 def _groups(params: Mapping[str, np.ndarray]) -> list[list[str]]:
-    """The names of the parameters the core updates in one call: on the CPU, each alone; on
+    """The names of the arrays the core updates in one call: on the CPU, each alone; on
     another device, all those of one dtype (in the order of params)."""
     if device.xp is np:
         return [[name] for name in params]
@@ -179,6 +162,26 @@ def _groups(params: Mapping[str, np.ndarray]) -> list[list[str]]:
     for name, p in params.items():
         groups.setdefault(p.dtype, []).append(name)
     return list(groups.values())
+
+
+def _lay_flat(groups: list[list[str]], arrays: Mapping[str, np.ndarray]) -> list:
+    """``arrays`` by group (:func:`_groups`): a group's one array itself (changed in place:
+    :func:`_write_back` skips it), or its arrays laid end to end in one flat array."""
+    xp = device.xp
+    return [arrays[names[0]] if len(names) == 1 else
+            xp.concatenate([arrays[name].ravel() for name in names]) for names in groups]
+
+
+def _write_back(groups: list[list[str]], arrays: Mapping[str, np.ndarray], flats: list) -> None:
+    """Copy the flat arrays of :func:`_lay_flat` back into ``arrays``."""
+    for names, flat in zip(groups, flats, strict=True):
+        if len(names) == 1:  # the array itself, changed in place
+            continue
+        start = 0
+        for name in names:
+            a = arrays[name]
+            a[...] = flat[start:start + a.size].reshape(a.shape)
+            start += a.size
 
 
 def _betas(betas) -> tuple[float, float]:
@@ -215,10 +218,15 @@ def _check_grads(grads) -> None:
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     """Checked :func:`transformer_lab.core.optim.clip_grad_norm`: scales ``grads`` in place,
-    returns the global norm before clipping."""
+    returns the global norm before clipping. On a GPU the core clips the gradients of each
+    dtype laid end to end, as the optimisers update them, and they are copied back."""
     max_norm = v.real(max_norm, "max_norm", positive=True)
     _check_grads(grads)
-    return core_optim.clip_grad_norm(grads, max_norm)
+    groups = _groups(grads)
+    flats = _lay_flat(groups, grads)
+    total = core_optim.clip_grad_norm(dict(enumerate(flats)), max_norm)
+    _write_back(groups, grads, flats)
+    return total
 
 
 class WarmupSchedule:

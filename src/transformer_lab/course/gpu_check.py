@@ -82,8 +82,7 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
     core's step goes (:func:`by_function`)."""
     import torch
 
-    from transformer_lab.core import optim as core_optim
-    from transformer_lab.optim import Adam
+    from transformer_lab.optim import Adam, clip_grad_norm
     from transformer_lab.reference.torch_gpt import TorchGPT
     from transformer_lab.train.charlm import decay_groups
 
@@ -112,7 +111,7 @@ def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 
         def core(step: bool):  # a training step, or forward and backward alone
             loss, grads = model.loss(ids)
             if step:
-                core_optim.clip_grad_norm(grads, 1.0)
+                clip_grad_norm(grads, 1.0)
                 for opt in opts:
                     opt.step({name: grads[name] for name in opt.params})
             synchronize()

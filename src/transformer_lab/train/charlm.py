@@ -28,11 +28,10 @@ import numpy as np
 from transformer_lab import _validate as v
 from transformer_lab import device
 from transformer_lab.core import layers as core_layers
-from transformer_lab.core import optim as core_optim
 from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
-from transformer_lab.optim import Adam, WarmupSchedule
+from transformer_lab.optim import Adam, WarmupSchedule, clip_grad_norm
 from transformer_lab.train.config import (
     check_choices,
     check_run_numbers,
@@ -286,7 +285,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         batch = random_windows(train_ids, c.batch_size, c.context, rng)
         loss, grads = model.loss(batch, rng=drop_rng)
         if c.clip:
-            core_optim.clip_grad_norm(grads, c.clip)
+            clip_grad_norm(grads, c.clip)
         history.lr.append(schedule(i))
         for opt in optimizers:
             opt.lr = history.lr[-1]
