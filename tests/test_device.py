@@ -27,7 +27,7 @@ from transformer_lab.core import optim as core_optim
 from transformer_lab.core import translation as core_translation
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 from transformer_lab.models.gpt import GPT, GPTConfig
-from transformer_lab.optim import SGD, Adam, AdamW, clip_grad_norm
+from transformer_lab.optim import SGD, Adam, AdamW, clip_grad_norm, global_norm
 from transformer_lab.train.charlm import decay_groups
 
 
@@ -331,6 +331,13 @@ def test_on_the_device_clipping_scales_the_gradients_laid_end_to_end(monkeypatch
             assert core_optim.global_norm(cpu) == pytest.approx(max_norm, rel=tol)
         else:  # every gradient as drawn, bit for bit
             assert_equal_values(cpu, dev)
+
+
+def test_clipping_refuses_gradients_off_the_device(on_standin):
+    grads = {"W": device.put(np.ones((2, 2))), "b": np.ones(2)}
+    for clip in (lambda: clip_grad_norm(grads, 1.0), lambda: global_norm(grads)):
+        with pytest.raises(ValueError, match=r"grads\['b'\] is not on the device"):
+            clip()
 
 
 def test_on_the_device_a_failing_step_changes_nothing(on_standin):

@@ -214,6 +214,9 @@ def _check_grads(grads) -> None:
         raise ValueError("grads must be a non-empty dict of name -> float array")
     for name, g in grads.items():
         v.float_array(g, f"grads[{name!r}]")
+        if not device.on_device(g):
+            raise ValueError(f"grads[{name!r}] is not on the device the core runs on "
+                             f"({device.name}): use the gradients where the model made them")
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
