@@ -860,6 +860,10 @@ mutant("clip_grad_norm", "the norm after clipping returned",
        "    return total", "    return global_norm(grads)", "check-clip-grad-norm")
 mutant("clip_grad_norm", "new arrays instead of scaling in place",
        "g *= g.dtype.type(scale)", "g = g * g.dtype.type(scale)", "check-clip-grad-norm")
+mutant("clip_grad_norm", "new arrays in the dict instead of scaling in place",
+       "for g in grads.values():\n            g *= g.dtype.type(scale)",
+       "for k, g in grads.items():\n            grads[k] = g * g.dtype.type(scale)",
+       "check-clip-grad-norm")
 mutant("train_step", "clipping skipped",
        "norm = clip_grad_norm(grads, clip) if clip else global_norm(grads)",
        "norm = global_norm(grads)", "check-train-step")

@@ -294,8 +294,10 @@ def test_on_the_device_clipping_scales_the_gradients_laid_end_to_end(monkeypatch
     """The core's clip_grad_norm clips one gradient array at a time on the CPU, and on the device
     each dtype's laid end to end (float32: four arrays, a transposed view and an empty one among
     them; float64: a 0-d array alone, scaled in place), then copied back: the same gradients,
-    up to the order in which the float32 squares are summed. Two sums of the same n squares
-    (>= 0) differ by at most 2 n u relative (u = eps / 2): n eps; a product rounds once more."""
+    up to the order in which the float32 squares are summed. Two float32 sums of the same n
+    squares (>= 0) differ by at most 2 n u relative (u = eps / 2), n eps; the square root
+    halves that; the scale and each product round once more in float32: n eps / 2 + 2 eps,
+    within n eps + eps (n >= 2)."""
     shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
               "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
     eps = float(np.finfo(np.float32).eps)

@@ -45,6 +45,9 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert [p["kind"] for p in parity] == ["classic", "modern", "tiled"]
     # the stand-in computes with NumPy: the same numbers, not merely close ones
     assert all(p["pass"] and p["worst_error"] == 0.0 for p in parity)
+    # one float32 sum of n squares against per-array sums: within n eps (tests/test_device.py)
+    assert all(p["global_norm_error"] <= p["parameters"] * np.finfo(np.float32).eps
+               for p in parity)
     assert all(np.shape(p["sampled"]) == (2, 12) for p in parity)  # 4 prompt + 8 sampled
     assert len(parity[0]["errors"]) == len(gpu_check.GPT(gpu_check.gpt_config(
         "classic", 32, 1, 32)).params) + 1
@@ -61,7 +64,8 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert training["shipped_checkpoint_val_bits_per_char_here"] > 0
     assert isinstance(training["beats_shipped"], bool)
     out = capsys.readouterr().out
-    assert "parity tiled d32: worst" in out and "core/torch step" in out and "bits/char" in out
+    assert "parity tiled d32: worst" in out and "global norm" in out and "core/torch step" in out
+    assert "bits/char" in out
     assert device.name == "cpu"
 
 

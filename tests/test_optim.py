@@ -201,6 +201,23 @@ def test_global_norm_is_the_norm_of_everything_and_clip_uses_it():
         clip_grad_norm(grads, "1")
 
 
+def test_clipping_refuses_a_core_that_replaces_the_gradients(monkeypatch):
+    """The core's clip_grad_norm must scale the arrays it is given: the caller's gradients are
+    those arrays (or, on a GPU, copied back from them), not the entries of its dict."""
+    from transformer_lab.core import optim as core_optim
+
+    def replaces(grads, max_norm):
+        for name, g in grads.items():
+            grads[name] = g * 0.5
+        return 1.0
+
+    monkeypatch.setattr(core_optim, "clip_grad_norm", replaces)
+    grads = {"a": np.ones(3)}
+    with pytest.raises(ValueError, match="replaced the gradients in its dict instead of scaling"):
+        clip_grad_norm(grads, 1.0)
+    np.testing.assert_array_equal(grads["a"], np.ones(3))
+
+
 def test_schedules_and_betas_refuse_bad_numbers():
     s = WarmupSchedule(1.0, 10, 100)
     with pytest.raises(ValueError, match="step must be at least 0, got -5"):

@@ -21,9 +21,10 @@ time, so that its temporaries stay in the cache. On a GPU every array operation 
 whatever its size, so the parameters of one dtype are laid end to end in one flat array, updated
 by one call and copied back: about a dozen operations per dtype and one copy per parameter,
 instead of a dozen per parameter (``torch.optim``'s ``foreach`` implementations group tensors
-for the same reason); :func:`clip_grad_norm` clips the gradients laid end to end in the same
-way. The core's update is elementwise, so both give every parameter the same step, bit for bit;
-the global norm is summed in another order.
+for the same reason). The core's update is elementwise, so both give every parameter the same
+step, bit for bit. :func:`clip_grad_norm` lays the gradients end to end in the same way; there
+the global norm is one float32 sum over a dtype's gradients instead of one per array, so a GPU
+clips to float32's rounding of that sum, not bit for bit as the CPU.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Optimizer:
         self._lr = v.real(value, "lr", minimum=0)
 
     def _checked_grads(self, grads: Mapping[str, np.ndarray]) -> list:
-        """The gradients by group (:func:`_lay_flat`), once **every** one has been checked:
+        """The gradients by group (:func:`_by_group`), once **every** one has been checked:
         the keys of params, each an array of its parameter's shape and dtype, finite; moved to
         the device."""
         if set(self.params) != {name for names in self._groups for name in names}:
@@ -91,7 +92,7 @@ class Optimizer:
         checked = {name: device.put(v.grad_like(grads[name], f"grads[{name!r}]", p.shape,
                                                 p.dtype, what=f"params[{name!r}]"))
                    for name, p in self.params.items()}
-        flats = _lay_flat(self._groups, checked)
+        flats = _by_group(self._groups, checked)
         xp = device.xp  # one look at every verdict: on a GPU, one wait
         if not device.to_host(xp.stack([xp.isfinite(g).all() for g in flats])).all():
             name = next(n for n, g in checked.items() if not device.to_host(xp.isfinite(g).all()))
@@ -118,7 +119,7 @@ class SGD(Optimizer):
         self.buffers: list = [None] * len(self._groups)  # momentum, one array per group
 
     def step(self, grads) -> None:
-        gs, ps = self._checked_grads(grads), _lay_flat(self._groups, self.params)
+        gs, ps = self._checked_grads(grads), _by_group(self._groups, self.params)
         for i, (p, g) in enumerate(zip(ps, gs, strict=True)):
             self.buffers[i] = core_optim.sgd_step(p, g, self.buffers[i], self.lr, self.momentum,
                                                   self.dampening, self.weight_decay,
@@ -139,11 +140,11 @@ class Adam(Optimizer):
         self.weight_decay = v.real(weight_decay, "weight_decay", minimum=0)
         self.decoupled = v.boolean(decoupled, "decoupled")
         # the moment estimates, one array per group (as the parameters: see _groups)
-        self.m = [device.xp.zeros_like(p) for p in _lay_flat(self._groups, self.params)]
+        self.m = [device.xp.zeros_like(p) for p in _by_group(self._groups, self.params)]
         self.v = [device.xp.zeros_like(p) for p in self.m]
 
     def step(self, grads) -> None:
-        gs, ps = self._checked_grads(grads), _lay_flat(self._groups, self.params)
+        gs, ps = self._checked_grads(grads), _by_group(self._groups, self.params)
         b1, b2 = self.betas
         t = self.steps + 1
         for p, g, m, v_ in zip(ps, gs, self.m, self.v, strict=True):
@@ -164,7 +165,7 @@ def _groups(params: Mapping[str, np.ndarray]) -> list[list[str]]:
     return list(groups.values())
 
 
-def _lay_flat(groups: list[list[str]], arrays: Mapping[str, np.ndarray]) -> list:
+def _by_group(groups: list[list[str]], arrays: Mapping[str, np.ndarray]) -> list:
     """``arrays`` by group (:func:`_groups`): a group's one array itself (changed in place:
     :func:`_write_back` skips it), or its arrays laid end to end in one flat array."""
     xp = device.xp
@@ -173,7 +174,7 @@ def _lay_flat(groups: list[list[str]], arrays: Mapping[str, np.ndarray]) -> list
 
 
 def _write_back(groups: list[list[str]], arrays: Mapping[str, np.ndarray], flats: list) -> None:
-    """Copy the flat arrays of :func:`_lay_flat` back into ``arrays``."""
+    """Copy the flat arrays of :func:`_by_group` back into ``arrays``."""
     for names, flat in zip(groups, flats, strict=True):
         if len(names) == 1:  # the array itself, changed in place
             continue
@@ -216,18 +217,24 @@ def _check_grads(grads) -> None:
         v.float_array(g, f"grads[{name!r}]")
         if not device.on_device(g):
             raise ValueError(f"grads[{name!r}] is not on the device the core runs on "
-                             f"({device.name}): use the gradients where the model made them")
+                             f"({device.name}): clipping scales them in place, where the "
+                             f"model made them")
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     """Checked :func:`transformer_lab.core.optim.clip_grad_norm`: scales ``grads`` in place,
-    returns the global norm before clipping. On a GPU the core clips the gradients of each
-    dtype laid end to end, as the optimisers update them, and they are copied back."""
+    returns the global norm before clipping. On a GPU the core is called once, on one flat
+    array per dtype (:func:`_by_group`, keyed by the names laid end to end): one global norm,
+    one scale; the flat arrays are then copied back."""
     max_norm = v.real(max_norm, "max_norm", positive=True)
     _check_grads(grads)
     groups = _groups(grads)
-    flats = _lay_flat(groups, grads)
-    total = core_optim.clip_grad_norm(dict(enumerate(flats)), max_norm)
+    flats = _by_group(groups, grads)
+    given = {", ".join(names): flat for names, flat in zip(groups, flats, strict=True)}
+    total = core_optim.clip_grad_norm(given, max_norm)
+    if any(g is not flat for g, flat in zip(given.values(), flats, strict=True)):
+        raise ValueError("the core's clip_grad_norm replaced the gradients in its dict instead "
+                         "of scaling them in place (g *= scale): see check-clip-grad-norm")
     _write_back(groups, grads, flats)
     return total
 

@@ -54,15 +54,20 @@ def gpt_config(kind: str, d_model: int, layers: int, length: int, vocab: int = 9
 
 
 def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: int = 4) -> dict:
-    """Part 1 for one model: the loss and every gradient on the GPU against the CPU's."""
+    """Part 1 for one model: the loss and every gradient on the GPU against the CPU's; and
+    the global norm that clipping sums over the gradients laid end to end there (recorded)."""
+    from transformer_lab.optim import clip_grad_norm, global_norm
+
     config = gpt_config(kind, d_model, layers, length)
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (batch, length))
     with device.on("cpu"):
         model = GPT(config, seed=0)
         cpu_loss, cpu_grads = model.loss(ids)
+        cpu_norm = global_norm(cpu_grads)
     with device.on("cuda"):
         gpu_model = model.copy()
         loss, grads = gpu_model.loss(ids)
+        norm = clip_grad_norm(grads, max_norm=2 * cpu_norm)  # nothing is clipped
         grads = {name: device.to_host(g) for name, g in grads.items()}
         sampled = device.to_host(gpu_model.generate(ids[:2, :4], 8, temperature=0.8, top_k=10,
                                                     top_p=0.9, seed=0))  # runs on the GPU
@@ -72,7 +77,8 @@ def parity(kind: str, d_model: int, layers: int = 2, length: int = 128, batch: i
     return {"kind": kind, "d_model": d_model, "layers": layers, "length": length,
             "batch": batch, "loss_cpu": cpu_loss, "loss_device": loss, "worst": worst,
             "worst_error": errors[worst], "pass": errors[worst] < PARITY_TOL, "errors": errors,
-            "sampled": sampled.tolist()}
+            "parameters": sum(g.size for g in grads.values()),
+            "global_norm_error": abs(norm - cpu_norm) / cpu_norm, "sampled": sampled.tolist()}
 
 
 def timing(d_model: int = 384, layers: int = 6, length: int = 256, batch: int = 64,
@@ -264,7 +270,8 @@ def summary(record: dict) -> str:
         if name.startswith("parity"):
             lines.append(f"{name}: " + (part.get("error") or
                                         f"worst {part['worst']} {part['worst_error']:.2e} "
-                                        f"({'pass' if part['pass'] else 'FAIL'} < {PARITY_TOL})"))
+                                        f"({'pass' if part['pass'] else 'FAIL'} < {PARITY_TOL}); "
+                                        f"global norm {part['global_norm_error']:.1e}"))
     t, r = record.get("timing"), record.get("training")
     if t:
         lines.append("timing: " + (t.get("error") or ", ".join(
