@@ -15,6 +15,7 @@ they fail.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -62,12 +63,25 @@ def run_in(box, code: str, mounts: sandbox.Mounts | None = None,
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that hands whoever connects ``payload`` and counts them."""
+    """A TCP listener on 127.0.0.1 that hands whoever connects ``payload`` and counts them.
+
+    Its port is below Linux's ephemeral range (32768-60999), from which bind(0) hands out ports:
+    Jupyter picks its kernels' ports so, and a kernel's client (ZeroMQ) reconnects to a port its
+    kernel has left, which bind(0) may hand out again. A run of the hostile class with a port
+    from bind(0), notebooks executing in the other test worker, counted 12 connections while
+    every trick earned nothing (so none had connected)."""
 
     def __init__(self, payload: bytes = b"hello"):
         self.payload, self.connections = payload, 0
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        for port in random.Random().sample(range(20000, 32768), 100):
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError("no free port in 20000-32767 on 127.0.0.1")
         self.sock.listen()
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
