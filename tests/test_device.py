@@ -251,6 +251,16 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
     assert_equal_values(cpu, dev)
 
 
+def mixed_arrays(rng) -> dict:
+    """Arrays on the device, in two dtypes -- float32: four arrays, among them a transposed view
+    and an empty one (12 + 4 + 6 numbers); float64: a 0-d array alone -- drawn from ``rng``."""
+    shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
+              "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
+    arrays = {n: device.put(np.asarray(rng.standard_normal(s), dt))
+              for n, (s, dt) in shapes.items()}
+    return {**arrays, "T": arrays["T"].T}  # (3, 2), not contiguous
+
+
 @pytest.mark.parametrize("optimizer", [
     lambda p: Adam(p, lr=1e-2, weight_decay=0.1), lambda p: AdamW(p, lr=1e-2, weight_decay=0.1),
     lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)],
@@ -258,31 +268,24 @@ def test_optimiser_steps_update_the_parameters_on_the_device(optimizer):
 def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimizer,
                                                                          monkeypatch):
     """On the CPU the core updates one parameter array at a time; on the device, one flat array
-    per dtype (float32: four arrays, among them a transposed view and an empty one; float64: a
-    0-d array alone, updated in place): the same steps, bit for bit, one core call per dtype."""
-    shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
-              "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
+    per dtype (:func:`mixed_arrays`; the float64 0-d array alone, updated in place): the same
+    steps, bit for bit, one core call per dtype."""
     calls = []
 
     def spy(*args, _real, **kwargs):
         calls.append(_real.__name__)
         return _real(*args, **kwargs)
 
-    def draw(rng):
-        arrays = {n: device.put(np.asarray(rng.standard_normal(s), dt))
-                  for n, (s, dt) in shapes.items()}
-        return {**arrays, "T": arrays["T"].T}  # (3, 2), not contiguous
-
     def run():
         rng = np.random.default_rng(0)
-        params = draw(rng)
+        params = mixed_arrays(rng)
         opt = optimizer(params)
         with monkeypatch.context() as patch:  # (once bound: the device refuses a replaced core)
             for name in ("adam_step", "sgd_step"):
                 patch.setattr(core_optim, name,
                               functools.partial(spy, _real=getattr(core_optim, name)))
             for _ in range(3):
-                opt.step(draw(rng))
+                opt.step(mixed_arrays(rng))
         return params
 
     cpu, dev = on_cpu_and_device(run)
@@ -292,14 +295,11 @@ def test_on_the_device_the_parameters_laid_end_to_end_take_the_cpus_steps(optimi
 
 def test_on_the_device_clipping_scales_the_gradients_laid_end_to_end(monkeypatch):
     """The core's clip_grad_norm clips one gradient array at a time on the CPU, and on the device
-    each dtype's laid end to end (float32: four arrays, a transposed view and an empty one among
-    them; float64: a 0-d array alone, scaled in place), then copied back: the same gradients,
-    up to the order in which the float32 squares are summed. Two float32 sums of the same n
-    squares (>= 0) differ by at most 2 n u relative (u = eps / 2), n eps; the square root
-    halves that; the scale and each product round once more in float32: n eps / 2 + 2 eps,
-    within n eps + eps (n >= 2)."""
-    shapes = {"W": ((3, 4), np.float32), "s": ((), np.float64), "b": ((4,), np.float32),
-              "T": ((2, 3), np.float32), "e": ((0,), np.float32)}
+    each dtype's laid end to end (:func:`mixed_arrays`; the float64 0-d array alone, scaled in
+    place), then copied back: the same gradients, up to the order in which the float32 squares
+    are summed. Two float32 sums of the same n squares (>= 0) differ by at most 2 n u relative
+    (u = eps / 2), n eps; the square root halves that; the scale and each product round once
+    more in float32: n eps / 2 + 2 eps, within n eps + eps (n >= 2)."""
     eps = float(np.finfo(np.float32).eps)
     tol = (12 + 4 + 6) * eps  # n: the float32 squares
     calls = []
@@ -309,10 +309,7 @@ def test_on_the_device_clipping_scales_the_gradients_laid_end_to_end(monkeypatch
         return _real(grads, max_norm)
 
     def run(max_norm):
-        rng = np.random.default_rng(0)
-        grads = {n: device.put(np.asarray(rng.standard_normal(s), dt))
-                 for n, (s, dt) in shapes.items()}
-        grads["T"] = grads["T"].T  # (3, 2), not contiguous
+        grads = mixed_arrays(np.random.default_rng(0))
         given = dict(grads)
         with monkeypatch.context() as patch:  # (once bound: the device refuses a replaced core)
             patch.setattr(core_optim, "clip_grad_norm", spy)

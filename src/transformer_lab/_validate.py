@@ -31,6 +31,12 @@ def float_array(x, name: str, *, ndim: int | None = None, min_ndim: int | None =
     return x
 
 
+def on_device(x: np.ndarray, name: str, hint: str) -> None:
+    """A ValueError naming ``name`` unless ``x`` lives on the device the core runs on."""
+    if not device.on_device(x):
+        raise ValueError(f"{name} is not on the device the core runs on ({device.name}): {hint}")
+
+
 def same_dtype(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{name_b} must have the dtype of {name_a} ({a.dtype}), got {b.dtype}")

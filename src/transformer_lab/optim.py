@@ -44,10 +44,8 @@ def _check_params(params) -> Mapping[str, np.ndarray]:
         raise TypeError("params must be a non-empty dict of name -> float array")
     for name, p in params.items():
         v.float_array(p, f"params[{name!r}]")
-        if not device.on_device(p):
-            raise ValueError(f"params[{name!r}] is not on the device the core runs on "
-                             f"({device.name}): update them where they live (make the model "
-                             f"after transformer_lab.device.use(...))")
+        v.on_device(p, f"params[{name!r}]", "update them where they live (make the model "
+                                            "after transformer_lab.device.use(...))")
     names = list(params)
     for i, a in enumerate(names):  # one step per parameter: none may be another's memory
         for b in names[i + 1:]:
@@ -215,10 +213,8 @@ def _check_grads(grads) -> None:
         raise ValueError("grads must be a non-empty dict of name -> float array")
     for name, g in grads.items():
         v.float_array(g, f"grads[{name!r}]")
-        if not device.on_device(g):
-            raise ValueError(f"grads[{name!r}] is not on the device the core runs on "
-                             f"({device.name}): clipping scales them in place, where the "
-                             f"model made them")
+        v.on_device(g, f"grads[{name!r}]", "clipping scales them in place, where the model "
+                                           "made them")
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:

@@ -138,11 +138,8 @@ class Model:
             if p.shape != shape or p.dtype != dt:
                 raise ValueError(f"model.params[{name!r}] must be a {np.dtype(dt)} array of "
                                  f"shape {shape}, got {p.dtype} {p.shape}")
-            if not device.on_device(p):
-                raise ValueError(f"model.params[{name!r}] is not on the device the core runs on "
-                                 f"({device.name}): make or load the model after "
-                                 f"transformer_lab.device.use(...), or copy it there with "
-                                 f"model.copy()")
+            v.on_device(p, f"model.params[{name!r}]", "make or load the model after "
+                        "transformer_lab.device.use(...), or copy it there with model.copy()")
         return self.params
 
     def _flat(self, grads) -> dict[str, np.ndarray]:
