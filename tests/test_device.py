@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import subprocess
 import sys
 import types
@@ -146,15 +147,23 @@ def test_a_core_function_that_imports_numpy_by_another_name_is_named_before_bind
         "    from numpy import maximum\n    out = maximum(x, 0)\n")
     source = source.replace("    dW = np.zeros(shape, dtype=dout.dtype)",
                             "    dW = numpy.zeros(shape, dtype=dout.dtype)")
+    source += ("\nNEG, DT = -np.inf, np.float32  # not arrays: no problem\nTABLE = np.arange(3)\n"
+               "\n\ndef extra(x):\n    import numpy as np\n    return np.tanh(x)\n")
     (core / "layers.py").write_text(source)
     monkeypatch.setattr(device, "_CORE", core)
-    with pytest.raises(device.DeviceError) as err:
-        device.use(standin)
-    message = str(err.value)
-    line = source.split("\n").index("    from numpy import maximum") + 1
-    assert f"core/layers.py, line {line}, in relu_forward: 'from numpy import ...'" in message
-    assert "in embedding_backward: 'numpy.' spelled out" in message
-    assert device.name == "cpu" and core_layers.np is np  # nothing bound
+    monkeypatch.setitem(sys.modules, "cupy", None)  # found without CuPy, before looking for it
+    for where in (standin, "cuda"):
+        with pytest.raises(device.DeviceError, match="the core cannot run") as err:
+            device.use(where)
+        message = str(err.value)
+        line = source.split("\n").index("    from numpy import maximum") + 1
+        assert f"core/layers.py, line {line}, in relu_forward: 'from numpy import ...' reaches " \
+               f"the host's library" in message
+        assert "in embedding_backward: 'numpy.' spelled out" in message
+        assert "top level: np.arange(...) at import time makes a host array" in message
+        assert "in extra: 'import numpy as np' reaches the host's library" in message
+        assert message.count("core/layers.py") == 4 and "CuPy" not in message
+        assert device.name == "cpu" and core_layers.np is np  # nothing bound
 
 
 def test_a_core_function_replaced_from_outside_the_core_is_named(monkeypatch):
@@ -171,10 +180,31 @@ def test_without_cupy_cuda_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     with pytest.raises(device.DeviceError) as err:
         device.use("cuda")
-    for words in ("cupy-cuda12x", "cupy-cuda13x", "pip install -e .[gpu]", "Colab"):
+    for words in ("which is not installed", "cupy-cuda12x", "cupy-cuda13x", "[ctk]", "Colab"):
         assert words in str(err.value)
     with pytest.raises(ValueError, match="device must be one of"):
         device.use("gpu")
+    with pytest.raises(ValueError, match="an array module with erf"):
+        device.use(np)
+
+
+@pytest.mark.parametrize("cupy, says", [
+    ("raise ImportError('libcudart.so.12: cannot open shared object file')",
+     "CuPy, which does not import here (ImportError: libcudart.so.12: cannot open"),
+    ("def arange(n):\n    raise RuntimeError('CuPy failed to load libnvrtc.so.12')",
+     "CuPy failed here (RuntimeError: CuPy failed to load libnvrtc.so.12); where CUDA's "
+     "libraries are missing, pip install 'cupy-cuda12x[ctk]'")])
+def test_a_broken_cupy_or_gpu_is_named_with_what_cupy_said(cupy, says, tmp_path, monkeypatch):
+    for package, text in (("cupy", cupy), ("cupyx", ""), ("cupyx/scipy", ""),
+                          ("cupyx/scipy/special", "erf = None")):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(text + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("cupy", "cupyx", "cupyx.scipy", "cupyx.scipy.special"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(device.DeviceError, match=re.escape(says)):
+        device.use("cuda")
+    assert device.name == "cpu" and core_layers.np is np
 
 
 @pytest.mark.parametrize("task", ["reverse", "charlm", "translate-fr"])
@@ -205,6 +235,20 @@ def test_put_and_to_host(on_standin):
     assert device.to_host(2.0) == 2.0
     with pytest.raises(HostArrayError):
         on + a  # as CuPy: a host array does not mix with a device array
+
+
+def test_a_model_left_on_the_device_comes_back_to_the_host_by_copy():
+    """A trainer run with device="cuda" returns to the CPU with its model on the GPU: put,
+    to_host and model.copy() (the hint of the parameters' check) bring such arrays home."""
+    model = GPT(gpt_config(), seed=0)
+    with device.on(standin):
+        left = model.copy()
+        on = device.put(np.arange(3.0))
+    assert type(device.to_host(on)) is np.ndarray and type(device.put(on)) is np.ndarray
+    home = left.copy()
+    assert all(type(p) is np.ndarray for p in home.params.values())
+    ids = np.arange(12).reshape(2, 6) % model.config.vocab_size
+    assert home.loss(ids, compute_grads=False)[0] == model.loss(ids, compute_grads=False)[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ The core is written against ``np`` alone (``import numpy as np``, arrays made wi
 functions or from their inputs), and the exact GELU reaches SciPy's error function by the name
 ``erf``. :func:`use` binds these two names in every core module to CuPy's (``cupy``,
 ``cupyx.scipy.special.erf``), so the same functions run on the GPU; ``use("cpu")`` binds them
-back. First it reads the core's source and refuses (:class:`DeviceError`, naming the function
+back. It reads the core's source and refuses (:class:`DeviceError`, naming the function
 and the line) what the binding would not reach -- ``from numpy import zeros``, ``numpy.zeros``,
 a core function replaced by one defined elsewhere: it would make host arrays among the GPU's --
 and each ``np.<name>`` that the installed CuPy lacks (CuPy 13 has no ``put_along_axis``), and
@@ -23,8 +23,10 @@ ids and gradients from the host or the device and return arrays of the device; t
 update the parameters where they live; checkpoints are written from host copies
 (:func:`to_host`). Random draws (dropout, sampling) come from the device's generator
 (:func:`generator`), seeded as on the CPU: a GPU run is repeatable, but CuPy draws other numbers
-than NumPy and sums in another order, so it does not reproduce the CPU's run bit for bit. CuPy is
-an optional extra (``pip install -e .[gpu]``), imported by ``use("cuda")`` only.
+than NumPy and sums in another order, so it does not reproduce the CPU's run bit for bit. Arrays
+left on a device after ``use("cpu")`` come back through :func:`put` and :func:`to_host`
+(``model.copy()``). CuPy is an optional extra (:data:`INSTALL`), imported by ``use("cuda")``
+only.
 """
 
 from __future__ import annotations
@@ -39,15 +41,22 @@ import numpy
 
 #: The devices by name (:func:`use` also takes an array module standing in for one: the tests').
 DEVICES = ("cpu", "cuda")
+#: What to install for device "cuda" (the course's ``gpu`` extra is the first wheel).
+INSTALL = ("pip install the CuPy wheel for this machine's CUDA, cupy-cuda12x for CUDA 12 or "
+           "cupy-cuda13x for CUDA 13 (nvidia-smi shows the version; 'cupy-cuda12x[ctk]' brings "
+           "CUDA's libraries too, where no CUDA toolkit is installed), or, on Colab, choose a GPU "
+           "runtime (Runtime > Change runtime type)")
 #: What the trainers' ``--device`` means (their ``--help``).
 HELP = ("where the core runs: cpu (NumPy, the default) or cuda (CuPy on an NVIDIA GPU: pip "
-        "install -e .[gpu]); a cuda run draws its random numbers with CuPy's generator and sums "
-        "in another order, so it does not reproduce a cpu run bit for bit")
+        "install cupy-cuda12x, or cupy-cuda13x for CUDA 13); a cuda run draws its random numbers "
+        "with CuPy's generator and sums in another order, so it does not reproduce a cpu run bit "
+        "for bit")
 _LIBRARIES = ("numpy", "scipy", "cupy", "cupyx")
 _CORE = Path(__file__).parent / "core"
 
 xp = numpy  # the array module the core runs on now
 name = "cpu"  # and the device's name
+_used: list = []  # the array modules other than NumPy it has run on (their arrays' way home)
 
 
 class DeviceError(RuntimeError):
@@ -58,20 +67,24 @@ class DeviceError(RuntimeError):
 def use(device) -> None:
     """Run the core on ``device``: "cpu", "cuda", or an array module standing in for a device
     (NumPy's namespace and ``erf``: the tests'). Raises DeviceError, binding nothing, when it
-    cannot."""
+    cannot: for "cuda", first for a core function that reaches NumPy by another name (no GPU
+    needed to find it), then for CuPy and the GPU, then for what the installed CuPy lacks."""
     global xp, name
     if device == "cpu":
         from scipy.special import erf
         module = numpy
     elif device == "cuda":
+        _refuse(core_problems())
         module, erf = _cupy()
-    elif isinstance(device, str) or not hasattr(device, "ndarray"):
-        raise ValueError(f"device must be one of {DEVICES} (or an array module), got {device!r}")
+    elif isinstance(device, str) or not (hasattr(device, "ndarray") and hasattr(device, "erf")):
+        raise ValueError(f"device must be one of {DEVICES} (or an array module with erf), got "
+                         f"{device!r}")
     else:
         module, erf = device, device.erf
-    problems = core_problems(module) if module is not numpy else []
-    if problems:
-        raise DeviceError("the core cannot run on the device: " + "; ".join(problems))
+    if module is not numpy:
+        _refuse(core_problems(module))
+        if module not in _used:
+            _used.append(module)
     for core_module in core_modules():
         for attr, value in (("np", module), ("erf", erf)):
             if attr in vars(core_module):
@@ -91,14 +104,16 @@ def on(device):
 
 
 def put(a):
-    """``a`` on the device: an array of the device as it is, anything else copied there."""
-    return a if isinstance(a, xp.ndarray) else xp.asarray(a)
+    """``a`` on the device: an array of the device as it is, anything else (a host array, an
+    array of a device the core has left) copied there."""
+    return a if xp is not numpy and isinstance(a, xp.ndarray) else xp.asarray(to_host(a))
 
 
 def to_host(a):
-    """``a`` on the host: an array of the device copied into a NumPy array, anything else as
-    it is."""
-    return xp.asnumpy(a) if xp is not numpy and isinstance(a, xp.ndarray) else a
+    """``a`` on the host: an array of a device (the core's now, or one it has left) copied into
+    a NumPy array, anything else as it is."""
+    module = next((m for m in _used if isinstance(a, m.ndarray)), None)
+    return module.asnumpy(a) if module else a
 
 
 def on_device(a) -> bool:
@@ -111,21 +126,26 @@ def generator(seed=None):
     return xp.random.default_rng(seed)
 
 
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise DeviceError("the core cannot run on the device: " + "; ".join(problems))
+
+
 def _cupy():
     try:
         cupy = importlib.import_module("cupy")
         special = importlib.import_module("cupyx.scipy.special")
-    except ImportError:
-        raise DeviceError(
-            "device 'cuda' runs the core with CuPy, which is not installed: pip install the CuPy "
-            "wheel for this machine's CUDA -- cupy-cuda12x for CUDA 12, cupy-cuda13x for CUDA 13 "
-            "(nvidia-smi shows the version; pip install -e .[gpu] gives cupy-cuda12x) -- or, on "
-            "Colab, choose a GPU runtime (Runtime > Change runtime type) first") from None
+    except ImportError as e:  # not installed, or installed but broken (CuPy says why)
+        state = "which is not installed" if getattr(e, "name", None) in ("cupy", "cupyx") else \
+            f"which does not import here ({type(e).__name__}: {e})"
+        raise DeviceError(f"device 'cuda' runs the core with CuPy, {state}: {INSTALL}") from None
     try:
         cupy.arange(3).sum().item()  # a first kernel: the driver, the GPU and CuPy's compiler
     except Exception as e:  # CUDARuntimeError, CompileException, ...: CuPy says what
         raise DeviceError(f"device 'cuda' needs an NVIDIA GPU that CuPy can use; CuPy failed "
-                          f"here ({type(e).__name__}: {e}): use device 'cpu'") from None
+                          f"here ({type(e).__name__}: {e}); where CUDA's libraries are missing, "
+                          f"pip install 'cupy-cuda12x[ctk]' (or cupy-cuda13x[ctk]); else use "
+                          f"device 'cpu'") from None
     return cupy, special.erf
 
 
@@ -157,10 +177,11 @@ def core_problems(xp=numpy) -> list[str]:
 
 def _source_problems(tree: ast.Module, xp):
     """(line, function, message) for each use of an array library other than ``np`` and
-    ``erf`` imported at the top of the module, each use of those at import time, and each
+    ``erf`` imported at the top of the module, each call of those at import time, and each
     ``np.<name>`` (``np.linalg.<name>``, ...) or ``rng.<method>`` that ``xp`` lacks."""
     top = "the module's top level"
     missing = set()
+    host = "reaches the host's library, which the switch does not rebind: use the module's np"
 
     def walk(node, where):
         for child in ast.iter_child_nodes(node):
@@ -174,15 +195,16 @@ def _source_problems(tree: ast.Module, xp):
             for alias in node.names:
                 if alias.name.split(".")[0] in _LIBRARIES and not (
                         where == top and (alias.name, alias.asname) == ("numpy", "np")):
-                    yield line, where, f"'import {alias.name}': write np.<function>"
+                    yield line, where, f"'{ast.unparse(node)}' {host}"
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _LIBRARIES:
             if not (where == top and node.module == "scipy.special"
                     and [(a.name, a.asname) for a in node.names] == [("erf", None)]):
-                yield line, where, f"'from {node.module} import ...': write np.<function>"
+                yield line, where, f"'from {node.module} import ...' {host}"
         elif isinstance(node, ast.Name) and node.id in _LIBRARIES:
             yield line, where, f"'{node.id}.' spelled out: write np.<function>"
-        elif isinstance(node, ast.Name) and node.id in ("np", "erf") and where == top:
-            yield line, where, f"{node.id} used at import time makes a host array"
+        elif where == top and isinstance(node, ast.Call) and \
+                (call := ast.unparse(node.func)).split(".")[0] in ("np", "erf"):
+            yield line, where, f"{call}(...) at import time makes a host array"
         elif (lack := _lacks(xp, node)) and (line, lack) not in missing:
             missing.add((line, lack))
             library = f"{xp.__name__} {getattr(xp, '__version__', '')}".strip()
