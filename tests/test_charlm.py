@@ -131,6 +131,24 @@ def test_cli_progress_on_stderr_and_one_json_line(tmp_path):
     assert list(runs) == ["classic"] and runs["classic"]["metrics"] == metrics
 
 
+def test_cli_saves_the_run_before_sampling_and_skips_samples_it_cannot_draw(
+        tmp_path, monkeypatch, capsys):
+    """A student who has not written notebook 14's gpt_step yet keeps the checkpoint, the record
+    and the JSON line; the samples say why they are missing."""
+    def stub(*args, **kwargs):
+        raise NotImplementedError("gpt_step() is not written yet: notebook 14_decoding")
+
+    from transformer_lab.train import main
+
+    monkeypatch.setattr("transformer_lab.models.gpt.core_decoding.gpt_step", stub)
+    ckpt = tmp_path / "m.npz"
+    assert main(["--task", "charlm", *TINY_ARGS, "--checkpoint", str(ckpt)]) == 0
+    out, err = capsys.readouterr()
+    assert "--- no samples: gpt_step() is not written yet: notebook 14" in err
+    assert "--- sample 0 ---" not in err
+    assert GPT.load(ckpt).metadata["metrics"] == json.loads(out)
+
+
 def test_cli_refuses_bad_options(capsys):
     from transformer_lab.train import main
 

@@ -167,7 +167,7 @@ package, for example "write `softmax_forward` in `src/transformer_lab/core/layer
 
 Later notebooks, the model (`transformer_lab.models.encoder_decoder`) and the trainer call your
 functions: one you have not written yet stops them with its stub's message, which names the
-notebook and section that teach it. Once you have written the functions of notebooks 00 to 08,
+notebook and section that teach it. Once you have written the functions of notebooks 00 to 10,
 your Transformer learns to reverse sequences from the command line, in this folder:
 
 ```bash

@@ -403,12 +403,6 @@ def main(argv=None) -> int:
     result = train_charlm(config, corpus, progress)
     metrics = result.metrics
     tok = result.tokenizer
-    for i in range(args.samples):
-        prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
-        out = device.to_host(result.model.generate(prompt, min(200, config.context - prompt.size),
-                                                   temperature=0 if i == 0 else 0.8, seed=i))
-        text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
-        print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
     record = {"command": run_command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
@@ -423,6 +417,16 @@ def main(argv=None) -> int:
         runs[args.record_name or config.block] = record
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
                                              for k, r in runs.items()) + "\n}\n")
+    try:  # after the run is saved: sampling needs notebook 14's functions too
+        for i in range(args.samples):
+            prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
+            out = device.to_host(result.model.generate(
+                prompt, min(200, config.context - prompt.size), temperature=0.8 if i else 0,
+                seed=i))
+            text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
+            print(f"--- sample {i} ---\n{text}", file=log, flush=True)
+    except NotImplementedError as e:  # a stub of the handout's
+        print(f"--- no samples: {e}", file=log, flush=True)
     print(json.dumps(metrics), file=sys.stdout, flush=True)
     return 0
 

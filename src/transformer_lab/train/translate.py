@@ -335,16 +335,16 @@ def main(argv=None) -> int:
               f"{config.threads} thread(s)", file=log, flush=True)
     result = train_translation(config, log=log)
     data, metrics = result.data, result.metrics
+    if args.checkpoint:  # saved first: the examples below decode again
+        record = {"command": run_command(argv), "metrics": metrics,
+                  "config": dataclasses.asdict(config), "history": result.history,
+                  "test": [[e.kind, e.number] for e in data.test]}
+        result.model.save(args.checkpoint, metadata=record)
     shown = translate(result.model, data.test[:args.examples], config.beam_size, config.alpha,
                       config.lang) if args.examples else []
     for e, hyp in zip(data.test[:args.examples], shown, strict=True):
         print(f"{e.source} -> {hyp}  {'ok' if hyp == e.target else 'WRONG: ' + e.target}",
               file=sys.stderr)
-    if args.checkpoint:
-        record = {"command": run_command(argv), "metrics": metrics,
-                  "config": dataclasses.asdict(config), "history": result.history,
-                  "test": [[e.kind, e.number] for e in data.test]}
-        result.model.save(args.checkpoint, metadata=record)
     print(json.dumps(metrics), file=sys.stdout, flush=True)
     return 0
 
