@@ -899,6 +899,9 @@ mutant("next_token_loss_forward", "the logits not shifted (each position scored 
        "cross_entropy_forward(logits, ids)", "check-next-token-loss")
 mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of ..T-1",
        "dlogits[:, :-1] = d_shifted", "dlogits[:, 1:] = d_shifted", "check-next-token-loss")
+mutant("next_token_loss_backward", "dloss ignored (the gradient as if dloss were 1)",
+       "cross_entropy_backward(dloss, c_ce)", "cross_entropy_backward(1.0, c_ce)",
+       "check-next-token-loss")
 mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(0, head_dim, 2) / head_dim)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")

@@ -30,6 +30,13 @@ def test_unshifted_loss(monkeypatch):
     assert "without the shift" in _fails("check-next-token-loss")
 
 
+def test_next_token_loss_backward_that_ignores_dloss(monkeypatch):
+    real = NT.next_token_loss_backward
+    monkeypatch.setattr(NT, "next_token_loss_backward", lambda dloss, cache: real(1.0, cache))
+    message = _fails("check-next-token-loss")
+    assert "dloss = 0.5" in message and "ignoring dloss" in message
+
+
 def test_rope_rotated_the_other_way(monkeypatch):
     def forward(x, cos, sin):
         out = np.empty_like(x)

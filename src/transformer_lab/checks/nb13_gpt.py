@@ -43,28 +43,31 @@ class NextTokenLoss(Check, id="check-next-token-loss",
 
     def cases(self, rng):
         yield Case("B = 2, T = 5, V = 7", (rng.standard_normal((2, 5, 7)),
-                                           rng.integers(0, 7, (2, 5))))
+                                           rng.integers(0, 7, (2, 5)), 1.0))
         yield Case("float32", (rng.standard_normal((3, 4, 6)).astype(np.float32),
-                               rng.integers(0, 6, (3, 4))))
+                               rng.integers(0, 6, (3, 4)), 1.0))
         yield Case("one sequence of two tokens", (rng.standard_normal((1, 2, 5)),
-                                                  rng.integers(0, 5, (1, 2))))
+                                                  rng.integers(0, 5, (1, 2)), 1.0))
+        yield Case("dloss = 0.5", (rng.standard_normal((2, 3, 4)), rng.integers(0, 4, (2, 3)),
+                                   0.5))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("a repeated token", (rng.standard_normal((2, 6, 3)) * 4,
-                                        np.full((2, 6), 2)))
-        yield Case("large logits", (rng.standard_normal((1, 5, 9)) * 300,
-                                    rng.integers(0, 9, (1, 5))))
+                                        np.full((2, 6), 2), 1.0))
+        yield Case("large logits, dloss = 3", (rng.standard_normal((1, 5, 9)) * 300,
+                                               rng.integers(0, 9, (1, 5)), 3.0))
     ### END HIDDEN TESTS
 
-    def run(self, f, logits, ids):
+    def run(self, f, logits, ids, dloss):
         loss, cache = f.next_token_loss_forward(logits, ids)
         return {"loss": np.asarray(loss, dtype=logits.dtype),
-                "dlogits": f.next_token_loss_backward(1.0, cache)}
+                "dlogits": f.next_token_loss_backward(dloss, cache)}
 
-    def expected(self, logits, ids, shift=1):
+    def expected(self, logits, ids, dloss, shift=1):
         """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
-        token; 0 and -1 are mistakes) in the logits' dtype, and its gradient, by autograd."""
+        token; 0 and -1 are mistakes) in the logits' dtype, and its gradient times ``dloss``, by
+        autograd."""
         T = ids.shape[1]
         scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
                           else (slice(-shift, T), slice(0, T + shift)))
@@ -73,14 +76,16 @@ class NextTokenLoss(Check, id="check-next-token-loss",
             return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
                                                      _t(ids[:, target]).reshape(-1))
 
-        value, dlogits = autograd(loss, None, logits)
+        value, dlogits = autograd(loss, np.array(dloss, dtype=logits.dtype), logits)
         return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
-    def mistakes(self, logits, ids):
+    def mistakes(self, logits, ids, dloss):
         return {"without the shift (each position scored against its own token)":
-                lambda: self.expected(logits, ids, 0),
+                lambda: self.expected(logits, ids, dloss, 0),
                 "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
-                lambda: self.expected(logits, ids, -1)}
+                lambda: self.expected(logits, ids, dloss, -1),
+                "ignoring dloss (the gradient of the loss itself, as if dloss were 1)":
+                lambda: self.expected(logits, ids, 1.0)}
 
 
 # --------------------------------------------------------------------------------------------
