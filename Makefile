@@ -70,7 +70,7 @@ site: notebooks ## build the HTML course site from the executed notebooks into b
 
 test: test-package test-notebooks test-kernel ## package tests, strict nbval, nbval under another kernel
 
-test-quick: $(STAMP) ## everyday: make test without the slow tests (grading every notebook twice)
+test-quick: $(STAMP) ## everyday: make test without the slow tests (handout execution, grading)
 	$(PY) -m pytest tests -n $(JOBS) -m "not slow"
 	$(MAKE) --no-print-directory test-notebooks test-kernel
 

@@ -13,6 +13,7 @@ import pytest
 
 from transformer_lab.datasets.corpus import load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.train import charlm
 from transformer_lab.train.charlm import (
     CharLMConfig,
     bits_per_char,
@@ -146,7 +147,10 @@ def test_cli_saves_the_run_before_sampling_and_skips_samples_it_cannot_draw(
     out, err = capsys.readouterr()
     assert "--- no samples: gpt_step() is not written yet: notebook 14" in err
     assert "--- sample 0 ---" not in err
-    assert GPT.load(ckpt).metadata["metrics"] == json.loads(out)
+    metrics = json.loads(out)
+    assert GPT.load(ckpt).metadata["metrics"] == metrics
+    described = charlm._parser().description  # --help describes every key
+    assert [key for key in metrics if key not in described] == []
 
 
 def test_cli_refuses_bad_options(capsys):

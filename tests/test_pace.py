@@ -6,7 +6,7 @@ cells' source; the functions are the core functions whose solution marker names 
 (:func:`transformer_lab.syllabus.notebook_functions`: taught there or extended there) and the
 solution regions of the notebook's own code cells (its notebook-level exercises).
 
-    python tests/test_pace.py      # the table
+    python tests/test_pace.py      # the table, with the README's time of each notebook
 """
 
 from __future__ import annotations
@@ -43,13 +43,29 @@ def test_every_notebook_is_a_sitting(path):
         f"{path.stem}: {p['functions']} functions written ({p['core']} core, {p['exercises']} here)"
 
 
+def readme_time(path: Path) -> str:
+    """The README's rule for a notebook's time: its Markdown at 100 words a minute, plus 10 to 20
+    minutes per function written, each end to the nearest half hour."""
+    p = pace(path)
+    low, high = (round((p["words"] / 100 + k * p["functions"]) / 30) / 2 for k in (10, 20))
+    return f"{low:g} h" if low == high else f"{low:g}–{high:g} h"
+
+
+def test_the_readme_times_follow_the_readme_s_rule():
+    rows = {line.split("|")[1].strip(): line.rstrip(" |").rpartition("|")[2].strip()
+            for line in (ROOT / "README.md").read_text().splitlines()
+            if re.match(r"\| \d\d \|", line)}
+    assert rows == {path.stem[:2]: readme_time(path) for path in NOTEBOOKS}
+
+
 def test_the_counts_see_the_core_and_the_exercises():
     assert pace(ROOT / "notebooks" / "01_attention.ipynb")["exercises"] > 0
     assert pace(ROOT / "notebooks" / "13_gpt.ipynb")["core"] > 0
 
 
 if __name__ == "__main__":
-    print(f"{'notebook':<26}{'words':>7}{'core':>6}{'here':>6}{'functions':>11}")
+    print(f"{'notebook':<26}{'words':>7}{'core':>6}{'here':>6}{'functions':>11}  README time")
     for path in NOTEBOOKS:
         p = pace(path)
-        print(f"{path.stem:<26}{p['words']:>7}{p['core']:>6}{p['exercises']:>6}{p['functions']:>11}")
+        print(f"{path.stem:<26}{p['words']:>7}{p['core']:>6}{p['exercises']:>6}{p['functions']:>11}"
+              f"  {readme_time(path)}")

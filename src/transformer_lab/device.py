@@ -47,10 +47,9 @@ INSTALL = ("pip install the CuPy wheel for this machine's CUDA, cupy-cuda12x for
            "CUDA's libraries too, where no CUDA toolkit is installed), or, on Colab, choose a GPU "
            "runtime (Runtime > Change runtime type)")
 #: What the trainers' ``--device`` means (their ``--help``).
-HELP = ("where the core runs: cpu (NumPy, the default) or cuda (CuPy on an NVIDIA GPU: pip "
-        "install cupy-cuda12x, or cupy-cuda13x for CUDA 13); a cuda run draws its random numbers "
-        "with CuPy's generator and sums in another order, so it does not reproduce a cpu run bit "
-        "for bit")
+HELP = ("where the core runs: cpu (NumPy, the default) or cuda (CuPy on an NVIDIA GPU: pip install "
+        "cupy-cuda12x, or cupy-cuda13x); a cuda run draws its random numbers with CuPy's "
+        "generator and sums in another order, so it does not reproduce a cpu run bit for bit")
 _LIBRARIES = ("numpy", "scipy", "cupy", "cupyx")
 _CORE = Path(__file__).parent / "core"
 

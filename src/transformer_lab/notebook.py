@@ -1,6 +1,6 @@
 """The one setup call every notebook makes first.
 
-Usage, in the first code cell of a notebook::
+Usage, in the code cell after a notebook's package guard::
 
     from transformer_lab import setup_notebook
     rng = setup_notebook(seed=0)

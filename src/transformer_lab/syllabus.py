@@ -30,7 +30,7 @@ _CHECK_MODULE = re.compile(r"^nb(?P<number>\d{2})_(?P<topic>\w+)\.py$")
 
 def parse_places(text: str) -> list[tuple[int, int]]:
     """``[(0, 6), (3, 3)]`` for the places ``"00 §6, 03 §3"`` after a region's opening marker
-    (``"14 §2, §3"``: a section without a number is in the notebook named before it). Raises
+    (``"15 §2, §3"``: a section without a number is in the notebook named before it). Raises
     ValueError saying what is expected."""
     places: list[tuple[int, int]] = []
     for item in text.split(","):

@@ -823,7 +823,7 @@ def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check
 
 def _place(function: str, notebook: str) -> str:
     """"notebook 04 §2": where ``function`` is taught for ``notebook``'s checks (every section of
-    that notebook that teaches or extends it: "notebook 14 §2, §3")."""
+    that notebook that teaches or extends it: "notebook 15 §2, §3")."""
     places = next(fs[function] for fs in syllabus.TAUGHT_IN.values() if function in fs)
     nb = max((p.split(" §")[0] for p in places if p.split(" §")[0] <= notebook),
              default=places[0].split(" §")[0])

@@ -89,8 +89,8 @@ def self_attention_forward(x, params, num_heads, mask=None, attend=None, num_kv_
     from ``x``, through one product with ``W_qkv``. The one projection-split-attend-merge-project
     of the course: the GPT (13, 15) and tiled attention (16) pass their own attention kernel.
 
-    x: (B, T, E); params: W_qkv (E, E + 2 Hkv Dh), W_o (E, E), optional b_qkv, b_o (E,);
-    mask: broadcastable to (B, H, T, T), for the default kernel; attend: None for
+    x: (B, T, E); params: W_qkv (E, E + 2 Hkv Dh), W_o (E, E), optional b_qkv (E + 2 Hkv Dh,),
+    b_o (E,); mask: broadcastable to (B, H, T, T), for the default kernel; attend: None for
     ``attention_forward(q, k, v, mask)``, or a kernel ``(q, k, v) -> (heads, cache)`` with
     q (B, H, T, Dh), k, v (B, Hkv, T, Dh) -> heads (B, H, T, Dh) (15: RoPE, grouped-query;
     16: tiled); num_kv_heads: Hkv, the key/value heads (default H: ``W_qkv`` is (E, 3E))

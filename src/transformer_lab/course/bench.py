@@ -28,8 +28,8 @@ from transformer_lab.gradient_check import rel_error
 MODULES = ("encoder_layer", "transformer")
 NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
 
-#: Largest relative error (float32) between the twin's and torch's outputs and input gradients
-#: for which timing them means something.
+#: Largest relative error (float64 copies) between the twin's and torch's outputs and input
+#: gradients for which timing them means something.
 PARITY_TOL = 1e-10
 
 

@@ -635,7 +635,8 @@ def _describe_build(dest: Path, config: Config, version: versions.CourseVersion)
     exported = [n for n in INDEX_VARIABLES if f"export {n}=" in setup]
     print("  setup.sh exports " + (", ".join(exported) + " (from your environment)"
                                    if exported else "no package index: pip installs torch's "
-                                   "default (CUDA) wheel; see the README, 'CPU-only PyTorch'"))
+                                   "default (CUDA) wheel; see docs/learning.md, 'CPU-only "
+                                   "PyTorch'"))
     print("Upload it as the assignment's autograder on Gradescope.")
 
 

@@ -163,7 +163,7 @@ package, for example "write `softmax_forward` in `src/transformer_lab/core/layer
    `return`) are part of the convention: use their names;
 3. save the file and run the check cell below the instructions, `check("check-softmax-forward")`.
    The notebook picks up your change without a restart: `setup_notebook()`, in every
-   notebook's first cell, turns on IPython's autoreload for the core modules.
+   notebook's second code cell, turns on IPython's autoreload for the core modules.
 
 Later notebooks, the model (`transformer_lab.models.encoder_decoder`) and the trainer call your
 functions: one you have not written yet stops them with its stub's message, which names the

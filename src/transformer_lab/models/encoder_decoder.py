@@ -28,9 +28,6 @@ from transformer_lab import layers as L
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import translation as core_translation
-
-# check_parity (two models' gradients, tensor by tensor): notebook 08 imports it from here
-from transformer_lab.gradient_check import check_parity  # noqa: F401
 from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
     CHECKPOINT_FORMAT,
     CheckpointError,

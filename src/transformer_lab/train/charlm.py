@@ -339,7 +339,10 @@ def _parser():
                     "many training tokens), seconds (wall-clock, the whole run), "
                     "train_seconds and cpu_seconds (wall-clock and CPU time of the training "
                     "steps), tokens_per_s (per second of training step), steps, stopped "
-                    "('steps' or 'time'), parameters, block, seed, threads, device.",
+                    "('steps' or 'time'), parameters, block, seed, threads, device, task, tokens "
+                    "(trained on), final_loss (the last step's, nats); tokenizer, vocab_size, "
+                    "val_bits_per_token, val_perplexity_per_token, val_chars_per_token (per "
+                    "token of the tokenizer: a character, or a BPE token).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -364,7 +367,8 @@ def _parser():
     p.add_argument("--record-name", help="the name of this run in the --record file (default: "
                                          "its block)")
     p.add_argument("--samples", type=int, default=1,
-                   help="greedy samples of 200 characters printed to stderr at the end")
+                   help="samples printed to stderr at the end, up to 200 characters each: "
+                        "the first greedy, the others at temperature 0.8")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -417,12 +421,12 @@ def main(argv=None) -> int:
         runs[args.record_name or config.block] = record
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
                                              for k, r in runs.items()) + "\n}\n")
+    prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
+    length = min(200, config.context - prompt.size)
     try:  # after the run is saved: sampling needs notebook 14's functions too
-        for i in range(args.samples):
-            prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
-            out = device.to_host(result.model.generate(
-                prompt, min(200, config.context - prompt.size), temperature=0.8 if i else 0,
-                seed=i))
+        for i in range(args.samples):  # the first greedy
+            temperature = 0.8 if i else 0
+            out = device.to_host(result.model.generate(prompt, length, temperature, seed=i))
             text = corpus.decode(out) if tok is None else tok.decode(np.ravel(out).tolist())
             print(f"--- sample {i} ---\n{text}", file=log, flush=True)
     except NotImplementedError as e:  # a stub of the handout's

@@ -193,8 +193,8 @@ class TrainConfig:
         return D.get_task(self.task, self.min_len, self.max_len, self.num_symbols)
 
 
-#: Per-task defaults (the rest: :class:`TrainConfig`'s). Measured on a 2-core machine: see the
-#: README and ``python -m transformer_lab.train --task NAME``.
+#: Per-task defaults (the rest: :class:`TrainConfig`'s). What they reach: docs/results.md, and
+#: ``python -m transformer_lab.train --task NAME``.
 TASK_DEFAULTS: dict[str, dict] = {
     "copy": {},
     "reverse": {},

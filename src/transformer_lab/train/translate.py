@@ -6,7 +6,7 @@
 or, from Python::
 
     from transformer_lab.train.translate import TranslateConfig, train_translation
-    result = train_translation(TranslateConfig(seed=0, steps=200))
+    result = train_translation(TranslateConfig(seed=0, steps=300, warmup=50))
     result.metrics["exact_match"], result.model.beam_decode(src, beam_size=4)
 
 What a run does and measures: docs/maintainers.md, "Models and trainers"; the commands that made
