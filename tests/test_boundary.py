@@ -381,7 +381,7 @@ def test_the_split_model_modules_are_importable_from_transformer():
     for name in ("IGNORE_INDEX", "check_ids", "check_inputs", "check_target", "label_mask",
                  "loss_labels", "check_loss_inputs", "check_decode_length", "decoded_sequences",
                  "length_limit", "check_padding_mask", "CheckpointError", "CHECKPOINT_FORMAT",
-                 "config_to_dict", "config_from_dict", "check_parity", "nest_params",
+                 "config_to_dict", "config_from_dict", "nest_params",
                  "flatten_params", "parameter_names", "ModelCache", "ACTIVATIONS", "POSITIONAL"):
         assert hasattr(T, name), name
 

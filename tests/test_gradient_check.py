@@ -229,9 +229,3 @@ def test_check_parity_accepts_torch_tensors_and_refuses_mismatches():
         check_parity({"t": np.ones(2)}, {"t": np.ones(2)}, tol=0)
     with pytest.raises(ValueError, match="must be finite"):
         check_parity({"t": np.array([np.nan, 1.0])}, {"t": np.ones(2)}, tol=1e-10)
-
-
-def test_check_parity_is_importable_from_transformer_for_notebook_06():
-    from transformer_lab.models import encoder_decoder as transformer
-
-    assert transformer.check_parity is check_parity
