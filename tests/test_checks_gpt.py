@@ -30,6 +30,14 @@ def test_unshifted_loss(monkeypatch):
     assert "without the shift" in _fails("check-next-token-loss")
 
 
+def test_a_block_that_always_takes_the_exact_gelu(monkeypatch):
+    from transformer_lab.core import gpt as G
+
+    real = G.mlp_forward
+    monkeypatch.setattr(G, "mlp_forward", lambda x, params, kind: real(x, params, "gelu"))
+    assert "with the exact GELU where config.mlp asks for its tanh" in _fails("check-gpt-block")
+
+
 def test_next_token_loss_backward_that_ignores_dloss(monkeypatch):
     real = NT.next_token_loss_backward
     monkeypatch.setattr(NT, "next_token_loss_backward", lambda dloss, cache: real(1.0, cache))

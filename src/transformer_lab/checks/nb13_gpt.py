@@ -208,6 +208,12 @@ class _BlockCheck(Check):
         return {"out": out, "dx": dx,
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
+    def mistakes(self, x, block, dout, config):
+        return {"with the exact GELU where config.mlp asks for its tanh approximation (does your "
+                "block pass config.mlp on to mlp_forward)":
+                lambda: self.expected(x, block, dout, {**config, "mlp": "gelu"})
+                } if config["mlp"] == "gelu_tanh" else {}
+
 
 class GPTBlock(_BlockCheck, id="check-gpt-block"):
     ### BEGIN HIDDEN TESTS
