@@ -213,8 +213,7 @@ def _check_grads(grads) -> None:
         raise ValueError("grads must be a non-empty dict of name -> float array")
     for name, g in grads.items():
         v.float_array(g, f"grads[{name!r}]")
-        v.on_device(g, f"grads[{name!r}]", "clipping scales them in place, where the model "
-                                           "made them")
+        v.on_device(g, f"grads[{name!r}]", "use the gradients where the model made them")
 
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
