@@ -653,9 +653,14 @@ mutant("residual_forward", "eps not passed to the layer norm",
        "layer_norm_forward(h, norm[\"gamma\"], norm.get(\"beta\"), eps)",
        "layer_norm_forward(h, norm[\"gamma\"], norm.get(\"beta\"))", "check-residual")
 mutant("residual_forward", "eps not passed to the given norm (the GPT's)",
-       "return normalize(h, norm, eps)", "return normalize(h, norm)", "check-gpt-block")
+       "return normalize(h, norm, eps)", "return normalize(h, norm)", "check-residual-normalize",
+       "check-gpt-block")
 mutant("residual_forward", "the given norm ignored: always a layer norm",
-       "if normalize is None:", "if True:", "check-modern-block")
+       "if normalize is None:", "if True:", "check-residual-normalize", "check-modern-block")
+mutant("residual_backward", "the given norm's backward ignored: always the layer norm's",
+       "dx, g_norm = normalize_backward(dh, c_norm)",
+       "dx, g_norm = layer_norm_backward(dh, c_norm)", "check-residual-normalize",
+       "check-modern-block")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
        "where PyTorch returns zeros)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",

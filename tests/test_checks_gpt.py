@@ -38,6 +38,85 @@ def test_a_block_that_always_takes_the_exact_gelu(monkeypatch):
     assert "with the exact GELU where config.mlp asks for its tanh" in _fails("check-gpt-block")
 
 
+def test_next_token_loss_that_scores_each_position_against_its_own_token(monkeypatch):
+    def forward(logits, ids):  # logits[:, :-1] against ids[:, :-1]: the shift on one side only
+        return L.cross_entropy_forward(logits[:, :-1], ids[:, :-1])
+
+    def backward(dloss, cache):
+        d = L.cross_entropy_backward(dloss, cache)
+        return np.concatenate([d, np.zeros_like(d[:, :1])], axis=1)
+
+    monkeypatch.setattr(NT, "next_token_loss_forward", forward)
+    monkeypatch.setattr(NT, "next_token_loss_backward", backward)
+    assert "scoring logits[:, :-1] against ids[:, :-1]" in _fails("check-next-token-loss")
+
+
+def test_a_post_norm_gpt_block(monkeypatch):
+    from transformer_lab.core import gpt as G
+
+    real = G.residual_forward
+    monkeypatch.setattr(G, "residual_forward", lambda x, sub, norm, norm_first, eps, normalize:
+                        real(x, sub, norm, False, eps, normalize))
+    assert "as post-norm, norm(x + sublayer(x))" in _fails("check-gpt-block")
+
+
+def test_a_gpt_block_with_the_mlp_first(monkeypatch):
+    from transformer_lab.core import gpt as G
+
+    def forward(x, params, c, rope=None, rng=None):
+        def norm(h, p, eps):
+            return G.norm_forward(h, p, c.norm, eps)
+
+        def attend(h):
+            return G.causal_self_attention_forward(h, params["attn"], c.num_heads,
+                                                   c.num_kv_heads, rope)
+
+        x, c_mlp = G.residual_forward(x, lambda h: G.mlp_forward(h, params["mlp"], c.mlp),
+                                      params["norm2"], True, c.eps, norm)
+        out, c_attn = G.residual_forward(x, attend, params["norm1"], True, c.eps, norm)
+        return out, (c_mlp, c_attn)
+
+    def backward(dout, cache):
+        c_mlp, c_attn = cache
+        dx, g1, ga = G.residual_backward(dout, c_attn, G.causal_self_attention_backward,
+                                         G.norm_backward)
+        dx, g2, gm = G.residual_backward(dx, c_mlp, G.mlp_backward, G.norm_backward)
+        return dx, {"norm1": g1, "attn": ga, "norm2": g2, "mlp": gm}
+
+    monkeypatch.setattr(G, "gpt_block_forward", forward)
+    monkeypatch.setattr(G, "gpt_block_backward", backward)
+    assert "with the MLP before the attention" in _fails("check-gpt-block")
+
+
+def test_a_gpt_with_the_2017_embedding_scale_or_without_positions(monkeypatch):
+    from transformer_lab.core import gpt as G
+
+    real = G.embed_forward
+    monkeypatch.setattr(G, "embed_forward", lambda ids, table, positions:  # notebook 08's scale
+                        real(ids, table, positions, np.sqrt(table.shape[1])))
+    assert "with the embeddings scaled by sqrt(E)" in _fails("check-gpt-model")
+    monkeypatch.setattr(G, "embed_forward", lambda ids, table, positions: real(ids, table, None))
+    assert "without the positions" in _fails("check-gpt-model")
+
+
+def test_a_residual_that_ignores_the_norm_it_is_given(monkeypatch):
+    from transformer_lab.core import blocks as Bk
+    from transformer_lab.core import gpt as G
+
+    real_forward, real_backward = Bk.residual_forward, Bk.residual_backward
+    for module in Bk, G:  # gpt.py imports them by name
+        monkeypatch.setattr(module, "residual_backward", lambda dout, cache, sub, normalize=None:
+                            real_backward(dout, cache, sub))
+    assert "the cache of the norm given as normalize" in _fails("check-residual-normalize")
+    # the block, which fails in the layer norm's backward, names the residual first
+    assert _fails("check-gpt-block").split("\n")[1].startswith(
+        "`residual_forward` and `residual_backward` (notebook 13 §3) fail "
+        "`check-residual-normalize`; fix them")
+    monkeypatch.setattr(Bk, "residual_forward", lambda x, sub, norm, norm_first, eps, normalize:
+                        real_forward(x, sub, norm, norm_first, eps))
+    assert "with the layer norm where a norm is given" in _fails("check-residual-normalize")
+
+
 def test_next_token_loss_backward_that_ignores_dloss(monkeypatch):
     real = NT.next_token_loss_backward
     monkeypatch.setattr(NT, "next_token_loss_backward", lambda dloss, cache: real(1.0, cache))

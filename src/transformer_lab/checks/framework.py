@@ -854,13 +854,13 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
             if failure is None:
                 continue
             names = [n for n in other.functions if n in depends_on(chk, f)]
-            fails = "fails" if len(names) == 1 else "fail"
+            fails, them = ("fails", "it") if len(names) == 1 else ("fail", "them")
             message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
             first = message.split("\n", 1)[0].removesuffix("; the two in full:")
             first += f" Hint: {hint}" if hint else ""
             culprits = " and ".join(f"`{n}`" for n in names)
             return (f"{culprits} ({_place(names[0], other.notebook)}) {fails} `{other.id}`; fix "
-                    f"it, then run this check again.\n  ({other.id}: {first})\n")
+                    f"{them}, then run this check again.\n  ({other.id}: {first})\n")
         return ""
     except Exception:  # finding the culprit must never hide the verdict
         return ""

@@ -340,11 +340,15 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
         dx, g_norm, *rest = f.residual_backward(dout, cache, backward)
         return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
 
+    @staticmethod
+    def norm(u, g, eps):
+        """The residual's norm of ``u`` with the parameters ``g``, in PyTorch: layer norm."""
+        return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"], g.get("beta"), eps)
+
     def expected(self, x, W, norm, dout, norm_first, eps=1e-5, how="right"):
         def residual(xt, Wt, g):
             def ln(u):
-                return torch.nn.functional.layer_norm(u, (u.shape[-1],), g["gamma"],
-                                                      g.get("beta"), eps)
+                return self.norm(u, g, eps)
 
             skip = xt.detach() if how == "no identity path" else xt  # dx: through f only
             if how == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output

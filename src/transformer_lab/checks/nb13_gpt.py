@@ -7,12 +7,14 @@ none of them calls the core.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb07_blocks import Residual, _tanh_sublayer
 from transformer_lab.checks.nb09_verification import sinusoid_table
 
 
@@ -64,14 +66,10 @@ class NextTokenLoss(Check, id="check-next-token-loss",
         return {"loss": np.asarray(loss, dtype=logits.dtype),
                 "dlogits": f.next_token_loss_backward(dloss, cache)}
 
-    def expected(self, logits, ids, dloss, shift=1):
-        """The mean cross-entropy of the logits at t against the token at t + ``shift`` (1: the next
-        token; 0 and -1 are mistakes) in the logits' dtype, and its gradient times ``dloss``, by
-        autograd."""
-        T = ids.shape[1]
-        scored, target = ((slice(0, T - shift), slice(shift, T)) if shift >= 0
-                          else (slice(-shift, T), slice(0, T + shift)))
-
+    def expected(self, logits, ids, dloss, scored=slice(None, -1), target=slice(1, None)):
+        """The mean cross-entropy of the logits at the positions ``scored`` against the tokens at
+        ``target`` (by default the next token: logits[:, :-1] against ids[:, 1:]; other slices
+        are mistakes) in the logits' dtype, and its gradient times ``dloss``, by autograd."""
         def loss(x):
             return torch.nn.functional.cross_entropy(x[:, scored].reshape(-1, x.shape[-1]),
                                                      _t(ids[:, target]).reshape(-1))
@@ -80,10 +78,14 @@ class NextTokenLoss(Check, id="check-next-token-loss",
         return {"loss": np.asarray(value, dtype=logits.dtype), "dlogits": dlogits}
 
     def mistakes(self, logits, ids, dloss):
+        every, first, rest = slice(None), slice(None, -1), slice(1, None)
         return {"without the shift (each position scored against its own token)":
-                lambda: self.expected(logits, ids, dloss, 0),
+                lambda: self.expected(logits, ids, dloss, every, every),
                 "shifting the wrong way (logits[:, 1:] against ids[:, :-1])":
-                lambda: self.expected(logits, ids, dloss, -1),
+                lambda: self.expected(logits, ids, dloss, rest, first),
+                "scoring logits[:, :-1] against ids[:, :-1], each position's own token (the "
+                "targets are ids[:, 1:])":
+                lambda: self.expected(logits, ids, dloss, first, first),
                 "ignoring dloss (the gradient of the loss itself, as if dloss were 1)":
                 lambda: self.expected(logits, ids, 1.0)}
 
@@ -156,6 +158,68 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
                 lambda: _attention_expected(x, params, dout, H, H, causal=False)}
 
 
+@dataclasses.dataclass
+class StandInNormCache:
+    """The cache of the check's stand-in norm: a backward that hands it to another norm's
+    backward (unpacks or indexes it) fails saying whose cache it is."""
+
+    h: np.ndarray
+    gamma: np.ndarray
+    eps: float
+
+    def __iter__(self):
+        raise TypeError("this is the cache of the norm given as normalize: hand it to "
+                        "normalize_backward, not to the layer norm's backward")
+
+    def __getitem__(self, key):
+        self.__iter__()
+
+
+def _stand_in_norm(h, norm, eps):
+    """The check's stand-in norm ``h gamma / (1 + eps) + beta``: a norm of its own, so that
+    check-residual-normalize tests how the residual passes its norm on, not a norm."""
+    return h * norm["gamma"] / (1 + eps) + norm["beta"], StandInNormCache(h, norm["gamma"], eps)
+
+
+def _stand_in_norm_backward(dout, cache):
+    rows = dout.reshape(-1, dout.shape[-1])
+    scale = 1 + cache.eps
+    return (dout * cache.gamma / scale,
+            {"gamma": (rows * cache.h.reshape(rows.shape)).sum(0) / scale, "beta": rows.sum(0)})
+
+
+class ResidualNormalize(Residual, id="check-residual-normalize"):
+    """Notebook 07's residual sublayer with the norm it is given: ``normalize(h, norm, eps)``
+    in the forward, ``normalize_backward(dh, cache)`` in the backward."""
+
+    def cases(self, rng):
+        for norm_first, name in ((True, "pre-norm"), (False, "post-norm")):
+            yield self._case(rng, f"{name}, the stand-in norm h gamma / (1 + eps) + beta, "
+                                  "eps = 0.5", (2, 3, 4), norm_first, eps=0.5)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield self._case(rng, "pre-norm, float32, eps = 2", (2, 2, 3), True, dtype=np.float32,
+                         eps=2.0)
+    ### END HIDDEN TESTS
+
+    @staticmethod
+    def norm(u, g, eps):
+        return u * g["gamma"] / (1 + eps) + g["beta"]
+
+    def run(self, f, x, W, norm, dout, norm_first, eps=1e-5):
+        forward, backward = _tanh_sublayer(W)
+        out, cache = f.residual_forward(x, forward, norm, norm_first, eps, _stand_in_norm)
+        dx, g_norm, *rest = f.residual_backward(dout, cache, backward, _stand_in_norm_backward)
+        return {"out": out, "dx": dx, "norm grads": g_norm, "sublayer grads": list(rest)}
+
+    def mistakes(self, x, W, norm, dout, norm_first, eps=1e-5):
+        return {**super().mistakes(x, W, norm, dout, norm_first, eps),
+                "with the layer norm where a norm is given: call normalize(h, norm, eps) when "
+                "it is not None, and normalize_backward in the backward pass":
+                lambda: Residual().expected(x, W, norm, dout, norm_first, eps)}
+
+
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
     config, flat = _random_gpt(rng, kind, 11, d_model=8, num_heads=2 if kind == "classic" else 4,
                                num_layers=1, d_ff=12, max_len=T, dtype=dt, **change)
@@ -181,8 +245,8 @@ def _rope(c, T):
 class _BlockCheck(Check):
     """A block of a given kind, forward and backward, against reference.torch_gpt's TorchBlock."""
 
-    functions = ("residual_forward", "residual_backward", "norm_forward", "norm_backward",
-                 "mlp_forward", "mlp_backward", "gpt_block_forward", "gpt_block_backward")
+    functions = ("norm_forward", "norm_backward", "mlp_forward", "mlp_backward",
+                 "gpt_block_forward", "gpt_block_backward")
     axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
 
     def run(self, f, x, block, dout, config):
@@ -193,7 +257,10 @@ class _BlockCheck(Check):
         dx, grads = f.gpt_block_backward(dout, cache)
         return {"out": out, "dx": dx, **{f"d.{k}": g for k, g in flatten(grads).items()}}
 
-    def expected(self, x, block, dout, config):
+    @staticmethod
+    def _torch_block(x, block, config):
+        """reference.torch_gpt's block of ``config`` holding the parameters ``block``, and its
+        RoPE angles for x's length (None without RoPE)."""
         from transformer_lab.models.config import parameter_shapes
         from transformer_lab.reference.torch_gpt import TorchBlock, _sub, torch_dtype
 
@@ -204,15 +271,44 @@ class _BlockCheck(Check):
                 p.copy_(_t(block[name]))
         angles = _t(_rope_angles(x.shape[1], c.head_dim, c.rope_base).astype(c.dtype)) \
             if c.positional == "rope" else None
+        return torch_block, angles
+
+    def expected(self, x, block, dout, config):
+        torch_block, angles = self._torch_block(x, block, config)
         out, dx = autograd(lambda tx: torch_block(tx, angles), dout, x)
         return {"out": out, "dx": dx,
                 **{f"d.{n}": _np(p.grad) for n, p in torch_block.named_parameters()}}
 
+    def _wrong_out(self, x, block, config, order):
+        """The output of a block wired as ``order`` says: "post-norm", "one norm" (norm1 before
+        both sublayers) or "MLP first" (each sublayer with its own norm)."""
+        from transformer_lab.reference.torch_gpt import _norm
+
+        b, angles = self._torch_block(x, block, config)
+        c = b.c
+        attend, mlp = (lambda h: b.attention(h, angles)), b.feed_forward
+        first, second = (mlp, attend) if order == "MLP first" else (attend, mlp)
+        norms = {"MLP first": (b.norm2, b.norm1), "one norm": (b.norm1, b.norm1)}.get(
+            order, (b.norm1, b.norm2))
+        with torch.no_grad():
+            h = _t(x)
+            for sublayer, norm in zip((first, second), norms, strict=True):
+                h = (_norm(h + sublayer(h), norm, c) if order == "post-norm"
+                     else h + sublayer(_norm(h, norm, c)))
+        return _np(h)
+
     def mistakes(self, x, block, dout, config):
-        return {"with the exact GELU where config.mlp asks for its tanh approximation (does your "
-                "block pass config.mlp on to mlp_forward)":
-                lambda: self.expected(x, block, dout, {**config, "mlp": "gelu"})
-                } if config["mlp"] == "gelu_tanh" else {}
+        wiring = {"post-norm": "as post-norm, norm(x + sublayer(x)): the GPT's blocks are "
+                               "pre-norm, x + sublayer(norm(x))",
+                  "one norm": "with norm1 before both sublayers (the MLP's is norm2)",
+                  "MLP first": "with the MLP before the attention (attention comes first)"}
+        found = {text: (lambda order=order: {"out": self._wrong_out(x, block, config, order)})
+                 for order, text in wiring.items()}
+        if config["mlp"] == "gelu_tanh":
+            found["with the exact GELU where config.mlp asks for its tanh approximation (does "
+                  "your block pass config.mlp on to mlp_forward)"] = lambda: self.expected(
+                      x, block, dout, {**config, "mlp": "gelu"})
+        return found
 
 
 class GPTBlock(_BlockCheck, id="check-gpt-block"):
@@ -292,24 +388,47 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
         return {"logits": _np(logits), "loss": np.asarray(loss.item(), dtype=c.dtype),
                 **{f"d.{k}": g for k, g in twin.numpy_grads().items()}}
 
+    @staticmethod
+    def _wrong_logits(flat, ids, config, delta):
+        """The twin's logits with ``delta`` (B, T, E) added to what enters the first block."""
+        from transformer_lab.reference.torch_gpt import TorchGPT
+
+        twin = TorchGPT(_config(config))
+        twin.load_numpy_params(flat)
+        twin.layers[0].register_forward_pre_hook(lambda _, args: (args[0] + _t(delta), *args[1:]))
+        with torch.no_grad():
+            return _np(twin(ids))
+
     def mistakes(self, flat, ids, config, seed=None):
         if seed is not None:
             return {}
+        c, table = _config(config), flat["embed.W"]
+        found = {"with the embeddings scaled by sqrt(E), as the 2017 Transformer does (notebook "
+                 "08): a GPT adds them to the positions unscaled": lambda: {
+                     "logits": self._wrong_logits(flat, ids, config,
+                                                  (math.sqrt(c.d_model) - 1) * table[ids])}}
+        positions = flat["pos.W"] if "pos.W" in flat else _pe(c)
+        if positions is not None:
+            found["without the positions (params['pos'], or the table pe when the model has no "
+                  "'pos')"] = lambda: {"logits": self._wrong_logits(
+                      flat, ids, config, -positions[:ids.shape[1]])}
         if "lm_head.W" in flat:
             def tied():  # the embedding table as the output projection
                 return self.expected({k: p for k, p in flat.items() if k != "lm_head.W"}, ids,
                                      {**config, "tie_embeddings": True})
 
-            return {"with the embedding table as the output projection: this model has one of "
-                    "its own, params['lm_head']['W'] (untied)": tied}
+            found["with the embedding table as the output projection: this model has one of "
+                  "its own, params['lm_head']['W'] (untied)"] = tied
+            return found
 
         def untied():  # only the output projection's gradient for the table: that of a copy
             copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
                                  {**config, "tie_embeddings": False})
             return {**self.expected(flat, ids, config), "d.embed.W": copy["d.lm_head.W"]}
 
-        return {"with the table's gradient from the output projection only (a tied table "
-                "gets the sum of both uses)": untied}
+        found["with the table's gradient from the output projection only (a tied table gets "
+              "the sum of both uses)"] = untied
+        return found
 
 
 class GPTDropout(GPTModel, id="check-gpt-dropout",
