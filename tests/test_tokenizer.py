@@ -440,6 +440,43 @@ def test_two_merges_that_make_the_same_token_merge_on_as_one(tmp_path):
     assert ours.encode("abcd") == [hf_tok.token_to_id("abcd")]
 
 
+def _tiny_tokenizer(tmp_path, merges):
+    """tokenizers' Tokenizer of :func:`_tiny_json` (``merges``), and where to save it."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(_tiny_json(merges)), encoding="utf-8")
+    return tokenizers.Tokenizer.from_file(str(path)), path
+
+
+def test_added_tokens_are_matched_as_tokenizers_matches_them(tmp_path):
+    """The added tokens with ``normalized: false`` (the special ones) first, the others in what
+    is left: ``bcd`` before ``abcd``. One already in the vocabulary (``ab``) keeps its id, and
+    vocab_size counts it once."""
+    hf_tok, path = _tiny_tokenizer(tmp_path, [("a", "b"), ("c", "d")])
+    hf_tok.add_tokens(["abcd", "ab", "x<s"])
+    hf_tok.add_special_tokens(["bcd", "<s>"])
+    hf_tok.save(str(path))
+    ours = BPETokenizer.from_tokenizer_json(path)
+    for text in ("abcd", "zabcde", "x<s>", "abcd<s>x<s", "ab abc", "cd abcdabcd"):
+        assert ours.encode(text) == hf_tok.encode(text).ids, text
+    assert ours.vocab_size == hf_tok.get_vocab_size()
+    assert ours.decode([ours.vocab_size - 1]) == hf_tok.id_to_token(ours.vocab_size - 1)
+
+
+def test_a_post_processor_that_adds_nothing_is_read_and_one_that_adds_is_refused(tmp_path):
+    """``transformers``' save_pretrained writes a TemplateProcessing of ``$A`` alone."""
+    hf_tok, path = _tiny_tokenizer(tmp_path, [("a", "b")])
+    processors = tokenizers.processors
+    hf_tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
+    hf_tok.save(str(path))
+    assert BPETokenizer.from_tokenizer_json(path).encode("ab c") == hf_tok.encode("ab c").ids
+    eos = ("<|endoftext|>", hf_tok.token_to_id("<|endoftext|>"))
+    hf_tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                          special_tokens=[eos])
+    hf_tok.save(str(path))
+    with pytest.raises(ValueError, match="post_processor 'TemplateProcessing' is not supported"):
+        BPETokenizer.from_tokenizer_json(path)
+
+
 BAD_JSON = {
     "unigram": ({"model__type": "Unigram"}, "model.type is 'Unigram'"),
     "wordpiece": ({"model__type": "WordPiece"}, "model.type is 'WordPiece'"),

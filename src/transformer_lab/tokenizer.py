@@ -56,9 +56,8 @@ class BPETokenizer:
         self.special_tokens = {s: first + k for k, s in enumerate(specials)}
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
         self._vocab = core_bpe.token_bytes(self.merges) + [s.encode("utf-8") for s in specials]
-        by_length = sorted(specials, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")") \
-            if specials else None
+        # the special tokens' splits, matched in turn (two for some tokenizer.json files)
+        self._splits: list[re.Pattern] = [_alternation(specials)] if specials else []
         self._to_file: list[int] | None = None  # internal id -> file id, when they differ
         self._from_file: dict[int, int] | None = None
         self._digits: regex.Pattern | None = None  # splits the digits off before GPT-2's pattern
@@ -77,10 +76,7 @@ class BPETokenizer:
         if vocab_size < 256 + len(specials):
             raise ValueError(f"vocab_size must be at least 256 + {len(specials)} (the 256 bytes "
                              f"and the special tokens), got {vocab_size}")
-        pieces = [text]
-        if specials:
-            pattern = "|".join(map(re.escape, sorted(specials, key=len, reverse=True)))
-            pieces = re.split(pattern, text)
+        pieces = _alternation(specials).split(text)[::2] if specials else [text]
         words: collections.Counter = collections.Counter()
         for piece in pieces:
             words.update(core_bpe.word_counts(piece))
@@ -92,8 +88,9 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """The number of ids: 256 bytes, the merges and the special tokens."""
-        return len(self._vocab)
+        """The number of ids, 0 to ``vocab_size - 1``: 256 bytes, the merges and the special
+        tokens (the file's ids, for a tokenizer read from files)."""
+        return self._file_size()
 
     def encode(self, text) -> list[int]:
         """The ids of ``text`` (a str); each special token in it is its one id. The segments
@@ -101,11 +98,14 @@ class BPETokenizer:
         up, not encoded again."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        parts = self._split.split(text) if self._split is not None else [text]
+        parts = [(text, False)]  # (a segment, whether it is a special token)
+        for split in self._splits:  # re.split puts the matched tokens at the odd places
+            parts = [(piece, special or k % 2 == 1) for part, special in parts
+                     for k, piece in enumerate([part] if special else split.split(part))]
         ids: list[int] = []
         cache: dict[str, list[int]] = {}  # piece -> its ids, for the whole text
-        for k, part in enumerate(parts):
-            if k % 2:  # re.split puts the matched special tokens at the odd places
+        for part, special in parts:
+            if special:
                 ids.append(self.special_tokens[part])
                 continue
             for piece in self._pieces(part):
@@ -125,8 +125,9 @@ class BPETokenizer:
                 for piece in core_bpe.pretokenize(chunk)]
 
     def decode(self, ids) -> str:
-        """The text of ``ids`` (a sequence of ints below :attr:`vocab_size`); bytes that are
-        not valid UTF-8 (a character cut in two) become U+FFFD."""
+        """The text of ``ids`` (a sequence of ints below :attr:`vocab_size`), special tokens
+        included (``tokenizers``' ``decode`` leaves them out unless ``skip_special_tokens=False``);
+        bytes that are not valid UTF-8 (a character cut in two) become U+FFFD."""
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
         ids = list(ids)
@@ -207,7 +208,9 @@ class BPETokenizer:
         ``encode`` gives the ids of ``tokenizers.Tokenizer.from_file(path).encode(text).ids``.
 
         Read: ``model.vocab``; ``model.merges``, as ``"a b"`` strings or ``["a", "b"]`` pairs;
-        ``added_tokens``, matched in the text before anything else (the special tokens); the
+        ``added_tokens``, matched in the text before anything else (the special tokens: those
+        with ``normalized: false`` first, then the others in what is left, as ``tokenizers``
+        does); the
         pre-tokenizer ``ByteLevel`` with GPT-2's pattern (``use_regex: true``,
         ``add_prefix_space: false``), alone or in a ``Sequence`` after a split of the digits
         (``Digits``, or ``Split`` on the regex ``\p{N}`` with ``behavior: Isolated``).
@@ -222,7 +225,8 @@ class BPETokenizer:
                 another model (Unigram, WordPiece, ...), BPE options (``byte_fallback``,
                 ``dropout``, ``ignore_merges``, a subword prefix or suffix), a normalizer,
                 another pre-tokenizer or ``add_prefix_space: true``, a post-processor that
-                adds tokens, truncation or padding, added tokens that strip spaces or match
+                adds tokens (one that adds none, as ``transformers`` saves it, is read),
+                truncation or padding, added tokens that strip spaces or match
                 whole words only, a vocabulary that lacks a byte.
         """
         path = _path(path, "path").expanduser()
@@ -234,7 +238,7 @@ class BPETokenizer:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: cannot read it as JSON: {e}") from None
-        vocab, merges, added, digits = _tokenizer_json(data, str(path))
+        vocab, merges, added, first, digits = _tokenizer_json(data, str(path))
         to_char = core_bpe.bytes_to_unicode()
         lacking = [to_char[b] for b in range(256) if to_char[b] not in vocab]
         if lacking:
@@ -251,6 +255,8 @@ class BPETokenizer:
         tok = cls._from_strings({**vocab, **added}, merges, specials, f"{path}: model.merges",
                                 f"{path}: model.vocab")
         tok._digits = digits
+        later = [token for token in added if token not in first]
+        tok._splits = [_alternation(group) for group in (first, later) if group]
         return tok
 
     @classmethod
@@ -304,9 +310,10 @@ _ADDED_FIELDS = ("single_word", "lstrip", "rstrip")
 
 
 def _tokenizer_json(data, source: str):
-    """(vocab token -> id, merges as pairs of tokens, added token -> id, the digits' split
-    pattern or None) of a ``tokenizer.json``'s data, or a ValueError naming ``source`` and the
-    field it cannot read exactly."""
+    """(vocab token -> id, merges as pairs of tokens, added token -> id, the added tokens
+    matched first (``normalized: false``), the digits' split pattern or None) of a
+    ``tokenizer.json``'s data, or a ValueError naming ``source`` and the field it cannot read
+    exactly."""
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise ValueError(f"{source}: not a tokenizers tokenizer.json (no 'model' object)")
     model = data["model"]
@@ -322,7 +329,8 @@ def _tokenizer_json(data, source: str):
             raise ValueError(f"{source}: {field} {_kind(data[field])} is not supported "
                              f"(expected null: it changes the text or the ids)")
     for field in ("post_processor", "decoder"):
-        if data.get(field) is not None and _kind(data[field]) != repr("ByteLevel"):
+        if data.get(field) is not None and _kind(data[field]) != repr("ByteLevel") \
+                and not (field == "post_processor" and _adds_nothing(data[field])):
             raise ValueError(f"{source}: {field} {_kind(data[field])} is not supported "
                              f"(expected null or ByteLevel)")
     digits = _pre_tokenizer(data.get("pre_tokenizer"), source)
@@ -337,7 +345,7 @@ def _tokenizer_json(data, source: str):
             raise ValueError(f"{source}: model.merges[{n}] must be 'a b' or ['a', 'b'], got "
                              f"{merge!r}")
         pairs.append(tuple(pair))
-    added = {}
+    added, first = {}, []
     for token in data.get("added_tokens") or []:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str) or \
                 not isinstance(token.get("id"), int):
@@ -348,7 +356,16 @@ def _tokenizer_json(data, source: str):
                 raise ValueError(f"{source}: the added token {token.get('content')!r} has "
                                  f"{field}=true, which is not supported")
         added[token["content"]] = token["id"]
-    return vocab, pairs, added, digits
+        if not token.get("normalized", not token.get("special", False)):
+            first.append(token["content"])
+    return vocab, pairs, added, first, digits
+
+
+def _adds_nothing(post) -> bool:
+    """Whether a post-processor is a ``TemplateProcessing`` that gives one text's ids as they are
+    (``single`` is ``$A`` alone), as ``transformers``' ``save_pretrained`` writes one."""
+    return (isinstance(post, dict) and post.get("type") == "TemplateProcessing"
+            and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}])
 
 
 def _pre_tokenizer(pre, source: str):
@@ -374,6 +391,12 @@ def _pre_tokenizer(pre, source: str):
                          f"is not supported (expected Digits, or a Split on \\p{{N}} with "
                          f"behavior Isolated)")
     return regex.compile(pattern)
+
+
+def _alternation(tokens) -> re.Pattern:
+    """The pattern that cuts a text at each of ``tokens``, kept at the odd places of its
+    ``split``: the leftmost, and the longest of those that start there."""
+    return re.compile("(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True))) + ")")
 
 
 def _kind(value) -> str:
