@@ -198,7 +198,9 @@ def train_seq2seq(argv) -> int:
         if args.init:
             init = make_model(cfg)
             init.load_params(args.init)
-    except (ValueError, TypeError, device.DeviceError) as e:
+    except device.DeviceError as e:  # not a mistake in the options: the sentence alone
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except (ValueError, TypeError) as e:
         parser.error(str(e))
     log = sys.stderr  # progress and examples; stdout gets only the JSON line
     if args.progress != "none":

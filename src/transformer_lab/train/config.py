@@ -48,7 +48,9 @@ def config_from_args(parser, args, cls, **fixed):
     try:
         config = cls(**options, **fixed)
         device.use(config.device)  # CuPy and a GPU for cuda, checked before any work
-    except (TypeError, ValueError, device.DeviceError) as e:
+    except device.DeviceError as e:  # not a mistake in the options: the sentence alone
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except (TypeError, ValueError) as e:
         parser.error(str(e))
     return config
 
