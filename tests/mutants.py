@@ -954,6 +954,9 @@ mutant("self_attention_backward", "the kernel's backward ignored",
 mutant("causal_self_attention_forward", "no causal mask",
        "attention_forward(q, k, v, causal_mask(q.shape[2]))", "attention_forward(q, k, v)",
        "check-causal-self-attention")
+mutant("causal_self_attention_forward", "block_size ignored: the naive kernel always",
+       "if block_size is None:\n            heads, c_att = attention_forward(",
+       "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention")
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
        "check-grouped-query-attention")

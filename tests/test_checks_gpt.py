@@ -9,6 +9,7 @@ from transformer_lab.checks import CheckFailed, check
 from transformer_lab.core import decoding as D
 from transformer_lab.core import gqa as Q
 from transformer_lab.core import layers as L
+from transformer_lab.core import modern as M
 from transformer_lab.core import next_token as NT
 from transformer_lab.core import rope as R
 from transformer_lab.core import sampling as S
@@ -190,3 +191,51 @@ def test_min_p_variant():
     assert "output['kept']" in absolute and "entries differ" in absolute
     with pytest.raises(TypeError, match="needs your function"):
         check("check-min-p-filter")
+
+
+def test_rms_norm_backward_with_layer_norms_mean_term(monkeypatch):
+    def backward(dout, cache):
+        x_hat, rstd, gamma = cache
+        g = dout * gamma
+        dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
+        return dx, {"gamma": (dout * x_hat).reshape(-1, x_hat.shape[-1]).sum(0)}
+
+    monkeypatch.setattr(M, "rms_norm_backward", backward)
+    assert "with layer norm's -mean(g) term in the backward pass" in _fails("check-gpt-rms-norm")
+
+
+def test_norm_forward_not_extended_to_rms(monkeypatch):
+    from transformer_lab.core import gpt as G
+
+    real = G.norm_forward
+    monkeypatch.setattr(G, "norm_forward", lambda x, p, kind, eps=1e-5: real(x, p, "layer", eps))
+    assert "with norm_forward still the layer norm" in _fails("check-gpt-rms-norm")
+
+
+def test_a_float64_answer_off_in_the_seventh_digit_suggests_float32_or_eps(monkeypatch):
+    real = M.rms_norm_forward
+    monkeypatch.setattr(M, "rms_norm_forward", lambda x, gamma, eps=1e-5: real(x, gamma, 0.0))
+    message = _fails("check-gpt-rms-norm")
+    assert "relative error 5" in message and "e-07" in message
+    assert "close, but not to float64's tolerance: usually a float32 step" in message
+
+
+@pytest.mark.parametrize("wrong", ["sigmoid", "sigmoid-derivative", "one-plus-a"])
+def test_silu_derivatives_students_write(monkeypatch, wrong):
+    def sigmoid(a):
+        return 0.5 * (1 + np.tanh(a / 2))
+
+    derivative = {"sigmoid": sigmoid, "sigmoid-derivative": lambda a: sigmoid(a) * (1 - sigmoid(a)),
+                  "one-plus-a": lambda a: sigmoid(a) * (1 + a)}[wrong]
+    monkeypatch.setattr(M, "silu_backward", lambda dout, cache: dout * derivative(cache[0]))
+    assert "as silu's derivative; d(a sigmoid(a))/da is" in _fails("check-swiglu")
+
+
+def test_the_gpt_attention_that_ignores_block_size_uses_the_memory_of_the_scores(monkeypatch):
+    real = Q.causal_self_attention_forward
+    monkeypatch.setattr(Q, "causal_self_attention_forward",
+                        lambda x, params, H, Hkv=None, rope=None, block_size=None:
+                        real(x, params, H, Hkv, rope))
+    message = _fails("check-gpt-tiled-attention")
+    assert "memory below a tenth of one (T, T) score matrix" in message
+    assert "expected True, got False" in message

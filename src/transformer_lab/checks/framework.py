@@ -654,6 +654,10 @@ def _generic_hint(problem: Difference) -> str:
         return "your answer is the transpose of the expected one (the last two axes swapped)"
     if not floating:
         return ""
+    if want.dtype == np.float64 and rel_error(g, w) < 1e-4:
+        return ("close, but not to float64's tolerance: usually a float32 step on the way (an "
+                "array or table made in float32), or a small constant such as eps missing or "
+                "of another value")
     ww = float(w @ w)
     if ww > 0:
         c = float(g @ w) / ww

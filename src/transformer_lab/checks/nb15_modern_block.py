@@ -85,8 +85,13 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
 # §2 RMSNorm
 
 
-class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rms_norm_backward")):
-    axes = {"out": "te", "dx": "te"}  # axis names, for messages
+#: check-gpt-rms-norm's outputs of the block's norm, extended to kind "rms"
+NORM_OUT, NORM_DX = "out of norm_forward(x, {'gamma': gamma}, 'rms', eps)", "dx of norm_backward"
+
+
+class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rms_norm_backward",
+                                                         "norm_forward", "norm_backward")):
+    axes = {"out": "te", "dx": "te", NORM_OUT: "te", NORM_DX: "te"}  # axis names, for messages
 
     def cases(self, rng):
         yield Case("(2, 3, 6)", (rng.standard_normal((2, 3, 6)) * 3, 1 + rng.standard_normal(6)
@@ -107,9 +112,12 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
     ### END HIDDEN TESTS
 
     def run(self, f, x, gamma, dout, eps=None):
-        out, cache = f.rms_norm_forward(x, gamma, *([] if eps is None else [eps]))
+        given = [] if eps is None else [eps]
+        out, cache = f.rms_norm_forward(x, gamma, *given)
         dx, grads = f.rms_norm_backward(dout, cache)
-        return {"out": out, "dx": dx, "dgamma": grads["gamma"]}
+        block_out, block_cache = f.norm_forward(x, {"gamma": gamma}, "rms", *given)
+        return {"out": out, "dx": dx, "dgamma": grads["gamma"], NORM_OUT: block_out,
+                NORM_DX: f.norm_backward(dout, block_cache)[0]}
 
     def expected(self, x, gamma, dout, eps=None, rms=True):
         """RMSNorm (eps by default 1e-5) -- or, a mistake, a layer norm without beta -- by
@@ -122,13 +130,21 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
                     else F.layer_norm(tx, (x.shape[-1],), tg, None, eps))
 
         out, dx, dgamma = autograd(norm, dout, x, gamma)
-        return {"out": out, "dx": dx, "dgamma": dgamma}
+        return {"out": out, "dx": dx, "dgamma": dgamma, NORM_OUT: out, NORM_DX: dx}
 
     def mistakes(self, x, gamma, dout, eps=None):
         tx, tg = _t(x), _t(gamma)
         eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt()
                                      + (1e-5 if eps is None else eps)))
-        hints = {"subtracting the mean first (that is a layer norm)":
+        def layer_norm_in_the_block():  # rms_norm_* right, norm_forward not extended
+            right, layer = self.expected(x, gamma, dout, eps), self.expected(x, gamma, dout, eps,
+                                                                              rms=False)
+            return {**right, NORM_OUT: layer["out"], NORM_DX: layer["dx"]}
+
+        hints = {"with norm_forward still the layer norm where kind is 'rms': extend it, and "
+                 "norm_backward, to call your rms_norm_forward / rms_norm_backward":
+                 layer_norm_in_the_block,
+                 "subtracting the mean first (that is a layer norm)":
                  lambda: self.expected(x, gamma, dout, eps, rms=False),
                  # the forward alone: a hint names the first output that differs
                  "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
@@ -136,7 +152,19 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
         if eps is not None:
             hints["writing in eps = 1e-5 instead of using the argument eps"] = (
                 lambda: self.expected(x, gamma, dout))
+        hints["with layer norm's -mean(g) term in the backward pass: RMSNorm subtracts no mean, "
+              "dx = (g - x_hat * mean(g * x_hat)) / r"] = lambda: {"dx": _rms_dx_with_mean(
+                  x, gamma, dout, 1e-5 if eps is None else eps)}
         return hints
+
+
+def _rms_dx_with_mean(x, gamma, dout, eps):
+    """dx of RMSNorm with layer norm's -mean(g) term too (a mistake), in x's dtype."""
+    x64, g = x.astype(np.float64), (dout * gamma).astype(np.float64)
+    r = np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
+    x_hat = x64 / r
+    dx = (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True)) / r
+    return dx.astype(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,9 +180,36 @@ def _swiglu_case(rng, shape, F, scale=0.5, dt=np.float64, x_scale=1.0) -> tuple:
             rng.standard_normal(shape).astype(dt))
 
 
+def _sigmoid(a):
+    return 0.5 * (1 + np.tanh(a / 2))
+
+
+#: silu's derivative as students get it wrong, each a function of a
+_WRONG_SILU_DERIVATIVES = {
+    "sigmoid(a)": _sigmoid,
+    "sigmoid(a) (1 - sigmoid(a)), the sigmoid's own derivative,":
+        lambda a: _sigmoid(a) * (1 - _sigmoid(a)),
+    "sigmoid(a) (1 + a)": lambda a: _sigmoid(a) * (1 + a)}
+
+
+def _swiglu_dx(x, params, dout, dsilu):
+    """{"dx": ...} of SwiGLU with ``dsilu`` as silu's derivative, in float64, then x's dtype."""
+    x64, dout64 = x.astype(np.float64), dout.astype(np.float64)
+    W = {k: w.astype(np.float64) for k, w in params.items()}
+    a, u = x64 @ W["W_gate"], x64 @ W["W_up"]
+    dh = dout64 @ W["W_down"].T
+    da, du = dh * u * dsilu(a), dh * a * _sigmoid(a)
+    return {"dx": (da @ W["W_gate"].T + du @ W["W_up"].T).astype(x.dtype)}
+
+
+#: check-swiglu's outputs of the block's MLP, extended to kind "swiglu"
+MLP_OUT, MLP_DX = "out of mlp_forward(x, params, 'swiglu')", "dx of mlp_backward"
+
+
 class SwiGLU(Check, id="check-swiglu",
-             functions=("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward")):
-    axes = {"out": "te", "dx": "te"}  # axis names, for messages
+             functions=("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward",
+                        "mlp_forward", "mlp_backward")):
+    axes = {"out": "te", "dx": "te", MLP_OUT: "te", MLP_DX: "te"}  # axis names, for messages
 
     def cases(self, rng):
         yield Case("E = 4, F = 6", _swiglu_case(rng, (2, 3, 4), 6))
@@ -169,17 +224,25 @@ class SwiGLU(Check, id="check-swiglu",
     def run(self, f, x, params, dout):
         out, cache = f.swiglu_forward(x, params)
         dx, grads = f.swiglu_backward(dout, cache)
-        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+        block_out, block_cache = f.mlp_forward(x, params, "swiglu")
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()},
+                MLP_OUT: block_out, MLP_DX: f.mlp_backward(dout, block_cache)[0]}
 
     def mistakes(self, x, params, dout):
-        return {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                lambda: self.expected(x, params, dout, gate="W_up", up="W_gate")}
+        found = {"with the gate and the up projection swapped (silu goes on x W_gate)":
+                 lambda: self.expected(x, params, dout, gate="W_up", up="W_gate")}
+        for wrong, derivative in _WRONG_SILU_DERIVATIVES.items():
+            found[f"with {wrong} as silu's derivative; d(a sigmoid(a))/da is "
+                  "sigmoid(a) (1 + a (1 - sigmoid(a)))"] = (
+                lambda d=derivative: _swiglu_dx(x, params, dout, d))
+        return found
 
     def expected(self, x, params, dout, gate="W_gate", up="W_up"):
         silu = torch.nn.functional.silu
         out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
                                   dout, x, params)
-        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}}
+        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}, MLP_OUT: out,
+                MLP_DX: dx}
 
 
 # --------------------------------------------------------------------------------------------

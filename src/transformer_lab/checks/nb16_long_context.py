@@ -16,7 +16,7 @@ import numpy as np
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
-from transformer_lab.checks.nb13_gpt import _attention_expected
+from transformer_lab.checks.nb13_gpt import _attention_case, _attention_expected, _rope_angles
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -357,3 +357,53 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
         want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads)
         want = {k: a.astype(x.dtype) for k, a in want.items()}
         return {"out": want["out"], "dx": want["dx"], "grads": {n: want[f"d{n}"] for n in params}}
+
+
+def _gpt_attention_case(rng, name, B, T, E, H, Hkv, rope, block, dtype=np.float64,
+                        measure_memory=False):
+    """x, the GPT attention's parameters, dout (:func:`nb13_gpt._attention_case`), the heads,
+    RoPE or not, the block size."""
+    return Case(name, (*_attention_case(rng, B, T, E, H, Hkv, True, dtype), H, Hkv, rope, block),
+                {"measure_memory": True} if measure_memory else {})
+
+
+class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
+                        functions=("causal_self_attention_forward",
+                                   "causal_self_attention_backward")):
+    """The GPT's causal self-attention given a ``block_size``: the answer of the naive kernel,
+    in the memory of the tiles (the branch that notebook 13 left for this one)."""
+
+    axes = {"out": "bte", "dx": "bte"}  # axis names, for messages
+
+    def cases(self, rng):
+        yield _gpt_attention_case(rng, "B = 2, T = 7, E = 8, 2 heads, blocks of 3",
+                                  2, 7, 8, 2, 2, False, 3)
+        yield _gpt_attention_case(rng, "RoPE, 4 query heads sharing 2 key/value heads, blocks "
+                                  "of 2", 2, 5, 8, 4, 2, True, 2)
+        yield _gpt_attention_case(rng, "T = 2048, blocks of 128, forward and backward: memory "
+                                  "below a tenth of one (T, T) score matrix", 1, 2048, 4, 1, 1,
+                                  False, 128, measure_memory=True)
+
+    ### BEGIN HIDDEN TESTS
+    def hidden_cases(self, rng):
+        yield _gpt_attention_case(rng, "float32, RoPE, one key/value head, a block larger than "
+                                  "T", 2, 3, 8, 4, 1, True, 16, np.float32)
+    ### END HIDDEN TESTS
+
+    def run(self, f, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+        a = _rope_angles(x.shape[1], x.shape[-1] // H)
+        tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype)) if rope else None
+
+        def forward_backward():
+            out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables, block_size)
+            return out, *f.causal_self_attention_backward(dout, cache)
+
+        memory, (out, dx, grads) = _measured(forward_backward, x, x)
+        return memory if measure_memory else {"out": out, "dx": dx,
+                                              **{f"d{k}": g for k, g in grads.items()}}
+
+    def expected(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+        if measure_memory:
+            return {MEMORY: True}
+        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+        return _attention_expected(x, params, dout, H, Hkv, angles)
