@@ -239,3 +239,18 @@ def test_the_gpt_attention_that_ignores_block_size_uses_the_memory_of_the_scores
     message = _fails("check-gpt-tiled-attention")
     assert "memory below a tenth of one (T, T) score matrix" in message
     assert "expected True, got False" in message
+    assert "with more than a tenth of a (T, S) array alive at once" in message
+
+
+def test_key_value_heads_given_out_in_tile_order(monkeypatch):
+    def tile(x, n_rep):  # head j gets head j % Hkv, not j // n_rep
+        return np.tile(x, (1, n_rep, 1, 1)), n_rep
+
+    def untile(dout, n_rep):
+        B, H, S, Dh = dout.shape
+        return dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)
+
+    monkeypatch.setattr(Q, "repeat_kv_forward", tile)
+    monkeypatch.setattr(Q, "repeat_kv_backward", untile)
+    assert "with the key/value heads given out in tile order" in _fails(
+        "check-grouped-query-attention")

@@ -435,6 +435,7 @@ def test_forward_check_catches_a_full_score_matrix_and_a_blocked_diagonal(monkey
     monkeypatch.setattr(core_flash, "flash_attention_forward", naive)
     message = _check_fails("check-flash-forward")
     assert "memory below a tenth" in message and "expected True, got False" in message
+    assert "the score matrix formed whole" in message
 
     original = core_flash.flash_attention_forward
     monkeypatch.setattr(core_attention, "causal_mask",

@@ -301,6 +301,33 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         return {"out": want["out"], self.STEP: want["out"],
                 **{k: g for k, g in want.items() if k != "out"}}
 
+    def mistakes(self, x, params, dout, H, Hkv, rope):
+        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+
+        def tiled():  # the model whose H key/value heads are the shared ones in tile order
+            return {"out": _attention_expected(x, _kv_heads_tiled(params, x.shape[-1], H, Hkv),
+                                               dout, H, H, angles)["out"]}
+
+        return {"with the key/value heads given out in tile order (np.tile: query head h gets "
+                "h % Hkv); each serves n_rep neighbouring query heads, h // n_rep (np.repeat "
+                "on the head axis)": tiled}
+
+
+def _kv_heads_tiled(params, E, H, Hkv):
+    """The attention's parameters with H key/value heads of their own: the Hkv shared ones,
+    copied in tile order (head h is shared head h % Hkv)."""
+    Dh = E // H
+    heads = np.tile(np.arange(Hkv), H // Hkv)
+
+    def columns(start):  # the columns of the key (or value) heads, in tile order
+        return np.concatenate([start + g * Dh + np.arange(Dh) for g in heads])
+
+    order = np.concatenate([np.arange(E), columns(E), columns(E + Hkv * Dh)])
+    tiled = {**params, "W_qkv": params["W_qkv"][:, order]}
+    if "b_qkv" in params:
+        tiled["b_qkv"] = params["b_qkv"][order]
+    return tiled
+
 
 class ModernBlock(_BlockCheck, id="check-modern-block"):
     ### BEGIN HIDDEN TESTS

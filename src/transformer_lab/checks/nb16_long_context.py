@@ -140,6 +140,12 @@ def _measured(fn, q, k):
         tracemalloc.stop()
 
 
+#: the hint of a memory case that fails (its answer: :data:`MEMORY` False)
+MEMORY_HINT = {"with more than a tenth of a (T, S) array alive at once: the score matrix formed "
+               "whole, or a (T, S) mask or temporary; only one tile may live at a time":
+               lambda: {MEMORY: False}}
+
+
 def _memory_case(rng, backward=False):
     """The tiled attention of a long sequence, whose peak memory is measured (:data:`MEMORY`);
     with dout after q, k, v for the backward pass."""
@@ -199,7 +205,7 @@ class FlashAttentionForward(Check, id="check-flash-forward",
 
     def mistakes(self, q, k, v, causal, block_size, measure_memory=False):
         if measure_memory:
-            return {}
+            return MEMORY_HINT
         qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
         scaled = _scores(qt, kt, False)
         diagonal = torch.ones(scaled.shape[-2:], dtype=torch.bool).triu(0)
@@ -310,6 +316,9 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
             return {MEMORY: True}
         return dict(zip(("dq", "dk", "dv"), _torch_grads(q, k, v, dout, causal), strict=True))
 
+    def mistakes(self, q, k, v, dout, causal, block_size, measure_memory=False):
+        return MEMORY_HINT if measure_memory else {}
+
 
 # --------------------------------------------------------------------------------------------
 # §6 In the model
@@ -407,3 +416,6 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
             return {MEMORY: True}
         angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
         return _attention_expected(x, params, dout, H, Hkv, angles)
+
+    def mistakes(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+        return MEMORY_HINT if measure_memory else {}
