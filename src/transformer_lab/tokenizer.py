@@ -210,8 +210,7 @@ class BPETokenizer:
         Read: ``model.vocab``; ``model.merges``, as ``"a b"`` strings or ``["a", "b"]`` pairs;
         ``added_tokens``, matched in the text before anything else (the special tokens: those
         with ``normalized: false`` first, then the others in what is left, as ``tokenizers``
-        does); the
-        pre-tokenizer ``ByteLevel`` with GPT-2's pattern (``use_regex: true``,
+        does); the pre-tokenizer ``ByteLevel`` with GPT-2's pattern (``use_regex: true``,
         ``add_prefix_space: false``), alone or in a ``Sequence`` after a split of the digits
         (``Digits``, or ``Split`` on the regex ``\p{N}`` with ``behavior: Isolated``).
 
@@ -226,8 +225,8 @@ class BPETokenizer:
                 ``dropout``, ``ignore_merges``, a subword prefix or suffix), a normalizer,
                 another pre-tokenizer or ``add_prefix_space: true``, a post-processor that
                 adds tokens (one that adds none, as ``transformers`` saves it, is read),
-                truncation or padding, added tokens that strip spaces or match
-                whole words only, a vocabulary that lacks a byte.
+                truncation or padding, added tokens that strip spaces or match whole words
+                only, a vocabulary that lacks a byte.
         """
         path = _path(path, "path").expanduser()
         path = path / "tokenizer.json" if path.is_dir() else path
