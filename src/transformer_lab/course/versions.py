@@ -109,8 +109,8 @@ def notebook_version(path: Path, max_bytes: int) -> CourseVersion | None:
             return None
         meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
         record = meta.get(METADATA_KEY)
-    except (OSError, ValueError, AttributeError):
-        return None
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON
+        return None                                                  # nested too deep
     if not isinstance(record, dict) or not isinstance(record.get("version"), str):
         return None
     commit = record.get("commit")
