@@ -128,6 +128,23 @@ def test_setup_exports_the_package_index_of_the_build_environment(tmp_path):
     assert "PIP_INDEX_URL" not in setup
 
 
+def test_run_autograder_takes_relative_paths_as_the_docs_write_them(tmp_path):
+    """docs/instructors.md: ``AUTOGRADER_ROOT=X AUTOGRADER_PYTHON=.venv/bin/python bash
+    X/source/run_autograder``, relative to where it is run, although the script changes folder."""
+    (tmp_path / "X" / "source").mkdir(parents=True)
+    script = tmp_path / "X" / "source" / "run_autograder"
+    script.write_text(G.RUN_AUTOGRADER)
+    fake = tmp_path / "env" / "bin" / "python"  # writes where it ran and with what
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/usr/bin/env bash\necho "$PWD $*" > "$PWD/ran"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "AUTOGRADER_ROOT": "X", "AUTOGRADER_PYTHON": "env/bin/python"}
+    subprocess.run(["bash", "X/source/run_autograder"], cwd=tmp_path, env=env, check=True)
+    root = str((tmp_path / "X").resolve())
+    assert (tmp_path / "X" / "ran").read_text().split() == [
+        root, "-m", "transformer_lab.course.gradescope", "run", "--root", root]
+
+
 def test_bad_build_arguments_say_which_and_what_was_expected(tmp_path, capsys):
     source = tmp_path / "notebooks"
     write(notebook_01(), source / "01_attention.ipynb")

@@ -128,8 +128,9 @@ RUN_AUTOGRADER = """\
 # the virtual environment setup.sh made) on the package of this zip.
 # Written by transformer_lab.course.gradescope (make gradescope).
 set -euo pipefail
-root="${AUTOGRADER_ROOT:-/autograder}"
+root="$(cd "${AUTOGRADER_ROOT:-/autograder}" && pwd)"
 python="${AUTOGRADER_PYTHON:-$root/venv/bin/python}"
+case "$python" in /*) ;; */*) python="$PWD/$python" ;; esac  # a relative path: from here
 cd "$root"
 PYTHONPATH="$root/source/src" PYTHONDONTWRITEBYTECODE=1 \\
     exec "$python" -m transformer_lab.course.gradescope run --root "$root"
