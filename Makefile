@@ -32,6 +32,8 @@ NB ?= notebooks
 # options of transformer_lab.course.grade (--case-timeout, --no-execute, --memory, --no-sandbox).
 SUBMISSIONS ?=
 TIMEOUT ?= 60
+# NOTEBOOKS: the assignment's notebooks, for make grade and make gradescope (01 06, or names)
+NOTEBOOKS ?=
 GRADE_ARGS ?=
 # `make learn`: your workspace (built once, never overwritten); LAB_ARGS go to JupyterLab.
 WORKSPACE ?= workspace
@@ -112,14 +114,15 @@ student: $(STUDENT_STAMP) ## instructors: the handout (notebooks, package with i
 
 grade: $(STUDENT_STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into build/grades
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
-		"[JOBS=<notebooks at once>] [TIMEOUT=<seconds per cell>] [GRADE_ARGS=...];" \
+		"[JOBS=<notebooks at once>] [TIMEOUT=<seconds per cell>] [NOTEBOOKS=<01 06 ...>]" \
+		"[GRADE_ARGS=...];" \
 		"see README, 'For instructors'" >&2; exit 2; }
 	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
-		--timeout $(TIMEOUT) --jobs $(JOBS) $(GRADE_ARGS)
+		--timeout $(TIMEOUT) --jobs $(JOBS) $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(GRADE_ARGS)
 
 gradescope: $(STUDENT_STAMP) ## instructors: Gradescope's autograder, build/gradescope/autograder.zip (GRADESCOPE_ARGS=...)
 	$(PY) -m transformer_lab.course.gradescope build --source notebooks --project . \
-		--out build/gradescope $(GRADESCOPE_ARGS)
+		--out build/gradescope $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(GRADESCOPE_ARGS)
 
 clean: ## remove build/ (executed notebooks, site)
 	rm -rf build

@@ -204,6 +204,9 @@ def _write_students(subs: Path, out: Path) -> None:
                    replace=HIDDEN_REFERENCE_CORE)
     student_folder(subs / "stored_answers", student_01(edit=STORED_ANSWERS))
     student_folder(subs / "function_copy", student_01(), replace=FUNCTION_COPY_CORE)
+    student_folder(subs / "broken_core", solved_01(), core="reference")
+    (subs / "broken_core" / "src" / "transformer_lab" / "core" / "layers.py").write_text(
+        "def softmax_forward(x:\n    return x\n")
     student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
     student_folder(subs / "hidden_only", solved_01(edit={"exercise-logsumexp": WRONG_FOR_4D}),
                    core="reference")
@@ -468,6 +471,16 @@ def test_forgiving_names_and_every_skipped_file_listed(graded):
     assert "homework.ipynb: not named after a notebook" in summary(graded, "eve")
     console = (graded.parent / "grades-console.txt").read_text()
     assert "skipped 4 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
+    # dan's feedback names the copy that was not graded, not only skipped.csv
+    assert "not graded, as another file of yours was (the best name, then the newest file): " \
+        "`dan/notebooks/01_attention (1).ipynb`" in summary(graded, "dan")
+
+
+def test_a_core_file_that_does_not_parse_is_named_in_the_check_it_stops(graded):
+    text = summary(graded, "broken_core")
+    assert "`softmax_forward` stayed a stub: src/transformer_lab/core/layers.py does not parse " \
+        "(SyntaxError at line" in text
+    assert "not written yet -- NotImplementedError: softmax_forward()" not in text
 
 
 @pytest.mark.slow
@@ -992,3 +1005,33 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     assert "ran past the time limit of 3 s, while importing the functions " \
            "check-softmax-forward tests" in report.missing["check-softmax-forward"]
     assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart
+
+
+def test_a_csv_cell_that_starts_as_a_formula_is_written_as_text(tmp_path):
+    path = tmp_path / "grades.csv"
+    reports._write_rows(path, ["student", "points", "note"],
+                        [["=HYPERLINK(\"http://x\")", 3.5, "@SUM(A1)"], ["bob", -1, "ok"]])
+    assert path.read_text().splitlines() == [
+        "student,points,note", "\"'=HYPERLINK(\"\"http://x\"\")\",3.5,'@SUM(A1)", "bob,-1,ok"]
+
+
+def test_an_assignment_s_notebooks_chosen_by_number_or_name(tmp_path):
+    for name in ("01_attention", "02_masking", "06_layers_backward"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    chosen = assignment.solution_notebooks(tmp_path, ["01", "06_layers_backward"])
+    assert [p.stem for p in chosen] == ["01_attention", "06_layers_backward"]
+    with pytest.raises(SystemExit, match=r"--notebooks names '07', not a notebook of --source"):
+        assignment.solution_notebooks(tmp_path, ["01", "07"])
+
+
+def test_the_notebooks_a_run_does_not_grade_are_listed_as_skipped(tmp_path):
+    from transformer_lab.course.submissions import Found, StudentWork
+
+    work = StudentWork("alice", {nb: tmp_path / "alice" / "notebooks" / f"{nb}.ipynb"
+                                 for nb in ("01_attention", "02_masking")})
+    found = Found({"alice": work}, [])
+    grade._leave_out(found, {"01_attention"}, tmp_path)
+    assert list(work.notebooks) == ["01_attention"]
+    assert [(s.student, s.path, s.reason) for s in found.skipped] == [
+        ("alice", "alice/notebooks/02_masking.ipynb",
+         "not graded: this run grades 01_attention only (--notebooks)")]

@@ -339,15 +339,27 @@ def load_assignments(notebooks: list[Path]) -> list[Assignment]:
     return assignments
 
 
-def solution_notebooks(source: Path) -> list[Path]:
-    """The ``NN_topic.ipynb`` notebooks of the folder ``source``, sorted."""
+def solution_notebooks(source: Path, chosen: list[str] | None = None) -> list[Path]:
+    """The ``NN_topic.ipynb`` notebooks of the folder ``source``, sorted; with ``chosen``
+    (--notebooks: names, ``06_layers_backward`` or ``06``), those only."""
     if not source.is_dir():
         raise SystemExit(f"error: --source must be the folder of solution notebooks, "
                          f"{str(source)!r} is not a folder")
     found = sorted(source.glob("*.ipynb"))
     if not found:
         raise SystemExit(f"error: --source {str(source)!r} holds no notebooks (*.ipynb)")
-    return found
+    if not chosen:
+        return found
+
+    def named(path: Path, name: str) -> bool:
+        return name in (path.stem, path.stem.split("_")[0])
+
+    unknown = [name for name in chosen if not any(named(p, name) for p in found)]
+    if unknown:
+        raise SystemExit(f"error: --notebooks names {', '.join(map(repr, unknown))}, not a "
+                         f"notebook of --source {str(source)!r} ("
+                         + ", ".join(p.stem for p in found) + ")")
+    return [p for p in found if any(named(p, name) for name in chosen)]
 
 
 #: Written into every folder the course tools fill, so that they only ever empty their own.

@@ -81,6 +81,7 @@ from transformer_lab.course.sandbox import (
 )
 from transformer_lab.course.submissions import (
     Found,
+    Skipped,
     StudentWork,
     find_submissions,
     handout_digests,
@@ -463,9 +464,11 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
         results = judge_all(grader, assignment, report)
+        _name_the_stubs(results, overlay)
         clock.lap("judge")
         if (work.name, notebook) in grader.unversioned:
             notes.append(versions.unversioned_note(grader.version))
+        notes += _other_files(found, work.name, notebook)
         graded = Graded(work.name, notebook, results, "graded",
                         notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
         graded.flags = scan_notebook_cells(
@@ -480,7 +483,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             env = {**with_pythonpath(env, package), "PYTHONDONTWRITEBYTECODE": "1"}
             clock.lap("other")
             graded.run = run_notebook(nb, grader.limits.cell, env=env, sandbox=grader.sandbox,
-                                      read_only=(package,))
+                                      read_only=(package,), total=grader.limits.total)
             clock.lap("feedback")
         _sanitize(graded, nb, tmp)
     graded.feedback = write_feedback(nb, graded, grader)
@@ -500,6 +503,28 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = self.laps.get(name, 0.0) + now - self.last
         self.last = now
+
+
+def _name_the_stubs(results: list[CheckResult], overlay: Overlay) -> None:
+    """A check stopped by a function that stayed a stub because of the student's file (it does
+    not parse, it lacks the function) says so, not "not written yet"."""
+    for result in results:
+        for name, why in overlay.stubs.items():
+            stub = f"not written yet -- NotImplementedError: {name}() in "
+            if stub in result.message:
+                result.message = result.message.replace(
+                    "not written yet", f"`{name}` stayed a stub: {why}", 1)
+
+
+def _other_files(found: Found, student: str, notebook: str) -> list[str]:
+    """The note naming the student's other files for ``notebook``, which were not graded."""
+    others = [s.path for s in found.skipped_of(student)
+              if s.reason.startswith(f"another file was graded for {notebook}:")]
+    if not others:
+        return []
+    return [f"not graded, as another file of yours was (the best name, then the newest file): "
+            f"{', '.join(f'`{p}`' for p in others)}; to have one of them graded, hand it in "
+            f"alone or under the notebook's own name"]
 
 
 def _overlay_notes(overlay: Overlay, notebook: str) -> list[str]:
@@ -738,6 +763,7 @@ class Options:
     jobs: int = 1
     sandbox: bool = True
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+    notebooks: tuple[str, ...] = ()  # --notebooks: these only (empty: every one)
 
 
 class GradingError(Exception):
@@ -791,19 +817,22 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     inputs = {"SUBMISSIONS": submissions, "--source": options.source,
               "--project's src/": src}
     check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
-    sources = {path.stem: path for path in solution_notebooks(options.source)}
+    course = {path.stem: path for path in solution_notebooks(options.source)}
+    sources = {path.stem: path
+               for path in solution_notebooks(options.source, list(options.notebooks))}
     try:
         instructor = parse_package(src / "transformer_lab")
     except PackageError as err:
         raise GradingError(f"the package has {len(err.problems)} problem(s) with its "
                            f"markers:\n{err}") from None
     ours = versions.project_version(options.project)
-    first = find_submissions(submissions, sorted(sources))
+    first = find_submissions(submissions, sorted(course))
     recorded, unversioned = recorded_versions(first)
     if versions.mismatch(recorded, ours):
         raise VersionError(recorded, ours)
-    assignments, problems = load_solutions(list(sources.values()))
-    handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks})
+    assignments, problems = load_solutions(list(course.values()))
+    handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
+                       & set(sources))
     errors = [p for n in handed_in for p in problems[n]]
     if errors:  # only the notebooks handed in need to be right
         raise GradingError(f"the solution notebooks cannot be graded, {len(errors)} "
@@ -823,7 +852,8 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
             handout = Path(tmp) / "handout"
             write_student_tree(list(assignments.values()), options.project, handout,
                                instructor)
-            found = find_submissions(submissions, sorted(sources), handout_digests(handout))
+            found = find_submissions(submissions, sorted(course), handout_digests(handout))
+            _leave_out(found, set(sources), submissions)
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
                             handout / "src", submissions, out,
@@ -841,6 +871,18 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
              f"course version (made by hand, or from a handout built before versions were "
              f"recorded): graded with this one, {ours}"] if unversioned else []
     return Outcome(graded, found, flags, sandbox.describe(), notes)
+
+
+def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
+    """Move the notebooks that this run does not grade (``--notebooks``) to the skipped files,
+    saying so."""
+    for work in found.students.values():
+        for notebook in sorted(set(work.notebooks) - chosen):
+            path = work.notebooks.pop(notebook)
+            found.skipped.append(Skipped(work.name, path.relative_to(submissions).as_posix(),
+                                         f"not graded: this run grades {', '.join(sorted(chosen))}"
+                                         f" only (--notebooks)"))
+    found.skipped.sort(key=lambda s: (s.student, s.path))
 
 
 def _gigabytes(text: str) -> int:
@@ -870,9 +912,12 @@ def _parser() -> argparse.ArgumentParser:
              "a notebook cell may run, in the probe and in the feedback run"),
             ("--case-timeout", float, DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
             ("--probe-timeout", float, DEFAULT_PROBE_TIMEOUT,
-             "the probe of one notebook may run in all")):
+             "the probe of one notebook may run in all, and its feedback run too")):
         parser.add_argument(option, type=kind, default=default,
                             help=f"seconds {what} (default: {default})")
+    parser.add_argument("--notebooks", nargs="+", default=(), metavar="NN_topic",
+                        help="grade these notebooks only (01_attention or 01), the files of "
+                             "the others listed as skipped (default: every notebook)")
     parser.add_argument("--no-execute", action="store_true",
                         help="do not execute the feedback notebooks (faster; the grades do not "
                              "change)")
@@ -905,7 +950,8 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optio
     return Options(args.source, args.project, args.timeout, args.case_timeout,
                    args.probe_timeout, execute=not args.no_execute, jobs=args.jobs,
                    sandbox=not args.no_sandbox,
-                   limits=SandboxLimits(memory=args.memory, processes=args.processes))
+                   limits=SandboxLimits(memory=args.memory, processes=args.processes),
+                   notebooks=tuple(args.notebooks))
 
 
 def main(argv: list[str] | None = None) -> int:

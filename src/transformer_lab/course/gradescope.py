@@ -157,11 +157,13 @@ def _tree(folder: Path, prefix: str) -> dict[str, Path]:
     return found
 
 
-def _check_build_args(source: Path, project: Path, out: Path) -> list[Path]:
-    """The solution notebooks, once the arguments are known to be usable (or BuildError)."""
+def _check_build_args(source: Path, project: Path, out: Path,
+                      chosen: list[str] | None = None) -> list[Path]:
+    """The solution notebooks (``chosen``: these only), once the arguments are known to be
+    usable (or BuildError)."""
     try:
         check_project(project)
-        notebooks = solution_notebooks(source)
+        notebooks = solution_notebooks(source, chosen)
     except SystemExit as err:  # its message names --project or --source
         raise BuildError(str(err).removeprefix("error: ")) from None
     if out.exists() and not out.is_dir():
@@ -228,15 +230,16 @@ def _replace(path: Path, data: bytes) -> None:
 
 
 def build(source: Path, project: Path, out: Path, config: Config | None = None,
-          environ: dict[str, str] | None = None) -> Path:
+          environ: dict[str, str] | None = None, notebooks: list[str] | None = None) -> Path:
     """Write ``out/autograder.zip`` (see the module's docstring) and return its path; raises
     :class:`BuildError` with the reason when the arguments cannot make one. ``environ``: where
-    the package index variables come from (default: this process's environment)."""
+    the package index variables come from (default: this process's environment);
+    ``notebooks``: the assignment's notebooks (default: every one of ``source``)."""
     config = config or Config()
     environ = dict(os.environ if environ is None else environ)
-    notebooks = _check_build_args(source, project, out)
+    chosen = _check_build_args(source, project, out, notebooks)
     dest = out / ZIP_NAME
-    write_zip(zip_entries(notebooks, project, config, environ), dest)
+    write_zip(zip_entries(chosen, project, config, environ), dest)
     return dest
 
 
@@ -594,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the current folder)")
     b.add_argument("--out", type=Path, default=Path("build/gradescope"),
                    help=f"folder to write {ZIP_NAME} into (default: build/gradescope)")
+    b.add_argument("--notebooks", nargs="+", metavar="NN_topic",
+                   help="the assignment's notebooks (01_attention or 01); the students' other "
+                        "notebooks are listed as not graded (default: every notebook)")
     b.add_argument("--hidden-visibility", choices=VISIBILITIES, default="visible",
                    help="when students see the tests of checks with hidden cases; with "
                         "anything but 'visible' each such check also gets a visible test of "
@@ -612,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.root)
     config = Config(args.hidden_visibility, args.allow_no_sandbox)
     try:
-        dest = build(args.source, args.project, args.out, config)
+        dest = build(args.source, args.project, args.out, config, notebooks=args.notebooks)
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ class Run:
     stopped_at: int | None = None  # index of the cell during which the kernel died / was stopped
     here: str = ""  # what happened, said of that cell
     later: str = ""  # said of the cells after it, which did not run
-    status: str = "ran"  # or "kernel died", "kernel stopped", "could not run"
+    status: str = "ran"  # or "kernel died", "kernel stopped", "time up", "could not run"
     seconds: float = 0.0
 
 
@@ -72,6 +72,14 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
+class TimeUp(Exception):
+    """The notebook's time in all was spent before cell ``index`` could start."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
 class LimitedClient(NotebookClient):
     """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output:
     it sees every output message before nbclient appends it (``process_message``), and adds the
@@ -84,6 +92,8 @@ class LimitedClient(NotebookClient):
         self.sandbox, self.mounts = sandbox, mounts
         self.sandboxed_km: SandboxedKernelManager | None = None
         self.notebook_bytes = 0  # kept so far in the notebook
+        self.total: float | None = None  # seconds the cells may run in all
+        self.deadline: float | None = None  # then: the time after which no cell starts
         self._start_cell(None)
 
     def create_kernel_manager(self):
@@ -100,6 +110,11 @@ class LimitedClient(NotebookClient):
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None,
                                  store_history=True):
+        if self.total is not None:  # counted from the first cell: not the kernel's start
+            now = time.perf_counter()
+            self.deadline = self.deadline or now + self.total
+            if now > self.deadline:
+                raise TimeUp(cell_index)
         self._start_cell(cell_index)
         try:
             return await super().async_execute_cell(cell, cell_index, execution_count,
@@ -269,7 +284,7 @@ _QUIET_LOG.setLevel(logging.CRITICAL)  # timeouts and dead kernels are reported 
 
 
 def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=None,
-                 read_only: tuple[Path, ...] = ()) -> Run:
+                 read_only: tuple[Path, ...] = (), total: float | None = None) -> Run:
     """Execute ``nb`` in place in a fresh kernel; errors in cells are kept as outputs.
 
     A cell over ``timeout`` seconds is interrupted and execution goes on; one still running
@@ -279,7 +294,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
     environment (default: this process's). The kernel starts in an empty temporary folder.
     ``sandbox`` (see :mod:`.sandbox`): the kernel runs in it, seeing ``read_only`` and its folder
     besides Python, with ``env`` alone as its environment. Never raises: see the returned
-    :class:`Run`.
+    :class:`Run`. ``total``: seconds the cells may run in all; no cell starts after them.
     """
     sandbox = sandbox or NoSandbox()
     grace = min(max(timeout, 5), 10)
@@ -298,6 +313,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
         client.on_cell_execute = lambda cell, cell_index: watchdog.cell_started(client,
                                                                                   cell_index)
         client.on_cell_executed = lambda **_: watchdog.cell_finished()
+        client.total = total
         try:
             if sandbox.isolated:  # the kernel's environment is the sandbox's, from mounts --
                 # bubblewrap itself too (its init's /proc/1/environ is readable inside); what
@@ -309,6 +325,10 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
         except DeadKernelError:
             _stopped(run, nb, current["index"], timeout,
                      stopped_by_us=watchdog.killed_cell is not None)
+        except TimeUp as up:
+            run.status, run.stopped_at = "time up", up.index
+            run.here = run.later = (f"the cells had run their {total:g} s in all before cell "
+                                    f"{up.index + 1}, which did not run, nor the ones after it")
         except Exception as exc:  # e.g. the kernel could not start
             run.status = "could not run"
             run.here = run.later = f"not run: {one_line(str(exc)) or type(exc).__name__}"

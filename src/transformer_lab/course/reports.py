@@ -111,6 +111,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
         if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
             lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
                          f"{_table_text(graded.run.later)}.)")
+        elif graded.run is not None and graded.run.status == "time up":
+            lines.append(f"(That run stopped: {_table_text(graded.run.later)}.)")
         if sandbox:
             lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
@@ -147,12 +149,18 @@ def add_summary(nb, graded: Graded, timeout: int, executed: bool = True,
 
 def _write_rows(path: Path, header, rows) -> None:
     """A CSV file; names that are not UTF-8 (a file name's undecodable bytes) are written as
-    backslash escapes."""
+    backslash escapes, and a text that a spreadsheet would run as a formula (a student's folder
+    named ``=HYPERLINK(...)``) gets a leading ``'``, which spreadsheets read as "text"."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerows([_as_text(v) for v in row] for row in rows)
     path.write_text(buffer.getvalue(), encoding="utf-8", errors="backslashreplace")
+
+
+def _as_text(value):
+    """``value``, with a ``'`` before a string that starts as a formula does (=, +, -, @)."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@") else value
 
 
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
