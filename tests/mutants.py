@@ -1093,6 +1093,12 @@ mutant("flash_attention_forward", "the diagonal tile not masked",
 mutant("flash_attention_backward_tile", "the scale forgotten in dk",
        "dk_j = np.swapaxes(dz, -1, -2) @ qs", "dk_j = np.swapaxes(dz, -1, -2) @ q_i",
        "check-flash-backward-tile")
+mutant("flash_attention_backward", "D forgotten (zeros): dZ = P * dP",
+       'D = np.einsum("...d,...d->...", dout, out)', "D = np.zeros(dout.shape[:-1])",
+       "check-flash-backward")
+mutant("flash_attention_backward", "D as rowsum(dO), the output forgotten",
+       'D = np.einsum("...d,...d->...", dout, out)', "D = dout.sum(-1)",
+       "check-flash-backward")
 mutant("flash_attention_backward", "the future tiles visited (causal)",
        "        stop = min(S, i + block_size) if causal else S\n", "        stop = S\n",
        "check-flash-backward")

@@ -195,6 +195,9 @@ def test_a_written_in_ignore_index_is_named():
     ("check-rmsprop", "10_training/exercise-rmsprop", "eps inside", "eps inside the square root"),
     ("check-gpt-rms-norm", "rms_norm_forward", "eps added outside",
      "eps added outside the square root"),
+    ("check-flash-backward", "flash_attention_backward", "D forgotten", "without D"),
+    ("check-flash-backward", "flash_attention_backward", "D as rowsum(dO)",
+     "with D = rowsum(dO), the output O forgotten"),
 ])
 def test_the_notebooks_demonstrated_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

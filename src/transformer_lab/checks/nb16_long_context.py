@@ -317,7 +317,26 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
         return dict(zip(("dq", "dk", "dv"), _torch_grads(q, k, v, dout, causal), strict=True))
 
     def mistakes(self, q, k, v, dout, causal, block_size, measure_memory=False):
-        return MEMORY_HINT if measure_memory else {}
+        if measure_memory:
+            return MEMORY_HINT
+        return {"without D (as if D were 0): dS = P * (dP - D), D = rowsum(dO * O) per row":
+                lambda: _grads_with_D(q, k, v, dout, causal, lambda d_out, out: 0),
+                "with D = rowsum(dO), the output O forgotten: D = rowsum(dO * O)":
+                lambda: _grads_with_D(q, k, v, dout, causal,
+                                      lambda d_out, out: d_out.sum(-1))}
+
+
+def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
+    """dq, dk, dv of the backward pass with ``D_of(dout, out)`` in place of D = rowsum(dO * O) (a
+    mistake): dS = P * (dP - D) moves by P * (D - D_of) per row. In the inputs' dtype."""
+    qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
+    P = torch.softmax(_scores(qt, kt, causal), -1)
+    out = P @ vt
+    dS = P * ((dout_t * out).sum(-1) - D_of(dout_t, out))[..., None] / math.sqrt(q.shape[-1])
+    dq, dk, dv = _float64(*_torch_grads(q, k, v, dout, causal))
+    return {"dq": (dq + (dS @ kt).numpy()).astype(q.dtype),
+            "dk": (dk + (dS.transpose(-1, -2) @ qt).numpy()).astype(q.dtype),
+            "dv": dv.astype(q.dtype)}
 
 
 # --------------------------------------------------------------------------------------------
