@@ -254,3 +254,21 @@ def test_key_value_heads_given_out_in_tile_order(monkeypatch):
     monkeypatch.setattr(Q, "repeat_kv_backward", untile)
     assert "with the key/value heads given out in tile order" in _fails(
         "check-grouped-query-attention")
+
+
+def test_rope_backward_that_rotates_forward(monkeypatch):
+    monkeypatch.setattr(R, "rope_backward", lambda dout, cache: R.rope_forward(dout, *cache)[0])
+    assert "a backward that rotates by +a, as the forward does" in _fails("check-rope")
+
+
+@pytest.mark.parametrize(("step", "says"), [(1, "base^(-i / Dh), the 2 left out"),
+                                            (4, "base^(-4i / Dh), the 2 counted twice"),
+                                            (-2, "base^(+2i / Dh), the sign left out")])
+def test_rope_frequencies_students_get_wrong(monkeypatch, step, says):
+    def tables(positions, head_dim, base=10000.0):
+        angles = np.asarray(positions, np.float64)[:, None] * base ** (
+            -step * np.arange(head_dim // 2) / head_dim)
+        return np.cos(angles), np.sin(angles)
+
+    monkeypatch.setattr(R, "rope_tables", tables)
+    assert says in _fails("check-rope")

@@ -78,7 +78,32 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
         if base is not None:
             hints["writing in the base 10000 instead of using the argument base"] = (
                 lambda: self.expected(positions, x, dout))
+        hints["a backward that rotates by +a, as the forward does: it rotates back, by -a "
+              "(the transpose of the rotation)"] = lambda: {**want, "dx": _np(_rotate_torch(
+                  dout, want["cos"], want["sin"]))}
+        i, b = np.arange(x.shape[-1] // 2), 10000.0 if base is None else base
+
+        def tables(exponent):  # the tables of the frequencies base^exponent (a mistake)
+            angles = np.asarray(positions, np.float64)[:, None] * b ** exponent
+            return {**want, "cos": np.cos(angles), "sin": np.sin(angles)}
+
+        for wrong, why, exponent in (
+                ("-i / Dh", "the 2 left out", -i / x.shape[-1]),
+                ("-4i / Dh", "the 2 counted twice: arange(0, Dh, 2) already steps by 2",
+                 -4 * i / x.shape[-1]),
+                ("+2i / Dh", "the sign left out", 2 * i / x.shape[-1])):
+            hints[f"with omega_i = base^({wrong}), {why}; it is base^(-2i / Dh) for pair i"] = (
+                lambda e=exponent: tables(e))
         return hints
+
+
+def _rotate_torch(a, cos, sin):
+    """``a`` (NumPy) rotated pair by pair by the angles of the tables ``cos``, ``sin`` (T, Dh/2),
+    counterclockwise, as reference.torch_gpt turns it; a torch tensor."""
+    from transformer_lab.reference.torch_gpt import _rotate  # here: it imports torch
+
+    angles = torch.atan2(torch.from_numpy(sin), torch.from_numpy(cos))
+    return _rotate(_t(a), angles.to(_t(a).dtype))
 
 
 # --------------------------------------------------------------------------------------------
