@@ -272,3 +272,15 @@ def test_rope_frequencies_students_get_wrong(monkeypatch, step, says):
 
     monkeypatch.setattr(R, "rope_tables", tables)
     assert says in _fails("check-rope")
+
+
+def test_rms_norm_that_divides_by_the_standard_deviation(monkeypatch):
+    real = M.rms_norm_forward
+
+    def forward(x, gamma, eps=1e-5):
+        out, cache = real(x, gamma, eps)
+        r = np.sqrt(x.var(-1, keepdims=True) + eps)
+        return x / r * gamma, cache
+
+    monkeypatch.setattr(M, "rms_norm_forward", forward)
+    assert "dividing by the standard deviation" in _fails("check-gpt-rms-norm")

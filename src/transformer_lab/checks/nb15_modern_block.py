@@ -159,8 +159,10 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
 
     def mistakes(self, x, gamma, dout, eps=None):
         tx, tg = _t(x), _t(gamma)
-        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt()
-                                     + (1e-5 if eps is None else eps)))
+        e = 1e-5 if eps is None else eps
+        eps_outside = _np(tg * tx / (tx.pow(2).mean(-1, keepdim=True).sqrt() + e))
+        by_std = _np(tg * tx / (tx.var(-1, unbiased=False, keepdim=True) + e).sqrt())
+
         def layer_norm_in_the_block():  # rms_norm_* right, norm_forward not extended
             right, layer = self.expected(x, gamma, dout, eps), self.expected(x, gamma, dout, eps,
                                                                               rms=False)
@@ -173,7 +175,9 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
                  lambda: self.expected(x, gamma, dout, eps, rms=False),
                  # the forward alone: a hint names the first output that differs
                  "with eps added outside the square root (x / (sqrt(mean(x^2)) + eps)); it "
-                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside}}
+                 "belongs inside: x / sqrt(mean(x^2) + eps)": lambda: {"out": eps_outside},
+                 "dividing by the standard deviation, sqrt(var(x) + eps), instead of the root "
+                 "mean square, sqrt(mean(x^2) + eps)": lambda: {"out": by_std}}
         if eps is not None:
             hints["writing in eps = 1e-5 instead of using the argument eps"] = (
                 lambda: self.expected(x, gamma, dout))
