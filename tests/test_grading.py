@@ -1035,3 +1035,22 @@ def test_the_notebooks_a_run_does_not_grade_are_listed_as_skipped(tmp_path):
     assert [(s.student, s.path, s.reason) for s in found.skipped] == [
         ("alice", "alice/notebooks/02_masking.ipynb",
          "not graded: this run grades 01_attention only (--notebooks)")]
+
+
+def test_flags_leave_out_the_cells_the_course_wrote_handed_in_unchanged():
+    """A fresh-eyes instructor found 340 of 393 flags in the handout's own code (the package
+    guard's importlib, notebook 09's inspect.getsource): only the student's code is flagged."""
+    import copy
+
+    path = ROOT / "notebooks" / "09_verification.ipynb"
+    course = assignment.parse_notebook(nbformat.read(path, as_version=4), path.stem)
+    submission = copy.deepcopy(course.nb)
+    every_cell = flags.scan_notebook_cells([(c.id, c.source) for c in submission.cells
+                                            if c.cell_type == "code"])
+    assert every_cell  # the course's own code has lines a scan flags
+    assert grade._flags_of_own_code(submission, course) == []
+    cell = next(c for c in submission.cells if c.cell_type == "code" and c.id != "package-guard")
+    cell.source += "\nimport os\nos._exit(0)"
+    found = grade._flags_of_own_code(submission, course)
+    assert found and {f.where for f in found} == {
+        f"cell {submission.cells.index(cell) + 1} ({cell.id})"}

@@ -471,9 +471,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         notes += _other_files(found, work.name, notebook)
         graded = Graded(work.name, notebook, results, "graded",
                         notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
-        graded.flags = scan_notebook_cells(
-            [(f"cell {k + 1} ({c.get('id')})", c.source) for k, c in enumerate(submission.cells)
-             if c.cell_type == "code"])
+        graded.flags = _flags_of_own_code(submission, assignment)
         nb = restore_checks(submission, assignment)
         if grader.execute:
             package = (tmp / "feedback").resolve()
@@ -503,6 +501,18 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = self.laps.get(name, 0.0) + now - self.last
         self.last = now
+
+
+def _flags_of_own_code(submission, assignment: Assignment) -> list[Flag]:
+    """The flags of the student's code cells, but those of the cells the course wrote, handed
+    in unchanged (the package guard's importlib, say): scanned, for the names they import, and
+    not reported."""
+    given = {c.get("id"): c.source for c in assignment.nb.cells if c.cell_type == "code"}
+    cells = [(f"cell {k + 1} ({c.get('id')})", c.source, given.get(c.get("id")) == c.source)
+             for k, c in enumerate(submission.cells) if c.cell_type == "code"]
+    unchanged = {where for where, _, same in cells if same}
+    return [f for f in scan_notebook_cells([(where, source) for where, source, _ in cells])
+            if f.where not in unchanged]
 
 
 def _name_the_stubs(results: list[CheckResult], overlay: Overlay) -> None:
