@@ -65,7 +65,7 @@ def causal_self_attention_forward(x, params, num_heads, num_kv_heads=None, rope=
     ``flash_attention_forward`` with blocks of that size (the same result, to rounding)
     ->  out: (B, T, E).
     """
-    ### BEGIN SOLUTION 13 §3, 15 §4
+    ### BEGIN SOLUTION 13 §3, 15 §4, 16 §6
     n_rep = num_heads // (num_kv_heads or num_heads)  # query heads per key/value head
 
     def attend(q, k, v):  # q: (B, H, T, Dh); k, v: (B, Hkv, T, Dh)
@@ -93,7 +93,7 @@ def causal_self_attention_backward(dout, cache):
 
     dout: (B, T, E)  ->  dx (B, T, E), grads (the keys of params).
     """
-    ### BEGIN SOLUTION 13 §3, 15 §4
+    ### BEGIN SOLUTION 13 §3, 15 §4, 16 §6
     def attend_backward(dheads, c_kernel):  # dheads: (B, H, T, Dh)
         c_rope, n_rep, c_att, block_size = c_kernel
         kernel = attention_backward if block_size is None else flash_attention_backward
