@@ -284,3 +284,26 @@ def test_rms_norm_that_divides_by_the_standard_deviation(monkeypatch):
 
     monkeypatch.setattr(M, "rms_norm_forward", forward)
     assert "dividing by the standard deviation" in _fails("check-gpt-rms-norm")
+
+
+def test_a_residual_whose_forward_alone_ignores_the_norm(monkeypatch):
+    from transformer_lab.core import blocks as Bk
+
+    real = Bk.residual_forward
+    monkeypatch.setattr(Bk, "residual_forward", lambda x, sub, norm, norm_first, eps, normalize:
+                        real(x, sub, norm, norm_first, eps))
+    assert "normalize_backward was given a cache that normalize did not make: does your " \
+        "residual_forward call normalize" in _fails("check-residual-normalize")
+
+
+def test_mlp_forward_not_extended_to_swiglu(monkeypatch):
+    from transformer_lab.core import blocks as Bk
+    from transformer_lab.core import gpt as G
+
+    def forward(x, params, kind):
+        out, cache = Bk.feed_forward_forward(x, params, kind)
+        return out, (kind, cache)
+
+    monkeypatch.setattr(G, "mlp_forward", forward)
+    assert "looked for a parameter SwiGLU does not have -- is it extended to kind 'swiglu'" in \
+        _fails("check-swiglu")

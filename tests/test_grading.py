@@ -205,6 +205,9 @@ def _write_students(subs: Path, out: Path) -> None:
     student_folder(subs / "stored_answers", student_01(edit=STORED_ANSWERS))
     student_folder(subs / "function_copy", student_01(), replace=FUNCTION_COPY_CORE)
     student_folder(subs / "broken_core", solved_01(), core="reference")
+    student_folder(subs / "syntax_exercise", solved_01(
+        edit={"exercise-logsumexp": "def logsumexp(x, axis=-1:\n    return x\n"}),
+        core="reference")
     (subs / "broken_core" / "src" / "transformer_lab" / "core" / "layers.py").write_text(
         "def softmax_forward(x:\n    return x\n")
     student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
@@ -452,6 +455,8 @@ def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
     assert "the exercise cell `exercise-logsumexp` is not in your notebook" in text
     assert "your notebook defines no 'logsumexp'" in text
     assert points(graded, "no_exercises")["check-softmax-forward"] == 2
+    assert "defines no 'logsumexp' (the grader ran its first code cell and its exercise cells; " \
+        "cell exercise-logsumexp raised SyntaxError" in summary(graded, "syntax_exercise")
     assert "could not be read as a notebook" in summary(graded, "unreadable")
 
 
@@ -463,12 +468,13 @@ def test_forgiving_names_and_every_skipped_file_listed(graded):
             "another file was graded for 01_attention: dan/notebooks/01_Attention-Copy1.ipynb"] \
         in rows
     assert [r for r in rows if r[0] == "eve" and r[1] == "eve/homework.ipynb"
-            and "not named after a notebook" in r[2]]
+            and "not one of the notebooks graded here" in r[2]]
     assert [r for r in rows if r[0] == "eve" and r[1] == "eve/notes.txt"]
     assert [r for r in rows if r[0] == "" and r[1] == "readme.txt"]
     eve = points(graded, "eve")  # only skipped files: rows all the same, 0, with the reason
     assert eve and set(eve.values()) == {0}
-    assert "homework.ipynb: not named after a notebook" in summary(graded, "eve")
+    assert "homework.ipynb: not graded: not one of the notebooks graded here" in summary(
+        graded, "eve")
     console = (graded.parent / "grades-console.txt").read_text()
     assert "skipped 4 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
     # dan's feedback names the copy that was not graded, not only skipped.csv

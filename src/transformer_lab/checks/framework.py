@@ -816,13 +816,16 @@ def _teaching_order(chk) -> tuple[str, int]:
 
 def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check]]:
     """The checks of core functions that ``chk`` depends on, in teaching order: a check that
-    comes before it (an earlier notebook, or earlier in this one) and tests only functions of
-    :func:`depends_on` -- never a later section's check, which the student has not reached."""
+    comes before it (an earlier notebook, or earlier in this one) and tests functions of
+    :func:`depends_on` -- with, at most, some of ``chk``'s own (check-gpt-rms-norm tests
+    norm_forward with rms_norm_forward) -- never a later section's check, which the student
+    has not reached."""
     needed = depends_on(chk, f)
     here = _teaching_order(chk)
     return [other for other in load_checks().values()
-            if other.id != chk.id and not other.arguments and other.functions
-            and set(other.functions) <= needed and _teaching_order(other) < here]
+            if other.id != chk.id and not other.arguments and set(other.functions) & needed
+            and set(other.functions) <= needed | set(chk.functions)
+            and _teaching_order(other) < here]
 
 
 def _place(function: str, notebook: str) -> str:
@@ -857,7 +860,7 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
                 continue
             if failure is None:
                 continue
-            names = [n for n in other.functions if n in depends_on(chk, f)]
+            names = list(other.functions)
             fails, them = ("fails", "it") if len(names) == 1 else ("fail", "them")
             message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
             first = message.split("\n", 1)[0].removesuffix("; the two in full:")

@@ -182,6 +182,9 @@ def _stand_in_norm(h, norm, eps):
 
 
 def _stand_in_norm_backward(dout, cache):
+    if not isinstance(cache, StandInNormCache):
+        raise TypeError("normalize_backward was given a cache that normalize did not make: does "
+                        "your residual_forward call normalize(h, norm, eps) when it is given?")
     rows = dout.reshape(-1, dout.shape[-1])
     scale = 1 + cache.eps
     return (dout * cache.gamma / scale,

@@ -253,7 +253,12 @@ class SwiGLU(Check, id="check-swiglu",
     def run(self, f, x, params, dout):
         out, cache = f.swiglu_forward(x, params)
         dx, grads = f.swiglu_backward(dout, cache)
-        block_out, block_cache = f.mlp_forward(x, params, "swiglu")
+        try:
+            block_out, block_cache = f.mlp_forward(x, params, "swiglu")
+        except KeyError as err:  # SwiGLU's parameters met another network's code
+            raise KeyError(f"{err}: mlp_forward(x, params, 'swiglu') looked for a parameter "
+                           "SwiGLU does not have -- is it extended to kind 'swiglu' (W_gate, "
+                           "W_up, W_down; your swiglu_forward)?") from err
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()},
                 MLP_OUT: block_out, MLP_DX: f.mlp_backward(dout, block_cache)[0]}
 

@@ -400,14 +400,13 @@ def name_culprits(results: list[CheckResult]) -> None:
             continue
         try:
             chk = F.get_check(result.check)
-            needed = F.depends_on(chk)
             culprits = [other for other in F.dependency_checks(chk)
                         if other.id in failed and other.id != result.check]
         except Exception:  # a check unknown to this version of the framework: say nothing
             continue
         lines = []
         for other in culprits:
-            names = [n for n in other.functions if n in needed]
+            names = list(other.functions)
             lines.append(f"{' and '.join(f'`{n}`' for n in names)} "
                          f"{'fails' if len(names) == 1 else 'fail'} `{other.id}` too: fix "
                          f"{'it' if len(names) == 1 else 'them'} first, then this check.")
@@ -523,7 +522,7 @@ def _name_the_stubs(results: list[CheckResult], overlay: Overlay) -> None:
             stub = f"not written yet -- NotImplementedError: {name}() in "
             if stub in result.message:
                 result.message = result.message.replace(
-                    "not written yet", f"`{name}` stayed a stub: {why}", 1)
+                    stub, f"`{name}` stayed a stub: {why} -- NotImplementedError: {name}() in ")
 
 
 def _other_files(found: Found, student: str, notebook: str) -> list[str]:
@@ -794,14 +793,16 @@ class VersionError(GradingError):
         return versions.mismatch(self.recorded, self.ours, command) or ""
 
 
-def recorded_versions(found: Found) -> tuple[dict[str, list[versions.CourseVersion]],
-                                             set[tuple[str, str]]]:
-    """(student -> the course versions their notebooks record, the (student, notebook) pairs of
-    the notebooks that record none)."""
+def recorded_versions(found: Found, chosen: set[str]) -> tuple[
+        dict[str, list[versions.CourseVersion]], set[tuple[str, str]]]:
+    """(student -> the course versions their notebooks of ``chosen`` record, the (student,
+    notebook) pairs of the notebooks that record none)."""
     recorded: dict[str, list[versions.CourseVersion]] = {}
     unversioned = set()
     for student, work in sorted(found.students.items()):
         for notebook, path in sorted(work.notebooks.items()):
+            if notebook not in chosen:  # not graded in this run (--notebooks)
+                continue
             version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
             if version is None:
                 unversioned.add((student, notebook))
@@ -837,7 +838,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                            f"markers:\n{err}") from None
     ours = versions.project_version(options.project)
     first = find_submissions(submissions, sorted(course))
-    recorded, unversioned = recorded_versions(first)
+    recorded, unversioned = recorded_versions(first, set(sources))
     if versions.mismatch(recorded, ours):
         raise VersionError(recorded, ours)
     assignments, problems = load_solutions(list(course.values()))

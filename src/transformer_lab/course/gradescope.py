@@ -128,7 +128,7 @@ RUN_AUTOGRADER = """\
 # the virtual environment setup.sh made) on the package of this zip.
 # Written by transformer_lab.course.gradescope (make gradescope).
 set -euo pipefail
-root="$(cd "${AUTOGRADER_ROOT:-/autograder}" && pwd)"
+root="$(cd "${AUTOGRADER_ROOT:-/autograder}" >/dev/null && pwd)"
 python="${AUTOGRADER_PYTHON:-$root/venv/bin/python}"
 case "$python" in /*) ;; */*) python="$PWD/$python" ;; esac  # a relative path: from here
 cd "$root"

@@ -134,9 +134,11 @@ def main(workdir: str) -> int:
             f = F.functions_for(check, given, named)
         except KeyError as err:
             name = err.args[0] if err.args else "?"
+            raised = next((f"; cell {c['id']} raised {c['error']}" for c in cell_errors
+                           if c["error"]), "")
             _write_json(os.path.join(out, check_file(index)),
                         {"error": f"your notebook defines no {name!r} (the grader ran its first "
-                                  "code cell and its exercise cells)"})
+                                  f"code cell and its exercise cells{raised})"})
             continue
         except Exception as err:
             _write_json(os.path.join(out, check_file(index)),

@@ -159,8 +159,10 @@ def _write_rows(path: Path, header, rows) -> None:
 
 
 def _as_text(value):
-    """``value``, with a ``'`` before a string that starts as a formula does (=, +, -, @)."""
-    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@") else value
+    """``value``, with a ``'`` before a string that starts as a formula may (=, +, -, @, a tab
+    or a carriage return)."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t",
+                                                                    "\r") else value
 
 
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:

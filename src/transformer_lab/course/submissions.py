@@ -223,7 +223,8 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
             match = match_notebook(path.stem, notebooks)
             if match is None:
                 names = ", ".join(n + ".ipynb" for n in notebooks)
-                skip(work.name, path, f"not named after a notebook graded here ({names})")
+                skip(work.name, path, f"not graded: not one of the notebooks graded here "
+                                      f"({names})")
             else:
                 candidate(work.name, *match, path)
             continue
