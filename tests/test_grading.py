@@ -1060,3 +1060,15 @@ def test_flags_leave_out_the_cells_the_course_wrote_handed_in_unchanged():
     found = grade._flags_of_own_code(submission, course)
     assert found and {f.where for f in found} == {
         f"cell {submission.cells.index(cell) + 1} ({cell.id})"}
+
+
+def test_the_functions_a_notebook_s_check_tests_are_the_student_s_when_graded():
+    """Every core function a check of notebook N tests is the student's in N's probe package,
+    where N teaches it, or the reference of an earlier notebook: never a later notebook's stub.
+    The GPT's attention is notebook 16's too (its tiled branch): graded there, it is the
+    student's, so check-gpt-tiled-attention sees their block_size."""
+    assert probe_driver.owner("causal_self_attention_forward", "16_long_context") == "student"
+    F.load_checks()
+    for chk in F.REGISTRY.values():
+        for name in chk.functions:
+            assert probe_driver.owner(name, chk.notebook) != "stub", (chk.id, name)
