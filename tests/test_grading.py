@@ -1072,3 +1072,21 @@ def test_the_functions_a_notebook_s_check_tests_are_the_student_s_when_graded():
     for chk in F.REGISTRY.values():
         for name in chk.functions:
             assert probe_driver.owner(name, chk.notebook) != "stub", (chk.id, name)
+
+
+def test_the_console_counts_the_other_assignments_notebooks_and_lists_at_most_30_files(
+        tmp_path, capsys, monkeypatch):
+    from transformer_lab.course.submissions import Found, Skipped
+
+    monkeypatch.setattr(reports, "format_table", lambda graded: "(the table)")
+
+    skipped = [Skipped(f"s{k}", f"s{k}/notebooks/02_masking.ipynb",
+                       "not graded: this run grades 01_attention only (--notebooks)")
+               for k in range(50)]
+    skipped += [Skipped(f"s{k:02d}", f"s{k:02d}/notes.txt", "not graded: ...") for k in range(40)]
+    reports.print_summary(reports.Outcome([], Found({}, skipped), [], "bubblewrap", []),
+                          tmp_path)
+    out = capsys.readouterr().out
+    assert "skipped 90 file(s) (skipped.csv):\n  50 notebook(s) of other assignments, not " \
+        "graded (--notebooks)\n  s00: s00/notes.txt" in out
+    assert "s29/notes.txt" in out and "s30/notes.txt" not in out and "... and 10 more" in out

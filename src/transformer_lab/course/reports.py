@@ -201,6 +201,10 @@ def format_table(graded: list[Graded]) -> str:
     return "\n".join(lines)
 
 
+#: the skipped files the console lists (all of them are in skipped.csv)
+SKIPPED_SHOWN = 30
+
+
 def print_summary(outcome: Outcome, out: Path, sandboxed: bool = True) -> None:
     """The end of a grading run on the command line: the table, the files skipped, the flags,
     what the students' code ran in (a warning when ``sandboxed`` is False), where the files
@@ -210,8 +214,14 @@ def print_summary(outcome: Outcome, out: Path, sandboxed: bool = True) -> None:
     print(format_table(graded))
     if found.skipped:
         print(f"\nskipped {len(found.skipped)} file(s) (skipped.csv):")
-        for s in found.skipped:
+        unchosen = [s for s in found.skipped if s.reason.endswith("(--notebooks)")]
+        rest = [s for s in found.skipped if s not in unchosen]
+        if unchosen:
+            print(f"  {len(unchosen)} notebook(s) of other assignments, not graded (--notebooks)")
+        for s in rest[:SKIPPED_SHOWN]:
             print(f"  {s.student or '-'}: {s.path}: {s.reason}")
+        if len(rest) > SKIPPED_SHOWN:
+            print(f"  ... and {len(rest) - SKIPPED_SHOWN} more")
     if flags:
         students = sorted({r[0] for r in flags})
         print(f"\n{len(flags)} line(s) of code worth a look, from {', '.join(students)} "
