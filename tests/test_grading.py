@@ -1090,3 +1090,14 @@ def test_the_console_counts_the_other_assignments_notebooks_and_lists_at_most_30
     assert "skipped 90 file(s) (skipped.csv):\n  50 notebook(s) of other assignments, not " \
         "graded (--notebooks)\n  s00: s00/notes.txt" in out
     assert "s29/notes.txt" in out and "s30/notes.txt" not in out and "... and 10 more" in out
+
+
+def test_a_folder_without_a_notebook_to_grade_says_so(tmp_path, capsys):
+    (tmp_path / "subs" / "zed").mkdir(parents=True)
+    (tmp_path / "subs" / "zed" / "notes.txt").write_text("my notes")
+    write(solved_01(), tmp_path / "subs" / "amy" / "notebooks" / "01_attention.ipynb")
+    argv = [str(tmp_path / "subs"), "--source", str(ROOT / "notebooks"), "--project", str(ROOT),
+            "--out", str(tmp_path / "grades"), "--no-execute", "--notebooks", "02"]
+    assert grade.main(argv) == 1  # amy's notebook is not one of this run's: nothing to grade
+    assert "error: no notebook to grade: 2 student(s) in" in capsys.readouterr().err
+    assert not (tmp_path / "grades").exists()
