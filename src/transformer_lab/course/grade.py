@@ -844,10 +844,6 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     assignments, problems = load_solutions(list(course.values()))
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
                        & set(sources))
-    if not handed_in:
-        raise GradingError(f"no notebook to grade: {len(first.students)} student(s) in "
-                           f"{str(submissions)!r}, none with a notebook named after one graded "
-                           f"here ({', '.join(sorted(sources))})")
     errors = [p for n in handed_in for p in problems[n]]
     if errors:  # only the notebooks handed in need to be right
         raise GradingError(f"the solution notebooks cannot be graded, {len(errors)} "

@@ -191,6 +191,8 @@ def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[lis
 # --- printed at the end -----------------------------------------------------------------------
 
 def format_table(graded: list[Graded]) -> str:
+    if not graded:
+        return "no notebook was graded: none handed in is named after one graded here"
     w_student = max(len("student"), *(len(g.student) for g in graded))
     w_nb = max(len("notebook"), *(len(g.notebook) for g in graded))
     header = f"{'student':<{w_student}}  {'notebook':<{w_nb}}  {'points':>9}  status"
