@@ -18,8 +18,8 @@ from transformer_lab.checks.nb13_gpt import (
     _attention_expected,
     _block_case,
     _BlockCheck,
+    _head_rope,
     _model_case,
-    _rope_angles,
 )
 from transformer_lab.checks.nb14_decoding import CachedStep
 
@@ -63,10 +63,14 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
 
     def mistakes(self, positions, x, dout, base=None):
         want = self.expected(positions, x, dout, base)
-        x0, x1 = x[..., 0::2], x[..., 1::2]
         c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
-        other = np.empty_like(x)
-        other[..., 0::2], other[..., 1::2] = x0 * c + x1 * s, x1 * c - x0 * s
+
+        def rotated(a, sign):  # each pair (a_2i, a_2i+1) of a turned by sign * p omega_i
+            out, a0, a1 = np.empty_like(a), a[..., 0::2], a[..., 1::2]
+            out[..., 0::2], out[..., 1::2] = a0 * c - a1 * sign * s, a0 * sign * s + a1 * c
+            return out
+
+        other = rotated(x, -1)
         half = x.shape[-1] // 2
         halves = np.concatenate([x[..., :half] * c - x[..., half:] * s,
                                  x[..., :half] * s + x[..., half:] * c], axis=-1)
@@ -79,8 +83,7 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
             hints["writing in the base 10000 instead of using the argument base"] = (
                 lambda: self.expected(positions, x, dout))
         hints["a backward that rotates by +a, as the forward does: it rotates back, by -a "
-              "(the transpose of the rotation)"] = lambda: {**want, "dx": _np(_rotate_torch(
-                  dout, want["cos"], want["sin"]))}
+              "(the transpose of the rotation)"] = lambda: {**want, "dx": rotated(dout, 1)}
         i, b = np.arange(x.shape[-1] // 2), 10000.0 if base is None else base
 
         def tables(exponent):  # the tables of the frequencies base^exponent (a mistake)
@@ -95,15 +98,6 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
             hints[f"with omega_i = base^({wrong}), {why}; it is base^(-2i / Dh) for pair i"] = (
                 lambda e=exponent: tables(e))
         return hints
-
-
-def _rotate_torch(a, cos, sin):
-    """``a`` (NumPy) rotated pair by pair by the angles of the tables ``cos``, ``sin`` (T, Dh/2),
-    counterclockwise, as reference.torch_gpt turns it; a torch tensor."""
-    from transformer_lab.reference.torch_gpt import _rotate  # here: it imports torch
-
-    angles = torch.atan2(torch.from_numpy(sin), torch.from_numpy(cos))
-    return _rotate(_t(a), angles.to(_t(a).dtype))
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,7 +177,7 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
                 lambda: self.expected(x, gamma, dout))
         hints["with layer norm's -mean(g) term in the backward pass: RMSNorm subtracts no mean, "
               "dx = (g - x_hat * mean(g * x_hat)) / r"] = lambda: {"dx": _rms_dx_with_mean(
-                  x, gamma, dout, 1e-5 if eps is None else eps)}
+                  x, gamma, dout, e)}
         return hints
 
 
@@ -306,8 +300,7 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H, Hkv, rope):
-        a = _rope_angles(x.shape[1], x.shape[-1] // H)
-        tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype)) if rope else None
+        _, tables = _head_rope(x, H, rope)
         out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables)
         dx, grads = f.causal_self_attention_backward(dout, cache)
         return {"out": out, self.STEP: self._cached(f, x, params, H, Hkv, tables), "dx": dx,
@@ -330,13 +323,12 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         return np.concatenate(pieces, axis=1)
 
     def expected(self, x, params, dout, H, Hkv, rope):
-        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
-        want = _attention_expected(x, params, dout, H, Hkv, angles)
+        want = _attention_expected(x, params, dout, H, Hkv, _head_rope(x, H, rope)[0])
         return {"out": want["out"], self.STEP: want["out"],
                 **{k: g for k, g in want.items() if k != "out"}}
 
     def mistakes(self, x, params, dout, H, Hkv, rope):
-        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
+        angles, _ = _head_rope(x, H, rope)
 
         def tiled():  # the model whose H key/value heads are the shared ones in tile order
             return {"out": _attention_expected(x, _kv_heads_tiled(params, x.shape[-1], H, Hkv),

@@ -16,7 +16,7 @@ import numpy as np
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
-from transformer_lab.checks.nb13_gpt import _attention_case, _attention_expected, _rope_angles
+from transformer_lab.checks.nb13_gpt import _attention_case, _attention_expected, _head_rope
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -419,8 +419,7 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
-        a = _rope_angles(x.shape[1], x.shape[-1] // H)
-        tables = (np.cos(a).astype(x.dtype), np.sin(a).astype(x.dtype)) if rope else None
+        _, tables = _head_rope(x, H, rope)
 
         def forward_backward():
             out, cache = f.causal_self_attention_forward(x, params, H, Hkv, tables, block_size)
@@ -433,8 +432,7 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
     def expected(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
         if measure_memory:
             return {MEMORY: True}
-        angles = _rope_angles(x.shape[1], x.shape[-1] // H).astype(x.dtype) if rope else None
-        return _attention_expected(x, params, dout, H, Hkv, angles)
+        return _attention_expected(x, params, dout, H, Hkv, _head_rope(x, H, rope)[0])
 
     def mistakes(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
         return MEMORY_HINT if measure_memory else {}
