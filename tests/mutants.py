@@ -944,6 +944,9 @@ mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
 mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
        "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention")
+mutant("repeat_kv_backward", "the mean of the query heads' gradients instead of their sum",
+       "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
+       "dout.reshape(B, H // n_rep, n_rep, S, Dh).mean(axis=2)", "check-grouped-query-attention")
 mutant("self_attention_forward", "keys and values at full width E (grouped-query attention)",
        "kv = Hkv * (E // num_heads)", "kv = E", "check-grouped-query-attention")
 mutant("self_attention_forward", "the kernel passed in ignored", "heads, c_att = attend(q, k, v)",
@@ -960,6 +963,10 @@ mutant("causal_self_attention_forward", "block_size ignored: the naive kernel al
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
        "check-grouped-query-attention")
+mutant("causal_self_attention_forward", "RoPE applied to the values too",
+       "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n",
+       "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n"
+       "            v, _ = rope_forward(v, *rope)\n", "check-grouped-query-attention")
 mutant("causal_self_attention_backward", "the values' shared heads not summed back",
        "            dv = repeat_kv_backward(dv, n_rep)  # (B, Hkv, T, Dh)\n", "",
        "check-grouped-query-attention")
@@ -1090,6 +1097,9 @@ mutant("flash_attention_forward", "the accumulator not rescaled", "            a
        "", "check-flash-forward")
 mutant("flash_attention_forward", "the diagonal tile not masked",
        "np.copyto(s, -np.inf, where=causal_mask(*s.shape[-2:]))", "pass", "check-flash-forward")
+mutant("flash_attention_forward", "the diagonal tile skipped: keys up to the block's start",
+       "stop = min(S, i + block_size) if causal else S  # later keys",
+       "stop = min(S, i) if causal else S  # later keys", "check-flash-forward")
 mutant("flash_attention_backward_tile", "the scale forgotten in dk",
        "dk_j = np.swapaxes(dz, -1, -2) @ qs", "dk_j = np.swapaxes(dz, -1, -2) @ q_i",
        "check-flash-backward-tile")
@@ -1099,6 +1109,12 @@ mutant("flash_attention_backward", "D forgotten (zeros): dZ = P * dP",
 mutant("flash_attention_backward", "D as rowsum(dO), the output forgotten",
        'D = np.einsum("...d,...d->...", dout, out)', "D = dout.sum(-1)",
        "check-flash-backward")
+mutant("flash_attention_backward", "dk and dv given each tile's part with = instead of +=",
+       "            dk[..., cols, :] += dk_ij\n            dv[..., cols, :] += dv_ij\n",
+       "            dk[..., cols, :] = dk_ij\n            dv[..., cols, :] = dv_ij\n",
+       "check-flash-backward")
+mutant("flash_attention_backward", "dq given each tile's part with = instead of +=",
+       "dq[..., rows, :] += dq_ij", "dq[..., rows, :] = dq_ij", "check-flash-backward")
 mutant("flash_attention_backward", "the future tiles visited (causal)",
        "        stop = min(S, i + block_size) if causal else S\n", "        stop = S\n",
        "check-flash-backward")

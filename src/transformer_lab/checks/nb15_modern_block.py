@@ -64,13 +64,7 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
     def mistakes(self, positions, x, dout, base=None):
         want = self.expected(positions, x, dout, base)
         c, s = want["cos"].astype(x.dtype), want["sin"].astype(x.dtype)
-
-        def rotated(a, sign):  # each pair (a_2i, a_2i+1) of a turned by sign * p omega_i
-            out, a0, a1 = np.empty_like(a), a[..., 0::2], a[..., 1::2]
-            out[..., 0::2], out[..., 1::2] = a0 * c - a1 * sign * s, a0 * sign * s + a1 * c
-            return out
-
-        other = rotated(x, -1)
+        other = _turned(x, c, -s)
         half = x.shape[-1] // 2
         halves = np.concatenate([x[..., :half] * c - x[..., half:] * s,
                                  x[..., :half] * s + x[..., half:] * c], axis=-1)
@@ -83,7 +77,7 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
             hints["writing in the base 10000 instead of using the argument base"] = (
                 lambda: self.expected(positions, x, dout))
         hints["a backward that rotates by +a, as the forward does: it rotates back, by -a "
-              "(the transpose of the rotation)"] = lambda: {**want, "dx": rotated(dout, 1)}
+              "(the transpose of the rotation)"] = lambda: {**want, "dx": _turned(dout, c, s)}
         i, b = np.arange(x.shape[-1] // 2), 10000.0 if base is None else base
 
         def tables(exponent):  # the tables of the frequencies base^exponent (a mistake)
@@ -98,6 +92,15 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
             hints[f"with omega_i = base^({wrong}), {why}; it is base^(-2i / Dh) for pair i"] = (
                 lambda e=exponent: tables(e))
         return hints
+
+
+def _turned(a, cos, sin):
+    """Each pair (a_2i, a_2i+1) of a (..., T, Dh) turned counterclockwise by the angle whose
+    cosine and sine (T, Dh / 2) are given (by minus the angle with -sin); in NumPy, for the
+    checks' mistakes."""
+    out, a0, a1 = np.empty_like(a), a[..., 0::2], a[..., 1::2]
+    out[..., 0::2], out[..., 1::2] = a0 * cos - a1 * sin, a0 * sin + a1 * cos
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,9 +337,52 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
             return {"out": _attention_expected(x, _kv_heads_tiled(params, x.shape[-1], H, Hkv),
                                                dout, H, H, angles)["out"]}
 
-        return {"with the key/value heads given out in tile order (np.tile: query head h gets "
-                "h % Hkv); each serves n_rep neighbouring query heads, h // n_rep (np.repeat "
-                "on the head axis)": tiled}
+        hints = {"with the key/value heads given out in tile order (np.tile: query head h gets "
+                 "h % Hkv); each serves n_rep neighbouring query heads, h // n_rep (np.repeat "
+                 "on the head axis)": tiled}
+        if H > Hkv:
+            hints["with repeat_kv_backward averaging the gradients of the query heads a key/value "
+                  "head serves: it is used n_rep times, so its gradient is their sum"] = (
+                lambda: _kv_gradient_scaled(x, params, dout, H, Hkv, angles, Hkv / H))
+        if rope:
+            hints["with RoPE turning the values too: it turns the queries and keys only, so "
+                  "that their product depends on the positions' difference"] = (
+                lambda: {"out": _attention_expected(
+                    x, _values_turned(x, params, H, Hkv), dout, H, Hkv, angles)["out"]})
+        return hints
+
+
+def _kv_gradient_scaled(x, params, dout, H, Hkv, angles, factor) -> dict:
+    """dx and the gradients of W_qkv (and b_qkv) of the attention whose keys' and values'
+    gradients are multiplied by ``factor`` (a mistake): the reference's, with the gradient at
+    the projections q, k, v (B, T, E + 2 Hkv Dh) taken from a bias of one row per position."""
+    B, T, E = x.shape
+    W = params["W_qkv"]
+    bias = np.zeros((B, T, W.shape[1]), x.dtype) + params.get("b_qkv", 0)
+    want = _attention_expected(x, {**params, "b_qkv": bias}, dout, H, Hkv, angles)
+    scale = np.ones(W.shape[1], x.dtype)
+    scale[E:] = factor  # the key and value columns
+    dqkv = want["db_qkv"] * scale
+    found = {"dx": dqkv @ W.T, "dW_qkv": want["dW_qkv"] * scale}
+    if "b_qkv" in params:
+        found["db_qkv"] = dqkv.sum(axis=(0, 1))
+    return found
+
+
+def _values_turned(x, params, H, Hkv) -> dict:
+    """Parameters whose values are the attention's, turned by RoPE (a mistake): the value
+    columns of W_qkv are zero, and a bias of one row per position holds the turned values."""
+    B, T, E = x.shape
+    Dh = E // H
+    values = slice(E + Hkv * Dh, None)
+    bias = np.zeros((B, T, params["W_qkv"].shape[1]), x.dtype) + params.get("b_qkv", 0)
+    v = bias[..., values] + x @ params["W_qkv"][:, values]
+    _, (cos, sin) = _head_rope(x, H, True)
+    heads = _turned(v.reshape(B, T, Hkv, Dh).swapaxes(1, 2), cos, sin)  # (B, Hkv, T, Dh)
+    bias[..., values] = heads.swapaxes(1, 2).reshape(B, T, Hkv * Dh)
+    W = params["W_qkv"].copy()
+    W[:, values] = 0
+    return {**params, "W_qkv": W, "b_qkv": bias}
 
 
 def _kv_heads_tiled(params, E, H, Hkv):

@@ -210,14 +210,42 @@ class FlashAttentionForward(Check, id="check-flash-forward",
         scaled = _scores(qt, kt, False)
         diagonal = torch.ones(scaled.shape[-2:], dtype=torch.bool).triu(0)
         found = {"without scaling the scores by 1 / sqrt(d)":
-                 lambda: _attention(_scores(qt, kt, causal) * math.sqrt(q.shape[-1]), vt)}
+                 lambda: _attention(_scores(qt, kt, causal) * math.sqrt(q.shape[-1]), vt),
+                 "with the output accumulator not rescaled: acc = alpha * acc + p @ v_j, as the "
+                 "running sum is, since each tile's p is relative to the maximum so far":
+                 lambda: _not_rescaled(_scores(qt, kt, causal), vt, block_size)}
         if causal:
+            found["skipping the diagonal tile (keys j up to the query block's start only): "
+                  "it holds each query's own key and its block's earlier ones"] = (
+                lambda: _attention(_scores(qt, kt, True).masked_fill(
+                    _from_own_block(*scaled.shape[-2:], block_size), -torch.inf), vt))
             found["ignoring causal (every tile computed, no mask)"] = (
                 lambda: _attention(scaled, vt))
             if scaled.shape[-2] > 1:
                 found["masking the diagonal too (a query must see its own key, j <= i)"] = (
                     lambda: _attention(scaled.masked_fill(diagonal, -torch.inf), vt))
         return found
+
+
+def _not_rescaled(scores, v, block_size) -> dict:
+    """out and lse of the tiled forward whose output accumulator is not rescaled by alpha (a
+    mistake): each key block's exp(s - m) @ v_j with the running maximum m after that block,
+    their sum divided by the right running sum."""
+    m = torch.full(scores.shape[:-1] + (1,), -torch.inf, dtype=scores.dtype)
+    acc = 0
+    for j in range(0, scores.shape[-1], block_size):
+        s_j = scores[..., j:j + block_size]
+        m = torch.maximum(m, s_j.amax(-1, keepdim=True))
+        p = torch.exp(s_j - torch.where(torch.isneginf(m), 0, m))
+        acc = acc + p @ v[..., j:j + block_size, :]
+    lse = torch.logsumexp(scores, -1)
+    return {"out": (acc / torch.exp(lse - m[..., 0])[..., None]).numpy(), "lse": lse.numpy()}
+
+
+def _from_own_block(T, S, block_size):
+    """(T, S) True where key j is at or past the start of query i's block."""
+    starts = torch.arange(T)[:, None] // block_size * block_size
+    return torch.arange(S)[None, :] >= starts
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +351,10 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
                 lambda: _grads_with_D(q, k, v, dout, causal, lambda d_out, out: 0),
                 "with D = rowsum(dO), the output O forgotten: D = rowsum(dO * O)":
                 lambda: _grads_with_D(q, k, v, dout, causal,
-                                      lambda d_out, out: d_out.sum(-1))}
+                                      lambda d_out, out: d_out.sum(-1)),
+                "with a tile's part of dq, dk or dv assigned (=) instead of added (+=): each "
+                "query row's dq sums over its key tiles, each key's dk and dv over the query "
+                "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size)}
 
 
 def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
@@ -337,6 +368,29 @@ def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
     return {"dq": (dq + (dS @ kt).numpy()).astype(q.dtype),
             "dk": (dk + (dS.transpose(-1, -2) @ qt).numpy()).astype(q.dtype),
             "dv": dv.astype(q.dtype)}
+
+
+def _grads_assigned(q, k, v, dout, causal, block_size) -> dict:
+    """dq, dk, dv of the tiled backward that assigns each tile's part instead of adding it (a
+    mistake): a query block keeps its last key tile's part, a key block the last query tile's
+    (the last query block, which visits every key block that any visits). In the inputs'
+    dtype."""
+    qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
+    P = torch.softmax(_scores(qt, kt, causal), -1)
+    dS = P * (dout_t @ vt.transpose(-1, -2) - (dout_t * (P @ vt)).sum(-1, keepdim=True))
+    dS = dS / math.sqrt(q.shape[-1])
+    T, S = q.shape[-2], k.shape[-2]
+    dq, dk, dv = (torch.zeros_like(a) for a in (qt, kt, vt))
+    for i in range(0, T, block_size):
+        stop = min(S, i + block_size) if causal else S
+        j = (stop - 1) // block_size * block_size  # the last key tile of query block i
+        dq[..., i:i + block_size, :] = dS[..., i:i + block_size, j:stop] @ kt[..., j:stop, :]
+    rows = slice((T - 1) // block_size * block_size, T)  # the last query block
+    last = min(S, rows.start + block_size) if causal else S  # the keys it visits
+    dk[..., :last, :] = dS[..., rows, :last].transpose(-1, -2) @ qt[..., rows, :]
+    dv[..., :last, :] = P[..., rows, :last].transpose(-1, -2) @ dout_t[..., rows, :]
+    return {"dq": dq.numpy().astype(q.dtype), "dk": dk.numpy().astype(q.dtype),
+            "dv": dv.numpy().astype(q.dtype)}
 
 
 # --------------------------------------------------------------------------------------------
