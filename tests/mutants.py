@@ -155,6 +155,8 @@ mutant(LSE, "the maximum of the whole array instead of each slice's",
        "c = np.max(x, axis=axis, keepdims=True)", "c = np.max(x)", "check-logsumexp")
 mutant(LSE, "the reduced axis kept in the result",
        "    out = np.squeeze(out, axis=axis)\n", "", "check-logsumexp")
+mutant(LSE, "every axis of length 1 squeezed, not the reduced one only",
+       "out = np.squeeze(out, axis=axis)", "out = np.squeeze(out)", "check-logsumexp")
 mutant(LSE, "the maximum not added back after the log",
        "out = c + np.log(", "out = np.log(", "check-logsumexp")
 mutant(LSE, "the maximum along the last axis whatever `axis` is",
@@ -437,6 +439,10 @@ mutant("softmax_backward", "only the Jacobian's diagonal, dout * y * (1 - y)",
 mutant("softmax_backward", "dx written into dout: the input changes",
        "[..., None], out=out)", "[..., None], out=dout)", "check-softmax-backward")
 
+mutant("attention_backward", "1 / sqrt(d_k) in place of the cached scale",
+       "    weights = c_softmax  # (..., T, S)\n",
+       "    weights = c_softmax  # (..., T, S)\n    scale = 1 / math.sqrt(q.shape[-1])\n",
+       "check-attention-backward")
 mutant("attention_backward", "without the scale in dq and dk",
        "dq = dscores @ k * scale", "dq = dscores @ k", "check-attention-backward")
 mutant("attention_backward", "dweights ignored",
@@ -517,6 +523,13 @@ mutant("layer_norm_forward", "beta added only when gamma is given",
 mutant("layer_norm_forward", "the mean not subtracted (x used for xc)",
        "xc = x - np.einsum(\"...j->...\", x)[..., None] / d", "xc = x",
        "check-layer-norm-forward")
+mutant("layer_norm_forward", "the cached xhat scaled and shifted in place (out = xhat)",
+       "out = xhat * gamma if gamma is not None else xhat.copy()",
+       "out = xhat\n    if gamma is not None:\n        out *= gamma", "check-layer-norm-forward")
+mutant("layer_norm_forward", "the standard deviation cached in place of its inverse",
+       "    rstd = 1 / np.sqrt(var + eps)  # (..., 1)\n    xhat = xc * rstd\n",
+       "    rstd = np.sqrt(var + eps)  # (..., 1)\n    xhat = xc / rstd\n",
+       "check-layer-norm-forward")
 mutant("layer_norm_backward", "the term xhat * mean(g * xhat) dropped",
        "    dx -= xhat * mean_gx\n", "", "check-layer-norm-backward")
 mutant("layer_norm_backward", "the term mean(g) dropped", "dx = g - mean_g", "dx = g.copy()",
@@ -550,6 +563,9 @@ mutant("log_softmax_backward", "the row sum forgotten",
 mutant("log_softmax_backward", "the row sum without keepdims",
        "dout.sum(axis=-1, keepdims=True)", "dout.sum(axis=-1)", "check-log-softmax")
 
+mutant("cross_entropy_forward", "the loss left a NumPy scalar of the logits' dtype",
+       "loss = -float((picked * keep).sum() * weight)",
+       "loss = -(picked * keep).sum() * picked.dtype.type(weight)", "check-cross-entropy")
 mutant("cross_entropy_forward", "the mean over every entry, padding included",
        "1 / keep.sum()", "1 / keep.size", "check-cross-entropy")
 mutant("cross_entropy_forward", "ignore_index ignored (-100 written in)",

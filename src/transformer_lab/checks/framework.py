@@ -61,6 +61,11 @@ class Case:
 class CheckFailed(AssertionError):
     """A check found a wrong answer; the message says which case and how it differs."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: the message alone, without the checks' own frames (it
+        names the file and line where the student's code raised, when it did)."""
+        return f"CheckFailed: {self}".splitlines()
+
 
 class Check:
     """Base class of the course's checks. Subclasses set the class attributes and methods.
@@ -637,8 +642,9 @@ def _generic_hint(problem: Difference) -> str:
             return ("a float32 input came back as float64: something float64 met it and "
                     "promoted it -- a bool or integer array times a Python float (mask * 0.5 "
                     "is float64: write mask.astype(x.dtype) * 0.5), a float64 array (np.ones, "
-                    "np.zeros without dtype=), or a NumPy float64 scalar (x / np.sqrt(d): use "
-                    "math.sqrt(d)); cast with .astype(x.dtype) where it is made")
+                    "np.zeros without dtype=), a NumPy float64 scalar (x / np.sqrt(d): use "
+                    "math.sqrt(d)) or a NumPy integer one (x / mask.sum(): use "
+                    "int(mask.sum())); cast with .astype(x.dtype) where it is made")
         return ""
     if not np.all(np.isfinite(got)):
         return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
@@ -667,8 +673,8 @@ def _generic_hint(problem: Difference) -> str:
             abs(c), 1 / abs(c), c * c, 1 / (c * c))))
         if plain and c != 0 and abs(c - 1) > 1e-3 and rel_error(g, c * w) < 1e-6:
             return (f"your answer is {c:.4g} times the expected one everywhere: a missing or "
-                    "extra factor -- a mean where a sum belongs (or the reverse), or a scale "
-                    "such as 1/sqrt(d_k)?")
+                    "extra factor -- a mean where a sum belongs (or the reverse), the 2 of a "
+                    "square's derivative, or a scale such as attention's 1/sqrt(d_k)?")
     return ""
 
 

@@ -188,6 +188,8 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
         yield Case("slices near +1e4 and near -1e4 in one array", (x,))
         yield Case("the same along axis 0, with a slice near 0", (np.concatenate(
             [x, later.standard_normal((1, 5))]).T.copy(),), {"axis": 0})
+        yield Case("shape (3, 1, 4), axis -1 (an axis of length 1 that is not reduced)",
+                   (later.standard_normal((3, 1, 4)) * 5,))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -213,7 +215,15 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
                 "keeping the reduced axis (keepdims=True) in the result":
                 lambda: np.expand_dims(self.expected(x, axis), axis),
                 "without adding the maximum back after the log":
-                lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy()}
+                lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy(),
+                "squeezing every axis of length 1 (m.squeeze()) instead of the reduced one "
+                "only (np.squeeze(m, axis))": lambda: self._squeezed(x, axis)}
+
+    @staticmethod
+    def _squeezed(x, axis):
+        m = x.max(axis=axis, keepdims=True)
+        with np.errstate(all="ignore"):
+            return np.log(np.exp(x - m).sum(axis=axis)) + m.squeeze()
 
 
 class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_attention",)):

@@ -179,6 +179,8 @@ class AttentionBackward(Check, id="check-attention-backward",
                          dtype=np.float32)
         yield self._case(rng, "dweights: a loss on the attention weights too", (2,), 3, 4, 3, 2,
                          dweights=True)
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield self._case(later, "a given scale = 0.3, S != T", (2,), 3, 4, 4, 3, scale=0.3)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -207,6 +209,10 @@ class AttentionBackward(Check, id="check-attention-backward",
                  lambda: {**right, "dq": right["dq"] / c, "dk": right["dk"] / c},
                  "skipping the softmax backward (using dP where dS belongs)":
                  lambda: {**right, "dq": dP @ k * c, "dk": sw(dP, -1, -2) @ q * c}}
+        if scale is not None:
+            found["with 1 / sqrt(d_k) in dq and dk instead of the scale the forward used (the "
+                  "cache's)"] = lambda: {**right, "dq": right["dq"] / c / math.sqrt(q.shape[-1]),
+                                         "dk": right["dk"] / c / math.sqrt(q.shape[-1])}
         if dweights is not None:
             found["ignoring dweights (add it to dP = dout v^T before the softmax backward)"] = (
                 lambda: torch_attention(q, k, v, dout, mask, scale)[0])

@@ -66,22 +66,36 @@ class _LayerNormCases:
         yield _norm_case(later, "beta without gamma", (2, 3, 4), gamma=False)
 
 
+#: check-layer-norm-forward's outputs: what the backward pass reads from the cache
+XHAT, RSTD = "xhat in the cache", "rstd in the cache (1 / sqrt(var + eps), shape (..., 1))"
+
+
 class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
                        functions=("layer_norm_forward",)):
-    axes = {"output": "te"}  # axis names, for messages
+    axes = {"out": "te", XHAT: "te"}  # axis names, for messages
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
-        return f.layer_norm_forward(x, gamma, beta, eps)[0]
+        out, cache = f.layer_norm_forward(x, gamma, beta, eps)
+        try:
+            xhat, rstd = cache[0], cache[1]
+        except (TypeError, IndexError, KeyError):
+            xhat = rstd = "not found: keep the given return line, out, (xhat, rstd, gamma, beta)"
+        return {"out": out, XHAT: xhat, RSTD: rstd}
 
     def expected(self, x, gamma, beta, dout, eps=1e-5):
-        return _torch_layer_norm(x, gamma, beta, dout, eps)[0]
+        x64 = x.astype(np.float64)
+        xc = x64 - _row_mean(x64)
+        rstd = 1 / np.sqrt(_row_mean(xc * xc) + eps)
+        return {"out": _torch_layer_norm(x, gamma, beta, dout, eps)[0],
+                XHAT: (xc * rstd).astype(x.dtype), RSTD: rstd.astype(x.dtype)}
 
     def mistakes(self, x, gamma, beta, dout, eps=1e-5):
         d = x.shape[-1]
+        want = self.expected(x, gamma, beta, dout, eps)
 
         def affine(xhat):
             out = xhat * gamma if gamma is not None else xhat
-            return (out + beta if beta is not None else out).astype(x.dtype)
+            return {"out": (out + beta if beta is not None else out).astype(x.dtype)}
 
         xc = x - x.mean(axis=-1, keepdims=True)
         var = (xc * xc).mean(axis=-1, keepdims=True)
@@ -92,6 +106,12 @@ class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
         if d > 1:
             found["with the unbiased variance (dividing by D - 1, ddof=1): LayerNorm divides "
                   "by D"] = lambda: affine(xc / np.sqrt(var * d / (d - 1) + eps))
+        found["with the standard deviation sqrt(var + eps) cached where its inverse, rstd, "
+              "belongs"] = lambda: {**want, RSTD: 1 / want[RSTD]}
+        if gamma is not None or beta is not None:
+            found["with the cached xhat changed in place (out = xhat, then out *= gamma or out "
+                  "+= beta): out = xhat * gamma makes a new array"] = (
+                lambda: {**want, XHAT: want["out"]})
         return found
 
 
@@ -194,6 +214,10 @@ def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
     return loss / np.size(labels) if every else loss
 
 
+#: check-cross-entropy's output that says whether the loss came back as a Python float
+FLOAT = "the loss is a Python float (float(...), not a NumPy array or float32)"
+
+
 class CrossEntropy(Check, id="check-cross-entropy",
                    functions=("cross_entropy_forward", "cross_entropy_backward")):
     axes = {"dlogits": "tv"}  # axis names, for messages
@@ -223,7 +247,8 @@ class CrossEntropy(Check, id="check-cross-entropy",
 
     def run(self, f, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
         loss, cache = f.cross_entropy_forward(logits, targets, ignore_index, reduction)
-        return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache)}
+        return {"loss": loss, "dlogits": f.cross_entropy_backward(dloss, cache),
+                FLOAT: isinstance(loss, float)}
 
     def expected(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0,
                  count_all=False, keep_padding=False):
@@ -231,7 +256,7 @@ class CrossEntropy(Check, id="check-cross-entropy",
         loss, dlogits = autograd(lambda lt: _cross_entropy(
             lt, targets, -100 if keep_padding else ignore_index, how), dloss, logits)
         return {"loss": loss[()] if logits.dtype == np.float32 else float(loss),
-                "dlogits": dlogits}
+                "dlogits": dlogits, FLOAT: True}
 
     def mistakes(self, logits, targets, ignore_index=-100, reduction="mean", dloss=1.0):
         args = (logits, targets, ignore_index, reduction, dloss)
