@@ -729,6 +729,14 @@ mutant("residual_backward", "the identity path's gradient forgotten (pre-norm)",
        "        dx += dout\n", "", "check-residual")
 mutant("residual_backward", "dout added where the norm's gradient ds belongs (post-norm)",
        "dx += ds", "dx += dout", "check-residual")
+mutant("residual_backward", "post-norm: dout given to the sublayer's backward instead of ds",
+       "dx, *rest = sublayer_backward(ds, c_sub)", "dx, *rest = sublayer_backward(dout, c_sub)",
+       "check-residual")
+mutant("residual_backward", "pre-norm: the norm's backward first, the sublayer's on its result",
+       "        dh, *rest = sublayer_backward(dout, c_sub)\n"
+       "        dx, g_norm = normalize_backward(dh, c_norm)\n        dx += dout\n",
+       "        dn, g_norm = normalize_backward(dout, c_norm)\n"
+       "        dx, *rest = sublayer_backward(dn, c_sub)\n        dx += dout\n", "check-residual")
 mutant("dropout_forward", "the entries kept where u < p", "keep = rng.random(x.shape) >= p",
        "keep = rng.random(x.shape) < p", "check-dropout")
 mutant("dropout_forward", "train ignored (dropout in evaluation too)",
@@ -1188,6 +1196,10 @@ mutant("merge_pair", "a list returned (a word is a tuple, a dict key)", "    ret
        "    return out", "check-merge-pair")
 mutant("train_bpe", "a tie broken by the larger pair",
        "best = min(pair for pair, count", "best = max(pair for pair, count", "check-train-bpe")
+mutant("train_bpe", "a tie broken by the pair counted first (max with key=counts.get)",
+       "        top = max(counts.values())\n"
+       "        best = min(pair for pair, count in counts.items() if count == top)\n",
+       "        best = max(counts, key=counts.get)\n", "check-train-bpe")
 mutant("train_bpe", "the counts never updated (ranked once, before any merge)",
        "        for i in sorted(where.pop(best)):", "        del counts[best]\n"
        "        for i in ():", "check-train-bpe")
@@ -1234,6 +1246,9 @@ mutant("bpe_decode", "errors='ignore': a cut character vanishes", 'errors="repla
 # 12_translation
 
 
+mutant("label_smoothed_loss_forward", "padding taken to be the negative ids (ignore_index unused)",
+       "keep = targets != ignore_index  # (...)", "keep = targets >= 0  # (...)",
+       "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "eps spread over the V - 1 other classes (torch: over all V)",
        "uniform = -logp.mean(axis=-1)",
        "uniform = -(logp.sum(axis=-1) - nll * -1) / (logp.shape[-1] - 1)",
@@ -1319,6 +1334,9 @@ mutant("decoder_layer_step", "the memory mask forgotten",
        "check-decoder-step")
 mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, attend, p[\"norm1\"], "
        "c.norm_first, c.eps)", "x, _ = residual_forward(x, attend, p[\"norm1\"], True, c.eps)",
+       "check-decoder-step")
+mutant("transformer_decode_step", "the target's embedding not scaled by sqrt(E)",
+       "scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0", "scale = 1.0",
        "check-decoder-step")
 mutant("transformer_decode_step", "the positions of the new tokens from 0 again",
        "positions = positions[length:]  # the rows of the new positions", "pass",

@@ -318,7 +318,14 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
 @pytest.mark.parametrize(("check_id", "where", "models", "cause"), [
     ("check-beam-step", "beam_step", "grows in length", "finished hypotheses growing"),
     ("check-beam-search", "beam_search", "never stopping early", "never stopping early"),
+    ("check-residual", "residual_backward", "post-norm: dout given to the sublayer",
+     "with dout given to the sublayer's backward"),
+    ("check-residual", "residual_backward", "pre-norm: the norm's backward first",
+     "with the backward passes in the forward's order"),
     ("check-train-bpe", "train_bpe", "a tie broken by the larger pair", "breaking a tie"),
+    ("check-decoder-step", "transformer_decode_step", "the target's embedding not scaled",
+     "without the embedding's scale sqrt(E)"),
+    ("check-train-bpe", "train_bpe", "a tie broken by the pair counted first", "breaking a tie"),
 ])
 def test_the_handout_names_the_mistakes_of_a_hidden_reference(check_id, where, models, cause,
                                                               tmp_path, monkeypatch):

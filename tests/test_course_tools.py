@@ -1,6 +1,7 @@
 """The maintainers' tools: executing notebooks into build/, the table, the site."""
 
 import hashlib
+import html
 import os
 import re
 import shutil
@@ -149,12 +150,25 @@ def test_site_renders_every_notebook_with_math_offline(tmp_path):
     mathjax = "_static/mathjax/tex-chtml.js"
     assert mathjax in page and (out / mathjax).exists()
     assert r"\boxed{" in page  # LaTeX is handed to MathJax, not mangled
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        stray = _stray_dollars((out / "notebooks" / f"{nb.stem}.html").read_text())
+        assert not stray, f"{nb.stem}: math the site did not read as math: {stray[:3]}"
     # the course's style and script reach every page: long code lines scroll, never wrap
     page = (out / "notebooks" / "16_long_context.html").read_text()
     assert "_static/course.css" in page and "_static/course.js" in page
     assert (out / "_static" / "course.css").read_text() == \
         (ROOT / "docs" / "_static" / "course.css").read_text()
     assert (out / "_static" / "course.js").exists()
+
+
+def _stray_dollars(page: str) -> list[str]:
+    """The text around each $ of a page's prose (code and math left out): a $$ block inside a
+    list item's paragraph, or a formula broken before a line that starts with '+', renders in
+    Jupyter but not on the site."""
+    prose = re.sub(r"<(pre|code|script|style)\b.*?</\1>|<[^>]*class=\"math[^>]*>.*?</(span|div)>",
+                   "", page, flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", "", prose))
+    return [text[max(0, m.start() - 40):m.start() + 40] for m in re.finditer(r"\$", text)]
 
 
 def _css_rules(css: str) -> dict[str, dict[str, str]]:

@@ -540,8 +540,8 @@ def _short(x) -> str:
         return np.array2string(x, precision=4, suppress_small=True).replace("\n", "")
     if isinstance(x, np.ndarray):
         return _kind(x)
-    text = repr(x)
-    return text if len(text) <= 80 else text[:77] + "..."
+    text, room = repr(x), 200 if isinstance(x, str) else 80  # a check's sentence whole
+    return text if len(text) <= room else text[:room - 3] + "..."
 
 
 def _kind(x) -> str:

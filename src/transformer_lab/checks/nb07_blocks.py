@@ -362,13 +362,53 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
 
     def mistakes(self, x, W, norm, dout, norm_first, eps=1e-5):
         case = (x, W, norm, dout)
-        return {"with pre-norm and post-norm swapped (norm_first=True is x + f(norm(x)))":
-                lambda: self.expected(*case, not norm_first, eps),
-                "without the identity path in the backward pass: the gradient that reaches the "
-                "sum x + f(...) flows to x directly as well as through f -- add it to dx":
-                lambda: self.expected(*case, norm_first, eps, "no identity path"),
-                "with the norm on the sublayer's output only, x + norm(f(x))":
-                lambda: self.expected(*case, norm_first, eps, "sublayer only")}
+        found = {"with pre-norm and post-norm swapped (norm_first=True is x + f(norm(x)))":
+                 lambda: self.expected(*case, not norm_first, eps),
+                 "without the identity path in the backward pass: the gradient that reaches the "
+                 "sum x + f(...) flows to x directly as well as through f -- add it to dx":
+                 lambda: self.expected(*case, norm_first, eps, "no identity path"),
+                 "with the norm on the sublayer's output only, x + norm(f(x))":
+                 lambda: self.expected(*case, norm_first, eps, "sublayer only")}
+        if norm_first:
+            found["with the backward passes in the forward's order: pre-norm's sublayer comes "
+                  "after the norm, so its backward comes first, on dout, and the norm's "
+                  "backward takes what it returns"] = lambda: self._reversed(*case, eps)
+        else:
+            found["with dout given to the sublayer's backward: post-norm's sublayer feeds the "
+                  "norm, so it gets ds, the gradient the norm's backward returns"] = (
+                lambda: self._dout_to_sublayer(*case, eps))
+        return found
+
+    def _pieces(self, x, W, norm, eps):
+        """The norm's and the sublayer's backward passes, each at its own input: (upstream,
+        input) -> (gradient of the input, the parameters' gradients)."""
+        def norm_backward(up, u):
+            _, du, grads = autograd(lambda ut, g: self.norm(ut, g, eps), up, u, norm)
+            return du, grads
+
+        def sublayer_backward(up, h):
+            _, dh, dW = autograd(lambda ht, Wt: torch.tanh(ht @ Wt), up, h, W)
+            return dh, [{"W": dW}]
+
+        return norm_backward, sublayer_backward
+
+    def _reversed(self, x, W, norm, dout, eps):
+        """Pre-norm with the norm's backward first, on dout, and the sublayer's on its result."""
+        right = self.expected(x, W, norm, dout, True, eps)
+        norm_backward, sublayer_backward = self._pieces(x, W, norm, eps)
+        dn, g_norm = norm_backward(dout, x)
+        h = self.norm(torch.from_numpy(x), {k: torch.from_numpy(a) for k, a in norm.items()},
+                      eps).numpy()
+        dh, g_sub = sublayer_backward(dn, h)
+        return {**right, "dx": dout + dh, "norm grads": g_norm, "sublayer grads": g_sub}
+
+    def _dout_to_sublayer(self, x, W, norm, dout, eps):
+        """Post-norm with the sublayer's backward given dout instead of ds."""
+        right = self.expected(x, W, norm, dout, False, eps)
+        norm_backward, sublayer_backward = self._pieces(x, W, norm, eps)
+        ds, _ = norm_backward(dout, x + np.tanh(x @ W))
+        dh, g_sub = sublayer_backward(dout, x)
+        return {**right, "dx": ds + dh, "sublayer grads": g_sub}
 
 
 # --------------------------------------------------------------------------------------------

@@ -364,7 +364,7 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
                    ([[list(b"hug"), 10], [list(b"pug"), 5], [list(b"pun"), 12],
                      [list(b"bun"), 4], [list(b"hugs"), 5]], 4))
         yield Case("ties: two pairs as frequent, the smaller (a, b) first",
-                   ([[list(b"ab"), 3], [list(b"cd"), 3], [list(b"xy"), 1]], 3))
+                   ([[list(b"cd"), 3], [list(b"ab"), 3], [list(b"xy"), 1]], 3))
         yield Case("overlapping pairs: 'aaaa' 5 times, 'aaa' twice", (
             [[list(b"aaaa"), 5], [list(b"aaa"), 2]], 4))
         yield Case("more merges asked than pairs left: stops early",
@@ -387,8 +387,9 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
 
     def mistakes(self, words, num_merges):
         larger = functools.partial(_naive_train, larger_first=True)
-        return {"breaking a tie by the larger pair (of two as frequent, take the smaller "
-                "(a, b))": lambda: self.expected(words, num_merges, larger),
+        return {"breaking a tie by the larger pair, or by the pair counted first (max(counts, "
+                "key=counts.get) keeps the first of equal counts): of two as frequent, take "
+                "the smaller (a, b)": lambda: self.expected(words, num_merges, larger),
                 "with the counts of the words as they were before the merges (update the "
                 "counts after each merge: the merged words' pairs out, their new pairs in)":
                 lambda: self.expected(words, num_merges, _stale_train)}

@@ -11,6 +11,7 @@ definition, written again with Python lists (hidden; the handout stores its publ
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -43,6 +44,9 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         yield Case("eps = 0: plain cross-entropy", _smoothing_case(rng, (3, 5), 0.0, ignored=1))
         yield Case("float32, ignore_index = -100, dloss = 0.5",
                    _smoothing_case(rng, (3, 4, 9), 0.1, 2, np.float32, 0.5, -100))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("ignore_index = 0 (a padding id that is also a class)",
+                   _smoothing_case(later, (2, 4, 6), 0.1, 3, ignore_index=0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -382,6 +386,8 @@ def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
                "new only": (j > p) | (j < starts[:, None])}.get(mistake, j > p)
     with torch.no_grad():
         x = twin.embed(_t(tgt), "tgt")
+        if mistake == "no scale" and twin.config.scale_embeddings:  # W[id], not sqrt(E) W[id]
+            x = x - twin.tgt_embed(_t(tgt)) * (math.sqrt(twin.config.d_model) - 1)
         if mistake == "positions":  # each step's positions from 0
             x = x - twin.pe[:T] + twin.pe[p[:, 0] - starts]
         first = twin.decoder.layers[0]
@@ -409,6 +415,8 @@ DECODER_MISTAKES = {
     "length + t)": "new only",
     "with each step's positions counted from 0 (the new tokens are at positions length .. "
     "length + t - 1)": "positions",
+    "without the embedding's scale sqrt(E) (transformer_decode scales the target's embedding; "
+    "so must the step)": "no scale",
     "with the keys and values written at the start of the cache (write them at positions "
     "length .. length + t - 1)": "cache at 0",
     "without the decoder's final layer norm (params['decoder']['norm'], after the last layer)":

@@ -174,6 +174,11 @@ your Transformer learns to reverse sequences from the command line, in this fold
 .venv/bin/python -m transformer_lab.train --task reverse --seed 0
 ```
 
+(In a workspace that the course's `make learn` built, there is no `.venv` here: the environment
+is the course folder's, and it holds the course's finished package too. Run the trainer from the
+course folder as `PYTHONPATH="$PWD/workspace/src" .venv/bin/python -m transformer_lab.train
+...`: without that `PYTHONPATH`, Python imports the finished package, not yours.)
+
 ## Notebook exercises
 
 Some exercises are a function in a notebook cell: where your code goes, the cell holds a line
