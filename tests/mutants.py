@@ -737,6 +737,10 @@ mutant("residual_backward", "pre-norm: the norm's backward first, the sublayer's
        "        dx, g_norm = normalize_backward(dh, c_norm)\n        dx += dout\n",
        "        dn, g_norm = normalize_backward(dout, c_norm)\n"
        "        dx, *rest = sublayer_backward(dn, c_sub)\n        dx += dout\n", "check-residual")
+mutant("dropout_backward", "the mask inverted in the backward", "return dout * keep * scale",
+       "return dout * ~keep * scale", "check-dropout")
+mutant("dropout_backward", "the mask ignored in the backward", "return dout * keep * scale",
+       "return dout * scale", "check-dropout")
 mutant("dropout_forward", "the entries kept where u < p", "keep = rng.random(x.shape) >= p",
        "keep = rng.random(x.shape) < p", "check-dropout")
 mutant("dropout_forward", "train ignored (dropout in evaluation too)",

@@ -322,6 +322,8 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
      "with dout given to the sublayer's backward"),
     ("check-residual", "residual_backward", "pre-norm: the norm's backward first",
      "with the backward passes in the forward's order"),
+    ("check-dropout", "dropout_backward", "the mask inverted", "inverts the mask (~keep)"),
+    ("check-dropout", "dropout_backward", "the mask ignored", "ignores the mask"),
     ("check-train-bpe", "train_bpe", "a tie broken by the larger pair", "breaking a tie"),
     ("check-decoder-step", "transformer_decode_step", "the target's embedding not scaled",
      "without the embedding's scale sqrt(E)"),

@@ -466,7 +466,14 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                 "scaling by (1 - p) instead of 1/(1 - p)":
                 lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
-                "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p")}
+                "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p"),
+                "with a backward that inverts the mask (~keep): the gradient flows to the "
+                "entries the forward kept": lambda: {
+                    "out": self.expected(x, dout, p, seed, train)["out"],
+                    "dx": self.expected(x, dout, p, seed, train, "u < p")["dx"]},
+                "with a backward that ignores the mask (dout * scale): a dropped entry gets no "
+                "gradient": lambda: {**self.expected(x, dout, p, seed, train),
+                                     "dx": (dout / (1 - p)).astype(x.dtype)}}
 
 
 # --------------------------------------------------------------------------------------------
