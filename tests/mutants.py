@@ -1280,6 +1280,9 @@ mutant("length_penalty", "the exponent forgotten", "return ((5.0 + lengths) / 6.
 mutant("length_penalty", "integer division: ((5 + lengths) // 6) ** alpha",
        "return ((5.0 + lengths) / 6.0) ** alpha", "return ((5 + lengths) // 6) ** alpha",
        "check-beam-step", "check-beam-search")
+mutant("beam_step", "the parents' finished flags not carried over (EOS alone)",
+       "finished = np.take_along_axis(finished, parents, axis=1) | (tokens == eos_id)",
+       "finished = tokens == eos_id", "check-beam-step")
 mutant("beam_step", "ranked by the mean log-probability (score / length) instead of GNMT's",
        "rank = total / length_penalty(new_lengths, alpha)[..., None]",
        "rank = total / new_lengths[..., None]", "check-beam-step", "check-beam-search")

@@ -120,8 +120,9 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
             # from zero, the first step is damped as the others: torch without dampening, fed
             # the damped gradient and weight decay
             damped = 1 - hyper["dampening"]
-            found["starting the momentum buffer at zero instead of a copy of g (torch's first "
-                  "step takes buf = g, undamped; from zero the first step is damped)"] = (
+            found["starting the momentum buffer at zero, or at (1 - dampening) g, instead of "
+                  "a copy of g (torch's first step takes buf = g, undamped; the others damp "
+                  "the first step)"] = (
                 torch_with(grads * damped, dampening=0.0,
                            weight_decay=damped * hyper.get("weight_decay", 0.0)))
         if hyper.get("nesterov"):
@@ -360,8 +361,9 @@ class ClipGradNorm(Check, id="check-clip-grad-norm", functions=("clip_grad_norm"
                 lambda: {**right, NORM: GlobalNorm().expected(right[CLIPPED])},
             "dividing by the norm without torch's + 1e-6":
                 lambda: _clip_numpy(grads, max_norm, plus=0.0),
-            "returning new arrays: the caller's gradients are not scaled (scale them in place, "
-            "g *= scale)": lambda: {**right, CLIPPED: grads},
+            "with new arrays (returned, or put in the dict with grads[k] = grads[k] * scale): "
+            "the caller's gradient arrays are not scaled (scale them in place, g *= scale)":
+            lambda: {**right, CLIPPED: grads},
         }
 
 

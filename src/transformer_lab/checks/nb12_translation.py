@@ -99,7 +99,7 @@ def _gnmt(n, alpha):
 def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, done="frozen"):
     """The definition, with lists: every candidate, ranked by score / lp(length), K kept. The
     mistakes: another ``lp``; a finished hypothesis ``done`` "extended" by every token, "growing"
-    in length, or "dropped"."""
+    in length, "dropped", or continued by padding but "unflagged" (not finished)."""
     B, K, V = logp.shape
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
     for b in range(B):
@@ -108,8 +108,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
             s, n = scores[b, k], lengths[b, k]
             if not finished[b, k]:
                 cands += [(s + logp[b, k, t], n + 1, k, t, t == eos) for t in range(V)]
-            elif done in ("frozen", "growing"):
-                cands.append((s, n + (done == "growing"), k, pad, True))
+            elif done in ("frozen", "growing", "unflagged"):
+                cands.append((s, n + (done == "growing"), k, pad, done != "unflagged"))
             elif done == "extended":  # padding still free
                 cands += [(s + (0 if t == pad else logp[b, k, t]), n, k, t, True)
                           for t in range(V)]
@@ -137,6 +137,9 @@ STEP_MISTAKES = {
     {"done": "growing"},
     "with finished hypotheses dropped (a finished hypothesis stays in the beam, its score "
     "kept, continued by padding)": {"done": "dropped"},
+    "with finished = (tokens == eos_id) alone: a hypothesis continued from a finished one, by "
+    "padding, is finished too -- take the parents' flags (take_along_axis) or EOS":
+    {"done": "unflagged"},
 }
 ### END HIDDEN TESTS
 
