@@ -111,6 +111,9 @@ mutant(MSE, "the sum of the squares instead of their mean",
 # ============================================================================================
 # 01_attention
 
+mutant("softmax_forward", "out returned without y written into it",
+       "    y = np.subtract(x, m, out=out)  # a new array, or out\n",
+       "    y = x - m\n    if out is not None:\n        return out, out\n", "check-softmax-forward")
 mutant("softmax_forward", "the maximum of the whole array instead of each row's",
        "m = x.max(axis=-1, keepdims=True)", "m = x.max(keepdims=True)",
        "check-softmax-forward", "check-softmax-empty-rows")

@@ -324,6 +324,8 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
      "with the backward passes in the forward's order"),
     ("check-dropout", "dropout_backward", "the mask inverted", "inverts the mask (~keep)"),
     ("check-dropout", "dropout_backward", "the mask ignored", "ignores the mask"),
+    ("check-softmax-forward", "softmax_forward", "out returned without y written",
+     "returning out without writing y into it"),
     ("check-beam-step", "beam_step", "the parents' finished flags",
      "finished = (tokens == eos_id) alone"),
     ("check-train-bpe", "train_bpe", "a tie broken by the larger pair", "breaking a tie"),

@@ -39,6 +39,8 @@ class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forw
         yield Case("rows near +1e4 and near -1e4 in one array (each row has its own maximum)",
                    (np.stack([later.standard_normal(5) + 1e4, later.standard_normal(5) - 1e4,
                               later.standard_normal(5)]),))
+        yield Case("out= given (attention passes its scores): y returned, in it or not",
+                   (later.standard_normal((3, 4)),), {"into": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -52,13 +54,16 @@ class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forw
                                                                     (5, 1)),))
     ### END HIDDEN TESTS
 
-    def run(self, f, x):
-        return f.softmax_forward(x)[0]
+    def run(self, f, x, into=False):
+        return f.softmax_forward(x, **({"out": np.full_like(x, np.nan)} if into else {}))[0]
 
-    def expected(self, x):
+    def expected(self, x, into=False):
         return _softmax(x, -1)
 
-    def mistakes(self, x):
+    def mistakes(self, x, into=False):
+        if into:
+            return {"returning out without writing y into it (here it held NaN): return the y "
+                    "you computed, or write it into out first": lambda: np.full_like(x, np.nan)}
         t = _t(x)
         found = {}
         if x.ndim >= 2:
