@@ -702,6 +702,8 @@ mutant("gelu_backward", "the term x * phi(x) of the exact derivative forgotten",
        "local = aux", "check-gelu")
 mutant("gelu_backward", "(1 - t) instead of (1 - t^2) in the tanh derivative",
        "local *= 1 - aux * aux", "local *= 1 - aux", "check-gelu")
+mutant("gelu_backward", "the 3 of the cube's derivative dropped (1 + 0.044715 x^2)",
+       "local *= c(3 * 0.044715)", "local *= c(0.044715)", "check-gelu")
 mutant("activation_forward", "the activation's keyword arguments not passed (gelu_tanh runs "
        "the exact GELU)", "out, cache = forward(x, **kwargs)", "out, cache = forward(x)",
        "check-activation")

@@ -183,11 +183,30 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
         xt = _t(x.astype(np.float64))
         gelu = _activation("gelu" if approximate == "none" else "gelu_tanh")
         first_term = gelu(xt) / xt  # Phi(x) = gelu(x) / x, or (1 + t)/2 = gelu_tanh(x) / x
-        return {f"with approximate={other!r} where {approximate!r} is asked (the exact GELU "
+        found = {f"with approximate={other!r} where {approximate!r} is asked (the exact GELU "
                 "uses erf, the approximation tanh)": lambda: self.expected(x, dout, other),
                 "with only the first term of the derivative (Phi(x), or (1 + t)/2): the product "
                 "rule on x * Phi(x) gives a second term, x * Phi'(x)":
                 lambda: {"out": right["out"], "dx": dout * _np(first_term)}}
+        if approximate == "tanh":
+            found.update({
+                "with the inner derivative 1 + 0.044715 x^2: the derivative of x + 0.044715 x^3 "
+                "is 1 + 3 * 0.044715 x^2": lambda: {
+                    "out": right["out"], "dx": _tanh_gelu_dx(x, dout, cube=1.0)},
+                "with tanh' = 1 - t where it is 1 - t^2": lambda: {
+                    "out": right["out"], "dx": _tanh_gelu_dx(x, dout, square=False)}})
+        return found
+
+
+def _tanh_gelu_dx(x, dout, cube=3.0, square=True):
+    """dout times the tanh GELU's derivative 0.5 (1 + t) + 0.5 x tanh'(u) u', written with
+    ``cube`` in u' = sqrt(2/pi) (1 + cube * 0.044715 x^2) and tanh' = 1 - t^2 (1 - t unless
+    ``square``): the right one, or a mistake. In NumPy, float64, returned in x's dtype."""
+    x64, k = x.astype(np.float64), math.sqrt(2 / math.pi)
+    t = np.tanh(k * (x64 + 0.044715 * x64 ** 3))
+    inner = k * (1 + cube * 0.044715 * x64 ** 2)
+    dx = 0.5 * (1 + t) + 0.5 * x64 * (1 - (t * t if square else t)) * inner
+    return (dout * dx).astype(x.dtype)
 
 
 class Activation(Check, id="check-activation",
