@@ -881,6 +881,26 @@ mutant("sgd_step", "p not updated in place", "p -= c(lr) * g", "p = p - c(lr) * 
        "check-sgd-step")
 mutant("sgd_step", "weight decay ignored", "g = g + c(weight_decay) * p", "g = g",
        "check-sgd-step")
+mutant("adam_step", "AdamW's shrink of p after the update instead of before",
+       '    if weight_decay and decoupled:\n'
+       '        p *= c(1 - lr * weight_decay)\n'
+       '    elif weight_decay:\n'
+       '        g = g + c(weight_decay) * p\n'
+       "    m += c(1 - beta1) * (g - m)  # = b1 m + (1 - b1) g, as torch's m.lerp_(g, 1 - b1)\n"
+       '    v *= c(beta2)\n'
+       '    v += c(1 - beta2) * g * g\n'
+       '    denom = np.sqrt(v) / c(math.sqrt(1 - beta2**t)) + c(eps)\n'
+       '    p -= c(lr / (1 - beta1**t)) * m / denom\n',
+       '    if weight_decay and not decoupled:\n'
+       '        g = g + c(weight_decay) * p\n'
+       "    m += c(1 - beta1) * (g - m)  # = b1 m + (1 - b1) g, as torch's m.lerp_(g, 1 - b1)\n"
+       '    v *= c(beta2)\n'
+       '    v += c(1 - beta2) * g * g\n'
+       '    denom = np.sqrt(v) / c(math.sqrt(1 - beta2**t)) + c(eps)\n'
+       '    p -= c(lr / (1 - beta1**t)) * m / denom\n'
+       '    if weight_decay and decoupled:\n'
+       '        p *= c(1 - lr * weight_decay)\n',
+       "check-adam-step")
 mutant("adam_step", "without the bias correction of v",
        "np.sqrt(v) / c(math.sqrt(1 - beta2**t))", "np.sqrt(v)", "check-adam-step")
 mutant("adam_step", "decoupled weight decay without the learning rate",

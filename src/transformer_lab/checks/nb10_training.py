@@ -145,10 +145,11 @@ V_AFTER = "v (the second moment) after the last step"
 
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                decoupled=False, correction=0, eps_inside=False, rebound=""):
+                decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``rebound`` ("m and v", "m", "v"):
-    rebound to new arrays, so the caller's stay zero."""
+    rebound to new arrays, so the caller's stay zero; ``decay_after``: AdamW's shrink of p
+    after the update."""
     p, after = p0.astype(np.float64), []
     m, v = np.zeros_like(p), np.zeros_like(p)
     for t, g in enumerate(grads.astype(np.float64), 1):
@@ -160,7 +161,8 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
         tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
         m_hat, v_hat = m_new / (1 - beta1 ** tc), v_new / (1 - beta2 ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
-        p = q - lr * m_hat / denom
+        p = (p - lr * m_hat / denom) * (1 - lr * weight_decay) if decay_after else \
+            q - lr * m_hat / denom
         m = m if "m" in rebound else m_new
         v = v if "v" in rebound else v_new
         after.append(p)
@@ -248,6 +250,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 torch_with(decoupled=False))
             found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = (
                 torch_with(weight_decay=hyper["weight_decay"] / hyper["lr"]))  # 1 - lr * that
+            found["shrinking p after the update instead of before it (p *= 1 - lr * "
+                  "weight_decay, then p -= the step)"] = wrong(decay_after=True)
         elif hyper.get("weight_decay"):
             found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
                   "to the gradient; shrinking p is AdamW)"] = torch_with(decoupled=True)
