@@ -189,7 +189,7 @@ def _clip(per_array=False, cap=True, plus=1e-6, after=False, in_place=True):
     (_clip(cap=False), "below the threshold", "scaling gradients below the threshold up"),
     (_clip(after=True), "above the threshold", "the norm after clipping instead of before"),
     (_clip(plus=0.0), "above the threshold", "without torch's + 1e-6"),
-    (_clip(in_place=False), "above the threshold", "the caller's gradients are not scaled"),
+    (_clip(in_place=False), "above the threshold", "the caller's gradient arrays are not scaled"),
 ])
 def test_clipping_mistakes_get_their_hint(monkeypatch, wrong, case, words):
     monkeypatch.setattr(CO, "clip_grad_norm", wrong)
