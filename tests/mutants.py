@@ -533,6 +533,9 @@ mutant("layer_norm_forward", "the standard deviation cached in place of its inve
        "    rstd = 1 / np.sqrt(var + eps)  # (..., 1)\n    xhat = xc * rstd\n",
        "    rstd = np.sqrt(var + eps)  # (..., 1)\n    xhat = xc / rstd\n",
        "check-layer-norm-forward")
+mutant("layer_norm_backward", "mean(dout * xhat) where mean(g * xhat) belongs",
+       'mean_gx = np.einsum("...j,...j->...", g, xhat)',
+       'mean_gx = np.einsum("...j,...j->...", dout, xhat)', "check-layer-norm-backward")
 mutant("layer_norm_backward", "the term xhat * mean(g * xhat) dropped",
        "    dx -= xhat * mean_gx\n", "", "check-layer-norm-backward")
 mutant("layer_norm_backward", "the term mean(g) dropped", "dx = g - mean_g", "dx = g.copy()",

@@ -199,6 +199,8 @@ def test_a_written_in_ignore_index_is_named():
      "with repeat_kv_backward averaging the gradients"),
     ("check-grouped-query-attention", "causal_self_attention_forward",
      "RoPE applied to the values", "with RoPE turning the values too"),
+    ("check-layer-norm-backward", "layer_norm_backward", "mean(dout * xhat) where",
+     "with mean(dout * xhat) where mean(g * xhat) belongs"),
     ("check-layer-norm-forward", "layer_norm_forward", "the cached xhat scaled and shifted",
      "with the cached xhat changed in place"),
     ("check-layer-norm-forward", "layer_norm_forward", "the standard deviation cached",

@@ -144,6 +144,10 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                 "using dout where g = dout * gamma belongs":
                 lambda: {**right, "dx": (rstd * (d - mean(d) - xhat * mean(d * xhat))
                                          ).astype(dtype)},
+                "with mean(dout * xhat) where mean(g * xhat) belongs (g = dout * gamma, in "
+                "both mean terms)":
+                lambda: {**right, "dx": (rstd * (g - mean(g) - xhat * mean(d * xhat))
+                                         ).astype(dtype)},
                 "averaging dgamma and dbeta over the leading axes instead of summing them":
                 lambda: _averaged(right, rows)}
 
