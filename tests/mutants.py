@@ -713,6 +713,9 @@ mutant("activation_forward", "the activation's keyword arguments not passed (gel
 mutant("activation_backward", "the ReLU's backward whatever the activation",
        "return ACTIVATIONS[activation][1](dout, inner)",
        "return ACTIVATIONS[\"relu\"][1](dout, inner)", "check-activation")
+mutant("feed_forward_forward", "the activation argument not passed on: ReLU always",
+       "a, c_act = activation_forward(h, activation)", 'a, c_act = activation_forward(h, "relu")',
+       "check-feed-forward")
 mutant("feed_forward_forward", "the activation not passed on (always ReLU)",
        "activation_forward(h, activation)", "activation_forward(h, \"relu\")",
        "check-feed-forward")

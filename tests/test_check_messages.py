@@ -325,6 +325,8 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
     ("check-residual", "residual_backward", "pre-norm: the norm's backward first",
      "with the backward passes in the forward's order"),
     ("check-adam-step", "adam_step", "AdamW's shrink of p after", "shrinking p after the update"),
+    ("check-feed-forward", "feed_forward_forward", "the activation argument not passed",
+     "with ReLU whatever the activation argument says"),
     ("check-gelu", "gelu_backward", "(1 - t) instead of (1 - t^2)", "tanh' = 1 - t where"),
     ("check-gelu", "gelu_backward", "the 3 of the cube's derivative", "1 + 0.044715 x^2"),
     ("check-dropout", "dropout_backward", "the mask inverted", "inverts the mask (~keep)"),

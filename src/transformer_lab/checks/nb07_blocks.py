@@ -295,7 +295,9 @@ class FeedForward(Check, id="check-feed-forward",
             return {}
         return {"with the activation's derivative evaluated at its output a = act(h) instead of "
                 "its input h (keep h in the cache)":
-                lambda: self.expected(x, params, dout, activation, at_output=True)}
+                lambda: self.expected(x, params, dout, activation, at_output=True),
+                "with ReLU whatever the activation argument says (pass it on to "
+                "activation_forward)": lambda: self.expected(x, params, dout, "relu")}
 
 
 def _derivative_at_output(h, act):
