@@ -4,7 +4,9 @@ with a message naming the case and, where the mistake is a common one, a hint; a
 the trip between processes."""
 
 import functools
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 from handout_tools import check_as_in_handout
@@ -17,6 +19,7 @@ from transformer_lab.core import attention as CA
 from transformer_lab.core import layers as CL
 
 REGISTRY = load_checks()
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def test_every_check_is_well_formed():
@@ -31,6 +34,29 @@ def test_every_check_is_well_formed():
         assert public, f"{check_id} has no public case"
         for case in F.all_cases(chk):
             F.encode((case.args, case.kwargs), {})  # plain data only
+
+
+def test_every_check_has_one_graded_cell_in_its_notebook_and_every_graded_cell_a_check():
+    """The notebooks' graded cells and the registry name the same checks: a check without its
+    cell (or with its cell's grading metadata lost) would never be graded, a cell without its
+    check would fail."""
+    cells = {}  # check id -> (notebook, its cells' sources)
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            grading = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "code" and grading.get("grade"):
+                assert cell.get("id") == grading.get("grade_id"), (path.name, cell.get("id"))
+                assert grading.get("locked") and grading.get("points", 0) > 0, cell.get("id")
+                cells.setdefault(cell.id, []).append((path.stem, cell.source))
+            elif cell.get("id", "").startswith("check-"):
+                pytest.fail(f"{path.name}: cell {cell.id} has no grading metadata")
+    assert cells.keys() == REGISTRY.keys(), (sorted(cells.keys() - REGISTRY.keys()),
+                                             sorted(REGISTRY.keys() - cells.keys()))
+    for check_id, found in cells.items():
+        assert len(found) == 1, f"{check_id}: {len(found)} graded cells"
+        (notebook, source), = found
+        assert notebook == REGISTRY[check_id].notebook, check_id
+        assert source.startswith(f'check("{check_id}"'), (check_id, source)
 
 
 @pytest.mark.parametrize("check_id", sorted(i for i, c in REGISTRY.items() if not c.arguments))

@@ -37,17 +37,6 @@ def _solutions(notebook: str) -> dict:
     return namespace
 
 
-def test_the_checks_of_00_and_01_are_registered_with_their_notebooks():
-    ids = {i: c.notebook for i, c in REGISTRY.items() if c.notebook in ("00_gradients",
-                                                                         "01_attention")}
-    assert ids == {"check-relu": "00_gradients", "check-linear-forward": "00_gradients",
-                   "check-linear-backward": "00_gradients", "check-mse": "00_gradients",
-                   "check-softmax-forward": "01_attention",
-                   "check-attention-forward": "01_attention", "check-logsumexp": "01_attention",
-                   "check-cosine-attention": "01_attention",
-                   "check-additive-attention": "01_attention"}
-
-
 # --- notebook 00: ReLU and the linear layer --------------------------------------------------
 
 def test_relu_hints(monkeypatch):

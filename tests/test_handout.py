@@ -179,6 +179,27 @@ def test_the_handout_records_its_course_version_in_its_package_and_every_noteboo
         assert versions.METADATA_KEY not in nbformat.read(path, as_version=4).metadata
 
 
+def test_the_commit_says_when_the_package_or_the_notebooks_changed_since(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "module.py").write_text("x = 1\n")
+    (tmp_path / "notes.txt").write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    commit = versions.git_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{7}", commit)
+    (tmp_path / "notes.txt").write_text("b\n")  # outside the package and the notebooks
+    assert versions.git_commit(tmp_path) == commit
+    (tmp_path / "src" / "module.py").write_text("x = 2\n")
+    assert versions.git_commit(tmp_path) == commit + "+changes"
+    git("checkout", "--", "src")
+    (tmp_path / "src" / "new.py").write_text("")  # a new module: part of the build
+    assert versions.git_commit(tmp_path) == commit + "+changes"
+
+
 SYLLABUS_SCRIPT = ("import json\nfrom transformer_lab import syllabus\n"
                    "print(json.dumps([syllabus.__file__, syllabus.TAUGHT_IN, syllabus.CALLS]))")
 
@@ -206,6 +227,21 @@ def test_the_places_on_a_solution_marker(text, places):
             syllabus.parse_places(text)
     else:
         assert syllabus.parse_places(text) == places
+
+
+def test_every_place_on_a_solution_marker_is_a_section_of_its_notebook():
+    """The stub tells the student 'notebook NN_topic, section S, shows how': S must be one of
+    the notebook's numbered sections (## S. ...)."""
+    sections = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                         if c.cell_type == "markdown")
+        sections[path.stem] = set(re.findall(r"^## (\d+)\. ", text, flags=re.M))
+    for functions in syllabus.TAUGHT_IN.values():
+        for name, places in functions.items():
+            for place in places:
+                notebook, _, section = place.partition(" §")
+                assert section in sections.get(notebook, ()), f"{name}: {place} is no section"
 
 
 def test_the_syllabus_is_read_from_the_core_alone(tmp_path):

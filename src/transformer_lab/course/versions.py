@@ -53,16 +53,23 @@ def _literal(path: Path, name: str) -> str | None:
 
 
 def git_commit(project: Path) -> str:
-    """The short commit of ``project`` when it is the top of a git checkout, else "unknown"."""
+    """The short commit of ``project`` when it is the top of a git checkout, else "unknown";
+    with ``+changes`` when the package or the notebooks differ from that commit, new files not
+    ignored by git included (a handout built from them is not that commit's)."""
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(project), *args], capture_output=True,
+                              text=True, timeout=30)
+
     try:
-        run = subprocess.run(["git", "-C", str(project), "rev-parse", "--show-toplevel",
-                              "--short=7", "HEAD"], capture_output=True, text=True, timeout=30)
+        run = git("rev-parse", "--show-toplevel", "--short=7", "HEAD")
+        lines = run.stdout.split()
+        if run.returncode != 0 or len(lines) != 2 or \
+                Path(lines[0]).resolve() != project.resolve():
+            return UNKNOWN
+        changed = git("status", "--porcelain", "--", "src", "notebooks")  # new files too
     except (OSError, subprocess.SubprocessError):
         return UNKNOWN
-    lines = run.stdout.split()
-    if run.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != project.resolve():
-        return UNKNOWN
-    return lines[1]
+    return lines[1] + ("+changes" if changed.returncode != 0 or changed.stdout.strip() else "")
 
 
 def project_version(project: Path) -> CourseVersion:
