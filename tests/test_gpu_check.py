@@ -59,8 +59,11 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     assert {"linear_forward", "linear_backward", "adam_step", "outside the core"} <= set(own)
     assert list(own.values()) == sorted(own.values(), reverse=True) and min(own.values()) > 0
     training = record["training"]
-    assert training["config"]["device"] == "cuda" and training["metrics"]["steps"] >= 6
-    assert training["metrics"]["stopped"] in ("steps", "time")
+    assert training["config"]["device"] == "cuda" and training["metrics"]["steps"] >= 1
+    # all the steps the probe planned, or fewer when the budget ran out (a busy machine)
+    assert training["config"]["steps"] >= training["config"]["warmup"] + 1
+    assert (training["metrics"]["stopped"], training["metrics"]["steps"]) == (
+        "steps", training["config"]["steps"]) or training["metrics"]["stopped"] == "time"
     assert training["shipped_checkpoint_val_bits_per_char_here"] > 0
     assert isinstance(training["beats_shipped"], bool)
     out = capsys.readouterr().out
