@@ -4,6 +4,7 @@ These tests run nbval in a subprocess, the way `make test-notebooks` does, on co
 in a temporary folder.
 """
 
+import itertools
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from transformer_lab.course.execute import execute_notebook
+from transformer_lab.course.execute import execute_notebook, merge_streams
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
@@ -96,3 +97,17 @@ def test_course_notebooks_are_stored_executed_in_order(notebook):
     errors = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])
               if o["output_type"] == "error" and "NBVAL_RAISES_EXCEPTION" not in c["source"]]
     assert not errors, f"{notebook.name} is stored with error outputs"
+    split = [c["id"] for c in cells for a, b in itertools.pairwise(c.get("outputs", []))
+             if a["output_type"] == b["output_type"] == "stream" and a["name"] == b["name"]]
+    assert not split, f"{notebook.name}: a print split over two outputs in {split} (refresh it)"
+
+
+def test_execute_joins_a_print_the_kernel_split():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('a b')")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="a"),
+                           nbformat.v4.new_output("stream", name="stdout", text=" b\n"),
+                           nbformat.v4.new_output("stream", name="stderr", text="w\n"),
+                           nbformat.v4.new_output("stream", name="stdout", text="c\n")]
+    outputs = merge_streams(nb).cells[0].outputs
+    assert [(o.name, o.text) for o in outputs] == [("stdout", "a b\n"), ("stderr", "w\n"),
+                                                  ("stdout", "c\n")]

@@ -96,7 +96,25 @@ def execute_notebook(src: Path, dest: Path, timeout: int, keep_failed: bool = Fa
             os.utime(dest, (0, 0))  # older than any source: never taken for an up-to-date copy
         raise
     dest.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest)
+    nbformat.write(merge_streams(nb), dest)
+
+
+def merge_streams(nb):
+    """``nb`` with each run of stream outputs of one name (stdout, stderr) in a cell joined into
+    one: how the kernel split a print between messages varies from run to run, so the stored
+    outputs would change with no change in what they say."""
+    for cell in nb.cells:
+        merged = []
+        for output in cell.get("outputs", []):
+            last = merged[-1] if merged else None
+            if output.output_type == "stream" and last is not None and \
+                    last.output_type == "stream" and last.name == output.name:
+                last.text += output.text
+            else:
+                merged.append(output)
+        if cell.cell_type == "code":
+            cell.outputs = merged
+    return nb
 
 
 def run(notebooks: list[Path], out_dir: Path | None, timeout: int, force: bool) -> list[Result]:
