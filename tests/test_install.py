@@ -7,6 +7,7 @@ import ast
 import inspect
 import json
 import re
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -62,6 +63,21 @@ def test_exactly_one_pin_per_package_on_each_python(python, name):
         assert all(re.fullmatch(r"==\d+(\.\d+)*", s) for s in specs), f"{package}: not a pin"
     assert all(len(p) == 1 for p in found.values()), \
         {n: p for n, p in found.items() if len(p) > 1}
+
+
+def test_every_file_that_names_the_torch_pin_names_the_requirements_one():
+    """The pin lives in requirements.txt; the commands and texts that repeat it (README, docs,
+    the [torch] extra, the handout's README) must follow it when it moves."""
+    (pin,) = pins("requirements.txt", PYTHONS[0])["torch"]
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True,
+                           check=True).stdout.split() if (ROOT / ".git").exists() else []
+    named = {}
+    for name in files:
+        if Path(name).suffix in (".md", ".txt", ".toml", ".py", ".ipynb", ".cfg") or \
+                name in ("Makefile", ".ci/run"):
+            for found in re.findall(r"torch(==[\w.+]+)", (ROOT / name).read_text("utf-8")):
+                named.setdefault(found.rstrip("."), []).append(name)
+    assert set(named) <= {pin}, {spec: where for spec, where in named.items() if spec != pin}
 
 
 @pytest.mark.parametrize("python", PYTHONS)
