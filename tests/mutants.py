@@ -716,9 +716,6 @@ mutant("activation_backward", "the ReLU's backward whatever the activation",
 mutant("feed_forward_forward", "the activation argument not passed on: ReLU always",
        "a, c_act = activation_forward(h, activation)", 'a, c_act = activation_forward(h, "relu")',
        "check-feed-forward")
-mutant("feed_forward_forward", "the activation not passed on (always ReLU)",
-       "activation_forward(h, activation)", "activation_forward(h, \"relu\")",
-       "check-feed-forward")
 mutant("feed_forward_forward", "the second bias forgotten",
        "params[\"W2\"], params.get(\"b2\"))", "params[\"W2\"])", "check-feed-forward")
 mutant("feed_forward_backward", "the activation's backward skipped",

@@ -8,12 +8,11 @@ import nbformat
 import numpy as np
 import pytest
 
-from transformer_lab.checks import CheckFailed, check, load_checks
+from transformer_lab.checks import CheckFailed, check
 from transformer_lab.core import attention as CA
 from transformer_lab.core import layers as CL
 
 ROOT = Path(__file__).resolve().parents[1]
-REGISTRY = load_checks()
 
 
 def _fails(check_id, *functions):

@@ -8,13 +8,11 @@ import numpy as np
 import pytest
 from handout_tools import check_as_in_handout
 
-from transformer_lab.checks import CheckFailed, check, load_checks
+from transformer_lab.checks import CheckFailed, check
 from transformer_lab.checks import nb05_attention_backward as N5
 from transformer_lab.core import attention as CA
 from transformer_lab.core import layers as CL
 from transformer_lab.core import multihead as CM
-
-REGISTRY = load_checks()
 
 
 def _fails(check_id, *functions):

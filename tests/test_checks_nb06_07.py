@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_lab.checks import CheckFailed, check, load_checks
+from transformer_lab.checks import CheckFailed, check
 from transformer_lab.core import blocks as CB
 from transformer_lab.core import layers as CL
 from transformer_lab.core import model as CM
-
-REGISTRY = load_checks()
 
 
 def _fails(check_id, *functions):

@@ -61,7 +61,6 @@ def test_every_part_runs_and_is_recorded(cuda_is_the_standin, tmp_path, capsys):
     training = record["training"]
     assert training["config"]["device"] == "cuda" and training["metrics"]["steps"] >= 1
     # all the steps the probe planned, or fewer when the budget ran out (a busy machine)
-    assert training["config"]["steps"] >= training["config"]["warmup"] + 1
     assert (training["metrics"]["stopped"], training["metrics"]["steps"]) == (
         "steps", training["config"]["steps"]) or training["metrics"]["stopped"] == "time"
     assert training["shipped_checkpoint_val_bits_per_char_here"] > 0

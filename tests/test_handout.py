@@ -288,6 +288,11 @@ def _edit(path: str, old: str, new: str):
     return change
 
 
+#: check-softmax-forward's run method, as its module writes it
+SOFTMAX_RUN = ("    def run(self, f, x, into=False):\n"
+               "        return f.softmax_forward(x, **({\"out\": np.full_like(x, np.nan)} if into "
+               "else {}))[0]\n")
+
 _SOFTMAX = '''    ### BEGIN SOLUTION 01 §3, 02 §4
     m = x.max(axis=-1, keepdims=True)  # (..., 1)'''
 _CAUSAL_END = '''    return np.arange(S)[None, :] > np.arange(T)[:, None]
@@ -349,10 +354,8 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
         _edit("checks/nb01_attention.py", "def _softmax(x, dim=-1):\n",
               "def _softmax(x, dim=-1):\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"),
         "checks/nb01_attention.py", None, "solution regions belong in the core"),
-    "run() hidden": (_edit("checks/nb01_attention.py",
-                           "    def run(self, f, x):\n        return f.softmax_forward(x)[0]\n",
-                           "    ### BEGIN HIDDEN TESTS\n    def run(self, f, x):\n"
-                           "        return f.softmax_forward(x)[0]\n    ### END HIDDEN TESTS\n"),
+    "run() hidden": (_edit("checks/nb01_attention.py", SOFTMAX_RUN,
+                           f"    ### BEGIN HIDDEN TESTS\n{SOFTMAX_RUN}    ### END HIDDEN TESTS\n"),
                      "checks/nb01_attention.py", None, "SoftmaxForward.run is hidden"),
     "a class statement hidden": (
         _edit("checks/nb01_attention.py", "class SoftmaxForward(Check,",
@@ -360,9 +363,9 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
               "### END HIDDEN TESTS\n\n\nclass SoftmaxForward(Check,"),
         "checks/nb01_attention.py", None, "holds the class statement of Extra"),
     "a method cut in two": (
-        _edit("checks/nb01_attention.py", "    def run(self, f, x):\n        return f.",
-              "    def run(self, f, x):\n        ### BEGIN HIDDEN TESTS\n        x = x\n"
-              "        ### END HIDDEN TESTS\n        return f."),
+        _edit("checks/nb01_attention.py", SOFTMAX_RUN.split("\n")[0],
+              SOFTMAX_RUN.split("\n")[0] + "\n        ### BEGIN HIDDEN TESTS\n        x = x\n"
+              "        ### END HIDDEN TESTS"),
         "checks/nb01_attention.py", None, "cuts a statement of SoftmaxForward in two"),
     "a region that leaves its class": (  # a module-level statement before its END marker
         _edit("checks/nb01_attention.py", "_LOOPS: python_loops(f.additive_attention)}\n",

@@ -69,12 +69,14 @@ def test_every_file_that_names_the_torch_pin_names_the_requirements_one():
     """The pin lives in requirements.txt; the commands and texts that repeat it (README, docs,
     the [torch] extra, the handout's README) must follow it when it moves."""
     (pin,) = pins("requirements.txt", PYTHONS[0])["torch"]
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True,
-                           check=True).stdout.split() if (ROOT / ".git").exists() else []
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True,
+                           text=True, check=True).stdout.split("\0") \
+        if (ROOT / ".git").exists() else []
     named = {}
     for name in files:
-        if Path(name).suffix in (".md", ".txt", ".toml", ".py", ".ipynb", ".cfg") or \
-                name in ("Makefile", ".ci/run"):
+        text_file = Path(name).suffix in (".md", ".txt", ".toml", ".py", ".ipynb", ".cfg") or \
+            name in ("Makefile", ".ci/run")
+        if text_file and (ROOT / name).is_file():
             for found in re.findall(r"torch(==[\w.+]+)", (ROOT / name).read_text("utf-8")):
                 named.setdefault(found.rstrip("."), []).append(name)
     assert set(named) <= {pin}, {spec: where for spec, where in named.items() if spec != pin}

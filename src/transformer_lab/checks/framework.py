@@ -631,10 +631,10 @@ def _generic_hint(problem: Difference) -> str:
     if got.shape != want.shape:
         squeezed = [tuple(s for s in a.shape if s != 1) for a in (got, want)]
         return next((text for wrong, text in (
-            (got.size == want.size, "the right number of entries in the wrong shape: a reshape "
-                                    "or transpose that does not match the expected layout?"),
             (squeezed[0] == squeezed[1],
              "an axis of length 1 too many or too few: keepdims=True where you reduce?"),
+            (got.size == want.size, "the right number of entries in the wrong shape: a reshape "
+                                    "or transpose that does not match the expected layout?"),
             (got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape),
              "the axes are in another order: a transposed result or weight?")) if wrong), "")
     if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):

@@ -222,7 +222,9 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
                 "without adding the maximum back after the log":
                 lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy(),
                 "squeezing every axis of length 1 (m.squeeze()) instead of the reduced one "
-                "only (np.squeeze(m, axis))": lambda: self._squeezed(x, axis)}
+                "only (np.squeeze(m, axis))": lambda: self._squeezed(x, axis),
+                "squeezing every axis of length 1 (np.squeeze(out)) instead of the reduced one "
+                "only (np.squeeze(out, axis))": lambda: np.squeeze(self.expected(x, axis))}
 
     @staticmethod
     def _squeezed(x, axis):

@@ -41,6 +41,14 @@ def _row_mean(a):
     return a.mean(axis=-1, keepdims=True)
 
 
+def _normalised(x, eps):
+    """xhat = (x - mean) / sqrt(var + eps) and rstd = 1 / sqrt(var + eps) (..., 1) of x's rows,
+    in float64."""
+    xc = x.astype(np.float64) - _row_mean(x.astype(np.float64))
+    rstd = 1 / np.sqrt(_row_mean(xc * xc) + eps)
+    return xc * rstd, rstd
+
+
 class _LayerNormCases:
     """The cases of both layer-norm checks (the forward and the backward see the same inputs)."""
 
@@ -83,11 +91,9 @@ class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
         return {"out": out, XHAT: xhat, RSTD: rstd}
 
     def expected(self, x, gamma, beta, dout, eps=1e-5):
-        x64 = x.astype(np.float64)
-        xc = x64 - _row_mean(x64)
-        rstd = 1 / np.sqrt(_row_mean(xc * xc) + eps)
+        xhat, rstd = _normalised(x, eps)
         return {"out": _torch_layer_norm(x, gamma, beta, dout, eps)[0],
-                XHAT: (xc * rstd).astype(x.dtype), RSTD: rstd.astype(x.dtype)}
+                XHAT: xhat.astype(x.dtype), RSTD: rstd.astype(x.dtype)}
 
     def mistakes(self, x, gamma, beta, dout, eps=1e-5):
         d = x.shape[-1]
@@ -131,10 +137,8 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
     def mistakes(self, x, gamma, beta, dout, eps=1e-5):
         right = self.expected(x, gamma, beta, dout, eps)
         mean, rows, dtype = _row_mean, x.size // x.shape[-1], x.dtype
-        x64 = x.astype(np.float64)  # the pieces, in float64: xhat, 1/sigma, g = dout * gamma
-        xc = x64 - mean(x64)
-        rstd = 1 / np.sqrt(mean(xc * xc) + eps)
-        xhat, g = xc * rstd, (dout * gamma if gamma is not None else dout).astype(np.float64)
+        xhat, rstd = _normalised(x, eps)  # the pieces, in float64, and g = dout * gamma
+        g = (dout * gamma if gamma is not None else dout).astype(np.float64)
         d = dout.astype(np.float64)
         return {"dropping the term xhat * mean(g * xhat) (the path through the standard "
                 "deviation)":

@@ -400,36 +400,28 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
                 lambda: self._dout_to_sublayer(*case, eps))
         return found
 
-    def _pieces(self, x, W, norm, eps):
-        """The norm's and the sublayer's backward passes, each at its own input: (upstream,
-        input) -> (gradient of the input, the parameters' gradients)."""
-        def norm_backward(up, u):
-            _, du, grads = autograd(lambda ut, g: self.norm(ut, g, eps), up, u, norm)
-            return du, grads
-
-        def sublayer_backward(up, h):
-            _, dh, dW = autograd(lambda ht, Wt: torch.tanh(ht @ Wt), up, h, W)
-            return dh, [{"W": dW}]
-
-        return norm_backward, sublayer_backward
+    def _norm_backward(self, up, u, norm, eps):
+        """The norm's backward at its input ``u`` for the upstream ``up``: (du, grads)."""
+        _, du, grads = autograd(lambda ut, g: self.norm(ut, g, eps), up, u, norm)
+        return du, grads
 
     def _reversed(self, x, W, norm, dout, eps):
         """Pre-norm with the norm's backward first, on dout, and the sublayer's on its result."""
         right = self.expected(x, W, norm, dout, True, eps)
-        norm_backward, sublayer_backward = self._pieces(x, W, norm, eps)
-        dn, g_norm = norm_backward(dout, x)
-        h = self.norm(torch.from_numpy(x), {k: torch.from_numpy(a) for k, a in norm.items()},
-                      eps).numpy()
-        dh, g_sub = sublayer_backward(dn, h)
-        return {**right, "dx": dout + dh, "norm grads": g_norm, "sublayer grads": g_sub}
+        forward, backward = _tanh_sublayer(W)
+        dn, g_norm = self._norm_backward(dout, x, norm, eps)
+        h = _np(self.norm(_t(x), {k: _t(a) for k, a in norm.items()}, eps))
+        dh, g_sub = backward(dn, forward(h)[1])
+        return {**right, "dx": dout + dh, "norm grads": g_norm, "sublayer grads": [g_sub]}
 
     def _dout_to_sublayer(self, x, W, norm, dout, eps):
         """Post-norm with the sublayer's backward given dout instead of ds."""
         right = self.expected(x, W, norm, dout, False, eps)
-        norm_backward, sublayer_backward = self._pieces(x, W, norm, eps)
-        ds, _ = norm_backward(dout, x + np.tanh(x @ W))
-        dh, g_sub = sublayer_backward(dout, x)
-        return {**right, "dx": ds + dh, "sublayer grads": g_sub}
+        forward, backward = _tanh_sublayer(W)
+        y, cache = forward(x)
+        ds, _ = self._norm_backward(dout, x + y, norm, eps)
+        dh, g_sub = backward(dout, cache)
+        return {**right, "dx": ds + dh, "sublayer grads": [g_sub]}
 
 
 # --------------------------------------------------------------------------------------------

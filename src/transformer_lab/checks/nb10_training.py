@@ -121,7 +121,7 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
             # the damped gradient and weight decay
             damped = 1 - hyper["dampening"]
             found["starting the momentum buffer at zero, or at (1 - dampening) g, instead of "
-                  "a copy of g (torch's first step takes buf = g, undamped; the others damp "
+                  "a copy of g (torch's first step takes buf = g, undamped; both of those damp "
                   "the first step)"] = (
                 torch_with(grads * damped, dampening=0.0,
                            weight_decay=damped * hyper.get("weight_decay", 0.0)))
@@ -250,8 +250,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 torch_with(decoupled=False))
             found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = (
                 torch_with(weight_decay=hyper["weight_decay"] / hyper["lr"]))  # 1 - lr * that
-            found["shrinking p after the update instead of before it (p *= 1 - lr * "
-                  "weight_decay, then p -= the step)"] = wrong(decay_after=True)
+            found["shrinking p after the update instead of before it (write p *= 1 - lr * "
+                  "weight_decay first, then p -= the step)"] = wrong(decay_after=True)
         elif hyper.get("weight_decay"):
             found["decoupling the weight decay for Adam (decoupled=False adds weight_decay * p "
                   "to the gradient; shrinking p is AdamW)"] = torch_with(decoupled=True)

@@ -78,14 +78,21 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
                     "dlogits": ((np.exp(logp) - q) * (w * dloss)[..., None]).astype(
                         logits.dtype)}
 
-        return {"with eps spread over the V - 1 other classes (torch spreads it over all V, the "
-                "target included: q = (1 - eps) onehot + eps / V)":
-                lambda: smoothed(1 - eps, eps / (V - 1), keep),
-                "with no smoothing on the other classes: the target given 1 - eps + eps / V, the "
-                "others 0 (the uniform part is on every class)":
-                lambda: smoothed(1 - eps + eps / V, 0.0, keep),
-                "with the ignored positions counted (mask them out and divide by the number kept)":
-                lambda: smoothed(1 - eps + eps / V, eps / V, np.ones(keep.shape))}
+        counted = smoothed(1 - eps + eps / V, eps / V, np.ones(keep.shape))
+        found = {}
+        if ignore_index >= 0:  # a padding id that is a class: named before the general case
+            found["taking the padding to be the negative targets (targets >= 0): it is "
+                  "targets == ignore_index, here a class id too"] = lambda: counted
+        found.update({
+            "with eps spread over the V - 1 other classes (torch spreads it over all V, the "
+            "target included: q = (1 - eps) onehot + eps / V)":
+            lambda: smoothed(1 - eps, eps / (V - 1), keep),
+            "with no smoothing on the other classes: the target given 1 - eps + eps / V, the "
+            "others 0 (the uniform part is on every class)":
+            lambda: smoothed(1 - eps + eps / V, 0.0, keep),
+            "with the ignored positions counted (mask them out and divide by the number kept)":
+            lambda: counted})
+        return found
 
 
 # --------------------------------------------------------------------------------------------

@@ -355,11 +355,10 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
 def _kv_gradient_scaled(x, params, dout, H, Hkv, angles, factor) -> dict:
     """dx and the gradients of W_qkv (and b_qkv) of the attention whose keys' and values'
     gradients are multiplied by ``factor`` (a mistake): the reference's, with the gradient at
-    the projections q, k, v (B, T, E + 2 Hkv Dh) taken from a bias of one row per position."""
-    B, T, E = x.shape
-    W = params["W_qkv"]
-    bias = np.zeros((B, T, W.shape[1]), x.dtype) + params.get("b_qkv", 0)
-    want = _attention_expected(x, {**params, "b_qkv": bias}, dout, H, Hkv, angles)
+    the projections q, k, v taken from a bias of one row per position."""
+    E, W = x.shape[-1], params["W_qkv"]
+    want = _attention_expected(x, {**params, "b_qkv": _bias_per_position(x, params)}, dout, H,
+                               Hkv, angles)
     scale = np.ones(W.shape[1], x.dtype)
     scale[E:] = factor  # the key and value columns
     dqkv = want["db_qkv"] * scale
@@ -369,13 +368,19 @@ def _kv_gradient_scaled(x, params, dout, H, Hkv, angles, factor) -> dict:
     return found
 
 
+def _bias_per_position(x, params):
+    """The attention's b_qkv as one row per position of x (B, T, E + 2 Hkv Dh): the reference's
+    gradient of it is the gradient at the projections q, k, v, and a row may be set apart."""
+    return np.zeros((*x.shape[:2], params["W_qkv"].shape[1]), x.dtype) + params.get("b_qkv", 0)
+
+
 def _values_turned(x, params, H, Hkv) -> dict:
     """Parameters whose values are the attention's, turned by RoPE (a mistake): the value
     columns of W_qkv are zero, and a bias of one row per position holds the turned values."""
     B, T, E = x.shape
     Dh = E // H
     values = slice(E + Hkv * Dh, None)
-    bias = np.zeros((B, T, params["W_qkv"].shape[1]), x.dtype) + params.get("b_qkv", 0)
+    bias = _bias_per_position(x, params)
     v = bias[..., values] + x @ params["W_qkv"][:, values]
     _, (cos, sin) = _head_rope(x, H, True)
     heads = _turned(v.reshape(B, T, Hkv, Dh).swapaxes(1, 2), cos, sin)  # (B, Hkv, T, Dh)

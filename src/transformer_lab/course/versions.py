@@ -1,7 +1,8 @@
 """Course versions: what a handout and an autograder record, and what the grader makes of them.
 
 A course version is ``transformer_lab.__version__`` and the git commit the project was built
-from ("unknown" outside a git checkout), recorded in a built package's ``_built.py`` and in a
+from ("unknown" outside a git checkout; ``+changes`` after it when the package or the
+notebooks differed from it), recorded in a built package's ``_built.py`` and in a
 handout notebook's ``metadata.transformer_lab``; what the grader makes of it:
 docs/instructors.md, "Versions".
 """
@@ -56,9 +57,9 @@ def git_commit(project: Path) -> str:
     """The short commit of ``project`` when it is the top of a git checkout, else "unknown";
     with ``+changes`` when the package or the notebooks differ from that commit, new files not
     ignored by git included (a handout built from them is not that commit's)."""
-    def git(*args) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(project), *args], capture_output=True,
-                              text=True, timeout=30)
+    def git(*args) -> subprocess.CompletedProcess:  # takes no lock: a build runs beside git
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(project), *args],
+                              capture_output=True, text=True, timeout=30)
 
     try:
         run = git("rev-parse", "--show-toplevel", "--short=7", "HEAD")
