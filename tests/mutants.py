@@ -665,6 +665,9 @@ mutant("decoder_forward", "eps not passed to the final norm",
 mutant("transformer_encode", "the config's eps not passed to the encoder",
        "c.norm_first, c.activation, c.eps)", "c.norm_first, c.activation)",
        "check-transformer-forward")
+mutant("transformer_decode", "the target padding left out of the self-attention mask",
+       "merge_masks(causal_mask(tgt_in.shape[1]), tgt_pad)",
+       "merge_masks(causal_mask(tgt_in.shape[1]), None)", "check-transformer-forward")
 mutant("transformer_decode", "the config's eps not passed to the decoder",
        "c.norm_first, c.activation, c.eps)", "c.norm_first, c.activation)",
        "check-transformer-forward")

@@ -701,4 +701,9 @@ class DecoderLayer(_TwinCheck, id="check-decoder-layer",
                 lambda: dict(right, dmemory=dkey),
                 "with the memory's gradient from the values only: dmemory = dkey + dvalue":
                 lambda: dict(right, dmemory=dvalue),
-                "with pre-norm and post-norm swapped": self._swapped(case, keywords)}
+                "with pre-norm and post-norm swapped": self._swapped(case, keywords),
+                **{f"with the {which} left out of the {where}": (
+                    lambda k=k: self._twin(*case[:k], None, *case[k + 1:], **keywords)[0])
+                   for k, which, where in ((4, "target mask", "self-attention"),
+                                           (5, "memory mask", "cross-attention"))
+                   if case[k] is not None}}

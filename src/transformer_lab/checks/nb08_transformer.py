@@ -249,7 +249,7 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
     """(memory, logits, stacks, outer tensors) of the course model, in PyTorch: the stacks are
     :func:`torch_stack`'s (a ``ModuleDict``: ``encoder``, ``decoder``), the other parameters
     tensors that record their gradients. ``how`` names a mistake to reproduce ("no scale",
-    "no positions", "no causal mask", "no memory padding mask")."""
+    "no positions", "no causal mask", "no memory padding mask", "no target padding mask")."""
     layer = (config["num_heads"], config["norm_first"], config["activation"], config["eps"])
     core = torch.nn.ModuleDict({side: torch_stack(params[side], *layer, side == "decoder")
                                 for side in ("encoder", "decoder")})
@@ -271,7 +271,8 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
     t = tgt_in.shape[1]
     causal = None if how == "no causal mask" else torch.ones(t, t, dtype=torch.bool).triu(1)
     y = core.decoder(embed(tgt_in, "tgt"), memory, tgt_mask=causal,
-                     tgt_key_padding_mask=_t(tgt_pad),
+                     tgt_key_padding_mask=None if how == "no target padding mask"
+                     else _t(tgt_pad),
                      memory_key_padding_mask=None if how == "no memory padding mask"
                      else kpm_src)
     logits = y @ outer["out_proj.W"] + outer.get("out_proj.b", 0)
@@ -334,7 +335,10 @@ class TransformerForward(Check, id="check-transformer-forward",
                 "without multiplying the token embeddings by sqrt(E) (config.scale_embeddings)":
                 "no scale" if config["scale_embeddings"] else None,
                 "with the source padding left out of the cross-attention's mask":
-                "no memory padding mask" if src_pad is not None else None}
+                "no memory padding mask" if src_pad is not None else None,
+                "with the target padding left out of the decoder's self-attention mask "
+                "(merge tgt_pad with the causal mask)":
+                "no target padding mask" if tgt_pad is not None and tgt_pad.any() else None}
         case = (params, src, tgt_in, config, pe, src_pad, tgt_pad)
         return {text: partial(self.expected, *case, how=how) for text, how in hows.items() if how}
 
