@@ -482,7 +482,7 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                 "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p"),
                 "with a backward that inverts the mask (~keep): the gradient flows to the "
                 "entries the forward kept": lambda: {
-                    "out": self.expected(x, dout, p, seed, train)["out"],
+                    **self.expected(x, dout, p, seed, train),
                     "dx": self.expected(x, dout, p, seed, train, "u < p")["dx"]},
                 "with a backward that ignores the mask (dout * scale): a dropped entry gets no "
                 "gradient": lambda: {**self.expected(x, dout, p, seed, train),
