@@ -300,6 +300,19 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     ("check-decoder-step", "transformer_decode_step", "final norm", "final layer norm"),
     ("check-decoder-step", "transformer_decode_step", "padding ignored", "padding not masked"),
     ("check-decoder-step", "decoder_layer_step", "memory mask", "padding not masked"),
+    ("check-mha-forward", "multi_head_attention_forward", "mask not passed", "without the mask"),
+    ("check-mha-forward", "multi_head_attention_forward", "output bias left out",
+     "without the bias b_o"),
+    ("check-mha-forward", "multi_head_attention_forward", "from the key input",
+     "the values from key instead of value"),
+    ("check-self-attention-forward", "self_attention_forward", "mask not passed",
+     "without the mask"),
+    ("check-self-attention-forward", "self_attention_forward", "packed bias ignored",
+     "without the bias b_qkv"),
+    ("check-self-attention-forward", "self_attention_forward", "output bias ignored",
+     "without the bias b_o"),
+    ("check-self-attention-forward", "self_attention_forward", "keys used as values",
+     "with the keys as values"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)
@@ -323,6 +336,36 @@ def test_a_recount_after_every_merge_is_counted():
     msg = mutant_message("check-train-bpe", "train_bpe", "recounted after every merge")
     assert "output['words read by pair_counts']: expected 'at most" in msg
     assert "a recount after every merge?" in msg
+
+
+@pytest.mark.parametrize(("check_id", "where", "models"), [
+    ("check-layer-norm-forward", "layer_norm_forward", "eps ignored"),
+    ("check-encoder-layer", "encoder_layer_forward", "eps not passed to the first residual"),
+    ("check-decoder-stack", "decoder_forward", "eps not passed to the final norm"),
+    ("check-transformer-forward", "transformer_encode", "the config's eps not passed"),
+    ("check-gpt-block", "gpt_block_forward", "config.eps not passed to the first norm"),
+])
+def test_an_eps_not_passed_on_is_named(check_id, where, models):
+    """A case that gives eps (a keyword, or a config's) names the answer that leans towards a
+    default eps -- an eps left out of every call, or of one norm's."""
+    msg = mutant_message(check_id, where, models)
+    assert "the case gives eps = 0.1, and your answer is off in the direction of the one with " \
+           "eps = 1e-05" in msg, msg
+
+
+def test_the_eps_hint_is_not_given_for_another_mistake():
+    """Off by another cause (noise, the sign), the answer does not lean towards the default
+    eps's. (A plain factor gets the factor's hint, which comes first.)"""
+    chk = F.get_check("check-layer-norm-forward")
+    case = next(c for c in F.all_cases(chk) if c.kwargs.get("eps") == 0.1)
+    want = chk.expected(*case.args, **case.kwargs)["out"]
+    default = chk.expected(*case.args, **{**case.kwargs, "eps": 1e-5})["out"]
+    noise = np.random.default_rng(0).standard_normal(want.shape)
+
+    def hint(got):
+        return F._eps_hint(chk, case, F.Difference("output['out']", "", got, want), ["out"])
+    assert "eps = 1e-05" in hint(default) and "eps = 1e-05" in hint((want + default) / 2)
+    assert hint(want + 0.01 * noise) == hint(-want) == ""
 
 
 def _generic(got, want) -> str:

@@ -577,7 +577,48 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
                         return f"this is what you get {description}."
             except Exception:  # a mistake without that output, or a hint's own error
                 continue
-    return _generic_hint(problem)
+    return _generic_hint(problem) or _eps_hint(check, case, problem, keys)
+
+
+#: the eps a norm takes by default (layer norm's, RMSNorm's), which a forgotten eps leaves
+DEFAULT_EPS = (1e-5, 1e-6)
+
+
+def _eps_hint(check: Check, case: Case, problem: Difference, keys: list[str]) -> str:
+    """For a case that gives ``eps`` (a keyword, or a config's entry): whether the answer is off
+    in the direction of the one with a default eps (cosine over 0.5) -- an eps not passed on,
+    to one norm or to them all."""
+    given = _given_eps(case)
+    got, want = problem.got, problem.want
+    if given is None or given[0] in DEFAULT_EPS or not isinstance(got, np.ndarray) \
+            or not isinstance(want, np.ndarray) or got.shape != want.shape \
+            or not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
+        return ""
+    eps, inputs = given
+    for default in DEFAULT_EPS:
+        try:
+            args, kwargs = copy.deepcopy(inputs(default))
+            other = np.asarray(reduce(getitem, keys, check.expected(*args, **kwargs)))
+            wrong, towards = (got - want).ravel(), (other - want).ravel()
+            if float(wrong @ towards) > 0.5 * np.linalg.norm(wrong) * np.linalg.norm(towards):
+                return (f"the case gives eps = {eps:g}, and your answer is off in the direction "
+                        f"of the one with eps = {default:g}: is eps passed on to every norm (a "
+                        "default written in, or eps left out of a call)?")
+        except Exception:  # a check whose expected takes no eps, or a hint's own error
+            continue
+    return ""
+
+
+def _given_eps(case: Case) -> tuple[float, Callable[[float], tuple]] | None:
+    """(the eps a case gives, eps -> the case's (args, kwargs) with that eps instead), or None:
+    eps as a keyword, or as the entry of a config dict among the arguments."""
+    if isinstance(case.kwargs.get("eps"), float):
+        return case.kwargs["eps"], lambda e: (case.args, {**case.kwargs, "eps": e})
+    for i, a in enumerate(case.args):
+        if isinstance(a, dict) and isinstance(a.get("eps"), float):
+            return a["eps"], lambda e, i=i: (
+                (*case.args[:i], {**case.args[i], "eps": e}, *case.args[i + 1:]), case.kwargs)
+    return None
 
 
 def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None = None) -> list:

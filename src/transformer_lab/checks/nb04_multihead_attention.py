@@ -10,6 +10,7 @@ but for the heads' and the mask's, which are NumPy reshapes and broadcasts of th
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -263,6 +264,14 @@ class _LayerForward(Check):
         if num_heads > 1:
             found["scaling the scores by 1/sqrt(E) instead of 1/sqrt(d_h) = 1/sqrt(E/H)"] = (
                 lambda: torch_heads_forward(*inputs, scale=1 / math.sqrt(query.shape[-1])))
+        if mask is not None:
+            found["without the mask (pass mask on to attention)"] = \
+                lambda: torch_heads_forward(*inputs[:5])
+        for bias in ("b_o", "b_qkv"):
+            if bias in params:
+                found[f"without the bias {bias}"] = functools.partial(
+                    torch_heads_forward, query, key, value,
+                    {k: p for k, p in params.items() if k != bias}, num_heads, mask)
         if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
             found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
                   "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
@@ -296,6 +305,13 @@ class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
         return f.multi_head_attention_forward(query, key, value, params, num_heads, mask)[0]
+
+    def mistakes(self, query, key, value, params, num_heads, mask=None):
+        found = super().mistakes(query, key, value, params, num_heads, mask=mask)
+        if key.shape == value.shape:
+            found["projecting the values from key instead of value (a copy-paste?)"] = \
+                lambda: torch_heads_forward(query, key, key, params, num_heads, mask)
+        return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,7 +426,22 @@ class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
         found["cutting the packed projection per head as [q_i | k_i | v_i] (another library's "
               "layout) instead of [Q | K | V] side by side, as in_proj_weight stacks them"] = (
             lambda: torch_heads_forward(x, x, x, params, num_heads, mask, split="interleaved"))
+        found["with the keys as values: the third of the packed projection is V (a copy-paste "
+              "of k?)"] = lambda: torch_heads_forward(x, x, x, _keys_as_values(params),
+                                                       num_heads, mask)
         return found
+
+
+def _keys_as_values(params):
+    """Packed projections whose V third is a copy of their K third."""
+    E = params["W_qkv"].shape[0]
+    out = dict(params)
+    for name in ("W_qkv", "b_qkv"):
+        if name in params:
+            p = params[name].copy()
+            p[..., 2 * E:] = p[..., E:2 * E]
+            out[name] = p
+    return out
 
 
 # --------------------------------------------------------------------------------------------
