@@ -536,6 +536,10 @@ def test_bad_inputs_of_the_model(rng):
     (dict(seed=-2), ValueError, "seed must be at least 0"),
     (dict(use_cache=1), TypeError, "use_cache must be True or False"),
     (dict(ids=np.zeros((1, 0), int)), ValueError, "at least 1 position"),
+    (dict(ids=[]), ValueError, "at least 1 position"),
+    (dict(ids=[[1, 2], [3]]), ValueError, "rectangular array of token ids"),
+    (dict(temperature=1e-38), ValueError, r"temperature must be 0 \(greedy\) or at least "
+                                          r"float64's eps 2.22e-16 \(smaller ones can overflow"),
 ])
 def test_bad_inputs_of_generate(kwargs, error, match):
     model = GPT(small_config(), seed=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import statistics
 import time
 
@@ -155,6 +156,14 @@ def test_decode_inverts_encode_on_every_document(tok, corpus):
     train, _ = corpus
     for doc in val_docs + [train[:50_000]]:
         assert tok.decode(tok.encode(doc)) == doc
+
+
+def test_decode_takes_one_sequence(tok):
+    batch = [tok.encode("one two")] * 2  # a batch of generate's, say
+    assert tok.decode(batch[0]) == "one two" and tok.decode([]) == ""
+    with pytest.raises(ValueError, match=r"one sequence of token ids, got shape \(2, \d+\): "
+                                         "decode each row"):
+        tok.decode(batch)
 
 
 def test_a_character_cut_in_two_decodes_to_the_replacement_character(tok):
@@ -363,8 +372,10 @@ def test_tokenizer_json_gives_the_ids_of_tokenizers_on_the_corpus(saved_json, co
     assert ids == hf_tok.encode(text).ids
     assert ours.decode(ids) == text
     assert ours.vocab_size == hf_tok.get_vocab_size() == 1000
-    assert ours.special_tokens.keys() == set(SPECIALS)
     assert [ours.encode(s) for s in SPECIALS] == [[hf_tok.token_to_id(s)] for s in SPECIALS]
+    # the file's ids, where it numbers its special tokens first (0, 1, 2 here), as SmolLM2's
+    assert ours.special_tokens == {s: hf_tok.token_to_id(s) for s in SPECIALS}
+    assert ours.token_strings() == [hf_tok.id_to_token(i) for i in range(1000)]
 
 
 @pytest.mark.parametrize("name", sorted(HARD_TEXTS))
@@ -473,7 +484,10 @@ def test_a_post_processor_that_adds_nothing_is_read_and_one_that_adds_is_refused
     hf_tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
                                                           special_tokens=[eos])
     hf_tok.save(str(path))
-    with pytest.raises(ValueError, match="post_processor 'TemplateProcessing' is not supported"):
+    with pytest.raises(ValueError, match=re.escape("post_processor 'TemplateProcessing' that "
+                                                   "adds '<|endoftext|>' to every text is not "
+                                                   "supported (expected null or ByteLevel, or "
+                                                   "a template of $A alone)")):
         BPETokenizer.from_tokenizer_json(path)
 
 
@@ -496,6 +510,11 @@ BAD_JSON = {
         {"type": "Split", "pattern": {"Regex": r"\s+"}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]}},
         r"the pre-tokenizer .*Split.* before ByteLevel is not supported"),
+    "llama3-split": ({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re)|\p{L}+|\p{N}{1,3}"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
+        r"the pre-tokenizer .*Split.* before ByteLevel is not supported"),  # not use_regex's
     "template": ({"post_processor": {"type": "TemplateProcessing", "single": []}},
                  "post_processor 'TemplateProcessing' is not supported"),
     "padding": ({"padding": {"strategy": "BatchLongest"}}, "padding .* is not supported"),

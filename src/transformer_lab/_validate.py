@@ -81,7 +81,13 @@ def attention_inputs(q, k, v, d_k: str = "d_k") -> tuple[np.ndarray, np.ndarray,
 
 def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
     """``ids`` as an integer array on the host with every value in [0, vocab_size)."""
-    ids = np.asarray(device.to_host(ids))
+    try:
+        ids = np.asarray(device.to_host(ids))
+    except ValueError:  # NumPy's "inhomogeneous shape"
+        raise ValueError(f"{name} must be a rectangular array of token ids (rows of one "
+                         f"length), got rows of different lengths") from None
+    if ids.size == 0 and ids.dtype == np.float64:  # [] or [[]]: no ids, no dtype
+        ids = ids.astype(np.int64)
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"{name} must be an array of integer token ids, got dtype {ids.dtype}")
     if ids.size:

@@ -53,7 +53,7 @@ class BPETokenizer:
         self.merges = _check_merges(merges)
         specials = _check_specials(special_tokens)
         first = 256 + len(self.merges)
-        self.special_tokens = {s: first + k for k, s in enumerate(specials)}
+        self._specials = {s: first + k for k, s in enumerate(specials)}  # internal ids
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
         self._vocab = core_bpe.token_bytes(self.merges) + [s.encode("utf-8") for s in specials]
         # the special tokens' splits, matched in turn (two for some tokenizer.json files)
@@ -87,6 +87,14 @@ class BPETokenizer:
     # Encoding and decoding
 
     @property
+    def special_tokens(self) -> dict[str, int]:
+        """Each special token -> its id (the file's, for a tokenizer read from files)."""
+        return {s: self._file_id(i) for s, i in self._specials.items()}
+
+    def _file_id(self, i: int) -> int:
+        return i if self._to_file is None else self._to_file[i]
+
+    @property
     def vocab_size(self) -> int:
         """The number of ids, 0 to ``vocab_size - 1``: 256 bytes, the merges and the special
         tokens (the file's ids, for a tokenizer read from files)."""
@@ -106,7 +114,7 @@ class BPETokenizer:
         cache: dict[str, list[int]] = {}  # piece -> its ids, for the whole text
         for part, special in parts:
             if special:
-                ids.append(self.special_tokens[part])
+                ids.append(self._specials[part])
                 continue
             for piece in self._pieces(part):
                 if piece not in cache:
@@ -130,9 +138,11 @@ class BPETokenizer:
         bytes that are not valid UTF-8 (a character cut in two) become U+FFFD."""
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
-        ids = list(ids)
-        if ids:
-            ids = v.token_ids(ids, "ids", self._file_size()).tolist()
+        ids = v.token_ids(ids, "ids", self._file_size())
+        if ids.ndim != 1:
+            raise ValueError(f"ids must be one sequence of token ids, got shape {ids.shape}: "
+                             f"decode each row of a batch, [tok.decode(row) for row in ids]")
+        ids = ids.tolist()
         if self._from_file is not None:
             unknown = [i for i in ids if i not in self._from_file]
             if unknown:
@@ -147,12 +157,20 @@ class BPETokenizer:
     # ----------------------------------------------------------------------------------------
     # GPT-2's files
 
-    def token_strings(self) -> list[str]:
-        """Every token as ``vocab.json`` writes it (GPT-2's stand-ins for bytes), by id."""
+    def token_strings(self) -> list[str | None]:
+        """Every token as ``vocab.json`` writes it (GPT-2's stand-ins for bytes), by id (the
+        file's, for a tokenizer read from files; None for an id the file gives no token)."""
+        strings: list[str | None] = [None] * self._file_size()
+        for i, token in enumerate(self._strings()):
+            strings[self._file_id(i)] = token
+        return strings
+
+    def _strings(self) -> list[str]:
+        """Every token as ``vocab.json`` writes it, by internal id."""
         to_char = core_bpe.bytes_to_unicode()
         strings = ["".join(to_char[b] for b in token) for token in self._vocab[:256 + len(
             self.merges)]]
-        return strings + list(self.special_tokens)
+        return strings + list(self._specials)
 
     def save(self, folder) -> Path:
         """Write ``vocab.json`` and ``merges.txt`` into ``folder`` (made if missing)."""
@@ -162,7 +180,7 @@ class BPETokenizer:
                              "merges.txt cannot say: keep its tokenizer.json")
         folder = _path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        strings = self.token_strings()
+        strings = self._strings()
         if len(set(strings)) != len(strings):
             twice = next(s for s, n in collections.Counter(strings).items() if n > 1)
             raise ValueError(f"two merges make the same token {twice!r}: GPT-2's vocab.json "
@@ -290,7 +308,7 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"special_tokens={list(self.special_tokens)})")
+                f"special_tokens={list(self._specials)})")
 
 
 #: Pre-tokenizers of ``tokenizer.json`` that split the digits off before GPT-2's pattern, and
@@ -330,8 +348,10 @@ def _tokenizer_json(data, source: str):
     for field in ("post_processor", "decoder"):
         if data.get(field) is not None and _kind(data[field]) != repr("ByteLevel") \
                 and not (field == "post_processor" and _adds_nothing(data[field])):
-            raise ValueError(f"{source}: {field} {_kind(data[field])} is not supported "
-                             f"(expected null or ByteLevel)")
+            adds = _template_adds(data[field]) if field == "post_processor" else ""
+            raise ValueError(f"{source}: {field} {_kind(data[field])}{adds} is not supported "
+                             f"(expected null or ByteLevel"
+                             f"{', or a template of $A alone' if adds else ''})")
     digits = _pre_tokenizer(data.get("pre_tokenizer"), source)
     vocab, merges = model.get("vocab"), model.get("merges")
     if not isinstance(vocab, dict) or not isinstance(merges, list):
@@ -367,6 +387,18 @@ def _adds_nothing(post) -> bool:
             and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}])
 
 
+def _template_adds(post) -> str:
+    """`` that adds '<s>' to every text``: what a TemplateProcessing's ``single`` puts around
+    the text (encode gives a text's ids alone), or ''."""
+    if not isinstance(post, dict) or post.get("type") != "TemplateProcessing" \
+            or not isinstance(post.get("single"), list):
+        return ""
+    single = post["single"]
+    tokens = [step["SpecialToken"].get("id") for step in single
+              if isinstance(step, dict) and isinstance(step.get("SpecialToken"), dict)]
+    return f" that adds {', '.join(map(repr, tokens))} to every text" if tokens else ""
+
+
 def _pre_tokenizer(pre, source: str):
     """The digits' split pattern (compiled) of a supported pre-tokenizer, None for GPT-2's
     pattern alone; a ValueError naming the pre-tokenizer otherwise."""
@@ -378,18 +410,17 @@ def _pre_tokenizer(pre, source: str):
     if not isinstance(byte_level, dict) or byte_level.get("type") != "ByteLevel":
         raise ValueError(f"{source}: pre_tokenizer {_kind(pre)} is not supported (expected "
                          f"ByteLevel with GPT-2's pattern, optionally after the digits' split)")
+    pattern = next((p for step, p in _DIGIT_SPLITS if step == split[0]), None) if split \
+        else None
+    if split and pattern is None:  # named first: its ByteLevel's use_regex=False follows from it
+        raise ValueError(f"{source}: the pre-tokenizer {json.dumps(split[0])} before ByteLevel "
+                         f"is not supported (expected Digits, or a Split on \\p{{N}} with "
+                         f"behavior Isolated)")
     for field, want in (("use_regex", True), ("add_prefix_space", False)):
         if byte_level.get(field, want) != want:
             raise ValueError(f"{source}: the ByteLevel pre-tokenizer's {field}="
                              f"{byte_level[field]!r} is not supported (expected {want!r})")
-    if not split:
-        return None
-    pattern = next((p for step, p in _DIGIT_SPLITS if step == split[0]), None)
-    if pattern is None:
-        raise ValueError(f"{source}: the pre-tokenizer {json.dumps(split[0])} before ByteLevel "
-                         f"is not supported (expected Digits, or a Split on \\p{{N}} with "
-                         f"behavior Isolated)")
-    return regex.compile(pattern)
+    return None if pattern is None else regex.compile(pattern)
 
 
 def _alternation(tokens) -> re.Pattern:

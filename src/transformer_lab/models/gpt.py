@@ -209,7 +209,7 @@ class GPT(Model):
         Args:
             ids: the prompt, (B, T) or (T,) token ids, T >= 1, T + max_new_tokens <= max_len.
             max_new_tokens: tokens to add, >= 0.
-            temperature: >= 0.
+            temperature: 0, or at least the model dtype's eps (smaller ones overflow).
             top_k: None (no filter) or an integer in 1..vocab_size.
             top_p: None (no filter) or a number in (0, 1].
             seed: of the draws (None: fresh entropy); the same seed gives the same tokens (on
@@ -225,15 +225,19 @@ class GPT(Model):
             before temperature and filtering.
         """
         c = self.config
-        ids = device.to_host(ids)
-        one = isinstance(ids, (list, tuple, np.ndarray)) and np.ndim(ids) == 1
-        prompt = check_ids(np.asarray(ids)[None] if one else ids, "ids", c)
+        ids = v.token_ids(ids, "ids", c.vocab_size)
+        one = ids.ndim == 1
+        prompt = check_ids(ids[None] if one else ids, "ids", c)
         steps = v.integer(max_new_tokens, "max_new_tokens", minimum=0)
         if prompt.shape[1] + steps > c.max_len:
             raise ValueError(f"the prompt has {prompt.shape[1]} tokens and max_new_tokens="
                              f"{steps}: {prompt.shape[1] + steps} in all exceeds "
                              f"max_len={c.max_len} (GPTConfig.max_len)")
         temperature = v.real(temperature, "temperature", minimum=0)
+        if 0 < temperature < np.finfo(c.dtype).eps:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {c.dtype.__name__}'s "
+                             f"eps {np.finfo(c.dtype).eps:.3g} (smaller ones can overflow "
+                             f"logits / temperature), got {temperature!r}")
         if top_k is not None:
             top_k = v.integer(top_k, "top_k", minimum=1)
             if top_k > c.vocab_size:
