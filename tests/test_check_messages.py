@@ -392,6 +392,11 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
      "finished = (tokens == eos_id) alone"),
     ("check-train-bpe", "train_bpe", "a tie broken by the larger pair", "breaking a tie"),
     ("check-train-bpe", "train_bpe", "a tie broken by the pair counted first", "breaking a tie"),
+    ("check-beam-step", "beam_step", "the lengths not gathered", "lengths not gathered by parent"),
+    ("check-beam-step", "beam_step", "parent and token of a flat index swapped",
+     "parent and token of a flat index swapped"),
+    ("check-beam-search", "beam_step", "the first K kept", "the candidates not ranked"),
+    ("check-beam-search", "length_penalty", "the exponent forgotten", "exponent alpha forgotten"),
 ])
 def test_the_handout_names_the_mistakes_of_a_hidden_reference(check_id, where, models, cause,
                                                               tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ definition, written again with Python lists (hidden; the handout stores its publ
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -103,27 +104,42 @@ def _gnmt(n, alpha):
     return ((5 + n) / 6) ** alpha
 
 
-def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, done="frozen"):
-    """The definition, with lists: every candidate, ranked by score / lp(length), K kept. The
-    mistakes: another ``lp``; a finished hypothesis ``done`` "extended" by every token, "growing"
-    in length, "dropped", or continued by padding but "unflagged" (not finished)."""
+def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, done="frozen",
+                    pick="best", penalty=None):
+    """The definition, with lists: every candidate (k, t), in the order k * V + t, ranked by
+    score / lp(length), K kept. The mistakes: another ``lp`` (in the ranking; ``penalty``: in
+    length_penalty itself, so in the search's final scores too); a finished hypothesis ``done``
+    "extended" by every token, "growing" in length, "dropped", or continued by padding but
+    "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
+    "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K), or
+    the lengths "ungathered" (hypothesis j's own, not its parent's)."""
     B, K, V = logp.shape
+    lp = penalty or lp
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
     for b in range(B):
+        grown = [lengths[b, k] + (not finished[b, k] or done == "growing") for k in range(K)]
         cands = []
-        for k in range(K):
+        for k, t in itertools.product(range(K), range(V)):
             s, n = scores[b, k], lengths[b, k]
             if not finished[b, k]:
-                cands += [(s + logp[b, k, t], n + 1, k, t, t == eos) for t in range(V)]
-            elif done in ("frozen", "growing", "unflagged"):
-                cands.append((s, n + (done == "growing"), k, pad, done != "unflagged"))
+                cands.append((s + logp[b, k, t], n + 1, k, t, t == eos))
             elif done == "extended":  # padding still free
-                cands += [(s + (0 if t == pad else logp[b, k, t]), n, k, t, True)
-                          for t in range(V)]
-            else:  # dropped: no candidate but -inf ones
-                cands += [(-np.inf, n, k, t, True) for t in range(V)]
-        cands.sort(key=lambda c: -(c[0] / lp(c[1], alpha)))  # stable: ties keep their order
-        for j, (s, n, k, t, fin) in enumerate(cands[:K]):
+                cands.append((s + (0 if t == pad else logp[b, k, t]), n, k, t, True))
+            elif done in ("frozen", "growing", "unflagged") and t == pad:
+                cands.append((s, grown[k], k, pad, done != "unflagged"))
+            else:  # a finished hypothesis's other tokens (all of them, dropped): blocked
+                cands.append((-np.inf, n, k, t, True))
+        rank = [c[0] / lp(c[1], alpha) for c in cands]
+        order = {"first": range(K * V),  # stable sorts: ties keep their order
+                 "worst": sorted(range(K * V), key=lambda i: rank[i])}.get(
+            pick, sorted(range(K * V), key=lambda i: -rank[i]))
+        for j, i in enumerate(order[:K]):
+            s, n, k, t, fin = cands[i]
+            if pick == "swapped":
+                k, t = i % K, i // K
+                n, fin = grown[k], finished[b, k] or t == eos
+            elif pick == "ungathered":
+                n = grown[j]
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
     return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
 
@@ -131,13 +147,15 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
 #: beam_step's mistakes: what each one is -> the variant of the definition that makes it
 STEP_MISTAKES = {
     "with the exponent alpha forgotten (GNMT's penalty is ((5 + length) / 6) ** alpha)":
-    {"lp": lambda n, alpha: (5 + n) / 6},
+    {"penalty": lambda n, alpha: (5 + n) / 6},
     "with no length normalisation (rank by score / length_penalty(length, alpha))":
     {"lp": lambda n, alpha: 1.0},
     "ranking by the mean log-probability, score / length (rank by score / length_penalty"
     "(length, alpha))": {"lp": lambda n, alpha: n},
+    "with the penalty length ** alpha (GNMT's is ((5 + length) / 6) ** alpha)":
+    {"penalty": lambda n, alpha: n ** alpha},
     "with // in the length penalty (integer division: its base is 1 up to length 6; divide "
-    "with /)": {"lp": lambda n, alpha: ((5 + n) // 6) ** alpha},
+    "with /)": {"penalty": lambda n, alpha: ((5 + n) // 6) ** alpha},
     "with finished hypotheses extended by real tokens (a finished hypothesis has one "
     "continuation: padding, at no cost)": {"done": "extended"},
     "with finished hypotheses growing in length (a finished hypothesis keeps its length)":
@@ -147,6 +165,13 @@ STEP_MISTAKES = {
     "with finished = (tokens == eos_id) alone: a hypothesis continued from a finished one, by "
     "padding, is finished too -- take the parents' flags (take_along_axis) or EOS":
     {"done": "unflagged"},
+    "with the candidates not ranked: the first K kept (sort every candidate by score / "
+    "length_penalty(length, alpha), best first)": {"pick": "first"},
+    "keeping the worst K: an ascending sort (argsort the negated ranks)": {"pick": "worst"},
+    "with the parent and token of a flat index swapped (candidate k * V + t: the parent is "
+    "index // V, the token index % V)": {"pick": "swapped"},
+    "with the lengths not gathered by parent (a new hypothesis has its parent's length, "
+    "take_along_axis(..., parents, axis=1))": {"pick": "ungathered"},
 }
 ### END HIDDEN TESTS
 
@@ -262,7 +287,7 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
         if stop and finished.all():
             break
     return {"sequences": np.array(seqs, dtype=np.int64),
-            "scores": scores / _gnmt(lengths, alpha)}
+            "scores": scores / step.get("penalty", _gnmt)(lengths, alpha)}
 
 
 #: beam_search's mistakes: what each one is -> the variant of the search that makes it
@@ -300,7 +325,7 @@ class BeamSearch(Check, id="check-beam-search",
 
     def mistakes(self, table, K, max_len, alpha):
         return {description: functools.partial(_search, table, K, max_len, alpha, **variant)
-                for description, variant in SEARCH_MISTAKES.items()}
+                for description, variant in {**SEARCH_MISTAKES, **STEP_MISTAKES}.items()}
     ### END HIDDEN TESTS
 
     def run(self, f, table, K, max_len, alpha):
