@@ -313,6 +313,22 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
      "without the bias b_o"),
     ("check-self-attention-forward", "self_attention_forward", "keys used as values",
      "with the keys as values"),
+    ("check-masked-mean", "03_minibatching/exercise-masked-mean", "the padding averaged in",
+     "the padding summed in too"),
+    ("check-masked-mean", "03_minibatching/exercise-masked-mean", "the mask itself inverted",
+     "the mask inverted"),
+    ("check-prefix-lm", "02_masking/exercise-prefix-lm", "| instead of &", "with | where &"),
+    ("check-cross-mask", "02_masking/exercise-cross-mask", "& instead of |", "with & where |"),
+    ("check-cross-mask", "02_masking/exercise-cross-mask", "lengths swapped",
+     "the key lengths used for the queries too"),
+    ("check-gelu", "gelu_forward", "erf(x / 2)", "with erf(x / 2)"),
+    ("check-gelu", "gelu_forward", "x^2 instead of x^3", "with x^2 where x^3 belongs"),
+    ("check-positional-encoding", "positional_encoding", "base ignored", "base 10000 written in"),
+    ("check-adam-step", "adam_step", "without the bias correction of v",
+     "without the bias correction of v"),
+    ("check-top-k-filter", "top_k_filter", "the k-th largest filtered out", "with > where >="),
+    ("check-min-p-filter", "14_decoding/exercise-min-p-filter", "absolute threshold",
+     "p_min as an absolute threshold"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

@@ -312,7 +312,9 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
                 "opening the prefix queries' rows to the whole sequence (they must not see past "
                 "the prefix)": lambda: rows_open,
                 "with True = allowed (True must mean blocked)":
-                lambda: ~self.expected(T, prefix_len)}
+                lambda: ~self.expected(T, prefix_len),
+                "with | where & belongs (blocked: a future key and past the prefix)":
+                lambda: self.expected(T, 0) | (np.arange(T)[None, :] >= prefix_len)}
     ### END HIDDEN TESTS
 
 
@@ -345,5 +347,9 @@ class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",
                  "with True = allowed (True must mean blocked)":
                  lambda: ~self.expected(query_lengths, key_lengths, T, S),
                  "with the query and key lengths swapped":
-                 lambda: self.expected(key_lengths, query_lengths, T, S)}
+                 lambda: self.expected(key_lengths, query_lengths, T, S),
+                 "with the key lengths used for the queries too":
+                 lambda: self.expected(key_lengths, key_lengths, T, S),
+                 "with & where | belongs (a pair is blocked when its query or its key is "
+                 "padding)": lambda: q_pad[:, :, None] & k_pad[:, None, :]}
     ### END HIDDEN TESTS

@@ -227,5 +227,9 @@ class MaskedMean(Check, id="check-masked-mean", arguments=("masked_mean",)):
         return {"averaging over all T positions (the padding too)": lambda: H.mean(axis=1),
                 "dividing the masked sum by T instead of each sequence's length":
                 lambda: total / H.shape[1],
-                "summing without dividing by the lengths": lambda: total}
+                "summing without dividing by the lengths": lambda: total,
+                "with the padding summed in too (the mask not applied), divided by the lengths":
+                lambda: H.sum(axis=1) / lengths[:, None],
+                "with the mask inverted: the padding summed, the tokens left out":
+                lambda: (H * ~valid[:, :, None]).sum(axis=1) / lengths[:, None]}
     ### END HIDDEN TESTS

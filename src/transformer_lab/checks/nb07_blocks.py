@@ -188,7 +188,13 @@ class Gelu(Check, id="check-gelu", functions=("gelu_forward", "gelu_backward")):
                 "with only the first term of the derivative (Phi(x), or (1 + t)/2): the product "
                 "rule on x * Phi(x) gives a second term, x * Phi'(x)":
                 lambda: {"out": right["out"], "dx": dout * _np(first_term)}}
+        if approximate == "none":
+            found["with erf(x / 2) where erf(x / sqrt(2)) belongs"] = lambda: {
+                "out": _np(0.5 * xt * (1 + torch.erf(xt / 2))).astype(x.dtype)}
         if approximate == "tanh":
+            u = math.sqrt(2 / math.pi) * (xt + 0.044715 * xt ** 2)
+            found["with x^2 where x^3 belongs in tanh(sqrt(2/pi) (x + 0.044715 x^3))"] = \
+                lambda: {"out": _np(0.5 * xt * (1 + torch.tanh(u))).astype(x.dtype)}
             found.update({
                 "with the inner derivative 1 + 0.044715 x^2: the derivative of x + 0.044715 x^3 "
                 "is 1 + 3 * 0.044715 x^2": lambda: {

@@ -69,7 +69,9 @@ class PositionalEncoding(Check, id="check-positional-encoding", functions=("posi
                 "interleaved (sines in the even columns)":
                 lambda: np.concatenate([right[:, 0::2], right[:, 1::2]], axis=1),
                 "with cosines in the even columns and sines in the odd ones":
-                lambda: self.expected(max_len, d_model, base, "swapped")}
+                lambda: self.expected(max_len, d_model, base, "swapped"),
+                "with the base 10000 written in (use the base argument)":
+                lambda: self.expected(max_len, d_model)}
 
 
 class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward")):

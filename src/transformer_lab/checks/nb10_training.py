@@ -145,9 +145,11 @@ V_AFTER = "v (the second moment) after the last step"
 
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False):
+                decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False,
+                uncorrected=""):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
-    the shift of t in the bias correction, or None for none; ``rebound`` ("m and v", "m", "v"):
+    the shift of t in the bias correction, or None for none; ``uncorrected`` ("m", "v"): that
+    moment alone not corrected; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero; ``decay_after``: AdamW's shrink of p
     after the update."""
     p, after = p0.astype(np.float64), []
@@ -159,7 +161,8 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
         m_new = beta1 * m + (1 - beta1) * g
         v_new = beta2 * v + (1 - beta2) * g * g
         tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
-        m_hat, v_hat = m_new / (1 - beta1 ** tc), v_new / (1 - beta2 ** tc)
+        m_hat = m_new if "m" in uncorrected else m_new / (1 - beta1 ** tc)
+        v_hat = v_new if "v" in uncorrected else v_new / (1 - beta2 ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         p = (p - lr * m_hat / denom) * (1 - lr * weight_decay) if decay_after else \
             q - lr * m_hat / denom
@@ -225,6 +228,10 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
         found = {
             "without the bias correction (m and v must be divided by 1 - beta1**t and "
             "1 - beta2**t)": wrong(correction=None),
+            "without the bias correction of v (v_hat = v / (1 - beta2**t))":
+                wrong(uncorrected="v"),
+            "without the bias correction of m (m_hat = m / (1 - beta1**t))":
+                wrong(uncorrected="m"),
             "with the bias correction of step t - 1 (t is 1 on the first step: divide by "
             "1 - beta**t)": wrong(correction=-1),
             "with the bias correction of step t + 1 (t is already 1 on the first step)":

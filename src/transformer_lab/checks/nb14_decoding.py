@@ -49,8 +49,11 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
         return _kept((_t(logits) >= kth).numpy(), logits)
 
     def mistakes(self, logits, k):
+        kth = np.sort(logits, axis=-1)[..., -k:-k + 1 or None]  # the k-th largest
         return {"keeping the k smallest logits instead of the k largest":
-                lambda: _kept(self.expected(-logits, k)["kept"], logits)}
+                lambda: _kept(self.expected(-logits, k)["kept"], logits),
+                "with > where >= belongs: the k-th largest itself cut (k - 1 kept)":
+                lambda: _kept(logits > kth, logits)}
 
 
 def _top_p_reference(logits, p):
@@ -158,6 +161,14 @@ class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter
     def expected(self, logits, p_min):
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         return _kept((probs >= p_min * probs.max(dim=-1, keepdim=True).values).numpy(), logits)
+
+    def mistakes(self, logits, p_min):
+        probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
+        top = probs.max(dim=-1, keepdim=True).values
+        return {"with p_min as an absolute threshold (probs >= p_min): it is relative, p_min "
+                "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits),
+                "with > where >= belongs (at p_min = 1 the most likely token must stay)":
+                lambda: _kept((probs > p_min * top).numpy(), logits)}
     ### END HIDDEN TESTS
 
 
