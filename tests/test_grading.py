@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from course_helpers import (
+    ADDITIVE,
     COSINE,
     LOGSUMEXP,
     POINTS_01,
@@ -169,6 +170,17 @@ MAGICS = {"setup": "%matplotlib inline\n!echo hello\n" + SETUP,
           "exercise-logsumexp": LOGSUMEXP.replace('    """log(sum',
                                                   '    %time 1 + 1\n    """log(sum'),
           "exercise-additive": "%%time\n" + notebook_01().cells[10].source}
+LOOPY = ADDITIVE.replace("    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w\n",
+                         "    s = np.stack([np.tanh(q @ W1 + kj @ W2) @ w for kj in k], axis=-1)\n")
+#: a loop the exercise forbids, hidden from the check in the student's process: by patching
+#: the loop detector, or by a vectorised def that a loopy function replaces
+HIDDEN_LOOPS = {
+    "loop_patched": "import transformer_lab.checks.framework as _F\n"
+                    "_F.python_loops = lambda fn: 'none'\n" + LOOPY,
+    "loop_rebound": ADDITIVE + "\n\n\n" + LOOPY.replace("def additive_attention",
+                                                         "def _loopy") +
+                    "\n\nadditive_attention = _loopy\n",
+}
 FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}
 
 
@@ -211,6 +223,8 @@ def _write_students(subs: Path, out: Path) -> None:
     (subs / "broken_core" / "src" / "transformer_lab" / "core" / "layers.py").write_text(
         "def softmax_forward(x:\n    return x\n")
     student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
+    for who, code in HIDDEN_LOOPS.items():
+        student_folder(subs / who, solved_01(edit={"exercise-additive": code}), core="reference")
     student_folder(subs / "hidden_only", solved_01(edit={"exercise-logsumexp": WRONG_FOR_4D}),
                    core="reference")
     student_folder(subs / "magics", solved_01(edit=MAGICS), core="reference")
@@ -390,11 +404,50 @@ def test_flags_list_the_attempts_with_cell_line_and_code(graded, executed):
 
 
 @pytest.mark.slow
+def test_totals_are_the_sum_of_each_student_s_notebook(graded):
+    rows = read_csv(graded / "grades.csv")
+    totals = read_csv(graded / "totals.csv")
+    pairs = sorted({(r["student"], r["notebook"]) for r in rows})
+    assert [(t["student"], t["notebook"]) for t in totals] == pairs
+    for t in totals:
+        mine = [r for r in rows if (r["student"], r["notebook"]) == (t["student"], t["notebook"])]
+        assert float(t["points"]) == sum(float(r["points"]) for r in mine)
+        assert float(t["max_points"]) == sum(float(r["max_points"]) for r in mine) == FULL
+    assert {"student": "loops", "notebook": "01_attention", "points": str(FULL - 4),
+            "max_points": str(FULL)} in totals
+
+
+@pytest.mark.slow
 def test_an_endless_loop_costs_its_check_only(graded):
     got = points(graded, "loops")
     assert got["check-softmax-forward"] == 0 and got["check-logsumexp"] == 1
     assert got["check-cosine-attention"] == 1 and got["check-additive-attention"] == 1
     assert "ran past the time limit of 10 s, in case 'one row'" in summary(graded, "loops")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", sorted(HIDDEN_LOOPS))
+def test_a_loop_hidden_from_the_student_s_process_still_costs_its_point(graded, who):
+    """The grader reads the loops from the submitted def, not from what the probe says."""
+    got = points(graded, who)
+    assert got["check-additive-attention"] == 0 and sum(got.values()) == FULL - 1, got
+    expected = {"loop_patched": "got 'a loop at line 6'",
+                "loop_rebound": "got 'additive_attention is bound last at line 20 of a cell by "
+                                "something other than a plain def"}[who]
+    assert expected in summary(graded, who)
+
+
+def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
+    loops = grade.source_loops
+    assert loops([("a", ADDITIVE)], "additive_attention") == "none"
+    assert loops([("a", ADDITIVE), ("b", LOOPY)], "additive_attention") == "a loop at line 4"
+    assert loops([("a", LOOPY), ("b", ADDITIVE)], "additive_attention") == "none"
+    assert loops([("a", "x = 1")], "additive_attention").startswith("no def additive_attention")
+    for later in ("additive_attention = f", "from m import f as additive_attention",
+                  "def g():\n    global additive_attention\n", "for additive_attention in []:"
+                  "\n    pass", "@wraps\n" + ADDITIVE):
+        assert "bound last at line" in loops([("a", ADDITIVE), ("b", later)],
+                                             "additive_attention"), later
 
 
 @pytest.mark.slow
@@ -700,7 +753,7 @@ def test_submissions_of_another_course_version_are_refused_with_the_version_that
     err = _refused(tmp_path, capsys)
     assert err == (f"error: These submissions were made from course version 0.1.0 (commit "
                    f"abc1234); this is {OURS}: grade them with that version -- `git worktree "
-                   f"add ../course-v0.1.0 v0.1.0`, then run `make grade` there.\n")
+                   f"add ../course-v0.1.0 abc1234`, then run `make grade` there.\n")
 
 
 def test_a_run_mixing_course_versions_is_refused_naming_the_students_of_each(tmp_path, capsys):
@@ -758,7 +811,8 @@ def test_find_submissions_in_every_layout(tmp_path):
     write(empty, tmp_path / "carl_00_tiny.ipynb")  # flat and folder layouts mixed
     write(empty, tmp_path / "ann" / ".ipynb_checkpoints" / "00_tiny-checkpoint.ipynb")
     write(empty, tmp_path / "__MACOSX" / "ann" / "._00_tiny.ipynb")
-    (tmp_path / "ann" / "README.md").write_text("the handout's README")
+    # the README of a handout of more notebooks than this run grades: not "changed"
+    (tmp_path / "ann" / "README.md").write_text("the handout's README, of every notebook")
     found = find_submissions(tmp_path, nbs, {"README.md": hashlib.sha1(
         b"the handout's README").hexdigest()})
     ann = found.students["ann"]

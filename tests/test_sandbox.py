@@ -149,6 +149,22 @@ print(os.getcwd())
     assert lines[9] == str(mine)
 
 
+def test_a_python_reached_through_a_link_runs_in_the_sandbox(box, tmp_path):
+    """A course folder (its .venv) reached through a symbolic link: the sandbox binds the
+    resolved folders, and runs Python from there, in its environment still."""
+    link = tmp_path / "linked-env"
+    link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    argv = box.command([str(link / "bin" / Path(sys.executable).name), "-c",
+                        "import sys, numpy; print(sys.prefix)"], sandbox.Mounts())
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        box.release(argv)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(Path(sys.prefix).resolve())
+
+
 def test_what_is_read_only_cannot_be_written(box, tmp_path):
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     ro.mkdir()
@@ -606,6 +622,51 @@ def test_what_the_probe_leaves_in_its_results_cannot_flood_or_hang_the_grader(
     if trick != "progress_from_dev_zero":  # (that probe goes on, and its answers count)
         assert not report.outcomes  # nothing read back counts as an answer
         assert "check-logsumexp" in report.missing
+
+
+def test_a_probe_that_fills_the_disk_is_stopped(box, tmp_path, monkeypatch):
+    """Each file is bounded (prlimit's fsize), their number is not: the grader measures the
+    probe's folders as it runs and stops it past DISK_BYTES (here 8 MiB)."""
+    from transformer_lab.course import probe_driver
+
+    monkeypatch.setattr(probe_driver, "DISK_BYTES", 8 * 2**20)
+    cell = ("import time\nfor k in range(400):\n"
+            "    open(f'junk-{k}', 'wb').write(bytes(2**20))\n    time.sleep(0.01)\n"
+            "def logsumexp(x, axis=-1):\n    return 0\n")
+    report, seconds = _probe(tmp_path, cell, box)
+    assert seconds < 30, seconds
+    assert "wrote more than 8 MiB of files: the grader stopped it" in str(report), report
+    assert not report.outcomes
+
+
+def test_a_feedback_kernel_that_fills_the_disk_is_stopped(box, monkeypatch):
+    import nbformat
+
+    from transformer_lab.course import kernel_run
+
+    monkeypatch.setattr(kernel_run, "DISK_BYTES", 8 * 2**20)
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell(
+        "import time\nfor k in range(400):\n    open(f'junk-{k}', 'wb').write(bytes(2**20))\n"
+        "    time.sleep(0.01)"), v4.new_code_cell("print('after')")])
+    start = time.monotonic()
+    run = kernel_run.run_notebook(nb, timeout=30, sandbox=box)
+    assert time.monotonic() - start < 30
+    assert run.status == "kernel stopped" and run.stopped_at == 0, run
+    assert run.here == "wrote more than 8 MiB of files: the kernel was stopped"
+
+
+def test_the_results_read_back_are_bounded_in_all(box, tmp_path, monkeypatch):
+    """Each result file is at most MAX_OUTCOME_BYTES, and all of one probe's together at most
+    MAX_OUTCOMES_BYTES (here 1 MiB): the grader holds them until it judges them."""
+    from transformer_lab.course import probe_driver
+
+    monkeypatch.setattr(probe_driver, "MAX_OUTCOMES_BYTES", 2**20)
+    cell = "import numpy as np\ndef logsumexp(x, axis=-1):\n    return np.ones(200_000)\n"
+    report, _ = _probe(tmp_path, cell, box)
+    assert not report.outcomes
+    assert "your functions' results took more than 1 MiB in all" in \
+        report.missing["check-logsumexp"]
 
 
 def test_the_grader_s_environment_stays_outside(box, tmp_path, monkeypatch):

@@ -86,6 +86,9 @@ class Check:
             ``"output"`` for a whole output that is one array) -> one letter per axis, counted
             from the right (``"bhts"`` names the last four axes; an array with fewer axes takes
             the last letters, ``"ts"`` for a (T, S) array).
+        loop_free: output key -> the function whose own code must run no Python loop, the
+            value of that output being :func:`python_loops`'s; the grader reads it from the
+            submitted source instead (what the student's process says cannot be trusted).
     """
 
     id: ClassVar[str] = ""
@@ -95,6 +98,7 @@ class Check:
     tol: ClassVar[Mapping[str, float]] = {"float64": 1e-9, "float32": 2e-5, "float16": 2e-3}
     check_dtype: ClassVar[bool] = True
     axes: ClassVar[Mapping[str, str]] = {}
+    loop_free: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **attributes):
         """``class Softmax(Check, id="check-softmax-forward", functions=(...)):`` sets those

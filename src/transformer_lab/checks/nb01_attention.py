@@ -275,6 +275,10 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
         return {"out": out, "weights": weights}
 
 
+#: the output of check-additive-attention that says whether additive_attention loops
+_LOOPS = "Python loops in additive_attention (broadcast (T, 1, h) against (1, S, h) instead)"
+
+
 class AdditiveAttention(Check, id="check-additive-attention", arguments=("additive_attention",)):
     def cases(self, rng):
         yield Case("T = 4, S = 6, d_q = 3, d_k = 5, h = 7",
@@ -306,11 +310,9 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
                 lambda: self.expected(q, k, v, W1, W2, w, swap=True)}
     ### END HIDDEN TESTS
 
+    loop_free = {_LOOPS: "additive_attention"}
+
     def run(self, f, q, k, v, W1, W2, w):
         out, weights = f.additive_attention(q, k, v, W1, W2, w)
         # the exercise asks for no loop: a loop gives the right numbers, and fails here
         return {"out": out, "weights": weights, _LOOPS: python_loops(f.additive_attention)}
-
-
-#: the output of check-additive-attention that says whether additive_attention loops
-_LOOPS = "Python loops in additive_attention (broadcast (T, 1, h) against (1, S, h) instead)"

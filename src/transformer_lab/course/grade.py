@@ -3,8 +3,8 @@
     python -m transformer_lab.course.grade SUBMISSIONS                  # -> build/grades/
     python -m transformer_lab.course.grade SUBMISSIONS --out grades-week3 --timeout 120
 
-What a run does, what it writes (grades.csv, skipped.csv, flags.csv, sandbox.csv, feedback/) and
-what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
+What a run does, what it writes (grades.csv, totals.csv, skipped.csv, flags.csv, sandbox.csv,
+feedback/) and what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
 package (:mod:`.probe_driver`) runs the student's code in a sandbox (:mod:`.sandbox`) and returns
 plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files.
 Submissions of another course version (:mod:`.versions`) are refused before anything is written.
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -355,11 +355,15 @@ class Grader:
             return self._expected.setdefault(key, want)
 
 
-def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> list[CheckResult]:
-    """One result per check of the notebook, judged here from the probe's evidence."""
+def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
+              cells: list[tuple[str, str]]) -> list[CheckResult]:
+    """One result per check of the notebook, judged here from the probe's evidence; what a
+    check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``cells``, the
+    sources the probe ran."""
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
+        read_here = {key: source_loops(cells, name) for key, name in chk.loop_free.items()}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
@@ -375,6 +379,8 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
                 message = (f"not graded: the instructor's reference failed on case "
                            f"{case.name!r} ({type(exc).__name__}: {one_line(str(exc))})")
                 break
+            if read_here and isinstance(outcome.value, dict):
+                outcome = replace(outcome, value={**outcome.value, **read_here})
             verdict = F.judge(chk, case, outcome, want)
             judged += 1
             if not verdict.passed:
@@ -388,6 +394,46 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport) -> li
                                    grader.public[check.cell_id], failed))
     name_culprits(results)
     return results
+
+
+def source_loops(cells: list[tuple[str, str]], name: str) -> str:
+    """What :func:`~.framework.python_loops` says of the function ``name``, read from the
+    source of the plain top-level ``def`` that binds it last in ``cells`` ((id, source), in
+    the order they run): "none", "a loop at line N" (of its cell), or why it cannot be read
+    (no such def; a later binding, a decorator or a ``global`` that may put other code there)."""
+    last = None  # the statement that binds name last
+    for _, source in cells:
+        try:
+            tree = untrusted.parse(source)
+        except SyntaxError:
+            continue
+        for statement in tree.body:
+            if _binds(statement, name):
+                last = statement
+    if last is None:
+        return f"no def {name} in the notebook's cells (the grader reads its loops from one)"
+    if not isinstance(last, ast.FunctionDef) or last.name != name or last.decorator_list:
+        return (f"{name} is bound last at line {last.lineno} of a cell by something other than "
+                "a plain def (the grader reads its loops from one)")
+    lines = [node.lineno for node in ast.walk(last) if isinstance(
+        node, ast.For | ast.AsyncFor | ast.While | ast.ListComp | ast.SetComp | ast.DictComp
+        | ast.GeneratorExp)]
+    return f"a loop at line {min(lines)}" if lines else "none"
+
+
+def _binds(statement: ast.stmt, name: str) -> bool:
+    """Whether a top-level statement may bind ``name``: a def or class of that name, an
+    import as it, an assignment to it anywhere in it, or a ``global`` of it in any function."""
+    if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
+            and statement.name == name:
+        return True
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) \
+                or isinstance(node, ast.Global) and name in node.names \
+                or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) \
+                == name:
+            return True
+    return False
 
 
 def name_culprits(results: list[CheckResult]) -> None:
@@ -462,7 +508,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
-        results = judge_all(grader, assignment, report)
+        results = judge_all(grader, assignment, report, cells)
         _name_the_stubs(results, overlay)
         clock.lap("judge")
         if (work.name, notebook) in grader.unversioned:
@@ -916,8 +962,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--project", type=Path, default=Path("."),
                         help="folder holding the instructor's src/ (default: the current folder)")
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
-                        help="folder for grades.csv, skipped.csv, flags.csv, sandbox.csv and "
-                             "feedback/, emptied first (default: build/grades)")
+                        help="folder for grades.csv, totals.csv, skipped.csv, flags.csv, "
+                             "sandbox.csv and feedback/, emptied first (default: build/grades)")
     for option, kind, default, what in (
             ("--timeout", int, DEFAULT_TIMEOUT,
              "a notebook cell may run, in the probe and in the feedback run"),

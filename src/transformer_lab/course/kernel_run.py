@@ -22,7 +22,14 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from transformer_lab.course.kernel_env import client_options
-from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
+from transformer_lab.course.sandbox import (
+    DISK_BYTES,
+    Mounts,
+    NoSandbox,
+    binary_size,
+    folder_bytes,
+    kill_group,
+)
 
 
 @dataclass
@@ -233,8 +240,9 @@ class SandboxedKernelManager(AsyncKernelManager):
 
 
 class _Watchdog:
-    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds, and stops
-    what the kernel left running when the notebook is done.
+    """Stops the kernel when a cell outlives its time limit by ``grace`` seconds or its
+    ``folders`` come to hold more than DISK_BYTES, and stops what the kernel left running when
+    the notebook is done.
 
     nbclient interrupts a cell at the time limit; code that ignores the interrupt (a C loop, a
     SIGINT handler) would otherwise keep the grader waiting for ever. Processes the student's
@@ -245,7 +253,9 @@ class _Watchdog:
 
     def __init__(self, limit: float):
         self.limit = limit
+        self.folders: tuple[Path, ...] = ()
         self.killed_cell: int | None = None
+        self.over_disk = False  # the kernel was stopped for the files it wrote
         self._process = None  # the kernel's process, and its process group
         self._pgid: int | None = None
         self._running: tuple[int, float] | None = None  # (cell index, start), set in one step
@@ -271,9 +281,15 @@ class _Watchdog:
         kill_group(self._pgid, self._process)  # whatever is left of the kernel's group
 
     def _watch(self) -> None:
+        ticks = 0
         while not self._done.wait(0.2):
-            running = self._running
-            if running is not None and time.monotonic() - running[1] > self.limit:
+            running, ticks = self._running, ticks + 1
+            if running is None:
+                continue
+            over_time = time.monotonic() - running[1] > self.limit
+            self.over_disk = not over_time and ticks % 3 == 0 and \
+                folder_bytes(self.folders, DISK_BYTES) > DISK_BYTES
+            if over_time or self.over_disk:
                 self.killed_cell = running[0]
                 kill_group(self._pgid, self._process)
                 return
@@ -304,6 +320,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
     # A student's code may leave files behind it cannot delete: that must not cost the grade.
     workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
     with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
+        watchdog.folders = (Path(workdir),)
         mounts = Mounts(read_only=tuple(read_only), writable=(Path(workdir),),
                         cwd=Path(workdir), env=tuple((env or {}).items()))
         client = LimitedClient(
@@ -324,7 +341,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
                 client.execute(**({"env": env} if env is not None else {}))
         except DeadKernelError:
             _stopped(run, nb, current["index"], timeout,
-                     stopped_by_us=watchdog.killed_cell is not None)
+                     stopped_by_us=watchdog.killed_cell is not None, disk=watchdog.over_disk)
         except TimeUp as up:
             run.status, run.stopped_at = "time up", up.index
             run.here = run.later = (f"the cells had run their {total:g} s in all before cell "
@@ -339,12 +356,19 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
     return run
 
 
-def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool) -> None:
-    """Record in ``run`` that the kernel died, or was stopped, while running cell ``index``."""
+def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool,
+             disk: bool = False) -> None:
+    """Record in ``run`` that the kernel died, or was stopped (``disk``: for the files it
+    wrote), while running cell ``index``."""
     run.stopped_at = index
     where = "before the first cell" if index is None else \
         f"while running cell {index + 1} (id {nb.cells[index].get('id')!r})"
-    if stopped_by_us:
+    if stopped_by_us and disk:
+        run.status = "kernel stopped"
+        run.here = (f"wrote more than {binary_size(DISK_BYTES)} of files: the kernel was "
+                    "stopped")
+        run.later = f"not run: the kernel was stopped {where}, over the files' limit"
+    elif stopped_by_us:
         run.status = "kernel stopped"
         run.here = (f"ran past the time limit of {timeout} s and ignored the interrupt: "
                     "the kernel was stopped")

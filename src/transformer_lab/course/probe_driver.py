@@ -37,14 +37,23 @@ from transformer_lab.course.package import (
     top_level_names,
     without_references,
 )
-from transformer_lab.course.sandbox import Mounts, NoSandbox, kill_group
+from transformer_lab.course.sandbox import (
+    DISK_BYTES,
+    Mounts,
+    NoSandbox,
+    binary_size,
+    folder_bytes,
+    kill_group,
+)
 
 RUNNER = Path(runner.__file__).resolve()
 #: Environment variables the probe keeps from the grader's; the rest is left out.
 _KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TEMP", "TMP", "SYSTEMROOT",
              "USERPROFILE")
-#: The largest outcome file read back (a student's function may return anything).
-MAX_OUTCOME_BYTES = 200_000_000
+#: The largest outcome file read back (a student's function may return anything), and the
+#: most read back from one probe in all (the grader holds them until it judges them).
+MAX_OUTCOME_BYTES = 64 * 2**20
+MAX_OUTCOMES_BYTES = 256 * 2**20
 #: The most of the probe's progress file read (a line per cell and case).
 MAX_PROGRESS_BYTES = 10_000_000
 
@@ -174,6 +183,7 @@ class ProbeReport:
     outcomes: dict[tuple[str, str], F.Outcome] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
     cells: list[tuple[str, str | None]] = field(default_factory=list)
+    read_bytes: int = 0  # of outcome files read back, every run of the probe together
 
 
 def probe_env(sandboxed: bool = False) -> dict[str, str]:
@@ -257,12 +267,19 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     progress = out / runner.PROGRESS
-    current, since, seen = None, time.monotonic(), 0
+    current, since, seen, measured = None, time.monotonic(), 0, 0.0
     stopped = None
     try:
         while proc.poll() is None:
             time.sleep(0.05)
             now = time.monotonic()
+            if now - measured > 0.5:
+                measured = now
+                if folder_bytes((out, cwd), DISK_BYTES) > DISK_BYTES:
+                    stopped = _stop(_unit(current, cells, checks),
+                                    f"wrote more than {binary_size(DISK_BYTES)} of files: the "
+                                    "grader stopped it")
+                    break
             text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""
             if b"\n" in text:
                 lines = text[:text.rindex(b"\n")].decode("utf-8", "replace").split("\n")
@@ -413,6 +430,13 @@ def _collect(out: Path, checks: list[CheckSpec], todo: list[int], report: ProbeR
             path = out / runner.case_file(i, j)
             if not path.exists() and not path.is_symlink() or \
                     (spec.check_id, case.name) in report.outcomes:
+                continue
+            with contextlib.suppress(OSError):
+                report.read_bytes += os.lstat(path).st_size
+            if report.read_bytes > MAX_OUTCOMES_BYTES:
+                report.missing.setdefault(spec.check_id, (
+                    f"the result of case {case.name!r} was not read back: your functions' "
+                    f"results took more than {binary_size(MAX_OUTCOMES_BYTES)} in all"))
                 continue
             outcome = _read_outcome(path, spec.check_id, case.name)
             if outcome is None:

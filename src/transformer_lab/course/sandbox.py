@@ -35,11 +35,33 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 SANDBOX_HOME = "/tmp/home"
 
 
+#: What the writable folders of one run of a student's code (the probe's, the feedback
+#: kernel's) may hold in all: the grader measures them twice a second and stops the run past it
+#: (a file is at most SandboxLimits.file_size; nothing else bounds their number on the host).
+DISK_BYTES = 2**30
+
+
+def folder_bytes(folders, limit: int) -> int:
+    """The bytes of the regular files under ``folders`` (links not followed), counted until
+    they pass ``limit``."""
+    total = 0
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except OSError:  # gone meanwhile
+                    continue
+                if total > limit:
+                    return total
+    return total
+
+
 class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing, or does not work on this machine; the message says what to do."""
 
 
-def _size(nbytes: int) -> str:
+def binary_size(nbytes: int) -> str:
     return f"{nbytes / 2**30:g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g} MiB"
 
 
@@ -57,8 +79,9 @@ class SandboxLimits:
     open_files: int = 1024
 
     def describe(self) -> str:
-        return (f"{_size(self.memory)} of memory, {self.processes} processes, files up to "
-                f"{_size(self.file_size)}, a {_size(self.tmp)} /tmp")
+        return (f"{binary_size(self.memory)} of memory, {self.processes} processes, files up "
+                f"to {binary_size(self.file_size)} ({binary_size(DISK_BYTES)} in all), a "
+                f"{binary_size(self.tmp)} /tmp")
 
     def prlimit_args(self) -> list[str]:
         return [f"--as={self.memory}", f"--nproc={self.processes}",
@@ -97,6 +120,15 @@ def python_dirs() -> list[Path]:
     dirs.add(Path(sys.executable).resolve().parent.parent)
     # a folder inside another one is bound with it
     return sorted(d for d in dirs if not any(o != d and d.is_relative_to(o) for o in dirs))
+
+
+def _in_bound_folder(program: str) -> str:
+    """``program`` (Python: the virtual environment's ``bin/python``) in its folder's resolved
+    path, which the sandbox binds (:func:`python_dirs`) -- a course folder reached through a
+    link is not there -- the file itself not resolved, so that Python still finds the
+    environment beside it."""
+    path = Path(program)
+    return str(path.parent.resolve() / path.name) if path.is_absolute() else program
 
 
 class NoSandbox:
@@ -143,7 +175,7 @@ class Bubblewrap:
                   if self.cgroups else "")
         limits = self.limits.describe()
         if "--size" not in self.options:
-            limits = limits.replace(f"a {_size(self.limits.tmp)} /tmp", "a private /tmp")
+            limits = limits.replace(f"a {binary_size(self.limits.tmp)} /tmp", "a private /tmp")
         return (f"bubblewrap {self.version}".rstrip() + ": each student's code in a sandbox "
                 f"of its own, no network, no other processes, no files but Python's and its "
                 f"own; {limits}{groups}")
@@ -180,7 +212,8 @@ class Bubblewrap:
             args += ["--setenv", key, value]
         if mounts.cwd is not None:
             args += ["--chdir", str(mounts.cwd)]
-        args += [self.prlimit, *self.limits.prlimit_args(), "--", *argv]
+        args += [self.prlimit, *self.limits.prlimit_args(), "--", _in_bound_folder(argv[0]),
+                 *argv[1:]]
         if self.cgroups:
             return self.cgroups.enter(args)
         return args

@@ -130,10 +130,14 @@ def _described(version: str, found: list[CourseVersion]) -> str:
     return f"{version} (commit{'s' * (len(commits) > 1)} {', '.join(commits)})"
 
 
-def checkout(version: str, command: str) -> str:
-    """How to get course version ``version`` and run ``command`` with it."""
-    return (f"`git worktree add ../course-v{version} v{version}`, then run `{command}` "
-            "there")
+def checkout(version: str, command: str, found: list[CourseVersion]) -> str:
+    """How to get course version ``version`` and run ``command`` with it: a worktree at the
+    commit its handouts record, when they record one commit of the repository (else at the
+    tag ``v<version>``)."""
+    commits = {v.commit for v in found if v.version == version}
+    commit = next(iter(commits)) if len(commits) == 1 else UNKNOWN
+    where = f"v{version}" if commit == UNKNOWN or commit.endswith("+changes") else commit
+    return f"`git worktree add ../course-v{version} {where}`, then run `{command}` there"
 
 
 def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
@@ -149,13 +153,13 @@ def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
     if len(numbers) == 1:
         return (f"These submissions were made from course version "
                 f"{_described(numbers[0], found)}; this is {ours}: grade them with that "
-                f"version -- {checkout(numbers[0], command)}.")
+                f"version -- {checkout(numbers[0], command, found)}.")
     groups = "; ".join(
         f"{_described(n, found)}: "
         + ", ".join(s for s, recorded in sorted(versions.items())
                     if any(v.version == n for v in recorded)) for n in numbers)
     others = [n for n in numbers if n != ours.version]
-    how = "; ".join(f"for {n}, {checkout(n, command)}" for n in others)
+    how = "; ".join(f"for {n}, {checkout(n, command, found)}" for n in others)
     return (f"These submissions were made from {len(numbers)} course versions -- {groups} -- "
             f"and this is {ours}: put each version's submissions in a folder of their own and "
             f"grade each with its version ({how}).")
