@@ -1125,6 +1125,16 @@ mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")
+mutant("sample_next", "the tokens as int32", "return (cdf <= u).sum(axis=-1)",
+       "return (cdf <= u).sum(axis=-1).astype(np.int32)", "check-sample-next")
+mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).sum(axis=-1)",
+       "return (cdf <= u).sum(axis=-1, keepdims=True)", "check-sample-next")
+mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th dropped",
+       "return np.where(logits < kth, -np.inf, logits)",
+       "top = np.argsort(logits, axis=-1)[..., -k:]\n"
+       "    out = np.full_like(logits, -np.inf)\n"
+       "    np.put_along_axis(out, top, np.take_along_axis(logits, top, -1), -1)\n"
+       "    return out", "check-top-k-filter")
 mutant("top_k_filter", "the k-th largest filtered out too (<=)", "np.where(logits < kth",
        "np.where(logits <= kth", "check-top-k-filter")
 mutant("top_p_filter", "the token that crosses p dropped (its own probability counted)",
@@ -1180,6 +1190,9 @@ mutant("flash_attention_backward", "the future tiles visited (causal)",
 mutant("flash_self_attention_forward", "causal not passed on",
        "flash_attention_forward(q, k, v, causal, block_size)",
        "flash_attention_forward(q, k, v, False, block_size)", "check-flash-self-attention")
+mutant("flash_self_attention_forward", "always causal (the argument causal ignored)",
+       "flash_attention_forward(q, k, v, causal, block_size)",
+       "flash_attention_forward(q, k, v, True, block_size)", "check-flash-self-attention")
 mutant("flash_self_attention_backward", "the naive backward for the tiled forward",
        "self_attention_backward(dout, cache, attend_backward=flash_attention_backward)",
        "self_attention_backward(dout, cache)", "check-flash-self-attention")

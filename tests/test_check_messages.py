@@ -329,6 +329,10 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     ("check-top-k-filter", "top_k_filter", "the k-th largest filtered out", "with > where >="),
     ("check-min-p-filter", "14_decoding/exercise-min-p-filter", "absolute threshold",
      "p_min as an absolute threshold"),
+    ("check-top-k-filter", "top_k_filter", "exactly k kept", "keeping exactly k"),
+    ("check-sample-next", "sample_next", "as int32", "returning int32 tokens"),
+    ("check-flash-self-attention", "flash_self_attention_forward", "always causal",
+     "with causal=True where causal=False is given"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

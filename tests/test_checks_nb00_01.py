@@ -100,7 +100,8 @@ def test_linear_backward_without_bias_has_no_b_key(monkeypatch):
     monkeypatch.setattr(CL, "linear_backward", always_b)
     message = _fails("check-linear-backward")
     assert "case 'no bias (b = None): grads has W only'" in message
-    assert "must have exactly the keys ['W']" in message
+    assert "has keys not expected ['b']: it must have exactly the keys ['W'], got ['W', 'b']" \
+        in message
 
 
 def test_mse_hints():

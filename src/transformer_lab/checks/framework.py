@@ -436,7 +436,12 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         if not isinstance(got, dict):
             return differs(f" must be a dict with keys {sorted(want)}, got {_kind(got)}")
         if set(got) != set(want):
-            return differs(f" must have exactly the keys {sorted(want)}, got {sorted(got)}")
+            missing, extra = sorted(set(want) - set(got), key=str), sorted(set(got) - set(want),
+                                                                           key=str)
+            wrong = " and ".join(([f"lacks the keys {missing}"] if missing else [])
+                                 + ([f"has keys not expected {extra}"] if extra else []))
+            return differs(f" {wrong}: it must have exactly the keys "
+                           f"{sorted(want, key=str)}, got {sorted(got, key=str)}")
         parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
     elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):

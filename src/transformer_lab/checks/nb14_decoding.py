@@ -38,6 +38,9 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
         yield Case("k = 1 (greedy)", (x, 1))
         yield Case("k = V (keep everything)", (x, 10))
         yield Case("float32, three axes", (rng.standard_normal((2, 2, 6)).astype(np.float32), 2))
+        ties = np.array([[1.0, 2.0, 2.0, 0.0], [3.0, 2.0, 0.5, 2.0]])
+        yield Case("ties with the k-th largest are kept: k = 1 (row 0 keeps both 2s)", (ties, 1))
+        yield Case("ties, k = 2 (row 1 keeps the 3 and both 2s)", (ties, 2))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -53,7 +56,16 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
         return {"keeping the k smallest logits instead of the k largest":
                 lambda: _kept(self.expected(-logits, k)["kept"], logits),
                 "with > where >= belongs: the k-th largest itself cut (k - 1 kept)":
-                lambda: _kept(logits > kth, logits)}
+                lambda: _kept(logits > kth, logits),
+                "keeping exactly k (an argsort's last k): the logits tied with the k-th largest "
+                "are kept too": lambda: _kept(_argsort_top(logits, k), logits)}
+
+
+def _argsort_top(logits, k):
+    """Exactly k kept: the last k of a stable ascending argsort (ties: the later ones)."""
+    kept = np.zeros(logits.shape, bool)
+    np.put_along_axis(kept, np.argsort(logits, axis=-1, kind="stable")[..., -k:], True, -1)
+    return kept
 
 
 def _top_p_reference(logits, p):
@@ -107,6 +119,10 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                    {"temperature": 2.0, "top_k": 3})
         yield Case("temperature 2, top-k 4, then top-p 0.5 of what top-k kept", (row,),
                    {"temperature": 2.0, "top_k": 4, "top_p": 0.5})
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("the draws themselves, 64 rows: one rng.random((B, 1)), inverted through each "
+                   "row's cumulative distribution", (later.standard_normal((64, 6)) * 1.5,),
+                   {"temperature": 1.5, "top_k": 5, "exact": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -120,28 +136,47 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
     def tolerance(self, name, expected):
         return 0.03 if "frequencies" in name else super().tolerance(name, expected)
 
-    def run(self, f, logits, temperature=1.0, top_k=None, top_p=None):
+    def run(self, f, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
         kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         if temperature == 0:
             return np.asarray(f.sample_next(logits, np.random.default_rng(0), **kw),
                               dtype=np.int64)
+        if exact:
+            tokens = np.asarray(f.sample_next(logits, np.random.default_rng(3), **kw))
+            return {"the tokens' dtype": str(tokens.dtype), "tokens": tokens}
         rows = np.broadcast_to(logits, (self.DRAWS, logits.size)).copy()
         first = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
         again = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
-        return {"frequencies": np.bincount(first, minlength=logits.size) / self.DRAWS,
+        shape = str(first.shape)
+        if first.shape != (self.DRAWS,) or not np.issubdtype(first.dtype, np.integer):
+            first = np.zeros(self.DRAWS, np.int64)  # no frequencies: the shape is the answer
+        return {"the tokens' shape (one per row)": shape,
+                "frequencies": np.bincount(first, minlength=logits.size) / self.DRAWS,
                 "reproducible with the same seed": bool(np.array_equal(first, again))}
 
-    def expected(self, logits, temperature=1.0, top_k=None, top_p=None):
+    def expected(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
         if temperature == 0:
             return torch.argmax(_t(logits), dim=-1).numpy().astype(np.int64)
         z = _t(logits).to(torch.float64) / temperature
         if top_k is not None:
-            z = torch.where(z < torch.topk(z, top_k).values[-1], -torch.inf, z)
+            z = torch.where(z < torch.topk(z, top_k).values[..., -1:], -torch.inf, z)
         if top_p is not None:
             z = torch.where(torch.as_tensor(_top_p_reference(z.numpy(), top_p)), z,
                             -torch.inf)
-        return {"frequencies": torch.softmax(z, dim=-1).numpy(),
+        probs = torch.softmax(z, dim=-1).numpy()
+        if exact:  # the notebook's draw, row by row: the first token whose cdf exceeds u
+            cdf = np.cumsum(probs, axis=-1)
+            u = np.random.default_rng(3).random((len(probs), 1)) * cdf[:, -1:]
+            return {"the tokens' dtype": "int64", "tokens": (cdf <= u).sum(axis=-1)}
+        return {"the tokens' shape (one per row)": str((self.DRAWS,)), "frequencies": probs,
                 "reproducible with the same seed": True}
+
+    def mistakes(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
+        if not exact:
+            return {}
+        want = self.expected(logits, temperature, top_k, top_p, exact)
+        return {"returning int32 tokens (the docstring's are int64: (cdf <= u).sum(axis=-1) is "
+                "int64 as it is)": lambda: {**want, "the tokens' dtype": "int32"}}
 
 
 class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter",)):

@@ -422,23 +422,32 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
             case = _self_attention_case(later, f"{name}, blocks of 2", 2, 5, 6, 2, 2)
             del case.args[1][dropped]
             yield case
+        case = _self_attention_case(later, "unmasked (causal=False), blocks of 3", 2, 7, 8, 2, 3)
+        yield Case(case.name, case.args, {"causal": False})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield _self_attention_case(rng, "heads = E, a block larger than T", 2, 3, 4, 4, 16)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, params, num_heads, dout, block_size):
-        out, cache = f.flash_self_attention_forward(x, params, num_heads, True, block_size)
+    def run(self, f, x, params, num_heads, dout, block_size, causal=True):
+        out, cache = f.flash_self_attention_forward(x, params, num_heads, causal, block_size)
         dx, grads = f.flash_self_attention_backward(dout, cache)
         return {"out": out, "dx": dx, "grads": grads}
 
-    def expected(self, x, params, num_heads, dout, block_size):
-        """Notebook 13's causal self-attention by autograd in float64, in x's dtype."""
+    def expected(self, x, params, num_heads, dout, block_size, causal=True):
+        """Notebook 13's self-attention (causal, or not) by autograd in float64, in x's
+        dtype."""
         p64 = dict(zip(params, _float64(*params.values()), strict=True))
-        want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads)
+        want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads,
+                                   causal=causal)
         want = {k: a.astype(x.dtype) for k, a in want.items()}
         return {"out": want["out"], "dx": want["dx"], "grads": {n: want[f"d{n}"] for n in params}}
+
+    def mistakes(self, x, params, num_heads, dout, block_size, causal=True):
+        return {f"with causal={not causal} where causal={causal} is given (pass causal on to "
+                "flash_attention_forward)": lambda: self.expected(
+                    x, params, num_heads, dout, block_size, not causal)}
 
 
 def _gpt_attention_case(rng, name, B, T, E, H, Hkv, rope, block, dtype=np.float64,

@@ -4,9 +4,10 @@
     python -m transformer_lab.course.grade SUBMISSIONS --out grades-week3 --timeout 120
 
 What a run does, what it writes (grades.csv, totals.csv, skipped.csv, flags.csv, sandbox.csv,
-feedback/) and what it guarantees: docs/instructors.md, "Grading". For each student and notebook N, a probe
-package (:mod:`.probe_driver`) runs the student's code in a sandbox (:mod:`.sandbox`) and returns
-plain data; the verdicts are computed here, and :mod:`.reports` turns them into the files.
+feedback/) and what it guarantees: docs/instructors.md, "Grading". For each student and
+notebook N, a probe package (:mod:`.probe_driver`) runs the student's code in a sandbox
+(:mod:`.sandbox`) and returns plain data; the verdicts are computed here, and :mod:`.reports`
+turns them into the files.
 Submissions of another course version (:mod:`.versions`) are refused before anything is written.
 """
 

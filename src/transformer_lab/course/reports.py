@@ -1,7 +1,8 @@
 """What a grading run found (:class:`Graded`, :class:`Outcome`), and the reports made from it,
 the same bytes for the same records: ``grades.csv``, ``totals.csv``, ``skipped.csv``,
-``flags.csv`` and ``sandbox.csv`` (:func:`write_reports`), the feedback's summary cell (:func:`add_summary`), the
-table and summary printed at the end (:func:`format_table`, :func:`print_summary`).
+``flags.csv`` and ``sandbox.csv`` (:func:`write_reports`), the feedback's summary cell
+(:func:`add_summary`), the table and summary printed at the end (:func:`format_table`,
+:func:`print_summary`).
 :mod:`.grade` grades; this module only turns its records into text and files.
 """
 
