@@ -226,6 +226,12 @@ def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
 FLOAT = "the loss is a Python float (float(...), not a NumPy array or float32)"
 
 
+def _log_softmax64(x):
+    z = x.astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
 class CrossEntropy(Check, id="check-cross-entropy",
                    functions=("cross_entropy_forward", "cross_entropy_backward")):
     axes = {"dlogits": "tv"}  # axis names, for messages
@@ -285,6 +291,21 @@ class CrossEntropy(Check, id="check-cross-entropy",
         if dloss != 1.0:
             found["ignoring the upstream gradient dloss (multiply the gradient by it)"] = (
                 lambda: {**right, "dlogits": right["dlogits"] / logits.dtype.type(dloss)})
+        if reduction == "sum":
+            found["with reduction ignored: always the mean"] = \
+                lambda: self.expected(logits, targets, ignore_index, "mean", dloss)
+        if real < np.size(targets):  # the padded positions, read as the class id 0
+            keep = np.asarray(targets) != ignore_index
+            logp = _log_softmax64(logits)
+            onehot = np.arange(logits.shape[-1]) == np.where(keep, targets, 0)[..., None]
+            weight = 1 / real if reduction == "mean" else 1.0
+            padded = (np.exp(logp) - onehot) * (~keep)[..., None] * weight * dloss
+            found["with the padded positions' loss counted (multiply each term by the mask "
+                  "before the sum)"] = lambda: {**right, "loss": type(right["loss"])(
+                      right["loss"] - (logp * onehot).sum(-1)[~keep].sum() * weight)}
+            found["with the padded positions given a gradient (w is 0 where the target is "
+                  "ignored)"] = lambda: {**right, "dlogits": (right["dlogits"] + padded).astype(
+                      logits.dtype)}
         return found
 
 

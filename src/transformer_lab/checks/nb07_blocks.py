@@ -286,20 +286,28 @@ class FeedForward(Check, id="check-feed-forward",
         dx, grads = f.feed_forward_backward(dout, cache)
         return {"out": out, "dx": dx, "grads": grads}
 
-    def expected(self, x, params, dout, activation, at_output=False):
+    def expected(self, x, params, dout, activation, at_output=False, skip_backward=False):
         def ff(xt, p):
             act = _activation(activation)
             h = xt @ p["W1"] + (p["b1"] if "b1" in p else 0)
             a = _derivative_at_output(h, act) if at_output else act(h)
+            if skip_backward:  # act(h) forward, the identity backward
+                a = a.detach() + (h - h.detach())
             return a @ p["W2"] + (p["b2"] if "b2" in p else 0)
 
         out, dx, grads = autograd(ff, dout, x, params)
         return {"out": out, "dx": dx, "grads": grads}
 
     def mistakes(self, x, params, dout, activation):
+        found = {"with the activation's backward skipped (dh = da: multiply by act'(h))":
+                 lambda: self.expected(x, params, dout, activation, skip_backward=True)}
+        if "b2" in params:
+            found["without the second bias b2"] = lambda: {"out": self.expected(
+                x, {k: p for k, p in params.items() if k != "b2"}, dout, activation)["out"]}
         if activation == "relu":
-            return {}
-        return {"with the activation's derivative evaluated at its output a = act(h) instead of "
+            return found
+        return {**found,
+                "with the activation's derivative evaluated at its output a = act(h) instead of "
                 "its input h (keep h in the cache)":
                 lambda: self.expected(x, params, dout, activation, at_output=True),
                 "with ReLU whatever the activation argument says (pass it on to "
@@ -474,7 +482,9 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
 
     def mistakes(self, x, dout, p, seed, train):
         if not train:
-            return {"scaling in evaluation mode too: there dropout is the identity, the "
+            return {"dropping in evaluation mode too (train=False is the identity: no mask, no "
+                    "scale)": lambda: self.expected(x, dout, p, seed, True),
+                    "scaling in evaluation mode too: there dropout is the identity, the "
                     "1/(1-p) belongs to training": lambda: self.expected(
                         x, dout, p, seed, train, eval_scale=1 / (1 - p)),
                     "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
@@ -669,6 +679,10 @@ class EncoderLayer(_TwinCheck, id="check-encoder-layer",
         if mask is not None:
             found["with the mask left out of the self-attention"] = lambda: self.expected(
                 x, params, num_heads, None, dout, **keywords)
+        if keywords.get("activation", "relu") != "relu":
+            found["with ReLU whatever the activation argument says (pass it on to the "
+                  "feed-forward)"] = lambda: self.expected(
+                x, params, num_heads, mask, dout, **{**keywords, "activation": "relu"})
         return found
 
 

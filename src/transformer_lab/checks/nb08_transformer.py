@@ -9,6 +9,7 @@ shared with notebook 09's checks.
 
 from __future__ import annotations
 
+import functools
 import math
 from functools import partial
 from types import SimpleNamespace
@@ -134,6 +135,12 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
             first[: ids.shape[1]] = dx[0]
             found["with the positions' gradient of the first sequence only: every sequence "
                   "adds its own (sum over the batch)"] = lambda: dict(right, dpositions=first)
+            found["with the positions' gradient averaged over the batch (sum it: every "
+                  "sequence adds its own)"] = lambda: dict(
+                      right, dpositions=right["dpositions"] / ids.shape[0])
+        if positions is not None:
+            found["without the positions (x = scale * W[ids] + P[:T])"] = lambda: {
+                "x": self.expected(ids, table, None, scale, dx)["x"]}
         return found
 
 
@@ -169,6 +176,10 @@ class EncoderStack(_TwinCheck, id="check-encoder-stack",
         if params["norm"] is not None:
             found["without the final layer norm"] = lambda: self.expected(
                 x, dict(params, norm=None), *case, **keywords)
+        heads, mask, dout = case
+        if mask is not None:
+            found["with the mask not passed to the layers"] = lambda: self.expected(
+                x, params, heads, None, dout, **keywords)
         return found
 
 
@@ -206,6 +217,12 @@ class DecoderStack(_TwinCheck, id="check-decoder-stack",
         if params["norm"] is not None:
             found["without the final layer norm"] = lambda: self.expected(
                 x, memory, dict(params, norm=None), *case, **keywords)
+        heads, tgt_mask, memory_mask, dout = case
+        for which, given, masks in (("target mask", tgt_mask, (None, memory_mask)),
+                                    ("memory mask", memory_mask, (tgt_mask, None))):
+            if given is not None:
+                found[f"with the {which} not passed to the layers"] = functools.partial(
+                    self.expected, x, memory, params, heads, *masks, dout, **keywords)
         return found
 
 
@@ -251,15 +268,16 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
     """(memory, logits, stacks, outer tensors) of the course model, in PyTorch: the stacks are
     :func:`torch_stack`'s (a ``ModuleDict``: ``encoder``, ``decoder``), the other parameters
     tensors that record their gradients. ``how`` names a mistake to reproduce ("no scale",
-    "no positions", "no causal mask", "no memory padding mask", "no target padding mask")."""
+    "always scaled", "no positions", "no causal mask", "no memory padding mask", "no target
+    padding mask", "no encoder padding mask")."""
     layer = (config["num_heads"], config["norm_first"], config["activation"], config["eps"])
     core = torch.nn.ModuleDict({side: torch_stack(params[side], *layer, side == "decoder")
                                 for side in ("encoder", "decoder")})
     outer = {f"{k}.{n}": _t(v, grad=True)
              for k in ("src_embed", "tgt_embed", "src_pos", "tgt_pos", "out_proj") if k in params
              for n, v in params[k].items()}
-    scale = math.sqrt(config["d_model"]) if config["scale_embeddings"] and how != "no scale" \
-        else 1.0
+    scaled = config["scale_embeddings"] and how != "no scale" or how == "always scaled"
+    scale = math.sqrt(config["d_model"]) if scaled else 1.0
 
     def embed(ids, side):
         x = outer[f"{side}_embed.W"][_t(ids)] * scale
@@ -269,7 +287,8 @@ def torch_logits(params, src, tgt_in, config, pe, src_pad, tgt_pad, how="right")
         return x
 
     kpm_src = _t(src_pad)
-    memory = core.encoder(embed(src, "src"), src_key_padding_mask=kpm_src)
+    memory = core.encoder(embed(src, "src"), src_key_padding_mask=None
+                          if how == "no encoder padding mask" else kpm_src)
     t = tgt_in.shape[1]
     causal = None if how == "no causal mask" else torch.ones(t, t, dtype=torch.bool).triu(1)
     y = core.decoder(embed(tgt_in, "tgt"), memory, tgt_mask=causal,
@@ -336,8 +355,12 @@ class TransformerForward(Check, id="check-transformer-forward",
                 "without the causal mask in the decoder's self-attention": "no causal mask",
                 "without multiplying the token embeddings by sqrt(E) (config.scale_embeddings)":
                 "no scale" if config["scale_embeddings"] else None,
+                "with the embeddings scaled by sqrt(E) whatever config.scale_embeddings says":
+                None if config["scale_embeddings"] else "always scaled",
                 "with the source padding left out of the cross-attention's mask":
                 "no memory padding mask" if src_pad is not None else None,
+                "with the source padding left out of the encoder's self-attention mask":
+                "no encoder padding mask" if src_pad is not None else None,
                 "with the target padding left out of the decoder's self-attention mask "
                 "(merge tgt_pad with the causal mask)":
                 "no target padding mask" if tgt_pad is not None and tgt_pad.any() else None}
