@@ -961,6 +961,10 @@ mutant(SAMPLE, "the most likely token instead of a draw",
 mutant("next_token_loss_forward", "the logits not shifted (each position scored against "
        "its own token)", "cross_entropy_forward(logits[:, :-1], ids[:, 1:])",
        "cross_entropy_forward(logits, ids)", "check-next-token-loss")
+mutant("next_token_loss_forward", "the mean over B * T positions, not the B * (T - 1) scored",
+       "loss, c_ce = cross_entropy_forward(logits[:, :-1], ids[:, 1:])  # (B, T-1, V) vs (B, T-1)",
+       "loss, c_ce = cross_entropy_forward(logits[:, :-1], ids[:, 1:])  # (B, T-1, V) vs (B, T-1)"
+       "\n    loss = loss * (ids.shape[1] - 1) / ids.shape[1]", "check-next-token-loss")
 mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of ..T-1",
        "dlogits[:, :-1] = d_shifted", "dlogits[:, 1:] = d_shifted", "check-next-token-loss")
 mutant("next_token_loss_backward", "dloss ignored (the gradient as if dloss were 1)",

@@ -353,6 +353,14 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
      "the source padding left out of the encoder"),
     ("check-transformer-forward", "transformer_encode", "always scaled",
      "scaled by sqrt(E) whatever config.scale_embeddings"),
+    ("check-next-token-loss", "next_token_loss_forward", "the mean over B * T",
+     "dividing by B * T"),
+    ("check-next-token-loss", "next_token_loss_backward", "the gradient put at positions",
+     "the gradient put at positions 1 .. T - 1"),
+    ("check-sample-next", "sample_next", "temperature ignored", "ignoring the temperature"),
+    ("check-sample-next", "sample_next", "top_k ignored", "ignoring top_k"),
+    ("check-sample-next", "sample_next", "the filters in the other order",
+     "with top-p before top-k"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

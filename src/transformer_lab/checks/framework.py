@@ -582,7 +582,8 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
             try:
                 with np.errstate(all="ignore"):
                     g, w, a = (reduce(getitem, path, x) for x in (got, want, answer))
-                    if _matches(check, g, a) and not _matches(check, w, a):
+                    name = "output" + "".join(f"[{k!r}]" for k in path)
+                    if _matches(check, g, a, name) and not _matches(check, w, a, name):
                         return f"this is what you get {description}."
             except Exception:  # a mistake without that output, or a hint's own error
                 continue
@@ -649,14 +650,16 @@ def _mistake_answers(check: Check, case: Case, stored: Mapping[str, Any] | None 
     return found
 
 
-def _matches(check: Check, got, wrong) -> bool:
-    """Whether ``got`` is ``wrong`` within the check's tolerance, non-finite entries included."""
+def _matches(check: Check, got, wrong, name: str = "output") -> bool:
+    """Whether ``got`` is ``wrong`` within the check's tolerance for the output ``name``
+    (``"output['frequencies']"``), non-finite entries included."""
     if isinstance(wrong, dict):
         return (isinstance(got, dict) and got.keys() == wrong.keys()
-                and all(_matches(check, got[k], wrong[k]) for k in wrong))
+                and all(_matches(check, got[k], wrong[k], f"{name}[{k!r}]") for k in wrong))
     if isinstance(wrong, (tuple, list)):
         return (isinstance(got, (tuple, list)) and len(got) == len(wrong)
-                and all(_matches(check, g, w) for g, w in zip(got, wrong, strict=True)))
+                and all(_matches(check, g, w, f"{name}[{i}]")
+                        for i, (g, w) in enumerate(zip(got, wrong, strict=True))))
     if wrong is None or isinstance(wrong, str):
         return got == wrong
     try:
@@ -669,7 +672,7 @@ def _matches(check: Check, got, wrong) -> bool:
         if not np.array_equal(finite, np.isfinite(g)) or not np.array_equal(
                 g[~finite], w[~finite], equal_nan=True):
             return False
-        return rel_error(g[finite], w[finite]) <= check.tolerance("output", w)
+        return rel_error(g[finite], w[finite]) <= check.tolerance(name, w)
     except (TypeError, ValueError):
         return False
 

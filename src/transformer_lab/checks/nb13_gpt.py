@@ -87,7 +87,25 @@ class NextTokenLoss(Check, id="check-next-token-loss",
                 "targets are ids[:, 1:])":
                 lambda: self.expected(logits, ids, dloss, first, first),
                 "ignoring dloss (the gradient of the loss itself, as if dloss were 1)":
-                lambda: self.expected(logits, ids, 1.0)}
+                lambda: self.expected(logits, ids, 1.0),
+                "with np.roll(ids, -1): the last position scored against the first token (it "
+                "has no next token: drop it)":
+                lambda: self.expected(logits, np.roll(ids, -1, axis=1), dloss, every, every),
+                "dividing by B * T instead of the B * (T - 1) positions scored":
+                lambda: _scaled(self.expected(logits, ids, dloss), 1 - 1 / ids.shape[1]),
+                "with the gradient put at positions 1 .. T - 1 (the logits scored are "
+                "0 .. T - 2: dlogits[:, :-1])": lambda: _moved(self.expected(logits, ids, dloss))}
+
+
+def _scaled(answer: dict, factor: float) -> dict:
+    return {k: (a * factor).astype(a.dtype) for k, a in answer.items()}
+
+
+def _moved(answer: dict) -> dict:
+    """The gradient of the positions 0 .. T - 2 written at 1 .. T - 1."""
+    d = np.zeros_like(answer["dlogits"])
+    d[:, 1:] = answer["dlogits"][:, :-1]
+    return {**answer, "dlogits": d}
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ none of them calls the core.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
@@ -154,16 +156,21 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                 "frequencies": np.bincount(first, minlength=logits.size) / self.DRAWS,
                 "reproducible with the same seed": bool(np.array_equal(first, again))}
 
-    def expected(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
+    def expected(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False,
+                 order="top-k first", divide_first=True):
+        """The draws' distribution (``order`` and ``divide_first``: the filters' order, and
+        whether the temperature comes before them; other settings are mistakes)."""
         if temperature == 0:
             return torch.argmax(_t(logits), dim=-1).numpy().astype(np.int64)
-        z = _t(logits).to(torch.float64) / temperature
-        if top_k is not None:
-            z = torch.where(z < torch.topk(z, top_k).values[..., -1:], -torch.inf, z)
-        if top_p is not None:
-            z = torch.where(torch.as_tensor(_top_p_reference(z.numpy(), top_p)), z,
-                            -torch.inf)
-        probs = torch.softmax(z, dim=-1).numpy()
+        z = _t(logits).to(torch.float64)
+        z = z / temperature if divide_first else z
+        for step in (("k", "p") if order == "top-k first" else ("p", "k")):
+            if step == "k" and top_k is not None:
+                z = torch.where(z < torch.topk(z, top_k).values[..., -1:], -torch.inf, z)
+            if step == "p" and top_p is not None:
+                z = torch.where(torch.as_tensor(_top_p_reference(z.numpy(), top_p)), z,
+                                -torch.inf)
+        probs = torch.softmax(z if divide_first else z / temperature, dim=-1).numpy()
         if exact:  # the notebook's draw, row by row: the first token whose cdf exceeds u
             cdf = np.cumsum(probs, axis=-1)
             u = np.random.default_rng(3).random((len(probs), 1)) * cdf[:, -1:]
@@ -172,6 +179,28 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                 "reproducible with the same seed": True}
 
     def mistakes(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
+        if not exact and temperature != 0:
+            args = (logits, temperature, top_k, top_p)
+            found = {}
+            if top_k is not None and top_p is not None:  # first: it may equal "ignoring top_k"
+                found["with top-p before top-k (top-k first, then top-p of what it kept)"] = \
+                    functools.partial(self.expected, *args, order="top-p first")
+            if temperature != 1:
+                found["multiplying the logits by the temperature (divide them: a low "
+                      "temperature sharpens)"] = lambda: self.expected(
+                    logits, 1 / temperature, top_k, top_p)
+                found["with the temperature after the filters (divide first: top-p keeps "
+                      "another set of tokens then)"] = functools.partial(
+                    self.expected, *args, divide_first=False)
+                found["ignoring the temperature"] = lambda: self.expected(logits, 1.0, top_k,
+                                                                           top_p)
+            if top_k is not None:
+                found["ignoring top_k (no top-k filter)"] = lambda: self.expected(
+                    logits, temperature, None, top_p)
+            if top_p is not None:
+                found["ignoring top_p (no top-p filter)"] = lambda: self.expected(
+                    logits, temperature, top_k, None)
+            return found
         if not exact:
             return {}
         want = self.expected(logits, temperature, top_k, top_p, exact)
