@@ -174,12 +174,21 @@ LOOPY = ADDITIVE.replace("    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, 
                          "    s = np.stack([np.tanh(q @ W1 + kj @ W2) @ w for kj in k], axis=-1)\n")
 #: a loop the exercise forbids, hidden from the check in the student's process: by patching
 #: the loop detector, or by a vectorised def that a loopy function replaces
+ZEROS = ADDITIVE.replace("    s = np.tanh(", "    return np.zeros((len(q), v.shape[1])), "
+                                          "np.zeros((len(q), len(k)))\n    s = np.tanh(")
+_LOOPY_HELPER = LOOPY.replace("def additive_attention", "def _loopy")
+#: a loop the exercise forbids, hidden from the check in the student's process -- by patching
+#: the loop detector, or by binding the name to a loopy function after a plain def (which
+#: returns zeros, or is right) -- and what the grader then says of the loops
 HIDDEN_LOOPS = {
-    "loop_patched": "import transformer_lab.checks.framework as _F\n"
-                    "_F.python_loops = lambda fn: 'none'\n" + LOOPY,
-    "loop_rebound": ADDITIVE + "\n\n\n" + LOOPY.replace("def additive_attention",
-                                                         "def _loopy") +
-                    "\n\nadditive_attention = _loopy\n",
+    "loop_patched": ("import transformer_lab.checks.framework as _F\n"
+                     "_F.python_loops = lambda fn: 'none'\n" + LOOPY, "got 'a loop at line 6'"),
+    "loop_rebound": (ZEROS + "\n\n\n" + _LOOPY_HELPER + "\n\nadditive_attention = _loopy\n",
+                     "output['out']"),
+    "loop_globals": (ZEROS + "\n\n\n" + _LOOPY_HELPER +
+                     "\n\nglobals()['additive_attention'] = _loopy\n", "output['out']"),
+    "loop_nested": (ZEROS + "\n\n\nif True:\n" + "\n".join(
+        "    " + line for line in LOOPY.split("\n")) + "\n", "output['out']"),
 }
 FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}
 
@@ -223,7 +232,7 @@ def _write_students(subs: Path, out: Path) -> None:
     (subs / "broken_core" / "src" / "transformer_lab" / "core" / "layers.py").write_text(
         "def softmax_forward(x:\n    return x\n")
     student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
-    for who, code in HIDDEN_LOOPS.items():
+    for who, (code, _) in HIDDEN_LOOPS.items():
         student_folder(subs / who, solved_01(edit={"exercise-additive": code}), core="reference")
     student_folder(subs / "hidden_only", solved_01(edit={"exercise-logsumexp": WRONG_FOR_4D}),
                    core="reference")
@@ -428,26 +437,28 @@ def test_an_endless_loop_costs_its_check_only(graded):
 @pytest.mark.slow
 @pytest.mark.parametrize("who", sorted(HIDDEN_LOOPS))
 def test_a_loop_hidden_from_the_student_s_process_still_costs_its_point(graded, who):
-    """The grader reads the loops from the submitted def, not from what the probe says."""
+    """The grader reads the loops from the last plain def, and the probe runs that def again
+    after the student's cells: the checks call the function whose source was read."""
     got = points(graded, who)
     assert got["check-additive-attention"] == 0 and sum(got.values()) == FULL - 1, got
-    expected = {"loop_patched": "got 'a loop at line 6'",
-                "loop_rebound": "got 'additive_attention is bound last at line 20 of a cell by "
-                                "something other than a plain def"}[who]
-    assert expected in summary(graded, who)
+    assert HIDDEN_LOOPS[who][1] in summary(graded, who)
 
 
 def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
-    loops = grade.source_loops
-    assert loops([("a", ADDITIVE)], "additive_attention") == "none"
-    assert loops([("a", ADDITIVE), ("b", LOOPY)], "additive_attention") == "a loop at line 4"
-    assert loops([("a", LOOPY), ("b", ADDITIVE)], "additive_attention") == "none"
-    assert loops([("a", "x = 1")], "additive_attention").startswith("no def additive_attention")
-    for later in ("additive_attention = f", "from m import f as additive_attention",
-                  "def g():\n    global additive_attention\n", "for additive_attention in []:"
-                  "\n    pass", "@wraps\n" + ADDITIVE):
-        assert "bound last at line" in loops([("a", ADDITIVE), ("b", later)],
-                                             "additive_attention"), later
+    def loops(*sources):
+        cells = [(f"c{k}", source) for k, source in enumerate(sources)]
+        return grade.source_loops(grade.last_defs(cells, {"additive_attention"}),
+                                  "additive_attention", probe_driver.ProbeReport())
+    assert loops(ADDITIVE) == "none"
+    assert loops(ADDITIVE, LOOPY) == "a loop at line 4"
+    assert loops(LOOPY, ADDITIVE) == "none"
+    assert loops("x = 1").startswith("no def additive_attention")
+    assert loops("if True:\n    " + LOOPY.replace("\n", "\n    ")).startswith("no def")
+    assert loops(ADDITIVE + "\nadditive_attention = 1\n") == "none"  # run again after it
+    defs = grade.last_defs([("a", "@wraps\n" + ADDITIVE)], {"additive_attention"})
+    (cell_id, source), = grade.bound_again(defs)
+    assert cell_id == "grader-def-additive_attention"
+    assert source.startswith("def additive_attention(q, k, v, W1, W2, w):")  # no decorator
 
 
 @pytest.mark.slow
@@ -932,6 +943,7 @@ def test_flags_on_code():
         ("cell 2", "check = print\nx = open('/etc/x', 'w')\ny = open('local.txt', 'w')\n"
                    "ip = get_ipython()\nimport inspect\ns = inspect.getsource(check)\n"
                    "m[np.isneginf(m)] = 0\nos.system('ls')\nimport subprocess"),
+        ("cell 3", "import tracemalloc\ntracemalloc.stop()"),
     ])
     got = {(f.where, f.line): f.what for f in found}
     assert "shell command" in got["cell 1", 3] and "%%capture" in got["cell 1", 4]
@@ -940,6 +952,7 @@ def test_flags_on_code():
     assert ("cell 2", 3) not in got and ("cell 2", 7) not in got
     assert "get_ipython" in got["cell 2", 4] and "getsource" in got["cell 2", 6]
     assert "os.system" in got["cell 2", 8] and "subprocess" in got["cell 2", 9]
+    assert "the memory measurement some checks make" in got["cell 3", 1]
     for module in parse_package(ROOT / "src" / "transformer_lab").core.values():
         clean = flags.scan_python(module.source, module.name)
         assert not clean, clean  # the reference core raises no flag

@@ -624,19 +624,50 @@ def test_what_the_probe_leaves_in_its_results_cannot_flood_or_hang_the_grader(
         assert "check-logsumexp" in report.missing
 
 
-def test_a_probe_that_fills_the_disk_is_stopped(box, tmp_path, monkeypatch):
-    """Each file is bounded (prlimit's fsize), their number is not: the grader measures the
-    probe's folders as it runs and stops it past DISK_BYTES (here 8 MiB)."""
+#: Ways to hold disk space past DISK_BYTES (8 MiB in these tests), each then waiting to be
+#: caught: many files; blocks allocated past a file's size (fallocate's KEEP_SIZE: size 0);
+#: deleted files held open; empty folders.
+FILL_DISK = {
+    "files": "for k in range(400):\n    open(f'junk-{k}', 'wb').write(bytes(2**20))\n"
+             "    time.sleep(0.01)\n",
+    "allocated": "import ctypes\nfd = os.open('big', os.O_CREAT | os.O_WRONLY)\n"
+                 "ctypes.CDLL(None).fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(64 << 20))\n"
+                 "assert os.stat('big').st_size == 0\n",
+    "deleted": "held = []\nfor k in range(20):\n    f = open(f'gone-{k}', 'wb')\n"
+               "    f.write(bytes(2**20)); f.flush(); os.remove(f'gone-{k}'); held.append(f)\n",
+    "folders": "for k in range(5000):\n    os.mkdir(f'd{k}')\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FILL_DISK))
+def test_a_probe_that_fills_the_disk_is_stopped(box, tmp_path, monkeypatch, how):
+    """Each file is bounded (prlimit's fsize), their number is not: the grader measures what
+    the probe holds as it runs and stops it past DISK_BYTES."""
     from transformer_lab.course import probe_driver
 
     monkeypatch.setattr(probe_driver, "DISK_BYTES", 8 * 2**20)
-    cell = ("import time\nfor k in range(400):\n"
-            "    open(f'junk-{k}', 'wb').write(bytes(2**20))\n    time.sleep(0.01)\n"
+    cell = ("import os, time\n" + FILL_DISK[how] + "time.sleep(8)\n"
             "def logsumexp(x, axis=-1):\n    return 0\n")
     report, seconds = _probe(tmp_path, cell, box)
-    assert seconds < 30, seconds
-    assert "wrote more than 8 MiB of files: the grader stopped it" in str(report), report
+    assert seconds < 8, seconds
+    assert "held more than 8 MiB of files: the grader stopped it" in str(report), report
     assert not report.outcomes
+
+
+def test_dev_and_dev_shm_hold_little(box):
+    """/dev/shm is memory the address-space limit does not count: bounded like /tmp (or
+    read-only); the rest of /dev is read-only."""
+    done = run_in(box, "import os\n"
+                       "try:\n    open('/dev/made', 'w')\nexcept OSError as e:\n"
+                       "    print('dev', e.errno)\n"
+                       "n = 0\ntry:\n    with open('/dev/shm/x', 'wb') as f:\n"
+                       "        while n < 2**30:\n            f.write(bytes(2**20)); n += 2**20\n"
+                       "except OSError as e:\n    print('shm', e.errno, n <= 256 * 2**20)\n"
+                       "open(os.devnull, 'w').write('fine')\nprint('null ok')")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0] == "dev 30" and lines[1].startswith("shm ") and lines[1].endswith(" True")
+    assert lines[2] == "null ok"
 
 
 def test_a_feedback_kernel_that_fills_the_disk_is_stopped(box, monkeypatch):
@@ -653,7 +684,7 @@ def test_a_feedback_kernel_that_fills_the_disk_is_stopped(box, monkeypatch):
     run = kernel_run.run_notebook(nb, timeout=30, sandbox=box)
     assert time.monotonic() - start < 30
     assert run.status == "kernel stopped" and run.stopped_at == 0, run
-    assert run.here == "wrote more than 8 MiB of files: the kernel was stopped"
+    assert run.here == "held more than 8 MiB of files: the kernel was stopped"
 
 
 def test_the_results_read_back_are_bounded_in_all(box, tmp_path, monkeypatch):

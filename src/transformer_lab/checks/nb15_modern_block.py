@@ -179,18 +179,23 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
             hints["writing in eps = 1e-5 instead of using the argument eps"] = (
                 lambda: self.expected(x, gamma, dout))
         hints["with layer norm's -mean(g) term in the backward pass: RMSNorm subtracts no mean, "
-              "dx = (g - x_hat * mean(g * x_hat)) / r"] = lambda: {"dx": _rms_dx_with_mean(
-                  x, gamma, dout, e)}
+              "dx = (g - x_hat * mean(g * x_hat)) / r"] = lambda: {"dx": _rms_dx(
+                  x, gamma, dout, e, mean_g=True)}
+        hints["without the path through r: dx = (g - x_hat * mean(g * x_hat)) / r, not g / r"] = \
+            lambda: {"dx": _rms_dx(x, gamma, dout, e, through_r=False)}
         return hints
 
 
-def _rms_dx_with_mean(x, gamma, dout, eps):
-    """dx of RMSNorm with layer norm's -mean(g) term too (a mistake), in x's dtype."""
+def _rms_dx(x, gamma, dout, eps, mean_g=False, through_r=True):
+    """dx of RMSNorm with a mistake: layer norm's -mean(g) term too (``mean_g``), or without
+    the term of r's own gradient (``through_r`` False), in x's dtype."""
     x64, g = x.astype(np.float64), (dout * gamma).astype(np.float64)
     r = np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
     x_hat = x64 / r
-    dx = (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True)) / r
-    return dx.astype(x.dtype)
+    dx = g - (g.mean(-1, keepdims=True) if mean_g else 0)
+    if through_r:
+        dx = dx - x_hat * (g * x_hat).mean(-1, keepdims=True)
+    return (dx / r).astype(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------

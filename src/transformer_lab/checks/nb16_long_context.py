@@ -213,7 +213,9 @@ class FlashAttentionForward(Check, id="check-flash-forward",
                  lambda: _attention(_scores(qt, kt, causal) * math.sqrt(q.shape[-1]), vt),
                  "with the output accumulator not rescaled: acc = alpha * acc + p @ v_j, as the "
                  "running sum is, since each tile's p is relative to the maximum so far":
-                 lambda: _not_rescaled(_scores(qt, kt, causal), vt, block_size)}
+                 lambda: _not_rescaled(_scores(qt, kt, causal), vt, block_size),
+                 "with lse = m + ell, the log forgotten: lse = m + log(ell)":
+                 lambda: _lse_without_log(_scores(qt, kt, causal), vt)}
         if causal:
             found["skipping the diagonal tile (keys j up to the query block's start only): "
                   "it holds each query's own key and its block's earlier ones"] = (
@@ -225,6 +227,13 @@ class FlashAttentionForward(Check, id="check-flash-forward",
                 found["masking the diagonal too (a query must see its own key, j <= i)"] = (
                     lambda: _attention(scaled.masked_fill(diagonal, -torch.inf), vt))
         return found
+
+
+def _lse_without_log(scores, v) -> dict:
+    """out, and each row's m + ell (max and sum of exp(s - m)) where its logsumexp belongs."""
+    right = _attention(scores, v)
+    m = scores.amax(-1).numpy()
+    return {**right, "lse": m + np.exp(right["lse"] - m)}
 
 
 def _not_rescaled(scores, v, block_size) -> dict:
@@ -354,7 +363,10 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
                                       lambda d_out, out: d_out.sum(-1)),
                 "with a tile's part of dq, dk or dv assigned (=) instead of added (+=): each "
                 "query row's dq sums over its key tiles, each key's dk and dv over the query "
-                "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size)}
+                "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size),
+                **({} if causal else {  # (causal: what the masked entries get depends on how)
+                    "with dS = P * dP - D, the brackets forgotten: dS = P * (dP - D)":
+                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * dP - D)})}
 
 
 def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
@@ -368,6 +380,18 @@ def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
     return {"dq": (dq + (dS @ kt).numpy()).astype(q.dtype),
             "dk": (dk + (dS.transpose(-1, -2) @ qt).numpy()).astype(q.dtype),
             "dv": dv.astype(q.dtype)}
+
+
+def _grads_with_dS(q, k, v, dout, dS_of) -> dict:
+    """dq, dk, dv of the (unmasked) backward pass with ``dS_of(P, dP, D)`` in place of
+    dS = P * (dP - D) (a mistake). In the inputs' dtype."""
+    qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
+    P = torch.softmax(_scores(qt, kt, False), -1)
+    D = (dout_t * (P @ vt)).sum(-1, keepdim=True)
+    dS = dS_of(P, dout_t @ vt.transpose(-1, -2), D) / math.sqrt(q.shape[-1])
+    return {"dq": (dS @ kt).numpy().astype(q.dtype),
+            "dk": (dS.transpose(-1, -2) @ qt).numpy().astype(q.dtype),
+            "dv": (P.transpose(-1, -2) @ dout_t).numpy().astype(q.dtype)}
 
 
 def _grads_assigned(q, k, v, dout, causal, block_size) -> dict:

@@ -54,6 +54,7 @@ _IMPORT_REASONS = {
     **dict.fromkeys(_PROCESS_NAMES, "starts other processes"),
     **dict.fromkeys(("atexit", "signal"), "acts when the process ends or is signalled"),
     **dict.fromkeys(("ctypes", "gc", "marshal"), "reaches into the interpreter"),
+    "tracemalloc": "controls the memory measurement some checks make in your process",
     "IPython": "reaches into the kernel's machinery"}
 _CHECK_ATTRS = {"expected", "stored_expected", "store_expected", "get_check", "REGISTRY",
                 "run_case", "hidden_cases", "load_values", "judge"}

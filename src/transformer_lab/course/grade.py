@@ -357,14 +357,15 @@ class Grader:
 
 
 def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
-              cells: list[tuple[str, str]]) -> list[CheckResult]:
+              defs: dict[str, ast.FunctionDef] | None = None) -> list[CheckResult]:
     """One result per check of the notebook, judged here from the probe's evidence; what a
-    check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``cells``, the
-    sources the probe ran."""
+    check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``defs``
+    (:func:`last_defs`)."""
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
-        read_here = {key: source_loops(cells, name) for key, name in chk.loop_free.items()}
+        read_here = {key: source_loops(defs or {}, name, report)
+                     for key, name in chk.loop_free.items()}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
@@ -397,44 +398,51 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     return results
 
 
-def source_loops(cells: list[tuple[str, str]], name: str) -> str:
-    """What :func:`~.framework.python_loops` says of the function ``name``, read from the
-    source of the plain top-level ``def`` that binds it last in ``cells`` ((id, source), in
-    the order they run): "none", "a loop at line N" (of its cell), or why it cannot be read
-    (no such def; a later binding, a decorator or a ``global`` that may put other code there)."""
-    last = None  # the statement that binds name last
+def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]:
+    """The last plain top-level ``def`` of each of ``names`` in ``cells`` ((id, source), in the
+    order they run); a name without one is left out."""
+    found: dict[str, ast.FunctionDef] = {}
     for _, source in cells:
         try:
             tree = untrusted.parse(source)
         except SyntaxError:
             continue
-        for statement in tree.body:
-            if _binds(statement, name):
-                last = statement
-    if last is None:
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                found[node.name] = node
+    return found
+
+
+def bound_again(defs: dict[str, ast.FunctionDef]) -> list[tuple[str, str]]:
+    """Cells that run each of ``defs`` again, without its decorators, after the student's: the
+    function the checks call is then the one whose source the grader read, whatever the cells
+    did to the name (a later binding, ``globals()``, ``exec``, ``__code__``)."""
+    cells = []
+    for name, node in sorted(defs.items()):
+        plain = copy.copy(node)
+        plain.decorator_list = []
+        cells.append((f"{GRADER_CELL}{name}", ast.unparse(plain)))
+    return cells
+
+
+#: The id of the cells :func:`bound_again` adds, before the function's name.
+GRADER_CELL = "grader-def-"
+
+
+def source_loops(defs: dict[str, ast.FunctionDef], name: str, report: ProbeReport) -> str:
+    """What :func:`~.framework.python_loops` says of the function ``name``, read from the
+    source of its def in ``defs`` (:func:`last_defs`) -- the def that :func:`bound_again` ran
+    again in the probe (``report``: whether it ran): "none", "a loop at line N" (of its cell),
+    or why there is no answer. A loop in a function it calls is not seen."""
+    if name not in defs:
         return f"no def {name} in the notebook's cells (the grader reads its loops from one)"
-    if not isinstance(last, ast.FunctionDef) or last.name != name or last.decorator_list:
-        return (f"{name} is bound last at line {last.lineno} of a cell by something other than "
-                "a plain def (the grader reads its loops from one)")
-    lines = [node.lineno for node in ast.walk(last) if isinstance(
+    error = dict(report.cells).get(f"{GRADER_CELL}{name}")
+    if error:
+        return f"the grader could not define {name} again from its def: {error}"
+    lines = [node.lineno for node in ast.walk(defs[name]) if isinstance(
         node, ast.For | ast.AsyncFor | ast.While | ast.ListComp | ast.SetComp | ast.DictComp
         | ast.GeneratorExp)]
     return f"a loop at line {min(lines)}" if lines else "none"
-
-
-def _binds(statement: ast.stmt, name: str) -> bool:
-    """Whether a top-level statement may bind ``name``: a def or class of that name, an
-    import as it, an assignment to it anywhere in it, or a ``global`` of it in any function."""
-    if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
-            and statement.name == name:
-        return True
-    for node in ast.walk(statement):
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) \
-                or isinstance(node, ast.Global) and name in node.names \
-                or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) \
-                == name:
-            return True
-    return False
 
 
 def name_culprits(results: list[CheckResult]) -> None:
@@ -506,10 +514,13 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         cells, notes = probe_cells(submission, assignment)
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
                            grader.check_cases(c.cell_id)) for c in assignment.checks]
+        defs = last_defs(cells, {name for c in assignment.checks
+                                 for name in F.get_check(c.cell_id).loop_free.values()})
         clock.lap("package")
-        report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
+        report = run_probe(tmp / "probe", cells + bound_again(defs), specs, grader.limits,
+                           grader.sandbox)
         clock.lap("probe")
-        results = judge_all(grader, assignment, report, cells)
+        results = judge_all(grader, assignment, report, defs)
         _name_the_stubs(results, overlay)
         clock.lap("judge")
         if (work.name, notebook) in grader.unversioned:

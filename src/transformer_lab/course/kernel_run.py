@@ -27,7 +27,7 @@ from transformer_lab.course.sandbox import (
     Mounts,
     NoSandbox,
     binary_size,
-    folder_bytes,
+    disk_bytes,
     kill_group,
 )
 
@@ -287,8 +287,9 @@ class _Watchdog:
             if running is None:
                 continue
             over_time = time.monotonic() - running[1] > self.limit
+            pid = getattr(self._process, "pid", None)
             self.over_disk = not over_time and ticks % 3 == 0 and \
-                folder_bytes(self.folders, DISK_BYTES) > DISK_BYTES
+                disk_bytes(self.folders, DISK_BYTES, pid) > DISK_BYTES
             if over_time or self.over_disk:
                 self.killed_cell = running[0]
                 kill_group(self._pgid, self._process)
@@ -365,7 +366,7 @@ def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool,
         f"while running cell {index + 1} (id {nb.cells[index].get('id')!r})"
     if stopped_by_us and disk:
         run.status = "kernel stopped"
-        run.here = (f"wrote more than {binary_size(DISK_BYTES)} of files: the kernel was "
+        run.here = (f"held more than {binary_size(DISK_BYTES)} of files: the kernel was "
                     "stopped")
         run.later = f"not run: the kernel was stopped {where}, over the files' limit"
     elif stopped_by_us:

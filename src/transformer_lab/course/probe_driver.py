@@ -42,7 +42,7 @@ from transformer_lab.course.sandbox import (
     Mounts,
     NoSandbox,
     binary_size,
-    folder_bytes,
+    disk_bytes,
     kill_group,
 )
 
@@ -275,9 +275,9 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
             now = time.monotonic()
             if now - measured > 0.5:
                 measured = now
-                if folder_bytes((out, cwd), DISK_BYTES) > DISK_BYTES:
+                if disk_bytes((out, cwd), DISK_BYTES, proc.pid) > DISK_BYTES:
                     stopped = _stop(_unit(current, cells, checks),
-                                    f"wrote more than {binary_size(DISK_BYTES)} of files: the "
+                                    f"held more than {binary_size(DISK_BYTES)} of files: the "
                                     "grader stopped it")
                     break
             text = read_regular(progress, seen, MAX_PROGRESS_BYTES) or b""

@@ -14,6 +14,7 @@ import itertools
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,26 +36,59 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 SANDBOX_HOME = "/tmp/home"
 
 
-#: What the writable folders of one run of a student's code (the probe's, the feedback
-#: kernel's) may hold in all: the grader measures them twice a second and stops the run past it
-#: (a file is at most SandboxLimits.file_size; nothing else bounds their number on the host).
+#: What one run of a student's code (a probe, a feedback kernel) may hold on the host's disk
+#: in all: the files of its writable folders (their allocated blocks, and 4 KiB a folder) and
+#: the deleted files its processes hold open. The grader measures it twice a second and stops
+#: the run past it (a file is at most SandboxLimits.file_size; nothing else bounds the sum).
 DISK_BYTES = 2**30
 
 
-def folder_bytes(folders, limit: int) -> int:
-    """The bytes of the regular files under ``folders`` (links not followed), counted until
-    they pass ``limit``."""
+def disk_bytes(folders, limit: int, pid: int | None = None) -> int:
+    """The bytes a run holds on disk (:data:`DISK_BYTES`): under ``folders`` (links not
+    followed), and in the deleted files that the process ``pid`` and its descendants hold
+    open; counted until they pass ``limit``."""
     total = 0
     for folder in folders:
-        for root, _, files in os.walk(folder):
+        for root, dirs, files in os.walk(folder):
+            total += 4096 * len(dirs)
             for name in files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_size
-                except OSError:  # gone meanwhile
-                    continue
+                total += _allocated(os.path.join(root, name), follow=False)
                 if total > limit:
                     return total
+    for process in _descendants(pid) if pid else ():
+        with contextlib.suppress(OSError), os.scandir(f"/proc/{process}/fd") as fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path).endswith(" (deleted)"):
+                        total += _allocated(fd.path, follow=True)
     return total
+
+
+def _allocated(path: str, follow: bool) -> int:
+    """A regular file's size or its allocated blocks, whichever is more (a file allocated past
+    its size, fallocate's KEEP_SIZE, holds its blocks); 0 for anything else, or a file gone."""
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except OSError:
+        return 0
+    return max(info.st_size, info.st_blocks * 512) if stat.S_ISREG(info.st_mode) else 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and the processes it started, and theirs (read from /proc; [] without it)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    text = Path(f"/proc/{entry.name}/stat").read_text()
+                    parent = int(text.rsplit(")", 1)[1].split()[1])
+                    children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
 
 
 class SandboxUnavailable(RuntimeError):
@@ -190,6 +224,13 @@ class Bubblewrap:
         if "--size" in self.options:
             args += ["--size", str(self.limits.tmp)]
         args += ["--tmpfs", "/tmp", "--dir", SANDBOX_HOME]
+        # /dev/shm bounded (or read-only, where bubblewrap cannot bound it), the rest of /dev
+        # read-only: both are memory, which the address-space limit does not count
+        if "--size" in self.options:
+            args += ["--size", str(self.limits.tmp), "--tmpfs", "/dev/shm"]
+        else:
+            args += ["--tmpfs", "/dev/shm", "--remount-ro", "/dev/shm"]
+        args += ["--remount-ro", "/dev"]
         for name in SYSTEM_DIRS:
             path = Path("/") / name
             if path.is_symlink():
