@@ -945,6 +945,11 @@ mutant(RMSP, "centered ignored", "if centered:", "if False:", "check-rmsprop")
 mutant(RMSP, "eps inside the square root", "avg = np.sqrt(st[\"v\"]) + eps",
        "avg = np.sqrt(st[\"v\"] + eps)", "check-rmsprop")
 mutant(RMSP, "weight decay ignored", "g = g + weight_decay * p", "g = g", "check-rmsprop")
+mutant(RMSP, "lr folded into the momentum buffer (right while lr is constant)",
+       "            st[\"buf\"] = momentum * st[\"buf\"] + g / avg\n"
+       "            p -= lr * st[\"buf\"]",
+       "            st[\"buf\"] = momentum * st[\"buf\"] + lr * g / avg\n"
+       "            p -= st[\"buf\"]", "check-rmsprop")
 SAMPLE = "10_training/exercise-sample-decode"
 mutant(SAMPLE, "temperature ignored", "z = logits[:, -1].astype(np.float64) / temperature",
        "z = logits[:, -1].astype(np.float64)", "check-sample-decode")
@@ -1264,6 +1269,10 @@ mutant("train_bpe", "every pair recounted after every merge (the right merges, n
        "        words = [(merge_pair(word, best, new_id), count) for word, count in words]\n"
        "        counts = pair_counts(dict(words))\n"
        "        for i in ():", "check-train-bpe")
+mutant("train_bpe", "the caller's words changed (worked on in place, emptied at the end)",
+       "    words = [(tuple(word), count) for word, count in words.items()]",
+       "    given, words = words, [(tuple(word), count) for word, count in words.items()]\n"
+       "    given.clear()", "check-train-bpe")
 mutant("train_bpe", "pairs with a count of 0 kept (training does not stop when none is left)",
        "                if counts[pair] == 0:\n                    del counts[pair]\n", "",
        "check-train-bpe")
@@ -1312,6 +1321,8 @@ mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the unif
        "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)",
        "loss = float(((eps * nll + (1 - eps) * uniform) * keep).sum() * weight)",
        "check-label-smoothed-loss")
+mutant("label_smoothed_loss_forward", "divided by every position, the ignored ones too",
+       "    weight = 1 / keep.sum()", "    weight = 1 / keep.size", "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "uniform = (-w * eps / c_logp.shape[-1])", "uniform = (0 * w)",
        "check-label-smoothed-loss")
@@ -1334,6 +1345,10 @@ mutant("beam_step", "the parents' finished flags not carried over (EOS alone)",
 mutant("beam_step", "ranked by the mean log-probability (score / length) instead of GNMT's",
        "rank = total / length_penalty(new_lengths, alpha)[..., None]",
        "rank = total / new_lengths[..., None]", "check-beam-step", "check-beam-search")
+mutant("beam_step", "ranked by the penalty of the lengths before the step",
+       "rank = total / length_penalty(new_lengths, alpha)[..., None]",
+       "rank = total / length_penalty(lengths, alpha)[..., None]",
+       "check-beam-step", "check-beam-search")
 mutant("beam_step", "no length normalisation: ranked by the summed log-probability",
        "rank = total / length_penalty(new_lengths, alpha)[..., None]", "rank = total",
        "check-beam-step", "check-beam-search")

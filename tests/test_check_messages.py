@@ -361,6 +361,12 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     ("check-sample-next", "sample_next", "top_k ignored", "ignoring top_k"),
     ("check-sample-next", "sample_next", "the filters in the other order",
      "with top-p before top-k"),
+    ("check-rmsprop", "10_training/exercise-rmsprop", "lr folded into the momentum buffer",
+     "with lr inside the momentum buffer"),
+    ("check-label-smoothed-loss", "label_smoothed_loss_forward", "divided by every position",
+     "dividing by every position"),
+    ("check-beam-step", "beam_step", "the lengths not gathered", "lengths not gathered"),
+    ("check-beam-step", "beam_step", "lengths before the step", "lengths before the step"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

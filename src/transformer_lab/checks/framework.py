@@ -573,20 +573,24 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
     one that came back and a wrong one here (a mistake that gives the right answer in this case
     tells nothing): the whole answer, else the first output that differs, by its name, for a
     mistake that gives only some outputs (a forward's, say; the entries of one list are one
-    output: one entry's match tells nothing)."""
+    output: one entry's match tells nothing). Where two mistakes give that answer, the first
+    two are named."""
     answers = _mistake_answers(check, case, stored)
     keys = list(takewhile(bool, (k for k, _ in re.findall(r"\[(?:'([^']*)'|(\d+))\]",
                                                                problem.name))))
     for path, pairs in ((), answers), (keys, dict(answers).items() if keys else ()):
+        named = []
         for description, answer in pairs:
             try:
                 with np.errstate(all="ignore"):
                     g, w, a = (reduce(getitem, path, x) for x in (got, want, answer))
                     name = "output" + "".join(f"[{k!r}]" for k in path)
                     if _matches(check, g, a, name) and not _matches(check, w, a, name):
-                        return f"this is what you get {description}."
+                        named.append(description)
             except Exception:  # a mistake without that output, or a hint's own error
                 continue
+        if named:  # two mistakes may give the same answer in a case: both are named
+            return f"this is what you get {' -- or '.join(named[:2])}."
     return _generic_hint(problem) or _eps_hint(check, case, problem, keys)
 
 

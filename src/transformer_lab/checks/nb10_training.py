@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
-from transformer_lab.checks.framework import Case, Check
+from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.models.config import config_from_dict
 
 
@@ -31,12 +31,14 @@ def _trajectory_case(rng, name, shape, steps, dtype=np.float64, scale=1.0, zero_
     return Case(name, (p0, grads.astype(dtype)), hyper)
 
 
-def _torch_trajectory(opt_class, params, grads, fresh_state=False, shrink=0.0, **settings):
+def _torch_trajectory(opt_class, params, grads, fresh_state=False, shrink=0.0, lrs=None,
+                      **settings):
     """Feed ``grads`` (one dict name -> gradient a step) to ``opt_class`` over ``params`` (name
-    -> array) one step at a time; (name -> p after each step (k, ...), name -> the optimiser's
-    state of p after the last). Two mistakes: ``fresh_state``, a new optimiser, with empty
-    state, for every step (the state not kept); ``shrink``, p times 1 - shrink before each
-    step (SGD's weight decay added after the momentum: decoupled, as AdamW's)."""
+    -> array) one step at a time (``lrs``: each step's learning rate, else ``settings``' lr);
+    (name -> p after each step (k, ...), name -> the optimiser's state of p after the last).
+    Two mistakes: ``fresh_state``, a new optimiser, with empty state, for every step (the state
+    not kept); ``shrink``, p times 1 - shrink before each step (SGD's weight decay added after
+    the momentum: decoupled, as AdamW's)."""
     tensors = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     after = {k: [] for k in params}
     for i, g in enumerate(grads):
@@ -46,6 +48,8 @@ def _torch_trajectory(opt_class, params, grads, fresh_state=False, shrink=0.0, *
             t.grad = torch.from_numpy(g[k].copy())
             if shrink:
                 t.data *= 1 - shrink
+        for group in opt.param_groups if lrs is not None else ():
+            group["lr"] = lrs[i]
         opt.step()
         for k, t in tensors.items():
             after[k].append(_np(t))
@@ -582,6 +586,9 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         yield _rmsprop_case(rng, "centred", centered=True)
         yield _rmsprop_case(rng, "centred, momentum 0.5, weight decay 0.1, alpha 0.9, lr 0.05",
                             centered=True, momentum=0.5, weight_decay=0.1, alpha=0.9, lr=0.05)
+        yield _rmsprop_case(later_rng(rng), "momentum 0.9, a learning rate that changes every "
+                            "step (a schedule's)", momentum=0.9,
+                            lrs=[0.01, 0.03, 0.02, 0.005, 0.04, 0.01])
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -594,18 +601,24 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
     def _numpy_mistakes(self, params, grads, **hyper):
         """Hints computed with a NumPy RMSprop (hidden: it shows the answer)."""
         def numpy_rmsprop(lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
-                          centered=False, eps_inside=False, buffer_of_g=False):
+                          centered=False, eps_inside=False, buffer_of_g=False, lrs=None,
+                          lr_in_buffer=False):
             after = {}
             for k, p0 in params.items():  # each parameter on its own, through every step
                 p, v, g_avg, buf, after[k] = p0.astype(np.float64), 0.0, 0.0, 0.0, []
-                for g_all in grads:
+                for t, g_all in enumerate(grads):
+                    lr = lr if lrs is None else lrs[t]
                     g = g_all[k] + weight_decay * p
                     v = alpha * v + (1 - alpha) * g * g
                     g_avg = alpha * g_avg + (1 - alpha) * g
                     square = v - g_avg ** 2 if centered else v
                     a = np.sqrt(square + eps) if eps_inside else np.sqrt(square) + eps
-                    buf = momentum * buf + (g if buffer_of_g else g / a)  # momentum 0: g / a
-                    p = p - lr * (buf / a if buffer_of_g else buf)
+                    if lr_in_buffer:  # b = momentum * b + lr * g / a; p -= b
+                        buf = momentum * buf + lr * g / a
+                        p = p - buf
+                    else:
+                        buf = momentum * buf + (g if buffer_of_g else g / a)  # momentum 0: g / a
+                        p = p - lr * (buf / a if buffer_of_g else buf)
                     after[k].append(p.astype(p0.dtype))
             return _rmsprop_answer(after)
 
@@ -614,16 +627,21 @@ class RMSprop(Check, id="check-rmsprop", arguments=("rmsprop_step",)):
         if hyper.get("momentum"):
             found["accumulating g in the momentum buffer and dividing afterwards (torch: "
                   "b = momentum * b + g / a)"] = lambda: numpy_rmsprop(**hyper, buffer_of_g=True)
+        if hyper.get("momentum") and hyper.get("lrs"):
+            found["with lr inside the momentum buffer (b = momentum * b + lr * g / a): the same "
+                  "while lr is constant, not under a schedule (torch: p -= lr * b)"] = \
+                lambda: numpy_rmsprop(**hyper, lr_in_buffer=True)
         return found
     ### END HIDDEN TESTS
 
-    def run(self, f, params, grads, **hyper):
+    def run(self, f, params, grads, lrs=None, **hyper):
         params = {k: p.copy() for k, p in params.items()}
         arrays = dict(params)
         state: dict = {}
         returned, after = [], {k: [] for k in params}
-        for g in grads:
-            returned.append(f.rmsprop_step(params, g, state, **hyper))
+        for t, g in enumerate(grads):
+            step = {**hyper, "lr": lrs[t]} if lrs is not None else hyper
+            returned.append(f.rmsprop_step(params, g, state, **step))
             for k in after:
                 after[k].append(np.array(params[k], copy=True))
         return _rmsprop_answer(after, all(r is None for r in returned),

@@ -383,7 +383,7 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
     def expected(self, words, num_merges, train=_naive_train):
         """The merges, and the work (``train``, a mistake: another way of training)."""
         merges = train(words, num_merges)
-        return {"merges": merges, _WORK: _work(words, merges)}
+        return {"merges": merges, _WORK: _work(words, merges), _KEPT: "unchanged"}
 
     def mistakes(self, words, num_merges):
         larger = functools.partial(_naive_train, larger_first=True)
@@ -406,16 +406,20 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
 
         if counter is not None:
             space["pair_counts"] = pair_counts
+        given = _as_words(words)
         try:
-            merges = [[int(a), int(b)] for a, b in f.train_bpe(_as_words(words), num_merges)]
+            merges = [[int(a), int(b)] for a, b in f.train_bpe(given, num_merges)]
         finally:
             if counter is not None:
                 space["pair_counts"] = counter
-        return {"merges": merges, _WORK: _work(words, merges, read[0])}
+        return {"merges": merges, _WORK: _work(words, merges, read[0]),
+                _KEPT: "unchanged" if given == _as_words(words) else "changed"}
 
 
 #: check-train-bpe's output that counts the words whose pairs train_bpe counts (pair_counts)
 _WORK = "words read by pair_counts"
+#: and the one that says whether the words given came back as they were
+_KEPT = "the words given (train_bpe must leave the caller's dict as it was: work on a copy)"
 
 
 def _work(words, merges, read=None) -> str:

@@ -70,11 +70,11 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         V = logits.shape[-1]
         keep = targets != ignore_index
 
-        def smoothed(on, off, counted):
+        def smoothed(on, off, counted, total=None):
             logp = _log_softmax(logits.astype(np.float64))
             q = np.full(logits.shape, off)
             np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on, -1)
-            w = counted / counted.sum()
+            w = counted / (counted.sum() if total is None else total)
             return {"loss": np.asarray(-((q * logp).sum(-1) * w).sum(), logits.dtype),
                     "dlogits": ((np.exp(logp) - q) * (w * dloss)[..., None]).astype(
                         logits.dtype)}
@@ -93,6 +93,10 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
             lambda: smoothed(1 - eps + eps / V, 0.0, keep),
             "with the ignored positions counted (mask them out and divide by the number kept)":
             lambda: counted})
+        if not keep.all():
+            found["dividing by every position, the ignored ones too (the mean is over the "
+                  "positions kept: divide by their number)"] = lambda: smoothed(
+                1 - eps + eps / V, eps / V, keep, total=keep.size)
         return found
 
 
@@ -105,14 +109,15 @@ def _gnmt(n, alpha):
 
 
 def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, done="frozen",
-                    pick="best", penalty=None):
+                    pick="best", penalty=None, old_length=False):
     """The definition, with lists: every candidate (k, t), in the order k * V + t, ranked by
     score / lp(length), K kept. The mistakes: another ``lp`` (in the ranking; ``penalty``: in
     length_penalty itself, so in the search's final scores too); a finished hypothesis ``done``
     "extended" by every token, "growing" in length, "dropped", or continued by padding but
     "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
     "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K), or
-    the lengths "ungathered" (hypothesis j's own, not its parent's)."""
+    the lengths "ungathered" (hypothesis j's own, not its parent's); or ranked by the penalty
+    of the ``old_length``, before this step's token."""
     B, K, V = logp.shape
     lp = penalty or lp
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
@@ -129,7 +134,7 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
                 cands.append((s, grown[k], k, pad, done != "unflagged"))
             else:  # a finished hypothesis's other tokens (all of them, dropped): blocked
                 cands.append((-np.inf, n, k, t, True))
-        rank = [c[0] / lp(c[1], alpha) for c in cands]
+        rank = [c[0] / lp(lengths[b, c[2]] if old_length else c[1], alpha) for c in cands]
         order = {"first": range(K * V),  # stable sorts: ties keep their order
                  "worst": sorted(range(K * V), key=lambda i: rank[i])}.get(
             pick, sorted(range(K * V), key=lambda i: -rank[i]))
@@ -152,6 +157,8 @@ STEP_MISTAKES = {
     {"lp": lambda n, alpha: 1.0},
     "ranking by the mean log-probability, score / length (rank by score / length_penalty"
     "(length, alpha))": {"lp": lambda n, alpha: n},
+    "with the penalty of the lengths before the step (rank each candidate by the length it "
+    "has with its token: length_penalty(new_lengths, alpha))": {"old_length": True},
     "with the penalty length ** alpha (GNMT's is ((5 + length) / 6) ** alpha)":
     {"penalty": lambda n, alpha: n ** alpha},
     "with // in the length penalty (integer division: its base is 1 up to length 6; divide "
@@ -262,7 +269,7 @@ def _table_step(table, K):
 
 ### BEGIN HIDDEN TESTS
 def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
-            **step):
+            normalise=True, **step):
     """The search by its definition, step by step with :func:`_reference_step`, as
     ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
     or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
@@ -287,11 +294,13 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
         if stop and finished.all():
             break
     return {"sequences": np.array(seqs, dtype=np.int64),
-            "scores": scores / step.get("penalty", _gnmt)(lengths, alpha)}
+            "scores": scores / (step.get("penalty", _gnmt)(lengths, alpha) if normalise else 1)}
 
 
 #: beam_search's mistakes: what each one is -> the variant of the search that makes it
 SEARCH_MISTAKES = {
+    "returning the summed log-probabilities: the scores returned are normalised, score / "
+    "length_penalty(length, alpha)": {"normalise": False},
     "with rows = parents, the source's offset b * K forgotten (a new hypothesis continues row "
     "b * K + parent)": {"offset": False},
     "with the prefixes not gathered by parent (a new hypothesis is its parent's prefix plus "
