@@ -367,6 +367,14 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
      "dividing by every position"),
     ("check-beam-step", "beam_step", "the lengths not gathered", "lengths not gathered"),
     ("check-beam-step", "beam_step", "lengths before the step", "lengths before the step"),
+    ("check-gpt-model", "gpt_backward", "the output projection's share",
+     "the table's gradient from the lookup only"),
+    ("check-gpt-dropout", "gpt_forward", "the generator not passed",
+     "without dropout while training"),
+    ("check-flash-forward", "flash_attention_forward", "the diagonal tile not masked",
+     "with the diagonal tile not masked"),
+    ("check-flash-backward", "flash_attention_backward", "the future tiles visited",
+     "visiting the future tiles too"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

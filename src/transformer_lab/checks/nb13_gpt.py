@@ -431,7 +431,8 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
 
     def mistakes(self, flat, ids, config, seed=None):
         if seed is not None:
-            return {}
+            return {"without dropout while training (the generator not used, or not passed on "
+                    "to the blocks)": lambda: self.expected(flat, ids, config)}
         c, table = _config(config), flat["embed.W"]
         found = {"with the embeddings scaled by sqrt(E), as the 2017 Transformer does (notebook "
                  "08): a GPT adds them to the positions unscaled": lambda: {
@@ -456,8 +457,16 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
                                  {**config, "tie_embeddings": False})
             return {**self.expected(flat, ids, config), "d.embed.W": copy["d.lm_head.W"]}
 
+        def embedding_only():  # only the lookup's gradient: that of the untied model's table
+            copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
+                                 {**config, "tie_embeddings": False})
+            return {**self.expected(flat, ids, config), "d.embed.W": copy["d.embed.W"]}
+
         found["with the table's gradient from the output projection only (a tied table gets "
               "the sum of both uses)"] = untied
+        found["with the table's gradient from the lookup only: the output projection's share "
+              "is forgotten (a tied table gets the sum of both uses: add it, +=)"] = \
+            embedding_only
         return found
 
 

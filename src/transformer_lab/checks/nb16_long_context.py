@@ -223,6 +223,10 @@ class FlashAttentionForward(Check, id="check-flash-forward",
                     _from_own_block(*scaled.shape[-2:], block_size), -torch.inf), vt))
             found["ignoring causal (every tile computed, no mask)"] = (
                 lambda: _attention(scaled, vt))
+            found["with the diagonal tile not masked: the later tiles are skipped, but within "
+                  "the diagonal one a query must not see the keys after it (j > i)"] = (
+                lambda: _attention(scaled.masked_fill(
+                    _past_own_block(*scaled.shape[-2:], block_size), -torch.inf), vt))
             if scaled.shape[-2] > 1:
                 found["masking the diagonal too (a query must see its own key, j <= i)"] = (
                     lambda: _attention(scaled.masked_fill(diagonal, -torch.inf), vt))
@@ -249,6 +253,13 @@ def _not_rescaled(scores, v, block_size) -> dict:
         acc = acc + p @ v[..., j:j + block_size, :]
     lse = torch.logsumexp(scores, -1)
     return {"out": (acc / torch.exp(lse - m[..., 0])[..., None]).numpy(), "lse": lse.numpy()}
+
+
+def _past_own_block(T, S, block_size):
+    """(T, S) True where key j is past the end of query i's block (the tiles a causal pass
+    skips)."""
+    ends = torch.arange(T)[:, None] // block_size * block_size + block_size
+    return torch.arange(S)[None, :] >= ends
 
 
 def _from_own_block(T, S, block_size):
@@ -366,7 +377,12 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
                 "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size),
                 **({} if causal else {  # (causal: what the masked entries get depends on how)
                     "with dS = P * dP - D, the brackets forgotten: dS = P * (dP - D)":
-                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * dP - D)})}
+                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * dP - D)}),
+                **({"visiting the future tiles too (causal: the keys past the query block's "
+                    "end are skipped, as in the forward; P there is not 0 unmasked)":
+                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * (dP - D),
+                                           _past_own_block(q.shape[-2], k.shape[-2],
+                                                           block_size))} if causal else {})}
 
 
 def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
@@ -382,12 +398,17 @@ def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
             "dv": dv.astype(q.dtype)}
 
 
-def _grads_with_dS(q, k, v, dout, dS_of) -> dict:
-    """dq, dk, dv of the (unmasked) backward pass with ``dS_of(P, dP, D)`` in place of
-    dS = P * (dP - D) (a mistake). In the inputs' dtype."""
+def _grads_with_dS(q, k, v, dout, dS_of, unmasked=None) -> dict:
+    """dq, dk, dv of the backward pass with ``dS_of(P, dP, D)`` in place of dS = P * (dP - D)
+    (a mistake), unmasked -- or, with ``unmasked`` (T, S), causal but with P = exp(s - lse)
+    computed unmasked there too (the causal lse: the future tiles visited). In the inputs'
+    dtype."""
     qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
-    P = torch.softmax(_scores(qt, kt, False), -1)
-    D = (dout_t * (P @ vt)).sum(-1, keepdim=True)
+    P = torch.softmax(_scores(qt, kt, unmasked is not None), -1)
+    D = (dout_t * (P @ vt)).sum(-1, keepdim=True)  # rowsum(dO * O), O the forward's
+    if unmasked is not None:
+        lse = torch.logsumexp(_scores(qt, kt, True), -1, keepdim=True)
+        P = torch.where(unmasked, torch.exp(_scores(qt, kt, False) - lse), P)
     dS = dS_of(P, dout_t @ vt.transpose(-1, -2), D) / math.sqrt(q.shape[-1])
     return {"dq": (dS @ kt).numpy().astype(q.dtype),
             "dk": (dS.transpose(-1, -2) @ qt).numpy().astype(q.dtype),
