@@ -375,6 +375,11 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
      "with the diagonal tile not masked"),
     ("check-flash-backward", "flash_attention_backward", "the future tiles visited",
      "visiting the future tiles too"),
+    ("check-swiglu", "silu_forward", "sigmoid(2x)", "with sigmoid(2a) for sigmoid(a)"),
+    ("check-swiglu", "silu_backward", "x * s instead", "sigmoid(a) (1 + a sigmoid(a))"),
+    ("check-swiglu", "swiglu_forward", "the gate's input multiplied", "the gate's input a"),
+    ("check-swiglu", "swiglu_backward", "the up projection's path",
+     "without the up projection's path"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

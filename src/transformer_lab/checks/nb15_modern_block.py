@@ -220,17 +220,28 @@ _WRONG_SILU_DERIVATIVES = {
     "sigmoid(a)": _sigmoid,
     "sigmoid(a) (1 - sigmoid(a)), the sigmoid's own derivative,":
         lambda a: _sigmoid(a) * (1 - _sigmoid(a)),
-    "sigmoid(a) (1 + a)": lambda a: _sigmoid(a) * (1 + a)}
+    "sigmoid(a) (1 + a)": lambda a: _sigmoid(a) * (1 + a),
+    "sigmoid(a) (1 + a sigmoid(a))": lambda a: _sigmoid(a) * (1 + a * _sigmoid(a))}
 
 
-def _swiglu_dx(x, params, dout, dsilu):
-    """{"dx": ...} of SwiGLU with ``dsilu`` as silu's derivative, in float64, then x's dtype."""
+def _swiglu_dx(x, params, dout, dsilu=None, up_path=True):
+    """{"dx": ...} of SwiGLU with ``dsilu`` as silu's derivative (None: the right one), or
+    without the up projection's path (``up_path`` False), in float64, then x's dtype."""
     x64, dout64 = x.astype(np.float64), dout.astype(np.float64)
     W = {k: w.astype(np.float64) for k, w in params.items()}
     a, u = x64 @ W["W_gate"], x64 @ W["W_up"]
     dh = dout64 @ W["W_down"].T
-    da, du = dh * u * dsilu(a), dh * a * _sigmoid(a)
-    return {"dx": (da @ W["W_gate"].T + du @ W["W_up"].T).astype(x.dtype)}
+    s = _sigmoid(a)
+    da = dh * u * (s * (1 + a * (1 - s)) if dsilu is None else dsilu(a))
+    du = dh * a * s
+    return {"dx": (da @ W["W_gate"].T + (du @ W["W_up"].T if up_path else 0)).astype(x.dtype)}
+
+
+def _swiglu_out(x, params, silu):
+    """SwiGLU's output with ``silu`` in place of a sigmoid(a), in float64, then x's dtype."""
+    x64 = x.astype(np.float64)
+    W = {k: w.astype(np.float64) for k, w in params.items()}
+    return ((silu(x64 @ W["W_gate"]) * (x64 @ W["W_up"])) @ W["W_down"]).astype(x.dtype)
 
 
 #: check-swiglu's outputs of the block's MLP, extended to kind "swiglu"
@@ -271,6 +282,13 @@ class SwiGLU(Check, id="check-swiglu",
             found[f"with {wrong} as silu's derivative; d(a sigmoid(a))/da is "
                   "sigmoid(a) (1 + a (1 - sigmoid(a)))"] = (
                 lambda d=derivative: _swiglu_dx(x, params, dout, d))
+        found.update({  # the forward's: the first output that differs is named
+            "with sigmoid(2a) for sigmoid(a) in silu (tanh(a / 2) = 2 sigmoid(a) - 1)":
+            lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(2 * a))},
+            "with the gate's input a where silu(a) belongs (a * u, not silu(a) * u)":
+            lambda: {"out": _swiglu_out(x, params, lambda a: a)},
+            "without the up projection's path in dx (dx = da W_gate^T + du W_up^T)":
+            lambda: {"dx": _swiglu_dx(x, params, dout, None, up_path=False)["dx"]}})
         return found
 
     def expected(self, x, params, dout, gate="W_gate", up="W_up"):
