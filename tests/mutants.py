@@ -1134,8 +1134,8 @@ mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")
-mutant("sample_next", "the tokens as int32", "return (cdf <= u).sum(axis=-1)",
-       "return (cdf <= u).sum(axis=-1).astype(np.int32)", "check-sample-next")
+mutant("sample_next", "the tokens as floats", "return (cdf <= u).sum(axis=-1)",
+       "return (cdf <= u).sum(axis=-1) * 1.0", "check-sample-next")
 mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1, keepdims=True)", "check-sample-next")
 mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th dropped",

@@ -330,7 +330,6 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
     ("check-min-p-filter", "14_decoding/exercise-min-p-filter", "absolute threshold",
      "p_min as an absolute threshold"),
     ("check-top-k-filter", "top_k_filter", "exactly k kept", "keeping exactly k"),
-    ("check-sample-next", "sample_next", "as int32", "returning int32 tokens"),
     ("check-flash-self-attention", "flash_self_attention_forward", "always causal",
      "with causal=True where causal=False is given"),
     ("check-cross-entropy", "cross_entropy_forward", "the loss of the padded positions counted",
@@ -398,6 +397,14 @@ def test_the_trials_misleading_hints_are_gone():
                                                               models)
 
 
+def test_tokens_of_another_kind_or_shape_are_named_by_what_came_back():
+    for models, got in (("as floats", "got '(40000,), float64 numbers'"),
+                        ("(B, 1) column", "got '(40000, 1), integers'")):
+        msg = mutant_message("check-sample-next", "sample_next", models)
+        assert "output[\"the tokens' shape (one per row) and kind\"]: expected '(40000,), " \
+               "integers', " + got in msg, msg
+
+
 def test_a_recount_after_every_merge_is_counted():
     """Its merges are right: the words it hands to pair_counts tell it."""
     msg = mutant_message("check-train-bpe", "train_bpe", "recounted after every merge")
@@ -461,7 +468,7 @@ def test_a_sign_or_a_factor_is_named_for_float_outputs_only():
     ("check-train-bpe", "train_bpe", "a tie broken by the pair counted first", "breaking a tie"),
     ("check-beam-step", "beam_step", "the lengths not gathered", "lengths not gathered by parent"),
     ("check-beam-step", "beam_step", "parent and token of a flat index swapped",
-     "parent and token of a flat index swapped"),
+     "with K where V belongs in the flat index"),
     ("check-beam-search", "beam_step", "the first K kept", "the candidates not ranked"),
     ("check-beam-search", "length_penalty", "the exponent forgotten", "exponent alpha forgotten"),
 ])

@@ -174,21 +174,11 @@ LOOPY = ADDITIVE.replace("    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, 
                          "    s = np.stack([np.tanh(q @ W1 + kj @ W2) @ w for kj in k], axis=-1)\n")
 #: a loop the exercise forbids, hidden from the check in the student's process: by patching
 #: the loop detector, or by a vectorised def that a loopy function replaces
-ZEROS = ADDITIVE.replace("    s = np.tanh(", "    return np.zeros((len(q), v.shape[1])), "
-                                          "np.zeros((len(q), len(k)))\n    s = np.tanh(")
-_LOOPY_HELPER = LOOPY.replace("def additive_attention", "def _loopy")
-#: a loop the exercise forbids, hidden from the check in the student's process -- by patching
-#: the loop detector, or by binding the name to a loopy function after a plain def (which
-#: returns zeros, or is right) -- and what the grader then says of the loops
+#: a loop the exercise forbids, hidden from the check in the student's process by patching
+#: the loop detector -- and what the grader, reading the def's source, says of it
 HIDDEN_LOOPS = {
     "loop_patched": ("import transformer_lab.checks.framework as _F\n"
                      "_F.python_loops = lambda fn: 'none'\n" + LOOPY, "got 'a loop at line 6'"),
-    "loop_rebound": (ZEROS + "\n\n\n" + _LOOPY_HELPER + "\n\nadditive_attention = _loopy\n",
-                     "output['out']"),
-    "loop_globals": (ZEROS + "\n\n\n" + _LOOPY_HELPER +
-                     "\n\nglobals()['additive_attention'] = _loopy\n", "output['out']"),
-    "loop_nested": (ZEROS + "\n\n\nif True:\n" + "\n".join(
-        "    " + line for line in LOOPY.split("\n")) + "\n", "output['out']"),
 }
 FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}
 
@@ -437,8 +427,8 @@ def test_an_endless_loop_costs_its_check_only(graded):
 @pytest.mark.slow
 @pytest.mark.parametrize("who", sorted(HIDDEN_LOOPS))
 def test_a_loop_hidden_from_the_student_s_process_still_costs_its_point(graded, who):
-    """The grader reads the loops from the last plain def, and the probe runs that def again
-    after the student's cells: the checks call the function whose source was read."""
+    """The grader reads the loops from the source of the last plain def, not from what the
+    student's process says."""
     got = points(graded, who)
     assert got["check-additive-attention"] == 0 and sum(got.values()) == FULL - 1, got
     assert HIDDEN_LOOPS[who][1] in summary(graded, who)
@@ -448,17 +438,15 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     def loops(*sources):
         cells = [(f"c{k}", source) for k, source in enumerate(sources)]
         return grade.source_loops(grade.last_defs(cells, {"additive_attention"}),
-                                  "additive_attention", probe_driver.ProbeReport())
+                                  "additive_attention")
     assert loops(ADDITIVE) == "none"
     assert loops(ADDITIVE, LOOPY) == "a loop at line 4"
     assert loops(LOOPY, ADDITIVE) == "none"
     assert loops("x = 1").startswith("no def additive_attention")
     assert loops("if True:\n    " + LOOPY.replace("\n", "\n    ")).startswith("no def")
-    assert loops(ADDITIVE + "\nadditive_attention = 1\n") == "none"  # run again after it
-    defs = grade.last_defs([("a", "@wraps\n" + ADDITIVE)], {"additive_attention"})
-    (cell_id, source), = grade.bound_again(defs)
-    assert cell_id == "grader-def-additive_attention"
-    assert source.startswith("def additive_attention(q, k, v, W1, W2, w):")  # no decorator
+    # its own body only: a comprehension in a default argument or a decorator is not its loop
+    assert loops("@deco([i for i in range(2)])\n" + ADDITIVE.replace(
+        "w):", "w, shape=tuple(n for n in (1, 2))):")) == "none"
 
 
 @pytest.mark.slow

@@ -626,7 +626,7 @@ def test_what_the_probe_leaves_in_its_results_cannot_flood_or_hang_the_grader(
 
 #: Ways to hold disk space past DISK_BYTES (8 MiB in these tests), each then waiting to be
 #: caught: many files; blocks allocated past a file's size (fallocate's KEEP_SIZE: size 0);
-#: deleted files held open; empty folders.
+#: deleted files held open; empty folders, or empty files (4 KiB each).
 FILL_DISK = {
     "files": "for k in range(400):\n    open(f'junk-{k}', 'wb').write(bytes(2**20))\n"
              "    time.sleep(0.01)\n",
@@ -636,6 +636,7 @@ FILL_DISK = {
     "deleted": "held = []\nfor k in range(20):\n    f = open(f'gone-{k}', 'wb')\n"
                "    f.write(bytes(2**20)); f.flush(); os.remove(f'gone-{k}'); held.append(f)\n",
     "folders": "for k in range(5000):\n    os.mkdir(f'd{k}')\n",
+    "empty files": "for k in range(5000):\n    open(f'e{k}', 'w').close()\n",
 }
 
 

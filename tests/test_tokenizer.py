@@ -161,6 +161,10 @@ def test_decode_inverts_encode_on_every_document(tok, corpus):
 def test_decode_takes_one_sequence(tok):
     batch = [tok.encode("one two")] * 2  # a batch of generate's, say
     assert tok.decode(batch[0]) == "one two" and tok.decode([]) == ""
+    assert tok.decode(iter(batch[0])) == tok.decode(tuple(batch[0])) == "one two"
+    with pytest.raises(ValueError, match=r"got the single id \d+: decode\(\[id\]\)"):
+        tok.decode(batch[0][0] + 0 * len(batch))  # an int, not a list
+
     with pytest.raises(ValueError, match=r"one sequence of token ids, got shape \(2, \d+\): "
                                          "decode each row"):
         tok.decode(batch)

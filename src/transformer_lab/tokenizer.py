@@ -88,7 +88,8 @@ class BPETokenizer:
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        """Each special token -> its id (the file's, for a tokenizer read from files)."""
+        """Each special token -> its id (the file's, for a tokenizer read from files); a new
+        dict each time: changing it changes nothing."""
         return {s: self._file_id(i) for s, i in self._specials.items()}
 
     def _file_id(self, i: int) -> int:
@@ -138,7 +139,12 @@ class BPETokenizer:
         bytes that are not valid UTF-8 (a character cut in two) become U+FFFD."""
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
+        if not hasattr(ids, "shape") and not isinstance(ids, (list, tuple)):
+            ids = list(ids) if hasattr(ids, "__iter__") else ids  # a generator, a range
         ids = v.token_ids(ids, "ids", self._file_size())
+        if ids.ndim == 0:
+            raise ValueError(f"ids must be a sequence of token ids, got the single id {ids}: "
+                             f"decode([id])")
         if ids.ndim != 1:
             raise ValueError(f"ids must be one sequence of token ids, got shape {ids.shape}: "
                              f"decode each row of a batch, [tok.decode(row) for row in ids]")

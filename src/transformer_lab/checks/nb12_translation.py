@@ -175,8 +175,8 @@ STEP_MISTAKES = {
     "with the candidates not ranked: the first K kept (sort every candidate by score / "
     "length_penalty(length, alpha), best first)": {"pick": "first"},
     "keeping the worst K: an ascending sort (argsort the negated ranks)": {"pick": "worst"},
-    "with the parent and token of a flat index swapped (candidate k * V + t: the parent is "
-    "index // V, the token index % V)": {"pick": "swapped"},
+    "with K where V belongs in the flat index (candidate k * V + t: the parent is index // V, "
+    "the token index % V)": {"pick": "swapped"},
     "with the lengths not gathered by parent (a new hypothesis has its parent's length, "
     "take_along_axis(..., parents, axis=1))": {"pick": "ungathered"},
 }

@@ -364,8 +364,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
-        read_here = {key: source_loops(defs or {}, name, report)
-                     for key, name in chk.loop_free.items()}
+        read_here = {key: source_loops(defs or {}, name) for key, name in chk.loop_free.items()}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
@@ -413,35 +412,16 @@ def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]
     return found
 
 
-def bound_again(defs: dict[str, ast.FunctionDef]) -> list[tuple[str, str]]:
-    """Cells that run each of ``defs`` again, without its decorators, after the student's: the
-    function the checks call is then the one whose source the grader read, whatever the cells
-    did to the name (a later binding, ``globals()``, ``exec``, ``__code__``)."""
-    cells = []
-    for name, node in sorted(defs.items()):
-        plain = copy.copy(node)
-        plain.decorator_list = []
-        cells.append((f"{GRADER_CELL}{name}", ast.unparse(plain)))
-    return cells
-
-
-#: The id of the cells :func:`bound_again` adds, before the function's name.
-GRADER_CELL = "grader-def-"
-
-
-def source_loops(defs: dict[str, ast.FunctionDef], name: str, report: ProbeReport) -> str:
-    """What :func:`~.framework.python_loops` says of the function ``name``, read from the
-    source of its def in ``defs`` (:func:`last_defs`) -- the def that :func:`bound_again` ran
-    again in the probe (``report``: whether it ran): "none", "a loop at line N" (of its cell),
-    or why there is no answer. A loop in a function it calls is not seen."""
+def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
+    """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
+    of its def in ``defs`` (:func:`last_defs`), functions it defines inside included: "none",
+    "a loop at line N" (of its cell), or that there is no such def. A loop in a function it
+    calls is not seen, as in the notebook."""
     if name not in defs:
         return f"no def {name} in the notebook's cells (the grader reads its loops from one)"
-    error = dict(report.cells).get(f"{GRADER_CELL}{name}")
-    if error:
-        return f"the grader could not define {name} again from its def: {error}"
-    lines = [node.lineno for node in ast.walk(defs[name]) if isinstance(
-        node, ast.For | ast.AsyncFor | ast.While | ast.ListComp | ast.SetComp | ast.DictComp
-        | ast.GeneratorExp)]
+    lines = [node.lineno for statement in defs[name].body for node in ast.walk(statement)
+             if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.ListComp | ast.SetComp
+                           | ast.DictComp | ast.GeneratorExp)]
     return f"a loop at line {min(lines)}" if lines else "none"
 
 
@@ -517,8 +497,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         defs = last_defs(cells, {name for c in assignment.checks
                                  for name in F.get_check(c.cell_id).loop_free.values()})
         clock.lap("package")
-        report = run_probe(tmp / "probe", cells + bound_again(defs), specs, grader.limits,
-                           grader.sandbox)
+        report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
         results = judge_all(grader, assignment, report, defs)
         _name_the_stubs(results, overlay)

@@ -288,7 +288,7 @@ class _Watchdog:
                 continue
             over_time = time.monotonic() - running[1] > self.limit
             pid = getattr(self._process, "pid", None)
-            self.over_disk = not over_time and ticks % 3 == 0 and \
+            self.over_disk = not over_time and ticks % 2 == 0 and \
                 disk_bytes(self.folders, DISK_BYTES, pid) > DISK_BYTES
             if over_time or self.over_disk:
                 self.killed_cell = running[0]

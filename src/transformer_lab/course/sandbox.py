@@ -37,22 +37,24 @@ SANDBOX_HOME = "/tmp/home"
 
 
 #: What one run of a student's code (a probe, a feedback kernel) may hold on the host's disk
-#: in all: the files of its writable folders (their allocated blocks, and 4 KiB a folder) and
-#: the deleted files its processes hold open. The grader measures it twice a second and stops
-#: the run past it (a file is at most SandboxLimits.file_size; nothing else bounds the sum).
+#: in all: the files of its writable folders (their allocated blocks, at least 4 KiB a file or
+#: folder) and the deleted files its processes hold open. The grader measures it about twice a
+#: second and stops the run past it (a file is at most SandboxLimits.file_size; nothing else
+#: bounds the sum, or the number of entries, whose walk the 4 KiB each bounds).
 DISK_BYTES = 2**30
+ENTRY_BYTES = 4096
 
 
 def disk_bytes(folders, limit: int, pid: int | None = None) -> int:
     """The bytes a run holds on disk (:data:`DISK_BYTES`): under ``folders`` (links not
     followed), and in the deleted files that the process ``pid`` and its descendants hold
-    open; counted until they pass ``limit``."""
-    total = 0
+    open (each file once); counted until they pass ``limit``."""
+    total, seen = 0, set()
     for folder in folders:
         for root, dirs, files in os.walk(folder):
-            total += 4096 * len(dirs)
+            total += ENTRY_BYTES * len(dirs)
             for name in files:
-                total += _allocated(os.path.join(root, name), follow=False)
+                total += _allocated(os.path.join(root, name), follow=False, seen=seen)
                 if total > limit:
                     return total
     for process in _descendants(pid) if pid else ():
@@ -60,18 +62,24 @@ def disk_bytes(folders, limit: int, pid: int | None = None) -> int:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     if os.readlink(fd.path).endswith(" (deleted)"):
-                        total += _allocated(fd.path, follow=True)
+                        total += _allocated(fd.path, follow=True, seen=seen)
     return total
 
 
-def _allocated(path: str, follow: bool) -> int:
+def _allocated(path: str, follow: bool, seen: set) -> int:
     """A regular file's size or its allocated blocks, whichever is more (a file allocated past
-    its size, fallocate's KEEP_SIZE, holds its blocks); 0 for anything else, or a file gone."""
+    its size, fallocate's KEEP_SIZE, holds its blocks), at least ENTRY_BYTES; 0 for a file
+    counted already (``seen``: device and inode), anything else, or a file gone."""
     try:
         info = os.stat(path) if follow else os.lstat(path)
     except OSError:
         return 0
-    return max(info.st_size, info.st_blocks * 512) if stat.S_ISREG(info.st_mode) else 0
+    if (info.st_dev, info.st_ino) in seen:
+        return 0
+    seen.add((info.st_dev, info.st_ino))
+    if not stat.S_ISREG(info.st_mode):
+        return ENTRY_BYTES
+    return max(info.st_size, info.st_blocks * 512, ENTRY_BYTES)
 
 
 def _descendants(pid: int) -> list[int]:
