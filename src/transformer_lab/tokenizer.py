@@ -229,7 +229,9 @@ class BPETokenizer:
     def from_tokenizer_json(cls, path) -> BPETokenizer:
         r"""Read a byte-level BPE ``tokenizer.json`` as Hugging Face ``tokenizers`` writes it
         (``Tokenizer.save``; the file beside a checkpoint's weights). The ids are the file's:
-        ``encode`` gives the ids of ``tokenizers.Tokenizer.from_file(path).encode(text).ids``.
+        ``encode`` gives the ids of ``tokenizers.Tokenizer.from_file(path).encode(text).ids``
+        (no BOS or EOS added), and ``decode`` the text, as a ByteLevel decoder does, whatever
+        the file's decoder (null: ``tokenizers`` joins the tokens' stand-ins).
 
         Read: ``model.vocab``; ``model.merges``, as ``"a b"`` strings or ``["a", "b"]`` pairs;
         ``added_tokens``, matched in the text before anything else (the special tokens: those
