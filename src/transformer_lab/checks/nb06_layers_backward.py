@@ -226,7 +226,9 @@ def _cross_entropy(logits, labels, ignore_index, how="mean", smoothing=0.0):
 FLOAT = "the loss is a Python float (float(...), not a NumPy array or float32)"
 
 
-def _log_softmax64(x):
+def _log_softmax(x):
+    """log softmax over the last axis, in float64 (NumPy: the checks' hints of this module and
+    notebook 12's cases)."""
     z = x.astype(np.float64)
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -296,7 +298,7 @@ class CrossEntropy(Check, id="check-cross-entropy",
                 lambda: self.expected(logits, targets, ignore_index, "mean", dloss)
         if real < np.size(targets):  # the padded positions, read as the class id 0
             keep = np.asarray(targets) != ignore_index
-            logp = _log_softmax64(logits)
+            logp = _log_softmax(logits)
             onehot = np.arange(logits.shape[-1]) == np.where(keep, targets, 0)[..., None]
             weight = 1 / real if reduction == "mean" else 1.0
             padded = (np.exp(logp) - onehot) * (~keep)[..., None] * weight * dloss

@@ -9,7 +9,6 @@ shared with notebook 09's checks.
 
 from __future__ import annotations
 
-import functools
 import math
 from functools import partial
 from types import SimpleNamespace
@@ -221,7 +220,7 @@ class DecoderStack(_TwinCheck, id="check-decoder-stack",
         for which, given, masks in (("target mask", tgt_mask, (None, memory_mask)),
                                     ("memory mask", memory_mask, (tgt_mask, None))):
             if given is not None:
-                found[f"with the {which} not passed to the layers"] = functools.partial(
+                found[f"with the {which} not passed to the layers"] = partial(
                     self.expected, x, memory, params, heads, *masks, dout, **keywords)
         return found
 

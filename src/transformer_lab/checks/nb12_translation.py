@@ -18,6 +18,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb06_layers_backward import _log_softmax
 from transformer_lab.checks.nb09_verification import _smoothed
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 
@@ -71,7 +72,7 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         keep = targets != ignore_index
 
         def smoothed(on, off, counted, total=None):
-            logp = _log_softmax(logits.astype(np.float64))
+            logp = _log_softmax(logits)
             q = np.full(logits.shape, off)
             np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on, -1)
             w = counted / (counted.sum() if total is None else total)
@@ -181,11 +182,6 @@ STEP_MISTAKES = {
     "take_along_axis(..., parents, axis=1))": {"pick": "ungathered"},
 }
 ### END HIDDEN TESTS
-
-
-def _log_softmax(x):
-    z = x - x.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):

@@ -8,6 +8,7 @@ none of them calls the core.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -452,21 +453,19 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
                   "its own, params['lm_head']['W'] (untied)"] = tied
             return found
 
-        def untied():  # only the output projection's gradient for the table: that of a copy
-            copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
-                                 {**config, "tie_embeddings": False})
-            return {**self.expected(flat, ids, config), "d.embed.W": copy["d.lm_head.W"]}
+        @functools.cache
+        def apart():  # the right answer, and the table's two uses apart: an untied copy's
+            return self.expected(flat, ids, config), self.expected(
+                {**flat, "lm_head.W": flat["embed.W"]}, ids, {**config, "tie_embeddings": False})
 
-        def embedding_only():  # only the lookup's gradient: that of the untied model's table
-            copy = self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
-                                 {**config, "tie_embeddings": False})
-            return {**self.expected(flat, ids, config), "d.embed.W": copy["d.embed.W"]}
+        def one_use(key):  # the table's gradient from one of its uses only
+            return lambda: {**apart()[0], "d.embed.W": apart()[1][key]}
 
         found["with the table's gradient from the output projection only (a tied table gets "
-              "the sum of both uses)"] = untied
+              "the sum of both uses)"] = one_use("d.lm_head.W")
         found["with the table's gradient from the lookup only: the output projection's share "
               "is forgotten (a tied table gets the sum of both uses: add it, +=)"] = \
-            embedding_only
+            one_use("d.embed.W")
         return found
 
 
