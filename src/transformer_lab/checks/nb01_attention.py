@@ -74,6 +74,13 @@ class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forw
             found["subtracting the maximum of the whole array instead of each row's: a row far "
                   "below the maximum underflows to 0/0"] = \
                 lambda: (torch.exp(t - t.max()) / torch.exp(t - t.max()).sum(-1, True)).numpy()
+            z = torch.exp(t - t.max(0, keepdim=True).values)
+            found["subtracting the maximum over the first axis (axis=0): each row subtracts "
+                  "its own maximum, x.max(axis=-1, keepdims=True)"] = \
+                lambda: (z / z.sum(-1, True)).numpy()
+            e = torch.exp(t - t.max(-1, keepdim=True).values)
+            found["summing over the first axis (axis=0): each row is divided by its own sum, "
+                  "along the last axis"] = lambda: (e / e.sum(0, True)).numpy()
         if x.ndim >= 2 and x.shape[-1] == x.shape[-2]:
             found["without keepdims=True: x.max(axis=-1) has lost the last axis and broadcasts "
                   "along the wrong one (keep it: x.max(axis=-1, keepdims=True))"] = \

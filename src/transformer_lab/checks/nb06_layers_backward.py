@@ -108,7 +108,13 @@ class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
         found = {"adding eps to the standard deviation instead of the variance":
                  lambda: affine(xc / (np.sqrt(var) + eps)),
                  "normalising over the first axis (axis=0) instead of the last":
-                 lambda: affine((x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + eps))}
+                 lambda: affine((x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + eps)),
+                 "without subtracting the mean (x where xc = x - mean belongs): that is "
+                 "RMSNorm, notebook 15's":
+                 lambda: affine(x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps))}
+        if beta is not None and gamma is None:
+            found["leaving beta out when gamma is None (each is optional on its own)"] = \
+                lambda: {"out": (xc / np.sqrt(var + eps)).astype(x.dtype)}
         if d > 1:
             found["with the unbiased variance (dividing by D - 1, ddof=1): LayerNorm divides "
                   "by D"] = lambda: affine(xc / np.sqrt(var * d / (d - 1) + eps))

@@ -77,8 +77,8 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
             np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on, -1)
             w = counted / (counted.sum() if total is None else total)
             return {"loss": np.asarray(-((q * logp).sum(-1) * w).sum(), logits.dtype),
-                    "dlogits": ((np.exp(logp) - q) * (w * dloss)[..., None]).astype(
-                        logits.dtype)}
+                    "dlogits": ((np.exp(logp) * q.sum(-1, keepdims=True) - q)  # p - q, q right
+                                * (w * dloss)[..., None]).astype(logits.dtype)}
 
         counted = smoothed(1 - eps + eps / V, eps / V, np.ones(keep.shape))
         found = {}
@@ -94,6 +94,13 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
             lambda: smoothed(1 - eps + eps / V, 0.0, keep),
             "with the ignored positions counted (mask them out and divide by the number kept)":
             lambda: counted})
+        right = smoothed(1 - eps + eps / V, eps / V, keep)
+        found["with the uniform part left out of the gradient: dlogits = p - q, and q has eps / V "
+              "on every class"] = lambda: {**right, "dlogits": smoothed(1 - eps, 0.0, keep)[
+                  "dlogits"]}
+        found["with the target's weight 1 in the gradient where 1 - eps belongs (q = (1 - eps) "
+              "onehot + eps / V)"] = lambda: {**right, "dlogits": smoothed(
+                  1 + eps / V, eps / V, keep)["dlogits"]}
         if not keep.all():
             found["dividing by every position, the ignored ones too (the mean is over the "
                   "positions kept: divide by their number)"] = lambda: smoothed(

@@ -357,8 +357,8 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         angles, _ = _head_rope(x, H, rope)
 
         def tiled():  # the model whose H key/value heads are the shared ones in tile order
-            return {"out": _attention_expected(x, _kv_heads_tiled(params, x.shape[-1], H, Hkv),
-                                               dout, H, H, angles)["out"]}
+            copies = _kv_heads_in_order(params, x.shape[-1], H, np.tile(np.arange(Hkv), H // Hkv))
+            return {"out": _attention_expected(x, copies, dout, H, H, angles)["out"]}
 
         hints = {"with the key/value heads given out in tile order (np.tile: query head h gets "
                  "h % Hkv); each serves n_rep neighbouring query heads, h // n_rep (np.repeat "
@@ -366,29 +366,80 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         if H > Hkv:
             hints["with repeat_kv_backward averaging the gradients of the query heads a key/value "
                   "head serves: it is used n_rep times, so its gradient is their sum"] = (
-                lambda: _kv_gradient_scaled(x, params, dout, H, Hkv, angles, Hkv / H))
+                lambda: _projection_gradient(x, params, dout, H, Hkv, angles,
+                                             _scaled_columns(x.shape[-1], Hkv / H)))
+            hints["with repeat_kv_backward summing the query heads' gradients in tile order "
+                  "(reshape (B, n_rep, Hkv, ...)): key/value head g served the neighbouring "
+                  "heads g * n_rep .. g * n_rep + n_rep - 1, reshape (B, Hkv, n_rep, ...)"] = (
+                lambda: _kv_gradient_summed_tiled(x, params, dout, H, Hkv, angles))
         if rope:
+            E, Dh = x.shape[-1], x.shape[-1] // H
             hints["with RoPE turning the values too: it turns the queries and keys only, so "
                   "that their product depends on the positions' difference"] = (
                 lambda: {"out": _attention_expected(
-                    x, _values_turned(x, params, H, Hkv), dout, H, Hkv, angles)["out"]})
+                    x, _heads_turned(x, params, H, Hkv, E + Hkv * Dh), dout, H, Hkv,
+                    angles)["out"]})
+            hints["with RoPE turning the queries only: the keys are turned by the same angles, "
+                  "so that q . k depends on the positions' difference"] = (
+                lambda: {"out": _attention_expected(
+                    x, _heads_turned(x, params, H, Hkv, E, -1), dout, H, Hkv, angles)["out"]})
+            hints["without RoPE's backward for the keys: their gradient is turned back by "
+                  "rope_backward, as the queries' is"] = (
+                lambda: _projection_gradient(x, params, dout, H, Hkv, angles,
+                                             _keys_turned(x, H, Hkv)))
+            hints["with the cached step not turning its new queries and keys by the rows of the "
+                  "RoPE tables it is given"] = (
+                lambda: {self.STEP: _attention_expected(x, params, dout, H, Hkv)["out"]})
         return hints
 
 
-def _kv_gradient_scaled(x, params, dout, H, Hkv, angles, factor) -> dict:
-    """dx and the gradients of W_qkv (and b_qkv) of the attention whose keys' and values'
-    gradients are multiplied by ``factor`` (a mistake): the reference's, with the gradient at
-    the projections q, k, v taken from a bias of one row per position."""
-    E, W = x.shape[-1], params["W_qkv"]
+def _projection_gradient(x, params, dout, H, Hkv, angles, change, W=None) -> dict:
+    """dx and the gradients of W_qkv (and b_qkv) of the attention whose gradient at the
+    projections q, k, v is changed by ``change`` (a mistake), through W (W_qkv unless given):
+    the reference's gradient at them is its gradient of a bias of one row per position."""
+    W = params["W_qkv"] if W is None else W
     want = _attention_expected(x, {**params, "b_qkv": _bias_per_position(x, params)}, dout, H,
                                Hkv, angles)
-    scale = np.ones(W.shape[1], x.dtype)
-    scale[E:] = factor  # the key and value columns
-    dqkv = want["db_qkv"] * scale
-    found = {"dx": dqkv @ W.T, "dW_qkv": want["dW_qkv"] * scale}
+    dqkv = change(want["db_qkv"])  # (B, T, E + 2 Hkv Dh)
+    found = {"dx": dqkv @ W.T, "dW_qkv": np.einsum("bte,btc->ec", x, dqkv)}
     if "b_qkv" in params:
         found["db_qkv"] = dqkv.sum(axis=(0, 1))
     return found
+
+
+def _scaled_columns(E, factor):
+    """The gradient at the projections with its key and value columns times ``factor``."""
+    def change(dqkv):
+        return np.concatenate([dqkv[..., :E], dqkv[..., E:] * factor], axis=-1)
+    return change
+
+
+def _keys_turned(x, H, Hkv):
+    """The gradient at the projections with its keys' columns turned by RoPE's angles, where
+    rope_backward turns them back."""
+    B, T, E = x.shape
+    Dh = E // H
+    _, (cos, sin) = _head_rope(x, H, True)
+
+    def change(dqkv):
+        keys = dqkv[..., E:E + Hkv * Dh].reshape(B, T, Hkv, Dh).swapaxes(1, 2)
+        turned = _turned(keys, cos, sin).swapaxes(1, 2).reshape(B, T, Hkv * Dh)
+        return np.concatenate([dqkv[..., :E], turned, dqkv[..., E + Hkv * Dh:]], axis=-1)
+    return change
+
+
+def _kv_gradient_summed_tiled(x, params, dout, H, Hkv, angles) -> dict:
+    """The gradients when repeat_kv_backward sums the H heads' gradients in tile order (head h
+    into shared head h % Hkv) though the forward repeated each shared head n_rep times: the
+    reference with H key/value heads, copies of the shared ones, gives each copy's gradient."""
+    E, n = x.shape[-1], H // Hkv
+    copies = _kv_heads_in_order(params, E, H, np.repeat(np.arange(Hkv), n))
+
+    def tiled_sum(dqkv):  # (B, T, E + 2 H Dh) -> (B, T, E + 2 Hkv Dh)
+        B, T = dqkv.shape[:2]
+        kv = dqkv[..., E:].reshape(B, T, 2, n, Hkv, E // H).sum(axis=3)
+        return np.concatenate([dqkv[..., :E], kv.reshape(B, T, -1)], axis=-1)
+    return _projection_gradient(x, copies, dout, H, H, angles, tiled_sum, params["W_qkv"])
 
 
 def _bias_per_position(x, params):
@@ -397,36 +448,38 @@ def _bias_per_position(x, params):
     return np.zeros((*x.shape[:2], params["W_qkv"].shape[1]), x.dtype) + params.get("b_qkv", 0)
 
 
-def _values_turned(x, params, H, Hkv) -> dict:
-    """Parameters whose values are the attention's, turned by RoPE (a mistake): the value
-    columns of W_qkv are zero, and a bias of one row per position holds the turned values."""
+def _heads_turned(x, params, H, Hkv, start, sign=1) -> dict:
+    """Parameters whose Hkv heads at column ``start`` of the projection (the keys' at E, the
+    values' at E + Hkv Dh) come out turned by ``sign`` times RoPE's angles (mistakes: +1 turns
+    the values too; -1, which the reference's own turn undoes, leaves the keys unturned): those
+    columns of W_qkv are zero, and a bias of one row per position holds the turned heads."""
     B, T, E = x.shape
     Dh = E // H
-    values = slice(E + Hkv * Dh, None)
+    cols = slice(start, start + Hkv * Dh)
     bias = _bias_per_position(x, params)
-    v = bias[..., values] + x @ params["W_qkv"][:, values]
+    a = bias[..., cols] + x @ params["W_qkv"][:, cols]
     _, (cos, sin) = _head_rope(x, H, True)
-    heads = _turned(v.reshape(B, T, Hkv, Dh).swapaxes(1, 2), cos, sin)  # (B, Hkv, T, Dh)
-    bias[..., values] = heads.swapaxes(1, 2).reshape(B, T, Hkv * Dh)
+    heads = _turned(a.reshape(B, T, Hkv, Dh).swapaxes(1, 2), cos, sign * sin)  # (B, Hkv, T, Dh)
+    bias[..., cols] = heads.swapaxes(1, 2).reshape(B, T, Hkv * Dh)
     W = params["W_qkv"].copy()
-    W[:, values] = 0
+    W[:, cols] = 0
     return {**params, "W_qkv": W, "b_qkv": bias}
 
 
-def _kv_heads_tiled(params, E, H, Hkv):
-    """The attention's parameters with H key/value heads of their own: the Hkv shared ones,
-    copied in tile order (head h is shared head h % Hkv)."""
+def _kv_heads_in_order(params, E, H, heads):
+    """The attention's parameters with H key/value heads of their own, copies of the shared
+    ones: head h is shared head ``heads[h]``."""
     Dh = E // H
-    heads = np.tile(np.arange(Hkv), H // Hkv)
 
-    def columns(start):  # the columns of the key (or value) heads, in tile order
+    def columns(start):  # the columns of the key (or value) heads, in that order
         return np.concatenate([start + g * Dh + np.arange(Dh) for g in heads])
 
+    Hkv = max(heads) + 1
     order = np.concatenate([np.arange(E), columns(E), columns(E + Hkv * Dh)])
-    tiled = {**params, "W_qkv": params["W_qkv"][:, order]}
+    copies = {**params, "W_qkv": params["W_qkv"][:, order]}
     if "b_qkv" in params:
-        tiled["b_qkv"] = params["b_qkv"][order]
-    return tiled
+        copies["b_qkv"] = params["b_qkv"][order]
+    return copies
 
 
 class ModernBlock(_BlockCheck, id="check-modern-block"):

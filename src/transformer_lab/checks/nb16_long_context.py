@@ -368,48 +368,37 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
         if measure_memory:
             return MEMORY_HINT
         return {"without D (as if D were 0): dS = P * (dP - D), D = rowsum(dO * O) per row":
-                lambda: _grads_with_D(q, k, v, dout, causal, lambda d_out, out: 0),
+                lambda: _grads_with_dS(q, k, v, dout, causal, lambda P, dP, D, dO: P * dP),
                 "with D = rowsum(dO), the output O forgotten: D = rowsum(dO * O)":
-                lambda: _grads_with_D(q, k, v, dout, causal,
-                                      lambda d_out, out: d_out.sum(-1)),
+                lambda: _grads_with_dS(q, k, v, dout, causal, lambda P, dP, D, dO: P * (
+                    dP - dO.sum(-1, keepdim=True))),
                 "with a tile's part of dq, dk or dv assigned (=) instead of added (+=): each "
                 "query row's dq sums over its key tiles, each key's dk and dv over the query "
                 "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size),
                 **({} if causal else {  # (causal: what the masked entries get depends on how)
                     "with dS = P * dP - D, the brackets forgotten: dS = P * (dP - D)":
-                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * dP - D)}),
+                    lambda: _grads_with_dS(q, k, v, dout, False,
+                                           lambda P, dP, D, dO: P * dP - D)}),
                 **({"visiting the future tiles too (causal: the keys past the query block's "
                     "end are skipped, as in the forward; P there is not 0 unmasked)":
-                    lambda: _grads_with_dS(q, k, v, dout, lambda P, dP, D: P * (dP - D),
+                    lambda: _grads_with_dS(q, k, v, dout, True,
+                                           lambda P, dP, D, dO: P * (dP - D),
                                            _past_own_block(q.shape[-2], k.shape[-2],
                                                            block_size))} if causal else {})}
 
 
-def _grads_with_D(q, k, v, dout, causal, D_of) -> dict:
-    """dq, dk, dv of the backward pass with ``D_of(dout, out)`` in place of D = rowsum(dO * O) (a
-    mistake): dS = P * (dP - D) moves by P * (D - D_of) per row. In the inputs' dtype."""
-    qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
-    P = torch.softmax(_scores(qt, kt, causal), -1)
-    out = P @ vt
-    dS = P * ((dout_t * out).sum(-1) - D_of(dout_t, out))[..., None] / math.sqrt(q.shape[-1])
-    dq, dk, dv = _float64(*_torch_grads(q, k, v, dout, causal))
-    return {"dq": (dq + (dS @ kt).numpy()).astype(q.dtype),
-            "dk": (dk + (dS.transpose(-1, -2) @ qt).numpy()).astype(q.dtype),
-            "dv": dv.astype(q.dtype)}
-
-
-def _grads_with_dS(q, k, v, dout, dS_of, unmasked=None) -> dict:
-    """dq, dk, dv of the backward pass with ``dS_of(P, dP, D)`` in place of dS = P * (dP - D)
-    (a mistake), unmasked -- or, with ``unmasked`` (T, S), causal but with P = exp(s - lse)
+def _grads_with_dS(q, k, v, dout, causal, dS_of, unmasked=None) -> dict:
+    """dq, dk, dv of the backward pass with ``dS_of(P, dP, D, dO)`` in place of
+    dS = P * (dP - D) (a mistake) -- with ``unmasked`` (T, S), causal but with P = exp(s - lse)
     computed unmasked there too (the causal lse: the future tiles visited). In the inputs'
     dtype."""
     qt, kt, vt, dout_t = (torch.from_numpy(a) for a in _float64(q, k, v, dout))
-    P = torch.softmax(_scores(qt, kt, unmasked is not None), -1)
+    P = torch.softmax(_scores(qt, kt, causal), -1)
     D = (dout_t * (P @ vt)).sum(-1, keepdim=True)  # rowsum(dO * O), O the forward's
     if unmasked is not None:
         lse = torch.logsumexp(_scores(qt, kt, True), -1, keepdim=True)
         P = torch.where(unmasked, torch.exp(_scores(qt, kt, False) - lse), P)
-    dS = dS_of(P, dout_t @ vt.transpose(-1, -2), D) / math.sqrt(q.shape[-1])
+    dS = dS_of(P, dout_t @ vt.transpose(-1, -2), D, dout_t) / math.sqrt(q.shape[-1])
     return {"dq": (dS @ kt).numpy().astype(q.dtype),
             "dk": (dS.transpose(-1, -2) @ qt).numpy().astype(q.dtype),
             "dv": (P.transpose(-1, -2) @ dout_t).numpy().astype(q.dtype)}
