@@ -400,6 +400,10 @@ def test_a_culprit_is_never_a_check_the_student_has_not_reached():
      "with the uniform part left out of the gradient"),
     ("check-label-smoothed-loss", "label_smoothed_loss_backward", "the target's weight 1",
      "with the target's weight 1 in the gradient"),
+    ("check-residual", "residual_forward", "the residual connection of pre-norm forgotten",
+     "without the residual connection"),
+    ("check-residual", "residual_backward", "dout added where the norm's gradient",
+     "with dout added to dx where ds belongs"),
 ])
 def test_the_trials_mistakes_get_their_hint(check_id, where, models, cause):
     msg = mutant_message(check_id, where, models)

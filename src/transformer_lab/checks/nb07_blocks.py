@@ -386,6 +386,8 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
                 return self.norm(u, g, eps)
 
             skip = xt.detach() if how == "no identity path" else xt  # dx: through f only
+            if how == "no residual":
+                return torch.tanh(ln(xt) @ Wt) if norm_first else ln(torch.tanh(xt @ Wt))
             if how == "sublayer only":  # x + LN(f(x)): the norm on the sublayer's output
                 return xt + ln(torch.tanh(xt @ Wt))
             if norm_first:
@@ -403,7 +405,10 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
                  "sum x + f(...) flows to x directly as well as through f -- add it to dx":
                  lambda: self.expected(*case, norm_first, eps, "no identity path"),
                  "with the norm on the sublayer's output only, x + norm(f(x))":
-                 lambda: self.expected(*case, norm_first, eps, "sublayer only")}
+                 lambda: self.expected(*case, norm_first, eps, "sublayer only"),
+                 "without the residual connection: the sublayer's output is added to its input "
+                 "x, x + f(norm(x)) or norm(x + f(x))":
+                 lambda: self.expected(*case, norm_first, eps, "no residual")}
         if norm_first:
             found["with the backward passes in the forward's order: pre-norm's sublayer comes "
                   "after the norm, so its backward comes first, on dout, and the norm's "
@@ -412,6 +417,8 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
             found["with dout given to the sublayer's backward: post-norm's sublayer feeds the "
                   "norm, so it gets ds, the gradient the norm's backward returns"] = (
                 lambda: self._dout_to_sublayer(*case, eps))
+            found["with dout added to dx where ds belongs: post-norm's identity path starts "
+                  "after the norm, so it carries ds"] = lambda: self._dout_on_identity(*case, eps)
         return found
 
     def _norm_backward(self, up, u, norm, eps):
@@ -436,6 +443,12 @@ class Residual(Check, id="check-residual", functions=("residual_forward", "resid
         ds, _ = self._norm_backward(dout, x + y, norm, eps)
         dh, g_sub = backward(dout, cache)
         return {**right, "dx": ds + dh, "sublayer grads": [g_sub]}
+
+    def _dout_on_identity(self, x, W, norm, dout, eps):
+        """Post-norm with dout, not ds, added to dx for the identity path."""
+        right = self.expected(x, W, norm, dout, False, eps)
+        ds, _ = self._norm_backward(dout, x + _tanh_sublayer(W)[0](x)[0], norm, eps)
+        return {**right, "dx": right["dx"] - ds + dout}
 
 
 # --------------------------------------------------------------------------------------------
