@@ -129,7 +129,10 @@ class AttentionMask(_MaskedAttention, id="check-attention-mask"):
         return {"adding the boolean mask to the scores (True counts as 1 and blocks nothing: "
                 "set the blocked scores to -inf)": lambda: _softmax(s + mask) @ v,
                 "reading True as allowed (the mask convention inverted: True = blocked)":
-                lambda: np.nan_to_num(_softmax(np.where(~mask, -np.inf, s))) @ v,  # 0s, NaN-free
+                lambda: np.nan_to_num(_softmax(np.where(~mask, -np.inf, s))) @ v,
+                "reading True as allowed (the mask convention inverted: True = blocked); the "
+                "rows it blocks entirely give NaN":
+                lambda: _softmax(np.where(~mask, -np.inf, s)) @ v,
                 "masking the weights after the softmax (block the scores before it, so that "
                 "the allowed weights still sum to one)": lambda: (_softmax(s) * ~mask) @ v,
                 "ignoring the mask": lambda: _softmax(s) @ v}
