@@ -61,7 +61,6 @@ class CellRun:
     evalue: str | None = None
     is_check: bool = False
     check_takes_notebook_functions: bool = False  # a one-line check of a notebook exercise
-    legacy_check: bool = False  # a check cell that is not a one-line check() call
 
     @property
     def failed(self) -> bool:
@@ -97,8 +96,7 @@ def execute_handout_notebook(handout: Path, name: str, timeout: int = 600,
         takes = bool(call and call.check_id in registry and registry[call.check_id].arguments)
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
         run = CellRun(cell.id, cell.get("execution_count") is not None, is_check=is_check(cell),
-                      check_takes_notebook_functions=takes,
-                      legacy_check=is_check(cell) and call is None)
+                      check_takes_notebook_functions=takes)
         if errors:
             run.ename = errors[0].ename
             run.evalue = _ANSI.sub("", errors[0].evalue)

@@ -948,20 +948,8 @@ def test_flags_on_code():
 
 # --- the course's own notebooks, end to end ------------------------------------------------------
 
-def _one_line_checks(path: Path) -> bool:
-    parsed = assignment.parse_notebook(nbformat.read(path, as_version=4), path.name)
-    return bool(parsed.checks) and not parsed.legacy_checks
-
-
-def _e2e(path: Path):
-    return pytest.param(path, marks=[] if _one_line_checks(path) else pytest.mark.xfail(
-        run=False, reason=f"{path.stem} still has check cells that are not one-line check() "
-                          "calls (the notebooks are being rewritten): the grader refuses them"),
-                        id=path.stem)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("notebook", [_e2e(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_path_factory):
     def produce(out: Path) -> None:
         parsed = assignment.parse_notebook(nbformat.read(notebook, as_version=4), notebook.name)

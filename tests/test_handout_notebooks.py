@@ -21,7 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 from course_helpers import notebook_01, once_per_session, write
 from handout_tools import (
@@ -35,35 +34,12 @@ from handout_tools import (
 )
 
 from transformer_lab import syllabus
-from transformer_lab.course import assignment
 
 #: Every notebook executed twice on the handout, and the trainer: left out of `make test-quick`.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-
-
-def _runs_on_the_core(path: Path) -> bool:
-    parsed = assignment.parse_notebook(nbformat.read(path, as_version=4), path.name)
-    return bool(parsed.checks) and not parsed.legacy_checks
-
-
-#: Notebooks that fail with the complete core for reasons of their own (they fail nbval on main
-#: too): notebook -> why. The notebooks are being rewritten; remove an entry once it passes.
-BROKEN_ON_MAIN: dict[str, str] = {}
-
-
-def _param(path: Path, needs_core: bool):
-    if not needs_core and path.stem in BROKEN_ON_MAIN:
-        return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
-            reason=BROKEN_ON_MAIN[path.stem], strict=False))
-    if needs_core and not _runs_on_the_core(path):
-        return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
-            run=False, reason=f"{path.stem} is not yet written against the core (legacy check "
-                              "cells; the boundary modules do not call the core yet): it never "
-                              "reaches a core stub"))
-    return pytest.param(path, id=path.stem)
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +70,21 @@ def check_stub_run(runs) -> None:
 
 def check_complete_run(runs) -> None:
     """(ii) on the runs of one notebook: only the check cells of notebook-level exercises fail,
-    on their exercise's stub (a legacy check cell always checks a notebook exercise)."""
+    on their exercise's stub."""
     for run in runs:
         assert run.ran, f"cell {run.cell_id!r} did not run"
         if run.failed:
-            notebook_exercise = run.check_takes_notebook_functions or run.legacy_check
-            assert run.is_check and notebook_exercise and is_exercise_stub_error(run), \
+            assert (run.is_check and run.check_takes_notebook_functions
+                    and is_exercise_stub_error(run)), \
                 f"cell {run.cell_id!r} failed: {run.ename}: {run.evalue}"
 
 
-@pytest.mark.parametrize("notebook", [_param(p, needs_core=True) for p in NOTEBOOKS])
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_with_the_stubs_each_notebook_stops_at_the_first_stub_it_needs(notebook, stub_handout):
     check_stub_run(execute_handout_notebook(stub_handout, notebook.name))
 
 
-@pytest.mark.parametrize("notebook", [_param(p, needs_core=False) for p in NOTEBOOKS])
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_with_a_complete_core_only_notebook_exercise_checks_fail(notebook, complete_handout):
     check_complete_run(execute_handout_notebook(complete_handout, notebook.name))
 

@@ -721,7 +721,7 @@ def check_cell_problems(assignment: Assignment) -> list[str]:
         chk = registry.get(call.check_id) if call is not None else None
         if call is None:
             why = ("not a one-line check(...) call; the grader decides points only from check "
-                   "classes (README, 'Writing exercises')")
+                   "classes (docs/maintainers.md, 'Writing exercises')")
         elif call.check_id != check.cell_id:
             why = (f"calls check({call.check_id!r}); a check cell's id is the id of the check "
                    "it calls")

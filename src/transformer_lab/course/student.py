@@ -260,7 +260,7 @@ def report(assignments: list[Assignment]) -> str:
     legacy = [f"{Path(a.name).stem}: {', '.join(c.cell_id for c in a.legacy_checks)}"
               for a in assignments if a.legacy_checks]
     note = ("\n\nnote: check cells that are not one-line check(...) calls, which make grade "
-            "cannot grade (README, 'Writing exercises'):\n  " + "\n  ".join(legacy)
+            "cannot grade (docs/maintainers.md, 'Writing exercises'):\n  " + "\n  ".join(legacy)
             if legacy else "")
     return format_table(assignments) + note
 
