@@ -17,9 +17,6 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import multihead as core_multihead
 from transformer_lab.gradient_check import check_gradients
-from transformer_lab.models import checkpoints
-from transformer_lab.models import encoder_decoder as T
-from transformer_lab.models import inputs as model_inputs
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
@@ -371,19 +368,6 @@ def test_checks_the_core_cannot_make_are_made_here(rng):
 
 
 # ------------------------------------------------------------------ the model's modules
-
-
-def test_the_split_model_modules_are_importable_from_transformer():
-    for module in (model_inputs, checkpoints):
-        for name in module.__all__:
-            if hasattr(T, name):
-                assert getattr(T, name) is getattr(module, name), name
-    for name in ("IGNORE_INDEX", "check_ids", "check_inputs", "check_target", "label_mask",
-                 "loss_labels", "check_loss_inputs", "check_decode_length", "decoded_sequences",
-                 "length_limit", "check_padding_mask", "CheckpointError", "CHECKPOINT_FORMAT",
-                 "config_to_dict", "config_from_dict", "nest_params",
-                 "flatten_params", "parameter_names", "ModelCache", "ACTIVATIONS", "POSITIONAL"):
-        assert hasattr(T, name), name
 
 
 def test_initial_parameters_are_todays():

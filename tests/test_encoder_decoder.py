@@ -8,15 +8,9 @@ import numpy as np
 import pytest
 
 from transformer_lab.gradient_check import check_gradients, check_parity
-from transformer_lab.models.encoder_decoder import (
-    IGNORE_INDEX,
-    CheckpointError,
-    Transformer,
-    TransformerConfig,
-    config_to_dict,
-    decoded_sequences,
-    loss_labels,
-)
+from transformer_lab.models.config import config_to_dict
+from transformer_lab.models.encoder_decoder import CheckpointError, Transformer, TransformerConfig
+from transformer_lab.models.inputs import IGNORE_INDEX, decoded_sequences, loss_labels
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -28,7 +28,8 @@ def _config(d: dict):
 def _random_gpt(rng, make: str, vocab: int, **kw) -> tuple[dict, dict]:
     """The config ``GPTConfig.<make>(vocab, **kw)`` as plain data, and random parameters for it
     (name -> array), off their initial values."""
-    from transformer_lab.models.gpt import GPT, GPTConfig, config_to_dict
+    from transformer_lab.models.config import config_to_dict
+    from transformer_lab.models.gpt import GPT, GPTConfig
 
     model = GPT(getattr(GPTConfig, make)(vocab, **kw), seed=int(rng.integers(1000)))
     dt = model.config.dtype

@@ -28,29 +28,18 @@ from transformer_lab import layers as L
 from transformer_lab.core import layers as core_layers
 from transformer_lab.core import model as core_model
 from transformer_lab.core import translation as core_translation
-from transformer_lab.models.checkpoints import (  # noqa: F401  (re-exported: importable from here)
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-)
-from transformer_lab.models.config import (  # noqa: F401  (re-exported: importable from here)
-    ACTIVATIONS,
-    POSITIONAL,
-    TransformerConfig,
-    config_from_dict,
-    config_to_dict,
-)
-from transformer_lab.models.inputs import (  # noqa: F401  (re-exported: importable from here)
+from transformer_lab.models.checkpoints import CheckpointError  # noqa: F401  (Transformer.load's, importable with it)
+from transformer_lab.models.config import TransformerConfig
+from transformer_lab.models.inputs import (
     IGNORE_INDEX,
     check_decode_length,
     check_ids,
     check_inputs,
     check_loss_inputs,
-    check_padding_mask,
     check_target,
     decoded_sequences,
     label_mask,
     length_limit,
-    loss_labels,
 )
 from transformer_lab.models.shell import Model, ModelCache, flatten, nest
 

@@ -26,11 +26,8 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import next_token as core_next_token
 from transformer_lab.core import rope as core_rope
 from transformer_lab.core import sampling as core_sampling
-
-# GPTConfig, config_to_dict and kv_cache_bytes also importable from here (notebooks, checks)
-from transformer_lab.models.config import (  # noqa: F401
+from transformer_lab.models.config import (
     GPTConfig,
-    config_to_dict,
     kv_cache_bytes,
     parameter_shapes,
 )

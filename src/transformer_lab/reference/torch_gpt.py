@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.models.gpt import GPT, GPTConfig, check_ids, parameter_shapes
+from transformer_lab.models.config import parameter_shapes
+from transformer_lab.models.gpt import GPT, GPTConfig, check_ids
 
 
 def torch_dtype(config) -> torch.dtype:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformer_lab import _validate as v
 from transformer_lab import layers as L
 from transformer_lab.models import encoder_decoder as T
+from transformer_lab.models import inputs
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig, parameter_names
 from transformer_lab.reference.interop import stack_from_torch, stack_to_torch
 from transformer_lab.reference.torch_gpt import torch_dtype
@@ -359,7 +360,7 @@ class _Seq2Seq(nn.Module, abc.ABC):
         """Logits (B, T, tgt_vocab_size), as :meth:`Transformer.forward` (ids and masks as NumPy
         arrays or tensors)."""
         src, tgt_in, src_kpm, tgt_kpm = (
-            torch.from_numpy(np.ascontiguousarray(a)) for a in T.check_inputs(
+            torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.check_inputs(
                 self.config, _to_numpy(src), _to_numpy(tgt_in),
                 _to_numpy(src_key_padding_mask), _to_numpy(tgt_key_padding_mask)))
         y = self.core(self.embed(src.long(), "src"), self.embed(tgt_in.long(), "tgt"), src_kpm,
@@ -369,18 +370,18 @@ class _Seq2Seq(nn.Module, abc.ABC):
     def loss(self, src, tgt) -> torch.Tensor:
         """Mean cross-entropy over the labels ``tgt[:, 1:]`` up to each first EOS, padding
         skipped: the same loss as :meth:`Transformer.loss` (call ``.backward()`` on it)."""
-        src, tgt, labels = T.check_loss_inputs(self.config, _to_numpy(src), _to_numpy(tgt))
+        src, tgt, labels = inputs.check_loss_inputs(self.config, _to_numpy(src), _to_numpy(tgt))
         labels = torch.from_numpy(labels).long()
         logits = self(src, tgt[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                               ignore_index=T.IGNORE_INDEX)
+                               ignore_index=inputs.IGNORE_INDEX)
 
     @torch.no_grad()
     def greedy_decode(self, src, max_len: int | None = None, padded: bool = False):
         """Greedy decoding, as :meth:`Transformer.greedy_decode` (same arguments and results)."""
         c = self.config
-        src = T.check_ids(_to_numpy(src), "src", c.src_vocab_size, T.length_limit(c))
-        max_len = T.check_decode_length(c, max_len)
+        src = inputs.check_ids(_to_numpy(src), "src", c.src_vocab_size, inputs.length_limit(c))
+        max_len = inputs.check_decode_length(c, max_len)
         b = src.shape[0]
         out = torch.full((b, max_len + 1), c.pad_id, dtype=torch.long)
         out[:, 0] = c.bos_id
@@ -394,7 +395,7 @@ class _Seq2Seq(nn.Module, abc.ABC):
             steps = t + 1
             if bool(done.all()):
                 break
-        return T.decoded_sequences(out[:, :steps + 1].numpy(), c.eos_id, padded)
+        return inputs.decoded_sequences(out[:, :steps + 1].numpy(), c.eos_id, padded)
 
     # -- weights and gradients in the NumPy model's names and layouts ------------------------
 

@@ -17,7 +17,8 @@ import numpy as np
 from transformer_lab import _validate as v
 from transformer_lab import device
 from transformer_lab.datasets import tasks as D
-from transformer_lab.models.encoder_decoder import POSITIONAL, Transformer, TransformerConfig
+from transformer_lab.models.config import POSITIONAL
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 from transformer_lab.optim import SGD, Adam, WarmupSchedule
 
 # --------------------------------------------------------------------------------------------

@@ -38,12 +38,8 @@ from transformer_lab.datasets.translation import (
     make_translation_data,
     vocabularies,
 )
-from transformer_lab.models.encoder_decoder import (
-    IGNORE_INDEX,
-    Transformer,
-    TransformerConfig,
-    loss_labels,
-)
+from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
+from transformer_lab.models.inputs import IGNORE_INDEX, loss_labels
 from transformer_lab.optim import Adam, WarmupSchedule
 from transformer_lab.train.config import (
     check_choices,
