@@ -6,7 +6,8 @@ between its solution markers (``where`` = the function's name), or of a notebook
 solution cell (``where`` = ``"NN_topic/cell-id"``). ``old`` must occur exactly once there. Every
 check of ``checks`` must fail on the mutated solution in its public cases (what the student's
 check cell runs) and in the grader's cases. ``tests/test_mutations.py`` applies them; the text
-of each entry says what mistake it models.
+of each entry says what mistake it models. An entry's ``hint``, where given, is words of the
+hint that the first check's public failure must name (``tests/test_check_messages.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Mutant:
     old: str
     new: str
     checks: tuple[str, ...]
+    hint: str = ""  # words of the hint the first check's public failure names, if any
 
     @property
     def is_exercise(self) -> bool:
@@ -39,9 +41,10 @@ class Mutant:
 CATALOGUE: list[Mutant] = []
 
 
-def mutant(where: str, models: str, old: str, new: str, *checks: str) -> None:
-    """Add a mutant: in ``where``, ``old`` becomes ``new``, a mistake that ``checks`` catch."""
-    CATALOGUE.append(Mutant(where, models, old, new, checks))
+def mutant(where: str, models: str, old: str, new: str, *checks: str, hint: str = "") -> None:
+    """Add a mutant: in ``where``, ``old`` becomes ``new``, a mistake that ``checks`` catch (the
+    first naming it with ``hint``'s words, where given)."""
+    CATALOGUE.append(Mutant(where, models, old, new, checks, hint))
 
 
 # ============================================================================================
@@ -119,13 +122,13 @@ mutant("softmax_forward", "the maximum of the whole array instead of each row's"
        "check-softmax-forward", "check-softmax-empty-rows")
 mutant("softmax_forward", "the maximum over the first axis instead of the last",
        "m = x.max(axis=-1, keepdims=True)", "m = x.max(axis=0, keepdims=True)",
-       "check-softmax-forward")
+       "check-softmax-forward", hint="subtracting the maximum over the first axis")
 mutant("softmax_forward", "the row sums without keepdims (they broadcast along the rows)",
        "total = np.einsum(\"...j->...\", y)[..., None]", "total = np.einsum(\"...j->...\", y)",
        "check-softmax-forward")
 mutant("softmax_forward", "the sums over the first axis instead of along each row",
        "total = np.einsum(\"...j->...\", y)[..., None]", "total = y.sum(axis=0, keepdims=True)",
-       "check-softmax-forward")
+       "check-softmax-forward", hint="summing over the first axis")
 mutant("softmax_forward", "x - m written into x itself: the input changes",
        "y = np.subtract(x, m, out=out)", "y = np.subtract(x, m, out=x)",
        "check-softmax-forward")
@@ -246,7 +249,7 @@ mutant("attention_forward", "the boolean mask added to the scores (True counts a
        "np.copyto(scores, -np.inf, where=mask)", "scores += mask", "check-attention-mask")
 mutant("attention_forward", "the mask read with True = allowed",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -np.inf, where=~mask)",
-       "check-attention-mask")
+       "check-attention-mask", hint="reading True as allowed")
 mutant("attention_forward", "blocked scores set to -1e9 instead of -inf",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -1e9, where=mask)",
        "check-attention-empty-rows")
@@ -427,7 +430,7 @@ mutant(COST, "K and V at full width (the multi-head formulas)",
 
 
 # ============================================================================================
-# 05_backward
+# 05_attention_backward, 06_layers_backward
 
 mutant("softmax_backward", "the row sum without keepdims",
        "np.einsum(\"...j,...j->...\", dout, y)[..., None]",
@@ -522,10 +525,10 @@ mutant("layer_norm_forward", "the unbiased variance (D - 1)",
 mutant("layer_norm_forward", "beta added only when gamma is given",
        "    if beta is not None:\n        out += beta",
        "    if beta is not None and gamma is not None:\n        out += beta",
-       "check-layer-norm-forward")
+       "check-layer-norm-forward", hint="leaving beta out when gamma is None")
 mutant("layer_norm_forward", "the mean not subtracted (x used for xc)",
        "xc = x - np.einsum(\"...j->...\", x)[..., None] / d", "xc = x",
-       "check-layer-norm-forward")
+       "check-layer-norm-forward", hint="without subtracting the mean")
 mutant("layer_norm_forward", "the cached xhat scaled and shifted in place (out = xhat)",
        "out = xhat * gamma if gamma is not None else xhat.copy()",
        "out = xhat\n    if gamma is not None:\n        out *= gamma", "check-layer-norm-forward")
@@ -633,7 +636,7 @@ mutant(RMSB, "eps ignored (the default 1e-6 written in)",
 
 
 # ============================================================================================
-# 06_transformer: eps passed down, dropout with p = 1
+# 07_blocks, 08_transformer: eps passed down, dropout with p = 1
 
 mutant("encoder_layer_forward", "eps not passed to the first residual sublayer",
        "residual_forward(x, attend, params[\"norm1\"], norm_first, eps)",
@@ -693,7 +696,7 @@ mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a divisio
 
 
 # ============================================================================================
-# 06_transformer: the rest
+# 07_blocks, 08_transformer: the rest
 
 mutant("gelu_forward", "erf(x / 2) instead of erf(x / sqrt 2)",
        "erf(x / c(math.sqrt(2)))", "erf(x / c(2))", "check-gelu")
@@ -735,11 +738,11 @@ mutant("feed_forward_backward", "both biases' gradients returned only when b1 ex
 mutant("residual_forward", "pre-norm and post-norm swapped", "if norm_first:",
        "if not norm_first:", "check-residual")
 mutant("residual_forward", "the residual connection of pre-norm forgotten",
-       "out = x + y", "out = y", "check-residual")
+       "out = x + y", "out = y", "check-residual", hint="without the residual connection")
 mutant("residual_backward", "the identity path's gradient forgotten (pre-norm)",
        "        dx += dout\n", "", "check-residual")
 mutant("residual_backward", "dout added where the norm's gradient ds belongs (post-norm)",
-       "dx += ds", "dx += dout", "check-residual")
+       "dx += ds", "dx += dout", "check-residual", hint="with dout added to dx where ds belongs")
 mutant("residual_backward", "post-norm: dout given to the sublayer's backward instead of ds",
        "dx, *rest = sublayer_backward(ds, c_sub)", "dx, *rest = sublayer_backward(dout, c_sub)",
        "check-residual")
@@ -961,7 +964,7 @@ mutant(SAMPLE, "the most likely token instead of a draw",
 
 
 # ============================================================================================
-# 09_gpt
+# 13_gpt, 14_decoding, 15_modern_block (and the GPT's use of 04 and 05's functions)
 
 mutant("next_token_loss_forward", "the logits not shifted (each position scored against "
        "its own token)", "cross_entropy_forward(logits[:, :-1], ids[:, 1:])",
@@ -1011,7 +1014,8 @@ mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
        "check-grouped-query-attention")
 mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
-       "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention")
+       "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention",
+       hint="summing the query heads' gradients in tile order")
 mutant("repeat_kv_backward", "the mean of the query heads' gradients instead of their sum",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).mean(axis=2)", "check-grouped-query-attention")
@@ -1030,7 +1034,7 @@ mutant("causal_self_attention_forward", "block_size ignored: the naive kernel al
        "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention")
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
-       "check-grouped-query-attention")
+       "check-grouped-query-attention", hint="with RoPE turning the queries only")
 mutant("causal_self_attention_forward", "RoPE applied to the values too",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n"
@@ -1040,7 +1044,8 @@ mutant("causal_self_attention_backward", "the values' shared heads not summed ba
        "check-grouped-query-attention")
 mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
        "dq, dk = rope_backward(dq, c_rope), rope_backward(dk, c_rope)",
-       "dq = rope_backward(dq, c_rope)", "check-grouped-query-attention")
+       "dq = rope_backward(dq, c_rope)", "check-grouped-query-attention",
+       hint="without RoPE's backward for the keys")
 mutant("norm_forward", "eps ignored: 1e-5 written in for the layer norm",
        "params.get(\"beta\"), eps)", "params.get(\"beta\"), 1e-5)", "check-gpt-block")
 mutant("gpt_block_forward", "config.eps not passed to the first norm (1e-5 written in)",
@@ -1103,7 +1108,8 @@ mutant("kv_cache_append", "the whole cache returned, unfilled positions included
        "return K[:, :, :end], V[:, :, :end], end", "return K, V, end", "check-kv-cache-append")
 mutant("causal_self_attention_step", "the step not extended for RoPE: the new queries and keys "
        "not rotated", "        if rope is not None:\n            q, _ = rope_forward(q, *rope)\n"
-       "            k, _ = rope_forward(k, *rope)\n", "", "check-grouped-query-attention")
+       "            k, _ = rope_forward(k, *rope)\n", "", "check-grouped-query-attention",
+       hint="not turning its new queries and keys")
 mutant("causal_self_attention_step", "the step not extended for shared key/value heads",
        "        if n_rep > 1:  # shared key/value heads (notebook 15 §4)\n"
        "            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"
@@ -1325,10 +1331,10 @@ mutant("label_smoothed_loss_forward", "divided by every position, the ignored on
        "    weight = 1 / keep.sum()", "    weight = 1 / keep.size", "check-label-smoothed-loss")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "uniform = (-w * eps / c_logp.shape[-1])", "uniform = (0 * w)",
-       "check-label-smoothed-loss")
+       "check-label-smoothed-loss", hint="with the uniform part left out of the gradient")
 mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps",
        "uniform - ((1 - eps) * w)[..., None]", "uniform - w[..., None]",
-       "check-label-smoothed-loss")
+       "check-label-smoothed-loss", hint="with the target's weight 1 in the gradient")
 mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
        "w = weight * keep", "check-label-smoothed-loss")
 mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",
