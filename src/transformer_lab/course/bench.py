@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from transformer_lab import _validate as v
+from transformer_lab.datasets.corpus import VOCAB
 from transformer_lab.gradient_check import rel_error
 
 MODULES = ("encoder_layer", "transformer")
@@ -226,7 +227,7 @@ def _default_heads(e: int) -> int:
 
 GPT_BLOCKS = ("classic", "modern")
 #: The character model's vocabulary (the corpus's characters), the GPT's default here.
-GPT_VOCAB = 98
+GPT_VOCAB = len(VOCAB)  # the course corpus's characters
 
 
 def _gpt_default_heads(e: int) -> int:
