@@ -15,6 +15,7 @@ student and the instructor see: docs/instructors.md, "On Gradescope".
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import functools
 import io
 import json
@@ -41,7 +42,7 @@ from transformer_lab.course.assignment import (
     overlaps,
     solution_notebooks,
 )
-from transformer_lab.course.package import PackageError, parse_package
+from transformer_lab.course.package import IGNORE_NAMES, PackageError, parse_package
 from transformer_lab.course.submissions import is_hidden
 
 ZIP_NAME = "autograder.zip"
@@ -56,7 +57,7 @@ INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 #: Files of --project the autograder holds besides src/ (README.md: pyproject.toml's readme).
 AUTOGRADER_FILES = (*PROJECT_FILES, "README.md")
 #: Names left out of the zip wherever they are: caches, build metadata, hidden files.
-_LEFT_OUT = re.compile(r"^(?:__pycache__|.*\.py[co]|.*\.egg-info|\..*)$")
+_LEFT_OUT = (*IGNORE_NAMES, ".*")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: the same for every build
 VENV = "/autograder/venv"
 #: What a submission may hold, unpacked: bytes and files.
@@ -151,7 +152,8 @@ def _tree(folder: Path, prefix: str) -> dict[str, Path]:
     found = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if any(_LEFT_OUT.match(part) for part in rel.parts) or not path.is_file():
+        if any(fnmatch.fnmatch(part, p) for part in rel.parts for p in _LEFT_OUT) \
+                or not path.is_file():
             continue
         found[f"{prefix}/{rel.as_posix()}"] = path
     return found

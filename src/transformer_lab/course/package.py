@@ -36,8 +36,9 @@ from transformer_lab.course.assignment import (
 
 #: Folders of the package the handout and the probe leave out: the instructors' tools.
 TOOLS_DIR = "course"
-_IGNORE_NAMES = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".ipynb_checkpoints",
-                 ".pytest_cache", ".ruff_cache")
+#: Names no copy of the course's files takes, wherever they are: caches and build metadata.
+IGNORE_NAMES = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".ipynb_checkpoints",
+                ".pytest_cache", ".ruff_cache")
 #: Class attributes and methods of a check that the handout needs (outside hidden regions).
 _CHECK_PUBLIC = {"id", "notebook", "functions", "arguments", "tol", "check_dtype", "run",
                  "cases"}
@@ -143,7 +144,7 @@ def package_files(root: Path) -> list[Path]:
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         if path.is_file() and rel.parts[0] != TOOLS_DIR and not any(
-                fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _IGNORE_NAMES):
+                fnmatch.fnmatch(part, pat) for part in rel.parts for pat in IGNORE_NAMES):
             found.append(path)
     return found
 
@@ -393,7 +394,7 @@ def _names_of(node: ast.AST) -> set[str]:
 
 def _ignore(root: Path):
     """``shutil.copytree``'s ignore: caches, build leftovers and the tools' folder."""
-    patterns = shutil.ignore_patterns(*_IGNORE_NAMES)
+    patterns = shutil.ignore_patterns(*IGNORE_NAMES)
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skipped = set(patterns(folder, names))

@@ -37,6 +37,7 @@ from transformer_lab.course.assignment import (
     source_lines,
 )
 from transformer_lab.course.package import (
+    IGNORE_NAMES,
     Package,
     PackageError,
     parse_package,
@@ -49,7 +50,6 @@ from transformer_lab.course.versions import project_version, stamp
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 #: What the student tree holds besides the notebooks, the package and PROJECT_FILES.
 PROJECT_DIRS = ("img",)
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
 
 
@@ -225,7 +225,8 @@ def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
         shutil.copy2(project / name, out / name)
     for name in PROJECT_DIRS:
         if (project / name).is_dir():
-            shutil.copytree(project / name, out / name, ignore=_IGNORE)
+            shutil.copytree(project / name, out / name,
+                            ignore=shutil.ignore_patterns(*IGNORE_NAMES))
     write_handout_package(project / "src", out / "src", package, version.commit)
     (out / "README.md").write_text(student_readme(assignments))
     return written
