@@ -432,6 +432,10 @@ mutant(COST, "K and V at full width (the multi-head formulas)",
 # ============================================================================================
 # 05_attention_backward, 06_layers_backward
 
+mutant("softmax_backward", "the cached y overwritten (y *= ...): the caller's weights change",
+       "    dx *= y\n    return dx\n",
+       "    y *= dx\n    return y\n", "check-softmax-backward", "check-attention-backward",
+       hint="writes into an array that its forward pass cached")
 mutant("softmax_backward", "the row sum without keepdims",
        "np.einsum(\"...j,...j->...\", dout, y)[..., None]",
        "np.einsum(\"...j,...j->...\", dout, y)",
@@ -562,6 +566,9 @@ mutant("log_softmax_forward", "without subtracting the maximum (exp overflows)",
 mutant("log_softmax_forward", "the log-sum without keepdims",
        "np.log(np.exp(z).sum(axis=-1, keepdims=True))", "np.log(np.exp(z).sum(axis=-1))",
        "check-log-softmax")
+mutant("log_softmax_backward", "exp written into the cached log-probabilities (out=out)",
+       "np.exp(out) * dout", "np.exp(out, out=out) * dout", "check-log-softmax",
+       "check-cross-entropy", hint="writes into an array that its forward pass cached")
 mutant("log_softmax_backward", "softmax's backward instead of log-softmax's",
        "return dout - np.exp(out) * dout.sum(axis=-1, keepdims=True)",
        "y = np.exp(out)\n    return y * (dout - (dout * y).sum(axis=-1, keepdims=True))",

@@ -29,7 +29,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import reduce, wraps
 from itertools import takewhile
 from operator import getitem
 from pathlib import Path
@@ -265,7 +265,45 @@ def functions_for(check: Check, given: tuple = (), named: Mapping | None = None)
     for name, fn in named.items():
         if not callable(fn):
             raise TypeError(f"{check.id}: {name} must be a function, got {type(fn).__name__}")
-    return Functions(check.id, {**{n: core_function(n) for n in check.functions}, **named})
+    core = {n: _cache_read_only(core_function(n)) if n.endswith("_forward") else core_function(n)
+            for n in check.functions}
+    return Functions(check.id, {**core, **named})
+
+
+def _cache_read_only(forward: Callable) -> Callable:
+    """``forward``, the cache it returns made read-only where it is its own arrays (not its
+    inputs, nor views of them): a backward pass that writes into its cache -- which a second
+    backward on the same cache, or a caller holding the attention weights, would see changed --
+    raises there (see :data:`READ_ONLY_HINT`)."""
+    @wraps(forward)
+    def wrapped(*args, **kwargs):
+        result = forward(*args, **kwargs)
+        if isinstance(result, tuple) and len(result) == 2:
+            inputs = list(_arrays((args, kwargs)))
+            for a in _arrays(result[1]):
+                if not any(np.may_share_memory(a, i) for i in inputs):
+                    a.flags.writeable = False
+        return result
+    return wrapped
+
+
+def _arrays(obj) -> Iterator[np.ndarray]:
+    """The NumPy arrays in ``obj``, through its tuples, lists and dicts."""
+    if isinstance(obj, np.ndarray):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _arrays(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _arrays(x)
+
+
+#: Said when the student's code writes into a read-only array: one a forward pass cached.
+READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass cached (the "
+                  "checks make caches read-only): the attention weights a caller holds, or a "
+                  "second backward on the same cache, would see it changed -- compute into a new "
+                  "array (dx = y * (...), not y *= ...)")
 
 
 def python_loops(function: Callable) -> str:
@@ -390,8 +428,9 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
         if outcome.error.startswith("NotImplementedError"):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
         where = f" (at {outcome.where})" if outcome.where else ""
-        return Verdict(False, f"{label}: your code raised {outcome.error}{where}")
-    changed = _modified_inputs(case, outcome)
+        hint = f"\n  Hint: {READ_ONLY_HINT}" if "read-only" in outcome.error else ""
+        return Verdict(False, f"{label}: your code raised {outcome.error}{where}{hint}")
+    changed = _modified_inputs(check, case, outcome)
     if changed:
         return Verdict(False, f"{label}: your function changed its input {changed} in place; "
                               "compute into a new array (e.g. y = x - m, not x -= m)")
@@ -402,9 +441,16 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     return Verdict(False, f"{label}: {problem.text}" + (f"\n  Hint: {hint}" if hint else ""))
 
 
-def _modified_inputs(case: Case, outcome: Outcome) -> str:
-    inputs = [(f"(argument {i + 1})", before, after) for i, (before, after)
-              in enumerate(zip(case.args, outcome.after, strict=False))]
+def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
+    """The first input of ``case`` that the run changed, by the name the check's ``run`` gives
+    it (``dout``, ``cache``...), or ''."""
+    try:
+        names = [p.name for p in inspect.signature(check.run).parameters.values()
+                 if p.name not in ("self", "f") and p.kind is p.POSITIONAL_OR_KEYWORD]
+    except (TypeError, ValueError):
+        names = []
+    inputs = [(f"`{names[i]}`" if i < len(names) else f"(argument {i + 1})", before, after)
+              for i, (before, after) in enumerate(zip(case.args, outcome.after, strict=False))]
     inputs += [(repr(k), v, outcome.after_kwargs.get(k)) for k, v in case.kwargs.items()]
     return next((label for label, before, after in inputs if not _same(before, after)), "")
 
@@ -928,8 +974,11 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
             message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
             first = message.split("\n", 1)[0].removesuffix("; the two in full:")
             first += f" Hint: {hint}" if hint else ""
-            culprits = " and ".join(f"`{n}`" for n in names)
-            return (f"{culprits} ({_place(names[0], other.notebook)}) {fails} `{other.id}`; fix "
+            places: dict[str, list[str]] = {}  # each function with where it is taught
+            for n in names:
+                places.setdefault(_place(n, other.notebook), []).append(f"`{n}`")
+            culprits = " and ".join(f"{' and '.join(ns)} ({p})" for p, ns in places.items())
+            return (f"{culprits} {fails} `{other.id}`; fix "
                     f"{them}, then run this check again.\n  ({other.id}: {first})\n")
         return ""
     except Exception:  # finding the culprit must never hide the verdict
