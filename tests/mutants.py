@@ -65,6 +65,9 @@ mutant("relu_backward", "the mask itself returned, dout forgotten",
 mutant("linear_forward", "the weight transposed (x @ W.T, PyTorch's layout)",
        "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[-1]) @ W.T",
        "check-linear-forward")
+mutant("linear_forward", "float64 zeros for a missing bias (a float32 x comes back float64)",
+       "    if b is not None:\n        out += b\n",
+       "    out = out + (b if b is not None else np.zeros(W.shape[1]))\n", "check-linear-forward")
 mutant("linear_forward", "the bias forgotten",
        "        out += b\n", "        pass\n", "check-linear-forward")
 mutant("linear_forward", "the bias added only when it is None-checked the wrong way round",
@@ -696,6 +699,8 @@ mutant("residual_backward", "the given norm's backward ignored: always the layer
        "dx, g_norm = normalize_backward(dh, c_norm)",
        "dx, g_norm = layer_norm_backward(dh, c_norm)", "check-residual-normalize",
        "check-modern-block")
+mutant("dropout_forward", "a copy of x in evaluation (the identity returns x itself)",
+       "        return x, None", "        return x.copy(), None", "check-dropout")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
        "where PyTorch returns zeros)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",

@@ -142,6 +142,15 @@ def test_softmax_hints(monkeypatch):
     message = _fails("check-softmax-forward")
     assert "case 'a square matrix (4, 4)'" in message and "without keepdims=True" in message
 
+    for where in ("maximum", "sum"):  # one of the two without keepdims (a 2-D x: no guard)
+        def one_without(x, out=None, where=where):
+            e = np.exp(x - x.max(axis=-1, keepdims=where == "sum"))
+            y = e / e.sum(axis=-1, keepdims=where == "maximum")
+            return y, y
+        monkeypatch.setattr(CL, "softmax_forward", one_without)
+        message = _fails("check-softmax-forward")
+        assert f"you get taking the {where} without keepdims=True" in message, message
+
 
 def _attention(scale_of, dim=-1):
     """attention_forward with the scores scaled by ``scale_of(d_k, scale)`` and the softmax

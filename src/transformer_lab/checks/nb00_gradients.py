@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, autograd, torch
-from transformer_lab.checks.framework import Case, Check, normals
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 
 # --------------------------------------------------------------------------------------------
 # Section 4: ReLU
@@ -78,6 +78,9 @@ class LinearForward(Check, id="check-linear-forward", functions=("linear_forward
         yield Case("no bias (b = None)", linear_case(rng, (5,), 4, 3, bias=False, dout=False))
         yield Case("a square W (D_in = D_out = 4)", linear_case(rng, (3,), 4, 4, dout=False))
         yield Case("float32", linear_case(rng, (4,), 3, 2, dtype=np.float32, dout=False))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("float32, no bias (float32 out: no float64 zeros for the missing bias)",
+                   linear_case(later, (3,), 4, 2, bias=False, dtype=np.float32, dout=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -85,13 +85,21 @@ class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forw
             found["without keepdims=True: x.max(axis=-1) has lost the last axis and broadcasts "
                   "along the wrong one (keep it: x.max(axis=-1, keepdims=True))"] = \
                 lambda: _no_keepdims(t).numpy()
+            found["taking the maximum without keepdims=True: x.max(axis=-1) has lost the last axis "
+                  "and broadcasts along the wrong one (x.max(axis=-1, keepdims=True))"] = \
+                lambda: _no_keepdims(t, in_sum=False).numpy()
+            found["taking the sum without keepdims=True: the row sums have lost the last axis and "
+                  "broadcast along the wrong one (sum(axis=-1, keepdims=True))"] = \
+                lambda: _no_keepdims(t, in_max=False).numpy()
         return found
 
 
-def _no_keepdims(t):
-    """The softmax with each row's max and sum broadcast along the wrong axis (a square x)."""
-    z = (t - t.max(-1).values[..., None, :]).exp()
-    return z / z.sum(-1)[..., None, :]
+def _no_keepdims(t, in_max=True, in_sum=True):
+    """The softmax with each row's max, or sum, or both, broadcast along the wrong axis (a
+    square x)."""
+    m = t.max(-1).values[..., None, :] if in_max else t.max(-1, keepdim=True).values
+    z = (t - m).exp()
+    return z / (z.sum(-1)[..., None, :] if in_sum else z.sum(-1, keepdim=True))
 
 
 # --------------------------------------------------------------------------------------------

@@ -479,9 +479,16 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                    (*normals(later, (2, 5), (2, 5), dtype=np.float32), 1.0, 19, True))
     ### END HIDDEN TESTS
 
+    IDENTITY = "x itself returned, cache None, nothing drawn (the identity: train=False or p = 0)"
+
     def run(self, f, x, dout, p, seed, train):
-        out, cache = f.dropout_forward(x, p, np.random.default_rng(seed), train)
-        return {"out": out, "dx": f.dropout_backward(dout, cache)}
+        rng = np.random.default_rng(seed)
+        out, cache = f.dropout_forward(x, p, rng, train)
+        found = {"out": out, "dx": f.dropout_backward(dout, cache)}
+        if not train or p == 0:
+            untouched = rng.bit_generator.state == np.random.default_rng(seed).bit_generator.state
+            found[self.IDENTITY] = out is x and cache is None and untouched
+        return found
 
     def expected(self, x, dout, p, seed, train, keep_if="u >= p", scale=None, eval_scale=1.0):
         # torch's F.dropout draws its own mask; what it computes with a mask is
@@ -491,18 +498,23 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
             u = np.random.default_rng(seed).random(x.shape)
             keep = (u >= p if keep_if == "u >= p" else u < p) & (p < 1)
             k = 1.0 if p == 1 else 1 / (1 - p) if scale is None else scale
-        return {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
+        found = {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
+        return {**found, self.IDENTITY: True} if not train or p == 0 else found
+
+    def _new(self, answer: dict) -> dict:
+        """``answer`` as an evaluation run gives it with a new array, not x itself."""
+        return {**answer, self.IDENTITY: False}
 
     def mistakes(self, x, dout, p, seed, train):
-        if not train:
+        if not train:  # each answer then is a new array: not x itself
             return {"dropping in evaluation mode too (train=False is the identity: no mask, no "
-                    "scale)": lambda: self.expected(x, dout, p, seed, True),
+                    "scale)": lambda: self._new(self.expected(x, dout, p, seed, True)),
                     "scaling in evaluation mode too: there dropout is the identity, the "
-                    "1/(1-p) belongs to training": lambda: self.expected(
-                        x, dout, p, seed, train, eval_scale=1 / (1 - p)),
+                    "1/(1-p) belongs to training": lambda: self._new(self.expected(
+                        x, dout, p, seed, train, eval_scale=1 / (1 - p))),
                     "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
-                    "with inverted dropout evaluation does nothing)": lambda: self.expected(
-                        x, dout, p, seed, train, eval_scale=1 - p)}
+                    "with inverted dropout evaluation does nothing)": lambda: self._new(
+                        self.expected(x, dout, p, seed, train, eval_scale=1 - p))}
         return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
                 "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale=1.0),
                 "scaling by (1 - p) instead of 1/(1 - p)":
