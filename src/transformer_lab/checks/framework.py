@@ -745,13 +745,15 @@ def _generic_hint(problem: Difference) -> str:
             return ("a float32 input came back as float64: something float64 met it and "
                     "promoted it -- a bool or integer array times a Python float (mask * 0.5 "
                     "is float64: write mask.astype(x.dtype) * 0.5), a float64 array (np.ones, "
-                    "np.zeros without dtype=), a NumPy float64 scalar (x / np.sqrt(d): use "
-                    "math.sqrt(d)) or a NumPy integer one (x / mask.sum(): use "
-                    "int(mask.sum())); cast with .astype(x.dtype) where it is made")
+                    "np.zeros without dtype=, np.where(mask, -np.inf, 0.0)), a NumPy float64 "
+                    "scalar (x / np.sqrt(d): use math.sqrt(d)) or a NumPy integer one (x / "
+                    "mask.sum(): use int(mask.sum())); cast with .astype(x.dtype) where it is "
+                    "made")
         return ""
     if not np.all(np.isfinite(got)):
-        return ("NaN appears where exp overflows (subtract the maximum first) or where 0/0 "
-                "happens (a row with nothing to attend to?)")
+        return ("NaN appears where exp overflows (subtract the maximum first), where 0/0 "
+                "happens (a row with nothing to attend to?) or where 0 * inf does (a factor "
+                "that is infinite for an edge case)")
     if not np.all(np.isfinite(want)):  # (rel_error takes finite arrays)
         return ""
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
