@@ -6,8 +6,8 @@ between its solution markers (``where`` = the function's name), or of a notebook
 solution cell (``where`` = ``"NN_topic/cell-id"``). ``old`` must occur exactly once there. Every
 check of ``checks`` must fail on the mutated solution in its public cases (what the student's
 check cell runs) and in the grader's cases. ``tests/test_mutations.py`` applies them; the text
-of each entry says what mistake it models. An entry's ``hint``, where given, is words of the
-hint that the first check's public failure must name (``tests/test_check_messages.py``).
+of each entry says what mistake it models. An entry's ``hint``, where given, is words that the
+first check's public failure must say (its hint's, or the loop rule's) (``tests/test_check_messages.py``).
 """
 
 from __future__ import annotations
@@ -266,6 +266,11 @@ mutant("attention_forward", "the mask ignored altogether",
        "if mask is not None and mask.dtype == bool:", "if False:", "check-attention-mask")
 
 SW = "02_masking/exercise-sliding-window"
+mutant(SW, "a Python loop over the queries (the text asks for none)",
+       "    mask = (j > i) | (j <= i - window)\n",
+       "    mask = np.zeros((T, T), bool)\n    for q in range(T):\n"
+       "        mask[q] = (j[0] > q) | (j[0] <= q - window)\n", "check-sliding-window",
+       hint="runs a Python loop")
 mutant(SW, "window + 1 positions seen (j < i - window blocked)",
        "(j <= i - window)", "(j < i - window)", "check-sliding-window")
 mutant(SW, "without the causal part", "mask = (j > i) | (j <= i - window)",
@@ -313,6 +318,10 @@ mutant(RMS, "the mean of x, squared, instead of the mean of x squared",
        "ms = np.mean(x * x, axis=-1, keepdims=True)",
        "ms = np.mean(x, axis=-1, keepdims=True) ** 2", "check-rms-norm")
 LAST = "03_minibatching/exercise-last-token"
+mutant(LAST, "a Python loop over the batch (the text asks for none)",
+       "last = H[np.arange(H.shape[0]), np.asarray(lengths) - 1]",
+       "last = np.stack([H[b, n - 1] for b, n in enumerate(lengths)])", "check-last-token",
+       hint="runs a Python loop")
 mutant(LAST, "row lengths[b] instead of lengths[b] - 1",
        "np.asarray(lengths) - 1]", "np.minimum(np.asarray(lengths), H.shape[1] - 1)]",
        "check-last-token")

@@ -289,6 +289,9 @@ def _edit(path: str, old: str, new: str):
 
 
 #: check-softmax-forward's run method, as its module writes it
+#: The last lines of nb01_attention.py's last class.
+ADDITIVE_RUN_END = ("        out, weights = f.additive_attention(q, k, v, W1, W2, w)\n"
+                    "        return {\"out\": out, \"weights\": weights}\n")
 SOFTMAX_RUN = ("    def run(self, f, x, into=False):\n"
                "        return f.softmax_forward(x, **({\"out\": np.full_like(x, np.nan)} if into "
                "else {}))[0]\n")
@@ -368,8 +371,8 @@ BAD_PACKAGES = {  # name: (change, file, line or None, words in the message)
               "        ### END HIDDEN TESTS"),
         "checks/nb01_attention.py", None, "cuts a statement of SoftmaxForward in two"),
     "a region that leaves its class": (  # a module-level statement before its END marker
-        _edit("checks/nb01_attention.py", "_LOOPS: python_loops(f.additive_attention)}\n",
-              "_LOOPS: python_loops(f.additive_attention)}\n    ### BEGIN HIDDEN TESTS\n"
+        _edit("checks/nb01_attention.py", ADDITIVE_RUN_END,
+              ADDITIVE_RUN_END + "    ### BEGIN HIDDEN TESTS\n"
               "    def extra_hidden(self):\n        return 1\n\n\nX = 1\n"
               "    ### END HIDDEN TESTS\n"),
         "checks/nb01_attention.py", None, "cuts a statement in two"),
@@ -399,7 +402,7 @@ def test_a_hidden_region_may_close_a_class_body(tmp_path):
     """Its END marker, indented as the body, follows the class's last statement (as in
     notebook 13's dropout check): the handout builds, without the hidden cases."""
     project = _project(tmp_path)
-    last = "_LOOPS: python_loops(f.additive_attention)}\n"  # the module's last class ends here
+    last = ADDITIVE_RUN_END  # the module's last class ends here
     _edit("checks/nb01_attention.py", last,
           last + "\n    ### BEGIN HIDDEN TESTS\n    def extra_hidden(self):\n        return 1\n"
           "    ### END HIDDEN TESTS\n")(project)

@@ -86,9 +86,10 @@ class Check:
             ``"output"`` for a whole output that is one array) -> one letter per axis, counted
             from the right (``"bhts"`` names the last four axes; an array with fewer axes takes
             the last letters, ``"ts"`` for a (T, S) array).
-        loop_free: output key -> the function whose own code must run no Python loop, the
-            value of that output being :func:`python_loops`'s; the grader reads it from the
-            submitted source instead (what the student's process says cannot be trusted).
+        loop_free: function -> what to write instead of a loop, for the notebook functions
+            whose text asks for no Python loop: a case whose answer is right fails while the
+            function's own code runs one (:func:`python_loops`; the grader reads it from the
+            submitted source instead, what the student's process says cannot be trusted).
     """
 
     id: ClassVar[str] = ""
@@ -420,9 +421,12 @@ class Verdict:
 
 
 def judge(check: Check, case: Case, outcome: Outcome, want: Any,
-          mistakes: Mapping[str, Any] | None = None) -> Verdict:
+          mistakes: Mapping[str, Any] | None = None,
+          loops: Mapping[str, str] | None = None) -> Verdict:
     """Compare an outcome with the expected answer; the message teaches what went wrong (the
-    mistakes it recognises: ``check.mistakes``, or the answers ``mistakes`` stored for them)."""
+    mistakes it recognises: ``check.mistakes``, or the answers ``mistakes`` stored for them).
+    ``loops``: for :attr:`Check.loop_free`'s functions, what :func:`python_loops` says of each
+    ("none" passes)."""
     label = f"case {case.name!r}"
     if outcome.error is not None:
         if outcome.error.startswith("NotImplementedError"):
@@ -436,9 +440,21 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
                               "compute into a new array (e.g. y = x - m, not x -= m)")
     problem = _difference(check, "output", outcome.value, want)
     if problem is None:
-        return Verdict(True)
+        return _loop_verdict(check, label, loops or {})
     hint = _hint(check, case, outcome.value, want, problem, mistakes)
     return Verdict(False, f"{label}: {problem.text}" + (f"\n  Hint: {hint}" if hint else ""))
+
+
+def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict:
+    """Passed, unless a function of ``check.loop_free`` runs a Python loop (``loops``)."""
+    for name, found in loops.items():
+        if found.startswith("a loop"):
+            return Verdict(False, f"{label}: the answer is right, but `{name}` runs a Python "
+                                  f"loop ({found}); the exercise asks for none: "
+                                  f"{check.loop_free.get(name, 'use broadcasting')}")
+        if found != "none":
+            return Verdict(False, f"{label}: `{name}`: {found}")
+    return Verdict(True)
 
 
 def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
@@ -895,13 +911,14 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
         cases = list(stored_expected(chk).values())
         hints = {name: entry.get("mistakes", {})
                  for name, entry in load_values(DATA_DIR / f"{chk.id}.npz").items()}
+    loops = {name: python_loops(getattr(f, name)) for name in chk.loop_free}
     for case, stored in cases:
         outcome = run_case(chk, f, case)
         if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
             yield outcome, None
             return
         want = chk.expected(*case.args, **case.kwargs) if chk.has_reference() else stored
-        yield outcome, judge(chk, case, outcome, want, hints.get(case.name))
+        yield outcome, judge(chk, case, outcome, want, hints.get(case.name), loops)
 
 
 def depends_on(chk: Check, f: Functions | None = None) -> set[str]:

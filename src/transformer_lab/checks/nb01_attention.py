@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check, later_rng, normals, python_loops
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 
 
 def _softmax(x, dim=-1):
@@ -196,6 +196,8 @@ def _cached(cache, what: str):
 
 
 class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
+    loop_free = {"logsumexp": "reduce along the axis with max and sum, keepdims=True"}
+
     def cases(self, rng):
         for shape, axis in [((5,), -1), ((3, 4), 0), ((3, 4), 1), ((2, 3, 4), 1)]:
             yield Case(f"shape {shape}, axis {axis}", (rng.standard_normal(shape) * 5,),
@@ -249,6 +251,8 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
 
 
 class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_attention",)):
+    loop_free = {"cosine_attention": "normalise the rows, then one matrix product"}
+
     def cases(self, rng):
         yield Case("B = 2, T = 3, S = 5, tau = 0.5", normals(rng, (2, 3, 4), (2, 5, 4), (2, 5, 6)),
                    {"tau": 0.5})
@@ -291,7 +295,6 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
 
 
 #: the output of check-additive-attention that says whether additive_attention loops
-_LOOPS = "Python loops in additive_attention (broadcast (T, 1, h) against (1, S, h) instead)"
 
 
 class AdditiveAttention(Check, id="check-additive-attention", arguments=("additive_attention",)):
@@ -315,7 +318,7 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
         hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)
         scores = (torch.tanh(hidden) if act else hidden) @ w
         weights = torch.softmax(scores, dim=dim)
-        return {"out": (weights @ v).numpy(), "weights": weights.numpy(), _LOOPS: "none"}
+        return {"out": (weights @ v).numpy(), "weights": weights.numpy()}
 
     def mistakes(self, q, k, v, W1, W2, w):
         return {"with the softmax over the queries (axis 0) instead of the keys":
@@ -325,9 +328,8 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
                 lambda: self.expected(q, k, v, W1, W2, w, swap=True)}
     ### END HIDDEN TESTS
 
-    loop_free = {_LOOPS: "additive_attention"}
+    loop_free = {"additive_attention": "broadcast (T, 1, h) against (1, S, h)"}
 
     def run(self, f, q, k, v, W1, W2, w):
         out, weights = f.additive_attention(q, k, v, W1, W2, w)
-        # the exercise asks for no loop: a loop gives the right numbers, and fails here
-        return {"out": out, "weights": weights, _LOOPS: python_loops(f.additive_attention)}
+        return {"out": out, "weights": weights}

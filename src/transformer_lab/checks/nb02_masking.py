@@ -259,7 +259,13 @@ class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
 # Variant exercises: each mask's reference is hidden (it would show the answer)
 
 
+#: What the mask exercises do instead of a Python loop (their text asks for none).
+POSITIONS = "compare a column of query positions with a row of key positions (broadcasting)"
+
+
 class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window_mask",)):
+    loop_free = {"sliding_window_mask": POSITIONS}
+
     def cases(self, rng):
         yield Case("window 1: each query sees only itself", (5, 1))
         yield Case("T = 6, window 3", (6, 3))
@@ -288,6 +294,8 @@ class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window
 
 
 class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
+    loop_free = {"prefix_lm_mask": POSITIONS}
+
     def cases(self, rng):
         yield Case("no prefix (P = 0): the causal mask", (5, 0))
         yield Case("T = 5, prefix of 2", (5, 2))
@@ -322,6 +330,8 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
 
 
 class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",)):
+    loop_free = {"cross_attention_mask": "compare the positions with the lengths by broadcasting"}
+
     def cases(self, rng):
         yield Case("B = 3, T = 4, S = 5, different lengths",
                    (np.array([3, 1, 4]), np.array([5, 2, 1]), 4, 5))

@@ -128,6 +128,8 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
 
 
 class RmsNorm(Check, id="check-rms-norm", arguments=("rms_norm",)):
+    loop_free = {"rms_norm": "reduce over the last axis with keepdims=True"}
+
     def cases(self, rng):
         for shape in [(7,), (4, 7), (3, 4, 7), (2, 3, 4, 7)]:
             yield Case(f"x of shape {shape}", normals(rng, shape, shape[-1]))
@@ -170,6 +172,8 @@ def _padded_batch(rng, b, t, d, full_first=True):
 
 
 class LastToken(Check, id="check-last-token", arguments=("last_valid_token",)):
+    loop_free = {"last_valid_token": "index two axes at once with two integer arrays"}
+
     def cases(self, rng):
         yield Case("H (3, 5, 4), lengths [5, 2, 1]",
                    (rng.standard_normal((3, 5, 4)), np.array([5, 2, 1])))
@@ -196,6 +200,8 @@ class LastToken(Check, id="check-last-token", arguments=("last_valid_token",)):
 
 
 class MaskedMean(Check, id="check-masked-mean", arguments=("masked_mean",)):
+    loop_free = {"masked_mean": "weight by the mask and sum over the positions"}
+
     @staticmethod
     def _case(rng, b, t, d, last_one=True):
         H, lengths = _padded_batch(rng, b, t, d, full_first=False)

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -364,7 +364,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
-        read_here = {key: source_loops(defs or {}, name) for key, name in chk.loop_free.items()}
+        loops = {name: source_loops(defs or {}, name) for name in chk.loop_free}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
@@ -380,9 +380,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
                 message = (f"not graded: the instructor's reference failed on case "
                            f"{case.name!r} ({type(exc).__name__}: {one_line(str(exc))})")
                 break
-            if read_here and isinstance(outcome.value, dict):
-                outcome = replace(outcome, value={**outcome.value, **read_here})
-            verdict = F.judge(chk, case, outcome, want)
+            verdict = F.judge(chk, case, outcome, want, loops=loops)
             judged += 1
             if not verdict.passed:
                 message = verdict.message
@@ -495,7 +493,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
                            grader.check_cases(c.cell_id)) for c in assignment.checks]
         defs = last_defs(cells, {name for c in assignment.checks
-                                 for name in F.get_check(c.cell_id).loop_free.values()})
+                                 for name in F.get_check(c.cell_id).loop_free})
         clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
