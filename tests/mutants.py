@@ -787,6 +787,10 @@ mutant("dropout_backward", "the scale forgotten in the backward",
        "return dout * keep * scale", "return dout * keep", "check-dropout")
 mutant("init_uniform", "bound 1/fan_in instead of 1/sqrt(fan_in)",
        "bound = 1 / math.sqrt(fan_in)", "bound = 1 / fan_in", "check-init")
+mutant("init_xavier", "a (fan_out, fan_in) draw, transposed (the generator's order differs)",
+       "rng.uniform(-bound, bound, size=(fan_in, fan_out))",
+       "rng.uniform(-bound, bound, size=(fan_out, fan_in)).T", "check-init",
+       hint="drawing a (fan_out, fan_in) array and transposing it")
 mutant("init_xavier", "sqrt(2 / (fan_in + fan_out)), the standard deviation, as the bound",
        "bound = math.sqrt(6 / (fan_in + fan_out))", "bound = math.sqrt(2 / (fan_in + fan_out))",
        "check-init")
@@ -1052,7 +1056,8 @@ mutant("causal_self_attention_forward", "no causal mask",
        "check-causal-self-attention")
 mutant("causal_self_attention_forward", "block_size ignored: the naive kernel always",
        "if block_size is None:\n            heads, c_att = attention_forward(",
-       "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention")
+       "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention",
+       hint="your backward unpacks a cache of another length than your forward returned")
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
        "check-grouped-query-attention", hint="with RoPE turning the queries only")

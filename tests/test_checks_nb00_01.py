@@ -121,6 +121,12 @@ def test_mse_hints():
 
 # --- notebook 01: the softmax and attention ----------------------------------------------------
 
+def test_a_forward_returning_its_output_alone_is_told_what_the_check_unpacks(monkeypatch):
+    monkeypatch.setattr(CL, "relu_forward", lambda x: np.maximum(x, 0))
+    message = _fails("check-relu")
+    assert "too many values to unpack" in message and "(out, cache) for a forward" in message
+
+
 def test_softmax_hints(monkeypatch):
     original = CL.softmax_forward
 

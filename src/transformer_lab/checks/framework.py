@@ -300,6 +300,21 @@ def _arrays(obj) -> Iterator[np.ndarray]:
             yield from _arrays(x)
 
 
+def _error_hint(outcome: Outcome) -> str:
+    """What an error of a few common kinds usually means, or ''."""
+    if "read-only" in outcome.error:
+        return READ_ONLY_HINT
+    if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
+                 outcome.error):
+        if not outcome.where:  # in the check's own code: what the function returned
+            return ("the check unpacks what your function returns as its docstring's '->' "
+                    "says ((out, cache) for a forward pass): does it return that many values?")
+        if "= cache" in outcome.where:
+            return ("your backward unpacks a cache of another length than your forward "
+                    "returned: do the two agree (and does the forward call what it was given)?")
+    return ""
+
+
 #: Said when the student's code writes into a read-only array: one a forward pass cached.
 READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass cached (the "
                   "checks make caches read-only): the attention weights a caller holds, or a "
@@ -432,8 +447,9 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
         if outcome.error.startswith("NotImplementedError"):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
         where = f" (at {outcome.where})" if outcome.where else ""
-        hint = f"\n  Hint: {READ_ONLY_HINT}" if "read-only" in outcome.error else ""
-        return Verdict(False, f"{label}: your code raised {outcome.error}{where}{hint}")
+        hint = _error_hint(outcome)
+        return Verdict(False, f"{label}: your code raised {outcome.error}{where}"
+                              + (f"\n  Hint: {hint}" if hint else ""))
     changed = _modified_inputs(check, case, outcome)
     if changed:
         return Verdict(False, f"{label}: your function changed its input {changed} in place; "

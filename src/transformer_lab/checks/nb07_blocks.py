@@ -559,9 +559,12 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
         bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
-                 "fan_in": math.sqrt(6 / (2 * a))}[how]
-        W = (rng.standard_normal(shape) * bound if how == "normal"
-             else rng.uniform(0 if how == "half" else -bound, bound, size=shape))
+                 "fan_in": math.sqrt(6 / (2 * a)), "transposed": right}[how]
+        if how == "transposed":  # drawn as (fan_out, fan_in), then turned
+            W = rng.uniform(-bound, bound, size=shape[::-1]).T
+        else:
+            W = (rng.standard_normal(shape) * bound if how == "normal"
+                 else rng.uniform(0 if how == "half" else -bound, bound, size=shape))
         return {"W": W, "next draw": rng.random()}
 
     def mistakes(self, kind, a, b, seed):
@@ -578,6 +581,9 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
                   "further, sqrt(6/(fan_in + fan_out))"] = wrong("std")
             found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = wrong("fan_in")
+            found["drawing a (fan_out, fan_in) array and transposing it: as likely a W, but the "
+                  "check replays the generator, so draw the (fan_in, fan_out) shape itself"] = \
+                wrong("transposed")
         return found
 
 
