@@ -7,7 +7,8 @@ solution cell (``where`` = ``"NN_topic/cell-id"``). ``old`` must occur exactly o
 check of ``checks`` must fail on the mutated solution in its public cases (what the student's
 check cell runs) and in the grader's cases. ``tests/test_mutations.py`` applies them; the text
 of each entry says what mistake it models. An entry's ``hint``, where given, is words that the
-first check's public failure must say (its hint's, or the loop rule's) (``tests/test_check_messages.py``).
+first check's public failure must say, its hint's or the loop rule's
+(``tests/test_check_messages.py``).
 """
 
 from __future__ import annotations
