@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from transformer_lab import _validate as v
-from transformer_lab.attention import to_packed, to_separate
 from transformer_lab.gradient_check import rel_error
+from transformer_lab.reference.interop.layout import mha_from_torch, mha_to_torch
 
 
 def best_time(fn: Callable[[], object], repeats: int = 5, number: int = 1) -> float:
@@ -98,14 +98,9 @@ def from_torch_layout(t) -> np.ndarray:
 def mha_params(module, packed: bool = False) -> dict[str, np.ndarray]:
     """Our parameter dict of an ``nn.MultiheadAttention`` (with ``kdim = vdim = E``): separate
     ``W_q, W_k, W_v`` or, with ``packed``, ``W_qkv``; ``W_o``; the biases if it has them."""
-    p = {"W_qkv": from_torch_layout(module.in_proj_weight),  # (E, 3E) = [W_q | W_k | W_v]
-         "W_o": from_torch_layout(module.out_proj.weight)}
-    if module.in_proj_bias is not None:
-        p["b_qkv"] = module.in_proj_bias.detach().cpu().numpy().copy()
-        p["b_o"] = module.out_proj.bias.detach().cpu().numpy().copy()
-    if packed:
-        return p
-    return {k: np.ascontiguousarray(a) for k, a in to_separate(p, module.embed_dim).items()}
+    state = {k: t.detach().cpu().numpy() for k, t in module.state_dict().items()}
+    p = mha_from_torch(state, "", module.embed_dim, split=not packed)  # views of torch's
+    return {k: np.array(a, order="C") for k, a in p.items()}  # copies
 
 
 def torch_mha(params: Mapping[str, np.ndarray], num_heads: int, dtype=None,
@@ -115,16 +110,10 @@ def torch_mha(params: Mapping[str, np.ndarray], num_heads: int, dtype=None,
     the parameters' dtype)."""
     import torch
 
-    packed = params if "W_qkv" in params else to_packed(params)
-    w_qkv = packed["W_qkv"]  # (E, 3E)
-    has_bias = "b_o" in packed
-    dtype = dtype or getattr(torch, np.dtype(w_qkv.dtype).name)
-    mha = torch.nn.MultiheadAttention(w_qkv.shape[0], num_heads, bias=has_bias,
-                                      batch_first=batch_first, dtype=dtype)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(to_torch_layout(w_qkv))
-        mha.out_proj.weight.copy_(to_torch_layout(packed["W_o"]))
-        if has_bias:
-            mha.in_proj_bias.copy_(torch.from_numpy(np.asarray(packed["b_qkv"])))
-            mha.out_proj.bias.copy_(torch.from_numpy(np.asarray(packed["b_o"])))
+    state = mha_to_torch(params, "")  # one in_proj_weight (3E, E), from W_qkv or W_q, W_k, W_v
+    W_o = params["W_o"]
+    mha = torch.nn.MultiheadAttention(W_o.shape[0], num_heads, bias="b_o" in params,
+                                      batch_first=batch_first,
+                                      dtype=dtype or getattr(torch, np.dtype(W_o.dtype).name))
+    mha.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in state.items()})
     return mha.eval()
