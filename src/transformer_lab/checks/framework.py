@@ -300,28 +300,6 @@ def _arrays(obj) -> Iterator[np.ndarray]:
             yield from _arrays(x)
 
 
-def _error_hint(outcome: Outcome) -> str:
-    """What an error of a few common kinds usually means, or ''."""
-    if "read-only" in outcome.error:
-        return READ_ONLY_HINT
-    if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
-                 outcome.error):
-        if not outcome.where:  # in the check's own code: what the function returned
-            return ("the check unpacks what your function returns as its docstring's '->' "
-                    "says ((out, cache) for a forward pass): does it return that many values?")
-        if "= cache" in outcome.where:
-            return ("your backward unpacks a cache of another length than your forward "
-                    "returned: do the two agree (and does the forward call what it was given)?")
-    return ""
-
-
-#: Said when the student's code writes into a read-only array: one a forward pass cached.
-READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass cached (the "
-                  "checks make caches read-only): the attention weights a caller holds, or a "
-                  "second backward on the same cache, would see it changed -- compute into a new "
-                  "array (dx = y * (...), not y *= ...)")
-
-
 def python_loops(function: Callable) -> str:
     """"none", or where ``function``'s own code runs a Python loop ("a loop at line 7": a
     ``for``, a ``while`` or a comprehension, in functions it defines inside too) -- for the
@@ -471,6 +449,28 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
         if found != "none":
             return Verdict(False, f"{label}: `{name}`: {found}")
     return Verdict(True)
+
+
+def _error_hint(outcome: Outcome) -> str:
+    """What an error of a few common kinds usually means, or ''."""
+    if "read-only" in outcome.error:
+        return READ_ONLY_HINT
+    if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
+                 outcome.error):
+        if not outcome.where:  # in the check's own code: what the function returned
+            return ("the check unpacks what your function returns as its docstring's '->' "
+                    "says ((out, cache) for a forward pass): does it return that many values?")
+        if "= cache" in outcome.where:
+            return ("your backward unpacks a cache of another length than your forward "
+                    "returned: do the two agree (and does the forward call what it was given)?")
+    return ""
+
+
+#: Said when the student's code writes into a read-only array: one a forward pass cached.
+READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass cached (the "
+                  "checks make caches read-only): the attention weights a caller holds, or a "
+                  "second backward on the same cache, would see it changed -- compute into a new "
+                  "array (dx = y * (...), not y *= ...)")
 
 
 def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
