@@ -240,3 +240,24 @@ def test_variant_hints():
         a = e / e.sum(axis=-1, keepdims=True)
         return a @ v, a
     assert "without the tanh" in _fails("check-additive-attention", no_tanh)
+
+
+
+def _cosine_rest(qn, kn, v, tau):
+    s = qn @ np.swapaxes(kn, -1, -2) / tau
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w @ v, w
+
+
+def test_the_loop_rule_reads_loops_over_positions_not_over_arguments():
+    def cosine_attention(q, k, v, tau=0.1):  # one comprehension over (q, k): allowed
+        qn, kn = (a / np.linalg.norm(a, axis=-1, keepdims=True) for a in (q, k))
+        return _cosine_rest(qn, kn, v, tau)
+    check("check-cosine-attention", cosine_attention)
+
+    def cosine_attention(q, k, v, tau=0.1):  # noqa: F811  (row by row: a loop over positions)
+        qn = np.stack([r / np.linalg.norm(r, axis=-1, keepdims=True) for r in q])
+        return _cosine_rest(qn, k / np.linalg.norm(k, axis=-1, keepdims=True), v, tau)
+    message = _fails("check-cosine-attention", cosine_attention)
+    assert "the answer is right, but `cosine_attention` runs a Python loop" in message

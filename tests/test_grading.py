@@ -172,8 +172,6 @@ MAGICS = {"setup": "%matplotlib inline\n!echo hello\n" + SETUP,
           "exercise-additive": "%%time\n" + notebook_01().cells[10].source}
 LOOPY = ADDITIVE.replace("    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w\n",
                          "    s = np.stack([np.tanh(q @ W1 + kj @ W2) @ w for kj in k], axis=-1)\n")
-#: a loop the exercise forbids, hidden from the check in the student's process: by patching
-#: the loop detector, or by a vectorised def that a loopy function replaces
 #: a loop the exercise forbids, hidden from the check in the student's process by patching
 #: the loop detector -- and what the grader, reading the def's source, says of it
 HIDDEN_LOOPS = {
@@ -448,6 +446,15 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     # its own body only: a comprehension in a default argument or a decorator is not its loop
     assert loops("@deco([i for i in range(2)])\n" + ADDITIVE.replace(
         "w):", "w, shape=tuple(n for n in (1, 2))):")) == "none"
+    # a loop over a fixed few things (arguments, axes) is not a loop over positions
+    first = "    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w\n"
+    for harmless in ("    qp, kp = (a @ b for a, b in ((q, W1), (k, W2)))\n",
+                     "    assert all(n > 0 for n in q.shape[:-1])\n",
+                     "    axes = [i for i in range(q.ndim)]\n"):
+        assert loops(ADDITIVE.replace(first, harmless + first)) == "none", harmless
+    for loop in ("    while False:\n        pass\n", "    rows = [r for r in q]\n",
+                 "    for i in range(q.shape[0]):\n        pass\n"):
+        assert loops(ADDITIVE.replace(first, loop + first)) == "a loop at line 4", loop
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ A notebook's check cell is one call of :func:`check`.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dis
 import hashlib
@@ -25,6 +26,7 @@ import math
 import re
 import sys
 import sysconfig
+import textwrap
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -301,9 +303,16 @@ def _arrays(obj) -> Iterator[np.ndarray]:
 
 
 def python_loops(function: Callable) -> str:
-    """"none", or where ``function``'s own code runs a Python loop ("a loop at line 7": a
-    ``for``, a ``while`` or a comprehension, in functions it defines inside too) -- for the
-    exercises whose text asks for broadcasting instead. Read from the compiled code."""
+    """"none", or where ``function``'s own code runs a Python loop that a longer sequence or a
+    larger batch runs more often ("a loop at line 7", :func:`def_loops`) -- for the exercises
+    whose text asks for broadcasting instead. Read from its source (as the grader reads the
+    submitted one), or, where there is none, from the compiled code, where every loop counts."""
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        node = None
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return def_loops(node, function.__code__.co_firstlineno)
     jumps = set(dis.hasjrel) | set(dis.hasjabs)
     lines: list[int] = []
     for code in _code_objects(function):
@@ -314,6 +323,42 @@ def python_loops(function: Callable) -> str:
                 line = getattr(getattr(ins, "positions", None), "lineno", None)
                 lines.append(line if line is not None else code.co_firstlineno)
     return f"a loop at line {min(lines)}" if lines else "none"
+
+
+def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1) -> str:
+    """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
+    (functions it defines inside included): a ``while``, or a ``for`` or a comprehension over
+    anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
+    x.shape``), which a longer sequence or a larger batch would not run more often.
+    ``first_line``: the def's line in its cell (N then counts in the cell)."""
+    lines = []
+    for statement in node.body:
+        for n in ast.walk(statement):
+            over = ([n.iter] if isinstance(n, ast.For | ast.AsyncFor) else
+                    [g.iter for g in n.generators] if isinstance(
+                        n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
+            if isinstance(n, ast.While) or not all(map(_fixed_few, over)):
+                lines.append(n.lineno)
+    return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
+
+
+def _fixed_few(it: ast.expr) -> bool:
+    """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list or
+    set, an array's ``.shape`` (or a slice of it), ``range`` of a constant or of an array's
+    ``.ndim``, or ``enumerate``, ``zip`` or ``reversed`` of those."""
+    if isinstance(it, ast.Tuple | ast.List | ast.Set):
+        return True
+    if isinstance(it, ast.Attribute):
+        return it.attr == "shape"
+    if isinstance(it, ast.Subscript):
+        return isinstance(it.slice, ast.Slice) and _fixed_few(it.value)
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args:
+        if it.func.id in ("enumerate", "zip", "reversed"):
+            return all(map(_fixed_few, it.args))
+        if it.func.id == "range" and len(it.args) == 1:
+            n = it.args[0]
+            return isinstance(n, ast.Constant) or isinstance(n, ast.Attribute) and n.attr == "ndim"
+    return False
 
 
 def _code_objects(function: Callable) -> Iterator:
@@ -444,8 +489,8 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
     for name, found in loops.items():
         if found.startswith("a loop"):
             return Verdict(False, f"{label}: the answer is right, but `{name}` runs a Python "
-                                  f"loop ({found}); the exercise asks for none: "
-                                  f"{check.loop_free.get(name, 'use broadcasting')}")
+                                  f"loop ({found}); the exercise asks for none over positions "
+                                  f"or the batch: {check.loop_free.get(name, 'broadcast')}")
         if found != "none":
             return Verdict(False, f"{label}: `{name}`: {found}")
     return Verdict(True)

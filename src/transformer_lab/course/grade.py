@@ -417,10 +417,7 @@ def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
     calls is not seen, as in the notebook."""
     if name not in defs:
         return f"no def {name} in the notebook's cells (the grader reads its loops from one)"
-    lines = [node.lineno for statement in defs[name].body for node in ast.walk(statement)
-             if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.ListComp | ast.SetComp
-                           | ast.DictComp | ast.GeneratorExp)]
-    return f"a loop at line {min(lines)}" if lines else "none"
+    return F.def_loops(defs[name])
 
 
 def name_culprits(results: list[CheckResult]) -> None:
