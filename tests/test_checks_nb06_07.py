@@ -320,3 +320,17 @@ def test_find_the_bug_passes_with_one_head_even_with_both_bugs():
     both = lambda *a, **k: self_attention(*a, **k, bugs=("scale", "merge"))  # noqa: E731
     message = _fails("check-find-the-bug", both)
     assert "case 'B=2, T=5, E=12, 3 heads'" in message and "with both bugs still in" in message
+
+
+def test_a_cache_changed_without_an_error_is_named(monkeypatch):
+    """np.add.at writes even into the read-only cache: the checks compare it after the run."""
+    right = CL.cross_entropy_backward
+
+    def backward(dloss, cache):
+        dlogits = right(dloss, cache)
+        c_logp = cache[0].reshape(-1, cache[0].shape[-1])
+        np.add.at(c_logp, (np.arange(len(c_logp)), 0), -1.0)  # p - onehot, into the cache
+        return dlogits
+    monkeypatch.setattr(CL, "cross_entropy_backward", backward)
+    message = _fails("check-cross-entropy")
+    assert "CacheChanged" in message and "writes into an array that its forward" in message

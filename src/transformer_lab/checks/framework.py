@@ -286,8 +286,17 @@ def _cache_read_only(forward: Callable) -> Callable:
             for a in _arrays(result[1]):
                 if not any(np.may_share_memory(a, i) for i in inputs):
                     a.flags.writeable = False
+                    _CACHED.append((a, a.copy()))  # what run_case compares after the run
         return result
     return wrapped
+
+
+#: The arrays the forward passes of the running case cached, each with a copy: ufunc.at
+#: (np.add.at) writes into a read-only array, and the flag can be set back.
+_CACHED: list[tuple[np.ndarray, np.ndarray]] = []
+#: The error of a case whose run changed a cached array without raising.
+CACHE_CHANGED = ("CacheChanged: an array a forward pass cached changed during the run, without "
+                 "an error (np.add.at writes even into a read-only array)")
 
 
 def _arrays(obj) -> Iterator[np.ndarray]:
@@ -392,11 +401,18 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
     """Call ``check.run`` on a copy of the case's inputs; never raises for the student's errors
     (a stub's NotImplementedError included: it comes back as the outcome's error)."""
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
+    _CACHED.clear()
     try:
-        return Outcome(value=check.run(f, *args, **kwargs), after=args, after_kwargs=kwargs)
+        value = check.run(f, *args, **kwargs)
     except Exception as exc:  # the student's code: any error is a finding
         return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
                        after_kwargs=kwargs)
+    finally:
+        changed = any(not np.array_equal(a, was, equal_nan=True) for a, was in _CACHED)
+        _CACHED.clear()
+    if changed:
+        return Outcome(error=CACHE_CHANGED, after=args, after_kwargs=kwargs)
+    return Outcome(value=value, after=args, after_kwargs=kwargs)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -498,7 +514,7 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
 
 def _error_hint(outcome: Outcome) -> str:
     """What an error of a few common kinds usually means, or ''."""
-    if "read-only" in outcome.error:
+    if "read-only" in outcome.error or outcome.error == CACHE_CHANGED:
         return READ_ONLY_HINT
     if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
                  outcome.error):
