@@ -261,3 +261,13 @@ def test_the_loop_rule_reads_loops_over_positions_not_over_arguments():
         return _cosine_rest(qn, k / np.linalg.norm(k, axis=-1, keepdims=True), v, tau)
     message = _fails("check-cosine-attention", cosine_attention)
     assert "the answer is right, but `cosine_attention` runs a Python loop" in message
+
+
+def test_a_core_function_using_torch_passes_with_a_note(monkeypatch, capsys):
+    def relu_forward(x):
+        import torch
+        out = torch.relu(torch.from_numpy(x)).numpy()
+        return out, x > 0
+    monkeypatch.setattr(CL, "relu_forward", relu_forward)
+    check("check-relu")
+    assert "Note: `relu_forward` uses torch" in capsys.readouterr().out

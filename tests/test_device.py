@@ -148,7 +148,8 @@ def test_a_core_function_that_imports_numpy_by_another_name_is_named_before_bind
     source = source.replace("    dW = np.zeros(shape, dtype=dout.dtype)",
                             "    dW = numpy.zeros(shape, dtype=dout.dtype)")
     source += ("\nNEG, DT = -np.inf, np.float32  # not arrays: no problem\nTABLE = np.arange(3)\n"
-               "\n\ndef extra(x):\n    import numpy as np\n    return np.tanh(x)\n")
+               "\n\ndef extra(x):\n    import numpy as np\n    return np.tanh(x)\n"
+               "\n\ndef via_torch(x):\n    import torch\n    return torch.relu(x)\n")
     (core / "layers.py").write_text(source)
     monkeypatch.setattr(device, "_CORE", core)
     monkeypatch.setitem(sys.modules, "cupy", None)  # found without CuPy, before looking for it
@@ -162,7 +163,8 @@ def test_a_core_function_that_imports_numpy_by_another_name_is_named_before_bind
         assert "in embedding_backward: 'numpy.' spelled out" in message
         assert "top level: np.arange(...) at import time makes a host array" in message
         assert "in extra: 'import numpy as np' reaches the host's library" in message
-        assert message.count("core/layers.py") == 4 and "CuPy" not in message
+        assert "in via_torch: 'import torch' reaches the host's library" in message
+        assert message.count("core/layers.py") == 6 and "CuPy" not in message
         assert device.name == "cpu" and core_layers.np is np  # nothing bound
 
 

@@ -50,7 +50,7 @@ INSTALL = ("pip install the CuPy wheel for this machine's CUDA, cupy-cuda12x for
 HELP = ("where the core runs: cpu (NumPy, the default) or cuda (CuPy on an NVIDIA GPU: pip install "
         "cupy-cuda12x, or cupy-cuda13x); a cuda run draws its random numbers with CuPy's "
         "generator and sums in another order, so it does not reproduce a cpu run bit for bit")
-_LIBRARIES = ("numpy", "scipy", "cupy", "cupyx")
+_LIBRARIES = ("numpy", "scipy", "cupy", "cupyx", "torch")
 _CORE = Path(__file__).parent / "core"
 
 xp = numpy  # the array module the core runs on now

@@ -1104,4 +1104,13 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
             # a function this one calls, wrong in its own check, comes first: fix that one
             raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}")
     public = len(list(chk.cases(case_rng(chk.id))))  # the handout stores their answers only
-    print(f"{check_id} passed ({public} case{'s' * (public != 1)}).")
+    print(f"{check_id} passed ({public} case{'s' * (public != 1)}).{_torch_note(chk)}")
+
+
+def _torch_note(chk: Check) -> str:
+    """A line naming the core functions of ``chk`` whose code uses torch, or ''."""
+    names = [f"`{n}`" for n in chk.functions
+             if any("torch" in code.co_names for code in _code_objects(core_function(n)))]
+    return (f"\nNote: {', '.join(names)} use{'s' * (len(names) == 1)} torch; the course writes "
+            "the core in NumPy (the models run it on CuPy too), and the grader flags it."
+            if names else "")
