@@ -137,8 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int,
                    help=f"steps between validation evaluations ({_default('eval_every')})")
     g.add_argument("--time-budget", type=float,
-                   help="seconds for the training loop (default: none, also 0; a budget makes "
-                        "the stopping step depend on the machine's speed, see \"stopped\")")
+                   help="seconds of training steps, evaluations not counted (default: none, "
+                        "also 0; a budget makes the stopping step depend on the machine's "
+                        "speed, see \"stopped\")")
     g.add_argument("--threads", type=int,
                    help="BLAS threads for NumPy during training (default: 1; the model's "
                         "64 x 64 matrices are too small for more threads to pay off, and on a "

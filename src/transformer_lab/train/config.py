@@ -104,7 +104,7 @@ class TrainConfig:
     (global gradient norm; 0 = off), ``batch_size``, ``bucket`` (batches of similar lengths),
     ``steps``.
     Stopping: ``target`` (validation exact match that stops training; None = never stop early),
-    ``eval_every`` steps, ``time_budget`` seconds for the training loop (None, the default: no
+    ``eval_every`` steps, ``time_budget`` seconds of training steps (None, the default: no
     limit, so that runs are deterministic; a budget makes the stopping step machine-dependent).
     Run: ``seed`` (data, initial weights and batch order), ``threads`` (BLAS threads),
     ``dtype`` ("float32" or "float64"), ``device`` ("cpu" or "cuda": where the core runs,

@@ -179,7 +179,7 @@ def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkp
     bar = Progress(cfg.steps, stream, progress, log_every)
     tokens = 0
     step_seconds: list[float] = []
-    stopped = "steps"
+    train_time, stopped = 0.0, "steps"
     with blas_threads(cfg.threads):
         t_loop = time.perf_counter()
         for step in range(cfg.steps):
@@ -189,6 +189,7 @@ def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkp
             # the core's step; cfg.clip and the schedule's lr are checked already
             loss, norm = core_training.train_step(model, opt, src, tgt, lr, cfg.clip)
             step_seconds.append(time.perf_counter() - t0)
+            train_time += step_seconds[-1]
             if not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} at step {step + 1}; lower "
                                          f"the learning rate (lr={cfg.lr}) or clip gradients")
@@ -208,8 +209,8 @@ def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkp
             bar.update(step + 1, loss, lr, time.perf_counter() - t_loop)
             if stopped == "target":
                 break
-            if cfg.time_budget is not None and time.perf_counter() - t_loop > cfg.time_budget \
-                    and not last:
+            if cfg.time_budget is not None and train_time >= cfg.time_budget \
+                    and not last:  # seconds of training steps, as in run_steps
                 stopped = "time"
                 break
         steps_taken = len(history.loss)
