@@ -234,6 +234,10 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     return total
 
 
+#: The decays of :class:`WarmupSchedule` after its warm-up.
+DECAYS = ("cosine", "linear", "inverse_sqrt")
+
+
 class WarmupSchedule:
     """Learning rate: linear warm-up from 0 to ``peak_lr``, then decay to ``final_lr``.
 
@@ -249,8 +253,9 @@ class WarmupSchedule:
         self.final_lr = v.real(final_lr, "final_lr", minimum=0)
         warmup_steps = v.integer(warmup_steps, "warmup_steps", minimum=0)
         total_steps = v.integer(total_steps, "total_steps", minimum=0)
-        if decay not in ("cosine", "linear", "inverse_sqrt"):
-            raise ValueError(f'decay must be "cosine", "linear" or "inverse_sqrt", got {decay!r}')
+        if decay not in DECAYS:
+            raise ValueError(f"decay must be one of {', '.join(map(repr, DECAYS))}, got "
+                             f"{decay!r}")
         if decay != "inverse_sqrt" and total_steps < warmup_steps:
             raise ValueError(f"total_steps must be at least warmup_steps, got {total_steps} < "
                              f"{warmup_steps}")

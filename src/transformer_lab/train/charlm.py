@@ -33,6 +33,7 @@ from transformer_lab.datasets.corpus import Corpus, load_corpus
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.optim import Adam, WarmupSchedule, clip_grad_norm
 from transformer_lab.train.config import (
+    DTYPES,
     check_choices,
     check_run_numbers,
     config_from_args,
@@ -101,7 +102,7 @@ class CharLMConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        check_choices(self, block=BLOCKS, dtype=("float32", "float64"), tokenizer=TOKENIZERS,
+        check_choices(self, block=BLOCKS, dtype=DTYPES, tokenizer=TOKENIZERS,
                       device=device.DEVICES)
         set_field(self, "bpe_vocab_size",
                   v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))

@@ -12,9 +12,18 @@ import textwrap
 from transformer_lab import _validate as v
 from transformer_lab import device
 from transformer_lab.datasets import tasks as D
+from transformer_lab.models.config import POSITIONAL
+from transformer_lab.optim import DECAYS
 from transformer_lab.train import charlm
 from transformer_lab.train.compare import step_times
-from transformer_lab.train.config import TASK_DEFAULTS, TrainConfig, make_model, model_config
+from transformer_lab.train.config import (
+    DTYPES,
+    OPTIMIZERS,
+    TASK_DEFAULTS,
+    TrainConfig,
+    make_model,
+    model_config,
+)
 from transformer_lab.train.loop import train
 
 
@@ -105,20 +114,20 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"encoder layers = decoder layers ({_default('num_layers')})")
     g.add_argument("--d-ff", type=int,
                    help=f"hidden width of the feed-forward networks ({_default('d_ff')})")
-    g.add_argument("--positional", choices=("sinusoidal", "learned", "none"),
+    g.add_argument("--positional", choices=POSITIONAL,
                    help=f"positional encoding ({_default('positional')})")
     g.add_argument("--post-norm", dest="norm_first", action="store_const", const=False,
                    help="post-norm layers LN(x + f(x)), as in the paper (default: pre-norm, "
                         "x + f(LN(x)))")
-    g.add_argument("--dtype", choices=("float32", "float64"), help=_default("dtype"))
+    g.add_argument("--dtype", choices=DTYPES, help=_default("dtype"))
     g = p.add_argument_group("optimisation")
-    g.add_argument("--optimizer", choices=("adam", "adamw", "sgd"),
+    g.add_argument("--optimizer", choices=OPTIMIZERS,
                    help=f"{_default('optimizer')}; sgd uses momentum "
                         f"{TrainConfig.momentum}")
     g.add_argument("--lr", type=float, help=f"peak learning rate ({_default('lr')})")
     g.add_argument("--warmup", type=int,
                    help=f"linear warm-up steps, fewer than --steps ({_default('warmup')})")
-    g.add_argument("--decay", choices=("cosine", "linear", "inverse_sqrt"),
+    g.add_argument("--decay", choices=DECAYS,
                    help=f"learning-rate decay after the warm-up, to 0 at --steps "
                         f"({_default('decay')})")
     g.add_argument("--weight-decay", type=float, help=_default("weight_decay"))

@@ -19,7 +19,7 @@ from transformer_lab import device
 from transformer_lab.datasets import tasks as D
 from transformer_lab.models.config import POSITIONAL
 from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
-from transformer_lab.optim import SGD, Adam, WarmupSchedule
+from transformer_lab.optim import DECAYS, SGD, Adam, WarmupSchedule
 
 # --------------------------------------------------------------------------------------------
 # Configuration
@@ -89,6 +89,11 @@ def check_run_numbers(config, *, counts=(), positive=(), rates=()) -> None:
                          f"(--steps)")
 
 
+#: The trainer's optimisers ("sgd" with TrainConfig.momentum) and dtypes.
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DTYPES = ("float32", "float64")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on. ``TrainConfig.for_task(name)`` gives the defaults.
@@ -156,9 +161,9 @@ class TrainConfig:
                              "target=None")
 
     def _check_choices(self) -> None:
-        check_choices(self, task=D.TASKS, optimizer=("adam", "adamw", "sgd"),
-                      decay=("cosine", "linear", "inverse_sqrt"), positional=POSITIONAL,
-                      dtype=("float32", "float64"), device=device.DEVICES)
+        check_choices(self, task=D.TASKS, optimizer=OPTIMIZERS, decay=DECAYS,
+                      positional=POSITIONAL,
+                      dtype=DTYPES, device=device.DEVICES)
         for name in ("bucket", "norm_first"):
             set_field(self, name, v.boolean(getattr(self, name), name))
 
