@@ -1,12 +1,7 @@
 """Small helpers the notebooks and the trainer share: timers, a one-line agreement check, and
-the bridge between our attention parameters and ``nn.MultiheadAttention``.
-
-PyTorch's layout, explained once (notebook 01): ``nn.Linear`` stores ``weight`` as
-``(out, in)`` and computes ``x @ weight.T + bias``; we store ``W`` as ``(in, out)`` and compute
-``x @ W + b``, so every weight crosses over transposed. ``nn.MultiheadAttention`` stacks the
-three input projections into ``in_proj_weight`` of shape ``(3E, E)`` = ``[W_q^T; W_k^T; W_v^T]``
-(and ``in_proj_bias`` = ``[b_q; b_k; b_v]``), so ``x @ in_proj_weight.T`` is ``[Q | K | V]``
-side by side -- our packed ``W_qkv`` of shape ``(E, 3E)`` is exactly ``in_proj_weight.T``.
+the bridge between our attention parameters and ``nn.MultiheadAttention`` (its layout, torch's
+``(out, in)`` weights against our ``(in, out)``: :mod:`transformer_lab.reference.interop.layout`;
+our packed ``W_qkv`` is ``in_proj_weight.T``).
 """
 
 from __future__ import annotations
@@ -79,20 +74,6 @@ def perturb(params, rng: np.random.Generator, scale: float = 0.3):
 def errors_summary(errors: Mapping[str, float]) -> str:
     """One line for a dict of relative errors (what ``check_gradients`` returns)."""
     return f"{len(errors)} tensors ok, largest relative error {max(errors.values()):.1e}"
-
-
-def to_torch_layout(a: np.ndarray):
-    """A NumPy weight ``(in, out)`` as a torch tensor in torch's ``(out, in)`` layout; vectors
-    (biases, layer-norm parameters) unchanged."""
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a.T if a.ndim == 2 else a))
-
-
-def from_torch_layout(t) -> np.ndarray:
-    """The inverse of :func:`to_torch_layout`: a torch parameter as a NumPy ``(in, out)`` array."""
-    a = t.detach().cpu().numpy()
-    return np.ascontiguousarray(a.T if a.ndim == 2 else a)
 
 
 def mha_params(module, packed: bool = False) -> dict[str, np.ndarray]:

@@ -294,9 +294,6 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
         return {"out": out, "weights": weights}
 
 
-#: the output of check-additive-attention that says whether additive_attention loops
-
-
 class AdditiveAttention(Check, id="check-additive-attention", arguments=("additive_attention",)):
     def cases(self, rng):
         yield Case("T = 4, S = 6, d_q = 3, d_k = 5, h = 7",
