@@ -268,7 +268,8 @@ def functions_for(check: Check, given: tuple = (), named: Mapping | None = None)
     for name, fn in named.items():
         if not callable(fn):
             raise TypeError(f"{check.id}: {name} must be a function, got {type(fn).__name__}")
-    core = {n: _cache_read_only(core_function(n)) if n.endswith("_forward") else core_function(n)
+    wrap = {"_forward": _cache_read_only, "_backward": _cache_kept}
+    core = {n: wrap.get(n[n.rfind("_"):], lambda fn: fn)(core_function(n))
             for n in check.functions}
     return Functions(check.id, {**core, **named})
 
@@ -291,15 +292,43 @@ def _cache_read_only(forward: Callable) -> Callable:
     return wrapped
 
 
-def _fingerprint(a: np.ndarray):
-    """What tells whether ``a`` changed: a digest of its bytes (no copy, so that a check that
-    measures memory, notebook 16's, measures none), or a copy where they are not contiguous."""
-    return hashlib.blake2b(a).digest() if a.flags.c_contiguous else a.copy()
+def _cache_kept(backward: Callable) -> Callable:
+    """``backward``, raising :class:`CacheChanged` where it wrote into the arrays of its cache
+    that the read-only rule leaves writable (the forward's inputs: RoPE's tables, a layer's
+    weights), which the next layer or step reads again."""
+    @wraps(backward)
+    def wrapped(dout, *args, **kwargs):
+        before = [(a, _fingerprint(a)) for a in _arrays((args, kwargs)) if a.flags.writeable]
+        result = backward(dout, *args, **kwargs)
+        if any(_fingerprint(a) != was for a, was in before):
+            raise CacheChanged(f"{backward.__name__} changed an array of its cache (an input "
+                               f"its forward pass was given and cached)")
+        return result
+    return wrapped
 
 
-def _unchanged(a: np.ndarray, was) -> bool:
-    now = _fingerprint(a)
-    return np.array_equal(now, was, equal_nan=True) if isinstance(was, np.ndarray) else now == was
+class CacheChanged(Exception):
+    """A backward pass wrote into its cache."""
+
+
+def _fingerprint(a: np.ndarray) -> bytes:
+    """What tells whether ``a`` changed: a digest of its bytes, read without copying ``a`` (so
+    that a check that measures memory, notebook 16's, measures no copy of it)."""
+    digest = hashlib.blake2b()
+    for block in _blocks(a):
+        digest.update(block)
+    return digest.digest()
+
+
+def _blocks(a: np.ndarray) -> Iterator[np.ndarray]:
+    """``a``'s elements as contiguous arrays: itself, or its rows (copied one at a time)."""
+    if a.flags.c_contiguous:
+        yield a
+    elif a.ndim <= 1:
+        yield a.copy()
+    else:
+        for row in a:
+            yield from _blocks(row)
 
 
 #: The arrays the forward passes of the running case cached, each with its fingerprint:
@@ -419,7 +448,7 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
         return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
                        after_kwargs=kwargs)
     finally:
-        changed = not all(_unchanged(a, was) for a, was in _CACHED)
+        changed = any(_fingerprint(a) != was for a, was in _CACHED)
         _CACHED.clear()
     if changed:
         return Outcome(error=CACHE_CHANGED, after=args, after_kwargs=kwargs)
@@ -525,7 +554,7 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
 
 def _error_hint(outcome: Outcome) -> str:
     """What an error of a few common kinds usually means, or ''."""
-    if "read-only" in outcome.error or outcome.error == CACHE_CHANGED:
+    if "read-only" in outcome.error or outcome.error.startswith("CacheChanged"):
         return READ_ONLY_HINT
     if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
                  outcome.error):
@@ -540,9 +569,10 @@ def _error_hint(outcome: Outcome) -> str:
 
 #: Said when the student's code writes into a read-only array: one a forward pass cached.
 READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass cached (the "
-                  "checks make caches read-only): the attention weights a caller holds, or a "
-                  "second backward on the same cache, would see it changed -- compute into a new "
-                  "array (dx = y * (...), not y *= ...)")
+                  "checks make caches read-only, and compare the forward's inputs it cached "
+                  "after the backward): whoever else holds it -- a caller's attention weights, "
+                  "the next layer's RoPE tables, a second backward on the same cache -- would "
+                  "see it changed; compute into a new array (dx = y * (...), not y *= ...)")
 
 
 def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
