@@ -86,7 +86,7 @@ def gelu_backward(dout: np.ndarray, cache: v.Cache):
 def check_activation(activation) -> str:
     """``activation`` if it is one of :data:`ACTIVATIONS`, else a ValueError."""
     if activation not in ACTIVATIONS:
-        raise ValueError(f'activation must be "relu", "gelu" or "gelu_tanh", got {activation!r}')
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return activation
 
 

@@ -119,7 +119,7 @@ class TransformerConfig(_ModelConfig):
 
 
 NORMS = ("layer", "rms")
-MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+MLPS = (*ACTIVATIONS, "swiglu")  # the GPT's feed-forward networks
 GPT_POSITIONAL = ("learned", "sinusoidal", "rope", "none")
 
 @dataclasses.dataclass(frozen=True)
