@@ -21,8 +21,7 @@ from transformer_lab.checks.framework import Case, Check, later_rng
 from transformer_lab.checks.nb06_layers_backward import _log_softmax
 from transformer_lab.checks.nb09_verification import _smoothed
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
-
-PAD, BOS, EOS = 0, 1, 2
+from transformer_lab.datasets.tasks import BOS, EOS, PAD
 
 # --------------------------------------------------------------------------------------------
 # §4 Label smoothing
