@@ -1019,8 +1019,9 @@ mutant("rope_backward", "the forward's rotation in the backward (not its transpo
        "check-rope")
 mutant("rope_backward", "the cached table sin negated in place: the next layer's rotation turns",
        "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
-       "sin *= -1\n    dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d0 * sin + d1 * cos",
-       "check-rope", hint="writes into an array that its forward pass cached")
+       "sin *= -1\n    dx[..., 0::2] = d0 * cos - d1 * sin\n"
+       "    dx[..., 1::2] = d0 * sin + d1 * cos", "check-rope",
+       hint="writes into an array that its forward pass cached")
 mutant("rms_norm_forward", "eps = 1e-5 written in, the argument eps ignored",
        "/ d + eps)", "/ d + 1e-5)", "check-gpt-rms-norm")
 mutant("rms_norm_forward", "eps added outside the square root",
