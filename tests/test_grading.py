@@ -1012,6 +1012,32 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     assert folders == [str(tmp_path / "probe")] and has_reference is False
 
 
+def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
+    """The hidden cases run in a probe process of their own: a function that reads the probe's
+    request returns, on a public case, only the public cases' names (on Gradescope a public
+    failure's message shows before the due date; the hidden ones' after)."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
+        ROOT / "src" / "transformer_lab"))
+    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    cell = ("import os, sys\n"
+            "def logsumexp(x, axis=-1):\n"
+            "    with open(os.path.join(sys.argv[1], 'in', 'request.json')) as f:\n"
+            "        return f.read()")
+    cases = F.all_cases(F.get_check("check-logsumexp"))
+    public = len(F.all_cases(F.get_check("check-logsumexp"), hidden=False))
+    assert len(cases) > public
+    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {}, cases, public)
+    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    names = [c.name for c in cases]
+    for k, name in enumerate(names):
+        request = report.outcomes["check-logsumexp", name].value
+        seen = [n for n in names if json.dumps(n) in request]
+        assert seen == (names[:public] if k < public else names[public:]), (name, seen)
+
+
 def test_the_probe_package_has_the_solution_core_s_syllabus(tmp_path):
     """The probe's core is stubs, the instructor's functions and the student's: its syllabus is
     the one the handout carries, read from the solution core."""

@@ -488,7 +488,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         reference_free(tmp / "probe")
         cells, notes = probe_cells(submission, assignment)
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
-                           grader.check_cases(c.cell_id)) for c in assignment.checks]
+                           grader.check_cases(c.cell_id), grader.public[c.cell_id])
+                 for c in assignment.checks]
         defs = last_defs(cells, {name for c in assignment.checks
                                  for name in F.get_check(c.cell_id).loop_free})
         clock.lap("package")

@@ -10,6 +10,7 @@ it at its limits, and decodes the outcomes it wrote as plain data for the grader
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -167,12 +168,14 @@ _without_references = functools.lru_cache(maxsize=64)(without_references)
 
 @dataclass
 class CheckSpec:
-    """One check for the probe: its id, the notebook names its check cell passes, its cases."""
+    """One check for the probe: its id, the notebook names its check cell passes, its cases,
+    of which the first ``public`` are public (None: all)."""
 
     check_id: str
     args: tuple[str, ...]
     kwargs: dict[str, str]
     cases: list[F.Case]
+    public: int | None = None
 
 
 @dataclass
@@ -201,12 +204,36 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     """Run the probe on ``package_root`` (the folder holding the probe's ``transformer_lab``):
     ``cells`` (id, source) first, then every case of ``checks``, in ``sandbox`` (see
     :mod:`.sandbox`; None: none), which shows it the package read-only and its request and
-    results folders. Never raises for what the student's code does."""
+    results folders. Never raises for what the student's code does.
+
+    The public cases run in one process, the hidden ones in another: the code that runs on the
+    public cases never sees the hidden ones' inputs (whose verdicts, on Gradescope, may show
+    later than the public ones')."""
     limits = limits or ProbeLimits()
     sandbox = sandbox or NoSandbox()
     report = ProbeReport()
     deadline = time.monotonic() + limits.total
-    todo = list(range(len(checks)))
+    public = [dataclasses.replace(c, cases=c.cases[:c.public]) for c in checks]
+    _probe(package_root, cells, public, limits, deadline, report, sandbox)
+    hidden = [dataclasses.replace(c, cases=c.cases[c.public:]) for c in checks
+              if c.public is not None and c.cases[c.public:] and c.check_id not in report.missing]
+    if hidden:  # the cells again, in a process of its own (their errors: the first run's)
+        _probe(package_root, cells, hidden, limits, deadline, report, sandbox)
+    for spec in checks:
+        if spec.check_id in report.missing:
+            continue
+        lost = [c.name for c in spec.cases if (spec.check_id, c.name) not in report.outcomes]
+        if lost:
+            report.missing[spec.check_id] = (f"no result came back for case {lost[0]!r}: the "
+                                             "grader's run of your code ended before it")
+    return report
+
+
+def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimits,
+           deadline: float, report: ProbeReport, sandbox) -> None:
+    """Run ``checks`` in probe processes until they are done, into ``report``: one process,
+    and another for those left after a case that stopped it, within the ``deadline``."""
+    todo = [i for i, c in enumerate(checks) if c.cases]
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
             stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
@@ -228,14 +255,6 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
         for i in todo:  # what is left cannot run: the cells stopped, or the total limit passed
             report.missing.setdefault(checks[i].check_id, reason)
         break
-    for spec in checks:
-        if spec.check_id in report.missing:
-            continue
-        lost = [c.name for c in spec.cases if (spec.check_id, c.name) not in report.outcomes]
-        if lost:
-            report.missing[spec.check_id] = (f"no result came back for case {lost[0]!r}: the "
-                                             "grader's run of your code ended before it")
-    return report
 
 
 def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo: list[int],
