@@ -837,6 +837,24 @@ def test_find_submissions_in_every_layout(tmp_path):
     assert "another core folder was graded" in skipped["ann", "ann/old/core/layers.py"]
 
 
+def test_no_file_takes_the_place_of_another_student_s(tmp_path):
+    """Two folders whose names differ only by spaces stay two students, and a top-level file
+    named after a student never replaces the notebook in that student's folder, however new."""
+    nbs = ["00_tiny"]
+    empty = nbformat.v4.new_notebook()
+    for name in ("dan", "dan ", " eve", "eve "):
+        write(empty, tmp_path / name / "00_tiny.ipynb")
+    write(empty, tmp_path / "fay" / "00_tiny.ipynb")
+    write(empty, tmp_path / "fay_00_tiny.ipynb")
+    os.utime(tmp_path / "fay" / "00_tiny.ipynb", (1, 1))  # the top-level file is newer
+    found = find_submissions(tmp_path, nbs)
+    assert sorted(found.students) == [" eve", "dan", "dan ", "eve ", "fay"]
+    for name in ("dan", "dan ", " eve", "eve "):
+        assert found.students[name].notebooks == {"00_tiny": tmp_path / name / "00_tiny.ipynb"}
+    assert found.students["fay"].notebooks == {"00_tiny": tmp_path / "fay" / "00_tiny.ipynb"}
+    assert [(s.student, s.path) for s in found.skipped] == [("fay", "fay_00_tiny.ipynb")]
+
+
 def test_whose_function_the_probe_package_holds():
     owner = probe_driver.owner
     assert owner("softmax_forward", "01_attention") == "student"

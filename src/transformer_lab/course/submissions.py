@@ -156,10 +156,14 @@ def find_submissions(folder: Path, notebooks: list[str],
         skipped.append(Skipped(student, path.relative_to(folder).as_posix(), reason))
 
     def candidate(student: str, nb: str, quality: tuple, path: Path) -> None:
+        flat = path.parent == folder  # a student's own folder comes before a top-level file
         key = (-path.stat().st_mtime_ns,)
-        candidates.setdefault((student, nb), []).append((quality, key, str(path), path))
+        candidates.setdefault((student, nb), []).append(((flat, *quality), key, str(path),
+                                                         path))
 
-    for entry in sorted(folder.iterdir()):
+    entries = sorted(folder.iterdir())
+    trimmed = [e.name.strip() for e in entries if e.is_dir() and not e.is_symlink()]
+    for entry in entries:
         rel = entry.relative_to(folder)
         if is_hidden(rel):
             continue
@@ -167,7 +171,9 @@ def find_submissions(folder: Path, notebooks: list[str],
             skip("", entry, LINK_REASON)
             continue
         if entry.is_dir():
-            work = students.setdefault(entry.name.strip(), StudentWork(entry.name.strip()))
+            # a name as written where trimming its spaces would merge two folders
+            name = entry.name.strip() if trimmed.count(entry.name.strip()) == 1 else entry.name
+            work = students.setdefault(name, StudentWork(name))
             work.folder = entry
             _scan_student(entry, folder, work, notebooks, handout, skip, candidate)
         elif entry.suffix.lower() == ".ipynb":
