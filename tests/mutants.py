@@ -859,6 +859,8 @@ mutant("transformer_decode", "no causal mask in the decoder",
 mutant("transformer_decode", "the source padding left out of the cross-attention",
        "merge_masks(None, src_pad), c.norm_first", "None, c.norm_first",
        "check-transformer-forward")
+mutant("transformer_decode", "the output layer's bias read as params['out_proj']['b']",
+       'params["out_proj"].get("b")', 'params["out_proj"]["b"]', "check-transformer-forward")
 mutant("transformer_forward", "the source padding not passed to the decoder",
        "memory, config, pe, src_pad, tgt_pad)", "memory, config, pe, None, tgt_pad)",
        "check-transformer-forward")
@@ -870,6 +872,10 @@ mutant("transformer_forward", "the source padding not passed to the decoder",
 mutant("transformer_backward", "the positions' gradients of source and target swapped",
        "src_pos={\"W\": d_src_pos}, tgt_pos={\"W\": d_tgt_pos}",
        "src_pos={\"W\": d_tgt_pos}, tgt_pos={\"W\": d_src_pos}", "check-transformer-backward")
+mutant("transformer_backward", "the output layer's bias always given a gradient",
+       '"decoder": g_dec, "out_proj": g_out}',
+       '"decoder": g_dec, "out_proj": {**g_out, "b": dlogits.sum(axis=(0, 1))}}',
+       "check-transformer-backward")
 mutant("transformer_backward", "the memory's gradient not passed into the encoder",
        "dx, g_enc = encoder_backward(dmemory, c_enc)",
        "dx, g_enc = encoder_backward(0 * dmemory, c_enc)", "check-transformer-backward")
@@ -895,7 +901,17 @@ mutant(SMOOTH, "the gradient divided by every position, padding included",
        "(keep / count)[..., None]", "(keep / keep.size)[..., None]", "check-label-smoothing")
 mutant(SMOOTH, "without the max subtraction (exp overflows)",
        "z = logits - logits.max(axis=-1, keepdims=True)", "z = logits", "check-label-smoothing")
+mutant(SMOOTH, "a Python loop over the positions for q (the text asks for none)",
+       "np.put_along_axis(q, labels[..., None], 1 - eps + eps / V, axis=-1)",
+       "for b, t in np.ndindex(labels.shape):\n        q[b, t, labels[b, t]] = 1 - eps + eps / V",
+       "check-label-smoothing", hint="runs a Python loop")
+mutant(SMOOTH, "padding taken to be id 0, the argument pad_id unused", "keep = labels != pad_id",
+       "keep = labels != 0", "check-label-smoothing", hint="with 0 as the padding's id")
 POS = "09_verification/exercise-padded-positions"
+mutant(POS, "a Python loop over the batch (the text asks for none)",
+       "positions = np.cumsum(real, axis=1) - 1",
+       "positions = np.array([np.cumsum(row) - 1 for row in real])", "check-padded-positions",
+       hint="runs a Python loop")
 mutant(POS, "positions counted from 1", "positions = np.cumsum(real, axis=1) - 1",
        "positions = np.cumsum(real, axis=1)", "check-padded-positions")
 mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions")
@@ -938,6 +954,10 @@ mutant("adam_step", "AdamW's shrink of p after the update instead of before",
        "check-adam-step")
 mutant("adam_step", "without the bias correction of v",
        "np.sqrt(v) / c(math.sqrt(1 - beta2**t))", "np.sqrt(v)", "check-adam-step")
+mutant("adam_step", "beta1 in v's average (copied from m's line)",
+       "    v *= c(beta2)\n    v += c(1 - beta2) * g * g",
+       "    v *= c(beta1)\n    v += c(1 - beta1) * g * g", "check-adam-step",
+       hint="with beta1 in v's running average")
 mutant("adam_step", "decoupled weight decay without the learning rate",
        "p *= c(1 - lr * weight_decay)", "p *= c(1 - weight_decay)", "check-adam-step")
 mutant("adam_step", "the moments not updated in place",
@@ -963,6 +983,10 @@ mutant("train_step", "clipping skipped",
 mutant("train_step", "the learning rate not set", "    optimizer.lr = lr\n", "",
        "check-train-step")
 NOAM = "10_training/exercise-noam-schedule"
+mutant(NOAM, "a Python comprehension over the steps (the text asks for no loop)",
+       "lr = d_model ** -0.5 * np.minimum(s ** -0.5, s * warmup ** -1.5)",
+       "lr = np.array([d_model ** -0.5 * min(x ** -0.5, x * warmup ** -1.5) for x in s.ravel()]"
+       ").reshape(s.shape)", "check-noam-schedule", hint="runs a Python loop")
 mutant(NOAM, "the maximum of the two rates", "np.minimum(s ** -0.5", "np.maximum(s ** -0.5",
        "check-noam-schedule")
 mutant(NOAM, "warmup^-0.5 instead of warmup^-1.5", "warmup ** -1.5", "warmup ** -0.5",
@@ -1263,7 +1287,10 @@ mutant("pretokenize", "the space prefix forgotten (' ?' dropped before letters)"
 mutant("pretokenize", "a run of spaces takes the space of the next word (no lookahead)",
        r"|\s+(?!\S)|\s+", r"|\s+", "check-pretokenize")
 mutant("pretokenize", "the contractions left out", "'s|'t|'re|'ve|'m|'ll|'d| ?", " ?",
-       "check-pretokenize")
+       "check-pretokenize", hint="without any contractions")
+mutant("pretokenize", "'re and 'd left out of the contractions",
+       "'s|'t|'re|'ve|'m|'ll|'d| ?", "'s|'t|'ve|'m|'ll| ?", "check-pretokenize",
+       hint="without all seven contractions")
 mutant("pretokenize", r"\d for \p{N}: ², ½ not numbers (x²+1 cut unlike GPT-2)",
        r"| ?\p{N}+| ?[^\s\p{L}\p{N}]+|", r"| ?\d+| ?[^\s\p{L}\d]+|", "check-pretokenize")
 mutant("pretokenize", r"[^\W\d_] for \p{L}: marks taken as letters (Devanagari words kept whole)",

@@ -486,3 +486,25 @@ def test_the_handout_names_the_mistakes_of_a_hidden_reference(check_id, where, m
     check_as_in_handout(check_id, tmp_path, monkeypatch)
     msg = mutant_message(check_id, where, models)
     assert "Hint: this is what you get" in msg and cause in msg, msg
+
+
+def test_a_list_of_another_length_says_where_it_first_differs():
+    """Pieces, ids and merges of another count: the message shows the items from the first
+    difference on, not only the two lengths."""
+    msg = mutant_message("check-pretokenize", "pretokenize", "'re and 'd left out")
+    assert "from [" in msg and "expected [\"'re\"" in msg, msg
+
+
+def test_what_the_check_cannot_read_is_not_blamed_on_the_student_s_code(monkeypatch):
+    """word_counts keyed by strings: the check's int() on them fails in the check's own code,
+    and the message says that what came back is of another kind than the docstring's."""
+    from transformer_lab.checks import CheckFailed, check
+    from transformer_lab.core import bpe
+
+    right = bpe.word_counts
+    monkeypatch.setattr(bpe, "word_counts", lambda text: {
+        "".join(map(chr, word)): n for word, n in right(text).items()})
+    with pytest.raises(CheckFailed) as err:
+        check("check-word-counts")
+    msg = str(err.value)
+    assert "could not read what your function returned" in msg and "your code raised" not in msg

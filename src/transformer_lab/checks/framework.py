@@ -445,8 +445,10 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
     try:
         value = check.run(f, *args, **kwargs)
     except Exception as exc:  # the student's code: any error is a finding
-        return Outcome(error=_error_text(exc), where=_student_frame(exc), after=args,
-                       after_kwargs=kwargs)
+        error = _error_text(exc)
+        if _raised_reading(exc):
+            error = f"{UNREADABLE} ({error})"
+        return Outcome(error=error, where=_student_frame(exc), after=args, after_kwargs=kwargs)
     finally:
         changed = any(_fingerprint(a) != was for a, was in _CACHED)
         _CACHED.clear()
@@ -489,6 +491,18 @@ def _frame_text(fr: traceback.FrameSummary) -> str:
     return f"{where}, line {fr.lineno}, in {fr.name}{code}"
 
 
+#: The error of a case whose function returned something its check could not read.
+UNREADABLE = "the check could not read what your function returned"
+
+
+def _raised_reading(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a check's own code (int('t') on what came back), not
+    deeper, in the student's code or a library it called."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and re.search(r"transformer_lab/checks/nb\d\d_",
+                                      frames[-1].filename.replace("\\", "/")) is not None
+
+
 def _student_frame(exc: BaseException) -> str:
     """``file, line N, in f: code`` of the deepest frame that is the student's code (their
     ``core/*.py`` or notebook cell) and, when the error came from deeper (NumPy), of that
@@ -525,6 +539,9 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     if outcome.error is not None:
         if outcome.error.startswith("NotImplementedError"):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
+        if outcome.error.startswith(UNREADABLE):
+            return Verdict(False, f"{label}: {outcome.error} -- does it return what its "
+                                  "docstring's '->' says, the types of keys and items too?")
         where = f" (at {outcome.where})" if outcome.where else ""
         hint = _error_hint(outcome)
         return Verdict(False, f"{label}: your code raised {outcome.error}{where}"
@@ -625,7 +642,8 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
         parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
     elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
-            return differs(f" must be a sequence of {len(want)} values, got {_kind(got)}")
+            return differs(f" must be a sequence of {len(want)} values, got {_kind(got)}"
+                           + _where_apart(got, want))
         parts = [(f"{name}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want, strict=True))]
     if isinstance(want, (dict, tuple, list)):  # the first part that differs
         return next(filter(None, (_difference(check, *part) for part in parts)), None)
@@ -731,6 +749,22 @@ def _short(x) -> str:
         return _kind(x)
     text, room = repr(x), 200 if isinstance(x, str) else 80  # a check's sentence whole
     return text if len(text) <= room else text[:room - 3] + "..."
+
+
+def _where_apart(got, want) -> str:
+    """For two sequences of other lengths whose items are plain (token ids, pieces, merges):
+    where they first differ, and a few items from there."""
+    items = (str, bytes, int, float, tuple, np.integer)
+    if not isinstance(got, (tuple, list)) or \
+            not all(isinstance(x, items) for x in (*got, *want)):
+        return ""
+    i = next((k for k, (g, w) in enumerate(zip(got, want, strict=False)) if g != w),
+             min(len(got), len(want)))
+
+    def some(seq):
+        shown = [_short(x.item() if isinstance(x, np.integer) else x) for x in seq[i:i + 4]]
+        return "[" + ", ".join(shown + (["..."] if len(seq) > i + 4 else [])) + "]"
+    return f"; from [{i}] on, expected {some(want)}, got {some(got)}"
 
 
 def _kind(x) -> str:

@@ -328,6 +328,7 @@ class TransformerForward(Check, id="check-transformer-forward",
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield Case("post-norm, eps = 0.1", model_case(later, norm_first=False, eps=0.1))
         yield Case("pre-norm, eps = 0.1", model_case(later, eps=0.1))
+        yield Case("no biases (params without 'b')", model_case(later, bias=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -33,7 +33,8 @@ MODEL_CASES = {"pre-norm, padding": {},
                                                       "learned": True},
                "float32, no embedding scale": {"dtype": np.float32, "scale_embeddings": False}}
 LATER_MODEL_CASES = {"post-norm, eps = 0.1": {"norm_first": False, "eps": 0.1},
-                     "pre-norm, eps = 0.1": {"eps": 0.1}}
+                     "pre-norm, eps = 0.1": {"eps": 0.1},
+                     "no biases (params without 'b')": {"bias": False}}
 ### BEGIN HIDDEN TESTS
 HIDDEN_MODEL_CASES = {"one head, no biases, B = 1": {"heads": 1, "bias": False, "b": 1},
                       "three encoder and two decoder layers, T = 1": {"n_enc": 3, "n_dec": 2,
@@ -225,6 +226,8 @@ def _smoothed(logits, labels, pad_id, eps, how="mean"):
 
 
 class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_loss",)):
+    loop_free = {"smoothed_loss": "build q for every position at once (np.put_along_axis or "
+                                  "a one-hot comparison), and weight the positions by a mask"}
     axes = {"dlogits": "btv"}  # axis names, for messages
 
     def cases(self, rng):
@@ -234,6 +237,11 @@ class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_los
             labels[0, -1] = 0  # at least one padding position (pad_id 0)
             yield Case(f"logits {shape} of size ~{scale}, eps = {eps}",
                        (rng.standard_normal(shape) * scale, labels, 0, eps))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        labels = later.integers(0, 5, (2, 4))
+        labels[:, -1] = 3  # pad_id 3, and label 0 is a token like any other
+        yield Case("pad_id 3 (the padding's id is an argument)",
+                   (later.standard_normal((2, 4, 5)), labels, 3, 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -252,6 +260,9 @@ class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_los
         case = (logits, labels, pad_id, eps)
         found = {"with the mean over every position, padding included: the mean is over the "
                  "labels that are not pad_id": lambda: _smoothed(*case, how="mean over all")}
+        if pad_id != 0:
+            found["with 0 as the padding's id: it is the argument pad_id"] = (
+                lambda: _smoothed(logits, labels, 0, eps))
         if eps > 0:
             v = logits.shape[-1]
             found["without the smoothing (q must be (1 - eps) onehot + eps / V)"] = (
@@ -283,6 +294,8 @@ def sinusoid_table(length: int, d_model: int) -> np.ndarray:
 
 class PaddedPositions(Check, id="check-padded-positions",
                       arguments=("padded_positional_encoding",)):
+    loop_free = {"padded_positional_encoding": "each token's position is a cumulative sum "
+                                               "of the real-token mask along the positions"}
     def cases(self, rng):
         ids = np.array([[0, 0, 5, 3, 8], [4, 4, 4, 4, 4], [0, 7, 7, 0, 0]])
         yield Case("padded left, not at all, on both sides; d_model 6", (ids, 0, 6))

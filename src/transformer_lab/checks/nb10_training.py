@@ -150,20 +150,21 @@ V_AFTER = "v (the second moment) after the last step"
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                 decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False,
-                uncorrected=""):
+                uncorrected="", beta2_of_v=None):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``uncorrected`` ("m", "v"): that
     moment alone not corrected; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero; ``decay_after``: AdamW's shrink of p
-    after the update."""
+    after the update; ``beta2_of_v``: the beta v's average takes (another than beta2)."""
     p, after = p0.astype(np.float64), []
+    b2 = beta2 if beta2_of_v is None else beta2_of_v
     m, v = np.zeros_like(p), np.zeros_like(p)
     for t, g in enumerate(grads.astype(np.float64), 1):
         q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
         if weight_decay and not decoupled:
             g = g + weight_decay * p
         m_new = beta1 * m + (1 - beta1) * g
-        v_new = beta2 * v + (1 - beta2) * g * g
+        v_new = b2 * v + (1 - b2) * g * g
         tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
         m_hat = m_new if "m" in uncorrected else m_new / (1 - beta1 ** tc)
         v_hat = v_new if "v" in uncorrected else v_new / (1 - beta2 ** tc)
@@ -236,6 +237,8 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 wrong(uncorrected="v"),
             "without the bias correction of m (m_hat = m / (1 - beta1**t))":
                 wrong(uncorrected="m"),
+            "with beta1 in v's running average (v *= beta2; v += (1 - beta2) * g * g)":
+                wrong(beta2_of_v=hyper.get("beta1", 0.9)),
             "with the bias correction of step t - 1 (t is 1 on the first step: divide by "
             "1 - beta**t)": wrong(correction=-1),
             "with the bias correction of step t + 1 (t is already 1 on the first step)":
@@ -527,6 +530,7 @@ class TrainStep(Check, id="check-train-step", functions=("train_step",)):
 
 
 class NoamSchedule(Check, id="check-noam-schedule", arguments=("noam_lr",)):
+    loop_free = {"noam_lr": "the formula on the whole array of steps (np.minimum)"}
     def cases(self, rng):
         yield Case("d_model 512, warm-up 4000 (the paper's), steps 1 to 12009",
                    (np.arange(1, 12010), 512, 4000))

@@ -26,7 +26,7 @@ TEXTS = {
     "accents and CJK": "Café naïve résumé, Gödel; 世界你好。",
     "emoji": "hi 🌍👋 there 🙂",
     "runs of whitespace": "a  b\t\tc\n\n\nd   \n e ",
-    "contractions": "I'm sure it's what they've said we'll do, isn't it?",
+    "contractions": "I'm sure it's what they've said we'll do, isn't it? They're here; we'd go",
     "digits and symbols": "x = 3.14159 * 2**10 + 1e-5 -> 42!!",
 }
 #: Texts for further public cases of the pattern (added later: TEXTS' cases stay as they were).
@@ -209,7 +209,11 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
             GPT2_PATTERN.replace(r"\p{L}+", r"[^\W\d_]+"),
             "matching the contractions in any case (GPT-2's are lowercase only: in \"DON'T\", "
             "' and T are pieces of their own)":
-            f"(?i:{contractions})" + GPT2_PATTERN[len(contractions):]}
+            f"(?i:{contractions})" + GPT2_PATTERN[len(contractions):],
+            "without all seven contractions ('s 't 're 've 'm 'll 'd: in \"they're\" the "
+            "piece is 're, one piece)": GPT2_PATTERN.replace("'re|", "").replace("'d|", ""),
+            "without any contractions ('s 't 're 've 'm 'll 'd)":
+            GPT2_PATTERN[len(contractions) + 1:]}
         found = {d: functools.partial(regex.findall, p, text) for d, p in wrong.items()}
         return {**found, "splitting on whitespace (text.split() loses the spaces: the pieces "
                          "must join back into the text)": lambda: text.split()}
@@ -466,6 +470,8 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
 
     def run(self, f, merges):
         vocab = f.token_bytes([tuple(p) for p in merges])
+        if not isinstance(vocab, list):
+            return f"a {type(vocab).__name__} (token_bytes returns a list: item i, token i's bytes)"
         return [bytes(t).hex() if isinstance(t, (bytes, bytearray)) else repr(t) for t in vocab]
 
 
@@ -509,12 +515,14 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
         both = ", or the latest learned pair first" if left == latest else ""  # agreeing: name both
         first = (f"merging the first learned pair found reading the word left to right{both} "
                  "(merge the pair of the lowest rank in the whole word first)")
-        return {first: lambda: left,
-                "merging the latest learned pair first, the highest rank (merge the pair of "
-                "the lowest rank first: the merges replay in the order training learned them)":
-                lambda: latest,
-                "with the rank itself as the new id (merge r makes id 256 + r)":
-                lambda: by_rank(min, 0)}
+        found = {first: lambda: left}
+        if not both:
+            found["merging the latest learned pair first, the highest rank (merge the pair of "
+                  "the lowest rank first: the merges replay in the order training learned "
+                  "them)"] = lambda: latest
+        found["with the rank itself as the new id (merge r makes id 256 + r)"] = (
+            lambda: by_rank(min, 0))
+        return found
 
 
 class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
