@@ -1056,6 +1056,27 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
         assert seen == (names[:public] if k < public else names[public:]), (name, seen)
 
 
+def test_a_function_that_writes_the_probe_s_progress_lines_still_times_out(tmp_path):
+    """The student's code can write into the probe's progress file: a line again, one of an
+    earlier step, or garbage, does not restart the case's clock."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
+        ROOT / "src" / "transformer_lab"))
+    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    cell = ("import os, sys, time\n"
+            "def logsumexp(x, axis=-1):\n"
+            "    with open(os.path.join(sys.argv[1], 'out', 'progress'), 'a') as f:\n"
+            "        for line in ['case 0 0', 'cell 0', 'setup done', 'junk'] * 1000:\n"
+            "            f.write(line + '\\n'); f.flush(); time.sleep(0.1)")
+    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
+                                  F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
+    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec],
+                                    probe_driver.ProbeLimits(cell=30, case=2, total=60))
+    assert "ran past the time limit of 2 s" in report.missing["check-logsumexp"], report
+
+
 def test_the_probe_package_has_the_solution_core_s_syllabus(tmp_path):
     """The probe's core is stubs, the instructor's functions and the student's: its syllabus is
     the one the handout carries, read from the solution core."""

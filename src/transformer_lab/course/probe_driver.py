@@ -286,7 +286,7 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     progress = out / runner.PROGRESS
-    current, since, seen, measured = None, time.monotonic(), 0, 0.0
+    current, since, seen, measured, furthest = None, time.monotonic(), 0, 0.0, (-1,)
     stopped = None
     try:
         while proc.poll() is None:
@@ -303,7 +303,11 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
             if b"\n" in text:
                 lines = text[:text.rindex(b"\n")].decode("utf-8", "replace").split("\n")
                 seen += text.rindex(b"\n") + 1
-                current, since = lines[-1], now
+                # the clock restarts on a step further on only: the student's code writes
+                # into this file too, and a line again (or garbage) must not restart it
+                step = max(lines, key=lambda line: _step(line, cells, checks))
+                if _step(step, cells, checks) > furthest:
+                    current, since, furthest = step, now, _step(step, cells, checks)
             unit = _unit(current, cells, checks)
             limit = limits.case if unit and unit[0] == "case" else limits.cell
             over = (f"the grader's run of your code reached its total limit of "
@@ -340,6 +344,20 @@ def _module_of(spec: CheckSpec) -> str:
         return type(F.get_check(spec.check_id)).__module__
     except KeyError:
         return ""
+
+
+def _step(line: str, cells, checks) -> tuple:
+    """How far the probe is at a progress line: cells, then each check's import and cases in
+    order, then the end; (-1,) for a line the runner does not write."""
+    if line == runner.SETUP:
+        return (1,)
+    if line == runner.DONE:
+        return (3,)
+    unit = _unit(line, cells, checks)
+    if unit is None:
+        return (-1,)
+    return (0, unit[1]) if unit[0] == "cell" else (2, unit[1], -1 if unit[2] is None
+                                                   else unit[2])
 
 
 def _stop(unit, reason: str) -> tuple[str, int | None, str]:

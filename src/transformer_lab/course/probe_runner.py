@@ -27,6 +27,7 @@ import sys
 #: Files in WORKDIR/out.
 PROGRESS = "progress"
 CELLS = "cells.json"
+SETUP = "setup done"
 FATAL = "fatal.json"
 DONE = "done"
 
@@ -116,7 +117,7 @@ def main(workdir: str) -> int:
         error = _run_cell(cell["id"], cell["source"], namespace)
         cell_errors.append({"id": cell["id"], "error": error})
         _write_json(os.path.join(out, CELLS), cell_errors)
-    mark("setup done")
+    mark(SETUP)
 
     for chk in checks:
         index = chk["index"]
