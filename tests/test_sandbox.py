@@ -166,12 +166,14 @@ def test_a_python_reached_through_a_link_runs_in_the_sandbox(box, tmp_path):
 
 
 def test_what_is_read_only_cannot_be_written(box, tmp_path):
+    """Only the writable mounts and /tmp take files: not the sandbox's root (a tmpfs of its
+    own, half the memory, that no limit bounds) nor the folders made in it for the mounts."""
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     ro.mkdir()
     rw.mkdir()
     code = f"""
 for path in [{str(ro / 'x')!r}, {str(rw / 'x')!r}, '/tmp/x', {sys.prefix!r} + '/x',
-             '/usr/x']:
+             '/usr/x', '/x', {str(Path(sys.prefix).resolve().parent / 'x')!r}]:
     try:
         open(path, 'w').write('x')
         print('wrote', path)

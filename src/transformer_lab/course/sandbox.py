@@ -256,7 +256,8 @@ class Bubblewrap:
             args += ["--ro-bind", str(Path(path).resolve()), str(path)]
         for path in mounts.writable:
             args += ["--bind", str(Path(path).resolve()), str(path)]
-        args += ["--clearenv"]
+        # the root, bubblewrap's own tmpfs, unbounded: read-only once every mount is made
+        args += ["--remount-ro", "/", "--clearenv"]
         for key, value in self.environment(mounts).items():
             args += ["--setenv", key, value]
         if mounts.cwd is not None:
