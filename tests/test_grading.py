@@ -958,6 +958,8 @@ def test_flags_on_code():
                    "ip = get_ipython()\nimport inspect\ns = inspect.getsource(check)\n"
                    "m[np.isneginf(m)] = 0\nos.system('ls')\nimport subprocess"),
         ("cell 3", "import tracemalloc\ntracemalloc.stop()"),
+        ("cell 4", "from transformer_lab import checks\nimport transformer_lab.checks as c\n"
+                   "y.flags.writeable = True\ny.setflags(write=True)\nc.framework._CACHED.clear()"),
     ])
     got = {(f.where, f.line): f.what for f in found}
     assert "shell command" in got["cell 1", 3] and "%%capture" in got["cell 1", 4]
@@ -967,6 +969,8 @@ def test_flags_on_code():
     assert "get_ipython" in got["cell 2", 4] and "getsource" in got["cell 2", 6]
     assert "os.system" in got["cell 2", 8] and "subprocess" in got["cell 2", 9]
     assert "the memory measurement some checks make" in got["cell 3", 1]
+    assert all("internals" in got["cell 4", k] for k in (1, 2, 5))
+    assert all("writable again" in got["cell 4", k] for k in (3, 4))
     for module in parse_package(ROOT / "src" / "transformer_lab").core.values():
         clean = flags.scan_python(module.source, module.name)
         assert not clean, clean  # the reference core raises no flag

@@ -57,7 +57,10 @@ _IMPORT_REASONS = {
     "tracemalloc": "controls the memory measurement some checks make in your process",
     "IPython": "reaches into the kernel's machinery"}
 _CHECK_ATTRS = {"expected", "stored_expected", "store_expected", "get_check", "REGISTRY",
-                "run_case", "hidden_cases", "load_values", "judge"}
+                "run_case", "hidden_cases", "load_values", "judge", "functions_for",
+                "python_loops", "def_loops", "_CACHED"}
+#: What makes the read-only caches of the checks writable again.
+_WRITABLE_ATTRS = {"writeable", "setflags", "WRITEABLE"}
 _SHELL_MAGICS = {"bash", "sh", "script", "system", "sx", "writefile", "file", "run", "capture",
                  "perl", "ruby", "python", "python2", "python3", "pypy", "load", "load_ext",
                  "env", "store"}
@@ -164,10 +167,12 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
                     flag(node, f"imports {top}: {_IMPORT_REASONS[top]}")
                 elif module in ("unittest.mock", "mock"):
                     flag(node, "imports mock: patching")
-                elif module.startswith(("transformer_lab.checks.", "transformer_lab.course")) \
-                        and module != "transformer_lab.checks.check" and (
-                            isinstance(node, ast.Import) or module == node.module
-                            or node.module == "transformer_lab.checks"):
+                elif (module.startswith(("transformer_lab.checks.", "transformer_lab.course"))
+                      and module != "transformer_lab.checks.check" and (
+                          isinstance(node, ast.Import) or module == node.module
+                          or node.module == "transformer_lab.checks")) or (
+                        module == "transformer_lab.checks" and (
+                            isinstance(node, ast.Import) or node.module == "transformer_lab")):
                     flag(node, f"imports {module}: the checks' or the grader's internals")
                 elif top == "torch" and core:
                     flag(node, "imports torch in the core, which the course writes in NumPy")
@@ -254,6 +259,9 @@ def _attribute(node: ast.Attribute, flag) -> None:
         flag(node, f"uses {base}.{attr}: starts other processes")
     elif attr in _CHECK_ATTRS:
         flag(node, f"uses .{attr}: the checks' or the grader's internals")
+    elif attr in _WRITABLE_ATTRS:
+        flag(node, f"uses .{attr}: makes an array writable again (the checks make the caches "
+                   "of forward passes read-only)")
 
 
 def _literal_path(node) -> str | None:
