@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_lab.checks import CheckFailed, check
+from transformer_lab.checks import framework as F
 from transformer_lab.core import attention as CA
 from transformer_lab.core import layers as CL
 
@@ -271,3 +272,22 @@ def test_a_core_function_using_torch_passes_with_a_note(monkeypatch, capsys):
     monkeypatch.setattr(CL, "relu_forward", relu_forward)
     check("check-relu")
     assert "Note: `relu_forward` uses torch" in capsys.readouterr().out
+
+
+def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
+    """Loops a red team wrote to look fixed: unpacked into a literal, over the .shape of an
+    object made for it, over range of a large constant, or a decorated def (what runs is the
+    decorator's)."""
+    import ast
+
+    def loops(source):
+        return F.def_loops(ast.parse(source).body[0])
+
+    for body in ("for r in [*x]:\n        pass", "for i in (*range(len(x)),):\n        pass",
+                 "for b in types.SimpleNamespace(shape=range(len(x))).shape:\n        pass",
+                 "for i in range(1_000_000):\n        pass"):
+        assert loops(f"def f(x):\n    {body}\n").startswith("a loop"), body
+    assert "decorated" in loops("@lambda f: g\ndef f(x):\n    return x\n")
+    for body in ("for a in (x, y):\n        pass", "for n in x.shape[1:]:\n        pass",
+                 "for i in range(x.ndim):\n        pass", "for i in range(2):\n        pass"):
+        assert loops(f"def f(x, y):\n    {body}\n") == "none", body

@@ -379,7 +379,11 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
     (functions it defines inside included): a ``while``, or a ``for`` or a comprehension over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     x.shape``), which a longer sequence or a larger batch would not run more often.
-    ``first_line``: the def's line in its cell (N then counts in the cell)."""
+    ``first_line``: the def's line in its cell (N then counts in the cell). A decorated def is
+    not read: what the decorator returns runs instead."""
+    if node.decorator_list:
+        return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
+                "is not what runs: write it as a plain def, which the rule reads for loops")
     lines = []
     for statement in node.body:
         for n in ast.walk(statement):
@@ -393,12 +397,13 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
 
 def _fixed_few(it: ast.expr) -> bool:
     """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list or
-    set, an array's ``.shape`` (or a slice of it), ``range`` of a constant or of an array's
-    ``.ndim``, or ``enumerate``, ``zip`` or ``reversed`` of those."""
+    set (nothing unpacked into it), an array's ``.shape`` (or a slice of it), ``range`` of a
+    small constant or of an array's ``.ndim``, or ``enumerate``, ``zip`` or ``reversed`` of
+    those."""
     if isinstance(it, ast.Tuple | ast.List | ast.Set):
-        return True
-    if isinstance(it, ast.Attribute):
-        return it.attr == "shape"
+        return not any(isinstance(e, ast.Starred) for e in it.elts)
+    if isinstance(it, ast.Attribute):  # a name's .shape, not that of an object made here
+        return it.attr == "shape" and isinstance(it.value, ast.Name | ast.Attribute)
     if isinstance(it, ast.Subscript):
         return isinstance(it.slice, ast.Slice) and _fixed_few(it.value)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args:
@@ -406,7 +411,8 @@ def _fixed_few(it: ast.expr) -> bool:
             return all(map(_fixed_few, it.args))
         if it.func.id == "range" and len(it.args) == 1:
             n = it.args[0]
-            return isinstance(n, ast.Constant) or isinstance(n, ast.Attribute) and n.attr == "ndim"
+            return isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value <= 16 \
+                or isinstance(n, ast.Attribute) and n.attr == "ndim"
     return False
 
 
