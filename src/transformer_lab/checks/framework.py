@@ -545,11 +545,12 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     if outcome.error is not None:
         if outcome.error.startswith("NotImplementedError"):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
-        if outcome.error.startswith(UNREADABLE):
-            return Verdict(False, f"{label}: {outcome.error} -- does it return what its "
-                                  "docstring's '->' says, the types of keys and items too?")
-        where = f" (at {outcome.where})" if outcome.where else ""
         hint = _error_hint(outcome)
+        if outcome.error.startswith(UNREADABLE):
+            return Verdict(False, f"{label}: {outcome.error}\n  Hint: " + (
+                hint or "does it return what its docstring's '->' says, the types of keys and "
+                        "items too?"))
+        where = f" (at {outcome.where})" if outcome.where else ""
         return Verdict(False, f"{label}: your code raised {outcome.error}{where}"
                               + (f"\n  Hint: {hint}" if hint else ""))
     changed = _modified_inputs(check, case, outcome)
