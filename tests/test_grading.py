@@ -763,19 +763,32 @@ def test_submissions_of_another_course_version_are_refused_with_the_version_that
                    f"add ../course-v0.1.0 abc1234`, then run `make grade` there.\n")
 
 
-def test_a_run_mixing_course_versions_is_refused_naming_the_students_of_each(tmp_path, capsys):
+def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others(tmp_path,
+                                                                                 capsys):
+    """One student's notebook of another version does not stop the class: it is left out,
+    with the version and the command that grade it; a notebook recording none is graded."""
     student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
     student_folder(tmp_path / "subs" / "bob", _of_version(solved_01(), OURS), core="reference")
     write(_of_version(student_01(), versions.CourseVersion("0.1.0", "fedcba9")),
           tmp_path / "subs" / "carol_01_attention.ipynb")
     write(solved_01(), tmp_path / "subs" / "dan_01_attention.ipynb")  # records none
-    err = _refused(tmp_path, capsys)
-    assert err.startswith(f"error: These submissions were made from 2 course versions -- 0.1.0 "
-                          f"(commits abc1234, fedcba9): alice, carol; {OURS}: bob -- and this is "
-                          f"{OURS}: put each version's submissions in a folder of their own and "
-                          f"grade each with its version (for 0.1.0, `git worktree add "
-                          f"../course-v0.1.0 v0.1.0`, then run `make grade` there).")
-    assert "dan" not in err
+    write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
+    out = tmp_path / "grades"
+    status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
+                         "--out", str(out), "--project", str(ROOT), "--no-execute",
+                         *SANDBOX_ARGS])
+    console = capsys.readouterr()
+    assert status == 0, console.err
+    skipped = {r["student"]: r["reason"] for r in read_csv(out / "skipped.csv")}
+    assert skipped["alice"] == (f"not graded: made from course version 0.1.0 (commit abc1234), "
+                                f"and this is {OURS}: grade it with that version -- `git "
+                                f"worktree add ../course-v0.1.0 abc1234`, then run `make "
+                                f"grade` there")
+    assert "0.1.0 (commit fedcba9)" in skipped["carol"] and set(skipped) == {"alice", "carol"}
+    totals = {r["student"]: r for r in read_csv(out / "totals.csv")}
+    assert totals["bob"]["points"] == totals["bob"]["max_points"] != "0"
+    assert float(totals["alice"]["points"]) == float(totals["carol"]["points"]) == 0
+    assert "alice (01_attention), carol (01_attention)" in console.out
 
 
 def test_what_a_submitted_notebook_records_and_which_records_grade():

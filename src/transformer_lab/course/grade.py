@@ -8,7 +8,8 @@ feedback/) and what it guarantees: docs/instructors.md, "Grading". For each stud
 notebook N, a probe package (:mod:`.probe_driver`) runs the student's code in a sandbox
 (:mod:`.sandbox`) and returns plain data; the verdicts are computed here, and :mod:`.reports`
 turns them into the files.
-Submissions of another course version (:mod:`.versions`) are refused before anything is written.
+Submissions of another course version (:mod:`.versions`) are left out with the version that grades
+them; a run with none of its own version is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -872,8 +873,11 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     ours = versions.project_version(options.project)
     first = find_submissions(submissions, sorted(course))
     recorded, unversioned = recorded_versions(first, set(sources))
-    if versions.mismatch(recorded, ours):
-        raise VersionError(recorded, ours)
+    others = {student: [v for v in found if v.version != ours.version]
+              for student, found in recorded.items()}
+    if any(others.values()) and not any(
+            v.version == ours.version for found in recorded.values() for v in found):
+        raise VersionError(recorded, ours)  # nothing of this version to grade
     assignments, problems = load_solutions(list(course.values()))
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
                        & set(sources))
@@ -898,6 +902,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                                instructor)
             found = find_submissions(submissions, sorted(course), handout_digests(handout))
             _leave_out(found, set(sources), submissions)
+            other_version = _leave_out_other_versions(found, ours, others, submissions)
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
                             handout / "src", submissions, out,
@@ -914,6 +919,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     notes = [f"the notebooks of {', '.join(sorted({s for s, _ in unversioned}))} record no "
              f"course version (made by hand, or from a handout built before versions were "
              f"recorded): graded with this one, {ours}"] if unversioned else []
+    if other_version:
+        notes.append(f"not graded, made from another course version (skipped.csv says which "
+                     f"and how to grade them): {other_version}")
     return Outcome(graded, found, flags, sandbox.describe(), notes)
 
 
@@ -927,6 +935,30 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
                                          f"not graded: this run grades {', '.join(sorted(chosen))}"
                                          f" only (--notebooks)"))
     found.skipped.sort(key=lambda s: (s.student, s.path))
+
+
+def _leave_out_other_versions(found: Found, ours: versions.CourseVersion,
+                              others: dict[str, list[versions.CourseVersion]],
+                              submissions: Path) -> str:
+    """Move the notebooks that record another course version than ``ours`` to the skipped
+    files, each with the version that grades it; return whose they were ("" if none)."""
+    left_out = []
+    for work in found.students.values():
+        if not others.get(work.name):
+            continue
+        for notebook, path in sorted(work.notebooks.items()):
+            version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
+            if version is None or version.version == ours.version:
+                continue
+            del work.notebooks[notebook]
+            left_out.append(f"{work.name} ({notebook})")
+            how = versions.checkout(version.version, "make grade", others[work.name])
+            found.skipped.append(Skipped(
+                work.name, path.relative_to(submissions).as_posix(),
+                f"not graded: made from course version {version}, and this is {ours}: grade "
+                f"it with that version -- {how}"))
+    found.skipped.sort(key=lambda s: (s.student, s.path))
+    return ", ".join(left_out)
 
 
 def _gigabytes(text: str) -> int:
