@@ -326,6 +326,7 @@ class Grader:
     limits: ProbeLimits  # limits.cell: also each cell's time limit in the feedback run
     execute: bool = True
     sandbox: Bubblewrap | NoSandbox = field(default_factory=NoSandbox)
+    hidden_apart: bool = False  # Options.hidden_apart
     cases: dict[str, list[F.Case]] = field(default_factory=dict)
     public: dict[str, int] = field(default_factory=dict)
     _expected: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -489,7 +490,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         reference_free(tmp / "probe")
         cells, notes = probe_cells(submission, assignment)
         specs = [CheckSpec(c.cell_id, c.call.args, dict(c.call.kwargs),
-                           grader.check_cases(c.cell_id), grader.public[c.cell_id])
+                           grader.check_cases(c.cell_id),
+                           grader.public[c.cell_id] if grader.hidden_apart else None)
                  for c in assignment.checks]
         defs = last_defs(cells, {name for c in assignment.checks
                                  for name in F.get_check(c.cell_id).loop_free})
@@ -807,6 +809,10 @@ class Options:
     sandbox: bool = True
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     notebooks: tuple[str, ...] = ()  # --notebooks: these only (empty: every one)
+    #: the hidden cases in a probe process of their own, where their verdicts show later than
+    #: the public ones' (Gradescope's --hidden-visibility): code run on a public case then
+    #: cannot read their inputs and show them in a public failure (the probes take ~1.6x)
+    hidden_apart: bool = False
 
 
 class GradingError(Exception):
@@ -909,6 +915,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                             ProbeLimits(options.timeout, options.case_timeout,
                                         options.probe_timeout),
                             execute=options.execute, sandbox=sandbox, version=ours,
+                            hidden_apart=options.hidden_apart,
                             unversioned=unversioned)
             graded = grade_all(grader, found, handed_in, Path(tmp) / "vault", options.jobs)
     finally:

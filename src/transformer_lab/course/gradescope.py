@@ -514,7 +514,8 @@ def _grade(submissions: Path, out: Path, source: Path,
     none can be made and the build allows it -- without one; else grade.NoSandboxError."""
     def run(sandbox: bool) -> reports.Outcome:
         options = grade.Options(source=source / "notebooks", project=source, execute=False,
-                                jobs=1, sandbox=sandbox)
+                                jobs=1, sandbox=sandbox,
+                                hidden_apart=config.hidden_visibility != "visible")
         try:
             return grade.grade(submissions, out, options)
         except SystemExit as err:  # the grader's checks of its folders end with SystemExit

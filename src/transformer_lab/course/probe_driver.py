@@ -206,9 +206,9 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     :mod:`.sandbox`; None: none), which shows it the package read-only and its request and
     results folders. Never raises for what the student's code does.
 
-    The public cases run in one process, the hidden ones in another: the code that runs on the
-    public cases never sees the hidden ones' inputs (whose verdicts, on Gradescope, may show
-    later than the public ones')."""
+    Where a check says how many of its cases are public, the hidden ones run in another process:
+    the code that runs on the public cases never sees the hidden ones' inputs (whose verdicts,
+    on Gradescope, may show later than the public ones')."""
     limits = limits or ProbeLimits()
     sandbox = sandbox or NoSandbox()
     report = ProbeReport()
