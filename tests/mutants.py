@@ -1117,6 +1117,9 @@ mutant("norm_backward", "kind ignored (always layer norm)", "if kind == \"rms\":
 mutant("mlp_forward", "kind not passed on (always ReLU)",
        "feed_forward_forward(x, params, kind)", "feed_forward_forward(x, params)",
        "check-gpt-block")
+mutant("mlp_forward", "GPT-2's tanh GELU written in, the kind ignored",
+       "feed_forward_forward(x, params, kind)", "feed_forward_forward(x, params, \"gelu_tanh\")",
+       "check-gpt-block")
 mutant("mlp_backward", "kind ignored (always the plain network)", "if kind == \"swiglu\":",
        "if False:", "check-modern-block")
 mutant("gpt_block_forward", "the first norm's parameters used before the MLP too",
@@ -1196,6 +1199,9 @@ mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step")
+mutant("sample_next", "the logits divided in place: the caller's logits change",
+       "    z = logits / temperature\n", "    logits /= temperature\n    z = logits\n",
+       "check-sample-next", hint="not divided in place")
 mutant("sample_next", "the tokens as floats", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1) * 1.0", "check-sample-next")
 mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).sum(axis=-1)",
@@ -1208,6 +1214,10 @@ mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th
        "    return out", "check-top-k-filter")
 mutant("top_k_filter", "the k-th largest filtered out too (<=)", "np.where(logits < kth",
        "np.where(logits <= kth", "check-top-k-filter")
+mutant("top_p_filter", "a softmax without the maximum subtracted (exp overflows)",
+       "probs, _ = softmax_forward(logits)",
+       "probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)",
+       "check-top-p-filter", hint="does not subtract the row's maximum")
 mutant("top_p_filter", "the token that crosses p dropped (its own probability counted)",
        "above = np.cumsum(sorted_probs, axis=-1) - sorted_probs",
        "above = np.cumsum(sorted_probs, axis=-1)", "check-top-p-filter")
@@ -1264,6 +1274,10 @@ mutant("flash_self_attention_forward", "causal not passed on",
 mutant("flash_self_attention_forward", "always causal (the argument causal ignored)",
        "flash_attention_forward(q, k, v, causal, block_size)",
        "flash_attention_forward(q, k, v, True, block_size)", "check-flash-self-attention")
+mutant("flash_self_attention_forward", "block_size ignored: one tile of the whole (T, T)",
+       "return flash_attention_forward(q, k, v, causal, block_size)",
+       "return flash_attention_forward(q, k, v, causal, q.shape[-2])",
+       "check-flash-self-attention", hint="in tiles of block_size")
 mutant("flash_self_attention_backward", "the naive backward for the tiled forward",
        "self_attention_backward(dout, cache, attend_backward=flash_attention_backward)",
        "self_attention_backward(dout, cache)", "check-flash-self-attention")
@@ -1470,6 +1484,12 @@ mutant("decoder_layer_step", "the memory mask forgotten",
 mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, attend, p[\"norm1\"], "
        "c.norm_first, c.eps)", "x, _ = residual_forward(x, attend, p[\"norm1\"], True, c.eps)",
        "check-decoder-step")
+mutant("decoder_layer_step", "the config's eps not passed to the third norm",
+       'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first, c.eps)',
+       'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first)', "check-decoder-step")
+mutant("transformer_decode_step", "the embeddings scaled whatever config.scale_embeddings says",
+       "scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0",
+       "scale = math.sqrt(c.d_model)", "check-decoder-step")
 mutant("transformer_decode_step", "the target's embedding not scaled by sqrt(E)",
        "scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0", "scale = 1.0",
        "check-decoder-step")

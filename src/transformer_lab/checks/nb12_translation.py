@@ -350,13 +350,14 @@ class BeamSearch(Check, id="check-beam-search",
 
 
 def _decoder_case(rng, T=5, S=4, B=2, chunks=(1,) * 5, norm_first=True, src_pad=False,
-                  dtype="float64", layers=2):
+                  dtype="float64", layers=2, **settings):
     from transformer_lab.models.config import config_to_dict
     from transformer_lab.models.encoder_decoder import Transformer, TransformerConfig
 
     config = TransformerConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8, num_heads=2,
                                num_encoder_layers=1, num_decoder_layers=layers, d_ff=12,
-                               max_len=8, norm_first=norm_first, dtype=np.dtype(dtype).type)
+                               max_len=8, norm_first=norm_first, dtype=np.dtype(dtype).type,
+                               **settings)  # settings: scale_embeddings, eps
     model = Transformer(config, seed=int(rng.integers(1000)))
     params = {k: (p + rng.normal(0, 0.2, p.shape)).astype(dtype)
               for k, p in model.params.items()}
@@ -379,6 +380,9 @@ class DecoderStep(Check, id="check-decoder-step",
                                                                 src_pad=True))
         yield Case("new tokens 2, 1, 3 at a time", _decoder_case(rng, T=6, chunks=(2, 1, 3)))
         yield Case("float32, one layer", _decoder_case(rng, dtype="float32", layers=1))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("eps = 0.1, no embedding scale (the config says both)",
+                   _decoder_case(later, scale_embeddings=False, eps=0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

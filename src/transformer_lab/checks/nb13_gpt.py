@@ -354,6 +354,8 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
         yield Case("float32", _block_case(rng, "classic", np.float32))
         yield Case("eps = 0.1 in both norms (config.eps)",
                    _block_case(later_rng(rng), "classic", eps=0.1))
+        yield Case("the exact GELU in the MLP (config.mlp = 'gelu')",
+                   _block_case(later_rng(rng), "classic", mlp="gelu"))
 
 
 def _model_case(rng, dt=np.float64, make="classic", **kw):

@@ -85,6 +85,8 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         yield Case("p = 0.5", (x, 0.5))
         yield Case("p = 1 (keep everything)", (x, 1.0))
         yield Case("p = 0.01 (the most likely token only)", (x, 0.01))
+        yield Case("float32 logits near 100, p = 0.9 (exp overflows without the max)", (
+            np.array([[100.0, 99.0, 95.0, 0.0], [0.0, -1.0, 2.0, 90.0]], np.float32), 0.9))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -103,10 +105,17 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         cum = np.cumsum(np.take_along_axis(probs, order, -1), -1)
         before = np.zeros(logits.shape, bool)
         np.put_along_axis(before, order, cum < p, axis=-1)  # stops one token short
+        with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
+            naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
-                "kept set must reach p)": lambda: _kept(before, logits)}
+                "kept set must reach p)": lambda: _kept(before, logits),
+                "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
+                "and inf / inf is NaN": lambda: _kept(overflowed, logits)}
 
 
+#: check-sample-next's output that says whether the caller's logits are as they were
+UNCHANGED = "the logits given left as they were (not divided in place: logits /= t)"
 #: check-sample-next's output that says what came back for 40,000 rows
 SHAPE = "the tokens' shape (one per row) and kind"
 
@@ -154,15 +163,18 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
         if exact:
             tokens = np.asarray(f.sample_next(logits, np.random.default_rng(3), **kw))
             return {"tokens": tokens}
-        rows = np.broadcast_to(logits, (self.DRAWS, logits.size)).copy()
+        given = np.broadcast_to(logits, (self.DRAWS, logits.size))
+        rows = given.copy()
         first = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
-        again = np.asarray(f.sample_next(rows, np.random.default_rng(1), **kw))
+        kept = bool(np.array_equal(rows, given))
+        again = np.asarray(f.sample_next(given.copy(), np.random.default_rng(1), **kw))
         shape = f"{first.shape}, {_kind_of(first)}"
         if first.shape != (self.DRAWS,) or not np.issubdtype(first.dtype, np.integer):
             first = np.zeros(self.DRAWS, np.int64)  # no frequencies: the shape is the answer
         return {SHAPE: shape,
                 "frequencies": np.bincount(first, minlength=logits.size) / self.DRAWS,
-                "reproducible with the same seed": bool(np.array_equal(first, again))}
+                "reproducible with the same seed": bool(np.array_equal(first, again)),
+                UNCHANGED: kept}
 
     def expected(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False,
                  order="top-k first", divide_first=True):
@@ -184,7 +196,7 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
             u = np.random.default_rng(3).random((len(probs), 1)) * cdf[:, -1:]
             return {"tokens": (cdf <= u).sum(axis=-1)}
         return {SHAPE: f"{(self.DRAWS,)}, integers", "frequencies": probs,
-                "reproducible with the same seed": True}
+                "reproducible with the same seed": True, UNCHANGED: True}
 
     def mistakes(self, logits, temperature=1.0, top_k=None, top_p=None, exact=False):
         if not exact and temperature != 0:
@@ -297,6 +309,8 @@ class CachedStep(Check, id="check-gpt-step",
                    (*_model_case(later_rng(rng), tie_embeddings=False), (3, 3)))
         yield Case("a fixed sinusoidal table (pe), chunks of 2",
                    (*_model_case(later_rng(rng), positional="sinusoidal"), (2, 2, 2)))
+        yield Case("eps = 0.1 (the config's, for every norm)",
+                   (*_model_case(later_rng(rng), eps=0.1), (3, 3)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -458,27 +458,43 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
             yield case
         case = _self_attention_case(later, "unmasked (causal=False), blocks of 3", 2, 7, 8, 2, 3)
         yield Case(case.name, case.args, {"causal": False})
+        case = _self_attention_case(later, "T = 2048, blocks of 128, forward and backward: "
+                                    "memory below a tenth of one (T, T) score matrix",
+                                    1, 2048, 4, 1, 128)
+        yield Case(case.name, case.args, {"measure_memory": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield _self_attention_case(rng, "heads = E, a block larger than T", 2, 3, 4, 4, 16)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, params, num_heads, dout, block_size, causal=True):
-        out, cache = f.flash_self_attention_forward(x, params, num_heads, causal, block_size)
-        dx, grads = f.flash_self_attention_backward(dout, cache)
-        return {"out": out, "dx": dx, "grads": grads}
+    def run(self, f, x, params, num_heads, dout, block_size, causal=True, measure_memory=False):
+        def forward_backward():
+            out, cache = f.flash_self_attention_forward(x, params, num_heads, causal,
+                                                        block_size)
+            return out, *f.flash_self_attention_backward(dout, cache)
 
-    def expected(self, x, params, num_heads, dout, block_size, causal=True):
+        memory, (out, dx, grads) = _measured(forward_backward, x, x)
+        return memory if measure_memory else {"out": out, "dx": dx, "grads": grads}
+
+    def expected(self, x, params, num_heads, dout, block_size, causal=True,
+                 measure_memory=False):
         """Notebook 13's self-attention (causal, or not) by autograd in float64, in x's
         dtype."""
+        if measure_memory:
+            return {MEMORY: True}
         p64 = dict(zip(params, _float64(*params.values()), strict=True))
         want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads,
                                    causal=causal)
         want = {k: a.astype(x.dtype) for k, a in want.items()}
         return {"out": want["out"], "dx": want["dx"], "grads": {n: want[f"d{n}"] for n in params}}
 
-    def mistakes(self, x, params, num_heads, dout, block_size, causal=True):
+    def mistakes(self, x, params, num_heads, dout, block_size, causal=True,
+                 measure_memory=False):
+        if measure_memory:
+            return {"with the whole (T, T) score matrix: the self-attention must compute its "
+                    "heads with flash_attention_forward and _backward, in tiles of block_size":
+                    lambda: {MEMORY: False}}
         return {f"with causal={not causal} where causal={causal} is given (pass causal on to "
                 "flash_attention_forward)": lambda: self.expected(
                     x, params, num_heads, dout, block_size, not causal)}
