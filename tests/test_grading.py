@@ -443,9 +443,10 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     assert loops(LOOPY, ADDITIVE) == "none"
     assert loops("x = 1").startswith("no def additive_attention")
     assert loops("if True:\n    " + LOOPY.replace("\n", "\n    ")).startswith("no def")
-    # its own body only: a comprehension in a default argument or a decorator is not its loop
-    assert loops("@deco([i for i in range(2)])\n" + ADDITIVE.replace(
-        "w):", "w, shape=tuple(n for n in (1, 2))):")) == "none"
+    # its own body only: a comprehension in a default argument is not its loop; a decorated
+    # def is not read (what the decorator returns runs instead)
+    assert loops(ADDITIVE.replace("w):", "w, shape=tuple(n for n in (1, 2))):")) == "none"
+    assert "decorated (@deco" in loops("@deco([i for i in range(2)])\n" + ADDITIVE)
     # a loop over a fixed few things (arguments, axes) is not a loop over positions
     first = "    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w\n"
     for harmless in ("    qp, kp = (a @ b for a, b in ((q, W1), (k, W2)))\n",
