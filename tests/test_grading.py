@@ -1022,15 +1022,20 @@ def test_stubbed_and_reference_core_helpers(tmp_path):
         .read_text()
 
 
-def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
-    """The probe's student code sees the probe package first on sys.path, no other copy of
-    transformer_lab (the instructor's editable install included), and no reference answers."""
+def _reference_free_handout(tmp_path: Path) -> None:
+    """The handout's package, reference-free as the probe's, in ``tmp_path/probe``."""
     from transformer_lab.course.package import parse_package, write_handout_package
 
     write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
         ROOT / "src" / "transformer_lab"))
     shutil.copytree(tmp_path / "handout", tmp_path / "probe")
     probe_driver.reference_free(tmp_path / "probe")
+
+
+def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
+    """The probe's student code sees the probe package first on sys.path, no other copy of
+    transformer_lab (the instructor's editable install included), and no reference answers."""
+    _reference_free_handout(tmp_path)
     cell = ("import sys, transformer_lab\n"
             "from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
             "seen = (transformer_lab.__file__, [p for p in sys.path if p and\n"
@@ -1052,12 +1057,7 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
     """The hidden cases run in a probe process of their own: a function that reads the probe's
     request returns, on a public case, only the public cases' names (on Gradescope a public
     failure's message shows before the due date; the hidden ones' after)."""
-    from transformer_lab.course.package import parse_package, write_handout_package
-
-    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
-        ROOT / "src" / "transformer_lab"))
-    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
-    probe_driver.reference_free(tmp_path / "probe")
+    _reference_free_handout(tmp_path)
     cell = ("import os, sys\n"
             "def logsumexp(x, axis=-1):\n"
             "    with open(os.path.join(sys.argv[1], 'in', 'request.json')) as f:\n"
@@ -1077,12 +1077,7 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
 def test_a_function_that_writes_the_probe_s_progress_lines_still_times_out(tmp_path):
     """The student's code can write into the probe's progress file: a line again, one of an
     earlier step, or garbage, does not restart the case's clock."""
-    from transformer_lab.course.package import parse_package, write_handout_package
-
-    write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
-        ROOT / "src" / "transformer_lab"))
-    shutil.copytree(tmp_path / "handout", tmp_path / "probe")
-    probe_driver.reference_free(tmp_path / "probe")
+    _reference_free_handout(tmp_path)
     cell = ("import os, sys, time\n"
             "def logsumexp(x, axis=-1):\n"
             "    with open(os.path.join(sys.argv[1], 'out', 'progress'), 'a') as f:\n"
