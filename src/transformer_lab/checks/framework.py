@@ -376,7 +376,8 @@ def python_loops(function: Callable) -> str:
 
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
-    (functions it defines inside included): a ``while``, or a ``for`` or a comprehension over
+    (functions it defines inside, and its default values, included): a ``while``, or a ``for``
+    or a comprehension over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     x.shape``), which a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). A decorated def is
@@ -385,8 +386,12 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
     lines = []
-    for statement in node.body:
+    for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
+                    n.func.id in ("exec", "eval"):
+                return (f"it runs code from a string ({n.func.id}, line "
+                        f"{n.lineno + first_line - 1}), whose loops the rule cannot read")
             over = ([n.iter] if isinstance(n, ast.For | ast.AsyncFor) else
                     [g.iter for g in n.generators] if isinstance(
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
@@ -412,7 +417,8 @@ def _fixed_few(it: ast.expr) -> bool:
         if it.func.id == "range" and len(it.args) == 1:
             n = it.args[0]
             return isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value <= 16 \
-                or isinstance(n, ast.Attribute) and n.attr == "ndim"
+                or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
+                isinstance(n.value, ast.Name | ast.Attribute)
     return False
 
 

@@ -208,6 +208,11 @@ def _target(node, target, imported: set[str], flag) -> None:
         return
     spine = target  # x.a[0].b = ...: the chain of attributes and subscripts down to x
     while isinstance(spine, (ast.Attribute, ast.Subscript)):
+        if isinstance(spine, ast.Subscript) and isinstance(spine.value, ast.Attribute) and \
+                spine.value.attr == "flags":  # a.flags["WRITEABLE"] = True
+            flag(node, f"sets {ast.unparse(spine)}: makes an array writable again (the checks "
+                       "make the caches of forward passes read-only)")
+            return
         if isinstance(spine, ast.Subscript) and ast.unparse(spine.value) in (
                 "sys.modules", "globals()", "builtins.__dict__", "__builtins__", "vars()"):
             flag(node, f"patches {ast.unparse(spine.value)}")

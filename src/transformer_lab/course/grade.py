@@ -393,7 +393,7 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
         results.append(CheckResult(check.cell_id, check.points if message == "ok" else 0,
                                    check.points, message, judged,
                                    grader.public[check.cell_id], failed))
-    name_culprits(results)
+    name_culprits(results, grader.hidden_apart)
     return results
 
 
@@ -422,11 +422,14 @@ def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
     return F.def_loops(defs[name])
 
 
-def name_culprits(results: list[CheckResult]) -> None:
+def name_culprits(results: list[CheckResult], public_only: bool = False) -> None:
     """Put first, in the message of each failed check, the checks of this notebook that test a
     core function it depends on and failed too: the likely culprit. (The functions earlier
-    notebooks teach are the instructor's in the probe package: they are never the culprit.)"""
-    failed = {r.check for r in results if not r.passed}
+    notebooks teach are the instructor's in the probe package: they are never the culprit.)
+    ``public_only``: name only the checks that failed a public case (a hidden verdict may
+    show later than the message)."""
+    failed = {r.check for r in results if not r.passed and not (
+        public_only and r.failed_case is not None and r.failed_case >= r.public)}
     for result in results:
         if result.passed:
             continue
@@ -881,9 +884,9 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     recorded, unversioned = recorded_versions(first, set(sources))
     others = {student: [v for v in found if v.version != ours.version]
               for student, found in recorded.items()}
-    if any(others.values()) and not any(
+    if any(others.values()) and not unversioned and not any(
             v.version == ours.version for found in recorded.values() for v in found):
-        raise VersionError(recorded, ours)  # nothing of this version to grade
+        raise VersionError(recorded, ours)  # every notebook is of another version
     assignments, problems = load_solutions(list(course.values()))
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
                        & set(sources))

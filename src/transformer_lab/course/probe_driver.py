@@ -309,11 +309,14 @@ def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo
                 if _step(step, cells, checks) > furthest:
                     current, since, furthest = step, now, _step(step, cells, checks)
             unit = _unit(current, cells, checks)
-            limit = limits.case if unit and unit[0] == "case" else limits.cell
+            # a cell's limit for the cells and the start; a case's for the cases and the
+            # moments between ("setup done", "done": the runner moves on at once)
+            limit = limits.cell if (unit[0] == "cell" if unit else current is None) \
+                else limits.case
             over = (f"the grader's run of your code reached its total limit of "
                     f"{limits.total:g} s" if now >= deadline else
-                    f"ran past the time limit of {limit:g} s" if unit and now - since > limit
-                    else None)
+                    f"ran past the time limit of {limit:g} s" if now - since > limit
+                    else None)  # between the steps too: "setup done" or "done" written early
             if over:
                 stopped = _stop(unit, over + _during(unit, cells, checks))
                 break

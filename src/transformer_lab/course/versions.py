@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import pprint
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,10 +120,12 @@ def notebook_version(path: Path, max_bytes: int) -> CourseVersion | None:
         record = meta.get(METADATA_KEY)
     except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON
         return None                                                  # nested too deep
-    if not isinstance(record, dict) or not isinstance(record.get("version"), str):
-        return None
+    if not isinstance(record, dict) or not isinstance(record.get("version"), str) or \
+            not re.fullmatch(r"\d+(\.\d+)*\w*", record["version"]):
+        return None  # none, or not a version: the refusal's command must not carry it
     commit = record.get("commit")
-    return CourseVersion(record["version"], commit if isinstance(commit, str) else UNKNOWN)
+    ok = isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", commit)
+    return CourseVersion(record["version"], commit if ok else UNKNOWN)
 
 
 def _described(version: str, found: list[CourseVersion]) -> str:
