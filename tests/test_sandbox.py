@@ -171,9 +171,12 @@ def test_what_is_read_only_cannot_be_written(box, tmp_path):
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     ro.mkdir()
     rw.mkdir()
+    # a folder made on the root for Python's mount (under /tmp it is in the sandbox's /tmp)
+    prefix = Path(sys.prefix).resolve().parent
+    mount_point = [] if prefix.is_relative_to("/tmp") else [str(prefix / "x")]
     code = f"""
 for path in [{str(ro / 'x')!r}, {str(rw / 'x')!r}, '/tmp/x', {sys.prefix!r} + '/x',
-             '/usr/x', '/x', {str(Path(sys.prefix).resolve().parent / 'x')!r}]:
+             '/usr/x', '/x', *{mount_point!r}]:
     try:
         open(path, 'w').write('x')
         print('wrote', path)
