@@ -836,12 +836,14 @@ class VersionError(GradingError):
         return versions.mismatch(self.recorded, self.ours, command) or ""
 
 
-def recorded_versions(found: Found, chosen: set[str]) -> tuple[
-        dict[str, list[versions.CourseVersion]], set[tuple[str, str]]]:
+def recorded_versions(found: Found, chosen: set[str], ours: versions.CourseVersion) -> tuple[
+        dict[str, list[versions.CourseVersion]], set[tuple[str, str]],
+        dict[tuple[str, str], versions.CourseVersion]]:
     """(student -> the course versions their notebooks of ``chosen`` record, the (student,
-    notebook) pairs of the notebooks that record none)."""
+    notebook) pairs of the notebooks that record none, and those of another version number
+    than ``ours`` -> the version)."""
     recorded: dict[str, list[versions.CourseVersion]] = {}
-    unversioned = set()
+    unversioned, others = set(), {}
     for student, work in sorted(found.students.items()):
         for notebook, path in sorted(work.notebooks.items()):
             if notebook not in chosen:  # not graded in this run (--notebooks)
@@ -849,9 +851,12 @@ def recorded_versions(found: Found, chosen: set[str]) -> tuple[
             version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
             if version is None:
                 unversioned.add((student, notebook))
-            elif version not in recorded.setdefault(student, []):
+                continue
+            if version not in recorded.setdefault(student, []):
                 recorded[student].append(version)
-    return recorded, unversioned
+            if version.version != ours.version:
+                others[student, notebook] = version
+    return recorded, unversioned, others
 
 
 class NoSandboxError(GradingError):
@@ -881,10 +886,8 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                            f"markers:\n{err}") from None
     ours = versions.project_version(options.project)
     first = find_submissions(submissions, sorted(course))
-    recorded, unversioned = recorded_versions(first, set(sources))
-    others = {student: [v for v in found if v.version != ours.version]
-              for student, found in recorded.items()}
-    if any(others.values()) and not unversioned and not any(
+    recorded, unversioned, others = recorded_versions(first, set(sources), ours)
+    if others and not unversioned and not any(
             v.version == ours.version for found in recorded.values() for v in found):
         raise VersionError(recorded, ours)  # every notebook is of another version
     assignments, problems = load_solutions(list(course.values()))
@@ -948,27 +951,20 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
 
 
 def _leave_out_other_versions(found: Found, ours: versions.CourseVersion,
-                              others: dict[str, list[versions.CourseVersion]],
+                              others: dict[tuple[str, str], versions.CourseVersion],
                               submissions: Path) -> str:
-    """Move the notebooks that record another course version than ``ours`` to the skipped
-    files, each with the version that grades it; return whose they were ("" if none)."""
-    left_out = []
-    for work in found.students.values():
-        if not others.get(work.name):
-            continue
-        for notebook, path in sorted(work.notebooks.items()):
-            version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
-            if version is None or version.version == ours.version:
-                continue
-            del work.notebooks[notebook]
-            left_out.append(f"{work.name} ({notebook})")
-            how = versions.checkout(version.version, "make grade", others[work.name])
-            found.skipped.append(Skipped(
-                work.name, path.relative_to(submissions).as_posix(),
-                f"not graded: made from course version {version}, and this is {ours}: grade "
-                f"it with that version -- {how}"))
+    """Move the notebooks of another course version (``others``, :func:`recorded_versions`)
+    to the skipped files, each with the version that grades it; return whose they were ("" if
+    none)."""
+    for (student, notebook), version in others.items():
+        path = found.students[student].notebooks.pop(notebook)
+        how = versions.checkout(version.version, "make grade", [version])
+        found.skipped.append(Skipped(
+            student, path.relative_to(submissions).as_posix(),
+            f"not graded: made from course version {version}, and this is {ours}: grade it "
+            f"with that version -- {how}"))
     found.skipped.sort(key=lambda s: (s.student, s.path))
-    return ", ".join(left_out)
+    return ", ".join(f"{student} ({notebook})" for student, notebook in others)
 
 
 def _gigabytes(text: str) -> int:
