@@ -1029,20 +1029,25 @@ def test_stubbed_and_reference_core_helpers(tmp_path):
         .read_text()
 
 
-def _reference_free_handout(tmp_path: Path) -> None:
-    """The handout's package, reference-free as the probe's, in ``tmp_path/probe``."""
+def _probe_logsumexp(tmp_path: Path, cell: str, cases=None, public=None, limits=None):
+    """The probe's report of check-logsumexp on the ``logsumexp`` that ``cell`` defines, over
+    ``cases`` (default: the first public one), in the handout's package made reference-free
+    as the probe's (``tmp_path/probe``)."""
     from transformer_lab.course.package import parse_package, write_handout_package
 
     write_handout_package(ROOT / "src", tmp_path / "handout", parse_package(
         ROOT / "src" / "transformer_lab"))
     shutil.copytree(tmp_path / "handout", tmp_path / "probe")
     probe_driver.reference_free(tmp_path / "probe")
+    if cases is None:
+        cases = F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1]
+    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {}, cases, public)
+    return probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec], limits)
 
 
 def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
     """The probe's student code sees the probe package first on sys.path, no other copy of
     transformer_lab (the instructor's editable install included), and no reference answers."""
-    _reference_free_handout(tmp_path)
     cell = ("import sys, transformer_lab\n"
             "from transformer_lab.checks.nb01_attention import SoftmaxForward\n"
             "seen = (transformer_lab.__file__, [p for p in sys.path if p and\n"
@@ -1050,9 +1055,7 @@ def test_the_probe_imports_the_probe_package_never_the_instructor_s(tmp_path):
             "'transformer_lab'))], hasattr(SoftmaxForward, 'expected') and\n"
             "        SoftmaxForward.expected is not SoftmaxForward.__mro__[1].expected)\n"
             "def logsumexp(x, axis=-1):\n    return [seen[0], seen[1], seen[2]]")
-    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
-                                  F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
-    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    report = _probe_logsumexp(tmp_path, cell)
     assert report.cells == [("setup", None)], report
     outcome = next(iter(report.outcomes.values()))
     package_file, folders, has_reference = outcome.value
@@ -1064,7 +1067,6 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
     """The hidden cases run in a probe process of their own: a function that reads the probe's
     request returns, on a public case, only the public cases' names (on Gradescope a public
     failure's message shows before the due date; the hidden ones' after)."""
-    _reference_free_handout(tmp_path)
     cell = ("import os, sys\n"
             "def logsumexp(x, axis=-1):\n"
             "    with open(os.path.join(sys.argv[1], 'in', 'request.json')) as f:\n"
@@ -1072,8 +1074,7 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
     cases = F.all_cases(F.get_check("check-logsumexp"))
     public = len(F.all_cases(F.get_check("check-logsumexp"), hidden=False))
     assert len(cases) > public
-    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {}, cases, public)
-    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec])
+    report = _probe_logsumexp(tmp_path, cell, cases, public)
     names = [c.name for c in cases]
     for k, name in enumerate(names):
         request = report.outcomes["check-logsumexp", name].value
@@ -1084,16 +1085,13 @@ def test_code_run_on_a_public_case_cannot_read_the_hidden_cases(tmp_path):
 def test_a_function_that_writes_the_probe_s_progress_lines_still_times_out(tmp_path):
     """The student's code can write into the probe's progress file: a line again, one of an
     earlier step, or garbage, does not restart the case's clock."""
-    _reference_free_handout(tmp_path)
     cell = ("import os, sys, time\n"
             "def logsumexp(x, axis=-1):\n"
             "    with open(os.path.join(sys.argv[1], 'out', 'progress'), 'a') as f:\n"
             "        for line in ['case 0 0', 'cell 0', 'setup done', 'done', 'junk'] * 1000:\n"
             "            f.write(line + '\\n'); f.flush(); time.sleep(0.1)")
-    spec = probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {},
-                                  F.all_cases(F.get_check("check-logsumexp"), hidden=False)[:1])
-    report = probe_driver.run_probe(tmp_path / "probe", [("setup", cell)], [spec],
-                                    probe_driver.ProbeLimits(cell=30, case=2, total=60))
+    report = _probe_logsumexp(tmp_path, cell,
+                              limits=probe_driver.ProbeLimits(cell=30, case=2, total=60))
     assert "ran past the time limit of 2 s" in report.missing["check-logsumexp"], report
 
 
