@@ -1107,6 +1107,9 @@ mutant("norm_forward", "eps ignored: 1e-5 written in for the layer norm",
 mutant("gpt_block_forward", "config.eps not passed to the first norm (1e-5 written in)",
        "params[\"norm1\"], True, c.eps, norm)", "params[\"norm1\"], True, 1e-5, norm)",
        "check-gpt-block")
+mutant("gpt_block_forward", "config.attention_block_size not passed on: naive attention always",
+       "rope, c.attention_block_size)", "rope, None)", "check-gpt-tiled-attention",
+       hint="must pass config.attention_block_size on")
 mutant("gpt_forward", "config.eps not passed to the final norm",
        "norm_forward(x, params[\"norm\"], config.norm, config.eps)",
        "norm_forward(x, params[\"norm\"], config.norm)", "check-gpt-model")

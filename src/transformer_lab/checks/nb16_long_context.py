@@ -16,7 +16,13 @@ import numpy as np
 from transformer_lab import flash
 from transformer_lab.checks._torch_helpers import autograd, torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
-from transformer_lab.checks.nb13_gpt import _attention_case, _attention_expected, _head_rope
+from transformer_lab.checks.nb13_gpt import (
+    _attention_case,
+    _attention_expected,
+    _config,
+    _head_rope,
+    _random_gpt,
+)
 
 # The framework refuses non-finite outputs, so a running maximum that is still -inf comes back
 # as a boolean "is -inf" array next to its finite entries.
@@ -510,7 +516,8 @@ def _gpt_attention_case(rng, name, B, T, E, H, Hkv, rope, block, dtype=np.float6
 
 class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
                         functions=("causal_self_attention_forward",
-                                   "causal_self_attention_backward")):
+                                   "causal_self_attention_backward", "gpt_block_forward",
+                                   "gpt_block_backward")):
     """The GPT's causal self-attention given a ``block_size``: the answer of the naive kernel,
     in the memory of the tiles (the branch that notebook 13 left for this one)."""
 
@@ -524,6 +531,8 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
         yield _gpt_attention_case(rng, "T = 2048, blocks of 128, forward and backward: memory "
                                   "below a tenth of one (T, T) score matrix", 1, 2048, 4, 1, 1,
                                   False, 128, measure_memory=True)
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield _through_block_case(later)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -531,7 +540,16 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
                                   "T", 2, 3, 8, 4, 1, True, 16, np.float32)
     ### END HIDDEN TESTS
 
-    def run(self, f, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+    def run(self, f, x, params, dout, H, Hkv, rope, block_size, measure_memory=False,
+            block_config=None):
+        if block_config is not None:  # through notebook 13's block, your gpt_block_forward
+            from transformer_lab.models.shell import nest
+
+            def block_forward_backward():
+                out, cache = f.gpt_block_forward(x, nest(params), _config(block_config))
+                return out, f.gpt_block_backward(dout, cache)
+
+            return _measured(block_forward_backward, x, x)[0]
         _, tables = _head_rope(x, H, rope)
 
         def forward_backward():
@@ -542,10 +560,32 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
         return memory if measure_memory else {"out": out, "dx": dx,
                                               **{f"d{k}": g for k, g in grads.items()}}
 
-    def expected(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+    def expected(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False,
+                 block_config=None):
         if measure_memory:
             return {MEMORY: True}
         return _attention_expected(x, params, dout, H, Hkv, _head_rope(x, H, rope)[0])
 
-    def mistakes(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False):
+    def mistakes(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False,
+                 block_config=None):
+        if block_config is not None:
+            return {"with the whole (T, T) score matrix in the block, though the attention "
+                    "alone is tiled: gpt_block_forward (core/gpt.py, notebook 13) must pass "
+                    "config.attention_block_size on to causal_self_attention_forward":
+                    lambda: {MEMORY: False}}
         return MEMORY_HINT if measure_memory else {}
+
+
+def _through_block_case(rng, T=2048, block=128) -> Case:
+    """A classic GPT block (one head, E = 2) with ``attention_block_size=block`` at length T,
+    x, its parameters and dout: the memory of its forward and backward
+    (:meth:`GPTTiledAttention.run`); the solution's peak is a third of the limit."""
+    config, flat = _random_gpt(rng, "classic", 11, d_model=2, num_heads=1, num_layers=1,
+                               d_ff=4, max_len=T, attention_block_size=block)
+    params = {k[len("layers.0."):]: a for k, a in flat.items() if k.startswith("layers.0.")}
+    x, dout = normals(rng, (1, T, 2), (1, T, 2))
+    return Case(f"through your gpt_block_forward and _backward with attention_block_size="
+                f"{block}, T = {T}: memory below a tenth of one (T, T) score matrix",
+                (x, params, dout, 1, 1, False, block),
+                {"measure_memory": True, "block_config": config})
+
