@@ -160,11 +160,13 @@ def test_student_tree_holds_the_package_and_files_but_not_the_instructors_tests(
         sorted(p.name for p in (ROOT / "img").iterdir())
     assert sorted(p.name for p in (student_tree / "notebooks").iterdir()) == \
         [p.name for p in NOTEBOOKS]
-    version = versions.project_version(ROOT).metadata()
+    version = versions.project_version(ROOT)
     for nb in NOTEBOOKS:  # `make student` writes what student_notebook() makes, and its version
         written = nbformat.read(student_tree / "notebooks" / nb.name, as_version=4)
-        assert written.metadata.pop(versions.METADATA_KEY) == version
-        assert written == solution_and_student(nb)[1]
+        solution, student = solution_and_student(nb)
+        assert written.metadata.pop(versions.METADATA_KEY) == version.of_notebook(
+            ROOT / "src" / "transformer_lab", solution).metadata()
+        assert written == student
     for absent in ["tests", "conftest.py", "Makefile", ".ci", "src/transformer_lab/course"]:
         assert not (student_tree / absent).exists(), f"{absent} must not go to students"
     assert not list(student_tree.rglob("__pycache__"))

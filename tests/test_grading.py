@@ -21,6 +21,7 @@ The course's own notebooks are graded end to end once they have one-line check c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -773,6 +774,8 @@ def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others
     write(_of_version(student_01(), versions.CourseVersion("0.1.0", "fedcba9")),
           tmp_path / "subs" / "carol_01_attention.ipynb")
     write(solved_01(), tmp_path / "subs" / "dan_01_attention.ipynb")  # records none
+    other_checks = dataclasses.replace(OURS, checks="ba9876543210")  # a case added since
+    write(_of_version(solved_01(), other_checks), tmp_path / "subs" / "erin_01_attention.ipynb")
     write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
     out = tmp_path / "grades"
     status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
@@ -781,23 +784,58 @@ def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others
     console = capsys.readouterr()
     assert status == 0, console.err
     skipped = {r["student"]: r["reason"] for r in read_csv(out / "skipped.csv")}
+    ours = OURS.of_notebook(ROOT / "src" / "transformer_lab",
+                            assignment.parse_notebook(notebook_01(), "01_attention.ipynb"))
     assert skipped["alice"] == (f"not graded: made from course version 0.1.0 (commit abc1234), "
-                                f"and this is {OURS}: grade it with that version -- `git "
+                                f"and this is {ours}: grade it with that version -- `git "
                                 f"worktree add ../course-v0.1.0 abc1234`, then run `make "
                                 f"grade` there")
-    assert "0.1.0 (commit fedcba9)" in skipped["carol"] and set(skipped) == {"alice", "carol"}
+    assert "0.1.0 (commit fedcba9)" in skipped["carol"]
+    assert f"made from course version {other_checks}, and this is {ours}" in skipped["erin"]
+    assert set(skipped) == {"alice", "carol", "erin"}
     totals = {r["student"]: r for r in read_csv(out / "totals.csv")}
     assert totals["bob"]["points"] == totals["bob"]["max_points"] != "0"
     assert float(totals["alice"]["points"]) == float(totals["carol"]["points"]) == 0
-    assert "alice (01_attention), carol (01_attention)" in console.out
+    assert "alice (01_attention), carol (01_attention), erin (01_attention)" in console.out
 
 
 def test_what_a_submitted_notebook_records_and_which_records_grade():
-    assert versions.mismatch({"alice": [OURS], "bob": [versions.CourseVersion(
-        OURS.version, "0000000")]}, OURS) is None  # another commit of this version: graded
-    assert versions.mismatch({}, OURS) is None  # none recorded: graded, with a note
+    ours = dataclasses.replace(OURS, checks="0123456789ab")
+    assert ours.grades(versions.CourseVersion(OURS.version, "0000000"))  # another commit
+    assert ours.grades(dataclasses.replace(ours, commit="0000000"))  # and the same checks
+    assert not ours.grades(dataclasses.replace(ours, checks="ba9876543210"))  # other checks
+    assert not ours.grades(OLD)
     assert versions.mismatch({"alice": [OLD]}, OURS, "make gradescope").endswith(
         "then run `make gradescope` there.")
+    other = dataclasses.replace(ours, commit="fedcba9", checks="ba9876543210")
+    assert versions.mismatch({"alice": [other]}, OURS) == (
+        f"These submissions were made from course version {OURS.version} (commit fedcba9), "
+        f"whose checks differ from this one's; this is {OURS}: grade them with that version "
+        f"-- `git worktree add ../course-v{OURS.version} fedcba9`, then run `make grade` there.")
+
+
+def test_the_checks_fingerprint_follows_what_grades_a_notebook_and_nothing_else(tmp_path):
+    """A case, a tolerance or a point changed since the handout: another version, whose
+    notebooks are not graded with these checks; the notebook's prose changed: the same."""
+    package = tmp_path / "transformer_lab"
+    shutil.copytree(ROOT / "src" / "transformer_lab" / "checks", package / "checks",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    nb = notebook_01()
+
+    def fingerprint() -> str:
+        return versions.checks_fingerprint(package, assignment.parse_notebook(
+            nb, "01_attention.ipynb"))
+
+    first = fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{12}", first) and fingerprint() == first
+    nb.cells[0].source += "\n\nMore prose."
+    assert fingerprint() == first
+    nb.cells[3].metadata.nbgrader["points"] += 1
+    assert fingerprint() != first
+    nb.cells[3].metadata.nbgrader["points"] -= 1
+    checks = package / "checks" / "nb01_attention.py"
+    checks.write_text(checks.read_text() + "\n# a tolerance changed\n")
+    assert fingerprint() != first
 
 
 def test_a_notebook_s_recorded_version_is_read_forgivingly(tmp_path):

@@ -33,7 +33,7 @@ from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
 from transformer_lab.course import package as P
 from transformer_lab.course import student, versions
-from transformer_lab.course.assignment import has_marker_words
+from transformer_lab.course.assignment import has_marker_words, parse_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "transformer_lab"
@@ -171,10 +171,14 @@ def test_the_handout_records_its_course_version_in_its_package_and_every_noteboo
     assert versions.project_version(handout) == ours  # __version__ and _built.COMMIT
     notebooks = sorted((handout / "notebooks").glob("*.ipynb"))
     assert len(notebooks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
-    for path in notebooks:
+    for path in notebooks:  # with the fingerprint of the checks that grade it
+        solution = parse_notebook(nbformat.read(ROOT / "notebooks" / path.name, as_version=4),
+                                  path.name)
+        want = ours.of_notebook(ROOT / "src" / "transformer_lab", solution)
         recorded = nbformat.read(path, as_version=4).metadata[versions.METADATA_KEY]
-        assert recorded == {"version": ours.version, "commit": ours.commit}, path.name
-        assert versions.notebook_version(path, 10**8) == ours
+        assert recorded == {"version": ours.version, "commit": ours.commit,
+                            "checks": want.checks}, path.name
+        assert versions.notebook_version(path, 10**8) == want
     for path in (ROOT / "notebooks").glob("*.ipynb"):  # the solutions stay as they are
         assert versions.METADATA_KEY not in nbformat.read(path, as_version=4).metadata
 

@@ -833,30 +833,27 @@ class VersionError(GradingError):
 
     def sentence(self, command: str = "make grade") -> str:
         """The refusal, telling the instructor to run ``command`` with the right version."""
-        return versions.mismatch(self.recorded, self.ours, command) or ""
+        return versions.mismatch(self.recorded, self.ours, command)
 
 
-def recorded_versions(found: Found, chosen: set[str], ours: versions.CourseVersion) -> tuple[
-        dict[str, list[versions.CourseVersion]], set[tuple[str, str]],
-        dict[tuple[str, str], versions.CourseVersion]]:
-    """(student -> the course versions their notebooks of ``chosen`` record, the (student,
-    notebook) pairs of the notebooks that record none, and those of another version number
-    than ``ours`` -> the version)."""
-    recorded: dict[str, list[versions.CourseVersion]] = {}
-    unversioned, others = set(), {}
+def recorded_versions(found: Found, ours: dict[str, versions.CourseVersion]) -> tuple[
+        set[tuple[str, str]], dict[tuple[str, str], versions.CourseVersion], int]:
+    """(the (student, notebook) pairs of the notebooks that record no course version, those
+    that ``ours`` -- notebook -> this grader's version of it, for the notebooks graded -- does
+    not grade -> the version they record, and how many record one)."""
+    unversioned, others, versioned = set(), {}, 0
     for student, work in sorted(found.students.items()):
         for notebook, path in sorted(work.notebooks.items()):
-            if notebook not in chosen:  # not graded in this run (--notebooks)
+            if notebook not in ours:  # not graded in this run (--notebooks)
                 continue
             version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
             if version is None:
                 unversioned.add((student, notebook))
                 continue
-            if version not in recorded.setdefault(student, []):
-                recorded[student].append(version)
-            if version.version != ours.version:
+            versioned += 1
+            if not ours[notebook].grades(version):
                 others[student, notebook] = version
-    return recorded, unversioned, others
+    return unversioned, others, versioned
 
 
 class NoSandboxError(GradingError):
@@ -884,13 +881,17 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     except PackageError as err:
         raise GradingError(f"the package has {len(err.problems)} problem(s) with its "
                            f"markers:\n{err}") from None
-    ours = versions.project_version(options.project)
-    first = find_submissions(submissions, sorted(course))
-    recorded, unversioned, others = recorded_versions(first, set(sources), ours)
-    if others and not unversioned and not any(
-            v.version == ours.version for found in recorded.values() for v in found):
-        raise VersionError(recorded, ours)  # every notebook is of another version
     assignments, problems = load_solutions(list(course.values()))
+    ours = versions.project_version(options.project)
+    of_notebook = {n: ours.of_notebook(src / "transformer_lab", assignments[n]) for n in sources
+                   if n in assignments}
+    first = find_submissions(submissions, sorted(course))
+    unversioned, others, versioned = recorded_versions(first, of_notebook)
+    if others and len(others) == versioned and not unversioned:  # all of another version
+        recorded: dict[str, list[versions.CourseVersion]] = {}
+        for (student, _), version in others.items():
+            recorded.setdefault(student, []).append(version)
+        raise VersionError(recorded, ours)
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
                        & set(sources))
     errors = [p for n in handed_in for p in problems[n]]
@@ -914,7 +915,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                                instructor)
             found = find_submissions(submissions, sorted(course), handout_digests(handout))
             _leave_out(found, set(sources), submissions)
-            other_version = _leave_out_other_versions(found, ours, others, submissions)
+            other_version = _leave_out_other_versions(found, of_notebook, others, submissions)
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
                             handout / "src", submissions, out,
@@ -950,19 +951,19 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
     found.skipped.sort(key=lambda s: (s.student, s.path))
 
 
-def _leave_out_other_versions(found: Found, ours: versions.CourseVersion,
+def _leave_out_other_versions(found: Found, ours: dict[str, versions.CourseVersion],
                               others: dict[tuple[str, str], versions.CourseVersion],
                               submissions: Path) -> str:
     """Move the notebooks of another course version (``others``, :func:`recorded_versions`)
-    to the skipped files, each with the version that grades it; return whose they were ("" if
-    none)."""
+    to the skipped files, each with the version that grades it (``ours``: notebook -> this
+    grader's version of it); return whose they were ("" if none)."""
     for (student, notebook), version in others.items():
         path = found.students[student].notebooks.pop(notebook)
         how = versions.checkout(version.version, "make grade", [version])
         found.skipped.append(Skipped(
             student, path.relative_to(submissions).as_posix(),
-            f"not graded: made from course version {version}, and this is {ours}: grade it "
-            f"with that version -- {how}"))
+            f"not graded: made from course version {version}, and this is {ours[notebook]}: "
+            f"grade it with that version -- {how}"))
     found.skipped.sort(key=lambda s: (s.student, s.path))
     return ", ".join(f"{student} ({notebook})" for student, notebook in others)
 

@@ -218,7 +218,7 @@ def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
     for assignment in assignments:
         dest = out / "notebooks" / Path(assignment.name).name
         nb = student_notebook(assignment)
-        stamp(nb, version)
+        stamp(nb, version.of_notebook(project / "src" / "transformer_lab", assignment))
         nbformat.write(nb, dest)
         written.append(dest)
     for name in PROJECT_FILES:

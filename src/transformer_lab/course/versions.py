@@ -3,13 +3,16 @@
 A course version is ``transformer_lab.__version__`` and the git commit the project was built
 from ("unknown" outside a git checkout; ``+changes`` after it when the package or the
 notebooks differed from it), recorded in a built package's ``_built.py`` and in a
-handout notebook's ``metadata.transformer_lab``; what the grader makes of it:
-docs/instructors.md, "Versions".
+handout notebook's ``metadata.transformer_lab`` -- there with the fingerprint of what grades
+that notebook (:func:`checks_fingerprint`); what the grader makes of it: docs/instructors.md,
+"Versions".
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import hashlib
 import json
 import pprint
 import re
@@ -29,15 +32,44 @@ UNKNOWN = "unknown"
 
 @dataclass(frozen=True)
 class CourseVersion:
+    """A version number, a commit and -- of one notebook -- the fingerprint of its checks."""
+
     version: str
     commit: str = UNKNOWN
+    checks: str = UNKNOWN
 
     def __str__(self) -> str:
-        return f"{self.version} (commit {self.commit})"
+        checks = "" if self.checks == UNKNOWN else f", checks {self.checks}"
+        return f"{self.version} (commit {self.commit}{checks})"
 
     def metadata(self) -> dict[str, str]:
         """What a handout notebook's ``metadata.transformer_lab`` holds."""
-        return {"version": self.version, "commit": self.commit}
+        checks = {} if self.checks == UNKNOWN else {"checks": self.checks}
+        return {"version": self.version, "commit": self.commit, **checks}
+
+    def of_notebook(self, package: Path, assignment) -> CourseVersion:
+        """This version, with the fingerprint of the checks of the solution notebook
+        ``assignment`` (an :class:`~.assignment.Assignment`) in the package folder
+        ``package``."""
+        return dataclasses.replace(self, checks=checks_fingerprint(package, assignment))
+
+    def grades(self, other: CourseVersion) -> bool:
+        """Whether a notebook of version ``other`` is graded as its handout's checks said:
+        the same version number, and the same checks where both know them."""
+        return other.version == self.version and (
+            UNKNOWN in (self.checks, other.checks) or other.checks == self.checks)
+
+
+def checks_fingerprint(package: Path, assignment) -> str:
+    """What grades a notebook, in 12 hex digits: the code of the package folder ``package``'s
+    checks (``checks/*.py``, hidden cases included) and the notebook's check cells (id,
+    points, call). A handout notebook records it: a grader whose checks differ -- a case, a
+    tolerance, a point added since the handout was built -- grades it as another version."""
+    digest = hashlib.sha256()
+    for path in sorted((package / "checks").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(repr([(c.cell_id, c.points, c.call) for c in assignment.checks]).encode())
+    return digest.hexdigest()[:12]
 
 
 def _literal(path: Path, name: str) -> str | None:
@@ -123,14 +155,17 @@ def notebook_version(path: Path, max_bytes: int) -> CourseVersion | None:
     if not isinstance(record, dict) or not isinstance(record.get("version"), str) or \
             not re.fullmatch(r"\d+(\.\d+)*\w*", record["version"]):
         return None  # none, or not a version: the refusal's command must not carry it
-    commit = record.get("commit")
+    commit, checks = record.get("commit"), record.get("checks")
     ok = isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", commit)
-    return CourseVersion(record["version"], commit if ok else UNKNOWN)
+    checks_ok = isinstance(checks, str) and re.fullmatch(r"[0-9a-f]{12}", checks)
+    return CourseVersion(record["version"], commit if ok else UNKNOWN,
+                         checks if checks_ok else UNKNOWN)
 
 
-def _described(version: str, found: list[CourseVersion]) -> str:
+def _described(version: str, found: list[CourseVersion], ours: CourseVersion) -> str:
     commits = sorted({v.commit for v in found if v.version == version})
-    return f"{version} (commit{'s' * (len(commits) > 1)} {', '.join(commits)})"
+    other_checks = ", whose checks differ from this one's" if version == ours.version else ""
+    return f"{version} (commit{'s' * (len(commits) > 1)} {', '.join(commits)}){other_checks}"
 
 
 def checkout(version: str, command: str, found: list[CourseVersion]) -> str:
@@ -144,25 +179,23 @@ def checkout(version: str, command: str, found: list[CourseVersion]) -> str:
 
 
 def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
-             command: str = "make grade") -> str | None:
-    """The sentence refusing to grade, or None when every recorded version number is ours.
+             command: str = "make grade") -> str:
+    """The sentence refusing to grade notebooks that ``ours`` does not grade
+    (:meth:`CourseVersion.grades`).
 
-    versions: student -> the course versions their notebooks record; command: what the
+    versions: student -> the course versions of those notebooks; command: what the
     instructor runs in the other version's folder."""
     found = [v for recorded in versions.values() for v in recorded]
     numbers = sorted({v.version for v in found})
-    if all(n == ours.version for n in numbers):
-        return None
     if len(numbers) == 1:
         return (f"These submissions were made from course version "
-                f"{_described(numbers[0], found)}; this is {ours}: grade them with that "
+                f"{_described(numbers[0], found, ours)}; this is {ours}: grade them with that "
                 f"version -- {checkout(numbers[0], command, found)}.")
     groups = "; ".join(
-        f"{_described(n, found)}: "
+        f"{_described(n, found, ours)}: "
         + ", ".join(s for s, recorded in sorted(versions.items())
                     if any(v.version == n for v in recorded)) for n in numbers)
-    others = [n for n in numbers if n != ours.version]
-    how = "; ".join(f"for {n}, {checkout(n, command, found)}" for n in others)
+    how = "; ".join(f"for {n}, {checkout(n, command, found)}" for n in numbers)
     return (f"These submissions were made from {len(numbers)} course versions -- {groups} -- "
             f"and this is {ours}: put each version's submissions in a folder of their own and "
             f"grade each with its version ({how}).")
