@@ -190,8 +190,8 @@ def test_the_handout_installs_what_a_student_runs_and_torchs_cpu_build(student_t
     assert not {n for n in names if n.startswith(("sphinx", "myst", "pytest", "nbval"))}
     assert not (student_tree / "requirements-dev.txt").exists()
     readme = (student_tree / "README.md").read_text()
-    install_torch = ".venv/bin/pip install --index-url https://download.pytorch.org/whl/cpu " \
-                    "torch==2.13.0"
+    install_torch = f".venv/bin/pip install --index-url {student.TORCH_CPU_INDEX} " \
+                    f"{student.torch_pin(ROOT)}"
     assert install_torch in readme
     assert readme.index(install_torch) < readme.index(".venv/bin/pip install -r requirements.txt")
     assert ".venv/bin/python -m transformer_lab.train --task reverse" in readme

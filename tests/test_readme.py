@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from transformer_lab.course.student import torch_pin
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 GUIDES = sorted((ROOT / "docs").glob("*.md"))
@@ -32,7 +34,15 @@ def test_the_readme_is_short_and_starts_a_learner_at_once():
     lines = _text(README).splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; the rest belongs in docs/"
     start = "\n".join(lines[:30])
-    assert "make learn" in start and "torch==2.13.0" in start
+    assert "make learn" in start and torch_pin(ROOT) in start
+
+
+def test_every_page_names_the_torch_that_requirements_txt_pins():
+    """requirements.txt is the pin's one source; the pages and pyproject.toml repeat it."""
+    pin = torch_pin(ROOT)
+    for path in [*PAGES, ROOT / "pyproject.toml"]:
+        for named in re.findall(r"torch==[\w.]*\w", _text(path)):
+            assert named == pin, f"{path.name} names {named}, requirements.txt {pin}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

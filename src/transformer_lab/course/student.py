@@ -48,6 +48,15 @@ from transformer_lab.course.versions import project_version, stamp
 
 #: PyTorch's CPU wheel index: the README's set-up installs torch from it first.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def torch_pin(project: Path) -> str:
+    """The line of ``project``'s requirements.txt that pins torch (``torch==X``): its one
+    source, which the handout's README repeats."""
+    for line in (project / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        if re.fullmatch(r"torch==[\w.+]+", line.strip()):
+            return line.strip()
+    raise HandoutError(f"{project / 'requirements.txt'} pins no torch (a line torch==X)")
 #: What the student tree holds besides the notebooks, the package and PROJECT_FILES.
 PROJECT_DIRS = ("img",)
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
@@ -102,9 +111,9 @@ def _core_functions(notebook: str) -> list[str]:
             for name in names]
 
 
-def student_readme(assignments: list[Assignment]) -> str:
-    """The README of the handout: setting up, writing core functions and notebook exercises,
-    handing in."""
+def student_readme(assignments: list[Assignment], torch: str) -> str:
+    """The README of the handout: setting up (``torch``: :func:`torch_pin`), writing core
+    functions and notebook exercises, handing in."""
     rows = "\n".join(
         f"| `notebooks/{Path(a.name).name}` | {title(a.nb)} "
         f"| {', '.join(_core_functions(Path(a.name).stem)) or '--'} | {len(a.exercises)} "
@@ -132,7 +141,7 @@ four commands are the whole set-up):
 
 ```bash
 python3 -m venv .venv
-.venv/bin/pip install --index-url {TORCH_CPU_INDEX} torch==2.13.0
+.venv/bin/pip install --index-url {TORCH_CPU_INDEX} {torch}
 .venv/bin/pip install -r requirements.txt -e .    # Windows: .venv\\Scripts\\pip
 .venv/bin/jupyter lab            # in this folder: notebooks/ and src/ both in its file browser
 ```
@@ -140,7 +149,7 @@ python3 -m venv .venv
 (As root, in a container, add `--allow-root` to the last line.) The second line installs
 PyTorch's CPU build, all the course needs, from PyTorch's CPU wheel index; without it, pip on
 Linux would download several GB of CUDA libraries. `requirements.txt` pins the same
-`torch==2.13.0`, so the third line keeps it and adds what the notebooks, JupyterLab and the
+`{torch}`, so the third line keeps it and adds what the notebooks, JupyterLab and the
 package need; `-e .` installs this folder's package, editable: the notebooks import *your*
 `src/transformer_lab`, so what you write there is what they run. From another folder, name this
 one instead of `.`: `pip install -r <this folder>/requirements.txt -e <this folder>`.{guarded}
@@ -228,7 +237,7 @@ def write_student_tree(assignments: list[Assignment], project: Path, out: Path,
             shutil.copytree(project / name, out / name,
                             ignore=shutil.ignore_patterns(*IGNORE_NAMES))
     write_handout_package(project / "src", out / "src", package, version.commit)
-    (out / "README.md").write_text(student_readme(assignments))
+    (out / "README.md").write_text(student_readme(assignments, torch_pin(project)))
     return written
 
 
