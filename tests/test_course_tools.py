@@ -186,16 +186,21 @@ def _css_rules(css: str) -> dict[str, dict[str, str]]:
     return rules
 
 
-def test_site_style_scrolls_long_code_lines_and_wraps_names_in_the_page_contents():
+def test_site_style_scrolls_long_code_lines_and_equations_and_wraps_names_in_text():
     """A wrapped code line continued at column 0, where it read as a line of code of its own;
-    a long name in code in the page's contents widened the list past the sidebar (cut off)."""
+    a long equation scrolled with no sign that it went on; a long name in code widened a
+    phone's page (text, headings) or the page's contents past the sidebar (cut off)."""
     rules = _css_rules((ROOT / "docs" / "_static" / "course.css").read_text())
     for pre in ("div.cell div.highlight pre", "div.cell_output pre"):
-        assert rules[pre]["white-space"] == "pre" and rules[pre]["overflow-x"] == "auto", pre
-        assert "local" in rules[pre]["background"] and "scroll" in rules[pre]["background"]
+        assert rules[pre]["white-space"] == "pre", pre
+    for wide in ("div.cell div.highlight pre", "div.cell_output pre",
+                 'mjx-container[display="true"]'):
+        assert rules[wide]["overflow-x"] == "auto", wide
+        assert "local" in rules[wide]["background"] and "scroll" in rules[wide]["background"]
     assert all(r.get("white-space") != "pre-wrap" for r in rules.values())
-    code = rules[".bd-sidebar-secondary nav.page-toc code span.pre"]
-    assert code["white-space"] == "normal" and code["overflow-wrap"] == "anywhere"
+    for name in ("article.bd-article code.literal span.pre",
+                 ".bd-sidebar-secondary nav.page-toc code span.pre"):
+        assert rules[name]["white-space"] == "normal" and rules[name]["overflow-wrap"] == "anywhere"
     assert rules[".bd-sidebar-secondary nav.page-toc ul.nav"]["flex-wrap"] == "nowrap"
     conf = (ROOT / "docs" / "conf.py").read_text()
     assert 'html_css_files = ["course.css"]' in conf and 'html_js_files = ["course.js"]' in conf

@@ -1,12 +1,15 @@
-// The page's contents (right sidebar): let a long name in code, `flash_self_attention_backward`,
-// break after an underscore rather than at any letter (course.css lets it break anywhere).
+// Code in running text, headings and the page's contents (right sidebar): let a long name,
+// `flash_self_attention_backward` or `transformer_lab.attention`, break after an underscore or
+// a dot rather than at any letter (course.css lets it break anywhere).
 document.addEventListener("DOMContentLoaded", () => {
-  for (const pre of document.querySelectorAll(".bd-sidebar-secondary nav.page-toc code span.pre")) {
-    const parts = pre.textContent.split("_");
+  const names = "article.bd-article code.literal span.pre, " +
+                ".bd-sidebar-secondary nav.page-toc code span.pre";
+  for (const pre of document.querySelectorAll(names)) {
+    const parts = pre.textContent.split(/(?<=[_.])/);
     if (parts.length < 2) continue;
     pre.textContent = "";
     parts.forEach((part, k) => {
-      pre.append(k < parts.length - 1 ? part + "_" : part);
+      pre.append(part);
       if (k < parts.length - 1) pre.append(document.createElement("wbr"));
     });
   }
