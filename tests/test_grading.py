@@ -1019,6 +1019,7 @@ def test_flags_on_code():
         ("cell 4", "from transformer_lab import checks\nimport transformer_lab.checks as c\n"
                    "y.flags.writeable = True\ny.setflags(write=True)\nc.framework._CACHED.clear()\n"
                    "y.flags['W'] = 1"),
+        ("cell 5", "import transformer_lab as T\nT.checks.framework.core_function"),
     ])
     got = {(f.where, f.line): f.what for f in found}
     assert "shell command" in got["cell 1", 3] and "%%capture" in got["cell 1", 4]
@@ -1030,6 +1031,7 @@ def test_flags_on_code():
     assert "the memory measurement some checks make" in got["cell 3", 1]
     assert all("internals" in got["cell 4", k] for k in (1, 2, 5))
     assert all("writable again" in got["cell 4", k] for k in (3, 4, 6))
+    assert "uses .checks: the checks' or the grader's internals" in got["cell 5", 2]
     for module in parse_package(ROOT / "src" / "transformer_lab").core.values():
         clean = flags.scan_python(module.source, module.name)
         assert not clean, clean  # the reference core raises no flag

@@ -58,7 +58,7 @@ _IMPORT_REASONS = {
     "IPython": "reaches into the kernel's machinery"}
 _CHECK_ATTRS = {"expected", "stored_expected", "store_expected", "get_check", "REGISTRY",
                 "run_case", "hidden_cases", "load_values", "judge", "functions_for",
-                "python_loops", "def_loops", "_CACHED"}
+                "python_loops", "def_loops", "_CACHED", "checks", "framework"}
 #: What makes the read-only caches of the checks writable again.
 _WRITABLE_ATTRS = {"writeable", "setflags", "WRITEABLE"}
 _SHELL_MAGICS = {"bash", "sh", "script", "system", "sx", "writefile", "file", "run", "capture",
