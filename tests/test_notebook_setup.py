@@ -3,6 +3,7 @@
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import torch
 from threadpoolctl import threadpool_info
 
 from transformer_lab import setup_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_seeds_every_generator_reproducibly():
@@ -52,3 +55,15 @@ def test_rejects_bad_arguments():
         setup_notebook(precision=1.5)
     with pytest.raises(ValueError, match="threads must be a positive integer or None"):
         setup_notebook(threads=0)
+
+
+def test_a_notebook_whose_folder_holds_another_package_stops(tmp_path):
+    """A workspace's notebook opened by a kernel outside `make learn` imported the course's
+    finished package: every check passed on the stubs the student had not written."""
+    from transformer_lab.notebook import OtherPackageError, check_package_folder
+
+    check_package_folder(ROOT / "notebooks")  # the course's notebooks: its package, imported
+    check_package_folder(tmp_path)  # no package above: nothing to say
+    (tmp_path / "workspace" / "src" / "transformer_lab").mkdir(parents=True)
+    with pytest.raises(OtherPackageError, match="PYTHONPATH to .*workspace/src before"):
+        check_package_folder(tmp_path / "workspace" / "notebooks")

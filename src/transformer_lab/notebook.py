@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +51,7 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION,
                                 or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     seed = int(seed)
+    check_package_folder(Path.cwd())
 
     random.seed(seed)
     np.random.seed(seed)
@@ -62,6 +64,30 @@ def setup_notebook(seed: int = 0, precision: int = PRINT_PRECISION,
     _setup_matplotlib()
     autoreload_core()
     return np.random.default_rng(seed)
+
+
+class OtherPackageError(RuntimeError):
+    """The kernel imported another copy of transformer_lab than the notebook's folder holds."""
+
+
+def check_package_folder(notebooks: Path) -> None:
+    """Stop when the course folder above ``notebooks`` (a notebook's folder: its kernel's
+    working folder) holds a package of its own, ``src/transformer_lab`` -- in a workspace, the
+    one you write -- and the kernel imported another: every check would test that other one.
+    A kernel started outside ``make learn`` (VS Code, a JupyterLab of its own) imports the
+    package installed in its environment, the course's finished one."""
+    import transformer_lab
+
+    here = notebooks.resolve().parent / "src" / "transformer_lab"
+    loaded = Path(transformer_lab.__file__).resolve().parent
+    if here.is_dir() and here.resolve() != loaded:
+        raise OtherPackageError(
+            f"this notebook's folder has its own package, {here} (in a workspace: the one you "
+            f"write), but this kernel imported transformer_lab from {loaded}, so every check "
+            f"would test that one. Open the notebooks with `make learn` in the course folder "
+            f"(its kernels import the workspace's src/ first); elsewhere, set the environment "
+            f"variable PYTHONPATH to {here.parent} before starting Jupyter, then restart the "
+            f"kernel.")
 
 
 def core_modules() -> list[str]:

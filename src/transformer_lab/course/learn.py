@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                              "stop there")
     args, lab_args = parser.parse_known_args(argv)
     lab_args = [a for a in lab_args if a != "--"]
-    workspace = args.workspace
+    workspace = args.workspace.expanduser()  # zsh leaves the ~ of WORKSPACE=~/x to us
     if workspace.exists():
         if not is_workspace(workspace):
             parser.error(f"{str(workspace)!r} exists but is not a workspace (no notebooks/ and "

@@ -136,6 +136,9 @@ them: at the end, the model that learns is your own code.
 
 ## Set up (once)
 
+(A workspace that the course's `make learn` built is set up already: reopen it with `make learn`
+in the course folder, and skip this section.)
+
 You need Python 3.10, 3.11, 3.12 or 3.13. In this folder (there is no Makefile here: these
 four commands are the whole set-up):
 
