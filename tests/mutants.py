@@ -161,6 +161,13 @@ mutant("attention_forward", "k.T for the keys' transpose (on a batch it reverses
        "check-attention-batched")
 
 LSE = "01_attention/exercise-logsumexp"
+mutant(LSE, "the -inf entries left out of the maximum (a slice far below 0 beside -inf)",
+       "c = np.max(x, axis=axis, keepdims=True)",
+       "c = np.max(np.where(np.isneginf(x), 0, x), axis=axis, keepdims=True)", "check-logsumexp")
+mutant(LSE, "float64 forced: a float32 input comes back float64",
+       "c = np.max(x, axis=axis, keepdims=True)",
+       "x = np.asarray(x, dtype=float)\n    c = np.max(x, axis=axis, keepdims=True)",
+       "check-logsumexp")
 mutant(LSE, "the maximum of the whole array instead of each slice's",
        "c = np.max(x, axis=axis, keepdims=True)", "c = np.max(x)", "check-logsumexp")
 mutant(LSE, "the reduced axis kept in the result",
@@ -254,6 +261,11 @@ mutant("attention_forward", "the boolean mask added to the scores (True counts a
 mutant("attention_forward", "the mask read with True = allowed",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -np.inf, where=~mask)",
        "check-attention-mask", hint="reading True as allowed")
+mutant("attention_forward", "the cache holds the weights before the mask (masked on a copy)",
+       "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
+       "    weights, _ = softmax_forward(scores, out=scores)\n"
+       "    c_softmax = softmax_forward((q * scale) @ np.swapaxes(k, -1, -2))[1]\n",
+       "check-attention-mask", hint="the weights before the mask in the cache")
 mutant("attention_forward", "blocked scores set to -1e9 instead of -inf",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -1e9, where=mask)",
        "check-attention-empty-rows")
@@ -360,12 +372,23 @@ mutant("split_heads", "the features cut as (d_h, H): heads interleaved",
        "    return x.transpose(0, 3, 1, 2)", "check-split-heads")
 mutant("split_heads", "the head width E / num_heads, a float (reshape refuses it)",
        "E // num_heads)  # (B, T, H, Dh)", "E / num_heads)  # (B, T, H, Dh)", "check-split-heads")
+mutant("split_heads", "a Python loop over the heads (the text asks for none)",
+       "x = x.reshape(B, T, num_heads, E // num_heads)  # (B, T, H, Dh)\n"
+       "    return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
+       "d = E // num_heads\n"
+       "    return np.stack([x[..., i * d:(i + 1) * d] for i in range(num_heads)], axis=1)",
+       "check-split-heads", hint="runs a Python loop")
 mutant("merge_heads", "a reshape to (B, T, E) without swapping back",
        "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)", "return x.reshape(B, T, H * Dh)",
        "check-merge-heads")
 mutant("merge_heads", "the features ordered (d_h, H)",
        "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)",
        "return x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh)", "check-merge-heads")
+
+mutant("merge_heads", "a Python loop over the heads (the text asks for none)",
+       "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)",
+       "return np.concatenate([x[:, i] for i in range(H)], axis=-1)", "check-merge-heads",
+       hint="runs a Python loop")
 
 mutant("multi_head_attention_forward", "the mask not passed on to attention",
        "split_heads(v, num_heads), mask)", "split_heads(v, num_heads))", "check-mha-forward")
@@ -420,6 +443,10 @@ mutant("self_attention_forward", "the keys used as values (k, k)",
 GQA = "04_multihead_attention/exercise-gqa"
 mutant(GQA, "the key/value heads tiled (head j serves j, j + g, ...) instead of repeated",
        "k = np.repeat(k, h // g, axis=1)", "k = np.tile(k, (1, h // g, 1, 1))", "check-gqa")
+mutant(GQA, "the key/value heads gathered by a Python loop (the text asks for none)",
+       "k = np.repeat(k, h // g, axis=1)",
+       "k = np.stack([k[:, i // (h // g)] for i in range(h)], axis=1)", "check-gqa",
+       hint="runs a Python loop")
 mutant(GQA, "without the output projection", "out = merge_heads(ctx) @ W_o",
        "out = merge_heads(ctx)", "check-gqa")
 mutant(GQA, "the key and the value heads both tiled",

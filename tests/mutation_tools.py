@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import linecache
 import sys
 import types
 import warnings
@@ -135,6 +136,8 @@ def fresh_core(mutated: dict[str, str] | None = None) -> dict[str, types.ModuleT
             sys.modules[name] = mod  # the modules after it import this one
             code = compile(mutated.get(module, path.read_text()), str(path), "exec")
             exec(code, mod.__dict__)  # noqa: S102 -- the course's own source
+            if module in mutated:
+                mod._mutated_source = mutated[module]  # what core_from shows inspect
             fresh[module] = mod
     finally:
         for name, mod in saved.items():
@@ -200,21 +203,34 @@ def exercise_namespace(name: str, cell_id: str, old: str | None = None,
 
 @contextmanager
 def core_from(modules: dict[str, types.ModuleType] | None):
-    """``framework.core_function`` finds the core functions in ``modules`` meanwhile."""
+    """``framework.core_function`` finds the core functions in ``modules`` meanwhile, and
+    ``inspect.getsource`` (the loop rule's reader) reads a mutated module's source, not its
+    file's."""
     if modules is None:
         yield
         return
-    original = F.core_function
+    original, saved = F.core_function, {}
 
     def core_function(name: str) -> Callable:
         module, _ = syllabus.where_taught(name)
         return getattr(modules[module], name)
 
+    for mod in modules.values():
+        source = getattr(mod, "_mutated_source", None)
+        if source is not None:  # an entry without a time: linecache.checkcache keeps it
+            saved[mod.__file__] = linecache.cache.get(mod.__file__)
+            linecache.cache[mod.__file__] = (len(source), None, source.splitlines(True),
+                                             mod.__file__)
     F.core_function = core_function
     try:
         yield
     finally:
         F.core_function = original
+        for path, entry in saved.items():
+            if entry is None:
+                linecache.cache.pop(path, None)
+            else:
+                linecache.cache[path] = entry
 
 
 @functools.cache
@@ -242,7 +258,7 @@ def first_failure(check_id: str, named: dict[str, Callable], salt: str, hidden: 
     chk.mistakes = lambda *a, **k: {}  # no hints: only the verdict matters here
     with core_from(core):
         f = F.functions_for(chk, named={n: named[n] for n in chk.arguments})
-    loops = {name: F.python_loops(getattr(f, name)) for name in chk.loop_free}  # as the grader
+        loops = {name: F.python_loops(getattr(f, name)) for name in chk.loop_free}  # as graded
     for case in cases(check_id, salt, hidden):
         with warnings.catch_warnings():  # in a notebook a warning is printed, not raised
             warnings.simplefilter("ignore")

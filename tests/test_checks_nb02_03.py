@@ -55,7 +55,7 @@ def _masked_attention(how):
             w = _plain_softmax(s)
         if how == "after" and mask is not None and mask.dtype == bool:
             w = w * ~mask
-        return w @ v, None
+        return w @ v, (q, k, v, w, 1 / math.sqrt(q.shape[-1]))  # the cache holds the weights
     return attention_forward
 
 
@@ -181,7 +181,8 @@ def test_attention_fixed_axis_bugs(monkeypatch):
         s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[1])
         if mask is not None:
             s = np.where(mask, -np.inf, s)
-        return _plain_softmax(s) @ v, None
+        w = _plain_softmax(s)
+        return w @ v, (q, k, v, w, 1 / np.sqrt(np.float64(q.shape[-1])))
     monkeypatch.setattr(CA, "attention_forward", axis_one)
     assert "1/sqrt(q.shape[1])" in _fails("check-attention-batched")
 
@@ -191,7 +192,8 @@ def test_attention_batched_float32_promotion(monkeypatch):
         s = q @ np.swapaxes(k, -1, -2) / np.sqrt(np.float64(q.shape[-1]))
         if mask is not None:
             s = np.where(mask, -np.inf, s)
-        return _plain_softmax(s) @ v, None
+        w = _plain_softmax(s)
+        return w @ v, (q, k, v, w, 1 / np.sqrt(np.float64(q.shape[-1])))
     monkeypatch.setattr(CA, "attention_forward", promotes)
     message = _fails("check-attention-batched")
     assert "case 'float32 batch with a padding mask'" in message

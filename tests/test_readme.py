@@ -37,14 +37,6 @@ def test_the_readme_is_short_and_starts_a_learner_at_once():
     assert "make learn" in start and torch_pin(ROOT) in start
 
 
-def test_every_page_names_the_torch_that_requirements_txt_pins():
-    """requirements.txt is the pin's one source; the pages and pyproject.toml repeat it."""
-    pin = torch_pin(ROOT)
-    for path in [*PAGES, ROOT / "pyproject.toml"]:
-        for named in re.findall(r"torch==[\w.]*\w", _text(path)):
-            assert named == pin, f"{path.name} names {named}, requirements.txt {pin}"
-
-
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_link_to_a_file_points_to_one_that_exists(page):
     for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):

@@ -575,8 +575,8 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
     for name, found in loops.items():
         if found.startswith("a loop"):
             return Verdict(False, f"{label}: the answer is right, but `{name}` runs a Python "
-                                  f"loop ({found}); the exercise asks for none over positions "
-                                  f"or the batch: {check.loop_free.get(name, 'broadcast')}")
+                                  f"loop ({found}); the exercise asks for none over positions, "
+                                  f"heads or the batch: {check.loop_free.get(name, 'broadcast')}")
         if found != "none":
             return Verdict(False, f"{label}: `{name}`: {found}")
     return Verdict(True)

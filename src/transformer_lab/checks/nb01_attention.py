@@ -212,6 +212,10 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
             [x, later.standard_normal((1, 5))]).T.copy(),), {"axis": 0})
         yield Case("shape (3, 1, 4), axis -1 (an axis of length 1 that is not reduced)",
                    (later.standard_normal((3, 1, 4)) * 5,))
+        yield Case("-inf entries in a slice near -1000",
+                   (np.array([[-1000.0, -np.inf, -1001.5], [2.0, -np.inf, -np.inf]]),))
+        yield Case("float32 near 100 (exp overflows float32; the result stays float32)",
+                   ((later.standard_normal((2, 5)) + 100).astype(np.float32),))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

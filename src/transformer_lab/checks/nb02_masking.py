@@ -14,7 +14,10 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
-from transformer_lab.checks.nb01_attention import _softmax  # a row of only -inf gives NaN
+from transformer_lab.checks.nb01_attention import (  # _softmax: a row of only -inf gives NaN
+    _cached,
+    _softmax,
+)
 
 
 def _scores(q, k):
@@ -73,22 +76,46 @@ class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
                 lambda: self.expected(T)}
 
 
+WEIGHTS = "weights (the softmax's cache)"
+
+
+def _answer(weights, v) -> dict:
+    """What the masked-attention checks compare: the output ``weights @ v``, and the weights,
+    which the cache holds for the backward pass."""
+    return {"output": weights @ v, WEIGHTS: weights}
+
+
 class _MaskedAttention(Check):
-    """attention_forward with a mask (its output only) against PyTorch's scaled dot-product
-    attention given the same mask (bool True = blocked, or float added; a query whose keys are
-    all blocked gets a zero output, as in the course)."""
+    """attention_forward with a mask -- its output, and the weights its cache holds for the
+    backward pass -- against PyTorch's scaled dot-product attention given the same mask (bool
+    True = blocked, or float added; a query whose keys are all blocked gets a zero output and
+    zero weights, as in the course)."""
 
     functions = ("attention_forward",)
-    axes = {"output": "bhtd"}  # axis names, for messages
+    axes = {"output": "bhtd", WEIGHTS: "bhts"}  # axis names, for messages
 
     def run(self, f, q, k, v, mask=None):
-        return f.attention_forward(q, k, v, mask)[0]
+        out, cache = f.attention_forward(q, k, v, mask)
+        return {"output": out, WEIGHTS: _cached(cache, "weights")}
 
     def expected(self, q, k, v, mask=None):
         t = [torch.from_numpy(a) for a in (q, k, v)]
+        scores = t[0] @ t[1].transpose(-1, -2) / math.sqrt(q.shape[-1])
         if mask is not None:
+            scores = scores.masked_fill(torch.from_numpy(mask), -math.inf) \
+                if mask.dtype == bool else scores + torch.from_numpy(mask)
             mask = torch.from_numpy(~mask if mask.dtype == bool else mask)
-        return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask).numpy()
+        return {"output": torch.nn.functional.scaled_dot_product_attention(
+                    *t, attn_mask=mask).numpy(),
+                WEIGHTS: torch.softmax(scores, -1).nan_to_num(nan=0.0).numpy()}
+
+    def mistakes(self, q, k, v, mask=None):
+        if mask is None:
+            return {}
+        right = self.expected(q, k, v, mask)
+        return {"with the weights before the mask in the cache (the softmax of the unmasked "
+                "scores): the backward pass reads the cache, so it must hold the weights that "
+                "made the output": lambda: {**right, WEIGHTS: _softmax(_scores(q, k))}}
 
 
 class AttentionMask(_MaskedAttention, id="check-attention-mask"):
@@ -122,20 +149,21 @@ class AttentionMask(_MaskedAttention, id="check-attention-mask"):
 
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
+        found = super().mistakes(q, k, v, mask)
         if mask.dtype != bool:
-            return {"treating the float mask as a boolean (a float mask is added to the scores)":
-                    lambda: _softmax(np.where(mask != 0, -np.inf, s)) @ v,
-                    "ignoring the mask": lambda: _softmax(s) @ v}
-        return {"adding the boolean mask to the scores (True counts as 1 and blocks nothing: "
-                "set the blocked scores to -inf)": lambda: _softmax(s + mask) @ v,
+            return {**found, "treating the float mask as a boolean (a float mask is added to "
+                    "the scores)": lambda: _answer(_softmax(np.where(mask != 0, -np.inf, s)), v),
+                    "ignoring the mask": lambda: _answer(_softmax(s), v)}
+        return {**found, "adding the boolean mask to the scores (True counts as 1 and blocks "
+                "nothing: set the blocked scores to -inf)": lambda: _answer(_softmax(s + mask), v),
                 "reading True as allowed (the mask convention inverted: True = blocked)":
-                lambda: np.nan_to_num(_softmax(np.where(~mask, -np.inf, s))) @ v,
+                lambda: _answer(np.nan_to_num(_softmax(np.where(~mask, -np.inf, s))), v),
                 "reading True as allowed (the mask convention inverted: True = blocked); the "
                 "rows it blocks entirely give NaN":
-                lambda: _softmax(np.where(~mask, -np.inf, s)) @ v,
+                lambda: _answer(_softmax(np.where(~mask, -np.inf, s)), v),
                 "masking the weights after the softmax (block the scores before it, so that "
-                "the allowed weights still sum to one)": lambda: (_softmax(s) * ~mask) @ v,
-                "ignoring the mask": lambda: _softmax(s) @ v}
+                "the allowed weights still sum to one)": lambda: _answer(_softmax(s) * ~mask, v),
+                "ignoring the mask": lambda: _answer(_softmax(s), v)}
 
 
 class SoftmaxEmptyRows(Check, id="check-softmax-empty-rows", functions=("softmax_forward",)):
@@ -208,15 +236,16 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
     def mistakes(self, q, k, v, mask):
         s = _scores(q, k)
         blocked = mask if mask.dtype == bool else np.isneginf(mask)
-        found = {"from a softmax without section 4's guards for a row of -inf only (NaN where "
+        found = {**super().mistakes(q, k, v, mask),
+                 "from a softmax without section 4's guards for a row of -inf only (NaN where "
                  "zeros belong): attention_forward must call softmax_forward, and "
                  "softmax_forward must pass check-softmax-empty-rows (when it does not, fix it "
                  "there, not here)":
-                 lambda: _softmax(np.where(blocked, -np.inf, s)) @ v}
+                 lambda: _answer(_softmax(np.where(blocked, -np.inf, s)), v)}
         if mask.dtype == bool:
             found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "
                   "then attends to its blocked keys anyway (as if unmasked; uniformly in "
-                  "float32)"] = lambda: _softmax(np.where(mask, -1e9, s)) @ v
+                  "float32)"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
         return found
 
 

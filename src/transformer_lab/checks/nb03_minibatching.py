@@ -11,7 +11,7 @@ from transformer_lab.checks._torch_helpers import torch
 from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.checks.nb00_gradients import linear_case, torch_linear
 from transformer_lab.checks.nb01_attention import _softmax
-from transformer_lab.checks.nb02_masking import _MaskedAttention, _qkv
+from transformer_lab.checks.nb02_masking import _answer, _MaskedAttention, _qkv
 
 
 class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=("linear_forward",)):
@@ -114,9 +114,10 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
             s = q @ np.swapaxes(k, -1, -2) * scale
             if mask is not None:
                 s = np.where(mask, -np.inf, s) if mask.dtype == bool else s + mask
-            return _softmax(s, axis) @ v
+            return _answer(_softmax(s, axis), v)
 
-        return {"scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "
+        return {**super().mistakes(q, k, v, mask),
+                "scaling by 1/sqrt(q.shape[1]) -- on a batch that is T, not d_k "
                 "(count axes from the right: q.shape[-1])":
                 lambda: attend(1 / math.sqrt(q.shape[1])),
                 "with the softmax over axis 1 -- on a batch that is not the keys' axis "

@@ -170,6 +170,7 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, **knobs
 
 class SplitHeads(Check, id="check-split-heads", functions=("split_heads",)):
     axes = {"output": "bhtd"}  # axis names, for messages
+    loop_free = {"split_heads": "one reshape, then one transpose"}
 
     def cases(self, rng):
         yield Case("B = 2, T = 3, E = 8, 2 heads", (rng.standard_normal((2, 3, 8)), 2))
@@ -205,6 +206,7 @@ class SplitHeads(Check, id="check-split-heads", functions=("split_heads",)):
 
 class MergeHeads(Check, id="check-merge-heads", functions=("merge_heads",)):
     axes = {"output": "bte"}  # axis names, for messages
+    loop_free = {"merge_heads": "one transpose, then one reshape"}
 
     def cases(self, rng):
         yield Case("B = 2, 2 heads, T = 3, d_h = 4", (rng.standard_normal((2, 2, 3, 4)),))
@@ -449,6 +451,8 @@ def _keys_as_values(params):
 
 
 class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_attention",)):
+    loop_free = {"grouped_query_attention": "repeat the key/value heads (np.repeat on the head "
+                                            "axis), then attend with all heads at once"}
     @staticmethod
     def _case(rng, name, b, t, e, h, g, dtype=np.float64):
         x = rng.standard_normal((b, t, e))

@@ -51,12 +51,12 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def torch_pin(project: Path) -> str:
-    """The line of ``project``'s requirements.txt that pins torch (``torch==X``): its one
+    """The line of ``project``'s requirements.txt that pins torch (``torch==<version>``): its one
     source, which the handout's README repeats."""
     for line in (project / "requirements.txt").read_text(encoding="utf-8").splitlines():
         if re.fullmatch(r"torch==[\w.+]+", line.strip()):
             return line.strip()
-    raise HandoutError(f"{project / 'requirements.txt'} pins no torch (a line torch==X)")
+    raise HandoutError(f"{project / 'requirements.txt'} pins no torch (a line torch==<version>)")
 #: What the student tree holds besides the notebooks, the package and PROJECT_FILES.
 PROJECT_DIRS = ("img",)
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
