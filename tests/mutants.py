@@ -476,6 +476,18 @@ mutant("softmax_backward", "the cached y overwritten (y *= ...): the caller's we
        "    dx *= y\n    return dx\n",
        "    y *= dx\n    return y\n", "check-softmax-backward", "check-attention-backward",
        hint="writes into an array that its forward pass cached")
+mutant("softmax_backward", "dout overwritten (out=dout) before the row sum reads it",
+       'dx = np.subtract(dout, np.einsum("...j,...j->...", dout, y)[..., None], out=out)\n'
+       "    dx *= y",
+       "dx = np.multiply(dout, y, out=out)\n"
+       '    dx -= y * np.einsum("...j,...j->...", dout, y)[..., None]', "check-softmax-backward",
+       hint="dout overwritten before the row sum")
+mutant("softmax_backward", "a Python loop over the rows (the text asks for none)",
+       'dx = np.subtract(dout, np.einsum("...j,...j->...", dout, y)[..., None], out=out)\n'
+       "    dx *= y",
+       "y2, d2 = y.reshape(-1, y.shape[-1]), dout.reshape(-1, y.shape[-1])\n"
+       "    dx = np.stack([r * (g - (g * r).sum()) for r, g in zip(y2, d2, strict=True)])"
+       ".reshape(y.shape)", "check-softmax-backward", hint="runs a Python loop")
 mutant("softmax_backward", "the row sum without keepdims",
        "np.einsum(\"...j,...j->...\", dout, y)[..., None]",
        "np.einsum(\"...j,...j->...\", dout, y)",
@@ -495,6 +507,9 @@ mutant("attention_backward", "1 / sqrt(d_k) in place of the cached scale",
        "check-attention-backward")
 mutant("attention_backward", "without the scale in dq and dk",
        "dq = dscores @ k * scale", "dq = dscores @ k", "check-attention-backward")
+mutant("attention_backward", "dweights added into in place (the caller's array changes)",
+       "        dP += dweights", "        dweights += dP\n        dP = dweights",
+       "check-attention-backward", hint="changed its argument dweights")
 mutant("attention_backward", "dweights ignored",
        "    if dweights is not None:\n        dP += dweights\n", "", "check-attention-backward")
 mutant("attention_backward", "dk = dS q (dS not transposed)",
@@ -557,6 +572,10 @@ mutant("self_attention_backward", "dq, dk, dv stacked in the wrong order (k, q, 
        "merge_heads(dq), merge_heads(dk), merge_heads(dv)",
        "merge_heads(dk), merge_heads(dq), merge_heads(dv)", "check-self-attention-backward")
 
+mutant("layer_norm_forward", "the one-pass variance mean(x * x) - mean(x)**2 (cancels)",
+       'var = np.einsum("...j,...j->...", xc, xc)[..., None] / d',
+       "var = (x * x).mean(axis=-1, keepdims=True) - x.mean(axis=-1, keepdims=True) ** 2",
+       "check-layer-norm-forward")
 mutant("layer_norm_forward", "eps added to the standard deviation",
        "rstd = 1 / np.sqrt(var + eps)", "rstd = 1 / (np.sqrt(var) + eps)",
        "check-layer-norm-forward")
@@ -645,6 +664,10 @@ mutant("embedding_forward", "the ids flattened (the batch axes lost)",
 mutant("embedding_backward", "dW[ids] += dout (a repeated id counted once)",
        "np.add.at(dW, ids.reshape(-1), dout.reshape(-1, shape[1]))",
        "dW[ids.reshape(-1)] += dout.reshape(-1, shape[1])", "check-embedding")
+mutant("embedding_backward", "a Python loop over the positions (the text asks for np.add.at)",
+       "np.add.at(dW, ids.reshape(-1), dout.reshape(-1, shape[1]))",
+       "for i, row in zip(ids.reshape(-1), dout.reshape(-1, shape[1]), strict=True):\n"
+       "        dW[i] += row", "check-embedding", hint="runs a Python loop")
 mutant("embedding_backward", "the table's gradient in float64 whatever dout's dtype",
        "dW = np.zeros(shape, dtype=dout.dtype)", "dW = np.zeros(shape)", "check-embedding")
 
@@ -666,9 +689,24 @@ mutant(BIAS, "dA from dP, before the softmax backward",
 mutant(BIAS, "dA not summed over the leading axes",
        "dA = dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)", "dA = dZ",
        "check-score-bias-attention")
+mutant(BIAS, "1/sqrt(d_k) in dQ and dK instead of the scale given",
+       "    dQ = scale * dZ @ K\n    dK = scale * np.swapaxes(dZ, -1, -2) @ Q",
+       "    c = 1 / math.sqrt(Q.shape[-1])\n    dQ = c * dZ @ K\n"
+       "    dK = c * np.swapaxes(dZ, -1, -2) @ Q", "check-score-bias-attention",
+       hint="where the scale given belongs")
+mutant(BIAS, "dA summed by a Python loop over the leading axes (the text asks for none)",
+       "dA = dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)",
+       "flat = dZ.reshape(-1, *dZ.shape[-2:])\n    dA = np.zeros(dZ.shape[-2:])\n"
+       "    for i in range(flat.shape[0]):\n        dA += flat[i]", "check-score-bias-attention",
+       hint="runs a Python loop")
 mutant(BIAS, "dK with dZ not transposed", "dK = scale * np.swapaxes(dZ, -1, -2) @ Q",
        "dK = scale * dZ @ Q", "check-score-bias-attention")
 RMSB = "06_layers_backward/exercise-rms-norm-backward"
+mutant(RMSB, "dgamma summed by a Python loop over the rows (the text asks for none)",
+       "dgamma = (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0)",
+       "rows = (dy * xhat).reshape(-1, x.shape[-1])\n"
+       "    dgamma = sum(rows[i] for i in range(len(rows)))", "check-rms-norm-backward",
+       hint="runs a Python loop")
 mutant(RMSB, "mean(g) subtracted as in layer norm",
        "dx = (g - xhat * (g * xhat).mean(axis=-1, keepdims=True)) / r",
        "dx = (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, "

@@ -296,19 +296,31 @@ def _cache_kept(backward: Callable) -> Callable:
     """``backward``, raising :class:`CacheChanged` where it wrote into the arrays of its cache
     that the read-only rule leaves writable (the forward's inputs: RoPE's tables, a layer's
     weights), which the next layer or step reads again."""
+    names = list(inspect.signature(backward).parameters)[1:]  # after dout: the cache, ...
+
     @wraps(backward)
     def wrapped(dout, *args, **kwargs):
-        before = [(a, _fingerprint(a)) for a in _arrays((args, kwargs)) if a.flags.writeable]
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        before = {name: [(a, _fingerprint(a)) for a in _arrays(value) if a.flags.writeable]
+                  for name, value in given.items() if name != "out"}  # out: to be written
         result = backward(dout, *args, **kwargs)
-        if any(_fingerprint(a) != was for a, was in before):
-            raise CacheChanged(f"{backward.__name__} changed an array of its cache (an input "
-                               f"its forward pass was given and cached)")
+        for name, arrays in before.items():
+            if any(_fingerprint(a) != was for a, was in arrays):
+                if name == names[0]:  # the cache, whatever the code calls it
+                    raise CacheChanged(f"{backward.__name__} changed an array of its cache (an "
+                                       f"input its forward pass was given and cached)")
+                raise ArgumentChanged(f"{backward.__name__} changed its argument {name}, which "
+                                      f"the caller still holds: compute into a new array")
         return result
     return wrapped
 
 
 class CacheChanged(Exception):
     """A backward pass wrote into its cache."""
+
+
+class ArgumentChanged(Exception):
+    """A backward pass wrote into an argument other than its cache and ``out``."""
 
 
 def _fingerprint(a: np.ndarray) -> bytes:
@@ -356,6 +368,7 @@ def python_loops(function: Callable) -> str:
     larger batch runs more often ("a loop at line 7", :func:`def_loops`) -- for the exercises
     whose text asks for broadcasting instead. Read from its source (as the grader reads the
     submitted one), or, where there is none, from the compiled code, where every loop counts."""
+    function = inspect.unwrap(function)  # not the checks' wrapper of a core backward pass
     try:
         node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):

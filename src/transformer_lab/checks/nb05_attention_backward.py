@@ -109,6 +109,9 @@ def row_cases(rng):
 
 class SoftmaxBackward(Check, id="check-softmax-backward",
                       functions=("softmax_forward", "softmax_backward")):
+    loop_free = {"softmax_backward": "dx = y * (dout - sum(dout * y)), the sum along the last "
+                                     "axis with keepdims=True"}
+
     def cases(self, rng):
         yield from row_cases(rng)
         x = rng.standard_normal((3, 4))
@@ -120,6 +123,9 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
         yield Case("a fully blocked row (all -inf: zero weights, zero gradient)",
                    (x, rng.standard_normal((3, 4))))
         yield Case("float32", normals(rng, (2, 3, 6), (2, 3, 6), dtype=np.float32))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("out=dout: dx written over dout (as attention_backward calls it)",
+                   normals(later, (3, 5), (3, 5)), {"in_place": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -129,16 +135,23 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
         yield Case("one entry per row", normals(rng, (4, 1), (4, 1)))
     ### END HIDDEN TESTS
 
-    def run(self, f, x, dout):
+    def run(self, f, x, dout, in_place=False):
         _, cache = f.softmax_forward(x)
-        return f.softmax_backward(dout, cache)
+        if not in_place:
+            return f.softmax_backward(dout, cache)
+        given = dout.copy()  # the caller's dout: softmax_backward may write over it
+        return f.softmax_backward(given, cache, out=given)
 
-    def expected(self, x, dout):
+    def expected(self, x, dout, in_place=False):
         return autograd(torch_softmax_rows, dout, x)[1]
 
-    def mistakes(self, x, dout):
+    def mistakes(self, x, dout, in_place=False):
         y = _np(torch_softmax_rows(_t(x)))
-        return {"with the row sum sum(dout * y) taken without keepdims=True (so it broadcasts "
+        overwritten = {"with dout overwritten before the row sum read it (out may be dout "
+                       "itself: take sum(dout * y) first, then write into out)":
+                       lambda: y * dout - y * (dout * y * y).sum(axis=-1, keepdims=True)}
+        return {**(overwritten if in_place else {}),
+                "with the row sum sum(dout * y) taken without keepdims=True (so it broadcasts "
                 "along the row instead of down the rows)":
                 lambda: y * (dout - (dout * y).sum(axis=-1)),
                 "summing over the first axis (axis=0) instead of along each row (axis=-1)":
@@ -391,11 +404,14 @@ class SoftmaxTemperatureBackward(Check, id="check-softmax-temperature",
 
 class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
                                  arguments=("score_bias_attention_backward",)):
+    loop_free = {"score_bias_attention_backward": "sum dA over the leading axes with one "
+                                                  "reshape and .sum(axis=0)"}
+
     @staticmethod
-    def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False):
+    def _case(rng, name, lead, t=3, s=4, d_k=2, d_v=3, zero_bias=False, scale=None):
         q, k, v = normals(rng, (*lead, t, d_k), (*lead, s, d_k), (*lead, s, d_v))
         a = np.zeros((t, s)) if zero_bias else rng.standard_normal((t, s))
-        scale = 1 / math.sqrt(d_k)
+        scale = 1 / math.sqrt(d_k) if scale is None else scale
         p = _np(torch_softmax_rows(_t(q @ np.swapaxes(k, -1, -2) * scale + a)))
         return Case(name, (rng.standard_normal((*lead, t, d_v)), q, k, v, p, scale),
                     {"A": a})
@@ -404,6 +420,7 @@ class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
         yield self._case(rng, "one sequence, no leading axes", ())
         yield self._case(rng, "a batch: leading axes (2,)", (2,))
         yield self._case(rng, "batch and heads: leading axes (2, 3)", (2, 3))
+        yield self._case(later_rng(rng), "scale = 1 (T5's: not 1/sqrt(d_k))", (2,), scale=1.0)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -425,7 +442,10 @@ class ScoreBiasAttentionBackward(Check, id="check-score-bias-attention",
     def mistakes(self, dO, Q, K, V, P, scale, A=None):
         right = self.expected(dO, Q, K, V, P, scale, A)
         n = math.prod(Q.shape[:-2])
-        return {"averaging dA over the leading axes instead of summing (A is shared by every "
+        ratio = 1 / math.sqrt(Q.shape[-1]) / scale  # 1/sqrt(d_k) where scale belongs
+        return {"with 1/sqrt(d_k) in dQ and dK where the scale given belongs (T5's is 1)":
+                lambda: {**right, "dQ": right["dQ"] * ratio, "dK": right["dK"] * ratio},
+                "averaging dA over the leading axes instead of summing (A is shared by every "
                 "sequence and head: their gradients add)":
                 lambda: {**right, "dA": right["dA"] / n},
                 "using dP (before the softmax backward) for dA":

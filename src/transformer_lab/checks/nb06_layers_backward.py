@@ -19,8 +19,8 @@ from transformer_lab.checks.nb05_attention_backward import _averaged, row_cases
 
 
 def _norm_case(rng, name, shape, gamma=True, beta=True, eps=1e-5, dtype=np.float64,
-               constant_row=False):
-    x = rng.standard_normal(shape) * 2 + 0.5
+               constant_row=False, offset=0.5):
+    x = rng.standard_normal(shape) * 2 + offset
     if constant_row:
         x.reshape(-1, shape[-1])[1] = 3.0
     g = 1 + 0.5 * rng.standard_normal(shape[-1]) if gamma else None
@@ -72,6 +72,8 @@ class _LayerNormCases:
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield _norm_case(later, "eps = 0.1", (3, 5), eps=0.1)
         yield _norm_case(later, "beta without gamma", (2, 3, 4), gamma=False)
+        yield _norm_case(later, "float32 rows near 300 (mean(x * x) - mean(x)**2 cancels: "
+                         "subtract the mean first)", (4, 8), dtype=np.float32, offset=300.0)
 
 
 #: check-layer-norm-forward's outputs: what the backward pass reads from the cache
@@ -323,6 +325,7 @@ class CrossEntropy(Check, id="check-cross-entropy",
 
 class Embedding(Check, id="check-embedding", functions=("embedding_forward", "embedding_backward")):
     axes = {"out": "te"}  # axis names, for messages
+    loop_free = {"embedding_backward": "np.add.at adds every row of dout at its id at once"}
 
     @staticmethod
     def _case(rng, name, ids, vocab, d, dtype=np.float64):
@@ -367,6 +370,9 @@ class Embedding(Check, id="check-embedding", functions=("embedding_forward", "em
 
 
 class RMSNormBackward(Check, id="check-rms-norm-backward", arguments=("rms_norm_backward",)):
+    loop_free = {"rms_norm_backward": "reduce over the last axis with keepdims=True, and sum "
+                                      "dgamma over the flattened leading axes"}
+
     @staticmethod
     def _case(rng, name, shape, eps=1e-6):
         return Case(name, normals(rng, shape, shape, shape[-1]), {"eps": eps})
