@@ -774,6 +774,17 @@ mutant("residual_backward", "the given norm's backward ignored: always the layer
        "dx, g_norm = normalize_backward(dh, c_norm)",
        "dx, g_norm = layer_norm_backward(dh, c_norm)", "check-residual-normalize",
        "check-modern-block")
+mutant("dropout_forward", "a mask cached in evaluation (the identity's cache is None)",
+       "        return x, None", "        return x, (np.ones(x.shape, bool), 1.0)",
+       "check-dropout", hint="not as the identity")
+mutant("dropout_forward", "the mask drawn as u < 1 - p (right in distribution, not the text's)",
+       "keep = rng.random(x.shape) >= p", "keep = rng.random(x.shape) < 1 - p", "check-dropout",
+       hint="drawing the mask another way")
+mutant("dropout_forward", "p = 1 returns zeros and cache None (the backward passes dout)",
+       "    keep = rng.random(x.shape) >= p\n",
+       "    if p == 1:\n        return np.zeros_like(x), None\n"
+       "    keep = rng.random(x.shape) >= p\n", "check-dropout",
+       hint="returning cache None at p = 1")
 mutant("dropout_forward", "a copy of x in evaluation (the identity returns x itself)",
        "        return x, None", "        return x.copy(), None", "check-dropout")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
@@ -838,6 +849,9 @@ mutant("residual_backward", "pre-norm: the norm's backward first, the sublayer's
        "        dx, g_norm = normalize_backward(dh, c_norm)\n        dx += dout\n",
        "        dn, g_norm = normalize_backward(dout, c_norm)\n"
        "        dx, *rest = sublayer_backward(dn, c_sub)\n        dx += dout\n", "check-residual")
+mutant("dropout_backward", "a cache of None not handled (evaluation, p = 0)",
+       "    if cache is None:\n        return dout\n", "", "check-dropout",
+       hint="unpacks a cache that is None")
 mutant("dropout_backward", "the mask inverted in the backward", "return dout * keep * scale",
        "return dout * ~keep * scale", "check-dropout")
 mutant("dropout_backward", "the mask ignored in the backward", "return dout * keep * scale",

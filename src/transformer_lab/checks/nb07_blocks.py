@@ -496,7 +496,7 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         keep, k = True, eval_scale  # evaluation, or p = 0: the identity
         if train and p > 0:  # p = 1 drops every entry (F.dropout(x, 1.0) is all zeros)
             u = np.random.default_rng(seed).random(x.shape)
-            keep = (u >= p if keep_if == "u >= p" else u < p) & (p < 1)
+            keep = {"u >= p": u >= p, "u < p": u < p, "u < 1 - p": u < 1 - p}[keep_if] & (p < 1)
             k = 1.0 if p == 1 else 1 / (1 - p) if scale is None else scale
         found = {"out": (x * keep * k).astype(x.dtype), "dx": (dout * keep * k).astype(x.dtype)}
         return {**found, self.IDENTITY: True} if not train or p == 0 else found
@@ -506,17 +506,30 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
         return {**answer, self.IDENTITY: False}
 
     def mistakes(self, x, dout, p, seed, train):
+        found = {}
+        if not train or p == 0:
+            found["the right numbers, but not as the identity: return x itself and cache None, "
+                  "and draw nothing from rng (the backward then returns dout as it is)"] = \
+                lambda: {**self.expected(x, dout, p, seed, train), self.IDENTITY: False}
+        if train and p == 1:
+            found["returning cache None at p = 1: the backward then passes dout through, but "
+                  "every entry was dropped, so its gradient is 0 (cache a mask of False)"] = \
+                lambda: {"out": np.zeros_like(x), "dx": dout}
         if not train:  # each answer then is a new array: not x itself
-            return {"dropping in evaluation mode too (train=False is the identity: no mask, no "
-                    "scale)": lambda: self._new(self.expected(x, dout, p, seed, True)),
+            return {**found, "dropping in evaluation mode too (train=False is the identity: "
+                    "no mask, no scale)": lambda: self._new(self.expected(x, dout, p, seed, True)),
                     "scaling in evaluation mode too: there dropout is the identity, the "
                     "1/(1-p) belongs to training": lambda: self._new(self.expected(
                         x, dout, p, seed, train, eval_scale=1 / (1 - p))),
                     "multiplying by (1 - p) in evaluation mode (the old, non-inverted dropout; "
                     "with inverted dropout evaluation does nothing)": lambda: self._new(
                         self.expected(x, dout, p, seed, train, eval_scale=1 - p))}
-        return {"without the 1/(1-p) scale on the kept entries (then the expected output is "
-                "(1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train, scale=1.0),
+        return {**found, "without the 1/(1-p) scale on the kept entries (then the expected "
+                "output is (1-p) x, not x)": lambda: self.expected(x, dout, p, seed, train,
+                                                                    scale=1.0),
+                "drawing the mask another way (u < 1 - p): right in distribution, but the check "
+                "replays u = rng.random(x.shape) and keeps u >= p, as the text says":
+                lambda: self.expected(x, dout, p, seed, train, "u < 1 - p"),
                 "scaling by (1 - p) instead of 1/(1 - p)":
                 lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
