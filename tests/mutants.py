@@ -142,6 +142,9 @@ mutant("softmax_forward", "without subtracting the maximum (exp overflows)",
 mutant("attention_forward", "without the scale 1/sqrt(d_k)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = q @ np.swapaxes(k, -1, -2)",
        "check-attention-forward")
+mutant("attention_forward", "the scale from d_v, the values' width (v.shape[-1])",
+       "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(v.shape[-1])",
+       "check-attention-forward", hint="dividing by sqrt(d_v)")
 mutant("attention_forward", "dividing by d_k instead of sqrt(d_k)",
        "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]",
        "check-attention-forward")
@@ -261,6 +264,9 @@ mutant("attention_forward", "the boolean mask added to the scores (True counts a
 mutant("attention_forward", "the mask read with True = allowed",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -np.inf, where=~mask)",
        "check-attention-mask", hint="reading True as allowed")
+mutant("attention_forward", "scores[mask] = -inf: a broadcast mask cannot index the scores",
+       "np.copyto(scores, -np.inf, where=mask)", "scores[mask] = -np.inf", "check-attention-mask",
+       hint="cannot index the scores")
 mutant("attention_forward", "the cache holds the weights before the mask (masked on a copy)",
        "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
        "    weights, _ = softmax_forward(scores, out=scores)\n"
@@ -290,6 +296,10 @@ mutant(SW, "without the causal part", "mask = (j > i) | (j <= i - window)",
        "mask = j <= i - window", "check-sliding-window")
 mutant(SW, "True = allowed", "mask = (j > i) | (j <= i - window)",
        "mask = (j <= i) & (j > i - window)", "check-sliding-window")
+mutant(SW, "an int mask (.astype(int)) where a bool one belongs",
+       "    mask = (j > i) | (j <= i - window)\n",
+       "    mask = ((j > i) | (j <= i - window)).astype(int)\n", "check-sliding-window",
+       hint="a boolean mask is expected")
 PL = "02_masking/exercise-prefix-lm"
 mutant(PL, "the prefix one position too short (j > P)", "(j >= prefix_len)", "(j > prefix_len)",
        "check-prefix-lm")
@@ -413,6 +423,9 @@ mutant("merge_masks", "the masks combined with & instead of |",
 mutant("merge_masks", "the padded queries blocked instead of the padded keys",
        "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]",
        "check-merge-masks")
+mutant("merge_masks", "the padding mask as (B, 1, S): b lined up with the heads axis",
+       "key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :]",
+       "check-merge-masks", hint="lines b up with the heads axis")
 mutant("merge_masks", "the padding mask not reshaped to (B, 1, 1, S)",
        "key_padding_mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)",
        "pass", "check-merge-masks")

@@ -599,6 +599,10 @@ def _error_hint(outcome: Outcome) -> str:
     """What an error of a few common kinds usually means, or ''."""
     if "read-only" in outcome.error or outcome.error.startswith("CacheChanged"):
         return READ_ONLY_HINT
+    if "boolean index did not match" in outcome.error:
+        return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
+                "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
+                "-np.inf, scores) or np.copyto(scores, -np.inf, where=mask)")
     if re.search(r"(too many|not enough) values to unpack|cannot unpack non-iterable",
                  outcome.error):
         if not outcome.where:  # in the check's own code: what the function returned
@@ -948,6 +952,9 @@ def _generic_hint(problem: Difference) -> str:
                     "mask.sum(): use int(mask.sum())); cast with .astype(x.dtype) where it is "
                     "made")
         return ""
+    if want.dtype == bool and got.dtype != bool:
+        return (f"a boolean mask is expected, and yours is {got.dtype}: comparisons (<, >=, ==) "
+                f"give bool arrays; keep them bool (no .astype(int))")
     if not np.all(np.isfinite(got)):
         return ("NaN appears where exp overflows (subtract the maximum first), where 0/0 "
                 "happens (a row with nothing to attend to?) or where 0 * inf does (a factor "

@@ -156,6 +156,12 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                 "without dividing the scores by sqrt(d_k)": (1.0, -1),
                 "dividing the scores by d_k instead of sqrt(d_k)": (1 / d, -1),
                 "multiplying the scores by sqrt(d_k) instead of dividing": (math.sqrt(d), -1)})
+            if v.shape[-1] != d:
+                applied["dividing by sqrt(d_v), the values' width: d_k is q.shape[-1]"] = (
+                    1 / math.sqrt(v.shape[-1]), -1)
+            if q.shape[-2] != d:
+                applied["dividing by sqrt(T), the number of queries: d_k is q.shape[-1]"] = (
+                    1 / math.sqrt(q.shape[-2]), -1)
         else:
             applied.update({
                 "ignoring the scale argument (1/sqrt(d_k) is only the default, for scale=None)":

@@ -132,6 +132,11 @@ class AttentionMask(_MaskedAttention, id="check-attention-mask"):
                    (*_qkv(rng, 4, 5, 3, 2), penalty))
         yield Case("float32 with a bool mask",
                    (*_qkv(rng, 5, 4, 8, 3, np.float32), _some_blocked(rng, 5, 4)))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        penalty = later.uniform(-2, 0, (3, 4)).astype(np.float32)
+        penalty[_some_blocked(later, 3, 4)] = -np.inf
+        yield Case("float32 with a float32 float mask (the result stays float32)",
+                   (*_qkv(later, 3, 4, 2, 5, np.float32), penalty))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _t, torch
-from transformer_lab.checks.framework import Case, Check, normals
+from transformer_lab.checks.framework import Case, Check, later_rng, normals
 from transformer_lab.reference.interop import layout
 
 # --------------------------------------------------------------------------------------------
@@ -371,6 +371,10 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
         found = {"combining the masks with & (blocked only where both block) instead of | "
                  "(blocked where either blocks)":
                  lambda: am & key_padding_mask[:, None, None, :]}
+        if scores_shape[1] == b:  # (B, 1, S) broadcasts to (B, H, T, S) only when B == H
+            found["with the padding mask as (B, 1, S), which lines b up with the heads axis: "
+                  "make it (B, 1, 1, S), key_padding_mask[:, None, None, :]"] = (
+                lambda: am | np.broadcast_to(key_padding_mask[:, None, :], scores_shape))
         if scores_shape[2] == s:
             found["blocking the padded queries (key_padding_mask[:, None, :, None]) instead "
                   "of the padded keys (the last axis)"] = (
@@ -466,6 +470,8 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
         yield self._case(rng, "g = 1: multi-query attention (one key/value head)", 2, 5, 8, 4, 1)
         yield self._case(rng, "h = 6, g = 3, E = 24", 2, 5, 24, 6, 3)
         yield self._case(rng, "h = 8, g = 2, E = 16", 2, 5, 16, 8, 2)
+        yield self._case(later_rng(rng), "float32 stays float32, h = 4, g = 2", 2, 6, 8, 4, 2,
+                         dtype=np.float32)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
