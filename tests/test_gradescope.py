@@ -419,7 +419,7 @@ def test_a_submission_of_another_course_version_is_not_graded_and_says_which_gra
         f"this autograder grades course version {ours}. None of your code ran; this is not "
         f"your fault -- please tell your instructor.\n\nFor the instructor: These submissions "
         f"were made from course version {old}; this is {ours}: grade them with that version "
-        f"-- `git worktree add ../course-v0.1.0 abc1234`, then run `make gradescope` there. Then "
+        f"-- `git worktree add ../course-abc1234 abc1234`, then run `make gradescope` there. Then "
         f"upload that autograder (build/gradescope/autograder.zip) for this assignment.")
 
 

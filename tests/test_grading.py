@@ -762,7 +762,7 @@ def test_submissions_of_another_course_version_are_refused_with_the_version_that
     err = _refused(tmp_path, capsys)
     assert err == (f"error: These submissions were made from course version 0.1.0 (commit "
                    f"abc1234); this is {OURS}: grade them with that version -- `git worktree "
-                   f"add ../course-v0.1.0 abc1234`, then run `make grade` there.\n")
+                   f"add ../course-abc1234 abc1234`, then run `make grade` there.\n")
 
 
 def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others(tmp_path,
@@ -788,7 +788,7 @@ def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others
                             assignment.parse_notebook(notebook_01(), "01_attention.ipynb"))
     assert skipped["alice"] == (f"not graded: made from course version 0.1.0 (commit abc1234), "
                                 f"and this is {ours}: grade it with that version -- `git "
-                                f"worktree add ../course-v0.1.0 abc1234`, then run `make "
+                                f"worktree add ../course-abc1234 abc1234`, then run `make "
                                 f"grade` there")
     assert "0.1.0 (commit fedcba9)" in skipped["carol"]
     assert f"made from course version {other_checks}, and this is {ours}" in skipped["erin"]
@@ -797,6 +797,26 @@ def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others
     assert totals["bob"]["points"] == totals["bob"]["max_points"] != "0"
     assert float(totals["alice"]["points"]) == float(totals["carol"]["points"]) == 0
     assert "alice (01_attention), carol (01_attention), erin (01_attention)" in console.out
+    assert re.search(r"alice\s+01_attention\s+\S+\s+other version", console.out), console.out
+
+
+def test_a_handout_of_another_commit_is_handed_in_unchanged(tmp_path):
+    """The handout's _built.py records its commit: a grader at a later commit must not list it
+    as a changed file (students saw 'changed, but not graded' for a file they never touched)."""
+    from transformer_lab.course.submissions import _handout_file, handout_digests
+
+    handout = tmp_path / "handout" / "src" / "transformer_lab"
+    handout.mkdir(parents=True)
+    (handout / "_built.py").write_text("COMMIT = 'aaaaaaa'\n")
+    (handout / "gradient_check.py").write_text("x = 1\n")
+    digests = handout_digests(tmp_path / "handout")
+    theirs = tmp_path / "alice" / "src" / "transformer_lab"
+    theirs.mkdir(parents=True)
+    (theirs / "_built.py").write_text("COMMIT = 'bbbbbbb'\n")
+    (theirs / "gradient_check.py").write_text("x = 2\n")
+    for name, want in (("_built.py", "same"), ("gradient_check.py", "changed")):
+        rel = Path("alice/src/transformer_lab") / name
+        assert _handout_file(rel, tmp_path / rel, digests) == want, name
 
 
 def test_what_a_submitted_notebook_records_and_which_records_grade():
@@ -811,7 +831,16 @@ def test_what_a_submitted_notebook_records_and_which_records_grade():
     assert versions.mismatch({"alice": [other]}, OURS) == (
         f"These submissions were made from course version {OURS.version} (commit fedcba9), "
         f"whose checks differ from this one's; this is {OURS}: grade them with that version "
-        f"-- `git worktree add ../course-v{OURS.version} fedcba9`, then run `make grade` there.")
+        f"-- `git worktree add ../course-fedcba9 fedcba9`, then run `make grade` there.")
+    two = versions.mismatch({"alice": [dataclasses.replace(OLD, commit="1111111")],
+                             "bob": [OLD]}, OURS)  # two commits of one version: two worktrees
+    assert "for 0.1.0 (commit 1111111), `git worktree add ../course-1111111 1111111`" in two
+    assert "for 0.1.0 (commit abc1234), `git worktree add ../course-abc1234 abc1234`" in two
+    dirty = versions.mismatch({"alice": [dataclasses.replace(OLD, commit="abc1234+changes")]},
+                              OURS)
+    assert "`git worktree add ../course-abc1234 abc1234`" in dirty and "uncommitted" in dirty
+    assert "`git worktree add ../course-v0.1.0 v0.1.0`" in versions.mismatch(
+        {"alice": [versions.CourseVersion("0.1.0")]}, OURS)  # no commit: the tag
 
 
 def test_the_checks_fingerprint_follows_what_grades_a_notebook_and_nothing_else(tmp_path):
@@ -833,9 +862,17 @@ def test_the_checks_fingerprint_follows_what_grades_a_notebook_and_nothing_else(
     nb.cells[3].metadata.nbgrader["points"] += 1
     assert fingerprint() != first
     nb.cells[3].metadata.nbgrader["points"] -= 1
+    other = package / "checks" / "nb05_attention_backward.py"  # another notebook's checks
+    other.write_text(other.read_text() + "\n# a case added\n")
+    assert fingerprint() == first
     checks = package / "checks" / "nb01_attention.py"
+    checks.write_bytes(checks.read_bytes().replace(b"\n", b"\r\n"))  # a Windows checkout
+    assert fingerprint() == first
     checks.write_text(checks.read_text() + "\n# a tolerance changed\n")
     assert fingerprint() != first
+    framework = package / "checks" / "framework.py"  # what every check imports
+    framework.write_text(framework.read_text() + "\n# a rule changed\n")
+    assert len({first, fingerprint()}) == 2
 
 
 def test_a_notebook_s_recorded_version_is_read_forgivingly(tmp_path):
@@ -1058,6 +1095,25 @@ def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_p
     assert solution and all(p == m for p, m in solution.values()), summary(
         grades, "solution", notebook.stem)
     assert all(float(r["points"]) == 0 for r in rows if r["student"] == "untouched")
+
+
+def test_the_loops_of_a_core_function_are_read_from_the_student_s_core_file(tmp_path):
+    """check-split-heads asks for no loop over heads: the grader reads split_heads's loops from
+    the file the probe takes it from (it read notebook cells only, and the solution failed)."""
+    from transformer_lab.course.submissions import StudentWork
+
+    core = reference_core(tmp_path / "core", {"multihead": {"split_heads": (
+        "def split_heads(x, num_heads):\n"
+        "    d = x.shape[-1] // num_heads\n"
+        "    return np.stack([x[..., i * d:(i + 1) * d] for i in range(num_heads)], axis=1)\n")}})
+    work = StudentWork("alice", core_dir=core, core_files={"multihead": core / "multihead.py"})
+    defs = grade.core_defs(work, {"split_heads", "merge_heads", "logsumexp"})
+    assert set(defs) == {"split_heads", "merge_heads"}  # logsumexp: a notebook function
+    line = (core / "multihead.py").read_text().splitlines().index(
+        "    return np.stack([x[..., i * d:(i + 1) * d] for i in range(num_heads)], axis=1)") + 1
+    assert grade.source_loops(defs, "split_heads") == f"a loop at line {line}"
+    assert grade.source_loops(defs, "merge_heads") == "none"
+    assert grade.core_defs(StudentWork("bob"), {"split_heads"}) == {}  # no core handed in
 
 
 def test_stubbed_and_reference_core_helpers(tmp_path):

@@ -4,6 +4,7 @@ it, and kernels that import the workspace's package -- the student's core -- wit
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -46,6 +47,9 @@ def test_the_workspace_is_built_once_and_never_overwritten(workspace, capsys):
                        str(ROOT), "--no-lab"]) == 0
     out = capsys.readouterr().out
     assert "kept as it is" in out and "to start over" in out
+    command = out.strip().splitlines()[-1]  # pasted into a shell, the space stays in its path
+    assert shlex.split(command)[0] == f"PYTHONPATH={workspace.resolve() / 'src'}" or \
+        shlex.split(command)[0].startswith(f"PYTHONPATH={workspace.resolve() / 'src'}{os.pathsep}")
     assert layers.read_text() == mine and (workspace / "notebooks" / "scratch.ipynb").exists()
     with pytest.raises(SystemExit, match="not empty and was not written by this tool"):
         student.main(["--source", str(ROOT / "notebooks"), "--out", str(workspace),

@@ -80,7 +80,7 @@ def check_package_folder(notebooks: Path) -> None:
 
     here = notebooks.resolve().parent / "src" / "transformer_lab"
     loaded = Path(transformer_lab.__file__).resolve().parent
-    if here.is_dir() and here.resolve() != loaded:
+    if here.is_dir() and not here.samefile(loaded):  # (not by name: macOS ignores case)
         raise OtherPackageError(
             f"this notebook's folder has its own package, {here} (in a workspace: the one you "
             f"write), but this kernel imported transformer_lab from {loaded}, so every check "

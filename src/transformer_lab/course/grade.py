@@ -18,6 +18,7 @@ import argparse
 import ast
 import copy
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -412,13 +413,35 @@ def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]
     return found
 
 
+def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
+    """The last top-level ``def`` of each core function of ``names`` in the student's core
+    module that holds it -- the file the probe takes it from; a name without one is left
+    out."""
+    found: dict[str, ast.FunctionDef] = {}
+    for name in names:
+        try:
+            module, _ = syllabus.where_taught(name)
+        except KeyError:  # a notebook function: last_defs finds it in the cells
+            continue
+        path = (work.core_files or {}).get(module)
+        try:
+            tree = untrusted.parse(path.read_text(encoding="utf-8")) if path else None
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body if tree else []:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                found[name] = node
+    return found
+
+
 def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
     """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
-    of its def in ``defs`` (:func:`last_defs`), functions it defines inside included: "none",
-    "a loop at line N" (of its cell), or that there is no such def. A loop in a function it
-    calls is not seen, as in the notebook."""
+    of its def in ``defs`` (:func:`last_defs`, :func:`core_defs`), functions it defines inside
+    included: "none", "a loop at line N" (of its cell or file), or that there is no such def.
+    A loop in a function it calls is not seen, as in the notebook."""
     if name not in defs:
-        return f"no def {name} in the notebook's cells (the grader reads its loops from one)"
+        return (f"no def {name} in the notebook's cells or your core modules (the grader reads "
+                f"its loops from one)")
     return F.def_loops(defs[name])
 
 
@@ -468,8 +491,10 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
 
-    if path is None:
-        skipped = found.skipped_of(work.name)
+    if path is None and (work.name, notebook) in found.other_version:
+        return refused(found.other_version[work.name, notebook], "other version")
+    if path is None:  # the files of theirs not graded, but those this run leaves out on purpose
+        skipped = [s for s in found.skipped_of(work.name) if not s.reason.endswith(LEFT_OUT)]
         files = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]) + \
             ("; ..." if len(skipped) > 5 else "")
         return refused("not submitted" + (f" (files skipped: {files})" if skipped else ""),
@@ -496,8 +521,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                            grader.check_cases(c.cell_id),
                            grader.public[c.cell_id] if grader.hidden_apart else None)
                  for c in assignment.checks]
-        defs = last_defs(cells, {name for c in assignment.checks
-                                 for name in F.get_check(c.cell_id).loop_free})
+        loop_free = {name for c in assignment.checks for name in F.get_check(c.cell_id).loop_free}
+        defs = {**core_defs(work, loop_free), **last_defs(cells, loop_free)}
         clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
@@ -848,12 +873,23 @@ def recorded_versions(found: Found, ours: dict[str, versions.CourseVersion]) -> 
                 continue
             version = versions.notebook_version(path, MAX_NOTEBOOK_BYTES)
             if version is None:
-                unversioned.add((student, notebook))
+                if _readable(path):  # an unreadable file gets its own verdict, not this note
+                    unversioned.add((student, notebook))
                 continue
             versioned += 1
             if not ours[notebook].grades(version):
                 others[student, notebook] = version
     return unversioned, others, versioned
+
+
+def _readable(path: Path) -> bool:
+    """Whether ``path`` holds a notebook's JSON that the grader reads (of at most
+    :data:`MAX_NOTEBOOK_BYTES`)."""
+    try:
+        return path.stat().st_size <= MAX_NOTEBOOK_BYTES and isinstance(
+            json.loads(path.read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError, RecursionError):
+        return False
 
 
 class NoSandboxError(GradingError):
@@ -939,6 +975,10 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     return Outcome(graded, found, flags, sandbox.describe(), notes)
 
 
+#: How the reason ends for a notebook that a run grading others leaves out (--notebooks).
+LEFT_OUT = "only (--notebooks)"
+
+
 def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
     """Move the notebooks that this run does not grade (``--notebooks``) to the skipped files,
     saying so."""
@@ -946,8 +986,8 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
         for notebook in sorted(set(work.notebooks) - chosen):
             path = work.notebooks.pop(notebook)
             found.skipped.append(Skipped(work.name, path.relative_to(submissions).as_posix(),
-                                         f"not graded: this run grades {', '.join(sorted(chosen))}"
-                                         f" only (--notebooks)"))
+                                         f"not graded: this run grades "
+                                         f"{', '.join(sorted(chosen))} {LEFT_OUT}"))
     found.skipped.sort(key=lambda s: (s.student, s.path))
 
 
@@ -959,11 +999,11 @@ def _leave_out_other_versions(found: Found, ours: dict[str, versions.CourseVersi
     grader's version of it); return whose they were ("" if none)."""
     for (student, notebook), version in others.items():
         path = found.students[student].notebooks.pop(notebook)
-        how = versions.checkout(version.version, "make grade", [version])
-        found.skipped.append(Skipped(
-            student, path.relative_to(submissions).as_posix(),
-            f"not graded: made from course version {version}, and this is {ours[notebook]}: "
-            f"grade it with that version -- {how}"))
+        how = versions.checkout(version, "make grade")
+        reason = (f"not graded: made from course version {version}, and this is "
+                  f"{ours[notebook]}: grade it with that version -- {how}")
+        found.skipped.append(Skipped(student, path.relative_to(submissions).as_posix(), reason))
+        found.other_version[student, notebook] = reason
     found.skipped.sort(key=lambda s: (s.student, s.path))
     return ", ".join(f"{student} ({notebook})" for student, notebook in others)
 

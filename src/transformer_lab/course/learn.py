@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({workspace / 'README.md'} says more).")
     command, env = lab_command(workspace, lab_args)
     if args.no_lab:
-        print(f"PYTHONPATH={env['PYTHONPATH']} " + " ".join(command))
+        print(f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])} " + shlex.join(command))
         return 0
     try:
         return subprocess.call(command, env=env, cwd=workspace)

@@ -44,6 +44,8 @@ class StudentWork:
 class Found:
     students: dict[str, StudentWork]
     skipped: list[Skipped]
+    #: (student, notebook) -> why it was left out as of another course version
+    other_version: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def skipped_of(self, student: str) -> list[Skipped]:
         return [s for s in self.skipped if s.student == student]
@@ -121,14 +123,20 @@ def handout_digests(handout: Path) -> dict[str, str]:
 
 def _handout_file(rel: Path, path: Path, digests: dict[str, str]) -> str | None:
     """"same" when ``rel`` ends with a handout path and has its content, "changed" when it
-    ends with one but differs, None otherwise. The handout's README.md is "same" whatever it
-    holds: it lists the notebooks handed out, which a run grading some of them cannot know."""
+    ends with one but differs, None otherwise. Two handout files are "same" whatever they
+    hold: README.md lists the notebooks handed out, which a run grading some of them cannot
+    know, and the package's _built.py records the commit the handout was built from, which a
+    grader at a later commit does not share."""
     parts = rel.parts
     for k in range(len(parts)):
         key = "/".join(parts[k:])
         if key in digests:
-            return "same" if key == "README.md" or _digest(path) == digests[key] else "changed"
+            return "same" if key in ANY_CONTENT or _digest(path) == digests[key] else "changed"
     return None
+
+
+#: The handout's files that are left out as handed out whatever they hold (:func:`_handout_file`).
+ANY_CONTENT = ("README.md", "src/transformer_lab/_built.py")
 
 
 #: Why a link in a submission is not graded: it could point at the solution, or at a classmate.

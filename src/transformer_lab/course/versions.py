@@ -61,15 +61,34 @@ class CourseVersion:
 
 
 def checks_fingerprint(package: Path, assignment) -> str:
-    """What grades a notebook, in 12 hex digits: the code of the package folder ``package``'s
-    checks (``checks/*.py``, hidden cases included) and the notebook's check cells (id,
-    points, call). A handout notebook records it: a grader whose checks differ -- a case, a
-    tolerance, a point added since the handout was built -- grades it as another version."""
+    """What grades a notebook, in 12 hex digits: the code of its checks -- its module
+    ``checks/nb<NN_topic>.py`` of the package folder ``package``, hidden cases included, with
+    ``checks/__init__.py`` and the checks modules they import (the framework, ...), read with
+    ``\\n`` line ends -- and the notebook's check cells (id, points, call). A handout notebook
+    records it: a grader whose checks of that notebook differ -- a case, a tolerance, a point
+    changed since the handout was built -- grades it as another version."""
     digest = hashlib.sha256()
-    for path in sorted((package / "checks").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in _checks_modules(package / "checks", f"nb{Path(assignment.name).stem}"):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes().replace(b"\r\n", b"\n"))
     digest.update(repr([(c.cell_id, c.points, c.call) for c in assignment.checks]).encode())
     return digest.hexdigest()[:12]
+
+
+def _checks_modules(checks: Path, module: str) -> list[Path]:
+    """``checks/__init__.py``, ``checks/<module>.py`` and the modules of ``checks`` that they
+    import, directly or not, sorted."""
+    found, todo = set(), ["__init__", module]
+    while todo:
+        path = checks / f"{todo.pop()}.py"
+        if path in found or not path.is_file():
+            continue
+        found.add(path)
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "transformer_lab.checks"):
+                rest = node.module.removeprefix("transformer_lab.checks").lstrip(".")
+                todo += [rest.split(".")[0]] if rest else [a.name for a in node.names]
+    return sorted(found)
 
 
 def _literal(path: Path, name: str) -> str | None:
@@ -162,41 +181,47 @@ def notebook_version(path: Path, max_bytes: int) -> CourseVersion | None:
                          checks if checks_ok else UNKNOWN)
 
 
-def _described(version: str, found: list[CourseVersion], ours: CourseVersion) -> str:
-    commits = sorted({v.commit for v in found if v.version == version})
-    other_checks = ", whose checks differ from this one's" if version == ours.version else ""
-    return f"{version} (commit{'s' * (len(commits) > 1)} {', '.join(commits)}){other_checks}"
+def _described(version: CourseVersion, ours: CourseVersion) -> str:
+    other_checks = ", whose checks differ from this one's" if version.version == ours.version \
+        else ""
+    return f"{version.version} (commit {version.commit}){other_checks}"
 
 
-def checkout(version: str, command: str, found: list[CourseVersion]) -> str:
-    """How to get course version ``version`` and run ``command`` with it: a worktree at the
-    commit its handouts record, when they record one commit of the repository (else at the
-    tag ``v<version>``)."""
-    commits = {v.commit for v in found if v.version == version}
-    commit = next(iter(commits)) if len(commits) == 1 else UNKNOWN
-    where = f"v{version}" if commit == UNKNOWN or commit.endswith("+changes") else commit
-    return f"`git worktree add ../course-v{version} {where}`, then run `{command}` there"
+def checkout(version: CourseVersion, command: str) -> str:
+    """How to get the course that notebooks of ``version`` were built from and run ``command``
+    there: a worktree at the commit they record or, where they record none, at the tag
+    ``v<version>`` (docs/instructors.md: tag what you hand out)."""
+    commit = version.commit.removesuffix("+changes")
+    where, folder = (f"v{version.version}", f"course-v{version.version}") if commit == UNKNOWN \
+        else (commit, f"course-{commit}")
+    how = f"`git worktree add ../{folder} {where}`, then run `{command}` there"
+    if version.commit.endswith("+changes"):
+        how += " (its handout was built from uncommitted changes to that commit, which it lacks)"
+    return how
 
 
 def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
              command: str = "make grade") -> str:
     """The sentence refusing to grade notebooks that ``ours`` does not grade
-    (:meth:`CourseVersion.grades`).
+    (:meth:`CourseVersion.grades`): the version and commit of each, and how to grade them.
 
     versions: student -> the course versions of those notebooks; command: what the
     instructor runs in the other version's folder."""
-    found = [v for recorded in versions.values() for v in recorded]
-    numbers = sorted({v.version for v in found})
-    if len(numbers) == 1:
-        return (f"These submissions were made from course version "
-                f"{_described(numbers[0], found, ours)}; this is {ours}: grade them with that "
-                f"version -- {checkout(numbers[0], command, found)}.")
-    groups = "; ".join(
-        f"{_described(n, found, ours)}: "
-        + ", ".join(s for s, recorded in sorted(versions.items())
-                    if any(v.version == n for v in recorded)) for n in numbers)
-    how = "; ".join(f"for {n}, {checkout(n, command, found)}" for n in numbers)
-    return (f"These submissions were made from {len(numbers)} course versions -- {groups} -- "
+    groups: dict[tuple[str, str], tuple[CourseVersion, set[str]]] = {}
+    for student, recorded in sorted(versions.items()):
+        for v in recorded:
+            groups.setdefault((v.version, v.commit), (v, set()))[1].add(student)
+    if len(groups) == 1:
+        ((version, _),) = groups.values()
+        return (f"These submissions were made from course version {_described(version, ours)}; "
+                f"this is {ours}: grade them with that version -- "
+                f"{checkout(version, command)}.")
+    ordered = [groups[key] for key in sorted(groups)]
+    parts = "; ".join(f"{_described(v, ours)}: {', '.join(sorted(students))}"
+                      for v, students in ordered)
+    how = "; ".join(f"for {v.version} (commit {v.commit}), {checkout(v, command)}"
+                    for v, _ in ordered)
+    return (f"These submissions were made from {len(groups)} course versions -- {parts} -- "
             f"and this is {ours}: put each version's submissions in a folder of their own and "
             f"grade each with its version ({how}).")
 
