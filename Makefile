@@ -32,6 +32,8 @@ NB ?= notebooks
 # options of transformer_lab.course.grade (--case-timeout, --no-execute, --memory, --no-sandbox).
 SUBMISSIONS ?=
 TIMEOUT ?= 60
+# OUT: where make grade writes (emptied and rewritten: late work or a regrade gets its own)
+OUT ?= build/grades
 # NOTEBOOKS: the assignment's notebooks, for make grade and make gradescope (01 06, or names)
 NOTEBOOKS ?=
 GRADE_ARGS ?=
@@ -112,12 +114,13 @@ figures: $(STAMP) ## redraw img/ and embed it in the notebooks, each guarded (wo
 student: $(STUDENT_STAMP) ## instructors: the handout (notebooks, package with its core stubbed) in build/student
 	$(PY) -m transformer_lab.course.student --source notebooks --out build/student
 
-grade: $(STUDENT_STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into build/grades
+grade: $(STUDENT_STAMP) ## instructors: grade SUBMISSIONS=dir (JOBS at once, sandboxed) into OUT (build/grades)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of submissions>" \
 		"[JOBS=<notebooks at once>] [TIMEOUT=<seconds per cell>] [NOTEBOOKS=<01 06 ...>]" \
+		"[OUT=<folder, default build/grades>]" \
 		"[GRADE_ARGS=...];" \
 		"see README, 'For instructors'" >&2; exit 2; }
-	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out build/grades \
+	$(PY) -m transformer_lab.course.grade "$(SUBMISSIONS)" --source notebooks --out "$(OUT)" \
 		--timeout $(TIMEOUT) --jobs $(JOBS) $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(GRADE_ARGS)
 
 gradescope: $(STUDENT_STAMP) ## instructors: Gradescope's autograder, build/gradescope/autograder.zip (GRADESCOPE_ARGS=...)

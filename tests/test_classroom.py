@@ -173,7 +173,7 @@ def test_student_tree_holds_the_package_and_files_but_not_the_instructors_tests(
     readme = (student_tree / "README.md").read_text()
     assert "NotImplementedError" in readme and "requirements.txt" in readme
     assert "src/transformer_lab/core/" in readme and "autoreload" in readme
-    assert "whole folder" in readme  # how to hand in: notebooks and the core
+    assert "Hand in this folder" in readme and "without `.venv/`" in readme  # the core too
     for nb in NOTEBOOKS:
         assert f"notebooks/{nb.name}" in readme
 

@@ -48,7 +48,7 @@ class Graded:
     student: str
     notebook: str
     results: list[CheckResult]
-    status: str  # "graded", "not submitted", "unreadable", "grading error"
+    status: str  # "graded", "not submitted", "other version", "unreadable", "grading error"
     notes: list[str] = field(default_factory=list)  # what was graded, what stayed a stub
     cells: list[tuple[str, str | None]] = field(default_factory=list)  # the probe's cells
     flags: list[Flag] = field(default_factory=list)
@@ -104,12 +104,12 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
                       "cases you saw and hidden ones) in a process of its own, and compared "
                       "what they returned with the reference there."]
         lines += note_lines(graded, _table_text)
-        lines += ["", "Below: your notebook run top to bottom in a fresh kernel on the same "
-                      "code, with the instructor's check cells"
-                  + (f" and a time limit of {timeout} s per cell" if executed else
-                     " (not executed in this run)")
-                  + ". It is there for you to see what your notebook does: the points above do "
-                    "not come from its outputs."]
+        lines += ["", ("Below: your notebook run top to bottom in a fresh kernel on the same "
+                       f"code, with the instructor's check cells and a time limit of {timeout} s "
+                       "per cell. It is there for you to see what your notebook does: the "
+                       "points above do not come from its outputs.") if executed else
+                  ("Below: your notebook with the instructor's check cells, not run in this "
+                   "grading (the points above never come from a notebook's outputs).")]
         if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
             lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
                          f"{_table_text(graded.run.later)}.)")
