@@ -727,7 +727,8 @@ def test_names_are_matched_forgivingly():
     nbs = ["00_gradients", "01_attention", "04_multihead_attention"]
     for stem in ("00_gradients", "00_Gradients", "00 gradients", "00_gradients (1)",
                  "00_gradients-Copy1", "00_gradients copy", "00-gradients - Copy (2)",
-                 "alice_00_gradients", "00_gradients_final", "00_grads"):
+                 "alice_00_gradients", "00_gradients_final", "00_grads",
+                 "00_gradients-1"):  # Canvas's resubmission
         assert match_notebook(stem, nbs)[0] == "00_gradients", stem
     assert match_notebook("04_multihead_attention", nbs)[0] == "04_multihead_attention"
     assert match_notebook("scratch", nbs) is None
@@ -735,6 +736,7 @@ def test_names_are_matched_forgivingly():
     assert match_notebook("00_gradients (1)", nbs)[1] < match_notebook("00_grads", nbs)[1]
     assert match_flat("Jane Doe_00_Gradients", nbs)[:2] == ("Jane Doe", "00_gradients")
     assert match_flat("bob_smith_01_attention (1)", nbs)[:2] == ("bob_smith", "01_attention")
+    assert match_flat("bob_smith_01_attention-2", nbs)[:2] == ("bob_smith", "01_attention")
     assert match_flat("00_gradients", nbs) is None
 
 

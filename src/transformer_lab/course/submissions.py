@@ -12,7 +12,9 @@ from pathlib import Path, PurePath
 
 from transformer_lab import syllabus
 
-_COPY = re.compile(r"(?:\s*\(\d+\)|\s*-\s*copy\s*\d*|[\s_]+copy(?:\s*\d+)?)$", re.IGNORECASE)
+# copies: "(1)", "-Copy1", " copy 2", and "-1", which Canvas appends to a resubmission
+_COPY = re.compile(r"(?:\s*\(\d+\)|-\d+|\s*-\s*copy\s*\d*|[\s_]+copy(?:\s*\d+)?)$",
+                   re.IGNORECASE)
 _SEPARATORS = r"[\s_\-.]+"
 
 

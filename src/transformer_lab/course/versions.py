@@ -196,7 +196,8 @@ def checkout(version: CourseVersion, command: str) -> str:
         else (commit, f"course-{commit}")
     how = f"`git worktree add ../{folder} {where}`, then run `{command}` there"
     if version.commit.endswith("+changes"):
-        how += " (its handout was built from uncommitted changes to that commit, which it lacks)"
+        how += (" (its handout was built from uncommitted changes to that commit, which the "
+                "worktree lacks)")
     return how
 
 
