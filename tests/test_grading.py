@@ -413,7 +413,7 @@ def test_totals_are_the_sum_of_each_student_s_notebook(graded):
         assert float(t["points"]) == sum(float(r["points"]) for r in mine)
         assert float(t["max_points"]) == sum(float(r["max_points"]) for r in mine) == FULL
     assert {"student": "loops", "notebook": "01_attention", "points": str(FULL - 4),
-            "max_points": str(FULL)} in totals
+            "max_points": str(FULL), "status": "graded"} in totals
 
 
 @pytest.mark.slow
@@ -797,6 +797,7 @@ def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others
     assert set(skipped) == {"alice", "carol", "erin"}
     totals = {r["student"]: r for r in read_csv(out / "totals.csv")}
     assert totals["bob"]["points"] == totals["bob"]["max_points"] != "0"
+    assert totals["alice"]["status"] == "other version" and totals["bob"]["status"] == "graded"
     assert float(totals["alice"]["points"]) == float(totals["carol"]["points"]) == 0
     assert "alice (01_attention), carol (01_attention), erin (01_attention)" in console.out
     assert re.search(r"alice\s+01_attention\s+\S+\s+other version", console.out), console.out

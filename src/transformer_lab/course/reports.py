@@ -21,7 +21,7 @@ from transformer_lab.course.kernel_run import Run
 from transformer_lab.course.submissions import Found
 
 CSV_COLUMNS = ("student", "notebook", "check", "points", "max_points")
-TOTALS_COLUMNS = ("student", "notebook", "points", "max_points")
+TOTALS_COLUMNS = ("student", "notebook", "points", "max_points", "status")
 SKIPPED_COLUMNS = ("student", "file", "reason")
 FLAG_COLUMNS = ("student", "notebook", "where", "line", "what", "code")
 SANDBOX_COLUMNS = ("student", "sandbox")
@@ -178,15 +178,16 @@ def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> 
 
 def write_reports(out: Path, graded: list[Graded], found: Found, flags: list[list],
                   sandbox: str) -> None:
-    """``grades.csv`` (a row per check), ``totals.csv`` (a row per notebook), ``skipped.csv``,
+    """``grades.csv`` (a row per check), ``totals.csv`` (a row per notebook, with its status:
+    graded, not submitted, other version, unreadable, grading error), ``skipped.csv``,
     ``flags.csv`` (rows from :func:`flag_rows`) and ``sandbox.csv`` (``sandbox``: what every
     student's code ran in) in ``out``."""
     _write_rows(out / "grades.csv", CSV_COLUMNS,
                 [[g.student, g.notebook, r.check, format_points(r.points),
                   format_points(r.max_points)] for g in graded for r in g.results])
     _write_rows(out / "totals.csv", TOTALS_COLUMNS,
-                [[g.student, g.notebook, format_points(g.points), format_points(g.max_points)]
-                 for g in graded])
+                [[g.student, g.notebook, format_points(g.points), format_points(g.max_points),
+                  g.status] for g in graded])
     _write_rows(out / "skipped.csv", SKIPPED_COLUMNS,
                 [[s.student, s.path, s.reason] for s in found.skipped])
     _write_rows(out / "flags.csv", FLAG_COLUMNS, flags)
