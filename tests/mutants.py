@@ -518,8 +518,12 @@ mutant("attention_backward", "1 / sqrt(d_k) in place of the cached scale",
        "    weights = c_softmax  # (..., T, S)\n",
        "    weights = c_softmax  # (..., T, S)\n    scale = 1 / math.sqrt(q.shape[-1])\n",
        "check-attention-backward")
-mutant("attention_backward", "without the scale in dq and dk",
-       "dq = dscores @ k * scale", "dq = dscores @ k", "check-attention-backward")
+mutant("attention_backward", "without the scale in dq",
+       "dq = dscores @ k * scale", "dq = dscores @ k", "check-attention-backward",
+       hint="without the scale in dq (dk has it")
+mutant("attention_backward", "without the scale in dk",
+       "dk = np.swapaxes(dscores, -1, -2) @ q * scale", "dk = np.swapaxes(dscores, -1, -2) @ q",
+       "check-attention-backward", hint="without the scale in dk (dq has it")
 mutant("attention_backward", "dweights added into in place (the caller's array changes)",
        "        dP += dweights", "        dweights += dP\n        dP = dweights",
        "check-attention-backward", hint="changed its argument dweights")

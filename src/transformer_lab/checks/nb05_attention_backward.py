@@ -220,6 +220,10 @@ class AttentionBackward(Check, id="check-attention-backward",
         sw = np.swapaxes
         found = {"without the scale in dq and dk (the scores are q k^T * scale)":
                  lambda: {**right, "dq": right["dq"] / c, "dk": right["dk"] / c},
+                 "without the scale in dk (dq has it: the scores are q k^T * scale)":
+                 lambda: {**right, "dk": right["dk"] / c},
+                 "without the scale in dq (dk has it: the scores are q k^T * scale)":
+                 lambda: {**right, "dq": right["dq"] / c},
                  "skipping the softmax backward (using dP where dS belongs)":
                  lambda: {**right, "dq": dP @ k * c, "dk": sw(dP, -1, -2) @ q * c}}
         if scale is not None:
