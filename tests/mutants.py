@@ -616,6 +616,8 @@ mutant("layer_norm_forward", "the standard deviation cached in place of its inve
        "    rstd = 1 / np.sqrt(var + eps)  # (..., 1)\n    xhat = xc * rstd\n",
        "    rstd = np.sqrt(var + eps)  # (..., 1)\n    xhat = xc / rstd\n",
        "check-layer-norm-forward")
+mutant("layer_norm_backward", "the factor rstd forgotten in dx",
+       "    dx *= rstd\n", "", "check-layer-norm-backward", hint="without the factor rstd")
 mutant("layer_norm_backward", "mean(dout * xhat) where mean(g * xhat) belongs",
        'mean_gx = np.einsum("...j,...j->...", g, xhat)',
        'mean_gx = np.einsum("...j,...j->...", dout, xhat)', "check-layer-norm-backward")

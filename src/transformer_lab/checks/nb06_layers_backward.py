@@ -160,6 +160,8 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                 "both mean terms)":
                 lambda: {**right, "dx": (rstd * (g - mean(g) - xhat * mean(d * xhat))
                                          ).astype(dtype)},
+                "without the factor rstd = 1 / sqrt(var + eps) in front of dx":
+                lambda: {**right, "dx": (g - mean(g) - xhat * mean(g * xhat)).astype(dtype)},
                 "averaging dgamma and dbeta over the leading axes instead of summing them":
                 lambda: _averaged(right, rows)}
 
