@@ -132,6 +132,15 @@ def test_an_error_inside_numpy_shows_the_students_line_too():
     assert "; raised in " in msg and "in split" in msg
 
 
+def test_an_error_in_a_called_function_names_the_function_under_test_too():
+    """multi_head_attention_forward projecting the keys from the query: the error comes out
+    of attention_forward, a right function; the message names the call in multihead.py."""
+    msg = message("check-mha-forward", "multi_head_attention_forward",
+                  "k, c_k = linear_forward(key,", "k, c_k = linear_forward(query,")
+    assert "in attention_forward" in msg and \
+        "called from core/multihead.py, line" in msg and "in multi_head_attention_forward" in msg
+
+
 def test_outputs_that_print_alike_show_the_largest_difference():
     msg = mutant_message("check-rms-norm", "03_minibatching/exercise-rms-norm",
                          "eps added outside")

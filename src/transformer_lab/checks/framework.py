@@ -532,15 +532,19 @@ def _student_frame(exc: BaseException) -> str:
     """``file, line N, in f: code`` of the deepest frame that is the student's code (their
     ``core/*.py`` or notebook cell) and, when the error came from deeper (NumPy), of that
     innermost frame as well: "core/multihead.py, line 40, in merge_heads: ...; raised in
-    _shape_base_impl.py, line 872, in split"."""
+    _shape_base_impl.py, line 872, in split"; and, when that function was called by another
+    of the student's, of the outermost one (the function under test): "...; called from
+    core/multihead.py, line 62, in multi_head_attention_forward: ..."."""
     frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
               if "transformer_lab/checks/" not in fr.filename.replace("\\", "/")]
     if not frames:
         return ""
     own = [fr for fr in frames if _is_students(fr.filename)]
+    called = f"; called from {_frame_text(own[0])}" if len(own) > 1 and \
+        own[0].name != own[-1].name else ""  # the function under test passed it what failed
     if not own or own[-1] is frames[-1]:
-        return _frame_text(frames[-1])
-    return f"{_frame_text(own[-1])}; raised in {_frame_text(frames[-1])}"
+        return _frame_text(frames[-1]) + called
+    return f"{_frame_text(own[-1])}; raised in {_frame_text(frames[-1])}{called}"
 
 
 # --------------------------------------------------------------------------------------------
