@@ -57,6 +57,8 @@ def torch_pin(project: Path) -> str:
         if re.fullmatch(r"torch==[\w.+]+", line.strip()):
             return line.strip()
     raise HandoutError(f"{project / 'requirements.txt'} pins no torch (a line torch==<version>)")
+
+
 #: What the student tree holds besides the notebooks, the package and PROJECT_FILES.
 PROJECT_DIRS = ("img",)
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)")
