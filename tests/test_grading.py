@@ -743,6 +743,7 @@ def test_names_are_matched_forgivingly():
 # --- course versions --------------------------------------------------------------------------
 
 OLD = versions.CourseVersion("0.1.0", "abc1234")
+ALICE_01 = ("alice", "01_attention")  # the (student, notebook) of a version's notebook
 
 
 def _refused(tmp_path: Path, capsys) -> str:
@@ -828,22 +829,22 @@ def test_what_a_submitted_notebook_records_and_which_records_grade():
     assert ours.grades(dataclasses.replace(ours, commit="0000000"))  # and the same checks
     assert not ours.grades(dataclasses.replace(ours, checks="ba9876543210"))  # other checks
     assert not ours.grades(OLD)
-    assert versions.mismatch({"alice": [OLD]}, OURS, "make gradescope").endswith(
+    assert versions.mismatch({ALICE_01: OLD}, OURS, "make gradescope").endswith(
         "then run `make gradescope` there.")
     other = dataclasses.replace(ours, commit="fedcba9", checks="ba9876543210")
-    assert versions.mismatch({"alice": [other]}, OURS) == (
+    assert versions.mismatch({ALICE_01: other}, OURS) == (
         f"These submissions were made from course version {OURS.version} (commit fedcba9), "
         f"whose checks differ from this one's; this is {OURS}: grade them with that version "
         f"-- `git worktree add ../course-fedcba9 fedcba9`, then run `make grade` there.")
-    two = versions.mismatch({"alice": [dataclasses.replace(OLD, commit="1111111")],
-                             "bob": [OLD]}, OURS)  # two commits of one version: two worktrees
+    two = versions.mismatch({ALICE_01: dataclasses.replace(OLD, commit="1111111"),
+                             ("bob", "01_attention"): OLD}, OURS)  # two commits: two worktrees
     assert "for 0.1.0 (commit 1111111), `git worktree add ../course-1111111 1111111`" in two
     assert "for 0.1.0 (commit abc1234), `git worktree add ../course-abc1234 abc1234`" in two
-    dirty = versions.mismatch({"alice": [dataclasses.replace(OLD, commit="abc1234+changes")]},
+    dirty = versions.mismatch({ALICE_01: dataclasses.replace(OLD, commit="abc1234+changes")},
                               OURS)
     assert "`git worktree add ../course-abc1234 abc1234`" in dirty and "uncommitted" in dirty
     assert "`git worktree add ../course-v0.1.0 v0.1.0`" in versions.mismatch(
-        {"alice": [versions.CourseVersion("0.1.0")]}, OURS)  # no commit: the tag
+        {ALICE_01: versions.CourseVersion("0.1.0")}, OURS)  # no commit: the tag
 
 
 def test_the_checks_fingerprint_follows_what_grades_a_notebook_and_nothing_else(tmp_path):

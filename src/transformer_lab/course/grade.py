@@ -414,23 +414,22 @@ def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]
 
 
 def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
-    """The last top-level ``def`` of each core function of ``names`` in the student's core
-    module that holds it -- the file the probe takes it from; a name without one is left
-    out."""
-    found: dict[str, ast.FunctionDef] = {}
+    """:func:`last_defs` of the core functions of ``names``, read from the student's core
+    modules that hold them -- the files the probe takes them from."""
+    wanted: dict[Path, set[str]] = {}
     for name in names:
         try:
             module, _ = syllabus.where_taught(name)
         except KeyError:  # a notebook function: last_defs finds it in the cells
             continue
-        path = (work.core_files or {}).get(module)
+        if module in (work.core_files or {}):
+            wanted.setdefault(work.core_files[module], set()).add(name)
+    found: dict[str, ast.FunctionDef] = {}
+    for path, functions in wanted.items():
         try:
-            tree = untrusted.parse(path.read_text(encoding="utf-8")) if path else None
-        except (OSError, SyntaxError, UnicodeDecodeError):
+            found.update(last_defs([(path.name, path.read_text(encoding="utf-8"))], functions))
+        except (OSError, UnicodeDecodeError):
             continue
-        for node in tree.body if tree else []:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                found[name] = node
     return found
 
 
@@ -494,7 +493,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
     if path is None and (work.name, notebook) in found.other_version:
         return refused(found.other_version[work.name, notebook], "other version")
     if path is None:  # the files of theirs not graded, but those this run leaves out on purpose
-        skipped = [s for s in found.skipped_of(work.name) if not s.reason.endswith(LEFT_OUT)]
+        skipped = [s for s in found.skipped_of(work.name) if not s.deliberate]
         files = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]) + \
             ("; ..." if len(skipped) > 5 else "")
         return refused("not submitted" + (f" (files skipped: {files})" if skipped else ""),
@@ -848,17 +847,18 @@ class GradingError(Exception):
 
 
 class VersionError(GradingError):
-    """The submissions were made from another course version: ``recorded`` (student -> the
-    versions their notebooks record) and ``ours`` say which; :meth:`sentence` what to do."""
+    """The submissions were made from another course version: ``others`` ((student,
+    notebook) -> the version it records, :func:`recorded_versions`) and ``ours`` say which;
+    :meth:`sentence` what to do."""
 
-    def __init__(self, recorded: dict[str, list[versions.CourseVersion]],
+    def __init__(self, others: dict[tuple[str, str], versions.CourseVersion],
                  ours: versions.CourseVersion):
-        self.recorded, self.ours = recorded, ours
+        self.others, self.ours = others, ours
         super().__init__(self.sentence())
 
     def sentence(self, command: str = "make grade") -> str:
         """The refusal, telling the instructor to run ``command`` with the right version."""
-        return versions.mismatch(self.recorded, self.ours, command)
+        return versions.mismatch(self.others, self.ours, command)
 
 
 def recorded_versions(found: Found, ours: dict[str, versions.CourseVersion]) -> tuple[
@@ -924,10 +924,7 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     first = find_submissions(submissions, sorted(course))
     unversioned, others, versioned = recorded_versions(first, of_notebook)
     if others and len(others) == versioned and not unversioned:  # all of another version
-        recorded: dict[str, list[versions.CourseVersion]] = {}
-        for (student, _), version in others.items():
-            recorded.setdefault(student, []).append(version)
-        raise VersionError(recorded, ours)
+        raise VersionError(others, ours)
     handed_in = sorted({nb for w in first.students.values() for nb in w.notebooks}
                        & set(sources))
     errors = [p for n in handed_in for p in problems[n]]
@@ -975,10 +972,6 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
     return Outcome(graded, found, flags, sandbox.describe(), notes)
 
 
-#: How the reason ends for a notebook that a run grading others leaves out (--notebooks).
-LEFT_OUT = "only (--notebooks)"
-
-
 def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
     """Move the notebooks that this run does not grade (``--notebooks``) to the skipped files,
     saying so."""
@@ -987,7 +980,8 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
             path = work.notebooks.pop(notebook)
             found.skipped.append(Skipped(work.name, path.relative_to(submissions).as_posix(),
                                          f"not graded: this run grades "
-                                         f"{', '.join(sorted(chosen))} {LEFT_OUT}"))
+                                         f"{', '.join(sorted(chosen))} only (--notebooks)",
+                                         deliberate=True))
     found.skipped.sort(key=lambda s: (s.student, s.path))
 
 

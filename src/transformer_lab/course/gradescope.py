@@ -499,7 +499,7 @@ def _no_sandbox_results(problem: str) -> dict:
 
 
 def _version_results(err: grade.VersionError) -> dict:
-    theirs = sorted({str(v) for found in err.recorded.values() for v in found})
+    theirs = sorted({str(v) for v in err.others.values()})
     return failure(
         f"Your submission could not be graded: it was made from course version "
         f"{', '.join(theirs)}, and this autograder grades course version {err.ours}. None of "

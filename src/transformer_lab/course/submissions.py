@@ -23,6 +23,7 @@ class Skipped:
     student: str  # "" when the file names no student
     path: str  # relative to the submissions folder
     reason: str
+    deliberate: bool = False  # left out by the run's choice (--notebooks), not for the file
 
 
 @dataclass

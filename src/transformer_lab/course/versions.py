@@ -17,6 +17,7 @@ import json
 import pprint
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,17 +202,16 @@ def checkout(version: CourseVersion, command: str) -> str:
     return how
 
 
-def mismatch(versions: dict[str, list[CourseVersion]], ours: CourseVersion,
+def mismatch(others: Mapping[tuple[str, str], CourseVersion], ours: CourseVersion,
              command: str = "make grade") -> str:
     """The sentence refusing to grade notebooks that ``ours`` does not grade
     (:meth:`CourseVersion.grades`): the version and commit of each, and how to grade them.
 
-    versions: student -> the course versions of those notebooks; command: what the
+    others: (student, notebook) -> the course version that notebook records; command: what the
     instructor runs in the other version's folder."""
     groups: dict[tuple[str, str], tuple[CourseVersion, set[str]]] = {}
-    for student, recorded in sorted(versions.items()):
-        for v in recorded:
-            groups.setdefault((v.version, v.commit), (v, set()))[1].add(student)
+    for (student, _), v in others.items():
+        groups.setdefault((v.version, v.commit), (v, set()))[1].add(student)
     if len(groups) == 1:
         ((version, _),) = groups.values()
         return (f"These submissions were made from course version {_described(version, ours)}; "
