@@ -243,10 +243,15 @@ class ResidualNormalize(Residual, id="check-residual-normalize"):
                 lambda: Residual().expected(x, W, norm, dout, norm_first, eps)}
 
 
+def _first_block(flat: dict) -> dict:
+    """The parameters of a GPT's first block (name -> array), named within the block."""
+    return {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
+
+
 def _block_case(rng, kind, dt=np.float64, T=5, B=2, **change):
     config, flat = _random_gpt(rng, kind, 11, d_model=8, num_heads=2 if kind == "classic" else 4,
                                num_layers=1, d_ff=12, max_len=T, dtype=dt, **change)
-    block = {k[len("layers.0."):]: v for k, v in flat.items() if k.startswith("layers.0.")}
+    block = _first_block(flat)
     return (rng.standard_normal((B, T, 8)).astype(dt), block,
             rng.standard_normal((B, T, 8)).astype(dt), config)
 

@@ -20,6 +20,7 @@ from transformer_lab.checks.nb13_gpt import (
     _attention_case,
     _attention_expected,
     _config,
+    _first_block,
     _head_rope,
     _random_gpt,
 )
@@ -582,7 +583,7 @@ def _through_block_case(rng, T=2048, block=128) -> Case:
     (:meth:`GPTTiledAttention.run`); the solution's peak is a third of the limit."""
     config, flat = _random_gpt(rng, "classic", 11, d_model=2, num_heads=1, num_layers=1,
                                d_ff=4, max_len=T, attention_block_size=block)
-    params = {k[len("layers.0."):]: a for k, a in flat.items() if k.startswith("layers.0.")}
+    params = _first_block(flat)
     x, dout = normals(rng, (1, T, 2), (1, T, 2))
     return Case(f"through your gpt_block_forward and _backward with attention_block_size="
                 f"{block}, T = {T}: memory below a tenth of one (T, T) score matrix",
