@@ -121,16 +121,6 @@ def test_embedding_gradcheck_with_repeats_and_padding_idx(rng):
     assert np.all(dW[1] == 0) and np.allclose(dW[5], dout[1, 0])
 
 
-def test_positional_encoding_forward_backward(rng):
-    table = L.positional_encoding(10, 6)
-    p = {"x": rng.standard_normal((2, 4, 6))}
-    out, cache = L.positional_encoding_forward(p["x"], table)
-    np.testing.assert_allclose(out - p["x"], np.broadcast_to(table[:4], (2, 4, 6)), atol=1e-15)
-    dout = rng.standard_normal(out.shape)
-    check_gradients(lambda: L.positional_encoding_forward(p["x"], table)[0], p,
-                    {"x": L.positional_encoding_backward(dout, cache)}, df=dout, verbose=False)
-
-
 def test_positional_encoding_values():
     pe = L.positional_encoding(50, 8)
     pos = 7  # column 2i = 4 (i = 2) is sin(pos / 10000^(4/8)), column 5 its cosine
@@ -324,10 +314,6 @@ def test_other_layers_reject_bad_input(rng):
         L.softmax_forward(x, axis=2)
     with pytest.raises(ValueError, match="max_len must be a positive integer"):
         L.positional_encoding(0, 4)
-    with pytest.raises(ValueError, match="the positional table has only 3"):
-        L.positional_encoding_forward(rng.standard_normal((1, 5, 4)), L.positional_encoding(3, 4))
-    with pytest.raises(ValueError, match="table must have x.shape"):
-        L.positional_encoding_forward(rng.standard_normal((1, 2, 4)), L.positional_encoding(3, 6))
 
 
 # ------------------------------------------------------------------ outputs, dout, NaN
@@ -337,7 +323,6 @@ def _pairs(rng, dtype):
     x = (rng.standard_normal((2, 3, 4)) * 2).astype(dtype)
     W = rng.standard_normal((4, 5)).astype(dtype)
     g, b = rng.standard_normal(4).astype(dtype), rng.standard_normal(4).astype(dtype)
-    table = L.positional_encoding(6, 4, dtype=dtype)
     ids = np.array([[0, 2, 2], [1, 0, 2]])
     return [
         ("linear", lambda x: L.linear_forward(x, W, b[:1].repeat(5)),
@@ -355,8 +340,6 @@ def _pairs(rng, dtype):
          lambda d, c: L.layer_norm_backward(d, c)[0], x),
         ("embedding", lambda W: L.embedding_forward(ids, W),
          lambda d, c: L.embedding_backward(d, c)["W"], x[0]),
-        ("positional", lambda x: L.positional_encoding_forward(x, table),
-         L.positional_encoding_backward, x),
     ]
 
 
@@ -398,7 +381,7 @@ def test_backward_functions_refuse_a_foreign_cache(rng):
     x = rng.standard_normal((2, 3))
     _, soft = L.softmax_forward(x)
     for bwd in (L.relu_backward, L.gelu_backward, L.layer_norm_backward, L.embedding_backward,
-                L.positional_encoding_backward, L.cross_entropy_backward):
+                L.cross_entropy_backward):
         with pytest.raises(TypeError, match="cache must be the"):
             bwd(x, soft) if bwd is not L.cross_entropy_backward else bwd(1.0, soft)
         with pytest.raises(ValueError, match="call the forward function first"):

@@ -303,23 +303,3 @@ def positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
     base = v.real(base, "base", positive=True)
     dtype = v.float_dtype(dtype, "dtype")
     return core_layers.positional_encoding(max_len, d_model, base).astype(dtype, copy=False)
-
-
-def positional_encoding_forward(x: np.ndarray, table: np.ndarray):
-    """``x`` (B, T, D) or (T, D) plus the first T rows of ``table`` (L, D), L >= T; the table
-    is fixed: only x gets a gradient."""
-    x = v.float_array(x, "x", min_ndim=2)
-    table = v.float_array(table, "table", ndim=2)
-    t, d = x.shape[-2:]
-    if table.shape[1] != d:
-        raise ValueError(f"table must have x.shape[-1] = {d} columns, got shape {table.shape}")
-    if t > table.shape[0]:
-        raise ValueError(f"x has {t} positions but the positional table has only "
-                         f"{table.shape[0]}: sequences may be at most {table.shape[0]} long")
-    return (x + table[:t].astype(x.dtype, copy=False),
-            v.Cache(None, x.shape, x.dtype, "positional_encoding_forward"))
-
-
-def positional_encoding_backward(dout: np.ndarray, cache: v.Cache):
-    """The added table is a constant: ``dx = dout`` (the same array)."""
-    return v.dout_of(dout, cache, "positional_encoding_backward")

@@ -329,7 +329,7 @@ def _lookup(sorted_keys: np.ndarray, values: np.ndarray, queries: np.ndarray) ->
 
 
 def ngram_probabilities(train_ids, val_ids, order: int, vocab_size: int,
-                        smoothing: str = "kneser-ney", discount: float | None = None):
+                        smoothing: str = "kneser-ney"):
     """The probability an n-gram model trained on ``train_ids`` gives to every token of
     ``val_ids`` but the first, from the ``order - 1`` tokens before it (fewer at the start).
 
