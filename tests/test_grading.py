@@ -746,12 +746,13 @@ OLD = versions.CourseVersion("0.1.0", "abc1234")
 ALICE_01 = ("alice", "01_attention")  # the (student, notebook) of a version's notebook
 
 
-def _refused(tmp_path: Path, capsys) -> str:
-    """What grading ``tmp_path/subs`` says on stderr when it refuses to (and that it did)."""
+def _refused(tmp_path: Path, capsys, *args: str) -> str:
+    """What grading ``tmp_path/subs`` (with ``args``) says on stderr when it refuses to (and
+    that it did)."""
     write(notebook_01(), tmp_path / "source" / "01_attention.ipynb")
     out = tmp_path / "grades"
     status = grade.main([str(tmp_path / "subs"), "--source", str(tmp_path / "source"),
-                         "--out", str(out), "--project", str(ROOT), *SANDBOX_ARGS])
+                         "--out", str(out), "--project", str(ROOT), *SANDBOX_ARGS, *args])
     err = capsys.readouterr().err
     assert status == 1, err
     assert not out.exists(), "nothing may be written for submissions of another version"
@@ -762,10 +763,11 @@ def test_submissions_of_another_course_version_are_refused_with_the_version_that
         tmp_path, capsys):
     student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
     write(_of_version(student_01(), OLD), tmp_path / "subs" / "bob_01_attention.ipynb")
-    err = _refused(tmp_path, capsys)
+    err = _refused(tmp_path, capsys, "--notebooks", "01")
     assert err == (f"error: These submissions were made from course version 0.1.0 (commit "
                    f"abc1234); this is {OURS}: grade them with that version -- `git worktree "
-                   f"add ../course-abc1234 abc1234`, then run `make grade` there.\n")
+                   f"add ../course-abc1234 abc1234`, then run `make grade SUBMISSIONS="
+                   f"{tmp_path / 'subs'} OUT={tmp_path / 'grades'} NOTEBOOKS=01` there.\n")
 
 
 def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others(tmp_path,

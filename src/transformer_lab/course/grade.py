@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -1071,6 +1072,16 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optio
                    notebooks=tuple(args.notebooks))
 
 
+def _grade_command(args: argparse.Namespace) -> str:
+    """The ``make grade`` line that grades these submissions, into the same folder, from
+    another version's folder (its paths made absolute)."""
+    words = ["make grade", f"SUBMISSIONS={shlex.quote(str(Path(args.submissions).resolve()))}",
+             f"OUT={shlex.quote(str(Path(args.out).resolve()))}"]
+    if args.notebooks:
+        words.append(f"NOTEBOOKS={shlex.quote(' '.join(args.notebooks))}")
+    return " ".join(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -1080,6 +1091,9 @@ def main(argv: list[str] | None = None) -> int:
     options = _options(parser, args)
     try:
         outcome = grade(args.submissions, args.out, options)
+    except VersionError as err:  # the command to run in the other version's folder, in full
+        print(f"error: {err.sentence(_grade_command(args))}", file=sys.stderr)
+        return 1
     except GradingError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
