@@ -1564,6 +1564,8 @@ mutant("beam_search", "never stopping early (every hypothesis finished: the step
 mutant("beam_search", "rows not offset by the source (b * K forgotten)",
        "rows = (parents + K * np.arange(B)[:, None]).reshape(-1)", "rows = parents.reshape(-1)",
        "check-beam-search")
+mutant("memory_keys_values", "the value bias left out", 'params["W_v"], params.get("b_v"))',
+       'params["W_v"], None)', "check-decoder-step", hint="without the bias b_v")
 mutant("memory_keys_values", "keys and values both from W_k",
        'v, _ = linear_forward(memory, params["W_v"], params.get("b_v"))',
        'v, _ = linear_forward(memory, params["W_k"], params.get("b_k"))', "check-decoder-step")
@@ -1588,6 +1590,14 @@ mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, atte
 mutant("decoder_layer_step", "the config's eps not passed to the third norm",
        'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first, c.eps)',
        'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first)', "check-decoder-step")
+mutant("decoder_layer_step", "the config's activation not passed on: ReLU always",
+       'feed_forward_forward(h, p["ff"], c.activation)', 'feed_forward_forward(h, p["ff"])',
+       "check-decoder-step")
+mutant("decoder_layer_step", "a bias read by key: a model without biases raises KeyError",
+       'p["cross_attn"].get("b_q")', 'p["cross_attn"]["b_q"]', "check-decoder-step")
+mutant("transformer_decode_step", "learned positions ignored: the sinusoidal table always",
+       'positions = params["tgt_pos"]["W"] if "tgt_pos" in params else pe', "positions = pe",
+       "check-decoder-step")
 mutant("transformer_decode_step", "the embeddings scaled whatever config.scale_embeddings says",
        "scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0",
        "scale = math.sqrt(c.d_model)", "check-decoder-step")

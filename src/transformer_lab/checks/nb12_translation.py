@@ -383,6 +383,8 @@ class DecoderStep(Check, id="check-decoder-step",
         later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
         yield Case("eps = 0.1, no embedding scale (the config says both)",
                    _decoder_case(later, scale_embeddings=False, eps=0.1))
+        yield Case("learned positions, the exact GELU, no biases (the config says all three)",
+                   _decoder_case(later, positional="learned", activation="gelu", bias=False))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -409,18 +411,28 @@ class DecoderStep(Check, id="check-decoder-step",
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        (B, S, E), H = memory.shape, config["num_heads"]
-        cross = "decoder.layers.0.cross_attn."  # the first layer's memory keys and values
-        heads = [(memory @ params[f"{cross}W_{n}"] + params.get(f"{cross}b_{n}", 0))
-                 .reshape(B, S, H, E // H).transpose(0, 2, 1, 3) for n in "kv"]
-        return {"memory_keys": heads[0], "memory_values": heads[1],
+        return {"memory_keys": _memory_heads(memory, params, config, "k"),
+                "memory_values": _memory_heads(memory, params, config, "v"),
                 **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}
 
     def mistakes(self, config, params, memory, pad, tgt, chunks):
-        return {description: functools.partial(_decoded, config, params, memory, pad, tgt,
-                                               chunks, mistake)
-                for description, mistake in DECODER_MISTAKES.items()}
+        biasless = {f"without the bias b_{n} (K_mem = memory W_k + b_k, V_mem = memory W_v + "
+                    f"b_v, where the model has biases)": functools.partial(
+                        lambda n: {f"memory_{'keys' if n == 'k' else 'values'}": _memory_heads(
+                            memory, params, config, n, bias=False)}, n) for n in "kv"}
+        return {**biasless, **{
+            description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
+                                           mistake)
+            for description, mistake in DECODER_MISTAKES.items()}}
+
+
+def _memory_heads(memory, params, config, n, bias=True):
+    """The first decoder layer's memory keys (``n`` "k") or values ("v"), split into heads."""
+    (B, S, E), H = memory.shape, config["num_heads"]
+    cross = "decoder.layers.0.cross_attn."
+    b = params.get(f"{cross}b_{n}", 0) if bias else 0
+    return (memory @ params[f"{cross}W_{n}"] + b).reshape(B, S, H, E // H).transpose(0, 2, 1, 3)
 
 
 def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
