@@ -1545,6 +1545,14 @@ mutant("beam_step", "the worst K kept (sorted ascending)",
        'best = np.argsort(-rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
        'best = np.argsort(rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
        "check-beam-step", "check-beam-search")
+mutant("beam_step", "ties taken last first: an ascending stable argsort, reversed",
+       'best = np.argsort(-rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
+       'best = np.argsort(rank.reshape(B, K * V), axis=1, kind="stable")[:, ::-1][:, :K]',
+       "check-beam-step", hint="tied candidates taken last first")
+mutant("beam_step", "a Python loop over the sources for the K best",
+       'best = np.argsort(-rank.reshape(B, K * V), axis=1, kind="stable")[:, :K]',
+       'best = np.stack([np.argsort(-r, kind="stable")[:K] for r in rank.reshape(B, K * V)])',
+       "check-beam-step")
 mutant("beam_step", "the parent and token of a flat index swapped",
        "parents, tokens = best // V, best % V", "parents, tokens = best % K, best // K",
        "check-beam-step", "check-beam-search")

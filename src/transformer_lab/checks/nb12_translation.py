@@ -123,7 +123,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
     "extended" by every token, "growing" in length, "dropped", or continued by padding but
     "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
     "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K), or
-    the lengths "ungathered" (hypothesis j's own, not its parent's); or ranked by the penalty
+    the lengths "ungathered" (hypothesis j's own, not its parent's), ties "reversed" (the last
+    first); or ranked by the penalty
     of the ``old_length``, before this step's token."""
     B, K, V = logp.shape
     lp = penalty or lp
@@ -143,7 +144,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
                 cands.append((-np.inf, n, k, t, True))
         rank = [c[0] / lp(lengths[b, c[2]] if old_length else c[1], alpha) for c in cands]
         order = {"first": range(K * V),  # stable sorts: ties keep their order
-                 "worst": sorted(range(K * V), key=lambda i: rank[i])}.get(
+                 "worst": sorted(range(K * V), key=lambda i: rank[i]),
+                 "reversed": sorted(range(K * V), key=lambda i: rank[i])[::-1]}.get(
             pick, sorted(range(K * V), key=lambda i: -rank[i]))
         for j, i in enumerate(order[:K]):
             s, n, k, t, fin = cands[i]
@@ -182,6 +184,8 @@ STEP_MISTAKES = {
     "with the candidates not ranked: the first K kept (sort every candidate by score / "
     "length_penalty(length, alpha), best first)": {"pick": "first"},
     "keeping the worst K: an ascending sort (argsort the negated ranks)": {"pick": "worst"},
+    "with tied candidates taken last first (argsort(rank)[::-1] reverses ties; "
+    "argsort(-rank, kind=\"stable\") keeps the first)": {"pick": "reversed"},
     "with K where V belongs in the flat index (candidate k * V + t: the parent is index // V, "
     "the token index % V)": {"pick": "swapped"},
     "with the lengths not gathered by parent (a new hypothesis has its parent's length, "
@@ -205,7 +209,18 @@ def _step_case(rng, B, K, V, alpha, n_finished=0, first=False):
     return (scores, lengths, finished, logp, alpha, EOS, PAD)
 
 
+def _tied_case(rng, K=3, V=8):
+    """B = 1: hypotheses 0 and 1 alike (score, length, next tokens), whose tokens 3 .. 7 are
+    equally likely: ten candidates tied for the K best."""
+    logp = np.log(np.tile([0.05, 0.1, 0.1] + [0.15] * 5, (1, K, 1)))  # PAD, BOS, EOS, then ties
+    logp[0, 2] = _log_softmax(rng.standard_normal(V))
+    return (np.array([[-1.0, -1.0, -4.0]]), np.full((1, K), 3), np.zeros((1, K), bool), logp,
+            0.6, EOS, PAD)
+
+
 class BeamStep(Check, id="check-beam-step", functions=("length_penalty", "beam_step")):
+    loop_free = {"beam_step": "one argsort over the (B, K * V) candidates of every source"}
+
     def cases(self, rng):
         yield Case("the first step: one live hypothesis, K = 3, V = 5",
                    _step_case(rng, 1, 3, 5, 0.6, first=True))
@@ -216,6 +231,8 @@ class BeamStep(Check, id="check-beam-step", functions=("length_penalty", "beam_s
         yield Case("alpha = 0: summed log-probabilities, K = 2",
                    _step_case(rng, 2, 2, 5, 0.0, n_finished=1))
         yield Case("K = 1: greedy", _step_case(rng, 3, 1, 6, 0.6))
+        yield Case("candidates tied at the cut of the K best: the first ones in the order "
+                   "k * V + t are kept (a stable sort)", _tied_case(later_rng(rng)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
