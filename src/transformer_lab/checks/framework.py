@@ -579,7 +579,9 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     changed = _modified_inputs(check, case, outcome)
     if changed:
         return Verdict(False, f"{label}: your function changed its input {changed} in place; "
-                              "compute into a new array (e.g. y = x - m, not x -= m)")
+                              "compute into a new array (e.g. y = x - m, not x -= m), and "
+                              "copy an input you keep and later update in place (buf = "
+                              "g.copy(), not buf = g)")
     problem = _difference(check, "output", outcome.value, want)
     if problem is None:
         return _loop_verdict(check, label, loops or {})

@@ -147,6 +147,12 @@ class Embed(Check, id="check-embed", functions=("embed_forward", "embed_backward
 # Stacks (§2): compared with their torch twins as notebook 07's layers are
 
 
+#: the mistake of a stack without its final norm (in the forward pass, or in the backward alone:
+#: the gradients are then those of a stack without it)
+FINAL_NORM = ("without the final layer norm (params['norm'], after the last layer), in the "
+              "forward pass or in the backward")
+
+
 class EncoderStack(_TwinCheck, id="check-encoder-stack",
                    functions=("encoder_forward", "encoder_backward")):
     axes = {"out": "bse", "dx": "bse"}  # axis names, for messages
@@ -173,7 +179,7 @@ class EncoderStack(_TwinCheck, id="check-encoder-stack",
         found = {"with the layers' gradients in reverse order (the backward pass meets the last "
                  "layer first: put its gradients at the end of the list)": _reversed(right)}
         if params["norm"] is not None:
-            found["without the final layer norm"] = lambda: self.expected(
+            found[FINAL_NORM] = lambda: self.expected(
                 x, dict(params, norm=None), *case, **keywords)
         heads, mask, dout = case
         if mask is not None:
@@ -214,7 +220,7 @@ class DecoderStack(_TwinCheck, id="check-decoder-stack",
                  "is wanted)": lambda: dict(right, dmemory=per_layer[-1]),
                  "with the layers' gradients in reverse order": _reversed(right)}
         if params["norm"] is not None:
-            found["without the final layer norm"] = lambda: self.expected(
+            found[FINAL_NORM] = lambda: self.expected(
                 x, memory, dict(params, norm=None), *case, **keywords)
         heads, tgt_mask, memory_mask, dout = case
         for which, given, masks in (("target mask", tgt_mask, (None, memory_mask)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import numbers
 import re
 
 from transformer_lab.checks._torch_helpers import LazyModule
@@ -156,6 +157,9 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
         mapping = f.bytes_to_unicode()
         if not isinstance(mapping, dict):
             return f"a {type(mapping).__name__} (bytes_to_unicode returns a dict byte -> str)"
+        if not all(isinstance(k, numbers.Integral) for k in mapping):
+            key = next(k for k in mapping if not isinstance(k, numbers.Integral))
+            return f"a dict with the key {key!r} (its keys are the bytes, the ints 0..255)"
         return [mapping.get(b, f"nothing for byte {b}") for b in bytes_]
 
     def expected(self, bytes_):
@@ -233,7 +237,13 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
     ### END HIDDEN TESTS
 
     def run(self, f, text):
-        return {str(list(map(int, word))): int(n) for word, n in f.word_counts(text).items()}
+        counts = f.word_counts(text)
+        for word in counts:
+            if not isinstance(word, tuple) or not all(isinstance(b, numbers.Integral)
+                                                      for b in word):
+                return (f"a key {word!r} (each key is a piece's UTF-8 bytes as a tuple of ints, "
+                        "tuple(piece.encode('utf-8')))")
+        return {str(list(map(int, word))): int(n) for word, n in counts.items()}
 
     def expected(self, text, whole=False, to_ids=lambda piece: piece.encode("utf-8")):
         """How often each piece occurs, keyed by its ids written as a list (mistakes:
@@ -472,7 +482,11 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
         vocab = f.token_bytes([tuple(p) for p in merges])
         if not isinstance(vocab, list):
             return f"a {type(vocab).__name__} (token_bytes returns a list: item i, token i's bytes)"
-        return [bytes(t).hex() if isinstance(t, (bytes, bytearray)) else repr(t) for t in vocab]
+        other = next((t for t in vocab if not isinstance(t, bytes | bytearray)), None)
+        if other is not None:
+            return (f"a list holding {other!r}, a {type(other).__name__} (each item is a token's "
+                    "bytes: bytes([b]) for byte b, a merge's two tokens' bytes joined)")
+        return [bytes(t).hex() for t in vocab]
 
 
 class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):

@@ -16,7 +16,7 @@ def sgd_step(p, g, buf, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, neste
     """One SGD step on ``p``, in place, as ``torch.optim.SGD``.
 
     ``g = g + weight_decay * p`` (a new array: ``g`` is the caller's); ``buf = momentum * buf +
-    (1 - dampening) * g`` (``buf = g`` on the first step, when ``buf`` is None); ``g = g +
+    (1 - dampening) * g`` (a copy of ``g`` on the first step, when ``buf`` is None); ``g = g +
     momentum * buf`` with Nesterov, else ``buf``; ``p -= lr * g``.  p, g: the same shape  ->  the
     momentum buffer (None without momentum).
     """
