@@ -1186,6 +1186,10 @@ mutant("causal_self_attention_forward", "block_size ignored: the naive kernel al
        "if block_size is None:\n            heads, c_att = attention_forward(",
        "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention",
        hint="your backward unpacks a cache of another length than your forward returned")
+mutant("causal_self_attention_forward", "block_size ignored in the tiled branch: the default",
+       "heads, c_att = flash_attention_forward(q, k, v, True, block_size)",
+       "heads, c_att = flash_attention_forward(q, k, v, True)", "check-gpt-tiled-attention",
+       hint="with block_size not passed on")
 mutant("causal_self_attention_forward", "RoPE applied to the queries only",
        "            k, _ = rope_forward(k, *rope)  # (B, Hkv, T, Dh), the same angles\n", "",
        "check-grouped-query-attention", hint="with RoPE turning the queries only")
@@ -1379,6 +1383,10 @@ mutant("flash_self_attention_forward", "block_size ignored: one tile of the whol
        "return flash_attention_forward(q, k, v, causal, block_size)",
        "return flash_attention_forward(q, k, v, causal, q.shape[-2])",
        "check-flash-self-attention", hint="in tiles of block_size")
+mutant("flash_self_attention_forward", "block_size ignored: the default block size",
+       "return flash_attention_forward(q, k, v, causal, block_size)",
+       "return flash_attention_forward(q, k, v, causal)", "check-flash-self-attention",
+       hint="with block_size not passed on")
 mutant("flash_self_attention_backward", "the naive backward for the tiled forward",
        "self_attention_backward(dout, cache, attend_backward=flash_attention_backward)",
        "self_attention_backward(dout, cache)", "check-flash-self-attention")

@@ -152,6 +152,15 @@ MEMORY_HINT = {"with more than a tenth of a (T, S) array alive at once: the scor
                "whole, or a (T, S) mask or temporary; only one tile may live at a time":
                lambda: {MEMORY: False}}
 
+#: a memory case whose one block holds the whole sequence: its tile is the whole (T, T) score
+#: matrix, so the peak exceeds a tenth of one (in the other memory cases, blocks of T / 16 keep it
+#: below) -- unless block_size is not passed on
+WHOLE_TILE = ("T = 1024, one block of 1024: its one tile is a whole (T, T) score matrix, more "
+              "memory than a tenth of one (block_size is passed on)")
+BLOCK_SIZE_HINT = {"with block_size not passed on (a default block size instead?): one block "
+                   "of T is a whole (T, T) tile, yet the run stayed below a tenth of one":
+                   lambda: {MEMORY: True}}
+
 
 def _memory_case(rng, backward=False):
     """The tiled attention of a long sequence, whose peak memory is measured (:data:`MEMORY`);
@@ -469,6 +478,8 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
                                     "memory below a tenth of one (T, T) score matrix",
                                     1, 2048, 4, 1, 128)
         yield Case(case.name, case.args, {"measure_memory": True})
+        case = _self_attention_case(later, WHOLE_TILE, 1, 1024, 4, 1, 1024)
+        yield Case(case.name, case.args, {"measure_memory": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -489,7 +500,7 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
         """Notebook 13's self-attention (causal, or not) by autograd in float64, in x's
         dtype."""
         if measure_memory:
-            return {MEMORY: True}
+            return {MEMORY: block_size < x.shape[1]}  # (WHOLE_TILE)
         p64 = dict(zip(params, _float64(*params.values()), strict=True))
         want = _attention_expected(*_float64(x), p64, *_float64(dout), num_heads, num_heads,
                                    causal=causal)
@@ -501,7 +512,7 @@ class FlashSelfAttention(Check, id="check-flash-self-attention",
         if measure_memory:
             return {"with the whole (T, T) score matrix: the self-attention must compute its "
                     "heads with flash_attention_forward and _backward, in tiles of block_size":
-                    lambda: {MEMORY: False}}
+                    lambda: {MEMORY: False}, **BLOCK_SIZE_HINT}
         return {f"with causal={not causal} where causal={causal} is given (pass causal on to "
                 "flash_attention_forward)": lambda: self.expected(
                     x, params, num_heads, dout, block_size, not causal)}
@@ -532,8 +543,10 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
         yield _gpt_attention_case(rng, "T = 2048, blocks of 128, forward and backward: memory "
                                   "below a tenth of one (T, T) score matrix", 1, 2048, 4, 1, 1,
                                   False, 128, measure_memory=True)
-        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield _through_block_case(later)
+        yield _gpt_attention_case(later, WHOLE_TILE, 1, 1024, 4, 1, 1, False, 1024,
+                                  measure_memory=True)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -564,7 +577,7 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
     def expected(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False,
                  block_config=None):
         if measure_memory:
-            return {MEMORY: True}
+            return {MEMORY: block_size < x.shape[1]}  # (WHOLE_TILE)
         return _attention_expected(x, params, dout, H, Hkv, _head_rope(x, H, rope)[0])
 
     def mistakes(self, x, params, dout, H, Hkv, rope, block_size, measure_memory=False,
@@ -574,7 +587,7 @@ class GPTTiledAttention(Check, id="check-gpt-tiled-attention",
                     "alone is tiled: gpt_block_forward (core/gpt.py, notebook 13) must pass "
                     "config.attention_block_size on to causal_self_attention_forward":
                     lambda: {MEMORY: False}}
-        return MEMORY_HINT if measure_memory else {}
+        return {**MEMORY_HINT, **BLOCK_SIZE_HINT} if measure_memory else {}
 
 
 def _through_block_case(rng, T=2048, block=128) -> Case:

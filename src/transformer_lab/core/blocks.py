@@ -16,6 +16,8 @@ Post-norm (the paper): ``x = norm(x + sublayer(x))``; pre-norm: ``x = x + sublay
 
 from __future__ import annotations
 
+import numpy as np  # noqa: F401 (the functions here compose others: np is yours to use)
+
 from transformer_lab.core.layers import (
     activation_backward,
     activation_forward,

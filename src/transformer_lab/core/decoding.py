@@ -8,6 +8,8 @@ heads, ``Dh = E / H``, ``V`` vocabulary, ``S_max`` the positions a cache holds.
 
 from __future__ import annotations
 
+import numpy as np  # noqa: F401 (the functions here compose others: np is yours to use)
+
 from transformer_lab.core.attention import attention_forward, causal_mask
 from transformer_lab.core.blocks import residual_forward
 from transformer_lab.core.gpt import mlp_forward, norm_forward

@@ -41,6 +41,8 @@ Shapes: ``B`` batch, ``T`` positions, ``E`` width, ``H`` query heads, ``Hkv`` ke
 
 from __future__ import annotations
 
+import numpy as np  # noqa: F401 (the functions here compose others: np is yours to use)
+
 from transformer_lab.core.blocks import (
     feed_forward_backward,
     feed_forward_forward,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np  # noqa: F401 (the functions here compose others: np is yours to use)
+
 from transformer_lab.core.optim import clip_grad_norm, global_norm
 
 
