@@ -1311,6 +1311,10 @@ mutant("sample_next", "the tokens as floats", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1) * 1.0", "check-sample-next")
 mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1, keepdims=True)", "check-sample-next")
+mutant("top_k_filter", "the cut logits set to 0 instead of -inf",
+       "return np.where(logits < kth, -np.inf, logits)",
+       "return np.where(logits < kth, 0.0, logits)", "check-top-k-filter",
+       hint="with the cut logits left finite")
 mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th dropped",
        "return np.where(logits < kth, -np.inf, logits)",
        "top = np.argsort(logits, axis=-1)[..., -k:]\n"

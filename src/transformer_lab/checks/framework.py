@@ -614,11 +614,12 @@ def _error_hint(outcome: Outcome) -> str:
         if not outcome.where:  # in the check's own code: what the function returned
             return ("the check unpacks what your function returns as its docstring's '->' "
                     "says ((out, cache) for a forward pass): does it return that many values?")
-        if "= cache" in outcome.where and "NoneType" in outcome.error:
+        cache = re.search(r"= (cache|c_\w+)\b", outcome.where)  # cache, c_att, c_kernel...
+        if cache and "NoneType" in outcome.error:
             return ("your backward unpacks a cache that is None: where the forward returns "
                     "cache None (dropout in evaluation or at p = 0), the backward returns dout "
                     "as it is")
-        if "= cache" in outcome.where:
+        if cache:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
     return ""

@@ -32,6 +32,11 @@ class _FilterCheck(Check):
         filtered = super().run(f, logits, parameter)
         return _kept(np.isfinite(filtered), filtered)
 
+    def mistakes(self, logits, parameter):
+        return {"with the cut logits left finite (0, or -1e9): a cut logit is -inf, the one "
+                "value softmax turns into a probability of exactly 0":
+                lambda: {"kept": np.ones(np.shape(logits), bool)}}
+
 
 class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter",)):
     def cases(self, rng):
@@ -55,7 +60,8 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
 
     def mistakes(self, logits, k):
         kth = np.sort(logits, axis=-1)[..., -k:-k + 1 or None]  # the k-th largest
-        return {"keeping the k smallest logits instead of the k largest":
+        return {**super().mistakes(logits, k),
+                "keeping the k smallest logits instead of the k largest":
                 lambda: _kept(self.expected(-logits, k)["kept"], logits),
                 "with > where >= belongs: the k-th largest itself cut (k - 1 kept)":
                 lambda: _kept(logits > kth, logits),
@@ -108,7 +114,8 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
             naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
-        return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
+        return {**super().mistakes(logits, p),
+                "keeping the tokens whose cumulative mass is below p (one token too few: the "
                 "kept set must reach p)": lambda: _kept(before, logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
                 "and inf / inf is NaN": lambda: _kept(overflowed, logits)}
@@ -245,10 +252,11 @@ class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter
     def mistakes(self, logits, p_min):
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         top = probs.max(dim=-1, keepdim=True).values
-        return {"with p_min as an absolute threshold (probs >= p_min): it is relative, p_min "
-                "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits),
+        return {**super().mistakes(logits, p_min),
                 "with > where >= belongs (at p_min = 1 the most likely token must stay)":
-                lambda: _kept((probs > p_min * top).numpy(), logits)}
+                lambda: _kept((probs > p_min * top).numpy(), logits),
+                "with p_min as an absolute threshold (probs >= p_min): it is relative, p_min "
+                "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits)}
     ### END HIDDEN TESTS
 
 
