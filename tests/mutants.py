@@ -1427,6 +1427,9 @@ mutant("pretokenize", "the contractions matched in any case (DON'T cut as DON, '
        "check-pretokenize")
 mutant("word_counts", "the characters' code points instead of the UTF-8 bytes",
        'tuple(piece.encode("utf-8"))', "tuple(map(ord, piece))", "check-word-counts")
+mutant("word_counts", "the pieces themselves as keys (str), not their bytes",
+       'tuple(piece.encode("utf-8"))', "piece", "check-word-counts",
+       hint="each key is a piece's UTF-8 bytes as a tuple of ints")
 mutant("word_counts", "no pre-tokenization: the whole text one word (pairs across pieces)",
        "for piece in pretokenize(text)", "for piece in [text]", "check-word-counts")
 mutant("pair_counts", "each pair counted once per word, not weighted by its count",
