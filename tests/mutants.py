@@ -1323,6 +1323,9 @@ mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th
        "    return out", "check-top-k-filter")
 mutant("top_k_filter", "the k-th largest filtered out too (<=)", "np.where(logits < kth",
        "np.where(logits <= kth", "check-top-k-filter")
+mutant("top_p_filter", "ties ranked by the higher id first (a descending sort, reversed)",
+       'order = np.argsort(-logits, axis=-1, kind="stable")',
+       'order = np.argsort(logits, axis=-1, kind="stable")[..., ::-1]', "check-top-p-filter")
 mutant("top_p_filter", "a softmax without the maximum subtracted (exp overflows)",
        "probs, _ = softmax_forward(logits)",
        "probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)",

@@ -93,6 +93,9 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         yield Case("p = 0.01 (the most likely token only)", (x, 0.01))
         yield Case("float32 logits near 100, p = 0.9 (exp overflows without the max)", (
             np.array([[100.0, 99.0, 95.0, 0.0], [0.0, -1.0, 2.0, 90.0]], np.float32), 0.9))
+        yield Case("tied tokens at the cut, p = 0.6: of tokens 1 and 2 (equally likely), the "
+                   "lower id ranks first, so only it is kept", (np.array([[2.0, 1.0, 1.0, 0.0]]),
+                                                               0.6))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -26,7 +26,8 @@ def top_k_filter(logits, k):
 def top_p_filter(logits, p):
     """Nucleus filtering: keep the smallest set of most probable tokens whose probabilities add
     up to at least ``p``, set the others to ``-inf``. A token is kept when the tokens ranked
-    above it hold less than ``p`` (so the most probable one always is).
+    above it hold less than ``p`` (so the most probable one always is); of tied tokens, the
+    lower id ranks first (a stable sort).
 
     logits: (..., V); 0 < p <= 1  ->  filtered: (..., V).
     """
