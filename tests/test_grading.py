@@ -1101,6 +1101,9 @@ def test_the_course_s_notebooks_solution_full_marks_handout_zero(notebook, tmp_p
     assert solution and all(p == m for p, m in solution.values()), summary(
         grades, "solution", notebook.stem)
     assert all(float(r["points"]) == 0 for r in rows if r["student"] == "untouched")
+    # the course's own cells, handed in as they were, are not blamed (notebook 16's
+    # `def tile_bytes(b, d=D_HEAD)` failed, run without the cell that sets D_HEAD)
+    assert "as the grader ran it" not in summary(grades, "solution", notebook.stem)
 
 
 def test_the_loops_of_a_core_function_are_read_from_the_student_s_core_file(tmp_path):

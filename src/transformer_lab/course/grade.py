@@ -251,6 +251,16 @@ def probe_cells(submission, assignment: Assignment) -> tuple[list[tuple[str, str
     return without_unused_imports(cells, passed), notes
 
 
+def _own_cell_errors(errors: list[tuple[str, str]], submission,
+                     assignment: Assignment) -> list[tuple[str, str]]:
+    """The probe's ``errors`` (cell id, error) of the cells the student wrote or changed. A
+    course cell handed in as it was, run for its definitions alone, can fail for want of what
+    the statements it lost set (``def f(d=D_HEAD)``, ``D_HEAD`` set earlier): not theirs."""
+    course = {c.id: c.source for c in assignment.nb.cells if c.cell_type == "code"}
+    theirs = {c.get("id"): c.source for c in submission.cells}
+    return [(cid, err) for cid, err in errors if course.get(cid) != theirs.get(cid)]
+
+
 def without_unused_imports(cells: list[tuple[str, str]],
                            names: set[str] = frozenset()) -> list[tuple[str, str]]:
     """``cells`` with each top-level import whose names no other statement of any of them uses
@@ -533,7 +543,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
             notes.append(versions.unversioned_note(grader.version))
         notes += _other_files(found, work.name, notebook)
         graded = Graded(work.name, notebook, results, "graded",
-                        notes=_overlay_notes(overlay, notebook) + notes, cells=report.cells)
+                        notes=_overlay_notes(overlay, notebook) + notes,
+                        cells=_own_cell_errors(report.cells, submission, assignment))
         graded.flags = _flags_of_own_code(submission, assignment)
         nb = restore_checks(submission, assignment)
         if grader.execute:
