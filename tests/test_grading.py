@@ -770,6 +770,17 @@ def test_submissions_of_another_course_version_are_refused_with_the_version_that
                    f"{tmp_path / 'subs'} OUT={tmp_path / 'grades'} NOTEBOOKS=01` there.\n")
 
 
+def test_submissions_of_two_other_versions_get_a_folder_and_an_out_each(tmp_path, capsys):
+    """Each version's run grades its own students and skips the others: run twice on the one
+    folder into the one OUT, the second run would empty the first's grades."""
+    student_folder(tmp_path / "subs" / "alice", _of_version(solved_01(), OLD), core="reference")
+    other = dataclasses.replace(OLD, commit="1111111")
+    write(_of_version(student_01(), other), tmp_path / "subs" / "bob_01_attention.ipynb")
+    err = _refused(tmp_path, capsys)
+    assert err.count("`make grade SUBMISSIONS=<its folder> OUT=<a folder of its own>`") == 2
+    assert "put each version's submissions in a folder of their own" in err
+
+
 def test_a_run_mixing_course_versions_grades_this_version_s_and_names_the_others(tmp_path,
                                                                                  capsys):
     """One student's notebook of another version does not stop the class: it is left out,
@@ -1355,3 +1366,16 @@ def test_a_culprit_that_failed_a_hidden_case_only_is_named_where_hidden_verdicts
     grade.name_culprits(hidden, public_only=True)
     assert "`softmax_forward` fails `check-softmax-forward` too" in shown[1].message
     assert hidden[1].message == "raised"
+
+
+def test_a_culprit_check_of_several_functions_is_named_as_a_check():
+    """A failed check of four functions is named as the check that failed, not as four
+    functions that each fail (an instructor's trial: a wrong mask in one of them blamed the
+    three right ones too)."""
+    results = [reports.CheckResult("check-causal-self-attention", 0, 2, "wrong", 0, 5, 0),
+               reports.CheckResult("check-gpt-block", 0, 2, "wrong", 0, 5, 0)]
+    grade.name_culprits(results)
+    assert results[1].message.startswith(
+        "`check-causal-self-attention` fails too, the check of `self_attention_forward`, "
+        "`self_attention_backward`, `causal_self_attention_forward` and "
+        "`causal_self_attention_backward`, which this one runs: fix what it names first")

@@ -1185,7 +1185,6 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
             if failure is None:
                 continue
             names = list(other.functions)
-            fails, them = ("fails", "it") if len(names) == 1 else ("fail", "them")
             message, _, hint = failure.partition("\n  Hint: ")  # judge's verdict, its hint last
             first = message.split("\n", 1)[0].removesuffix("; the two in full:")
             first += f" Hint: {hint}" if hint else ""
@@ -1193,8 +1192,9 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
             for n in names:
                 places.setdefault(_place(n, other.notebook), []).append(f"`{n}`")
             culprits = " and ".join(f"{' and '.join(ns)} ({p})" for p, ns in places.items())
-            return (f"{culprits} {fails} `{other.id}`; fix "
-                    f"{them}, then run this check again.\n  ({other.id}: {first})\n")
+            lead = (f"{culprits} fails `{other.id}`; fix it" if len(names) == 1 else
+                    f"`{other.id}`, the check of {culprits}, fails; fix what it names")
+            return f"{lead}, then run this check again.\n  ({other.id}: {first})\n"
         return ""
     except Exception:  # finding the culprit must never hide the verdict
         return ""

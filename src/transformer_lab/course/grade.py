@@ -473,11 +473,13 @@ def name_culprits(results: list[CheckResult], public_only: bool = False) -> None
         except Exception:  # a check unknown to this version of the framework: say nothing
             continue
         lines = []
-        for other in culprits:
-            names = list(other.functions)
-            lines.append(f"{' and '.join(f'`{n}`' for n in names)} "
-                         f"{'fails' if len(names) == 1 else 'fail'} `{other.id}` too: fix "
-                         f"{'it' if len(names) == 1 else 'them'} first, then this check.")
+        for other in culprits:  # of several functions, the check failed, not each of them
+            names = [f"`{n}`" for n in other.functions]
+            lines.append(f"{names[0]} fails `{other.id}` too: fix it first, then this check."
+                         if len(names) == 1 else
+                         f"`{other.id}` fails too, the check of {', '.join(names[:-1])} and "
+                         f"{names[-1]}, which this one runs: fix what it names first, then "
+                         "this check.")
         if lines:
             result.message = "\n".join(lines) + "\n" + result.message
 
@@ -872,6 +874,11 @@ class VersionError(GradingError):
         """The refusal, telling the instructor to run ``command`` with the right version."""
         return versions.mismatch(self.others, self.ours, command)
 
+    @property
+    def several(self) -> bool:
+        """Whether the submissions come from more than one other version (or commit)."""
+        return len({(v.version, v.commit) for v in self.others.values()}) > 1
+
 
 def recorded_versions(found: Found, ours: dict[str, versions.CourseVersion]) -> tuple[
         set[tuple[str, str]], dict[tuple[str, str], versions.CourseVersion], int]:
@@ -1083,11 +1090,14 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optio
                    notebooks=tuple(args.notebooks))
 
 
-def _grade_command(args: argparse.Namespace) -> str:
+def _grade_command(args: argparse.Namespace, several: bool) -> str:
     """The ``make grade`` line that grades these submissions, into the same folder, from
-    another version's folder (its paths made absolute)."""
-    words = ["make grade", f"SUBMISSIONS={shlex.quote(str(Path(args.submissions).resolve()))}",
-             f"OUT={shlex.quote(str(Path(args.out).resolve()))}"]
+    another version's folder (its paths made absolute); of ``several`` versions, each gets a
+    folder of its own, and an OUT of its own (a run empties its OUT)."""
+    folders = ["SUBMISSIONS=<its folder>", "OUT=<a folder of its own>"] if several else [
+        f"SUBMISSIONS={shlex.quote(str(Path(args.submissions).resolve()))}",
+        f"OUT={shlex.quote(str(Path(args.out).resolve()))}"]
+    words = ["make grade", *folders]
     if args.notebooks:
         words.append(f"NOTEBOOKS={shlex.quote(' '.join(args.notebooks))}")
     return " ".join(words)
@@ -1103,7 +1113,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcome = grade(args.submissions, args.out, options)
     except VersionError as err:  # the command to run in the other version's folder, in full
-        print(f"error: {err.sentence(_grade_command(args))}", file=sys.stderr)
+        print(f"error: {err.sentence(_grade_command(args, err.several))}", file=sys.stderr)
         return 1
     except GradingError as err:
         print(f"error: {err}", file=sys.stderr)
