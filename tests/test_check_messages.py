@@ -89,6 +89,17 @@ def test_a_wrong_merge_heads_is_named_by_the_multi_head_backward_check():
     assert "dquery" in msg  # the original failure follows
 
 
+def test_a_failing_check_of_several_functions_is_named_as_the_check():
+    """check-causal-self-attention tests four functions: one wrong one does not make each of
+    them "fail" -- the check is named, with what it tests."""
+    msg = mutant_message("check-gpt-block", "causal_self_attention_forward", "no causal mask")
+    assert msg.split("\n")[1].startswith(
+        "`check-causal-self-attention`, the check of `self_attention_forward`, "
+        "`self_attention_backward`, `causal_self_attention_forward` and "
+        "`causal_self_attention_backward` (notebook 13 §3), fails"), msg
+    assert "fails; fix what it names, then run this check again" in msg
+
+
 def test_a_wrong_softmax_is_named_by_the_cosine_attention_exercise():
     """The exercise calls the package's softmax_forward (a right way to write it), whose
     maximum is the whole array's: the check names softmax_forward, read from the exercise's

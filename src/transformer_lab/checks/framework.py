@@ -1152,6 +1152,11 @@ def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check
             and _teaching_order(other) < here]
 
 
+def _listed(words: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(words[:-1]), words[-1]]))
+
+
 def _place(function: str, notebook: str) -> str:
     """"notebook 04 §2": where ``function`` is taught for ``notebook``'s checks (every section of
     that notebook that teaches or extends it: "notebook 15 §2, §3")."""
@@ -1191,7 +1196,7 @@ def culprit(chk: Check, f: Functions | None = None) -> str:
             places: dict[str, list[str]] = {}  # each function with where it is taught
             for n in names:
                 places.setdefault(_place(n, other.notebook), []).append(f"`{n}`")
-            culprits = " and ".join(f"{' and '.join(ns)} ({p})" for p, ns in places.items())
+            culprits = _listed([f"{_listed(ns)} ({p})" for p, ns in places.items()])
             lead = (f"{culprits} fails `{other.id}`; fix it" if len(names) == 1 else
                     f"`{other.id}`, the check of {culprits}, fails; fix what it names")
             return f"{lead}, then run this check again.\n  ({other.id}: {first})\n"
