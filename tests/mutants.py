@@ -1314,7 +1314,11 @@ mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).s
 mutant("top_k_filter", "the cut logits set to 0 instead of -inf",
        "return np.where(logits < kth, -np.inf, logits)",
        "return np.where(logits < kth, 0.0, logits)", "check-top-k-filter",
-       hint="with the cut logits left finite")
+       hint="the cut logits are -inf")
+mutant("top_k_filter", "the cut logits set to NaN",
+       "return np.where(logits < kth, -np.inf, logits)",
+       "return np.where(logits < kth, np.nan, logits)", "check-top-k-filter",
+       hint="the cut logits are -inf")
 mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th dropped",
        "return np.where(logits < kth, -np.inf, logits)",
        "top = np.argsort(logits, axis=-1)[..., -k:]\n"

@@ -19,23 +19,26 @@ from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe, _rope
 # §1 Sampling
 
 
-def _kept(kept, logits) -> dict:
-    """Which logits a filter keeps, and their values (0 where cut)."""
-    return {"kept": kept, "values": np.where(kept, logits, 0)}
+#: a filter's output that says whether every logit it cut became -inf
+CUT = "the cut logits are -inf (a finite one, 0 or -1e9, keeps a probability; NaN spoils them all)"
+
+
+def _kept(kept, logits, cut=True) -> dict:
+    """Which logits a filter keeps, their values (0 where cut), and whether it made every cut
+    one -inf."""
+    return {"kept": kept, "values": np.where(kept, logits, 0), CUT: cut}
 
 
 class _FilterCheck(Check):
-    """A filter of logits, ``filter(logits, parameter)``: compares which logits it keeps (the
-    finite entries of its answer) and their values."""
+    """A filter of logits, ``filter(logits, parameter)``: compares which logits it keeps (those
+    it left as they were), their values, and that the others became -inf."""
 
     def run(self, f, logits, parameter):
         filtered = super().run(f, logits, parameter)
-        return _kept(np.isfinite(filtered), filtered)
-
-    def mistakes(self, logits, parameter):
-        return {"with the cut logits left finite (0, or -1e9): a cut logit is -inf, the one "
-                "value softmax turns into a probability of exactly 0":
-                lambda: {"kept": np.ones(np.shape(logits), bool)}}
+        if np.shape(filtered) != np.shape(logits):
+            return filtered  # the comparison says what came back
+        kept = np.asarray(filtered == logits)
+        return _kept(kept, filtered, bool(np.all(np.isneginf(filtered[~kept]))))
 
 
 class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter",)):
@@ -60,8 +63,7 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
 
     def mistakes(self, logits, k):
         kth = np.sort(logits, axis=-1)[..., -k:-k + 1 or None]  # the k-th largest
-        return {**super().mistakes(logits, k),
-                "keeping the k smallest logits instead of the k largest":
+        return {"keeping the k smallest logits instead of the k largest":
                 lambda: _kept(self.expected(-logits, k)["kept"], logits),
                 "with > where >= belongs: the k-th largest itself cut (k - 1 kept)":
                 lambda: _kept(logits > kth, logits),
@@ -117,8 +119,7 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
             naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
-        return {**super().mistakes(logits, p),
-                "keeping the tokens whose cumulative mass is below p (one token too few: the "
+        return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
                 "kept set must reach p)": lambda: _kept(before, logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
                 "and inf / inf is NaN": lambda: _kept(overflowed, logits)}
@@ -255,8 +256,7 @@ class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter
     def mistakes(self, logits, p_min):
         probs = torch.softmax(_t(logits).to(torch.float64), dim=-1)
         top = probs.max(dim=-1, keepdim=True).values
-        return {**super().mistakes(logits, p_min),
-                "with > where >= belongs (at p_min = 1 the most likely token must stay)":
+        return {"with > where >= belongs (at p_min = 1 the most likely token must stay)":
                 lambda: _kept((probs > p_min * top).numpy(), logits),
                 "with p_min as an absolute threshold (probs >= p_min): it is relative, p_min "
                 "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits)}
