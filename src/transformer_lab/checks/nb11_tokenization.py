@@ -156,10 +156,12 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
     def run(self, f, bytes_):
         mapping = f.bytes_to_unicode()
         if not isinstance(mapping, dict):
-            return f"a {type(mapping).__name__} (bytes_to_unicode returns a dict byte -> str)"
+            raise TypeError(f"a {type(mapping).__name__} came back; bytes_to_unicode returns a "
+                            "dict byte -> str")
         if not all(isinstance(k, numbers.Integral) for k in mapping):
             key = next(k for k in mapping if not isinstance(k, numbers.Integral))
-            return f"a dict with the key {key!r} (its keys are the bytes, the ints 0..255)"
+            raise TypeError(f"a dict with the key {key!r} came back; its keys are the bytes, "
+                            "the ints 0..255")
         return [mapping.get(b, f"nothing for byte {b}") for b in bytes_]
 
     def expected(self, bytes_):
@@ -238,11 +240,15 @@ class WordCounts(Check, id="check-word-counts", functions=("word_counts",)):
 
     def run(self, f, text):
         counts = f.word_counts(text)
+        if not isinstance(counts, dict):
+            raise TypeError(f"a {type(counts).__name__} came back; word_counts returns a dict "
+                            "word -> count")
         for word in counts:
             if not isinstance(word, tuple) or not all(isinstance(b, numbers.Integral)
                                                       for b in word):
-                return (f"a key {word!r} (each key is a piece's UTF-8 bytes as a tuple of ints, "
-                        "tuple(piece.encode('utf-8')))")
+                raise TypeError(f"a dict with the key {word!r} came back; each key is a "
+                                "piece's UTF-8 bytes as a tuple of ints, "
+                                "tuple(piece.encode('utf-8'))")
         return {str(list(map(int, word))): int(n) for word, n in counts.items()}
 
     def expected(self, text, whole=False, to_ids=lambda piece: piece.encode("utf-8")):
@@ -481,11 +487,13 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
     def run(self, f, merges):
         vocab = f.token_bytes([tuple(p) for p in merges])
         if not isinstance(vocab, list):
-            return f"a {type(vocab).__name__} (token_bytes returns a list: item i, token i's bytes)"
+            raise TypeError(f"a {type(vocab).__name__} came back; token_bytes returns a list: "
+                            "item i, token i's bytes")
         other = next((t for t in vocab if not isinstance(t, bytes | bytearray)), None)
         if other is not None:
-            return (f"a list holding {other!r}, a {type(other).__name__} (each item is a token's "
-                    "bytes: bytes([b]) for byte b, a merge's two tokens' bytes joined)")
+            raise TypeError(f"a list holding {other!r} ({type(other).__name__}) came back; each "
+                            "item is a token's bytes: bytes([b]) for byte b, a merge's two "
+                            "tokens' bytes joined")
         return [bytes(t).hex() for t in vocab]
 
 
