@@ -1622,7 +1622,7 @@ mutant("decoder_layer_step", "the config's eps not passed to the third norm",
        'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first)', "check-decoder-step")
 mutant("decoder_layer_step", "the config's activation not passed on: ReLU always",
        'feed_forward_forward(h, p["ff"], c.activation)', 'feed_forward_forward(h, p["ff"])',
-       "check-decoder-step")
+       "check-decoder-step", hint="with the relu activation where config.activation is 'gelu'")
 mutant("decoder_layer_step", "a bias read by key: a model without biases raises KeyError",
        'p["cross_attn"].get("b_q")', 'p["cross_attn"]["b_q"]', "check-decoder-step")
 mutant("transformer_decode_step", "learned positions ignored: the sinusoidal table always",

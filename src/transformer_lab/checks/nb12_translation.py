@@ -22,6 +22,7 @@ from transformer_lab.checks.nb06_layers_backward import _log_softmax
 from transformer_lab.checks.nb09_verification import _smoothed
 from transformer_lab.checks.nb10_training import _numpy_model, _twin
 from transformer_lab.datasets.tasks import BOS, EOS, PAD
+from transformer_lab.models.config import ACTIVATIONS
 
 # --------------------------------------------------------------------------------------------
 # §4 Label smoothing
@@ -438,7 +439,12 @@ class DecoderStep(Check, id="check-decoder-step",
                     f"b_v, where the model has biases)": functools.partial(
                         lambda n: {f"memory_{'keys' if n == 'k' else 'values'}": _memory_heads(
                             memory, params, config, n, bias=False)}, n) for n in "kv"}
-        return {**biasless, **{
+        given = config["activation"]
+        activations = {f"with the {name} activation where config.activation is {given!r} (pass "
+                       "it on to feed_forward_forward)": functools.partial(
+                           _decoded, {**config, "activation": name}, params, memory, pad, tgt,
+                           chunks) for name in ACTIVATIONS if name != given}
+        return {**biasless, **activations, **{
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
                                            mistake)
             for description, mistake in DECODER_MISTAKES.items()}}
