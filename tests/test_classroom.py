@@ -380,6 +380,8 @@ def test_a_crash_or_a_deaf_kernel_stops_only_that_run(kernel_runs):
     assert run.status == "ran" and nb.cells[1].outputs[0].text == "after\n"
     assert [o.ename for o in nb.cells[0].outputs if o.output_type == "error"] == \
         ["KeyboardInterrupt"]
+    assert nb.cells[0].outputs[-1].text.startswith(  # said why, not the bare interrupt alone
+        "[interrupted: this cell ran past the time limit of ")
 
 
 def _running(pid: int) -> bool:

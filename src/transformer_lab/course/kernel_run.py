@@ -90,7 +90,8 @@ class TimeUp(Exception):
 class LimitedClient(NotebookClient):
     """An nbclient ``NotebookClient`` that keeps at most :class:`OutputLimits` of the output:
     it sees every output message before nbclient appends it (``process_message``), and adds the
-    note to a cell that lost output (``async_execute_cell``, also when the kernel dies)."""
+    note to a cell that lost output (``async_execute_cell``, also when the kernel dies), or
+    that it interrupted at the time limit (whose output is a bare KeyboardInterrupt)."""
 
     def __init__(self, nb, limits: OutputLimits | None = None, sandbox=None,
                  mounts: Mounts | None = None, **kw):
@@ -114,6 +115,11 @@ class LimitedClient(NotebookClient):
     def _start_cell(self, cell_index: int | None) -> None:
         self.cell_index = cell_index
         self.cell_printed = self.cell_rich = self.cell_dropped = 0  # bytes kept, dropped
+        self.cell_interrupted = False
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self.cell_interrupted = True
+        return await super()._async_handle_timeout(timeout, cell)
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None,
                                  store_history=True):
@@ -129,6 +135,10 @@ class LimitedClient(NotebookClient):
         finally:
             if self.cell_dropped:
                 self._add_note(cell)
+            if self.cell_interrupted:
+                cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=(
+                    f"[interrupted: this cell ran past the time limit of {self.timeout} s "
+                    "per cell]\n")))
 
     def process_message(self, msg, cell, cell_index):
         if msg.get("msg_type") in _OUTPUT_MESSAGES:
