@@ -519,7 +519,9 @@ def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
     assert points(graded, "no_exercises")["check-softmax-forward"] == 2
     assert "defines no 'logsumexp' (the grader ran its first code cell and its exercise cells; " \
         "cell exercise-logsumexp raised SyntaxError" in summary(graded, "syntax_exercise")
-    assert "could not be read as a notebook" in summary(graded, "unreadable")
+    unreadable = summary(graded, "unreadable")  # its reason said once; no check "failed"
+    assert "**Unreadable**: could not be read as a notebook" in unreadable
+    assert "| not graded |" in unreadable and "**failed**" not in unreadable
 
 
 @pytest.mark.slow

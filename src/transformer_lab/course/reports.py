@@ -88,13 +88,17 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
              f"**{graded.student}: {format_points(graded.points)} / "
              f"{format_points(graded.max_points)} points.**", "",
              "| check | points | result |", "|---|---|---|"]
+    if graded.status != "graded" and graded.results:  # one reason for every check: said once
+        lines[3:3] = [f"**{graded.status.capitalize()}**: {graded.results[0].message}", ""]
     for r in graded.results:
         first = r.message.split("\n", 1)[0] + (" (see below)" if "\n" in r.message else "")
-        result = passed(r.cases) if r.passed else "**failed**: " + _table_text(first)
+        result = (passed(r.cases) if r.passed else
+                  "**failed**: " + _table_text(first) if graded.status == "graded" else
+                  "not graded")
         lines.append(f"| `{r.check}` | {format_points(r.points)} / {format_points(r.max_points)} "
                      f"| {result} |")
     for r in graded.results:
-        if not r.passed and "\n" in r.message:
+        if not r.passed and "\n" in r.message and graded.status == "graded":
             text = r.message.replace("```", "'''")
             lines += ["", f"**`{r.check}`**", "", "```text", text, "```"]
     if graded.status == "graded":
