@@ -455,7 +455,9 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
                      "    axes = [i for i in range(q.ndim)]\n"):
         assert loops(ADDITIVE.replace(first, harmless + first)) == "none", harmless
     for loop in ("    while False:\n        pass\n", "    rows = [r for r in q]\n",
-                 "    for i in range(q.shape[0]):\n        pass\n"):
+                 "    for i in range(q.shape[0]):\n        pass\n",
+                 "    n = np.apply_along_axis(np.linalg.norm, 1, q)\n",
+                 "    f = np.vectorize(abs)\n"):  # Python loops inside NumPy
         assert loops(ADDITIVE.replace(first, loop + first)) == "a loop at line 4", loop
 
 

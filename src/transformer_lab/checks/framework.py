@@ -389,8 +389,9 @@ def python_loops(function: Callable) -> str:
 
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
-    (functions it defines inside, and its default values, included): a ``while``, or a ``for``
-    or a comprehension over
+    (functions it defines inside, and its default values, included): a ``while``, a call of
+    ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for`` or a
+    comprehension over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     x.shape``), which a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). A decorated def is
@@ -408,7 +409,9 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
             over = ([n.iter] if isinstance(n, ast.For | ast.AsyncFor) else
                     [g.iter for g in n.generators] if isinstance(
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
-            if isinstance(n, ast.While) or not all(map(_fixed_few, over)):
+            hidden = isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in (
+                "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
+            if isinstance(n, ast.While) or hidden or not all(map(_fixed_few, over)):
                 lines.append(n.lineno)
     return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
 
