@@ -243,6 +243,8 @@ class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter
         yield Case("p_min = 1 (the most likely token only)", (x, 1.0))
         yield Case("float32, three axes", (rng.standard_normal((2, 2, 5)).astype(np.float32),
                                            0.2))
+        yield Case("float32 logits near 100, p_min = 0.1 (exp overflows without the max)", (
+            np.array([[100.0, 99.0, 97.0, 0.0], [0.0, -1.0, 2.0, 90.0]], np.float32), 0.1))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
