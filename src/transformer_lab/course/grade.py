@@ -258,7 +258,8 @@ def _own_cell_errors(errors: list[tuple[str, str]], submission,
     the statements it lost set (``def f(d=D_HEAD)``, ``D_HEAD`` set earlier): not theirs."""
     course = {c.id: c.source for c in assignment.nb.cells if c.cell_type == "code"}
     theirs = {c.get("id"): c.source for c in submission.cells}
-    return [(cid, err) for cid, err in errors if course.get(cid) != theirs.get(cid)]
+    return [(cid, err) for cid, err in errors
+            if cid not in course or course[cid] != theirs.get(cid)]
 
 
 def without_unused_imports(cells: list[tuple[str, str]],
