@@ -104,6 +104,9 @@ def test_time_budget_stops_early(corpus):
     (dict(d_model=10, num_heads=4), "divisible by num_heads"),
     (dict(context=1), "context must be at least 2"),
     (dict(lr=-1.0), "lr must be at least 0"),
+    (dict(lr=0.0), "lr must be positive and final_lr at most lr"),
+    (dict(final_lr=1.0), "lr must be positive and final_lr at most lr"),  # a rising schedule
+    (dict(eval_tokens=1), "eval_tokens must be at least 2"),
 ])
 def test_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

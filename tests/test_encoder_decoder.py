@@ -461,7 +461,7 @@ def test_files_that_are_not_checkpoints(tmp_path):
                                               r"it holds a single array \(a .npy file\)"):
         Transformer.load(tmp_path / "array.npy")
     (tmp_path / "text.npz").write_text("not a zip file")
-    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+    with pytest.raises(CheckpointError, match="is not a transformer_lab checkpoint"):
         Transformer.load(tmp_path / "text.npz")
     np.savez(tmp_path / "header.npz", __header__=np.array("{not json"))
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):

@@ -19,7 +19,6 @@ from transformer_lab.core import rope as R
 from transformer_lab.core import sampling as S
 from transformer_lab.core.attention import causal_mask
 from transformer_lab.gradient_check import check_gradients, check_parity, rel_error
-from transformer_lab.models.checkpoints import CheckpointError
 from transformer_lab.models.config import parameter_shapes
 from transformer_lab.models.gpt import GPT, GPTConfig
 from transformer_lab.models.shell import flatten, nest
@@ -472,9 +471,6 @@ def test_checkpoint_roundtrip(tmp_path, rng, tie):
     loaded = GPT.load(path)
     assert loaded.config == model.config and loaded.metadata == {"step": 3}
     assert all(np.array_equal(loaded.params[k], model.params[k]) for k in model.params)
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
-        GPT.load(tmp_path / "bad.npz")
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

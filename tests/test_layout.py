@@ -165,8 +165,9 @@ def test_one_format_for_both_models(tmp_path, which):
     wrong.params[next(iter(wrong.params))][...] = 0
     assert wrong.load_params(path) == {"step": 5}
     assert all(np.array_equal(wrong.params[k], model.params[k]) for k in model.params)
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")  # np.load took it for a pickle
+    with pytest.raises(CheckpointError, match="bad.npz is not a transformer_lab checkpoint: it "
+                                              "is not a .npz archive"):
         type(model).load(tmp_path / "bad.npz")
 
 

@@ -181,6 +181,28 @@ def test_cli_in_process_checkpoint_init_examples_and_errors(tmp_path, capsys):
     assert "d_model must be divisible by num_heads" in capsys.readouterr().err
 
 
+def test_output_files_are_checked_before_the_run_and_a_diverging_run_says_so(tmp_path, capsys):
+    """An unwritable --checkpoint or --record was found when the run ended: its training and its
+    JSON line were lost. A run whose gradients became NaN ended in a traceback."""
+    (tmp_path / "runs.json").write_text("not JSON")
+    for task, option, path, problem in (
+            ("copy", "--checkpoint", tmp_path / "no" / "m.npz", "is in a folder that does not "
+                                                               "exist"),
+            ("copy", "--checkpoint", tmp_path, "is a folder"),
+            ("translate-fr", "--checkpoint", tmp_path, "is a folder"),
+            ("charlm", "--record", tmp_path / "runs.json", "is not a JSON object of runs")):
+        with pytest.raises(SystemExit):
+            main(["--task", task, option, str(path)])
+        assert f"error: {option} {path} {problem}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--task", "copy", "--lr", "1e9", "--progress", "none", *TINY_ARGS])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "contains NaN or infinity: the training diverged" in err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match="max_len must be at most 18 for task 'add'"):
+        D.get_task("add", max_len=19)  # 10 ** 19 overflows the int64 its sums are drawn in
+
+
 def test_progress_bar_on_a_terminal_and_lines_otherwise():
     class Terminal(io.StringIO):
         def isatty(self):

@@ -94,7 +94,8 @@ class Optimizer:
         xp = device.xp  # one look at every verdict: on a GPU, one wait
         if not device.to_host(xp.stack([xp.isfinite(g).all() for g in flats])).all():
             name = next(n for n, g in checked.items() if not device.to_host(xp.isfinite(g).all()))
-            raise ValueError(f"grads[{name!r}] contains NaN or infinity")
+            raise FloatingPointError(f"grads[{name!r}] contains NaN or infinity: the training "
+                                     "diverged (lower the learning rate, or clip gradients)")
         return flats
 
     def step(self, grads: Mapping[str, np.ndarray]) -> None:

@@ -254,7 +254,7 @@ class BPETokenizer:
                 truncation or padding, added tokens that strip spaces or match whole words
                 only, a vocabulary that lacks a byte.
         """
-        path = _path(path, "path").expanduser()
+        path = _path(path, "path")
         path = path / "tokenizer.json" if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(f"path must be a tokenizer.json file (or its folder), got "
@@ -445,7 +445,7 @@ def _kind(value) -> str:
 def _path(value, name: str = "folder") -> Path:
     if not isinstance(value, (str, Path)):
         raise TypeError(f"{name} must be a str or a Path, got {type(value).__name__}")
-    return Path(value)
+    return Path(value).expanduser()
 
 
 def _check_specials(special_tokens) -> tuple[str, ...]:

@@ -82,6 +82,10 @@ class Task:
 TASKS = ("copy", "reverse", "sort", "add")
 
 
+#: the longest sources a task makes: (symbols, digits per operand of "add")
+LONGEST = (256, 18)
+
+
 def get_task(name: str, min_len: int = 1, max_len: int | None = None,
              num_symbols: int = 10) -> Task:
     """The task ``name`` with sources of ``min_len``..``max_len`` symbols.
@@ -98,6 +102,9 @@ def get_task(name: str, min_len: int = 1, max_len: int | None = None,
         max_len = 3 if name == "add" else 10
     min_len = v.integer(min_len, "min_len", minimum=1)
     max_len = v.integer(max_len, "max_len", minimum=1)
+    if max_len > LONGEST[name == "add"]:  # 18 digits: a sum of two fits in an int64
+        raise ValueError(f"max_len must be at most {LONGEST[name == 'add']} for task {name!r}, "
+                         f"got {max_len}")
     num_symbols = v.integer(num_symbols, "num_symbols", minimum=1)
     if min_len > max_len:
         raise ValueError(f"min_len must be at most max_len, got {min_len} > {max_len}")

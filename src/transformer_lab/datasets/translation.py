@@ -209,6 +209,10 @@ class TranslationData:
         return 2 + max(len(e.target) for s in (self.train, self.val, self.test) for e in s)
 
 
+#: the most examples a data set draws (its splits share no number)
+MOST_EXAMPLES = 200_000
+
+
 def make_translation_data(n_train: int = 20_000, n_val: int = 500, n_test: int = 1000,
                           seed: int = 0, lang: str = "fr") -> TranslationData:
     """English -> ``lang`` number expressions, split by number (see the module docstring).
@@ -230,8 +234,8 @@ def make_translation_data(n_train: int = 20_000, n_val: int = 500, n_test: int =
     if lang not in LANGUAGES:
         raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
     want = n_train + n_val + n_test
-    if want > 200_000:
-        raise ValueError(f"n_train + n_val + n_test must be at most 200000, got {want}")
+    if want > MOST_EXAMPLES:
+        raise ValueError(f"n_train + n_val + n_test must be at most {MOST_EXAMPLES}, got {want}")
     rng = np.random.default_rng(seed)
     drawn: dict[str, Example] = {}  # source -> example
     while len(drawn) < want:

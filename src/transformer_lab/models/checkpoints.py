@@ -21,6 +21,7 @@ are the file layout itself; the checks store their answers with them too.
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from collections.abc import Mapping
 
@@ -47,7 +48,7 @@ class CheckpointError(ValueError):
 
 
 def npz_path(path) -> str:
-    path = str(path)
+    path = os.path.expanduser(path)
     return path if path.endswith(".npz") else path + ".npz"
 
 
@@ -67,13 +68,16 @@ def read_archive(path) -> tuple[object, dict[str, np.ndarray]]:
     """(header, name -> array) of a file written by :func:`write_archive`, or a CheckpointError
     saying why it cannot be read."""
     try:
-        loaded = np.load(path, allow_pickle=False)
+        with open(os.path.expanduser(path), "rb") as f:
+            magic = f.read(6)
+        loaded = np.load(os.path.expanduser(path), allow_pickle=False) \
+            if magic.startswith(b"PK") else None  # a zip file, as .npz archives are
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise CheckpointError(f"{path} is not a transformer_lab checkpoint: it holds a single "
-                              f"array (a .npy file), not a .npz archive (save one with "
-                              f"model.save)")
+        held = "holds a single array (a .npy file), not" if magic == b"\x93NUMPY" else "is not"
+        raise CheckpointError(f"{path} is not a transformer_lab checkpoint: it {held} a .npz "
+                              f"archive (save one with model.save)")
     try:
         with loaded as f:
             if "__header__" not in f.files:

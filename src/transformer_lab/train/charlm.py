@@ -35,6 +35,7 @@ from transformer_lab.optim import Adam, WarmupSchedule, clip_grad_norm
 from transformer_lab.train.config import (
     DTYPES,
     check_choices,
+    check_outputs,
     check_run_numbers,
     config_from_args,
     run_command,
@@ -108,9 +109,13 @@ class CharLMConfig:
                   v.integer(self.bpe_vocab_size, "bpe_vocab_size", minimum=257))
         check_run_numbers(self, counts=("seed", "warmup"),
                           positive=("d_model", "num_heads", "num_layers", "batch_size", "steps",
-                                    "eval_every", "eval_tokens", "threads"),
+                                    "eval_every", "threads"),
                           rates=("lr", "final_lr", "clip", "weight_decay", "dropout"))
-        set_field(self, "context", v.integer(self.context, "context", minimum=2))
+        for name in ("context", "eval_tokens"):  # a window, a loss: two tokens at least
+            set_field(self, name, v.integer(getattr(self, name), name, minimum=2))
+        if not (self.lr > 0 and self.final_lr <= self.lr):
+            raise ValueError(f"lr must be positive and final_lr at most lr, got lr={self.lr}, "
+                             f"final_lr={self.final_lr}")
         for name in ("num_kv_heads", "d_ff"):
             if getattr(self, name) is not None:
                 set_field(self, name, v.integer(getattr(self, name), name, minimum=1))
@@ -313,7 +318,8 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         "val_bits_per_char": val_bpc,
         "train_bits_per_char": bits_per_char_of(train_ids[:data.val_ids.size])[0],
         "tokenizer": c.tokenizer, "vocab_size": data.vocab_size,
-        "val_bits_per_token": val_bpt, "val_perplexity_per_token": 2.0 ** val_bpt,
+        "val_bits_per_token": val_bpt,  # None: too large for a float (a run gone wrong)
+        "val_perplexity_per_token": 2.0 ** val_bpt if val_bpt < 1024 else None,
         "val_chars_per_token": data.chars(data.val_ids) / (data.val_ids.size - 1),
         "seconds": None,  # the whole run, set by train_charlm
         "train_seconds": elapsed, "cpu_seconds": cpu,
@@ -386,6 +392,9 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, CharLMConfig)
+    check_outputs(parser, checkpoint=args.checkpoint, record=args.record)
+    if args.samples < 0:
+        parser.error(f"--samples must be at least 0, got {args.samples}")
     log = sys.stderr
 
     def progress(d):
@@ -405,7 +414,10 @@ def main(argv=None) -> int:
         if config.tokenizer == "bpe":
             print(f"tokenizer: byte-level BPE of {config.bpe_vocab_size} tokens, trained on the "
                   "training documents; context and batch count BPE tokens", file=log, flush=True)
-    result = train_charlm(config, corpus, progress)
+    try:
+        result = train_charlm(config, corpus, progress)
+    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     metrics = result.metrics
     tok = result.tokenizer
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too
@@ -423,6 +435,7 @@ def main(argv=None) -> int:
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
                                              for k, r in runs.items()) + "\n}\n")
     prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
+    prompt = prompt[-(config.context // 2):]  # its end, in a short context: room to generate
     length = min(200, config.context - prompt.size)
     try:  # after the run is saved: sampling needs notebook 14's functions too
         for i in range(args.samples):  # the first greedy

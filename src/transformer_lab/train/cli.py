@@ -21,6 +21,7 @@ from transformer_lab.train.config import (
     OPTIMIZERS,
     TASK_DEFAULTS,
     TrainConfig,
+    check_outputs,
     make_model,
     model_config,
 )
@@ -212,6 +213,9 @@ def train_seq2seq(argv) -> int:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except (ValueError, TypeError) as e:
         parser.error(str(e))
+    check_outputs(parser, checkpoint=args.checkpoint)
+    if args.examples < 0:
+        parser.error(f"--examples must be at least 0, got {args.examples}")
     log = sys.stderr  # progress and examples; stdout gets only the JSON line
     if args.progress != "none":
         print(f"training {cfg.task} (lengths {cfg.min_len}..{cfg.get_task().max_len}), seed "
@@ -219,8 +223,11 @@ def train_seq2seq(argv) -> int:
               f"{cfg.num_layers} {'pre' if cfg.norm_first else 'post'}-norm layers, batch "
               f"{cfg.batch_size}, up to {cfg.steps} steps ({cfg.warmup} warm-up), "
               f"{cfg.threads} BLAS thread(s), device {cfg.device}", file=log, flush=True)
-    result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
-                   checkpoint=args.checkpoint, model=init)
+    try:
+        result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
+                       checkpoint=args.checkpoint, model=init)
+    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     metrics = dict(result.metrics)
     if args.examples:
         for src, tgt, pred, ok in result.examples(args.examples):

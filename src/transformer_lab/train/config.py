@@ -8,6 +8,8 @@ field), so the training loop itself checks nothing again.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -54,6 +56,30 @@ def config_from_args(parser, args, cls, **fixed):
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     return config
+
+
+def check_outputs(parser, **paths: str | None) -> None:
+    """Check, before a run starts, that it can write its output files when it ends (a typo
+    must not cost the training): ``paths``, option name (``checkpoint``) -> the path given, or
+    None. The file is not a folder, its folder exists and is writable, and a ``record`` file
+    that exists holds a JSON object (the runs it adds to); else a usage error of ``parser``."""
+    for name, path in paths.items():
+        if path is None:
+            continue
+        file = Path(path)
+        problem = ("is a folder" if file.is_dir() else
+                   f"is in a folder that does not exist ({file.parent})"
+                   if not file.parent.is_dir() else
+                   "cannot be written here" if not os.access(
+                       file if file.exists() else file.parent, os.W_OK) else "")
+        if not problem and name == "record" and file.exists():
+            try:
+                runs = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):  # UnicodeDecodeError too
+                runs = None
+            problem = "" if isinstance(runs, dict) else "is not a JSON object of runs"
+        if problem:
+            parser.error(f"--{name} {path} {problem}")
 
 
 def set_field(config, name: str, value) -> None:

@@ -107,6 +107,17 @@ def blas_threads(n: int | None):
         yield
 
 
+def diverging(i: int, step, *args):
+    """``step(*args)``, step ``i`` of a run; the FloatingPointError of non-finite gradients
+    (the optimisers') says which step diverged. NumPy's overflow warnings are not shown: what
+    overflows ends as a non-finite loss or gradient, which the run reports in one line."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return step(*args)
+    except FloatingPointError as e:
+        raise FloatingPointError(f"step {i + 1}: {e}") from None
+
+
 def run_steps(steps: int, step, evaluate, eval_every: int, time_budget: float | None):
     """The loop of the text trainers (:mod:`.charlm`, :mod:`.translate`): ``step(i)`` for
     ``i = 0, 1, ...`` (one training step; it returns the loss) up to ``steps`` times, and
@@ -118,7 +129,10 @@ def run_steps(steps: int, step, evaluate, eval_every: int, time_budget: float | 
     cpu0 = time.process_time()
     for i in range(steps):
         t0 = time.perf_counter()
-        loss = step(i)
+        loss = diverging(i, step, i)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {i + 1}: the loss became {loss}: the training "
+                                     "diverged (lower the learning rate, or clip gradients)")
         step_seconds.append(time.perf_counter() - t0)
         seconds += step_seconds[-1]
         last = i + 1 == steps
@@ -187,12 +201,14 @@ def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkp
             lr = schedule(step)
             t0 = time.perf_counter()
             # the core's step; cfg.clip and the schedule's lr are checked already
-            loss, norm = core_training.train_step(model, opt, src, tgt, lr, cfg.clip)
+            loss, norm = diverging(step, core_training.train_step, model, opt, src, tgt, lr,
+                                   cfg.clip)
             step_seconds.append(time.perf_counter() - t0)
             train_time += step_seconds[-1]
             if not math.isfinite(loss):
-                raise FloatingPointError(f"the loss became {loss} at step {step + 1}; lower "
-                                         f"the learning rate (lr={cfg.lr}) or clip gradients")
+                raise FloatingPointError(f"step {step + 1}: the loss became {loss}: the "
+                                         f"training diverged (lower the learning rate, "
+                                         f"lr={cfg.lr}, or clip gradients)")
             tokens += int((src != D.PAD).sum() + (tgt != D.PAD).sum())
             history.loss.append(loss)
             history.lr.append(lr)

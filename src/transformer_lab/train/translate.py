@@ -32,6 +32,7 @@ from transformer_lab.datasets import SHIPPED
 from transformer_lab.datasets import tasks as D
 from transformer_lab.datasets.translation import (
     LANGUAGES,
+    MOST_EXAMPLES,
     Example,
     TranslationData,
     make_example,
@@ -43,6 +44,7 @@ from transformer_lab.models.inputs import IGNORE_INDEX, loss_labels
 from transformer_lab.optim import Adam, WarmupSchedule
 from transformer_lab.train.config import (
     check_choices,
+    check_outputs,
     check_run_numbers,
     config_from_args,
     run_command,
@@ -89,10 +91,14 @@ class TranslateConfig:
 
     def __post_init__(self):
         check_choices(self, lang=LANGUAGES, device=device.DEVICES)
-        check_run_numbers(self, counts=("seed", "n_val", "n_test", "warmup"),
-                          positive=("n_train", "d_model", "num_heads", "num_layers", "d_ff",
-                                    "steps", "batch_size", "eval_every", "beam_size", "threads"),
+        check_run_numbers(self, counts=("seed", "warmup"),
+                          positive=("n_train", "n_val", "n_test", "d_model", "num_heads",
+                                    "num_layers", "d_ff", "steps", "batch_size", "eval_every",
+                                    "beam_size", "threads"),
                           rates=("lr", "clip", "alpha", "label_smoothing"))
+        if self.n_train + self.n_val + self.n_test > MOST_EXAMPLES:
+            raise ValueError(f"n_train + n_val + n_test must be at most {MOST_EXAMPLES}, got "
+                             f"{self.n_train + self.n_val + self.n_test}")
         if self.label_smoothing >= 1:
             raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
         if self.batch_size > self.n_train:  # a step takes batch_size examples (no partial batch)
@@ -220,7 +226,7 @@ def _train(c: TranslateConfig, data: TranslationData, model: Transformer, log):
         return loss
 
     def evaluate(n, loss, seconds):
-        exact = teacher_forced_accuracy(model, val)["exact_match"] if val else float("nan")
+        exact = teacher_forced_accuracy(model, val)["exact_match"]  # n_val >= 1
         history["val_steps"].append(n)
         history["val_exact_match"].append(round(exact, 4))
         if log is not None:
@@ -323,13 +329,19 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, TranslateConfig, lang=args.task.split("-")[1])
+    check_outputs(parser, checkpoint=args.checkpoint)
+    if args.examples < 0:
+        parser.error(f"--examples must be at least 0, got {args.examples}")
     log = None if args.quiet else sys.stderr
     if log:
         print(f"{args.task}: {config.n_train} training numbers, d_model {config.d_model}, "
               f"{config.num_layers}+{config.num_layers} layers, batch {config.batch_size}, "
               f"{config.steps} steps, label smoothing {config.label_smoothing}, "
               f"{config.threads} thread(s)", file=log, flush=True)
-    result = train_translation(config, log=log)
+    try:
+        result = train_translation(config, log=log)
+    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     data, metrics = result.data, result.metrics
     if args.checkpoint:  # saved first: the examples below decode again
         record = {"command": run_command(argv), "metrics": metrics,
