@@ -164,6 +164,13 @@ def test_cli_refuses_bad_options(capsys):
     assert "steps must be at least 1" in capsys.readouterr().err
 
 
+def test_help_describes_every_option():
+    """Most of charlm's options were listed with no word on what they set, nor their default."""
+    bare = [a.option_strings for a in charlm._parser()._actions
+            if a.help is None and a.option_strings != ["--task"]]
+    assert bare == []
+
+
 def test_weight_decay_spares_biases_and_norm_gains():
     params = GPT(GPTConfig(11, d_model=8, num_heads=2, num_layers=1, max_len=8)).params
     decayed, kept = decay_groups(params)

@@ -55,26 +55,46 @@ BLOCKS_RECORD = SHIPPED / "charlm_blocks.json"
 REGULARISATION_RECORD = SHIPPED / "charlm_regularisation.json"
 
 
+#: What each field of :class:`CharLMConfig` sets (its option's --help)
+OPTION_HELP = {
+    "seed": "the seed of the weights, the batches and dropout's masks",
+    "block": "classic: layer norm, GELU, learned positions; modern: RMSNorm, SwiGLU, RoPE, "
+             "grouped-query attention",
+    "d_model": "the model's width", "num_heads": "attention heads",
+    "num_kv_heads": "key/value heads, dividing num_heads (None: the block's default)",
+    "num_layers": "blocks",
+    "d_ff": "the feed-forward network's hidden width (None: the block's default)",
+    "context": "tokens per training window; also the model's max_len",
+    "batch_size": "windows per step", "steps": "training steps",
+    "lr": "the peak learning rate, after the warm-up", "warmup": "steps of linear warm-up",
+    "final_lr": "the learning rate at the last step, at most lr (a cosine decay to it)",
+    "clip": "the largest global gradient norm (0: no clipping)",
+    "weight_decay": "AdamW's decay when > 0, of the matrices and tables only (biases and norm "
+                    "gains are not decayed: decay_groups)",
+    "dropout": "of every sublayer's output, in training (its masks from a generator of their "
+               "own: the batches stay those of the run without dropout)",
+    "eval_every": "steps between evaluations",
+    "eval_tokens": "validation tokens each evaluation scores (the last one: all of them)",
+    "threads": "BLAS threads",
+    "time_budget": "seconds of training steps after which the run stops (None: no limit)",
+    "dtype": "the parameters' and activations' dtype",
+    "tokenizer": "char: the corpus's 98 characters; bpe: notebook 11's byte-level BPE, trained "
+                 "on the training documents (--bpe-vocab-size tokens); val_bits_per_char "
+                 "counts the characters either way",
+    "bpe_vocab_size": "tokens of the BPE tokenizer (with --tokenizer bpe), at least 257",
+    "device": device.HELP,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class CharLMConfig:
     """Everything a character-level training run depends on (defaults: the committed
-    checkpoint's run; see ``python -m transformer_lab.train --task charlm --help``).
-
-    Model: ``block`` ("classic" or "modern"), ``d_model``, ``num_heads``, ``num_kv_heads``
-    (None: the block's default), ``num_layers``, ``d_ff`` (None: the block's default),
-    ``context`` (tokens per window; also the model's ``max_len``).
-    Optimisation: ``lr`` (peak), ``final_lr``, ``warmup``, ``steps``, ``batch_size``,
-    ``clip`` (global gradient norm; 0: none), ``weight_decay`` (AdamW when > 0, on the
-    matrices and tables only: biases and norm gains are not decayed, :func:`decay_groups`),
-    ``dropout`` (of every sublayer's output, in training; its masks come from a generator of
-    their own, so that the batches are those of the same run without dropout).
-    Evaluation: ``eval_every`` steps, on ``eval_tokens`` validation tokens.
-    Run: ``seed``, ``threads`` (BLAS threads), ``time_budget`` (seconds, None: no limit),
-    ``dtype``, ``device`` ("cpu" or "cuda", :mod:`transformer_lab.device`).
-    Tokens: ``tokenizer`` -- "char", the corpus's 98 characters, or "bpe", notebook 11's
-    byte-level BPE trained on the training documents to ``bpe_vocab_size`` tokens (one of them
-    ``<|endoftext|>``, which ends every document as the boundary does); ``context`` counts
-    tokens either way, and bits per character stay comparable (:class:`TokenStreams`).
+    checkpoint's run): each field is described in :data:`OPTION_HELP`, which ``python -m
+    transformer_lab.train --task charlm --help`` prints. The tokens: "char", the corpus's 98
+    characters, or "bpe", notebook 11's byte-level BPE trained on the training documents to
+    ``bpe_vocab_size`` tokens (one of them ``<|endoftext|>``, which ends every document as the
+    boundary does); ``context`` counts tokens either way, and bits per character stay
+    comparable (:class:`TokenStreams`).
     """
 
     seed: int = 0
@@ -337,7 +357,6 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
 def _parser():
     import argparse
 
-    d = CharLMConfig()
     p = argparse.ArgumentParser(
         prog="python -m transformer_lab.train --task charlm",
         description="Train the GPT of notebook 13 on the characters of NumPy's docstrings. "
@@ -352,26 +371,20 @@ def _parser():
                     "token of the tokenizer: a character, or a BPE token).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer,
-                   help="char: the corpus's 98 characters; bpe: notebook 11's byte-level BPE, "
-                        "trained on the training documents (--bpe-vocab-size tokens); "
-                        "val_bits_per_char counts the characters either way")
-    p.add_argument("--bpe-vocab-size", dest="bpe_vocab_size", type=int,
-                   default=d.bpe_vocab_size)
-    p.add_argument("--block", choices=BLOCKS, default=d.block,
-                   help="classic: layer norm, GELU, learned positions; modern: RMSNorm, "
-                        "SwiGLU, RoPE, grouped-query attention")
-    for f in dataclasses.fields(CharLMConfig):  # the sizes and numbers, in the fields' order
-        if f.name not in ("seed", "block", "dtype", "tokenizer", "bpe_vocab_size", "device"):
-            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                           type=float if "float" in f.type else int, default=f.default)
-    p.add_argument("--device", choices=device.DEVICES, default=d.device, help=device.HELP)
-    p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history")
+    choices = {"block": BLOCKS, "dtype": DTYPES, "tokenizer": TOKENIZERS,
+               "device": device.DEVICES}
+    for f in dataclasses.fields(CharLMConfig):  # in the fields' order
+        kind = {"choices": choices[f.name]} if f.name in choices else {
+            "type": float if "float" in f.type else int}
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
+                       help=OPTION_HELP[f.name], **kind)
+    p.add_argument("--checkpoint", help="save the trained model (.npz) here, with its history "
+                                        "(with --tokenizer bpe, its tokenizer beside it: "
+                                        "<name>-tokenizer/vocab.json and merges.txt)")
     p.add_argument("--record", help="add this run's metrics and history to a JSON file, under "
                                     "the name of its block (the notebook's block comparison) "
                                     "or --record-name")
-    p.add_argument("--record-name", help="the name of this run in the --record file (default: "
+    p.add_argument("--record-name", help="the name of this run in the --record file (None: "
                                          "its block)")
     p.add_argument("--samples", type=int, default=1,
                    help="samples printed to stderr at the end, up to 200 characters each: "
