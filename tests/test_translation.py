@@ -347,7 +347,7 @@ def test_cli_stops_at_the_first_stub(tmp_path, module, name):
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
     proc = _run(["--task", "translate-fr", *TINY_ARGS], env)
     assert proc.returncode != 0 and proc.stdout == ""
-    assert proc.stderr.rstrip().endswith("NotImplementedError: stub message"), proc.stderr
+    assert proc.stderr.rstrip().endswith("not written yet: stub message"), proc.stderr
     assert "step " not in proc.stderr
 
 
