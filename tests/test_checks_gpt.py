@@ -111,8 +111,8 @@ def test_a_residual_that_ignores_the_norm_it_is_given(monkeypatch):
     assert "the cache of the norm given as normalize" in _fails("check-residual-normalize")
     # the block, which fails in the layer norm's backward, names the residual first
     assert _fails("check-gpt-block").split("\n")[1].startswith(
-        "`residual_forward` and `residual_backward` (notebook 13 §3) fail "
-        "`check-residual-normalize`; fix them")
+        "`check-residual-normalize`, the check of `residual_forward` and `residual_backward` "
+        "(notebook 13 §3), fails; fix what it names")
     monkeypatch.setattr(Bk, "residual_forward", lambda x, sub, norm, norm_first, eps, normalize:
                         real_forward(x, sub, norm, norm_first, eps))
     assert "with the layer norm where a norm is given" in _fails("check-residual-normalize")
