@@ -338,7 +338,7 @@ def _train(c: CharLMConfig, corpus: Corpus, progress) -> CharLMResult:
         "val_bits_per_char": val_bpc,
         "train_bits_per_char": bits_per_char_of(train_ids[:data.val_ids.size])[0],
         "tokenizer": c.tokenizer, "vocab_size": data.vocab_size,
-        "val_bits_per_token": val_bpt,  # None: too large for a float (a run gone wrong)
+        "val_bits_per_token": val_bpt,  # its perplexity None: too large for a float
         "val_perplexity_per_token": 2.0 ** val_bpt if val_bpt < 1024 else None,
         "val_chars_per_token": data.chars(data.val_ids) / (data.val_ids.size - 1),
         "seconds": None,  # the whole run, set by train_charlm
