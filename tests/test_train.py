@@ -194,10 +194,9 @@ def test_output_files_are_checked_before_the_run_and_a_diverging_run_says_so(tmp
         with pytest.raises(SystemExit):
             main(["--task", task, option, str(path)])
         assert f"error: {option} {path} {problem}" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as stop:
-        main(["--task", "copy", "--lr", "1e9", "--progress", "none", *TINY_ARGS])
+    assert main(["--task", "copy", "--lr", "1e9", "--progress", "none", *TINY_ARGS]) == 1
     err = capsys.readouterr().err
-    assert stop.value.code == 1 and "contains NaN or infinity: the training diverged" in err
+    assert "contains NaN or infinity: the training diverged" in err
     assert "Traceback" not in err
     with pytest.raises(ValueError, match="max_len must be at most 18 for task 'add'"):
         D.get_task("add", max_len=19)  # 10 ** 19 overflows the int64 its sums are drawn in

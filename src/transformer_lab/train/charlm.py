@@ -427,10 +427,7 @@ def main(argv=None) -> int:
         if config.tokenizer == "bpe":
             print(f"tokenizer: byte-level BPE of {config.bpe_vocab_size} tokens, trained on the "
                   "training documents; context and batch count BPE tokens", file=log, flush=True)
-    try:
-        result = train_charlm(config, corpus, progress)
-    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
-        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    result = train_charlm(config, corpus, progress)
     metrics = result.metrics
     tok = result.tokenizer
     metrics["seconds"] = time.perf_counter() - start  # the whole run, reading the corpus too

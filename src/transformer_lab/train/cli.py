@@ -189,6 +189,9 @@ def main(argv=None) -> int:
         print(f"python -m transformer_lab.train: stopped at a function not written yet: {e}",
               file=sys.stderr)
         return 1
+    except FloatingPointError as e:  # the run diverged (train.loop.diverging): one line
+        print(f"python -m transformer_lab.train: error: {e}", file=sys.stderr)
+        return 1
 
 
 def train_seq2seq(argv) -> int:
@@ -228,11 +231,8 @@ def train_seq2seq(argv) -> int:
               f"{cfg.num_layers} {'pre' if cfg.norm_first else 'post'}-norm layers, batch "
               f"{cfg.batch_size}, up to {cfg.steps} steps ({cfg.warmup} warm-up), "
               f"{cfg.threads} BLAS thread(s), device {cfg.device}", file=log, flush=True)
-    try:
-        result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
-                       checkpoint=args.checkpoint, model=init)
-    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
-        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    result = train(cfg, progress=args.progress, log_every=args.log_every, stream=log,
+                   checkpoint=args.checkpoint, model=init)
     metrics = dict(result.metrics)
     if args.examples:
         for src, tgt, pred, ok in result.examples(args.examples):

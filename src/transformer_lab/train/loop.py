@@ -108,14 +108,20 @@ def blas_threads(n: int | None):
 
 
 def diverging(i: int, step, *args):
-    """``step(*args)``, step ``i`` of a run; the FloatingPointError of non-finite gradients
-    (the optimisers') says which step diverged. NumPy's overflow warnings are not shown: what
-    overflows ends as a non-finite loss or gradient, which the run reports in one line."""
+    """``step(*args)``, step ``i`` of a run, which returns its loss (or a tuple, the loss
+    first): a FloatingPointError naming the step when the loss is not finite, or when the
+    optimiser found gradients that are not. NumPy's overflow warnings are not shown: what
+    overflows ends as one of the two, which the run reports in one line."""
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return step(*args)
+            out = step(*args)
     except FloatingPointError as e:
         raise FloatingPointError(f"step {i + 1}: {e}") from None
+    loss = out[0] if isinstance(out, tuple) else out
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"step {i + 1}: the loss became {loss}: the training diverged "
+                                 "(lower the learning rate, or clip gradients)")
+    return out
 
 
 def run_steps(steps: int, step, evaluate, eval_every: int, time_budget: float | None):
@@ -130,9 +136,6 @@ def run_steps(steps: int, step, evaluate, eval_every: int, time_budget: float | 
     for i in range(steps):
         t0 = time.perf_counter()
         loss = diverging(i, step, i)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {i + 1}: the loss became {loss}: the training "
-                                     "diverged (lower the learning rate, or clip gradients)")
         step_seconds.append(time.perf_counter() - t0)
         seconds += step_seconds[-1]
         last = i + 1 == steps
@@ -205,10 +208,6 @@ def _train(cfg: TrainConfig, t_start: float, progress, log_every, stream, checkp
                                    cfg.clip)
             step_seconds.append(time.perf_counter() - t0)
             train_time += step_seconds[-1]
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"step {step + 1}: the loss became {loss}: the "
-                                         f"training diverged (lower the learning rate, "
-                                         f"lr={cfg.lr}, or clip gradients)")
             tokens += int((src != D.PAD).sum() + (tgt != D.PAD).sum())
             history.loss.append(loss)
             history.lr.append(lr)

@@ -338,10 +338,7 @@ def main(argv=None) -> int:
               f"{config.num_layers}+{config.num_layers} layers, batch {config.batch_size}, "
               f"{config.steps} steps, label smoothing {config.label_smoothing}, "
               f"{config.threads} thread(s)", file=log, flush=True)
-    try:
-        result = train_translation(config, log=log)
-    except FloatingPointError as e:  # the run diverged: said in one line, as a usage error is
-        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    result = train_translation(config, log=log)
     data, metrics = result.data, result.metrics
     if args.checkpoint:  # saved first: the examples below decode again
         record = {"command": run_command(argv), "metrics": metrics,
