@@ -158,8 +158,8 @@ class BytesToUnicode(Check, id="check-bytes-to-unicode", functions=("bytes_to_un
         if not isinstance(mapping, dict):
             raise TypeError(f"a {type(mapping).__name__} came back; bytes_to_unicode returns a "
                             "dict byte -> str")
-        if not all(isinstance(k, numbers.Integral) for k in mapping):
-            key = next(k for k in mapping if not isinstance(k, numbers.Integral))
+        key = next((k for k in mapping if not isinstance(k, numbers.Integral)), None)
+        if key is not None:
             raise TypeError(f"a dict with the key {key!r} came back; its keys are the bytes, "
                             "the ints 0..255")
         return [mapping.get(b, f"nothing for byte {b}") for b in bytes_]

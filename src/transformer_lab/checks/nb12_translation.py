@@ -125,8 +125,7 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
     "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
     "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K), or
     the lengths "ungathered" (hypothesis j's own, not its parent's), ties "reversed" (the last
-    first); or ranked by the penalty
-    of the ``old_length``, before this step's token."""
+    first); or ranked by the penalty of the ``old_length``, before this step's token."""
     B, K, V = logp.shape
     lp = penalty or lp
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
@@ -144,9 +143,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
             else:  # a finished hypothesis's other tokens (all of them, dropped): blocked
                 cands.append((-np.inf, n, k, t, True))
         rank = [c[0] / lp(lengths[b, c[2]] if old_length else c[1], alpha) for c in cands]
-        order = {"first": range(K * V),  # stable sorts: ties keep their order
-                 "worst": sorted(range(K * V), key=lambda i: rank[i]),
-                 "reversed": sorted(range(K * V), key=lambda i: rank[i])[::-1]}.get(
+        ascending = sorted(range(K * V), key=lambda i: rank[i])  # stable: ties keep their order
+        order = {"first": range(K * V), "worst": ascending, "reversed": ascending[::-1]}.get(
             pick, sorted(range(K * V), key=lambda i: -rank[i]))
         for j, i in enumerate(order[:K]):
             s, n, k, t, fin = cands[i]
@@ -429,16 +427,15 @@ class DecoderStep(Check, id="check-decoder-step",
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
-        return {"memory_keys": _memory_heads(memory, params, config, "k"),
-                "memory_values": _memory_heads(memory, params, config, "v"),
+        return {**{out: _memory_heads(memory, params, config, n) for n, out in MEMORY.items()},
                 **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}
 
     def mistakes(self, config, params, memory, pad, tgt, chunks):
         biasless = {f"without the bias b_{n} (K_mem = memory W_k + b_k, V_mem = memory W_v + "
-                    f"b_v, where the model has biases)": functools.partial(
-                        lambda n: {f"memory_{'keys' if n == 'k' else 'values'}": _memory_heads(
-                            memory, params, config, n, bias=False)}, n) for n in "kv"}
+                    f"b_v, where the model has biases)": lambda n=n, out=out: {
+                        out: _memory_heads(memory, params, config, n, bias=False)}
+                    for n, out in MEMORY.items()}
         given = config["activation"]
         activations = {f"with the {name} activation where config.activation is {given!r} (pass "
                        "it on to feed_forward_forward)": functools.partial(
@@ -448,6 +445,10 @@ class DecoderStep(Check, id="check-decoder-step",
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
                                            mistake)
             for description, mistake in DECODER_MISTAKES.items()}}
+
+
+#: the check's outputs of the first decoder layer's memory keys and values
+MEMORY = {"k": "memory_keys", "v": "memory_values"}
 
 
 def _memory_heads(memory, params, config, n, bias=True):
