@@ -183,7 +183,8 @@ def test_cli_in_process_checkpoint_init_examples_and_errors(tmp_path, capsys):
 
 def test_output_files_are_checked_before_the_run_and_a_diverging_run_says_so(tmp_path, capsys):
     """An unwritable --checkpoint or --record was found when the run ended: its training and its
-    JSON line were lost. A run whose gradients became NaN ended in a traceback."""
+    JSON line were lost. A run whose gradients became NaN, or whose arrays did not fit in memory,
+    ended in a traceback."""
     (tmp_path / "runs.json").write_text("not JSON")
     for task, option, path, problem in (
             ("copy", "--checkpoint", tmp_path / "no" / "m.npz", "is in a folder that does not "
@@ -198,6 +199,8 @@ def test_output_files_are_checked_before_the_run_and_a_diverging_run_says_so(tmp
     err = capsys.readouterr().err
     assert "contains NaN or infinity: the training diverged" in err
     assert "Traceback" not in err
+    assert main(["--task", "copy", "--d-model", "1000000", "--heads", "1"]) == 1
+    assert "error: out of memory (Unable to allocate" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_len must be at most 18 for task 'add'"):
         D.get_task("add", max_len=19)  # 10 ** 19 overflows the int64 its sums are drawn in
 

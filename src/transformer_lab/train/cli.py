@@ -192,6 +192,10 @@ def main(argv=None) -> int:
     except FloatingPointError as e:  # the run diverged (train.loop.diverging): one line
         print(f"python -m transformer_lab.train: error: {e}", file=sys.stderr)
         return 1
+    except MemoryError as e:  # NumPy's or CuPy's: the array it could not allocate
+        print(f"python -m transformer_lab.train: error: out of memory ({e}); a smaller "
+              "batch, context or model needs less", file=sys.stderr)
+        return 1
 
 
 def train_seq2seq(argv) -> int:
