@@ -13,6 +13,9 @@ extensions = [
 ]
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath", "amsmath"]
+# \text{valid\_lens}: MathJax reads \_ inside \text only with its textmacros package (shipped)
+mathjax3_config = {"loader": {"load": ["[tex]/textmacros"]},
+                   "tex": {"packages": {"[+]": ["textmacros"]}}}
 myst_heading_anchors = 3
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 suppress_warnings = ["mystnb.unknown_mime_type"]
@@ -22,6 +25,7 @@ html_title = project
 html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": True,
+    "navbar_persistent": [],  # the search field once, in the sidebar, not also across the top
 }
 html_last_updated_fmt = None
 # Long code lines and outputs scroll sideways in their cell, with a shadow at the edge that has

@@ -188,22 +188,30 @@ def _css_rules(css: str) -> dict[str, dict[str, str]]:
 
 def test_site_style_scrolls_long_code_lines_and_equations_and_wraps_names_in_text():
     """A wrapped code line continued at column 0, where it read as a line of code of its own;
-    a long equation scrolled with no sign that it went on; a long name in code widened a
-    phone's page (text, headings) or the page's contents past the sidebar (cut off)."""
+    a long equation, or a guide's code block, scrolled with no sign that it went on; a long
+    name in code widened a phone's page (text, headings) or the page's contents past the
+    sidebar (cut off), and `--help` broke into "-" and "-help" at a line's end. \\text{a\\_b}
+    showed its backslash, the search field sat twice on every page, and "Next" led from the
+    first guide through the maintainers' pages before notebook 00."""
     rules = _css_rules((ROOT / "docs" / "_static" / "course.css").read_text())
-    for pre in ("div.cell div.highlight pre", "div.cell_output pre"):
+    for pre in ("div.highlight pre", "div.cell_output pre"):
         assert rules[pre]["white-space"] == "pre", pre
-    for wide in ("div.cell div.highlight pre", "div.cell_output pre",
-                 'mjx-container[display="true"]'):
+    for wide in ("div.highlight pre", "div.cell_output pre", 'mjx-container[display="true"]'):
         assert rules[wide]["overflow-x"] == "auto", wide
         assert "local" in rules[wide]["background"] and "scroll" in rules[wide]["background"]
     assert all(r.get("white-space") != "pre-wrap" for r in rules.values())
     for name in ("article.bd-article code.literal span.pre",
                  ".bd-sidebar-secondary nav.page-toc code span.pre"):
-        assert rules[name]["white-space"] == "normal" and rules[name]["overflow-wrap"] == "anywhere"
+        assert rules[name]["white-space"] == "normal"
+    assert rules["article.bd-article code.literal span.pre"]["overflow-wrap"] == "break-word"
+    assert rules[".bd-sidebar-secondary nav.page-toc code span.pre"]["overflow-wrap"] == \
+        "anywhere"  # a flex column: only "anywhere" lowers its width below the longest name
     assert rules[".bd-sidebar-secondary nav.page-toc ul.nav"]["flex-wrap"] == "nowrap"
     conf = (ROOT / "docs" / "conf.py").read_text()
     assert 'html_css_files = ["course.css"]' in conf and 'html_js_files = ["course.js"]' in conf
+    assert '"[tex]/textmacros"' in conf and '"navbar_persistent": []' in conf
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert index.index(":caption: Notebooks") < index.index(":caption: Guides")
 
 
 def test_failed_copy_is_kept_for_inspection_but_never_up_to_date(tmp_path, capsys):
