@@ -493,8 +493,8 @@ def _no_sandbox_results(problem: str) -> dict:
         "not your fault -- please tell your instructor.\n\n"
         f"For the instructor: {problem}\nInside Gradescope's container bubblewrap may be "
         "unable to make the namespaces it needs. To grade there without a sandbox -- each "
-        "student's code then runs unconfined in the container, where the solutions are, and "
-        "every result says so -- rebuild the autograder with "
+        "student's code then runs as root in the container, where it can read the solutions "
+        "and rewrite its own results, and every result says so -- rebuild the autograder with "
         "`make gradescope GRADESCOPE_ARGS=--allow-no-sandbox` and upload it again.")
 
 
@@ -609,8 +609,9 @@ def main(argv: list[str] | None = None) -> int:
                         "its public cases (default: visible)")
     b.add_argument("--allow-no-sandbox", action="store_true",
                    help="where bubblewrap cannot make a sandbox in Gradescope's container, "
-                        "grade WITHOUT one (the students' code runs unconfined there; every "
-                        "result says so) instead of grading nothing")
+                        "grade WITHOUT one (the students' code runs as root there, where it can "
+                        "read the solutions and rewrite its results; every result says so) "
+                        "instead of grading nothing")
     r = commands.add_parser("run", help="grade a submission (what run_autograder does)")
     r.add_argument("--root", type=Path, default=Path("/autograder"),
                    help="Gradescope's folder: source/, submission/, results/ "

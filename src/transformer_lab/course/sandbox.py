@@ -470,10 +470,11 @@ def find_sandbox(limits: SandboxLimits | None = None) -> Bubblewrap:
     if problem:
         sandbox.close()
         raise SandboxUnavailable(f"bubblewrap is installed but could not make a sandbox here: "
-                                 f"{problem}. Unprivileged user namespaces may be turned off "
-                                 "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
-                                 "an AppArmor profile for bwrap), or this is a container that "
-                                 "forbids them; grade elsewhere, or use --no-sandbox")
+                                 f"{problem.rstrip('.')}. Unprivileged user namespaces may be "
+                                 "turned off (sysctl kernel.unprivileged_userns_clone=1, or on "
+                                 "Ubuntu 24.04 an AppArmor profile for bwrap), or this is a "
+                                 "container that forbids them; grade elsewhere, or use "
+                                 "--no-sandbox")
     return sandbox
 
 
