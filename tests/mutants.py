@@ -162,6 +162,11 @@ mutant("attention_forward", "d_k read as q.shape[1] (on a batch that is T)",
 mutant("attention_forward", "k.T for the keys' transpose (on a batch it reverses every axis)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = (q * scale) @ k.T",
        "check-attention-batched")
+mutant("attention_forward", "a Python loop over the batch (the text asks for none)",
+       "scores = (q * scale) @ np.swapaxes(k, -1, -2)",
+       "scores = np.stack([(qb * scale) @ np.swapaxes(kb, -1, -2) for qb, kb in zip(q, k)])"
+       " if q.ndim > 2 else (q * scale) @ np.swapaxes(k, -1, -2)",
+       "check-attention-batched", hint="runs a Python loop")
 
 LSE = "01_attention/exercise-logsumexp"
 mutant(LSE, "the -inf entries left out of the maximum (a slice far below 0 beside -inf)",

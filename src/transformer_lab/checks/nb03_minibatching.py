@@ -81,6 +81,9 @@ class LinearBackwardBatched(LinearForwardBatched, id="check-linear-backward-batc
 
 
 class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
+    loop_free = {"attention_forward": "@ broadcasts the leading axes: q @ np.swapaxes(k, -1, "
+                                      "-2) on the whole batch"}
+
     def cases(self, rng):
         yield Case("a batch (B, T, d_k) = (3, 4, 6), S = 5, d_v = 2",
                    _qkv(rng, 4, 5, 6, 2, lead=(3,)))
