@@ -13,7 +13,8 @@ The files are GPT-2's: ``vocab.json`` maps each token, written with GPT-2's prin
 for bytes (:func:`transformer_lab.core.bpe.bytes_to_unicode`: the space is ``Ġ``), to its id;
 ``merges.txt`` lists the merges in the order learned. Hugging Face ``tokenizers``'
 ``ByteLevelBPETokenizer(vocab.json, merges.txt)`` reads them and encodes as this class does
-(``tests/test_tokenizer.py``).
+(``tests/test_tokenizer.py``) once told the special tokens (``add_special_tokens``): the two
+files do not mark ``<|endoftext|>`` as special, so ``tokenizers`` alone cuts it into pieces.
 
 ``tokenizer.json``, the one file in which Hugging Face ``tokenizers`` saves a whole tokenizer
 (and in which LLaMA-architecture checkpoints such as SmolLM2 ship theirs), is read by
