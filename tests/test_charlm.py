@@ -126,6 +126,7 @@ def test_cli_progress_on_stderr_and_one_json_line(tmp_path):
     assert metrics["task"] == "charlm" and metrics["seed"] == 3 and metrics["steps"] == 6
     assert "step     3/6" in proc.stderr and "bits/char" in proc.stderr
     assert "--- sample 0 ---" in proc.stderr
+    assert metrics.pop("checkpoint") == str(ckpt)  # in the line, as every task's has it
     model = GPT.load(ckpt)
     assert model.metadata["metrics"] == metrics and model.config.d_model == 16
     assert model.metadata["command"].startswith("python -m transformer_lab.train --task charlm")

@@ -329,6 +329,7 @@ def test_cli_prints_one_json_line(tmp_path):
     for key in ("exact_match", "beam_exact_match", "bleu", "chrf", "seconds"):
         assert isinstance(metrics[key], (int, float)), key
     assert metrics["task"] == "translate-fr" and "step " in proc.stderr
+    assert metrics["checkpoint"] == str(path)
     model = Transformer.load(path)
     record = model.metadata
     assert record["command"].startswith("python -m transformer_lab.train --task translate-fr")

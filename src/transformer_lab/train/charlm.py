@@ -368,7 +368,8 @@ def _parser():
                     "('steps' or 'time'), parameters, block, seed, threads, device, task, tokens "
                     "(trained on), final_loss (the last step's, nats); tokenizer, vocab_size, "
                     "val_bits_per_token, val_perplexity_per_token, val_chars_per_token (per "
-                    "token of the tokenizer: a character, or a BPE token).",
+                    "token of the tokenizer: a character, or a BPE token); checkpoint (with "
+                    "--checkpoint, the path saved).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["charlm"], default="charlm")
     choices = {"block": BLOCKS, "dtype": DTYPES, "tokenizer": TOKENIZERS,
@@ -434,8 +435,9 @@ def main(argv=None) -> int:
     record = {"command": run_command(argv), "metrics": metrics,
               "config": dataclasses.asdict(config), "history": _history(result.history),
               "corpus": corpus.stats()}
+    saved = None
     if args.checkpoint:
-        result.model.save(args.checkpoint, metadata=record)
+        saved = result.model.save(args.checkpoint, metadata=record)
         if tok is not None:  # its tokenizer beside it: GPT-2's vocab.json and merges.txt
             tok.save(str(Path(args.checkpoint).with_suffix("")) + "-tokenizer")
     if args.record:
@@ -444,6 +446,8 @@ def main(argv=None) -> int:
         runs[args.record_name or config.block] = record
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"
                                              for k, r in runs.items()) + "\n}\n")
+    if saved:  # as the other tasks' lines have it (not in the record: the run's own)
+        metrics["checkpoint"] = saved
     prompt = corpus.encode("Return ") if tok is None else np.array(tok.encode("Return "))
     prompt = prompt[-(config.context // 2):]  # its end, in a short context: room to generate
     length = min(200, config.context - prompt.size)

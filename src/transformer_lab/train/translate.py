@@ -307,7 +307,8 @@ def _parser() -> argparse.ArgumentParser:
                     "exact_match (greedy, held-out numbers), beam_exact_match (beam search), "
                     "bleu and chrf (sacrebleu corpus scores, greedy; beam_bleu, beam_chrf), "
                     "seconds (the whole run), train_seconds and cpu_seconds (training steps "
-                    "only), steps, stopped, params, threads, device.",
+                    "only), steps, stopped, params, threads, device; checkpoint (with "
+                    "--checkpoint, the path saved).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=[f"translate-{lang}" for lang in LANGUAGES],
                    default="translate-fr", help=OPTION_HELP["task"])
@@ -344,7 +345,7 @@ def main(argv=None) -> int:
         record = {"command": run_command(argv), "metrics": metrics,
                   "config": dataclasses.asdict(config), "history": result.history,
                   "test": [[e.kind, e.number] for e in data.test]}
-        result.model.save(args.checkpoint, metadata=record)
+        metrics["checkpoint"] = result.model.save(args.checkpoint, metadata=record)
     shown = translate(result.model, data.test[:args.examples], config.beam_size, config.alpha,
                       config.lang) if args.examples else []
     for e, hyp in zip(data.test[:args.examples], shown, strict=True):
