@@ -145,6 +145,13 @@ mutant("attention_forward", "without the scale 1/sqrt(d_k)",
 mutant("attention_forward", "the scale from d_v, the values' width (v.shape[-1])",
        "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(v.shape[-1])",
        "check-attention-forward", hint="dividing by sqrt(d_v)")
+mutant("attention_forward", "the scale from S, the keys' count (T = S in the first case)",
+       "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(k.shape[-2])",
+       "check-attention-forward", hint="the number of queries or keys")
+mutant("attention_forward", "the scaled q in the cache (q = q * scale): the backward scales twice",
+       "scores = (q * scale) @ np.swapaxes(k, -1, -2)",
+       "q = q * scale\n    scores = q @ np.swapaxes(k, -1, -2)", "check-attention-forward",
+       hint="caching the scaled q")
 mutant("attention_forward", "dividing by d_k instead of sqrt(d_k)",
        "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]",
        "check-attention-forward")
@@ -405,6 +412,20 @@ mutant("merge_heads", "a Python loop over the heads (the text asks for none)",
        "return np.concatenate([x[:, i] for i in range(H)], axis=-1)", "check-merge-heads",
        hint="runs a Python loop")
 
+mutant("multi_head_attention_forward", "attention_forward's cache not kept (c_att = None): "
+       "the backward pass of notebook 05 has nothing to read",
+       "split_heads(v, num_heads), mask)  # (B, H, T, Dh)",
+       "split_heads(v, num_heads), mask)  # (B, H, T, Dh)\n    c_att = None",
+       "check-mha-forward", hint="keep the given return line")
+mutant("multi_head_attention_forward", "a Python loop over the heads, its cache c_att lost",
+       """    heads, c_att = attention_forward(split_heads(q, num_heads), split_heads(k, num_heads),
+                                     split_heads(v, num_heads), mask)  # (B, H, T, Dh)""",
+       """    qs, ks, vs = (split_heads(a, num_heads) for a in (q, k, v))
+    masks = [None if mask is None else np.broadcast_to(mask, qs.shape[:-1] + ks.shape[-2:])[:, i]
+             for i in range(num_heads)]
+    heads = np.stack([attention_forward(qs[:, i], ks[:, i], vs[:, i], masks[i])[0]
+                      for i in range(num_heads)], axis=1)
+    c_att = None""", "check-mha-forward", hint="c_att the cache of your one attention_forward")
 mutant("multi_head_attention_forward", "the mask not passed on to attention",
        "split_heads(v, num_heads), mask)", "split_heads(v, num_heads))", "check-mha-forward")
 mutant("multi_head_attention_forward", "the output bias left out",
@@ -889,6 +910,9 @@ mutant("dropout_forward", "the kept entries not scaled",
        "check-dropout")
 mutant("dropout_backward", "the scale forgotten in the backward",
        "return dout * keep * scale", "return dout * keep", "check-dropout")
+mutant("init_uniform", "the bound from the shape's last axis (the fan-out), not fan_in",
+       "bound = 1 / math.sqrt(fan_in)", "bound = 1 / math.sqrt(shape[-1])", "check-init",
+       hint="the fan-out")
 mutant("init_uniform", "bound 1/fan_in instead of 1/sqrt(fan_in)",
        "bound = 1 / math.sqrt(fan_in)", "bound = 1 / fan_in", "check-init")
 mutant("init_xavier", "a (fan_out, fan_in) draw, transposed (the generator's order differs)",

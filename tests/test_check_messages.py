@@ -8,7 +8,12 @@ one -- to the solution and runs the check as the notebook's check cell does
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +31,7 @@ from transformer_lab import syllabus
 from transformer_lab.checks import framework as F
 
 CULPRIT = "fix it, then run this check again"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _mutant(where: str, models: str) -> Mutant:
@@ -528,3 +534,46 @@ def test_what_the_check_cannot_read_is_not_blamed_on_the_student_s_code(monkeypa
         check("check-word-counts")
     msg = str(err.value)
     assert "could not read what your function returned" in msg and "your code raised" not in msg
+
+
+def test_a_core_module_that_does_not_parse_is_named_in_one_line(tmp_path):
+    """An indentation slip in core/layers.py, then notebook 00's check-relu: a traceback through
+    notebook 04's checks, PyTorch's interop and core/attention.py ended in the slip."""
+    shutil.copytree(ROOT / "src" / "transformer_lab", tmp_path / "transformer_lab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # a handout's package: its tables of the core were read from the solution when it was built
+    (tmp_path / "transformer_lab" / "_built.py").write_text(
+        f"CALLS = {syllabus.CALLS!r}\nTAUGHT_IN = {syllabus.TAUGHT_IN!r}\n")
+    layers = tmp_path / "transformer_lab" / "core" / "layers.py"
+    layers.write_text(layers.read_text().replace("def relu_forward(x):\n",
+                                                 "def relu_forward(x):\n  y = 1\n    z = 2\n", 1))
+    done = subprocess.run([sys.executable, "-c", "from transformer_lab.checks import check\n"
+                           "check('check-relu')"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("transformer_lab.checks.framework.CheckFailed: check-relu did not "
+                           f"run: {layers}, line ") and "does not parse (IndentationError" in last
+
+
+def test_the_eps_hint_names_the_default_nearer_the_answer():
+    """rms_norm with 1e-6, its documented default, written in: the hint named 1e-5, the other
+    default (both lean the same way; the nearer one is the one written in)."""
+    def rms_norm(x, gamma, eps=1e-6):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * gamma
+
+    with pytest.raises(F.CheckFailed) as err:
+        F.check("check-rms-norm", rms_norm)
+    assert "off in the direction of the one with eps = 1e-06" in str(err.value)
+
+
+def test_a_mask_where_none_belongs_is_shown_as_it_came_back(monkeypatch):
+    """merge_masks(None, None) returning a (1, 1) mask was reported as the (B, H, T, S) array
+    the check had broadcast it to."""
+    from transformer_lab.core import attention
+
+    right = attention.merge_masks
+    monkeypatch.setattr(attention, "merge_masks", lambda a=None, k=None: right(a, k) if (
+        a is not None or k is not None) else np.zeros((1, 1), bool))
+    with pytest.raises(F.CheckFailed) as err:
+        F.check("check-merge-masks")
+    assert "expected None, got [[False]]" in str(err.value)

@@ -608,6 +608,15 @@ def _error_hint(outcome: Outcome) -> str:
     """What an error of a few common kinds usually means, or ''."""
     if "read-only" in outcome.error or outcome.error.startswith("CacheChanged"):
         return READ_ONLY_HINT
+    shapes = re.search(r"broadcast together with shapes \(([\d,]*)\) \(([\d,]*)\)",
+                       outcome.error)
+    if shapes:
+        a, b = sorted((tuple(int(n) for n in s.split(",") if n) for s in shapes.groups()),
+                      key=len)
+        if len(b) == len(a) + 1 and b[:-1] == a:  # (3, 5) against (3,): the last axis dropped
+            return (f"a sum, mean or max over the last axis without keepdims=True gives {a}, "
+                    f"which broadcasts against the wrong axis of {b}: keep the axis "
+                    "(keepdims=True)")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
@@ -619,9 +628,10 @@ def _error_hint(outcome: Outcome) -> str:
                     "says ((out, cache) for a forward pass): does it return that many values?")
         cache = re.search(r"= (cache|c_\w+)\b", outcome.where)  # cache, c_att, c_kernel...
         if cache and "NoneType" in outcome.error:
-            return ("your backward unpacks a cache that is None: where the forward returns "
-                    "cache None (dropout in evaluation or at p = 0), the backward returns dout "
-                    "as it is")
+            return ("your backward unpacks a cache that is None: did your forward return one "
+                    "(keep its given return line, with the cache of every call it makes)? Only "
+                    "dropout returns cache None on purpose (in evaluation or at p = 0), and its "
+                    "backward then returns dout as it is")
         if cache:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
@@ -858,8 +868,8 @@ DEFAULT_EPS = (1e-5, 1e-6)
 
 def _eps_hint(check: Check, case: Case, problem: Difference, keys: list[str]) -> str:
     """For a case that gives ``eps`` (a keyword, or a config's entry): whether the answer is off
-    in the direction of the one with a default eps (cosine over 0.5) -- an eps not passed on,
-    to one norm or to them all."""
+    in the direction of the one with a default eps (cosine over 0.5; of two, the one nearer the
+    answer) -- an eps not passed on, to one norm or to them all."""
     given = _given_eps(case)
     got, want = problem.got, problem.want
     if given is None or given[0] in DEFAULT_EPS or not isinstance(got, np.ndarray) \
@@ -867,18 +877,21 @@ def _eps_hint(check: Check, case: Case, problem: Difference, keys: list[str]) ->
             or not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
         return ""
     eps, inputs = given
+    found = {}  # default -> how far the answer is from the one with it
     for default in DEFAULT_EPS:
         try:
             args, kwargs = copy.deepcopy(inputs(default))
             other = np.asarray(reduce(getitem, keys, check.expected(*args, **kwargs)))
             wrong, towards = (got - want).ravel(), (other - want).ravel()
             if float(wrong @ towards) > 0.5 * np.linalg.norm(wrong) * np.linalg.norm(towards):
-                return (f"the case gives eps = {eps:g}, and your answer is off in the direction "
-                        f"of the one with eps = {default:g}: is eps passed on to every norm (a "
-                        "default written in, or eps left out of a call)?")
+                found[default] = float(np.linalg.norm(got - other))
         except Exception:  # a check whose expected takes no eps, or a hint's own error
             continue
-    return ""
+    if not found:
+        return ""
+    return (f"the case gives eps = {eps:g}, and your answer is off in the direction of the one "
+            f"with eps = {min(found, key=found.get):g}: is eps passed on to every norm (a "
+            "default written in, or eps left out of a call)?")
 
 
 def _given_eps(case: Case) -> tuple[float, Callable[[float], tuple]] | None:
@@ -1222,7 +1235,12 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     checked one calls fails its own check, that function (:func:`culprit`; the check cell only:
     the grader judges each check on its own).
     """
-    chk = get_check(check_id)
+    try:
+        chk = get_check(check_id)
+    except SyntaxError as e:  # a core module of the student's that does not parse
+        raise CheckFailed(f"{check_id} did not run: {e.filename}, line {e.lineno}, does not "
+                          f"parse ({type(e).__name__}: {e.msg}); fix it, save, and run the "
+                          "check again") from None
     f = functions_for(chk, functions, named)
     for outcome, verdict in _verdicts(chk, f, hidden=True):
         if verdict is None:

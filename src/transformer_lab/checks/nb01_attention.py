@@ -128,7 +128,8 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
     def run(self, f, q, k, v, scale=None):
         out, cache = f.attention_forward(q, k, v, scale=scale)
         return {"scale in the cache": _cached(cache, "scale"), "out": out,
-                "weights (the softmax's cache)": _cached(cache, "weights")}
+                "weights (the softmax's cache)": _cached(cache, "weights"),
+                "q in the cache": _cached(cache, "q")}
 
     def expected(self, q, k, v, scale=None):
         return self._reference(q, k, v, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
@@ -139,7 +140,8 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
         qt, kt, vt = _t(q), _t(k), _t(v)
         weights = torch.softmax(qt @ kt.transpose(-1, -2) * scale, dim=dim)
         return {"scale in the cache": scale if cached is None else cached,
-                "out": (weights @ vt).numpy(), "weights (the softmax's cache)": weights.numpy()}
+                "out": (weights @ vt).numpy(), "weights (the softmax's cache)": weights.numpy(),
+                "q in the cache": q}
 
     def tolerance(self, name, expected):
         if name == "output['scale in the cache']":
@@ -159,9 +161,13 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
             if v.shape[-1] != d:
                 applied["dividing by sqrt(d_v), the values' width: d_k is q.shape[-1]"] = (
                     1 / math.sqrt(v.shape[-1]), -1)
-            if q.shape[-2] != d:
-                applied["dividing by sqrt(T), the number of queries: d_k is q.shape[-1]"] = (
-                    1 / math.sqrt(q.shape[-2]), -1)
+            lengths = {}  # sqrt of the number of queries or of keys: which one, where they differ
+            for n, name in ((q.shape[-2], "T, the number of queries"),
+                            (k.shape[-2], "S, the number of keys")):
+                if n != d:
+                    lengths[n] = "T or S, the number of queries or keys" if n in lengths else name
+            for n, name in lengths.items():
+                applied[f"dividing by sqrt({name}): d_k is q.shape[-1]"] = (1 / math.sqrt(n), -1)
         else:
             applied.update({
                 "ignoring the scale argument (1/sqrt(d_k) is only the default, for scale=None)":
@@ -174,6 +180,10 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
                               self._reference(q, k, v, f, dm, c)))
+        found.append(("caching the scaled q (q * scale): the backward pass multiplies by the "
+                      "scale itself, so the cache must hold q as given (keep the given return "
+                      "line, and compute the scaled q into a new name)",
+                      lambda: {**self._reference(q, k, v, want), "q in the cache": q * want}))
         if scale is None:
             found.append(("caching sqrt(d_k), the number you divided by: the cache must hold "
                           "the factor the scores were multiplied by, 1/sqrt(d_k) (the backward "
@@ -184,11 +194,12 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
 
 def _cached(cache, what: str):
     """The attention weights or the scale in the cache of attention_forward (read through the
-    package's accessor), or a sentence saying what is wrong with the cache."""
+    package's accessor), or its q, or a sentence saying what is wrong with the cache."""
     from transformer_lab.attention import AttentionCache
 
     try:
-        value = getattr(AttentionCache(cache, (), None, "attention_forward"), what)
+        value = cache[0] if what == "q" else \
+            getattr(AttentionCache(cache, (), None, "attention_forward"), what)
     except (TypeError, IndexError, KeyError, AttributeError):
         return ("not found: keep the given return line, out, (q, k, v, c_softmax, scale)")
     if value is None:
@@ -299,8 +310,8 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
                 lambda: self.expected(q, k, v, tau, normalise_k=False)}
     ### END HIDDEN TESTS
 
-    def run(self, f, q, k, v, tau=0.1):
-        out, weights = f.cosine_attention(q, k, v, tau=tau)
+    def run(self, f, Q, K, V, tau=0.1):  # the notebook's names, for the messages
+        out, weights = f.cosine_attention(Q, K, V, tau=tau)
         return {"out": out, "weights": weights}
 
 
@@ -337,6 +348,6 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
 
     loop_free = {"additive_attention": "broadcast (T, 1, h) against (1, S, h)"}
 
-    def run(self, f, q, k, v, W1, W2, w):
-        out, weights = f.additive_attention(q, k, v, W1, W2, w)
+    def run(self, f, Q, K, V, W1, W2, w):  # the notebook's names, for the messages
+        out, weights = f.additive_attention(Q, K, V, W1, W2, w)
         return {"out": out, "weights": weights}

@@ -157,10 +157,11 @@ def torch_heads(query, key, value, params, num_heads, mask=None, scale=None, spl
     return (lin(merged, "o") if project_out else merged), weights, projected
 
 
-def torch_heads_forward(query, key, value, params, num_heads, mask=None, **knobs):
-    """:func:`torch_heads` on NumPy inputs, its output as a NumPy array."""
+def torch_heads_forward(query, key, value, params, num_heads, mask=None, part=0, **knobs):
+    """:func:`torch_heads` on NumPy inputs, its output (``part`` 1: its weights) as a NumPy
+    array."""
     tensors = {name: _t(a) for name, a in params.items()}
-    out = torch_heads(_t(query), _t(key), _t(value), tensors, num_heads, mask, **knobs)[0]
+    out = torch_heads(_t(query), _t(key), _t(value), tensors, num_heads, mask, **knobs)[part]
     return out.numpy()
 
 
@@ -280,8 +281,29 @@ class _LayerForward(Check):
         return found
 
 
+#: The output of check-mha-forward that reads the attention weights out of the cache.
+CACHED = "c_att's weights (the cache's 4th entry)"
+
+
+def _cached_weights(cache):
+    """The attention weights in the cache of multi_head_attention_forward, read through the
+    package's accessor of attention_forward's cache, or a sentence saying what is wrong."""
+    from transformer_lab.attention import AttentionCache
+
+    try:
+        return AttentionCache(cache[3], (), None, "attention_forward").weights
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return ("not found: keep the given return line, out, (c_q, c_k, c_v, c_att, c_o, "
+                "num_heads), with c_att the cache of your one attention_forward call: the "
+                "backward pass (notebook 05) reads the weights from it")
+
+
 class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
                                 functions=("multi_head_attention_forward",)):
+    axes = {"output": "bte", CACHED: "bhts"}  # axis names, for messages
+    loop_free = {"multi_head_attention_forward": "one attention_forward call on the (B, H, T, "
+                                                 "d_h) heads that split_heads gives"}
+
     def cases(self, rng):
         yield mha_case(rng, "one head (h = 1), S != T", 2, 3, 5, 8, 1)
         yield mha_case(rng, "2 heads, self-attention (query = key = value)", 2, 4, 4, 8, 2,
@@ -306,14 +328,20 @@ class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
     ### END HIDDEN TESTS
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
-        return f.multi_head_attention_forward(query, key, value, params, num_heads, mask)[0]
+        out, cache = f.multi_head_attention_forward(query, key, value, params, num_heads, mask)
+        return {"output": out, CACHED: _cached_weights(cache)}
+
+    def expected(self, query, key, value, params, num_heads, mask=None):
+        return {"output": super().expected(query, key, value, params, num_heads, mask=mask),
+                CACHED: torch_heads_forward(query, key, value, params, num_heads, mask, part=1)}
 
     def mistakes(self, query, key, value, params, num_heads, mask=None):
         found = super().mistakes(query, key, value, params, num_heads, mask=mask)
         if key.shape == value.shape:
             found["projecting the values from key instead of value (a copy-paste?)"] = \
                 lambda: torch_heads_forward(query, key, key, params, num_heads, mask)
-        return found
+        return {description: lambda answer=answer: {"output": answer()}  # the output's mistakes
+                for description, answer in found.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,8 +412,8 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
 
     def run(self, f, attn_mask, key_padding_mask, scores_shape):
         mask = f.merge_masks(attn_mask, key_padding_mask)
-        if mask is None:
-            return None
+        if mask is None or (attn_mask is None and key_padding_mask is None):
+            return mask  # None is right here: what came back instead, as it is
         mask = np.asarray(mask)
         try:
             full = np.broadcast_to(mask, scores_shape)

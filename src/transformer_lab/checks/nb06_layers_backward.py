@@ -206,6 +206,9 @@ class LogSoftmax(Check, id="check-log-softmax",
                 lambda: {**right, "dx": p * (dout - (dout * p).sum(axis=-1, keepdims=True))},
                 "forgetting the row sum: dout - softmax(x) * dout":
                 lambda: {**right, "dx": dout - p * dout},
+                "dropping sum(dout): dout - softmax(x) is right only where a row of dout sums to "
+                "1; the backward is dout - softmax(x) * sum(dout), the sum over the row":
+                lambda: {**right, "dx": dout - p},
                 "with the row sum taken without keepdims=True (it broadcasts along the row)":
                 lambda: {**right, "dx": dout - p * dout.sum(axis=-1)}}
 

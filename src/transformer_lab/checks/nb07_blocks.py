@@ -571,8 +571,11 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         shape = b if kind == "uniform" else (a, b)
         right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
+        if how == "last axis":  # init_uniform's bound from the shape's last axis, the fan-out
+            right = 1 / math.sqrt(shape[-1])
         bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
-                 "fan_in": math.sqrt(6 / (2 * a)), "transposed": right}[how]
+                 "fan_in": math.sqrt(6 / (2 * a)), "transposed": right,
+                 "last axis": right}[how]
         if how == "transposed":  # drawn as (fan_out, fan_in), then turned
             W = rng.uniform(-bound, bound, size=shape[::-1]).T
         else:
@@ -589,6 +592,9 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
                  "drawing from [0, bound) instead of (-bound, bound)": wrong("half")}
         if kind == "uniform":
             found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = wrong("1/fan_in")
+            if b[-1] != a:
+                found["with the bound from the shape's last axis, the fan-out: the bound is "
+                      "1/sqrt(fan_in), the fan_in argument"] = wrong("last axis")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
