@@ -504,6 +504,9 @@ mutant(COST, "a multiply-add counted as one operation",
        "flops = 2 * T * E * E + 2 * T * E * kv + 2 * T * T * E", "check-gqa-cost")
 mutant(COST, "the scores counted for the g key/value heads only",
        "+ 4 * T * T * E", "+ 4 * T * T * kv", "check-gqa-cost")
+mutant(COST, "E / num_heads, a float: the counts come back as floats, not the docstring's ints",
+       "kv = num_kv_heads * (E // num_heads)", "kv = num_kv_heads * (E / num_heads)",
+       "check-gqa-cost", hint="dividing with /")
 mutant(COST, "K and V at full width (the multi-head formulas)",
        "kv = num_kv_heads * (E // num_heads)", "kv = E", "check-gqa-cost")
 

@@ -152,6 +152,7 @@ def test_cli_saves_the_run_before_sampling_and_skips_samples_it_cannot_draw(
     assert "--- no samples: gpt_step() is not written yet: notebook 14" in err
     assert "--- sample 0 ---" not in err
     metrics = json.loads(out)
+    assert metrics.pop("checkpoint") == str(ckpt)
     assert GPT.load(ckpt).metadata["metrics"] == metrics
     described = charlm._parser().description  # --help describes every key
     assert [key for key in metrics if key not in described] == []

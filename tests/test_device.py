@@ -557,6 +557,7 @@ def test_the_charlm_trainer_on_the_device(cuda_is_the_standin, capsys, monkeypat
     for key in ("seconds", "train_seconds", "cpu_seconds", "tokens_per_s"):
         dev.pop(key), cpu.pop(key)
     assert (dev.pop("device"), cpu.pop("device")) == ("cuda", "cpu")
+    assert dev.pop("checkpoint") == str(tmp_path / "gpu.npz")
     assert dev == cpu  # dropout's draws: NumPy's generator behind the stand-in
     assert GPT.load(tmp_path / "gpu.npz").metadata["config"]["device"] == "cuda"
 

@@ -294,7 +294,7 @@ def _edit(path: str, old: str, new: str):
 
 #: check-softmax-forward's run method, as its module writes it
 #: The last lines of nb01_attention.py's last class.
-ADDITIVE_RUN_END = ("        out, weights = f.additive_attention(q, k, v, W1, W2, w)\n"
+ADDITIVE_RUN_END = ("        out, weights = f.additive_attention(Q, K, V, W1, W2, w)\n"
                     "        return {\"out\": out, \"weights\": weights}\n")
 SOFTMAX_RUN = ("    def run(self, f, x, into=False):\n"
                "        return f.softmax_forward(x, **({\"out\": np.full_like(x, np.nan)} if into "

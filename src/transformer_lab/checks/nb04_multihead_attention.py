@@ -541,6 +541,10 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
                 lambda: self.expected(*args, project_out=False)}
 
 
+#: The output of check-gqa-cost that holds the kinds of the two counts.
+TYPES = "types (the docstring: two Python ints)"
+
+
 class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost",)):
     def cases(self, rng):
         yield Case("g = h: must be 4E^2 + 4E and 8TE^2 + 4T^2E (E = 16, h = g = 4, T = 5)",
@@ -558,7 +562,8 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
 
     def run(self, f, E, num_heads, num_kv_heads, T):
         params, flops = f.gqa_cost(E, num_heads, num_kv_heads, T)
-        return {"params": params, "flops": flops}
+        return {"params": params, "flops": flops, TYPES: [type(params).__name__,
+                                                         type(flops).__name__]}
 
     def expected(self, E, num_heads, num_kv_heads, T):
         """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer
@@ -577,12 +582,15 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
                     for p in (k_proj, v_proj))
             w = torch.softmax(q @ k.transpose(-1, -2) / d_h ** 0.5, dim=-1)
             o_proj((w @ v).transpose(1, 2).reshape(1, T, E))
-        return {"params": int(n_params), "flops": int(counter.get_total_flops())}
+        return {"params": int(n_params), "flops": int(counter.get_total_flops()),
+                TYPES: ["int", "int"]}
 
     def mistakes(self, E, num_heads, num_kv_heads, T):
         right = self.expected(E, num_heads, num_kv_heads, T)
         kv = num_kv_heads * (E // num_heads)
-        return {"using the multi-head formulas (K and V at full width E)":
+        return {"dividing with / (a float in Python 3) where counts want // (ints stay ints)":
+                lambda: {**right, TYPES: ["float", "float"]},
+                "using the multi-head formulas (K and V at full width E)":
                 lambda: {"params": 4 * E * E + 4 * E, "flops": 8 * T * E * E + 4 * T * T * E},
                 "leaving out the biases":
                 lambda: {"params": right["params"] - 2 * E - 2 * kv, "flops": right["flops"]},
