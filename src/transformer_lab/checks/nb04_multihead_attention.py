@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import numpy as np
 
@@ -545,6 +546,12 @@ class GroupedQueryAttention(Check, id="check-gqa", arguments=("grouped_query_att
 TYPES = "types (the docstring: two Python ints)"
 
 
+def _kind(count) -> str:
+    """"int" for an integer (NumPy's too), else the name of the type."""
+    integer = isinstance(count, numbers.Integral) and not isinstance(count, bool)
+    return "int" if integer else type(count).__name__
+
+
 class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost",)):
     def cases(self, rng):
         yield Case("g = h: must be 4E^2 + 4E and 8TE^2 + 4T^2E (E = 16, h = g = 4, T = 5)",
@@ -562,8 +569,7 @@ class GroupedQueryAttentionCost(Check, id="check-gqa-cost", arguments=("gqa_cost
 
     def run(self, f, E, num_heads, num_kv_heads, T):
         params, flops = f.gqa_cost(E, num_heads, num_kv_heads, T)
-        return {"params": params, "flops": flops, TYPES: [type(params).__name__,
-                                                         type(flops).__name__]}
+        return {"params": params, "flops": flops, TYPES: [_kind(params), _kind(flops)]}
 
     def expected(self, E, num_heads, num_kv_heads, T):
         """Parameters and matrix-product FLOPs of a PyTorch grouped-query self-attention layer
