@@ -168,7 +168,7 @@ mutant("attention_forward", "d_k read as q.shape[1] (on a batch that is T)",
        "check-attention-batched")
 mutant("attention_forward", "k.T for the keys' transpose (on a batch it reverses every axis)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = (q * scale) @ k.T",
-       "check-attention-batched")
+       "check-attention-batched", hint=".T reverses every axis")
 mutant("attention_forward", "a Python loop over the batch (the text asks for none)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)",
        "scores = np.stack([(qb * scale) @ np.swapaxes(kb, -1, -2) for qb, kb in zip(q, k)])"
@@ -417,6 +417,12 @@ mutant("multi_head_attention_forward", "attention_forward's cache not kept (c_at
        "split_heads(v, num_heads), mask)  # (B, H, T, Dh)",
        "split_heads(v, num_heads), mask)  # (B, H, T, Dh)\n    c_att = None",
        "check-mha-forward", hint="keep the given return line")
+mutant("multi_head_attention_forward", "the key and value projections' caches swapped",
+       """    k, c_k = linear_forward(key, params["W_k"], params.get("b_k"))  # (B, S, E)
+    v, c_v = linear_forward(value, params["W_v"], params.get("b_v"))  # (B, S, E)""",
+       """    k, c_v = linear_forward(key, params["W_k"], params.get("b_k"))  # (B, S, E)
+    v, c_k = linear_forward(value, params["W_v"], params.get("b_v"))  # (B, S, E)""",
+       "check-mha-forward")
 mutant("multi_head_attention_forward", "a Python loop over the heads, its cache c_att lost",
        """    heads, c_att = attention_forward(split_heads(q, num_heads), split_heads(k, num_heads),
                                      split_heads(v, num_heads), mask)  # (B, H, T, Dh)""",

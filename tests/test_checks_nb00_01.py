@@ -295,3 +295,26 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
     for body in ("for a in (x, y):\n        pass", "for n in x.shape[1:]:\n        pass",
                  "for i in range(x.ndim):\n        pass", "for i in range(2):\n        pass"):
         assert loops(f"def f(x, y):\n    {body}\n") == "none", body
+
+
+def test_the_loop_rule_lets_a_loop_over_the_three_projections_pass():
+    """A student's correct multi-head attention looped over "qkv", a dict's .items() or names
+    assigned once from literals, and failed the rule; a name that grows, or is assigned twice,
+    or a zip of two arrays, still counts as a loop."""
+    import ast
+
+    def loops(source):
+        return F.def_loops(ast.parse(source).body[0])
+
+    for body in ('for n in "qkv":\n        pass',
+                 'for n, a in zip("qkv", (x, y, z)):\n        pass',
+                 'for n, a in {"q": x, "k": y}.items():\n        pass',
+                 'names = ["q", "k", "v"]\n    inputs = [x, y, z]\n'
+                 '    out = [n for n, a in zip(names, inputs)]',
+                 'pairs = (("q", x), ("k", y))\n    for n, a in pairs:\n        pass'):
+        assert loops(f"def f(x, y, z):\n    {body}\n") == "none", body
+    for body in ("xs = (x, y)\n    xs = list(x)\n    for a in xs:\n        pass",
+                 "xs = []\n    xs.extend(x)\n    for a in xs:\n        pass",
+                 "for a, b in zip(x, y):\n        pass",
+                 'for c in "abcdefghijklmnopqrstuvwxyz":\n        pass'):
+        assert loops(f"def f(x, y, z):\n    {body}\n").startswith("a loop"), body

@@ -393,13 +393,14 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
     ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for`` or a
     comprehension over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
-    x.shape``), which a longer sequence or a larger batch would not run more often.
+    "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those), which
+    a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). A decorated def is
     not read: what the decorator returns runs instead."""
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
-    lines = []
+    lines, fixed = [], _fixed_names(node)
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
@@ -411,25 +412,55 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
             hidden = isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in (
                 "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
-            if isinstance(n, ast.While) or hidden or not all(map(_fixed_few, over)):
+            if isinstance(n, ast.While) or hidden or not all(_fixed_few(o, fixed) for o in over):
                 lines.append(n.lineno)
     return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
 
 
-def _fixed_few(it: ast.expr) -> bool:
-    """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list or
-    set (nothing unpacked into it), an array's ``.shape`` (or a slice of it), ``range`` of a
-    small constant or of an array's ``.ndim``, or ``enumerate``, ``zip`` or ``reversed`` of
-    those."""
+def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
+    """The names that the def assigns once, each from a fixed few things (``names = ["q",
+    "k", "v"]``), in the order assigned: a loop over one runs a fixed number of times too."""
+    targets = [t.id for n in ast.walk(node) for t in (
+        n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
+            n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
+        for t in ast.walk(t) if isinstance(t, ast.Name)]
+    grown = {n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
+        "append", "extend", "insert", "update", "setdefault", "add")}  # names.append(...)
+    fixed: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and \
+                isinstance(n.targets[0], ast.Name) and targets.count(n.targets[0].id) == 1 \
+                and n.targets[0].id not in grown and _fixed_few(n.value, frozenset(fixed)):
+            fixed.add(n.targets[0].id)
+    return frozenset(fixed)
+
+
+def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
+    """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list,
+    set or dict (nothing unpacked into it; a dict's ``.items()``, ``.keys()`` or
+    ``.values()``), a short string (``"qkv"``), one of ``names`` (:func:`_fixed_names`), an
+    array's ``.shape`` (or a slice of it), ``range`` of a small constant or of an array's
+    ``.ndim``, ``enumerate`` or ``reversed`` of those, or ``zip`` with one of those."""
     if isinstance(it, ast.Tuple | ast.List | ast.Set):
         return not any(isinstance(e, ast.Starred) for e in it.elts)
+    if isinstance(it, ast.Dict):
+        return None not in it.keys  # None: a **mapping unpacked into it
+    if isinstance(it, ast.Constant):
+        return isinstance(it.value, str) and len(it.value) <= 16
+    if isinstance(it, ast.Name):
+        return it.id in names
     if isinstance(it, ast.Attribute):  # a name's .shape, not that of an object made here
         return it.attr == "shape" and isinstance(it.value, ast.Name | ast.Attribute)
     if isinstance(it, ast.Subscript):
-        return isinstance(it.slice, ast.Slice) and _fixed_few(it.value)
+        return isinstance(it.slice, ast.Slice) and _fixed_few(it.value, names)
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args:
+        return it.func.attr in ("items", "keys", "values") and _fixed_few(it.func.value, names)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args:
-        if it.func.id in ("enumerate", "zip", "reversed"):
-            return all(map(_fixed_few, it.args))
+        if it.func.id in ("enumerate", "reversed"):
+            return _fixed_few(it.args[0], names)
+        if it.func.id == "zip":  # as long as its shortest argument
+            return any(_fixed_few(a, names) for a in it.args)
         if it.func.id == "range" and len(it.args) == 1:
             n = it.args[0]
             return isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value <= 16 \
@@ -617,6 +648,10 @@ def _error_hint(outcome: Outcome) -> str:
             return (f"a sum, mean or max over the last axis without keepdims=True gives {a}, "
                     f"which broadcasts against the wrong axis of {b}: keep the axis "
                     "(keepdims=True)")
+    if "mismatch in its core dimension" in outcome.error and re.search(r"\w\.T\b",
+                                                                       outcome.where or ""):
+        return (".T reverses every axis of an array with a batch axis, (B, S, d) -> (d, S, B): "
+                "np.swapaxes(k, -1, -2) swaps the last two only")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
@@ -1235,13 +1270,13 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     checked one calls fails its own check, that function (:func:`culprit`; the check cell only:
     the grader judges each check on its own).
     """
-    try:
+    try:  # the checks, then the core modules they test (imported when first used)
         chk = get_check(check_id)
+        f = functions_for(chk, functions, named)
     except SyntaxError as e:  # a core module of the student's that does not parse
         raise CheckFailed(f"{check_id} did not run: {e.filename}, line {e.lineno}, does not "
                           f"parse ({type(e).__name__}: {e.msg}); fix it, save, and run the "
                           "check again") from None
-    f = functions_for(chk, functions, named)
     for outcome, verdict in _verdicts(chk, f, hidden=True):
         if verdict is None:
             raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")

@@ -129,7 +129,7 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
         out, cache = f.attention_forward(q, k, v, scale=scale)
         return {"scale in the cache": _cached(cache, "scale"), "out": out,
                 "weights (the softmax's cache)": _cached(cache, "weights"),
-                "q in the cache": _cached(cache, "q")}
+                "q, k, v in the cache": _cached(cache, "q, k, v")}
 
     def expected(self, q, k, v, scale=None):
         return self._reference(q, k, v, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
@@ -141,7 +141,7 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
         weights = torch.softmax(qt @ kt.transpose(-1, -2) * scale, dim=dim)
         return {"scale in the cache": scale if cached is None else cached,
                 "out": (weights @ vt).numpy(), "weights (the softmax's cache)": weights.numpy(),
-                "q in the cache": q}
+                "q, k, v in the cache": [q, k, v]}
 
     def tolerance(self, name, expected):
         if name == "output['scale in the cache']":
@@ -183,7 +183,8 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
         found.append(("caching the scaled q (q * scale): the backward pass multiplies by the "
                       "scale itself, so the cache must hold q as given (keep the given return "
                       "line, and compute the scaled q into a new name)",
-                      lambda: {**self._reference(q, k, v, want), "q in the cache": q * want}))
+                      lambda: {**self._reference(q, k, v, want),
+                               "q, k, v in the cache": [q * want, k, v]}))
         if scale is None:
             found.append(("caching sqrt(d_k), the number you divided by: the cache must hold "
                           "the factor the scores were multiplied by, 1/sqrt(d_k) (the backward "
@@ -194,11 +195,11 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
 
 def _cached(cache, what: str):
     """The attention weights or the scale in the cache of attention_forward (read through the
-    package's accessor), or its q, or a sentence saying what is wrong with the cache."""
+    package's accessor), or its q, k and v, or a sentence saying what is wrong with the cache."""
     from transformer_lab.attention import AttentionCache
 
     try:
-        value = cache[0] if what == "q" else \
+        value = list(cache[:3]) if what == "q, k, v" else \
             getattr(AttentionCache(cache, (), None, "attention_forward"), what)
     except (TypeError, IndexError, KeyError, AttributeError):
         return ("not found: keep the given return line, out, (q, k, v, c_softmax, scale)")

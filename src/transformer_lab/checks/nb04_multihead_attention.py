@@ -282,8 +282,20 @@ class _LayerForward(Check):
         return found
 
 
-#: The output of check-mha-forward that reads the attention weights out of the cache.
+#: The outputs of check-mha-forward that read the cache: the attention weights, and what the
+#: three input projections' caches hold with the number of heads.
 CACHED = "c_att's weights (the cache's 4th entry)"
+CACHED_INPUTS = "the cache's c_q, c_k, c_v inputs and num_heads"
+
+
+def _cached_inputs(cache):
+    """[the input of c_q, of c_k, of c_v, num_heads] of multi_head_attention_forward's cache, or
+    a sentence saying what is wrong with it."""
+    try:
+        return [cache[0][0], cache[1][0], cache[2][0], cache[5]]
+    except (TypeError, IndexError, KeyError):
+        return ("not found: keep the given return line, out, (c_q, c_k, c_v, c_att, c_o, "
+                "num_heads), with the caches of your three linear_forward calls")
 
 
 def _cached_weights(cache):
@@ -330,11 +342,12 @@ class MultiHeadAttentionForward(_LayerForward, id="check-mha-forward",
 
     def run(self, f, query, key, value, params, num_heads, mask=None):
         out, cache = f.multi_head_attention_forward(query, key, value, params, num_heads, mask)
-        return {"output": out, CACHED: _cached_weights(cache)}
+        return {"output": out, CACHED: _cached_weights(cache), CACHED_INPUTS: _cached_inputs(cache)}
 
     def expected(self, query, key, value, params, num_heads, mask=None):
         return {"output": super().expected(query, key, value, params, num_heads, mask=mask),
-                CACHED: torch_heads_forward(query, key, value, params, num_heads, mask, part=1)}
+                CACHED: torch_heads_forward(query, key, value, params, num_heads, mask, part=1),
+                CACHED_INPUTS: [query, key, value, num_heads]}
 
     def mistakes(self, query, key, value, params, num_heads, mask=None):
         found = super().mistakes(query, key, value, params, num_heads, mask=mask)
