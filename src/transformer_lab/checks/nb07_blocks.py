@@ -593,8 +593,8 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         if kind == "uniform":
             found["with the bound 1/fan_in instead of 1/sqrt(fan_in)"] = wrong("1/fan_in")
             if b[-1] != a:
-                found["with the bound from the shape's last axis, the fan-out: the bound is "
-                      "1/sqrt(fan_in), the fan_in argument"] = wrong("last axis")
+                found["with the bound from the shape (its last axis, the fan-out) instead of "
+                      "the fan_in argument: the bound is 1/sqrt(fan_in)"] = wrong("last axis")
         else:
             found["with the bound sqrt(2/(fan_in + fan_out)): that is Xavier's standard "
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
