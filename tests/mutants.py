@@ -383,6 +383,10 @@ mutant(MM, "the mask itself inverted (the padding kept, the tokens dropped)",
 # ============================================================================================
 # 04_multihead_attention
 
+mutant("split_heads", "the heads copied (np.ascontiguousarray): the text asks for no copy "
+       "that is not needed", "return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
+       "return np.ascontiguousarray(x.transpose(0, 2, 1, 3))", "check-split-heads",
+       hint="copying the heads")
 mutant("split_heads", "a reshape straight to (B, H, T, d_h), no swap",
        "x = x.reshape(B, T, num_heads, E // num_heads)  # (B, T, H, Dh)\n"
        "    return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
@@ -399,7 +403,7 @@ mutant("split_heads", "a Python loop over the heads (the text asks for none)",
        "    return x.transpose(0, 2, 1, 3)  # (B, H, T, Dh)",
        "d = E // num_heads\n"
        "    return np.stack([x[..., i * d:(i + 1) * d] for i in range(num_heads)], axis=1)",
-       "check-split-heads", hint="runs a Python loop")
+       "check-split-heads", hint="copying the heads")  # a copy, named before the loop
 mutant("merge_heads", "a reshape to (B, T, E) without swapping back",
        "return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)", "return x.reshape(B, T, H * Dh)",
        "check-merge-heads")

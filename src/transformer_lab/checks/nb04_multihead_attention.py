@@ -170,6 +170,10 @@ def torch_heads_forward(query, key, value, params, num_heads, mask=None, part=0,
 # Heads
 
 
+#: The output of check-split-heads that says whether the heads share x's memory.
+VIEW = "a view of x (the text: no copy that is not needed)"
+
+
 class SplitHeads(Check, id="check-split-heads", functions=("split_heads",)):
     axes = {"output": "bhtd"}  # axis names, for messages
     loop_free = {"split_heads": "one reshape, then one transpose"}
@@ -189,21 +193,28 @@ class SplitHeads(Check, id="check-split-heads", functions=("split_heads",)):
     ### END HIDDEN TESTS
 
     def run(self, f, x, num_heads):
-        return np.array(f.split_heads(x, num_heads))
+        out = f.split_heads(x, num_heads)
+        return {"output": np.array(out), VIEW: bool(np.shares_memory(out, x))}
 
     def expected(self, x, num_heads):
         b, t, e = x.shape
-        return (torch.from_numpy(x).reshape(b, t, num_heads, e // num_heads)
-                .transpose(1, 2).contiguous().numpy())
+        heads = torch.from_numpy(x).reshape(b, t, num_heads, e // num_heads).transpose(1, 2)
+        # a view wherever NumPy's reshape need not copy: x contiguous, as every public case
+        view = np.shares_memory(x.reshape(b, t, num_heads, -1).transpose(0, 2, 1, 3), x)
+        return {"output": heads.contiguous().numpy(), VIEW: bool(view)}
 
     def mistakes(self, x, num_heads):
         b, t, e = x.shape
         h, d = num_heads, e // num_heads
+        right = self.expected(x, num_heads)
         return {"reshaping straight to (B, H, T, d_h), without swapping the time and head axes":
-                lambda: x.reshape(b, h, t, d),
+                lambda: {"output": x.reshape(b, h, t, d)},
                 "cutting the features as (d_h, H) instead of (H, d_h): head i then gets "
                 "features i, i + H, i + 2H, ... instead of its block of d_h neighbours":
-                lambda: x.reshape(b, t, d, h).transpose(0, 3, 1, 2)}
+                lambda: {"output": x.reshape(b, t, d, h).transpose(0, 3, 1, 2)},
+                "copying the heads (np.ascontiguousarray, .copy(), np.stack): a reshape and a "
+                "transpose give a view of x, and nothing here needs more":
+                lambda: {**right, VIEW: False}}
 
 
 class MergeHeads(Check, id="check-merge-heads", functions=("merge_heads",)):
