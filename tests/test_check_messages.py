@@ -95,6 +95,15 @@ def test_a_wrong_merge_heads_is_named_by_the_multi_head_backward_check():
     assert "dquery" in msg  # the original failure follows
 
 
+def test_a_wrong_optimiser_step_is_named_by_the_train_step_check():
+    """train_step reaches adam_step through optim.Adam, which the syllabus's calls (read from
+    the code of train_step) do not show: its failure named nothing (an instructor's trial)."""
+    chk = F.get_check("check-train-step")
+    assert {"sgd_step", "adam_step", "transformer_loss", "cross_entropy_forward"} <= \
+        F.depends_on(chk)
+    assert {"check-sgd-step", "check-adam-step"} <= {c.id for c in F.dependency_checks(chk)}
+
+
 def test_a_failing_check_of_several_functions_is_named_as_the_check():
     """check-causal-self-attention tests four functions: one wrong one does not make each of
     them "fail" -- the check is named, with what it tests."""

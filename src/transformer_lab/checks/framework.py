@@ -92,6 +92,9 @@ class Check:
             whose text asks for no Python loop: a case whose answer is right fails while the
             function's own code runs one (:func:`python_loops`; the grader reads it from the
             submitted source instead, what the student's process says cannot be trusted).
+        reaches: core functions that the cases run through the package rather than through
+            the functions' own code (an optimiser's class, a model's loss), which a failure
+            names when their own check fails too (:func:`depends_on`).
     """
 
     id: ClassVar[str] = ""
@@ -102,6 +105,7 @@ class Check:
     check_dtype: ClassVar[bool] = True
     axes: ClassVar[Mapping[str, str]] = {}
     loop_free: ClassVar[Mapping[str, str]] = {}
+    reaches: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **attributes):
         """``class Softmax(Check, id="check-softmax-forward", functions=(...)):`` sets those
@@ -1171,11 +1175,13 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
 def depends_on(chk: Check, f: Functions | None = None) -> set[str]:
     """The core functions that ``chk``'s functions call (:data:`syllabus.CALLS`), directly or
     not, without its own; for a notebook function, the core functions its code names too
-    (in the functions it defines inside as well)."""
+    (in the functions it defines inside as well); and those its cases reach through the
+    package (:attr:`Check.reaches`), with theirs."""
     known = {n for functions in syllabus.TAUGHT_IN.values() for n in functions}
     own = set(chk.functions)
     used = {n for name in (chk.arguments if f is not None else ())
             for code in _code_objects(getattr(f, name)) for n in code.co_names if n in known} - own
+    used |= set(chk.reaches)
     return (set(syllabus.dependencies([*chk.functions, *used])) | used) - own
 
 

@@ -451,6 +451,9 @@ def _twin(config: dict, params: dict):
 
 
 class TrainStep(Check, id="check-train-step", functions=("train_step",)):
+    reaches = ("transformer_loss", "sgd_step", "adam_step")  # the model's loss and the
+    # optimisers' steps, run through Transformer.loss, optim.SGD and optim.Adam
+
     def cases(self, rng):
         yield _step_case(rng, "SGD with momentum, clip 0.01: the gradients are clipped", "sgd",
                          [0.05, 0.1, 0.02], 0.01)
