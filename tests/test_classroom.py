@@ -14,6 +14,7 @@ tests/test_handout.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -382,6 +383,22 @@ def test_a_crash_or_a_deaf_kernel_stops_only_that_run(kernel_runs):
         ["KeyboardInterrupt"]
     assert nb.cells[0].outputs[-1].text.startswith(  # said why, not the bare interrupt alone
         "[interrupted: this cell ran past the time limit of ")
+    assert run.interrupted == ["c0"]  # for the feedback's summary, which names it
+    assert runs["crash"][1].interrupted == []
+
+
+def test_the_feedback_summary_names_the_cells_interrupted_at_the_time_limit():
+    """A correct but slow student's feedback showed a dozen NameErrors after two training cells
+    that had stopped at the limit, and its summary said nothing of them (an instructor's
+    trial)."""
+    from transformer_lab.course.reports import CheckResult, Graded, summary_markdown
+
+    run = kernel_run.Run(interrupted=["training-25", "training-38"])
+    graded = Graded("dave", "10_training", [CheckResult("check-sgd-step", 2, 2, "ok", 5)],
+                    "graded", run=run)
+    assert "(In that run, `training-25`, `training-38` ran past the time limit of 60 s per " \
+           "cell and stopped there" in summary_markdown(graded, 60)
+    assert "In that run" not in summary_markdown(dataclasses.replace(graded, run=None), 60)
 
 
 def _running(pid: int) -> bool:

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -41,6 +41,7 @@ class Run:
     later: str = ""  # said of the cells after it, which did not run
     status: str = "ran"  # or "kernel died", "kernel stopped", "time up", "could not run"
     seconds: float = 0.0
+    interrupted: list[str] = field(default_factory=list)  # cells stopped at the time limit
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class LimitedClient(NotebookClient):
         self.notebook_bytes = 0  # kept so far in the notebook
         self.total: float | None = None  # seconds the cells may run in all
         self.deadline: float | None = None  # then: the time after which no cell starts
+        self.interrupted: list[str] = []  # the ids of the cells interrupted at the time limit
         self._start_cell(None)
 
     def create_kernel_manager(self):
@@ -136,6 +138,7 @@ class LimitedClient(NotebookClient):
             if self.cell_dropped:
                 self._add_note(cell)
             if self.cell_interrupted:
+                self.interrupted.append(cell.get("id") or f"cell {cell_index + 1}")
                 cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=(
                     f"[interrupted: this cell ran past the time limit of {self.timeout} s "
                     "per cell]\n")))
@@ -364,6 +367,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
             if client.sandboxed_km is not None:
                 client.sandboxed_km.release()
     run.seconds = time.perf_counter() - start
+    run.interrupted = client.interrupted
     return run
 
 

@@ -119,6 +119,11 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
                          f"{_table_text(graded.run.later)}.)")
         elif graded.run is not None and graded.run.status == "time up":
             lines.append(f"(That run stopped: {_table_text(graded.run.later)}.)")
+        if graded.run is not None and graded.run.interrupted:
+            cells = ", ".join(f"`{c}`" for c in graded.run.interrupted)
+            lines.append(f"(In that run, {cells} ran past the time limit of {timeout} s per "
+                         "cell and stopped there: the cells after them that use what they "
+                         "compute fail too, which costs no points.)")
         if sandbox:
             lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
