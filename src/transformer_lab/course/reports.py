@@ -105,7 +105,8 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
         lines += ["", "**What was graded.** The grader ran your notebook's first code cell, "
                       "the functions, classes and imports of its other cells, and its exercise "
                       "cells, then called your functions on its own inputs (the "
-                      "cases you saw and hidden ones) in a process of its own, and compared "
+                      "cases your check cells run, with numbers of the grader's own, and "
+                      "hidden ones) in a process of its own, and compared "
                       "what they returned with the reference there."]
         lines += note_lines(graded, _table_text)
         lines += ["", ("Below: your notebook run top to bottom in a fresh kernel on the same "
