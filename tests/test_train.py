@@ -201,6 +201,23 @@ def test_output_files_are_checked_before_the_run_and_a_diverging_run_says_so(tmp
     assert "Traceback" not in err
     assert main(["--task", "copy", "--d-model", "1000000", "--heads", "1"]) == 1
     assert "error: out of memory (Unable to allocate" in capsys.readouterr().err
+    for task, option in (("copy", "--examples"), ("translate-fr", "--examples"),
+                         ("charlm", "--samples")):
+        with pytest.raises(SystemExit):
+            main(["--task", task, option, "-1"])
+        assert f"argument {option}: must be at least 0, got -1" in capsys.readouterr().err
+
+
+def test_a_checkpoint_under_home_is_checked_where_it_will_be_written(tmp_path, monkeypatch):
+    """--checkpoint=~/m.npz (no shell expands a ~ after =): the model is saved under the home
+    folder, but the check before the run read "~" as a folder that does not exist."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "transformer_lab.train", "--task", "copy",
+                             "--checkpoint=~/m.npz", "--progress", "none", "--steps", "20",
+                             *TINY_ARGS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["checkpoint"] == str(tmp_path / "m.npz")
+    assert (tmp_path / "m.npz").exists()
     with pytest.raises(ValueError, match="max_len must be at most 18 for task 'add'"):
         D.get_task("add", max_len=19)  # 10 ** 19 overflows the int64 its sums are drawn in
 

@@ -67,10 +67,11 @@ def write_archive(path, header, arrays: Mapping[str, np.ndarray], compress: bool
 def read_archive(path) -> tuple[object, dict[str, np.ndarray]]:
     """(header, name -> array) of a file written by :func:`write_archive`, or a CheckpointError
     saying why it cannot be read."""
+    file = os.path.expanduser(path)
     try:
-        with open(os.path.expanduser(path), "rb") as f:
+        with open(file, "rb") as f:
             magic = f.read(6)
-        loaded = np.load(os.path.expanduser(path), allow_pickle=False) \
+        loaded = np.load(file, allow_pickle=False) \
             if magic.startswith(b"PK") else None  # a zip file, as .npz archives are
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None

@@ -38,6 +38,7 @@ from transformer_lab.train.config import (
     check_outputs,
     check_run_numbers,
     config_from_args,
+    count,
     run_command,
     set_field,
 )
@@ -387,7 +388,7 @@ def _parser():
                                     "or --record-name")
     p.add_argument("--record-name", help="the name of this run in the --record file (None: "
                                          "its block)")
-    p.add_argument("--samples", type=int, default=1,
+    p.add_argument("--samples", type=count, default=1,
                    help="samples printed to stderr at the end, up to 200 characters each: "
                         "the first greedy, the others at temperature 0.8")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -407,8 +408,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, CharLMConfig)
     check_outputs(parser, checkpoint=args.checkpoint, record=args.record)
-    if args.samples < 0:
-        parser.error(f"--samples must be at least 0, got {args.samples}")
     log = sys.stderr
 
     def progress(d):
@@ -441,7 +440,7 @@ def main(argv=None) -> int:
         if tok is not None:  # its tokenizer beside it: GPT-2's vocab.json and merges.txt
             tok.save(str(Path(args.checkpoint).with_suffix("")) + "-tokenizer")
     if args.record:
-        path = Path(args.record)
+        path = Path(args.record).expanduser()
         runs = json.loads(path.read_text()) if path.exists() else {}
         runs[args.record_name or config.block] = record
         path.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(r)}"

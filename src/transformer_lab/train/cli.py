@@ -22,6 +22,7 @@ from transformer_lab.train.config import (
     TASK_DEFAULTS,
     TrainConfig,
     check_outputs,
+    count,
     make_model,
     model_config,
 )
@@ -162,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: auto)")
     g.add_argument("--log-every", type=int,
                    help="steps between plain progress lines (default: --eval-every)")
-    g.add_argument("--examples", type=int, default=0,
+    g.add_argument("--examples", type=count, default=0,
                    help="print this many held-out examples (source -> prediction) to stderr "
                         "(default: 0)")
     g.add_argument("--compare-torch", action="store_true",
@@ -226,8 +227,6 @@ def train_seq2seq(argv) -> int:
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     check_outputs(parser, checkpoint=args.checkpoint)
-    if args.examples < 0:
-        parser.error(f"--examples must be at least 0, got {args.examples}")
     log = sys.stderr  # progress and examples; stdout gets only the JSON line
     if args.progress != "none":
         print(f"training {cfg.task} (lengths {cfg.min_len}..{cfg.get_task().max_len}), seed "

@@ -7,6 +7,7 @@ field), so the training loop itself checks nothing again.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -58,6 +59,15 @@ def config_from_args(parser, args, cls, **fixed):
     return config
 
 
+def count(text: str) -> int:
+    """The value of an option that counts what a run prints (``--examples``, ``--samples``): an
+    integer, at least 0 (``type=count``: argparse names the option when it is not)."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
 def check_outputs(parser, **paths: str | None) -> None:
     """Check, before a run starts, that it can write its output files when it ends (a typo
     must not cost the training): ``paths``, option name (``checkpoint``) -> the path given, or
@@ -66,7 +76,7 @@ def check_outputs(parser, **paths: str | None) -> None:
     for name, path in paths.items():
         if path is None:
             continue
-        file = Path(path)
+        file = Path(path).expanduser()  # as the run will write it (npz_path; the record)
         problem = ("is a folder" if file.is_dir() else
                    f"is in a folder that does not exist ({file.parent})"
                    if not file.parent.is_dir() else

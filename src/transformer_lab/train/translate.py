@@ -47,6 +47,7 @@ from transformer_lab.train.config import (
     check_outputs,
     check_run_numbers,
     config_from_args,
+    count,
     run_command,
 )
 from transformer_lab.train.evaluation import teacher_forced_accuracy
@@ -320,7 +321,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
                        default=getattr(d, f.name), help=OPTION_HELP[f.name], **extra)
     p.add_argument("--checkpoint", help=OPTION_HELP["checkpoint"])
-    p.add_argument("--examples", type=int, default=5, help=OPTION_HELP["examples"])
+    p.add_argument("--examples", type=count, default=5, help=OPTION_HELP["examples"])
     p.add_argument("--quiet", action="store_true", help=OPTION_HELP["quiet"])
     return p
 
@@ -331,8 +332,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, TranslateConfig, lang=args.task.split("-")[1])
     check_outputs(parser, checkpoint=args.checkpoint)
-    if args.examples < 0:
-        parser.error(f"--examples must be at least 0, got {args.examples}")
     log = None if args.quiet else sys.stderr
     if log:
         print(f"{args.task}: {config.n_train} training numbers, d_model {config.d_model}, "
