@@ -571,11 +571,9 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         shape = b if kind == "uniform" else (a, b)
         right = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(6 / (a + b))
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
-        if how == "last axis":  # init_uniform's bound from the shape's last axis, the fan-out
-            right = 1 / math.sqrt(shape[-1])
         bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
                  "fan_in": math.sqrt(6 / (2 * a)), "transposed": right,
-                 "last axis": right}[how]
+                 "last axis": 1 / math.sqrt(shape[-1])}[how]  # the fan-out, for init_uniform
         if how == "transposed":  # drawn as (fan_out, fan_in), then turned
             W = rng.uniform(-bound, bound, size=shape[::-1]).T
         else:
