@@ -1513,6 +1513,15 @@ mutant("train_bpe", "every pair recounted after every merge (the right merges, n
        "        words = [(merge_pair(word, best, new_id), count) for word, count in words]\n"
        "        counts = pair_counts(dict(words))\n"
        "        for i in ():", "check-train-bpe")
+mutant("train_bpe", "every pair recounted inline after every merge (no pair_counts call)",
+       "        merges.append(best)\n        for i in sorted(where.pop(best)):",
+       "        merges.append(best)\n"
+       "        words = [(merge_pair(word, best, new_id), count) for word, count in words]\n"
+       "        counts = {}\n"
+       "        for word, count in words:\n"
+       "            for pair in zip(word, word[1:]):\n"
+       "                counts[pair] = counts.get(pair, 0) + count\n"
+       "        for i in ():", "check-train-bpe")
 mutant("train_bpe", "the caller's words changed (worked on in place, emptied at the end)",
        "    words = [(tuple(word), count) for word, count in words.items()]",
        "    given, words = words, [(tuple(word), count) for word, count in words.items()]\n"

@@ -447,10 +447,14 @@ def test_tokens_of_another_kind_or_shape_are_named_by_what_came_back():
                "integers', " + got in msg, msg
 
 
-def test_a_recount_after_every_merge_is_counted():
-    """Its merges are right: the words it hands to pair_counts tell it."""
-    msg = mutant_message("check-train-bpe", "train_bpe", "recounted after every merge")
-    assert "output['words read by pair_counts']: expected 'at most" in msg
+@pytest.mark.parametrize("models", ["recounted after every merge (the right merges",
+                                    "recounted inline after every merge"])
+def test_a_recount_after_every_merge_is_counted(models):
+    """Its merges are right: the times the given byte ids are hashed tell it, whether the
+    recount calls pair_counts or counts inline."""
+    msg = mutant_message("check-train-bpe", "train_bpe", models)
+    assert "output['byte ids hashed (a look-up of a pair in a dict or a set hashes its two " \
+           "ids)']: expected \"fewer than a recount's" in msg, msg
     assert "a recount after every merge?" in msg
 
 

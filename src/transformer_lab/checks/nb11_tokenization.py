@@ -15,6 +15,7 @@ import functools
 import itertools
 import numbers
 import re
+import string
 
 from transformer_lab.checks._torch_helpers import LazyModule
 from transformer_lab.checks.framework import Case, Check
@@ -131,8 +132,8 @@ def _pair_key(pair) -> str:
     return str(tuple(int(x) for x in pair))
 
 
-def _as_words(word_list) -> dict:
-    return {tuple(w): n for w, n in word_list}
+def _as_words(word_list, byte=int) -> dict:
+    return {tuple(map(byte, w)): n for w, n in word_list}
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,6 +393,9 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
         yield Case("40 random words over 'abcde', 30 merges", (_words_of(rng, 40, "abcde", 8), 30))
         yield Case("words with accents (two bytes a character), 12 merges",
                    (_words_of(rng, 30, "aéèbç", 5), 12))
+        yield Case("1,000 random words over the 26 letters, 40 merges, the look-ups counted "
+                   "(few words contain each pair)",
+                   (_words_of(rng, 1000, string.ascii_lowercase, 8), 40), {"count_work": True})
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -400,61 +404,61 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
         yield Case("200 random words over 'abcdefg', 80 merges",
                    (_words_of(rng, 200, "abcdefg", 10), 80))
 
-    def expected(self, words, num_merges, train=_naive_train):
+    def expected(self, words, num_merges, count_work=False, train=_naive_train):
         """The merges, and the work (``train``, a mistake: another way of training)."""
         merges = train(words, num_merges)
-        return {"merges": merges, _WORK: _work(words, merges), _KEPT: "unchanged"}
+        work = {_WORK: _work(words, merges)} if count_work else {}
+        return {"merges": merges, **work, _KEPT: "unchanged"}
 
-    def mistakes(self, words, num_merges):
+    def mistakes(self, words, num_merges, count_work=False):
         larger = functools.partial(_naive_train, larger_first=True)
         return {"breaking a tie by the larger pair, or by the pair counted first (max(counts, "
                 "key=counts.get) keeps the first of equal counts): of two as frequent, take "
-                "the smaller (a, b)": lambda: self.expected(words, num_merges, larger),
+                "the smaller (a, b)": lambda: self.expected(words, num_merges, count_work, larger),
                 "with the counts of the words as they were before the merges (update the "
                 "counts after each merge: the merged words' pairs out, their new pairs in)":
-                lambda: self.expected(words, num_merges, _stale_train)}
+                lambda: self.expected(words, num_merges, count_work, _stale_train)}
     ### END HIDDEN TESTS
 
-    def run(self, f, words, num_merges):
-        # the work, counted: the words that the module's pair_counts is given while training
-        space, read = getattr(f.train_bpe, "__globals__", {}), [0]
-        counter = space.get("pair_counts")
-
-        def pair_counts(ws):
-            read[0] += len(ws)
-            return counter(ws)
-
-        if counter is not None:
-            space["pair_counts"] = pair_counts
-        given = _as_words(words)
-        try:
-            merges = [[int(a), int(b)] for a, b in f.train_bpe(given, num_merges)]
-        finally:
-            if counter is not None:
-                space["pair_counts"] = counter
-        return {"merges": merges, _WORK: _work(words, merges, read[0]),
+    def run(self, f, words, num_merges, count_work=False):
+        given = _as_words(words, _Byte if count_work else int)
+        _Byte.hashes = 0
+        merges = [[int(a), int(b)] for a, b in f.train_bpe(given, num_merges)]
+        work = {_WORK: _work(words, merges, _Byte.hashes)} if count_work else {}
+        return {"merges": merges, **work,
                 _KEPT: "unchanged" if given == _as_words(words) else "changed"}
 
 
-#: check-train-bpe's output that counts the words whose pairs train_bpe counts (pair_counts)
-_WORK = "words read by pair_counts"
+class _Byte(int):
+    """A byte id that counts how often it is hashed: every look-up of a pair in a dict or a
+    set hashes the pair's two ids, however the code that counts is written."""
+
+    __slots__ = ()
+    hashes = 0
+
+    def __hash__(self):
+        _Byte.hashes += 1
+        return int.__hash__(self)
+
+
+#: check-train-bpe's output that counts the look-ups of train_bpe (the case that counts them)
+_WORK = "byte ids hashed (a look-up of a pair in a dict or a set hashes its two ids)"
 #: and the one that says whether the words given came back as they were
 _KEPT = "the words given (train_bpe must leave the caller's dict as it was: work on a copy)"
 
 
-def _work(words, merges, read=None) -> str:
-    """The words an update reads at most: each word once, then the words that contain each
-    merged pair four times (out and in; stale index entries too); with ``read``, what was read
-    when it is more."""
-    words = [tuple(w) for w, _ in words]
-    budget = len(words)
+def _work(words, merges, hashes=None) -> str:
+    """What a recount costs: one look-up of every pair of every word after every merge, in
+    hashes of the given ids (a merged id is a plain int); with ``hashes``, what training cost
+    when it is as much or more. Updating the counts costs a fraction of it."""
+    words, recount = [tuple(w) for w, _ in words], 0
     for new_id, pair in enumerate(merges, 256):
-        merged = [_merge(w, tuple(pair), new_id) for w in words]
-        budget += 4 * sum(a != b for a, b in zip(words, merged, strict=True))
-        words = merged
-    if read is None or read <= budget:
-        return f"at most {budget:,} (each word once, then the words with the merged pair)"
-    return (f"{read:,}: the {len(words)} words {read / len(words):.3g} times over -- a recount "
+        recount += sum((a < 256) + (b < 256) for w in words for a, b in itertools.pairwise(w))
+        words = [_merge(w, tuple(pair), new_id) for w in words]
+    if hashes is None or hashes < recount:
+        return f"fewer than a recount's {recount:,} (one look-up of each pair of every word " \
+               "after every merge)"
+    return (f"{hashes:,}: {hashes / recount:.2g} times a recount's {recount:,} -- a recount "
             "after every merge? (update the counts: only the words with the merged pair change)")
 
 
@@ -574,8 +578,9 @@ class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
         def words(pieces):
             return [i for p in pieces for i in _hf_ids(model, p)]
 
-        return {"encoding the whole text as one word (encode each piece of pretokenize on its "
-                "own)": lambda: words([text.encode("utf-8")] if text else []),
+        return {"encoding the whole text as one word, or pieces other than pretokenize's "
+                "(encode each piece of pretokenize(text) on its own)":
+                lambda: words([text.encode("utf-8")] if text else []),
                 "with the characters' code points (ord) instead of the UTF-8 bytes":
                 lambda: words([[ord(c) for c in p] for p in _pieces(text)])
                 if all(ord(c) < 256 for c in text) else None}
