@@ -1098,6 +1098,12 @@ mutant("adam_step", "beta1 in v's average (copied from m's line)",
        "    v *= c(beta2)\n    v += c(1 - beta2) * g * g",
        "    v *= c(beta1)\n    v += c(1 - beta1) * g * g", "check-adam-step",
        hint="with beta1 in v's running average")
+mutant("adam_step", "the bias corrections applied to m and v themselves (m /= 1 - beta1**t)",
+       "    denom = np.sqrt(v) / c(math.sqrt(1 - beta2**t)) + c(eps)\n"
+       "    p -= c(lr / (1 - beta1**t)) * m / denom",
+       "    m /= c(1 - beta1**t)\n    v /= c(1 - beta2**t)\n"
+       "    p -= c(lr) * m / (np.sqrt(v) + c(eps))", "check-adam-step",
+       hint="dividing m and v themselves")
 mutant("adam_step", "decoupled weight decay without the learning rate",
        "p *= c(1 - lr * weight_decay)", "p *= c(1 - weight_decay)", "check-adam-step")
 mutant("adam_step", "the moments not updated in place",
@@ -1151,6 +1157,11 @@ mutant(SAMPLE, "finished sequences not padded", "        nxt = np.where(done, c.
 mutant(SAMPLE, "the most likely token instead of a draw",
        "nxt = np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)",
        "nxt = p.argmax(axis=-1)", "check-sample-decode")
+mutant(SAMPLE, "a loop over the batch inside the loop over the steps (the text asks for none)",
+       "nxt = np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)",
+       "cdf = np.cumsum(p, axis=-1)\n"
+       "        nxt = np.array([min(int((cdf[i] < u[i]).sum()), p.shape[-1] - 1) "
+       "for i in range(b)])", "check-sample-decode", hint="runs a Python loop")
 
 
 # ============================================================================================

@@ -193,7 +193,9 @@ def exercise_namespace(name: str, cell_id: str, old: str | None = None,
             source = edit_region(source, 0, len(lines), old, new, f"{name}/{cell_id}")
         if k and cell.id not in exercises:
             source = _definitions(source)
-        exec(compile(source, f"<{name}/{cell.id}>", "exec"), namespace)  # noqa: S102
+        filename = f"<{name}/{cell.id}>"  # its source readable, as IPython keeps a cell's
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
     return namespace
 
 
@@ -258,7 +260,8 @@ def first_failure(check_id: str, named: dict[str, Callable], salt: str, hidden: 
     chk.mistakes = lambda *a, **k: {}  # no hints: only the verdict matters here
     with core_from(core):
         f = F.functions_for(chk, named={n: named[n] for n in chk.arguments})
-        loops = {name: F.python_loops(getattr(f, name)) for name in chk.loop_free}  # as graded
+        loops = {name: F.python_loops(getattr(f, name), name in chk.stepwise)  # as graded
+                 for name in chk.loop_free}
     for case in cases(check_id, salt, hidden):
         with warnings.catch_warnings():  # in a notebook a warning is printed, not raised
             warnings.simplefilter("ignore")

@@ -297,6 +297,24 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
         assert loops(f"def f(x, y):\n    {body}\n") == "none", body
 
 
+def test_a_decoder_s_loop_over_the_steps_is_allowed_and_the_loops_inside_it_are_not():
+    """sample_decode's rule (steps=True): the first for or while of the def's own body is the
+    loop over the steps; a loop over the batch, inside it or beside it, still counts."""
+    import ast
+
+    def loops(source):
+        return F.def_loops(ast.parse(source).body[0], steps=True)
+
+    for head in ("for _ in range(n):", "while not done.all():"):
+        assert loops(f"def f(x, n):\n    out = x\n    {head}\n        out = out + 1\n") \
+            == "none", head
+        assert loops(f"def f(x, n):\n    {head}\n        y = [r for r in x]\n") \
+            == "a loop at line 3", head
+        assert loops(f"def f(x, n):\n    {head}\n        pass\n    for r in x:\n"
+                     "        pass\n") == "a loop at line 4", head
+    assert loops("def f(x, n):\n    return [r for r in x]\n") == "a loop at line 2"
+
+
 def test_the_loop_rule_lets_a_loop_over_the_three_projections_pass():
     """A student's correct multi-head attention looped over "qkv", a dict's .items() or names
     assigned once from literals, and failed the rule; a name that grows, or is assigned twice,

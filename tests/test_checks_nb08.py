@@ -269,7 +269,7 @@ def test_noam_mistake_gets_its_hint():
 
 def test_sampling_mistakes_fail_in_the_case_that_tests_them():
     message = _fails("check-sample-decode", lambda *a: sample_decode(*a, use_temperature=False))
-    assert "case 'temperature 1e-6 is greedy decoding'" in message
+    assert "case 'temperature 1e-6 is greedy decoding (" in message
 
     def greedy_for_tiny_temperatures(model, src, temperature, rng, max_len):
         if temperature < 1e-3:
@@ -278,8 +278,9 @@ def test_sampling_mistakes_fail_in_the_case_that_tests_them():
     message = _fails("check-sample-decode", greedy_for_tiny_temperatures)
     assert "first-token frequencies at temperature 0.7" in message
     message = _fails("check-sample-decode", lambda *a: sample_decode(*a, pad=False))
-    assert "case 'temperature 1e-6 is greedy decoding': output['row 0: <s>, the tokens, </s>, " \
-           "then <pad>']: 5 of 7 entries differ, the first at [2]: expected 0, got 2" in message
+    assert "is greedy decoding (softmax(logits / 1e-6) puts every draw on the likeliest " \
+           "token)': output['row 0: <s>, the tokens, </s>, then <pad>']: 5 of 7 entries " \
+           "differ, the first at [2]: expected 0, got 2" in message
     assert "expected:\n    [1 2 0 0 0 0 0]\n  got:\n    [1 2 2 2 2 2 2]" in message, message
 
 

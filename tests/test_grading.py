@@ -177,7 +177,7 @@ LOOPY = ADDITIVE.replace("    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, 
 #: the loop detector -- and what the grader, reading the def's source, says of it
 HIDDEN_LOOPS = {
     "loop_patched": ("import transformer_lab.checks.framework as _F\n"
-                     "_F.python_loops = lambda fn: 'none'\n" + LOOPY,
+                     "_F.python_loops = lambda *a: 'none'\n" + LOOPY,
                      "runs a Python loop (a loop at line 6)"),
 }
 FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}

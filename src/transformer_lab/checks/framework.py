@@ -92,6 +92,8 @@ class Check:
             whose text asks for no Python loop: a case whose answer is right fails while the
             function's own code runs one (:func:`python_loops`; the grader reads it from the
             submitted source instead, what the student's process says cannot be trusted).
+        stepwise: the functions of ``loop_free`` that decode step by step: their loop over
+            the steps is allowed, the loops inside it are not (:func:`def_loops`).
         reaches: core functions that the cases run through the package rather than through
             the functions' own code (an optimiser's class, a model's loss), which a failure
             names when their own check fails too (:func:`depends_on`).
@@ -105,6 +107,7 @@ class Check:
     check_dtype: ClassVar[bool] = True
     axes: ClassVar[Mapping[str, str]] = {}
     loop_free: ClassVar[Mapping[str, str]] = {}
+    stepwise: ClassVar[tuple[str, ...]] = ()
     reaches: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **attributes):
@@ -367,18 +370,21 @@ def _arrays(obj) -> Iterator[np.ndarray]:
             yield from _arrays(x)
 
 
-def python_loops(function: Callable) -> str:
+def python_loops(function: Callable, steps: bool = False) -> str:
     """"none", or where ``function``'s own code runs a Python loop that a longer sequence or a
     larger batch runs more often ("a loop at line 7", :func:`def_loops`) -- for the exercises
     whose text asks for broadcasting instead. Read from its source (as the grader reads the
-    submitted one), or, where there is none, from the compiled code, where every loop counts."""
+    submitted one), or, where there is none, from the compiled code, where every loop counts
+    (with ``steps``, where the loop over the steps cannot be told apart: none does)."""
     function = inspect.unwrap(function)  # not the checks' wrapper of a core backward pass
     try:
         node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
         node = None
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return def_loops(node, function.__code__.co_firstlineno)
+        return def_loops(node, function.__code__.co_firstlineno, steps)
+    if steps:
+        return "none"
     jumps = set(dis.hasjrel) | set(dis.hasjabs)
     lines: list[int] = []
     for code in _code_objects(function):
@@ -391,7 +397,8 @@ def python_loops(function: Callable) -> str:
     return f"a loop at line {min(lines)}" if lines else "none"
 
 
-def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1) -> str:
+def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
+              steps: bool = False) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
     (functions it defines inside, and its default values, included): a ``while``, a call of
     ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for`` or a
@@ -399,12 +406,16 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those), which
     a longer sequence or a larger batch would not run more often.
-    ``first_line``: the def's line in its cell (N then counts in the cell). A decorated def is
-    not read: what the decorator returns runs instead."""
+    ``first_line``: the def's line in its cell (N then counts in the cell). ``steps``: the
+    first ``for`` or ``while`` statement of the def's own body is the loop over the steps of a
+    decoder, and allowed; the loops inside it count. A decorated def is not read: what the
+    decorator returns runs instead."""
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
     lines, fixed = [], _fixed_names(node)
+    step = next((s for s in node.body if isinstance(s, ast.For | ast.While)), None) if steps \
+        else None
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
@@ -416,7 +427,8 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1)
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
             hidden = isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in (
                 "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
-            if isinstance(n, ast.While) or hidden or not all(_fixed_few(o, fixed) for o in over):
+            if n is not step and (isinstance(n, ast.While) or hidden or
+                                  not all(_fixed_few(o, fixed) for o in over)):
                 lines.append(n.lineno)
     return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
 
@@ -1162,7 +1174,7 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
         cases = list(stored_expected(chk).values())
         hints = {name: entry.get("mistakes", {})
                  for name, entry in load_values(DATA_DIR / f"{chk.id}.npz").items()}
-    loops = {name: python_loops(getattr(f, name)) for name in chk.loop_free}
+    loops = {name: python_loops(getattr(f, name), name in chk.stepwise) for name in chk.loop_free}
     for case, stored in cases:
         outcome = run_case(chk, f, case)
         if outcome.error is not None and outcome.error.startswith("NotImplementedError"):

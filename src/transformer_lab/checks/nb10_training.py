@@ -103,10 +103,10 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
                                lr=0.2, momentum=0.5, dampening=0.3, weight_decay=0.2)
     ### END HIDDEN TESTS
 
-    def run(self, f, p0, grads, **hyper):
+    def run(self, f, p0, g, **hyper):  # g: a gradient a step (named as sgd_step names it)
         p, buf, after = p0.copy(), None, []
-        for g in grads:  # g is a view into the case's gradients: changing it is noticed
-            buf = f.sgd_step(p, g, buf, **hyper)
+        for g_t in g:  # a view into the case's gradients: changing it is noticed
+            buf = f.sgd_step(p, g_t, buf, **hyper)
             after.append(p.copy())
         return _sgd_answer(np.stack(after), buf, hyper.get("momentum"))
 
@@ -150,12 +150,13 @@ V_AFTER = "v (the second moment) after the last step"
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                 decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False,
-                uncorrected="", beta2_of_v=None):
+                uncorrected="", beta2_of_v=None, corrected_kept=False):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``uncorrected`` ("m", "v"): that
     moment alone not corrected; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero; ``decay_after``: AdamW's shrink of p
-    after the update; ``beta2_of_v``: the beta v's average takes (another than beta2)."""
+    after the update; ``beta2_of_v``: the beta v's average takes (another than beta2);
+    ``corrected_kept``: m and v themselves divided by the corrections (m /= 1 - beta1**t)."""
     p, after = p0.astype(np.float64), []
     b2 = beta2 if beta2_of_v is None else beta2_of_v
     m, v = np.zeros_like(p), np.zeros_like(p)
@@ -171,8 +172,8 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
         p = (p - lr * m_hat / denom) * (1 - lr * weight_decay) if decay_after else \
             q - lr * m_hat / denom
-        m = m if "m" in rebound else m_new
-        v = v if "v" in rebound else v_new
+        m = m if "m" in rebound else m_hat if corrected_kept else m_new
+        v = v if "v" in rebound else v_hat if corrected_kept else v_new
         after.append(p)
     dt = p0.dtype
     return {P_AFTER: np.stack(after).astype(dt), M_AFTER: m.astype(dt), V_AFTER: v.astype(dt)}
@@ -208,11 +209,11 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
         yield _trajectory_case(rng, "ten steps with lr 0.5", (2,), 10, lr=0.5)
     ### END HIDDEN TESTS
 
-    def run(self, f, p0, grads, **hyper):
+    def run(self, f, p0, g, **hyper):  # g: a gradient a step (named as adam_step names it)
         p, after = p0.copy(), []
         m, v = np.zeros_like(p), np.zeros_like(p)
-        for t, g in enumerate(grads, 1):
-            f.adam_step(p, g, m, v, t, **hyper)
+        for t, g_t in enumerate(g, 1):
+            f.adam_step(p, g_t, m, v, t, **hyper)
             after.append(p.copy())
         return {P_AFTER: np.stack(after), M_AFTER: m, V_AFTER: v}
 
@@ -239,6 +240,9 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 wrong(uncorrected="m"),
             "with beta1 in v's running average (v *= beta2; v += (1 - beta2) * g * g)":
                 wrong(beta2_of_v=hyper.get("beta1", 0.9)),
+            "dividing m and v themselves by 1 - beta**t (m /= ... changes the stored average, "
+            "which the next step corrects again: keep m_hat = m / (1 - beta1**t) apart)":
+                wrong(corrected_kept=True),
             "with the bias correction of step t - 1 (t is 1 on the first step: divide by "
             "1 - beta**t)": wrong(correction=-1),
             "with the bias correction of step t + 1 (t is already 1 on the first step)":
@@ -689,6 +693,7 @@ PROPERTIES = ("the same generator state gives the same samples",
               "one row per source, 1 + at most max_len columns",
               "every row starts with <s> (id 1)", "only <pad> (id 0) after </s> (id 2)",
               "stops as soon as every sequence has produced </s> (or after max_len)",
+              "other generator states give other samples (a draw, not the likeliest token)",
               "</s> is likely at every step: some batch ends before max_len")
 
 
@@ -703,15 +708,16 @@ def _rows(out) -> dict:
 
 def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
     """What must hold for every batch sampled from ``model``: reproducible, <s> first, only
-    <pad> after </s>, no step after every sequence has ended -- and (</s> being likely) some
-    batch ended before max_len."""
-    facts = dict.fromkeys(PROPERTIES[:-1], True)
-    ended_early = False
+    <pad> after </s>, no step after every sequence has ended -- and that the seeds' batches
+    differ and (</s> being likely) some ended before max_len."""
+    facts = dict.fromkeys(PROPERTIES[:-2], True)
+    ended_early, batches = False, set()
     for seed in range(seeds):
         hot, again = (np.asarray(f.sample_decode(model, src, temperature,
                                                  np.random.default_rng(seed), max_len))
                       for _ in range(2))
         facts["the same generator state gives the same samples"] &= np.array_equal(hot, again)
+        batches.add((hot.shape, hot.tobytes()))
         if hot.ndim != 2 or hot.shape[0] != len(src) or not 2 <= hot.shape[1] <= max_len + 1:
             facts["one row per source, 1 + at most max_len columns"] = False
             continue
@@ -725,6 +731,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
         facts["stops as soon as every sequence has produced </s> (or after max_len)"] &= (
             body.shape[1] == needed)
         ended_early |= bool(has_end.all() and needed < max_len)
+    facts[PROPERTIES[-2]] = len(batches) > 1
     facts[PROPERTIES[-1]] = ended_early
     return facts
 
@@ -744,8 +751,14 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
 
 
 class SampleDecode(Check, id="check-sample-decode", arguments=("sample_decode",)):
+    loop_free = {"sample_decode": "one loop, over the steps; each step draws every row's token "
+                                  "at once (one uniform number a row against the cumulative "
+                                  "probabilities)"}
+    stepwise = ("sample_decode",)
+
     def cases(self, rng):
-        yield _sampling_case(rng, "temperature 1e-6 is greedy decoding", "samples", 1e-6, 6)
+        yield _sampling_case(rng, "temperature 1e-6 is greedy decoding (softmax(logits / 1e-6) "
+                                  "puts every draw on the likeliest token)", "samples", 1e-6, 6)
         yield _sampling_case(rng, "a model whose likeliest token is always </s>: every sequence "
                                   "ends at the first step", "samples", 1e-6, 6, "always </s>")
         yield _sampling_case(rng, "</s> likely at every step, temperature 1: stopping and "

@@ -379,7 +379,8 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
-        loops = {name: source_loops(defs or {}, name) for name in chk.loop_free}
+        loops = {name: source_loops(defs or {}, name, name in chk.stepwise)
+                 for name in chk.loop_free}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
         for k, case in enumerate(cases):
@@ -445,7 +446,7 @@ def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
     return found
 
 
-def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
+def source_loops(defs: dict[str, ast.FunctionDef], name: str, steps: bool = False) -> str:
     """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
     of its def in ``defs`` (:func:`last_defs`, :func:`core_defs`), functions it defines inside
     included: "none", "a loop at line N" (of its cell or file), or that there is no such def.
@@ -453,7 +454,7 @@ def source_loops(defs: dict[str, ast.FunctionDef], name: str) -> str:
     if name not in defs:
         return (f"no def {name} in the notebook's cells or your core modules (the grader reads "
                 f"its loops from one)")
-    return F.def_loops(defs[name])
+    return F.def_loops(defs[name], steps=steps)
 
 
 def name_culprits(results: list[CheckResult], public_only: bool = False) -> None:
