@@ -229,3 +229,38 @@ def test_package_metadata_agrees():
     readme = (ROOT / "README.md").read_text()
     assert "Python 3.10, 3.11, 3.12 or 3.13" in readme
     assert "3.10 or newer" not in readme and "OWNER/REPO" not in readme
+
+
+# --- `pip install -e .` alone (Colab: its own NumPy and PyTorch) ----------------------------
+
+def _declared() -> dict[str, Requirement]:
+    """The package's dependencies in pyproject.toml: what `pip install -e .` installs."""
+    pyproject = (ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+)
+    listed = re.search(r"^dependencies = \[(.*?)\]", pyproject, flags=re.M | re.S)[1]
+    return {canonicalize_name(r.name): r for r in map(Requirement, re.findall(r'"([^"]+)"',
+                                                                              listed))}
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_packages_floors_admit_the_pins(python):
+    """Each dependency's floor admits the release requirements.txt pins (the floors are the
+    oldest releases that ran every notebook: pyproject.toml's comment)."""
+    pinned = pins("requirements.txt", python)
+    for name, req in _declared().items():
+        assert name in pinned, f"{name}: declared by the package, not pinned"
+        assert req.specifier.contains(pinned[name][0].removeprefix("==")), (name, python)
+
+
+def test_pip_install_e_alone_installs_what_a_notebook_imports():
+    """On Colab the first cell says `%pip install -e <course>`: the package's dependencies, with
+    Colab's own PyTorch (the [torch] extra) and Jupyter. Notebook 12 once imported sacrebleu and
+    num2words, which only requirements.txt named."""
+    installed = _closure(set(_declared()) | {"torch", "ipykernel"})
+    providers = _providers()
+    missing = {}
+    for name, source in _student_code().items():
+        for module in _third_party_imports(source):
+            if not providers.get(module, set()) & installed:
+                missing.setdefault(module, []).append(name)
+    assert not missing, f"imported by what a student runs, not installed by `pip install -e .` " \
+                        f"(add it to pyproject.toml's dependencies): {missing}"
