@@ -1380,6 +1380,9 @@ mutant("top_k_filter", "exactly k kept (an argsort's last k): ties with the k-th
        "    return out", "check-top-k-filter")
 mutant("top_k_filter", "the k-th largest filtered out too (<=)", "np.where(logits < kth",
        "np.where(logits <= kth", "check-top-k-filter")
+mutant("top_p_filter", "a token kept when the mass above it equals p (<= for <)",
+       "keep = np.take_along_axis(above < p, rank, axis=-1)",
+       "keep = np.take_along_axis(above <= p, rank, axis=-1)", "check-top-p-filter")
 mutant("top_p_filter", "ties ranked by the higher id first (a descending sort, reversed)",
        'order = np.argsort(-logits, axis=-1, kind="stable")',
        'order = np.argsort(logits, axis=-1, kind="stable")[..., ::-1]', "check-top-p-filter")
@@ -1414,6 +1417,9 @@ mutant("online_softmax_update", "no guard for a row of -inf only",
        "check-online-softmax-update")
 mutant("flash_attention_forward", "the accumulator not rescaled", "            acc *= alpha\n",
        "", "check-flash-forward")
+mutant("flash_attention_forward", "the running maximum started at 0, not -inf",
+       "m = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=q.dtype)",
+       "m = np.zeros(q_i.shape[:-1] + (1,), dtype=q.dtype)", "check-flash-forward")
 mutant("flash_attention_forward", "the diagonal tile not masked",
        "np.copyto(s, -np.inf, where=causal_mask(*s.shape[-2:]))", "pass", "check-flash-forward")
 mutant("flash_attention_forward", "the diagonal tile skipped: keys up to the block's start",
@@ -1578,6 +1584,11 @@ mutant("label_smoothed_loss_forward", "eps spread over the V - 1 other classes (
        "uniform = -logp.mean(axis=-1)",
        "uniform = -(logp.sum(axis=-1) - nll * -1) / (logp.shape[-1] - 1)",
        "check-label-smoothed-loss")
+mutant("label_smoothed_loss_forward", "the log of the softmax (-inf where it underflows to 0)",
+       "    logp, c_logp = log_softmax_forward(logits)  # (..., V)\n",
+       "    e = np.exp(logits - logits.max(axis=-1, keepdims=True))\n"
+       "    logp = np.log(e / e.sum(axis=-1, keepdims=True))  # (..., V)\n"
+       "    c_logp = log_softmax_forward(logits)[1]\n", "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "ignore_index forgotten: the mean over every position",
        "weight = 1 / keep.sum()", "keep = np.ones_like(keep)\n    weight = 1 / keep.size",
        "check-label-smoothed-loss")

@@ -115,6 +115,22 @@ def test_a_failing_check_of_several_functions_is_named_as_the_check():
     assert "fails; fix what it names, then run this check again" in msg
 
 
+@pytest.mark.parametrize(("where", "models", "named", "check_ids"), [
+    ("rope_forward", "the rotation by minus the angle", "`check-rope`, the check of ",
+     ("check-modern-block", "check-modern-gpt", "check-gpt-tiled-attention")),
+    ("repeat_kv_forward", "tiled instead of repeated", "`check-grouped-query-attention`, the ",
+     ("check-modern-block", "check-gpt-tiled-attention")),  # modern-gpt's 1 kv head: no tiling
+])
+def test_a_check_that_also_tests_a_function_the_block_does_not_call_is_named(where, models,
+                                                                             named, check_ids):
+    """check-rope tests rope_tables too, which the block is given the output of; check-grouped-
+    query-attention the decoding step too: neither was named, and the modern block's culprit
+    was the block check (a student's trial)."""
+    for check_id in check_ids:
+        msg = mutant_message(check_id, where, models)
+        assert msg.split("\n")[1].startswith(named), (check_id, msg)
+
+
 def test_a_wrong_softmax_is_named_by_the_cosine_attention_exercise():
     """The exercise calls the package's softmax_forward (a right way to write it), whose
     maximum is the whole array's: the check names softmax_forward, read from the exercise's

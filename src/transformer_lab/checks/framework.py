@@ -1210,15 +1210,22 @@ def _teaching_order(chk) -> tuple[str, int]:
 def dependency_checks(chk: Check, f: Functions | None = None) -> list[type[Check]]:
     """The checks of core functions that ``chk`` depends on, in teaching order: a check that
     comes before it (an earlier notebook, or earlier in this one) and tests functions of
-    :func:`depends_on` -- with, at most, some of ``chk``'s own (check-gpt-rms-norm tests
-    norm_forward with rms_norm_forward) -- never a later section's check, which the student
-    has not reached."""
-    needed = depends_on(chk, f)
+    :func:`depends_on` -- besides some of ``chk``'s own (check-gpt-rms-norm tests norm_forward
+    with rms_norm_forward), and fewer others than those (check-rope tests rope_tables, which a
+    block is given the output of, with rope_forward and rope_backward, which it calls) --
+    never a later section's check, which the student has not reached."""
+    needed, own = depends_on(chk, f), set(chk.functions)
     here = _teaching_order(chk)
     return [other for other in load_checks().values()
-            if other.id != chk.id and not other.arguments and set(other.functions) & needed
-            and set(other.functions) <= needed | set(chk.functions)
+            if other.id != chk.id and not other.arguments and _mostly(other, needed, own)
             and _teaching_order(other) < here]
+
+
+def _mostly(other: type[Check], needed: set[str], own: set[str]) -> bool:
+    """Whether ``other`` tests more of the functions ``needed`` than of the rest (``own``
+    aside)."""
+    tested = set(other.functions)
+    return len(tested & needed) > len(tested - needed - own)
 
 
 def _listed(words: list[str]) -> str:

@@ -49,6 +49,10 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
         yield Case("ignore_index = 0 (a padding id that is also a class)",
                    _smoothing_case(later, (2, 4, 6), 0.1, 3, ignore_index=0))
+        far = _smoothing_case(later_rng(rng), (3, 6), 0.1, dtype=np.float32)
+        far[0][:, 2] -= 120  # exp(-120) is 0 in float32
+        yield Case("float32, logit 2 of every row 120 below the rest (its softmax is 0 and the "
+                   "log of that -inf: log_softmax keeps it finite)", far)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -98,6 +98,8 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         yield Case("tied tokens at the cut, p = 0.6: of tokens 1 and 2 (equally likely), the "
                    "lower id ranks first, so only it is kept", (np.array([[2.0, 1.0, 1.0, 0.0]]),
                                                                0.6))
+        yield Case("probabilities 1/2, 1/4, 1/4 and p = 0.5: the first token alone reaches p, "
+                   "so it alone is kept", (np.array([[0.0, -np.log(2), -np.log(2)]]), 0.5))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

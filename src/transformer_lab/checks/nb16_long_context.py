@@ -179,6 +179,17 @@ def _tiled_case(rng, name, lead, T, S, causal, block, dtype=np.float64, scale=1.
     return Case(name, (q * dtype(scale), k, v, *grad, causal, block))
 
 
+def _far_below_case(rng) -> Case:
+    """A row whose every score is below -1000, where exp(score) is 0 in float64: its output is
+    still the average its softmax gives, if the running maximum starts at -inf (from 0, every
+    p and the running sum are 0, and the row is 0 / 0)."""
+    q, k, v = _qkv(rng, (), 7, 9)
+    k += 3.0  # every key near (3, ..., 3)
+    q[2] = -150.0  # row 2's scores: about -150 * 3 * 8 / sqrt(8), near -1270
+    return Case("row 2's scores all below -1000 (exp gives 0: the running maximum starts at "
+                "-inf, not 0)", (q, k, v, False, 4))
+
+
 #: the public cases of the tiled attention: name, leading axes, T, S, causal, block (, dtype)
 TILED_CASES = [("T = S = 9, blocks of 4", (), 9, 9, False, 4),
                ("causal, T = S = 9, blocks of 4", (), 9, 9, True, 4),
@@ -198,6 +209,7 @@ class FlashAttentionForward(Check, id="check-flash-forward",
     def cases(self, rng):
         for spec in TILED_CASES:
             yield _tiled_case(rng, *spec)
+        yield _far_below_case(later_rng(rng))  # added later: the others stay as drawn
         yield _memory_case(rng)
 
     ### BEGIN HIDDEN TESTS
