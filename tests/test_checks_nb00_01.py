@@ -313,6 +313,19 @@ def test_a_decoder_s_loop_over_the_steps_is_allowed_and_the_loops_inside_it_are_
         assert loops(f"def f(x, n):\n    {head}\n        pass\n    for r in x:\n"
                      "        pass\n") == "a loop at line 4", head
     assert loops("def f(x, n):\n    return [r for r in x]\n") == "a loop at line 2"
+    # the step loop after a loop over a fixed few things, or inside a with, an if, a try
+    step = "for _ in range(n):\n            y = x + 1\n"
+    for source in ("def f(x, n):\n    for k in ('pad_id', 'eos_id'):\n        pass\n"
+                   "    for _ in range(n):\n        y = x + 1\n",
+                   f"def f(x, n):\n    with e:\n        {step}",
+                   f"def f(x, n):\n    if n:\n        {step}",
+                   f"def f(x, n):\n    try:\n        {step}    except E:\n        pass\n"):
+        assert loops(source) == "none", source
+    # map and filter are loops over their iterables, but over a fixed few things
+    assert loops("def f(x, n):\n    return list(map(g, x))\n") == "a loop at line 2"
+    assert loops("def f(x, n):\n    return np.fromiter(map(g, x, n), int)\n") \
+        == "a loop at line 2"
+    assert loops("def f(x, n):\n    return list(map(np.asarray, (x, n)))\n") == "none"
 
 
 def test_the_loop_rule_lets_a_loop_over_the_three_projections_pass():

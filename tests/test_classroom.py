@@ -397,7 +397,11 @@ def test_the_feedback_summary_names_the_cells_interrupted_at_the_time_limit():
     graded = Graded("dave", "10_training", [CheckResult("check-sgd-step", 2, 2, "ok", 5)],
                     "graded", run=run)
     assert "(In that run, `training-25`, `training-38` ran past the time limit of 60 s per " \
-           "cell and stopped there" in summary_markdown(graded, 60)
+           "cell and were stopped; a later cell that uses what they compute fails too" \
+        in summary_markdown(graded, 60)
+    one = dataclasses.replace(graded, run=kernel_run.Run(interrupted=["my-experiment"]))
+    assert "`my-experiment` ran past the time limit of 60 s per cell and was stopped; a later " \
+           "cell that uses what it computes fails too" in summary_markdown(one, 60)
     assert "In that run" not in summary_markdown(dataclasses.replace(graded, run=None), 60)
 
 

@@ -1267,6 +1267,35 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
     assert ("check-logsumexp", specs[1].cases[0].name) in report.outcomes  # run after a restart
 
 
+def test_a_cell_that_hangs_costs_the_checks_of_what_it_defines_only(tmp_path):
+    """An exercise cell that never ends once zeroed the whole notebook, core checks included
+    (an instructor's trial): the probe runs again without it, and only the checks of the
+    names it defines lose their evidence; a later cell runs without it."""
+    from transformer_lab.course.package import parse_package, write_handout_package
+
+    instructor = parse_package(ROOT / "src" / "transformer_lab")
+    write_handout_package(ROOT / "src", tmp_path / "handout", instructor)
+    core = reference_core(tmp_path / "core", {})
+    probe_driver.build_probe_package(tmp_path / "handout", instructor, "01_attention",
+                                     {p.stem: p for p in core.glob("*.py")}, tmp_path / "probe")
+    probe_driver.reference_free(tmp_path / "probe")
+    specs = [probe_driver.CheckSpec("check-softmax-forward", (), {}, F.all_cases(
+        F.get_check("check-softmax-forward"), hidden=False)[:1]),
+             probe_driver.CheckSpec("check-logsumexp", ("logsumexp",), {}, F.all_cases(
+                 F.get_check("check-logsumexp"), hidden=False)[:1])]
+    cells = [("setup", "import numpy as np"),
+             ("exercise-logsumexp", "def logsumexp(x, axis=-1):\n    return 0\nwhile True:\n"
+                                    "    pass"),
+             ("later", "after = 1")]
+    report = probe_driver.run_probe(tmp_path / "probe", cells, specs,
+                                    probe_driver.ProbeLimits(cell=3, case=10, total=120))
+    assert "ran past the time limit of 3 s, while running your cell 'exercise-logsumexp'" \
+        in report.missing["check-logsumexp"]
+    assert "check-softmax-forward" not in report.missing
+    outcome = report.outcomes[("check-softmax-forward", specs[0].cases[0].name)]
+    assert outcome.error is None
+
+
 def test_a_csv_cell_that_starts_as_a_formula_is_written_as_text(tmp_path):
     path = tmp_path / "grades.csv"
     reports._write_rows(path, ["student", "points", "note"],

@@ -401,21 +401,19 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
               steps: bool = False) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
     (functions it defines inside, and its default values, included): a ``while``, a call of
-    ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for`` or a
-    comprehension over
+    ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for``, a
+    comprehension, a ``map`` or a ``filter`` over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those), which
     a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). ``steps``: the
-    first ``for`` or ``while`` statement of the def's own body is the loop over the steps of a
-    decoder, and allowed; the loops inside it count. A decorated def is not read: what the
-    decorator returns runs instead."""
+    decoder's loop over the steps (:func:`_step_loop`) is allowed; the loops inside it count.
+    A decorated def is not read: what the decorator returns runs instead."""
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
     lines, fixed = [], _fixed_names(node)
-    step = next((s for s in node.body if isinstance(s, ast.For | ast.While)), None) if steps \
-        else None
+    step = _step_loop(node, fixed) if steps else None
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
@@ -427,10 +425,28 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
             hidden = isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in (
                 "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
+                    n.func.id in ("map", "filter") and len(n.args) > 1:
+                over = [n.args[1]] if len(n.args) == 2 else [ast.Call(  # as zip, over them all
+                    ast.Name("zip"), n.args[1:], [])]
             if n is not step and (isinstance(n, ast.While) or hidden or
                                   not all(_fixed_few(o, fixed) for o in over)):
                 lines.append(n.lineno)
     return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
+
+
+def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[str]) -> ast.AST:
+    """A decoder's loop over the steps: its first ``while``, or ``for`` over anything but a
+    fixed few things, the shallowest first (inside a ``with``, an ``if`` or a ``try`` too; not
+    in a def it defines); None if it has none."""
+    todo = list(node.body)
+    while todo:
+        n = todo.pop(0)
+        if isinstance(n, ast.While) or isinstance(n, ast.For) and not _fixed_few(n.iter, fixed):
+            return n
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(n))
+    return None
 
 
 def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
@@ -1030,9 +1046,10 @@ def _generic_hint(problem: Difference) -> str:
         return (f"a boolean mask is expected, and yours is {got.dtype}: comparisons (<, >=, ==) "
                 f"give bool arrays; keep them bool (no .astype(int))")
     if not np.all(np.isfinite(got)):
-        return ("NaN appears where exp overflows (subtract the maximum first), where 0/0 "
-                "happens (a row with nothing to attend to?) or where 0 * inf does (a factor "
-                "that is infinite for an edge case)")
+        return ("NaN or inf appears where exp overflows (subtract the maximum first), where "
+                "exp underflows to 0 and then divides or is logged (0/0, log 0: a row with "
+                "nothing to attend to? a softmax whose log is taken?), or where 0 * inf does (a "
+                "factor that is infinite for an edge case)")
     if not np.all(np.isfinite(want)):  # (rel_error takes finite arrays)
         return ""
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()

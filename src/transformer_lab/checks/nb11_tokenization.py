@@ -393,9 +393,9 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
         yield Case("40 random words over 'abcde', 30 merges", (_words_of(rng, 40, "abcde", 8), 30))
         yield Case("words with accents (two bytes a character), 12 merges",
                    (_words_of(rng, 30, "aéèbç", 5), 12))
-        yield Case("1,000 random words over the 26 letters, 40 merges, the look-ups counted "
+        yield Case("10,000 random words over the 26 letters, 40 merges, the look-ups counted "
                    "(few words contain each pair)",
-                   (_words_of(later_rng(rng), 1000, string.ascii_lowercase, 8), 40),
+                   (_words_of(later_rng(rng), 10_000, string.ascii_lowercase, 8), 40),
                    {"count_work": True})  # added later: the cases drawn after stay as they were
 
     ### BEGIN HIDDEN TESTS
@@ -459,8 +459,9 @@ def _work(words, merges, hashes=None) -> str:
     if hashes is None or hashes < recount:
         return f"fewer than a recount's {recount:,} (one look-up of each pair of every word " \
                "after every merge)"
-    return (f"{hashes:,}: {hashes / recount:.2g} times a recount's {recount:,} -- a recount "
-            "after every merge? (update the counts: only the words with the merged pair change)")
+    return (f"{hashes:,}: {hashes / recount:.2g} times a recount's {recount:,}, the work of a "
+            "recount after every merge (update the counts: only the words with the merged pair "
+            "change)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ it at its limits, and decodes the outcomes it wrote as plain data for the grader
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -214,7 +215,7 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
     report = ProbeReport()
     deadline = time.monotonic() + limits.total
     public = [dataclasses.replace(c, cases=c.cases[:c.public]) for c in checks]
-    _probe(package_root, cells, public, limits, deadline, report, sandbox)
+    cells = _probe(package_root, cells, public, limits, deadline, report, sandbox)
     hidden = [dataclasses.replace(c, cases=c.cases[c.public:]) for c in checks
               if c.public is not None and c.cases[c.public:] and c.check_id not in report.missing]
     if hidden:  # the cells again, in a process of its own (their errors: the first run's)
@@ -230,9 +231,11 @@ def run_probe(package_root: Path, cells: list[tuple[str, str]], checks: list[Che
 
 
 def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimits,
-           deadline: float, report: ProbeReport, sandbox) -> None:
+           deadline: float, report: ProbeReport, sandbox) -> list:
     """Run ``checks`` in probe processes until they are done, into ``report``: one process,
-    and another for those left after a case that stopped it, within the ``deadline``."""
+    and another for those left after a case that stopped it, or after a cell that did
+    without that cell (the checks of what it defines lose their evidence, the others keep
+    theirs), within the ``deadline``. Returns the cells the last process ran."""
     todo = [i for i, c in enumerate(checks) if c.cases]
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
@@ -245,6 +248,14 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
                 and not all((checks[i].check_id, c.name) in report.outcomes
                             for c in checks[i].cases)]
         kind, index, reason = stopped
+        if kind == "cell" and index is not None and time.monotonic() < deadline:
+            defined = _names_defined(cells[index][1])
+            for i in todo:
+                if defined & {*checks[i].args, *checks[i].kwargs.values()}:
+                    report.missing.setdefault(checks[i].check_id, reason)
+            todo = [i for i in todo if checks[i].check_id not in report.missing]
+            cells = [*cells[:index], *cells[index + 1:]]
+            continue
         if kind == "case":  # the others get another run, within the total limit
             report.missing.setdefault(checks[index].check_id, reason)
             todo = [i for i in todo if i != index]
@@ -252,9 +263,29 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
                 continue
             reason = (f"not run: the grader's run of your code reached its total limit of "
                       f"{limits.total:g} s")
-        for i in todo:  # what is left cannot run: the cells stopped, or the total limit passed
+        for i in todo:  # what is left cannot run: the total limit passed
             report.missing.setdefault(checks[i].check_id, reason)
         break
+    return cells
+
+
+def _names_defined(source: str) -> set[str]:
+    """The names a cell's top level defines (defs, classes, assignments, imports)."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
 
 
 def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo: list[int],

@@ -122,9 +122,11 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
             lines.append(f"(That run stopped: {_table_text(graded.run.later)}.)")
         if graded.run is not None and graded.run.interrupted:
             cells = ", ".join(f"`{c}`" for c in graded.run.interrupted)
+            one = len(graded.run.interrupted) == 1
             lines.append(f"(In that run, {cells} ran past the time limit of {timeout} s per "
-                         "cell and stopped there: the cells after them that use what they "
-                         "compute fail too, which costs no points.)")
+                         f"cell and {'was' if one else 'were'} stopped; a later cell that uses "
+                         f"what {'it' if one else 'they'} compute{'s' if one else ''} fails too, "
+                         "which costs no points.)")
         if sandbox:
             lines += ["", f"Your code ran in: {sandbox}."]
     return "\n".join(lines)
