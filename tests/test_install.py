@@ -203,15 +203,21 @@ def test_every_import_of_what_a_student_runs_is_installed_by_requirements_txt():
     """An import of a package only requirements-dev.txt installs (the tests, the site builder)
     would break the handout, `make learn` and Gradescope's autograder, which install
     requirements.txt alone."""
-    installed = _closure(set(pins("requirements.txt")))
+    missing = _not_installed(_closure(set(pins("requirements.txt"))))
+    assert not missing, f"imported by what a student runs, not installed by requirements.txt " \
+                        f"(move the pin from requirements-dev.txt): {missing}"
+
+
+def _not_installed(installed: set[str]) -> dict[str, list[str]]:
+    """The modules what a student runs imports that none of the distributions ``installed``
+    provides, each with the files that import it."""
     providers = _providers()
-    missing = {}
+    missing: dict[str, list[str]] = {}
     for name, source in _student_code().items():
         for module in _third_party_imports(source):
             if not providers.get(module, set()) & installed:
                 missing.setdefault(module, []).append(name)
-    assert not missing, f"imported by what a student runs, not installed by requirements.txt " \
-                        f"(move the pin from requirements-dev.txt): {missing}"
+    return missing
 
 
 def test_the_site_builder_imports_what_requirements_dev_txt_installs():
@@ -255,12 +261,6 @@ def test_pip_install_e_alone_installs_what_a_notebook_imports():
     """On Colab the first cell says `%pip install -e <course>`: the package's dependencies, with
     Colab's own PyTorch (the [torch] extra) and Jupyter. Notebook 12 once imported sacrebleu and
     num2words, which only requirements.txt named."""
-    installed = _closure(set(_declared()) | {"torch", "ipykernel"})
-    providers = _providers()
-    missing = {}
-    for name, source in _student_code().items():
-        for module in _third_party_imports(source):
-            if not providers.get(module, set()) & installed:
-                missing.setdefault(module, []).append(name)
+    missing = _not_installed(_closure(set(_declared()) | {"torch", "ipykernel"}))
     assert not missing, f"imported by what a student runs, not installed by `pip install -e .` " \
                         f"(add it to pyproject.toml's dependencies): {missing}"
