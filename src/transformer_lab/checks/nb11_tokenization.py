@@ -432,8 +432,8 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
 
 class _Byte(int):
     """A byte id that counts how often it is hashed: every look-up of a pair in a dict or a
-    set hashes the pair's two ids, however the counting is written (code that makes new ints
-    of the ids, int(b) or an array, is not counted)."""
+    set hashes the pair's two ids, however the counting is written (counting that makes new
+    ints of the ids, int(b) or an array, or that sorts the pairs instead, is not counted)."""
 
     __slots__ = ()
     hashes = 0
