@@ -298,8 +298,9 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
 
 
 def test_a_decoder_s_loop_over_the_steps_is_allowed_and_the_loops_inside_it_are_not():
-    """sample_decode's rule (steps=True): the first for or while of the def's own body is the
-    loop over the steps; a loop over the batch, inside it or beside it, still counts."""
+    """sample_decode's rule (steps=True): the first while, or for over more than a fixed few
+    things, is the loop over the steps (in a with, an if or a try too); a loop over the batch,
+    inside it or beside it, still counts."""
     import ast
 
     def loops(source):

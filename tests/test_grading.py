@@ -1270,7 +1270,7 @@ def test_a_core_module_that_hangs_on_import_costs_its_checks_only(tmp_path):
 def test_a_cell_that_hangs_costs_the_checks_of_what_it_defines_only(tmp_path):
     """An exercise cell that never ends once zeroed the whole notebook, core checks included
     (an instructor's trial): the probe runs again without it, and only the checks of the
-    names it defines lose their evidence; a later cell runs without it."""
+    names it defines lose their evidence."""
     from transformer_lab.course.package import parse_package, write_handout_package
 
     instructor = parse_package(ROOT / "src" / "transformer_lab")
