@@ -484,11 +484,11 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
         def of(i):
             return bytes([i]) if i < 256 else of(merges[i - 256][0]) + of(merges[i - 256][1])
 
-        return [of(i).hex() for i in range(256 + len(merges))]
+        return [repr(of(i)) for i in range(256 + len(merges))]
 
     def mistakes(self, merges):
         return {"with bytes(b) for a byte (that is b zero bytes: bytes([b]) is the one byte b)":
-                lambda: [bytes(b).hex() for b in range(256)] + self.expected(merges)[256:]}
+                lambda: [repr(bytes(b)) for b in range(256)] + self.expected(merges)[256:]}
     ### END HIDDEN TESTS
 
     def run(self, f, merges):
@@ -501,7 +501,7 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
             raise TypeError(f"a list holding {other!r} ({type(other).__name__}) came back; each "
                             "item is a token's bytes: bytes([b]) for byte b, a merge's two "
                             "tokens' bytes joined")
-        return [bytes(t).hex() for t in vocab]
+        return [repr(bytes(t)) for t in vocab]  # b'th': shown as Python writes bytes
 
 
 class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
