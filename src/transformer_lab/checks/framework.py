@@ -427,8 +427,7 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
                 "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
                     n.func.id in ("map", "filter") and len(n.args) > 1:
-                over = [n.args[1]] if len(n.args) == 2 else [ast.Call(  # as zip, over them all
-                    ast.Name("zip"), n.args[1:], [])]
+                over = [ast.Call(ast.Name("zip"), n.args[1:], [])]  # as long as the shortest
             if n is not step and (isinstance(n, ast.While) or hidden or
                                   not all(_fixed_few(o, fixed) for o in over)):
                 lines.append(n.lineno)

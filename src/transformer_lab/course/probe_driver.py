@@ -9,7 +9,6 @@ it at its limits, and decodes the outcomes it wrote as plain data for the grader
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import functools
@@ -249,7 +248,10 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
                             for c in checks[i].cases)]
         kind, index, reason = stopped
         if kind == "cell" and index is not None and time.monotonic() < deadline:
-            defined = _names_defined(cells[index][1])
+            try:
+                defined = top_level_names(cells[index][1])
+            except SyntaxError:  # a cell that does not parse defines nothing
+                defined = set()
             for i in todo:
                 if defined & {*checks[i].args, *checks[i].kwargs.values()}:
                     report.missing.setdefault(checks[i].check_id, reason)
@@ -267,25 +269,6 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
             report.missing.setdefault(checks[i].check_id, reason)
         break
     return cells
-
-
-def _names_defined(source: str) -> set[str]:
-    """The names a cell's top level defines (defs, classes, assignments, imports)."""
-    try:
-        body = ast.parse(source).body
-    except SyntaxError:
-        return set()
-    names = set()
-    for node in body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        else:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
-            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-    return names
 
 
 def _one_run(tmp: Path, package_root: Path, cells, checks: list[CheckSpec], todo: list[int],
