@@ -212,6 +212,16 @@ def test_what_transformers_5_writes_and_what_the_hubs_snapshots_hold(small, tmp_
     assert GPT.from_pretrained(folder).config.rope_base == 5e5
 
 
+def test_a_context_of_a_billion_positions_loads_and_computes_the_same(small, tmp_path):
+    """RoPE's tables are made for the positions a call reads, not for
+    ``max_position_embeddings`` up front (a table of 10^9 positions would not fit in memory)."""
+    _, config, tensors, expected = small
+    folder = H.write_checkpoint(tmp_path, dict(config, max_position_embeddings=10**9), tensors)
+    model = GPT.from_pretrained(folder)
+    assert model.config.max_len == 10**9
+    assert H.relative(model.forward(IDS)[0], expected) < 1e-5
+
+
 def test_bfloat16_weights_are_widened_exactly(small, tmp_path):
     """NumPy has no bfloat16 and safetensors' NumPy API refuses it: the loader reads its bytes."""
     from safetensors.torch import save_file

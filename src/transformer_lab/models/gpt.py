@@ -91,7 +91,6 @@ class GPT(Model):
 
     Attributes:
         pe: the fixed sinusoidal table (max_len, E) for ``positional="sinusoidal"``, else None.
-        rope: RoPE's (cos, sin) tables (max_len, Dh/2) for ``positional="rope"``, else None.
     """
 
     kind = "gpt"
@@ -101,15 +100,10 @@ class GPT(Model):
 
     def _setup(self, config: GPTConfig, params: dict[str, np.ndarray]) -> None:
         super()._setup(config, params)
-        dt = config.dtype
         self.pe = None
         if config.positional == "sinusoidal":
-            self.pe = core_layers.positional_encoding(config.max_len, config.d_model).astype(dt)
-        self.rope = None
-        if config.positional == "rope":
-            cos, sin = core_rope.rope_tables(np.arange(config.max_len), config.head_dim,
-                                             config.rope_base)
-            self.rope = (cos.astype(dt), sin.astype(dt))
+            self.pe = core_layers.positional_encoding(config.max_len,
+                                                      config.d_model).astype(config.dtype)
 
     @classmethod
     def from_pretrained(cls, folder, dtype=np.float32) -> GPT:
@@ -137,9 +131,13 @@ class GPT(Model):
         return nest(self._checked_params())
 
     def _rope(self, start: int, stop: int):
-        if self.rope is None:
+        """RoPE's (cos, sin) tables of positions start..stop-1, made when asked: a LLaMA config's
+        ``max_position_embeddings`` can be far more positions than a run reads."""
+        c = self.config
+        if c.positional != "rope":
             return None
-        return self.rope[0][start:stop], self.rope[1][start:stop]
+        cos, sin = core_rope.rope_tables(np.arange(start, stop), c.head_dim, c.rope_base)
+        return cos.astype(c.dtype), sin.astype(c.dtype)
 
     # ---------------------------------------------------------------------------- forward
 
