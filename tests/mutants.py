@@ -347,8 +347,8 @@ mutant(RMS, "eps added outside the square root",
        "check-rms-norm")
 mutant(RMS, "the mean over the first axis", "np.mean(x * x, axis=-1, keepdims=True)",
        "np.mean(x * x, axis=0, keepdims=True)", "check-rms-norm")
-mutant(RMS, "eps ignored (the default 1e-6 written in)",
-       "np.sqrt(ms + eps)", "np.sqrt(ms + 1e-6)", "check-rms-norm")
+mutant(RMS, "eps ignored (the default 1e-5 written in)",
+       "np.sqrt(ms + eps)", "np.sqrt(ms + 1e-5)", "check-rms-norm")
 mutant(RMS, "the mean of x, squared, instead of the mean of x squared",
        "ms = np.mean(x * x, axis=-1, keepdims=True)",
        "ms = np.mean(x, axis=-1, keepdims=True) ** 2", "check-rms-norm")

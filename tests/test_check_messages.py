@@ -584,15 +584,18 @@ def test_a_core_module_that_does_not_parse_is_named_in_one_line(tmp_path):
                            f"run: {layers}, line ") and "does not parse (IndentationError" in last
 
 
-def test_the_eps_hint_names_the_default_nearer_the_answer():
-    """rms_norm with 1e-6, its documented default, written in: the hint named 1e-5, the other
-    default (both lean the same way; the nearer one is the one written in)."""
-    def rms_norm(x, gamma, eps=1e-6):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * gamma
+@pytest.mark.parametrize("defaults", [F.DEFAULT_EPS, F.DEFAULT_EPS[::-1]])
+def test_the_eps_hint_names_the_default_nearer_the_answer(defaults, monkeypatch):
+    """rms_norm with its default 1e-5 written in: the hint names 1e-5, not LLaMA's 1e-6, in
+    either order (both lean the same way; the nearer one is the one written in)."""
+    monkeypatch.setattr(F, "DEFAULT_EPS", defaults)
+
+    def rms_norm(x, gamma, eps=1e-5):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * gamma
 
     with pytest.raises(F.CheckFailed) as err:
         F.check("check-rms-norm", rms_norm)
-    assert "off in the direction of the one with eps = 1e-06" in str(err.value)
+    assert "off in the direction of the one with eps = 1e-05" in str(err.value)
 
 
 def test_a_mask_where_none_belongs_is_shown_as_it_came_back(monkeypatch):

@@ -928,7 +928,8 @@ def _hint(check: Check, case: Case, got, want, problem: Difference,
     return _generic_hint(problem) or _eps_hint(check, case, problem, keys)
 
 
-#: the eps a norm takes by default (layer norm's, RMSNorm's), which a forgotten eps leaves
+#: the eps a norm takes by default (the course's and PyTorch's, LLaMA's configs'), which a
+#: forgotten eps leaves
 DEFAULT_EPS = (1e-5, 1e-6)
 
 
