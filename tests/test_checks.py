@@ -133,6 +133,20 @@ def test_a_stub_fails_with_its_message(monkeypatch):
     assert _fails("check-softmax-forward") == f"check-softmax-forward: {message}"
 
 
+def test_a_notimplementederror_of_the_students_own_is_an_error_not_a_stub(monkeypatch):
+    """Only a stub's message is "not written yet"; the student's own raise is reported as an
+    error, with its line, and the rest of the cases are not skipped as unwritten."""
+    def partial(x):
+        raise NotImplementedError("only 2-D inputs for now")
+    monkeypatch.setattr(CL, "softmax_forward", partial)
+    message = _fails("check-softmax-forward")
+    assert "your code raised NotImplementedError: only 2-D inputs for now" in message
+    assert "not written yet" not in message
+    assert F.is_stub(f"NotImplementedError: {syllabus.stub_message('softmax_forward')}")
+    assert F.is_stub("NotImplementedError: Exercise: complete f()")
+    assert not F.is_stub("ValueError: Exercise: complete f()")
+
+
 def test_errors_in_the_students_code_are_reported_with_the_line(monkeypatch):
     def broken(x):
         return x @ np.ones((2, 2)), None

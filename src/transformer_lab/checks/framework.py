@@ -622,6 +622,15 @@ class Verdict:
     message: str = ""
 
 
+def is_stub(error: str) -> bool:
+    """Whether ``error`` (``"Type: message"``) is what a handout's stub raises: a core function's
+    (:func:`syllabus.stub_message`) or an exercise cell's (``"Exercise: ..."``) -- not a
+    NotImplementedError of the student's own."""
+    message = error.removeprefix("NotImplementedError: ")
+    return message != error and (message.startswith("Exercise: ")
+                                 or " is yours to write: notebook " in message)
+
+
 def judge(check: Check, case: Case, outcome: Outcome, want: Any,
           mistakes: Mapping[str, Any] | None = None,
           loops: Mapping[str, str] | None = None) -> Verdict:
@@ -631,7 +640,7 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     ("none" passes)."""
     label = f"case {case.name!r}"
     if outcome.error is not None:
-        if outcome.error.startswith("NotImplementedError"):
+        if is_stub(outcome.error):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
         hint = _error_hint(outcome)
         if outcome.error.startswith(UNREADABLE):
@@ -1194,7 +1203,7 @@ def _verdicts(chk: Check, f: Functions, hidden=False) -> Iterator[tuple[Outcome,
     loops = {name: python_loops(getattr(f, name), name in chk.stepwise) for name in chk.loop_free}
     for case, stored in cases:
         outcome = run_case(chk, f, case)
-        if outcome.error is not None and outcome.error.startswith("NotImplementedError"):
+        if outcome.error is not None and is_stub(outcome.error):
             yield outcome, None
             return
         want = chk.expected(*case.args, **case.kwargs) if chk.has_reference() else stored
