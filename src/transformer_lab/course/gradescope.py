@@ -43,6 +43,7 @@ from transformer_lab.course.assignment import (
     solution_notebooks,
 )
 from transformer_lab.course.package import IGNORE_NAMES, PackageError, parse_package
+from transformer_lab.course.student import TORCH_CPU_INDEX, HandoutError, torch_pin
 from transformer_lab.course.submissions import is_hidden
 
 ZIP_NAME = "autograder.zip"
@@ -52,8 +53,6 @@ VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 #: When a student sees a test of each visibility (said in the public-cases tests).
 SHOWN = {"after_due_date": "after the due date", "after_published": "once grades are published",
          "hidden": "to your instructor only"}
-#: pip's variables naming where torch's CPU wheels come from, copied into setup.sh.
-INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 #: Files of --project the autograder holds besides src/ (README.md: pyproject.toml's readme).
 AUTOGRADER_FILES = (*PROJECT_FILES, "README.md")
 #: Names left out of the zip wherever they are: caches, build metadata, hidden files.
@@ -116,7 +115,10 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y python3 python3-venv python3-pip bubblewrap util-linux
-{index}python3 -m venv {venv}
+python3 -m venv {venv}
+# torch's CPU build first (the grader needs no GPU; the default wheel brings GBs of CUDA)
+{venv}/bin/python -m pip install --disable-pip-version-check --no-cache-dir \\
+    --index-url {index} {torch}
 {venv}/bin/python -m pip install --disable-pip-version-check --no-cache-dir \\
     -r /autograder/source/requirements.txt -e /autograder/source
 {venv}/bin/python -c "import transformer_lab.course.gradescope"
@@ -138,13 +140,9 @@ PYTHONPATH="$root/source/src" PYTHONDONTWRITEBYTECODE=1 \\
 """
 
 
-def setup_script(environ: dict[str, str]) -> str:
-    """setup.sh, exporting the package index variables set in ``environ``."""
-    index = "".join(f"export {name}={shlex.quote(environ[name])}\n"
-                    for name in INDEX_VARIABLES if environ.get(name))
-    if index:
-        index = "# where pip finds torch's CPU wheels: as set where the zip was built\n" + index
-    return SETUP_SH.format(index=index, venv=VENV)
+def setup_script(torch: str) -> str:
+    """setup.sh, installing ``torch`` (``torch==<version>``) from PyTorch's CPU wheel index."""
+    return SETUP_SH.format(index=TORCH_CPU_INDEX, torch=shlex.quote(torch), venv=VENV)
 
 
 def _tree(folder: Path, prefix: str) -> dict[str, Path]:
@@ -165,9 +163,12 @@ def _check_build_args(source: Path, project: Path, out: Path,
     usable (or BuildError)."""
     try:
         check_project(project)
+        torch_pin(project)  # setup.sh installs it first
         notebooks = solution_notebooks(source, chosen)
     except SystemExit as err:  # its message names --project or --source
         raise BuildError(str(err).removeprefix("error: ")) from None
+    except HandoutError as err:
+        raise BuildError(str(err)) from None
     if out.exists() and not out.is_dir():
         raise BuildError(f"--out must be a folder for {ZIP_NAME}; {str(out)!r} is a file")
     for name, given in (("--source", source), ("--project's src/", project / "src")):
@@ -189,10 +190,10 @@ def _check_build_args(source: Path, project: Path, out: Path,
     return notebooks
 
 
-def zip_entries(notebooks: list[Path], project: Path, config: Config,
-                environ: dict[str, str]) -> dict[str, tuple[bytes, int]]:
+def zip_entries(notebooks: list[Path], project: Path,
+                config: Config) -> dict[str, tuple[bytes, int]]:
     """zip name -> (content, mode), for everything the autograder holds."""
-    entries = {"setup.sh": (setup_script(environ).encode(), 0o755),
+    entries = {"setup.sh": (setup_script(torch_pin(project)).encode(), 0o755),
                "run_autograder": (RUN_AUTOGRADER.encode(), 0o755),
                CONFIG_NAME: (config.to_json().encode(), 0o644)}
     files = {name: project / name for name in AUTOGRADER_FILES if (project / name).is_file()}
@@ -232,16 +233,14 @@ def _replace(path: Path, data: bytes) -> None:
 
 
 def build(source: Path, project: Path, out: Path, config: Config | None = None,
-          environ: dict[str, str] | None = None, notebooks: list[str] | None = None) -> Path:
+          notebooks: list[str] | None = None) -> Path:
     """Write ``out/autograder.zip`` (see the module's docstring) and return its path; raises
-    :class:`BuildError` with the reason when the arguments cannot make one. ``environ``: where
-    the package index variables come from (default: this process's environment);
-    ``notebooks``: the assignment's notebooks (default: every one of ``source``)."""
+    :class:`BuildError` with the reason when the arguments cannot make one. ``notebooks``: the
+    assignment's notebooks (default: every one of ``source``)."""
     config = config or Config()
-    environ = dict(os.environ if environ is None else environ)
     chosen = _check_build_args(source, project, out, notebooks)
     dest = out / ZIP_NAME
-    write_zip(zip_entries(chosen, project, config, environ), dest)
+    write_zip(zip_entries(chosen, project, config), dest)
     return dest
 
 
@@ -633,7 +632,6 @@ def main(argv: list[str] | None = None) -> int:
 def _describe_build(dest: Path, config: Config, version: versions.CourseVersion) -> None:
     with zipfile.ZipFile(dest) as zf:
         names = zf.namelist()
-        setup = zf.read("setup.sh").decode()
     notebooks = [PurePosixPath(n).stem for n in names if n.startswith("notebooks/")]
     print(f"wrote {dest} ({len(names)} files, {dest.stat().st_size / 2**20:.1f} MiB)")
     print(f"  course version: {version} (it grades this version's submissions only)")
@@ -643,11 +641,6 @@ def _describe_build(dest: Path, config: Config, version: versions.CourseVersion)
              ", with a visible test of their public cases"))
     print("  sandbox: " + ("bubblewrap where it works, else NONE (--allow-no-sandbox)"
                            if config.allow_no_sandbox else "bubblewrap, required"))
-    exported = [n for n in INDEX_VARIABLES if f"export {n}=" in setup]
-    print("  setup.sh exports " + (", ".join(exported) + " (from your environment)"
-                                   if exported else "no package index: pip installs torch's "
-                                   "default (CUDA) wheel; see docs/learning.md, 'CPU-only "
-                                   "PyTorch'"))
     print("Upload it as the assignment's autograder on Gradescope.")
 
 

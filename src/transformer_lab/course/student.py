@@ -216,9 +216,10 @@ the cases shown here loses the points. Run every notebook top to bottom in a fre
 Hand in this folder as you worked in it, without `.venv/` (zip it, or as your instructor tells
 you): the notebooks (`notebooks/{example}` ...) and your package's core,
 `src/transformer_lab/core/*.py`, under their own names. Each notebook is graded with your core
-functions for that notebook and the reference for every other notebook's, so a mistake in one
-notebook's functions costs that notebook's points only -- and in each notebook that extends the
-same function (the table above lists them per notebook).
+functions for that notebook and the reference for the earlier notebooks' (stubs for the later
+notebooks', which its checks do not call), so a mistake in one notebook's functions costs that
+notebook's points only -- and in each notebook that extends the same function (the table above
+lists them per notebook).
 """
 
 
