@@ -168,7 +168,7 @@ mutant("attention_forward", "d_k read as q.shape[1] (on a batch that is T)",
        "check-attention-batched")
 mutant("attention_forward", "k.T for the keys' transpose (on a batch it reverses every axis)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = (q * scale) @ k.T",
-       "check-attention-batched", hint=".T reverses every axis")
+       "check-attention-batched", hint="it reverses every axis")
 mutant("attention_forward", "a Python loop over the batch (the text asks for none)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)",
        "scores = np.stack([(qb * scale) @ np.swapaxes(kb, -1, -2) for qb, kb in zip(q, k)])"
@@ -249,6 +249,11 @@ mutant("causal_mask", "S ignored (a square (T, T) mask)",
 mutant("causal_mask", "True = allowed (the convention inverted)",
        "np.arange(S)[None, :] > np.arange(T)[:, None]",
        "np.arange(S)[None, :] <= np.arange(T)[:, None]", "check-causal-mask")
+mutant("causal_mask", "a Python loop over the queries (the text asks for none)",
+       "    return np.arange(S)[None, :] > np.arange(T)[:, None]\n",
+       "    mask = np.zeros((T, S), dtype=bool)\n    for i in range(T):\n"
+       "        mask[i, i + 1:] = True\n    return mask\n", "check-causal-mask",
+       hint="runs a Python loop")
 
 mutant("padding_mask", "> instead of >= (position lengths[b] is already padding)",
        "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
@@ -738,6 +743,9 @@ mutant(TEMP, "the row sum without keepdims", "(dy * y).sum(axis=-1, keepdims=Tru
        "(dy * y).sum(axis=-1)", "check-softmax-temperature")
 mutant(TEMP, "dtau with tau instead of tau^2", "/ tau ** 2)", "/ tau)",
        "check-softmax-temperature")
+mutant(TEMP, "dtau a 0-d array, not the float the docstring gives",
+       "dtau = float(-(dz * x).sum() / tau ** 2)",
+       "dtau = np.asarray(-(dz * x).sum() / tau ** 2)", "check-softmax-temperature")
 BIAS = "05_attention_backward/exercise-score-bias-attention"
 mutant(BIAS, "dA averaged over the leading axes", "dZ.reshape(-1, *dZ.shape[-2:]).sum(axis=0)",
        "dZ.reshape(-1, *dZ.shape[-2:]).mean(axis=0)", "check-score-bias-attention")

@@ -609,3 +609,44 @@ def test_a_mask_where_none_belongs_is_shown_as_it_came_back(monkeypatch):
     with pytest.raises(F.CheckFailed) as err:
         F.check("check-merge-masks")
     assert "expected None, got [[False]]" in str(err.value)
+
+
+def _cells(*sources: str) -> dict:
+    """The namespace of notebook cells run in turn, each source readable as IPython keeps it."""
+    import linecache
+
+    namespace: dict = {"np": np}
+    for k, source in enumerate(sources):
+        filename = f"<cell {k}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+MASKED_MEAN = '''def masked_mean(H, lengths):
+    m = (np.arange(H.shape[1]) < np.asarray(lengths)[:, None])[..., None]
+    return SCALE * (H * m).sum(axis=1) / np.asarray(lengths)[:, None]
+'''
+
+
+@pytest.mark.parametrize("where", ["another cell", "its own cell", "a function"])
+def test_data_read_from_another_cell_is_noted_as_the_grader_drops_it(where, capsys):
+    """A notebook function that reads a variable set in another cell passes in the notebook,
+    but the grader runs only the functions, classes and imports of non-exercise cells: the
+    check says so, whether it passes or fails; a constant of its own cell, or a function of
+    another, is no matter."""
+    scale = {"another cell": ("SCALE = 1.0", MASKED_MEAN),
+             "its own cell": ("", "SCALE = 1.0\n" + MASKED_MEAN),
+             "a function": ("def SCALE_():\n    return 1.0\n",
+                            MASKED_MEAN.replace("SCALE *", "SCALE_() *"))}[where]
+    namespace = _cells(*scale)
+    F.check("check-masked-mean", namespace["masked_mean"])
+    out = capsys.readouterr().out
+    note = ("Note: `masked_mean` reads `SCALE`, set in another cell. The grader runs your "
+            "exercise cells, but of the other cells only their functions, classes and imports")
+    assert (note in out) == (where == "another cell"), out
+    if where == "another cell":
+        namespace["SCALE"] = 2.0  # now wrong as well: the note comes with the failure
+        with pytest.raises(F.CheckFailed) as err:
+            F.check("check-masked-mean", namespace["masked_mean"])
+        assert note in str(err.value)

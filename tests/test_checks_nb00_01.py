@@ -123,9 +123,20 @@ def test_mse_hints():
 # --- notebook 01: the softmax and attention ----------------------------------------------------
 
 def test_a_forward_returning_its_output_alone_is_told_what_the_check_unpacks(monkeypatch):
-    monkeypatch.setattr(CL, "relu_forward", lambda x: np.maximum(x, 0))
-    message = _fails("check-relu")
-    assert "too many values to unpack" in message and "(out, cache) for a forward" in message
+    """Whether the check unpacks it (check-relu) or indexes it (check-linear-forward, where an
+    array's first row came back as the output and a shape was reported)."""
+    def relu_forward(x):
+        return np.maximum(x, 0)
+
+    def linear_forward(x, W, b=None):
+        return x @ W + b
+
+    monkeypatch.setattr(CL, "relu_forward", relu_forward)
+    monkeypatch.setattr(CL, "linear_forward", linear_forward)
+    for check_id, name, shape in (("check-relu", "relu", "(4, 5)"),
+                                  ("check-linear-forward", "linear", "(5, 3)")):
+        assert f"NotAPair: {name}_forward returned an array of shape {shape}, not the pair " \
+            "(out, cache) of a forward pass" in _fails(check_id)
 
 
 def test_softmax_hints(monkeypatch):
@@ -198,7 +209,7 @@ def test_attention_float32_trap_and_the_cached_scale(monkeypatch):
     monkeypatch.setattr(CA, "attention_forward", np_sqrt)
     message = _fails("check-attention-forward")
     assert "case 'float32, d_k = 8'" in message and "expected a float32 array, got float64" \
-        in message and "math.sqrt" in message
+        in message and "d ** 0.5" in message
 
     def scale_not_kept(q, k, v, mask=None, scale=None):
         out, cache = original(q, k, v, mask, scale)

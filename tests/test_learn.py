@@ -96,6 +96,17 @@ def test_a_folder_that_is_not_a_workspace_is_refused(tmp_path):
     assert (tmp_path / "thesis" / "thesis.tex").read_text() == "keep me"
 
 
+def test_run_in_a_workspace_it_says_that_is_not_the_course(workspace, tmp_path, capsys):
+    """``learn`` run inside a workspace (--project . is then a handout): said in one sentence,
+    not as the markers' problems of the student's notebooks."""
+    assert learn.main(["--workspace", str(tmp_path / "again"), "--source",
+                       str(workspace / "notebooks"), "--project", str(workspace),
+                       "--no-lab"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {str(workspace)!r} is a handout" in err and "--project" in err
+    assert "problem(s)" not in err and not (tmp_path / "again").exists()
+
+
 def test_the_lab_command_roots_jupyterlab_in_the_workspace_for_root_and_others(workspace):
     argv, env = learn.lab_command(workspace, ["--no-browser"], {"PYTHONPATH": "/elsewhere"})
     assert argv[1:3] == ["-m", "jupyterlab"] and argv[-1] == "--no-browser"

@@ -22,6 +22,7 @@ import dis
 import hashlib
 import importlib
 import inspect
+import linecache
 import math
 import re
 import sys
@@ -285,16 +286,22 @@ def _cache_read_only(forward: Callable) -> Callable:
     """``forward``, the cache it returns made read-only where it is its own arrays (not its
     inputs, nor views of them): a backward pass that writes into its cache -- which a second
     backward on the same cache, or a caller holding the attention weights, would see changed --
-    raises there (see :data:`READ_ONLY_HINT`)."""
+    raises there (see :data:`READ_ONLY_HINT`). Raises :class:`NotAPair` where it returns
+    anything but a pair (a check indexing an array ``out`` with ``[0]`` would report a shape)."""
     @wraps(forward)
     def wrapped(*args, **kwargs):
         result = forward(*args, **kwargs)
-        if isinstance(result, tuple) and len(result) == 2:
-            inputs = list(_arrays((args, kwargs)))
-            for a in _arrays(result[1]):
-                if not any(np.may_share_memory(a, i) for i in inputs):
-                    a.flags.writeable = False
-                    _CACHED.append((a, _fingerprint(a)))  # what run_case compares after the run
+        if not (isinstance(result, tuple) and len(result) == 2):
+            what = (f"an array of shape {result.shape}" if isinstance(result, np.ndarray) else
+                    f"a tuple of {len(result)}" if isinstance(result, tuple) else
+                    type(result).__name__)
+            raise NotAPair(f"{forward.__name__} returned {what}, not the pair (out, cache) of "
+                           "a forward pass: keep its given return line")
+        inputs = list(_arrays((args, kwargs)))
+        for a in _arrays(result[1]):
+            if not any(np.may_share_memory(a, i) for i in inputs):
+                a.flags.writeable = False
+                _CACHED.append((a, _fingerprint(a)))  # what run_case compares after the run
         return result
     return wrapped
 
@@ -320,6 +327,10 @@ def _cache_kept(backward: Callable) -> Callable:
                                       f"the caller still holds: compute into a new array")
         return result
     return wrapped
+
+
+class NotAPair(Exception):
+    """A forward pass returned something else than ``(out, cache)``."""
 
 
 class CacheChanged(Exception):
@@ -685,12 +696,15 @@ def _error_hint(outcome: Outcome) -> str:
         a, b = sorted((tuple(int(n) for n in s.split(",") if n) for s in shapes.groups()),
                       key=len)
         if len(b) == len(a) + 1 and b[:-1] == a:  # (3, 5) against (3,): the last axis dropped
-            return (f"a sum, mean or max over the last axis without keepdims=True gives {a}, "
-                    f"which broadcasts against the wrong axis of {b}: keep the axis "
-                    "(keepdims=True)")
+            return (f"an array of shape {a} -- a sum, mean or max over the last axis without "
+                    "keepdims=True, or one number per row such as the lengths -- broadcasts "
+                    f"against the last axis of {b}, not along its rows: keep the axis "
+                    "(keepdims=True), or add it as the last axis (v[..., None])")
     if "mismatch in its core dimension" in outcome.error and re.search(r"\w\.T\b",
                                                                        outcome.where or ""):
-        return (".T reverses every axis of an array with a batch axis, (B, S, d) -> (d, S, B): "
+        return ("the line has a .T: on a matrix it swaps the two axes -- is the matrix laid "
+                "out as the docstring says (W (D_in, D_out) multiplies as x @ W, no .T)? On an "
+                "array with a batch axis it reverses every axis, (B, S, d) -> (d, S, B): "
                 "np.swapaxes(k, -1, -2) swaps the last two only")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
@@ -1047,9 +1061,9 @@ def _generic_hint(problem: Difference) -> str:
                     "promoted it -- a bool or integer array times a Python float (mask * 0.5 "
                     "is float64: write mask.astype(x.dtype) * 0.5), a float64 array (np.ones, "
                     "np.zeros without dtype=, np.where(mask, -np.inf, 0.0)), a NumPy float64 "
-                    "scalar (x / np.sqrt(d): use math.sqrt(d)) or a NumPy integer one (x / "
-                    "mask.sum(): use int(mask.sum())); cast with .astype(x.dtype) where it is "
-                    "made")
+                    "scalar (x / np.sqrt(d): use d ** 0.5, a Python float) or a NumPy integer "
+                    "one (x / mask.sum(): use int(mask.sum())); cast with .astype(x.dtype) "
+                    "where it is made")
         return ""
     if want.dtype == bool and got.dtype != bool:
         return (f"a boolean mask is expected, and yours is {got.dtype}: comparisons (<, >=, ==) "
@@ -1328,14 +1342,56 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
         raise CheckFailed(f"{check_id} did not run: {e.filename}, line {e.lineno}, does not "
                           f"parse ({type(e).__name__}: {e.msg}); fix it, save, and run the "
                           "check again") from None
+    note = "".join(_outside_note(n, getattr(f, n)) for n in chk.arguments)
     for outcome, verdict in _verdicts(chk, f, hidden=True):
         if verdict is None:
             raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")
         if not verdict.passed:
             # a function this one calls, wrong in its own check, comes first: fix that one
-            raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}")
+            raise CheckFailed(f"{check_id} failed.\n{culprit(chk, f)}{verdict.message}{note}")
     public = len(list(chk.cases(case_rng(chk.id))))  # the handout stores their answers only
-    print(f"{check_id} passed ({public} case{'s' * (public != 1)}).{_torch_note(chk)}")
+    print(f"{check_id} passed ({public} case{'s' * (public != 1)}).{_torch_note(chk)}{note}")
+
+
+#: What a notebook function may not read from another cell: the grader runs the exercise
+#: cells whole, and only the functions, classes and imports of the others.
+DATA_TYPES = (np.ndarray, np.generic, np.random.Generator, int, float, complex, str, bytes,
+              list, tuple, dict, set)
+
+
+def _outside_note(name: str, function: Callable) -> str:
+    """A line naming the data (arrays, numbers, containers) that the notebook function
+    ``function`` reads from globals its own cell does not bind, or ''; '' too where the cell's
+    source is unknown."""
+    code = getattr(function, "__code__", None)
+    source = "".join(linecache.getlines(code.co_filename)) if code else ""
+    try:
+        own = _bound_names(ast.parse(source))
+    except SyntaxError:
+        return ""
+    reads = {ins.argval for c in _code_objects(function) for ins in dis.get_instructions(c)
+             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    outside = sorted(n for n in reads - own if isinstance(function.__globals__.get(n),
+                                                          DATA_TYPES))
+    if not source or not outside:
+        return ""
+    names, it = ", ".join(f"`{n}`" for n in outside), "it" if len(outside) == 1 else "them"
+    return (f"\nNote: `{name}` reads {names}, set in another cell. The grader runs your exercise "
+            f"cells, but of the other cells only their functions, classes and imports: set "
+            f"{it} in this cell or inside the function, or the grader finds {it} undefined.")
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the code ``tree`` binds, at any depth: assigned, defined or imported."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(n.name)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+    return names
 
 
 def _torch_note(chk: Check) -> str:

@@ -40,7 +40,13 @@ def _some_blocked(rng, t, s):
 # Core exercises
 
 
+#: How the masks are made without a loop (the notebook's text asks for none).
+POSITIONS = "compare a column of query positions with a row of key positions (broadcasting)"
+
+
 class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
+    loop_free = {"causal_mask": POSITIONS}
+
     def cases(self, rng):
         yield Case("T = 4 (S defaults to T)", (4,))
         yield Case("T = 1", (1,))
@@ -294,9 +300,6 @@ class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
 
 
 #: What the mask exercises do instead of a Python loop (their text asks for none).
-POSITIONS = "compare a column of query positions with a row of key positions (broadcasting)"
-
-
 class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window_mask",)):
     loop_free = {"sliding_window_mask": POSITIONS}
 

@@ -391,12 +391,12 @@ class SoftmaxTemperatureBackward(Check, id="check-softmax-temperature",
 
     def run(self, f, dy, x, y, tau):
         dx, dtau = f.softmax_temperature_backward(dy, x, y, tau)
-        return {"dx": dx, "dtau": dtau}
+        return {"dx": dx, "dtau": dtau, "dtau is a float": isinstance(dtau, float)}
 
     def expected(self, dy, x, y, tau):
         softmax = torch.softmax
         _, dx, dtau = autograd(lambda xt, taut: softmax(xt / taut, dim=-1), dy, x, np.float64(tau))
-        return {"dx": dx, "dtau": float(dtau)}
+        return {"dx": dx, "dtau": float(dtau), "dtau is a float": True}
 
     def mistakes(self, dy, x, y, tau):
         right = self.expected(dy, x, y, tau)

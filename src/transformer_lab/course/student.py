@@ -44,7 +44,7 @@ from transformer_lab.course.package import (
     write_handout_package,
 )
 from transformer_lab.course.standalone import has_guard
-from transformer_lab.course.versions import project_version, stamp
+from transformer_lab.course.versions import BUILT, project_version, stamp
 
 #: PyTorch's CPU wheel index: the README's set-up installs torch from it first.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -199,8 +199,8 @@ Some exercises are a function in a notebook cell: where your code goes, the cell
 `raise NotImplementedError("Exercise: ...")` with a hint. Replace that line with your code, keep
 the function's name and arguments. For grading, the notebook's first code cell, the functions,
 classes and imports of its other cells and its exercise cells are run: a helper your function
-uses must be a function (or an import), not a variable set in another cell. The check cell
-after it passes your function in: `check("check-logsumexp", logsumexp)`.
+uses must be a function (or an import), not a variable set in another cell (the check notes
+one). The check cell after it passes your function in: `check("check-logsumexp", logsumexp)`.
 
 ## Checks
 
@@ -292,6 +292,11 @@ def build(source: Path, out: Path, project: Path) -> list[Assignment]:
     assignments. Raises :class:`HandoutError`, or SystemExit for a ``project`` that is not the
     course's folder or an ``out`` that may not be emptied."""
     check_project(project)
+    if (project / "src" / "transformer_lab" / BUILT).is_file():
+        raise HandoutError(f"{str(project)!r} is a handout (a workspace, or what make student "
+                           f"writes: its src/transformer_lab/{BUILT} records the course it was "
+                           "built from), not the course's folder: run this in the course's "
+                           "folder, or name that folder with --project")
     inputs = {"--source": source,
               **{f"--project's {name}/": project / name for name in (*PROJECT_DIRS, "src")}}
     check_apart(out, "--out", inputs)  # --out is emptied: refuse it before reading
