@@ -650,3 +650,23 @@ def test_data_read_from_another_cell_is_noted_as_the_grader_drops_it(where, caps
         with pytest.raises(F.CheckFailed) as err:
             F.check("check-masked-mean", namespace["masked_mean"])
         assert note in str(err.value)
+
+
+def test_gradients_of_biases_a_forward_made_up_are_explained(monkeypatch):
+    """params.get("b_q", 0) in the forward passes its check (adding 0 changes nothing); the
+    backward's check then finds gradients of biases the parameters do not hold, and says why."""
+    from transformer_lab.core import multihead
+
+    source = Path(multihead.__file__).read_text()
+    for n in "qkvo":
+        source = source.replace(f'params.get("b_{n}"))', f'params.get("b_{n}", 0))')
+    namespace = dict(vars(multihead))
+    exec(compile(source, multihead.__file__, "exec"), namespace)  # noqa: S102
+    monkeypatch.setattr(multihead, "multi_head_attention_forward",
+                        namespace["multi_head_attention_forward"])
+    F.check("check-mha-forward")
+    with pytest.raises(F.CheckFailed) as err:
+        F.check("check-mha-backward")
+    assert "has keys not expected ['b_k', 'b_o', 'b_q', 'b_v']" in str(err.value)
+    assert "does the forward pass give a bias of 0, params.get('b_k', 0), where None belongs" \
+        in str(err.value)

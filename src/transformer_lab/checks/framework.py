@@ -780,8 +780,12 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
                                                                            key=str)
             wrong = " and ".join(([f"lacks the keys {missing}"] if missing else [])
                                  + ([f"has keys not expected {extra}"] if extra else []))
+            biases = [k for k in extra if isinstance(k, str) and f"W{k[1:]}" in want]
+            why = (" (gradients of biases the parameters do not hold: does the forward pass "
+                   f"give a bias of 0, params.get({biases[0]!r}, 0), where None belongs, "
+                   f"params.get({biases[0]!r})?)") if biases and biases == extra else ""
             return differs(f" {wrong}: it must have exactly the keys "
-                           f"{sorted(want, key=str)}, got {sorted(got, key=str)}")
+                           f"{sorted(want, key=str)}, got {sorted(got, key=str)}{why}")
         parts = [(f"{name}[{key!r}]", got[key], want[key]) for key in want]
     elif isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
