@@ -615,11 +615,12 @@ def _cells(*sources: str) -> dict:
     """The namespace of notebook cells run in turn, each source readable as IPython keeps it."""
     import linecache
 
-    namespace: dict = {"np": np}
+    namespace: dict = {"np": np, "__name__": "__main__", "In": []}
     for k, source in enumerate(sources):
         filename = f"<cell {k}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        namespace["In"].append(source)
     return namespace
 
 
@@ -629,22 +630,29 @@ MASKED_MEAN = '''def masked_mean(H, lengths):
 '''
 
 
-@pytest.mark.parametrize("where", ["another cell", "its own cell", "a function"])
+@pytest.mark.parametrize("where", ["another cell", "through a helper", "a lambda", "its own cell",
+                                   "a function", "an import"])
 def test_data_read_from_another_cell_is_noted_as_the_grader_drops_it(where, capsys):
-    """A notebook function that reads a variable set in another cell passes in the notebook,
-    but the grader runs only the functions, classes and imports of non-exercise cells: the
-    check says so, whether it passes or fails; a constant of its own cell, or a function of
-    another, is no matter."""
+    """A notebook function that reads a variable set in another cell (itself, or through a
+    function of the notebook it calls; a lambda too) passes in the notebook, but the grader runs
+    only the functions, classes and imports of non-exercise cells: the check says so, whether
+    it passes or fails; a constant of its own cell, a function or an import is no matter."""
     scale = {"another cell": ("SCALE = 1.0", MASKED_MEAN),
+             "through a helper": ("SCALE = 1.0\ndef _scale():\n    return SCALE\n",
+                                  MASKED_MEAN.replace("SCALE *", "_scale() *")),
+             "a lambda": ("SCALE = lambda: 1.0", MASKED_MEAN.replace("SCALE *", "SCALE() *")),
              "its own cell": ("", "SCALE = 1.0\n" + MASKED_MEAN),
              "a function": ("def SCALE_():\n    return 1.0\n",
-                            MASKED_MEAN.replace("SCALE *", "SCALE_() *"))}[where]
+                            MASKED_MEAN.replace("SCALE *", "SCALE_() *")),
+             "an import": ("from math import e as SCALE", MASKED_MEAN.replace(
+                 "SCALE *", "SCALE / math.e *").replace("def", "import math\n\n\ndef"))}[where]
     namespace = _cells(*scale)
     F.check("check-masked-mean", namespace["masked_mean"])
     out = capsys.readouterr().out
-    note = ("Note: `masked_mean` reads `SCALE`, set in another cell. The grader runs your "
-            "exercise cells, but of the other cells only their functions, classes and imports")
-    assert (note in out) == (where == "another cell"), out
+    note = ("Note: `masked_mean` reads `SCALE` (itself, or a function it calls), set in another "
+            "cell. The grader runs your exercise cells, but of the other cells only their "
+            "functions, classes and imports (a variable or a lambda set there is left out)")
+    assert (note in out) == (where in ("another cell", "through a helper", "a lambda")), out
     if where == "another cell":
         namespace["SCALE"] = 2.0  # now wrong as well: the note comes with the failure
         with pytest.raises(F.CheckFailed) as err:
@@ -719,3 +727,19 @@ def test_a_core_function_s_helper_is_read_but_not_another_core_function(monkeypa
     assert F.python_loops(namespace["split_heads"]) == \
         "a loop at line 11, in `_heads`, which it calls"
     assert F.python_loops(multihead.multi_head_attention_forward) == "none"  # calls core ones
+
+
+def test_a_name_the_grader_left_out_is_explained():
+    """What the grader says when a variable of another cell is undefined there (the probe runs
+    only the functions, classes and imports of the other cells): the failure names the rule.
+    Not for a name undefined in a core module, where cells play no part."""
+    namespace = _cells(MASKED_MEAN)  # SCALE, set in a cell the grader did not run
+    with pytest.raises(F.CheckFailed) as err:
+        F.check("check-masked-mean", namespace["masked_mean"])
+    assert "your code raised NameError: name 'SCALE' is not defined" in str(err.value)
+    assert "Hint: is `SCALE` set in a cell other than the exercise's? The grader runs your " \
+        "exercise cells, but of the other cells only their functions, classes and imports" \
+        in str(err.value)
+    core = F.Outcome(error="NameError: name 'SCALE' is not defined",
+                     where="core/layers.py, line 3, in linear_forward: return SCALE * x")
+    assert "exercise" not in F._error_hint(core)

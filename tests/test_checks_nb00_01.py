@@ -124,19 +124,28 @@ def test_mse_hints():
 
 def test_a_forward_returning_its_output_alone_is_told_what_the_check_unpacks(monkeypatch):
     """Whether the check unpacks it (check-relu) or indexes it (check-linear-forward, where an
-    array's first row came back as the output and a shape was reported)."""
+    array's first row came back as the output and a shape was reported); the returns that give
+    no pair are named."""
     def relu_forward(x):
         return np.maximum(x, 0)
 
     def linear_forward(x, W, b=None):
-        return x @ W + b
+        if b is None:
+            return x @ W
+        return x @ W + b, (x, W, b)
 
     monkeypatch.setattr(CL, "relu_forward", relu_forward)
     monkeypatch.setattr(CL, "linear_forward", linear_forward)
-    for check_id, name, shape in (("check-relu", "relu", "(4, 5)"),
-                                  ("check-linear-forward", "linear", "(5, 3)")):
-        assert f"NotAPair: {name}_forward returned an array of shape {shape}, not the pair " \
-            "(out, cache) of a forward pass" in _fails(check_id)
+    relu_line = relu_forward.__code__.co_firstlineno + 1
+    linear_line = linear_forward.__code__.co_firstlineno + 2  # the early return
+    for check_id, name, shape, line in (("check-relu", "relu", "(4, 5)", relu_line),
+                                        ("check-linear-forward", "linear", "(5, 3)",
+                                         linear_line)):
+        message = _fails(check_id)
+        assert f": {name}_forward returned an array of shape {shape}, not the pair (out, cache) " \
+            f"of a forward pass: every return must give it, and the return at line {line} " \
+            "does not" in message, message
+        assert "your code raised" not in message
 
 
 def test_softmax_hints(monkeypatch):

@@ -340,6 +340,10 @@ def test_kernel_hooks_fool_the_feedback_run_but_not_the_verdicts(executed):
                        as_version=4)
     shown = "".join(o.get("text", "") for c in nb.cells if c.id in POINTS_01 for o in c.outputs)
     assert "passed." in shown and "**transformer: 0 / 7 points.**" in nb.cells[0].source
+    for who in ("custom_exc", "transformer"):  # and the summary says why the outputs may lie
+        assert "line(s) of this notebook are listed for your instructor as reaching into the " \
+            "checks', the grader's or IPython's machinery" in summary(executed, who)
+    assert "are listed for your instructor" not in summary(executed, "alice")
 
 
 @pytest.mark.slow

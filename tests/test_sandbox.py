@@ -725,6 +725,33 @@ def test_the_grader_s_environment_stays_outside(box, tmp_path, monkeypatch):
     assert "hunter2" not in printed and "GRADER_SECRET" not in printed
 
 
+def test_a_core_flag_is_filed_under_each_notebook_whose_grading_runs_its_function(tmp_path):
+    """attention_forward is the student's in 01, 02 and 03 (it is extended there): a patch in
+    it is a row for each; a helper's file write, for the notebooks of the function calling it;
+    an import, for every notebook of the module's functions; other module-level code (the probe
+    packages leave it out), for none."""
+    from transformer_lab.course.submissions import StudentWork
+
+    core = tmp_path / "s" / "core"
+    core.mkdir(parents=True)
+    (core / "attention.py").write_text(
+        "import numpy as np\nsetattr(np, 'allclose', None)\n"
+        "import transformer_lab.checks.framework as _fw\n\n\n"
+        "def _spy(x):\n    open('/tmp/spy', 'w').write(str(x))\n\n\n"
+        "def causal_mask(T, S=None):\n    _spy(T)\n    return None\n\n\n"
+        "def attention_forward(q, k, v, mask=None, scale=None):\n"
+        "    setattr(np, 'allclose', lambda *a: True)\n    return q, None\n")
+    work = StudentWork("s", core_dir=core, core_files={"attention": core / "attention.py"},
+                       folder=tmp_path / "s")
+    rows = {(nb, flag.line) for nb, flag in grade.core_flags(work, tmp_path)}
+    from transformer_lab import syllabus
+
+    every = {place.split(" §")[0] for places in syllabus.TAUGHT_IN["attention"].values()
+             for place in places}
+    assert rows == {("", 2), ("02_masking", 7), ("01_attention", 16), ("02_masking", 16),
+                    ("03_minibatching", 16)} | {(nb, 3) for nb in every}, rows
+
+
 def test_a_file_built_to_break_the_parser_or_the_csv_costs_nothing_else(tmp_path):
     """A core module the parser cannot take (too deep) and a folder name that is not UTF-8:
     the run's files are still written."""

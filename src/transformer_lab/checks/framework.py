@@ -297,7 +297,7 @@ def _cache_read_only(forward: Callable) -> Callable:
                     f"a tuple of {len(result)}" if isinstance(result, tuple) else
                     type(result).__name__)
             raise NotAPair(f"{forward.__name__} returned {what}, not the pair (out, cache) of "
-                           "a forward pass: keep its given return line")
+                           f"a forward pass{_unpaired_returns(forward)}")
         inputs = list(_arrays((args, kwargs)))
         for a in _arrays(result[1]):
             if not any(np.may_share_memory(a, i) for i in inputs):
@@ -332,6 +332,20 @@ def _cache_kept(backward: Callable) -> Callable:
 
 class NotAPair(Exception):
     """A forward pass returned something else than ``(out, cache)``."""
+
+
+def _unpaired_returns(forward: Callable) -> str:
+    """": every return must give it; the return at line N does not" for the ``return``
+    statements of ``forward`` that give no pair (read from its source), or ''."""
+    try:
+        lines, first = inspect.getsourcelines(inspect.unwrap(forward))
+        node = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return ""
+    bad = [n.lineno + first - 1 for n in ast.walk(node) if isinstance(n, ast.Return) and not (
+        isinstance(n.value, ast.Tuple) and len(n.value.elts) == 2)]
+    return "" if not bad else (f": every return must give it, and the return at line "
+                               f"{', '.join(map(str, bad))} does not")
 
 
 class CacheChanged(Exception):
@@ -695,6 +709,8 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
     if outcome.error is not None:
         if is_stub(outcome.error):
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
+        if outcome.error.startswith("NotAPair: "):
+            return Verdict(False, f"{label}: {outcome.error.removeprefix('NotAPair: ')}")
         hint = _error_hint(outcome)
         if outcome.error.startswith(UNREADABLE):
             return Verdict(False, f"{label}: {outcome.error}\n  Hint: " + (
@@ -732,6 +748,9 @@ def _error_hint(outcome: Outcome) -> str:
     """What an error of a few common kinds usually means, or ''."""
     if "read-only" in outcome.error or outcome.error.startswith("CacheChanged"):
         return READ_ONLY_HINT
+    undefined = re.match(r"NameError: name '(\w+)' is not defined", outcome.error)
+    if undefined and not (outcome.where or "").startswith("core/"):
+        return (f"is `{undefined[1]}` set in a cell other than the exercise's? " + OTHER_CELLS)
     shapes = re.search(r"broadcast together with shapes \(([\d,]*)\) \(([\d,]*)\)",
                        outcome.error)
     if shapes:
@@ -1399,44 +1418,84 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     print(f"{check_id} passed ({public} case{'s' * (public != 1)}).{_torch_note(chk)}{note}")
 
 
-#: What a notebook function may not read from another cell: the grader runs the exercise
-#: cells whole, and only the functions, classes and imports of the others.
-DATA_TYPES = (np.ndarray, np.generic, np.random.Generator, int, float, complex, str, bytes,
-              list, tuple, dict, set)
+#: What the grader runs of a notebook, which a notebook function must not count on more of.
+OTHER_CELLS = ("The grader runs your exercise cells, but of the other cells only their "
+               "functions, classes and imports (a variable or a lambda set there is left out): "
+               "set it in the exercise's cell or inside the function")
 
 
 def _outside_note(name: str, function: Callable) -> str:
-    """A line naming the data (arrays, numbers, containers) that the notebook function
-    ``function`` reads from globals its own cell does not bind, or ''; '' too where the cell's
-    source is unknown."""
+    """A line naming what the notebook function ``function``, or one of the notebook's
+    functions it calls, reads from globals that an assignment in a cell other than its own
+    bound (data, a lambda), or ''; '' too where its cell's source is unknown."""
     code = getattr(function, "__code__", None)
     source = "".join(linecache.getlines(code.co_filename)) if code else ""
     try:
         own = _bound_names(ast.parse(source))
     except SyntaxError:
         return ""
-    reads = {ins.argval for c in _code_objects(function) for ins in dis.get_instructions(c)
-             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-    outside = sorted(n for n in reads - own if isinstance(function.__globals__.get(n),
-                                                          DATA_TYPES))
+    cells = function.__globals__.get("In", [])  # IPython's cells, run so far
+    imported = {n for cell in (cells if isinstance(cells, list) else [])
+                for n in _bound_names(_parsed(cell), imports_only=True)}
+    outside: set[str] = set()
+    for f in _and_helpers(function):
+        outside |= {n for n in _global_reads(f) - own - imported
+                    if n in f.__globals__ and _assigned_value(f.__globals__[n])}
     if not source or not outside:
         return ""
-    names, it = ", ".join(f"`{n}`" for n in outside), "it" if len(outside) == 1 else "them"
-    return (f"\nNote: `{name}` reads {names}, set in another cell. The grader runs your exercise "
-            f"cells, but of the other cells only their functions, classes and imports: set "
-            f"{it} in this cell or inside the function, or the grader finds {it} undefined.")
+    names = ", ".join(f"`{n}`" for n in sorted(outside))
+    return (f"\nNote: `{name}` reads {names} (itself, or a function it calls), set in another "
+            f"cell. {OTHER_CELLS}, or the grader finds it undefined.")
 
 
-def _bound_names(tree: ast.AST) -> set[str]:
-    """Every name the code ``tree`` binds, at any depth: assigned, defined or imported."""
+def _global_reads(function: Callable) -> set[str]:
+    return {ins.argval for c in _code_objects(function) for ins in dis.get_instructions(c)
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+
+
+def _and_helpers(function: Callable) -> list[Callable]:
+    """``function`` and the functions of its module it calls by name, directly or not (the
+    core functions aside)."""
+    found, todo = [], [function]
+    while todo:
+        f = todo.pop()
+        if f in found:
+            continue
+        found.append(f)
+        todo += [g for n in _global_reads(f) if isinstance(g := f.__globals__.get(n),
+                                                           types.FunctionType)
+                 and g.__module__ == function.__module__ and not is_core_function(n)]
+    return found
+
+
+def _assigned_value(value) -> bool:
+    """Whether ``value``, bound to a global, came from an assignment (data, a lambda) rather
+    than a def, a class or an import (a module, a function: anything callable but a lambda)."""
+    if isinstance(value, types.FunctionType):
+        return value.__name__ == "<lambda>"
+    return not callable(value) and not isinstance(value, types.ModuleType)
+
+
+def _parsed(source) -> ast.AST:
+    try:
+        return ast.parse(source if isinstance(source, str) else "")
+    except SyntaxError:
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _bound_names(tree: ast.AST, imports_only: bool = False) -> set[str]:
+    """Every name the code ``tree`` binds, at any depth: assigned, defined or imported (with
+    ``imports_only``: imported)."""
     names = set()
     for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+        if isinstance(n, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif imports_only:
+            continue
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
             names.add(n.id)
         elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(n.name)
-        elif isinstance(n, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
     return names
 
 

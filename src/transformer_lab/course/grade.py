@@ -680,29 +680,56 @@ def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
 # --- flags in the submitted core --------------------------------------------------------------
 
 def core_flags(work: StudentWork, submissions: Path) -> list[tuple[str, Flag]]:
-    """(notebook, flag) for the student's core modules: the notebook that teaches the function
-    holding the line ("" for module-level code and helpers)."""
+    """(notebook, flag) for the student's core modules: a row for each notebook whose grading
+    runs the statement holding the line (:func:`_graded_in`; "" where none does)."""
     found = []
     base = work.folder or submissions
     for module, path in sorted((work.core_files or {}).items()):
         try:
             source = path.read_text(encoding="utf-8")
             tree = untrusted.parse(source)
+            scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
         except Exception:  # unreadable, or built to break the parser (too deep, too big)
             continue
-        lines = source.split("\n")
-        spans = statement_spans(tree, lines)
-        taught = syllabus.TAUGHT_IN.get(module, {})
-        owners = [(spans[id(node)], syllabus.where_taught(node.name)[1].split(" §")[0])
-                  for node in tree.body if getattr(node, "name", None) in taught]
-        try:
-            scanned = scan_python(source, path.relative_to(base).as_posix(), core=True)
-        except Exception:  # see above: a student's file must not stop the run
-            continue
+        spans = statement_spans(tree, source.split("\n"))
+        notebooks = _graded_in(tree, syllabus.TAUGHT_IN.get(module, {}))
         for flag in scanned:
-            notebook = next((nb for (a, b), nb in owners if a <= flag.line - 1 <= b), "")
-            found.append((notebook, flag))
+            owner = next((n for n in tree.body
+                          if spans[id(n)][0] <= flag.line - 1 <= spans[id(n)][1]), None)
+            found += [(nb, flag) for nb in sorted(notebooks.get(id(owner), ()))] or [("", flag)]
     return found
+
+
+def _graded_in(tree: ast.Module, taught: dict[str, tuple[str, ...]]) -> dict[int, set[str]]:
+    """id of a top-level statement of a core module -> the notebooks whose grading runs it, as
+    the probe composes the module (:func:`~.package.student_code`): for a function the module
+    teaches, every notebook that teaches or extends it (``taught``: its places); for a helper,
+    a class or a constant, those of what uses it; for an import, those of every function the
+    module teaches. Other module-level code is left out of the probe: none."""
+    places = {name: {p.split(" §")[0] for p in where} for name, where in taught.items()}
+    bound: dict[str, ast.AST] = {}  # name -> the statement binding it last
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            bound.update(dict.fromkeys(_names_stored(node), node))
+    found = {id(bound[name]): set(nbs) for name, nbs in places.items() if name in bound}
+    todo = [bound[name] for name in places if name in bound]
+    while todo:  # what they use, and what that uses
+        node = todo.pop()
+        for used in ast.walk(node):
+            if isinstance(used, ast.Name) and used.id in bound and used.id not in places and \
+                    not found[id(node)] <= found.setdefault(id(bound[used.id]), set()):
+                found[id(bound[used.id])] |= found[id(node)]
+                todo.append(bound[used.id])
+    every = set().union(*places.values())
+    found.update({id(n): every for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)})
+    return found
+
+
+def _names_stored(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 # --- the output folder ------------------------------------------------------------------------

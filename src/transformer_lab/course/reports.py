@@ -115,6 +115,11 @@ def summary_markdown(graded: Graded, timeout: int, executed: bool = True,
                        "points above do not come from its outputs.") if executed else
                   ("Below: your notebook with the instructor's check cells, not run in this "
                    "grading (the points above never come from a notebook's outputs).")]
+        if executed and graded.flags:
+            lines.append(f"({len(graded.flags)} line(s) of this notebook are listed for your "
+                         "instructor as reaching into the checks', the grader's or IPython's "
+                         "machinery, patching modules or the like (flags.csv): where such code "
+                         "ran, the outputs below may not say what the checks found.)")
         if graded.run is not None and graded.run.status in ("kernel died", "kernel stopped"):
             lines.append(f"(That run's kernel {graded.run.status.split()[-1]}: "
                          f"{_table_text(graded.run.later)}.)")
