@@ -680,55 +680,6 @@ def test_gradients_of_biases_a_forward_made_up_are_explained(monkeypatch):
         in str(err.value)
 
 
-LAST_TOKEN_ROWS = '''def _rows(H, lengths):
-    out = []
-    for b in range(H.shape[0]):
-        out.append(H[b, lengths[b] - 1])
-    return np.stack(out)
-'''
-
-
-@pytest.mark.parametrize("helper", ["a loop", "none"])
-def test_a_loop_in_a_helper_the_function_calls_is_read_too(helper):
-    """last_valid_token handing the work to a helper of another cell that loops over the batch
-    fails the loop rule, as the loop in its own body would; a helper without one passes."""
-    rows = LAST_TOKEN_ROWS if helper == "a loop" else \
-        "def _rows(H, lengths):\n    return H[np.arange(len(H)), np.asarray(lengths) - 1]\n"
-    namespace = _cells(rows, "def last_valid_token(H, lengths):\n    return _rows(H, lengths)\n")
-    if helper == "none":
-        F.check("check-last-token", namespace["last_valid_token"])
-        return
-    with pytest.raises(F.CheckFailed) as err:
-        F.check("check-last-token", namespace["last_valid_token"])
-    assert "`last_valid_token` runs a Python loop (a loop at line 3, in `_rows`, which it " \
-        "calls)" in str(err.value)
-
-
-def test_a_core_function_s_helper_is_read_but_not_another_core_function(monkeypatch):
-    """split_heads (no loop over heads) calling a helper of its module that loops fails; the
-    core functions it calls are judged by their own checks."""
-    import linecache
-
-    from transformer_lab.core import multihead
-
-    source = ("def _head(x, d, i):\n    return x[..., i * d:(i + 1) * d]\n\n\n"
-              "def split_heads(x, num_heads):\n    d = x.shape[-1] // num_heads\n"
-              "    return np.stack([_head(x, d, i) for i in range(num_heads)], axis=1)\n")
-    filename = "<student multihead>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = dict(vars(multihead))
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-    assert F.python_loops(namespace["split_heads"]) == "a loop at line 7"  # its own
-    loopy = source.replace("    return np.stack([_head(x, d, i) for i in range(num_heads)], "
-                           "axis=1)\n", "    return _heads(x, d, num_heads)\n") + \
-        "\n\ndef _heads(x, d, h):\n    return np.stack([_head(x, d, i) for i in range(h)], 1)\n"
-    linecache.cache[filename] = (len(loopy), None, loopy.splitlines(True), filename)
-    exec(compile(loopy, filename, "exec"), namespace)  # noqa: S102
-    assert F.python_loops(namespace["split_heads"]) == \
-        "a loop at line 11, in `_heads`, which it calls"
-    assert F.python_loops(multihead.multi_head_attention_forward) == "none"  # calls core ones
-
-
 def test_a_name_the_grader_left_out_is_explained():
     """What the grader says when a variable of another cell is undefined there (the probe runs
     only the functions, classes and imports of the other cells): the failure names the rule.

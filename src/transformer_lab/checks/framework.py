@@ -29,7 +29,6 @@ import sys
 import sysconfig
 import textwrap
 import traceback
-import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -408,7 +407,7 @@ def python_loops(function: Callable, steps: bool = False) -> str:
     except (OSError, TypeError, SyntaxError, IndexError):
         node = None
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return def_loops(node, function.__code__.co_firstlineno, steps, _helpers_of(function))
+        return def_loops(node, function.__code__.co_firstlineno, steps)
     if steps:
         return "none"
     jumps = set(dis.hasjrel) | set(dis.hasjabs)
@@ -423,37 +422,8 @@ def python_loops(function: Callable, steps: bool = False) -> str:
     return f"a loop at line {min(lines)}" if lines else "none"
 
 
-#: How :func:`def_loops` finds a helper by the name a def calls it by: its def and the def's
-#: first line in its cell or file, or None (not a helper: a core function, NumPy's, ...).
-Helpers = Callable[[str], "tuple[ast.FunctionDef | ast.AsyncFunctionDef, int] | None"]
-
-
-def _helpers_of(function: Callable) -> Helpers:
-    """:data:`Helpers` for ``function``: the plain functions of its own module (its notebook's,
-    or its core module), read from their source, but the core functions, which their own checks
-    judge."""
-    def helper(name: str):
-        found = function.__globals__.get(name)
-        if not isinstance(found, types.FunctionType) or is_core_function(name) or \
-                found.__module__ != function.__module__:
-            return None
-        try:
-            node = ast.parse(textwrap.dedent(inspect.getsource(found))).body[0]
-        except (OSError, TypeError, SyntaxError, IndexError):
-            return None
-        return (node, found.__code__.co_firstlineno) if isinstance(
-            node, ast.FunctionDef | ast.AsyncFunctionDef) else None
-    return helper
-
-
-def is_core_function(name: str) -> bool:
-    """Whether ``name`` is a core function of the syllabus."""
-    return any(name in functions for functions in syllabus.TAUGHT_IN.values())
-
-
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
-              steps: bool = False, helpers: Helpers | None = None,
-              seen: frozenset[str] = frozenset()) -> str:
+              steps: bool = False) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
     (functions it defines inside, and its default values, included): a ``while``, a call of
     ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for``, a
@@ -463,9 +433,7 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). ``steps``: the
     decoder's loop over the steps (:func:`_step_loop`) is allowed; the loops inside it count.
-    A decorated def is not read: what the decorator returns runs instead. ``helpers``: the
-    functions it calls by name are read too ("a loop at line N, in `helper`, which it calls";
-    a decorated one is not read; ``seen``: the defs on the way, not read again)."""
+    A decorated def is not read: what the decorator returns runs instead."""
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
@@ -488,17 +456,7 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
             if n is not step and (isinstance(n, ast.While) or hidden or
                                   not all(_fixed_few(o, fixed) for o in over)):
                 lines.append(n.lineno)
-    if lines:
-        return f"a loop at line {min(lines) + first_line - 1}"
-    seen |= {node.name}  # a helper gets the loop over the steps only if the def has none
-    for n in ast.walk(node) if helpers else ():
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in seen:
-            found = helpers(n.func.id)
-            said = "none" if found is None or found[0].decorator_list else def_loops(
-                *found, steps and step is None, helpers, seen)
-            if said != "none":
-                return f"{said}, in `{n.func.id}`, which it calls"
-    return "none"
+    return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
 
 
 def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[str]) -> ast.AST:

@@ -372,15 +372,14 @@ class Grader:
 
 
 def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
-              defs: dict[str, ast.FunctionDef] | None = None,
-              helpers: dict[str, ast.FunctionDef] | None = None) -> list[CheckResult]:
+              defs: dict[str, ast.FunctionDef] | None = None) -> list[CheckResult]:
     """One result per check of the notebook, judged here from the probe's evidence; what a
-    check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``defs`` and
-    the ``helpers`` they call (:func:`last_defs`)."""
+    check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``defs``
+    (:func:`last_defs`)."""
     results = []
     for check in assignment.checks:
         chk = F.get_check(check.cell_id)
-        loops = {name: source_loops(defs or {}, name, name in chk.stepwise, helpers)
+        loops = {name: source_loops(defs or {}, name, name in chk.stepwise)
                  for name in chk.loop_free}
         cases = grader.check_cases(check.cell_id)
         message, judged, failed = "ok", 0, None
@@ -412,9 +411,9 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     return results
 
 
-def last_defs(cells: list[tuple[str, str]], names=None) -> dict[str, ast.FunctionDef]:
-    """The last plain top-level ``def`` of each of ``names`` (None: of every name) in ``cells``
-    ((id, source), in the order they run); a name without one is left out."""
+def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]:
+    """The last plain top-level ``def`` of each of ``names`` in ``cells`` ((id, source), in the
+    order they run); a name without one is left out."""
     found: dict[str, ast.FunctionDef] = {}
     for _, source in cells:
         try:
@@ -422,15 +421,14 @@ def last_defs(cells: list[tuple[str, str]], names=None) -> dict[str, ast.Functio
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and (names is None or node.name in names):
+            if isinstance(node, ast.FunctionDef) and node.name in names:
                 found[node.name] = node
     return found
 
 
-def core_defs(work: StudentWork, names, every: bool = False) -> dict[str, ast.FunctionDef]:
-    """:func:`last_defs` of the core functions of ``names`` (with ``every``: of every function
-    of their modules, helpers included), read from the student's core modules that hold them --
-    the files the probe takes them from."""
+def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
+    """:func:`last_defs` of the core functions of ``names``, read from the student's core
+    modules that hold them -- the files the probe takes them from."""
     wanted: dict[Path, set[str]] = {}
     for name in names:
         try:
@@ -442,25 +440,21 @@ def core_defs(work: StudentWork, names, every: bool = False) -> dict[str, ast.Fu
     found: dict[str, ast.FunctionDef] = {}
     for path, functions in wanted.items():
         try:
-            found.update(last_defs([(path.name, path.read_text(encoding="utf-8"))],
-                                   None if every else functions))
+            found.update(last_defs([(path.name, path.read_text(encoding="utf-8"))], functions))
         except (OSError, UnicodeDecodeError):
             continue
     return found
 
 
-def source_loops(defs: dict[str, ast.FunctionDef], name: str, steps: bool = False,
-                 helpers: dict[str, ast.FunctionDef] | None = None) -> str:
+def source_loops(defs: dict[str, ast.FunctionDef], name: str, steps: bool = False) -> str:
     """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
     of its def in ``defs`` (:func:`last_defs`, :func:`core_defs`), functions it defines inside
-    included, and those of ``helpers`` it calls (core functions aside, as in the notebook):
-    "none", "a loop at line N" (of its cell or file), or that there is no such def."""
+    included: "none", "a loop at line N" (of its cell or file), or that there is no such def.
+    A loop in a function it calls is not seen, as in the notebook."""
     if name not in defs:
         return (f"no def {name} in the notebook's cells or your core modules (the grader reads "
                 f"its loops from one)")
-    helpers = {n: node for n, node in (helpers or {}).items() if not F.is_core_function(n)}
-    return F.def_loops(defs[name], steps=steps,
-                       helpers=lambda n: (helpers[n], 1) if n in helpers else None)
+    return F.def_loops(defs[name], steps=steps)
 
 
 def name_culprits(results: list[CheckResult], public_only: bool = False) -> None:
@@ -543,11 +537,10 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                  for c in assignment.checks]
         loop_free = {name for c in assignment.checks for name in F.get_check(c.cell_id).loop_free}
         defs = {**core_defs(work, loop_free), **last_defs(cells, loop_free)}
-        helpers = {**core_defs(work, loop_free, every=True), **last_defs(cells)}
         clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
-        results = judge_all(grader, assignment, report, defs, helpers)
+        results = judge_all(grader, assignment, report, defs)
         _name_the_stubs(results, overlay)
         clock.lap("judge")
         if (work.name, notebook) in grader.unversioned:
