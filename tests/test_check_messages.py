@@ -630,29 +630,45 @@ MASKED_MEAN = '''def masked_mean(H, lengths):
 '''
 
 
-@pytest.mark.parametrize("where", ["another cell", "through a helper", "a lambda", "its own cell",
-                                   "a function", "an import"])
-def test_data_read_from_another_cell_is_noted_as_the_grader_drops_it(where, capsys):
-    """A notebook function that reads a variable set in another cell (itself, or through a
-    function of the notebook it calls; a lambda too) passes in the notebook, but the grader runs
-    only the functions, classes and imports of non-exercise cells: the check says so, whether
-    it passes or fails; a constant of its own cell, a function or an import is no matter."""
-    scale = {"another cell": ("SCALE = 1.0", MASKED_MEAN),
-             "through a helper": ("SCALE = 1.0\ndef _scale():\n    return SCALE\n",
-                                  MASKED_MEAN.replace("SCALE *", "_scale() *")),
-             "a lambda": ("SCALE = lambda: 1.0", MASKED_MEAN.replace("SCALE *", "SCALE() *")),
-             "its own cell": ("", "SCALE = 1.0\n" + MASKED_MEAN),
-             "a function": ("def SCALE_():\n    return 1.0\n",
-                            MASKED_MEAN.replace("SCALE *", "SCALE_() *")),
-             "an import": ("from math import e as SCALE", MASKED_MEAN.replace(
-                 "SCALE *", "SCALE / math.e *").replace("def", "import math\n\n\ndef"))}[where]
-    namespace = _cells(*scale)
+OUTSIDE = {  # cells before the exercise cell, the exercise cell -> the names noted
+    "another cell": (["SCALE = 1.0"], MASKED_MEAN, "`SCALE`"),
+    "through a helper": (["SCALE = 1.0\ndef _scale():\n    return SCALE\n"],
+                         MASKED_MEAN.replace("SCALE *", "_scale() *"), "`SCALE`"),
+    "a lambda": (["SCALE = lambda: 1.0"], MASKED_MEAN.replace("SCALE *", "SCALE() *"),
+                 "`SCALE`"),
+    "a callable assigned": (["SCALE = np.float64"], MASKED_MEAN.replace(
+        "SCALE *", "SCALE(1.0) *"), "`SCALE`"),
+    "a default argument": (["SCALE = 1.0"], MASKED_MEAN.replace(
+        "lengths):", "lengths, scale=SCALE):").replace("SCALE *", "scale *"), "`SCALE`"),
+    "a global statement": (["SCALE = 1.0"], MASKED_MEAN.replace(
+        "    m =", "    global SCALE\n    SCALE += 0\n    m ="), "`SCALE`"),
+    "its own cell": ([], "SCALE = 1.0\n" + MASKED_MEAN, None),
+    "another exercise cell": (["def logsumexp(x, axis=-1):\n    return x\n\n\nSCALE = 1.0"],
+                              MASKED_MEAN, None),
+    "a function": (["def SCALE_():\n    return 1.0\n"],
+                   MASKED_MEAN.replace("SCALE *", "SCALE_() *"), None),
+    "an import": (["from math import e as SCALE"], MASKED_MEAN.replace("SCALE *", "SCALE / "
+                                                                        "2.718281828459045 *"),
+                  None),
+    "a star import": (["from math import *"], MASKED_MEAN.replace("SCALE *", "(e / e) *"), None),
+}
+
+
+@pytest.mark.parametrize("where", sorted(OUTSIDE))
+def test_what_is_read_from_another_cell_is_noted_as_the_grader_drops_it(where, capsys):
+    """A notebook function reading what an assignment bound in another cell (itself, through a
+    notebook function it calls, in its def's line; data, a lambda, any value) passes in the
+    notebook, but the grader runs only the functions, classes and imports of cells that define
+    no exercise: the check says so, whether it passes or fails. What its own cell or another
+    exercise cell binds, a def or an import, is no matter."""
+    before, exercise, noted = OUTSIDE[where]
+    namespace = _cells(*before, exercise)
     F.check("check-masked-mean", namespace["masked_mean"])
     out = capsys.readouterr().out
-    note = ("Note: `masked_mean` reads `SCALE` (itself, or a function it calls), set in another "
-            "cell. The grader runs your exercise cells, but of the other cells only their "
-            "functions, classes and imports (a variable or a lambda set there is left out)")
-    assert (note in out) == (where in ("another cell", "through a helper", "a lambda")), out
+    note = (f"Note: `masked_mean` reads {noted} (itself, or a function it calls), set in "
+            "another cell. The grader runs your exercise cells, but of the other cells only "
+            "their functions, classes and imports (a variable or a lambda set there is left out)")
+    assert (note in out) if noted else "Note:" not in out, out
     if where == "another cell":
         namespace["SCALE"] = 2.0  # now wrong as well: the note comes with the failure
         with pytest.raises(F.CheckFailed) as err:

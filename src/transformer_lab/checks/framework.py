@@ -22,13 +22,13 @@ import dis
 import hashlib
 import importlib
 import inspect
-import linecache
 import math
 import re
 import sys
 import sysconfig
 import textwrap
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -1383,78 +1383,84 @@ OTHER_CELLS = ("The grader runs your exercise cells, but of the other cells only
 
 
 def _outside_note(name: str, function: Callable) -> str:
-    """A line naming what the notebook function ``function``, or one of the notebook's
-    functions it calls, reads from globals that an assignment in a cell other than its own
-    bound (data, a lambda), or ''; '' too where its cell's source is unknown."""
-    code = getattr(function, "__code__", None)
-    source = "".join(linecache.getlines(code.co_filename)) if code else ""
-    try:
-        own = _bound_names(ast.parse(source))
-    except SyntaxError:
+    """A line naming the globals that the notebook function ``function`` reads -- in its body,
+    its def's defaults, annotations and decorators, or a notebook function it calls -- and
+    that the grader leaves out: bound last by an assignment in a cell that is no exercise cell
+    (none defines a function a check takes), or ''. Read from IPython's cells (``In``); ''
+    where there are none."""
+    cells = getattr(function, "__globals__", {}).get("In")
+    if not isinstance(function, types.FunctionType) or not isinstance(cells, list):
         return ""
-    cells = function.__globals__.get("In", [])  # IPython's cells, run so far
-    imported = {n for cell in (cells if isinstance(cells, list) else [])
-                for n in _bound_names(_parsed(cell), imports_only=True)}
-    outside: set[str] = set()
+    exercises = {a for chk in load_checks().values() for a in chk.arguments}
+    kept: dict[str, bool] = {}  # name -> whether its last binding reaches the grader
+    defs: dict[str, ast.AST] = {}  # name -> its last def
+    for tree in map(_parsed, cells):
+        exercise = any(getattr(n, "name", None) in exercises for n in tree.body)
+        for bound, node in _module_bindings(tree):
+            kept[bound] = exercise or not isinstance(node, ast.Name)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                defs[bound] = node
+    reads: set[str] = set()
     for f in _and_helpers(function):
-        outside |= {n for n in _global_reads(f) - own - imported
-                    if n in f.__globals__ and _assigned_value(f.__globals__[n])}
-    if not source or not outside:
+        reads |= {ins.argval for c in _code_objects(f) for ins in dis.get_instructions(c)
+                  if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        node = defs.get(f.__name__)
+        if node is not None:  # evaluated when its cell runs: the def's own line
+            outer = [*node.args.defaults, *node.args.kw_defaults, *node.decorator_list,
+                     node.returns, *(a.annotation for a in ast.walk(node.args)
+                                     if isinstance(a, ast.arg))]
+            reads |= {n.id for part in filter(None, outer) for n in ast.walk(part)
+                      if isinstance(n, ast.Name)}
+    outside = sorted(n for n in reads if kept.get(n) is False)
+    if not outside:
         return ""
-    names = ", ".join(f"`{n}`" for n in sorted(outside))
+    names = ", ".join(f"`{n}`" for n in outside)
     return (f"\nNote: `{name}` reads {names} (itself, or a function it calls), set in another "
             f"cell. {OTHER_CELLS}, or the grader finds it undefined.")
 
 
-def _global_reads(function: Callable) -> set[str]:
-    return {ins.argval for c in _code_objects(function) for ins in dis.get_instructions(c)
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-
-
 def _and_helpers(function: Callable) -> list[Callable]:
-    """``function`` and the functions of its module it calls by name, directly or not (the
-    core functions aside)."""
+    """``function`` and the plain functions of its module it reaches by a global name,
+    directly or not."""
     found, todo = [], [function]
     while todo:
         f = todo.pop()
-        if f in found:
-            continue
-        found.append(f)
-        todo += [g for n in _global_reads(f) if isinstance(g := f.__globals__.get(n),
-                                                           types.FunctionType)
-                 and g.__module__ == function.__module__ and not is_core_function(n)]
+        if f not in found:
+            found.append(f)
+            todo += [g for n in f.__code__.co_names if isinstance(
+                g := f.__globals__.get(n), types.FunctionType) and g.__module__ == f.__module__]
     return found
 
 
-def _assigned_value(value) -> bool:
-    """Whether ``value``, bound to a global, came from an assignment (data, a lambda) rather
-    than a def, a class or an import (a module, a function: anything callable but a lambda)."""
-    if isinstance(value, types.FunctionType):
-        return value.__name__ == "<lambda>"
-    return not callable(value) and not isinstance(value, types.ModuleType)
-
-
-def _parsed(source) -> ast.AST:
+def _parsed(source) -> ast.Module:
     try:
         return ast.parse(source if isinstance(source, str) else "")
     except SyntaxError:
         return ast.Module(body=[], type_ignores=[])
 
 
-def _bound_names(tree: ast.AST, imports_only: bool = False) -> set[str]:
-    """Every name the code ``tree`` binds, at any depth: assigned, defined or imported (with
-    ``imports_only``: imported)."""
-    names = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
-        elif imports_only:
-            continue
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            names.add(n.id)
-        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(n.name)
-    return names
+def _module_bindings(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """(name, the node binding it) for each name a cell binds at module level, in order: a
+    def or class, an import's alias, an assigned name (not inside a def, a class, a lambda
+    or a comprehension; ``from m import *`` names none)."""
+    found: list[tuple[str, ast.AST]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.append((node.name, node))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            found.extend(((a.asname or a.name).split(".")[0], a) for a in node.names
+                         if a.name != "*")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.append((node.id, node))
+        elif not isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp |
+                            ast.GeneratorExp):
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+
+    for statement in tree.body:
+        visit(statement)
+    return found
 
 
 def _torch_note(chk: Check) -> str:
