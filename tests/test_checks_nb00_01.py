@@ -306,14 +306,20 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
     for body in ("for r in [*x]:\n        pass", "for i in (*range(len(x)),):\n        pass",
                  "for b in types.SimpleNamespace(shape=range(len(x))).shape:\n        pass",
                  "for i in range(1_000_000):\n        pass",
-                 "for i in range(types.SimpleNamespace(ndim=len(x)).ndim):\n        pass"):
+                 "for i in range(types.SimpleNamespace(ndim=len(x)).ndim):\n        pass",
+                 "for i in range(x.ndim + 100):\n        pass",
+                 "for i in range(0, len(x)):\n        pass",
+                 "for i in range(x.ndim * x.size):\n        pass"):
         assert loops(f"def f(x):\n    {body}\n").startswith("a loop"), body
     assert "decorated" in loops("@lambda f: g\ndef f(x):\n    return x\n")
     assert loops("def f(x, rows=lambda x: [r for r in x]):\n    return rows(x)\n") \
         .startswith("a loop")  # in a default value
     assert "from a string (exec" in loops("def f(x):\n    exec('for r in x: pass')\n")
     for body in ("for a in (x, y):\n        pass", "for n in x.shape[1:]:\n        pass",
-                 "for i in range(x.ndim):\n        pass", "for i in range(2):\n        pass"):
+                 "for i in range(x.ndim):\n        pass", "for i in range(2):\n        pass",
+                 "for i in range(x.ndim - 2):\n        pass",
+                 "for i in range(0, 1):\n        pass",
+                 "for i in range(x.ndim - 1, -1, -1):\n        pass"):
         assert loops(f"def f(x, y):\n    {body}\n") == "none", body
 
 

@@ -496,8 +496,8 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
     """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list,
     set or dict (nothing unpacked into it; a dict's ``.items()``, ``.keys()`` or
     ``.values()``), a short string (``"qkv"``), one of ``names`` (:func:`_fixed_names`), an
-    array's ``.shape`` (or a slice of it), ``range`` of a small constant or of an array's
-    ``.ndim``, ``enumerate`` or ``reversed`` of those, or ``zip`` with one of those."""
+    array's ``.shape`` (or a slice of it), ``range`` of small counts (:func:`_few`: ``2``,
+    ``x.ndim - 2``), ``enumerate`` or ``reversed`` of those, or ``zip`` with one of those."""
     if isinstance(it, ast.Tuple | ast.List | ast.Set):
         return not any(isinstance(e, ast.Starred) for e in it.elts)
     if isinstance(it, ast.Dict):
@@ -517,12 +517,21 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
             return _fixed_few(it.args[0], names)
         if it.func.id == "zip":  # as long as its shortest argument
             return any(_fixed_few(a, names) for a in it.args)
-        if it.func.id == "range" and len(it.args) == 1:
-            n = it.args[0]
-            return isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value <= 16 \
-                or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
-                isinstance(n.value, ast.Name | ast.Attribute)
+        if it.func.id == "range" and len(it.args) <= 3:
+            return all(map(_few, it.args))
     return False
+
+
+def _few(n: ast.expr) -> bool:
+    """Whether ``n`` is a small count: a constant up to 16, an array's ``.ndim``, or a sum or
+    difference of those (``x.ndim - 2``)."""
+    if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub):
+        return _few(n.left) and _few(n.right)
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+        return _few(n.operand)
+    return isinstance(n, ast.Constant) and type(n.value) is int and abs(n.value) <= 16 \
+        or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
+        isinstance(n.value, ast.Name | ast.Attribute)
 
 
 def _code_objects(function: Callable) -> Iterator:
