@@ -1374,7 +1374,10 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
         raise CheckFailed(f"{check_id} did not run: {e.filename}, line {e.lineno}, does not "
                           f"parse ({type(e).__name__}: {e.msg}); fix it, save, and run the "
                           "check again") from None
-    note = "".join(_outside_note(n, getattr(f, n)) for n in chk.arguments)
+    try:
+        note = "".join(_outside_note(n, getattr(f, n)) for n in chk.arguments)
+    except Exception:  # a note must never stop the check
+        note = ""
     for outcome, verdict in _verdicts(chk, f, hidden=True):
         if verdict is None:
             raise CheckFailed(f"{check_id}: {outcome.error.split(': ', 1)[-1]}")
