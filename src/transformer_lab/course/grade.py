@@ -55,6 +55,7 @@ from transformer_lab.course.kernel_run import format_size, one_line, run_noteboo
 from transformer_lab.course.package import (
     Package,
     PackageError,
+    assigned_names,
     parse_package,
     statement_spans,
 )
@@ -705,7 +706,7 @@ def _graded_in(tree: ast.Module, taught: dict[str, tuple[str, ...]]) -> dict[int
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             bound[node.name] = node
         elif isinstance(node, ast.Assign | ast.AnnAssign):
-            bound.update(dict.fromkeys(_names_stored(node), node))
+            bound.update(dict.fromkeys(assigned_names(node), node))
     found = {id(bound[name]): set(nbs) for name, nbs in places.items() if name in bound}
     todo = [bound[name] for name in places if name in bound]
     while todo:  # what they use, and what that uses
@@ -718,11 +719,6 @@ def _graded_in(tree: ast.Module, taught: dict[str, tuple[str, ...]]) -> dict[int
     every = set().union(*places.values())
     found.update({id(n): every for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)})
     return found
-
-
-def _names_stored(node: ast.Assign | ast.AnnAssign) -> list[str]:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 # --- the output folder ------------------------------------------------------------------------

@@ -522,11 +522,11 @@ def top_level_names(source: str) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= _bound_by(node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            names.update(_assigned(node))
+            names.update(assigned_names(node))
     return names
 
 
-def _assigned(node: ast.Assign | ast.AnnAssign) -> list[str]:
+def assigned_names(node: ast.Assign | ast.AnnAssign) -> list[str]:
     """The names an assignment's targets hold (a tuple's, a subscript's too)."""
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
@@ -602,7 +602,7 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            defined.update(dict.fromkeys(_assigned(node), node))
+            defined.update(dict.fromkeys(assigned_names(node), node))
     functions, problems = {}, {}
     for name in wanted:
         node = defined.get(name)
