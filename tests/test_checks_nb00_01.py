@@ -346,8 +346,14 @@ def test_a_decoder_s_loop_over_the_steps_is_allowed_and_the_loops_inside_it_are_
                    "    for _ in range(n):\n        y = x + 1\n",
                    f"def f(x, n):\n    with e:\n        {step}",
                    f"def f(x, n):\n    if n:\n        {step}",
-                   f"def f(x, n):\n    try:\n        {step}    except E:\n        pass\n"):
+                   f"def f(x, n):\n    try:\n        {step}    except E:\n        pass\n",
+                   f"def f(x, n):\n    def run():\n        {step}    return run()\n"):
         assert loops(source) == "none", source
+    # a closure's loop is the step loop only where the def's own body has none
+    assert loops("def f(x, n):\n    def rows():\n        return [r for r in x]\n"
+                 "    for _ in range(n):\n        y = rows()\n") == "a loop at line 3"
+    assert loops(f"def f(x, n):\n    def run():\n        {step}            y = [r for r in x]\n"
+                 "    return run()\n") == "a loop at line 5"
     # map and filter are loops over their iterables, but over a fixed few things
     assert loops("def f(x, n):\n    return list(map(g, x))\n") == "a loop at line 2"
     assert loops("def f(x, n):\n    return np.fromiter(map(g, x, n), int)\n") \

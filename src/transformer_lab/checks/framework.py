@@ -459,18 +459,22 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
 
 
-def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[str]) -> ast.AST:
+def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[str],
+               nested: bool = False) -> ast.AST:
     """A decoder's loop over the steps: its first ``while``, or ``for`` over anything but a
-    fixed few things, the shallowest first (inside a ``with``, an ``if`` or a ``try`` too; not
-    in a def it defines); None if it has none."""
+    fixed few things, the shallowest first (inside a ``with``, an ``if`` or a ``try`` too); in
+    a def it defines only where its own body has none (a closure that runs the steps); None if
+    it has none."""
+    skipped = ast.Lambda | ast.ClassDef if nested else \
+        ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef
     todo = list(node.body)
     while todo:
         n = todo.pop(0)
         if isinstance(n, ast.While) or isinstance(n, ast.For) and not _fixed_few(n.iter, fixed):
             return n
-        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+        if not isinstance(n, skipped):
             todo.extend(ast.iter_child_nodes(n))
-    return None
+    return None if nested else _step_loop(node, fixed, nested=True)
 
 
 def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
