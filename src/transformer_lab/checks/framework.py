@@ -336,13 +336,13 @@ class NotAPair(Exception):
 def _unpaired_returns(forward: Callable) -> str:
     """": every return must give it; the return at line N does not" for the ``return``
     statements of ``forward`` that give no pair (read from its source), or ''."""
-    try:
-        lines, first = inspect.getsourcelines(inspect.unwrap(forward))
-        node = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
+    forward = inspect.unwrap(forward)
+    node = _source_def(forward)
+    if node is None:
         return ""
-    bad = [n.lineno + first - 1 for n in ast.walk(node) if isinstance(n, ast.Return) and not (
-        isinstance(n.value, ast.Tuple) and len(n.value.elts) == 2)]
+    bad = [n.lineno + forward.__code__.co_firstlineno - 1 for n in ast.walk(node)
+           if isinstance(n, ast.Return) and not (isinstance(n.value, ast.Tuple)
+                                                 and len(n.value.elts) == 2)]
     return "" if not bad else (f": every return must give it, and the return at line "
                                f"{', '.join(map(str, bad))} does not")
 
@@ -402,11 +402,8 @@ def python_loops(function: Callable, steps: bool = False) -> str:
     submitted one), or, where there is none, from the compiled code, where every loop counts
     (with ``steps``, where the loop over the steps cannot be told apart: none does)."""
     function = inspect.unwrap(function)  # not the checks' wrapper of a core backward pass
-    try:
-        node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        node = None
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+    node = _source_def(function)
+    if node is not None:
         return def_loops(node, function.__code__.co_firstlineno, steps)
     if steps:
         return "none"
@@ -420,6 +417,16 @@ def python_loops(function: Callable, steps: bool = False) -> str:
                 line = getattr(getattr(ins, "positions", None), "lineno", None)
                 lines.append(line if line is not None else code.co_firstlineno)
     return f"a loop at line {min(lines)}" if lines else "none"
+
+
+def _source_def(function: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The def of ``function`` parsed from its source (its lines then count from the def's
+    ``co_firstlineno``), or None where there is no such source."""
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    return node if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else None
 
 
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
@@ -1417,9 +1424,17 @@ def _outside_note(name: str, function: Callable) -> str:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 defs[bound] = node
     reads: set[str] = set()
-    for f in _and_helpers(function):
-        reads |= {ins.argval for c in _code_objects(f) for ins in dis.get_instructions(c)
-                  if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    seen, todo = [], [function]
+    while todo:  # the function, and the notebook's functions it reaches by a global name
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.append(f)
+        names = {ins.argval for c in _code_objects(f) for ins in dis.get_instructions(c)
+                 if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        reads |= names
+        todo += [g for n in names if isinstance(g := f.__globals__.get(n), types.FunctionType)
+                 and g.__module__ == f.__module__]
         node = defs.get(f.__name__)
         if node is not None:  # evaluated when its cell runs: the def's own line
             outer = [*node.args.defaults, *node.args.kw_defaults, *node.decorator_list,
@@ -1433,19 +1448,6 @@ def _outside_note(name: str, function: Callable) -> str:
     names = ", ".join(f"`{n}`" for n in outside)
     return (f"\nNote: `{name}` reads {names} (itself, or a function it calls), set in another "
             f"cell. {OTHER_CELLS}, or the grader finds it undefined.")
-
-
-def _and_helpers(function: Callable) -> list[Callable]:
-    """``function`` and the plain functions of its module it reaches by a global name,
-    directly or not."""
-    found, todo = [], [function]
-    while todo:
-        f = todo.pop()
-        if f not in found:
-            found.append(f)
-            todo += [g for n in f.__code__.co_names if isinstance(
-                g := f.__globals__.get(n), types.FunctionType) and g.__module__ == f.__module__]
-    return found
 
 
 def _parsed(source) -> ast.Module:

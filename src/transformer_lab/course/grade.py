@@ -55,9 +55,9 @@ from transformer_lab.course.kernel_run import format_size, one_line, run_noteboo
 from transformer_lab.course.package import (
     Package,
     PackageError,
-    assigned_names,
     parse_package,
     statement_spans,
+    top_level_definitions,
 )
 from transformer_lab.course.probe_driver import (
     CheckSpec,
@@ -701,12 +701,7 @@ def _graded_in(tree: ast.Module, taught: dict[str, tuple[str, ...]]) -> dict[int
     a class or a constant, those of what uses it; for an import, those of every function the
     module teaches. Other module-level code is left out of the probe: none."""
     places = {name: {p.split(" §")[0] for p in where} for name, where in taught.items()}
-    bound: dict[str, ast.AST] = {}  # name -> the statement binding it last
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound[node.name] = node
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            bound.update(dict.fromkeys(assigned_names(node), node))
+    bound = top_level_definitions(tree)  # name -> the statement binding it last
     found = {id(bound[name]): set(nbs) for name, nbs in places.items() if name in bound}
     todo = [bound[name] for name in places if name in bound]
     while todo:  # what they use, and what that uses

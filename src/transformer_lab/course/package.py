@@ -515,18 +515,24 @@ def top_level_functions(source: str) -> dict[str, tuple[int, int]]:
 
 def top_level_names(source: str) -> set[str]:
     """Every name a module binds at its top level: functions, classes, imports, constants."""
-    names: set[str] = set()
-    for node in ast.parse(source).body:
+    tree = ast.parse(source)
+    return set(top_level_definitions(tree)).union(*(
+        _bound_by(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))))
+
+
+def top_level_definitions(tree: ast.Module) -> dict[str, ast.AST]:
+    """Each name a module's top level defines or assigns (functions, classes, constants;
+    imports aside) -> the statement that binds it last."""
+    defined: dict[str, ast.AST] = {}
+    for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= _bound_by(node)
+            defined[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            names.update(assigned_names(node))
-    return names
+            defined.update(dict.fromkeys(_assigned(node), node))
+    return defined
 
 
-def assigned_names(node: ast.Assign | ast.AnnAssign) -> list[str]:
+def _assigned(node: ast.Assign | ast.AnnAssign) -> list[str]:
     """The names an assignment's targets hold (a tuple's, a subscript's too)."""
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
@@ -593,16 +599,9 @@ def student_code(source: str, wanted: Iterable[str], provided: Iterable[str],
         start, last = extents[id(node)]
         return "\n".join(lines[start:last + 1])
 
-    defined: dict[str, ast.AST] = {}  # top-level name -> the statement that binds it last
-    imports: list[ast.AST] = []
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
-                imports.append(node)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined[node.name] = node
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            defined.update(dict.fromkeys(assigned_names(node), node))
+    defined = top_level_definitions(tree)  # top-level name -> the statement binding it last
+    imports = [node for node in tree.body if isinstance(node, ast.Import) or isinstance(
+        node, ast.ImportFrom) and node.module != "__future__"]
     functions, problems = {}, {}
     for name in wanted:
         node = defined.get(name)
