@@ -382,3 +382,24 @@ def test_the_loop_rule_lets_a_loop_over_the_three_projections_pass():
                  "for a, b in zip(x, y):\n        pass",
                  'for c in "abcdefghijklmnopqrstuvwxyz":\n        pass'):
         assert loops(f"def f(x, y, z):\n    {body}\n").startswith("a loop"), body
+
+
+def test_the_loop_rule_lets_a_loop_over_a_module_constant_pass(tmp_path, monkeypatch):
+    """A name that the def's module binds once, at its top level, to a fixed few things is a
+    fixed few things, unless the def binds it itself or the module grows or rebinds it; one
+    bound to what a call returns still counts."""
+    (tmp_path / "loop_rule_constants.py").write_text(
+        "import numpy as np\n"
+        "HEADS = ('W_q', 'W_k', 'W_v')\nKINDS = 'qkv'\nMANY = tuple(range(17))\n"
+        "GROWN = ['q']\nTWICE = ('a',)\nTWICE = ('a', 'b')\n\n"
+        "def over_heads(x):\n    return [x for _ in HEADS]\n\n"
+        "def over_kinds(x):\n    return {n: x for n in KINDS}\n\n"
+        "def rebinds(x, HEADS):\n    return [x for _ in HEADS]\n\n"
+        "def over_many(x):\n    return [x for _ in MANY]\n\n"
+        "def over_grown(x):\n    GROWN.append(x)\n    return [x for _ in GROWN]\n\n"
+        "def over_twice(x):\n    return [x for _ in TWICE]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import loop_rule_constants as consts
+    for name, loops in (("over_heads", False), ("over_kinds", False), ("rebinds", True),
+                        ("over_many", True), ("over_grown", True), ("over_twice", True)):
+        assert F.python_loops(getattr(consts, name)).startswith("a loop") == loops, name

@@ -448,6 +448,10 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     assert loops(ADDITIVE, LOOPY) == "a loop at line 4"
     assert loops(LOOPY, ADDITIVE) == "none"
     assert loops("x = 1").startswith("no def additive_attention")
+    # a loop over a constant of the def's own cell is over a fixed few things, as in the notebook
+    over = "def additive_attention(q):\n    return [q for _ in HEADS]\n"
+    assert loops(f"HEADS = ('a', 'b')\n{over}") == "none"
+    assert loops("HEADS = ('a', 'b')", over) == "a loop at line 2"
     assert loops("if True:\n    " + LOOPY.replace("\n", "\n    ")).startswith("no def")
     # its own body only: a comprehension in a default argument is not its loop; a decorated
     # def is not read (what the decorator returns runs instead)

@@ -22,6 +22,7 @@ import dis
 import hashlib
 import importlib
 import inspect
+import linecache
 import math
 import re
 import sys
@@ -404,7 +405,13 @@ def python_loops(function: Callable, steps: bool = False) -> str:
     function = inspect.unwrap(function)  # not the checks' wrapper of a core backward pass
     node = _source_def(function)
     if node is not None:
-        return def_loops(node, function.__code__.co_firstlineno, steps)
+        code = function.__code__
+        try:  # the file or the notebook cell the def is in, as inspect read the def
+            constants = module_constants(ast.parse("".join(
+                linecache.getlines(code.co_filename, function.__globals__))))
+        except (SyntaxError, ValueError):
+            constants = frozenset()
+        return def_loops(node, code.co_firstlineno, steps, constants)
     if steps:
         return "none"
     jumps = set(dis.hasjrel) | set(dis.hasjabs)
@@ -429,14 +436,24 @@ def _source_def(function: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef | 
     return node if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else None
 
 
+def module_constants(tree: ast.Module) -> frozenset[str]:
+    """The names that a module's (or a notebook cell's) top level binds once, each to a fixed
+    few things (``HEADS = ("W_q", "W_k", "W_v")``), and that nothing in it rebinds or grows:
+    a loop over one runs a fixed number of times."""
+    top = {t.id for n in tree.body if isinstance(n, ast.Assign)
+           for t in n.targets if isinstance(t, ast.Name)}
+    return _fixed_names(tree) & top
+
+
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
-              steps: bool = False) -> str:
+              steps: bool = False, constants: frozenset[str] = frozenset()) -> str:
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
     (functions it defines inside, and its default values, included): a ``while``, a call of
     ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for``, a
     comprehension, a ``map`` or a ``filter`` over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
-    "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those), which
+    "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those, or one
+    of the module's ``constants`` the def does not assign: ``HEADS = ("q", "k")``), which
     a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). ``steps``: the
     decoder's loop over the steps (:func:`_step_loop`) is allowed; the loops inside it count.
@@ -444,7 +461,8 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
-    lines, fixed = [], _fixed_names(node)
+    params = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+    lines, fixed = [], _fixed_names(node) | (constants - params - set(_assigned_names(node)))
     step = _step_loop(node, fixed) if steps else None
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
@@ -484,13 +502,18 @@ def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[st
     return None if nested else _step_loop(node, fixed, nested=True)
 
 
-def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
-    """The names that the def assigns once, each from a fixed few things (``names = ["q",
-    "k", "v"]``), in the order assigned: a loop over one runs a fixed number of times too."""
-    targets = [t.id for n in ast.walk(node) for t in (
+def _assigned_names(node: ast.AST) -> list[str]:
+    """The names assigned in a def or a module, once for each assignment."""
+    return [t.id for n in ast.walk(node) for t in (
         n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
         for t in ast.walk(t) if isinstance(t, ast.Name)]
+
+
+def _fixed_names(node: ast.AST) -> frozenset[str]:
+    """The names that the def (or module) assigns once, each from a fixed few things (``names =
+    ["q", "k", "v"]``), in the order assigned: a loop over one runs a fixed number of times too."""
+    targets = _assigned_names(node)
     grown = {n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
         n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
         "append", "extend", "insert", "update", "setdefault", "add")}  # names.append(...)

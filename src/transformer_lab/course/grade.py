@@ -373,7 +373,7 @@ class Grader:
 
 
 def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
-              defs: dict[str, ast.FunctionDef] | None = None) -> list[CheckResult]:
+              defs: Defs | None = None) -> list[CheckResult]:
     """One result per check of the notebook, judged here from the probe's evidence; what a
     check reads from the code itself (:attr:`~.framework.Check.loop_free`), from ``defs``
     (:func:`last_defs`)."""
@@ -412,10 +412,15 @@ def judge_all(grader: Grader, assignment: Assignment, report: ProbeReport,
     return results
 
 
-def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]:
+#: A function's name -> its def and the constants of the module or cell it is in.
+Defs = dict[str, tuple[ast.FunctionDef, frozenset[str]]]
+
+
+def last_defs(cells: list[tuple[str, str]], names) -> Defs:
     """The last plain top-level ``def`` of each of ``names`` in ``cells`` ((id, source), in the
-    order they run); a name without one is left out."""
-    found: dict[str, ast.FunctionDef] = {}
+    order they run), with the :func:`~.framework.module_constants` of its cell; a name without
+    one is left out."""
+    found: Defs = {}
     for _, source in cells:
         try:
             tree = untrusted.parse(source)
@@ -423,11 +428,11 @@ def last_defs(cells: list[tuple[str, str]], names) -> dict[str, ast.FunctionDef]
             continue
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name in names:
-                found[node.name] = node
+                found[node.name] = node, F.module_constants(tree)
     return found
 
 
-def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
+def core_defs(work: StudentWork, names) -> Defs:
     """:func:`last_defs` of the core functions of ``names``, read from the student's core
     modules that hold them -- the files the probe takes them from."""
     wanted: dict[Path, set[str]] = {}
@@ -438,7 +443,7 @@ def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
             continue
         if module in (work.core_files or {}):
             wanted.setdefault(work.core_files[module], set()).add(name)
-    found: dict[str, ast.FunctionDef] = {}
+    found: Defs = {}
     for path, functions in wanted.items():
         try:
             found.update(last_defs([(path.name, path.read_text(encoding="utf-8"))], functions))
@@ -447,7 +452,8 @@ def core_defs(work: StudentWork, names) -> dict[str, ast.FunctionDef]:
     return found
 
 
-def source_loops(defs: dict[str, ast.FunctionDef], name: str, steps: bool = False) -> str:
+def source_loops(defs: Defs, name: str,
+                 steps: bool = False) -> str:
     """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
     of its def in ``defs`` (:func:`last_defs`, :func:`core_defs`), functions it defines inside
     included: "none", "a loop at line N" (of its cell or file), or that there is no such def.
@@ -455,7 +461,8 @@ def source_loops(defs: dict[str, ast.FunctionDef], name: str, steps: bool = Fals
     if name not in defs:
         return (f"no def {name} in the notebook's cells or your core modules (the grader reads "
                 f"its loops from one)")
-    return F.def_loops(defs[name], steps=steps)
+    node, constants = defs[name]
+    return F.def_loops(node, steps=steps, constants=constants)
 
 
 def name_culprits(results: list[CheckResult], public_only: bool = False) -> None:
