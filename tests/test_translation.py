@@ -311,6 +311,9 @@ def test_training_is_deterministic_and_reports_the_metrics():
         TranslateConfig(label_smoothing=1.0)
     with pytest.raises(ValueError, match="batch_size must be at most n_train = 10, got 16"):
         TranslateConfig(n_train=10, batch_size=16)  # no full batch: training could never step
+    with pytest.raises(ValueError, match="beam_size must be at most 64, got 65: the evaluation "
+                                         "decodes 200 test sentences at a time"):
+        TranslateConfig(beam_size=65)  # refused before training, not after it
 
 
 def _run(args, env=None):

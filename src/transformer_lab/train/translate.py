@@ -61,6 +61,10 @@ EARLY_CHECKPOINT = SHIPPED / "translate_fr_early.npz"
 GERMAN_CHECKPOINT = SHIPPED / "translate_de.npz"
 #: Longest source and decoder input of the data (72 and 74 characters; a margin).
 MAX_LEN = 80
+#: Test sentences decoded at a time, and the widest beam of a run: its evaluation, after the
+#: training, holds the decoder's caches of TRANSLATE_BATCH x beam_size hypotheses.
+TRANSLATE_BATCH = 200
+MOST_BEAM = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,10 @@ class TranslateConfig:
         if self.n_train + self.n_val + self.n_test > MOST_EXAMPLES:
             raise ValueError(f"n_train + n_val + n_test must be at most {MOST_EXAMPLES}, got "
                              f"{self.n_train + self.n_val + self.n_test}")
+        if self.beam_size > MOST_BEAM:
+            raise ValueError(f"beam_size must be at most {MOST_BEAM}, got {self.beam_size}: the "
+                             f"evaluation decodes {TRANSLATE_BATCH} test sentences at a time, "
+                             f"each with beam_size hypotheses, after training")
         if self.label_smoothing >= 1:
             raise ValueError(f"label_smoothing must be less than 1, got {self.label_smoothing}")
         if self.batch_size > self.n_train:  # a step takes batch_size examples (no partial batch)
@@ -136,7 +144,7 @@ class SmoothedLoss:
 
 
 def translate(model: Transformer, examples, beam_size: int = 1, alpha: float = 0.6,
-              lang: str = "fr", batch_size: int = 200) -> list[str]:
+              lang: str = "fr", batch_size: int = TRANSLATE_BATCH) -> list[str]:
     """The translations of ``examples`` (their ``source`` strings) into ``lang`` by beam search
     with the cache (beam size 1: greedy), decoded in batches of similar source lengths."""
     src_vocab, tgt_vocab = vocabularies(lang)
@@ -284,7 +292,8 @@ OPTION_HELP = {
                        "cross-entropy",
     "eval_every": "steps between evaluations on the validation set (teacher-forced exact "
                   "match) and progress lines",
-    "beam_size": "beam size of beam_exact_match, beam_bleu and beam_chrf (1: greedy)",
+    "beam_size": f"beam size of beam_exact_match, beam_bleu and beam_chrf (1: greedy; at most "
+                 f"{MOST_BEAM})",
     "alpha": "length penalty exponent of the beam search, ((5 + |y|) / 6) ** alpha; 0: the "
              "summed log-probability",
     "threads": "BLAS threads for NumPy (one thread: a run is deterministic)",
