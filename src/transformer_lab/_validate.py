@@ -100,6 +100,20 @@ def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
     return ids
 
 
+def mask(mask, name: str) -> np.ndarray:
+    """An attention mask: bool (True = blocked), or float32/float64 added to the scores,
+    without NaN or +inf."""
+    mask = np.asarray(mask)
+    if mask.dtype == bool:
+        return mask
+    if mask.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be a bool mask (True = blocked) or a float32/float64 "
+                        f"mask added to the scores, got dtype {mask.dtype}")
+    if np.isnan(mask).any() or np.isposinf(mask).any():
+        raise ValueError(f"{name} must not contain NaN or +inf (use -inf or True to block)")
+    return mask
+
+
 def integer(value, name: str, *, minimum: int | None = None) -> int:
     """``value`` as a Python int (any integral type but bool), at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -68,20 +68,7 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
     return core_attention.padding_mask(lengths, max_len)
 
 
-def _mask_array(mask, name: str) -> np.ndarray:
-    """A bool mask, or a float mask without NaN or +inf."""
-    mask = np.asarray(mask)
-    if mask.dtype == bool:
-        return mask
-    if mask.dtype in (np.float32, np.float64):
-        if np.isnan(mask).any() or np.isposinf(mask).any():
-            raise ValueError(f"{name} must not contain NaN or +inf (use -inf or True to block)")
-        return mask
-    raise TypeError(f"{name} must be a bool mask (True = blocked) or a float mask added to the "
-                    f"scores, got dtype {mask.dtype}")
-
-
-def _additive(mask: np.ndarray, dtype) -> np.ndarray:
+def additive_mask(mask: np.ndarray, dtype) -> np.ndarray:
     """A checked mask as a float mask of ``dtype`` to add to the scores (-inf where blocked)."""
     if mask.dtype != bool:
         return mask.astype(dtype, copy=False)
@@ -102,7 +89,7 @@ def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: in
     full = (*batch_shape, t, s)
     am = kpm = None
     if attn_mask is not None:
-        am = _mask_array(attn_mask, "attn_mask")
+        am = v.mask(attn_mask, "attn_mask")
         try:
             fits = am.shape in (full[-2:], full) or np.broadcast_shapes(am.shape, full) == full
         except ValueError:
@@ -111,12 +98,12 @@ def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: in
             raise ValueError(f"attn_mask must be broadcastable to the attention scores of shape "
                              f"{full} (e.g. ({t}, {s})), got shape {am.shape}")
     if key_padding_mask is not None:
-        kpm = _mask_array(key_padding_mask, "key_padding_mask")
+        kpm = v.mask(key_padding_mask, "key_padding_mask")
         if not batch_shape or kpm.shape != (batch_shape[0], s):
             raise ValueError(f"key_padding_mask must have shape (batch, source length) = "
                              f"({batch_shape[0] if batch_shape else '?'}, {s}), got {kpm.shape}")
     if kpm is None:
-        return am if am is None or am.dtype == bool else _additive(am, dtype)
+        return am if am is None or am.dtype == bool else additive_mask(am, dtype)
     if (am is None or am.dtype == bool) and kpm.dtype == bool and len(batch_shape) == 2:
         return core_attention.merge_masks(am, kpm)  # (B, 1, T, S) or (B, 1, 1, S)
     kpm = kpm.reshape(kpm.shape[0], *([1] * len(batch_shape)), s)  # (B, 1.., 1, S)
@@ -124,7 +111,7 @@ def combine_masks(attn_mask, key_padding_mask, batch_shape: tuple, t: int, s: in
         return kpm
     if am.dtype == bool and kpm.dtype == bool:
         return am | kpm
-    return _additive(am, dtype) + _additive(kpm, dtype)
+    return additive_mask(am, dtype) + additive_mask(kpm, dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,16 +15,10 @@ state and ``steps`` as they were.
 
 The classes keep the state and check the arguments; the arithmetic is the core's
 (:mod:`transformer_lab.core.optim`, written in notebook 10, looked up at call time). They run
-where the core runs (:mod:`transformer_lab.device`): the parameters and the optimiser's state
-live there, and gradients are moved there. On the CPU the core updates one parameter array at a
-time, so that its temporaries stay in the cache. On a GPU every array operation costs a launch
-whatever its size, so the parameters of one dtype are laid end to end in one flat array, updated
-by one call and copied back: the solution's AdamW takes 14 operations per dtype and one copy per
-parameter, instead of 14 per parameter (``torch.optim``'s ``foreach`` implementations group
-tensors for the same reason). The core's update is elementwise, so both give every parameter
-the same step, bit for bit. :func:`clip_grad_norm` lays the gradients end to end in the same
-way; there the global norm is one float32 sum over a dtype's gradients instead of one per
-array, so a GPU clips to float32's rounding of that sum, not bit for bit as the CPU.
+where the core runs (:mod:`transformer_lab.device`): on the CPU the core updates one parameter
+array at a time; on a GPU the parameters of one dtype are laid end to end and updated by one
+call, as :func:`clip_grad_norm` lays the gradients (why, and what it changes: docs/results.md,
+"The core on a GPU").
 """
 
 from __future__ import annotations

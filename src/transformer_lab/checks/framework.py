@@ -84,7 +84,6 @@ class Check:
             in order; ``run`` reads them as ``f.<name>`` too.
         tol: largest relative error accepted, by dtype of the expected array (see
             :meth:`tolerance`).
-        check_dtype: whether a float array must come back in the expected dtype.
         axes: the names of an output's axes, as its docstring writes them, for the messages
             (``[b=1, h=0, t=2, s=0]`` rather than ``[1, 0, 2, 0]``): output key (``"dquery"``;
             ``"output"`` for a whole output that is one array) -> one letter per axis, counted
@@ -106,7 +105,6 @@ class Check:
     functions: ClassVar[tuple[str, ...]] = ()
     arguments: ClassVar[tuple[str, ...]] = ()
     tol: ClassVar[Mapping[str, float]] = {"float64": 1e-9, "float32": 2e-5, "float16": 2e-3}
-    check_dtype: ClassVar[bool] = True
     axes: ClassVar[Mapping[str, str]] = {}
     loop_free: ClassVar[Mapping[str, str]] = {}
     stepwise: ClassVar[tuple[str, ...]] = ()
@@ -871,7 +869,7 @@ def _difference(check: Check, name: str, got, want) -> Difference | None:
 def _array_difference(check: Check, name: str, got: np.ndarray, want: np.ndarray,
                       typed: bool) -> Difference | None:
     """:func:`_difference` of two arrays; ``typed``: the expected answer was an array (not a
-    number), whose dtype a float answer must have (:attr:`Check.check_dtype`)."""
+    number), whose dtype a float answer must have."""
     def differs(text: str) -> Difference:
         return Difference(name, f"{name}: {text}", got, want)
     is_bool = want.dtype == bool or got.dtype == bool
@@ -892,7 +890,7 @@ def _array_difference(check: Check, name: str, got: np.ndarray, want: np.ndarray
                        f"{_both(got, want)}")
     if not np.issubdtype(got.dtype, np.floating) and not np.issubdtype(got.dtype, np.integer):
         return differs(f"expected numbers, got dtype {got.dtype}")
-    if check.check_dtype and typed and want.ndim and got.dtype != want.dtype:
+    if typed and want.ndim and got.dtype != want.dtype:
         return differs(f"expected a {want.dtype} array, got {got.dtype}")
     if not np.all(np.isfinite(got)):
         bad = np.argwhere(~np.isfinite(got))

@@ -510,7 +510,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
     def refused(reason: str, status: str, feedback: bool = True) -> Graded:
         graded = not_graded(work.name, notebook, assignment, reason, status)
         if feedback:
-            graded.feedback = write_feedback(nbformat.v4.new_notebook(), graded, grader)
+            write_feedback(nbformat.v4.new_notebook(), graded, grader)
         return graded
 
     if path is None and (work.name, notebook) in found.other_version:
@@ -570,7 +570,7 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                                       read_only=(package,), total=grader.limits.total)
             clock.lap("feedback")
         _sanitize(graded, nb, tmp)
-    graded.feedback = write_feedback(nb, graded, grader)
+    write_feedback(nb, graded, grader)
     clock.lap("other")
     graded.seconds, graded.timing = sum(clock.laps.values()), clock.laps
     return graded
@@ -665,7 +665,7 @@ def _sanitize(graded: Graded, nb, tmp: Path) -> None:
 
 # --- feedback (what it says: .reports) --------------------------------------------------------
 
-def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
+def write_feedback(nb, graded: Graded, grader: Grader) -> None:
     """Write ``nb`` with the summary cell on top to ``feedback/<student>/<notebook>.ipynb``
     (:mod:`.reports` makes the summary)."""
     add_summary(nb, graded, grader.limits.cell, grader.execute, grader.sandbox.describe())
@@ -675,7 +675,6 @@ def write_feedback(nb, graded: Graded, grader: Grader) -> Path:
         nbformat.write(nb, dest)
         if grader.ledger is not None:
             grader.ledger.add(dest)
-    return dest
 
 
 # --- flags in the submitted core --------------------------------------------------------------

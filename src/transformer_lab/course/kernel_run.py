@@ -36,11 +36,8 @@ from transformer_lab.course.sandbox import (
 class Run:
     """What happened when a notebook was executed."""
 
-    stopped_at: int | None = None  # index of the cell during which the kernel died / was stopped
-    here: str = ""  # what happened, said of that cell
-    later: str = ""  # said of the cells after it, which did not run
+    later: str = ""  # said of the cells from the one that stopped the run on, which did not run
     status: str = "ran"  # or "kernel died", "kernel stopped", "time up", "could not run"
-    seconds: float = 0.0
     interrupted: list[str] = field(default_factory=list)  # cells stopped at the time limit
 
 
@@ -330,7 +327,6 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
     grace = min(max(timeout, 5), 10)
     watchdog = _Watchdog(timeout + grace)
     run, current = Run(), {"index": None}
-    start = time.perf_counter()
     # A student's code may leave files behind it cannot delete: that must not cost the grade.
     workdirs = tempfile.TemporaryDirectory(prefix="grading-", ignore_cleanup_errors=True)
     with workdirs as workdir, watchdog:  # the watchdog's exit kills leftovers, then cleanup
@@ -357,16 +353,15 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
             _stopped(run, nb, current["index"], timeout,
                      stopped_by_us=watchdog.killed_cell is not None, disk=watchdog.over_disk)
         except TimeUp as up:
-            run.status, run.stopped_at = "time up", up.index
-            run.here = run.later = (f"the cells had run their {total:g} s in all before cell "
+            run.status = "time up"
+            run.later = (f"the cells had run their {total:g} s in all before cell "
                                     f"{up.index + 1}, which did not run, nor the ones after it")
         except Exception as exc:  # e.g. the kernel could not start
             run.status = "could not run"
-            run.here = run.later = f"not run: {one_line(str(exc)) or type(exc).__name__}"
+            run.later = f"not run: {one_line(str(exc)) or type(exc).__name__}"
         finally:
             if client.sandboxed_km is not None:
                 client.sandboxed_km.release()
-    run.seconds = time.perf_counter() - start
     run.interrupted = client.interrupted
     return run
 
@@ -375,22 +370,18 @@ def _stopped(run: Run, nb, index: int | None, timeout: int, stopped_by_us: bool,
              disk: bool = False) -> None:
     """Record in ``run`` that the kernel died, or was stopped (``disk``: for the files it
     wrote), while running cell ``index``."""
-    run.stopped_at = index
     where = "before the first cell" if index is None else \
         f"while running cell {index + 1} (id {nb.cells[index].get('id')!r})"
     if stopped_by_us and disk:
         run.status = "kernel stopped"
-        run.here = (f"held more than {binary_size(DISK_BYTES)} of files: the kernel was "
-                    "stopped")
-        run.later = f"not run: the kernel was stopped {where}, over the files' limit"
+        run.later = (f"not run: the kernel was stopped {where}, over the files' limit "
+                     f"({binary_size(DISK_BYTES)})")
     elif stopped_by_us:
         run.status = "kernel stopped"
-        run.here = (f"ran past the time limit of {timeout} s and ignored the interrupt: "
-                    "the kernel was stopped")
-        run.later = f"not run: the kernel was stopped {where}, over the time limit"
+        run.later = (f"not run: the kernel was stopped {where}, which ran past the time limit "
+                     f"of {timeout} s and ignored the interrupt")
     else:
         run.status = "kernel died"
-        run.here = "the kernel died (crashed or exited) while running this cell"
         run.later = f"not run: the kernel died {where}"
 
 

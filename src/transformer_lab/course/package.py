@@ -40,8 +40,7 @@ TOOLS_DIR = "course"
 IGNORE_NAMES = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".ipynb_checkpoints",
                 ".pytest_cache", ".ruff_cache")
 #: Class attributes and methods of a check that the handout needs (outside hidden regions).
-_CHECK_PUBLIC = {"id", "notebook", "functions", "arguments", "tol", "check_dtype", "run",
-                 "cases"}
+_CHECK_PUBLIC = {"id", "notebook", "functions", "arguments", "tol", "run", "cases"}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ class Graded:
     cells: list[tuple[str, str | None]] = field(default_factory=list)  # the probe's cells
     flags: list[Flag] = field(default_factory=list)
     run: Run | None = None
-    feedback: Path | None = None
     seconds: float = 0.0
     timing: dict[str, float] = field(default_factory=dict)  # seconds by part (grade._Clock)
 

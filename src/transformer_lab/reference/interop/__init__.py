@@ -1,25 +1,8 @@
 """NumPy twins of PyTorch modules: ``from_torch(module)``.
 
 A *twin* computes exactly what its torch module computes -- forward and backward -- with the
-functions of :mod:`transformer_lab.core`, the code the course's student writes. It is a thin
-boundary, not a framework: it checks its arguments once, converts them (sequence layout, masks,
-``is_causal``), weights (torch layout to NumPy layout) and gradients (back to torch layout), and
-calls the core (``python -m transformer_lab.course.bench`` times the layer and stack twins
-against torch).
-
-Supported modules and options (everything that needs no randomness)::
-
-    nn.Linear                  bias on/off
-    nn.Embedding               padding_idx, scale_grad_by_freq, sparse (gradient given dense)
-    nn.LayerNorm               elementwise_affine, bias, eps, any normalized_shape
-    nn.MultiheadAttention      bias, kdim/vdim, batch_first
-    nn.TransformerEncoderLayer / nn.TransformerDecoderLayer
-                               bias, batch_first, norm_first, activation "relu"/"gelu"
-                               (or F.relu, F.gelu, nn.ReLU(), nn.GELU(approximate=...)),
-                               layer_norm_eps
-    nn.TransformerEncoder / nn.TransformerDecoder   with or without a final LayerNorm
-    nn.Transformer             including custom_encoder/custom_decoder of the two classes above
-    dtypes                     float32 and float64
+functions of :mod:`transformer_lab.core`. The modules and options it supports, and its
+contract: docs/maintainers.md, "PyTorch twins".
 
 Usage::
 
@@ -27,10 +10,6 @@ Usage::
     out = twin.forward(src, tgt, tgt_mask=mask, src_key_padding_mask=pad)   # NumPy arrays
     dsrc, dtgt = twin.backward(dout)          # gradients of the array inputs, argument order
     twin.grads["encoder.layers.0.self_attn.in_proj_weight"]   # torch name, torch layout
-
-The contract, and where a twin deliberately differs from torch (shared inputs, fully masked
-rows, ``is_causal``, the fast path, dropout, snapshots, masks): docs/maintainers.md, "Models and
-trainers".
 
 The package, by concern: :mod:`.layout` (torch's parameter names and layouts <-> the core's
 parameter dicts, ``*_from_torch`` / ``*_to_torch``), :mod:`.arguments` (torch's sequence layouts

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from transformer_lab import _validate as v
+from transformer_lab.attention import additive_mask
 from transformer_lab.core import attention as core_attention
 
 # --------------------------------------------------------------------------------------------
@@ -66,14 +68,7 @@ def same_rank(**xs) -> bool:
 def _mask_array(mask, name: str) -> np.ndarray:
     if not isinstance(mask, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(mask).__name__}")
-    if mask.dtype == bool:
-        return mask
-    if mask.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{name} must be a bool mask (True = blocked) or a float32/float64 "
-                        f"mask added to the scores, got dtype {mask.dtype}")
-    if np.isnan(mask).any() or np.isposinf(mask).any():
-        raise ValueError(f"{name} must not contain NaN or +inf (use -inf or True to block)")
-    return mask
+    return v.mask(mask, name)
 
 
 def attn_mask(mask, name: str, b: int, h: int, t: int, s: int, batched: bool):
@@ -120,26 +115,14 @@ def is_causal(mask, hint, padding, t: int, s: int, mask_name: str, flag_name: st
     return mask
 
 
-def _additive(mask: np.ndarray | None, dtype) -> np.ndarray | None:
-    """A bool or float mask as a float mask of ``dtype`` to add to the scores (-inf blocks)."""
-    if mask is None:
-        return None
-    if mask.dtype == bool:
-        out = np.zeros(mask.shape, dtype=dtype)
-        out[mask] = -np.inf
-        return out
-    return mask.astype(dtype, copy=False)
-
-
 def merge(attn: np.ndarray | None, padding: np.ndarray | None, dtype):
     """One mask for the core, broadcastable to (B, H, T, S), from an attention mask (T, S) or
     (B, H, T, S) and a key padding mask (B, S) (either may be None): boolean when both are
     boolean (their union), else float of ``dtype`` (their sum, True -> -inf); None for none."""
     if (attn is None or attn.dtype == bool) and (padding is None or padding.dtype == bool):
         return core_attention.merge_masks(attn, padding)
-    attn, padding = _additive(attn, dtype), _additive(padding, dtype)
-    if padding is not None:
-        padding = padding[:, None, None, :]  # (B, 1, 1, S)
-    if attn is None:
-        return padding
-    return attn if padding is None else attn + padding
+    attn = None if attn is None else additive_mask(attn, dtype)
+    if padding is None:
+        return attn
+    padding = additive_mask(padding, dtype)[:, None, None, :]  # (B, 1, 1, S)
+    return padding if attn is None else attn + padding
