@@ -386,20 +386,32 @@ def test_the_loop_rule_lets_a_loop_over_the_three_projections_pass():
 
 def test_the_loop_rule_lets_a_loop_over_a_module_constant_pass(tmp_path, monkeypatch):
     """A name that the def's module binds once, at its top level, to a fixed few things is a
-    fixed few things, unless the def binds it itself or the module grows or rebinds it; one
-    bound to what a call returns still counts."""
+    fixed few things (a local alias of it and ``range(len(...))`` of it too; a local of the same
+    name in another def changes nothing), unless the module rebinds or changes it or the def
+    binds the name itself in any way; one bound to what a call returns still counts."""
     (tmp_path / "loop_rule_constants.py").write_text(
-        "import numpy as np\n"
-        "HEADS = ('W_q', 'W_k', 'W_v')\nKINDS = 'qkv'\nMANY = tuple(range(17))\n"
-        "GROWN = ['q']\nTWICE = ('a',)\nTWICE = ('a', 'b')\n\n"
+        "import contextlib\nimport numpy as np\n"
+        "HEADS = ('W_q', 'W_k', 'W_v')\nKINDS: tuple[str, ...] = ('q', 'k')\n"
+        "MANY = tuple(range(17))\nGROWN = ['q']\nTWICE = ('a',)\nTWICE = ('a', 'b')\n"
+        "SLICED = ['a']\nSLICED[:] = []\n\n"
+        "def other(x):\n    KINDS = x.shape\n    return KINDS\n\n"
         "def over_heads(x):\n    return [x for _ in HEADS]\n\n"
         "def over_kinds(x):\n    return {n: x for n in KINDS}\n\n"
+        "def alias(x):\n    names = HEADS\n    return [x for _ in range(len(names))]\n\n"
         "def rebinds(x, HEADS):\n    return [x for _ in HEADS]\n\n"
         "def over_many(x):\n    return [x for _ in MANY]\n\n"
         "def over_grown(x):\n    GROWN.append(x)\n    return [x for _ in GROWN]\n\n"
-        "def over_twice(x):\n    return [x for _ in TWICE]\n")
+        "def over_twice(x):\n    return [x for _ in TWICE]\n\n"
+        "def over_sliced(x):\n    return [x for _ in SLICED]\n\n"
+        "def nested(x):\n    def g(HEADS):\n        return [r for r in HEADS]\n    return g(x)\n\n"
+        "def target(x):\n    return [[r for r in HEADS] for HEADS in (x,)]\n\n"
+        "def with_as(x):\n    with contextlib.nullcontext(x) as HEADS:\n"
+        "        return [r for r in HEADS]\n\n"
+        "def through_globals(x):\n    globals()['HEADS'] = x\n    return [r for r in HEADS]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import loop_rule_constants as consts
-    for name, loops in (("over_heads", False), ("over_kinds", False), ("rebinds", True),
-                        ("over_many", True), ("over_grown", True), ("over_twice", True)):
-        assert F.python_loops(getattr(consts, name)).startswith("a loop") == loops, name
+    passing = ("over_heads", "over_kinds", "alias")
+    for name in (*passing, "rebinds", "over_many", "over_grown", "over_twice", "over_sliced",
+                 "nested", "target", "with_as", "through_globals"):
+        assert F.python_loops(getattr(consts, name)).startswith("a loop") != (name in passing), \
+            name

@@ -180,6 +180,12 @@ HIDDEN_LOOPS = {
                      "_F.python_loops = lambda *a: 'none'\n" + LOOPY,
                      "runs a Python loop (a loop at line 6)"),
 }
+#: a loop over a constant of the exercise cell (allowed), the cell then copied below it: the
+#: grader reads the copy's def, and the constants of its whole cell, as the notebook does
+OVER_CONSTANT = "PARTS = ('q', 'k')\n\n" + ADDITIVE.replace(
+    "    s = np.tanh((q @ W1)[:, None, :] + (k @ W2)[None, :, :]) @ w\n",
+    "    qp, kp = [{'q': q @ W1, 'k': k @ W2}[n] for n in PARTS]\n"
+    "    s = np.tanh(qp[:, None, :] + kp[None, :, :]) @ w\n")
 FLOOD = {"exercise-logsumexp": "for _ in range(20):\n    print('x' * 1_000_000)\n" + LOGSUMEXP}
 
 
@@ -224,6 +230,10 @@ def _write_students(subs: Path, out: Path) -> None:
     student_folder(subs / "loops", solved_01(), replace=LOOP_CORE)
     for who, (code, _) in HIDDEN_LOOPS.items():
         student_folder(subs / who, solved_01(edit={"exercise-additive": code}), core="reference")
+    nb = solved_01(edit={"exercise-additive": OVER_CONSTANT})
+    at = next(k for k, c in enumerate(nb.cells) if c.id == "exercise-additive")
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(OVER_CONSTANT, id="my-copy"))
+    student_folder(subs / "over_constant", nb, core="reference")
     student_folder(subs / "hidden_only", solved_01(edit={"exercise-logsumexp": WRONG_FOR_4D}),
                    core="reference")
     student_folder(subs / "magics", solved_01(edit=MAGICS), core="reference")
@@ -439,6 +449,10 @@ def test_a_loop_hidden_from_the_student_s_process_still_costs_its_point(graded, 
     assert HIDDEN_LOOPS[who][1] in summary(graded, who)
 
 
+def test_a_loop_over_a_constant_of_the_def_s_cell_passes_in_a_copy_of_the_cell(graded):
+    assert sum(points(graded, "over_constant").values()) == FULL, summary(graded, "over_constant")
+
+
 def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     def loops(*sources):
         cells = [(f"c{k}", source) for k, source in enumerate(sources)]
@@ -451,7 +465,9 @@ def test_the_grader_reads_a_function_s_loops_from_its_last_plain_def():
     # a loop over a constant of the def's own cell is over a fixed few things, as in the notebook
     over = "def additive_attention(q):\n    return [q for _ in HEADS]\n"
     assert loops(f"HEADS = ('a', 'b')\n{over}") == "none"
-    assert loops("HEADS = ('a', 'b')", over) == "a loop at line 2"
+    assert loops("HEADS = ('a', 'b')", over) == (
+        "a loop at line 2 over `HEADS`, which the def's own file or cell does not bind once to a "
+        "fixed few things, such as a tuple (a constant of another cell or module is not read)")
     assert loops("if True:\n    " + LOOPY.replace("\n", "\n    ")).startswith("no def")
     # its own body only: a comprehension in a default argument is not its loop; a decorated
     # def is not read (what the decorator returns runs instead)

@@ -436,11 +436,55 @@ def _source_def(function: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef | 
 
 def module_constants(tree: ast.Module) -> frozenset[str]:
     """The names that a module's (or a notebook cell's) top level binds once, each to a fixed
-    few things (``HEADS = ("W_q", "W_k", "W_v")``), and that nothing in it rebinds or grows:
-    a loop over one runs a fixed number of times."""
-    top = {t.id for n in tree.body if isinstance(n, ast.Assign)
-           for t in n.targets if isinstance(t, ast.Name)}
-    return _fixed_names(tree) & top
+    few things (``HEADS = ("W_q", "W_k", "W_v")``), and that nothing in it rebinds (``global``)
+    or changes (``HEADS.append``, ``HEADS[:] = ...``): a loop over one runs a fixed number of
+    times."""
+    touched = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
+    touched |= _grown_names(tree) | {
+        t.value.id for n in ast.walk(tree) if isinstance(n, ast.Subscript | ast.Attribute)
+        for t in [n] if isinstance(n.ctx, ast.Store | ast.Del) and isinstance(n.value, ast.Name)}
+    bound = _bound_names(tree, scope=True)
+    fixed: set[str] = set()
+    for n in tree.body:
+        target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
+            n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None
+        if isinstance(target, ast.Name) and bound.count(target.id) == 1 and \
+                target.id not in touched and _fixed_few(n.value, frozenset(fixed)):
+            fixed.add(target.id)
+    return frozenset(fixed)
+
+
+def _bound_names(node: ast.AST, scope: bool = False) -> list[str]:
+    """The names ``node`` binds, once for each binding, in every form (assignments, loop and
+    comprehension targets, parameters, imports, ``except ... as``, ``with ... as``, ``match``
+    captures, defs and classes); ``scope``: only in ``node``'s own scope, not in the defs,
+    lambdas and classes inside it."""
+    names, todo = [], list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+            names.append(n.id)
+        elif isinstance(n, ast.arg | ast.alias):
+            names.append(n.arg if isinstance(n, ast.arg) else
+                         (n.asname or n.name).split(".")[0])
+        elif getattr(n, "name", None) and isinstance(n, ast.ExceptHandler | ast.MatchAs |
+                                                     ast.MatchStar | ast.FunctionDef |
+                                                     ast.AsyncFunctionDef | ast.ClassDef):
+            names.append(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            names.append(n.rest)
+        if not (scope and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda |
+                                     ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(n))
+    return names
+
+
+def _grown_names(node: ast.AST) -> set[str]:
+    """The names whose value ``node`` grows in place (``names.append(...)``)."""
+    return {n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
+        "append", "extend", "insert", "update", "setdefault", "add", "__iadd__",
+        "__ior__", "symmetric_difference_update")}
 
 
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
@@ -459,8 +503,11 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     if node.decorator_list:
         return (f"it is decorated (@{ast.unparse(node.decorator_list[0])}), so the def's body "
                 "is not what runs: write it as a plain def, which the rule reads for loops")
-    params = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
-    lines, fixed = [], _fixed_names(node) | (constants - params - set(_assigned_names(node)))
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in (
+            "globals", "vars", "setattr") for n in ast.walk(node)):
+        constants = frozenset()  # the def may rebind them
+    bound = set(_bound_names(node))
+    loops, fixed = [], _fixed_names(node, constants - bound)
     step = _step_loop(node, fixed) if steps else None
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
         for n in ast.walk(statement):
@@ -478,8 +525,15 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
                 over = [ast.Call(ast.Name("zip"), n.args[1:], [])]  # as long as the shortest
             if n is not step and (isinstance(n, ast.While) or hidden or
                                   not all(_fixed_few(o, fixed) for o in over)):
-                lines.append(n.lineno)
-    return f"a loop at line {min(lines) + first_line - 1}" if lines else "none"
+                loops.append((n.lineno, over))
+    if not loops:
+        return "none"
+    line, over = min(loops, key=lambda loop: loop[0])
+    outside = [o.id for o in over if isinstance(o, ast.Name) and o.id not in bound]
+    return f"a loop at line {line + first_line - 1}" + (
+        f" over `{outside[0]}`, which the def's own file or cell does not bind once to a fixed "
+        "few things, such as a tuple (a constant of another cell or module is not read)"
+        if outside else "")
 
 
 def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[str],
@@ -500,22 +554,17 @@ def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[st
     return None if nested else _step_loop(node, fixed, nested=True)
 
 
-def _assigned_names(node: ast.AST) -> list[str]:
-    """The names assigned in a def or a module, once for each assignment."""
-    return [t.id for n in ast.walk(node) for t in (
+def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
+                 known: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The names that the def assigns once, each from a fixed few things (``names = ["q",
+    "k", "v"]``) or from ``known`` such names (the module's constants it reads), in the order
+    assigned, and ``known``: a loop over one runs a fixed number of times too."""
+    targets = [t.id for n in ast.walk(node) for t in (
         n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
         for t in ast.walk(t) if isinstance(t, ast.Name)]
-
-
-def _fixed_names(node: ast.AST) -> frozenset[str]:
-    """The names that the def (or module) assigns once, each from a fixed few things (``names =
-    ["q", "k", "v"]``), in the order assigned: a loop over one runs a fixed number of times too."""
-    targets = _assigned_names(node)
-    grown = {n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
-        n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
-        "append", "extend", "insert", "update", "setdefault", "add")}  # names.append(...)
-    fixed: set[str] = set()
+    grown = _grown_names(node)
+    fixed: set[str] = set(known)
     for n in ast.walk(node):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and \
                 isinstance(n.targets[0], ast.Name) and targets.count(n.targets[0].id) == 1 \
@@ -529,7 +578,8 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
     set or dict (nothing unpacked into it; a dict's ``.items()``, ``.keys()`` or
     ``.values()``), a short string (``"qkv"``), one of ``names`` (:func:`_fixed_names`), an
     array's ``.shape`` (or a slice of it), ``range`` of small counts (:func:`_few`: ``2``,
-    ``x.ndim - 2``), ``enumerate`` or ``reversed`` of those, or ``zip`` with one of those."""
+    ``x.ndim - 2``, ``len(names)``), ``enumerate`` or ``reversed`` of those, or ``zip`` with
+    one of those."""
     if isinstance(it, ast.Tuple | ast.List | ast.Set):
         return not any(isinstance(e, ast.Starred) for e in it.elts)
     if isinstance(it, ast.Dict):
@@ -550,17 +600,19 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
         if it.func.id == "zip":  # as long as its shortest argument
             return any(_fixed_few(a, names) for a in it.args)
         if it.func.id == "range" and len(it.args) <= 3:
-            return all(map(_few, it.args))
+            return all(_few(a, names) for a in it.args)
     return False
 
 
-def _few(n: ast.expr) -> bool:
-    """Whether ``n`` is a small count: a constant up to 16, an array's ``.ndim``, or a sum or
-    difference of those (``x.ndim - 2``)."""
+def _few(n: ast.expr, names: frozenset[str] = frozenset()) -> bool:
+    """Whether ``n`` is a small count: a constant up to 16, an array's ``.ndim``, the ``len`` of
+    a fixed few things (:func:`_fixed_few`), or a sum or difference of those (``x.ndim - 2``)."""
     if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub):
-        return _few(n.left) and _few(n.right)
+        return _few(n.left, names) and _few(n.right, names)
     if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-        return _few(n.operand)
+        return _few(n.operand, names)
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len":
+        return len(n.args) == 1 and _fixed_few(n.args[0], names)
     return isinstance(n, ast.Constant) and type(n.value) is int and abs(n.value) <= 16 \
         or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
         isinstance(n.value, ast.Name | ast.Attribute)
