@@ -495,7 +495,8 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     comprehension, a ``map`` or a ``filter`` over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those, or one
-    of the module's ``constants`` the def does not assign: ``HEADS = ("q", "k")``), which
+    of the ``constants`` of its module or cell (:func:`module_constants`) that the def does
+    not bind itself), which
     a longer sequence or a larger batch would not run more often.
     ``first_line``: the def's line in its cell (N then counts in the cell). ``steps``: the
     decoder's loop over the steps (:func:`_step_loop`) is allowed; the loops inside it count.
@@ -556,9 +557,9 @@ def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[st
 
 def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
                  known: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The names that the def assigns once, each from a fixed few things (``names = ["q",
-    "k", "v"]``) or from ``known`` such names (the module's constants it reads), in the order
-    assigned, and ``known``: a loop over one runs a fixed number of times too."""
+    """``known`` (the module's constants the def reads) and the names that the def assigns
+    once, each from a fixed few things (``names = ["q", "k", "v"]``, or ``names = HEADS`` for a
+    known one), in the order assigned: a loop over one runs a fixed number of times too."""
     targets = [t.id for n in ast.walk(node) for t in (
         n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
