@@ -452,8 +452,7 @@ def core_defs(work: StudentWork, names) -> Defs:
     return found
 
 
-def source_loops(defs: Defs, name: str,
-                 steps: bool = False) -> str:
+def source_loops(defs: Defs, name: str, steps: bool = False) -> str:
     """What :func:`~.framework.python_loops` says of the function ``name``, read from the body
     of its def in ``defs`` (:func:`last_defs`, :func:`core_defs`), functions it defines inside
     included: "none", "a loop at line N" (of its cell or file), or that there is no such def.

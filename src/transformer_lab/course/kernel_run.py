@@ -355,7 +355,7 @@ def run_notebook(nb, timeout: int, env: dict[str, str] | None = None, sandbox=No
         except TimeUp as up:
             run.status = "time up"
             run.later = (f"the cells had run their {total:g} s in all before cell "
-                                    f"{up.index + 1}, which did not run, nor the ones after it")
+                         f"{up.index + 1}, which did not run, nor the ones after it")
         except Exception as exc:  # e.g. the kernel could not start
             run.status = "could not run"
             run.later = f"not run: {one_line(str(exc)) or type(exc).__name__}"
