@@ -443,7 +443,7 @@ def module_constants(tree: ast.Module) -> frozenset[str]:
     touched |= _grown_names(tree) | {
         t.value.id for n in ast.walk(tree) if isinstance(n, ast.Subscript | ast.Attribute)
         for t in [n] if isinstance(n.ctx, ast.Store | ast.Del) and isinstance(n.value, ast.Name)}
-    bound = _bound_names(tree, scope=True)
+    bound = [name for name, _ in _bindings(tree, scope=True)]
     fixed: set[str] = set()
     for n in tree.body:
         target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
@@ -454,29 +454,34 @@ def module_constants(tree: ast.Module) -> frozenset[str]:
     return frozenset(fixed)
 
 
-def _bound_names(node: ast.AST, scope: bool = False) -> list[str]:
-    """The names ``node`` binds, once for each binding, in every form (assignments, loop and
-    comprehension targets, parameters, imports, ``except ... as``, ``with ... as``, ``match``
-    captures, defs and classes); ``scope``: only in ``node``'s own scope, not in the defs,
-    lambdas and classes inside it."""
-    names, todo = [], list(ast.iter_child_nodes(node))
+def _bindings(node: ast.AST, scope: bool = False) -> list[tuple[str, ast.AST]]:
+    """(name, the node binding it) for each binding in ``node``, in source order and in every
+    form: assignments and ``del``, loop and comprehension targets, parameters, imports (``from
+    m import *`` names none), ``except ... as``, ``with ... as``, ``match`` captures, defs and
+    classes. ``scope``: only those of ``node``'s own scope -- not those inside its defs,
+    classes and lambdas, nor a comprehension's targets (a ``:=`` in one binds here)."""
+    found: list[tuple[str, ast.AST]] = []
+    todo = list(ast.iter_child_nodes(node))[::-1]
     while todo:
         n = todo.pop()
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
-            names.append(n.id)
-        elif isinstance(n, ast.arg | ast.alias):
-            names.append(n.arg if isinstance(n, ast.arg) else
-                         (n.asname or n.name).split(".")[0])
+            found.append((n.id, n))
+        elif isinstance(n, ast.arg):
+            found.append((n.arg, n))
+        elif isinstance(n, ast.alias):
+            found += [((n.asname or n.name).split(".")[0], n)] if n.name != "*" else []
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            found.append((n.rest, n))
         elif getattr(n, "name", None) and isinstance(n, ast.ExceptHandler | ast.MatchAs |
                                                      ast.MatchStar | ast.FunctionDef |
                                                      ast.AsyncFunctionDef | ast.ClassDef):
-            names.append(n.name)
-        elif isinstance(n, ast.MatchMapping) and n.rest:
-            names.append(n.rest)
-        if not (scope and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda |
-                                     ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(n))
-    return names
+            found.append((n.name, n))
+        if scope and isinstance(n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            found += [(w.target.id, w.target) for w in ast.walk(n) if isinstance(w, ast.NamedExpr)]
+        elif not (scope and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda |
+                                       ast.ClassDef)):
+            todo += list(ast.iter_child_nodes(n))[::-1]
+    return found
 
 
 def _grown_names(node: ast.AST) -> set[str]:
@@ -507,7 +512,7 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in (
             "globals", "vars", "setattr") for n in ast.walk(node)):
         constants = frozenset()  # the def may rebind them
-    bound = set(_bound_names(node))
+    bound = {name for name, _ in _bindings(node)}
     loops, fixed = [], _fixed_names(node, constants - bound)
     step = _step_loop(node, fixed) if steps else None
     for statement in [*node.body, *node.args.defaults, *filter(None, node.args.kw_defaults)]:
@@ -1493,8 +1498,9 @@ def _outside_note(name: str, function: Callable) -> str:
     defs: dict[str, ast.AST] = {}  # name -> its last def
     for tree in map(_parsed, cells):
         exercise = any(getattr(n, "name", None) in exercises for n in tree.body)
-        for bound, node in _module_bindings(tree):
-            kept[bound] = exercise or not isinstance(node, ast.Name)
+        for bound, node in _bindings(tree, scope=True):
+            kept[bound] = exercise or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef |
+                                                 ast.ClassDef | ast.alias)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 defs[bound] = node
     reads: set[str] = set()
@@ -1529,30 +1535,6 @@ def _parsed(source) -> ast.Module:
         return ast.parse(source if isinstance(source, str) else "")
     except SyntaxError:
         return ast.Module(body=[], type_ignores=[])
-
-
-def _module_bindings(tree: ast.Module) -> list[tuple[str, ast.AST]]:
-    """(name, the node binding it) for each name a cell binds at module level, in order: a
-    def or class, an import's alias, an assigned name (not inside a def, a class, a lambda
-    or a comprehension; ``from m import *`` names none)."""
-    found: list[tuple[str, ast.AST]] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.append((node.name, node))
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            found.extend(((a.asname or a.name).split(".")[0], a) for a in node.names
-                         if a.name != "*")
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            found.append((node.id, node))
-        elif not isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp |
-                            ast.GeneratorExp):
-            for child in ast.iter_child_nodes(node):
-                visit(child)
-
-    for statement in tree.body:
-        visit(statement)
-    return found
 
 
 def _torch_note(chk: Check) -> str:
