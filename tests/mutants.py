@@ -1196,6 +1196,12 @@ mutant("rope_forward", "the rotation by minus the angle (clockwise, not RoFormer
        "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
        "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",
        "check-rope")
+mutant("rope_forward", "the halves rotated together (GPT-NeoX's rotate_half), not the pairs",
+       "x0, x1 = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each\n    out = np.empty_like(x)\n"
+       "    out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
+       "h = x.shape[-1] // 2\n    x0, x1 = x[..., :h], x[..., h:]\n    out = np.empty_like(x)\n"
+       "    out[..., :h] = x0 * cos - x1 * sin\n    out[..., h:] = x0 * sin + x1 * cos",
+       "check-rope", "check-grouped-query-attention")
 mutant("rope_backward", "the forward's rotation in the backward (not its transpose)",
        "dx[..., 0::2] = d0 * cos + d1 * sin\n    dx[..., 1::2] = d1 * cos - d0 * sin",
        "dx[..., 0::2] = d0 * cos - d1 * sin\n    dx[..., 1::2] = d0 * sin + d1 * cos",

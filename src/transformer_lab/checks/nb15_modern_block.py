@@ -316,13 +316,13 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
         for name, (B, T, E, H, Hkv, rope) in {
                 "4 query heads sharing 2 key/value heads": (2, 5, 8, 4, 2, False),
                 "one key/value head (multi-query), RoPE": (1, 4, 8, 4, 1, True),
-                "2 key/value heads, RoPE": (2, 6, 12, 6, 2, True)}.items():
+                "2 key/value heads, RoPE": (2, 6, 24, 6, 2, True)}.items():
             yield Case(name, (*_attention_case(rng, B, T, E, H, Hkv, False), H, Hkv, rope))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
         yield Case("float32, biases, RoPE",
-                   (*_attention_case(rng, 2, 3, 8, 4, 2, True, np.float32), 4, 2, True))
+                   (*_attention_case(rng, 2, 3, 16, 4, 2, True, np.float32), 4, 2, True))
     ### END HIDDEN TESTS
 
     def run(self, f, x, params, dout, H, Hkv, rope):
