@@ -78,7 +78,8 @@ def gelu_forward(x, approximate="none"):
 
     ``approximate="none"``: ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``, the normal distribution
     function. ``"tanh"``: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
-    x: any shape  ->  out: the same shape.
+    x: any shape  ->  out: the same shape, and the cache ``(x, approximate, aux)``, ``aux``
+    being ``Phi(x)`` or ``t = tanh(...)`` (:func:`gelu_backward` unpacks it).
     """
     ### BEGIN SOLUTION 07 §1
     c = x.dtype.type
