@@ -63,6 +63,10 @@ mutant("relu_backward", "the gradient multiplied into dout in place (dout *= mas
 mutant("relu_backward", "the mask itself returned, dout forgotten",
        "return dout * cache", "return cache * 1.0", "check-relu")
 
+mutant("relu_backward", "the bool mask compared with 0 (cache >= 0: True everywhere)",
+       "return dout * cache", "return dout * (cache >= 0)", "check-relu",
+       hint="the cache is the mask x > 0 already")
+
 mutant("linear_forward", "the weight transposed (x @ W.T, PyTorch's layout)",
        "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[-1]) @ W.T",
        "check-linear-forward")
@@ -77,6 +81,10 @@ mutant("linear_forward", "the bias added only when it is None-checked the wrong 
 mutant("linear_forward", "the leading axes not restored (out stays (N, D_out))",
        "    out = out.reshape(*x.shape[:-1], W.shape[1])  # (..., D_out)\n", "",
        "check-linear-forward-batched")
+mutant("linear_forward", "a Python loop over the rows of the batch (the text asks for none)",
+       "out = x.reshape(-1, x.shape[-1]) @ W  # (N, D_out), N = the leading axes together",
+       "out = np.stack([row @ W for row in x.reshape(-1, x.shape[-1])])",
+       "check-linear-forward-batched", hint="runs a Python loop")
 mutant("linear_backward", "dW with the transpose on the wrong side (dout^T x)",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
        "grads = {\"W\": (x.reshape(-1, x.shape[-1]).T @ dout2).T}",
@@ -266,6 +274,11 @@ mutant("padding_mask", "lengths indexed as an array without np.asarray (a list f
 mutant("padding_mask", "True = a real token (the convention inverted)",
        "np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
        "np.arange(S)[None, :] < np.asarray(lengths)[:, None]", "check-padding-mask")
+
+mutant("padding_mask", "a Python loop over the sequences (the text asks for none)",
+       "return np.arange(S)[None, :] >= np.asarray(lengths)[:, None]",
+       "return np.array([np.arange(S) >= n for n in lengths]).reshape(-1, S)",
+       "check-padding-mask", hint="runs a Python loop")
 
 mutant("softmax_forward", "no guard for a row of -inf only (its maximum is -inf: NaN)",
        "    m[np.isneginf(m)] = 0  # a row of -inf only: exp(-inf - 0) = 0 instead of exp(nan) "
@@ -589,6 +602,10 @@ mutant("attention_backward", "the scale applied twice in dk",
 mutant("multi_head_attention_backward", "dweights not passed on",
        "attention_backward(dheads, c_att, dweights)", "attention_backward(dheads, c_att)",
        "check-mha-backward")
+mutant("multi_head_attention_backward", "the query heads merged one sequence at a time (a loop)",
+       "dquery, g_q = linear_backward(merge_heads(dq), c_q)",
+       "dquery, g_q = linear_backward(np.stack([merge_heads(d[None])[0] for d in dq]), c_q)",
+       "check-mha-backward", hint="runs a Python loop")
 mutant("multi_head_attention_backward", "dkey computed from dv (copy-paste)",
        "dkey, g_k = linear_backward(merge_heads(dk), c_k)",
        "dkey, g_k = linear_backward(merge_heads(dv), c_k)", "check-mha-backward")
@@ -660,6 +677,12 @@ mutant("layer_norm_forward", "the standard deviation cached in place of its inve
        "    rstd = 1 / np.sqrt(var + eps)  # (..., 1)\n    xhat = xc * rstd\n",
        "    rstd = np.sqrt(var + eps)  # (..., 1)\n    xhat = xc / rstd\n",
        "check-layer-norm-forward")
+mutant("layer_norm_backward", "dgamma and dbeta summed over the features, not the leading axes",
+       'grads["gamma"] = (dout * xhat).reshape(-1, d).sum(axis=0)\n'
+       '    if beta is not None:\n        grads["beta"] = dout.reshape(-1, d).sum(axis=0)',
+       'grads["gamma"] = (dout * xhat).sum(axis=-1)\n'
+       '    if beta is not None:\n        grads["beta"] = dout.sum(axis=-1)',
+       "check-layer-norm-backward", hint="over the features (the last axis)")
 mutant("layer_norm_backward", "the factor rstd forgotten in dx",
        "    dx *= rstd\n", "", "check-layer-norm-backward", hint="without the factor rstd")
 mutant("layer_norm_backward", "mean(dout * xhat) where mean(g * xhat) belongs",
@@ -842,7 +865,7 @@ mutant("residual_backward", "the given norm's backward ignored: always the layer
        "check-modern-block")
 mutant("dropout_forward", "a mask cached in evaluation (the identity's cache is None)",
        "        return x, None", "        return x, (np.ones(x.shape, bool), 1.0)",
-       "check-dropout", hint="not as the identity")
+       "check-dropout", hint="where dropout is the identity")
 mutant("dropout_forward", "the mask drawn as u < 1 - p (right in distribution, not the text's)",
        "keep = rng.random(x.shape) >= p", "keep = rng.random(x.shape) < 1 - p", "check-dropout",
        hint="drawing the mask another way")
@@ -852,7 +875,11 @@ mutant("dropout_forward", "p = 1 returns zeros and cache None (the backward pass
        "    keep = rng.random(x.shape) >= p\n", "check-dropout",
        hint="returning cache None at p = 1")
 mutant("dropout_forward", "a copy of x in evaluation (the identity returns x itself)",
-       "        return x, None", "        return x.copy(), None", "check-dropout")
+       "        return x, None", "        return x.copy(), None", "check-dropout",
+       hint="returning a new array")
+mutant("dropout_forward", "the kept entries scaled by p instead of 1/(1 - p)",
+       "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(p)",
+       "check-dropout", hint="scaling by p instead")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
        "where PyTorch returns zeros)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",

@@ -91,14 +91,15 @@ def test_softmax_empty_rows_mistakes(monkeypatch):
         y = _plain_softmax(np.where(np.isneginf(x), -1e9, x))
         return y, y
     monkeypatch.setattr(CL, "softmax_forward", large_negative)
-    assert "-1e9: a row with nothing to attend to becomes uniform" in _fails(
+    assert "nothing to attend to uniform weights instead of zeros (as replacing -inf by a large " \
+        "negative number such as -1e9 does)" in _fails(
         "check-softmax-empty-rows")
 
 
 def test_attention_empty_rows_mistakes(monkeypatch):
     monkeypatch.setattr(CA, "attention_forward", _masked_attention("-1e9"))
     message = _fails("check-attention-empty-rows")
-    assert "case 'left padding" in message and "-1e9 instead of -inf" in message
+    assert "case 'left padding" in message and "-1e9 in place of -inf" in message
     monkeypatch.setattr(CA, "attention_forward", _masked_attention("right"))
     assert "without section 4's guard" in _fails("check-attention-empty-rows")
 

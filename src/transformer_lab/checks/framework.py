@@ -794,8 +794,8 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
     for name, found in loops.items():
         if found.startswith("a loop"):
             return Verdict(False, f"{label}: the answer is right, but `{name}` runs a Python "
-                                  f"loop ({found}); the exercise asks for none over positions, "
-                                  f"heads or the batch: {check.loop_free.get(name, 'broadcast')}")
+                                  f"loop ({found}); the exercise asks for none over the data's "
+                                  f"axes: {check.loop_free.get(name, 'broadcast')}")
         if found != "none":
             return Verdict(False, f"{label}: `{name}`: {found}")
     return Verdict(True)
@@ -820,10 +820,11 @@ def _error_hint(outcome: Outcome) -> str:
                     "(keepdims=True), or add it as the last axis (v[..., None])")
     if "mismatch in its core dimension" in outcome.error and re.search(r"\w\.T\b",
                                                                        outcome.where or ""):
-        return ("the line has a .T: on a matrix it swaps the two axes -- is the matrix laid "
-                "out as the docstring says (W (D_in, D_out) multiplies as x @ W, no .T)? On an "
-                "array with a batch axis it reverses every axis, (B, S, d) -> (d, S, B): "
-                "np.swapaxes(k, -1, -2) swaps the last two only")
+        return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "
+                "leading (batch) axes it reverses every axis, (B, S, d) -> (d, S, B). "
+                "np.swapaxes(a, -1, -2) swaps the last two only; a weight gradient sums over "
+                "the leading axes once they are flattened (x.reshape(-1, D)); and a weight is "
+                "laid out as its docstring says (W (D_in, D_out) multiplies as x @ W).")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
@@ -856,11 +857,13 @@ READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass
 def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
     """The first input of ``case`` that the run changed, by the name the check's ``run`` gives
     it (``dout``, ``cache``...), or ''."""
-    try:
-        names = [p.name for p in inspect.signature(check.run).parameters.values()
-                 if p.name not in ("self", "f") and p.kind is p.POSITIONAL_OR_KEYWORD]
-    except (TypeError, ValueError):
-        names = []
+    names: list[str] = []
+    for method in (check.run, check.expected):  # a check without its own run names them there
+        try:
+            names = names or [p.name for p in inspect.signature(method).parameters.values()
+                              if p.name not in ("self", "f") and p.kind is p.POSITIONAL_OR_KEYWORD]
+        except (TypeError, ValueError):
+            pass
     inputs = [(f"`{names[i]}`" if i < len(names) else f"(argument {i + 1})", before, after)
               for i, (before, after) in enumerate(zip(case.args, outcome.after, strict=False))]
     inputs += [(repr(k), v, outcome.after_kwargs.get(k)) for k, v in case.kwargs.items()]

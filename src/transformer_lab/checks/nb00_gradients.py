@@ -52,6 +52,8 @@ class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
             "applying the ReLU to dout (max(dout, 0)): the mask must come from x, the input of "
             "the forward pass, which the cache holds": lambda: {**e, "dx": np.maximum(dout, 0)},
             "returning the mask itself: multiply dout by it": lambda: {**e, "dx": x > 0},
+            "passing dout through unchanged: the cache is the mask x > 0 already (a bool array, "
+            "so cache >= 0 is True everywhere); multiply dout by it": lambda: {**e, "dx": dout},
         }
 
 
@@ -219,6 +221,8 @@ class MSELoss(Check, id="check-mse", arguments=("mse_loss",)):
             "with the sum of the squares as the loss instead of their mean":
             lambda: {**e, "loss": e["loss"] * n},
         }
+        found["returning the loss as a NumPy scalar (np.mean gives one): return "
+              "float(...)"] = lambda: {**e, "the loss is a float": False}
         if rows != n:
             found["dividing by the number of rows (P.shape[0]) instead of the number of "
                   "entries (P.size)"] = lambda: {**e, "dP": e["dP"] * n / rows}

@@ -217,8 +217,8 @@ class SoftmaxEmptyRows(Check, id="check-softmax-empty-rows", functions=("softmax
                 "all 0, and 0 / 0 is NaN (divide by 1 where the sum is 0). Check that your "
                 "softmax_forward has both":
                 lambda: _softmax(x),
-                "replacing -inf by a large negative number such as -1e9: a row with nothing "
-                "to attend to becomes uniform instead of zero":
+                "giving a row with nothing to attend to uniform weights instead of zeros (as "
+                "replacing -inf by a large negative number such as -1e9 does)":
                 lambda: _softmax(np.where(np.isneginf(x), -1e9, x))}
 
 
@@ -254,13 +254,16 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
                  "there, not here)":
                  lambda: _answer(_softmax(np.where(blocked, -np.inf, s)), v)}
         if mask.dtype == bool:
-            found["replacing blocked scores by -1e9 instead of -inf: a fully blocked query "
-                  "then attends to its blocked keys anyway (as if unmasked; uniformly in "
-                  "float32)"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
+            found["a fully blocked query attending to its blocked keys anyway (as if unmasked; "
+                  "uniformly in float32), as a large negative number such as -1e9 in place of "
+                  "-inf gives"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
         return found
 
 
 class PaddingMask(Check, id="check-padding-mask", functions=("padding_mask",)):
+    loop_free = {"padding_mask": "compare a row of key positions with a column of lengths "
+                                 "(broadcasting)"}
+
     def cases(self, rng):
         yield Case("lengths [6, 3, 2], S = 6", (np.array([6, 3, 2]), 6))
         yield Case("S longer than every sequence", (np.array([2, 4]), 7))
@@ -355,7 +358,7 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
         rows_open[:prefix_len] = False
         return {"the plain causal mask (the prefix keys are visible to every query)":
                 lambda: self.expected(T, 0),
-                "a prefix one position too long (j <= P instead of j < P)":
+                "making the prefix one position too long (j <= P instead of j < P)":
                 lambda: self.expected(T, min(prefix_len + 1, T)),
                 "opening the prefix queries' rows to the whole sequence (they must not see past "
                 "the prefix)": lambda: rows_open,

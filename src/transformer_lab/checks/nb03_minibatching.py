@@ -15,6 +15,9 @@ from transformer_lab.checks.nb02_masking import _answer, _MaskedAttention, _qkv
 
 
 class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=("linear_forward",)):
+    loop_free = {"linear_forward": "flatten the leading axes into one, one product, then "
+                                   "reshape them back"}
+
     def cases(self, rng):
         yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", linear_case(rng, (2, 3), 4, 5))
         yield Case("two leading axes (2, 3, 4, D_in = 3)", linear_case(rng, (2, 3, 4), 3, 2))
@@ -109,6 +112,8 @@ class AttentionBatched(_MaskedAttention, id="check-attention-batched"):
         blocked = np.zeros((2, 3, 4), bool)
         blocked[1, 0] = True
         yield Case("a fully blocked row in a batch", (*_qkv(rng, 3, 4, 3, 2, lead=(2,)), blocked))
+        yield Case("a bool mask per head (B, H, T, S)",
+                   (*_qkv(rng, 4, 5, 3, 2, lead=(2, 3)), rng.random((2, 3, 4, 5)) < 0.3))
     ### END HIDDEN TESTS
 
     def mistakes(self, q, k, v, mask=None):
@@ -198,7 +203,10 @@ class LastToken(Check, id="check-last-token", arguments=("last_valid_token",)):
         return {"taking row lengths[b] instead of lengths[b] - 1 (positions count from 0)":
                 lambda: H[np.arange(len(H)), np.minimum(lengths, H.shape[1] - 1)],
                 "taking the last position T - 1 of every sequence (padding included)":
-                lambda: H[:, -1]}
+                lambda: H[:, -1],
+                "indexing the positions alone (H[:, lengths - 1]): every sequence's rows at "
+                "all B positions, (B, B, D); pair each position with its row, "
+                "H[np.arange(B), lengths - 1]": lambda: H[:, lengths - 1]}
     ### END HIDDEN TESTS
 
 

@@ -156,6 +156,8 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
                 lambda: y * (dout - (dout * y).sum(axis=-1)),
                 "summing over the first axis (axis=0) instead of along each row (axis=-1)":
                 lambda: y * (dout - (dout * y).sum(axis=0, keepdims=True)),
+                "summing over the whole array instead of along each row (axis=-1)":
+                lambda: y * (dout - (dout * y).sum()),
                 "keeping only the diagonal of the Jacobian, dout * y * (1 - y)":
                 lambda: dout * y * (1 - y),
                 "forgetting the factor y outside the bracket, dout - sum(dout * y)":
@@ -253,6 +255,8 @@ class MultiHeadAttentionBackward(Check, id="check-mha-backward",
                                  functions=("multi_head_attention_forward",
                                             "multi_head_attention_backward")):
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
+    loop_free = {"multi_head_attention_backward": "one attention_backward call for all the "
+                 "heads, as the forward makes one attention_forward call"}
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):

@@ -163,7 +163,12 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                 "without the factor rstd = 1 / sqrt(var + eps) in front of dx":
                 lambda: {**right, "dx": (g - mean(g) - xhat * mean(g * xhat)).astype(dtype)},
                 "averaging dgamma and dbeta over the leading axes instead of summing them":
-                lambda: _averaged(right, rows)}
+                lambda: _averaged(right, rows),
+                "summing dgamma and dbeta over the features (the last axis) instead of over "
+                "every leading axis": lambda: {**right, "grads": {
+                    k: v.astype(dtype) for k, v in (("gamma", (d * xhat).sum(axis=-1)),
+                                                    ("beta", d.sum(axis=-1)))
+                    if k in right["grads"]}}}
 
 
 # --------------------------------------------------------------------------------------------

@@ -508,8 +508,9 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
     def mistakes(self, x, dout, p, seed, train):
         found = {}
         if not train or p == 0:
-            found["the right numbers, but not as the identity: return x itself and cache None, "
-                  "and draw nothing from rng (the backward then returns dout as it is)"] = \
+            found["returning a new array, or drawing from rng, where dropout is the identity: "
+                  "return x itself and cache None, and draw nothing (the backward then returns "
+                  "dout as it is)"] = \
                 lambda: {**self.expected(x, dout, p, seed, train), self.IDENTITY: False}
         if train and p == 1:
             found["returning cache None at p = 1: the backward then passes dout through, but "
@@ -532,6 +533,8 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                 lambda: self.expected(x, dout, p, seed, train, "u < 1 - p"),
                 "scaling by (1 - p) instead of 1/(1 - p)":
                 lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
+                "scaling by p instead of 1/(1 - p)":
+                lambda: self.expected(x, dout, p, seed, train, scale=p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
                 "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p"),
                 "with a backward that inverts the mask (~keep): the gradient flows to the "
