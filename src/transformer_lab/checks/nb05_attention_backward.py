@@ -255,8 +255,6 @@ class MultiHeadAttentionBackward(Check, id="check-mha-backward",
                                  functions=("multi_head_attention_forward",
                                             "multi_head_attention_backward")):
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
-    loop_free = {"multi_head_attention_backward": "one attention_backward call for all the "
-                 "heads, as the forward makes one attention_forward call"}
     tol = {"float64": 1e-9, "float32": 5e-5}
 
     def cases(self, rng):
