@@ -254,9 +254,9 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
                  "there, not here)":
                  lambda: _answer(_softmax(np.where(blocked, -np.inf, s)), v)}
         if mask.dtype == bool:
-            found["a fully blocked query attending to its blocked keys anyway (as if unmasked; "
-                  "uniformly in float32), as a large negative number such as -1e9 in place of "
-                  "-inf gives"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
+            found["letting a fully blocked query attend to its blocked keys anyway (as if "
+                  "unmasked; uniformly in float32), as a large negative number such as -1e9 in "
+                  "place of -inf does"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
         return found
 
 
@@ -356,7 +356,7 @@ class PrefixLM(Check, id="check-prefix-lm", arguments=("prefix_lm_mask",)):
     def mistakes(self, T, prefix_len):
         rows_open = self.expected(T, 0)  # the causal mask
         rows_open[:prefix_len] = False
-        return {"the plain causal mask (the prefix keys are visible to every query)":
+        return {"using the plain causal mask (the prefix keys are visible to every query)":
                 lambda: self.expected(T, 0),
                 "making the prefix one position too long (j <= P instead of j < P)":
                 lambda: self.expected(T, min(prefix_len + 1, T)),

@@ -76,7 +76,7 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
         if base is not None:
             hints["writing in the base 10000 instead of using the argument base"] = (
                 lambda: self.expected(positions, x, dout))
-        hints["a backward that rotates by +a, as the forward does: it rotates back, by -a "
+        hints["with a backward that rotates by +a, as the forward does: it rotates back, by -a "
               "(the transpose of the rotation)"] = lambda: {**want, "dx": _turned(dout, c, s)}
         i, b = np.arange(x.shape[-1] // 2), 10000.0 if base is None else base
 
