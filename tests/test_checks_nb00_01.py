@@ -323,6 +323,17 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
         assert loops(f"def f(x, y):\n    {body}\n") == "none", body
 
 
+def test_without_its_source_the_loop_rule_counts_every_loop_and_says_so():
+    """A def run by exec (or in a %%time cell) has no source to read: every loop of its compiled
+    code counts, a fixed few too, and the message says why (the grader reads the source)."""
+    namespace: dict = {}
+    exec("def f(q, k):\n    return [a + 1 for a in (q, k)]\n", namespace)  # noqa: S102
+    found = F.python_loops(namespace["f"])
+    assert found.startswith("a loop at line 2, read from the compiled code"), found
+    exec("def g(q, k):\n    return q + k\n", namespace)  # noqa: S102
+    assert F.python_loops(namespace["g"]) == "none"
+
+
 def test_a_decoder_s_loop_over_the_steps_is_allowed_and_the_loops_inside_it_are_not():
     """sample_decode's rule (steps=True): the first while, or for over more than a fixed few
     things, is the loop over the steps (in a with, an if or a try too); a loop over the batch,
