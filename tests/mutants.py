@@ -81,10 +81,6 @@ mutant("linear_forward", "the bias added only when it is None-checked the wrong 
 mutant("linear_forward", "the leading axes not restored (out stays (N, D_out))",
        "    out = out.reshape(*x.shape[:-1], W.shape[1])  # (..., D_out)\n", "",
        "check-linear-forward-batched")
-mutant("linear_forward", "a Python loop over the rows of the batch (the text asks for none)",
-       "out = x.reshape(-1, x.shape[-1]) @ W  # (N, D_out), N = the leading axes together",
-       "out = np.stack([row @ W for row in x.reshape(-1, x.shape[-1])])",
-       "check-linear-forward-batched", hint="runs a Python loop")
 mutant("linear_backward", "dW with the transpose on the wrong side (dout^T x)",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
        "grads = {\"W\": (x.reshape(-1, x.shape[-1]).T @ dout2).T}",
@@ -304,7 +300,10 @@ mutant("attention_forward", "the cache holds the weights before the mask (masked
        "check-attention-mask", hint="the weights before the mask in the cache")
 mutant("attention_forward", "blocked scores set to -1e9 instead of -inf",
        "np.copyto(scores, -np.inf, where=mask)", "np.copyto(scores, -1e9, where=mask)",
-       "check-attention-empty-rows")
+       "check-attention-empty-rows", hint="replacing its scores by a large negative number")
+mutant("attention_forward", "-1e9 added at the blocked scores instead of -inf set",
+       "np.copyto(scores, -np.inf, where=mask)", "scores -= 1e9 * mask",
+       "check-attention-empty-rows", hint="adding a large negative number")
 mutant("attention_forward", "a float mask ignored",
        "        scores += mask  # a float mask is added\n", "        pass\n",
        "check-attention-mask")
@@ -679,6 +678,12 @@ mutant("layer_norm_backward", "dgamma and dbeta summed over the features, not th
        'grads["gamma"] = (dout * xhat).sum(axis=-1)\n'
        '    if beta is not None:\n        grads["beta"] = dout.sum(axis=-1)',
        "check-layer-norm-backward", hint="over the features (the last axis)")
+mutant("layer_norm_backward", "dgamma and dbeta summed over the first axis only (2-D habit)",
+       'grads["gamma"] = (dout * xhat).reshape(-1, d).sum(axis=0)\n'
+       '    if beta is not None:\n        grads["beta"] = dout.reshape(-1, d).sum(axis=0)',
+       'grads["gamma"] = (dout * xhat).sum(axis=0)\n'
+       '    if beta is not None:\n        grads["beta"] = dout.sum(axis=0)',
+       "check-layer-norm-backward", hint="over the first axis only")
 mutant("layer_norm_backward", "the factor rstd forgotten in dx",
        "    dx *= rstd\n", "", "check-layer-norm-backward", hint="without the factor rstd")
 mutant("layer_norm_backward", "mean(dout * xhat) where mean(g * xhat) belongs",

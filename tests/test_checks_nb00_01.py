@@ -294,6 +294,27 @@ def test_a_core_function_using_torch_passes_with_a_note(monkeypatch, capsys):
     assert "Note: `relu_forward` uses torch" in capsys.readouterr().out
 
 
+def test_the_loop_rule_lets_a_loop_over_the_leading_axes_pass():
+    """A retest's correct code that counted the leading axes in a loop: over the starred name of
+    an unpacked shape, tuple/list/sorted of one, np.shape, range(np.ndim(x) - 1)."""
+    import ast
+
+    def loops(body):
+        return F.def_loops(ast.parse(f"def f(x):\n    n = 1\n{body}    return n\n").body[0])
+
+    for body in ("    *lead, d = x.shape\n    for m in lead:\n        n *= m\n",
+                 "    for m in tuple(x.shape[:-1]):\n        n *= m\n",
+                 "    for m in list(np.shape(x)[:-1]):\n        n *= m\n",
+                 "    for m in sorted(x.shape):\n        n *= m\n",
+                 "    for i in range(np.ndim(x) - 1):\n        n *= x.shape[i]\n"):
+        assert loops(body) == "none", body
+    for body in ("    *lead, d = x\n    for m in lead:\n        n *= m\n",  # rows of x
+                 "    *lead, d = x.shape\n    lead = x\n    for m in lead:\n        n *= m\n",
+                 "    for m in list(x):\n        n *= m\n",
+                 "    for i in range(np.size(x)):\n        n *= 2\n"):
+        assert loops(body).startswith("a loop at line"), body
+
+
 def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
     """Loops a red team wrote to look fixed: unpacked into a literal, over the .shape of an
     object made for it, over range of a large constant, or a decorated def (what runs is the
@@ -309,7 +330,10 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
                  "for i in range(types.SimpleNamespace(ndim=len(x)).ndim):\n        pass",
                  "for i in range(x.ndim + 100):\n        pass",
                  "for i in range(0, len(x)):\n        pass",
-                 "for i in range(x.ndim * x.size):\n        pass"):
+                 "for i in range(x.ndim * x.size):\n        pass",
+                 "return functools.reduce(lambda a, r: a + r, x, 0)",
+                 "return reduce(np.add, x)",
+                 "return list(itertools.starmap(g, zip(x)))"):  # a retest's loops, passed once
         assert loops(f"def f(x):\n    {body}\n").startswith("a loop"), body
     assert "decorated" in loops("@lambda f: g\ndef f(x):\n    return x\n")
     assert loops("def f(x, rows=lambda x: [r for r in x]):\n    return rows(x)\n") \
@@ -319,7 +343,9 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
                  "for i in range(x.ndim):\n        pass", "for i in range(2):\n        pass",
                  "for i in range(x.ndim - 2):\n        pass",
                  "for i in range(0, 1):\n        pass",
-                 "for i in range(x.ndim - 1, -1, -1):\n        pass"):
+                 "for i in range(x.ndim - 1, -1, -1):\n        pass",
+                 "return np.add.reduce(x, axis=0)",  # a ufunc's loop runs inside NumPy
+                 "return functools.reduce(np.maximum, (x, y))"):
         assert loops(f"def f(x, y):\n    {body}\n") == "none", body
 
 

@@ -499,7 +499,7 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
     """"none", or "a loop at line N" for the first Python loop in the body of the def ``node``
     (functions it defines inside, and its default values, included): a ``while``, a call of
     ``np.apply_along_axis``, ``np.vectorize`` or ``np.frompyfunc``, or a ``for``, a
-    comprehension, a ``map`` or a ``filter`` over
+    comprehension, a ``map``, ``filter``, ``itertools.starmap`` or ``functools.reduce`` over
     anything but a fixed few things (:func:`_fixed_few`: ``for a in (q, k)``, ``for n in
     "qkv"``, ``for n in x.shape``, or over a name the def assigns once from one of those, or one
     of the ``constants`` of its module or cell (:func:`module_constants`) that the def does
@@ -528,9 +528,13 @@ def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
                         n, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) else [])
             hidden = isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in (
                 "apply_along_axis", "vectorize", "frompyfunc")  # a Python loop inside NumPy
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
-                    n.func.id in ("map", "filter") and len(n.args) > 1:
-                over = [ast.Call(ast.Name("zip"), n.args[1:], [])]  # as long as the shortest
+            called = ast.unparse(n.func) if isinstance(n, ast.Call) else ""
+            called = called.split(".")[-1] if called.startswith(("itertools.", "functools.")) \
+                else called  # not np.add.reduce: a ufunc's loop runs inside NumPy
+            if called in ("map", "filter", "starmap", "reduce") and len(n.args) > 1:
+                # over their iterables, as long as the shortest (reduce: over its second)
+                over = [ast.Call(ast.Name("zip"), n.args[1:2] if called == "reduce" else
+                                 n.args[1:], [])]
             if n is not step and (isinstance(n, ast.While) or hidden or
                                   not all(_fixed_few(o, fixed) for o in over)):
                 loops.append((n.lineno, over))
@@ -565,8 +569,9 @@ def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[st
 def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
                  known: frozenset[str] = frozenset()) -> frozenset[str]:
     """``known`` (the module's constants the def reads) and the names that the def assigns
-    once, each from a fixed few things (``names = ["q", "k", "v"]``, or ``names = HEADS`` for a
-    known one), in the order assigned: a loop over one runs a fixed number of times too."""
+    once, each from a fixed few things (``names = ["q", "k", "v"]``, ``names = HEADS`` for a
+    known one, or the starred name of ``*lead, d = x.shape``), in the order assigned: a loop over
+    one runs a fixed number of times too."""
     targets = [t.id for n in ast.walk(node) for t in (
         n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
@@ -574,10 +579,14 @@ def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
     grown = _grown_names(node)
     fixed: set[str] = set(known)
     for n in ast.walk(node):
-        if isinstance(n, ast.Assign) and len(n.targets) == 1 and \
-                isinstance(n.targets[0], ast.Name) and targets.count(n.targets[0].id) == 1 \
-                and n.targets[0].id not in grown and _fixed_few(n.value, frozenset(fixed)):
-            fixed.add(n.targets[0].id)
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
+            continue
+        target = n.targets[0]  # a name, or the starred one of an unpacking: *lead, d = x.shape
+        target = next((t.value for t in target.elts if isinstance(t, ast.Starred)), None) \
+            if isinstance(target, ast.Tuple | ast.List) else target
+        if isinstance(target, ast.Name) and targets.count(target.id) == 1 and \
+                target.id not in grown and _fixed_few(n.value, frozenset(fixed)):
+            fixed.add(target.id)
     return frozenset(fixed)
 
 
@@ -585,9 +594,9 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
     """Whether a loop over ``it`` runs a fixed number of times: over a literal tuple, list,
     set or dict (nothing unpacked into it; a dict's ``.items()``, ``.keys()`` or
     ``.values()``), a short string (``"qkv"``), one of ``names`` (:func:`_fixed_names`), an
-    array's ``.shape`` (or a slice of it), ``range`` of small counts (:func:`_few`: ``2``,
-    ``x.ndim - 2``, ``len(names)``), ``enumerate`` or ``reversed`` of those, or ``zip`` with
-    one of those."""
+    array's ``.shape`` or ``np.shape(x)`` (or a slice of it), ``range`` of small counts
+    (:func:`_few`: ``2``, ``x.ndim - 2``, ``len(names)``), ``enumerate``, ``reversed``,
+    ``tuple``, ``list`` or ``sorted`` of those, or ``zip`` with one of those."""
     if isinstance(it, ast.Tuple | ast.List | ast.Set):
         return not any(isinstance(e, ast.Starred) for e in it.elts)
     if isinstance(it, ast.Dict):
@@ -602,8 +611,10 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
         return isinstance(it.slice, ast.Slice) and _fixed_few(it.value, names)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args:
         return it.func.attr in ("items", "keys", "values") and _fixed_few(it.func.value, names)
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "shape":
+        return len(it.args) == 1 and isinstance(it.args[0], ast.Name)  # np.shape(x)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args:
-        if it.func.id in ("enumerate", "reversed"):
+        if it.func.id in ("enumerate", "reversed", "tuple", "list", "sorted"):
             return _fixed_few(it.args[0], names)
         if it.func.id == "zip":  # as long as its shortest argument
             return any(_fixed_few(a, names) for a in it.args)
@@ -613,14 +624,17 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
 
 
 def _few(n: ast.expr, names: frozenset[str] = frozenset()) -> bool:
-    """Whether ``n`` is a small count: a constant up to 16, an array's ``.ndim``, the ``len`` of
-    a fixed few things (:func:`_fixed_few`), or a sum or difference of those (``x.ndim - 2``)."""
+    """Whether ``n`` is a small count: a constant up to 16, an array's ``.ndim`` (or
+    ``np.ndim(x)``), the ``len`` of a fixed few things (:func:`_fixed_few`), or a sum or
+    difference of those (``x.ndim - 2``)."""
     if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub):
         return _few(n.left, names) and _few(n.right, names)
     if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
         return _few(n.operand, names)
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len":
         return len(n.args) == 1 and _fixed_few(n.args[0], names)
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "ndim":
+        return len(n.args) == 1 and isinstance(n.args[0], ast.Name)  # np.ndim(x)
     return isinstance(n, ast.Constant) and type(n.value) is int and abs(n.value) <= 16 \
         or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
         isinstance(n.value, ast.Name | ast.Attribute)

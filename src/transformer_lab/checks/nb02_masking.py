@@ -254,9 +254,12 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
                  "there, not here)":
                  lambda: _answer(_softmax(np.where(blocked, -np.inf, s)), v)}
         if mask.dtype == bool:
-            found["letting a fully blocked query attend to its blocked keys anyway (as if "
-                  "unmasked; uniformly in float32), as a large negative number such as -1e9 in "
-                  "place of -inf does"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
+            found["letting a fully blocked query attend uniformly to its blocked keys, as "
+                  "replacing its scores by a large negative number such as -1e9 in place of -inf "
+                  "does"] = lambda: _answer(_softmax(np.where(mask, -1e9, s)), v)
+            found["letting a fully blocked query attend to its blocked keys as if unmasked "
+                  "(uniformly in float32), as adding a large negative number such as -1e9 in "
+                  "place of -inf does"] = lambda: _answer(_softmax(s - 1e9 * mask), v)
         return found
 
 

@@ -15,9 +15,6 @@ from transformer_lab.checks.nb02_masking import _answer, _MaskedAttention, _qkv
 
 
 class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=("linear_forward",)):
-    loop_free = {"linear_forward": "flatten the leading axes into one, one product, then "
-                                   "reshape them back"}
-
     def cases(self, rng):
         yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", linear_case(rng, (2, 3), 4, 5))
         yield Case("two leading axes (2, 3, 4, D_in = 3)", linear_case(rng, (2, 3, 4), 3, 2))
@@ -204,9 +201,9 @@ class LastToken(Check, id="check-last-token", arguments=("last_valid_token",)):
                 lambda: H[np.arange(len(H)), np.minimum(lengths, H.shape[1] - 1)],
                 "taking the last position T - 1 of every sequence (padding included)":
                 lambda: H[:, -1],
-                "indexing the positions alone (H[:, lengths - 1]): every sequence's rows at "
-                "all B positions, (B, B, D); pair each position with its row, "
-                "H[np.arange(B), lengths - 1]": lambda: H[:, lengths - 1]}
+                "indexing every sequence at all B positions (as H[:, lengths - 1] does), "
+                "(B, B, D): pair each position with its own row, H[np.arange(B), lengths - 1]":
+                lambda: H[:, lengths - 1]}
     ### END HIDDEN TESTS
 
 

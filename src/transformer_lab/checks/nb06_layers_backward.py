@@ -165,10 +165,17 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                 "averaging dgamma and dbeta over the leading axes instead of summing them":
                 lambda: _averaged(right, rows),
                 "summing dgamma and dbeta over the features (the last axis) instead of over "
-                "every leading axis": lambda: {**right, "grads": {
-                    k: v.astype(dtype) for k, v in (("gamma", (d * xhat).sum(axis=-1)),
-                                                    ("beta", d.sum(axis=-1)))
-                    if k in right["grads"]}}}
+                "every leading axis": lambda: _summed(right, d, xhat, -1),
+                "summing dgamma and dbeta over the first axis only (axis=0): they sum over "
+                "every leading axis, e.g. .reshape(-1, D).sum(axis=0)":
+                lambda: _summed(right, d, xhat, 0)}
+
+
+def _summed(answer: dict, dout, xhat, axis: int) -> dict:
+    """``answer`` with dgamma and dbeta (those it has) summed along ``axis`` of dout * xhat and
+    dout: a mistaken reduction."""
+    sums = {"gamma": (dout * xhat).sum(axis=axis), "beta": dout.sum(axis=axis)}
+    return {**answer, "grads": {k: sums[k].astype(g.dtype) for k, g in answer["grads"].items()}}
 
 
 # --------------------------------------------------------------------------------------------

@@ -508,9 +508,9 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
     def mistakes(self, x, dout, p, seed, train):
         found = {}
         if not train or p == 0:
-            found["returning a new array, or drawing from rng, where dropout is the identity: "
-                  "return x itself and cache None, and draw nothing (the backward then returns "
-                  "dout as it is)"] = \
+            found["returning a new array or a cache, or drawing from rng, where dropout is the "
+                  "identity: return x itself and cache None, and draw nothing (the backward then "
+                  "returns dout as it is)"] = \
                 lambda: {**self.expected(x, dout, p, seed, train), self.IDENTITY: False}
         if train and p == 1:
             found["returning cache None at p = 1: the backward then passes dout through, but "
