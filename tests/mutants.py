@@ -1619,6 +1619,14 @@ mutant("bpe_decode", "errors='ignore': a cut character vanishes", 'errors="repla
 # 12_translation
 
 
+mutant("label_smoothed_loss_forward", "the smoothing term counted at the ignored positions",
+       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)",
+       "loss = float((((1 - eps) * nll * keep + eps * uniform)).sum() * weight)",
+       "check-label-smoothed-loss", hint="the smoothing term counted at the ignored positions")
+mutant("label_smoothed_loss_forward", "the target's term without its 1 - eps",
+       "loss = float((((1 - eps) * nll + eps * uniform) * keep).sum() * weight)",
+       "loss = float(((nll + eps * uniform) * keep).sum() * weight)",
+       "check-label-smoothed-loss", hint="the target's weight 1 where 1 - eps belongs")
 mutant("label_smoothed_loss_forward", "padding taken to be the negative ids (ignore_index unused)",
        "keep = targets != ignore_index  # (...)", "keep = targets >= 0  # (...)",
        "check-label-smoothed-loss")

@@ -75,10 +75,13 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         V = logits.shape[-1]
         keep = targets != ignore_index
 
-        def smoothed(on, off, counted, total=None):
+        def smoothed(on, off, counted, total=None, padded_on=None):
+            """q: ``on`` at the target, ``off`` elsewhere (at an ignored position: at class 0,
+            or ``padded_on``); each position weighs ``counted`` / (their sum or ``total``)."""
             logp = _log_softmax(logits)
             q = np.full(logits.shape, off)
-            np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on, -1)
+            on_here = on if padded_on is None else np.where(keep, on, padded_on)[..., None]
+            np.put_along_axis(q, np.where(keep, targets, 0)[..., None], on_here, -1)
             w = counted / (counted.sum() if total is None else total)
             return {"loss": np.asarray(-((q * logp).sum(-1) * w).sum(), logits.dtype),
                     "dlogits": ((np.exp(logp) * q.sum(-1, keepdims=True) - q)  # p - q, q right
@@ -105,10 +108,18 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         found["with the target's weight 1 in the gradient where 1 - eps belongs (q = (1 - eps) "
               "onehot + eps / V)"] = lambda: {**right, "dlogits": smoothed(
                   1 + eps / V, eps / V, keep)["dlogits"]}
+        if eps > 0:
+            found["with the target's weight 1 where 1 - eps belongs (q = (1 - eps) onehot + "
+                  "eps / V: the smoothing takes eps from the target)"] = lambda: smoothed(
+                1 + eps / V, eps / V, keep)
         if not keep.all():
             found["dividing by every position, the ignored ones too (the mean is over the "
                   "positions kept: divide by their number)"] = lambda: smoothed(
                 1 - eps + eps / V, eps / V, keep, total=keep.size)
+            if eps > 0:
+                found["with the smoothing term counted at the ignored positions too (mask "
+                      "the whole loss of a position, both terms)"] = lambda: smoothed(
+                    1 - eps + eps / V, eps / V, np.ones(keep.shape), keep.sum(), eps / V)
         return found
 
 

@@ -106,6 +106,10 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         yield Case("float32 with three axes, p = 0.7", (
             rng.standard_normal((2, 3, 7)).astype(np.float32) * 3, 0.7))
         yield Case("a peaked row", (np.array([[8.0, 1.0, 0.5, 0.0, -1.0]]), 0.95))
+        yield Case("24 tokens in four tied groups, p = 0.6: of the tied ones at the cut, the "
+                   "lower ids are kept", (np.array([[
+                       0.0, 1, 2, 2, -1, -1, 0, 0, 1, -1, -1, 2, -1, 2, 0, 1, -1, 1, 1, 1, 2, 1,
+                       0, 0]]), 0.6))
     ### END HIDDEN TESTS
 
     def expected(self, logits, p):
@@ -118,13 +122,24 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         cum = np.cumsum(np.take_along_axis(probs, order, -1), -1)
         before = np.zeros(logits.shape, bool)
         np.put_along_axis(before, order, cum < p, axis=-1)  # stops one token short
+        ranked = cum - np.take_along_axis(probs, order, -1) < p  # in rank order
+        reversed_ties = np.zeros(logits.shape, bool)
+        backwards = np.argsort(probs, axis=-1, kind="stable")[..., ::-1]
+        cum_back = np.cumsum(np.take_along_axis(probs, backwards, -1), -1)
+        np.put_along_axis(reversed_ties, backwards,
+                          cum_back - np.take_along_axis(probs, backwards, -1) < p, axis=-1)
         with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
             naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
                 "kept set must reach p)": lambda: _kept(before, logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
-                "and inf / inf is NaN": lambda: _kept(overflowed, logits)}
+                "and inf / inf is NaN": lambda: _kept(overflowed, logits),
+                "leaving the decision in rank order: put it back at each token's own id "
+                "(np.put_along_axis with the sort's order)": lambda: _kept(ranked, logits),
+                "ranking tied tokens highest id first (argsort(probs)[..., ::-1] reverses ties; "
+                "argsort(-probs, kind=\"stable\") keeps the lower id first)":
+                lambda: _kept(reversed_ties, logits)}
 
 
 #: check-sample-next's output that says whether the caller's logits are as they were
@@ -234,6 +249,13 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                 found["ignoring top_p (no top-p filter)"] = lambda: self.expected(
                     logits, temperature, top_k, None)
             return found
+        if temperature == 0:
+            def divided():
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    return np.argmax(logits / 0.0, axis=-1).astype(np.int64)
+            return {"dividing by the temperature before the greedy branch: logits / 0 are "
+                    "+-inf (NaN at 0), and argmax picks the first of them; at temperature 0 "
+                    "take the argmax of the logits as they are": divided}
         return {}
 
 
