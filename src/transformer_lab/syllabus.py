@@ -159,9 +159,12 @@ def notebook_functions(notebook: str) -> dict[str, list[str]]:
 
 
 def stub_message(function: str, where: tuple[str, str] | None = None) -> str:
-    """What the handout's stub of a core function says when it is called; ``where``: its
-    (core module, first place), by default :func:`where_taught`'s."""
+    """What the handout's stub of a core function says when it is called (the later notebooks
+    that extend it too); ``where``: its (core module, first place), by default
+    :func:`where_taught`'s."""
     module, place = where or where_taught(function)
     notebook, _, section = place.partition(" §")
+    later = TAUGHT_IN.get(module, {}).get(function, ())[1:]
+    extended = f" ({' and '.join(later)} extend{'s' * (len(later) == 1)} it)" if later else ""
     return (f"{function}() in transformer_lab/core/{module}.py is yours to write: notebook "
-            f"{notebook}, section {section}, shows how")
+            f"{notebook}, section {section}, shows how{extended}")
