@@ -1363,6 +1363,10 @@ mutant("gpt_backward", "an untied head's gradient added to the embedding table's
 mutant("gpt_loss", "the loss itself passed back as dloss",
        "next_token_loss_backward(1.0, c_loss)", "next_token_loss_backward(loss, c_loss)",
        "check-gpt-model")
+mutant("kv_cache_append", "each piece written one slot late (at length + 1)",
+       "    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
+       "    K[:, :, length + 1:end + 1] = k\n    V[:, :, length + 1:end + 1] = v\n",
+       "check-kv-cache-append", hint="one slot late")
 mutant("kv_cache_append", "the whole cache returned, unfilled positions included",
        "return K[:, :, :end], V[:, :, :end], end", "return K, V, end", "check-kv-cache-append")
 mutant("causal_self_attention_step", "the step not extended for RoPE: the new queries and keys "

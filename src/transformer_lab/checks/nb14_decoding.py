@@ -319,11 +319,12 @@ class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_appe
                 "lengths": np.asarray(lengths, dtype=np.int64), "K": K, "V": V,
                 "the returned keys are a view of the cache": bool(np.shares_memory(keys, K))}
 
-    def expected(self, shape, pieces, at_zero=False):
-        """The cache after the pieces (``at_zero``, a mistake: each written at position 0)."""
+    def expected(self, shape, pieces, at_zero=False, late=0):
+        """The cache after the pieces (mistakes: ``at_zero``, each written at position 0;
+        ``late``, each written that many slots after the first free one)."""
         K, length = np.zeros(shape, pieces[0].dtype), 0
         for p in pieces:
-            start = 0 if at_zero else length
+            start = 0 if at_zero else length + late
             K[:, :, start:start + p.shape[2]] = p
             length += p.shape[2]
         return {"keys": K[:, :, :length].copy(), "values": -K[:, :, :length],
@@ -331,8 +332,13 @@ class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_appe
                 "K": K, "V": -K, "the returned keys are a view of the cache": True}
 
     def mistakes(self, shape, pieces):
-        return {"writing every piece at position 0 (the length tells where the free slots "
-                "start)": lambda: self.expected(shape, pieces, at_zero=True)}
+        found = {"writing every piece at position 0 (the length tells where the free slots "
+                 "start)": lambda: self.expected(shape, pieces, at_zero=True)}
+        if sum(p.shape[2] for p in pieces) < shape[2]:  # room for the shift
+            found["writing each piece one slot late, at length + 1 (positions count from 0: "
+                  "the first free slot is length itself)"] = lambda: self.expected(
+                shape, pieces, late=1)
+        return found
 
 
 class CachedStep(Check, id="check-gpt-step",
