@@ -1245,12 +1245,17 @@ mutant("rms_norm_forward", "eps added outside the square root",
        "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",
        "rstd = 1 / (np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d) + eps)",
        "check-gpt-rms-norm")
+mutant("rms_norm_backward", "the factor 1/r forgotten in dx", "    dx *= rstd\n", "",
+       "check-gpt-rms-norm", hint="without the factor 1 / r")
 mutant("rms_norm_backward", "the path through the rms dropped", "dx = g - xhat * mean_gx",
        "dx = g.copy()", "check-gpt-rms-norm")
 mutant("silu_forward", "sigmoid(2x) written for sigmoid(x)", "np.tanh(0.5 * x)", "np.tanh(x)",
        "check-swiglu")
 mutant("silu_backward", "x * s instead of x * (1 - s)", "(1 + x * (1 - s))", "(1 + x * s)",
        "check-swiglu")
+mutant("silu_forward", "the sigmoid as exp(x) / (1 + exp(x)), which overflows (NaN past 89 in "
+       "float32)", "s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)",
+       "s = np.exp(x) / (1 + np.exp(x))", "check-swiglu")
 mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
        "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
        "check-swiglu")
@@ -1456,11 +1461,18 @@ mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=
 # ============================================================================================
 # 16_long_context
 
+mutant("online_softmax_update", "m_new the block's maximum alone (the running one ignored)",
+       "m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))",
+       "m_new = scores.max(axis=-1, keepdims=True)", "check-online-softmax-update",
+       hint="the block's maximum alone")
 mutant("online_softmax_update", "the old sum not rescaled", "ell_new = alpha * ell +",
        "ell_new = ell +", "check-online-softmax-update")
 mutant("online_softmax_update", "no guard for a row of -inf only",
        "shift = np.where(np.isneginf(m_new), 0, m_new)", "shift = m_new",
        "check-online-softmax-update")
+mutant("flash_attention_forward", "the future tiles visited, unmasked (only the diagonal masked)",
+       "stop = min(S, i + block_size) if causal else S", "stop = S",
+       "check-flash-forward", hint="visiting the future tiles too")
 mutant("flash_attention_forward", "the accumulator not rescaled", "            acc *= alpha\n",
        "", "check-flash-forward")
 mutant("flash_attention_forward", "the running maximum started at 0, not -inf",

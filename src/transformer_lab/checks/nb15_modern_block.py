@@ -183,19 +183,22 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
                   x, gamma, dout, e, mean_g=True)}
         hints["without the path through r: dx = (g - x_hat * mean(g * x_hat)) / r, not g / r"] = \
             lambda: {"dx": _rms_dx(x, gamma, dout, e, through_r=False)}
+        hints["without the factor 1 / r in front of dx: dx = (g - x_hat * mean(g * x_hat)) / r"] \
+            = lambda: {"dx": _rms_dx(x, gamma, dout, e, over_r=False)}
         return hints
 
 
-def _rms_dx(x, gamma, dout, eps, mean_g=False, through_r=True):
-    """dx of RMSNorm with a mistake: layer norm's -mean(g) term too (``mean_g``), or without
-    the term of r's own gradient (``through_r`` False), in x's dtype."""
+def _rms_dx(x, gamma, dout, eps, mean_g=False, through_r=True, over_r=True):
+    """dx of RMSNorm with a mistake: layer norm's -mean(g) term too (``mean_g``), without the
+    term of r's own gradient (``through_r`` False), or without the 1 / r (``over_r`` False), in
+    x's dtype."""
     x64, g = x.astype(np.float64), (dout * gamma).astype(np.float64)
     r = np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
     x_hat = x64 / r
     dx = g - (g.mean(-1, keepdims=True) if mean_g else 0)
     if through_r:
         dx = dx - x_hat * (g * x_hat).mean(-1, keepdims=True)
-    return (dx / r).astype(x.dtype)
+    return (dx / r if over_r else dx).astype(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,7 +258,8 @@ class SwiGLU(Check, id="check-swiglu",
 
     def cases(self, rng):
         yield Case("E = 4, F = 6", _swiglu_case(rng, (2, 3, 4), 6))
-        yield Case("float32", _swiglu_case(rng, (5, 3), 2, dt=np.float32))
+        yield Case("float32, pre-activations past 89, where exp overflows in float32",
+                   _swiglu_case(rng, (5, 3), 2, dt=np.float32, x_scale=200.0))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

@@ -101,9 +101,10 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
         m_new, ell_new, p, alpha = f.online_softmax_update(m, ell, scores)
         return _update_answer(m_new, ell_new, p, alpha)
 
-    def expected(self, m, ell, scores):
+    def expected(self, m, ell, scores, running=True):
+        """The update (``running`` False, a mistake: m_new the block's maximum alone)."""
         m, ell, s = (torch.from_numpy(a) for a in (m, ell, scores))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)) if running else s.amax(-1, keepdim=True)
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         alpha, p = torch.exp(m - shift), torch.exp(s - shift)
         ell_new = alpha * ell + p.sum(-1, keepdim=True)
@@ -119,7 +120,9 @@ class OnlineSoftmaxUpdate(Check, id="check-online-softmax-update",
                 "not rescaling the running sum (ell + sum p instead of alpha * ell + sum p)":
                 lambda: {**want, "ell_new": ell + want["p"].sum(-1, keepdims=True)},
                 "taking p = exp(scores - m) with the old maximum":
-                lambda: {**want, "p": stale}}
+                lambda: {**want, "p": stale},
+                "with the block's maximum alone as m_new: it is the larger of the running "
+                "maximum m and the block's": lambda: self.expected(m, ell, scores, False)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,6 +261,11 @@ class FlashAttentionForward(Check, id="check-flash-forward",
             if scaled.shape[-2] > 1:
                 found["masking the diagonal too (a query must see its own key, j <= i)"] = (
                     lambda: _attention(scaled.masked_fill(diagonal, -torch.inf), vt))
+            found["visiting the future tiles too, masked on the diagonal tile only (causal: "
+                  "the keys past the query block's end are skipped)"] = (
+                lambda: _attention(scaled.masked_fill(
+                    diagonal.triu(1) & ~_past_own_block(*scaled.shape[-2:], block_size),
+                    -torch.inf), vt))
         return found
 
 
