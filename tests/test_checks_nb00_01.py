@@ -306,12 +306,17 @@ def test_the_loop_rule_lets_a_loop_over_the_leading_axes_pass():
                  "    for m in tuple(x.shape[:-1]):\n        n *= m\n",
                  "    for m in list(np.shape(x)[:-1]):\n        n *= m\n",
                  "    for m in sorted(x.shape):\n        n *= m\n",
-                 "    for i in range(np.ndim(x) - 1):\n        n *= x.shape[i]\n"):
+                 "    for i in range(np.ndim(x) - 1):\n        n *= x.shape[i]\n",
+                 "    lead: tuple = x.shape[:-1]\n    for m in lead:\n        n *= m\n",
+                 "    for m in np.shape(x.real)[:-1]:\n        n *= m\n"):
         assert loops(body) == "none", body
     for body in ("    *lead, d = x\n    for m in lead:\n        n *= m\n",  # rows of x
                  "    *lead, d = x.shape\n    lead = x\n    for m in lead:\n        n *= m\n",
                  "    for m in list(x):\n        n *= m\n",
-                 "    for i in range(np.size(x)):\n        n *= 2\n"):
+                 "    for i in range(np.size(x)):\n        n *= 2\n",
+                 "    for m in model.shape(x):\n        n *= m\n",  # not NumPy's shape
+                 # x, a parameter, bound again after the loop: the loop ran over the data
+                 "    for r in x:\n        n += 1\n    *x, d = (1, 2)\n"):
         assert loops(body).startswith("a loop at line"), body
 
 

@@ -576,9 +576,12 @@ def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
         n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
         for t in ast.walk(t) if isinstance(t, ast.Name)]
+    targets += [a.arg for a in ast.walk(node) if isinstance(a, ast.arg)]  # parameters bind too
     grown = _grown_names(node)
     fixed: set[str] = set(known)
     for n in ast.walk(node):
+        if isinstance(n, ast.AnnAssign) and n.value is not None:
+            n = ast.Assign([n.target], n.value)  # lead: tuple = x.shape[:-1]
         if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
             continue
         target = n.targets[0]  # a name, or the starred one of an unpacking: *lead, d = x.shape
@@ -611,8 +614,8 @@ def _fixed_few(it: ast.expr, names: frozenset[str] = frozenset()) -> bool:
         return isinstance(it.slice, ast.Slice) and _fixed_few(it.value, names)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args:
         return it.func.attr in ("items", "keys", "values") and _fixed_few(it.func.value, names)
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "shape":
-        return len(it.args) == 1 and isinstance(it.args[0], ast.Name)  # np.shape(x)
+    if isinstance(it, ast.Call) and ast.unparse(it.func) in ("np.shape", "numpy.shape"):
+        return len(it.args) == 1 and isinstance(it.args[0], ast.Name | ast.Attribute)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args:
         if it.func.id in ("enumerate", "reversed", "tuple", "list", "sorted"):
             return _fixed_few(it.args[0], names)
@@ -633,8 +636,8 @@ def _few(n: ast.expr, names: frozenset[str] = frozenset()) -> bool:
         return _few(n.operand, names)
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len":
         return len(n.args) == 1 and _fixed_few(n.args[0], names)
-    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "ndim":
-        return len(n.args) == 1 and isinstance(n.args[0], ast.Name)  # np.ndim(x)
+    if isinstance(n, ast.Call) and ast.unparse(n.func) in ("np.ndim", "numpy.ndim"):
+        return len(n.args) == 1 and isinstance(n.args[0], ast.Name | ast.Attribute)
     return isinstance(n, ast.Constant) and type(n.value) is int and abs(n.value) <= 16 \
         or isinstance(n, ast.Attribute) and n.attr == "ndim" and \
         isinstance(n.value, ast.Name | ast.Attribute)
