@@ -874,8 +874,8 @@ READ_ONLY_HINT = ("your backward pass writes into an array that its forward pass
 
 
 def _modified_inputs(check: Check, case: Case, outcome: Outcome) -> str:
-    """The first input of ``case`` that the run changed, by the name the check's ``run`` gives
-    it (``dout``, ``cache``...), or ''."""
+    """The first input of ``case`` that the run changed, by the name the check's ``run`` (or,
+    without one of its own, its ``expected``) gives it (``dout``, ``cache``...), or ''."""
     names: list[str] = []
     for method in (check.run, check.expected):  # a check without its own run names them there
         try:
