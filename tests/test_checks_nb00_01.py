@@ -338,7 +338,11 @@ def test_the_loop_rule_is_not_fooled_by_a_fixed_looking_loop():
                  "for i in range(x.ndim * x.size):\n        pass",
                  "return functools.reduce(lambda a, r: a + r, x, 0)",
                  "return reduce(np.add, x)",
-                 "return list(itertools.starmap(g, zip(x)))"):  # a retest's loops, passed once
+                 "return list(itertools.starmap(g, zip(x)))",  # a retest's loops, passed once
+                 # a fixed few, then changed in place or bound again another way
+                 "names = ['a', 'b']\n    names[:] = x\n    for n in names:\n        pass",
+                 "names = ('a', 'b')\n    with g(x) as names:\n        pass\n"
+                 "    for n in names:\n        pass"):
         assert loops(f"def f(x):\n    {body}\n").startswith("a loop"), body
     assert "decorated" in loops("@lambda f: g\ndef f(x):\n    return x\n")
     assert loops("def f(x, rows=lambda x: [r for r in x]):\n    return rows(x)\n") \

@@ -441,19 +441,7 @@ def module_constants(tree: ast.Module) -> frozenset[str]:
     few things (``HEADS = ("W_q", "W_k", "W_v")``), and that nothing in it rebinds (``global``)
     or changes (``HEADS.append``, ``HEADS[:] = ...``): a loop over one runs a fixed number of
     times."""
-    touched = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
-    touched |= _grown_names(tree) | {
-        t.value.id for n in ast.walk(tree) if isinstance(n, ast.Subscript | ast.Attribute)
-        for t in [n] if isinstance(n.ctx, ast.Store | ast.Del) and isinstance(n.value, ast.Name)}
-    bound = [name for name, _ in _bindings(tree, scope=True)]
-    fixed: set[str] = set()
-    for n in tree.body:
-        target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else \
-            n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None
-        if isinstance(target, ast.Name) and bound.count(target.id) == 1 and \
-                target.id not in touched and _fixed_few(n.value, frozenset(fixed)):
-            fixed.add(target.id)
-    return frozenset(fixed)
+    return _fixed_names(tree, scope=True)
 
 
 def _bindings(node: ast.AST, scope: bool = False) -> list[tuple[str, ast.AST]]:
@@ -486,12 +474,16 @@ def _bindings(node: ast.AST, scope: bool = False) -> list[tuple[str, ast.AST]]:
     return found
 
 
-def _grown_names(node: ast.AST) -> set[str]:
-    """The names whose value ``node`` grows in place (``names.append(...)``)."""
-    return {n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
-        n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
-        "append", "extend", "insert", "update", "setdefault", "add", "__iadd__",
-        "__ior__", "symmetric_difference_update")}
+def _changed_names(node: ast.AST) -> set[str]:
+    """The names that ``node`` rebinds through ``global`` or whose value it changes in place
+    (``names.append(...)``, ``names[:] = ...``, ``names.x = ...``)."""
+    return {name for n in ast.walk(node) if isinstance(n, ast.Global) for name in n.names} | {
+        n.func.value.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(
+            n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.attr in (
+            "append", "extend", "insert", "update", "setdefault", "add", "__iadd__",
+            "__ior__", "symmetric_difference_update")} | {
+        n.value.id for n in ast.walk(node) if isinstance(n, ast.Subscript | ast.Attribute)
+        and isinstance(n.ctx, ast.Store | ast.Del) and isinstance(n.value, ast.Name)}
 
 
 def def_loops(node: ast.FunctionDef | ast.AsyncFunctionDef, first_line: int = 1,
@@ -566,20 +558,17 @@ def _step_loop(node: ast.FunctionDef | ast.AsyncFunctionDef, fixed: frozenset[st
     return None if nested else _step_loop(node, fixed, nested=True)
 
 
-def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
-                 known: frozenset[str] = frozenset()) -> frozenset[str]:
-    """``known`` (the module's constants the def reads) and the names that the def assigns
-    once, each from a fixed few things (``names = ["q", "k", "v"]``, ``names = HEADS`` for a
-    known one, or the starred name of ``*lead, d = x.shape``), in the order assigned: a loop over
-    one runs a fixed number of times too."""
-    targets = [t.id for n in ast.walk(node) for t in (
-        n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
-            n, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) else [])
-        for t in ast.walk(t) if isinstance(t, ast.Name)]
-    targets += [a.arg for a in ast.walk(node) if isinstance(a, ast.arg)]  # parameters bind too
-    grown = _grown_names(node)
+def _fixed_names(node: ast.AST, known: frozenset[str] = frozenset(),
+                 scope: bool = False) -> frozenset[str]:
+    """``known`` (the module's constants a def reads) and the names that a def (with ``scope``,
+    a module's top level) binds once, by assigning each a fixed few things (``names = ["q",
+    "k", "v"]``, ``names = HEADS`` for a known one, or the starred name of ``*lead, d =
+    x.shape``), in the order assigned, and does not change (:func:`_changed_names`): a loop
+    over one runs a fixed number of times too."""
+    bound = [name for name, _ in _bindings(node, scope)]
+    changed = _changed_names(node)
     fixed: set[str] = set(known)
-    for n in ast.walk(node):
+    for n in (node.body if scope else ast.walk(node)):
         if isinstance(n, ast.AnnAssign) and n.value is not None:
             n = ast.Assign([n.target], n.value)  # lead: tuple = x.shape[:-1]
         if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
@@ -587,8 +576,8 @@ def _fixed_names(node: ast.FunctionDef | ast.AsyncFunctionDef,
         target = n.targets[0]  # a name, or the starred one of an unpacking: *lead, d = x.shape
         target = next((t.value for t in target.elts if isinstance(t, ast.Starred)), None) \
             if isinstance(target, ast.Tuple | ast.List) else target
-        if isinstance(target, ast.Name) and targets.count(target.id) == 1 and \
-                target.id not in grown and _fixed_few(n.value, frozenset(fixed)):
+        if isinstance(target, ast.Name) and bound.count(target.id) == 1 and \
+                target.id not in changed and _fixed_few(n.value, frozenset(fixed)):
             fixed.add(target.id)
     return frozenset(fixed)
 
