@@ -543,9 +543,9 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
                            grader.public[c.cell_id] if grader.hidden_apart else None)
                  for c in assignment.checks]
         loop_free = {name for c in assignment.checks for name in F.get_check(c.cell_id).loop_free}
-        whole = {c.id: python_source(c.source) for c in submission.cells if c.cell_type == "code"}
+        whole = {c.id: c.source for c in submission.cells if c.cell_type == "code"}
         defs = {**core_defs(work, loop_free),  # a def's constants are read from its whole cell
-                **last_defs([(i, whole.get(i, source)) for i, source in cells], loop_free)}
+                **last_defs([(i, python_source(whole[i])) for i, _ in cells], loop_free)}
         clock.lap("package")
         report = run_probe(tmp / "probe", cells, specs, grader.limits, grader.sandbox)
         clock.lap("probe")
