@@ -1407,7 +1407,20 @@ mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else None", "check-gpt-step")
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
-       "        pass\n", "check-gpt-step")
+       "        pass\n", "check-gpt-step", hint="from row 0 of the table")
+mutant("gpt_step", "the final norm forgotten in the cached step",
+       "    x, _ = norm_forward(x, params[\"norm\"], c.norm, c.eps)\n", "", "check-gpt-step",
+       hint="without the final norm")
+mutant("causal_self_attention_step", "the cache written but not read: the new positions attend "
+       "to each other only",
+       "keys, values, end = kv_cache_append(K, V, length, k, v)  # (B, Hkv, end, Dh)\n"
+       "        if n_rep > 1:  # shared key/value heads (notebook 15 §4)\n"
+       "            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"
+       "            values, _ = repeat_kv_forward(values, n_rep)\n"
+       "        mask = causal_mask(end)[length:]",
+       "_, _, end = kv_cache_append(K, V, length, k, v)\n        keys, values = k, v\n"
+       "        mask = causal_mask(q.shape[2])",
+       "check-gpt-step", hint="attending to each other only")
 mutant("sample_next", "the logits divided in place: the caller's logits change",
        "    z = logits / temperature\n", "    logits /= temperature\n    z = logits\n",
        "check-sample-next", hint="not divided in place")

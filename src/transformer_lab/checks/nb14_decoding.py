@@ -383,3 +383,41 @@ class CachedStep(Check, id="check-gpt-step",
         twin = TorchGPT(_config(config))
         twin.load_numpy_params(flat)
         return {"logits": _np(twin(ids)), "length": np.int64(sum(chunks))}
+
+    def mistakes(self, flat, ids, config, chunks):
+        from transformer_lab.checks.nb13_gpt import GPTModel
+        from transformer_lab.reference.torch_gpt import TorchGPT
+
+        c, length = _config(config), np.int64(sum(chunks))
+        starts = np.cumsum((0, *chunks[:-1]))  # where each step's tokens start
+        head = flat.get("lm_head.W", flat["embed.W"])
+
+        def unnormed():  # the last block's output, projected without the final norm
+            twin, seen = TorchGPT(c), []
+            twin.load_numpy_params(flat)
+            twin.layers[-1].register_forward_hook(lambda _m, _a, out: seen.append(out))
+            with torch.no_grad():
+                twin(ids)
+            return {"logits": _np(seen[0]) @ head.T, "length": length}
+
+        found = {"without the final norm (params['norm']) before the output projection, which "
+                 "gpt_forward applies": unnormed}
+        positions = flat["pos.W"] if "pos.W" in flat else _pe(c)
+        if positions is None:
+            return found
+        T, rows = ids.shape[1], np.concatenate([np.arange(t) for t in chunks])
+        found["with each step's positions from row 0 of the table: the new tokens are at "
+              "positions length .. length + t - 1 (slice the table's rows from length)"] = \
+            lambda: {"logits": GPTModel._wrong_logits(flat, ids, config,
+                                                      positions[rows] - positions[:T]),
+                     "length": length}
+
+        def alone():  # each step's tokens on their own, at their own positions
+            return {"logits": np.concatenate([GPTModel._wrong_logits(
+                flat, ids[:, s:s + t], config, positions[s:s + t] - positions[:t])
+                for s, t in zip(starts, chunks, strict=True)], axis=1), "length": length}
+
+        found["with each step's tokens attending to each other only: the earlier positions' "
+              "keys and values are in the cache (attend to all that kv_cache_append returns)"] \
+            = alone
+        return found
