@@ -1385,7 +1385,10 @@ mutant("causal_self_attention_step", "the step not extended for shared key/value
        "check-grouped-query-attention")
 mutant("causal_self_attention_step", "the new positions' mask not offset by length",
        "mask = causal_mask(end)[length:]", "mask = causal_mask(q.shape[2], end)",
-       "check-gpt-step")
+       "check-gpt-step", hint="causal_mask(end)[:t]")
+mutant("causal_self_attention_step", "no mask in the cached step: a step of several tokens sees "
+       "its later ones", "attention_forward(q, keys, values, mask)",
+       "attention_forward(q, keys, values, None)", "check-gpt-step", hint="without the mask")
 mutant("gpt_block_step", "the attention's residual connection forgotten",
        "x, _ = residual_forward(x, attend, params[\"norm1\"], True, c.eps, norm)",
        "x, _ = attend(norm(x, params[\"norm1\"], c.eps)[0])", "check-gpt-step")

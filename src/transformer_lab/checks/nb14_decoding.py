@@ -384,12 +384,34 @@ class CachedStep(Check, id="check-gpt-step",
         twin.load_numpy_params(flat)
         return {"logits": _np(twin(ids)), "length": np.int64(sum(chunks))}
 
+    @staticmethod
+    def _masked(flat, ids, config, visible):
+        """The twin's logits with each block's attention seeing where ``visible`` (T, T) is
+        True instead of causally: how the whole sequence sees a cached step's wrong mask."""
+        from transformer_lab.reference.torch_gpt import TorchGPT, attention
+
+        c, mask = _config(config), torch.as_tensor(visible)
+        twin = TorchGPT(c)
+        twin.load_numpy_params(flat)
+
+        def masked(attn):  # a block's attention, seeing where ``visible`` says
+            return lambda x, rope: attention(x, dict(attn.named_parameters()), c.num_heads,
+                                             c.num_kv_heads, rope, mask)
+
+        for block in twin.layers:
+            block.attention = masked(block.attn)
+        with torch.no_grad():
+            return _np(twin(ids))
+
     def mistakes(self, flat, ids, config, chunks):
         from transformer_lab.checks.nb13_gpt import GPTModel
         from transformer_lab.reference.torch_gpt import TorchGPT
 
-        c, length = _config(config), np.int64(sum(chunks))
-        starts = np.cumsum((0, *chunks[:-1]))  # where each step's tokens start
+        c, T, length = _config(config), ids.shape[1], np.int64(sum(chunks))
+        key = np.arange(T)  # a position, as a key
+        rows = np.concatenate([np.arange(t) for t in chunks])  # each token's row in its step
+        start = key - rows  # where each token's step starts
+        end = start + np.repeat(chunks, chunks)  # and ends
         head = flat.get("lm_head.W", flat["embed.W"])
 
         def unnormed():  # the last block's output, projected without the final norm
@@ -400,24 +422,26 @@ class CachedStep(Check, id="check-gpt-step",
                 twin(ids)
             return {"logits": _np(seen[0]) @ head.T, "length": length}
 
-        found = {"without the final norm (params['norm']) before the output projection, which "
-                 "gpt_forward applies": unnormed}
+        def seeing(visible):  # the logits with new position i seeing key j where visible[i, j]
+            return lambda: {"logits": self._masked(flat, ids, config, visible), "length": length}
+
+        found = {
+            "without the final norm (params['norm']) before the output projection, which "
+            "gpt_forward applies": unnormed,
+            "with each step's tokens attending to each other only: the earlier positions' keys "
+            "and values are in the cache (attend to all that kv_cache_append returns)":
+            seeing((key >= start[:, None]) & (key <= key[:, None])),
+            "with the mask's first t rows, causal_mask(end)[:t]: new token i is at position "
+            "length + i, so its row is length + i (causal_mask(end)[length:])":
+            seeing(key <= rows[:, None]),
+            "without the mask: a step of several tokens sees its own later tokens (the mask is "
+            "(t, end), rows length .. end - 1 of causal_mask(end))":
+            seeing(key < end[:, None])}
         positions = flat["pos.W"] if "pos.W" in flat else _pe(c)
-        if positions is None:
-            return found
-        T, rows = ids.shape[1], np.concatenate([np.arange(t) for t in chunks])
-        found["with each step's positions from row 0 of the table: the new tokens are at "
-              "positions length .. length + t - 1 (slice the table's rows from length)"] = \
-            lambda: {"logits": GPTModel._wrong_logits(flat, ids, config,
-                                                      positions[rows] - positions[:T]),
-                     "length": length}
-
-        def alone():  # each step's tokens on their own, at their own positions
-            return {"logits": np.concatenate([GPTModel._wrong_logits(
-                flat, ids[:, s:s + t], config, positions[s:s + t] - positions[:t])
-                for s, t in zip(starts, chunks, strict=True)], axis=1), "length": length}
-
-        found["with each step's tokens attending to each other only: the earlier positions' "
-              "keys and values are in the cache (attend to all that kv_cache_append returns)"] \
-            = alone
+        if positions is not None:
+            found["with each step's positions from row 0 of the table: the new tokens are at "
+                  "positions length .. length + t - 1 (slice the table's rows from length)"] = \
+                lambda: {"logits": GPTModel._wrong_logits(flat, ids, config,
+                                                          positions[rows] - positions[:T]),
+                         "length": length}
         return found

@@ -84,9 +84,10 @@ def _norm(x, p, c: GPTConfig):
 
 
 def attention(x, params: Mapping[str, torch.Tensor], H: int, Hkv: int, angles=None,
-              causal: bool = True) -> torch.Tensor:
+              causal: bool | torch.Tensor = True) -> torch.Tensor:
     """The GPT's self-attention of x (B, T, E): ``params`` W_qkv, W_o and, where present, b_qkv
-    and b_o; H query heads, Hkv key/value heads; RoPE by ``angles`` (T, Dh / 2) unless None."""
+    and b_o; H query heads, Hkv key/value heads; RoPE by ``angles`` (T, Dh / 2) unless None;
+    ``causal``: True, False, or a (T, T) bool tensor, True where position i sees key j."""
     B, T, E = x.shape
     Dh = E // H
     qkv = x @ params["W_qkv"] + params.get("b_qkv", 0)
@@ -95,7 +96,8 @@ def attention(x, params: Mapping[str, torch.Tensor], H: int, Hkv: int, angles=No
     if angles is not None:
         q, k = _rotate(q, angles), _rotate(k, angles)
     k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-    heads = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    mask = causal if isinstance(causal, torch.Tensor) else None
+    heads = F.scaled_dot_product_attention(q, k, v, mask, is_causal=causal is True)
     return heads.transpose(1, 2).reshape(B, T, E) @ params["W_o"] + params.get("b_o", 0)
 
 
