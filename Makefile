@@ -6,7 +6,7 @@
 #   make test       package tests + strict nbval over every notebook (also under a second BLAS kernel)
 #   make portability  every notebook under each BLAS kernel this CPU can run (about half an hour)
 #   make learn      do the exercises yourself: your workspace (built once), JupyterLab on it
-#   make test-quick make test without the slow tests (handout execution, grading): a third of its time
+#   make test-quick make test without the slow tests (handout execution, grading, mutants): a third of its time
 #   make lab        open JupyterLab on the notebooks (as root too: containers, WSL)
 #   make help       everything else
 #
@@ -74,7 +74,7 @@ site: notebooks ## build the HTML course site from the executed notebooks into b
 
 test: test-package test-notebooks test-kernel ## package tests, strict nbval, nbval under another kernel
 
-test-quick: $(STAMP) ## everyday: make test without the slow tests (handout execution, grading)
+test-quick: $(STAMP) ## everyday: make test without the slow tests (handout execution, grading, mutants)
 	$(PY) -m pytest tests -n $(JOBS) -m "not slow"
 	$(MAKE) --no-print-directory test-notebooks test-kernel
 
