@@ -881,6 +881,9 @@ mutant("dropout_forward", "a copy of x in evaluation (the identity returns x its
 mutant("dropout_forward", "the kept entries scaled by p instead of 1/(1 - p)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(p)",
        "check-dropout", hint="scaling by p instead")
+mutant("dropout_forward", "the kept entries scaled by 1/p instead of 1/(1 - p)",
+       "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / p)",
+       "check-dropout", hint="scaling by 1/p instead")
 mutant("dropout_forward", "the scale 1/(1 - p) computed for p = 1 too (a division by zero, "
        "where PyTorch returns zeros)",
        "scale = x.dtype.type(1 / (1 - p) if p < 1 else 0)", "scale = x.dtype.type(1 / (1 - p))",

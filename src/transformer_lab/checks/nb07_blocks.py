@@ -535,6 +535,8 @@ class Dropout(Check, id="check-dropout", functions=("dropout_forward", "dropout_
                 lambda: self.expected(x, dout, p, seed, train, scale=1 - p),
                 "scaling by p instead of 1/(1 - p)":
                 lambda: self.expected(x, dout, p, seed, train, scale=p),
+                "scaling by 1/p instead of 1/(1 - p): p is the probability of dropping, 1 - p "
+                "of keeping": lambda: self.expected(x, dout, p, seed, train, scale=1 / p),
                 "keeping the entries where u < p: that keeps each one with probability p; keep "
                 "them where u >= p": lambda: self.expected(x, dout, p, seed, train, "u < p"),
                 "with a backward that inverts the mask (~keep): the gradient flows to the "
