@@ -989,6 +989,9 @@ mutant("embed_forward", "the scale forgotten", "    x *= scale\n", "", "check-em
 mutant("embed_forward", "the positions forgotten",
        "        x += positions[: ids.shape[1]]  # (T, E) broadcast over the batch\n",
        "        pass\n", "check-embed")
+mutant("embed_forward", "the whole positions table added, not its first T rows",
+       "x += positions[: ids.shape[1]]", "x += positions", "check-embed",
+       hint="a row per position")
 mutant("embed_backward", "the table's gradient not scaled", "    dtable *= scale\n", "",
        "check-embed")
 mutant("embed_backward", "the positions' gradient averaged over the batch",
@@ -1008,6 +1011,10 @@ mutant("encoder_layer_backward", "the feed-forward's gradient not passed on (dou
 mutant("decoder_layer_forward", "the memory mask not passed to the cross-attention",
        "                                            memory_mask)",
        "                                            None)", "check-decoder-layer")
+mutant("decoder_layer_forward", "the cross-attention's queries and keys swapped: queries from "
+       "the memory, keys and values from the target", "multi_head_attention_forward(h, memory, "
+       "memory,", "multi_head_attention_forward(memory, h, h,", "check-decoder-layer",
+       hint="queries and the keys swapped")
 mutant("decoder_layer_forward", "the target mask not passed to the self-attention",
        "num_heads, tgt_mask)", "num_heads)", "check-decoder-layer")
 mutant("decoder_layer_backward", "the memory's gradient from the keys only",

@@ -710,3 +710,17 @@ def test_a_name_the_grader_left_out_is_explained():
     core = F.Outcome(error="NameError: name 'SCALE' is not defined",
                      where="core/layers.py, line 3, in linear_forward: return SCALE * x")
     assert "exercise" not in F._error_hint(core)
+
+
+@pytest.mark.parametrize("a, b, words", [
+    ((2, 3, 8), (2, 8), "one row per sequence"),  # a mean over T without keepdims
+    ((2, 3, 8), (7, 8), "a row per position"),  # a positions table not sliced to T
+    ((2, 3, 8), (2, 2, 8), "its queries' length"),  # a cross-attention's output of S positions
+    ((2, 2, 5, 4), (2, 1, 1, 5), "queries and the keys swapped"),  # a padding mask, added
+    ((2, 2, 5, 4), (2, 2, 4, 3), ""),  # weights * values where @ belongs: no hint of those
+])
+def test_a_broadcast_error_is_explained_by_its_shapes(a, b, words):
+    with pytest.raises(ValueError) as err:
+        np.ones(a) + np.ones(b)
+    hint = F._error_hint(F.Outcome(error=f"ValueError: {err.value}"))
+    assert words in hint if words else hint == "", hint

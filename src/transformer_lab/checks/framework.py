@@ -826,6 +826,28 @@ def _error_hint(outcome: Outcome) -> str:
                     "keepdims=True, or one number per row such as the lengths -- broadcasts "
                     f"against the last axis of {b}, not along its rows: keep the axis "
                     "(keepdims=True), or add it as the last axis (v[..., None])")
+        if len(a) == 2 and len(b) == 3 and a[1] == b[2]:  # (B, E) or (L, E) against (B, T, E)
+            if a[0] == b[0]:
+                return (f"one row per sequence {a} broadcasts against the positions of {b}, "
+                        "not along them: keep the axis (keepdims=True) or add it (v[:, None])")
+            return (f"{a[0]} rows {a} meet {b[1]} positions {b}: a table with a row per "
+                    "position holds one for every position up to its maximum length; add the "
+                    "rows of the positions there are (table[:T], or from length on in a "
+                    "cached step)")
+        if len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[2]:  # (B, T, E), (B, S, E)
+            return (f"sequences of {a[1]} and {b[1]} positions meet, {a} and {b}: where one is "
+                    "a cross-attention's output, it has its queries' length -- the queries "
+                    "come from the sequence being updated, the keys and values from the memory")
+        for mask, scores in ((a, b), (b, a)):  # a padding mask (B, 1, 1, S) against the scores
+            if len(mask) == len(scores) == 4 and mask[-2] == 1 and \
+                    mask[-1] == scores[-2] != scores[-1]:
+                return _swapped_hint(mask, scores)
+    where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
+                      outcome.error)
+    if where:
+        mask, scores = (tuple(int(n) for n in s.split(",") if n) for s in where.groups())
+        if len(scores) >= 2 and mask[-1] == scores[-2] != scores[-1]:
+            return _swapped_hint(mask, scores)
     if "mismatch in its core dimension" in outcome.error and re.search(r"\w\.T\b",
                                                                        outcome.where or ""):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "
@@ -852,6 +874,14 @@ def _error_hint(outcome: Outcome) -> str:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
     return ""
+
+
+def _swapped_hint(mask: tuple, scores: tuple) -> str:
+    """A mask of ``mask[-1]`` keys met scores with as many queries: queries and keys swapped."""
+    return (f"the mask {mask} has {mask[-1]} keys (its last axis), but the scores {scores} have "
+            f"{scores[-2]} queries and {scores[-1]} keys: are the queries and the keys swapped? "
+            "In cross-attention the queries come from the sequence being updated, the keys and "
+            "values from the memory")
 
 
 #: Said when the student's code writes into a read-only array: one a forward pass cached.
