@@ -997,7 +997,8 @@ mutant("embed_backward", "the table's gradient not scaled", "    dtable *= scale
 mutant("embed_backward", "the positions' gradient averaged over the batch",
        "dx.sum(axis=0)", "dx.mean(axis=0)", "check-embed")
 mutant("tied_output_forward", "the table used untransposed (x @ W_embed)",
-       "linear_forward(x, W_embed.T)", "linear_forward(x, W_embed)", "check-tied-output")
+       "linear_forward(x, W_embed.T)", "linear_forward(x, W_embed)", "check-tied-output",
+       hint="multiplies transposed, x @ W.T")
 mutant("tied_output_backward", "the table's gradient left as the gradient of W_embed.T",
        "grads = {\"W\": g[\"W\"].T}", "grads = {\"W\": g[\"W\"]}", "check-tied-output")
 mutant("encoder_layer_forward", "the mask not passed to the self-attention",

@@ -848,13 +848,19 @@ def _error_hint(outcome: Outcome) -> str:
         mask, scores = (tuple(int(n) for n in s.split(",") if n) for s in where.groups())
         if len(scores) >= 2 and mask[-1] == scores[-2] != scores[-1]:
             return _swapped_hint(mask, scores)
-    if "mismatch in its core dimension" in outcome.error and re.search(r"\w\.T\b",
-                                                                       outcome.where or ""):
+    if "mismatch in its core dimension" in outcome.error and re.search(
+            r"\w\.T\b", _code_of(outcome.where or "")):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "
                 "leading (batch) axes it reverses every axis, (B, S, d) -> (d, S, B). "
                 "np.swapaxes(a, -1, -2) swaps the last two only; a weight gradient sums over "
                 "the leading axes once they are flattened (x.reshape(-1, D)); and a weight is "
                 "laid out as its docstring says (W (D_in, D_out) multiplies as x @ W).")
+    sizes = re.search(r"mismatch in its core dimension 0, .*\(size (\d+) is different from "
+                      r"(\d+)\)", outcome.error)
+    if sizes:  # a @ b: b's first axis is not a's last
+        return (f"a @ W multiplies a's last axis ({sizes[2]}) with W's first ({sizes[1]}): is W "
+                "laid out the other way -- an embedding table (V, E) as the output projection "
+                "multiplies transposed, x @ W.T -- or are the two factors swapped?")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
@@ -874,6 +880,12 @@ def _error_hint(outcome: Outcome) -> str:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
     return ""
+
+
+def _code_of(where: str) -> str:
+    """The code of the lines that :func:`_student_frame`'s text quotes, without comments."""
+    parts = re.split(r"; (?:raised in|called from) ", where)
+    return "\n".join(part.split(": ", 1)[-1].split("#", 1)[0] for part in parts)
 
 
 def _swapped_hint(mask: tuple, scores: tuple) -> str:
