@@ -1282,7 +1282,11 @@ mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        hint="summing the query heads' gradients in tile order")
 mutant("repeat_kv_backward", "the mean of the query heads' gradients instead of their sum",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
-       "dout.reshape(B, H // n_rep, n_rep, S, Dh).mean(axis=2)", "check-grouped-query-attention")
+       "dout.reshape(B, H // n_rep, n_rep, S, Dh).mean(axis=2)", "check-grouped-query-attention",
+       hint="averaging the gradients")
+mutant("repeat_kv_backward", "one query head's gradient kept of each key/value head (no sum)",
+       "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)", "dout[:, ::n_rep]",
+       "check-grouped-query-attention", hint="keeping one query head's gradient")
 mutant("self_attention_forward", "keys and values at full width E (grouped-query attention)",
        "kv = Hkv * (E // num_heads)", "kv = E", "check-grouped-query-attention")
 mutant("self_attention_forward", "the kernel passed in ignored", "heads, c_att = attend(q, k, v)",

@@ -368,14 +368,22 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
                  "h % Hkv); each serves n_rep neighbouring query heads, h // n_rep (np.repeat "
                  "on the head axis)": tiled}
         if H > Hkv:
+            n = H // Hkv  # query heads per key/value head
+
+            def shared(how):  # the gradients with the shared heads' made ``how`` from the H
+                return lambda: _kv_gradient_shared(x, params, dout, H, Hkv, angles, how)
+
             hints["with repeat_kv_backward averaging the gradients of the query heads a key/value "
-                  "head serves: it is used n_rep times, so its gradient is their sum"] = (
-                lambda: _projection_gradient(x, params, dout, H, Hkv, angles,
-                                             _scaled_columns(x.shape[-1], Hkv / H)))
+                  "head serves: it is used n_rep times, so its gradient is their sum"] = shared(
+                lambda kv: kv.reshape(*kv.shape[:3], Hkv, n, -1).mean(axis=4))
             hints["with repeat_kv_backward summing the query heads' gradients in tile order "
                   "(reshape (B, n_rep, Hkv, ...)): key/value head g served the neighbouring "
-                  "heads g * n_rep .. g * n_rep + n_rep - 1, reshape (B, Hkv, n_rep, ...)"] = (
-                lambda: _kv_gradient_summed_tiled(x, params, dout, H, Hkv, angles))
+                  "heads g * n_rep .. g * n_rep + n_rep - 1, reshape (B, Hkv, n_rep, ...)"] = \
+                shared(lambda kv: kv.reshape(*kv.shape[:3], n, Hkv, -1).sum(axis=3))
+            hints["with repeat_kv_backward keeping one query head's gradient of each key/value "
+                  "head (dout[:, ::n_rep]): it served n_rep query heads, so its gradient is the "
+                  "sum of theirs"] = shared(lambda kv: kv.reshape(*kv.shape[:3], Hkv, n, -1)[
+                      ..., 0, :])
         if rope:
             E, Dh = x.shape[-1], x.shape[-1] // H
             hints["with RoPE turning the values too: it turns the queries and keys only, so "
@@ -411,13 +419,6 @@ def _projection_gradient(x, params, dout, H, Hkv, angles, change, W=None) -> dic
     return found
 
 
-def _scaled_columns(E, factor):
-    """The gradient at the projections with its key and value columns times ``factor``."""
-    def change(dqkv):
-        return np.concatenate([dqkv[..., :E], dqkv[..., E:] * factor], axis=-1)
-    return change
-
-
 def _keys_turned(x, H, Hkv):
     """The gradient at the projections with its keys' columns turned by RoPE's angles, where
     rope_backward turns them back."""
@@ -432,18 +433,18 @@ def _keys_turned(x, H, Hkv):
     return change
 
 
-def _kv_gradient_summed_tiled(x, params, dout, H, Hkv, angles) -> dict:
-    """The gradients when repeat_kv_backward sums the H heads' gradients in tile order (head h
-    into shared head h % Hkv) though the forward repeated each shared head n_rep times: the
+def _kv_gradient_shared(x, params, dout, H, Hkv, angles, shared) -> dict:
+    """The gradients when repeat_kv_backward makes the shared heads' gradient out of the H
+    query heads' by ``shared``, (B, T, 2, H, Dh) -> (B, T, 2, Hkv, Dh), a mistake: the
     reference with H key/value heads, copies of the shared ones, gives each copy's gradient."""
-    E, n = x.shape[-1], H // Hkv
-    copies = _kv_heads_in_order(params, E, H, np.repeat(np.arange(Hkv), n))
+    E = x.shape[-1]
+    copies = _kv_heads_in_order(params, E, H, np.repeat(np.arange(Hkv), H // Hkv))
 
-    def tiled_sum(dqkv):  # (B, T, E + 2 H Dh) -> (B, T, E + 2 Hkv Dh)
+    def change(dqkv):  # (B, T, E + 2 H Dh) -> (B, T, E + 2 Hkv Dh)
         B, T = dqkv.shape[:2]
-        kv = dqkv[..., E:].reshape(B, T, 2, n, Hkv, E // H).sum(axis=3)
+        kv = shared(dqkv[..., E:].reshape(B, T, 2, H, E // H))
         return np.concatenate([dqkv[..., :E], kv.reshape(B, T, -1)], axis=-1)
-    return _projection_gradient(x, copies, dout, H, H, angles, tiled_sum, params["W_qkv"])
+    return _projection_gradient(x, copies, dout, H, H, angles, change, params["W_qkv"])
 
 
 def _bias_per_position(x, params):
