@@ -1289,6 +1289,9 @@ mutant("repeat_kv_backward", "one query head's gradient kept of each key/value h
        "check-grouped-query-attention", hint="keeping one query head's gradient")
 mutant("self_attention_forward", "keys and values at full width E (grouped-query attention)",
        "kv = Hkv * (E // num_heads)", "kv = E", "check-grouped-query-attention")
+mutant("self_attention_forward", "the packed projection cut in three equal parts, as before "
+       "grouped-query attention", "np.split(qkv, [E, E + kv], axis=-1)",
+       "np.split(qkv, 3, axis=-1)", "check-grouped-query-attention", hint="cut at the columns")
 mutant("self_attention_forward", "the kernel passed in ignored", "heads, c_att = attend(q, k, v)",
        "heads, c_att = attention_forward(q, k, v, mask)", "check-causal-self-attention")
 mutant("self_attention_backward", "the kernel's backward ignored",

@@ -857,10 +857,14 @@ def _error_hint(outcome: Outcome) -> str:
                 "laid out as its docstring says (W (D_in, D_out) multiplies as x @ W).")
     sizes = re.search(r"mismatch in its core dimension 0, .*\(size (\d+) is different from "
                       r"(\d+)\)", outcome.error)
-    if sizes:  # a @ b: b's first axis is not a's last
+    if sizes and re.search(r"\bW", _code_of(outcome.where or "").split("\n")[0]):  # x @ W
         return (f"a @ W multiplies a's last axis ({sizes[2]}) with W's first ({sizes[1]}): is W "
                 "laid out the other way -- an embedding table (V, E) as the output projection "
                 "multiplies transposed, x @ W.T -- or are the two factors swapped?")
+    if "array split does not result in an equal division" in outcome.error:
+        return ("np.split(a, 3) cuts three equal parts, but with fewer key/value heads than "
+                "query heads the keys and the values are narrower than the queries (Hkv * Dh "
+                "columns each): cut at the columns, np.split(qkv, [E, E + kv], axis=-1)")
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
