@@ -819,29 +819,10 @@ def _error_hint(outcome: Outcome) -> str:
     shapes = re.search(r"broadcast together with shapes \(([\d,]*)\) \(([\d,]*)\)",
                        outcome.error)
     if shapes:
-        a, b = sorted((tuple(int(n) for n in s.split(",") if n) for s in shapes.groups()),
-                      key=len)
-        if len(b) == len(a) + 1 and b[:-1] == a:  # (3, 5) against (3,): the last axis dropped
-            return (f"an array of shape {a} -- a sum, mean or max over the last axis without "
-                    "keepdims=True, or one number per row such as the lengths -- broadcasts "
-                    f"against the last axis of {b}, not along its rows: keep the axis "
-                    "(keepdims=True), or add it as the last axis (v[..., None])")
-        if len(a) == 2 and len(b) == 3 and a[1] == b[2]:  # (B, E) or (L, E) against (B, T, E)
-            if a[0] == b[0]:
-                return (f"one row per sequence {a} broadcasts against the positions of {b}, "
-                        "not along them: keep the axis (keepdims=True) or add it (v[:, None])")
-            return (f"{a[0]} rows {a} meet {b[1]} positions {b}: a table with a row per "
-                    "position holds one for every position up to its maximum length; add the "
-                    "rows of the positions there are (table[:T], or from length on in a "
-                    "cached step)")
-        if len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[2]:  # (B, T, E), (B, S, E)
-            return (f"sequences of {a[1]} and {b[1]} positions meet, {a} and {b}: where one is "
-                    "a cross-attention's output, it has its queries' length -- the queries "
-                    "come from the sequence being updated, the keys and values from the memory")
-        for mask, scores in ((a, b), (b, a)):  # a padding mask (B, 1, 1, S) against the scores
-            if len(mask) == len(scores) == 4 and mask[-2] == 1 and \
-                    mask[-1] == scores[-2] != scores[-1]:
-                return _swapped_hint(mask, scores)
+        hint = _broadcast_hint(*sorted((tuple(int(n) for n in s.split(",") if n)
+                                        for s in shapes.groups()), key=len))
+        if hint:
+            return hint
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:
@@ -883,6 +864,32 @@ def _error_hint(outcome: Outcome) -> str:
         if cache:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
+    return ""
+
+
+def _broadcast_hint(a: tuple, b: tuple) -> str:
+    """What two shapes that do not broadcast, ``a`` the one with fewer axes, usually mean."""
+    if len(b) == len(a) + 1 and b[:-1] == a:  # (3, 5) against (3,): the last axis dropped
+        return (f"an array of shape {a} -- a sum, mean or max over the last axis without "
+                "keepdims=True, or one number per row such as the lengths -- broadcasts "
+                f"against the last axis of {b}, not along its rows: keep the axis "
+                "(keepdims=True), or add it as the last axis (v[..., None])")
+    if len(a) == 2 and len(b) == 3 and a[1] == b[2]:  # (B, E) or (L, E) against (B, T, E)
+        if a[0] == b[0]:
+            return (f"one row per sequence {a} broadcasts against the positions of {b}, "
+                    "not along them: keep the axis (keepdims=True) or add it (v[:, None])")
+        return (f"{a[0]} rows {a} meet {b[1]} positions {b}: a table with a row per "
+                "position holds one for every position up to its maximum length; add the "
+                "rows of the positions there are (table[:T], or from length on in a "
+                "cached step)")
+    if len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[2]:  # (B, T, E), (B, S, E)
+        return (f"sequences of {a[1]} and {b[1]} positions meet, {a} and {b}: where one is "
+                "a cross-attention's output, it has its queries' length -- the queries "
+                "come from the sequence being updated, the keys and values from the memory")
+    for mask, scores in ((a, b), (b, a)):  # a padding mask (B, 1, 1, S) against the scores
+        if len(mask) == len(scores) == 4 and mask[-2] == 1 and \
+                mask[-1] == scores[-2] != scores[-1]:
+            return _swapped_hint(mask, scores)
     return ""
 
 
