@@ -122,6 +122,8 @@ TRICKS = {  # student: code put in the handout's notebook 01, whose exercises ar
                        "framework.run_case = lambda check, f, case: framework.Outcome(\n"
                        "    value=check.expected(*case.args, **case.kwargs))\n"
                        "framework.judge = lambda *a, **k: framework.Verdict(True)",
+    "no_registry": "from transformer_lab.checks import framework\n"
+                   "framework.register = lambda cls: cls",
     "sys_modules": "import sys, types\nfake = types.ModuleType('transformer_lab.checks')\n"
                    "fake.check = lambda *a, **k: print('passed')\n"
                    "sys.modules['transformer_lab.checks'] = fake\n"
@@ -221,6 +223,8 @@ def _write_students(subs: Path, out: Path) -> None:
                    replace=HIDDEN_REFERENCE_CORE)
     student_folder(subs / "stored_answers", student_01(edit=STORED_ANSWERS))
     student_folder(subs / "function_copy", student_01(), replace=FUNCTION_COPY_CORE)
+    student_folder(subs / "not_plain", student_01(edit={
+        "exercise-logsumexp": "def logsumexp(x, axis=-1):\n    return object()"}))
     student_folder(subs / "broken_core", solved_01(), core="reference")
     student_folder(subs / "syntax_exercise", solved_01(
         edit={"exercise-logsumexp": "def logsumexp(x, axis=-1:\n    return x\n"}),
@@ -362,12 +366,21 @@ def test_why_the_tricks_got_nothing(graded):
     text = summary(graded, "exit_after_faking")
     assert "your code ended the process" in text
     assert "while running your cell 'exercise-logsumexp'" in text
+    # the cell ran and ended the process: said of the cell too, not "not run"
+    assert "- your cell `exercise-logsumexp`, as the grader ran it: the grader's run of your " \
+        "code exited (status 0)" in text
     # the probe's 'done' faked, its results garbage: none can be read back
     assert "the result of case 'one row' could not be read back" in \
         summary(graded, "fake_results")
     # run_case patched to hand back the check's reference: there is none in the probe
     assert "your code ended the process (exit, os._exit) or crashed it" in \
         summary(graded, "patch_framework")
+    # an answer that cannot come back from the probe: said, not compared as a string
+    assert "case 'shape (5,), axis -1': the check could not read what your function returned: " \
+        "it holds a value of type 'object', not plain data" in summary(graded, "not_plain")
+    # the checks not registered: not "your notebook defines no 'check-...'"
+    assert "the check could not be loaded (KeyError: 'check-softmax-forward'): does your code " \
+        "change the checks (transformer_lab.checks)" in summary(graded, "no_registry")
     text = summary(graded, "hidden_reference")
     # the probe's checks hold no reference: their expected raises a bare NotImplementedError
     assert "case 'B = 2, T = 3, S = 5, tau = 0.5': your code raised NotImplementedError (at " \

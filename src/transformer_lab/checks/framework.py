@@ -1312,7 +1312,8 @@ def encode(value, arrays: dict[str, np.ndarray]) -> Any:
         if not all(isinstance(k, str) for k in value):
             raise TypeError("dict keys must be strings")
         return {"__dict__": {k: encode(v, arrays) for k, v in value.items()}}
-    raise TypeError(f"cannot pass a {type(value).__name__} between processes (plain data only)")
+    raise TypeError(f"it holds a value of type {type(value).__name__!r}, not plain data (arrays, "
+                    "numbers, strings, None, and lists, tuples and dicts of them)")
 
 
 def decode(value, arrays: Mapping[str, np.ndarray]) -> Any:

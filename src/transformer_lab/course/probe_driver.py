@@ -236,6 +236,7 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
     without that cell (the checks of what it defines lose their evidence, the others keep
     theirs), within the ``deadline``. Returns the cells the last process ran."""
     todo = [i for i, c in enumerate(checks) if c.cases]
+    ended = {}  # a cell that stopped its run -> why (later runs do without it)
     while todo:
         with tempfile.TemporaryDirectory(prefix="probe-", ignore_cleanup_errors=True) as tmp:
             stopped, cell_errors = _one_run(Path(tmp), package_root, cells, checks, todo,
@@ -256,6 +257,7 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
                 if defined & {*checks[i].args, *checks[i].kwargs.values()}:
                     report.missing.setdefault(checks[i].check_id, reason)
             todo = [i for i in todo if checks[i].check_id not in report.missing]
+            ended[cells[index][0]] = reason
             cells = [*cells[:index], *cells[index + 1:]]
             continue
         if kind == "case":  # the others get another run, within the total limit
@@ -268,6 +270,7 @@ def _probe(package_root: Path, cells, checks: list[CheckSpec], limits: ProbeLimi
         for i in todo:  # what is left cannot run: the total limit passed
             report.missing.setdefault(checks[i].check_id, reason)
         break
+    report.cells = [(cid, ended.get(cid, error)) for cid, error in report.cells]
     return cells
 
 
@@ -507,12 +510,11 @@ def _read_outcome(path: Path, check_id: str, case_name: str) -> F.Outcome | None
         record = F.load_values(path)["outcome"]
         if record["check"] != check_id or record["case"] != case_name:
             return None
-        value = record["value"]
-        if record.get("unplain"):
-            value = f"<{record['unplain']}>"
-        error = record["error"]
+        value, error = record["value"], record["error"]
         if error is not None and not isinstance(error, str):
             return None
+        if record.get("unplain"):  # read by the check, but not sent back: an error of its own
+            value, error = None, f"{F.UNREADABLE}: {record['unplain']}"
         return F.Outcome(value=value, error=error, where=str(record.get("where") or ""),
                          after=tuple(record.get("after") or ()),
                          after_kwargs=dict(record.get("after_kwargs") or {}))

@@ -130,6 +130,13 @@ def main(workdir: str) -> int:
                 check = F.REGISTRY[chk["id"]]()
             else:
                 check = F.get_check(chk["id"])
+        except Exception as err:  # not the student's names: the checks themselves
+            _write_json(os.path.join(out, check_file(index)), {
+                "error": f"the check could not be loaded ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:200]}): does your code change the "
+                         "checks (transformer_lab.checks), or a core module raise on import?"})
+            continue
+        try:
             given = tuple(namespace[name] for name in chk["args"])
             named = {key: namespace[name] for key, name in chk["kwargs"].items()}
             f = F.functions_for(check, given, named)
@@ -157,8 +164,7 @@ def main(workdir: str) -> int:
                 F.save_values(path + ".tmp", {"outcome": record})
             except Exception as err:  # not plain data: say what came back instead
                 record.update(value=None, after=[], after_kwargs={},
-                              unplain=f"your function returned something that is not plain "
-                                      f"data ({' '.join(str(err).split())[:200]})")
+                              unplain=' '.join(str(err).split())[:200])
                 F.save_values(path + ".tmp", {"outcome": record})
             os.replace(path + ".tmp", path)
     mark(DONE)
