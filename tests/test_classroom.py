@@ -528,6 +528,11 @@ def test_bad_arguments_say_what_was_expected(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no submissions in"):
         grade.main([str(tmp_path / "empty"), *source])
+    (tmp_path / "zips").mkdir()  # an LMS's download, not unpacked
+    (tmp_path / "zips" / "ann.zip").write_bytes(b"PK")
+    with pytest.raises(SystemExit, match=r"it holds 1 zip file\(s\) \(ann.zip\): not graded: "
+                                         r"the grader does not unpack zips; unzip each"):
+        grade.main([str(tmp_path / "zips"), *source])
     write(tiny_notebook(), tmp_path / "subs" / "ann" / "00_tiny.ipynb")
     for option in ("--timeout", "--case-timeout", "--probe-timeout"):
         with pytest.raises(SystemExit):

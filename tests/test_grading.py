@@ -66,6 +66,7 @@ from transformer_lab.course import (
 )
 from transformer_lab.course.package import parse_package, student_code
 from transformer_lab.course.submissions import (
+    ZIP_REASON,
     find_submissions,
     match_flat,
     match_notebook,
@@ -251,7 +252,8 @@ def _write_students(subs: Path, out: Path) -> None:
     nb.cells = [c for c in nb.cells if not c.id.startswith("exercise-")]
     write(nb, subs / "no_exercises" / "notebooks" / "01_attention.ipynb")
     (subs / "unreadable" / "notebooks").mkdir(parents=True)
-    (subs / "unreadable" / "notebooks" / "01_attention.ipynb").write_text("not a notebook")
+    (subs / "unreadable" / "notebooks" / "01_attention.ipynb").write_text(
+        '{\n "cells": [\n  {\n   "cell_type": "m')  # cut short
     # forgiving names, notebooks only, files skipped
     write(solved_01(), subs / "Jane Doe_01_Attention.ipynb")
     older = write(student_01(), subs / "dan" / "notebooks" / "01_attention (1).ipynb")
@@ -261,6 +263,7 @@ def _write_students(subs: Path, out: Path) -> None:
     write(solved_01(), subs / "eve" / "homework.ipynb")
     (subs / "eve" / "notes.txt").write_text("my notes")
     (subs / "readme.txt").write_text("for the instructor")
+    (subs / "fay.zip").write_bytes(b"PK")  # not unpacked
 
 
 @pytest.fixture(scope="module")
@@ -560,7 +563,9 @@ def test_missing_exercise_cells_and_unreadable_notebooks_say_why(graded):
     assert "defines no 'logsumexp' (the grader ran its first code cell and its exercise cells; " \
         "cell exercise-logsumexp raised SyntaxError" in summary(graded, "syntax_exercise")
     unreadable = summary(graded, "unreadable")  # its reason said once; no check "failed"
-    assert "**Unreadable**: could not be read as a notebook" in unreadable
+    assert "**Unreadable**: could not be read as a notebook: it is not valid JSON at line 4, " \
+        "column 17 (Unterminated string starting at): cut short, or edited outside Jupyter? " \
+        "Open your copy in JupyterLab, save it, and hand it in again" in unreadable
     assert "| not graded |" in unreadable and "**failed**" not in unreadable
 
 
@@ -572,15 +577,16 @@ def test_forgiving_names_and_every_skipped_file_listed(graded):
             "another file was graded for 01_attention: dan/notebooks/01_Attention-Copy1.ipynb"] \
         in rows
     assert [r for r in rows if r[0] == "eve" and r[1] == "eve/homework.ipynb"
-            and "not one of the notebooks graded here" in r[2]]
+            and "its name matches none of the course's notebooks" in r[2]]
     assert [r for r in rows if r[0] == "eve" and r[1] == "eve/notes.txt"]
     assert [r for r in rows if r[0] == "" and r[1] == "readme.txt"]
+    assert ["fay", "fay.zip", ZIP_REASON] in rows
     eve = points(graded, "eve")  # only skipped files: rows all the same, 0, with the reason
     assert eve and set(eve.values()) == {0}
-    assert "homework.ipynb: not graded: not one of the notebooks graded here" in summary(
-        graded, "eve")
+    assert "homework.ipynb: not graded: its name matches none of the course's notebooks" in \
+        summary(graded, "eve")
     console = (graded.parent / "grades-console.txt").read_text()
-    assert "skipped 4 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
+    assert "skipped 5 file(s) (skipped.csv)" in console and "eve/homework.ipynb" in console
     # dan's feedback names the copy that was not graded, not only skipped.csv
     assert "not graded, as another file of yours was (the best name, then the newest file): " \
         "`dan/notebooks/01_attention (1).ipynb`" in summary(graded, "dan")
@@ -1393,6 +1399,16 @@ def test_the_functions_a_notebook_s_check_tests_are_the_student_s_when_graded():
     for chk in F.REGISTRY.values():
         for name in chk.functions:
             assert probe_driver.owner(name, chk.notebook) != "stub", (chk.id, name)
+
+
+def test_flags_csv_lists_core_code_of_the_notebooks_graded_here_only():
+    """A core function that only notebook 03 runs is not flagged in a run grading 00 and 01
+    (an instructor's trial found 03's rows in such a run); code no grading runs still is."""
+    flag = reports.Flag("src/transformer_lab/core/layers.py", 3, "ends the process", "os._exit(0)")
+    graded = [reports.Graded("ann", nb, [], "graded") for nb in ("00_gradients", "01_attention")]
+    rows = reports.flag_rows(graded, {"ann": [("01_attention", flag), ("03_minibatching", flag),
+                                              ("", flag)]})
+    assert [r[:2] for r in rows] == [["ann", ""], ["ann", "01_attention"]]
 
 
 def test_the_console_counts_the_other_assignments_notebooks_and_lists_at_most_30_files(

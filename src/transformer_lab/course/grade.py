@@ -113,7 +113,14 @@ def read_submission(path: Path):
     ``nbformat.read`` would repair missing or duplicate ids with random ones, so the same
     submission would give different feedback on each run: the ids are settled here first.
     """
-    nb = nbformat.reader.reads(path.read_text(encoding="utf-8"))  # no conversion, no repair
+    text = path.read_text(encoding="utf-8")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as err:  # nbformat would quote the file's start only
+        raise ValueError(f"it is not valid JSON at line {err.lineno}, column {err.colno} "
+                         f"({err.msg}): cut short, or edited outside Jupyter? Open your copy "
+                         "in JupyterLab, save it, and hand it in again") from None
+    nb = nbformat.reader.reads(text)  # no conversion, no repair
     old = nb.get("nbformat") != 4
     if old:  # v3 or older: converted with random ids, given them all anew
         nb = nbformat.convert(nb, 4)
@@ -518,7 +525,8 @@ def grade_submission(grader: Grader, work: StudentWork, notebook: str,
         skipped = [s for s in found.skipped_of(work.name) if not s.deliberate]
         files = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]) + \
             ("; ..." if len(skipped) > 5 else "")
-        return refused("not submitted" + (f" (files skipped: {files})" if skipped else ""),
+        return refused("no file handed in is this notebook"
+                       + (f" (files skipped: {files})" if skipped else ""),
                        "not submitted", feedback=bool(skipped))
     try:
         if path.stat().st_size > MAX_NOTEBOOK_BYTES:

@@ -185,9 +185,12 @@ def _as_text(value):
 
 def flag_rows(graded: list[Graded], core: dict[str, list[tuple[str, Flag]]]) -> list[list]:
     """The rows of ``flags.csv``: the flags of every graded notebook, and ``core``'s (student ->
-    (notebook, flag) in the student's core modules, in the order of the students), sorted."""
+    (notebook, flag) in the student's core modules, in the order of the students) for the
+    notebooks graded here and for none ("": code no grading runs), sorted."""
     flags = [(g.student, g.notebook, f) for g in graded for f in g.flags]
-    flags += [(student, nb, f) for student, found in core.items() for nb, f in found]
+    here = {g.notebook for g in graded}
+    flags += [(student, nb, f) for student, found in core.items() for nb, f in found
+              if not nb or nb in here]
     return sorted(([s, nb, f.where, f.line, f.what, f.code] for s, nb, f in flags),
                   key=lambda r: r[:5])
 

@@ -147,6 +147,11 @@ LINK_REASON = ("a link: not graded (links are never followed; hand in the file i
                "not a link to it)")
 
 
+#: Why a zip is not graded.
+ZIP_REASON = ("not graded: the grader does not unpack zips; unzip each into a folder named for "
+              "its student (unzip -d <student> <student>.zip)")
+
+
 def find_submissions(folder: Path, notebooks: list[str],
                      handout: dict[str, str] | None = None) -> Found:
     """Every student's work in ``folder`` and every file skipped, with the reason.
@@ -196,6 +201,8 @@ def find_submissions(folder: Path, notebooks: list[str],
             student, nb, quality = match
             students.setdefault(student, StudentWork(student))
             candidate(student, nb, quality, entry)
+        elif entry.suffix.lower() == ".zip":
+            skip(entry.stem, entry, ZIP_REASON)
         else:
             skip("", entry, "not graded: a file at the top of the submissions folder must be "
                             "a notebook named <student>_<NN_topic>.ipynb")
@@ -206,9 +213,13 @@ def find_submissions(folder: Path, notebooks: list[str],
             skip(student, path, f"another file was graded for {nb}: "
                                 f"{found[0][3].relative_to(folder).as_posix()}")
     if not students:
+        zips = [s.path for s in skipped if s.reason == ZIP_REASON]
         raise SystemExit(f"error: no submissions in {str(folder)!r}; expected <student>/... "
                          f"folders or <student>_<NN_topic>.ipynb files with NN_topic one of "
-                         f"{', '.join(notebooks)}")
+                         f"{', '.join(notebooks)}" + (
+                             f"; it holds {len(zips)} zip file(s) ({', '.join(zips[:3])}"
+                             f"{', ...' if len(zips) > 3 else ''}): {ZIP_REASON}" if zips
+                             else ""))
     skipped.sort(key=lambda s: (s.student, s.path))
     return Found(students, skipped)
 
@@ -241,8 +252,8 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
             match = match_notebook(path.stem, notebooks)
             if match is None:
                 names = ", ".join(n + ".ipynb" for n in notebooks)
-                skip(work.name, path, f"not graded: not one of the notebooks graded here "
-                                      f"({names})")
+                skip(work.name, path, f"not graded: its name matches none of the course's "
+                                      f"notebooks ({names})")
             else:
                 candidate(work.name, *match, path)
             continue
@@ -264,6 +275,8 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
         if state == "changed":
             skip(work.name, path, "changed, but not graded: only the notebooks and the core "
                                   "modules (src/transformer_lab/core/*.py) are")
+        elif path.suffix.lower() == ".zip":
+            skip(work.name, path, ZIP_REASON)
         else:
             skip(work.name, path, "not graded: neither a notebook of the course nor a core "
                                   "module in a folder named core/")
