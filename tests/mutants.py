@@ -1396,6 +1396,13 @@ mutant("causal_self_attention_step", "the step not extended for RoPE: the new qu
        "not rotated", "        if rope is not None:\n            q, _ = rope_forward(q, *rope)\n"
        "            k, _ = rope_forward(k, *rope)\n", "", "check-grouped-query-attention",
        hint="not turning its new queries and keys")
+mutant("causal_self_attention_step", "the RoPE tables' rows sliced again by position, though "
+       "they are the new positions' already",
+       "            q, _ = rope_forward(q, *rope)\n            k, _ = rope_forward(k, *rope)\n",
+       "            rows = slice(length, length + q.shape[2])\n"
+       "            q, _ = rope_forward(q, rope[0][rows], rope[1][rows])\n"
+       "            k, _ = rope_forward(k, rope[0][rows], rope[1][rows])\n",
+       "check-grouped-query-attention", hint="has no entries along an axis")
 mutant("causal_self_attention_step", "the step not extended for shared key/value heads",
        "        if n_rep > 1:  # shared key/value heads (notebook 15 §4)\n"
        "            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"

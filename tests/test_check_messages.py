@@ -718,6 +718,7 @@ def test_a_name_the_grader_left_out_is_explained():
     ((2, 3, 8), (2, 2, 8), "its queries' length"),  # a cross-attention's output of S positions
     ((2, 2, 5, 4), (2, 1, 1, 5), "queries and the keys swapped"),  # a padding mask, added
     ((2, 2, 5, 4), (2, 2, 4, 3), ""),  # weights * values where @ belongs: no hint of those
+    ((2, 0, 8), (2, 3, 8), "has no entries along an axis"),  # an empty slice
 ])
 def test_a_broadcast_error_is_explained_by_its_shapes(a, b, words):
     with pytest.raises(ValueError) as err:

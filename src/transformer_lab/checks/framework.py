@@ -816,6 +816,12 @@ def _error_hint(outcome: Outcome) -> str:
     undefined = re.match(r"NameError: name '(\w+)' is not defined", outcome.error)
     if undefined and not (outcome.where or "").startswith("core/"):
         return (f"is `{undefined[1]}` set in a cell other than the exercise's? " + OTHER_CELLS)
+    empty = next((shape for shape in re.findall(r"\((\d[\w,]*)\)", outcome.error)
+                  if "0" in shape.split(",")), None)
+    if empty is not None:
+        return (f"an array of shape ({empty}) has no entries along an axis: a slice that starts "
+                "at or past the end of what it slices (rows length .. end of a table that holds "
+                "the new positions' rows only, say) gives none")
     shapes = re.search(r"broadcast together with shapes \(([\d,]*)\) \(([\d,]*)\)",
                        outcome.error)
     if shapes:
