@@ -1436,6 +1436,10 @@ mutant("gpt_step", "a fixed positional table pe ignored in the cached step",
 mutant("gpt_step", "the positions' rows not offset by length",
        "        positions = positions[length:]  # the rows of the new positions\n",
        "        pass\n", "check-gpt-step", hint="from row 0 of the table")
+mutant("gpt_step", "the length advanced by every layer, not once a step",
+       "x, end = gpt_block_step(x, layer, c, K, V, length, rope)",
+       "x, length = gpt_block_step(x, layer, c, K, V, length, rope)\n        end = length",
+       "check-gpt-step", hint="not once a layer")
 mutant("gpt_step", "the final norm forgotten in the cached step",
        "    x, _ = norm_forward(x, params[\"norm\"], c.norm, c.eps)\n", "", "check-gpt-step",
        hint="without the final norm")

@@ -731,14 +731,18 @@ def _student_frame(exc: BaseException) -> str:
     innermost frame as well: "core/multihead.py, line 40, in merge_heads: ...; raised in
     _shape_base_impl.py, line 872, in split"; and, when that function was called by another
     of the student's, of the outermost one (the function under test): "...; called from
-    core/multihead.py, line 62, in multi_head_attention_forward: ..."."""
+    core/multihead.py, line 62, in multi_head_attention_forward: ...", with the one between
+    that called the deepest first, where there is one (it often made what failed)."""
     frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
               if "transformer_lab/checks/" not in fr.filename.replace("\\", "/")]
     if not frames:
         return ""
     own = [fr for fr in frames if _is_students(fr.filename)]
-    called = f"; called from {_frame_text(own[0])}" if len(own) > 1 and \
-        own[0].name != own[-1].name else ""  # the function under test passed it what failed
+    called = ""
+    if len(own) > 1 and own[0].name != own[-1].name:  # the function under test passed it
+        if len(own) > 2 and own[-2].name not in (own[0].name, own[-1].name):  # and its caller
+            called = f"; called from {_frame_text(own[-2])}"
+        called += f"; called from {_frame_text(own[0])}"
     if not own or own[-1] is frames[-1]:
         return _frame_text(frames[-1]) + called
     return f"{_frame_text(own[-1])}; raised in {_frame_text(frames[-1])}{called}"
@@ -833,8 +837,14 @@ def _error_hint(outcome: Outcome) -> str:
                       outcome.error)
     if where:
         mask, scores = (tuple(int(n) for n in s.split(",") if n) for s in where.groups())
-        if len(scores) >= 2 and mask[-1] == scores[-2] != scores[-1]:
-            return _swapped_hint(mask, scores)
+        if len(mask) >= 2 and len(scores) >= 2 and mask[-1] != scores[-1]:
+            if mask[-1] == scores[-2] and mask[-2] in (1, scores[-1]):
+                return _swapped_hint(mask, scores)
+            return (f"the mask {mask} covers {mask[-1]} keys and the scores {scores} have "
+                    f"{scores[-1]}: the mask and the keys are made for different lengths -- "
+                    "the whole of a cache where its filled part belongs (K[:, :, :length]), a "
+                    "mask of the new positions alone, or a length past what the cache holds (is "
+                    "it advanced once a step, not once a layer?)")
     if "mismatch in its core dimension" in outcome.error and re.search(
             r"\w\.T\b", _code_of(outcome.where or "")):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "

@@ -8,6 +8,7 @@ none of them calls the core.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -369,20 +370,22 @@ class CachedStep(Check, id="check-gpt-step",
         shape = (B, c.num_kv_heads, T, c.head_dim)
         caches = [(np.zeros(shape, c.dtype), np.zeros(shape, c.dtype))
                   for _ in range(c.num_layers)]
-        params, length, pieces, rope = nest(flat), 0, [], _rope(c, T)
-        for size in chunks:
-            end = length + size  # the step's rows of the RoPE tables, if any
-            logits, length = f.gpt_step(params, ids[:, length:end], c, caches, length,
-                                        _pe(c), rope and tuple(r[length:end] for r in rope))
+        params, pieces, lengths, rope = nest(flat), [], [], _rope(c, T)
+        for start, end in itertools.pairwise((0, *np.cumsum(chunks))):  # the rows of each step
+            logits, length = f.gpt_step(params, ids[:, start:end], c, caches, start, _pe(c),
+                                        rope and tuple(r[start:end] for r in rope))
             pieces.append(logits)
-        return {"logits": np.concatenate(pieces, axis=1), "length": np.int64(length)}
+            lengths.append(length)
+        return {"the length each step returned": np.asarray(lengths, dtype=np.int64),
+                "logits": np.concatenate(pieces, axis=1)}
 
     def expected(self, flat, ids, config, chunks):
         from transformer_lab.reference.torch_gpt import TorchGPT
 
         twin = TorchGPT(_config(config))
         twin.load_numpy_params(flat)
-        return {"logits": _np(twin(ids)), "length": np.int64(sum(chunks))}
+        return {"the length each step returned": np.cumsum(chunks).astype(np.int64),
+                "logits": _np(twin(ids))}
 
     @staticmethod
     def _masked(flat, ids, config, visible):
@@ -407,7 +410,7 @@ class CachedStep(Check, id="check-gpt-step",
         from transformer_lab.checks.nb13_gpt import GPTModel
         from transformer_lab.reference.torch_gpt import TorchGPT
 
-        c, T, length = _config(config), ids.shape[1], np.int64(sum(chunks))
+        c, T = _config(config), ids.shape[1]
         key = np.arange(T)  # a position, as a key
         rows = np.concatenate([np.arange(t) for t in chunks])  # each token's row in its step
         start = key - rows  # where each token's step starts
@@ -420,10 +423,10 @@ class CachedStep(Check, id="check-gpt-step",
             twin.layers[-1].register_forward_hook(lambda _m, _a, out: seen.append(out))
             with torch.no_grad():
                 twin(ids)
-            return {"logits": _np(seen[0]) @ head.T, "length": length}
+            return {"logits": _np(seen[0]) @ head.T}
 
         def seeing(visible):  # the logits with new position i seeing key j where visible[i, j]
-            return lambda: {"logits": self._masked(flat, ids, config, visible), "length": length}
+            return lambda: {"logits": self._masked(flat, ids, config, visible)}
 
         found = {
             "without the final norm (params['norm']) before the output projection, which "
@@ -442,6 +445,5 @@ class CachedStep(Check, id="check-gpt-step",
             found["with each step's positions from row 0 of the table: the new tokens are at "
                   "positions length .. length + t - 1 (slice the table's rows from length)"] = \
                 lambda: {"logits": GPTModel._wrong_logits(flat, ids, config,
-                                                          positions[rows] - positions[:T]),
-                         "length": length}
+                                                          positions[rows] - positions[:T])}
         return found
