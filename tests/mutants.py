@@ -1440,6 +1440,11 @@ mutant("gpt_step", "the length advanced by every layer, not once a step",
        "x, end = gpt_block_step(x, layer, c, K, V, length, rope)",
        "x, length = gpt_block_step(x, layer, c, K, V, length, rope)\n        end = length",
        "check-gpt-step", hint="not once a layer")
+mutant("gpt_step", "the cached step's logits turned float64",
+       "logits, _ = tied_output_forward(x, params.get(\"lm_head\", params[\"embed\"])[\"W\"])",
+       "logits, _ = tied_output_forward(x, params.get(\"lm_head\", params[\"embed\"])[\"W\"])"
+       "\n    logits = logits.astype(np.float64)", "check-gpt-step",
+       hint="came back as float64")
 mutant("gpt_step", "the final norm forgotten in the cached step",
        "    x, _ = norm_forward(x, params[\"norm\"], c.norm, c.eps)\n", "", "check-gpt-step",
        hint="without the final norm")

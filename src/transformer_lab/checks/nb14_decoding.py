@@ -355,6 +355,8 @@ class CachedStep(Check, id="check-gpt-step",
                    (*_model_case(later_rng(rng), positional="sinusoidal"), (2, 2, 2)))
         yield Case("eps = 0.1 (the config's, for every norm)",
                    (*_model_case(later_rng(rng), eps=0.1), (3, 3)))
+        yield Case("float32, a prompt of 2, then chunks of 2 and 1",
+                   (*_model_case(later_rng(rng), np.float32), (2, 2, 1, 1)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
