@@ -1506,6 +1506,12 @@ mutant("sample_next", "the filters in the other order (top-p before top-k)",
 MINP = "14_decoding/exercise-min-p-filter"
 mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=-1, keepdims=True)",
        "probs >= p_min", "check-min-p-filter")
+mutant(MINP, "the logits compared, not the probabilities",
+       "probs >= p_min * probs.max(axis=-1, keepdims=True)",
+       "logits >= p_min * logits.max(axis=-1, keepdims=True)", "check-min-p-filter",
+       hint="comparing the logits")
+mutant(MINP, "the largest probability of the whole batch", "probs.max(axis=-1, keepdims=True)",
+       "probs.max()", "check-min-p-filter", hint="of the whole batch")
 
 
 # ============================================================================================
@@ -1721,7 +1727,7 @@ mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps
        "uniform - ((1 - eps) * w)[..., None]", "uniform - w[..., None]",
        "check-label-smoothed-loss", hint="with the target's weight 1 in the gradient")
 mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
-       "w = weight * keep", "check-label-smoothed-loss")
+       "w = weight * keep", "check-label-smoothed-loss", hint="ignores dloss")
 mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",
        "return ((5.0 + lengths) / 6.0) ** alpha", "return lengths ** alpha",
        "check-beam-step", "check-beam-search")
@@ -1780,6 +1786,9 @@ mutant("beam_search", "parent indices not gathered: the prefixes stay in their r
        "np.take_along_axis(seqs, parents[..., None], axis=1)", "seqs", "check-beam-search")
 mutant("beam_search", "never stopping early (every hypothesis finished: the steps go on)",
        "        if finished.all():\n            break\n", "", "check-beam-search")
+mutant("beam_search", "rows left the identity: the model's cache never reordered",
+       "        rows = (parents + K * np.arange(B)[:, None]).reshape(-1)\n", "",
+       "check-beam-search", hint="rows left the identity")
 mutant("beam_search", "rows not offset by the source (b * K forgotten)",
        "rows = (parents + K * np.arange(B)[:, None]).reshape(-1)", "rows = parents.reshape(-1)",
        "check-beam-search")

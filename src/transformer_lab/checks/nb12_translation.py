@@ -102,6 +102,10 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
             "with the ignored positions counted (mask them out and divide by the number kept)":
             lambda: counted})
         right = smoothed(1 - eps + eps / V, eps / V, keep)
+        if dloss != 1:
+            found["with a backward that ignores dloss: the gradient of the loss times dloss, the "
+                  "gradient that comes from above"] = lambda: {
+                      **right, "dlogits": (right["dlogits"] / dloss).astype(logits.dtype)}
         found["with the uniform part left out of the gradient: dlogits = p - q, and q has eps / V "
               "on every class"] = lambda: {**right, "dlogits": smoothed(1 - eps, 0.0, keep)[
                   "dlogits"]}
@@ -302,7 +306,7 @@ def _table_step(table, K):
 
 ### BEGIN HIDDEN TESTS
 def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
-            normalise=True, **step):
+            normalise=True, reorder=True, **step):
     """The search by its definition, step by step with :func:`_reference_step`, as
     ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
     or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
@@ -323,7 +327,8 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
         seqs = [[seqs[b][parents[b, j] if gather else j] + (int(tokens[b, j]),)
                  for j in range(K)] for b in range(B)]
         before = [p[-1] for p in prefix]  # the table's cache: the last call's prefixes
-        rows = (parents + K * np.arange(B)[:, None] * offset).reshape(-1)
+        if reorder:
+            rows = (parents + K * np.arange(B)[:, None] * offset).reshape(-1)
         if stop and finished.all():
             break
     return {"sequences": np.array(seqs, dtype=np.int64),
@@ -336,6 +341,8 @@ SEARCH_MISTAKES = {
     "length_penalty(length, alpha)": {"normalise": False},
     "with rows = parents, the source's offset b * K forgotten (a new hypothesis continues row "
     "b * K + parent)": {"offset": False},
+    "with rows left the identity: the model's cache must follow the hypotheses, each new one "
+    "continuing its parent's row, b * K + parent": {"reorder": False},
     "with the prefixes not gathered by parent (a new hypothesis is its parent's prefix plus "
     "its token)": {"gather": False},
     "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":

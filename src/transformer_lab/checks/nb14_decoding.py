@@ -286,7 +286,13 @@ class MinPFilter(_FilterCheck, id="check-min-p-filter", arguments=("min_p_filter
         return {"with > where >= belongs (at p_min = 1 the most likely token must stay)":
                 lambda: _kept((probs > p_min * top).numpy(), logits),
                 "with p_min as an absolute threshold (probs >= p_min): it is relative, p_min "
-                "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits)}
+                "times the largest probability": lambda: _kept((probs >= p_min).numpy(), logits),
+                "comparing the logits, not the probabilities (logits >= p_min * max logit): "
+                "the rule holds for probabilities, or in logs, logits >= max + log(p_min)":
+                lambda: _kept(logits >= p_min * logits.max(axis=-1, keepdims=True), logits),
+                "with the largest probability of the whole batch, not of each row (max over the "
+                "last axis, keepdims=True)":
+                lambda: _kept((probs >= p_min * probs.max()).numpy(), logits)}
     ### END HIDDEN TESTS
 
 
