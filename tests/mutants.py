@@ -1529,6 +1529,16 @@ mutant("online_softmax_update", "no guard for a row of -inf only",
 mutant("flash_attention_forward", "the future tiles visited, unmasked (only the diagonal masked)",
        "stop = min(S, i + block_size) if causal else S", "stop = S",
        "check-flash-forward", hint="visiting the future tiles too")
+mutant("flash_attention_forward", "the diagonal tile masked by a full block's mask, also on "
+       "a shorter last tile", "causal_mask(*s.shape[-2:])", "causal_mask(block_size, block_size)",
+       "check-flash-forward", hint="a full block's mask on a shorter last tile")
+mutant("flash_attention_forward", "the causal range of keys not clipped to S (T > S)",
+       "stop = min(S, i + block_size) if causal else S", "stop = i + block_size if causal else S",
+       "check-flash-forward", hint="past the keys' end not clipped")
+mutant("online_softmax_update", "np.max(m, ...) where np.maximum belongs",
+       "m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))",
+       "m_new = np.max(m, scores.max(axis=-1, keepdims=True))", "check-online-softmax-update",
+       hint="the elementwise maximum of two arrays is np.maximum(a, b)")
 mutant("flash_attention_forward", "the accumulator not rescaled", "            acc *= alpha\n",
        "", "check-flash-forward")
 mutant("flash_attention_forward", "the running maximum started at 0, not -inf",

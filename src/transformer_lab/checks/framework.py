@@ -842,9 +842,10 @@ def _error_hint(outcome: Outcome) -> str:
                 return _swapped_hint(mask, scores)
             return (f"the mask {mask} covers {mask[-1]} keys and the scores {scores} have "
                     f"{scores[-1]}: the mask and the keys are made for different lengths -- "
-                    "the whole of a cache where its filled part belongs (K[:, :, :length]), a "
-                    "mask of the new positions alone, or a length past what the cache holds (is "
-                    "it advanced once a step, not once a layer?)")
+                    "a full block's mask on a shorter last tile (make it for the tile's own "
+                    "shape), the whole of a cache where its filled part belongs (K[:, :, "
+                    ":length]), a mask of the new positions alone, or a length past what the "
+                    "cache holds (is it advanced once a step, not once a layer?)")
     if "mismatch in its core dimension" in outcome.error and re.search(
             r"\w\.T\b", _code_of(outcome.where or "")):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "
@@ -858,6 +859,19 @@ def _error_hint(outcome: Outcome) -> str:
         return (f"a @ W multiplies a's last axis ({sizes[2]}) with W's first ({sizes[1]}): is W "
                 "laid out the other way -- an embedding table (V, E) as the output projection "
                 "multiplies transposed, x @ W.T -- or are the two factors swapped?")
+    if sizes:  # a @ b of two activations
+        return (f"the two factors of a matrix product disagree ({sizes[2]} against {sizes[1]}): "
+                "slices of different lengths -- a last tile is shorter where a length is not a "
+                "multiple of the block size (clip its end: min(start + block_size, length)) -- "
+                "or heads split by two counts (H against Hkv)?")
+    if "zero-size array to reduction operation" in outcome.error:
+        return ("a maximum (or minimum) over no entries: an empty slice -- a tile of no keys, "
+                "a causal range past the keys' end not clipped (min(end, S)), or a block start "
+                "past the length")
+    if "only integer scalar arrays can be converted to a scalar index" in outcome.error:
+        return ("a NumPy reduction given a second array where it takes the axis -- np.max(a, b) "
+                "is the maximum of a along axis b: the elementwise maximum of two arrays is "
+                "np.maximum(a, b)")
     if "array split does not result in an equal division" in outcome.error:
         return ("np.split(a, 3) cuts three equal parts, but with fewer key/value heads than "
                 "query heads the keys and the values are narrower than the queries (Hkv * Dh "

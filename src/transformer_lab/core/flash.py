@@ -68,8 +68,8 @@ def flash_attention_forward(q, k, v, causal=False, block_size=64):
     it at the end. Nothing of size (T, S) is formed.
 
     q: (..., T, d); k: (..., S, d); v: (..., S, d_v); causal: query i sees keys j <= i
-    ->  out: (..., T, d_v); the cache holds q, k, v, out and each row's log-sum-exp
-        ``lse = m + log ell`` (..., T) -- all the backward pass needs.
+    ->  out: (..., T, d_v); the cache holds q (as given, unscaled), k, v, out and each row's
+        log-sum-exp ``lse = m + log ell`` (..., T) -- all the backward pass needs.
     """
     ### BEGIN SOLUTION 16 §3
     T, S = q.shape[-2], k.shape[-2]
