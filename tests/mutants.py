@@ -1231,6 +1231,10 @@ mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
 mutant("rope_tables", "the base 10000 written in, the argument base ignored",
        "omega = base ** (", "omega = 10000.0 ** (", "check-rope")
+mutant("rope_forward", "cos and sin swapped in the rotation",
+       "    out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos\n",
+       "    out[..., 0::2] = x0 * sin - x1 * cos\n    out[..., 1::2] = x0 * cos + x1 * sin\n",
+       "check-rope", hint="cos and sin swapped")
 mutant("rope_forward", "the rotation by minus the angle (clockwise, not RoFormer's +p omega)",
        "out[..., 0::2] = x0 * cos - x1 * sin\n    out[..., 1::2] = x0 * sin + x1 * cos",
        "out[..., 0::2] = x0 * cos + x1 * sin\n    out[..., 1::2] = x1 * cos - x0 * sin",
@@ -1256,6 +1260,8 @@ mutant("rms_norm_forward", "eps added outside the square root",
        "rstd = 1 / np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d + eps)",
        "rstd = 1 / (np.sqrt(np.einsum(\"...j,...j->...\", x, x)[..., None] / d) + eps)",
        "check-gpt-rms-norm")
+mutant("rms_norm_backward", "gamma left out of dx", "    g = dout * gamma\n", "    g = dout\n",
+       "check-gpt-rms-norm", hint="without gamma in dx")
 mutant("rms_norm_backward", "the factor 1/r forgotten in dx", "    dx *= rstd\n", "",
        "check-gpt-rms-norm", hint="without the factor 1 / r")
 mutant("rms_norm_backward", "the path through the rms dropped", "dx = g - xhat * mean_gx",
@@ -1525,7 +1531,7 @@ mutant("online_softmax_update", "the old sum not rescaled", "ell_new = alpha * e
        "ell_new = ell +", "check-online-softmax-update")
 mutant("online_softmax_update", "no guard for a row of -inf only",
        "shift = np.where(np.isneginf(m_new), 0, m_new)", "shift = m_new",
-       "check-online-softmax-update")
+       "check-online-softmax-update", hint="-inf - (-inf)")
 mutant("flash_attention_forward", "the future tiles visited, unmasked (only the diagonal masked)",
        "stop = min(S, i + block_size) if causal else S", "stop = S",
        "check-flash-forward", hint="visiting the future tiles too")

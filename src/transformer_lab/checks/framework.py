@@ -1287,8 +1287,9 @@ def _generic_hint(problem: Difference) -> str:
     if not np.all(np.isfinite(got)):
         return ("NaN or inf appears where exp overflows (subtract the maximum first), where "
                 "exp underflows to 0 and then divides or is logged (0/0, log 0: a row with "
-                "nothing to attend to? a softmax whose log is taken?), or where 0 * inf does (a "
-                "factor that is infinite for an edge case)")
+                "nothing to attend to? a softmax whose log is taken?), where -inf - (-inf) does "
+                "(a maximum of -inf only, subtracted from -inf scores: shift by 0 there), or "
+                "where 0 * inf does (a factor that is infinite for an edge case)")
     if not np.all(np.isfinite(want)):  # (rel_error takes finite arrays)
         return ""
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()

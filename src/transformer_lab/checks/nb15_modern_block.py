@@ -72,7 +72,9 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
                  "turns each pair counterclockwise by a = p omega_i: (x_2i cos a - x_2i+1 sin a, "
                  "x_2i sin a + x_2i+1 cos a))": lambda: {**want, "out": other},
                  "pairing feature i with feature i + Dh/2 (the 'rotate_half' layout) instead of "
-                 "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves}}
+                 "neighbours (2i, 2i + 1)": lambda: {**want, "out": halves},
+                 "with cos and sin swapped: the pair turns as (x_2i cos a - x_2i+1 sin a, "
+                 "x_2i sin a + x_2i+1 cos a)": lambda: {**want, "out": _turned(x, s, c)}}
         if base is not None:
             hints["writing in the base 10000 instead of using the argument base"] = (
                 lambda: self.expected(positions, x, dout))
@@ -185,14 +187,16 @@ class RMSNorm(Check, id="check-gpt-rms-norm", functions=("rms_norm_forward", "rm
             lambda: {"dx": _rms_dx(x, gamma, dout, e, through_r=False)}
         hints["without the factor 1 / r in front of dx: dx = (g - x_hat * mean(g * x_hat)) / r"] \
             = lambda: {"dx": _rms_dx(x, gamma, dout, e, over_r=False)}
+        hints["without gamma in dx: the gradient that reaches x_hat is g = dout * gamma"] = \
+            lambda: {"dx": _rms_dx(x, gamma, dout, e, scaled=False)}
         return hints
 
 
-def _rms_dx(x, gamma, dout, eps, mean_g=False, through_r=True, over_r=True):
+def _rms_dx(x, gamma, dout, eps, mean_g=False, through_r=True, over_r=True, scaled=True):
     """dx of RMSNorm with a mistake: layer norm's -mean(g) term too (``mean_g``), without the
-    term of r's own gradient (``through_r`` False), or without the 1 / r (``over_r`` False), in
-    x's dtype."""
-    x64, g = x.astype(np.float64), (dout * gamma).astype(np.float64)
+    term of r's own gradient (``through_r`` False), without the 1 / r (``over_r`` False), or with
+    dout for g = dout * gamma (``scaled`` False), in x's dtype."""
+    x64, g = x.astype(np.float64), (dout * (gamma if scaled else 1)).astype(np.float64)
     r = np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
     x_hat = x64 / r
     dx = g - (g.mean(-1, keepdims=True) if mean_g else 0)
