@@ -725,3 +725,18 @@ def test_a_broadcast_error_is_explained_by_its_shapes(a, b, words):
         np.ones(a) + np.ones(b)
     hint = F._error_hint(F.Outcome(error=f"ValueError: {err.value}"))
     assert words in hint if words else hint == "", hint
+
+
+def test_a_block_written_into_less_room_and_unwritten_memory_are_explained():
+    """A last block written whole into a slice past the end (the slice is cut short), and
+    np.empty's leftovers where a loop stopped a block early (subnormal numbers)."""
+    room = np.zeros((5, 5))
+    with pytest.raises(ValueError) as err:
+        room[4:8] = np.ones((4, 5))
+    assert "written into a slice (1, 5) that has less room" in F._error_hint(
+        F.Outcome(error=f"ValueError: {err.value}"))
+    want, got = np.ones(4), np.array([1.0, 1.0, 1.0, 9e-312])
+    hint = F._generic_hint(F._difference(F.Check(), "output", got, want))
+    assert "memory never written" in hint
+    assert "memory never written" not in F._generic_hint(F._difference(
+        F.Check(), "output", np.array([2.0, 9e-312]), np.array([1.0, 9e-312])))

@@ -833,6 +833,16 @@ def _error_hint(outcome: Outcome) -> str:
                                         for s in shapes.groups()), key=len))
         if hint:
             return hint
+    into = re.search(r"input array from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
+                     outcome.error)
+    if into:
+        block, room = (tuple(int(n) for n in s.split(",") if n) for s in into.groups())
+        if len(block) == len(room) and all(r <= b for b, r in zip(block, room, strict=True)):
+            return (f"a block {block} written into a slice {room} that has less room: a slice "
+                    "that runs past the end of its array is cut short (the last block is "
+                    "shorter where a length is not a multiple of the block size: compute it for "
+                    "the slice's own length), or a cache of Hkv key/value heads given H of them "
+                    "(repeat them after reading the cache)")
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:
@@ -1292,6 +1302,11 @@ def _generic_hint(problem: Difference) -> str:
                 "where 0 * inf does (a factor that is infinite for an edge case)")
     if not np.all(np.isfinite(want)):  # (rel_error takes finite arrays)
         return ""
+    tiny = np.finfo(got.dtype).tiny if np.issubdtype(got.dtype, np.floating) else 0
+    if np.any((got != 0) & (np.abs(got) < tiny) & (np.abs(want) >= tiny)):
+        return ("some entries are numbers no computation here makes (subnormal, such as "
+                "1e-312): memory never written, np.empty's leftovers. Does a loop stop before "
+                "the last, shorter block (range(0, T - b + 1, b))? range(0, T, b) visits every one")
     g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
     floating = np.issubdtype(want.dtype, np.floating)  # ids, counts, masks have no sign or scale
     if floating and rel_error(g, -w) < 1e-6:
