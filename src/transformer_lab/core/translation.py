@@ -195,7 +195,8 @@ def decoder_layer_step(x, params, config, cache, length, memory_kv, memory_mask=
     """``core.blocks.decoder_layer_forward`` for ``t`` new positions: self-attention through the
     layer's cache, cross-attention to the memory's precomputed keys and values, feed-forward.
 
-    x: (B, t, E); cache: this layer's (K, V); memory_kv: from :func:`memory_keys_values`;
+    x: (B, t, E); config: the model's (it reads ``num_heads``, ``norm_first``, ``activation``
+    and ``eps``); cache: this layer's (K, V); memory_kv: from :func:`memory_keys_values`;
     memory_mask: broadcastable to (B, H, t, S) or None  ->  out: (B, t, E).
     """
     c, p = config, params
