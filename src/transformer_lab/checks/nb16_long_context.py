@@ -346,9 +346,13 @@ class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
         for start, stop in blocks:
             mask = np.triu(np.ones((q_i.shape[-2], stop - start), dtype=bool), 1) if causal \
                 else None
-            dq_t, dk_t, dv_t = f.flash_attention_backward_tile(
-                q_i, k[..., start:stop, :], v[..., start:stop, :], dout_i, lse_i, D_i, scale,
-                mask)
+            k_j, v_j = k[..., start:stop, :], v[..., start:stop, :]
+            dq_t, dk_t, dv_t = f.flash_attention_backward_tile(q_i, k_j, v_j, dout_i, lse_i, D_i,
+                                                               scale, mask)
+            for name, got, like in (("dq_i", dq_t, q_i), ("dk_j", dk_t, k_j), ("dv_j", dv_t, v_j)):
+                if np.shape(got) != like.shape:  # before they are added up or put side by side
+                    raise ValueError(f"{name} of the tile of keys {start}..{stop - 1} has shape "
+                                     f"{np.shape(got)}: it must have {name[1:]}'s, {like.shape}")
             dq = dq + np.asarray(dq_t)
             dks.append(np.asarray(dk_t))
             dvs.append(np.asarray(dv_t))
