@@ -1343,6 +1343,11 @@ mutant("norm_forward", "kind ignored (always layer norm)", "if kind == \"rms\":"
        "check-modern-block")
 mutant("norm_backward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
        "check-modern-block")
+mutant("mlp_forward", "not extended: SwiGLU's parameters given to the plain network",
+       "    if kind == \"swiglu\":\n        out, cache = swiglu_forward(x, params)\n    else:\n"
+       "        out, cache = feed_forward_forward(x, params, kind)\n",
+       "    out, cache = feed_forward_forward(x, params, kind)\n", "check-swiglu",
+       hint="is it extended to kind 'swiglu'")
 mutant("mlp_forward", "kind not passed on (always ReLU)",
        "feed_forward_forward(x, params, kind)", "feed_forward_forward(x, params)",
        "check-gpt-block")

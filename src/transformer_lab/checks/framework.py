@@ -670,7 +670,8 @@ def run_case(check: Check, f: Functions, case: Case) -> Outcome:
         error = _error_text(exc)
         if _raised_reading(exc):
             error = f"{UNREADABLE} ({error})"
-        return Outcome(error=error, where=_student_frame(exc), after=args, after_kwargs=kwargs)
+        where = _student_frame(exc if exc.__cause__ is None else exc.__cause__)
+        return Outcome(error=error, where=where, after=args, after_kwargs=kwargs)
     finally:
         changed = any(_fingerprint(a) != was for a, was in _CACHED)
         _CACHED.clear()
@@ -719,9 +720,10 @@ UNREADABLE = "the check could not read what your function returned"
 
 def _raised_reading(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by a check's own code (int('t') on what came back), not
-    deeper, in the student's code or a library it called."""
+    deeper, in the student's code or a library it called, nor by a check explaining the
+    student's error (``raise ... from err``)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and re.search(r"transformer_lab/checks/nb\d\d_",
+    return bool(frames) and exc.__cause__ is None and re.search(r"transformer_lab/checks/nb\d\d_",
                                       frames[-1].filename.replace("\\", "/")) is not None
 
 
