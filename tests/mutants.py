@@ -1414,6 +1414,12 @@ mutant("causal_self_attention_step", "the RoPE tables' rows sliced again by posi
        "            q, _ = rope_forward(q, rope[0][rows], rope[1][rows])\n"
        "            k, _ = rope_forward(k, rope[0][rows], rope[1][rows])\n",
        "check-grouped-query-attention", hint="has no entries along an axis")
+mutant("causal_self_attention_step", "the new keys appended to the cache before RoPE turns them",
+       "            k, _ = rope_forward(k, *rope)\n"
+       "        keys, values, end = kv_cache_append(K, V, length, k, v)  # (B, Hkv, end, Dh)\n",
+       "        keys, values, end = kv_cache_append(K, V, length, k, v)  # (B, Hkv, end, Dh)\n"
+       "        if rope is not None:\n            k, _ = rope_forward(k, *rope)\n",
+       "check-grouped-query-attention", hint="before RoPE turns them")
 mutant("causal_self_attention_step", "the step not extended for shared key/value heads",
        "        if n_rep > 1:  # shared key/value heads (notebook 15 §4)\n"
        "            keys, _ = repeat_kv_forward(keys, n_rep)  # (B, H, end, Dh)\n"

@@ -395,10 +395,16 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
                 lambda: {"out": _attention_expected(
                     x, _heads_turned(x, params, H, Hkv, E + Hkv * Dh), dout, H, Hkv,
                     angles)["out"]})
+            def unturned_keys():  # the attention whose keys RoPE leaves as they are
+                return _attention_expected(x, _heads_turned(x, params, H, Hkv, E, -1), dout, H,
+                                           Hkv, angles)["out"]
+
             hints["with RoPE turning the queries only: the keys are turned by the same angles, "
                   "so that q . k depends on the positions' difference"] = (
-                lambda: {"out": _attention_expected(
-                    x, _heads_turned(x, params, H, Hkv, E, -1), dout, H, Hkv, angles)["out"]})
+                lambda: {"out": unturned_keys()})
+            hints["with the cached step writing its keys into the cache before RoPE turns them: "
+                  "the cache holds turned keys (turn, then append)"] = (
+                lambda: {self.STEP: unturned_keys()})
             hints["without RoPE's backward for the keys: their gradient is turned back by "
                   "rope_backward, as the queries' is"] = (
                 lambda: _projection_gradient(x, params, dout, H, Hkv, angles,
