@@ -1276,6 +1276,12 @@ mutant("silu_forward", "the sigmoid as exp(x) / (1 + exp(x)), which overflows (N
 mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
        "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
        "check-swiglu")
+mutant("swiglu_backward", "the two paths' factors crossed (da from dh * s, du = dh * u)",
+       "    da = silu_backward(dh * u, c_silu)\n    dx, g_gate = linear_backward(da, c_gate)\n"
+       "    dx_up, g_up = linear_backward(dh * s, c_up)\n",
+       "    da = silu_backward(dh * s, c_silu)\n    dx, g_gate = linear_backward(da, c_gate)\n"
+       "    dx_up, g_up = linear_backward(dh * u, c_up)\n",
+       "check-swiglu", hint="the two paths' factors crossed")
 mutant("swiglu_backward", "the up projection's path of dx forgotten", "    dx += dx_up\n", "",
        "check-swiglu")
 mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",

@@ -231,16 +231,18 @@ _WRONG_SILU_DERIVATIVES = {
     "sigmoid(a) (1 + a sigmoid(a))": lambda a: _sigmoid(a) * (1 + a * _sigmoid(a))}
 
 
-def _swiglu_dx(x, params, dout, dsilu=None, up_path=True):
-    """{"dx": ...} of SwiGLU with ``dsilu`` as silu's derivative (None: the right one), or
-    without the up projection's path (``up_path`` False), in float64, then x's dtype."""
+def _swiglu_dx(x, params, dout, dsilu=None, up_path=True, crossed=False):
+    """{"dx": ...} of SwiGLU with ``dsilu`` as silu's derivative (None: the right one),
+    without the up projection's path (``up_path`` False), or with each path's factor the
+    other's (``crossed``: da from dh * silu(a), du = dh * u), in float64, then x's dtype."""
     x64, dout64 = x.astype(np.float64), dout.astype(np.float64)
     W = {k: w.astype(np.float64) for k, w in params.items()}
     a, u = x64 @ W["W_gate"], x64 @ W["W_up"]
     dh = dout64 @ W["W_down"].T
     s = _sigmoid(a)
-    da = dh * u * (s * (1 + a * (1 - s)) if dsilu is None else dsilu(a))
-    du = dh * a * s
+    gate, up = (a * s, u) if crossed else (u, a * s)  # what multiplies dh on each path
+    da = dh * gate * (s * (1 + a * (1 - s)) if dsilu is None else dsilu(a))
+    du = dh * up
     return {"dx": (da @ W["W_gate"].T + (du @ W["W_up"].T if up_path else 0)).astype(x.dtype)}
 
 
@@ -296,7 +298,10 @@ class SwiGLU(Check, id="check-swiglu",
             "with the gate's input a where silu(a) belongs (a * u, not silu(a) * u)":
             lambda: {"out": _swiglu_out(x, params, lambda a: a)},
             "without the up projection's path in dx (dx = da W_gate^T + du W_up^T)":
-            lambda: {"dx": _swiglu_dx(x, params, dout, None, up_path=False)["dx"]}})
+            lambda: {"dx": _swiglu_dx(x, params, dout, None, up_path=False)["dx"]},
+            "with the two paths' factors crossed: the gate's input gets dh * u (through silu's "
+            "derivative), the up projection's dh * silu(a)":
+            lambda: {"dx": _swiglu_dx(x, params, dout, crossed=True)["dx"]}})
         return found
 
     def expected(self, x, params, dout, gate="W_gate", up="W_up"):
