@@ -1562,6 +1562,10 @@ mutant("online_softmax_update", "np.max(m, ...) where np.maximum belongs",
        "m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))",
        "m_new = np.max(m, scores.max(axis=-1, keepdims=True))", "check-online-softmax-update",
        hint="the elementwise maximum of two arrays is np.maximum(a, b)")
+mutant("flash_attention_forward", "lse = log(ell), the running maximum forgotten",
+       "lse[..., i:i + block_size] = (m + np.log(ell))[..., 0]",
+       "lse[..., i:i + block_size] = np.log(ell)[..., 0]", "check-flash-forward",
+       hint="m forgotten")
 mutant("flash_attention_forward", "the accumulator not rescaled", "            acc *= alpha\n",
        "", "check-flash-forward")
 mutant("flash_attention_forward", "the running maximum started at 0, not -inf",

@@ -246,7 +246,9 @@ class FlashAttentionForward(Check, id="check-flash-forward",
                  "running sum is, since each tile's p is relative to the maximum so far":
                  lambda: _not_rescaled(_scores(qt, kt, causal), vt, block_size),
                  "with lse = m + ell, the log forgotten: lse = m + log(ell)":
-                 lambda: _lse_without_log(_scores(qt, kt, causal), vt)}
+                 lambda: _lse_without_log(_scores(qt, kt, causal), vt),
+                 "with lse = log(ell), m forgotten: ell sums exp(s - m), so lse = m + log(ell)":
+                 lambda: _lse_without_log(_scores(qt, kt, causal), vt, log=True)}
         if causal:
             found["skipping the diagonal tile (keys j up to the query block's start only): "
                   "it holds each query's own key and its block's earlier ones"] = (
@@ -269,11 +271,12 @@ class FlashAttentionForward(Check, id="check-flash-forward",
         return found
 
 
-def _lse_without_log(scores, v) -> dict:
-    """out, and each row's m + ell (max and sum of exp(s - m)) where its logsumexp belongs."""
+def _lse_without_log(scores, v, log=False) -> dict:
+    """out, and each row's m + ell (max and sum of exp(s - m)) where its logsumexp belongs,
+    or with ``log`` its log(ell), m forgotten."""
     right = _attention(scores, v)
     m = scores.amax(-1).numpy()
-    return {**right, "lse": m + np.exp(right["lse"] - m)}
+    return {**right, "lse": right["lse"] - m if log else m + np.exp(right["lse"] - m)}
 
 
 def _not_rescaled(scores, v, block_size) -> dict:
