@@ -1576,6 +1576,9 @@ mutant("flash_attention_forward", "the diagonal tile not masked",
 mutant("flash_attention_forward", "the diagonal tile skipped: keys up to the block's start",
        "stop = min(S, i + block_size) if causal else S  # later keys",
        "stop = min(S, i) if causal else S  # later keys", "check-flash-forward")
+mutant("flash_attention_backward_tile", "the mask left out of the tile's weights",
+       "    if mask is not None:\n        np.copyto(p, -np.inf, where=mask)\n", "",
+       "check-flash-backward-tile", hint="the tile's mask left out")
 mutant("flash_attention_backward_tile", "dv_j transposed (dout_i^T P)",
        "dv_j = np.swapaxes(p, -1, -2) @ dout_i", "dv_j = np.swapaxes(dout_i, -1, -2) @ p",
        "check-flash-backward-tile", hint="dv_j of the tile of keys")

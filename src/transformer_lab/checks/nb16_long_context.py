@@ -365,6 +365,19 @@ class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
     def expected(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
         return dict(zip(TILE_GRADS, _torch_grads(q_i, k, v, dout_i, causal), strict=True))
 
+    def mistakes(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
+        def unmasked():  # the tile's formulas over all the keys at once, P without the mask
+            q, k64, v64, dout = _float64(q_i, k, v, dout_i)
+            p = np.exp(q @ np.swapaxes(k64, -1, -2) * scale - lse_i[..., None])
+            dz = p * (dout @ np.swapaxes(v64, -1, -2) - D_i[..., None])
+            grads = (dz @ k64 * scale, np.swapaxes(dz, -1, -2) @ q * scale,
+                     np.swapaxes(p, -1, -2) @ dout)
+            return dict(zip(TILE_GRADS, (g.astype(q_i.dtype) for g in grads), strict=True))
+
+        return {"with the tile's mask left out: the weights P it recomputes are 0 where the "
+                "forward masked the scores (np.copyto(s, -np.inf, where=mask) before the exp)":
+                unmasked} if causal else {}
+
 
 def _torch_grads(q, k, v, dout, causal):
     """dq, dk, dv of softmax(q k^T / sqrt(d) + causal mask) v, by torch autograd in float64;
