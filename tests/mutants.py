@@ -1288,6 +1288,11 @@ mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
        "out = np.broadcast_to(x[:, :, None], (B, Hkv, n_rep, S, Dh))",
        "out = np.broadcast_to(x[:, None], (B, n_rep, Hkv, S, Dh))",
        "check-grouped-query-attention")
+mutant("repeat_kv_forward", "the positions repeated, not the heads (axis 2)",
+       "    out = np.broadcast_to(x[:, :, None], (B, Hkv, n_rep, S, Dh))  # a view, no copy yet\n"
+       "    return out.reshape(B, Hkv * n_rep, S, Dh), n_rep\n",
+       "    return np.repeat(x, n_rep, axis=2), n_rep\n", "check-grouped-query-attention",
+       hint="repeat_kv gives each key/value head to n_rep query heads")
 mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
        "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention",

@@ -835,6 +835,13 @@ def _error_hint(outcome: Outcome) -> str:
                                         for s in shapes.groups()), key=len))
         if hint:
             return hint
+    remapped = re.search(r"remapped shapes \[original->remapped\]: \(([\d,]*)\)->\S* "
+                         r"\(([\d,]*)\)->", outcome.error)
+    if remapped:  # a @ b whose leading axes do not broadcast
+        a, b = (tuple(int(n) for n in s.split(",") if n)[:-2] for s in remapped.groups())
+        return (f"the leading axes of a matrix product, {a} and {b}, do not match: query heads "
+                "against key/value heads (H against Hkv: repeat_kv gives each key/value head to "
+                "n_rep query heads, along axis 1), or one batch against another?")
     into = re.search(r"input array from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                      outcome.error)
     if into:
