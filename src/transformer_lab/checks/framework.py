@@ -831,21 +831,20 @@ def _error_hint(outcome: Outcome) -> str:
     shapes = re.search(r"broadcast together with shapes \(([\d,]*)\) \(([\d,]*)\)",
                        outcome.error)
     if shapes:
-        hint = _broadcast_hint(*sorted((tuple(int(n) for n in s.split(",") if n)
-                                        for s in shapes.groups()), key=len))
+        hint = _broadcast_hint(*sorted(_shapes(shapes), key=len))
         if hint:
             return hint
     remapped = re.search(r"remapped shapes \[original->remapped\]: \(([\d,]*)\)->\S* "
                          r"\(([\d,]*)\)->", outcome.error)
     if remapped:  # a @ b whose leading axes do not broadcast
-        a, b = (tuple(int(n) for n in s.split(",") if n)[:-2] for s in remapped.groups())
+        a, b = (shape[:-2] for shape in _shapes(remapped))
         return (f"the leading axes of a matrix product, {a} and {b}, do not match: query heads "
                 "against key/value heads (H against Hkv: repeat_kv gives each key/value head to "
                 "n_rep query heads, along axis 1), or one batch against another?")
     into = re.search(r"input array from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                      outcome.error)
     if into:
-        block, room = (tuple(int(n) for n in s.split(",") if n) for s in into.groups())
+        block, room = _shapes(into)
         if len(block) == len(room) and all(r <= b for b, r in zip(block, room, strict=True)):
             return (f"a block {block} written into a slice {room} that has less room: a slice "
                     "that runs past the end of its array is cut short (the last block is "
@@ -855,7 +854,7 @@ def _error_hint(outcome: Outcome) -> str:
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:
-        mask, scores = (tuple(int(n) for n in s.split(",") if n) for s in where.groups())
+        mask, scores = _shapes(where)
         if len(mask) >= 2 and len(scores) >= 2 and mask[-1] != scores[-1]:
             if mask[-1] == scores[-2] and mask[-2] in (1, scores[-1]):
                 return _swapped_hint(mask, scores)
@@ -914,6 +913,11 @@ def _error_hint(outcome: Outcome) -> str:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
     return ""
+
+
+def _shapes(found: re.Match) -> list[tuple[int, ...]]:
+    """The shapes an error's regex match found, "2,3" as (2, 3)."""
+    return [tuple(int(n) for n in shape.split(",") if n) for shape in found.groups()]
 
 
 def _broadcast_hint(a: tuple, b: tuple) -> str:
