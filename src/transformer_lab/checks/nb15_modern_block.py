@@ -8,6 +8,8 @@ them calls the core.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, autograd, torch
@@ -400,7 +402,9 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
                 lambda: {"out": _attention_expected(
                     x, _heads_turned(x, params, H, Hkv, E + Hkv * Dh), dout, H, Hkv,
                     angles)["out"]})
-            def unturned_keys():  # the attention whose keys RoPE leaves as they are
+
+            @functools.cache
+            def unturned_keys():  # the attention whose keys RoPE leaves as they are (two hints')
                 return _attention_expected(x, _heads_turned(x, params, H, Hkv, E, -1), dout, H,
                                            Hkv, angles)["out"]
 
