@@ -1284,6 +1284,10 @@ mutant("swiglu_backward", "the two paths' factors crossed (da from dh * s, du = 
        "check-swiglu", hint="the two paths' factors crossed")
 mutant("swiglu_backward", "the up projection's path of dx forgotten", "    dx += dx_up\n", "",
        "check-swiglu")
+mutant("swiglu_forward", "SiLU on the up projection too: silu(a) * silu(u)",
+       "out, c_down = linear_forward(s * u,",
+       "s_up, _ = silu_forward(u)\n    out, c_down = linear_forward(s * s_up,", "check-swiglu",
+       hint="silu on the up projection too")
 mutant("repeat_kv_forward", "the key/value heads tiled instead of repeated",
        "out = np.broadcast_to(x[:, :, None], (B, Hkv, n_rep, S, Dh))",
        "out = np.broadcast_to(x[:, None], (B, n_rep, Hkv, S, Dh))",
@@ -1293,6 +1297,10 @@ mutant("repeat_kv_forward", "the positions repeated, not the heads (axis 2)",
        "    return out.reshape(B, Hkv * n_rep, S, Dh), n_rep\n",
        "    return np.repeat(x, n_rep, axis=2), n_rep\n", "check-grouped-query-attention",
        hint="repeat_kv gives each key/value head to n_rep query heads")
+mutant("repeat_kv_forward", "the repeated heads returned alone, without the cache n_rep",
+       "return out.reshape(B, Hkv * n_rep, S, Dh), n_rep",
+       "return out.reshape(B, Hkv * n_rep, S, Dh)", "check-grouped-query-attention",
+       hint="repeat_kv_forward returned what does not unpack into (out, cache)")
 mutant("repeat_kv_backward", "the gradients summed over the tiled grouping",
        "dout.reshape(B, H // n_rep, n_rep, S, Dh).sum(axis=2)",
        "dout.reshape(B, n_rep, H // n_rep, S, Dh).sum(axis=1)", "check-grouped-query-attention",
@@ -1476,6 +1484,15 @@ mutant("gpt_step", "the cached step's logits turned float64",
 mutant("gpt_step", "the final norm forgotten in the cached step",
        "    x, _ = norm_forward(x, params[\"norm\"], c.norm, c.eps)\n", "", "check-gpt-step",
        hint="without the final norm")
+mutant("gpt_step", "one cache for every layer (the first layer's)",
+       "for layer, (K, V) in zip(params[\"layers\"], kv_caches, strict=True):",
+       "K, V = kv_caches[0]\n    for layer in params[\"layers\"]:", "check-gpt-step",
+       hint="with one cache for every layer")
+mutant("gpt_block_step", "post-norm residuals in the cached step (norm_first False)",
+       "params[\"norm1\"], True, c.eps, norm)  # (B, t, E)\n    out, _ = residual_forward(x, "
+       "mlp, params[\"norm2\"], True,", "params[\"norm1\"], False, c.eps, norm)  # (B, t, E)\n"
+       "    out, _ = residual_forward(x, mlp, params[\"norm2\"], False,", "check-gpt-step",
+       hint="with post-norm residuals")
 mutant("causal_self_attention_step", "the cache written but not read: the new positions attend "
        "to each other only",
        "keys, values, end = kv_cache_append(K, V, length, k, v)  # (B, Hkv, end, Dh)\n"
@@ -1590,12 +1607,19 @@ mutant("flash_attention_backward_tile", "dv_j transposed (dout_i^T P)",
 mutant("flash_attention_backward_tile", "the scale forgotten in dk",
        "dk_j = np.swapaxes(dz, -1, -2) @ qs", "dk_j = np.swapaxes(dz, -1, -2) @ q_i",
        "check-flash-backward-tile")
+mutant("flash_attention_backward_tile", "D scaled by the scale in the tile",
+       "dz -= D_i[..., None]", "dz -= D_i[..., None] * scale", "check-flash-backward-tile",
+       hint="with D scaled")
 mutant("flash_attention_backward", "D forgotten (zeros): dZ = P * dP",
        'D = np.einsum("...d,...d->...", dout, out)', "D = np.zeros(dout.shape[:-1])",
        "check-flash-backward")
 mutant("flash_attention_backward", "D as rowsum(dO), the output forgotten",
        'D = np.einsum("...d,...d->...", dout, out)', "D = dout.sum(-1)",
        "check-flash-backward")
+mutant("flash_attention_backward", "D scaled by 1 / sqrt(d)",
+       'D = np.einsum("...d,...d->...", dout, out)',
+       'D = np.einsum("...d,...d->...", dout, out) * scale', "check-flash-backward",
+       hint="with D scaled by 1 / sqrt(d)")
 mutant("flash_attention_backward", "dk and dv given each tile's part with = instead of +=",
        "            dk[..., cols, :] += dk_ij\n            dv[..., cols, :] += dv_ij\n",
        "            dk[..., cols, :] = dk_ij\n            dv[..., cols, :] = dv_ij\n",
@@ -1821,6 +1845,9 @@ mutant("beam_step", "a Python loop over the sources for the K best",
 mutant("beam_step", "the parent and token of a flat index swapped",
        "parents, tokens = best // V, best % V", "parents, tokens = best % K, best // K",
        "check-beam-step", "check-beam-search")
+mutant("beam_step", "the parent of a flat index taken as index // K",
+       "parents, tokens = best // V, best % V", "parents, tokens = best // K, best % V",
+       "check-beam-step", "check-beam-search", hint="the parent taken as index // K")
 mutant("beam_step", "the lengths not gathered by parent",
        "lengths = np.take_along_axis(new_lengths, parents, axis=1)", "lengths = new_lengths",
        "check-beam-step", "check-beam-search")
@@ -1856,6 +1883,20 @@ mutant("cached_self_attention_step", "the mask causal_mask(t, length + t): not o
 mutant("cached_self_attention_step", "attending to the new positions only (the cache unread)",
        "heads, _ = attention_forward(q, K[:, :, :end], V[:, :, :end], mask)",
        "heads, _ = attention_forward(q, k, v, causal_mask(x.shape[1]))", "check-decoder-step")
+mutant("cached_self_attention_step", "the mask with >= : a new position blind to itself",
+       "mask = causal_mask(end)[length:]",
+       "mask = np.arange(end)[None, :] >= np.arange(length, end)[:, None]", "check-decoder-step",
+       hint="a position sees itself")
+mutant("cached_self_attention_step", "the packed projection cut in the order k, v, q",
+       "q, k, v = (split_heads", "k, v, q = (split_heads", "check-decoder-step",
+       hint="the queries cached as the keys")
+mutant("cached_self_attention_step", "the packed projection cut in the order v, q, k",
+       "q, k, v = (split_heads", "v, q, k = (split_heads", "check-decoder-step",
+       hint="the values cached as the keys")
+mutant("cached_self_attention_step", "q, k, v interleaved per head, (B, t, H, 3, Dh)",
+       "q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))",
+       "q, k, v = qkv.reshape(*qkv.shape[:2], num_heads, 3, -1).transpose(3, 0, 2, 1, 4)",
+       "check-decoder-step", hint="cut per head")
 mutant("decoder_layer_step", "the memory mask forgotten",
        "heads, _ = attention_forward(split_heads(q, c.num_heads), *memory_kv, memory_mask)",
        "heads, _ = attention_forward(split_heads(q, c.num_heads), *memory_kv)",
@@ -1885,6 +1926,10 @@ mutant("transformer_decode_step", "the positions of the new tokens from 0 again"
        "check-decoder-step")
 mutant("transformer_decode_step", "the source's padding ignored (no memory mask)",
        "mask = merge_masks(None, src_pad)", "mask = None", "check-decoder-step")
+mutant("transformer_decode_step", "one cache for every layer (the first layer's)",
+       "y = decoder_layer_step(y, layer, c, cache, length, memory_kv, mask)",
+       "y = decoder_layer_step(y, layer, c, caches[0], length, memory_kv, mask)",
+       "check-decoder-step", hint="with one cache for every layer")
 mutant("transformer_decode_step", "the final norm forgotten",
        'y, _ = layer_norm_forward(y, norm["gamma"], norm.get("beta"), c.eps)', "pass",
        "check-decoder-step")

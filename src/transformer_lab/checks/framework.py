@@ -912,6 +912,11 @@ def _error_hint(outcome: Outcome) -> str:
         if cache:
             return ("your backward unpacks a cache of another length than your forward "
                     "returned: do the two agree (and does the forward call what it was given)?")
+        called = re.search(r"=\s*(?:\w+\.)*(\w+_forward)\(", outcome.where)
+        if called:  # out, cache = f_forward(...) in the student's code
+            return (f"{called[1]} returned what does not unpack into (out, cache): does it "
+                    "return both, as its docstring's '->' says? (An array unpacks along its "
+                    "first axis.)")
     return ""
 
 

@@ -142,7 +142,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
     length_penalty itself, so in the search's final scores too); a finished hypothesis ``done``
     "extended" by every token, "growing" in length, "dropped", or continued by padding but
     "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
-    "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K), or
+    "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K) or
+    its parent as "parent // K", or
     the lengths "ungathered" (hypothesis j's own, not its parent's), ties "reversed" (the last
     first); or ranked by the penalty of the ``old_length``, before this step's token."""
     B, K, V = logp.shape
@@ -167,8 +168,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
             pick, sorted(range(K * V), key=lambda i: -rank[i]))
         for j, i in enumerate(order[:K]):
             s, n, k, t, fin = cands[i]
-            if pick == "swapped":
-                k, t = i % K, i // K
+            if pick in ("swapped", "parent // K"):
+                k, t = (i % K, i // K) if pick == "swapped" else (i // K, t)
                 n, fin = grown[k], finished[b, k] or t == eos
             elif pick == "ungathered":
                 n = grown[j]
@@ -206,6 +207,8 @@ STEP_MISTAKES = {
     "argsort(-rank, kind=\"stable\") keeps the first)": {"pick": "reversed"},
     "with K where V belongs in the flat index (candidate k * V + t: the parent is index // V, "
     "the token index % V)": {"pick": "swapped"},
+    "with the parent taken as index // K (candidate k * V + t: the parent is index // V, "
+    "whatever K is)": {"pick": "parent // K"},
     "with the lengths not gathered by parent (a new hypothesis has its parent's length, "
     "take_along_axis(..., parents, axis=1))": {"pick": "ungathered"},
 }
@@ -445,11 +448,13 @@ class DecoderStep(Check, id="check-decoder-step",
                                                     pad if pad.any() else None)
             logits.append(out)
         return {"memory_keys": memory_kvs[0][0], "memory_values": memory_kvs[0][1],
+                WRITTEN: np.flatnonzero([K.any() for K, _ in caches]),
                 "cached_keys": caches[0][0][:, :, :tgt.shape[1]],
                 "logits": np.concatenate(logits, axis=1), "length": np.asarray(length)}
 
     def expected(self, config, params, memory, pad, tgt, chunks):
         return {**{out: _memory_heads(memory, params, config, n) for n, out in MEMORY.items()},
+                WRITTEN: np.arange(config["num_decoder_layers"]),
                 **_decoded(config, params, memory, pad, tgt, chunks),
                 "length": np.asarray(tgt.shape[1])}
 
@@ -463,10 +468,16 @@ class DecoderStep(Check, id="check-decoder-step",
                        "it on to feed_forward_forward)": functools.partial(
                            _decoded, {**config, "activation": name}, params, memory, pad, tgt,
                            chunks) for name in ACTIVATIONS if name != given}
-        return {**biasless, **activations, **{
+        return {**biasless, **activations, SHARED_CACHE: lambda: {WRITTEN: np.arange(1)}, **{
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
                                            mistake)
             for description, mistake in DECODER_MISTAKES.items()}}
+
+
+#: the output of the layers whose cache a step wrote, and the mistake of one cache for all
+WRITTEN = "the layers whose cache was written"
+SHARED_CACHE = ("with one cache for every layer: layer i keeps its keys and values in caches[i] "
+                "(zip the layers with the caches)")
 
 
 #: the check's outputs of the first decoder layer's memory keys and values
@@ -491,7 +502,8 @@ def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
     starts = ends - np.repeat(chunks, chunks)  # and its start, the cache's length then
     p, j = np.arange(T)[:, None], np.arange(T)[None, :]
     blocked = {"no mask": j >= ends[:, None], "offset mask": j > p - starts[:, None],
-               "new only": (j > p) | (j < starts[:, None])}.get(mistake, j > p)
+               "new only": (j > p) | (j < starts[:, None]), "diagonal": j >= p}.get(mistake,
+                                                                                 j > p)
     with torch.no_grad():
         x = twin.embed(_t(tgt), "tgt")
         if mistake == "no scale" and twin.config.scale_embeddings:  # W[id], not sqrt(E) W[id]
@@ -500,7 +512,8 @@ def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
             x = x - twin.pe[:T] + twin.pe[p[:, 0] - starts]
         first = twin.decoder.layers[0]
         h = first.norm1(x) if twin.config.norm_first else x
-        keys = _np(first.self_attn.split_heads(first.self_attn.project(h, h)[1]))
+        qkv = np.concatenate([_np(a) for a in first.self_attn.project(h, h)], axis=-1)
+        keys = _cached_keys(qkv, config["num_heads"], mistake)
         kpm = _t(pad) if pad.any() and mistake != "source padding" else None
         for layer in twin.decoder.layers:
             x = layer(x, _t(memory), torch.from_numpy(blocked), None, kpm)
@@ -511,6 +524,17 @@ def _decoded(config, params, memory, pad, tgt, chunks, mistake=""):
             cache[:, :, :n] = keys[:, :, start:start + n]
         keys = cache
     return {"cached_keys": keys, "logits": logits}
+
+
+def _cached_keys(qkv, H, mistake=""):
+    """The keys (B, H, T, Dh) of the first layer's packed projection qkv (B, T, 3E) -- or, with
+    ``mistake``, the queries or the values, cut in another order, or read as "interleaved" per
+    head, (B, T, H, 3, Dh)."""
+    B, T, E = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    if mistake == "interleaved":
+        return qkv.reshape(B, T, H, 3, E // H)[:, :, :, 1].transpose(0, 2, 1, 3)
+    which = {"queries": 0, "values": 2}.get(mistake, 1)
+    return qkv[..., which * E:(which + 1) * E].reshape(B, T, H, E // H).transpose(0, 2, 1, 3)
 
 
 #: the decoder step's mistakes: what each one is -> the variant of :func:`_decoded` it gives
@@ -530,4 +554,11 @@ DECODER_MISTAKES = {
     "without the decoder's final layer norm (params['decoder']['norm'], after the last layer)":
     "final norm",
     "with the source's padding not masked in the cross-attention (src_pad)": "source padding",
+    "with causal_mask's >= for >: a position sees itself (key j is blocked where j > i)":
+    "diagonal",
+    **{f"with the {part} cached as the keys: W_qkv's columns are the queries, then the keys, "
+       "then the values (q, k, v = np.split(qkv, 3, axis=-1))": part
+       for part in ("queries", "values")},
+    "with q, k and v cut per head, (B, t, H, 3, Dh): W_qkv's columns are all the queries, then "
+    "all the keys, then all the values (cut them in three, then split heads)": "interleaved",
 }

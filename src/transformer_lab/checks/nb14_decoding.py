@@ -14,6 +14,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb12_translation import SHARED_CACHE, WRITTEN
 from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe, _rope
 
 # --------------------------------------------------------------------------------------------
@@ -348,6 +349,15 @@ class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_appe
         return found
 
 
+def _post_norm_block(block, x, rope, drop=None):
+    """The twin's ``block`` on ``x`` with post-norm residuals (no dropout), a mistake in a GPT's
+    block."""
+    from transformer_lab.reference.torch_gpt import _norm
+
+    x = _norm(x + block.attention(x, rope), block.norm1, block.c)
+    return _norm(x + block.feed_forward(x), block.norm2, block.c)
+
+
 class CachedStep(Check, id="check-gpt-step",
                  functions=("causal_self_attention_step", "gpt_block_step", "gpt_step")):
     axes = {"logits": "btv"}  # axis names, for messages
@@ -385,6 +395,7 @@ class CachedStep(Check, id="check-gpt-step",
             pieces.append(logits)
             lengths.append(length)
         return {"the length each step returned": np.asarray(lengths, dtype=np.int64),
+                WRITTEN: np.flatnonzero([K.any() for K, _ in caches]),
                 "logits": np.concatenate(pieces, axis=1)}
 
     def expected(self, flat, ids, config, chunks):
@@ -393,7 +404,7 @@ class CachedStep(Check, id="check-gpt-step",
         twin = TorchGPT(_config(config))
         twin.load_numpy_params(flat)
         return {"the length each step returned": np.cumsum(chunks).astype(np.int64),
-                "logits": _np(twin(ids))}
+                WRITTEN: np.arange(twin.config.num_layers), "logits": _np(twin(ids))}
 
     @staticmethod
     def _masked(flat, ids, config, visible):
@@ -436,7 +447,18 @@ class CachedStep(Check, id="check-gpt-step",
         def seeing(visible):  # the logits with new position i seeing key j where visible[i, j]
             return lambda: {"logits": self._masked(flat, ids, config, visible)}
 
+        def post_norm():  # each block's residuals norm(x + f(x)), the encoder-decoder's other way
+            twin = TorchGPT(c)
+            twin.load_numpy_params(flat)
+            for b in twin.layers:
+                b.forward = functools.partial(_post_norm_block, b)
+            with torch.no_grad():
+                return {"logits": _np(twin(ids))}
+
         found = {
+            SHARED_CACHE: lambda: {WRITTEN: np.arange(1)},
+            "with post-norm residuals, norm(x + f(x)): the GPT's blocks are pre-norm, x + "
+            "f(norm(x)) (norm_first=True)": post_norm,
             "without the final norm (params['norm']) before the output projection, which "
             "gpt_forward applies": unnormed,
             "with each step's tokens attending to each other only: the earlier positions' keys "

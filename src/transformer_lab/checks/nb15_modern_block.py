@@ -248,11 +248,12 @@ def _swiglu_dx(x, params, dout, dsilu=None, up_path=True, crossed=False):
     return {"dx": (da @ W["W_gate"].T + (du @ W["W_up"].T if up_path else 0)).astype(x.dtype)}
 
 
-def _swiglu_out(x, params, silu):
-    """SwiGLU's output with ``silu`` in place of a sigmoid(a), in float64, then x's dtype."""
+def _swiglu_out(x, params, silu, up=lambda u: u):
+    """SwiGLU's output with ``silu`` in place of a sigmoid(a), and ``up`` applied to the up
+    projection u, in float64, then x's dtype."""
     x64 = x.astype(np.float64)
     W = {k: w.astype(np.float64) for k, w in params.items()}
-    return ((silu(x64 @ W["W_gate"]) * (x64 @ W["W_up"])) @ W["W_down"]).astype(x.dtype)
+    return ((silu(x64 @ W["W_gate"]) * up(x64 @ W["W_up"])) @ W["W_down"]).astype(x.dtype)
 
 
 #: check-swiglu's outputs of the block's MLP, extended to kind "swiglu"
@@ -299,6 +300,10 @@ class SwiGLU(Check, id="check-swiglu",
             lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(2 * a))},
             "with the gate's input a where silu(a) belongs (a * u, not silu(a) * u)":
             lambda: {"out": _swiglu_out(x, params, lambda a: a)},
+            "with silu on the up projection too: only the gate goes through silu, "
+            "silu(a) * u with u = x W_up as it is":
+            lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(a),
+                                        lambda u: u * _sigmoid(u))},
             "without the up projection's path in dx (dx = da W_gate^T + du W_up^T)":
             lambda: {"dx": _swiglu_dx(x, params, dout, None, up_path=False)["dx"]},
             "with the two paths' factors crossed: the gate's input gets dh * u (through silu's "
@@ -329,7 +334,7 @@ class GroupedQueryAttention(Check, id="check-grouped-query-attention",
 
     def cases(self, rng):
         for name, (B, T, E, H, Hkv, rope) in {
-                "4 query heads sharing 2 key/value heads": (2, 5, 8, 4, 2, False),
+                "4 query heads sharing 2 key/value heads": (3, 5, 8, 4, 2, False),
                 "one key/value head (multi-query), RoPE": (1, 4, 8, 4, 1, True),
                 "2 key/value heads, RoPE": (2, 6, 24, 6, 2, True)}.items():
             yield Case(name, (*_attention_case(rng, B, T, E, H, Hkv, False), H, Hkv, rope))

@@ -366,17 +366,22 @@ class FlashAttentionBackwardTile(Check, id="check-flash-backward-tile",
         return dict(zip(TILE_GRADS, _torch_grads(q_i, k, v, dout_i, causal), strict=True))
 
     def mistakes(self, q_i, k, v, dout_i, lse_i, D_i, scale, blocks, causal):
-        def unmasked():  # the tile's formulas over all the keys at once, P without the mask
+        def tile(masked=causal, D=D_i):  # the tile's formulas over all the keys at once
             q, k64, v64, dout = _float64(q_i, k, v, dout_i)
-            p = np.exp(q @ np.swapaxes(k64, -1, -2) * scale - lse_i[..., None])
-            dz = p * (dout @ np.swapaxes(v64, -1, -2) - D_i[..., None])
+            s = q @ np.swapaxes(k64, -1, -2) * scale
+            if masked:
+                s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+            p = np.exp(s - lse_i[..., None])
+            dz = p * (dout @ np.swapaxes(v64, -1, -2) - D[..., None])
             grads = (dz @ k64 * scale, np.swapaxes(dz, -1, -2) @ q * scale,
                      np.swapaxes(p, -1, -2) @ dout)
             return dict(zip(TILE_GRADS, (g.astype(q_i.dtype) for g in grads), strict=True))
 
-        return {"with the tile's mask left out: the weights P it recomputes are 0 where the "
-                "forward masked the scores (np.copyto(s, -np.inf, where=mask) before the exp)":
-                unmasked} if causal else {}
+        return {"with D scaled: dZ = P * (dP - D) takes D = rowsum(dO * O) as it is given; the "
+                "scale belongs to the scores and to dq and dk": lambda: tile(D=D_i * scale),
+                **({"with the tile's mask left out: the weights P it recomputes are 0 where the "
+                    "forward masked the scores (np.copyto(s, -np.inf, where=mask) before the "
+                    "exp)": lambda: tile(masked=False)} if causal else {})}
 
 
 def _torch_grads(q, k, v, dout, causal):
@@ -428,6 +433,10 @@ class FlashAttentionBackward(Check, id="check-flash-backward",
                 "with D = rowsum(dO), the output O forgotten: D = rowsum(dO * O)":
                 lambda: _grads_with_dS(q, k, v, dout, causal, lambda P, dP, D, dO: P * (
                     dP - dO.sum(-1, keepdim=True))),
+                "with D scaled by 1 / sqrt(d): D = rowsum(dO * O) as it is; the scale belongs "
+                "to the scores and to dq and dk": lambda: _grads_with_dS(
+                    q, k, v, dout, causal, lambda P, dP, D, dO: P * (dP - D / math.sqrt(
+                        q.shape[-1]))),
                 "with a tile's part of dq, dk or dv assigned (=) instead of added (+=): each "
                 "query row's dq sums over its key tiles, each key's dk and dv over the query "
                 "tiles": lambda: _grads_assigned(q, k, v, dout, causal, block_size),
