@@ -49,6 +49,7 @@ from course_helpers import (
 from transformer_lab import syllabus
 from transformer_lab.course import grade, reports, student, versions
 from transformer_lab.course import gradescope as G
+from transformer_lab.course.submissions import Found
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = sum(POINTS_01.values())
@@ -518,8 +519,13 @@ def test_the_public_cases_test_never_tells_a_hidden_verdict(visibility):
     assert public["status"] == "failed" and "case 'x': expected 1, got 2" in public["output"]
     g, r = _graded(status="unreadable", message="could not be read as a notebook",
                    failed_case=None, public=0, cases=0)
-    public, _ = G.check_tests(g, r, config)
-    assert public["status"] == "failed" and "could not be read" in public["output"]
+    public, scored = G.check_tests(g, r, config)  # the reason is in the summary, said once
+    assert public["status"] == "failed" and "could not be read" not in public["output"]
+    assert public["output"].startswith(scored["output"]) and scored["output"] == \
+        "not graded (unreadable): why is said at the top of the results"
+    summary = G.summary(reports.Outcome([g], Found({}, []), [], ""), config, ["01_attention"],
+                        [])
+    assert "01_attention (unreadable): could not be read as a notebook" in summary
     g, r = _graded(points=2, message="ok", cases=11, failed_case=None)
     public, scored = G.check_tests(g, r, config)
     assert public["status"] == "passed" and scored["output"] == "passed (11 cases)"

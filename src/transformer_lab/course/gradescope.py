@@ -393,13 +393,19 @@ def public_verdict(graded: reports.Graded, result: reports.CheckResult) -> tuple
     """(whether the check's public cases passed, the failure to show): a failure only when a
     public case failed, or when the public cases were not all judged (not a hidden verdict)."""
     if graded.status != "graded":
-        return False, result.message  # the notebook was not graded at all
+        return False, _not_graded(graded)  # the notebook was not graded at all
     failed = result.failed_case
     if failed is not None:
         return (True, "") if failed >= result.public else (False, result.message)
     if result.passed or result.cases >= result.public:
         return True, ""
     return False, result.message  # stopped before its public cases were all judged
+
+
+def _not_graded(graded: reports.Graded) -> str:
+    """What each check of a notebook that was not graded says: its one reason is said once, at
+    the top of the results (:func:`summary`)."""
+    return f"not graded ({graded.status}): why is said at the top of the results"
 
 
 def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Config,
@@ -410,8 +416,9 @@ def check_tests(graded: reports.Graded, result: reports.CheckResult, config: Con
     suffix = f"\n\n{note}" if note else ""
     scored = {"name": name, "score": result.points, "max_score": result.max_points,
               "status": "passed" if result.passed else "failed",
-              "output": (reports.passed(result.cases) if result.passed else result.message)
-              + suffix, "visibility": "visible"}
+              "output": (reports.passed(result.cases) if result.passed else result.message
+                         if graded.status == "graded" else _not_graded(graded)) + suffix,
+              "visibility": "visible"}
     if config.hidden_visibility == "visible" or not _has_hidden_cases(result.check):
         return [scored]
     scored["visibility"] = config.hidden_visibility
@@ -447,8 +454,8 @@ def summary(outcome: reports.Outcome, config: Config, course: list[str],
         head = g.notebook
         if show_points:
             head += f": {format_points(g.points)} / {format_points(g.max_points)} points"
-        if g.status != "graded":
-            head += f" ({g.status})"
+        if g.status != "graded":  # its one reason, said here only
+            head += f" ({g.status}): {g.results[0].message}" if g.results else f" ({g.status})"
         lines += ["", head, *reports.note_lines(g)]
     if not show_points and graded:
         lines += ["", "Each check's points count hidden cases too: they show "
