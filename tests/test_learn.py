@@ -137,6 +137,7 @@ def test_a_kernel_started_that_way_imports_the_workspace_package_and_reloads_it(
         f"p.write_text(p.read_text().replace({stub!r}, '    out = np.maximum(x, 0)'))\n"
         "t = os.stat(p).st_mtime + 5\nos.utime(p, (t, t))",
         "print('relu:', layers.relu_forward(np.array([-1.0, 2.0]))[0])",
+        "print('def at line', layers.relu_forward.__code__.co_firstlineno)",
     ])])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
@@ -152,6 +153,10 @@ def test_a_kernel_started_that_way_imports_the_workspace_package_and_reloads_it(
                                       "__init__.py").resolve())
     assert printed[1].startswith("stub: relu_forward() in transformer_lab/core/layers.py")
     assert printed[3].strip() == "relu: [0. 2.]"
+    # reloaded whole, not one function at a time: its lines are the file's (an error's line,
+    # the loop rule's source)
+    line = source.splitlines().index("def relu_forward(x):") + 1
+    assert printed[4].strip() == f"def at line {line}"
 
 
 def _free_port() -> int:

@@ -103,7 +103,8 @@ def autoreload_core() -> bool:
     """In IPython, reload the core modules before a cell runs whenever their files changed.
 
     Loads IPython's ``autoreload`` extension and marks the core modules with ``%aimport``, in
-    mode 1 (only the marked modules are watched; a mode already set higher is kept). Returns
+    mode 1 (only the marked modules are watched; a mode already set higher is kept), each module
+    reloaded whole, so that errors and the loop rule read the lines of its file. Returns
     whether it did so (False outside IPython, printing nothing either way).
     """
     try:
@@ -120,6 +121,9 @@ def autoreload_core() -> bool:
         reloader = getattr(magics, "_reloader", None)
         if reloader is None or not (reloader.enabled and reloader.check_all):
             shell.run_line_magic("autoreload", "1")
+        if getattr(reloader, "deduper_reloader", None) is not None:  # IPython 9's
+            reloader.deduper_reloader.enabled = False  # which patches one function at a time,
+            # whose line numbers then count from its def: a whole module's reload keeps them
         for module in core_modules():
             shell.run_line_magic("aimport", module)
     except Exception:  # an IPython without the extension: the notebook works, just no reload
