@@ -1063,6 +1063,9 @@ mutant("transformer_backward", "the output layer's bias always given a gradient"
        '"decoder": g_dec, "out_proj": g_out}',
        '"decoder": g_dec, "out_proj": {**g_out, "b": dlogits.sum(axis=(0, 1))}}',
        "check-transformer-backward")
+mutant("transformer_backward", "the memory's gradient divided by the decoder layers' number",
+       "encoder_backward(dmemory, c_enc)", "encoder_backward(dmemory / len(c_dec[0]), c_enc)",
+       "check-transformer-backward")
 mutant("transformer_backward", "the memory's gradient not passed into the encoder",
        "dx, g_enc = encoder_backward(dmemory, c_enc)",
        "dx, g_enc = encoder_backward(0 * dmemory, c_enc)", "check-transformer-backward")
@@ -1170,6 +1173,12 @@ mutant("clip_grad_norm", "new arrays in the dict instead of scaling in place",
        "for g in grads.values():\n            g *= g.dtype.type(scale)",
        "for k, g in grads.items():\n            grads[k] = g * g.dtype.type(scale)",
        "check-clip-grad-norm")
+mutant("clip_grad_norm", "a loop over the dict's keys, not its arrays",
+       "for g in grads.values():", "for g in grads:", "check-clip-grad-norm",
+       hint="looping over a dict gives its keys")
+mutant("adam_step", "the bias correction with t - 1 (steps counted from 0)",
+       "c(lr / (1 - beta1**t))", "c(lr / (1 - beta1**(t - 1)))", "check-adam-step",
+       hint="Adam's step t is 1 at the first update")
 mutant("train_step", "clipping skipped",
        "norm = clip_grad_norm(grads, clip) if clip else global_norm(grads)",
        "norm = global_norm(grads)", "check-train-step")
@@ -1746,6 +1755,9 @@ mutant("encode_word", "the latest merge first (the highest rank)",
        "check-encode-word")
 mutant("encode_word", "the rank as the new id (256 forgotten)", "256 + ranks[pair]",
        "ranks[pair]", "check-encode-word")
+mutant("encode_word", "no stop when no pair of the word was learned (ranks[pair] of any pair)",
+       "        if pair not in ranks:\n            break\n", "", "check-encode-word",
+       hint="a pair that was never learned has no rank")
 mutant("bpe_encode", "the whole text encoded as one word", "for piece in pretokenize(text):",
        "for piece in [text] if text else []:", "check-bpe-encode")
 mutant("bpe_encode", "the pieces' code points instead of their UTF-8 bytes",
@@ -1757,6 +1769,12 @@ mutant("bpe_decode", "each token decoded on its own (a character cut in two show
        "check-bpe-decode")
 mutant("bpe_decode", "errors='ignore': a cut character vanishes", 'errors="replace"',
        'errors="ignore"', "check-bpe-decode")
+mutant("bpe_decode", "decoded strictly: a character cut in two raises",
+       '.decode("utf-8", errors="replace")', '.decode("utf-8")', "check-bpe-decode",
+       hint='decode with errors="replace"')
+mutant("bpe_decode", "the ids taken as bytes (bytes(ids)): merged tokens are 256 and up",
+       'b"".join(vocab[i] for i in ids)', "bytes(ids)", "check-bpe-decode",
+       hint="an id of 256 or more is a merged token")
 
 
 # ============================================================================================

@@ -917,7 +917,31 @@ def _error_hint(outcome: Outcome) -> str:
             return (f"{called[1]} returned what does not unpack into (out, cache): does it "
                     "return both, as its docstring's '->' says? (An array unpacks along its "
                     "first axis.)")
-    return ""
+    return next((hint for pattern, hint in ERROR_HINTS if re.search(pattern, outcome.error)), "")
+
+
+#: (a regex of an error, what it usually means), for errors that say nothing of shapes
+ERROR_HINTS = [
+    (r"codec can't decode",
+     "bytes that end inside a character (a token may hold part of one) are not valid UTF-8 "
+     "read strictly: decode with errors=\"replace\", which makes them U+FFFD"),
+    (r"bytes must be in range\(0, 256\)",
+     "bytes(ids) takes byte values 0 .. 255, but an id of 256 or more is a merged token: join "
+     "the bytes each id stands for (vocab[i]), then decode"),
+    (r"^KeyError: \(\d+, \d+\)",
+     "a pair looked up in a dict that does not hold it: a pair that was never learned has no "
+     "rank (test `pair in ranks`, or ranks.get(pair, math.inf))"),
+    (r"^ZeroDivisionError",
+     "a division by zero: a count that starts at 0 where it starts at 1 -- Adam's step t is 1 "
+     "at the first update (1 - beta1 ** t is 0 at t = 0) -- or a sum over nothing"),
+    (r"can't multiply sequence by non-int|unsupported operand type\(s\) .*'str'|'str' object "
+     r"has no attribute",
+     "a string where an array belongs: looping over a dict gives its keys (loop over "
+     ".values() or .items())"),
+    (r"truth value of an array with more than one element is ambiguous",
+     "Python's if, and, or, min() and max() take an array as one truth value or number: "
+     "elementwise, use np.where, &, |, np.minimum and np.maximum (np.min, np.max to reduce)"),
+]
 
 
 def _shapes(found: re.Match) -> list[tuple[int, ...]]:

@@ -34,7 +34,8 @@ MODEL_CASES = {"pre-norm, padding": {},
                "float32, no embedding scale": {"dtype": np.float32, "scale_embeddings": False}}
 LATER_MODEL_CASES = {"post-norm, eps = 0.1": {"norm_first": False, "eps": 0.1},
                      "pre-norm, eps = 0.1": {"eps": 0.1},
-                     "no biases (params without 'b')": {"bias": False}}
+                     "no biases (params without 'b')": {"bias": False},
+                     "two decoder layers, each reading the memory": {"n_dec": 2}}
 ### BEGIN HIDDEN TESTS
 HIDDEN_MODEL_CASES = {"one head, no biases, B = 1": {"heads": 1, "bias": False, "b": 1},
                       "three encoder and two decoder layers, T = 1": {"n_enc": 3, "n_dec": 2,
