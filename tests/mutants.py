@@ -1674,6 +1674,8 @@ mutant("pretokenize", "the space prefix forgotten (' ?' dropped before letters)"
        r"| ?\p{L}+|", r"|\p{L}+|", "check-pretokenize")
 mutant("pretokenize", "a run of spaces takes the space of the next word (no lookahead)",
        r"|\s+(?!\S)|\s+", r"|\s+", "check-pretokenize")
+mutant("pretokenize", "the two runs of spaces in the other order (\\s+ first: it takes all)",
+       r"|\s+(?!\S)|\s+", r"|\s+|\s+(?!\S)", "check-pretokenize", hint="or with it after \\s+")
 mutant("pretokenize", "the contractions left out", "'s|'t|'re|'ve|'m|'ll|'d| ?", " ?",
        "check-pretokenize", hint="without any contractions")
 mutant("pretokenize", "'re and 'd left out of the contractions",

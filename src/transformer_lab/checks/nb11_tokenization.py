@@ -207,8 +207,10 @@ class Pretokenize(Check, id="check-pretokenize", functions=("pretokenize",)):
         wrong = {
             "without the optional space before letters, digits and symbols (' ?': a word "
             "keeps the space before it)": GPT2_PATTERN.replace(" ?", ""),
-            "without \\s+(?!\\S) (a run of spaces before a word leaves its last space to the "
-            "word: 'a   b' is 'a', '  ', ' b')": GPT2_PATTERN.replace(r"|\s+(?!\S)", ""),
+            "without \\s+(?!\\S), or with it after \\s+, which then takes every run first "
+            "(alternatives are tried left to right; a run of spaces before a word leaves its "
+            "last space to the word: 'a   b' is 'a', '  ', ' b')":
+            GPT2_PATTERN.replace(r"|\s+(?!\S)", ""),
             "with \\d for the digits (\\d has the decimal digits only: ², ½ and Ⅻ are \\p{N} "
             "too)": GPT2_PATTERN.replace(r"\p{N}", r"\d"),
             "with [^\\W\\d_] for the letters (it takes marks too: Devanagari's vowel signs are "
