@@ -1103,12 +1103,30 @@ mutant(POS, "a Python loop over the batch (the text asks for none)",
        "positions = np.array([np.cumsum(row) - 1 for row in real])", "check-padded-positions",
        hint="runs a Python loop")
 mutant(POS, "positions counted from 1", "positions = np.cumsum(real, axis=1) - 1",
-       "positions = np.cumsum(real, axis=1)", "check-padded-positions")
-mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions")
+       "positions = np.cumsum(real, axis=1)", "check-padded-positions",
+       hint="the positions counted from 1")
+mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions",
+       hint="the padding not zeroed (its positions clipped at 0)")
+mutant(POS, "the padding not zeroed, its positions not clipped (-1 before the first token)",
+       "np.maximum(positions, 0)[..., None] * omega\n    out = np.empty(ids.shape + (d_model,))\n"
+       "    out[..., 0::2] = np.sin(angles)\n    out[..., 1::2] = np.cos(angles[..., : d_model // 2])"
+       "\n    out[~real] = 0.0\n", "positions[..., None] * omega\n    out = np.empty(ids.shape + "
+       "(d_model,))\n    out[..., 0::2] = np.sin(angles)\n    out[..., 1::2] = np.cos(angles[..., "
+       ": d_model // 2])\n", "check-padded-positions", hint="the padding not zeroed: its rows")
 mutant(POS, "positions from the column index (left padding shifts them)",
        "positions = np.cumsum(real, axis=1) - 1",
        "positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)",
-       "check-padded-positions")
+       "check-padded-positions", hint="each token's column as its position")
+mutant(POS, "the exponent i/d for 2i/d", "np.arange(0, d_model, 2) / d_model",
+       "np.arange((d_model + 1) // 2) / d_model", "check-padded-positions", hint="10000^(-i/d)")
+mutant(POS, "sin and cos swapped", "np.sin(angles)\n    out[..., 1::2] = np.cos(",
+       "np.cos(angles)\n    out[..., 1::2] = np.sin(", "check-padded-positions",
+       hint="sin and cos swapped")
+mutant(POS, "all the sines, then all the cosines",
+       "    out = np.empty(ids.shape + (d_model,))\n    out[..., 0::2] = np.sin(angles)\n"
+       "    out[..., 1::2] = np.cos(angles[..., : d_model // 2])\n",
+       "    out = np.concatenate([np.sin(angles), np.cos(angles)], axis=-1)[..., :d_model]\n",
+       "check-padded-positions", hint="all the sines, then all the cosines")
 
 
 # ============================================================================================

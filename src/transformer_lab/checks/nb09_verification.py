@@ -8,6 +8,7 @@ projection as tensor operations, autograd for every gradient.
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -293,6 +294,23 @@ def sinusoid_table(length: int, d_model: int) -> np.ndarray:
     return table
 
 
+### BEGIN HIDDEN TESTS
+#: padded_positional_encoding's mistakes: what each is -> the mistake of PaddedPositions.expected
+PADDED_MISTAKES = {
+    "each token's column as its position: count the positions from each sequence's first real "
+    "token": "column",
+    "the positions counted from 1: the first real token is at position 0 (cumsum - 1)":
+    "from 1",
+    "the padding not zeroed: its rows must be zeros": "not zeroed",
+    "the padding not zeroed (its positions clipped at 0): its rows must be zeros": "clipped",
+    "10000^(-i/d) for 10000^(-2i/d): the i-th pair of features, 2i and 2i + 1, has the "
+    "exponent 2i/d (np.arange(0, d, 2) / d)": "i/d",
+    "sin and cos swapped: sin at the even features, cos at the odd ones": "swapped",
+    "all the sines, then all the cosines: they alternate, sin at the even features, cos at the "
+    "odd ones": "halves"}
+### END HIDDEN TESTS
+
+
 class PaddedPositions(Check, id="check-padded-positions",
                       arguments=("padded_positional_encoding",)):
     loop_free = {"padded_positional_encoding": "each token's position is a cumulative sum "
@@ -308,19 +326,31 @@ class PaddedPositions(Check, id="check-padded-positions",
         yield Case("long left padding, pad_id 9", (np.array([[9, 9, 9, 9, 1, 2, 3, 4]]), 9, 8))
         yield Case("one column", (np.array([[0], [5]]), 0, 3))
 
-    def expected(self, ids, pad_id, d_model, how="right"):
-        table, out = sinusoid_table(ids.shape[1], d_model), np.zeros(ids.shape + (d_model,))
-        for b, row in enumerate(ids):
-            cols = np.flatnonzero(row != pad_id)
-            out[b, cols] = table[cols if how == "column" else np.arange(len(cols))]
-            if how == "padding not zeroed":
-                out[b, row == pad_id] = table[0]
+    def expected(self, ids, pad_id, d_model, mistake=""):
+        """The encodings -- or, with ``mistake``, each token's "column" as its position,
+        positions "from 1", the exponent "i/d" for 2i/d, sin and cos "swapped" or in two
+        "halves", or the padding "not zeroed" (its positions as computed, or "clipped" at
+        0)."""
+        real = ids != pad_id
+        positions = np.cumsum(real, axis=1) - (mistake != "from 1")
+        if mistake == "column":
+            positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        i = np.arange((d_model + 1) // 2) * (1 if mistake == "i/d" else 2)
+        if mistake == "clipped":
+            positions = np.maximum(positions, 0)
+        angles = positions[..., None] * 10000.0 ** (-i / d_model)
+        sin, cos = np.sin(angles), np.cos(angles)
+        if mistake == "halves":
+            out = np.concatenate([sin, cos], axis=-1)[..., :d_model]
+        else:
+            out = np.empty(ids.shape + (d_model,))
+            even, odd = (cos, sin) if mistake == "swapped" else (sin, cos)
+            out[..., 0::2], out[..., 1::2] = even, odd[..., :d_model // 2]
+        if mistake not in ("not zeroed", "clipped"):
+            out[~real] = 0
         return out
 
     def mistakes(self, ids, pad_id, d_model):
-        return {"with each token's column as its position: count the positions from each "
-                "sequence's first real token": lambda: self.expected(ids, pad_id, d_model,
-                                                                    "column"),
-                "with the encoding of position 0 at the padding, which must be zeros":
-                lambda: self.expected(ids, pad_id, d_model, "padding not zeroed")}
+        return {f"with {wrong}": functools.partial(self.expected, ids, pad_id, d_model, mistake)
+                for wrong, mistake in PADDED_MISTAKES.items()}
     ### END HIDDEN TESTS
