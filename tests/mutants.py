@@ -1108,11 +1108,10 @@ mutant(POS, "positions counted from 1", "positions = np.cumsum(real, axis=1) - 1
 mutant(POS, "the padding not zeroed", "    out[~real] = 0.0\n", "", "check-padded-positions",
        hint="the padding not zeroed (its positions clipped at 0)")
 mutant(POS, "the padding not zeroed, its positions not clipped (-1 before the first token)",
-       "np.maximum(positions, 0)[..., None] * omega\n    out = np.empty(ids.shape + (d_model,))\n"
-       "    out[..., 0::2] = np.sin(angles)\n    out[..., 1::2] = np.cos(angles[..., : d_model // 2])"
-       "\n    out[~real] = 0.0\n", "positions[..., None] * omega\n    out = np.empty(ids.shape + "
-       "(d_model,))\n    out[..., 0::2] = np.sin(angles)\n    out[..., 1::2] = np.cos(angles[..., "
-       ": d_model // 2])\n", "check-padded-positions", hint="the padding not zeroed: its rows")
+       "np.maximum(positions, 0)[..., None] * omega", "positions[..., None] * omega\n"
+       "    out = np.empty(ids.shape + (d_model,))\n    out[..., 0::2] = np.sin(angles)\n"
+       "    out[..., 1::2] = np.cos(angles[..., : d_model // 2])\n    return out",
+       "check-padded-positions", hint="the padding not zeroed: its rows")
 mutant(POS, "positions from the column index (left padding shifts them)",
        "positions = np.cumsum(real, axis=1) - 1",
        "positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)",
