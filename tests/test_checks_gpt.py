@@ -185,6 +185,20 @@ def test_stub_message_names_notebook_14(monkeypatch):
     assert _fails("check-kv-cache-append") == f"check-kv-cache-append: {message}"
 
 
+def test_a_stub_that_makes_the_cases_fails_in_one_line(monkeypatch):
+    """A student ahead of notebook 07: the check's model is initialised by init_uniform."""
+    from transformer_lab.core import layers
+
+    message = syllabus.stub_message("init_uniform")
+
+    def stub(*args):
+        raise NotImplementedError(message)
+
+    monkeypatch.setattr(layers, "init_uniform", stub)
+    assert _fails("check-gpt-block") == ("check-gpt-block did not run: it makes its cases with "
+                                         f"a function not written yet -- {message}")
+
+
 def test_min_p_variant():
     absolute = _fails("check-min-p-filter", lambda z, p: np.where(  # p_min, not p_min * max
         L.softmax_forward(z)[0] >= p, z, -np.inf))
