@@ -139,7 +139,8 @@ them: at the end, the model that learns is your own code.
 ## Set up (once)
 
 (A workspace that the course's `make learn` built is set up already: reopen it with `make learn`
-in the course folder, and skip this section.)
+in the course folder -- `make learn WORKSPACE=...` if you built it elsewhere -- and skip this
+section.)
 
 You need Python 3.10, 3.11, 3.12 or 3.13. In this folder (there is no Makefile here: these
 four commands are the whole set-up):
@@ -191,7 +192,8 @@ your Transformer learns to reverse sequences from the command line, in this fold
 (In a workspace that the course's `make learn` built, there is no `.venv` here: the environment
 is the course folder's, and it holds the course's finished package too. Run the trainer from the
 course folder as `PYTHONPATH="$PWD/workspace/src" .venv/bin/python -m transformer_lab.train
-...`: without that `PYTHONPATH`, Python imports the finished package, not yours.)
+...`, with your workspace's folder for `$PWD/workspace` if you built it elsewhere: without that
+`PYTHONPATH`, Python imports the finished package, not yours.)
 
 ## Notebook exercises
 
