@@ -50,17 +50,25 @@ all: notebooks site ## set up, execute every notebook into build/notebooks, buil
 	@echo
 	@echo "Done. Open build/html/index.html, or run 'make lab' to work in the notebooks."
 
+# Said before pip installs torch into a .venv without it on Linux, where the default wheel brings
+# several GB of CUDA libraries (the README's second line installs the CPU build first).
+TORCH_NOTE = @$(PY) -c "import torch" 2>/dev/null || [ "$$(uname)" != Linux ] || echo "==> Note: \
+	$(VENV) has no torch yet, so pip now installs its default Linux build with several GB of CUDA \
+	libraries; for the CPU build, stop (Ctrl-C) and run the README's second line first."
+
 venv: $(STAMP) ## create .venv, install requirements*.txt and the package (only when they changed)
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@echo "==> Creating $(VENV) and installing requirements.txt, requirements-dev.txt (tests, site) and the package"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(TORCH_NOTE)
 	$(PY) -m pip install --disable-pip-version-check -r requirements.txt -r requirements-dev.txt -e .
 	@touch $@ $(STUDENT_STAMP)
 
 $(STUDENT_STAMP): requirements.txt pyproject.toml
 	@echo "==> Creating $(VENV) and installing requirements.txt (what a student runs) and the package"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(TORCH_NOTE)
 	$(PY) -m pip install --disable-pip-version-check -r requirements.txt -e .
 	@touch $@
 
