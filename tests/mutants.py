@@ -1193,6 +1193,18 @@ mutant("clip_grad_norm", "new arrays in the dict instead of scaling in place",
 mutant("clip_grad_norm", "a loop over the dict's keys, not its arrays",
        "for g in grads.values():", "for g in grads:", "check-clip-grad-norm",
        hint="looping over a dict gives its keys")
+mutant("adam_step", "beta1 and beta2 swapped", "    c = p.dtype.type\n",
+       "    c = p.dtype.type\n    beta1, beta2 = beta2, beta1\n", "check-adam-step",
+       hint="with beta1 and beta2 swapped")
+mutant("adam_step", "v averaging g, not its square", "v += c(1 - beta2) * g * g",
+       "v += c(1 - beta2) * g", "check-adam-step", hint="with v averaging g instead of g * g")
+mutant("adam_step", "AdamW's decay added to the gradient too",
+       "    elif weight_decay:\n", "    if weight_decay:\n", "check-adam-step",
+       hint="as well as shrinking p")
+mutant("adam_step", "eps added before v's bias correction",
+       "denom = np.sqrt(v) / c(math.sqrt(1 - beta2**t)) + c(eps)",
+       "denom = (np.sqrt(v) + c(eps)) / c(math.sqrt(1 - beta2**t))", "check-adam-step",
+       hint="with eps added before v's bias correction")
 mutant("adam_step", "the bias correction with t - 1 (steps counted from 0)",
        "c(lr / (1 - beta1**t))", "c(lr / (1 - beta1**(t - 1)))", "check-adam-step",
        hint="Adam's step t is 1 at the first update")

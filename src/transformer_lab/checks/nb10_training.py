@@ -150,13 +150,16 @@ V_AFTER = "v (the second moment) after the last step"
 
 def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                 decoupled=False, correction=0, eps_inside=False, rebound="", decay_after=False,
-                uncorrected="", beta2_of_v=None, corrected_kept=False):
+                uncorrected="", beta2_of_v=None, corrected_kept=False, unsquared=False,
+                coupled_too=False, eps_corrected=False):
     """The Adam trajectory with the switches of the classic mistakes (float64). correction:
     the shift of t in the bias correction, or None for none; ``uncorrected`` ("m", "v"): that
     moment alone not corrected; ``rebound`` ("m and v", "m", "v"):
     rebound to new arrays, so the caller's stay zero; ``decay_after``: AdamW's shrink of p
     after the update; ``beta2_of_v``: the beta v's average takes (another than beta2);
-    ``corrected_kept``: m and v themselves divided by the corrections (m /= 1 - beta1**t)."""
+    ``corrected_kept``: m and v themselves divided by the corrections (m /= 1 - beta1**t);
+    ``unsquared``: v averages g, not g * g; ``coupled_too``: AdamW's decay added to g as well;
+    ``eps_corrected``: eps added before v's correction, (sqrt(v) + eps) / sqrt(1 - beta2**t)."""
     p, after = p0.astype(np.float64), []
     b2 = beta2 if beta2_of_v is None else beta2_of_v
     m, v = np.zeros_like(p), np.zeros_like(p)
@@ -164,12 +167,16 @@ def _adam_numpy(p0, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.
         q = p * (1 - lr * weight_decay) if decoupled else p  # AdamW shrinks p, Adam adds to g
         if weight_decay and not decoupled:
             g = g + weight_decay * p
+        if coupled_too:  # the shrunk p's decay
+            g = g + weight_decay * q
         m_new = beta1 * m + (1 - beta1) * g
-        v_new = b2 * v + (1 - b2) * g * g
+        v_new = b2 * v + (1 - b2) * (g if unsquared else g * g)
         tc = math.inf if correction is None else t + correction  # beta ** inf = 0: no correction
         m_hat = m_new if "m" in uncorrected else m_new / (1 - beta1 ** tc)
         v_hat = v_new if "v" in uncorrected else v_new / (1 - beta2 ** tc)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
+        if eps_corrected:
+            denom = (np.sqrt(v_new) + eps) / math.sqrt(1 - beta2 ** tc)
         p = (p - lr * m_hat / denom) * (1 - lr * weight_decay) if decay_after else \
             q - lr * m_hat / denom
         m = m if "m" in rebound else m_hat if corrected_kept else m_new
@@ -249,6 +256,14 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
                 wrong(correction=1),
             "with eps inside the square root (torch divides by sqrt(v_hat) + eps)":
                 wrong(eps_inside=True),
+            "with eps added before v's bias correction, (sqrt(v) + eps) / sqrt(1 - beta2**t): "
+            "torch adds eps to sqrt(v_hat) = sqrt(v) / sqrt(1 - beta2**t)":
+                wrong(eps_corrected=True),
+            "with beta1 and beta2 swapped (beta1, the first moment's, is 0.9 by default; "
+            "beta2, the second's, 0.999)": torch_with(beta1=hyper.get("beta2", 0.999),
+                                                     beta2=hyper.get("beta1", 0.9)),
+            "with v averaging g instead of g * g (the second moment is of the squared "
+            "gradient)": wrong(unsquared=True),
             "updating new arrays instead of m and v in place (m = beta1 * m + ... rebinds the "
             "name; the caller's m and v stay zero: write m *= beta1; m += ...)":
                 wrong(rebound="m and v"),
@@ -266,6 +281,9 @@ class AdamStep(Check, id="check-adam-step", functions=("adam_step",)):
             found["adding AdamW's weight decay to the gradient (that is Adam's L2 penalty; AdamW "
                   "shrinks p by 1 - lr * weight_decay before the update)"] = (
                 torch_with(decoupled=False))
+            found["adding AdamW's weight decay to the gradient as well as shrinking p: AdamW "
+                  "only shrinks p (by 1 - lr * weight_decay), its gradient is g"] = (
+                wrong(coupled_too=True))
             found["shrinking p by 1 - weight_decay instead of 1 - lr * weight_decay"] = (
                 torch_with(weight_decay=hyper["weight_decay"] / hyper["lr"]))  # 1 - lr * that
             found["shrinking p after the update instead of before it (write p *= 1 - lr * "
