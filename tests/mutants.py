@@ -1238,7 +1238,19 @@ SAMPLE = "10_training/exercise-sample-decode"
 mutant(SAMPLE, "temperature ignored", "z = logits[:, -1].astype(np.float64) / temperature",
        "z = logits[:, -1].astype(np.float64)", "check-sample-decode")
 mutant(SAMPLE, "finished sequences not padded", "        nxt = np.where(done, c.pad_id, nxt)\n",
-       "", "check-sample-decode")
+       "", "check-sample-decode", hint="the tokens drawn on after </s>")
+mutant(SAMPLE, "a row marked done before its token is padded: </s> itself becomes <pad>",
+       "        nxt = np.where(done, c.pad_id, nxt)\n",
+       "        done |= nxt == c.eos_id\n        nxt = np.where(done, c.pad_id, nxt)\n",
+       "check-sample-decode", hint="</s> itself replaced by <pad>")
+mutant(SAMPLE, "never stopping early", "        if done.all():\n            break\n", "",
+       "check-sample-decode", hint="all max_len steps taken")
+mutant(SAMPLE, "the <s> column dropped", "    return out", "    return out[:, 1:]",
+       "check-sample-decode", hint="the <s> column left out")
+mutant(SAMPLE, "max_len + 1 steps", "for _ in range(max_len):", "for _ in range(max_len + 1):",
+       "check-sample-decode", hint="max_len + 1 steps")
+mutant(SAMPLE, "the first position's logits", "z = logits[:, -1]", "z = logits[:, 0]",
+       "check-sample-decode", hint="the logits of the first position")
 mutant(SAMPLE, "the most likely token instead of a draw",
        "nxt = np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)",
        "nxt = p.argmax(axis=-1)", "check-sample-decode")

@@ -12,6 +12,7 @@ that the core's docstrings state.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -819,3 +820,42 @@ class SampleDecode(Check, id="check-sample-decode", arguments=("sample_decode",)
         with torch.no_grad():
             logits = twin(src[:1], np.array([[1]]))[0, -1].double()
         return {"first-token frequencies": torch.softmax(logits / temperature, -1).numpy()}
+
+    def mistakes(self, config, params, src, temperature, max_len, what):
+        if what != "samples":  # the greedy cases: a mistake gives one answer
+            return {}
+        twin = _twin(config, params)
+        return {f"with {wrong}": functools.partial(_greedy_rows, twin, src, max_len, mistake)
+                for wrong, mistake in GREEDY_MISTAKES.items()}
+
+
+#: sample_decode's mistakes that greedy decoding shows: what each is -> _greedy_rows' mistake
+GREEDY_MISTAKES = {
+    "the tokens drawn on after </s>: a finished row gets <pad> (np.where(done, pad_id, "
+    "token))": "no pad",
+    "</s> itself replaced by <pad>: mark a row done after its </s> is written": "pad eos",
+    "all max_len steps taken: stop once every row has its </s> (if done.all(): break)":
+    "no stop",
+    "the <s> column left out: each row starts with <s>": "no bos",
+    "max_len + 1 steps: at most max_len tokens are generated (</s> included)": "one more",
+    "the logits of the first position: the next token's are the last position's "
+    "(logits[:, -1])": "first"}
+
+
+def _greedy_rows(twin, src, max_len, mistake=""):
+    """:func:`_rows` of greedy decoding by the twin (what temperature 1e-6 samples) with one of
+    :data:`GREEDY_MISTAKES`."""
+    c = twin.config
+    out = torch.full((src.shape[0], 1), c.bos_id, dtype=torch.long)
+    done = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len + (mistake == "one more")):
+        with torch.no_grad():
+            token = twin(src, out)[:, 0 if mistake == "first" else -1].argmax(-1)
+        if mistake == "pad eos":
+            done |= token == c.eos_id
+        token = token if mistake == "no pad" else torch.where(done, c.pad_id, token)
+        out = torch.cat([out, token[:, None]], dim=1)
+        done |= token == c.eos_id
+        if done.all() and mistake != "no stop":
+            break
+    return _rows(out[:, 1:] if mistake == "no bos" else out)
