@@ -1245,7 +1245,8 @@ mutant(SAMPLE, "a row marked done before its token is padded: </s> itself become
        "check-sample-decode", hint="</s> itself replaced by <pad>")
 mutant(SAMPLE, "never stopping early", "        if done.all():\n            break\n", "",
        "check-sample-decode", hint="all max_len steps taken")
-mutant(SAMPLE, "the <s> column dropped", "    return out", "    return out[:, 1:]",
+mutant(SAMPLE, "the <s> column dropped", "            break\n",
+       "            break\n    out = out[:, 1:]\n",
        "check-sample-decode", hint="the <s> column left out")
 mutant(SAMPLE, "max_len + 1 steps", "for _ in range(max_len):", "for _ in range(max_len + 1):",
        "check-sample-decode", hint="max_len + 1 steps")

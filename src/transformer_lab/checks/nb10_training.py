@@ -757,6 +757,8 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
 
 def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
     params = _random_params(SAMPLES_CONFIG, rng, scale=0.5)
+    while what == "samples" and not change and not _varied(params, max_len):
+        params = _random_params(SAMPLES_CONFIG, rng, scale=0.5)
     if change == "always </s>":
         params["out_proj.W"][...] = 0
         params["out_proj.b"][...] = 0
@@ -767,6 +769,17 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
         params["out_proj.W"] *= 0.3
         params["out_proj.b"] *= 0.3
     return Case(name, (SAMPLES_CONFIG, params, CHECK_SRC, temperature, max_len, what))
+
+
+def _varied(params, max_len) -> bool:
+    """Whether the greedy rows of the model ``params`` show a mistake of position or stopping:
+    real tokens only (no <pad> or <s> drawn), three different ones at least, and a row that
+    ends with </s> before max_len -- a random model may repeat one token in every row."""
+    rows = _twin(SAMPLES_CONFIG, params).greedy_decode(CHECK_SRC, max_len, padded=True)[:, 1:]
+    drawn = [row[:list(row).index(2) if 2 in row else len(row)] for row in rows]  # before </s>
+    tokens = set(np.concatenate(drawn).tolist())
+    return tokens <= {3, 4, 5, 6} and len(tokens) >= 3 and any(
+        2 in row[:max_len - 1] for row in rows)
 
 
 class SampleDecode(Check, id="check-sample-decode", arguments=("sample_decode",)):
