@@ -1748,7 +1748,22 @@ mutant("merge_pair", "'aaa' merged as overlapping pairs (moving on by one after 
        "            out.append(new_id)\n            i += 2", "            out.append(new_id)\n"
        "            i += 1", "check-merge-pair")
 mutant("merge_pair", "the last id dropped", "while i < len(word):", "while i < len(word) - 1:",
-       "check-merge-pair")
+       "check-merge-pair", hint="dropping the last id")
+mutant("merge_pair", "merged from the right", "    out, i = [], 0\n", "    out, i = [], 0\n"
+       "    if len(word) > 1:\n        return merge_pair(word[::-1], pair[::-1], new_id)[::-1]\n",
+       "check-merge-pair", hint="merging from the right")
+mutant("merge_pair", "the first occurrence only", "            out.append(new_id)\n            i += 2",
+       "            return (*out, new_id, *word[i + 2:])", "check-merge-pair",
+       hint="merging the first occurrence only")
+mutant("pair_counts", "a pair counted once in a word (a set of its pairs)",
+       "for pair in itertools.pairwise(word):", "for pair in set(itertools.pairwise(word)):",
+       "check-pair-counts", hint="however often it occurs there")
+mutant("pair_counts", "each id paired with the one two places on",
+       "for pair in itertools.pairwise(word):", "for pair in zip(word, word[2:]):",
+       "check-pair-counts", hint="two places on")
+mutant("train_bpe", "the new ids from 257", "for new_id in range(256, 256 + num_merges):",
+       "for new_id in range(257, 257 + num_merges):", "check-train-bpe",
+       hint="the new ids from 257")
 mutant("merge_pair", "a list returned (a word is a tuple, a dict key)", "    return tuple(out)",
        "    return out", "check-merge-pair")
 mutant("train_bpe", "a tie broken by the larger pair",
@@ -1788,7 +1803,12 @@ mutant("train_bpe", "pairs with a count of 0 kept (training does not stop when n
 mutant("token_bytes", "bytes(b) for a byte (b zero bytes)", "vocab = [bytes([b]) for b",
        "vocab = [bytes(b) for b", "check-token-bytes")
 mutant("token_bytes", "a merge's bytes in the wrong order", "vocab.append(vocab[a] + vocab[b])",
-       "vocab.append(vocab[b] + vocab[a])", "check-token-bytes")
+       "vocab.append(vocab[b] + vocab[a])", "check-token-bytes", hint="in the other order")
+mutant("encode_word", "rank 0 for the pairs never learned (ranks.get(p, 0))",
+       "key=lambda p: ranks.get(p, math.inf))", "key=lambda p: ranks.get(p, 0))",
+       "check-encode-word", hint="with rank 0 for the pairs never learned")
+mutant("bpe_decode", "decoded as Latin-1", '.decode("utf-8", errors="replace")',
+       '.decode("latin-1")', "check-bpe-decode", hint="decoding as Latin-1")
 mutant("encode_word", "the first learned pair found left to right, not the lowest rank",
        "pair = min(itertools.pairwise(word), key=lambda p: ranks.get(p, math.inf))",
        "pair = next((p for p in itertools.pairwise(word) if p in ranks), word[:2])",

@@ -297,7 +297,17 @@ class PairCounts(Check, id="check-pair-counts", functions=("pair_counts",)):
         return {"counting each pair once per word (weight it by the word's count)":
                 lambda: self.expected([[w, 1] for w, _ in words]),
                 "counting the pairs across two words (count within each word only)":
-                lambda: self.expected([[joined, 1]]) if len(words) > 1 else {}}
+                lambda: self.expected([[joined, 1]]) if len(words) > 1 else {},
+                "counting each pair once in a word however often it occurs there (a set): "
+                "'aaaa' holds (a, a) three times": lambda: {
+                    _pair_key(pair): n for pair, n in _pair_counts(
+                        [[pair, n] for word, n in words
+                         for pair in set(zip(word, word[1:], strict=False))]).items()},
+                "pairing each id with the one two places on (zip(word, word[2:])): a pair is two "
+                "neighbours, zip(word, word[1:])": lambda: {
+                    _pair_key(pair): n for pair, n in _pair_counts(
+                        [[word[::2], n] for word, n in words] +
+                        [[word[1::2], n] for word, n in words]).items()}}
     ### END HIDDEN TESTS
 
     def run(self, f, words):
@@ -334,7 +344,32 @@ class MergePair(Check, id="check-merge-pair", functions=("merge_pair",)):
                 "'aaa' only the first two merge: move on past both)":
                 lambda: {"ids": no_skip, "type": "tuple"},
                 "returning a list (a word is a tuple: it is a key of the words' dict, which a "
-                "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"}}
+                "list cannot be)": lambda: {**self.expected(word, pair, new_id), "type": "list"},
+                "merging from the right (in 'aaa' the first two merge: read left to right)":
+                lambda: {"ids": list(_merge(word[::-1], pair[::-1], new_id)[::-1]),
+                         "type": "tuple"},
+                "merging the first occurrence only (every occurrence merges)":
+                lambda: {"ids": list(_merge_first(word, pair, new_id)), "type": "tuple"},
+                "dropping the last id when no merge takes it (a loop while i < len(word) - 1 "
+                "never reaches it: copy it too)": lambda: {
+                    "ids": _merge_short(word, pair, new_id), "type": "tuple"}}
+
+
+def _merge_short(word, pair, new_id) -> list[int]:
+    """``merge_pair`` by a loop ``while i < len(word) - 1`` (a mistake: an id left at the end
+    is dropped)."""
+    out, i = [], 0
+    while i < len(word) - 1:
+        merged = tuple(word[i:i + 2]) == tuple(pair)
+        out.append(new_id if merged else word[i])
+        i += 2 if merged else 1
+    return out
+
+
+def _merge_first(word, pair, new_id) -> tuple[int, ...]:
+    """``merge_pair`` of the pair's first occurrence only (a mistake)."""
+    i = next((i for i in range(len(word) - 1) if tuple(word[i:i + 2]) == tuple(pair)), None)
+    return tuple(word) if i is None else (*word[:i], new_id, *word[i + 2:])
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,11 +394,12 @@ def _pair_counts(words) -> dict[tuple[int, int], int]:
     return counts
 
 
-def _naive_train(words, num_merges, larger_first=False):
-    """The definition of training: recount every pair after every merge."""
+def _naive_train(words, num_merges, larger_first=False, first_id=256):
+    """The definition of training: recount every pair after every merge (mistakes: ties to the
+    ``larger_first`` pair, new ids from ``first_id``)."""
     words = {tuple(w): n for w, n in words}
     merges = []
-    for new_id in range(256, 256 + num_merges):
+    for new_id in range(first_id, first_id + num_merges):
         counts = _pair_counts(words.items())
         if not counts:
             break
@@ -418,6 +454,9 @@ class TrainBPE(Check, id="check-train-bpe", functions=("train_bpe",)):
         return {"breaking a tie by the larger pair, or by the pair counted first (max(counts, "
                 "key=counts.get) keeps the first of equal counts): of two as frequent, take "
                 "the smaller (a, b)": lambda: self.expected(words, num_merges, count_work, larger),
+                "with the new ids from 257 (merge r makes id 256 + r: the first is 256)":
+                lambda: self.expected(words, num_merges, count_work,
+                                      functools.partial(_naive_train, first_id=257)),
                 "with the counts of the words as they were before the merges (update the "
                 "counts after each merge: the merged words' pairs out, their new pairs in)":
                 lambda: self.expected(words, num_merges, count_work, _stale_train)}
@@ -489,8 +528,15 @@ class TokenBytes(Check, id="check-token-bytes", functions=("token_bytes",)):
         return [repr(of(i)) for i in range(256 + len(merges))]
 
     def mistakes(self, merges):
+        def reversed_join(i):
+            return bytes([i]) if i < 256 else (reversed_join(merges[i - 256][1]) +
+                                               reversed_join(merges[i - 256][0]))
+
         return {"with bytes(b) for a byte (that is b zero bytes: bytes([b]) is the one byte b)":
-                lambda: [repr(bytes(b)) for b in range(256)] + self.expected(merges)[256:]}
+                lambda: [repr(bytes(b)) for b in range(256)] + self.expected(merges)[256:],
+                "joining a merge's two tokens in the other order (merge (a, b) is a's bytes, "
+                "then b's)": lambda: [repr(reversed_join(i))
+                                      for i in range(256 + len(merges))]}
     ### END HIDDEN TESTS
 
     def run(self, f, merges):
@@ -553,7 +599,22 @@ class EncodeWord(Check, id="check-encode-word", functions=("encode_word",)):
                   "them)"] = lambda: latest
         found["with the rank itself as the new id (merge r makes id 256 + r)"] = (
             lambda: by_rank(min, 0))
+        found["with rank 0 for the pairs never learned (ranks.get(pair, 0) makes them the "
+              "first: a pair not learned is never merged, ranks.get(pair, math.inf))"] = (
+            lambda: _encode_unlearned_first(word, _ranks(merges)))
         return found
+
+
+def _encode_unlearned_first(word, ranks) -> list[int]:
+    """encode_word with the pairs never learned ranked 0 (a mistake): it stops at the first
+    round whose lowest-ranked pair is one of them."""
+    w = tuple(word)
+    while len(w) > 1:
+        pair = min(zip(w, w[1:], strict=False), key=lambda p: ranks.get(p, 0))
+        if pair not in ranks:
+            break
+        w = _merge(w, pair, 256 + ranks[pair])
+    return list(w)
 
 
 class BPEEncode(Check, id="check-bpe-encode", functions=("bpe_encode",)):
@@ -623,4 +684,9 @@ class BPEDecode(Check, id="check-bpe-decode", functions=("bpe_decode",)):
                 "two U+FFFD: join the bytes first, then decode)":
                 lambda: "".join(t.decode("utf-8", errors="replace") for t in tokens),
                 "with errors='ignore' (a cut character must show, as U+FFFD)":
-                lambda: b"".join(tokens).decode("utf-8", errors="ignore")}
+                lambda: b"".join(tokens).decode("utf-8", errors="ignore"),
+                "decoding as Latin-1 (one character a byte): the bytes are UTF-8":
+                lambda: b"".join(tokens).decode("latin-1"),
+                "with GPT-2's stand-in characters (bytes_to_unicode's: they spell tokens in "
+                "vocab.json): decode the bytes themselves": lambda: "".join(
+                    _gpt2_chars()[b] for b in b"".join(tokens))}
