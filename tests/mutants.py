@@ -1749,8 +1749,15 @@ mutant("merge_pair", "'aaa' merged as overlapping pairs (moving on by one after 
        "            i += 1", "check-merge-pair")
 mutant("merge_pair", "the last id dropped", "while i < len(word):", "while i < len(word) - 1:",
        "check-merge-pair", hint="dropping the last id")
-mutant("merge_pair", "merged from the right", "    out, i = [], 0\n", "    out, i = [], 0\n"
-       "    if len(word) > 1:\n        return merge_pair(word[::-1], pair[::-1], new_id)[::-1]\n",
+mutant("merge_pair", "merged from the right",
+       "    out, i = [], 0\n    while i < len(word):\n"
+       "        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:\n"
+       "            out.append(new_id)\n            i += 2\n        else:\n"
+       "            out.append(word[i])\n            i += 1\n    return tuple(out)\n",
+       "    out, i = [], len(word) - 1\n    while i >= 0:\n"
+       "        if i > 0 and (word[i - 1], word[i]) == pair:\n"
+       "            out.append(new_id)\n            i -= 2\n        else:\n"
+       "            out.append(word[i])\n            i -= 1\n    return tuple(out[::-1])\n",
        "check-merge-pair", hint="merging from the right")
 mutant("merge_pair", "the first occurrence only", "            out.append(new_id)\n            i += 2",
        "            return (*out, new_id, *word[i + 2:])", "check-merge-pair",
