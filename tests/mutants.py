@@ -1759,7 +1759,8 @@ mutant("merge_pair", "merged from the right",
        "            out.append(new_id)\n            i -= 2\n        else:\n"
        "            out.append(word[i])\n            i -= 1\n    return tuple(out[::-1])\n",
        "check-merge-pair", hint="merging from the right")
-mutant("merge_pair", "the first occurrence only", "            out.append(new_id)\n            i += 2",
+mutant("merge_pair", "the first occurrence only",
+       "            out.append(new_id)\n            i += 2",
        "            return (*out, new_id, *word[i + 2:])", "check-merge-pair",
        hint="merging the first occurrence only")
 mutant("pair_counts", "a pair counted once in a word (a set of its pairs)",
@@ -1816,6 +1817,10 @@ mutant("encode_word", "rank 0 for the pairs never learned (ranks.get(p, 0))",
        "check-encode-word", hint="with rank 0 for the pairs never learned")
 mutant("bpe_decode", "decoded as Latin-1", '.decode("utf-8", errors="replace")',
        '.decode("latin-1")', "check-bpe-decode", hint="decoding as Latin-1")
+mutant("bpe_decode", "spelled in GPT-2's stand-in characters",
+       'return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")',
+       'return "".join(bytes_to_unicode()[b] for b in b"".join(vocab[i] for i in ids))',
+       "check-bpe-decode", hint="with GPT-2's stand-in characters")
 mutant("encode_word", "the first learned pair found left to right, not the lowest rank",
        "pair = min(itertools.pairwise(word), key=lambda p: ranks.get(p, math.inf))",
        "pair = next((p for p in itertools.pairwise(word) if p in ranks), word[:2])",
