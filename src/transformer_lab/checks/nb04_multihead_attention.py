@@ -455,6 +455,9 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
 
 class SelfAttentionForward(_LayerForward, id="check-self-attention-forward",
                            functions=("self_attention_forward",)):
+    loop_free = {"self_attention_forward": "one product with W_qkv, cut into q, k and v at "
+                                           "the columns, then split_heads on each"}
+
     def cases(self, rng):
         yield self_attention_case(rng, "one head (h = 1)", 2, 4, 8, 1)
         yield self_attention_case(rng, "2 heads", 2, 5, 8, 2)

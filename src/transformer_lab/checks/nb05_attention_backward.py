@@ -170,6 +170,9 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
 
 class AttentionBackward(Check, id="check-attention-backward",
                         functions=("attention_forward", "attention_backward")):
+    loop_free = {"attention_backward": "batched matrix products over every leading axis "
+                                       "(np.swapaxes(a, -1, -2) for a transpose) and one "
+                                       "softmax_backward"}
     axes = {"dq": "bhtd", "dk": "bhsd", "dv": "bhsd"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -254,6 +257,8 @@ _self_attention_case = functools.partial(self_attention_case, backward=True)
 class MultiHeadAttentionBackward(Check, id="check-mha-backward",
                                  functions=("multi_head_attention_forward",
                                             "multi_head_attention_backward")):
+    loop_free = {"multi_head_attention_backward": "one attention_backward call on the (B, H, "
+                                                  "T, Dh) heads that split_heads gives"}
     axes = {"dquery": "bte", "dkey": "bse", "dvalue": "bse"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 

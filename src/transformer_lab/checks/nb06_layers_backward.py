@@ -82,6 +82,8 @@ XHAT, RSTD = "xhat in the cache", "rstd in the cache (1 / sqrt(var + eps), shape
 
 class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
                        functions=("layer_norm_forward",)):
+    loop_free = {"layer_norm_forward": "the mean and the variance over the last axis, with "
+                                       "keepdims=True"}
     axes = {"out": "te", XHAT: "te"}  # axis names, for messages
 
     def run(self, f, x, gamma, beta, dout, eps=1e-5):
@@ -131,6 +133,8 @@ class LayerNormForward(_LayerNormCases, Check, id="check-layer-norm-forward",
 
 class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                         functions=("layer_norm_forward", "layer_norm_backward")):
+    loop_free = {"layer_norm_backward": "means over the last axis with keepdims=True; dgamma "
+                                        "and dbeta sum over every axis but the last"}
     axes = {"dx": "te"}  # axis names, for messages
     tol = {"float64": 1e-9, "float32": 5e-5}
 
@@ -184,6 +188,9 @@ def _summed(answer: dict, dout, xhat, axis: int) -> dict:
 
 class LogSoftmax(Check, id="check-log-softmax",
                  functions=("log_softmax_forward", "log_softmax_backward")):
+    loop_free = dict.fromkeys(("log_softmax_forward", "log_softmax_backward"),
+                              "reductions over the last axis with keepdims=True")
+
     def cases(self, rng):
         yield from row_cases(rng)
         yield Case("huge logits (+-1000: exp would overflow)",
@@ -261,6 +268,9 @@ def _log_softmax(x):
 
 class CrossEntropy(Check, id="check-cross-entropy",
                    functions=("cross_entropy_forward", "cross_entropy_backward")):
+    loop_free = dict.fromkeys(("cross_entropy_forward", "cross_entropy_backward"),
+                              "each position's target picked with np.take_along_axis, a "
+                              "one-hot made by comparison (np.arange(C) == targets[..., None])")
     axes = {"dlogits": "tv"}  # axis names, for messages
 
     def cases(self, rng):
