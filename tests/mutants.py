@@ -486,6 +486,11 @@ mutant("merge_masks", "the attention mask dropped when there is a padding mask",
        "return attn_mask | key_padding_mask  # (B, 1, T, S)", "return key_padding_mask",
        "check-merge-masks")
 
+mutant("self_attention_forward", "the queries' heads cut by a loop over the heads",
+       "    q = split_heads(q, num_heads)  # (B, H, T, Dh)\n",
+       "    d = q.shape[-1] // num_heads\n"
+       "    q = np.stack([q[..., i * d:(i + 1) * d] for i in range(num_heads)], 1)\n",
+       "check-self-attention-forward", hint="runs a Python loop")
 mutant("self_attention_forward", "the mask not passed on to attention",
        "heads, c_att = attention_forward(q, k, v, mask)",
        "heads, c_att = attention_forward(q, k, v)",
@@ -570,6 +575,11 @@ mutant("softmax_backward", "only the Jacobian's diagonal, dout * y * (1 - y)",
 mutant("softmax_backward", "dx written into dout: the input changes",
        "[..., None], out=out)", "[..., None], out=dout)", "check-softmax-backward")
 
+mutant("attention_backward", "the softmax backward by a loop over the leading axes",
+       "dscores = softmax_backward(dP, c_softmax, out=dP)",
+       "dscores = np.stack([softmax_backward(a, b) for a, b in zip(dP.reshape(-1, *dP.shape[-2:]),"
+       "\n        c_softmax.reshape(-1, *dP.shape[-2:]))]).reshape(dP.shape)",
+       "check-attention-backward", hint="runs a Python loop")
 mutant("attention_backward", "1 / sqrt(d_k) in place of the cached scale",
        "    weights = c_softmax  # (..., T, S)\n",
        "    weights = c_softmax  # (..., T, S)\n    scale = 1 / math.sqrt(q.shape[-1])\n",
@@ -598,6 +608,14 @@ mutant("attention_backward", "the scale applied twice in dk",
        "dk = np.swapaxes(dscores, -1, -2) @ q * scale",
        "dk = np.swapaxes(dscores, -1, -2) @ (q * scale) * scale", "check-attention-backward")
 
+mutant("multi_head_attention_backward", "a loop over the heads",
+       "dq, dk, dv = attention_backward(dheads, c_att, dweights)",
+       "q, k, v, P, scale = c_att\n"
+       "    parts = [attention_backward(dheads[:, h:h + 1], (q[:, h:h + 1], k[:, h:h + 1], "
+       "v[:, h:h + 1], P[:, h:h + 1], scale),\n"
+       "        None if dweights is None else dweights[:, h:h + 1]) for h in range(num_heads)]\n"
+       "    dq, dk, dv = (np.concatenate(g, axis=1) for g in zip(*parts))",
+       "check-mha-backward", hint="runs a Python loop")
 mutant("multi_head_attention_backward", "dweights not passed on",
        "attention_backward(dheads, c_att, dweights)", "attention_backward(dheads, c_att)",
        "check-mha-backward")
@@ -672,6 +690,10 @@ mutant("layer_norm_forward", "the standard deviation cached in place of its inve
        "    rstd = 1 / np.sqrt(var + eps)  # (..., 1)\n    xhat = xc * rstd\n",
        "    rstd = np.sqrt(var + eps)  # (..., 1)\n    xhat = xc / rstd\n",
        "check-layer-norm-forward")
+mutant("layer_norm_backward", "mean(g) by a loop over the rows",
+       'mean_g = np.einsum("...j->...", g)[..., None] / d',
+       "mean_g = np.array([row.mean() for row in g.reshape(-1, d)]).reshape(*g.shape[:-1], 1)",
+       "check-layer-norm-backward", hint="runs a Python loop")
 mutant("layer_norm_backward", "dgamma and dbeta summed over the features, not the leading axes",
        'grads["gamma"] = (dout * xhat).reshape(-1, d).sum(axis=0)\n'
        '    if beta is not None:\n        grads["beta"] = dout.reshape(-1, d).sum(axis=0)',
@@ -738,6 +760,10 @@ mutant("cross_entropy_forward", "reduction ignored (always the mean)",
 mutant("cross_entropy_forward", "the loss of the padded positions counted",
        "loss = -float((picked * keep).sum() * weight)", "loss = -float(picked.sum() * weight)",
        "check-cross-entropy")
+mutant("cross_entropy_backward", "the one-hot made by a loop over the positions",
+       "onehot = np.arange(c_logp.shape[-1]) == safe[..., None]",
+       "onehot = np.stack([np.arange(c_logp.shape[-1]) == t for t in safe.ravel()]).reshape("
+       "c_logp.shape)", "check-cross-entropy", hint="runs a Python loop")
 mutant("cross_entropy_backward", "dloss ignored",
        "(-dloss * weight * keep)", "(-weight * keep)", "check-cross-entropy")
 mutant("cross_entropy_backward", "the 1/count of the mean forgotten",
