@@ -727,6 +727,19 @@ def test_a_broadcast_error_is_explained_by_its_shapes(a, b, words):
     assert words in hint if words else hint == "", hint
 
 
+def test_an_error_hint_names_only_what_the_check_s_notebook_has_taught():
+    """Key/value heads come in notebook 15, tiles in 16: a notebook 04 student's matrix
+    product or np.split is not explained by them (the notebook 04-06 trial)."""
+    for make, cause in ((lambda: np.ones((2, 3, 4)) @ np.ones((2, 5, 4)), "a transpose"),
+                        (lambda: np.split(np.ones((2, 3, 12)), 3), "axis=-1")):
+        with pytest.raises(ValueError) as err:
+            make()
+        early, late = (F._error_hint(F.Outcome(error=f"ValueError: {err.value}"), notebook)
+                       for notebook in (4, 16))
+        assert cause in early and "tile" not in early and "Hkv" not in early, early
+        assert cause in late and "Hkv" in late, late
+
+
 def test_a_block_written_into_less_room_and_unwritten_memory_are_explained():
     """A last block written whole into a slice past the end (the slice is cut short), and
     np.empty's leftovers where a loop stopped a block early (subnormal numbers)."""

@@ -782,7 +782,7 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
             return Verdict(False, f"{label}: not written yet -- {outcome.error}")
         if outcome.error.startswith("NotAPair: "):
             return Verdict(False, f"{label}: {outcome.error.removeprefix('NotAPair: ')}")
-        hint = _error_hint(outcome)
+        hint = _error_hint(outcome, int(check.notebook[:2]))
         if outcome.error.startswith(UNREADABLE):
             return Verdict(False, f"{label}: {outcome.error}\n  Hint: " + (
                 hint or "does it return what its docstring's '->' says, the types of keys and "
@@ -815,8 +815,10 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
     return Verdict(True)
 
 
-def _error_hint(outcome: Outcome) -> str:
-    """What an error of a few common kinds usually means, or ''."""
+def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
+    """What an error of a few common kinds usually means, or '' -- naming only what the course
+    has taught by ``notebook``, the check's (key/value heads in 15, tiles in 16)."""
+    heads, tiles = notebook >= 15, notebook >= 16
     if "read-only" in outcome.error or outcome.error.startswith("CacheChanged"):
         return READ_ONLY_HINT
     undefined = re.match(r"NameError: name '(\w+)' is not defined", outcome.error)
@@ -838,19 +840,22 @@ def _error_hint(outcome: Outcome) -> str:
                          r"\(([\d,]*)\)->", outcome.error)
     if remapped:  # a @ b whose leading axes do not broadcast
         a, b = (shape[:-2] for shape in _shapes(remapped))
-        return (f"the leading axes of a matrix product, {a} and {b}, do not match: query heads "
-                "against key/value heads (H against Hkv: repeat_kv gives each key/value head to "
-                "n_rep query heads, along axis 1), or one batch against another?")
+        return (f"the leading axes of a matrix product, {a} and {b}, do not match: " + (
+            "query heads against key/value heads (H against Hkv: repeat_kv gives each "
+            "key/value head to n_rep query heads, along axis 1), " if heads else
+            "an array split into heads against one that is not, ") +
+            "or one batch against another?")
     into = re.search(r"input array from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                      outcome.error)
     if into:
         block, room = _shapes(into)
         if len(block) == len(room) and all(r <= b for b, r in zip(block, room, strict=True)):
             return (f"a block {block} written into a slice {room} that has less room: a slice "
-                    "that runs past the end of its array is cut short (the last block is "
-                    "shorter where a length is not a multiple of the block size: compute it for "
-                    "the slice's own length), or a cache of Hkv key/value heads given H of them "
-                    "(repeat them after reading the cache)")
+                    "that runs past the end of its array is cut short" + (
+                        " (the last block is shorter where a length is not a multiple of the "
+                        "block size: compute it for the slice's own length)" if tiles else "") +
+                    (", or a cache of Hkv key/value heads given H of them (repeat them after "
+                     "reading the cache)" if heads else ""))
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:
@@ -878,22 +883,31 @@ def _error_hint(outcome: Outcome) -> str:
                 "laid out the other way -- an embedding table (V, E) as the output projection "
                 "multiplies transposed, x @ W.T -- or are the two factors swapped?")
     if sizes:  # a @ b of two activations
+        causes = ["a transpose missing or in the wrong place (k^T is np.swapaxes(k, -1, -2))",
+                  "an array not split into heads where the other is",
+                  "one array where another belongs"]
+        if heads:
+            causes.append("heads split by two counts (H against Hkv)")
+        if tiles:
+            causes.append("slices of different lengths (a last tile is shorter where a length "
+                          "is not a multiple of the block size: clip its end, min(start + "
+                          "block_size, length))")
         return (f"the two factors of a matrix product disagree ({sizes[2]} against {sizes[1]}): "
-                "slices of different lengths -- a last tile is shorter where a length is not a "
-                "multiple of the block size (clip its end: min(start + block_size, length)) -- "
-                "or heads split by two counts (H against Hkv)?")
+                + ", ".join(causes[:-1]) + f", or {causes[-1]}?")
     if "zero-size array to reduction operation" in outcome.error:
-        return ("a maximum (or minimum) over no entries: an empty slice -- a tile of no keys, "
-                "a causal range past the keys' end not clipped (min(end, S)), or a block start "
-                "past the length")
+        return "a maximum (or minimum) over no entries: an empty slice" + (
+            " -- a tile of no keys, a causal range past the keys' end not clipped (min(end, S)), "
+            "or a block start past the length" if tiles else "")
     if "only integer scalar arrays can be converted to a scalar index" in outcome.error:
         return ("a NumPy reduction given a second array where it takes the axis -- np.max(a, b) "
                 "is the maximum of a along axis b: the elementwise maximum of two arrays is "
                 "np.maximum(a, b)")
     if "array split does not result in an equal division" in outcome.error:
-        return ("np.split(a, 3) cuts three equal parts, but with fewer key/value heads than "
-                "query heads the keys and the values are narrower than the queries (Hkv * Dh "
-                "columns each): cut at the columns, np.split(qkv, [E, E + kv], axis=-1)")
+        return ("np.split(a, 3) cuts three equal parts along axis 0 unless given another: the "
+                "packed q, k and v are the last axis's columns, np.split(qkv, 3, axis=-1)" + (
+                    "; and with fewer key/value heads than query heads the keys and the values "
+                    "are narrower than the queries (Hkv * Dh columns each): cut at the columns, "
+                    "np.split(qkv, [E, E + kv], axis=-1)" if heads else ""))
     if "boolean index did not match" in outcome.error:
         return ("a mask that broadcasts -- (1, S), (B, 1, S) -- cannot index the scores "
                 "(scores[mask] needs a mask of the scores' own shape): use np.where(mask, "
