@@ -94,6 +94,10 @@ mutant("linear_backward", "the bias gradient averaged over the rows instead of s
 mutant("linear_backward", "the bias gradient with keepdims=True, shape (1, D_out)",
        "grads[\"b\"] = dout2.sum(axis=0)", "grads[\"b\"] = dout2.sum(axis=0, keepdims=True)",
        "check-linear-backward", "check-linear-backward-batched")
+mutant("linear_backward", "the bias gradient summed over the positions, not the batch",
+       'grads["b"] = dout2.sum(axis=0)', 'grads["b"] = dout.sum(axis=-2)',
+       "check-linear-backward-batched",
+       hint="are still there: a weight's or a bias's gradient sums over them")
 mutant("linear_backward", "dW averaged over the rows",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2 / len(dout2)}",

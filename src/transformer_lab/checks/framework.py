@@ -1336,7 +1336,11 @@ def _generic_hint(problem: Difference) -> str:
             (got.size == want.size, "the right number of entries in the wrong shape: a reshape "
                                     "or transpose that does not match the expected layout?"),
             (got.ndim == want.ndim and sorted(got.shape) == sorted(want.shape),
-             "the axes are in another order: a transposed result or weight?")) if wrong), "")
+             "the axes are in another order: a transposed result or weight?"),
+            (got.ndim > want.ndim and got.shape[got.ndim - want.ndim:] == want.shape,
+             f"the leading axes {got.shape[:got.ndim - want.ndim]} are still there: a weight's "
+             "or a bias's gradient sums over them, the batch (and the positions), as the "
+             "weight is shared by every row")) if wrong), "")
     if got.dtype != want.dtype and np.issubdtype(got.dtype, np.floating):
         if want.dtype == np.float32 and got.dtype == np.float64:
             return ("a float32 input came back as float64: something float64 met it and "
