@@ -717,6 +717,18 @@ mutant("layer_norm_backward", "mean(dout * xhat) where mean(g * xhat) belongs",
        'mean_gx = np.einsum("...j,...j->...", dout, xhat)', "check-layer-norm-backward")
 mutant("layer_norm_backward", "the term xhat * mean(g * xhat) dropped",
        "    dx -= xhat * mean_gx\n", "", "check-layer-norm-backward")
+mutant("layer_norm_backward", "divided by rstd (the sketch's sigma)", "    dx *= rstd\n",
+       "    dx /= rstd\n", "check-layer-norm-backward", hint="dividing by rstd")
+mutant("layer_norm_backward", "sums where the means belong",
+       'mean_g = np.einsum("...j->...", g)[..., None] / d  # (..., 1)\n'
+       '    mean_gx = np.einsum("...j,...j->...", g, xhat)[..., None] / d',
+       'mean_g = np.einsum("...j->...", g)[..., None]  # (..., 1)\n'
+       '    mean_gx = np.einsum("...j,...j->...", g, xhat)[..., None]',
+       "check-layer-norm-backward", hint="summing where layer norm's backward takes means")
+mutant("layer_norm_backward", "gamma twice in dgamma (g * xhat summed)",
+       'grads["gamma"] = (dout * xhat).reshape(-1, d).sum(axis=0)',
+       'grads["gamma"] = (dout * gamma * xhat).reshape(-1, d).sum(axis=0)',
+       "check-layer-norm-backward", hint="with gamma twice in dgamma")
 mutant("layer_norm_backward", "the term mean(g) dropped", "dx = g - mean_g", "dx = g.copy()",
        "check-layer-norm-backward")
 mutant("layer_norm_backward", "dout used where g = dout * gamma belongs",

@@ -166,6 +166,19 @@ class LayerNormBackward(_LayerNormCases, Check, id="check-layer-norm-backward",
                                          ).astype(dtype)},
                 "without the factor rstd = 1 / sqrt(var + eps) in front of dx":
                 lambda: {**right, "dx": (g - mean(g) - xhat * mean(g * xhat)).astype(dtype)},
+                "dividing by rstd where the sketch divides by sigma: the cache holds rstd = 1 / "
+                "sigma, so dx = rstd * (g - mean(g) - xhat * mean(g * xhat))":
+                lambda: {**right, "dx": ((g - mean(g) - xhat * mean(g * xhat)) / rstd
+                                         ).astype(dtype)},
+                "summing where layer norm's backward takes means: dx = rstd * (g - mean(g) - "
+                "xhat * mean(g * xhat)), the means over the D features":
+                lambda: {**right, "dx": (rstd * (g - mean(g) * x.shape[-1] - xhat * mean(
+                    g * xhat) * x.shape[-1])).astype(dtype)},
+                **({"with gamma twice in dgamma: dgamma = sum(dout * xhat), dout as it came, "
+                    "not g = dout * gamma": lambda: {**right, "grads": {
+                        **right["grads"], "gamma": (g * xhat).reshape(rows, -1).sum(axis=0
+                                                                               ).astype(dtype)}}}
+                   if gamma is not None else {}),
                 "averaging dgamma and dbeta over the leading axes instead of summing them":
                 lambda: _averaged(right, rows),
                 "summing dgamma and dbeta over the features (the last axis) instead of over "
