@@ -554,6 +554,9 @@ mutant("softmax_backward", "the cached y overwritten (y *= ...): the caller's we
        "    dx *= y\n    return dx\n",
        "    y *= dx\n    return y\n", "check-softmax-backward", "check-attention-backward",
        hint="writes into an array that its forward pass cached")
+mutant("softmax_backward", "sum(dout) where sum(dout * y) belongs",
+       'np.einsum("...j,...j->...", dout, y)', 'np.einsum("...j->...", dout)',
+       "check-softmax-backward", hint="with sum(dout) where sum(dout * y) belongs")
 mutant("softmax_backward", "dout overwritten (out=dout) before the row sum reads it",
        'dx = np.subtract(dout, np.einsum("...j,...j->...", dout, y)[..., None], out=out)\n'
        "    dx *= y",
@@ -584,6 +587,20 @@ mutant("attention_backward", "the softmax backward by a loop over the leading ax
        "dscores = np.stack([softmax_backward(a, b) for a, b in zip(dP.reshape(-1, *dP.shape[-2:]),"
        "\n        c_softmax.reshape(-1, *dP.shape[-2:]))]).reshape(dP.shape)",
        "check-attention-backward", hint="runs a Python loop")
+mutant("attention_backward", "dweights added after the softmax backward",
+       "    if dweights is not None:\n        dP += dweights\n"
+       "    dscores = softmax_backward(dP, c_softmax, out=dP)  # (..., T, S), in place\n",
+       "    dscores = softmax_backward(dP, c_softmax, out=dP)  # (..., T, S), in place\n"
+       "    if dweights is not None:\n        dscores = dscores + dweights\n",
+       "check-attention-backward", hint="adding dweights after the softmax backward")
+mutant("attention_backward", "dq and dk swapped",
+       "    dq = dscores @ k * scale  # (..., T, d_k)\n"
+       "    dk = np.swapaxes(dscores, -1, -2) @ q * scale  # (..., S, d_k)\n",
+       "    dk = dscores @ k * scale\n    dq = np.swapaxes(dscores, -1, -2) @ q * scale\n",
+       "check-attention-backward", hint="with dq and dk swapped")
+mutant("attention_backward", "dS = P * dP, the softmax backward's row sum left out",
+       "dscores = softmax_backward(dP, c_softmax, out=dP)", "dscores = weights * dP",
+       "check-attention-backward", hint="without its row sum")
 mutant("attention_backward", "1 / sqrt(d_k) in place of the cached scale",
        "    weights = c_softmax  # (..., T, S)\n",
        "    weights = c_softmax  # (..., T, S)\n    scale = 1 / math.sqrt(q.shape[-1])\n",

@@ -161,7 +161,9 @@ class SoftmaxBackward(Check, id="check-softmax-backward",
                 "keeping only the diagonal of the Jacobian, dout * y * (1 - y)":
                 lambda: dout * y * (1 - y),
                 "forgetting the factor y outside the bracket, dout - sum(dout * y)":
-                lambda: dout - (dout * y).sum(axis=-1, keepdims=True)}
+                lambda: dout - (dout * y).sum(axis=-1, keepdims=True),
+                "with sum(dout) where sum(dout * y) belongs: dx = y * (dout - sum(dout * y))":
+                lambda: y * (dout - dout.sum(axis=-1, keepdims=True))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +232,18 @@ class AttentionBackward(Check, id="check-attention-backward",
                  "without the scale in dq (dk has it: the scores are q k^T * scale)":
                  lambda: {**right, "dq": right["dq"] / c},
                  "skipping the softmax backward (using dP where dS belongs)":
-                 lambda: {**right, "dq": dP @ k * c, "dk": sw(dP, -1, -2) @ q * c}}
+                 lambda: {**right, "dq": dP @ k * c, "dk": sw(dP, -1, -2) @ q * c},
+                 "with dS = P * dP, the softmax backward without its row sum: dS = P * (dP - "
+                 "sum(dP * P)) (softmax_backward)": lambda: {
+                     **right, "dq": (P * dP) @ k * c, "dk": sw(P * dP, -1, -2) @ q * c}}
+        if dweights is not None:  # dP holds dweights: what the softmax backward of the rest is
+            plain = dP - dweights
+            late = P * (plain - (plain * P).sum(axis=-1, keepdims=True)) + dweights
+            found["adding dweights after the softmax backward: it joins dP = dout v^T, before"] = (
+                lambda: {**right, "dq": late @ k * c, "dk": sw(late, -1, -2) @ q * c})
+        if q.shape[-2] == k.shape[-2]:
+            found["with dq and dk swapped: dq = dS k * scale, dk = dS^T q * scale"] = (
+                lambda: {**right, "dq": sw(dS, -1, -2) @ q * c, "dk": dS @ k * c})
         if scale is not None:
             found["with 1 / sqrt(d_k) in dq and dk instead of the scale the forward used (the "
                   "cache's)"] = lambda: {**right, "dq": right["dq"] / c / math.sqrt(q.shape[-1]),
