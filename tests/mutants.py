@@ -495,6 +495,18 @@ mutant("self_attention_forward", "the queries' heads cut by a loop over the head
        "    d = q.shape[-1] // num_heads\n"
        "    q = np.stack([q[..., i * d:(i + 1) * d] for i in range(num_heads)], 1)\n",
        "check-self-attention-forward", hint="runs a Python loop")
+mutant("self_attention_forward", "W_qkv cut in the order q, v, k",
+       "q, k, v = np.split(qkv, [E, E + kv], axis=-1)",
+       "q, v, k = np.split(qkv, [E, E + kv], axis=-1)",
+       "check-self-attention-forward", hint="with the keys and the values swapped")
+mutant("multi_head_attention_forward", "the keys and the values swapped in the attention",
+       "split_heads(k, num_heads),\n                                     split_heads(v, num_heads)",
+       "split_heads(v, num_heads),\n                                     split_heads(k, num_heads)",
+       "check-mha-forward", hint="with the keys and the values swapped")
+mutant("multi_head_attention_forward", "W_q for the keys (a copy-paste)",
+       'k, c_k = linear_forward(key, params["W_k"], params.get("b_k"))',
+       'k, c_k = linear_forward(key, params["W_q"], params.get("b_q"))',
+       "check-mha-forward", hint="with W_q for the keys too")
 mutant("self_attention_forward", "the mask not passed on to attention",
        "heads, c_att = attention_forward(q, k, v, mask)",
        "heads, c_att = attention_forward(q, k, v)",

@@ -290,7 +290,35 @@ class _LayerForward(Check):
         if all(w.shape[0] == w.shape[1] for k, w in params.items() if k.startswith("W_")):
             found["with every weight transposed (x @ W.T: PyTorch's (out, in) layout, not "
                   "ours)"] = lambda: torch_heads_forward(*inputs, transpose_weights=True)
+        given = dict(zip("qkv", (query, key, value), strict=True))
+        for wrong, (weights, sources) in PROJECTION_MISTAKES.items():
+            found[wrong] = functools.partial(torch_heads_forward, *(given[c] for c in sources),
+                                             _projections(params, weights), num_heads, mask)
         return found
+
+
+#: mistakes of which projection makes q, k and v: what each is -> the weights and the inputs
+#: (of query, key, value) that q, k and v come from
+PROJECTION_MISTAKES = {
+    "with the keys and the values swapped (k = key W_k, v = value W_v; in W_qkv: the queries' "
+    "columns, then the keys', then the values')": ("qvk", "qvk"),
+    "with W_q for the keys too (k = key W_k)": ("qqv", "qkv"),
+    "with the queries and the keys swapped (q = query W_q, k = key W_k; in W_qkv the "
+    "queries' columns come first)": ("kqv", "kqv")}
+
+
+def _projections(params, order: str) -> dict:
+    """``params`` whose q, k and v projections are those named by ``order`` ("qvk": the values'
+    for the keys and the keys' for the values), W_qkv's column blocks or W_q, W_k, W_v (and
+    their biases)."""
+    if "W_qkv" not in params:
+        return {**params, **{f"{kind}_{new}": params[f"{kind}_{old}"]
+                             for new, old in zip("qkv", order, strict=True) for kind in "Wb"
+                             if f"{kind}_{old}" in params}}
+    blocks = {k: dict(zip("qkv", np.split(params[k], 3, axis=-1), strict=True))
+              for k in ("W_qkv", "b_qkv") if k in params}
+    return {**params, **{k: np.concatenate([b[c] for c in order], axis=-1)
+                         for k, b in blocks.items()}}
 
 
 #: The outputs of check-mha-forward that read the cache: the attention weights, and what the
