@@ -863,12 +863,20 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
         if len(mask) >= 2 and len(scores) >= 2 and mask[-1] != scores[-1]:
             if mask[-1] == scores[-2] and mask[-2] in (1, scores[-1]):
                 return _swapped_hint(mask, scores)
+            causes = ["a mask made for another sequence (the source's padding where the "
+                      "target's belongs, or the reverse)"]
+            if notebook >= 12:  # caches
+                causes += ["the whole of a cache where its filled part belongs (K[:, :, "
+                           ":length])", "a mask of the new positions alone", "a length past "
+                           "what the cache holds (is it advanced once a step, not once a "
+                           "layer?)"]
+            if tiles:
+                causes.insert(0, "a full block's mask on a shorter last tile (make it for the "
+                                 "tile's own shape)")
             return (f"the mask {mask} covers {mask[-1]} keys and the scores {scores} have "
                     f"{scores[-1]}: the mask and the keys are made for different lengths -- "
-                    "a full block's mask on a shorter last tile (make it for the tile's own "
-                    "shape), the whole of a cache where its filled part belongs (K[:, :, "
-                    ":length]), a mask of the new positions alone, or a length past what the "
-                    "cache holds (is it advanced once a step, not once a layer?)")
+                    + ", ".join(causes[:-1]) + (", or " if len(causes) > 1 else "")
+                    + causes[-1])
     if "mismatch in its core dimension" in outcome.error and re.search(
             r"\w\.T\b", _code_of(outcome.where or "")):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "
