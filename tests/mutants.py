@@ -1134,6 +1134,10 @@ mutant("transformer_backward", "the output layer's bias always given a gradient"
        '"decoder": g_dec, "out_proj": g_out}',
        '"decoder": g_dec, "out_proj": {**g_out, "b": dlogits.sum(axis=(0, 1))}}',
        "check-transformer-backward")
+mutant("transformer_backward", "the decoder given dlogits, not the output layer's dy",
+       "dy, dmemory, g_dec = decoder_backward(dy, c_dec)",
+       "dy, dmemory, g_dec = decoder_backward(dlogits, c_dec)", "check-transformer-backward",
+       hint="layer_norm_backward raised it, a function of an earlier notebook")
 mutant("transformer_backward", "the memory's gradient divided by the decoder layers' number",
        "encoder_backward(dmemory, c_enc)", "encoder_backward(dmemory / len(c_dec[0]), c_enc)",
        "check-transformer-backward")

@@ -783,6 +783,13 @@ def judge(check: Check, case: Case, outcome: Outcome, want: Any,
         if outcome.error.startswith("NotAPair: "):
             return Verdict(False, f"{label}: {outcome.error.removeprefix('NotAPair: ')}")
         hint = _error_hint(outcome, int(check.notebook[:2]))
+        callee = re.match(r"core/\w+\.py, line \d+, in (\w+):", outcome.where or "")
+        if callee and _taught_before(callee[1], check.notebook):
+            hint = (f"{callee[1]} raised it, a function of an earlier notebook that its own "
+                    "check tests: what reached it from your code (the last line in the list "
+                    "above) is not what it takes -- an array of another shape, or the gradient "
+                    "or the cache of another call" + (f". {hint[0].upper()}{hint[1:]}"
+                                                      if hint else ""))
         if outcome.error.startswith(UNREADABLE):
             return Verdict(False, f"{label}: {outcome.error}\n  Hint: " + (
                 hint or "does it return what its docstring's '->' says, the types of keys and "
@@ -813,6 +820,15 @@ def _loop_verdict(check: Check, label: str, loops: Mapping[str, str]) -> Verdict
         if found != "none":
             return Verdict(False, f"{label}: `{name}`: {found}")
     return Verdict(True)
+
+
+def _taught_before(function: str, notebook: str) -> bool:
+    """Whether the core function ``function`` is taught, and extended, before ``notebook``
+    ("09_verification") only: a check of that notebook does not test it."""
+    from transformer_lab import syllabus
+
+    places = next((f[function] for f in syllabus.TAUGHT_IN.values() if function in f), ())
+    return bool(places) and all(place.split(" §")[0] < notebook for place in places)
 
 
 def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
