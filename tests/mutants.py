@@ -899,6 +899,8 @@ mutant("decoder_layer_forward", "eps not passed to the cross-attention's residua
 mutant("decoder_layer_forward", "eps not passed to the feed-forward's residual sublayer",
        "residual_forward(x, feed, params[\"norm3\"], norm_first, eps)",
        "residual_forward(x, feed, params[\"norm3\"], norm_first)", "check-decoder-layer")
+mutant("encoder_forward", "the final norm's beta read as always there",
+       'params["norm"].get("beta")', 'params["norm"]["beta"]', "check-encoder-stack")
 mutant("encoder_forward", "eps not passed to the layers",
        "norm_first, activation, eps)\n        caches", "norm_first, activation)\n        caches",
        "check-encoder-stack")
@@ -1475,6 +1477,9 @@ mutant("causal_self_attention_backward", "the keys' RoPE backward forgotten",
        hint="without RoPE's backward for the keys")
 mutant("norm_forward", "eps ignored: 1e-5 written in for the layer norm",
        "params.get(\"beta\"), eps)", "params.get(\"beta\"), 1e-5)", "check-gpt-block")
+mutant("gpt_block_forward", "dropout drawn without an rng (train not passed)",
+       "dropout_forward(out, c.dropout, rng, train=rng is not None)",
+       "dropout_forward(out, c.dropout, rng)", "check-gpt-block", hint="rng = None: without an rng a model evaluates")
 mutant("gpt_block_forward", "config.eps not passed to the first norm (1e-5 written in)",
        "params[\"norm1\"], True, c.eps, norm)", "params[\"norm1\"], True, 1e-5, norm)",
        "check-gpt-block")

@@ -970,12 +970,17 @@ ERROR_HINTS = [
      "a pair looked up in a dict that does not hold it: a pair that was never learned has no "
      "rank (test `pair in ranks`, or ranks.get(pair, math.inf))"),
     (r"^ZeroDivisionError",
-     "a division by zero: a count that starts at 0 where it starts at 1 -- Adam's step t is 1 "
-     "at the first update (1 - beta1 ** t is 0 at t = 0) -- or a sum over nothing"),
+     "a division by zero of Python numbers: an edge case whose answer the docstring gives (p = "
+     "1 drops everything: no 1 / (1 - p)), or a count that starts at 0 where it starts at 1 "
+     "(Adam's step t is 1 at the first update: 1 - beta1 ** t is 0 at t = 0)"),
     (r"can't multiply sequence by non-int|unsupported operand type\(s\) .*'str'|'str' object "
      r"has no attribute",
      "a string where an array belongs: looping over a dict gives its keys (loop over "
      ".values() or .items())"),
+    (r"'NoneType' object has no attribute '(random|uniform|normal|standard_normal|"
+     r"integers)'",
+     "a draw from rng = None: without an rng a model evaluates, and dropout is the identity "
+     "(dropout_forward(..., train=rng is not None))"),
     (r"truth value of an array with more than one element is ambiguous",
      "Python's if, and, or, min() and max() take an array as one truth value or number: "
      "elementwise, use np.where, &, |, np.minimum and np.maximum (np.min, np.max to reduce)"),

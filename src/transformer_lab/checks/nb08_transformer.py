@@ -167,6 +167,9 @@ class EncoderStack(_TwinCheck, id="check-encoder-stack",
         later = later_rng(rng)  # the cases below were added later: the ones above stay as drawn
         yield _twin_case(later, "2 layers, post-norm, final norm, eps = 0.1", (2, 3, 4), 6, 2,
                          None, layers=2, eps=0.1)
+        yield _twin_case(later, "2 layers, pre-norm, no biases: norms without beta, the "
+                         "final one too", (2, 3, 4), 6, 2, None, layers=2, norm_first=True,
+                         bias=False)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -204,6 +207,9 @@ class DecoderStack(_TwinCheck, id="check-decoder-stack",
         yield _twin_case(later, "2 layers, post-norm, final norm, causal mask, eps = 0.1",
                          (2, 3, 4), 6, 2, np.triu(np.ones((3, 3), dtype=bool), 1), None, s=2,
                          layers=2, eps=0.1)
+        yield _twin_case(later, "2 layers, pre-norm, no biases: norms without beta, the final "
+                         "one too", (2, 3, 4), 6, 2, np.triu(np.ones((3, 3), dtype=bool), 1),
+                         None, s=2, layers=2, norm_first=True, bias=False)
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):

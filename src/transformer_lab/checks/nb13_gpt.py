@@ -361,6 +361,8 @@ class GPTBlock(_BlockCheck, id="check-gpt-block"):
                    _block_case(later_rng(rng), "classic", eps=0.1))
         yield Case("the exact GELU in the MLP (config.mlp = 'gelu')",
                    _block_case(later_rng(rng), "classic", mlp="gelu"))
+        yield Case("config.dropout = 0.1 and no rng: evaluation, no dropout",
+                   _block_case(later_rng(rng), "classic", dropout=0.1))
 
 
 def _model_case(rng, dt=np.float64, make="classic", **kw):
