@@ -890,6 +890,9 @@ mutant("encoder_layer_forward", "eps not passed to the first residual sublayer",
 mutant("encoder_layer_forward", "eps not passed to the feed-forward's residual sublayer",
        "residual_forward(x, feed, params[\"norm2\"], norm_first, eps)",
        "residual_forward(x, feed, params[\"norm2\"], norm_first)", "check-encoder-layer")
+mutant("decoder_layer_forward", "the cross-attention's keys and values from x, not the memory",
+       "multi_head_attention_forward(h, memory, memory,", "multi_head_attention_forward(h, h, h,",
+       "check-decoder-layer", hint="keys and values from another sequence")
 mutant("decoder_layer_forward", "eps not passed to the self-attention's residual sublayer",
        "residual_forward(x, attend, params[\"norm1\"], norm_first, eps)",
        "residual_forward(x, attend, params[\"norm1\"], norm_first)", "check-decoder-layer")
@@ -1040,6 +1043,8 @@ mutant("init_uniform", "the bound from the shape's last axis (the fan-out), not 
        hint="the fan-out")
 mutant("init_uniform", "bound 1/fan_in instead of 1/sqrt(fan_in)",
        "bound = 1 / math.sqrt(fan_in)", "bound = 1 / fan_in", "check-init")
+mutant("init_xavier", "the bound sqrt(6 / fan_in)", "bound = math.sqrt(6 / (fan_in + fan_out))",
+       "bound = math.sqrt(6 / fan_in)", "check-init", hint="with the bound sqrt(6/fan_in)")
 mutant("init_xavier", "a (fan_out, fan_in) draw, transposed (the generator's order differs)",
        "rng.uniform(-bound, bound, size=(fan_in, fan_out))",
        "rng.uniform(-bound, bound, size=(fan_out, fan_in)).T", "check-init",
@@ -1344,7 +1349,8 @@ mutant(SAMPLE, "a loop over the batch inside the loop over the steps (the text a
 
 mutant("next_token_loss_forward", "the logits not shifted (each position scored against "
        "its own token)", "cross_entropy_forward(logits[:, :-1], ids[:, 1:])",
-       "cross_entropy_forward(logits, ids)", "check-next-token-loss")
+       "cross_entropy_forward(logits, ids)", "check-next-token-loss",
+       hint="or a block of every position where the shifted T - 1 belong")
 mutant("next_token_loss_forward", "the mean over B * T positions, not the B * (T - 1) scored",
        "loss, c_ce = cross_entropy_forward(logits[:, :-1], ids[:, 1:])  # (B, T-1, V) vs (B, T-1)",
        "loss, c_ce = cross_entropy_forward(logits[:, :-1], ids[:, 1:])  # (B, T-1, V) vs (B, T-1)"
@@ -1479,7 +1485,8 @@ mutant("norm_forward", "eps ignored: 1e-5 written in for the layer norm",
        "params.get(\"beta\"), eps)", "params.get(\"beta\"), 1e-5)", "check-gpt-block")
 mutant("gpt_block_forward", "dropout drawn without an rng (train not passed)",
        "dropout_forward(out, c.dropout, rng, train=rng is not None)",
-       "dropout_forward(out, c.dropout, rng)", "check-gpt-block", hint="rng = None: without an rng a model evaluates")
+       "dropout_forward(out, c.dropout, rng)", "check-gpt-block",
+       hint="rng = None: without an rng a model evaluates")
 mutant("gpt_block_forward", "config.eps not passed to the first norm (1e-5 written in)",
        "params[\"norm1\"], True, c.eps, norm)", "params[\"norm1\"], True, 1e-5, norm)",
        "check-gpt-block")

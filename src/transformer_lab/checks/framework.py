@@ -871,7 +871,9 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
                         " (the last block is shorter where a length is not a multiple of the "
                         "block size: compute it for the slice's own length)" if tiles else "") +
                     (", or a cache of Hkv key/value heads given H of them (repeat them after "
-                     "reading the cache)" if heads else ""))
+                     "reading the cache)" if heads else "") +
+                    (", or a block of every position where the shifted T - 1 belong (the loss "
+                     "scores logits[:, :-1] against ids[:, 1:])" if notebook >= 13 else ""))
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:
@@ -881,6 +883,9 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
                 return _swapped_hint(mask, scores)
             causes = ["a mask made for another sequence (the source's padding where the "
                       "target's belongs, or the reverse)"]
+            if notebook >= 7:  # cross-attention
+                causes.insert(0, "keys and values from another sequence (a cross-attention's "
+                                 "come from the memory, its queries from the sequence updated)")
             if notebook >= 12:  # caches
                 causes += ["the whole of a cache where its filled part belongs (K[:, :, "
                            ":length])", "a mask of the new positions alone", "a length past "

@@ -578,6 +578,7 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
         std = 1 / math.sqrt(a) if kind == "uniform" else math.sqrt(2 / (a + b))
         bound = {"right": right, "half": right, "1/fan_in": 1 / a, "std": std, "normal": std,
                  "fan_in": math.sqrt(6 / (2 * a)), "transposed": right,
+                 "6/fan_in": math.sqrt(6 / a),
                  "last axis": 1 / math.sqrt(shape[-1])}[how]  # the fan-out, for init_uniform
         if how == "transposed":  # drawn as (fan_out, fan_in), then turned
             W = rng.uniform(-bound, bound, size=shape[::-1]).T
@@ -603,6 +604,8 @@ class Init(Check, id="check-init", functions=("init_uniform", "init_xavier")):
                   "deviation; a uniform distribution with that variance reaches sqrt(3) times "
                   "further, sqrt(6/(fan_in + fan_out))"] = wrong("std")
             found["with fan_in in place of fan_out (sqrt(6/(2 fan_in)))"] = wrong("fan_in")
+            found["with the bound sqrt(6/fan_in): Xavier's takes both fans, sqrt(6/(fan_in + "
+                  "fan_out))"] = wrong("6/fan_in")
             found["drawing a (fan_out, fan_in) array and transposing it: as likely a W, but the "
                   "check replays the generator, so draw the (fan_in, fan_out) shape itself"] = \
                 wrong("transposed")

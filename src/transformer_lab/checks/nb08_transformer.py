@@ -363,7 +363,9 @@ class TransformerForward(Check, id="check-transformer-forward",
                 "logits (transformer_forward)": _np(logits)}
 
     def mistakes(self, params, src, tgt_in, config, pe, src_pad, tgt_pad):
-        hows = {"without the positions (add the first T rows of the table)": "no positions",
+        hows = {"without the positions (add the first T rows of the table: pe, or "
+                "params['src_pos'] and params['tgt_pos'] where the positions are learned)":
+                "no positions",
                 "without the causal mask in the decoder's self-attention": "no causal mask",
                 "without multiplying the token embeddings by sqrt(E) (config.scale_embeddings)":
                 "no scale" if config["scale_embeddings"] else None,
