@@ -1543,6 +1543,9 @@ mutant("gpt_forward", "learned positions ignored",
 mutant("gpt_forward", "a fixed positional table pe ignored (only learned positions added)",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else pe",
        "positions = params[\"pos\"][\"W\"] if \"pos\" in params else None", "check-gpt-model")
+mutant("gpt_backward", "the layers' gradients appended in the backward's order",
+       "g_layers.insert(0, g)", "g_layers.append(g)", "check-gpt-model",
+       hint="with the layers' gradients in reverse order")
 mutant("gpt_backward", "the output projection's share of the tied table's gradient forgotten",
        "        d_table += g_out[\"W\"]  # tied: the two uses of the table add up\n",
        "        pass\n", "check-gpt-model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -454,6 +455,16 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
             found["without the positions (params['pos'], or the table pe when the model has no "
                   "'pos')"] = lambda: {"logits": self._wrong_logits(
                       flat, ids, config, -positions[:ids.shape[1]])}
+        if c.num_layers > 1:
+            def reversed_layers():  # layer i's gradients under layer L - 1 - i's names
+                right, last = self.expected(flat, ids, config), c.num_layers - 1
+                return {k: right[re.sub(r"^d\.layers\.(\d+)\.",
+                                        lambda m: f"d.layers.{last - int(m[1])}.", k)]
+                        for k in right}
+
+            found["with the layers' gradients in reverse order (the backward pass meets the "
+                  "last layer first: put its gradients at the front, insert(0, g))"] = \
+                reversed_layers
         if "lm_head.W" in flat:
             def tied():  # the embedding table as the output projection
                 return self.expected({k: p for k, p in flat.items() if k != "lm_head.W"}, ids,
