@@ -995,6 +995,9 @@ mutant("feed_forward_forward", "the activation argument not passed on: ReLU alwa
        "check-feed-forward")
 mutant("feed_forward_forward", "the second bias forgotten",
        "params[\"W2\"], params.get(\"b2\"))", "params[\"W2\"])", "check-feed-forward")
+mutant("feed_forward_backward", "the two weights' gradients swapped",
+       'grads = {"W1": g1["W"], "W2": g2["W"]}', 'grads = {"W1": g2["W"], "W2": g1["W"]}',
+       "check-feed-forward", hint="with the two weights' gradients under each other's names")
 mutant("feed_forward_backward", "the activation's backward skipped",
        "dh = activation_backward(da, c_act)", "dh = da", "check-feed-forward")
 mutant("feed_forward_backward", "the biases' gradients swapped",

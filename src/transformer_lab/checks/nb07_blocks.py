@@ -299,8 +299,15 @@ class FeedForward(Check, id="check-feed-forward",
         return {"out": out, "dx": dx, "grads": grads}
 
     def mistakes(self, x, params, dout, activation):
+        def swapped():  # each layer's weight gradient under the other's name
+            right = self.expected(x, params, dout, activation)
+            grads = right["grads"]
+            return {**right, "grads": {**grads, "W1": grads["W2"], "W2": grads["W1"]}}
+
         found = {"with the activation's backward skipped (dh = da: multiply by act'(h))":
-                 lambda: self.expected(x, params, dout, activation, skip_backward=True)}
+                 lambda: self.expected(x, params, dout, activation, skip_backward=True),
+                 "with the two weights' gradients under each other's names (dW1 = x^T dh, of "
+                 "the first layer; dW2 = a^T dout)": swapped}
         if "b2" in params:
             found["without the second bias b2"] = lambda: {"out": self.expected(
                 x, {k: p for k, p in params.items() if k != "b2"}, dout, activation)["out"]}
