@@ -2073,7 +2073,7 @@ mutant("cached_self_attention_step", "attending to the new positions only (the c
 mutant("cached_self_attention_step", "the mask with >= : a new position blind to itself",
        "mask = causal_mask(end)[length:]",
        "mask = np.arange(end)[None, :] >= np.arange(length, end)[:, None]", "check-decoder-step",
-       hint="a position sees itself")
+       hint="a position must see itself")
 mutant("cached_self_attention_step", "the packed projection cut in the order k, v, q",
        "q, k, v = (split_heads", "k, v, q = (split_heads", "check-decoder-step",
        hint="the queries cached as the keys")

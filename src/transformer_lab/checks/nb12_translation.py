@@ -554,7 +554,8 @@ DECODER_MISTAKES = {
     "without the decoder's final layer norm (params['decoder']['norm'], after the last layer)":
     "final norm",
     "with the source's padding not masked in the cross-attention (src_pad)": "source padding",
-    "with causal_mask's >= for >: a position sees itself (key j is blocked where j > i)":
+    "with >= where causal_mask has >: a position must see itself (key j is blocked only where "
+    "j > i)":
     "diagonal",
     **{f"with the {part} cached as the keys: W_qkv's columns are the queries, then the keys, "
        "then the values (q, k, v = np.split(qkv, 3, axis=-1))": part
