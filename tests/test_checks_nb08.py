@@ -279,9 +279,9 @@ def test_sampling_mistakes_fail_in_the_case_that_tests_them():
     assert "first-token frequencies at temperature 0.7" in message
     message = _fails("check-sample-decode", lambda *a: sample_decode(*a, pad=False))
     assert "is greedy decoding (softmax(logits / 1e-6) puts every draw on the likeliest " \
-           "token)': output['row 0: <s>, the tokens, </s>, then <pad>']: 3 of 7 entries " \
-           "differ, the first at [4]: expected 0, got 4" in message
-    assert "expected:\n    [1 4 3 2 0 0 0]\n  got:\n    [1 4 3 2 4 2 4]" in message, message
+           "token)': output['row 0: <s>, the tokens, </s>, then <pad>']: 4 of 7 entries " \
+           "differ, the first at [3]: expected 0, got 6" in message
+    assert "expected:\n    [1 6 2 0 0 0 0]\n  got:\n    [1 6 2 6 6 6 6]" in message, message
     assert "the tokens drawn on after </s>" in message
 
 

@@ -757,7 +757,7 @@ def _sampling_properties(f, model, src, temperature, max_len, seeds=6) -> dict:
 
 def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
     params = _random_params(SAMPLES_CONFIG, rng, scale=0.5)
-    for _ in range(100):  # greedy cases: a model whose rows vary (a few draws, in practice)
+    for _ in range(200):  # greedy cases: a model whose rows vary (tens of draws at most, here)
         if what != "samples" or change or _varied(params, max_len):
             break
         params = _random_params(SAMPLES_CONFIG, rng, scale=0.5)
@@ -775,13 +775,12 @@ def _sampling_case(rng, name, what, temperature, max_len, change=None) -> Case:
 
 def _varied(params, max_len) -> bool:
     """Whether the greedy rows of the model ``params`` show a mistake of position or stopping:
-    real tokens only (no <pad> or <s> drawn), three different ones at least, and a row that
-    ends with </s> before max_len -- a random model may repeat one token in every row."""
+    three different tokens drawn at least, none of them <pad>, and a row that ends with </s>
+    before max_len -- a random model may repeat one token in every row."""
     rows = _twin(SAMPLES_CONFIG, params).greedy_decode(CHECK_SRC, max_len, padded=True)[:, 1:]
     drawn = [row[:list(row).index(2) if 2 in row else len(row)] for row in rows]  # before </s>
     tokens = set(np.concatenate(drawn).tolist())
-    return tokens <= {3, 4, 5, 6} and len(tokens) >= 3 and any(
-        2 in row[:max_len - 1] for row in rows)
+    return len(tokens) >= 3 and 0 not in tokens and any(2 in row[:max_len - 1] for row in rows)
 
 
 class SampleDecode(Check, id="check-sample-decode", arguments=("sample_decode",)):
