@@ -474,6 +474,10 @@ mutant("multi_head_attention_forward", "without the output projection",
        "out, c_o = linear_forward(merge_heads(heads), params[\"W_o\"], params.get(\"b_o\"))",
        "out, c_o = merge_heads(heads), (None, None, None)", "check-mha-forward")
 
+mutant("merge_masks", "the padding mask inverted (~key_padding_mask)",
+       "key_padding_mask = key_padding_mask[:, None, None, :]",
+       "key_padding_mask = ~key_padding_mask[:, None, None, :]", "check-merge-masks",
+       hint="with the padding mask inverted")
 mutant("merge_masks", "the masks combined with & instead of |",
        "return attn_mask | key_padding_mask", "return attn_mask & key_padding_mask",
        "check-merge-masks")
@@ -1462,6 +1466,10 @@ mutant("self_attention_backward", "the kernel's backward ignored",
 mutant("causal_self_attention_forward", "no causal mask",
        "attention_forward(q, k, v, causal_mask(q.shape[2]))", "attention_forward(q, k, v)",
        "check-causal-self-attention")
+mutant("causal_self_attention_forward", "the causal mask transposed (the past blocked)",
+       "attention_forward(q, k, v, causal_mask(q.shape[2]))",
+       "attention_forward(q, k, v, causal_mask(q.shape[2]).T)", "check-causal-self-attention",
+       hint="with the mask the wrong way round")
 mutant("causal_self_attention_forward", "block_size ignored: the naive kernel always",
        "if block_size is None:\n            heads, c_att = attention_forward(",
        "if True:\n            heads, c_att = attention_forward(", "check-gpt-tiled-attention",

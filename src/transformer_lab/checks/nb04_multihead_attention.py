@@ -445,13 +445,16 @@ class MergeMasks(Check, id="check-merge-masks", functions=("merge_masks",)):
         return full.numpy()
 
     def mistakes(self, attn_mask, key_padding_mask, scores_shape):
-        if attn_mask is None or key_padding_mask is None:
+        if key_padding_mask is None:
             return {}
         b, s = key_padding_mask.shape
-        am = np.broadcast_to(attn_mask, scores_shape)
-        found = {"combining the masks with & (blocked only where both block) instead of | "
-                 "(blocked where either blocks)":
-                 lambda: am & key_padding_mask[:, None, None, :]}
+        am = np.broadcast_to(False if attn_mask is None else attn_mask, scores_shape)
+        found = {"with the padding mask inverted (~key_padding_mask): True already marks a "
+                 "padded key, the one to block": lambda: am | ~key_padding_mask[:, None, None, :]}
+        if attn_mask is None:
+            return found
+        found["combining the masks with & (blocked only where both block) instead of | "
+              "(blocked where either blocks)"] = lambda: am & key_padding_mask[:, None, None, :]
         if scores_shape[1] == b:  # (B, 1, S) broadcasts to (B, H, T, S) only when B == H
             found["with the padding mask as (B, 1, S), which lines b up with the heads axis: "
                   "make it (B, 1, 1, S), key_padding_mask[:, None, None, :]"] = (

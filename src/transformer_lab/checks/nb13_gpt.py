@@ -176,7 +176,11 @@ class CausalSelfAttention(Check, id="check-causal-self-attention",
         return {"without the causal mask (every position sees the future): is the mask passed to "
                 "attention_forward in your kernel -- and does your self_attention_forward call the "
                 "kernel it is given (attend), rather than its own attention?":
-                lambda: _attention_expected(x, params, dout, H, H, causal=False)}
+                lambda: _attention_expected(x, params, dout, H, H, causal=False),
+                "with the mask the wrong way round, blocking the past: the causal mask blocks "
+                "key j > query i, np.triu(..., k=1), the future": lambda: _attention_expected(
+                    x, params, dout, H, H, causal=torch.as_tensor(
+                        np.triu(np.ones((x.shape[1],) * 2, dtype=bool))))}
 
 
 @dataclasses.dataclass
