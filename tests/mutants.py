@@ -1220,6 +1220,9 @@ mutant(POS, "all the sines, then all the cosines",
 # ============================================================================================
 # 10_training
 
+mutant("sgd_step", "dampening * g in the buffer, not (1 - dampening) * g",
+       "buf += c(1 - dampening) * g", "buf += c(dampening) * g", "check-sgd-step",
+       hint="with dampening * g where (1 - dampening) * g belongs")
 mutant("sgd_step", "nesterov ignored", "g = g + c(momentum) * buf if nesterov else buf",
        "g = buf", "check-sgd-step")
 mutant("sgd_step", "the first momentum step damped too", "buf = g.copy()",

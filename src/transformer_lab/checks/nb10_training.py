@@ -130,6 +130,9 @@ class SGDStep(Check, id="check-sgd-step", functions=("sgd_step",)):
                   "the first step)"] = (
                 torch_with(grads * damped, dampening=0.0,
                            weight_decay=damped * hyper.get("weight_decay", 0.0)))
+        if hyper.get("momentum"):
+            found["with dampening * g where (1 - dampening) * g belongs in the buffer's update"] = (
+                torch_with(dampening=1 - hyper.get("dampening", 0.0)))
         if hyper.get("nesterov"):
             found["ignoring nesterov (with it the step uses g + momentum * buf, not buf)"] = (
                 torch_with(nesterov=False))
