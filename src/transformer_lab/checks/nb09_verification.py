@@ -285,13 +285,23 @@ class LabelSmoothing(Check, id="check-label-smoothing", arguments=("smoothed_los
 
 
 def sinusoid_table(length: int, d_model: int) -> np.ndarray:
-    """The sinusoidal encodings of positions 0 .. length - 1 (length, d_model), float64: sin
-    at the even features, cos at the odd ones, frequencies 10000^(-2i/d_model)."""
-    p = np.arange(length)[:, None]
-    omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
-    table = np.zeros((length, d_model))
-    table[:, 0::2], table[:, 1::2] = np.sin(p * omega), np.cos(p * omega)[:, :d_model // 2]
-    return table
+    """The sinusoidal encodings of positions 0 .. length - 1 (length, d_model), float64."""
+    return sinusoids(np.arange(length), d_model)
+
+
+def sinusoids(positions, d_model: int, mistake: str = "") -> np.ndarray:
+    """The sinusoidal encodings of integer ``positions`` (...) -> (..., d_model), float64: sin
+    at the even features, cos at the odd ones, frequencies 10000^(-2i/d_model) -- or, with
+    ``mistake``, the exponent "i/d" for 2i/d, or sin and cos "swapped" or in two "halves"."""
+    i = np.arange((d_model + 1) // 2) * (1 if mistake == "i/d" else 2)
+    angles = np.asarray(positions)[..., None] * 10000.0 ** (-i / d_model)
+    sin, cos = np.sin(angles), np.cos(angles)
+    if mistake == "halves":
+        return np.concatenate([sin, cos], axis=-1)[..., :d_model]
+    out = np.empty(angles.shape[:-1] + (d_model,))
+    even, odd = (cos, sin) if mistake == "swapped" else (sin, cos)
+    out[..., 0::2], out[..., 1::2] = even, odd[..., :d_model // 2]
+    return out
 
 
 ### BEGIN HIDDEN TESTS
@@ -335,17 +345,9 @@ class PaddedPositions(Check, id="check-padded-positions",
         positions = np.cumsum(real, axis=1) - (mistake != "from 1")
         if mistake == "column":
             positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        i = np.arange((d_model + 1) // 2) * (1 if mistake == "i/d" else 2)
         if mistake == "clipped":
             positions = np.maximum(positions, 0)
-        angles = positions[..., None] * 10000.0 ** (-i / d_model)
-        sin, cos = np.sin(angles), np.cos(angles)
-        if mistake == "halves":
-            out = np.concatenate([sin, cos], axis=-1)[..., :d_model]
-        else:
-            out = np.empty(ids.shape + (d_model,))
-            even, odd = (cos, sin) if mistake == "swapped" else (sin, cos)
-            out[..., 0::2], out[..., 1::2] = even, odd[..., :d_model // 2]
+        out = sinusoids(positions, d_model, mistake)
         if mistake not in ("not zeroed", "clipped"):
             out[~real] = 0
         return out

@@ -450,6 +450,7 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
             return {"without dropout while training (the generator not used, or not passed on "
                     "to the blocks)": lambda: self.expected(flat, ids, config)}
         c, table = _config(config), flat["embed.W"]
+        right = functools.cache(lambda: self.expected(flat, ids, config))  # two hints' base
         found = {"with the embeddings scaled by sqrt(E), as the 2017 Transformer does (notebook "
                  "08): a GPT adds them to the positions unscaled": lambda: {
                      "logits": self._wrong_logits(flat, ids, config,
@@ -461,10 +462,10 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
                       flat, ids, config, -positions[:ids.shape[1]])}
         if c.num_layers > 1:
             def reversed_layers():  # layer i's gradients under layer L - 1 - i's names
-                right, last = self.expected(flat, ids, config), c.num_layers - 1
-                return {k: right[re.sub(r"^d\.layers\.(\d+)\.",
-                                        lambda m: f"d.layers.{last - int(m[1])}.", k)]
-                        for k in right}
+                last = c.num_layers - 1
+                return {k: right()[re.sub(r"^d\.layers\.(\d+)\.",
+                                          lambda m: f"d.layers.{last - int(m[1])}.", k)]
+                        for k in right()}
 
             found["with the layers' gradients in reverse order (the backward pass meets the "
                   "last layer first: put its gradients at the front, insert(0, g))"] = \
@@ -480,8 +481,8 @@ class GPTModel(Check, id="check-gpt-model", functions=("gpt_forward", "gpt_backw
 
         @functools.cache
         def apart():  # the right answer, and the table's two uses apart: an untied copy's
-            return self.expected(flat, ids, config), self.expected(
-                {**flat, "lm_head.W": flat["embed.W"]}, ids, {**config, "tie_embeddings": False})
+            return right(), self.expected({**flat, "lm_head.W": flat["embed.W"]}, ids,
+                                          {**config, "tie_embeddings": False})
 
         def one_use(key):  # the table's gradient from one of its uses only
             return lambda: {**apart()[0], "d.embed.W": apart()[1][key]}
