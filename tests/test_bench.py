@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from transformer_lab.course import bench
+from transformer_lab.tools import round_robin_times
 
 
 def test_paired_rounds_alternate_the_order_and_skip_the_warmup():
@@ -79,8 +80,8 @@ def test_bench_reports_progress_on_stderr_and_uses_one_thread_by_default():
 
 def test_round_robin_rounds_reverse_the_order_and_skip_the_warmup():
     calls = []
-    times = bench.round_robin_times({k: (lambda k=k: calls.append(k)) for k in "abc"},
-                                    repeats=2, warmup=1)
+    times = round_robin_times({k: (lambda k=k: calls.append(k)) for k in "abc"},
+                              repeats=2, warmup=1)
     assert "".join(calls) == "abccbaabc"
     assert sorted(times) == ["a", "b", "c"] and all(len(t) == 2 for t in times.values())
 

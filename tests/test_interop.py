@@ -971,13 +971,13 @@ def test_bench_quick_prints_a_table_with_ratios():
     assert "(1 BLAS threads), torch" in res.stdout and "(1 threads)" in res.stdout
 
 
-def test_median_times_alternates_and_skips_the_warmup():
+def test_median_times_alternate_the_order_and_skip_the_warmup():
     from transformer_lab.tools import median_times
 
     calls = []
     times = median_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                          repeats=3, warmup=2)
-    assert calls == ["a", "b"] * 5  # alternately, warm-up rounds included
+    assert calls == ["a", "b", "b", "a"] * 2 + ["a", "b"]  # warm-up rounds included
     assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         median_times({"a": lambda: None}, repeats=0, warmup=0)

@@ -29,24 +29,34 @@ def best_time(fn: Callable[[], object], repeats: int = 5, number: int = 1) -> fl
     return best
 
 
-def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
-                 ) -> dict[str, float]:
-    """name -> median seconds of one call of ``steps[name]`` (a function of no arguments, one
-    step of the work to time), over ``repeats`` >= 1 rounds after ``warmup`` >= 0 untimed ones.
+def round_robin_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int,
+                      clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """name -> seconds of each call of ``steps[name]`` (a function of no arguments, one step of
+    the work to time), in ``repeats`` >= 1 rounds after ``warmup`` >= 0 untimed ones.
 
-    Each round calls every function once, in order, so that a busy moment of the machine hits
-    all of them alike.
+    A round calls every function once, in the given order on even rounds and in the reverse
+    order on odd ones, so that a busy moment of the machine hits all of them alike and none
+    always runs second, on caches another warmed. ``clock`` reads the time: wall-clock by
+    default; ``time.process_time`` counts only this process's CPU time.
     """
     repeats = v.integer(repeats, "repeats", minimum=1)
     warmup = v.integer(warmup, "warmup", minimum=0)
     times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps.items())
     for i in range(warmup + repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
+        for name, step in (order if i % 2 == 0 else order[::-1]):
+            t0 = clock()
             step()
             if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+                times[name].append(clock() - t0)
+    return times
+
+
+def median_times(steps: Mapping[str, Callable[[], object]], repeats: int, warmup: int
+                 ) -> dict[str, float]:
+    """name -> the median of :func:`round_robin_times`' seconds of ``steps[name]``."""
+    return {name: statistics.median(ts)
+            for name, ts in round_robin_times(steps, repeats, warmup).items()}
 
 
 def agree(name: str, ours, reference, tol: float, width: int = 50) -> float:

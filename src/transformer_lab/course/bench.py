@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from transformer_lab import _validate as v
 from transformer_lab.datasets.corpus import VOCAB
 from transformer_lab.gradient_check import rel_error
+from transformer_lab.tools import round_robin_times
 
 MODULES = ("encoder_layer", "transformer")
 NAMES = {"encoder_layer": "TransformerEncoderLayer", "transformer": "Transformer"}
@@ -37,11 +37,10 @@ PARITY_TOL = 1e-10
 def paired_times(a: Callable[[], object], b: Callable[[], object], repeats: int, warmup: int,
                  clock: Callable[[], float] = time.perf_counter
                  ) -> tuple[list[float], list[float]]:
-    """(times of ``a``, times of ``b``), one entry per timed round (:func:`round_robin_times`):
-    ``b[i] / a[i]`` is round i's ratio. The order alternates (a b, b a, ...) so that neither
-    always runs second, on caches the other warmed or in the other's slowdown. ``clock`` reads
-    the time: wall-clock by default; ``time.process_time`` counts only the CPU time this process
-    got, which other processes' load barely changes (one thread)."""
+    """(times of ``a``, times of ``b``), one entry per timed round of
+    :func:`~transformer_lab.tools.round_robin_times` (a b, b a, ...): ``b[i] / a[i]`` is round
+    i's ratio. ``clock`` reads the time: wall-clock by default; ``time.process_time`` counts only
+    the CPU time this process got, which other processes' load barely changes (one thread)."""
     times = round_robin_times({"a": a, "b": b}, repeats, warmup, clock)
     return times["a"], times["b"]
 
@@ -97,24 +96,6 @@ def _inputs(kind: str, b: int, t: int, e: int, rng):
     y = rng.standard_normal((b, t, e)).astype(np.float32)
     return [x, y], {"tgt_mask": causal_mask(t), "src_key_padding_mask": kpm,
                     "tgt_key_padding_mask": kpm, "memory_key_padding_mask": kpm}
-
-
-def round_robin_times(steps: dict[str, Callable[[], object]], repeats: int, warmup: int,
-                      clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds of every step in each of ``repeats`` rounds, after ``warmup`` rounds: a round
-    calls each once, in the given order on even rounds and in the reverse order on odd ones
-    (:func:`paired_times` for more than two)."""
-    repeats = v.integer(repeats, "repeats", minimum=1)
-    warmup = v.integer(warmup, "warmup", minimum=0)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    order = list(steps.items())
-    for i in range(warmup + repeats):
-        for name, step in (order if i % 2 == 0 else order[::-1]):
-            t0 = clock()
-            step()
-            if i >= warmup:
-                times[name].append(clock() - t0)
-    return times
 
 
 def check_twin(out, twin_out, grads, twin_grads, tol: float = PARITY_TOL) -> float:

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from transformer_lab import device
-from transformer_lab.course.bench import round_robin_times
 from transformer_lab.datasets.corpus import VOCAB
 from transformer_lab.gradient_check import rel_error
 from transformer_lab.models.gpt import GPT, GPTConfig
+from transformer_lab.tools import round_robin_times
 
 PARITY_TOL = 1e-5
 TIMING_TARGET = 2.5
