@@ -303,12 +303,12 @@ def test_attention_maps_per_layer_and_head():
     (SRC[0], TGT, ValueError, r"src must have 2 dimensions \(batch, length\)"),
     (SRC, TGT[:, :1], ValueError, "tgt must have at least 2 columns"),
     (SRC, np.array([[BOS, PAD]] * 3), ValueError, "tgt has no token to predict"),
-    ("hello", TGT, TypeError, "src must be a NumPy array of token ids"),
-    ([[3, 4, 5], [4, 3]], TGT, ValueError, r"src must be a rectangular \(batch, length\) "
-                                           r"array of token ids; got a list of sequences of "
-                                           r"different lengths"),
+    ("hello", TGT, TypeError, "src must be an array of integer token ids, got dtype <U5"),
+    ([[3, 4, 5], [4, 3]], TGT, ValueError, r"src must be a rectangular array of token ids "
+                                           r"\(rows of one length\), got rows of different "
+                                           r"lengths \(pad them"),
     (SRC, [[BOS, 3, EOS], [BOS, 5, 3, EOS]], ValueError, "tgt must be a rectangular"),
-    (SRC[:, :0], TGT, ValueError, r"src must hold at least one sequence of at least one "
+    (SRC[:, :0], TGT, ValueError, r"src must hold at least one sequence of at least 1 "
                                   r"token, got shape \(3, 0\)"),
 ])
 def test_loss_rejects_bad_input_naming_the_argument(src, tgt, error, message):

@@ -85,7 +85,8 @@ def token_ids(ids, name: str, vocab_size: int) -> np.ndarray:
         ids = np.asarray(device.to_host(ids))
     except ValueError:  # NumPy's "inhomogeneous shape"
         raise ValueError(f"{name} must be a rectangular array of token ids (rows of one "
-                         f"length), got rows of different lengths") from None
+                         f"length), got rows of different lengths (pad them to one length "
+                         f"first, e.g. with transformer_lab.datasets.tasks.pad)") from None
     if ids.size == 0 and ids.dtype == np.float64:  # [] or [[]]: no ids, no dtype
         ids = ids.astype(np.int64)
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):

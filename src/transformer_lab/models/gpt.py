@@ -26,6 +26,7 @@ from transformer_lab.core import layers as core_layers
 from transformer_lab.core import next_token as core_next_token
 from transformer_lab.core import rope as core_rope
 from transformer_lab.core import sampling as core_sampling
+from transformer_lab.models import inputs
 from transformer_lab.models.config import (
     GPTConfig,
     kv_cache_bytes,
@@ -60,25 +61,9 @@ def _init_params(c: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     return params
 
 
-# --------------------------------------------------------------------------------------------
-# Input checks
-
-
 def check_ids(ids, name: str, config: GPTConfig, *, min_len: int = 1) -> np.ndarray:
     """``ids`` as a (B, T) integer array of token ids with ``min_len <= T <= max_len``."""
-    ids = v.token_ids(ids, name, config.vocab_size)
-    if ids.ndim != 2:
-        raise ValueError(f"{name} must be a (batch, time) array of token ids, got shape "
-                         f"{ids.shape}")
-    if ids.shape[0] < 1:
-        raise ValueError(f"{name} must hold at least one sequence, got shape {ids.shape}")
-    if ids.shape[1] < min_len:
-        raise ValueError(f"{name} must have at least {min_len} position"
-                         f"{'s' * (min_len != 1)}, got shape {ids.shape}")
-    if ids.shape[1] > config.max_len:
-        raise ValueError(f"{name} has {ids.shape[1]} positions but the model reads at most "
-                         f"max_len={config.max_len} (GPTConfig.max_len)")
-    return ids
+    return inputs.check_ids(ids, name, config.vocab_size, config.max_len, min_len, "GPTConfig")
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,38 +38,29 @@ def length_limit(config: TransformerConfig) -> int | None:
     return None if config.positional == "none" else config.max_len
 
 
-def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None) -> np.ndarray:
+def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, min_len: int = 1,
+              config: str = "TransformerConfig") -> np.ndarray:
     """A batch of token ids, or a clear error naming ``name``.
 
     Args:
-        ids: (B, T) integer token ids: a NumPy array or a rectangular list of lists.
+        ids: (B, T) integer token ids: a NumPy (or CuPy) array or a rectangular list of lists.
         name: the argument's name, for the messages.
         vocab_size: every id must be in [0, vocab_size).
-        max_len: the longest T allowed (None: any).
+        max_len: the longest T allowed (None: any); min_len: the shortest.
+        config: the class whose ``max_len`` limits T, for the message.
 
     Returns:
-        ids: (B, T) integer NumPy array (on the host), B >= 1, T >= 1.
+        ids: (B, T) integer NumPy array (on the host), B >= 1, T >= min_len.
     """
-    ids = device.to_host(ids)
-    if isinstance(ids, (list, tuple)):
-        try:
-            ids = np.asarray(ids)
-        except ValueError:  # NumPy: "setting an array element with a sequence ..."
-            raise ValueError(f"{name} must be a rectangular (batch, length) array of token ids; "
-                             f"got a list of sequences of different lengths (pad them to one "
-                             f"length first, e.g. with transformer_lab.datasets.tasks.pad)"
-                             ) from None
-    if not isinstance(ids, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array of token ids, got {type(ids).__name__}")
+    ids = v.token_ids(ids, name, vocab_size)
     if ids.ndim != 2:
         raise ValueError(f"{name} must have 2 dimensions (batch, length), got shape {ids.shape}")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one sequence of at least one token, "
-                         f"got shape {ids.shape}")
-    ids = v.token_ids(ids, name, vocab_size)
+    if ids.shape[0] == 0 or ids.shape[1] < min_len:
+        raise ValueError(f"{name} must hold at least one sequence of at least {min_len} "
+                         f"token{'s' * (min_len != 1)}, got shape {ids.shape}")
     if max_len is not None and ids.shape[1] > max_len:
         raise ValueError(f"{name} has {ids.shape[1]} positions but the positional encoding "
-                         f"covers max_len={max_len} (TransformerConfig.max_len)")
+                         f"covers max_len={max_len} ({config}.max_len)")
     return ids
 
 
