@@ -565,20 +565,27 @@ def test_what_the_check_cannot_read_is_not_blamed_on_the_student_s_code(monkeypa
     assert "could not read what your function returned" in msg and "your code raised" not in msg
 
 
-def test_a_core_module_that_does_not_parse_is_named_in_one_line(tmp_path):
+@pytest.mark.parametrize("loaded", [False, True])
+def test_a_core_module_that_does_not_parse_is_named_in_one_line(tmp_path, loaded):
     """An indentation slip in core/layers.py, then notebook 00's check-relu: a traceback through
-    notebook 04's checks, PyTorch's interop and core/attention.py ended in the slip."""
+    notebook 04's checks, PyTorch's interop and core/attention.py ended in the slip. Made after
+    the module was loaded (``loaded``), as autoreload leaves it, the check passed the version
+    from before the edit."""
     shutil.copytree(ROOT / "src" / "transformer_lab", tmp_path / "transformer_lab",
                     ignore=shutil.ignore_patterns("__pycache__"))
     # a handout's package: its tables of the core were read from the solution when it was built
     (tmp_path / "transformer_lab" / "_built.py").write_text(
         f"CALLS = {syllabus.CALLS!r}\nTAUGHT_IN = {syllabus.TAUGHT_IN!r}\n")
     layers = tmp_path / "transformer_lab" / "core" / "layers.py"
-    layers.write_text(layers.read_text().replace("def relu_forward(x):\n",
-                                                 "def relu_forward(x):\n  y = 1\n    z = 2\n", 1))
-    done = subprocess.run([sys.executable, "-c", "from transformer_lab.checks import check\n"
+    slip = layers.read_text().replace("def relu_forward(x):\n",
+                                      "def relu_forward(x):\n  y = 1\n    z = 2\n", 1)
+    first = "check('check-relu')\n" if loaded else ""
+    done = subprocess.run([sys.executable, "-c", "import pathlib\n"
+                           "from transformer_lab.checks import check\n"
+                           f"{first}pathlib.Path({str(layers)!r}).write_text({slip!r})\n"
                            "check('check-relu')"], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=300)
+    assert done.stdout.startswith("check-relu passed (") == loaded
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("transformer_lab.checks.framework.CheckFailed: check-relu did not "
                            f"run: {layers}, line ") and "does not parse (IndentationError" in last

@@ -1665,6 +1665,7 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
     try:  # the checks, then the core modules they test (imported when first used)
         chk = get_check(check_id)
         f = functions_for(chk, functions, named)
+        _compile_core(chk.functions)
     except SyntaxError as e:  # a core module of the student's that does not parse
         raise CheckFailed(f"{check_id} did not run: {e.filename}, line {e.lineno}, does not "
                           f"parse ({type(e).__name__}: {e.msg}); fix it, save, and run the "
@@ -1688,6 +1689,16 @@ def check(check_id: str, *functions: Callable, **named: Callable) -> None:
                           f"written yet -- {err}") from None
     public = len(list(chk.cases(case_rng(chk.id))))  # the handout stores their answers only
     print(f"{check_id} passed ({public} case{'s' * (public != 1)}).{_torch_note(chk)}{note}")
+
+
+def _compile_core(functions: Iterable[str]) -> None:
+    """Compile, as saved now, the core modules of ``functions`` and of the core functions they
+    call: a SyntaxError where one does not. Autoreload keeps a module whose edit does not parse
+    as it was, so the check would otherwise pass or fail the version from before the edit."""
+    names = [*functions, *syllabus.dependencies(functions)]
+    for module in sorted({syllabus.where_taught(name)[0] for name in names}):
+        path = Path(importlib.import_module(f"transformer_lab.core.{module}").__file__)
+        compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
 
 
 #: What the grader runs of a notebook, which a notebook function must not count on more of.
