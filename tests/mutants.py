@@ -2049,6 +2049,14 @@ mutant("beam_step", "the parent of a flat index taken as index // K",
 mutant("beam_step", "the lengths not gathered by parent",
        "lengths = np.take_along_axis(new_lengths, parents, axis=1)", "lengths = new_lengths",
        "check-beam-step", "check-beam-search")
+mutant("beam_step", "every token continues a finished hypothesis at its score",
+       "np.where(finished[..., None], -np.inf, scores[..., None] + logp)",
+       "np.where(finished[..., None], scores[..., None], scores[..., None] + logp)",
+       "check-beam-step", hint="every token continuing a finished hypothesis at its score")
+mutant("beam_step", "the finished flags not gathered by parent",
+       "finished = np.take_along_axis(finished, parents, axis=1) | (tokens == eos_id)",
+       "finished = finished | (tokens == eos_id)", "check-beam-step",
+       hint="finished flags not gathered by parent")
 mutant("beam_step", "a finished hypothesis grows in length",
        "new_lengths = lengths + ~finished", "new_lengths = lengths + 1",
        "check-beam-step", "check-beam-search")
@@ -2065,6 +2073,13 @@ mutant("beam_search", "rows left the identity: the model's cache never reordered
 mutant("beam_search", "rows not offset by the source (b * K forgotten)",
        "rows = (parents + K * np.arange(B)[:, None]).reshape(-1)", "rows = parents.reshape(-1)",
        "check-beam-search")
+mutant("beam_search", "step given the last tokens only, not the whole prefixes",
+       "step(seqs.reshape(B * K, -1), rows)", "step(seqs.reshape(B * K, -1)[:, -1:], rows)",
+       "check-beam-search", hint="passing step the last tokens only")
+mutant("beam_search", "the model's log-probabilities read as (K, B, V)",
+       "step(seqs.reshape(B * K, -1), rows).reshape(B, K, -1)",
+       "step(seqs.reshape(B * K, -1), rows).reshape(K, B, -1).transpose(1, 0, 2)",
+       "check-beam-search", hint="logp read as (K, B, V)")
 mutant("memory_keys_values", "the value bias left out", 'params["W_v"], params.get("b_v"))',
        'params["W_v"], None)', "check-decoder-step", hint="without the bias b_v")
 mutant("memory_keys_values", "keys and values both from W_k",

@@ -140,12 +140,14 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
     """The definition, with lists: every candidate (k, t), in the order k * V + t, ranked by
     score / lp(length), K kept. The mistakes: another ``lp`` (in the ranking; ``penalty``: in
     length_penalty itself, so in the search's final scores too); a finished hypothesis ``done``
-    "extended" by every token, "growing" in length, "dropped", or continued by padding but
-    "unflagged" (not finished); another ``pick``: the "first" K candidates unranked, the
+    "extended" by every token, "copied" (every token at no cost), "growing" in length,
+    "dropped", or continued by padding but "unflagged" (not finished); another ``pick``: the
+    "first" K candidates unranked, the
     "worst" K, the parent and token of index k * V + t "swapped" (index % K, index // K) or
     its parent as "parent // K", or
-    the lengths "ungathered" (hypothesis j's own, not its parent's), ties "reversed" (the last
-    first); or ranked by the penalty of the ``old_length``, before this step's token."""
+    the lengths "ungathered" (hypothesis j's own, not its parent's) or the finished flags
+    ("unflagged"), ties "reversed" (the last first); or ranked by the penalty of the
+    ``old_length``, before this step's token."""
     B, K, V = logp.shape
     lp = penalty or lp
     out = [np.zeros((B, K), dtype) for dtype in (np.int64, np.int64, float, np.int64, bool)]
@@ -158,6 +160,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
                 cands.append((s + logp[b, k, t], n + 1, k, t, t == eos))
             elif done == "extended":  # padding still free
                 cands.append((s + (0 if t == pad else logp[b, k, t]), n, k, t, True))
+            elif done == "copied":  # every token free
+                cands.append((s, n, k, t, True))
             elif done in ("frozen", "growing", "unflagged") and t == pad:
                 cands.append((s, grown[k], k, pad, done != "unflagged"))
             else:  # a finished hypothesis's other tokens (all of them, dropped): blocked
@@ -173,6 +177,8 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
                 n, fin = grown[k], finished[b, k] or t == eos
             elif pick == "ungathered":
                 n = grown[j]
+            elif pick == "unflagged":
+                fin = bool(finished[b, j]) or t == eos
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
     return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
 
@@ -193,6 +199,9 @@ STEP_MISTAKES = {
     "with /)": {"penalty": lambda n, alpha: ((5 + n) // 6) ** alpha},
     "with finished hypotheses extended by real tokens (a finished hypothesis has one "
     "continuation: padding, at no cost)": {"done": "extended"},
+    "with every token continuing a finished hypothesis at its score (np.where(finished, "
+    "scores, ...) over all V): only padding may; the others are -inf, or the beam fills with "
+    "copies of the finished one": {"done": "copied"},
     "with finished hypotheses growing in length (a finished hypothesis keeps its length)":
     {"done": "growing"},
     "with finished hypotheses dropped (a finished hypothesis stays in the beam, its score "
@@ -211,6 +220,9 @@ STEP_MISTAKES = {
     "whatever K is)": {"pick": "parent // K"},
     "with the lengths not gathered by parent (a new hypothesis has its parent's length, "
     "take_along_axis(..., parents, axis=1))": {"pick": "ungathered"},
+    "with the finished flags not gathered by parent (a new hypothesis is finished if its "
+    "parent was, take_along_axis(finished, parents, axis=1), or if its token is EOS)":
+    {"pick": "unflagged"},
 }
 ### END HIDDEN TESTS
 
@@ -292,9 +304,17 @@ def _search_case(rng, B, K, V, max_len, alpha, eos_bonus=0.5):
     return (_log_softmax(logits), K, max_len, alpha)
 
 
+def _read(table, source, before, last, t):
+    """log p(next | the token before the last, the last) of a prefix of ``t`` tokens: the
+    table's row, read at ``before`` for an odd ``t`` and at ``V - 1 - before`` for an even one
+    (so the model reads the prefix's length too)."""
+    return table[source, before if t % 2 else table.shape[1] - 1 - before, last]
+
+
 def _table_step(table, K):
     """The step of a model of order two that keeps the previous prefix as its "cache" and
-    reorders it by ``rows`` (so a wrong ``rows`` gives wrong log-probabilities)."""
+    reorders it by ``rows`` (so a wrong ``rows`` gives wrong log-probabilities), and that reads
+    the length of the prefix it is given (so does a prefix cut short)."""
     state = {"prev": None}
 
     def step(prefix, rows):
@@ -303,13 +323,13 @@ def _table_step(table, K):
             else state["prev"][np.asarray(rows)][:, -1]
         state["prev"] = prefix.copy()
         source = np.arange(prefix.shape[0]) // K
-        return table[source, before, prefix[:, -1]]
+        return _read(table, source, before, prefix[:, -1], prefix.shape[-1])
     return step
 
 
 ### BEGIN HIDDEN TESTS
 def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
-            normalise=True, reorder=True, **step):
+            normalise=True, reorder=True, whole=True, layout="BK", **step):
     """The search by its definition, step by step with :func:`_reference_step`, as
     ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
     or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
@@ -322,8 +342,10 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
     before, rows = [BOS] * (B * K), range(B * K)
     for _ in range(max_len):
         prefix = [p for hs in seqs for p in hs]
-        logp = np.stack([table[i // K, before[r], p[-1]] for i, (p, r) in enumerate(zip(
-            prefix, rows, strict=True))]).reshape(B, K, -1)
+        logp = np.stack([_read(table, i // K, before[r], p[-1], len(p) if whole else 1)
+                         for i, (p, r) in enumerate(zip(prefix, rows, strict=True))])
+        logp = logp.reshape(B, K, -1) if layout == "BK" else \
+            logp.reshape(K, B, -1).transpose(1, 0, 2)
         out = _reference_step(scores, lengths, finished, logp, alpha, EOS, PAD, **step)
         parents, tokens = out["parents"], out["tokens"]
         scores, lengths, finished = out["scores"], out["lengths"], out["finished"]
@@ -351,6 +373,10 @@ SEARCH_MISTAKES = {
     "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":
     {"copies": True},
     "never stopping early (stop when every hypothesis is finished)": {"stop": False},
+    "with logp read as (K, B, V): row b * K + k is hypothesis k of source b, so (B * K, V) "
+    "reshapes to (B, K, V)": {"layout": "KB"},
+    "passing step the last tokens only (prefix[:, -1:]): it takes the whole prefixes, (B * K, "
+    "t), and a model with a cache still reads their length (the next position)": {"whole": False},
 }
 ### END HIDDEN TESTS
 
