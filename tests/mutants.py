@@ -1575,6 +1575,14 @@ mutant("kv_cache_append", "each piece written one slot late (at length + 1)",
        "    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
        "    K[:, :, length + 1:end + 1] = k\n    V[:, :, length + 1:end + 1] = v\n",
        "check-kv-cache-append", hint="one slot late")
+mutant("kv_cache_append", "the keys written into V and the values into K",
+       "    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
+       "    K[:, :, length:end] = v\n    V[:, :, length:end] = k\n",
+       "check-kv-cache-append", hint="the keys and the values swapped")
+mutant("kv_cache_append", "the new positions written along the heads' axis",
+       "    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
+       "    K[:, length:end] = k\n    V[:, length:end] = v\n",
+       "check-kv-cache-append", hint="does the slice cut the axis it means to")
 mutant("kv_cache_append", "the whole cache returned, unfilled positions included",
        "return K[:, :, :end], V[:, :, :end], end", "return K, V, end", "check-kv-cache-append")
 mutant("causal_self_attention_step", "the step not extended for RoPE: the new queries and keys "

@@ -874,6 +874,11 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
                      "reading the cache)" if heads else "") +
                     (", or a block of every position where the shifted T - 1 belong (the loss "
                      "scores logits[:, :-1] against ids[:, 1:])" if notebook >= 13 else ""))
+        if len(block) == len(room):
+            axes = [i for i, (b, r) in enumerate(zip(block, room, strict=True)) if b != r]
+            return (f"a block {block} written into a slice {room}: they differ along axis "
+                    f"{axes[0]} -- does the slice cut the axis it means to? a[:, :, i:j] cuts "
+                    "axis 2, a[:, i:j] axis 1, and an axis a slice leaves whole stays whole")
     where = re.search(r"where mask from shape \(([\d,]*)\) into shape \(([\d,]*)\)",
                       outcome.error)
     if where:

@@ -321,32 +321,42 @@ class KVCacheAppend(Check, id="check-kv-cache-append", functions=("kv_cache_appe
         K, V = np.zeros(shape, dt), np.zeros(shape, dt)
         length, lengths = 0, []
         for piece in pieces:
-            keys, values, length = f.kv_cache_append(K, V, length, piece, -piece)
+            keys, values, length = f.kv_cache_append(K, V, length, piece, _values(piece))
             lengths.append(length)
         return {"keys": np.array(keys), "values": np.array(values),
                 "lengths": np.asarray(lengths, dtype=np.int64), "K": K, "V": V,
                 "the returned keys are a view of the cache": bool(np.shares_memory(keys, K))}
 
-    def expected(self, shape, pieces, at_zero=False, late=0):
+    def expected(self, shape, pieces, at_zero=False, late=0, swapped=False):
         """The cache after the pieces (mistakes: ``at_zero``, each written at position 0;
-        ``late``, each written that many slots after the first free one)."""
-        K, length = np.zeros(shape, pieces[0].dtype), 0
+        ``late``, each written that many slots after the first free one; ``swapped``, the keys
+        written into V and the values into K)."""
+        K, V, length = np.zeros(shape, pieces[0].dtype), np.zeros(shape, pieces[0].dtype), 0
         for p in pieces:
             start = 0 if at_zero else length + late
-            K[:, :, start:start + p.shape[2]] = p
+            K[:, :, start:start + p.shape[2]], V[:, :, start:start + p.shape[2]] = \
+                (_values(p), p) if swapped else (p, _values(p))
             length += p.shape[2]
-        return {"keys": K[:, :, :length].copy(), "values": -K[:, :, :length],
+        return {"keys": K[:, :, :length].copy(), "values": V[:, :, :length].copy(),
                 "lengths": np.cumsum([p.shape[2] for p in pieces]).astype(np.int64),
-                "K": K, "V": -K, "the returned keys are a view of the cache": True}
+                "K": K, "V": V, "the returned keys are a view of the cache": True}
 
     def mistakes(self, shape, pieces):
         found = {"writing every piece at position 0 (the length tells where the free slots "
-                 "start)": lambda: self.expected(shape, pieces, at_zero=True)}
+                 "start)": lambda: self.expected(shape, pieces, at_zero=True),
+                 "with the keys and the values swapped (k_new goes into K, v_new into V)":
+                 lambda: self.expected(shape, pieces, swapped=True)}
         if sum(p.shape[2] for p in pieces) < shape[2]:  # room for the shift
             found["writing each piece one slot late, at length + 1 (positions count from 0: "
                   "the first free slot is length itself)"] = lambda: self.expected(
                 shape, pieces, late=1)
         return found
+
+
+def _values(keys):
+    """The values written with ``keys`` in check-kv-cache-append: positive, and no multiple of
+    the keys (so that keys and values swapped are told from a sign error)."""
+    return 1 + keys * keys
 
 
 def _post_norm_block(block, x, rope, drop=None):
