@@ -81,6 +81,13 @@ mutant("linear_forward", "the bias added only when it is None-checked the wrong 
 mutant("linear_forward", "the leading axes not restored (out stays (N, D_out))",
        "    out = out.reshape(*x.shape[:-1], W.shape[1])  # (..., D_out)\n", "",
        "check-linear-forward-batched")
+mutant("linear_forward", "a Python loop over the batch (the text asks for one product)",
+       "out = x.reshape(-1, x.shape[-1]) @ W",
+       "out = np.stack([xb @ W for xb in x]) if x.ndim > 2 else x @ W",
+       "check-linear-forward-batched", hint="runs a Python loop")
+mutant("linear_forward", "the leading axes flattened by x.shape[1] (counted from the left)",
+       "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[1]) @ W",
+       "check-linear-forward-batched", hint="an axis counted from the left")
 mutant("linear_backward", "dW with the transpose on the wrong side (dout^T x)",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
        "grads = {\"W\": (x.reshape(-1, x.shape[-1]).T @ dout2).T}",
@@ -98,6 +105,11 @@ mutant("linear_backward", "the bias gradient summed over the positions, not the 
        'grads["b"] = dout2.sum(axis=0)', 'grads["b"] = dout.sum(axis=-2)',
        "check-linear-backward-batched",
        hint="are still there: a weight's or a bias's gradient sums over them")
+mutant("linear_backward", "dW summed by a Python loop over the batch",
+       "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
+       "grads = {\"W\": sum(np.swapaxes(xb, -1, -2) @ db for xb, db in zip(x, dout)) "
+       "if x.ndim == 3 else x.reshape(-1, x.shape[-1]).T @ dout2}",
+       "check-linear-backward-batched", hint="runs a Python loop")
 mutant("linear_backward", "dW averaged over the rows",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2}",
        "grads = {\"W\": x.reshape(-1, x.shape[-1]).T @ dout2 / len(dout2)}",
@@ -147,6 +159,14 @@ mutant("softmax_forward", "x - m written into x itself: the input changes",
 mutant("softmax_forward", "without subtracting the maximum (exp overflows)",
        "y = np.subtract(x, m, out=out)", "y = np.add(x, 0, out=out)", "check-softmax-forward")
 
+mutant("attention_forward", "a softmax written in, without subtracting the maximum",
+       "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
+       "    e = np.exp(scores)\n    weights = c_softmax = e / e.sum(axis=-1, keepdims=True)\n",
+       "check-attention-forward", hint="does not subtract the row's maximum")
+mutant("attention_forward", "a Python loop over the queries' rows of scores",
+       "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
+       "    weights = np.stack([softmax_forward(s)[0] for s in scores])\n    c_softmax = weights\n",
+       "check-attention-forward", hint="runs a Python loop")
 mutant("attention_forward", "without the scale 1/sqrt(d_k)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = q @ np.swapaxes(k, -1, -2)",
        "check-attention-forward")

@@ -903,6 +903,12 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
                     f"{scores[-1]}: the mask and the keys are made for different lengths -- "
                     + ", ".join(causes[:-1]) + (", or " if len(causes) > 1 else "")
                     + causes[-1])
+    fixed = re.search(r"reshape\(\s*-1\s*,\s*\w+\.shape\[(\d)\]\s*\)",
+                      _code_of(outcome.where or ""))  # x.reshape(-1, x.shape[1])
+    if fixed:
+        return (f"the line reshapes by .shape[{fixed[1]}], an axis counted from the left: the "
+                f"last one of a {int(fixed[1]) + 1}-D array only -- with leading (batch) axes, "
+                "count from the right (.shape[-1] is the features' axis of any array)")
     if "mismatch in its core dimension" in outcome.error and re.search(
             r"\w\.T\b", _code_of(outcome.where or "")):
         return ("the line has a .T: on a matrix it swaps the two axes, but on an array with "

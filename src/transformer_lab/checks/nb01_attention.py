@@ -108,12 +108,17 @@ def _no_keepdims(t, in_max=True, in_sum=True):
 
 class AttentionForward(Check, id="check-attention-forward", functions=("attention_forward",)):
     axes = {"out": "bhtd", "weights": "bhts"}  # axis names, for messages
+    loop_free = {"attention_forward": "every query's scores in one product, q @ k.T, and one "
+                                      "softmax_forward over the keys' axis"}
 
     def cases(self, rng):
         yield Case("T = S = 4, d_k = d_v = 3", normals(rng, *[(4, 3)] * 3))
         yield Case("T = 2, S = 5, d_k = 4, d_v = 6", normals(rng, (2, 4), (5, 4), (5, 6)))
         yield Case("float32, d_k = 8", normals(rng, *[(3, 8)] * 3, dtype=np.float32))
         yield Case("scale = 0.3 given (d_k = 4)", normals(rng, *[(3, 4)] * 3), {"scale": 0.3})
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("scores in the thousands (exp overflows: your softmax_forward subtracts "
+                   "the max)", tuple(later.standard_normal((3, 4)) * s for s in (60, 60, 1)))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -180,6 +185,10 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
                               self._reference(q, k, v, f, dm, c)))
+        found.append(("with a softmax that does not subtract the row's maximum: exp overflows "
+                      "(call softmax_forward, which does, and keep its cache)",
+                      lambda: {**self._reference(q, k, v, want),
+                               "out": _overflowing(q @ np.swapaxes(k, -1, -2) * want) @ v}))
         found.append(("caching the scaled q (q * scale): the backward pass multiplies by the "
                       "scale itself, so the cache must hold q as given (keep the given return "
                       "line, and compute the scaled q into a new name)",
@@ -191,6 +200,13 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
                           "pass multiplies by it)",
                           lambda: self._reference(q, k, v, want, cached=math.sqrt(d))))
         return found
+
+
+def _overflowing(scores):
+    """The softmax over the last axis of ``scores`` without subtracting the maximum."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(scores)
+        return e / e.sum(axis=-1, keepdims=True)
 
 
 def _cached(cache, what: str):

@@ -15,6 +15,9 @@ from transformer_lab.checks.nb02_masking import _answer, _MaskedAttention, _qkv
 
 
 class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=("linear_forward",)):
+    loop_free = {"linear_forward": "flatten the leading axes, x.reshape(-1, D_in), and take one "
+                                   "product"}
+
     def cases(self, rng):
         yield Case("a batch (B, T, D_in) = (2, 3, 4), D_out = 5", linear_case(rng, (2, 3), 4, 5))
         yield Case("two leading axes (2, 3, 4, D_in = 3)", linear_case(rng, (2, 3, 4), 3, 2))
@@ -48,6 +51,9 @@ class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=(
 class LinearBackwardBatched(LinearForwardBatched, id="check-linear-backward-batched",
                             functions=("linear_forward", "linear_backward")):
     """The forward check's cases (the same inputs), the backward's answer."""
+    loop_free = {**LinearForwardBatched.loop_free,
+                 "linear_backward": "flatten the leading axes of x and dout, and take one "
+                                    "product for dW"}
 
     def run(self, f, x, W, b, dout):
         out, cache = f.linear_forward(x, W, b)
