@@ -1437,6 +1437,10 @@ mutant("silu_backward", "x * s instead of x * (1 - s)", "(1 + x * (1 - s))", "(1
 mutant("silu_forward", "the sigmoid as exp(x) / (1 + exp(x)), which overflows (NaN past 89 in "
        "float32)", "s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)",
        "s = np.exp(x) / (1 + np.exp(x))", "check-swiglu")
+mutant("silu_forward", "x multiplied by its sigmoid in place (x *= s): the input changes",
+       "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n",
+       "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n    x0 = x.copy()\n    x *= s\n"
+       "    return x, (x0, s)\n", "check-swiglu", hint="changed its input `x` in place")
 mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
        "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
        "check-swiglu")
@@ -1715,6 +1719,10 @@ mutant("top_p_filter", "a token kept when the mass above it equals p (<= for <)"
 mutant("top_p_filter", "ties ranked by the higher id first (a descending sort, reversed)",
        'order = np.argsort(-logits, axis=-1, kind="stable")',
        'order = np.argsort(logits, axis=-1, kind="stable")[..., ::-1]', "check-top-p-filter")
+mutant("top_p_filter", "NumPy's default sort, not a stable one (ties in any order)",
+       'order = np.argsort(-logits, axis=-1, kind="stable")',
+       "order = np.argsort(-logits, axis=-1)", "check-top-p-filter",
+       hint="a sort that is not stable")
 mutant("top_p_filter", "a softmax without the maximum subtracted (exp overflows)",
        "probs, _ = softmax_forward(logits)",
        "probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)",

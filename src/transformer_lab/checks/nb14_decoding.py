@@ -102,6 +102,10 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
                                                                0.6))
         yield Case("probabilities 1/2, 1/4, 1/4 and p = 0.5: the first token alone reaches p, "
                    "so it alone is kept", (np.array([[0.0, -np.log(2), -np.log(2)]]), 0.5))
+        later = later_rng(rng)  # the case below was added later: the ones above stay as drawn
+        yield Case("2 rows of 64 tokens in four tied groups, p = 0.6: of the tied ones at the "
+                   "cut, the lower ids are kept (a sort that is not stable may take others)",
+                   (later.integers(-1, 3, (2, 64)).astype(np.float64), 0.6))
 
     ### BEGIN HIDDEN TESTS
     def hidden_cases(self, rng):
@@ -133,6 +137,10 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
             naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
+        unstable = np.zeros(logits.shape, bool)
+        order_any = np.argsort(-probs, axis=-1)  # NumPy's default sort: ties in any order
+        np.put_along_axis(unstable, order_any, np.cumsum(np.take_along_axis(
+            probs, order_any, -1), -1) - np.take_along_axis(probs, order_any, -1) < p, axis=-1)
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
                 "kept set must reach p)": lambda: _kept(before, logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
@@ -141,7 +149,10 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
                 "(np.put_along_axis with the sort's order)": lambda: _kept(ranked, logits),
                 "ranking tied tokens highest id first (argsort(probs)[..., ::-1] reverses ties; "
                 "argsort(-probs, kind=\"stable\") keeps the lower id first)":
-                lambda: _kept(reversed_ties, logits)}
+                lambda: _kept(reversed_ties, logits),
+                "with a sort that is not stable (np.argsort's default orders tied tokens as it "
+                "likes; kind=\"stable\" keeps the lower id first)":
+                lambda: _kept(unstable, logits)}
 
 
 #: check-sample-next's output that says whether the caller's logits are as they were

@@ -258,6 +258,7 @@ def _swiglu_out(x, params, silu, up=lambda u: u):
 
 #: check-swiglu's outputs of the block's MLP, extended to kind "swiglu"
 MLP_OUT, MLP_DX = "out of mlp_forward(x, params, 'swiglu')", "dx of mlp_backward"
+SILU = "silu_forward(x)'s out"
 
 
 class SwiGLU(Check, id="check-swiglu",
@@ -285,8 +286,9 @@ class SwiGLU(Check, id="check-swiglu",
             raise KeyError(f"{err}: mlp_forward(x, params, 'swiglu') looked for a parameter "
                            "SwiGLU does not have -- is it extended to kind 'swiglu' (W_gate, "
                            "W_up, W_down; your swiglu_forward)?") from err
-        return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()},
-                MLP_OUT: block_out, MLP_DX: f.mlp_backward(dout, block_cache)[0]}
+        found = {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()},
+                 MLP_OUT: block_out, MLP_DX: f.mlp_backward(dout, block_cache)[0]}
+        return {**found, SILU: f.silu_forward(x)[0]}  # last: an x changed in place is told
 
     def mistakes(self, x, params, dout):
         found = {"with the gate and the up projection swapped (silu goes on x W_gate)":
@@ -316,7 +318,7 @@ class SwiGLU(Check, id="check-swiglu",
         out, dx, grads = autograd(lambda tx, p: (silu(tx @ p[gate]) * (tx @ p[up])) @ p["W_down"],
                                   dout, x, params)
         return {"out": out, "dx": dx, **{f"d{k}": g for k, g in grads.items()}, MLP_OUT: out,
-                MLP_DX: dx}
+                MLP_DX: dx, SILU: silu(torch.as_tensor(x)).numpy()}
 
 
 # --------------------------------------------------------------------------------------------
