@@ -1536,6 +1536,9 @@ mutant("gpt_forward", "config.eps not passed to the final norm",
        "norm_forward(x, params[\"norm\"], config.norm)", "check-gpt-model")
 mutant("norm_forward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
        "check-modern-block")
+mutant("norm_forward", "kind ignored in the forward only: layer norm's cache reaches "
+       "rms_norm_backward", "if kind == \"rms\":", "if False:", "check-gpt-rms-norm",
+       hint="is norm_forward extended to kind 'rms' too")
 mutant("norm_backward", "kind ignored (always layer norm)", "if kind == \"rms\":", "if False:",
        "check-modern-block")
 mutant("mlp_forward", "not extended: SwiGLU's parameters given to the plain network",
