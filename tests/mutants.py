@@ -309,6 +309,13 @@ mutant("softmax_forward", "a row of -inf made uniform (its maximum replaced by -
        "m[np.isneginf(m)] = 0", "x = np.where(np.isneginf(x), -1e9, x)\n"
        "    m = x.max(axis=-1, keepdims=True)", "check-softmax-empty-rows")
 
+mutant("attention_forward", "blocked weights zeroed after the softmax and the rows renormalised "
+       "(0 / 0 in a fully blocked row)", "    out = weights @ v  # (..., T, d_v)\n",
+       "    if mask is not None and mask.dtype == bool:\n"
+       "        weights = np.where(mask, 0.0, weights)\n"
+       "        weights = weights / weights.sum(-1, keepdims=True)\n"
+       "    out = weights @ v  # (..., T, d_v)\n", "check-attention-empty-rows",
+       hint="a renormalisation after it")
 mutant("attention_forward", "the boolean mask added to the scores (True counts as 1)",
        "np.copyto(scores, -np.inf, where=mask)", "scores += mask", "check-attention-mask")
 mutant("attention_forward", "the mask read with True = allowed",

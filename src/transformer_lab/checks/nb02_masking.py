@@ -248,10 +248,11 @@ class AttentionEmptyRows(_MaskedAttention, id="check-attention-empty-rows"):
         s = _scores(q, k)
         blocked = mask if mask.dtype == bool else np.isneginf(mask)
         found = {**super().mistakes(q, k, v, mask),
-                 "from a softmax without section 4's guards for a row of -inf only (NaN where "
-                 "zeros belong): attention_forward must call softmax_forward, and "
-                 "softmax_forward must pass check-softmax-empty-rows (when it does not, fix it "
-                 "there, not here)":
+                 "with NaN where a fully blocked row's zeros belong: 0 / 0, a division by the "
+                 "row's sum of zero weights -- in a softmax without section 4's guards, or in "
+                 "a renormalisation after it. Call softmax_forward, which must pass "
+                 "check-softmax-empty-rows (fix it there when it does not), and keep its "
+                 "weights as they come":
                  lambda: _answer(_softmax(np.where(blocked, -np.inf, s)), v)}
         if mask.dtype == bool:
             found["letting a fully blocked query attend uniformly to its blocked keys, as "
