@@ -2036,6 +2036,17 @@ mutant("label_smoothed_loss_forward", "eps on the target and 1 - eps on the unif
        "check-label-smoothed-loss")
 mutant("label_smoothed_loss_forward", "divided by every position, the ignored ones too",
        "    weight = 1 / keep.sum()", "    weight = 1 / keep.size", "check-label-smoothed-loss")
+mutant("label_smoothed_loss_backward", "the target's eps / V left out of the gradient",
+       "    dlogp = np.where(onehot, target, uniform)  # (..., V), the logits' dtype\n",
+       "    dlogp = np.where(onehot, (-((1 - eps) * w)[..., None]).astype(c_logp.dtype), "
+       "uniform)\n", "check-label-smoothed-loss", hint="the target's eps / V left out")
+mutant("label_smoothed_loss_backward", "the ignored positions given a gradient",
+       "    w = dloss * weight * keep  # (...)\n", "    w = dloss * weight * np.ones(keep.shape)\n",
+       "check-label-smoothed-loss", hint="a gradient at the ignored positions")
+mutant("label_smoothed_loss_forward", "the uniform term summed over the classes, not averaged",
+       "    uniform = -logp.mean(axis=-1)  # cross-entropy with the uniform distribution, (...)\n",
+       "    uniform = -logp.sum(axis=-1)\n", "check-label-smoothed-loss",
+       hint="summing -log p over the classes")
 mutant("label_smoothed_loss_backward", "the uniform part forgotten in the gradient",
        "uniform = (-w * eps / c_logp.shape[-1])", "uniform = (0 * w)",
        "check-label-smoothed-loss", hint="with the uniform part left out of the gradient")

@@ -109,6 +109,15 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
         found["with the uniform part left out of the gradient: dlogits = p - q, and q has eps / V "
               "on every class"] = lambda: {**right, "dlogits": smoothed(1 - eps, 0.0, keep)[
                   "dlogits"]}
+        found["with the target's eps / V left out of the gradient (q at the target is 1 - eps "
+              "+ eps / V: the uniform part is on every class)"] = lambda: {
+                  **right, "dlogits": smoothed(1 - eps, eps / V, keep)["dlogits"]}
+        found["with a gradient at the ignored positions: their rows of dlogits are 0 (weigh "
+              "them by the mask, as the loss does)"] = lambda: {
+                  **right, "dlogits": smoothed(1 - eps + eps / V, eps / V, np.ones(keep.shape),
+                                               total=keep.sum())["dlogits"]}
+        found["summing -log p over the classes where their mean belongs (the uniform "
+              "distribution puts 1 / V on each)"] = lambda: smoothed(1.0, eps, keep)
         found["with the target's weight 1 in the gradient where 1 - eps belongs (q = (1 - eps) "
               "onehot + eps / V)"] = lambda: {**right, "dlogits": smoothed(
                   1 + eps / V, eps / V, keep)["dlogits"]}
