@@ -138,6 +138,10 @@ mutant(MSE, "the sum of the squares instead of their mean",
 # ============================================================================================
 # 01_attention
 
+mutant("softmax_forward", "each row divided by the sum of the whole array",
+       "    total = np.einsum(\"...j->...\", y)[..., None]  # the row sums (..., 1), see above\n",
+       "    total = np.array(y.sum())\n", "check-softmax-forward",
+       hint="the sum of the whole array (e.sum() without an axis)")
 mutant("softmax_forward", "out returned without y written into it",
        "    y = np.subtract(x, m, out=out)  # a new array, or out\n",
        "    y = x - m\n    if out is not None:\n        return out, out\n", "check-softmax-forward")
@@ -395,6 +399,14 @@ mutant(RMS, "eps added outside the square root",
        "check-rms-norm")
 mutant(RMS, "the mean over the first axis", "np.mean(x * x, axis=-1, keepdims=True)",
        "np.mean(x * x, axis=0, keepdims=True)", "check-rms-norm")
+mutant(RMS, "the gain gamma left out", "y = x / np.sqrt(ms + eps) * gamma",
+       "y = x / np.sqrt(ms + eps)", "check-rms-norm", hint="without the gain gamma")
+mutant(RMS, "the mean subtracted first (a layer norm)", "y = x / np.sqrt(ms + eps) * gamma",
+       "y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * gamma",
+       "check-rms-norm", hint="that is a layer norm")
+mutant(RMS, "the variance for the mean square", "ms = np.mean(x * x, axis=-1, keepdims=True)",
+       "ms = x.var(axis=-1, keepdims=True)", "check-rms-norm",
+       hint="dividing by the standard deviation")
 mutant(RMS, "eps ignored (the default 1e-5 written in)",
        "np.sqrt(ms + eps)", "np.sqrt(ms + 1e-5)", "check-rms-norm")
 mutant(RMS, "the mean of x, squared, instead of the mean of x squared",

@@ -81,6 +81,9 @@ class SoftmaxForward(Check, id="check-softmax-forward", functions=("softmax_forw
             e = torch.exp(t - t.max(-1, keepdim=True).values)
             found["summing over the first axis (axis=0): each row is divided by its own sum, "
                   "along the last axis"] = lambda: (e / e.sum(0, True)).numpy()
+            found["dividing by the sum of the whole array (e.sum() without an axis): each row "
+                  "is divided by its own sum, e.sum(axis=-1, keepdims=True)"] = \
+                lambda: (e / e.sum()).numpy()
         if x.ndim >= 2 and x.shape[-1] == x.shape[-2]:
             found["without keepdims=True: x.max(axis=-1) has lost the last axis and broadcasts "
                   "along the wrong one (keep it: x.max(axis=-1, keepdims=True))"] = \

@@ -164,7 +164,14 @@ class RmsNorm(Check, id="check-rms-norm", arguments=("rms_norm",)):
                 "column to divide its own row": lambda: x / np.sqrt(ms[..., 0] + eps) * gamma,
                 "adding eps outside the square root": lambda: x / (np.sqrt(ms) + eps) * gamma,
                 "with the mean over the first axis instead of the last":
-                lambda: x / np.sqrt(np.mean(x * x, axis=0, keepdims=True) + eps) * gamma}
+                lambda: x / np.sqrt(np.mean(x * x, axis=0, keepdims=True) + eps) * gamma,
+                "without the gain gamma (multiply by it last)": lambda: x / np.sqrt(ms + eps),
+                "subtracting the mean first: that is a layer norm; RMSNorm divides x as it is "
+                "by its root mean square": lambda: (x - x.mean(-1, keepdims=True)) / np.sqrt(
+                    x.var(-1, keepdims=True) + eps) * gamma,
+                "dividing by the standard deviation (the variance subtracts the mean) where the "
+                "root mean square, mean(x * x), belongs": lambda: x / np.sqrt(
+                    x.var(-1, keepdims=True) + eps) * gamma}
     ### END HIDDEN TESTS
 
     def run(self, f, x, gamma, eps=1e-5):
