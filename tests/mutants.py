@@ -1712,6 +1712,13 @@ mutant("causal_self_attention_step", "the cache written but not read: the new po
        "_, _, end = kv_cache_append(K, V, length, k, v)\n        keys, values = k, v\n"
        "        mask = causal_mask(q.shape[2])",
        "check-gpt-step", hint="attending to each other only")
+mutant("sample_next", "one uniform for the whole batch",
+       "    u = rng.random((logits.shape[0], 1)) * cdf[:, -1:]  # below the total, whatever "
+       "rounding\n", "    u = rng.random() * cdf[:, -1:]\n", "check-sample-next",
+       hint="one uniform for the whole batch")
+mutant("sample_next", "no greedy branch: temperature 0 divides by zero",
+       "    if temperature == 0:\n        return np.argmax(logits, axis=-1)\n", "",
+       "check-sample-next", hint="with no greedy branch")
 mutant("sample_next", "the logits divided in place: the caller's logits change",
        "    z = logits / temperature\n", "    logits /= temperature\n    z = logits\n",
        "check-sample-next", hint="not divided in place")
@@ -1745,6 +1752,10 @@ mutant("top_p_filter", "NumPy's default sort, not a stable one (ties in any orde
        'order = np.argsort(-logits, axis=-1, kind="stable")',
        "order = np.argsort(-logits, axis=-1)", "check-top-p-filter",
        hint="a sort that is not stable")
+mutant("top_p_filter", "the decisions taken back through order itself, not its inverse",
+       "keep = np.take_along_axis(above < p, rank, axis=-1)",
+       "keep = np.take_along_axis(above < p, order, axis=-1)", "check-top-p-filter",
+       hint="taking the decisions back with take_along_axis(kept_sorted, order)")
 mutant("top_p_filter", "a softmax without the maximum subtracted (exp overflows)",
        "probs, _ = softmax_forward(logits)",
        "probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)",

@@ -141,12 +141,17 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         order_any = np.argsort(-probs, axis=-1)  # NumPy's default sort: ties in any order
         np.put_along_axis(unstable, order_any, np.cumsum(np.take_along_axis(
             probs, order_any, -1), -1) - np.take_along_axis(probs, order_any, -1) < p, axis=-1)
+        gathered = np.take_along_axis(ranked, order, -1)  # order read as its own inverse
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
                 "kept set must reach p)": lambda: _kept(before, logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
                 "and inf / inf is NaN": lambda: _kept(overflowed, logits),
                 "leaving the decision in rank order: put it back at each token's own id "
                 "(np.put_along_axis with the sort's order)": lambda: _kept(ranked, logits),
+                "taking the decisions back with take_along_axis(kept_sorted, order): order maps "
+                "a rank to its token, so reading it as the way back shuffles them again; put "
+                "them back with np.put_along_axis(..., order, ...) or read at the inverse, "
+                "np.argsort(order)": lambda: _kept(gathered, logits),
                 "ranking tied tokens highest id first (argsort(probs)[..., ::-1] reverses ties; "
                 "argsort(-probs, kind=\"stable\") keeps the lower id first)":
                 lambda: _kept(reversed_ties, logits),
@@ -261,6 +266,14 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
             if top_p is not None:
                 found["ignoring top_p (no top-p filter)"] = lambda: self.expected(
                     logits, temperature, top_k, None)
+
+            def one_draw():  # the first uniform of run's rng, the same for every row
+                right = self.expected(*args)
+                cdf = np.cumsum(right["frequencies"])
+                token = int((cdf <= np.random.default_rng(1).random() * cdf[-1]).sum())
+                return {**right, "frequencies": np.eye(logits.size)[token]}
+            found["with one uniform for the whole batch: every row draws the same token; draw "
+                  "one per row, rng.random((B, 1))"] = one_draw
             return found
         if temperature == 0:
             def divided():
@@ -268,7 +281,10 @@ class SampleNext(Check, id="check-sample-next", functions=("sample_next",)):
                     return np.argmax(logits / 0.0, axis=-1).astype(np.int64)
             return {"dividing by the temperature before the greedy branch: logits / 0 are "
                     "+-inf (NaN at 0), and argmax picks the first of them; at temperature 0 "
-                    "take the argmax of the logits as they are": divided}
+                    "take the argmax of the logits as they are": divided,
+                    "with no greedy branch: at temperature 0, logits / 0 are +-inf, their "
+                    "softmax is NaN and every row draws token 0; return the argmax of the "
+                    "logits there": lambda: np.zeros(len(logits), np.int64)}
         return {}
 
 
