@@ -1773,6 +1773,9 @@ mutant("sample_next", "the filters in the other order (top-p before top-k)",
        "    if top_p is not None:\n        z = top_p_filter(z, top_p)\n    if top_k is not None:\n"
        "        z = top_k_filter(z, top_k)\n", "check-sample-next")
 MINP = "14_decoding/exercise-min-p-filter"
+mutant(MINP, "the kept probabilities returned, not the logits",
+       "    return np.where(keep, logits, -np.inf)\n", "    return np.where(keep, probs, 0.0)\n",
+       "check-min-p-filter", hint="probabilities? A filter returns logits")
 mutant(MINP, "p_min as an absolute threshold", "probs >= p_min * probs.max(axis=-1, keepdims=True)",
        "probs >= p_min", "check-min-p-filter")
 mutant(MINP, "the logits compared, not the probabilities",

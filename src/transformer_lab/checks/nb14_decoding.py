@@ -40,6 +40,10 @@ class _FilterCheck(Check):
         if np.shape(filtered) != np.shape(logits):
             return filtered  # the comparison says what came back
         kept = np.asarray(filtered == logits)
+        if not kept.any() and np.all((filtered >= 0) & (filtered <= 1)):  # probabilities?
+            return {**_kept(kept, filtered, False),
+                    "kept": "no logit left as it was, and every value in [0, 1]: probabilities? "
+                            "A filter returns logits, the kept ones as given, the others -inf"}
         return _kept(kept, filtered, bool(np.all(np.isneginf(filtered[~kept]))))
 
 
