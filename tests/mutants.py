@@ -2168,6 +2168,10 @@ mutant("memory_keys_values", "the value bias left out", 'params["W_v"], params.g
 mutant("memory_keys_values", "keys and values both from W_k",
        'v, _ = linear_forward(memory, params["W_v"], params.get("b_v"))',
        'v, _ = linear_forward(memory, params["W_k"], params.get("b_k"))', "check-decoder-step")
+mutant("cached_self_attention_step", "the cache copied, then written: the caller's stays empty",
+       "    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
+       "    K, V = K.copy(), V.copy()\n    K[:, :, length:end] = k\n    V[:, :, length:end] = v\n",
+       "check-decoder-step", hint="with no cache written")
 mutant("cached_self_attention_step", "the new keys written at the start of the cache",
        "K[:, :, length:end] = k", "K[:, :, :end - length] = k", "check-decoder-step")
 mutant("cached_self_attention_step", "no causal mask among several new positions",

@@ -503,7 +503,8 @@ class DecoderStep(Check, id="check-decoder-step",
                        "it on to feed_forward_forward)": functools.partial(
                            _decoded, {**config, "activation": name}, params, memory, pad, tgt,
                            chunks) for name in ACTIVATIONS if name != given}
-        return {**biasless, **activations, SHARED_CACHE: lambda: {WRITTEN: np.arange(1)}, **{
+        return {**biasless, **activations, SHARED_CACHE: lambda: {WRITTEN: np.arange(1)},
+                UNWRITTEN: lambda: {WRITTEN: np.arange(0)}, **{
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
                                            mistake)
             for description, mistake in DECODER_MISTAKES.items()}}
@@ -513,6 +514,9 @@ class DecoderStep(Check, id="check-decoder-step",
 WRITTEN = "the layers whose cache was written"
 SHARED_CACHE = ("with one cache for every layer: layer i keeps its keys and values in caches[i] "
                 "(zip the layers with the caches)")
+UNWRITTEN = ("with no cache written: the step writes the new keys and values into the arrays it "
+             "is given (K[:, :, length:end] = k); K = np.concatenate(...) makes a new array that "
+             "the caller, and the next step, never see")
 
 
 #: the check's outputs of the first decoder layer's memory keys and values
