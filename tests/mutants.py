@@ -2081,6 +2081,9 @@ mutant("label_smoothed_loss_backward", "the target's weight 1 instead of 1 - eps
        "check-label-smoothed-loss", hint="with the target's weight 1 in the gradient")
 mutant("label_smoothed_loss_backward", "dloss forgotten", "w = dloss * weight * keep",
        "w = weight * keep", "check-label-smoothed-loss", hint="ignores dloss")
+mutant("length_penalty", "a length one too long: ((6 + length) / 6) ** alpha",
+       "return ((5.0 + lengths) / 6.0) ** alpha", "return ((5.0 + lengths + 1) / 6.0) ** alpha",
+       "check-beam-step", hint="a length one too long in the penalty")
 mutant("length_penalty", "the mean log-probability (lp = |y|) instead of GNMT's",
        "return ((5.0 + lengths) / 6.0) ** alpha", "return lengths ** alpha",
        "check-beam-step", "check-beam-search")

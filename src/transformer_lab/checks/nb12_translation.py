@@ -139,6 +139,10 @@ class LabelSmoothedLoss(Check, id="check-label-smoothed-loss",
 # --------------------------------------------------------------------------------------------
 # §6 One step of beam search
 
+#: check-beam-step's output of length_penalty itself
+PENALTIES = "length_penalty(lengths 1 .. 8, alpha)"
+
+
 ### BEGIN HIDDEN TESTS
 def _gnmt(n, alpha):
     return ((5 + n) / 6) ** alpha
@@ -189,7 +193,9 @@ def _reference_step(scores, lengths, finished, logp, alpha, eos, pad, lp=_gnmt, 
             elif pick == "unflagged":
                 fin = bool(finished[b, j]) or t == eos
             out[0][b, j], out[1][b, j], out[2][b, j], out[3][b, j], out[4][b, j] = k, t, s, n, fin
-    return dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))
+    return {PENALTIES: np.asarray((penalty or _gnmt)(np.arange(1, 9), alpha), float),
+            **dict(zip(("parents", "tokens", "scores", "lengths", "finished"), out, strict=True))}
+
 
 
 #: beam_step's mistakes: what each one is -> the variant of the definition that makes it
@@ -206,6 +212,8 @@ STEP_MISTAKES = {
     {"penalty": lambda n, alpha: n ** alpha},
     "with // in the length penalty (integer division: its base is 1 up to length 6; divide "
     "with /)": {"penalty": lambda n, alpha: ((5 + n) // 6) ** alpha},
+    "with a length one too long in the penalty, ((6 + length) / 6) ** alpha: GNMT's is 1 at "
+    "one token, ((5 + length) / 6) ** alpha": {"penalty": lambda n, alpha: ((6 + n) / 6) ** alpha},
     "with finished hypotheses extended by real tokens (a finished hypothesis has one "
     "continuation: padding, at no cost)": {"done": "extended"},
     "with every token continuing a finished hypothesis at its score (np.where(finished, "
@@ -296,7 +304,8 @@ class BeamStep(Check, id="check-beam-step", functions=("length_penalty", "beam_s
     def run(self, f, scores, lengths, finished, logp, alpha, eos, pad):
         parents, tokens, new, lens, fin = f.beam_step(scores, lengths, finished, logp, alpha,
                                                       eos, pad)
-        return {"parents": np.asarray(parents), "tokens": np.asarray(tokens),
+        return {PENALTIES: np.asarray(f.length_penalty(np.arange(1, 9), alpha), float),
+                "parents": np.asarray(parents), "tokens": np.asarray(tokens),
                 "scores": np.asarray(new, float), "lengths": np.asarray(lens),
                 "finished": np.asarray(fin)}
 
