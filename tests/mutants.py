@@ -270,6 +270,10 @@ mutant(ADD, "the softmax over the queries",
 # ============================================================================================
 # 02_masking
 
+mutant("causal_mask", "the triangle aligned at the bottom right (j > i + S - T)",
+       "return np.arange(S)[None, :] > np.arange(T)[:, None]",
+       "return np.arange(S)[None, :] > np.arange(T)[:, None] + S - T", "check-causal-mask",
+       hint="aligned at the bottom right")
 mutant("causal_mask", "the diagonal blocked too (j >= i)",
        "np.arange(S)[None, :] > np.arange(T)[:, None]",
        "np.arange(S)[None, :] >= np.arange(T)[:, None]", "check-causal-mask")
@@ -349,6 +353,8 @@ mutant("attention_forward", "the mask ignored altogether",
        "if mask is not None and mask.dtype == bool:", "if False:", "check-attention-mask")
 
 SW = "02_masking/exercise-sliding-window"
+mutant(SW, "window - 1 positions seen (the window's first key blocked)", "(j <= i - window)",
+       "(j <= i - window + 1)", "check-sliding-window", hint="seeing window - 1 positions")
 mutant(SW, "a Python loop over the queries (the text asks for none)",
        "    mask = (j > i) | (j <= i - window)\n",
        "    mask = np.zeros((T, T), bool)\n    for q in range(T):\n"
@@ -372,6 +378,12 @@ mutant(PL, "| instead of &", "(j > i) & (j >= prefix_len)", "(j > i) | (j >= pre
 mutant(PL, "the prefix rows opened instead of the prefix columns",
        "(j > i) & (j >= prefix_len)", "(j > i) & (i >= prefix_len)", "check-prefix-lm")
 CM = "02_masking/exercise-cross-mask"
+mutant(CM, "> where >= belongs: the first padding position left open",
+       "    query_pad = np.arange(T)[None, :] >= np.asarray(query_lengths)[:, None]   # (B, T)\n"
+       "    key_pad = np.arange(S)[None, :] >= np.asarray(key_lengths)[:, None]       # (B, S)\n",
+       "    query_pad = np.arange(T)[None, :] > np.asarray(query_lengths)[:, None]\n"
+       "    key_pad = np.arange(S)[None, :] > np.asarray(key_lengths)[:, None]\n",
+       "check-cross-mask", hint="with > where >= belongs")
 mutant(CM, "only the padded keys blocked",
        "mask = query_pad[:, :, None] | key_pad[:, None, :]",
        "mask = np.broadcast_to(key_pad[:, None, :], (len(key_pad), T, S))", "check-cross-mask")
@@ -413,6 +425,9 @@ mutant(RMS, "the mean of x, squared, instead of the mean of x squared",
        "ms = np.mean(x * x, axis=-1, keepdims=True)",
        "ms = np.mean(x, axis=-1, keepdims=True) ** 2", "check-rms-norm")
 LAST = "03_minibatching/exercise-last-token"
+mutant(LAST, "the length itself as the index (one past the last token)",
+       "np.asarray(lengths) - 1]", "np.asarray(lengths)]", "check-last-token",
+       hint="one past its end")
 mutant(LAST, "a Python loop over the batch (the text asks for none)",
        "last = H[np.arange(H.shape[0]), np.asarray(lengths) - 1]",
        "last = np.stack([H[b, n - 1] for b, n in enumerate(lengths)])", "check-last-token",
@@ -2207,6 +2222,14 @@ mutant("decoder_layer_step", "the memory mask forgotten",
 mutant("decoder_layer_step", "always pre-norm", "x, _ = residual_forward(x, attend, p[\"norm1\"], "
        "c.norm_first, c.eps)", "x, _ = residual_forward(x, attend, p[\"norm1\"], True, c.eps)",
        "check-decoder-step")
+mutant("decoder_layer_step", "every sublayer pre-norm, whatever config.norm_first says",
+       "    x, _ = residual_forward(x, attend, p[\"norm1\"], c.norm_first, c.eps)\n"
+       "    x, _ = residual_forward(x, cross, p[\"norm2\"], c.norm_first, c.eps)\n"
+       "    x, _ = residual_forward(x, feed, p[\"norm3\"], c.norm_first, c.eps)\n",
+       "    x, _ = residual_forward(x, attend, p[\"norm1\"], True, c.eps)\n"
+       "    x, _ = residual_forward(x, cross, p[\"norm2\"], True, c.eps)\n"
+       "    x, _ = residual_forward(x, feed, p[\"norm3\"], True, c.eps)\n",
+       "check-decoder-step", hint="with the other norm order")
 mutant("decoder_layer_step", "the config's eps not passed to the third norm",
        'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first, c.eps)',
        'x, _ = residual_forward(x, feed, p["norm3"], c.norm_first)', "check-decoder-step")

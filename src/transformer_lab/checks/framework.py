@@ -976,6 +976,9 @@ def _error_hint(outcome: Outcome, notebook: int = 16) -> str:
 
 #: (a regex of an error, what it usually means), for errors that say nothing of shapes
 ERROR_HINTS = [
+    (r"index (\d+) is out of bounds for axis \d+ with size \1\b",
+     "an index equal to the axis's size is one past its end: positions count from 0, so the "
+     "last of n is n - 1 (the last real token of a sequence of length n is at n - 1)"),
     (r"codec can't decode",
      "bytes that end inside a character (a token may hold part of one) are not valid UTF-8 "
      "read strictly: decode with errors=\"replace\", which makes them U+FFFD"),

@@ -79,7 +79,11 @@ class CausalMask(Check, id="check-causal-mask", functions=("causal_mask",)):
                 "blocking the past instead of the future (the transposed triangle)":
                 lambda: ~(want | diagonal),
                 "ignoring S (the mask is (T, S), one column per key)":
-                lambda: self.expected(T)}
+                lambda: self.expected(T),
+                "with the triangle aligned at the bottom right (j > i + S - T): the course, "
+                "as PyTorch's is_causal, aligns it at the top left, query i seeing keys 0 .. i":
+                lambda: np.arange(want.shape[1])[None, :] > np.arange(T)[:, None]
+                + want.shape[1] - T}
 
 
 WEIGHTS = "weights (the softmax's cache)"
@@ -333,7 +337,9 @@ class SlidingWindow(Check, id="check-sliding-window", arguments=("sliding_window
                 "without the causal part (the future must stay blocked)":  # blocks j <= i - window
                 lambda: torch.ones(T, T, dtype=torch.bool).tril(-window).numpy(),
                 "with True = allowed (True must mean blocked)":
-                lambda: ~self.expected(T, window)}
+                lambda: ~self.expected(T, window),
+                "seeing window - 1 positions (a window holds the query and the window - 1 "
+                "before it: i - window < j <= i)": lambda: self.expected(T, window - 1)}
     ### END HIDDEN TESTS
 
 
@@ -408,5 +414,9 @@ class CrossMask(Check, id="check-cross-mask", arguments=("cross_attention_mask",
                  "with the key lengths used for the queries too":
                  lambda: self.expected(key_lengths, key_lengths, T, S),
                  "with & where | belongs (a pair is blocked when its query or its key is "
-                 "padding)": lambda: q_pad[:, :, None] & k_pad[:, None, :]}
+                 "padding)": lambda: q_pad[:, :, None] & k_pad[:, None, :],
+                 "with > where >= belongs: position `length` is the first padding (positions "
+                 "count from 0)": lambda: (
+                     (np.arange(T)[None, :] > np.asarray(query_lengths)[:, None])[:, :, None]
+                     | (np.arange(S)[None, :] > np.asarray(key_lengths)[:, None])[:, None, :])}
     ### END HIDDEN TESTS

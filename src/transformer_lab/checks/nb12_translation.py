@@ -512,6 +512,11 @@ class DecoderStep(Check, id="check-decoder-step",
                        "it on to feed_forward_forward)": functools.partial(
                            _decoded, {**config, "activation": name}, params, memory, pad, tgt,
                            chunks) for name in ACTIVATIONS if name != given}
+        order = "pre-norm" if config["norm_first"] else "post-norm"
+        activations[f"with the other norm order where config.norm_first is "
+                    f"{config['norm_first']} ({order}): pass it on to the layers"] = \
+            functools.partial(_decoded, {**config, "norm_first": not config["norm_first"]},
+                              params, memory, pad, tgt, chunks)
         return {**biasless, **activations, SHARED_CACHE: lambda: {WRITTEN: np.arange(1)},
                 UNWRITTEN: lambda: {WRITTEN: np.arange(0)}, **{
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,
