@@ -54,6 +54,8 @@ def mutant(where: str, models: str, old: str, new: str, *checks: str, hint: str 
 
 mutant("relu_forward", "the ReLU applied in place (np.maximum(x, 0, out=x)): the input changes",
        "out = np.maximum(x, 0)", "out = np.maximum(x, 0, out=x)", "check-relu")
+mutant("relu_forward", "|x| for max(x, 0)", "out = np.maximum(x, 0)", "out = np.abs(x)",
+       "check-relu", hint="with |x| for max(x, 0)")
 mutant("relu_forward", "a leaky ReLU by mistake: negative inputs pass scaled by 0.01",
        "out = np.maximum(x, 0)", "out = np.maximum(x, 0.01 * x)", "check-relu")
 mutant("relu_backward", "the ReLU applied to dout instead of the mask of x",
@@ -73,6 +75,8 @@ mutant("linear_forward", "the weight transposed (x @ W.T, PyTorch's layout)",
 mutant("linear_forward", "float64 zeros for a missing bias (a float32 x comes back float64)",
        "    if b is not None:\n        out += b\n",
        "    out = out + (b if b is not None else np.zeros(W.shape[1]))\n", "check-linear-forward")
+mutant("linear_forward", "the bias subtracted", "        out += b\n", "        out -= b\n",
+       "check-linear-forward", hint="subtracting the bias b")
 mutant("linear_forward", "the bias forgotten",
        "        out += b\n", "        pass\n", "check-linear-forward")
 mutant("linear_forward", "the bias added only when it is None-checked the wrong way round",
@@ -171,6 +175,10 @@ mutant("attention_forward", "a Python loop over the queries' rows of scores",
        "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
        "    weights = np.stack([softmax_forward(s)[0] for s in scores])\n    c_softmax = weights\n",
        "check-attention-forward", hint="runs a Python loop")
+mutant("attention_forward", "the scores cached where the weights belong",
+       "    weights, c_softmax = softmax_forward(scores, out=scores)  # (..., T, S), in place\n",
+       "    c_softmax = scores.copy()\n    weights, _ = softmax_forward(scores)\n",
+       "check-attention-forward", hint="with the scores in the cache")
 mutant("attention_forward", "without the scale 1/sqrt(d_k)",
        "scores = (q * scale) @ np.swapaxes(k, -1, -2)", "scores = q @ np.swapaxes(k, -1, -2)",
        "check-attention-forward")
@@ -324,6 +332,10 @@ mutant("attention_forward", "blocked weights zeroed after the softmax and the ro
        "        weights = weights / weights.sum(-1, keepdims=True)\n"
        "    out = weights @ v  # (..., T, d_v)\n", "check-attention-empty-rows",
        hint="a renormalisation after it")
+mutant("attention_forward", "the float mask added before the scale",
+       "    elif mask is not None:\n        scores += mask  # a float mask is added\n",
+       "    elif mask is not None:\n        scores = (q @ np.swapaxes(k, -1, -2) + mask) * scale\n",
+       "check-attention-mask", hint="adding the float mask before the scale")
 mutant("attention_forward", "the boolean mask added to the scores (True counts as 1)",
        "np.copyto(scores, -np.inf, where=mask)", "scores += mask", "check-attention-mask")
 mutant("attention_forward", "the mask read with True = allowed",
@@ -442,6 +454,10 @@ mutant(LAST, "a slice instead of paired indices (a (B, B, D) result)",
        "H[np.arange(H.shape[0]), np.asarray(lengths) - 1]", "H[:, np.asarray(lengths) - 1]",
        "check-last-token")
 MM = "03_minibatching/exercise-masked-mean"
+mutant(MM, "<= where < belongs: the first padding position averaged in",
+       "    valid = ~padding_mask(np.asarray(lengths), H.shape[1])      # (B, T), True = real "
+       "token\n", "    valid = np.arange(H.shape[1])[None, :] <= np.asarray(lengths)[:, None]\n",
+       "check-masked-mean", hint="with <= where < belongs")
 mutant(MM, "divided by T instead of each sequence's length",
        "mean = total / np.asarray(lengths)[:, None]", "mean = total / H.shape[1]",
        "check-masked-mean")
@@ -1424,6 +1440,10 @@ mutant("next_token_loss_backward", "the gradient put at positions 1.. instead of
 mutant("next_token_loss_backward", "dloss ignored (the gradient as if dloss were 1)",
        "cross_entropy_backward(dloss, c_ce)", "cross_entropy_backward(1.0, c_ce)",
        "check-next-token-loss")
+mutant("rope_tables", "the positions one too far (p + 1)",
+       "angles = np.asarray(positions, dtype=np.float64)[:, None] * omega",
+       "angles = (np.asarray(positions, dtype=np.float64)[:, None] + 1) * omega", "check-rope",
+       hint="the positions one too far")
 mutant("rope_tables", "the frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
        "base ** (-np.arange(0, head_dim, 2) / head_dim)",
        "base ** (-np.arange(head_dim // 2) / head_dim)", "check-rope")
@@ -1464,6 +1484,10 @@ mutant("rms_norm_backward", "the factor 1/r forgotten in dx", "    dx *= rstd\n"
        "check-gpt-rms-norm", hint="without the factor 1 / r")
 mutant("rms_norm_backward", "the path through the rms dropped", "dx = g - xhat * mean_gx",
        "dx = g.copy()", "check-gpt-rms-norm")
+mutant("silu_forward", "the sigmoid returned, not x times it",
+       "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n",
+       "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n    return s, (x, s)\n",
+       "check-swiglu", hint="with sigmoid(a) where silu(a)")
 mutant("silu_forward", "sigmoid(2x) written for sigmoid(x)", "np.tanh(0.5 * x)", "np.tanh(x)",
        "check-swiglu")
 mutant("silu_backward", "x * s instead of x * (1 - s)", "(1 + x * (1 - s))", "(1 + x * s)",
@@ -1741,6 +1765,10 @@ mutant("sample_next", "the tokens as floats", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1) * 1.0", "check-sample-next")
 mutant("sample_next", "the tokens kept as a (B, 1) column", "return (cdf <= u).sum(axis=-1)",
        "return (cdf <= u).sum(axis=-1, keepdims=True)", "check-sample-next")
+mutant("top_k_filter", "the k-th largest read as np.sort(logits)[..., k]",
+       "kth = np.partition(logits, -k, axis=-1)[..., -k:-k + 1 or None]",
+       "kth = np.sort(logits, axis=-1)[..., k:k + 1]", "check-top-k-filter",
+       hint="np.sort(logits)[..., k]")
 mutant("top_k_filter", "the cut logits set to 0 instead of -inf",
        "return np.where(logits < kth, -np.inf, logits)",
        "return np.where(logits < kth, 0.0, logits)", "check-top-k-filter",

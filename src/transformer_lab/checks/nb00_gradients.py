@@ -47,6 +47,8 @@ class Relu(Check, id="check-relu", functions=("relu_forward", "relu_backward")):
     def mistakes(self, x, dout):
         e = self.expected(x, dout)
         return {
+            "with |x| for max(x, 0): a negative input gives 0, not its size":
+            lambda: {**e, "out": np.abs(x)},
             "with a gradient of 1 at x = 0 (a mask x >= 0): PyTorch, and the course, take 0 "
             "there": lambda: {**e, "dx": np.where(x >= 0, dout, 0).astype(x.dtype)},
             "applying the ReLU to dout (max(dout, 0)): the mask must come from x, the input of "
@@ -105,6 +107,8 @@ class LinearForward(Check, id="check-linear-forward", functions=("linear_forward
                  lambda: self.expected(x, W.T, b)}
         if b is not None:
             found["without adding the bias b"] = lambda: self.expected(x, W, None)
+            found["subtracting the bias b where it is added (x @ W + b)"] = \
+                lambda: self.expected(x, W, -b)
         return found
 
 

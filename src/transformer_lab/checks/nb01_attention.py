@@ -188,6 +188,10 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
                               self._reference(q, k, v, f, dm, c)))
+        found.append(("with the scores in the cache where the softmax's cache belongs (c_softmax, "
+                      "the weights: the backward pass multiplies by them)",
+                      lambda: {**self._reference(q, k, v, want), "weights (the softmax's "
+                               "cache)": q @ np.swapaxes(k, -1, -2) * want}))
         found.append(("with a softmax that does not subtract the row's maximum: exp overflows "
                       "(call softmax_forward, which does, and keep its cache)",
                       lambda: {**self._reference(q, k, v, want),

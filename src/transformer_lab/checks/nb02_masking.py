@@ -168,7 +168,10 @@ class AttentionMask(_MaskedAttention, id="check-attention-mask"):
         if mask.dtype != bool:
             return {**found, "treating the float mask as a boolean (a float mask is added to "
                     "the scores)": lambda: _answer(_softmax(np.where(mask != 0, -np.inf, s)), v),
-                    "ignoring the mask": lambda: _answer(_softmax(s), v)}
+                    "ignoring the mask": lambda: _answer(_softmax(s), v),
+                    "adding the float mask before the scale, (q k^T + mask) / sqrt(d_k): the "
+                    "mask is added to the scaled scores, as given":
+                    lambda: _answer(_softmax(s + mask / math.sqrt(q.shape[-1])), v)}
         return {**found, "adding the boolean mask to the scores (True counts as 1 and blocks "
                 "nothing: set the blocked scores to -inf)": lambda: _answer(_softmax(s + mask), v),
                 "reading True as allowed (the mask convention inverted: True = blocked)":

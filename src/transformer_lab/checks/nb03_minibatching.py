@@ -257,5 +257,9 @@ class MaskedMean(Check, id="check-masked-mean", arguments=("masked_mean",)):
                 "with the padding summed in too (the mask not applied), divided by the lengths":
                 lambda: H.sum(axis=1) / lengths[:, None],
                 "with the mask inverted: the padding summed, the tokens left out":
-                lambda: (H * ~valid[:, :, None]).sum(axis=1) / lengths[:, None]}
+                lambda: (H * ~valid[:, :, None]).sum(axis=1) / lengths[:, None],
+                "with <= where < belongs: position `length` is the first padding (positions "
+                "count from 0)": lambda: (H * (valid | (np.arange(H.shape[1])[None, :] ==
+                                                        lengths[:, None]))[:, :, None]
+                                          ).sum(axis=1) / lengths[:, None]}
     ### END HIDDEN TESTS

@@ -69,7 +69,12 @@ class TopKFilter(_FilterCheck, id="check-top-k-filter", functions=("top_k_filter
 
     def mistakes(self, logits, k):
         kth = np.sort(logits, axis=-1)[..., -k:-k + 1 or None]  # the k-th largest
-        return {"keeping the k smallest logits instead of the k largest":
+        found = {}
+        if k < logits.shape[-1]:
+            index_k = np.sort(logits, axis=-1)[..., k:k + 1]  # the (k + 1)-th smallest
+            found["with np.sort(logits)[..., k], the (k + 1)-th smallest: a sort is ascending, "
+                  "so the k-th largest is at index -k"] = lambda: _kept(logits >= index_k, logits)
+        return {**found, "keeping the k smallest logits instead of the k largest":
                 lambda: _kept(self.expected(-logits, k)["kept"], logits),
                 "with > where >= belongs: the k-th largest itself cut (k - 1 kept)":
                 lambda: _kept(logits > kth, logits),

@@ -95,6 +95,8 @@ class RoPE(Check, id="check-rope", functions=("rope_tables", "rope_forward", "ro
                 ("+2i / Dh", "the sign left out", 2 * i / x.shape[-1])):
             hints[f"with omega_i = base^({wrong}), {why}; it is base^(-2i / Dh) for pair i"] = (
                 lambda e=exponent: tables(e))
+        hints["with the positions one too far (position p turns by p * omega_i: position 0 is "
+              "not turned)"] = lambda: self.expected(np.asarray(positions) + 1, x, dout, base)
         return hints
 
 
@@ -310,6 +312,8 @@ class SwiGLU(Check, id="check-swiglu",
             lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(2 * a))},
             "with the gate's input a where silu(a) belongs (a * u, not silu(a) * u)":
             lambda: {"out": _swiglu_out(x, params, lambda a: a)},
+            "with sigmoid(a) where silu(a) = a * sigmoid(a) belongs":
+            lambda: {"out": _swiglu_out(x, params, _sigmoid)},
             "with silu on the up projection too: only the gate goes through silu, "
             "silu(a) * u with u = x W_up as it is":
             lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(a),
