@@ -2194,6 +2194,9 @@ mutant("beam_search", "K copies of the start: every hypothesis scored 0 at first
        "    scores[:] = 0.0\n", "check-beam-search")
 mutant("beam_search", "parent indices not gathered: the prefixes stay in their rows",
        "np.take_along_axis(seqs, parents[..., None], axis=1)", "seqs", "check-beam-search")
+mutant("beam_search", "stopping when each source's best hypothesis is finished",
+       "        if finished.all():\n", "        if finished[:, 0].all():\n", "check-beam-search",
+       hint="stopping when the best hypothesis of each source is finished")
 mutant("beam_search", "never stopping early (every hypothesis finished: the steps go on)",
        "        if finished.all():\n            break\n", "", "check-beam-search")
 mutant("beam_search", "rows left the identity: the model's cache never reordered",

@@ -372,7 +372,7 @@ def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, st
         before = [p[-1] for p in prefix]  # the table's cache: the last call's prefixes
         if reorder:
             rows = (parents + K * np.arange(B)[:, None] * offset).reshape(-1)
-        if stop and finished.all():
+        if stop and (finished[:, 0] if stop == "best" else finished).all():
             break
     return {"sequences": np.array(seqs, dtype=np.int64),
             "scores": scores / (step.get("penalty", _gnmt)(lengths, alpha) if normalise else 1)}
@@ -391,6 +391,8 @@ SEARCH_MISTAKES = {
     "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":
     {"copies": True},
     "never stopping early (stop when every hypothesis is finished)": {"stop": False},
+    "stopping when the best hypothesis of each source is finished: one still running may yet "
+    "overtake it (stop when every hypothesis is finished)": {"stop": "best"},
     "with logp read as (K, B, V): row b * K + k is hypothesis k of source b, so (B * K, V) "
     "reshapes to (B, K, V)": {"layout": "KB"},
     "passing step the last tokens only (prefix[:, -1:]): it takes the whole prefixes, (B * K, "
