@@ -874,14 +874,31 @@ def test_a_handout_of_another_commit_is_handed_in_unchanged(tmp_path):
     handout.mkdir(parents=True)
     (handout / "_built.py").write_text("COMMIT = 'aaaaaaa'\n")
     (handout / "gradient_check.py").write_text("x = 1\n")
-    digests = handout_digests(tmp_path / "handout")
     theirs = tmp_path / "alice" / "src" / "transformer_lab"
     theirs.mkdir(parents=True)
     (theirs / "_built.py").write_text("COMMIT = 'bbbbbbb'\n")
     (theirs / "gradient_check.py").write_text("x = 2\n")
-    for name, want in (("_built.py", "same"), ("gradient_check.py", "changed")):
+    # the checks' stored answers: the grader's rebuild, at one BLAS thread, differed in a last
+    # bit from the handout's, and every student saw them listed as changed
+    for folder in (handout, theirs):
+        (folder / "checks" / "data").mkdir(parents=True)
+    (handout / "checks" / "data" / "check-x.npz").write_bytes(b"0.30000000000000004")
+    (theirs / "checks" / "data" / "check-x.npz").write_bytes(b"0.3")
+    digests = handout_digests(tmp_path / "handout")
+    for name, want in (("_built.py", "same"), ("gradient_check.py", "changed"),
+                       ("checks/data/check-x.npz", "same")):
         rel = Path("alice/src/transformer_lab") / name
         assert _handout_file(rel, tmp_path / rel, digests) == want, name
+
+
+def test_a_course_notebook_that_the_assignment_does_not_grade_is_named_so(tmp_path):
+    """Gradescope's autograder of notebooks 00 and 01 said a handed-in notebook 05 'matches
+    none of the course's notebooks', as if it were misnamed."""
+    write(nbformat.v4.new_notebook(), tmp_path / "ann" / "05_attention_backward.ipynb")
+    found = find_submissions(tmp_path, ["00_gradients", "01_attention"])
+    assert [s.reason for s in found.skipped] == [
+        "not graded: a notebook of the course, but this assignment grades 00_gradients.ipynb, "
+        "01_attention.ipynb only"]
 
 
 def test_what_a_submitted_notebook_records_and_which_records_grade():

@@ -126,20 +126,29 @@ def handout_digests(handout: Path) -> dict[str, str]:
 
 def _handout_file(rel: Path, path: Path, digests: dict[str, str]) -> str | None:
     """"same" when ``rel`` ends with a handout path and has its content, "changed" when it
-    ends with one but differs, None otherwise. Two handout files are "same" whatever they
+    ends with one but differs, None otherwise. Some handout files are "same" whatever they
     hold: README.md lists the notebooks handed out, which a run grading some of them cannot
-    know, and the package's _built.py records the commit the handout was built from, which a
-    grader at a later commit does not share."""
+    know, the package's _built.py records the commit the handout was built from, which a
+    grader at a later commit does not share, and the checks' stored answers
+    (:data:`ANY_CONTENT_UNDER`) may differ in their last bits."""
     parts = rel.parts
     for k in range(len(parts)):
         key = "/".join(parts[k:])
         if key in digests:
-            return "same" if key in ANY_CONTENT or _digest(path) == digests[key] else "changed"
+            return "same" if key in ANY_CONTENT or key.startswith(ANY_CONTENT_UNDER) or \
+                _digest(path) == digests[key] else "changed"
     return None
 
 
 #: The handout's files that are left out as handed out whatever they hold (:func:`_handout_file`).
 ANY_CONTENT = ("README.md", "src/transformer_lab/_built.py")
+#: ... and the folders: the answers the handout's checks store, computed with the machine's
+#: BLAS, whose last bits the grader's rebuild of the handout need not share.
+ANY_CONTENT_UNDER = ("src/transformer_lab/checks/data/",)
+
+#: Every notebook of the course, an assignment's or not ("00_gradients", ...).
+COURSE_NOTEBOOKS = sorted(syllabus.notebook_names(Path(syllabus.__file__).parent /
+                                                  "checks").values())
 
 
 #: Why a link in a submission is not graded: it could point at the solution, or at a classmate.
@@ -250,8 +259,11 @@ def _scan_student(root: Path, folder: Path, work: StudentWork, notebooks, handou
         rel = path.relative_to(root)
         if path.suffix.lower() == ".ipynb":
             match = match_notebook(path.stem, notebooks)
-            if match is None:
-                names = ", ".join(n + ".ipynb" for n in notebooks)
+            names = ", ".join(n + ".ipynb" for n in notebooks)
+            if match is None and match_notebook(path.stem, COURSE_NOTEBOOKS):
+                skip(work.name, path, f"not graded: a notebook of the course, but this "
+                                      f"assignment grades {names} only")
+            elif match is None:
                 skip(work.name, path, f"not graded: its name matches none of the course's "
                                       f"notebooks ({names})")
             else:
