@@ -109,7 +109,8 @@ def test_the_zip_follows_gradescope_s_format(tmp_path_factory):
     assert setup.index(cpu) < setup.index("-r /autograder/source/requirements.txt -e "
                                           "/autograder/source\n")
     assert "AUTOGRADER_ROOT:-/autograder" in runner and "AUTOGRADER_PYTHON" in runner
-    assert config == {"allow_no_sandbox": False, "hidden_visibility": "visible"}
+    assert config == {"allow_no_sandbox": False, "hidden_visibility": "visible", "timeout": 60,
+                      "case_timeout": 30, "probe_timeout": 600}
     record: dict = {}  # the course version it grades, and the syllabus its grader reads
     exec(zipfile.ZipFile(archive).read(f"src/transformer_lab/{versions.BUILT}"), record)
     assert record["COMMIT"] == versions.project_version(ROOT).commit
@@ -160,7 +161,24 @@ def test_bad_build_arguments_say_which_and_what_was_expected(tmp_path, capsys):
     with pytest.raises(SystemExit):
         G.main(["build", "--source", str(source), "--hidden-visibility", "later"])
     assert "argument --hidden-visibility: invalid choice: 'later'" in capsys.readouterr().err
+    assert G.main(["build", "--source", str(source), "--case-timeout", "0"]) == 2
+    assert "case_timeout must be a positive number of seconds, got 0.0" in \
+        capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_time_limits_travel_in_the_zip_to_the_grader(tmp_path, monkeypatch):
+    """Gradescope's run had no limits of its own: a submission that loops everywhere took up
+    to 600 s a notebook (the instructor trial); the build's limits reach the grader's options."""
+    config = G.Config(timeout=20, case_timeout=5, probe_timeout=120.5)
+    (tmp_path / G.CONFIG_NAME).write_text(config.to_json())
+    assert G.Config.read(tmp_path / G.CONFIG_NAME) == config
+    seen = {}
+    monkeypatch.setattr(G.grade, "grade", lambda submissions, out, options: seen.setdefault(
+        "options", options))
+    G._grade(tmp_path, tmp_path / "out", tmp_path, config)
+    options = seen["options"]
+    assert (options.timeout, options.case_timeout, options.probe_timeout) == (20, 5, 120.5)
 
 
 def test_make_gradescope_runs_the_build():

@@ -82,6 +82,9 @@ class Config:
 
     hidden_visibility: str = "visible"
     allow_no_sandbox: bool = False
+    timeout: int = grade.DEFAULT_TIMEOUT  # seconds a cell, a case, a notebook's probe
+    case_timeout: float = grade.DEFAULT_CASE_TIMEOUT
+    probe_timeout: float = grade.DEFAULT_PROBE_TIMEOUT
 
     def __post_init__(self):
         if self.hidden_visibility not in VISIBILITIES:
@@ -90,6 +93,10 @@ class Config:
         if not isinstance(self.allow_no_sandbox, bool):
             raise ValueError(f"allow_no_sandbox must be true or false, got "
                              f"{self.allow_no_sandbox!r}")
+        for name in ("timeout", "case_timeout", "probe_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -100,8 +107,8 @@ class Config:
         if not path.is_file():
             return cls()
         data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(**{k: data[k] for k in ("hidden_visibility", "allow_no_sandbox")
-                      if k in data})
+        return cls(**{k: data[k] for k in ("hidden_visibility", "allow_no_sandbox", "timeout",
+                                           "case_timeout", "probe_timeout") if k in data})
 
 
 # --- building the zip -------------------------------------------------------------------------
@@ -520,7 +527,9 @@ def _grade(submissions: Path, out: Path, source: Path,
     none can be made and the build allows it -- without one; else grade.NoSandboxError."""
     def run(sandbox: bool) -> reports.Outcome:
         options = grade.Options(source=source / "notebooks", project=source, execute=False,
-                                jobs=1, sandbox=sandbox,
+                                jobs=1, sandbox=sandbox, timeout=config.timeout,
+                                case_timeout=config.case_timeout,
+                                probe_timeout=config.probe_timeout,
                                 hidden_apart=config.hidden_visibility != "visible")
         try:
             return grade.grade(submissions, out, options)
@@ -618,6 +627,13 @@ def main(argv: list[str] | None = None) -> int:
                         "grade WITHOUT one (the students' code runs as root there, where it can "
                         "read the solutions and rewrite its results; every result says so) "
                         "instead of grading nothing")
+    for option, kind, default, what in (
+            ("--timeout", int, grade.DEFAULT_TIMEOUT, "a notebook cell may run"),
+            ("--case-timeout", float, grade.DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
+            ("--probe-timeout", float, grade.DEFAULT_PROBE_TIMEOUT,
+             "the probe of one notebook may run in all")):
+        b.add_argument(option, type=kind, default=default,
+                       help=f"seconds {what} (default: {default})")
     r = commands.add_parser("run", help="grade a submission (what run_autograder does)")
     r.add_argument("--root", type=Path, default=Path("/autograder"),
                    help="Gradescope's folder: source/, submission/, results/ "
@@ -626,7 +642,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         os.environ.pop("PYTHONPATH", None)  # run_autograder's, for this process only
         return run(args.root)
-    config = Config(args.hidden_visibility, args.allow_no_sandbox)
+    try:
+        config = Config(args.hidden_visibility, args.allow_no_sandbox, args.timeout,
+                        args.case_timeout, args.probe_timeout)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         dest = build(args.source, args.project, args.out, config, notebooks=args.notebooks)
     except BuildError as err:
@@ -648,6 +669,10 @@ def _describe_build(dest: Path, config: Config, version: versions.CourseVersion)
              ", with a visible test of their public cases"))
     print("  sandbox: " + ("bubblewrap where it works, else NONE (--allow-no-sandbox)"
                            if config.allow_no_sandbox else "bubblewrap, required"))
+    print(f"  time limits: {config.timeout} s a cell, {config.case_timeout:g} s a case, "
+          f"{config.probe_timeout:g} s a notebook's probe: a submission whose code never ends "
+          f"may take about {len(notebooks)} x {config.probe_timeout:g} s; set the assignment's "
+          "autograder timeout on Gradescope above that, or lower these limits")
     print("Upload it as the assignment's autograder on Gradescope.")
 
 
