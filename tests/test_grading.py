@@ -1156,6 +1156,23 @@ def test_flags_on_code():
         assert not clean, clean  # the reference core raises no flag
 
 
+def test_flags_read_aliases_and_the_path_a_copy_writes():
+    """The instructor trial's hostile core started processes and wrote files unflagged:
+    through an alias, a from-import, os.posix_spawn, shutil.copy's destination, np.save."""
+    source = ("import os as _os\nfrom os import posix_spawn\nfrom subprocess import run as r\n"
+              "import shutil\nimport numpy as np\n"
+              "def f():\n    _os.fork()\n    posix_spawn('/bin/sh', [], {})\n    r(['ls'])\n"
+              "    shutil.copy('/etc/passwd', 'here.txt')\n    shutil.copy('a', '/tmp/b')\n"
+              "    np.save('/tmp/c.npy', 1)\n    np.save('c.npy', 1)\n")
+    got = {f.line: f.what for f in flags.scan_python(source, "core/layers.py", core=True)}
+    assert "os.fork: starts other processes" in got[7]
+    assert "os.posix_spawn: starts other processes" in got[8]
+    assert "subprocess.run: starts other processes" in got[9]
+    assert 10 not in got and 13 not in got  # written inside the working folder
+    assert "changes files outside the working folder" in got[11] and \
+        "changes files outside the working folder" in got[12]
+
+
 # --- the course's own notebooks, end to end ------------------------------------------------------
 
 @pytest.mark.slow

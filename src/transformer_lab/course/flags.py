@@ -40,13 +40,20 @@ _FRAME_NAMES = {"ctypes", "gc"}
 _EXIT_ATTRS = {"_exit", "exit", "abort", "kill", "killpg", "signal", "alarm", "setitimer"}
 _EXIT_NAMES = {"atexit", "exit", "quit", "signal"}
 _PROCESS_ATTRS = {"system", "popen", "Popen", "run", "call", "check_call", "check_output",
-                  "fork", "spawnl", "spawnv", "spawnve", "execv", "execve", "execl", "execvp",
-                  "startfile"}
+                  "fork", "forkpty", "spawnl", "spawnv", "spawnve", "spawnlp", "spawnvp",
+                  "posix_spawn", "posix_spawnp", "execv", "execve", "execl", "execle", "execlp",
+                  "execvp", "execvpe", "startfile"}
 _PROCESS_NAMES = {"subprocess", "multiprocessing", "pty"}
 _WRITE_ATTRS = {"write_text", "write_bytes", "unlink", "rmdir", "remove", "removedirs",
                 "rename", "replace", "rmtree", "copy", "copy2", "copyfile", "copytree", "move",
                 "makedirs", "mkdir", "symlink", "symlink_to", "hardlink_to", "chmod", "truncate",
-                "savez", "savez_compressed", "savetxt", "tofile", "touch"}
+                "save", "savez", "savez_compressed", "savetxt", "tofile", "touch"}
+#: Of those, the ones whose second argument is the path written (shutil.copy(src, dst)).
+_WRITE_SECOND = {"rename", "replace", "copy", "copy2", "copyfile", "copytree", "move",
+                 "symlink"}
+#: The modules whose aliases are read as the module (import os as o; from os import fork).
+_ALIASED = {"os", "sys", "subprocess", "shutil", "signal", "atexit", "builtins", "importlib",
+            "ctypes", "gc", "inspect", "multiprocessing", "pty", "numpy", "torch", "pathlib"}
 _STRING_CODE = {"eval", "exec", "compile"}
 #: What importing a module means, by its top-level name.
 _IMPORT_REASONS = {
@@ -145,6 +152,7 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
     except SyntaxError:
         return []
     imported = imported_names([source]) | (imported or set())
+    tree = _unaliased(tree)
     lines = source.split("\n")
     found: dict[tuple[int, str], Flag] = {}
 
@@ -191,6 +199,30 @@ def scan_python(source: str, where: str, imported: set[str] | None = None,
         merged[line] = Flag(where, line, f"{merged[line].what}; {f.what}", f.code) \
             if line in merged else f
     return list(merged.values())
+
+
+def _unaliased(tree: ast.Module) -> ast.Module:
+    """``tree`` with the names that imports bind to the modules of :data:`_ALIASED`, or to
+    what they hold, read as written out: ``_os.fork()`` and ``fork()`` after ``import os as
+    _os`` or ``from os import fork`` as ``os.fork()``, which the rules know."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname: a.name for a in node.names if a.asname and a.name.split(
+                ".")[0] in _ALIASED - {"numpy", "torch"}}  # np, as the rules read it
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _ALIASED:
+            aliases |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+
+    class Unalias(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name):
+            if node.id not in aliases or not isinstance(node.ctx, ast.Load):
+                return node
+            *path, last = aliases[node.id].split(".")
+            written = ast.Name(path[0] if path else last, ast.Load())
+            for part in [*path[1:], last] if path else []:
+                written = ast.Attribute(written, part, ast.Load())
+            return ast.copy_location(written, node)
+    return Unalias().visit(tree) if aliases else tree
 
 
 def _target(node, target, imported: set[str], flag) -> None:
@@ -311,8 +343,10 @@ def _call(node: ast.Call, flag) -> None:
             _root(func) in ("os", "shutil", "np", "numpy", "torch")
             or func.attr in ("write_text", "write_bytes", "unlink", "rmtree", "touch",
                              "tofile", "symlink_to")):
-        target = _literal_path(node.args[0]) if node.args and _root(func) in (
-            "os", "shutil", "np", "numpy", "torch") else _literal_path(func.value)
+        given = 1 if func.attr in _WRITE_SECOND else 0
+        target = (_literal_path(node.args[given]) if len(node.args) > given else None) \
+            if _root(func) in ("os", "shutil", "np", "numpy", "torch") else \
+            _literal_path(func.value)
         if _outside(target):
             flag(node, f"{name}: changes files outside the working folder" if target else
                        f"{name}: changes files at a path computed at run time")
