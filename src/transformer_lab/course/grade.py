@@ -889,6 +889,8 @@ class Options:
     #: the public ones' (Gradescope's --hidden-visibility): code run on a public case then
     #: cannot read their inputs and show them in a public failure (the probes take ~1.6x)
     hidden_apart: bool = False
+    #: what the instructor runs in another course version's folder, to grade its notebooks
+    command: str = "make grade"
 
 
 class GradingError(Exception):
@@ -1002,7 +1004,8 @@ def grade(submissions: Path, out: Path, options: Options) -> Outcome:
                                instructor)
             found = find_submissions(submissions, sorted(course), handout_digests(handout))
             _leave_out(found, set(sources), submissions)
-            other_version = _leave_out_other_versions(found, of_notebook, others, submissions)
+            other_version = _leave_out_other_versions(found, of_notebook, others, submissions,
+                                                      options.command)
             fresh_output_dir(out, "--out", inputs)
             grader = Grader({n: assignments[n] for n in handed_in}, instructor,
                             handout / "src", submissions, out,
@@ -1041,13 +1044,13 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
 
 def _leave_out_other_versions(found: Found, ours: dict[str, versions.CourseVersion],
                               others: dict[tuple[str, str], versions.CourseVersion],
-                              submissions: Path) -> str:
+                              submissions: Path, command: str = "make grade") -> str:
     """Move the notebooks of another course version (``others``, :func:`recorded_versions`)
     to the skipped files, each with the version that grades it (``ours``: notebook -> this
     grader's version of it); return whose they were ("" if none)."""
     for (student, notebook), version in others.items():
         path = found.students[student].notebooks.pop(notebook)
-        how = versions.checkout(version, "make grade")
+        how = versions.checkout(version, command)
         reason = (f"not graded: made from course version {version}, and this is "
                   f"{ours[notebook]}: grade it with that version -- {how}")
         found.skipped.append(Skipped(student, path.relative_to(submissions).as_posix(), reason))

@@ -529,7 +529,7 @@ def _grade(submissions: Path, out: Path, source: Path,
         options = grade.Options(source=source / "notebooks", project=source, execute=False,
                                 jobs=1, sandbox=sandbox, timeout=config.timeout,
                                 case_timeout=config.case_timeout,
-                                probe_timeout=config.probe_timeout,
+                                probe_timeout=config.probe_timeout, command="make gradescope",
                                 hidden_apart=config.hidden_visibility != "visible")
         try:
             return grade.grade(submissions, out, options)
