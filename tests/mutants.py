@@ -1499,6 +1499,10 @@ mutant("silu_forward", "x multiplied by its sigmoid in place (x *= s): the input
        "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n",
        "    s = 0.5 * (1 + np.tanh(0.5 * x))  # sigmoid(x)\n    x0 = x.copy()\n    x *= s\n"
        "    return x, (x0, s)\n", "check-swiglu", hint="changed its input `x` in place")
+mutant("swiglu_forward", "silu of the product of the two paths, silu(a * u)",
+       "    s, c_silu = silu_forward(a)\n",
+       "    s, c_silu = silu_forward(a * u)\n    u = np.ones_like(u)\n", "check-swiglu",
+       hint="with silu of the product")
 mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
        "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
        "check-swiglu")
@@ -2197,6 +2201,9 @@ mutant("beam_search", "parent indices not gathered: the prefixes stay in their r
 mutant("beam_search", "stopping when each source's best hypothesis is finished",
        "        if finished.all():\n", "        if finished[:, 0].all():\n", "check-beam-search",
        hint="stopping when the best hypothesis of each source is finished")
+mutant("beam_search", "<s> counted in the lengths (they start at 1)",
+       "lengths = np.zeros((B, K), dtype=np.int64)", "lengths = np.ones((B, K), dtype=np.int64)",
+       "check-beam-search", hint="counting <s> in the lengths")
 mutant("beam_search", "never stopping early (every hypothesis finished: the steps go on)",
        "        if finished.all():\n            break\n", "", "check-beam-search")
 mutant("beam_search", "rows left the identity: the model's cache never reordered",
@@ -2212,6 +2219,10 @@ mutant("beam_search", "the model's log-probabilities read as (K, B, V)",
        "step(seqs.reshape(B * K, -1), rows).reshape(B, K, -1)",
        "step(seqs.reshape(B * K, -1), rows).reshape(K, B, -1).transpose(1, 0, 2)",
        "check-beam-search", hint="logp read as (K, B, V)")
+mutant("memory_keys_values", "the memory's keys and values swapped",
+       "return split_heads(k, num_heads), split_heads(v, num_heads)",
+       "return split_heads(v, num_heads), split_heads(k, num_heads)", "check-decoder-step",
+       hint="the memory's keys and values swapped")
 mutant("memory_keys_values", "the value bias left out", 'params["W_v"], params.get("b_v"))',
        'params["W_v"], None)', "check-decoder-step", hint="without the bias b_v")
 mutant("memory_keys_values", "keys and values both from W_k",

@@ -347,14 +347,14 @@ def _table_step(table, K):
 
 ### BEGIN HIDDEN TESTS
 def _search(table, K, max_len, alpha, offset=True, gather=True, copies=False, stop=True,
-            normalise=True, reorder=True, whole=True, layout="BK", **step):
+            normalise=True, reorder=True, whole=True, layout="BK", bos=False, **step):
     """The search by its definition, step by step with :func:`_reference_step`, as
     ``beam_search`` runs it -- rows of prefixes, the table's "cache" read through ``rows`` --
     or with one of its mistakes (:data:`SEARCH_MISTAKES`; ``step``: a variant of beam_step,
     :data:`STEP_MISTAKES`)."""
     B = table.shape[0]
     seqs = [[(BOS,)] * K for _ in range(B)]
-    scores, lengths, finished = np.zeros((B, K)), np.zeros((B, K), int), np.zeros((B, K), bool)
+    scores, lengths, finished = np.zeros((B, K)), np.full((B, K), int(bos)), np.zeros((B, K), bool)
     if not copies:
         scores[:, 1:] = -np.inf
     before, rows = [BOS] * (B * K), range(B * K)
@@ -391,6 +391,8 @@ SEARCH_MISTAKES = {
     "starting from K live copies of <s> (start from one: scores (0, -inf, ..., -inf))":
     {"copies": True},
     "never stopping early (stop when every hypothesis is finished)": {"stop": False},
+    "counting <s> in the lengths (they start at 0: a hypothesis's length counts the tokens "
+    "after <s>, EOS included)": {"bos": True},
     "stopping when the best hypothesis of each source is finished: one still running may yet "
     "overtake it (stop when every hypothesis is finished)": {"stop": "best"},
     "with logp read as (K, B, V): row b * K + k is hypothesis k of source b, so (B * K, V) "
@@ -519,6 +521,10 @@ class DecoderStep(Check, id="check-decoder-step",
                     f"{config['norm_first']} ({order}): pass it on to the layers"] = \
             functools.partial(_decoded, {**config, "norm_first": not config["norm_first"]},
                               params, memory, pad, tgt, chunks)
+        biasless["with the memory's keys and values swapped (memory_keys_values returns k, "
+                 "then v: k = memory W_k, v = memory W_v)"] = lambda: {
+                     "memory_keys": _memory_heads(memory, params, config, "v"),
+                     "memory_values": _memory_heads(memory, params, config, "k")}
         return {**biasless, **activations, SHARED_CACHE: lambda: {WRITTEN: np.arange(1)},
                 UNWRITTEN: lambda: {WRITTEN: np.arange(0)}, **{
             description: functools.partial(_decoded, config, params, memory, pad, tgt, chunks,

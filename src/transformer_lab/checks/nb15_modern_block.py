@@ -258,6 +258,13 @@ def _swiglu_dx(x, params, dout, dsilu=None, up_path=True, crossed=False):
     return {"dx": (da @ W["W_gate"].T + (du @ W["W_up"].T if up_path else 0)).astype(x.dtype)}
 
 
+def _silu_of_product(x, params):
+    """SwiGLU's output with silu applied to the product of the two paths, a mistake."""
+    x64, W = x.astype(np.float64), {k: v.astype(np.float64) for k, v in params.items()}
+    h = (x64 @ W["W_gate"]) * (x64 @ W["W_up"])
+    return ((h * _sigmoid(h)) @ W["W_down"]).astype(x.dtype)
+
+
 def _swiglu_out(x, params, silu, up=lambda u: u):
     """SwiGLU's output with ``silu`` in place of a sigmoid(a), and ``up`` applied to the up
     projection u, in float64, then x's dtype."""
@@ -314,6 +321,8 @@ class SwiGLU(Check, id="check-swiglu",
             lambda: {"out": _swiglu_out(x, params, lambda a: a)},
             "with sigmoid(a) where silu(a) = a * sigmoid(a) belongs":
             lambda: {"out": _swiglu_out(x, params, _sigmoid)},
+            "with silu of the product, silu(a * u): only the gate goes through silu, "
+            "silu(a) * u": lambda: {"out": _silu_of_product(x, params)},
             "with silu on the up projection too: only the gate goes through silu, "
             "silu(a) * u with u = x W_up as it is":
             lambda: {"out": _swiglu_out(x, params, lambda a: a * _sigmoid(a),
