@@ -127,6 +127,10 @@ mutant("linear_backward", "the bias gradient summed over the first axis only (do
        "check-linear-backward-batched")
 
 MSE = "00_gradients/exercise-mse"
+mutant(MSE, "the mean over the rows only (sum / P.shape[0])",
+       "    loss = float(np.mean(diff ** 2))\n    dP = 2 * diff / diff.size\n",
+       "    loss = float(np.sum(diff ** 2) / diff.shape[0])\n    dP = 2 * diff / diff.shape[0]\n",
+       "check-mse", hint="averaging over the rows only")
 mutant(MSE, "without the factor 2 of the square's derivative",
        "dP = 2 * diff / diff.size", "dP = diff / diff.size", "check-mse")
 mutant(MSE, "dividing by the number of rows instead of the number of entries",
@@ -216,6 +220,10 @@ mutant("attention_forward", "a Python loop over the batch (the text asks for non
        "check-attention-batched", hint="runs a Python loop")
 
 LSE = "01_attention/exercise-logsumexp"
+mutant(LSE, "no maximum subtracted (exp overflows far from 0)",
+       "    c = np.max(x, axis=axis, keepdims=True)\n",
+       "    c = np.zeros_like(np.max(x, axis=axis, keepdims=True))\n", "check-logsumexp",
+       hint="without subtracting the maximum first")
 mutant(LSE, "the -inf entries left out of the maximum (a slice far below 0 beside -inf)",
        "c = np.max(x, axis=axis, keepdims=True)",
        "c = np.max(np.where(np.isneginf(x), 0, x), axis=axis, keepdims=True)", "check-logsumexp")

@@ -283,10 +283,17 @@ class LogSumExp(Check, id="check-logsumexp", arguments=("logsumexp",)):
                 lambda: np.expand_dims(self.expected(x, axis), axis),
                 "without adding the maximum back after the log":
                 lambda: (torch.logsumexp(t, axis) - t.max(axis).values).numpy(),
+                "without subtracting the maximum first: exp overflows to inf (or underflows "
+                "to 0, whose log is -inf) far from 0": lambda: self._naive(x, axis),
                 "squeezing every axis of length 1 (m.squeeze()) instead of the reduced one "
                 "only (np.squeeze(m, axis))": lambda: self._squeezed(x, axis),
                 "squeezing every axis of length 1 (np.squeeze(out)) instead of the reduced one "
                 "only (np.squeeze(out, axis))": lambda: np.squeeze(self.expected(x, axis))}
+
+    @staticmethod
+    def _naive(x, axis):
+        with np.errstate(all="ignore"):
+            return np.log(np.exp(x).sum(axis=axis))
 
     @staticmethod
     def _squeezed(x, axis):
