@@ -244,6 +244,9 @@ mutant(LSE, "the maximum along the last axis whatever `axis` is",
        "check-logsumexp")
 
 COS = "01_attention/exercise-cosine-attention"
+mutant(COS, "tau left out", "scores = Qn @ np.swapaxes(Kn, -1, -2) / tau",
+       "scores = Qn @ np.swapaxes(Kn, -1, -2)", "check-cosine-attention",
+       hint="without the temperature tau")
 mutant(COS, "only the queries normalised",
        "Kn = K / np.linalg.norm(K, axis=-1, keepdims=True)", "Kn = K", "check-cosine-attention")
 mutant(COS, "the queries normalised along the sequence axis",
@@ -259,6 +262,16 @@ mutant(COS, "Kn.T for the keys' transpose on a batch",
        "np.swapaxes(Kn, -1, -2)", "Kn.T", "check-cosine-attention")
 
 ADD = "01_attention/exercise-additive-attention"
+mutant(ADD, "the tanh after the product with w",
+       "    hidden = np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])  # (T, S, h)\n"
+       "    scores = hidden @ w                                             # (T, S)\n",
+       "    hidden = (Q @ W1)[:, None, :] + (K @ W2)[None, :, :]\n"
+       "    scores = np.tanh(hidden @ w)\n",
+       "check-additive-attention", hint="with the tanh taken after the product with w")
+mutant(ADD, "the scores divided by sqrt(h)",
+       "    scores = hidden @ w                                             # (T, S)\n",
+       "    scores = hidden @ w / np.sqrt(w.shape[0])\n", "check-additive-attention",
+       hint="dividing the scores by sqrt(h)")
 mutant(ADD, "a double Python loop over the queries and the keys (the text asks for none)",
        "hidden = np.tanh((Q @ W1)[:, None, :] + (K @ W2)[None, :, :])  # (T, S, h)\n"
        "    scores = hidden @ w                                             # (T, S)",

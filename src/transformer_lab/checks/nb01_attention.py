@@ -338,7 +338,9 @@ class CosineAttention(Check, id="check-cosine-attention", arguments=("cosine_att
                 "multiplying the cosines by tau instead of dividing":
                 lambda: self.expected(q, k, v, 1 / tau),
                 "normalising only the queries (the keys need unit length too)":
-                lambda: self.expected(q, k, v, tau, normalise_k=False)}
+                lambda: self.expected(q, k, v, tau, normalise_k=False),
+                "without the temperature tau (divide the cosines by it)":
+                lambda: self.expected(q, k, v, 1.0)}
     ### END HIDDEN TESTS
 
     def run(self, f, Q, K, V, tau=0.1):  # the notebook's names, for the messages
@@ -361,11 +363,12 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
             rng.standard_normal(sh) * s for sh, s in
             [((5, 3), 10), ((4, 3), 10), ((4, 2), 1), ((3, 6), 1), ((3, 6), 1), ((6,), 5)]))
 
-    def expected(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True):
+    def expected(self, q, k, v, W1, W2, w, dim=-1, swap=False, act=True, late=False, scale=1.0):
         q, k, v, W1, W2, w = (torch.from_numpy(a) for a in (q, k, v, W1, W2, w))
         a, b = (q @ W2, k @ W1) if swap else (q @ W1, k @ W2)
         hidden = a[:, None, :] + b[None, :, :]  # (T, S, h)
-        scores = (torch.tanh(hidden) if act else hidden) @ w
+        scores = (torch.tanh(hidden @ w) if late else
+                  (torch.tanh(hidden) if act else hidden) @ w) * scale
         weights = torch.softmax(scores, dim=dim)
         return {"out": (weights @ v).numpy(), "weights": weights.numpy()}
 
@@ -374,7 +377,13 @@ class AdditiveAttention(Check, id="check-additive-attention", arguments=("additi
                 lambda: self.expected(q, k, v, W1, W2, w, dim=0),
                 "without the tanh": lambda: self.expected(q, k, v, W1, W2, w, act=False),
                 "with W1 and W2 swapped (q goes through W1, k through W2)":
-                lambda: self.expected(q, k, v, W1, W2, w, swap=True)}
+                lambda: self.expected(q, k, v, W1, W2, w, swap=True),
+                "with the tanh taken after the product with w, tanh(h @ w): it acts on the "
+                "hidden units first, then w sums them, tanh(h) @ w":
+                lambda: self.expected(q, k, v, W1, W2, w, late=True),
+                "dividing the scores by sqrt(h): additive attention has no scale (that is "
+                "dot-product attention's)":
+                lambda: self.expected(q, k, v, W1, W2, w, scale=1 / math.sqrt(w.shape[0]))}
     ### END HIDDEN TESTS
 
     loop_free = {"additive_attention": "broadcast (T, 1, h) against (1, S, h)"}
