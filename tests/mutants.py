@@ -89,6 +89,12 @@ mutant("linear_forward", "a Python loop over the batch (the text asks for one pr
        "out = x.reshape(-1, x.shape[-1]) @ W",
        "out = np.stack([xb @ W for xb in x]) if x.ndim > 2 else x @ W",
        "check-linear-forward-batched", hint="runs a Python loop")
+mutant("linear_forward", "the rows flattened in Fortran order, restored in C order",
+       "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[-1], order=\"F\") @ W",
+       "check-linear-forward-batched", hint="flattening in Fortran order")
+mutant("linear_forward", "x.T flattened (the rows in (t, b) order)",
+       "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.T.reshape(x.shape[-1], -1).T @ W",
+       "check-linear-forward-batched", hint="flattening x.T")
 mutant("linear_forward", "the leading axes flattened by x.shape[1] (counted from the left)",
        "out = x.reshape(-1, x.shape[-1]) @ W", "out = x.reshape(-1, x.shape[1]) @ W",
        "check-linear-forward-batched", hint="an axis counted from the left")

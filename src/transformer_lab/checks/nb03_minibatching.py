@@ -45,6 +45,14 @@ class LinearForwardBatched(Check, id="check-linear-forward-batched", functions=(
         if W.shape[0] == W.shape[1]:
             found["with the weight transposed (x @ W.T): W is (D_in, D_out)"] = (
                 lambda: x @ W.T + (0 if b is None else b))
+        if x.ndim >= 3:  # the rows flattened in one order and unflattened in another
+            lead, bias = (*x.shape[:-1], W.shape[1]), 0 if b is None else b
+            found["flattening in Fortran order (order='F') and restoring in C order: the rows "
+                  "come back shuffled; reshape both ways alike (the default)"] = (
+                lambda: (x.reshape(-1, x.shape[-1], order="F") @ W + bias).reshape(lead))
+            found["flattening x.T (on a batch, .T reverses every axis: the rows come out in "
+                  "(t, b) order); x.reshape(-1, D_in) keeps them in order"] = (
+                lambda: (x.T.reshape(x.shape[-1], -1).T @ W + bias).reshape(lead))
         return found
 
 
