@@ -1830,6 +1830,10 @@ mutant("top_p_filter", "the decisions taken back through order itself, not its i
        "keep = np.take_along_axis(above < p, rank, axis=-1)",
        "keep = np.take_along_axis(above < p, order, axis=-1)", "check-top-p-filter",
        hint="taking the decisions back with take_along_axis(kept_sorted, order)")
+mutant("top_p_filter", "no sort: the mass summed in the vocabulary's order",
+       'order = np.argsort(-logits, axis=-1, kind="stable")',
+       "order = np.broadcast_to(np.arange(logits.shape[-1]), logits.shape)",
+       "check-top-p-filter", hint="the mass summed in the vocabulary's order")
 mutant("top_p_filter", "a softmax without the maximum subtracted (exp overflows)",
        "probs, _ = softmax_forward(logits)",
        "probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)",

@@ -166,7 +166,10 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
                 lambda: _kept(reversed_ties, logits),
                 "with a sort that is not stable (np.argsort's default orders tied tokens as it "
                 "likes; kind=\"stable\" keeps the lower id first)":
-                lambda: _kept(unstable, logits)}
+                lambda: _kept(unstable, logits),
+                "with the mass summed in the vocabulary's order: sort the tokens by probability "
+                "first (most probable first), then sum": lambda: _kept(
+                    np.cumsum(probs, -1) - probs < p, logits)}
 
 
 #: check-sample-next's output that says whether the caller's logits are as they were
