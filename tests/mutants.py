@@ -1530,6 +1530,10 @@ mutant("swiglu_forward", "silu of the product of the two paths, silu(a * u)",
        "    s, c_silu = silu_forward(a)\n",
        "    s, c_silu = silu_forward(a * u)\n    u = np.ones_like(u)\n", "check-swiglu",
        hint="with silu of the product")
+mutant("swiglu_backward", "the gate's and the up projection's weight gradients swapped",
+       "    dx, g_gate = linear_backward(da, c_gate)\n    dx_up, g_up = linear_backward(dh * s, "
+       "c_up)\n", "    dx, g_up = linear_backward(da, c_gate)\n    dx_up, g_gate = "
+       "linear_backward(dh * s, c_up)\n", "check-swiglu", hint="under each other's keys")
 mutant("swiglu_forward", "the gate's input multiplied in instead of its SiLU",
        "linear_forward(s * u, params[\"W_down\"])", "linear_forward(a * u, params[\"W_down\"])",
        "check-swiglu")

@@ -309,7 +309,10 @@ class SwiGLU(Check, id="check-swiglu",
 
     def mistakes(self, x, params, dout):
         found = {"with the gate and the up projection swapped (silu goes on x W_gate)":
-                 lambda: self.expected(x, params, dout, gate="W_up", up="W_gate")}
+                 lambda: self.expected(x, params, dout, gate="W_up", up="W_gate"),
+                 "with the gradients of W_gate and W_up under each other's keys": lambda: {
+                     **(right := self.expected(x, params, dout)), "dW_gate": right["dW_up"],
+                     "dW_up": right["dW_gate"]}}
         for wrong, derivative in _WRONG_SILU_DERIVATIVES.items():
             found[f"with {wrong} as silu's derivative; d(a sigmoid(a))/da is "
                   "sigmoid(a) (1 + a (1 - sigmoid(a)))"] = (
