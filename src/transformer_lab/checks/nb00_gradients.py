@@ -225,14 +225,13 @@ class MSELoss(Check, id="check-mse", arguments=("mse_loss",)):
             "with the sum of the squares as the loss instead of their mean":
             lambda: {**e, "loss": e["loss"] * n},
         }
+        found["returning the loss as a NumPy scalar (np.mean gives one): return "
+              "float(...)"] = lambda: {**e, "the loss is a float": False}
         if rows != n:
             found["averaging over the rows only (dividing by P.shape[0]): the mean is over "
                   "every entry, P.size of them"] = lambda: {
                       **e, "loss": (e["loss"] * n / rows).astype(e["loss"].dtype),
                       "dP": (e["dP"] * n / rows).astype(P.dtype)}
-        found["returning the loss as a NumPy scalar (np.mean gives one): return "
-              "float(...)"] = lambda: {**e, "the loss is a float": False}
-        if rows != n:
             found["dividing by the number of rows (P.shape[0]) instead of the number of "
                   "entries (P.size)"] = lambda: {**e, "dP": e["dP"] * n / rows}
         return found

@@ -188,14 +188,15 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
             for cached in dict.fromkeys((want, factor)):
                 found.append((description, lambda f=factor, dm=dim, c=cached:
                               self._reference(q, k, v, f, dm, c)))
+        scores = q @ np.swapaxes(k, -1, -2) * want
         found.append(("with the scores in the cache where the softmax's cache belongs (c_softmax, "
                       "the weights: the backward pass multiplies by them)",
-                      lambda: {**self._reference(q, k, v, want), "weights (the softmax's "
-                               "cache)": q @ np.swapaxes(k, -1, -2) * want}))
+                      lambda: {**self._reference(q, k, v, want),
+                               "weights (the softmax's cache)": scores}))
         found.append(("with a softmax that does not subtract the row's maximum: exp overflows "
                       "(call softmax_forward, which does, and keep its cache)",
                       lambda: {**self._reference(q, k, v, want),
-                               "out": _overflowing(q @ np.swapaxes(k, -1, -2) * want) @ v}))
+                               "out": _overflowing(scores) @ v}))
         found.append(("caching the scaled q (q * scale): the backward pass multiplies by the "
                       "scale itself, so the cache must hold q as given (keep the given return "
                       "line, and compute the scaled q into a new name)",
@@ -210,8 +211,9 @@ class AttentionForward(Check, id="check-attention-forward", functions=("attentio
 
 
 def _overflowing(scores):
-    """The softmax over the last axis of ``scores`` without subtracting the maximum."""
-    with np.errstate(over="ignore", invalid="ignore"):
+    """The softmax over the last axis of ``scores`` without subtracting the maximum (inf / inf
+    is NaN where exp overflows)."""
+    with np.errstate(all="ignore"):
         e = np.exp(scores)
         return e / e.sum(axis=-1, keepdims=True)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from transformer_lab.checks._torch_helpers import _np, _t, torch
 from transformer_lab.checks.framework import Case, Check, later_rng
+from transformer_lab.checks.nb01_attention import _overflowing
 from transformer_lab.checks.nb12_translation import SHARED_CACHE, WRITTEN
 from transformer_lab.checks.nb13_gpt import _config, _model_case, _pe, _rope
 
@@ -134,25 +135,22 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         order = np.argsort(-probs, axis=-1, kind="stable")
-        cum = np.cumsum(np.take_along_axis(probs, order, -1), -1)
-        before = np.zeros(logits.shape, bool)
-        np.put_along_axis(before, order, cum < p, axis=-1)  # stops one token short
-        ranked = cum - np.take_along_axis(probs, order, -1) < p  # in rank order
-        reversed_ties = np.zeros(logits.shape, bool)
-        backwards = np.argsort(probs, axis=-1, kind="stable")[..., ::-1]
-        cum_back = np.cumsum(np.take_along_axis(probs, backwards, -1), -1)
-        np.put_along_axis(reversed_ties, backwards,
-                          cum_back - np.take_along_axis(probs, backwards, -1) < p, axis=-1)
-        with np.errstate(all="ignore"):  # NaN probabilities: no token kept in their row
-            naive = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-        overflowed = _top_p_reference(logits, p) & ~np.isnan(naive).any(-1, keepdims=True)
-        unstable = np.zeros(logits.shape, bool)
-        order_any = np.argsort(-probs, axis=-1)  # NumPy's default sort: ties in any order
-        np.put_along_axis(unstable, order_any, np.cumsum(np.take_along_axis(
-            probs, order_any, -1), -1) - np.take_along_axis(probs, order_any, -1) < p, axis=-1)
-        gathered = np.take_along_axis(ranked, order, -1)  # order read as its own inverse
+
+        def kept(ranking, reach=True):
+            """Top-p's decisions, the tokens summed in the order ``ranking`` (token ids, most
+            probable first), each put back at its id; without ``reach`` the kept mass stays
+            below p (one token short)."""
+            ranked_p = np.take_along_axis(probs, ranking, -1)
+            keep = np.zeros(logits.shape, bool)
+            np.put_along_axis(keep, ranking,
+                              np.cumsum(ranked_p, -1) - (ranked_p if reach else 0) < p, axis=-1)
+            return keep
+
+        ranked = np.take_along_axis(kept(order), order, -1)  # the decisions in rank order
+        overflowed = _top_p_reference(logits, p) & ~np.isnan(_overflowing(logits)).any(
+            -1, keepdims=True)  # NaN probabilities: no token kept in their row
         return {"keeping the tokens whose cumulative mass is below p (one token too few: the "
-                "kept set must reach p)": lambda: _kept(before, logits),
+                "kept set must reach p)": lambda: _kept(kept(order, reach=False), logits),
                 "with a softmax that does not subtract the row's maximum: exp overflows to inf, "
                 "and inf / inf is NaN": lambda: _kept(overflowed, logits),
                 "leaving the decision in rank order: put it back at each token's own id "
@@ -160,16 +158,16 @@ class TopPFilter(_FilterCheck, id="check-top-p-filter", functions=("top_p_filter
                 "taking the decisions back with take_along_axis(kept_sorted, order): order maps "
                 "a rank to its token, so reading it as the way back shuffles them again; put "
                 "them back with np.put_along_axis(..., order, ...) or read at the inverse, "
-                "np.argsort(order)": lambda: _kept(gathered, logits),
+                "np.argsort(order)": lambda: _kept(np.take_along_axis(ranked, order, -1), logits),
                 "ranking tied tokens highest id first (argsort(probs)[..., ::-1] reverses ties; "
                 "argsort(-probs, kind=\"stable\") keeps the lower id first)":
-                lambda: _kept(reversed_ties, logits),
+                lambda: _kept(kept(np.argsort(probs, axis=-1, kind="stable")[..., ::-1]), logits),
                 "with a sort that is not stable (np.argsort's default orders tied tokens as it "
                 "likes; kind=\"stable\" keeps the lower id first)":
-                lambda: _kept(unstable, logits),
+                lambda: _kept(kept(np.argsort(-probs, axis=-1)), logits),  # ties in any order
                 "with the mass summed in the vocabulary's order: sort the tokens by probability "
                 "first (most probable first), then sum": lambda: _kept(
-                    np.cumsum(probs, -1) - probs < p, logits)}
+                    kept(np.broadcast_to(np.arange(probs.shape[-1]), probs.shape)), logits)}
 
 
 #: check-sample-next's output that says whether the caller's logits are as they were

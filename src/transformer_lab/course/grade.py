@@ -1044,10 +1044,11 @@ def _leave_out(found: Found, chosen: set[str], submissions: Path) -> None:
 
 def _leave_out_other_versions(found: Found, ours: dict[str, versions.CourseVersion],
                               others: dict[tuple[str, str], versions.CourseVersion],
-                              submissions: Path, command: str = "make grade") -> str:
+                              submissions: Path, command: str) -> str:
     """Move the notebooks of another course version (``others``, :func:`recorded_versions`)
     to the skipped files, each with the version that grades it (``ours``: notebook -> this
-    grader's version of it); return whose they were ("" if none)."""
+    grader's version of it, and ``command`` the one to run there); return whose they were ("" if
+    none)."""
     for (student, notebook), version in others.items():
         path = found.students[student].notebooks.pop(notebook)
         how = versions.checkout(version, command)
@@ -1069,6 +1070,21 @@ def _gigabytes(text: str) -> int:
     return int(value * 2**30)
 
 
+def add_time_limits(parser: argparse.ArgumentParser, feedback: bool = True) -> None:
+    """The options --timeout, --case-timeout and --probe-timeout, in seconds, on ``parser``
+    (``feedback``: the run executes the feedback notebooks too, which the cell's and the probe's
+    limits bound as well)."""
+    cell, probe = (", in the probe and in the feedback run", ", and its feedback run too") \
+        if feedback else ("", "")
+    for option, kind, default, what in (
+            ("--timeout", int, DEFAULT_TIMEOUT, f"a notebook cell may run{cell}"),
+            ("--case-timeout", float, DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
+            ("--probe-timeout", float, DEFAULT_PROBE_TIMEOUT,
+             f"the probe of one notebook may run in all{probe}")):
+        parser.add_argument(option, type=kind, default=default,
+                            help=f"seconds {what} (default: {default})")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path,
@@ -1081,14 +1097,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("build/grades"),
                         help="folder for grades.csv, totals.csv, skipped.csv, flags.csv, "
                              "sandbox.csv and feedback/, emptied first (default: build/grades)")
-    for option, kind, default, what in (
-            ("--timeout", int, DEFAULT_TIMEOUT,
-             "a notebook cell may run, in the probe and in the feedback run"),
-            ("--case-timeout", float, DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
-            ("--probe-timeout", float, DEFAULT_PROBE_TIMEOUT,
-             "the probe of one notebook may run in all, and its feedback run too")):
-        parser.add_argument(option, type=kind, default=default,
-                            help=f"seconds {what} (default: {default})")
+    add_time_limits(parser)
     parser.add_argument("--notebooks", nargs="+", default=(), metavar="NN_topic",
                         help="grade these notebooks only (01_attention or 01), the files of "
                              "the others listed as skipped (default: every notebook)")

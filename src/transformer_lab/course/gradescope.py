@@ -627,13 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                         "grade WITHOUT one (the students' code runs as root there, where it can "
                         "read the solutions and rewrite its results; every result says so) "
                         "instead of grading nothing")
-    for option, kind, default, what in (
-            ("--timeout", int, grade.DEFAULT_TIMEOUT, "a notebook cell may run"),
-            ("--case-timeout", float, grade.DEFAULT_CASE_TIMEOUT, "one case of a check may run"),
-            ("--probe-timeout", float, grade.DEFAULT_PROBE_TIMEOUT,
-             "the probe of one notebook may run in all")):
-        b.add_argument(option, type=kind, default=default,
-                       help=f"seconds {what} (default: {default})")
+    grade.add_time_limits(b, feedback=False)  # the autograder executes no feedback notebook
     r = commands.add_parser("run", help="grade a submission (what run_autograder does)")
     r.add_argument("--root", type=Path, default=Path("/autograder"),
                    help="Gradescope's folder: source/, submission/, results/ "
